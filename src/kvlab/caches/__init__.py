@@ -1,0 +1,10 @@
+"""transformers ``Cache`` subclasses (one strategy per file) and a byte counter for any cache.
+
+* :class:`kvlab.caches.kivi.KIVICache` — keys per-channel, values per-token, residual window (KIVI).
+* :class:`kvlab.caches.paged.PagedCache` — K/V in physical blocks addressed by a block table (vLLM-style).
+"""
+
+from kvlab.caches.kivi import KIVICache, KIVILayer
+from kvlab.caches.measure import cache_nbytes
+
+__all__ = ["KIVICache", "KIVILayer", "cache_nbytes"]

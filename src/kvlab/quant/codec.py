@@ -1,0 +1,230 @@
+"""Group-wise asymmetric (min-max) integer quantization with real bit packing.
+
+A tensor is cut into groups of ``group_size`` consecutive elements along one axis; each group keeps a
+``scale`` and a ``zero`` (the group minimum) and every element becomes an unsigned code in ``[0, 2**nbits - 1]``::
+
+    code = round(x / scale - zero / scale)          x_hat = zero + code * scale
+
+This is the asymmetric quantizer of KIVI (arXiv:2402.02750, §3.1, eq. 1). Codes are packed into ``uint8`` along
+the **last** axis whatever the quantization axis is (4-bit: two codes a byte, 2-bit: four, 8-bit: one), so a
+``[batch, kv_heads, tokens, head_dim]`` tensor stores ``[batch, kv_heads, tokens, head_dim * nbits // 8]`` bytes.
+
+Metadata dtypes are chosen so that neither the scale nor the zero can overflow or underflow for any finite input
+(see :func:`metadata_dtypes`): a bf16 group holding -70000 keeps a finite bf16 scale (fp16 would overflow at
+65504), and an fp16 group of values near 1e-7 keeps its scale in bf16 (fp16 would flush it to a subnormal or 0).
+A constant group has ``scale == 0`` and comes back exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+SUPPORTED_NBITS = (2, 4, 8)
+
+
+def check_nbits(nbits: int) -> int:
+    """Return ``nbits`` if it is one of :data:`SUPPORTED_NBITS`; raise ``ValueError`` naming it otherwise."""
+    if isinstance(nbits, bool) or not isinstance(nbits, int) or nbits not in SUPPORTED_NBITS:
+        raise ValueError(f"`nbits` must be one of {list(SUPPORTED_NBITS)}, got {nbits!r}")
+    return nbits
+
+
+def check_group_size(group_size: int) -> int:
+    """Return ``group_size`` if it is a positive int; raise ``ValueError`` naming it otherwise."""
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
+        raise ValueError(f"`group_size` must be a positive integer, got {group_size!r}")
+    return group_size
+
+
+def metadata_dtypes(dtype: torch.dtype) -> tuple[torch.dtype, torch.dtype]:
+    """Return ``(scale_dtype, zero_dtype)`` for inputs of ``dtype``.
+
+    * ``bfloat16`` -> (bf16, bf16): bf16 has the exponent range of fp32, so no finite group overflows.
+    * ``float16``  -> (bf16, fp16): the zero is a group minimum, hence an exact fp16 value; the scale can be far
+      below fp16's normal range (values ~1e-7), so it is kept in bf16, which has fp32's range.
+    * ``float32`` / ``float64`` -> the input dtype for both.
+
+    16-bit metadata is what the byte ledger assumes for bf16/fp16 caches (``metadata_bytes = 2``).
+
+    Raises:
+        ValueError: for a non-floating dtype.
+    """
+    if dtype == torch.bfloat16:
+        return torch.bfloat16, torch.bfloat16
+    if dtype == torch.float16:
+        return torch.bfloat16, torch.float16
+    if dtype in (torch.float32, torch.float64):
+        return dtype, dtype
+    raise ValueError(f"quantization needs a floating tensor (bf16, fp16, fp32, fp64), got dtype {dtype}")
+
+
+def metadata_bytes(dtype: torch.dtype) -> int:
+    """Bytes of one scale (equal to one zero) for inputs of ``dtype``: 2 for bf16/fp16, else the dtype's size."""
+    scale_dtype, zero_dtype = metadata_dtypes(dtype)
+    assert scale_dtype.itemsize == zero_dtype.itemsize
+    return scale_dtype.itemsize
+
+
+def pack_codes(codes: torch.Tensor, nbits: int) -> torch.Tensor:
+    """Pack unsigned ``codes`` (``uint8``, each ``< 2**nbits``) along the last axis.
+
+    Args:
+        codes: ``[..., n]`` ``uint8`` with ``n * nbits % 8 == 0``.
+        nbits: 2, 4 or 8.
+
+    Returns:
+        ``[..., n * nbits // 8]`` ``uint8``; code ``i`` of a byte sits at bits ``[i * nbits, (i + 1) * nbits)``.
+
+    Raises:
+        ValueError: unsupported ``nbits`` or a last axis that does not fill whole bytes.
+    """
+    check_nbits(nbits)
+    if nbits == 8:
+        return codes.to(torch.uint8)
+    per_byte = 8 // nbits
+    n = codes.shape[-1]
+    if n % per_byte:
+        raise ValueError(
+            f"last axis ({n}) must be a multiple of {per_byte} to pack {nbits}-bit codes into bytes"
+        )
+    grouped = codes.to(torch.uint8).reshape(*codes.shape[:-1], n // per_byte, per_byte)  # [..., n/k, k]
+    packed = grouped[..., 0].clone()
+    for i in range(1, per_byte):
+        packed |= grouped[..., i] << (i * nbits)
+    return packed
+
+
+def unpack_codes(packed: torch.Tensor, nbits: int) -> torch.Tensor:
+    """Inverse of :func:`pack_codes`: ``[..., m]`` ``uint8`` -> ``[..., m * 8 // nbits]`` ``uint8`` codes."""
+    check_nbits(nbits)
+    if nbits == 8:
+        return packed
+    per_byte = 8 // nbits
+    shifts = torch.arange(0, 8, nbits, device=packed.device, dtype=torch.uint8)  # [k]
+    mask = (1 << nbits) - 1
+    codes = (packed.unsqueeze(-1) >> shifts) & mask  # [..., m, k]
+    return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per_byte)
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """A group-quantized tensor.
+
+    Attributes:
+        codes: ``uint8`` packed codes, ``shape[:-1] + (shape[-1] * nbits // 8,)``.
+        scale: per-group scale; ``shape`` with the quantization axis divided by ``group_size``.
+        zero: per-group minimum, same shape as ``scale``.
+        nbits: bits per code (2, 4 or 8).
+        group_size: elements per group along ``axis``.
+        axis: the (non-negative) quantization axis.
+        shape: shape of the original tensor.
+        dtype: dtype of the original tensor (and of :func:`dequantize`'s output).
+    """
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor
+    nbits: int
+    group_size: int
+    axis: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Exact bytes held: packed codes + scales + zeros."""
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.scale, self.zero))
+
+
+def _group_view(x: torch.Tensor, axis: int, group_size: int) -> torch.Tensor:
+    # [..., n (at axis), ...] -> [..., n / G, G] with the grouped axis moved last
+    moved = x.movedim(axis, -1)
+    return moved.reshape(*moved.shape[:-1], moved.shape[-1] // group_size, group_size)
+
+
+def quantize_groups(x: torch.Tensor, nbits: int, group_size: int, axis: int = -1) -> QuantizedTensor:
+    """Quantize ``x`` in groups of ``group_size`` consecutive elements along ``axis``.
+
+    KIVI (arXiv:2402.02750) §3.1-3.2: keys per-channel are ``axis=-2`` of ``[batch, kv_heads, tokens, head_dim]``
+    (a group is ``group_size`` tokens of one channel), values per-token are ``axis=-1`` (a group is
+    ``group_size`` channels of one token).
+
+    Args:
+        x: any floating tensor; ``x.shape[axis] % group_size == 0`` and ``x.shape[-1] * nbits % 8 == 0``.
+        nbits: 2, 4 or 8.
+        group_size: elements per group along ``axis``.
+        axis: quantization axis (negative allowed).
+
+    Returns:
+        :class:`QuantizedTensor` whose ``scale``/``zero`` have ``x.shape`` with ``shape[axis] // group_size``.
+
+    Raises:
+        ValueError: unsupported ``nbits``, bad ``group_size``, a group size not dividing the axis, a last axis
+            that does not pack into whole bytes, a non-floating or non-finite input.
+    """
+    check_nbits(nbits)
+    check_group_size(group_size)
+    scale_dtype, zero_dtype = metadata_dtypes(x.dtype)
+    if x.ndim == 0:
+        raise ValueError("cannot quantize a 0-d tensor")
+    ax = axis % x.ndim
+    if x.shape[ax] % group_size:
+        raise ValueError(
+            f"group_size {group_size} must divide axis {axis} of length {x.shape[ax]} (shape {tuple(x.shape)})"
+        )
+    if (x.shape[-1] * nbits) % 8:
+        raise ValueError(
+            f"last axis ({x.shape[-1]}) times nbits ({nbits}) must be a multiple of 8 to pack codes"
+        )
+    if not torch.isfinite(x).all():
+        raise ValueError("cannot quantize a tensor holding inf or NaN")
+    qmax = (1 << nbits) - 1
+    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    g = _group_view(x.to(work), ax, group_size)  # [..., n/G, G]
+    mn = g.amin(dim=-1)
+    mx = g.amax(dim=-1)
+    # (mx - mn) may overflow for huge finite groups; mx/qmax - mn/qmax cannot (qmax >= 3).
+    scale = (mx / qmax - mn / qmax).to(scale_dtype)
+    zero = mn.to(zero_dtype)
+    s = scale.to(work).unsqueeze(-1)
+    z = zero.to(work).unsqueeze(-1)
+    safe = torch.where(
+        s > 0, s, torch.ones_like(s)
+    )  # constant group: scale 0 -> codes 0, x_hat = zero exactly
+    codes = torch.round(g / safe - z / safe).clamp_(0, qmax).to(torch.uint8)  # [..., n/G, G]
+    moved_shape = x.movedim(ax, -1).shape
+    codes = codes.reshape(moved_shape).movedim(-1, ax)  # back to x's layout
+    return QuantizedTensor(
+        codes=pack_codes(codes.contiguous(), nbits),
+        scale=scale.movedim(-1, ax).contiguous(),
+        zero=zero.movedim(-1, ax).contiguous(),
+        nbits=nbits,
+        group_size=group_size,
+        axis=ax,
+        shape=tuple(x.shape),
+        dtype=x.dtype,
+    )
+
+
+def expand_groups(meta: torch.Tensor, axis: int, group_size: int) -> torch.Tensor:
+    """Repeat per-group metadata ``group_size`` times along ``axis`` (``[..., n/G, ...] -> [..., n, ...]``)."""
+    return meta.repeat_interleave(group_size, dim=axis)
+
+
+def dequantize(qt: QuantizedTensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Reconstruct ``zero + code * scale`` with the shape of the original tensor.
+
+    Args:
+        qt: a :class:`QuantizedTensor`.
+        dtype: output dtype (default: the original dtype).
+
+    Returns:
+        ``qt.shape`` tensor of ``dtype``; a constant group comes back bit-exact.
+    """
+    work = torch.float64 if qt.dtype == torch.float64 else torch.float32
+    codes = unpack_codes(qt.codes, qt.nbits).to(work)
+    scale = expand_groups(qt.scale.to(work), qt.axis, qt.group_size)
+    zero = expand_groups(qt.zero.to(work), qt.axis, qt.group_size)
+    return (zero + codes * scale).to(dtype or qt.dtype)

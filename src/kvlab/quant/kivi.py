@@ -1,0 +1,338 @@
+"""The KIVI state of one attention layer: keys per-channel, values per-token, a full-precision residual window.
+
+KIVI (Liu et al., arXiv:2402.02750) §3.2-3.3 and Algorithm 1:
+
+* **keys per-channel** — a group is ``G`` consecutive tokens of one channel (outlier channels get their own range);
+* **values per-token** — a group is ``G`` consecutive channels of one token;
+* the **residual window** keeps the newest tokens in the model dtype. With ``T`` tokens in the residual after an
+  append, the oldest ``((T - R) // G) * G`` tokens are flushed when ``T > R`` (``R`` = ``residual_length``,
+  a multiple of ``G``), so the residual holds between ``R`` and ``R + G - 1`` tokens once it has filled.
+  Prefill follows the same rule: its newest ``R`` (up to ``R + G - 1``) tokens stay in full precision.
+
+Flushed chunks are always G-aligned from token 0, so streaming tokens one at a time produces exactly the same
+codes, scales and zeros as one call with all of them. Quantized data is written once into fixed-size blocks of
+``block_tokens`` tokens and never rewritten or moved, so a flush costs O(new tokens), not O(history).
+
+Byte ledger per layer, per batch row, per KV head, with ``Q`` quantized tokens out of ``T`` (``D`` head_dim,
+``b`` nbits, ``m`` metadata bytes, ``p`` cache dtype bytes)::
+
+    2*Q*D*b/8  +  2*m*Q*D/G (keys: scale+zero per G tokens per channel)
+               +  2*m*Q*D/G (values: scale+zero per G channels per token)  +  2*(T-Q)*D*p (residual)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from kvlab.quant.codec import (
+    QuantizedTensor,
+    check_group_size,
+    check_nbits,
+    dequantize,
+    metadata_dtypes,
+    quantize_groups,
+)
+
+DEFAULT_BLOCK_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class KIVIConfig:
+    """Settings of a KIVI cache.
+
+    Attributes:
+        nbits: bits per code, 2, 4 or 8.
+        group_size: ``G``, tokens per key group and channels per value group.
+        residual_length: ``R``, newest tokens kept in full precision; a multiple of ``G`` (0 allowed).
+        block_tokens: quantized storage grows in blocks of this many tokens (a multiple of ``G``); default: the
+            smallest multiple of ``G`` that is at least 1024.
+
+    Raises:
+        ValueError: unsupported ``nbits``, non-positive ``group_size``, ``residual_length`` negative or not a
+            multiple of ``group_size``, ``block_tokens`` not a positive multiple of ``group_size``.
+    """
+
+    nbits: int = 4
+    group_size: int = 32
+    residual_length: int = 128
+    block_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        check_nbits(self.nbits)
+        check_group_size(self.group_size)
+        r, g = self.residual_length, self.group_size
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+            raise ValueError(f"`residual_length` must be a non-negative integer, got {r!r}")
+        if r % g:
+            raise ValueError(f"`residual_length` ({r}) must be a multiple of `group_size` ({g})")
+        if self.block_tokens is None:
+            object.__setattr__(self, "block_tokens", -(-DEFAULT_BLOCK_TOKENS // g) * g)
+        b = self.block_tokens
+        if isinstance(b, bool) or not isinstance(b, int) or b <= 0 or b % g:
+            raise ValueError(f"`block_tokens` must be a positive multiple of `group_size` ({g}), got {b!r}")
+
+    def quantized_tokens(self, tokens: int) -> int:
+        """``Q(T)``: tokens held quantized when ``T`` tokens are stored (``((T - R) // G) * G`` if ``T > R``)."""
+        if tokens <= self.residual_length:
+            return 0
+        return (tokens - self.residual_length) // self.group_size * self.group_size
+
+    def check_head_dim(self, head_dim: int) -> None:
+        """Raise ``ValueError`` if ``head_dim`` cannot be grouped by ``group_size`` or packed by ``nbits``."""
+        if head_dim % self.group_size:
+            raise ValueError(
+                f"`group_size` ({self.group_size}) must divide head_dim ({head_dim}): values are quantized "
+                f"per-token in groups of `group_size` channels"
+            )
+        if head_dim * self.nbits % 8:
+            raise ValueError(f"head_dim ({head_dim}) times nbits ({self.nbits}) must be a multiple of 8")
+
+
+@dataclass
+class QuantBlock:
+    """One storage block of ``capacity`` quantized tokens (shapes for ``[batch, kv_heads, tokens, head_dim]``)."""
+
+    k_codes: torch.Tensor  # [B, H, cap, D*b/8] uint8, keys packed along head_dim
+    k_scale: torch.Tensor  # [B, H, cap/G, D]  per-channel scale (one per G tokens)
+    k_zero: torch.Tensor  # [B, H, cap/G, D]  per-channel group minimum
+    v_codes: torch.Tensor  # [B, H, cap, D*b/8] uint8, values packed along head_dim
+    v_scale: torch.Tensor  # [B, H, cap, D/G]  per-token scale (one per G channels)
+    v_zero: torch.Tensor  # [B, H, cap, D/G]  per-token group minimum
+    filled: int = 0  # tokens written so far (a multiple of G)
+
+    @property
+    def capacity(self) -> int:
+        return self.k_codes.shape[-2]
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.k_codes, self.k_scale, self.k_zero, self.v_codes, self.v_scale, self.v_zero)
+
+
+@dataclass
+class QuantSegmentView:
+    """Read-only view of the filled part of a block: ``tokens`` quantized tokens (see :class:`QuantBlock`)."""
+
+    k_codes: torch.Tensor
+    k_scale: torch.Tensor
+    k_zero: torch.Tensor
+    v_codes: torch.Tensor
+    v_scale: torch.Tensor
+    v_zero: torch.Tensor
+    tokens: int
+
+
+@dataclass
+class KIVIState:
+    """Quantized blocks + full-precision residual window of one layer.
+
+    Use :meth:`append` with ``[batch, kv_heads, tokens, head_dim]`` keys and values; it flushes the oldest
+    G-aligned chunks beyond the residual window (see the module docstring for the rule).
+
+    Raises (from :meth:`append`):
+        ValueError: K/V shape mismatch, non-4-D input, a batch/head/head_dim/dtype change after the first append,
+            or a head_dim that ``group_size`` does not divide.
+    """
+
+    config: KIVIConfig
+    blocks: list[QuantBlock] = field(default_factory=list)
+    key_residual: torch.Tensor | None = None  # [B, H, r, D], model dtype
+    value_residual: torch.Tensor | None = None  # [B, H, r, D], model dtype
+    quantized_tokens: int = 0  # Q: tokens held in blocks
+    flushes: int = 0  # number of append calls that flushed at least one chunk
+
+    @property
+    def residual_tokens(self) -> int:
+        return 0 if self.key_residual is None else self.key_residual.shape[-2]
+
+    @property
+    def total_tokens(self) -> int:
+        return self.quantized_tokens + self.residual_tokens
+
+    def _check(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        if keys.ndim != 4 or keys.shape != values.shape:
+            raise ValueError(
+                f"keys and values must share a [batch, kv_heads, tokens, head_dim] shape, got "
+                f"{tuple(keys.shape)} and {tuple(values.shape)}"
+            )
+        if keys.dtype != values.dtype:
+            raise ValueError(f"keys ({keys.dtype}) and values ({values.dtype}) must share a dtype")
+        metadata_dtypes(keys.dtype)  # raises for non-floating dtypes
+        if self.key_residual is None:
+            self.config.check_head_dim(keys.shape[-1])
+        else:
+            ref = self.key_residual
+            if keys.shape[:2] != ref.shape[:2] or keys.shape[-1] != ref.shape[-1] or keys.dtype != ref.dtype:
+                raise ValueError(
+                    f"appended states {tuple(keys.shape)} {keys.dtype} do not match the cache "
+                    f"[{ref.shape[0]}, {ref.shape[1]}, *, {ref.shape[-1]}] {ref.dtype}"
+                )
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``keys``/``values`` ``[B, H, t, D]`` and flush what overflows the residual window.
+
+        Returns:
+            ``(key_window, value_window)``: the full-precision residual window *before* this call's flush, with the
+            new tokens at its end, ``[B, H, r + t, D]``. Attention for the current step reads the quantized prefix
+            as it was before the call plus this window, so tokens flushed by this call are still seen exactly once.
+        """
+        self._check(keys, values)
+        if self.key_residual is None or self.key_residual.shape[-2] == 0:
+            key_window, value_window = keys, values
+        else:
+            key_window = torch.cat((self.key_residual, keys), dim=-2)
+            value_window = torch.cat((self.value_residual, values), dim=-2)
+        n = key_window.shape[-2]
+        cfg = self.config
+        flush = (n - cfg.residual_length) // cfg.group_size * cfg.group_size if n > cfg.residual_length else 0
+        if flush:
+            self._write(key_window[..., :flush, :], value_window[..., :flush, :])
+            self.flushes += 1
+        # clone: a view would keep the whole (possibly prefill-sized) window alive
+        self.key_residual = key_window[..., flush:, :].clone()
+        self.value_residual = value_window[..., flush:, :].clone()
+        return key_window, value_window
+
+    def _new_block(self, like: torch.Tensor, pending: int) -> QuantBlock:
+        # Capacity doubles with the stored history (G, G, 2G, 4G, ...) up to block_tokens, or fits a large chunk:
+        # small caches reserve little, long ones use few blocks; blocks are never moved.
+        cfg = self.config
+        b, h, _, d = like.shape
+        g = cfg.group_size
+        cap = min(cfg.block_tokens, max(g, pending, self.quantized_tokens))
+        scale_dtype, zero_dtype = metadata_dtypes(like.dtype)
+        packed = d * cfg.nbits // 8
+        dev = like.device
+        return QuantBlock(
+            k_codes=torch.empty(b, h, cap, packed, dtype=torch.uint8, device=dev),
+            k_scale=torch.empty(b, h, cap // g, d, dtype=scale_dtype, device=dev),
+            k_zero=torch.empty(b, h, cap // g, d, dtype=zero_dtype, device=dev),
+            v_codes=torch.empty(b, h, cap, packed, dtype=torch.uint8, device=dev),
+            v_scale=torch.empty(b, h, cap, d // g, dtype=scale_dtype, device=dev),
+            v_zero=torch.empty(b, h, cap, d // g, dtype=zero_dtype, device=dev),
+        )
+
+    def _write(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Quantize a G-aligned chunk ``[B, H, n, D]`` and write it into blocks (no existing data is touched)."""
+        cfg = self.config
+        g = cfg.group_size
+        n = keys.shape[-2]
+        assert n % g == 0 and self.quantized_tokens % g == 0
+        qk = quantize_groups(keys, cfg.nbits, g, axis=-2)  # keys per-channel: groups of G tokens
+        qv = quantize_groups(values, cfg.nbits, g, axis=-1)  # values per-token: groups of G channels
+        done = 0
+        while done < n:
+            if not self.blocks or self.blocks[-1].filled == self.blocks[-1].capacity:
+                self.blocks.append(self._new_block(keys, n - done))
+            blk = self.blocks[-1]
+            take = min(n - done, blk.capacity - blk.filled)
+            s, e = blk.filled, blk.filled + take
+            blk.k_codes[:, :, s:e] = qk.codes[:, :, done : done + take]
+            blk.k_scale[:, :, s // g : e // g] = qk.scale[:, :, done // g : (done + take) // g]
+            blk.k_zero[:, :, s // g : e // g] = qk.zero[:, :, done // g : (done + take) // g]
+            blk.v_codes[:, :, s:e] = qv.codes[:, :, done : done + take]
+            blk.v_scale[:, :, s:e] = qv.scale[:, :, done : done + take]
+            blk.v_zero[:, :, s:e] = qv.zero[:, :, done : done + take]
+            blk.filled = e
+            done += take
+        self.quantized_tokens += n
+
+    def segments(self) -> Iterator[QuantSegmentView]:
+        """Views of the filled part of every block, oldest first."""
+        g = self.config.group_size
+        for blk in self.blocks:
+            f = blk.filled
+            if f == 0:
+                continue
+            yield QuantSegmentView(
+                k_codes=blk.k_codes[:, :, :f],
+                k_scale=blk.k_scale[:, :, : f // g],
+                k_zero=blk.k_zero[:, :, : f // g],
+                v_codes=blk.v_codes[:, :, :f],
+                v_scale=blk.v_scale[:, :, :f],
+                v_zero=blk.v_zero[:, :, :f],
+                tokens=f,
+            )
+
+    def dequantize_prefix(self, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Float copy of the quantized prefix: ``([B, H, Q, D], [B, H, Q, D])``, or ``None`` when ``Q == 0``."""
+        if self.quantized_tokens == 0:
+            return None
+        cfg = self.config
+        dtype = dtype or self.key_residual.dtype
+        d = self.key_residual.shape[-1]
+        keys, values = [], []
+        for seg in self.segments():
+            b, h = seg.k_codes.shape[:2]
+            shape = (b, h, seg.tokens, d)
+            keys.append(
+                dequantize(
+                    QuantizedTensor(
+                        seg.k_codes,
+                        seg.k_scale,
+                        seg.k_zero,
+                        cfg.nbits,
+                        cfg.group_size,
+                        2,
+                        shape,
+                        self.key_residual.dtype,
+                    ),
+                    dtype,
+                )
+            )
+            values.append(
+                dequantize(
+                    QuantizedTensor(
+                        seg.v_codes,
+                        seg.v_scale,
+                        seg.v_zero,
+                        cfg.nbits,
+                        cfg.group_size,
+                        3,
+                        shape,
+                        self.key_residual.dtype,
+                    ),
+                    dtype,
+                )
+            )
+        if len(keys) == 1:
+            return keys[0], values[0]
+        return torch.cat(keys, dim=-2), torch.cat(values, dim=-2)
+
+    def nbytes_breakdown(self) -> dict[str, int]:
+        """Exact bytes of the stored state, measured from the tensors.
+
+        Keys: ``codes`` (packed K and V codes of the ``Q`` quantized tokens), ``scales_zeros`` (their metadata),
+        ``residual`` (full-precision window), ``total`` (the sum of those three), and ``allocated_unused``
+        (block capacity reserved beyond ``Q``, not part of ``total``).
+        """
+        codes = meta = allocated = 0
+        for seg in self.segments():
+            codes += seg.k_codes.numel() + seg.v_codes.numel()
+            meta += sum(
+                t.numel() * t.element_size() for t in (seg.k_scale, seg.k_zero, seg.v_scale, seg.v_zero)
+            )
+        for blk in self.blocks:
+            allocated += sum(t.numel() * t.element_size() for t in blk.tensors())
+        residual = 0
+        if self.key_residual is not None:
+            residual = sum(t.numel() * t.element_size() for t in (self.key_residual, self.value_residual))
+        return {
+            "codes": codes,
+            "scales_zeros": meta,
+            "residual": residual,
+            "total": codes + meta + residual,
+            "allocated_unused": allocated - codes - meta,
+        }
+
+    def index_select_batch(self, index: torch.Tensor) -> None:
+        """Reorder/select batch rows of every block and the residual (beam search, batch selection)."""
+        for blk in self.blocks:
+            for name in ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero"):
+                t = getattr(blk, name)
+                setattr(blk, name, t.index_select(0, index.to(t.device)))
+        if self.key_residual is not None:
+            self.key_residual = self.key_residual.index_select(0, index.to(self.key_residual.device))
+            self.value_residual = self.value_residual.index_select(0, index.to(self.value_residual.device))
