@@ -1,0 +1,36 @@
+"""Paged KV-cache bookkeeping and capacity simulation (no torch).
+
+block_pool   blocks with reference counts, an O(1) free queue, chained full-block prefix hashes
+block_table  per-sequence logical -> physical block map and slot mapping (copy-on-write on append)
+budget       KV bytes a device can hold (seed 003's Llama-3-8B account, or the planner's numbers)
+static       seed 003 §05 / §6.2: concurrency and waste of contiguous reservation vs paging
+simulate     discrete-event serving simulation: arrivals, growth, preemption by recompute, prefix sharing
+figure       the paged-layout figure (imports matplotlib lazily)
+"""
+
+from kvlab.paging.block_pool import BlockPool, FreeBlockQueue, KVBlock, hash_block_tokens, prefix_block_hashes
+from kvlab.paging.block_table import BlockTable
+from kvlab.paging.budget import KVBudget, planner_budget, seed_budget
+from kvlab.paging.simulate import Policy, Trace, default_policies, load_trace, poisson_trace, simulate
+from kvlab.paging.static import run_static, static_capacity, workload
+
+__all__ = [
+    "BlockPool",
+    "BlockTable",
+    "FreeBlockQueue",
+    "KVBlock",
+    "KVBudget",
+    "Policy",
+    "Trace",
+    "default_policies",
+    "hash_block_tokens",
+    "load_trace",
+    "planner_budget",
+    "poisson_trace",
+    "prefix_block_hashes",
+    "run_static",
+    "seed_budget",
+    "simulate",
+    "static_capacity",
+    "workload",
+]

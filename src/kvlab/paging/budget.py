@@ -1,0 +1,151 @@
+"""How many KV bytes a serving GPU can hold: the budget both paging simulators share.
+
+The default is seed 003's account (§01, §05, appendix ``paged_alloc.py``): Llama-3-8B in BF16 on an assumed
+80 GiB device, 8.03e9 parameters x 2 bytes of weights, a 4 GiB reserve for activations and framework, and
+``2 x 32 layers x 8 KV heads x 128 dims x 2 bytes = 131072`` KV bytes per token, which leaves 500,063 tokens
+(61.04 GiB). With ``model`` and ``kv_dtype`` the bytes per token and the weights come from the planner
+(:mod:`kvlab.plan`), so any model and any KV dtype (KIVI included) can be simulated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+GIB = 1024**3
+
+# Llama-3-8B public config (seed 003 §3.3): layers, KV heads, head_dim, BF16 bytes, parameter count.
+LLAMA3_8B_LAYERS = 32
+LLAMA3_8B_KV_HEADS = 8
+LLAMA3_8B_HEAD_DIM = 128
+LLAMA3_8B_DTYPE_BYTES = 2
+LLAMA3_8B_PARAMS = 8.03e9
+LLAMA3_8B_KV_BYTES_PER_TOKEN = (
+    2 * LLAMA3_8B_LAYERS * LLAMA3_8B_KV_HEADS * LLAMA3_8B_HEAD_DIM * LLAMA3_8B_DTYPE_BYTES
+)
+
+SEED_GPU_GIB = 80  # assumed device memory, not a measured free-memory figure (seed 003 §01)
+SEED_OVERHEAD_GIB = 4  # activations / framework / fragmentation reserve (seed 003 appendix)
+
+
+@dataclass(frozen=True)
+class KVBudget:
+    """Memory left for the KV cache once weights and a reserve are set aside.
+
+    Args:
+        gpu_bytes: assumed device memory.
+        weight_bytes: model weights resident on the device.
+        overhead_bytes: reserve for activations, framework and fragmentation.
+        kv_bytes_per_token: KV bytes one token costs across all layers (may be fractional for quantized caches).
+        source: where the numbers come from, shown to the user.
+    """
+
+    gpu_bytes: float
+    weight_bytes: float
+    overhead_bytes: float
+    kv_bytes_per_token: float
+    source: str = "seed 003: Llama-3-8B, BF16 KV, 80 GiB - weights - 4 GiB"
+
+    def __post_init__(self) -> None:
+        if not self.kv_bytes_per_token > 0:
+            raise ValueError(f"`kv_bytes_per_token` must be > 0, got {self.kv_bytes_per_token!r}")
+        if self.weight_bytes < 0 or self.overhead_bytes < 0:
+            raise ValueError(
+                f"weights and reserve must be >= 0, got weight_bytes={self.weight_bytes!r}, "
+                f"overhead_bytes={self.overhead_bytes!r}"
+            )
+        if self.free_bytes <= 0:
+            raise ValueError(
+                f"nothing left for the KV cache: {self.gpu_bytes / GIB:.2f} GiB device - "
+                f"{self.weight_bytes / GIB:.2f} GiB weights - {self.overhead_bytes / GIB:.2f} GiB reserve"
+            )
+
+    @property
+    def free_bytes(self) -> float:
+        """Device bytes minus weights minus reserve."""
+        return self.gpu_bytes - self.weight_bytes - self.overhead_bytes
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Whole tokens of KV that fit in :attr:`free_bytes` (seed: ``int(free // bytes_per_token)``)."""
+        return int(self.free_bytes // self.kv_bytes_per_token)
+
+    @property
+    def budget_bytes(self) -> float:
+        """KV bytes of :attr:`capacity_tokens` tokens: the budget every policy is admitted against."""
+        bpt = self.kv_bytes_per_token
+        return self.capacity_tokens * (int(bpt) if float(bpt).is_integer() else bpt)
+
+    def num_blocks(self, block_size_tokens: int) -> int:
+        """Physical blocks of ``block_size_tokens`` tokens that fit in the budget."""
+        if block_size_tokens < 1:
+            raise ValueError(f"`block_size_tokens` must be >= 1, got {block_size_tokens!r}")
+        return self.capacity_tokens // block_size_tokens
+
+    def as_dict(self) -> dict:
+        return {
+            "gpu_bytes": self.gpu_bytes,
+            "weight_bytes": self.weight_bytes,
+            "overhead_bytes": self.overhead_bytes,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "capacity_tokens": self.capacity_tokens,
+            "budget_bytes": self.budget_bytes,
+            "source": self.source,
+        }
+
+
+def seed_budget(kv_bytes_per_token: float = LLAMA3_8B_KV_BYTES_PER_TOKEN) -> KVBudget:
+    """Seed 003's 61 GiB account (80 GiB - 14.96 GiB weights - 4 GiB) for Llama-3-8B.
+
+    ``kv_bytes_per_token`` may be overridden to model a quantized cache of the same model.
+    """
+    source = "seed 003: Llama-3-8B, 80 GiB - weights - 4 GiB"
+    if kv_bytes_per_token != LLAMA3_8B_KV_BYTES_PER_TOKEN:
+        source += f", {kv_bytes_per_token:g} KV bytes/token"
+    return KVBudget(
+        gpu_bytes=SEED_GPU_GIB * GIB,
+        weight_bytes=LLAMA3_8B_PARAMS * LLAMA3_8B_DTYPE_BYTES,
+        overhead_bytes=SEED_OVERHEAD_GIB * GIB,
+        kv_bytes_per_token=kv_bytes_per_token,
+        source=source,
+    )
+
+
+def kivi_bytes_per_token_llama3_8b(nbits: int = 4, group_size: int = 32, metadata_bytes: int = 2) -> float:
+    """KIVI bytes per token of Llama-3-8B far past the residual window (codes + per-group scale and zero).
+
+    Per layer and KV head: ``2*D*b/8`` code bytes for K and V, plus ``2*m*D/G`` for K's per-channel and
+    ``2*m*D/G`` for V's per-token scale+zero (the shared interface's exact formula with Q = T, no residual).
+    KIVI-4, G=32: 160 B vs 512 B in BF16. Used only when the planner is not asked.
+    """
+    d = LLAMA3_8B_HEAD_DIM
+    per_head = 2 * d * nbits / 8 + 4 * metadata_bytes * d / group_size
+    return LLAMA3_8B_LAYERS * LLAMA3_8B_KV_HEADS * per_head
+
+
+def planner_budget(
+    model: str,
+    kv_dtype: str = "bf16",
+    gpu_gib: float = SEED_GPU_GIB,
+    overhead_gib: float = SEED_OVERHEAD_GIB,
+) -> KVBudget:
+    """The single adapter to :mod:`kvlab.plan`: KV bytes per token and weight bytes of ``model`` at ``kv_dtype``.
+
+    Raises:
+        ValueError: when the planner does not know the model or the KV dtype.
+    """
+    try:
+        from kvlab.plan import kv_bytes_per_token, load_spec, weight_bytes  # type: ignore[attr-defined]
+    except ImportError as exc:  # the planner (issue 3) has not landed in this checkout
+        raise ValueError(f"--model needs kvlab.plan, which is not available here ({exc})") from exc
+    spec = load_spec(model)
+    bpt = kv_bytes_per_token(spec, kv_dtype=kv_dtype)
+    if not math.isfinite(bpt) or bpt <= 0:
+        raise ValueError(f"planner gave {bpt!r} KV bytes per token for {model!r} at {kv_dtype!r}")
+    return KVBudget(
+        gpu_bytes=gpu_gib * GIB,
+        weight_bytes=weight_bytes(spec),
+        overhead_bytes=overhead_gib * GIB,
+        kv_bytes_per_token=bpt,
+        source=f"kvlab.plan: {model}, KV {kv_dtype}, {gpu_gib:g} GiB - weights - {overhead_gib:g} GiB",
+    )

@@ -1,0 +1,504 @@
+"""Dynamic KV-cache simulation: requests arrive, prefill, grow one token per step, finish or get preempted.
+
+Seed 003 §05 stops at a static snapshot and names what it leaves out: arrivals, release, dynamic growth and
+scheduling. This module adds them with a discrete-event loop over engine steps, in the manner of vLLM's v1
+scheduler (PagedAttention, arXiv:2309.06180 §4.5):
+
+* a *step* is one model forward: every running request decodes one token (its previous token's K/V takes a slot),
+  then waiting requests are admitted first-come-first-served while their prefill fits (head-of-line blocking);
+* a request is finished once it has sampled ``output_tokens`` tokens; its blocks return to the pool;
+* when a running request needs a block and none is free, the most recently admitted running request is preempted
+  (recompute: its blocks are freed and it rejoins the front of the queue; on readmission it prefills its prompt
+  plus every token it had generated). No admission happens in a step that preempted (vLLM v1 does the same);
+* idle stretches are skipped: with nothing running or waiting, time jumps to the next arrival.
+
+The policies run side by side on the same trace: contiguous reservation (one ``max_len`` block per request),
+paged, paged with prefix sharing (full prompt blocks found by chained hash are shared, reference counted), and
+paged with a quantized cache (fewer bytes per token, so more blocks in the same bytes). Block conservation
+(``free + used = total``) is asserted every step and the pool must be empty at the end.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kvlab.paging.block_pool import BlockPool, hash_block_tokens
+from kvlab.paging.block_table import BlockTable
+from kvlab.paging.budget import KVBudget, kivi_bytes_per_token_llama3_8b, seed_budget
+from kvlab.paging.static import SEED_MAX_LEN
+
+POLICY_KINDS = ("contiguous", "paged")
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Requests to serve, one entry per request, sorted by arrival.
+
+    Args:
+        arrival_step: ``[n]`` float, arrival time in engine steps (a request can start at ``ceil(arrival)``).
+        prompt_tokens: ``[n]`` int, prompt length (shared prefix included).
+        output_tokens: ``[n]`` int >= 1, tokens to generate.
+        prefix_group: ``[n]`` int, which shared prompt prefix the request starts with (-1: none).
+        prefix_tokens: ``[n]`` int, length of that shared prefix (<= prompt_tokens).
+    """
+
+    arrival_step: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    prefix_group: np.ndarray
+    prefix_tokens: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = len(self.arrival_step)
+        for name in ("prompt_tokens", "output_tokens", "prefix_group", "prefix_tokens"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"`{name}` has {len(getattr(self, name))} entries, arrival_step has {n}")
+        if n == 0:
+            raise ValueError("a trace needs at least one request")
+        if np.any(np.diff(self.arrival_step) < 0) or self.arrival_step[0] < 0:
+            raise ValueError("`arrival_step` must be >= 0 and sorted")
+        if self.prompt_tokens.min() < 1 or self.output_tokens.min() < 1:
+            raise ValueError(
+                f"prompt and output must be >= 1 token, got min prompt {int(self.prompt_tokens.min())}, "
+                f"min output {int(self.output_tokens.min())}"
+            )
+        bad = (self.prefix_tokens < 0) | (self.prefix_tokens > self.prompt_tokens)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(
+                f"request {i}: prefix_tokens {int(self.prefix_tokens[i])} not in [0, prompt {int(self.prompt_tokens[i])}]"
+            )
+
+    def __len__(self) -> int:
+        return len(self.arrival_step)
+
+    @property
+    def max_tokens(self) -> int:
+        """Longest final KV length, prompt + output, over the trace."""
+        return int((self.prompt_tokens + self.output_tokens).max())
+
+
+def poisson_trace(
+    n_requests: int,
+    rate_per_step: float,
+    prompt_tokens: tuple[int, int] = (256, 2048),
+    output_tokens: tuple[int, int] = (64, 1024),
+    prefix_groups: int = 0,
+    prefix_tokens: int = 0,
+    seed: int = 0,
+) -> Trace:
+    """A seeded Poisson trace: exponential inter-arrival gaps of mean ``1 / rate_per_step`` steps.
+
+    Prompt and output lengths are uniform on the inclusive ranges. With ``prefix_groups > 0`` every request
+    starts with one of that many shared prefixes of ``prefix_tokens`` tokens (a system prompt), followed by its own
+    prompt of the drawn length.
+    """
+    if n_requests < 1:
+        raise ValueError(f"`n_requests` must be >= 1, got {n_requests!r}")
+    if not rate_per_step > 0:
+        raise ValueError(f"`rate_per_step` must be > 0, got {rate_per_step!r}")
+    for name, (lo, hi) in (("prompt_tokens", prompt_tokens), ("output_tokens", output_tokens)):
+        if not 1 <= lo <= hi:
+            raise ValueError(f"`{name}` must be a range 1 <= lo <= hi, got {(lo, hi)!r}")
+    if prefix_groups < 0 or prefix_tokens < 0 or (prefix_groups > 0) != (prefix_tokens > 0):
+        raise ValueError(
+            f"`prefix_groups` and `prefix_tokens` must both be > 0 or both 0, got {prefix_groups!r}, {prefix_tokens!r}"
+        )
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate_per_step, n_requests))
+    prompts = rng.integers(prompt_tokens[0], prompt_tokens[1] + 1, n_requests)
+    outputs = rng.integers(output_tokens[0], output_tokens[1] + 1, n_requests)
+    if prefix_groups:
+        groups = rng.integers(0, prefix_groups, n_requests)
+        prefixes = np.full(n_requests, prefix_tokens)
+        prompts = prompts + prefix_tokens
+    else:
+        groups = np.full(n_requests, -1)
+        prefixes = np.zeros(n_requests, dtype=np.int64)
+    return Trace(arrivals, prompts, outputs, groups, prefixes)
+
+
+TRACE_COLUMNS = ("arrival_step", "prompt_tokens", "output_tokens")
+
+
+def load_trace(path: str | os.PathLike) -> Trace:
+    """A trace from CSV: ``arrival_step,prompt_tokens,output_tokens[,prefix_group,prefix_tokens]`` with a header.
+
+    Rows are sorted by arrival. Arrival times are in engine steps.
+    """
+    path = Path(path)
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise ValueError(f"{path}: no requests")
+    missing = [c for c in TRACE_COLUMNS if c not in rows[0]]
+    if missing:
+        raise ValueError(f"{path}: missing columns {missing}; have {sorted(rows[0])}")
+    try:
+        arrival = np.array([float(r["arrival_step"]) for r in rows])
+        prompt = np.array([int(r["prompt_tokens"]) for r in rows], dtype=np.int64)
+        output = np.array([int(r["output_tokens"]) for r in rows], dtype=np.int64)
+        group = np.array([int(r.get("prefix_group") or -1) for r in rows], dtype=np.int64)
+        prefix = np.array([int(r.get("prefix_tokens") or 0) for r in rows], dtype=np.int64)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+    prefix[group < 0] = 0
+    order = np.argsort(arrival, kind="stable")
+    return Trace(arrival[order], prompt[order], output[order], group[order], prefix[order])
+
+
+def save_trace(trace: Trace, path: str | os.PathLike) -> Path:
+    """Write ``trace`` as CSV (atomically; refuses to overwrite an existing file)."""
+    path = Path(path)
+    if path.exists():
+        raise ValueError(f"{path} exists; not overwriting")
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow((*TRACE_COLUMNS, "prefix_group", "prefix_tokens"))
+        for row in zip(
+            trace.arrival_step.tolist(),
+            trace.prompt_tokens.tolist(),
+            trace.output_tokens.tolist(),
+            trace.prefix_group.tolist(),
+            trace.prefix_tokens.tolist(),
+        ):
+            w.writerow(row)
+    os.replace(tmp, path)
+    return path
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How the KV memory is managed.
+
+    Args:
+        name: label in the output.
+        kind: ``contiguous`` (one block of ``max_len`` tokens per request, reserved at admission) or ``paged``.
+        block_size_tokens: block size of a paged policy (ignored for contiguous).
+        prefix_sharing: share full prompt blocks across requests by chained hash (paged only).
+        kv_bytes_per_token: KV bytes per token; None takes the budget's (e.g. set it lower for a quantized cache).
+        kv_dtype: label of the KV format, for the output.
+    """
+
+    name: str
+    kind: str = "paged"
+    block_size_tokens: int = 16
+    prefix_sharing: bool = False
+    kv_bytes_per_token: float | None = None
+    kv_dtype: str = "bf16"
+
+    def __post_init__(self) -> None:
+        if self.kind not in POLICY_KINDS:
+            raise ValueError(f"`kind` must be one of {list(POLICY_KINDS)}, got {self.kind!r}")
+        if self.block_size_tokens < 1:
+            raise ValueError(f"`block_size_tokens` must be >= 1, got {self.block_size_tokens!r}")
+        if self.prefix_sharing and self.kind != "paged":
+            raise ValueError(f"prefix sharing needs a paged policy, got kind {self.kind!r}")
+        if self.kv_bytes_per_token is not None and not self.kv_bytes_per_token > 0:
+            raise ValueError(f"`kv_bytes_per_token` must be > 0, got {self.kv_bytes_per_token!r}")
+
+
+def default_policies(
+    block_size_tokens: int = 16, quant_kv_bytes_per_token: float | None = None, quant_kv_dtype: str = "kivi4"
+) -> list[Policy]:
+    """The four policies of issue 4: contiguous, paged, paged + prefix sharing, paged with a quantized cache.
+
+    ``quant_kv_bytes_per_token`` defaults to Llama-3-8B under KIVI-4 (G=32, 16-bit scale and zero): 40960 B.
+    """
+    if quant_kv_bytes_per_token is None:
+        quant_kv_bytes_per_token = kivi_bytes_per_token_llama3_8b(nbits=4, group_size=32)
+    return [
+        Policy("contiguous", kind="contiguous"),
+        Policy("paged", block_size_tokens=block_size_tokens),
+        Policy("paged+prefix", block_size_tokens=block_size_tokens, prefix_sharing=True),
+        Policy(
+            f"paged+{quant_kv_dtype}",
+            block_size_tokens=block_size_tokens,
+            kv_bytes_per_token=quant_kv_bytes_per_token,
+            kv_dtype=quant_kv_dtype,
+        ),
+    ]
+
+
+@dataclass
+class _Series:
+    """Per executed step, for the output (filled in the loop)."""
+
+    step: list[int] = field(default_factory=list)  # engine step index
+    running: list[int] = field(default_factory=list)  # requests holding KV after the step
+    waiting: list[int] = field(default_factory=list)  # requests queued after the step
+    used_blocks: list[int] = field(default_factory=list)  # blocks with holders
+    filled_slots: list[int] = field(default_factory=list)  # slots written in used blocks
+    tokens: list[int] = field(default_factory=list)  # tokens computed (decode + prefill)
+
+
+def _stats(values: np.ndarray) -> dict:
+    if len(values) == 0:
+        return {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0}
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return {
+        "mean": float(values.mean()),
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "max": float(values.max()),
+    }
+
+
+def _prompt_hashes(request: int, group: int, prefix: int, prompt: int, block_size: int) -> list[int]:
+    """Chained hashes of a simulated prompt's full blocks: equal across a prefix group inside its shared prefix.
+
+    The simulator has no token ids; a block is named by what it holds: ``(group, i)`` for block ``i`` wholly
+    inside the shared prefix, ``(request, i)`` otherwise (so a preempted request can find its own blocks again).
+    """
+    hashes = []
+    parent = None
+    for i in range(prompt // block_size):
+        shared = group >= 0 and (i + 1) * block_size <= prefix
+        parent = hash_block_tokens(parent, (-1 - group, i) if shared else (request, i))
+        hashes.append(parent)
+    return hashes
+
+
+def simulate_policy(
+    trace: Trace,
+    policy: Policy,
+    budget: KVBudget,
+    max_len: int = SEED_MAX_LEN,
+    max_running: int | None = None,
+    check_every: int = 0,
+    keep_series: bool = False,
+) -> dict:
+    """Serve ``trace`` under ``policy`` in the KV bytes of ``budget``; one policy's result.
+
+    Args:
+        trace: the requests.
+        policy: memory policy.
+        budget: device KV bytes (:attr:`KVBudget.free_bytes`) and the default bytes per token.
+        max_len: contiguous reservation per request, tokens (every request must fit in it).
+        max_running: cap on running requests (vLLM's ``max_num_seqs``); None for no cap.
+        check_every: run the full :meth:`BlockPool.check_invariants` every this many steps (0: only at the end).
+            The O(1) conservation check runs every step regardless.
+        keep_series: include the per-step series in the result.
+
+    Returns:
+        Summary dict: concurrency, utilization, preemptions, prefix hits, queueing delay (steps), tokens per
+        step, waste, events and events per second, and the conservation record.
+
+    Raises:
+        ValueError: when a request exceeds ``max_len`` or alone needs more blocks than the pool has.
+    """
+    bpt = policy.kv_bytes_per_token or budget.kv_bytes_per_token
+    bs = max_len if policy.kind == "contiguous" else policy.block_size_tokens
+    num_blocks = int(budget.free_bytes // (bpt * bs))
+    if trace.max_tokens > max_len:
+        raise ValueError(f"a request of {trace.max_tokens} tokens exceeds max_len {max_len}")
+    if -(-trace.max_tokens // bs) > num_blocks:
+        raise ValueError(
+            f"policy {policy.name!r}: a request of {trace.max_tokens} tokens needs "
+            f"{-(-trace.max_tokens // bs)} blocks, the pool has {num_blocks}"
+        )
+    pool = BlockPool(num_blocks, bs, enable_prefix_caching=policy.prefix_sharing)
+    n = len(trace)
+    arrival = np.ceil(trace.arrival_step).astype(np.int64).tolist()
+    prompt = trace.prompt_tokens.tolist()
+    output = trace.output_tokens.tolist()
+    group = trace.prefix_group.tolist()
+    prefix = trace.prefix_tokens.tolist()
+    hashes: list[list[int] | None] = [None] * n
+
+    tables = [BlockTable(pool) for _ in range(n)]
+    generated = [0] * n  # tokens sampled so far
+    admitted_at = [-1] * n  # step of first admission
+    running: list[int] = []  # admission order: the tail is preempted first
+    waiting: deque[int] = deque()
+    series = _Series()
+    preemptions = recomputed_tokens = prefill_tokens = decode_tokens = 0
+    events = finished = full_checks = 0
+    next_arrival = 0
+    step = 0
+    t0 = time.perf_counter()
+    while finished < n:
+        while next_arrival < n and arrival[next_arrival] <= step:
+            waiting.append(next_arrival)
+            next_arrival += 1
+            events += 1
+        if not running and not waiting:
+            step = arrival[next_arrival]  # discrete-event jump over an idle stretch
+            continue
+        step_tokens = 0
+        done: list[int] = []
+        preempted_now = False
+        # 1. decode: every running request appends its last token's K/V (admission order)
+        i = 0
+        while i < len(running):
+            r = running[i]
+            table = tables[r]
+            blocks = table.blocks
+            need = table.num_tokens == len(blocks) * bs or blocks[-1].ref_cnt > 1
+            while need and pool.free_queue.num_free == 0:
+                victim = running.pop()  # preempt by recompute, last admitted first
+                tables[victim].free()
+                waiting.appendleft(victim)
+                preemptions += 1
+                events += 1
+                preempted_now = True
+                if victim == r:
+                    break
+            if i == len(running):  # r itself was preempted
+                break
+            table.append_tokens(1)
+            generated[r] += 1
+            step_tokens += 1
+            events += 1
+            if generated[r] == output[r]:
+                done.append(r)
+            i += 1
+        decode_tokens += step_tokens
+        # 2. admit waiting requests first-come-first-served while their prefill fits
+        while waiting and not preempted_now and (max_running is None or len(running) < max_running):
+            r = waiting[0]
+            known = prompt[r] + generated[r]  # a preempted request recomputes its prompt and outputs
+            if policy.prefix_sharing and hashes[r] is None:
+                hashes[r] = _prompt_hashes(r, group[r], prefix[r], prompt[r], bs)
+            try:
+                hits = tables[r].allocate(known, hashes[r] or ())
+            except ValueError:
+                break  # head-of-line blocking
+            waiting.popleft()
+            computed = known - hits * bs
+            step_tokens += computed
+            prefill_tokens += computed
+            if generated[r]:
+                recomputed_tokens += computed
+            else:
+                admitted_at[r] = step
+            generated[r] += 1
+            running.append(r)
+            events += 1
+            if generated[r] == output[r]:
+                done.append(r)
+        # 3. finished requests release their blocks
+        if done:
+            for r in done:
+                tables[r].free()
+            finished += len(done)
+            events += len(done)
+            finishing = set(done)
+            running = [r for r in running if r not in finishing]
+        assert pool.free_queue.num_free + pool.num_used == pool.num_blocks, (
+            f"step {step}: free {pool.free_queue.num_free} + used {pool.num_used} != {pool.num_blocks}"
+        )
+        if check_every and step % check_every == 0:
+            pool.check_invariants([tables[r] for r in running])
+            full_checks += 1
+        series.step.append(step)
+        series.running.append(len(running))
+        series.waiting.append(len(waiting))
+        series.used_blocks.append(pool.num_used)
+        series.filled_slots.append(pool.num_filled_slots)
+        series.tokens.append(step_tokens)
+        step += 1
+    wall_s = time.perf_counter() - t0
+    pool.check_invariants([tables[r] for r in range(n)])
+    all_freed = pool.num_used == 0 and pool.num_free == pool.num_blocks and pool.num_filled_slots == 0
+    assert all_freed, f"{pool.num_used} blocks still used after every request finished"
+
+    running_s = np.array(series.running)
+    used = np.array(series.used_blocks, dtype=np.float64)
+    filled = np.array(series.filled_slots, dtype=np.float64)
+    busy = used > 0
+    waste_slots = used * bs - filled
+    queue_delay = np.array(admitted_at) - np.array(arrival)
+    result = {
+        "policy": policy.name,
+        "kind": policy.kind,
+        "kv_dtype": policy.kv_dtype,
+        "prefix_sharing": policy.prefix_sharing,
+        "block_size": bs,
+        "kv_bytes_per_token": bpt,
+        "num_blocks": num_blocks,
+        "capacity_tokens": num_blocks * bs,
+        "requests": n,
+        "finished": finished,
+        "steps": len(series.step),
+        "makespan_steps": series.step[-1] + 1,
+        "concurrency": {"mean": float(running_s.mean()), "max": int(running_s.max())},
+        "utilization": float(filled[busy].sum() / (used[busy].sum() * bs)) if busy.any() else 0.0,
+        "memory_used_fraction": float(used.mean() / num_blocks),
+        "preemptions": preemptions,
+        "recomputed_tokens": recomputed_tokens,
+        "prefix_hit_blocks": pool.prefix_hits,
+        "prefix_hit_tokens": pool.prefix_hits * bs,
+        "queue_delay_steps": _stats(queue_delay.astype(np.float64)),
+        "tokens_per_step": {
+            "mean": float(np.mean(series.tokens)),
+            "decode_mean": decode_tokens / len(series.step),
+            "prefill_mean": prefill_tokens / len(series.step),
+        },
+        "waste": {
+            "mean_slots": float(waste_slots.mean()),
+            "mean_bytes": float(waste_slots.mean() * bpt),
+            "fraction_of_allocated": float(waste_slots[busy].sum() / (used[busy].sum() * bs))
+            if busy.any()
+            else 0.0,
+        },
+        "events": events,
+        "wall_s": wall_s,
+        "events_per_s": events / wall_s if wall_s > 0 else math.inf,
+        "conservation": {
+            "checked_steps": len(series.step),
+            "full_checks": full_checks + 1,
+            "all_freed": all_freed,
+        },
+    }
+    if keep_series:
+        result["series"] = {k: list(v) for k, v in vars(series).items()}
+    return result
+
+
+def simulate(
+    trace: Trace,
+    policies: list[Policy] | None = None,
+    budget: KVBudget | None = None,
+    max_len: int = SEED_MAX_LEN,
+    max_running: int | None = None,
+    check_every: int = 0,
+    keep_series: bool = False,
+) -> dict:
+    """Every policy on the same trace and budget: ``{"config": ..., "policies": {name: result}}``.
+
+    Defaults: :func:`default_policies` and seed 003's Llama-3-8B budget (61.04 GiB of KV).
+    """
+    budget = budget or seed_budget()
+    policies = policies if policies is not None else default_policies()
+    names = [p.name for p in policies]
+    if len(set(names)) != len(names):
+        raise ValueError(f"policy names must be unique, got {names}")
+    out = {
+        "config": {
+            **budget.as_dict(),
+            "max_len": max_len,
+            "max_running": max_running,
+            "requests": len(trace),
+            "prompt_tokens_mean": float(trace.prompt_tokens.mean()),
+            "output_tokens_mean": float(trace.output_tokens.mean()),
+            "prefix_requests": int((trace.prefix_group >= 0).sum()),
+            "last_arrival_step": float(trace.arrival_step[-1]),
+        },
+        "policies": {},
+    }
+    for policy in policies:
+        out["policies"][policy.name] = simulate_policy(
+            trace, policy, budget, max_len, max_running, check_every, keep_series
+        )
+    return out

@@ -1,0 +1,281 @@
+"""Static capacity: how many requests fit at once under contiguous reservation vs paging.
+
+Reproduces seed 003 §05 / §6.2 and its appendix ``paged_alloc.py`` exactly (same workloads, seed 11, same
+61 GiB budget): requests are admitted greedily in arrival order until the next one does not fit. Contiguous
+reservation charges every request ``max_len`` tokens (the output length is unknown up front); paging charges
+``ceil(len / block) * block`` tokens. Admission is vectorised (``cumsum`` + ``searchsorted``), so a million
+requests take milliseconds.
+
+[A] concurrency and utilization per policy, [B] the two halves of the waste (reservation vs the last block's
+empty slots), [C] the block-size sweep (empty slots vs block-table length). This is a static snapshot: arrivals,
+growth, release and scheduling are :mod:`kvlab.paging.simulate`'s job.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from kvlab.paging.block_pool import BlockPool
+from kvlab.paging.block_table import BlockTable
+from kvlab.paging.budget import KVBudget, seed_budget
+
+SEED_MAX_LEN = 4096  # longest request and the contiguous reservation (seed 003 appendix)
+SEED_N_REQUESTS = 4000
+SEED_RNG_SEED = 11
+SWEEP_BLOCK_SIZES = (1, 4, 8, 16, 32, 64, 128, 256)
+DEMO_LENGTHS = (37, 21, 45)  # the seed's figure: three requests cut into blocks of 16
+WORKLOADS = ("uniform", "heavy")
+
+
+def workload(
+    kind: str, n: int = SEED_N_REQUESTS, seed: int = SEED_RNG_SEED, max_len: int = SEED_MAX_LEN
+) -> np.ndarray:
+    """Request lengths in tokens, ``[n]`` int64, drawn exactly as seed 003 draws them.
+
+    ``uniform``: uniform on 512..max_len (batch jobs). ``heavy``: 80 % uniform on 256..1024 and 20 % on
+    3072..max_len, shuffled (online chat).
+    """
+    if n < 1:
+        raise ValueError(f"`n` must be >= 1, got {n!r}")
+    rng = np.random.default_rng(seed)
+    if kind == "uniform":
+        return rng.integers(512, max_len + 1, n)
+    if kind == "heavy":
+        n_short = int(n * 0.8)
+        lens = np.concatenate(
+            [rng.integers(256, 1025, n_short), rng.integers(3072, max_len + 1, n - n_short)]
+        )
+        rng.shuffle(lens)
+        return lens
+    raise ValueError(f"`kind` must be one of {list(WORKLOADS)}, got {kind!r}")
+
+
+def load_lengths(path: str | os.PathLike) -> np.ndarray:
+    """Request lengths from a file: one integer per line, or a CSV with a header.
+
+    A CSV column ``tokens`` or ``length`` is used as is; otherwise ``prompt_tokens + output_tokens`` (the
+    :mod:`kvlab.paging.simulate` trace format), the final KV length of each request.
+    """
+    path = Path(path)
+    text = path.read_text().strip().splitlines()
+    if not text:
+        raise ValueError(f"{path}: no request lengths")
+    try:
+        return np.array([int(line) for line in text if line.strip()], dtype=np.int64)
+    except ValueError:
+        pass
+    rows = list(csv.DictReader(text))
+    cols = set(rows[0]) if rows else set()
+    for name in ("tokens", "length"):
+        if name in cols:
+            return np.array([int(r[name]) for r in rows], dtype=np.int64)
+    if {"prompt_tokens", "output_tokens"} <= cols:
+        return np.array([int(r["prompt_tokens"]) + int(r["output_tokens"]) for r in rows], dtype=np.int64)
+    raise ValueError(
+        f"{path}: expected one integer per line or a CSV with `tokens`, `length` or "
+        f"`prompt_tokens`+`output_tokens`, got columns {sorted(cols)}"
+    )
+
+
+def _bytes(tokens: np.ndarray, kv_bytes_per_token: float) -> np.ndarray:
+    """Token counts to bytes, in exact integers when the per-token cost is whole."""
+    if float(kv_bytes_per_token).is_integer():
+        return tokens.astype(np.int64) * int(kv_bytes_per_token)
+    return tokens.astype(np.float64) * kv_bytes_per_token
+
+
+def greedy_admit(bytes_per_request: np.ndarray, budget_bytes: float) -> tuple[int, float]:
+    """Admit requests in order until the next one does not fit; ``(admitted, bytes used)``.
+
+    ``bytes_per_request``: ``[n]``, every entry > 0. Equivalent to the seed's loop with ``break``: the number of
+    prefix sums that stay within the budget.
+    """
+    if len(bytes_per_request) == 0:
+        return 0, 0
+    prefix = np.cumsum(bytes_per_request)
+    k = int(np.searchsorted(prefix, budget_bytes, side="right"))
+    return k, (prefix[k - 1].item() if k else 0)
+
+
+def _check_lengths(lens: np.ndarray, max_len: int) -> None:
+    if len(lens) == 0 or lens.min() < 1:
+        raise ValueError(f"request lengths must be >= 1 token, got min {lens.min() if len(lens) else None!r}")
+    if lens.max() > max_len:
+        raise ValueError(
+            f"a request of {int(lens.max())} tokens exceeds the contiguous reservation {max_len}"
+        )
+
+
+def static_capacity(
+    lens: np.ndarray, budget: KVBudget, block_size_tokens: int = 16, max_len: int = SEED_MAX_LEN
+) -> dict:
+    """Section [A]: concurrency, bytes held and utilization of contiguous reservation vs paging.
+
+    Args:
+        lens: request lengths in tokens, ``[n]``.
+        budget: KV budget (bytes per token and capacity).
+        block_size_tokens: paging block size.
+        max_len: tokens reserved per request by the contiguous policy.
+
+    Returns:
+        The seed's keys: ``k_cont``, ``k_paged``, ``util_cont``, ``util_paged``, ``gain``, ``bytes_cont``,
+        ``bytes_paged``, ``real_cont``, ``real_paged`` (bytes held and bytes of real tokens, per policy).
+    """
+    lens = np.asarray(lens)
+    _check_lengths(lens, max_len)
+    if block_size_tokens < 1:
+        raise ValueError(f"`block_size_tokens` must be >= 1, got {block_size_tokens!r}")
+    bpt = budget.kv_bytes_per_token
+    reserved_tokens = np.full(len(lens), max_len, dtype=np.int64)
+    paged_tokens = -(-lens // block_size_tokens) * block_size_tokens  # ceil to whole blocks
+    k_c, used_c = greedy_admit(_bytes(reserved_tokens, bpt), budget.budget_bytes)
+    k_p, used_p = greedy_admit(_bytes(paged_tokens, bpt), budget.budget_bytes)
+    if k_c == 0 or k_p == 0:
+        raise ValueError(f"the budget ({budget.capacity_tokens} tokens) does not fit the first request")
+    real_c = int(lens[:k_c].sum()) * bpt
+    real_p = int(lens[:k_p].sum()) * bpt
+    return {
+        "k_cont": k_c,
+        "k_paged": k_p,
+        "util_cont": real_c / used_c,
+        "util_paged": real_p / used_p,
+        "gain": k_p / k_c,
+        "bytes_cont": used_c,
+        "bytes_paged": used_p,
+        "real_cont": real_c,
+        "real_paged": real_p,
+        "n_requests": int(len(lens)),
+    }
+
+
+def waste_split(
+    lens: np.ndarray, kv_bytes_per_token: float, block_size_tokens: int = 16, max_len: int = SEED_MAX_LEN
+) -> dict:
+    """Section [B]: mean bytes wasted per request by reservation (``max_len - len``) vs the last block's slots.
+
+    Returns ``reserve_waste`` and ``frag`` (bytes per request), ``ratio`` and ``mean_len`` (tokens).
+    """
+    lens = np.asarray(lens)
+    _check_lengths(lens, max_len)
+    reserve = float((max_len - lens).mean()) * kv_bytes_per_token
+    frag = float((-(-lens // block_size_tokens) * block_size_tokens - lens).mean()) * kv_bytes_per_token
+    return {
+        "reserve_waste": reserve,
+        "frag": frag,
+        "ratio": reserve / frag if frag else float("inf"),
+        "mean_len": float(lens.mean()),
+        "block_size": block_size_tokens,
+    }
+
+
+def block_size_sweep(lens: np.ndarray, block_sizes: Sequence[int] = SWEEP_BLOCK_SIZES) -> dict:
+    """Section [C]: per block size, empty slots per request, theoretical utilization and block-table length.
+
+    Rows: ``bs``, ``frag`` (tokens), ``util`` (``mean_len / (mean_len + frag)``), ``nblk`` (blocks per request).
+    Smaller blocks waste fewer slots but lengthen every block table (more gathers per attention call).
+    """
+    lens = np.asarray(lens)
+    mean_len = float(lens.mean())
+    rows = []
+    for bs in block_sizes:
+        n_blocks = -(-lens // bs)
+        frag = float((n_blocks * bs - lens).mean())
+        rows.append(
+            {
+                "bs": int(bs),
+                "frag": frag,
+                "util": mean_len / (mean_len + frag),
+                "nblk": float(n_blocks.mean()),
+            }
+        )
+    return {"rows": rows, "mean_len": mean_len}
+
+
+def demo_layout(
+    lengths: Sequence[int] = DEMO_LENGTHS, block_size_tokens: int = 16, spare_blocks: int = 3
+) -> dict:
+    """The seed figure's example, run on a real :class:`BlockPool`: requests grow one token each in turn.
+
+    Returns ``block_size``, ``seqs`` (``idx``, ``length``, ``n_blocks``, ``last_used``, ``block_ids``) and
+    ``physical`` (per block: ``block_id``, ``owner`` or None, ``fill``).
+    """
+    n_blocks = sum(-(-n // block_size_tokens) for n in lengths) + spare_blocks
+    pool = BlockPool(n_blocks, block_size_tokens)
+    tables = [BlockTable(pool) for _ in lengths]
+    while any(t.num_tokens < n for t, n in zip(tables, lengths)):
+        for table, n in zip(tables, lengths):
+            if table.num_tokens < n:
+                table.append_tokens(1)
+    pool.check_invariants(tables)
+    owner = {b.block_id: i for i, t in enumerate(tables) for b in t.blocks}
+    return {
+        "block_size": block_size_tokens,
+        "seqs": [
+            {
+                "idx": i,
+                "length": t.num_tokens,
+                "n_blocks": len(t.blocks),
+                "last_used": t.last_block_tokens,
+                "block_ids": t.block_ids,
+            }
+            for i, t in enumerate(tables)
+        ],
+        "physical": [
+            {"block_id": b.block_id, "owner": owner.get(b.block_id), "fill": b.num_tokens if b.ref_cnt else 0}
+            for b in pool.blocks
+        ],
+    }
+
+
+def run_static(
+    workloads: Sequence[str] = WORKLOADS,
+    block_size_tokens: int = 16,
+    budget: KVBudget | None = None,
+    max_len: int = SEED_MAX_LEN,
+    n_requests: int = SEED_N_REQUESTS,
+    seed: int = SEED_RNG_SEED,
+    lengths: dict[str, np.ndarray] | None = None,
+) -> dict:
+    """Sections A, B, C and the layout demo, as seed 003's ``_paged_results.json`` (plus ``config``).
+
+    Args:
+        workloads: built-in workload names (:func:`workload`) evaluated in [A]; [B] and [C] use the first.
+        block_size_tokens: paging block size for [A] and [B].
+        budget: KV budget; seed 003's Llama-3-8B account when None.
+        max_len: contiguous reservation per request, tokens.
+        n_requests, seed: workload size and RNG seed.
+        lengths: named request lengths to use instead of ``workloads`` (e.g. ``{"file": load_lengths(p)}``).
+
+    Returns:
+        ``{"config", "A": {<workload>: {...}, "cap_tokens", "budget_bytes"}, "B", "C", "demo"}``.
+    """
+    budget = budget or seed_budget()
+    if lengths is None:
+        lengths = {kind: workload(kind, n_requests, seed, max_len) for kind in workloads}
+    if not lengths:
+        raise ValueError("no workload to evaluate")
+    section_a: dict = {
+        name: static_capacity(lens, budget, block_size_tokens, max_len) for name, lens in lengths.items()
+    }
+    section_a["cap_tokens"] = budget.capacity_tokens
+    section_a["budget_bytes"] = budget.budget_bytes
+    first = next(iter(lengths.values()))
+    return {
+        "config": {
+            **budget.as_dict(),
+            "block_size": block_size_tokens,
+            "max_len": max_len,
+            "n_requests": {name: int(len(lens)) for name, lens in lengths.items()},
+            "rng_seed": seed,
+            "workload_B_C": next(iter(lengths)),
+        },
+        "A": section_a,
+        "B": waste_split(first, budget.kv_bytes_per_token, block_size_tokens, max_len),
+        "C": block_size_sweep(first),
+        "demo": demo_layout(block_size_tokens=16),
+    }
