@@ -1,0 +1,21 @@
+"""The seed's toy decoder lab (seed 003 §04, §05): cached decoding vs full recompute, FLOPs, append cost.
+
+* :mod:`kvlab.lab.toy` — the numpy toy decoder (GQA, fp32) and its two greedy generators.
+* :mod:`kvlab.lab.flops` — analytic matmul FLOPs of both generators (seed 003 §3.2).
+* :mod:`kvlab.lab.equivalence` — :func:`run_toy_lab`, the experiment behind ``kvlab lab``.
+* :mod:`kvlab.lab.append` — per-step append cost, growing ``torch.cat`` vs preallocated in place (torch).
+* :mod:`kvlab.lab.exactness` — a real transformers model decoded through each exact cache (torch).
+"""
+
+from kvlab.lab.equivalence import run_toy_lab
+from kvlab.lab.flops import cached_generation_flops, naive_generation_flops
+from kvlab.lab.toy import ToyConfig, generate_cached, generate_naive
+
+__all__ = [
+    "ToyConfig",
+    "cached_generation_flops",
+    "generate_cached",
+    "generate_naive",
+    "naive_generation_flops",
+    "run_toy_lab",
+]

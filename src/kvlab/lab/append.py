@@ -1,0 +1,92 @@
+"""Per-step append cost of a growing ``torch.cat`` cache vs a preallocated cache written in place (seed 003 §05).
+
+``transformers``' ``DynamicLayer.update`` appends with ``torch.cat``: every step allocates a new tensor and
+copies the whole history, so one append costs O(context). A static cache (``StaticLayer``, gpt-fast) allocates
+the maximum length once and writes the new token's slot, O(1) per step. This module measures both, per step, at
+several context lengths, for one layer's K and V.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def measure_append_cost(
+    contexts_tokens: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192),
+    *,
+    batch: int = 1,
+    kv_heads: int = 8,
+    head_dim: int = 128,
+    dtype: str = "float32",
+    steps: int = 8,
+    seed: int = 0,
+) -> dict:
+    """Time appending one token's K and V to a cache of ``T`` tokens, for each ``T`` in ``contexts_tokens``.
+
+    Each cache holds K and V of shape ``[batch, kv_heads, tokens, head_dim]``. At context ``T`` both strategies
+    run ``steps`` consecutive appends (``T .. T + steps - 1``) and the median per-step time is reported:
+
+    - ``cat``: ``keys = torch.cat([keys, k_new], dim=-2)`` (and the same for values), as ``DynamicLayer.update``;
+    - ``inplace``: ``keys[:, :, t] = k_new`` into a buffer preallocated at ``T + steps`` tokens.
+
+    Returns a JSON-serializable dict: ``contexts_tokens``, ``cat_us`` and ``inplace_us`` (median microseconds
+    per step, K and V together), ``cat_bytes_copied`` (bytes ``torch.cat`` writes at the first step: the whole
+    K and V history plus the new token), ``inplace_bytes_written`` (the new token's K and V), the shape and dtype.
+
+    Raises:
+        ValueError: an empty or non-positive context list, ``steps`` < 1, or an unknown ``dtype``.
+    """
+    if not contexts_tokens or any(int(t) < 1 for t in contexts_tokens):
+        raise ValueError(f"`contexts_tokens` must be positive token counts, got {contexts_tokens!r}")
+    if steps < 1:
+        raise ValueError(f"`steps` must be >= 1, got {steps!r}")
+    if dtype not in _DTYPES:
+        raise ValueError(f"`dtype` must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    torch_dtype = _DTYPES[dtype]
+    element_bytes = torch.empty((), dtype=torch_dtype).element_size()
+    token_bytes = 2 * batch * kv_heads * head_dim * element_bytes  # K and V of one token
+    gen = torch.Generator().manual_seed(seed)
+    new_k = torch.randn(batch, kv_heads, 1, head_dim, generator=gen).to(torch_dtype)
+    new_v = torch.randn(batch, kv_heads, 1, head_dim, generator=gen).to(torch_dtype)
+
+    cat_us, inplace_us, cat_bytes = [], [], []
+    for context in (int(t) for t in contexts_tokens):
+        keys = torch.randn(batch, kv_heads, context, head_dim, generator=gen).to(torch_dtype)
+        values = torch.randn(batch, kv_heads, context, head_dim, generator=gen).to(torch_dtype)
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter_ns()
+            keys = torch.cat([keys, new_k], dim=-2)  # [B, H, T, D] -> [B, H, T + 1, D], a full copy
+            values = torch.cat([values, new_v], dim=-2)
+            times.append(time.perf_counter_ns() - start)
+        cat_us.append(statistics.median(times) / 1e3)
+        cat_bytes.append((context + 1) * token_bytes)  # written by the first append at this context
+
+        buf_k = torch.zeros(batch, kv_heads, context + steps, head_dim, dtype=torch_dtype)
+        buf_v = torch.zeros_like(buf_k)
+        buf_k[:, :, :context] = keys[:, :, :context]
+        buf_v[:, :, :context] = values[:, :, :context]
+        times = []
+        for pos in range(context, context + steps):
+            start = time.perf_counter_ns()
+            buf_k[:, :, pos] = new_k[:, :, 0]  # one slot written, history untouched
+            buf_v[:, :, pos] = new_v[:, :, 0]
+            times.append(time.perf_counter_ns() - start)
+        inplace_us.append(statistics.median(times) / 1e3)
+        del keys, values, buf_k, buf_v
+
+    return {
+        "contexts_tokens": [int(t) for t in contexts_tokens],
+        "cat_us": cat_us,
+        "inplace_us": inplace_us,
+        "cat_bytes_copied": cat_bytes,
+        "inplace_bytes_written": token_bytes,
+        "shape": {"batch": batch, "kv_heads": kv_heads, "head_dim": head_dim},
+        "dtype": dtype,
+        "steps": steps,
+    }
