@@ -14,7 +14,7 @@ hash (:func:`hash_block_tokens`); while it is free it stays findable by that has
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -24,10 +24,14 @@ class KVBlock:
 
     block_id: int  # row of the pool tensor that stores this block's K/V
     ref_cnt: int = 0  # block tables holding this block; 0 means free
-    num_tokens: int = 0  # slots written, 0..block_size_tokens (for a shared block: by its longest holder)
+    num_tokens: int = 0  # slots written, 0..block_size_tokens (every holder agrees)
     block_hash: int | None = None  # chained prefix hash while the block is full and cached, else None
-    prev_free: KVBlock | None = None  # neighbour towards the head of the free queue (None when not queued)
-    next_free: KVBlock | None = None  # neighbour towards the tail of the free queue (None when not queued)
+    prev_free: KVBlock | None = field(
+        default=None, repr=False
+    )  # neighbour towards the head of the free queue (None when not queued)
+    next_free: KVBlock | None = field(
+        default=None, repr=False
+    )  # neighbour towards the tail of the free queue (None when not queued)
 
 
 def hash_block_tokens(parent_hash: int | None, token_ids: Sequence[int]) -> int:

@@ -147,23 +147,40 @@ class BlockTable:
         self.pool.touch(child.blocks)
         return child
 
-    def truncate(self, num_tokens: int) -> None:
-        """Drop every token from ``num_tokens`` on, freeing blocks that become empty."""
+    def truncate(self, num_tokens: int) -> list[tuple[int, int]]:
+        """Drop every token from ``num_tokens`` on, freeing blocks that become empty.
+
+        If the cut falls inside a shared block, this table gets a private copy of it first (copy-on-write), so
+        every holder of a block always agrees on its fill.
+
+        Returns:
+            ``(src_block_id, dst_block_id)`` copies the caller must apply to the KV storage.
+        """
         if not 0 <= num_tokens <= self.num_tokens:
             raise ValueError(f"`num_tokens` must be in [0, {self.num_tokens}], got {num_tokens!r}")
         pool = self.pool
         keep = -(-num_tokens // pool.block_size_tokens)
+        fill = num_tokens - (keep - 1) * pool.block_size_tokens if keep else 0
+        copies: list[tuple[int, int]] = []
+        if keep and self.blocks[keep - 1].ref_cnt > 1 and fill < self.blocks[keep - 1].num_tokens:
+            if pool.num_free == 0:
+                raise ValueError(
+                    f"need 1 blocks to cut inside a shared block, 0 free (pool of {pool.num_blocks})"
+                )
+            old = self.blocks[keep - 1]
+            self.blocks[keep - 1] = pool.copy_on_write(old, fill)
+            copies.append((old.block_id, self.blocks[keep - 1].block_id))
         pool.free(reversed(self.blocks[keep:]))
         del self.blocks[keep:]
         self.num_tokens = num_tokens
-        fill = self.last_block_tokens
-        if self.blocks and self.blocks[-1].ref_cnt == 1 and self.blocks[-1].num_tokens != fill:
+        if keep and self.blocks[-1].num_tokens != fill:  # private block cut short
             last = self.blocks[-1]
             pool.num_filled_slots -= last.num_tokens - fill
             last.num_tokens = fill
             if last.block_hash is not None:  # no longer full: its cached prefix is gone
                 del pool.cached[last.block_hash]
                 last.block_hash = None
+        return copies
 
     def free(self) -> None:
         """Release every block (last block first, so tails are reallocated before shared prefixes)."""

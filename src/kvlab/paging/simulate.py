@@ -81,9 +81,9 @@ class Trace:
         return len(self.arrival_step)
 
     @property
-    def max_tokens(self) -> int:
-        """Longest final KV length, prompt + output, over the trace."""
-        return int((self.prompt_tokens + self.output_tokens).max())
+    def peak_kv_tokens(self) -> int:
+        """Most KV slots one request ever holds: its prompt and every output token but the last."""
+        return int((self.prompt_tokens + self.output_tokens).max()) - 1
 
 
 def poisson_trace(
@@ -288,24 +288,25 @@ def simulate_policy(
         max_running: cap on running requests (vLLM's ``max_num_seqs``); None for no cap.
         check_every: run the full :meth:`BlockPool.check_invariants` every this many steps (0: only at the end).
             The O(1) conservation check runs every step regardless.
-        keep_series: include the per-step series in the result.
+        keep_series: include the per-step series (``series``) and per-request steps (``per_request``).
 
     Returns:
         Summary dict: concurrency, utilization, preemptions, prefix hits, queueing delay (steps), tokens per
         step, waste, events and events per second, and the conservation record.
 
     Raises:
-        ValueError: when a request exceeds ``max_len`` or alone needs more blocks than the pool has.
+        ValueError: when a request's peak KV exceeds ``max_len`` or alone needs more blocks than the pool has.
     """
     bpt = policy.kv_bytes_per_token or budget.kv_bytes_per_token
     bs = max_len if policy.kind == "contiguous" else policy.block_size_tokens
     num_blocks = int(budget.free_bytes // (bpt * bs))
-    if trace.max_tokens > max_len:
-        raise ValueError(f"a request of {trace.max_tokens} tokens exceeds max_len {max_len}")
-    if -(-trace.max_tokens // bs) > num_blocks:
+    peak = trace.peak_kv_tokens
+    if peak > max_len:
+        raise ValueError(f"a request holding {peak} KV tokens exceeds max_len {max_len}")
+    if -(-peak // bs) > num_blocks:
         raise ValueError(
-            f"policy {policy.name!r}: a request of {trace.max_tokens} tokens needs "
-            f"{-(-trace.max_tokens // bs)} blocks, the pool has {num_blocks}"
+            f"policy {policy.name!r}: a request holding {peak} KV tokens needs {-(-peak // bs)} blocks, "
+            f"the pool has {num_blocks}"
         )
     pool = BlockPool(num_blocks, bs, enable_prefix_caching=policy.prefix_sharing)
     n = len(trace)
@@ -319,6 +320,8 @@ def simulate_policy(
     tables = [BlockTable(pool) for _ in range(n)]
     generated = [0] * n  # tokens sampled so far
     admitted_at = [-1] * n  # step of first admission
+    finished_at = [-1] * n  # step whose output completed the request
+    preempted = [0] * n  # times each request was preempted
     running: list[int] = []  # admission order: the tail is preempted first
     waiting: deque[int] = deque()
     series = _Series()
@@ -349,6 +352,7 @@ def simulate_policy(
                 victim = running.pop()  # preempt by recompute, last admitted first
                 tables[victim].free()
                 waiting.appendleft(victim)
+                preempted[victim] += 1
                 preemptions += 1
                 events += 1
                 preempted_now = True
@@ -391,6 +395,7 @@ def simulate_policy(
         if done:
             for r in done:
                 tables[r].free()
+                finished_at[r] = step
             finished += len(done)
             events += len(done)
             finishing = set(done)
@@ -436,6 +441,7 @@ def simulate_policy(
         "utilization": float(filled[busy].sum() / (used[busy].sum() * bs)) if busy.any() else 0.0,
         "memory_used_fraction": float(used.mean() / num_blocks),
         "preemptions": preemptions,
+        "preempted_requests": sum(1 for p in preempted if p),
         "recomputed_tokens": recomputed_tokens,
         "prefix_hit_blocks": pool.prefix_hits,
         "prefix_hit_tokens": pool.prefix_hits * bs,
@@ -463,6 +469,11 @@ def simulate_policy(
     }
     if keep_series:
         result["series"] = {k: list(v) for k, v in vars(series).items()}
+        result["per_request"] = {
+            "admitted_at": admitted_at,
+            "finished_at": finished_at,
+            "preempted": preempted,
+        }
     return result
 
 
