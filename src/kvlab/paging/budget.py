@@ -123,6 +123,22 @@ def kivi_bytes_per_token_llama3_8b(nbits: int = 4, group_size: int = 32, metadat
     return LLAMA3_8B_LAYERS * LLAMA3_8B_KV_HEADS * per_head
 
 
+def seed_kv_bytes_per_token(kv_dtype: str = "bf16") -> float:
+    """Llama-3-8B KV bytes per token at ``kv_dtype`` without the planner: bf16/fp16, fp8, or kivi2/4/8 (G=32).
+
+    Raises:
+        ValueError: for any other name.
+    """
+    name = kv_dtype.lower()
+    if name in ("bf16", "bfloat16", "fp16", "float16", "auto"):
+        return LLAMA3_8B_KV_BYTES_PER_TOKEN
+    if name in ("fp8", "float8"):
+        return LLAMA3_8B_KV_BYTES_PER_TOKEN // 2
+    if name in ("kivi2", "kivi4", "kivi8"):
+        return kivi_bytes_per_token_llama3_8b(nbits=int(name[4:]))
+    raise ValueError(f"`kv_dtype` must be one of bf16, fp16, fp8, kivi2, kivi4, kivi8, got {kv_dtype!r}")
+
+
 def planner_budget(
     model: str,
     kv_dtype: str = "bf16",

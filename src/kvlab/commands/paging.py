@@ -1,0 +1,338 @@
+"""``kvlab paging``: static capacity (seed 003 §05), dynamic serving simulation, and the paged-layout figure.
+
+Logic lives in :mod:`kvlab.paging`; this module parses arguments and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+GIB, MIB = 1024**3, 1024**2
+
+
+def _range(text: str) -> tuple[int, int]:
+    lo, sep, hi = text.partition(":")
+    try:
+        pair = (int(lo), int(hi if sep else lo))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO:HI tokens, got {text!r}") from None
+    return pair
+
+
+def _add_budget_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("memory budget (default: seed 003, Llama-3-8B, 80 GiB - weights - 4 GiB)")
+    g.add_argument(
+        "--model", default=None, help="model for the planner (config.json path, dir, preset or HF id)"
+    )
+    g.add_argument(
+        "--kv-dtype", default="bf16", help="KV dtype: bf16, fp16, fp8, kivi2, kivi4, kivi8 (default bf16)"
+    )
+    g.add_argument("--gpu-gib", type=float, default=80.0, help="assumed device memory, GiB (default 80)")
+    g.add_argument(
+        "--overhead-gib", type=float, default=4.0, help="activation/framework reserve, GiB (default 4)"
+    )
+    g.add_argument(
+        "--max-len", type=int, default=4096, help="contiguous reservation per request (default 4096)"
+    )
+
+
+def _budget(args: argparse.Namespace, kv_dtype: str | None = None):
+    from kvlab.paging.budget import GIB as _GIB
+    from kvlab.paging.budget import KVBudget, planner_budget, seed_budget, seed_kv_bytes_per_token
+
+    kv_dtype = kv_dtype or args.kv_dtype
+    if args.model:
+        return planner_budget(args.model, kv_dtype, args.gpu_gib, args.overhead_gib)
+    budget = seed_budget(seed_kv_bytes_per_token(kv_dtype))
+    if (args.gpu_gib, args.overhead_gib) != (80.0, 4.0):
+        budget = KVBudget(
+            gpu_bytes=args.gpu_gib * _GIB,
+            weight_bytes=budget.weight_bytes,
+            overhead_bytes=args.overhead_gib * _GIB,
+            kv_bytes_per_token=budget.kv_bytes_per_token,
+            source=f"Llama-3-8B, KV {kv_dtype}, {args.gpu_gib:g} GiB - weights - {args.overhead_gib:g} GiB",
+        )
+    elif kv_dtype.lower() not in ("bf16", "bfloat16"):
+        budget = KVBudget(**{**budget.__dict__, "source": f"seed 003 budget, Llama-3-8B, KV {kv_dtype}"})
+    return budget
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "paging",
+        help="paged KV cache: static capacity, serving simulation, layout figure (seed 003 §05)",
+        description="How many requests fit with contiguous reservation vs paged blocks, what happens over time "
+        "as requests arrive, grow, finish and get preempted, and the paged-layout figure.",
+    )
+    sub = p.add_subparsers(dest="paging_command", metavar="{static,simulate,figure}")
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+    s = sub.add_parser(
+        "static",
+        help="concurrency and waste of contiguous reservation vs paging (seed 003 [A] [B] [C])",
+        description="Greedy admission under one KV budget: [A] requests admitted and utilization per policy, "
+        "[B] reservation waste vs last-block waste, [C] block-size sweep. Defaults reproduce seed 003.",
+    )
+    s.add_argument(
+        "--workload",
+        default=None,
+        help="uniform, heavy, or a FILE of lengths (one per line, or CSV with tokens/length or "
+        "prompt_tokens+output_tokens); default: uniform and heavy",
+    )
+    s.add_argument("--block-size", type=int, default=16, help="paging block size in tokens (default 16)")
+    s.add_argument("--requests", type=int, default=4000, help="requests per built-in workload (default 4000)")
+    s.add_argument("--seed", type=int, default=11, help="RNG seed of the built-in workloads (default 11)")
+    _add_budget_args(s)
+    s.add_argument("--json", action="store_true", help="print machine-readable JSON (the seed's keys)")
+    s.set_defaults(func=run_static_cmd)
+
+    m = sub.add_parser(
+        "simulate",
+        help="discrete-event serving simulation: contiguous, paged, paged+prefix sharing, paged+quantized KV",
+        description="Requests arrive (Poisson or a trace CSV: arrival_step,prompt_tokens,output_tokens"
+        "[,prefix_group,prefix_tokens]; times in engine steps), prefill, decode one token per step and "
+        "finish; a request that cannot get a block preempts the last admitted one (recompute). Every policy "
+        "runs on the same trace and budget.",
+    )
+    m.add_argument("--trace", default=None, help="trace CSV (otherwise a Poisson trace is generated)")
+    m.add_argument("--rate", type=float, default=2.0, help="Poisson arrivals per engine step (default 2.0)")
+    m.add_argument("--requests", type=int, default=500, help="requests in the Poisson trace (default 500)")
+    m.add_argument("--prompt-tokens", type=_range, default=(256, 2048), help="prompt range LO:HI (256:2048)")
+    m.add_argument("--output-tokens", type=_range, default=(64, 1024), help="output range LO:HI (64:1024)")
+    m.add_argument("--prefix-groups", type=int, default=4, help="shared system prompts (default 4; 0: none)")
+    m.add_argument(
+        "--prefix-tokens", type=int, default=512, help="length of each shared prefix (default 512)"
+    )
+    m.add_argument("--seed", type=int, default=0, help="RNG seed of the Poisson trace (default 0)")
+    m.add_argument("--block-size", type=int, default=16, help="paging block size in tokens (default 16)")
+    m.add_argument(
+        "--policies",
+        default=None,
+        help="comma list among contiguous,paged,paged+prefix,paged+<quant dtype> (default: all four)",
+    )
+    m.add_argument(
+        "--quant-kv-dtype", default="kivi4", help="KV dtype of the quantized policy (default kivi4)"
+    )
+    m.add_argument("--max-running", type=int, default=None, help="cap on running requests (max_num_seqs)")
+    m.add_argument(
+        "--check-every", type=int, default=0, help="full invariant check every K steps (0: at the end)"
+    )
+    m.add_argument("--save-trace", default=None, help="also write the generated trace to this CSV")
+    m.add_argument("--series", action="store_true", help="--json: include per-step and per-request series")
+    _add_budget_args(m)
+    m.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    m.set_defaults(func=run_simulate_cmd)
+
+    f = sub.add_parser(
+        "figure",
+        help="write the paged-layout figure (logical -> physical blocks, concurrency per policy)",
+        description="Run the static simulation and draw seed 003's paged-layout figure from its numbers.",
+    )
+    f.add_argument("--out", required=True, help="output image (.png, .svg, .pdf)")
+    f.add_argument("--force", action="store_true", help="replace an existing file")
+    f.add_argument("--block-size", type=int, default=16, help="paging block size in tokens (default 16)")
+    _add_budget_args(f)
+    f.add_argument("--json", action="store_true", help="print the written path and numbers as JSON")
+    f.set_defaults(func=run_figure_cmd)
+
+
+def _static_result(args: argparse.Namespace, workload: str | None = None) -> dict:
+    from kvlab.paging.static import WORKLOADS, load_lengths, run_static
+
+    budget = _budget(args)
+    kwargs = {"block_size_tokens": args.block_size, "budget": budget, "max_len": args.max_len}
+    if workload is None:
+        return run_static(WORKLOADS, **kwargs, **_rng_kwargs(args))
+    if workload in WORKLOADS:
+        return run_static((workload,), **kwargs, **_rng_kwargs(args))
+    path = Path(workload)
+    if not path.is_file():
+        raise ValueError(f"--workload must be one of {list(WORKLOADS)} or an existing file, got {workload!r}")
+    return run_static(lengths={"file": load_lengths(path)}, **kwargs)
+
+
+def _rng_kwargs(args: argparse.Namespace) -> dict:
+    return {"n_requests": getattr(args, "requests", 4000), "seed": getattr(args, "seed", 11)}
+
+
+def run_static_cmd(args: argparse.Namespace) -> int:
+    try:
+        result = _static_result(args, args.workload)
+    except ValueError as exc:
+        raise SystemExit(f"kvlab paging static: {exc}") from None
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    cfg, a, b, c = result["config"], result["A"], result["B"], result["C"]
+    console = Console()
+    console.print(
+        f"KV budget: {cfg['budget_bytes'] / GIB:.2f} GiB = {cfg['capacity_tokens']} tokens x "
+        f"{cfg['kv_bytes_per_token']:g} B ({cfg['source']})"
+    )
+    t = Table(
+        title=f"[A] requests admitted at once (block {cfg['block_size']}, reservation {cfg['max_len']})"
+    )
+    for col in ("workload", "policy", "requests", "held", "real KV", "utilization", "gain"):
+        t.add_column(col, justify="right" if col not in ("workload", "policy") else "left")
+    for name, row in a.items():
+        if not isinstance(row, dict):
+            continue
+        t.add_row(
+            name,
+            "contiguous",
+            str(row["k_cont"]),
+            f"{row['bytes_cont'] / GIB:.2f} GiB",
+            f"{row['real_cont'] / GIB:.2f} GiB",
+            f"{row['util_cont']:.2%}",
+            "",
+        )
+        t.add_row(
+            "",
+            f"paged ({cfg['block_size']})",
+            str(row["k_paged"]),
+            f"{row['bytes_paged'] / GIB:.2f} GiB",
+            f"{row['real_paged'] / GIB:.2f} GiB",
+            f"{row['util_paged']:.2%}",
+            f"{row['gain']:.2f}x",
+        )
+    console.print(t)
+    t = Table(title=f"[B] waste per request ({cfg['workload_B_C']}, mean length {b['mean_len']:.1f} tokens)")
+    t.add_column("source")
+    t.add_column("MiB / request", justify="right")
+    t.add_row(f"contiguous reservation ({cfg['max_len']} tokens)", f"{b['reserve_waste'] / MIB:.2f}")
+    t.add_row(f"paged, last block ({b['block_size']} tokens)", f"{b['frag'] / MIB:.2f}")
+    t.add_row("ratio", f"{b['ratio']:.1f}x")
+    console.print(t)
+    t = Table(title=f"[C] block size ({cfg['workload_B_C']})")
+    for col in ("block", "empty slots / request", "utilization", "block-table entries / request"):
+        t.add_column(col, justify="right")
+    for row in c["rows"]:
+        t.add_row(str(row["bs"]), f"{row['frag']:.1f}", f"{row['util']:.3%}", f"{row['nblk']:.1f}")
+    console.print(t)
+    return 0
+
+
+def _policies(args: argparse.Namespace):
+    from kvlab.paging.simulate import default_policies
+
+    quant_bpt = _budget(args, args.quant_kv_dtype).kv_bytes_per_token
+    policies = default_policies(args.block_size, quant_bpt, args.quant_kv_dtype)
+    if args.policies:
+        wanted = [w.strip() for w in args.policies.split(",") if w.strip()]
+        known = {p.name: p for p in policies}
+        unknown = [w for w in wanted if w not in known]
+        if unknown:
+            raise ValueError(f"unknown policies {unknown}; choose among {list(known)}")
+        policies = [known[w] for w in wanted]
+    return policies
+
+
+def run_simulate_cmd(args: argparse.Namespace) -> int:
+    from kvlab.paging.simulate import load_trace, poisson_trace, save_trace, simulate
+
+    try:
+        if args.trace:
+            trace = load_trace(args.trace)
+            source = str(args.trace)
+        else:
+            trace = poisson_trace(
+                args.requests,
+                args.rate,
+                args.prompt_tokens,
+                args.output_tokens,
+                args.prefix_groups,
+                args.prefix_tokens if args.prefix_groups else 0,
+                args.seed,
+            )
+            source = f"poisson(rate={args.rate:g}/step, n={args.requests}, seed={args.seed})"
+            if args.save_trace:
+                save_trace(trace, args.save_trace)
+        result = simulate(
+            trace,
+            _policies(args),
+            _budget(args),
+            max_len=args.max_len,
+            max_running=args.max_running,
+            check_every=args.check_every,
+            keep_series=args.series,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"kvlab paging simulate: {exc}") from None
+    result["config"]["trace"] = source
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    cfg = result["config"]
+    console = Console()
+    console.print(
+        f"Trace {source}: {cfg['requests']} requests, mean prompt {cfg['prompt_tokens_mean']:.0f}, mean output "
+        f"{cfg['output_tokens_mean']:.0f} tokens, {cfg['prefix_requests']} with a shared prefix. "
+        f"KV memory {(cfg['gpu_bytes'] - cfg['weight_bytes'] - cfg['overhead_bytes']) / GIB:.2f} GiB "
+        f"({cfg['source']})."
+    )
+    policies = result["policies"]
+    t = Table(title="Serving simulation (time in engine steps; blocks conserved at every step)")
+    t.add_column("metric")
+    for name in policies:
+        t.add_column(name, justify="right")
+    rows = [
+        ("blocks x tokens", lambda r: f"{r['num_blocks']} x {r['block_size']}"),
+        ("KV bytes / token", lambda r: f"{r['kv_bytes_per_token']:g}"),
+        ("running, mean", lambda r: f"{r['concurrency']['mean']:.1f}"),
+        ("running, max", lambda r: str(r["concurrency"]["max"])),
+        ("slot utilization", lambda r: f"{r['utilization']:.2%}"),
+        ("memory in use", lambda r: f"{r['memory_used_fraction']:.1%}"),
+        ("waste, mean", lambda r: f"{r['waste']['mean_bytes'] / GIB:.2f} GiB"),
+        ("preemptions (requests)", lambda r: f"{r['preemptions']} ({r['preempted_requests']})"),
+        ("recomputed tokens", lambda r: str(r["recomputed_tokens"])),
+        ("prefix-hit blocks", lambda r: str(r["prefix_hit_blocks"])),
+        ("queue delay mean", lambda r: f"{r['queue_delay_steps']['mean']:.1f}"),
+        ("queue delay p99", lambda r: f"{r['queue_delay_steps']['p99']:.0f}"),
+        ("tokens / step", lambda r: f"{r['tokens_per_step']['mean']:.1f}"),
+        ("steps (makespan)", lambda r: f"{r['steps']} ({r['makespan_steps']})"),
+        ("events / s", lambda r: f"{r['events_per_s']:,.0f}"),
+    ]
+    for label, fmt in rows:
+        t.add_row(label, *(fmt(r) for r in policies.values()))
+    console.print(t)
+    return 0
+
+
+def run_figure_cmd(args: argparse.Namespace) -> int:
+    from kvlab.paging.figure import plot_paged_layout
+
+    if Path(args.out).exists() and not args.force:
+        raise SystemExit(f"kvlab paging figure: {args.out} exists; pass --force to replace it")
+    try:
+        result = _static_result(args)
+        path = plot_paged_layout(result, args.out, overwrite=args.force)
+    except ValueError as exc:
+        raise SystemExit(f"kvlab paging figure: {exc}") from None
+    if args.json:
+        a = result["A"]
+        print(
+            json.dumps(
+                {
+                    "path": str(path),
+                    "A": {k: v for k, v in a.items() if not isinstance(v, dict)}
+                    | {
+                        k: {"k_cont": v["k_cont"], "k_paged": v["k_paged"]}
+                        for k, v in a.items()
+                        if isinstance(v, dict)
+                    },
+                    "demo": result["demo"],
+                },
+                indent=1,
+            )
+        )
+    else:
+        print(f"wrote {path}")
+    return 0

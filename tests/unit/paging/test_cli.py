@@ -1,0 +1,86 @@
+"""``kvlab paging``: static JSON under the seed's keys, simulate JSON, the figure."""
+
+import json
+
+import pytest
+
+from kvlab.cli import main
+
+
+def run_json(capsys, *argv):
+    assert main(["paging", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_static_json_has_the_seeds_keys_and_figures(capsys):
+    out = run_json(capsys, "static")
+    assert out["A"]["uniform"]["k_cont"] == 122
+    assert out["A"]["uniform"]["k_paged"] == 214
+    assert out["A"]["heavy"]["k_paged"] == 405
+    assert f"{out['B']['ratio']:.1f}" == "239.0"
+    assert [r["bs"] for r in out["C"]["rows"]] == [1, 4, 8, 16, 32, 64, 128, 256]
+
+
+def test_static_one_workload_and_a_file(capsys, tmp_path):
+    out = run_json(capsys, "static", "--workload", "heavy", "--block-size", "32")
+    assert set(k for k, v in out["A"].items() if isinstance(v, dict)) == {"heavy"}
+    assert out["config"]["block_size"] == 32 and out["B"]["block_size"] == 32
+    lengths = tmp_path / "lens.txt"
+    lengths.write_text("\n".join(["4096"] * 10 + ["100"] * 10))
+    out = run_json(capsys, "static", "--workload", str(lengths))
+    assert out["A"]["file"]["k_cont"] == 20 and out["A"]["file"]["util_cont"] == pytest.approx(
+        (10 * 4096 + 10 * 100) / (20 * 4096)
+    )
+
+
+def test_static_kv_dtype_changes_bytes_per_token(capsys):
+    out = run_json(capsys, "static", "--workload", "uniform", "--kv-dtype", "kivi4")
+    assert out["config"]["kv_bytes_per_token"] == 40960
+    assert out["A"]["uniform"]["k_paged"] > 3 * 214
+
+
+def test_bad_workload_exits_with_a_message():
+    with pytest.raises(SystemExit, match="--workload"):
+        main(["paging", "static", "--workload", "no/such/file"])
+
+
+def test_simulate_json(capsys, tmp_path):
+    out = run_json(
+        capsys,
+        "simulate",
+        "--requests", "40",
+        "--rate", "1",
+        "--prompt-tokens", "64:512",
+        "--output-tokens", "16:128",
+        "--prefix-groups", "2",
+        "--prefix-tokens", "128",
+        "--gpu-gib", "19.3",
+        "--max-len", "1024",
+        "--check-every", "1",
+        "--save-trace", str(tmp_path / "t.csv"),
+    )  # fmt: skip
+    assert list(out["policies"]) == ["contiguous", "paged", "paged+prefix", "paged+kivi4"]
+    for res in out["policies"].values():
+        assert res["finished"] == 40 and res["conservation"]["all_freed"]
+    out2 = run_json(
+        capsys,
+        "simulate",
+        "--trace",
+        str(tmp_path / "t.csv"),
+        "--policies",
+        "paged,paged+prefix",
+        "--gpu-gib",
+        "19.3",
+        "--max-len",
+        "1024",
+    )
+    assert list(out2["policies"]) == ["paged", "paged+prefix"]
+    assert out2["policies"]["paged"]["steps"] == out["policies"]["paged"]["steps"]
+
+
+def test_figure_is_written_once(capsys, tmp_path):
+    path = tmp_path / "fig_paged.png"
+    assert main(["paging", "figure", "--out", str(path)]) == 0
+    assert path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(SystemExit, match="--force"):
+        main(["paging", "figure", "--out", str(path)])
