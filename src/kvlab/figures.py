@@ -1,0 +1,423 @@
+"""All of kvlab's plots: the seed's four figures (seed 003 appendix ``make_figures.py``), the lab's append-cost
+curves, and the figures of a ``kvlab eval`` result.
+
+Two layers. ``plot_*`` functions draw plain dicts (documented on each) into a PNG and know nothing of where the
+numbers come from. ``*_data`` functions compute those dicts with :mod:`kvlab.plan`, :mod:`kvlab.paging` and
+:mod:`kvlab.lab` in the same run, so every number on a figure was computed by kvlab when it was drawn (style
+habit 9). :func:`write_figures` does both for ``kvlab figures``.
+
+Matplotlib is used through its object API (``Figure`` + Agg canvas): no pyplot state, no display needed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+GIB = float(1024**3)
+
+# The seed's palette (make_figures.py), named by role.
+C_MAIN = "#1f4e79"  # dark blue: main series, weights
+C_ALT = "#c1440e"  # orange-red: comparison series, KV cache
+C_GREEN = "#2e7d32"
+C_PURPLE = "#7b1fa2"
+C_GRAY = "#8a8a8a"  # reference lines
+C_LIGHT = "#bcd7ee"  # light blue: fills, overhead
+C_RED = "#b71c1c"  # budgets and gates
+SERIES_COLORS = (C_MAIN, C_ALT, C_GREEN, C_PURPLE, "#00838f", "#6d4c41", C_GRAY)
+
+DPI = 130
+
+
+def _figure(width_in: float, height_in: float):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width_in, height_in), dpi=DPI)
+
+
+def save_png(fig, out_path: str | os.PathLike) -> Path:
+    """Write ``fig`` to ``out_path`` as PNG atomically (temporary file in the same folder, then ``os.replace``)."""
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out_path.stem}.", suffix=".png", dir=out_path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png", bbox_inches="tight")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the figure ordinary permissions
+        os.replace(tmp, out_path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out_path
+
+
+# ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
+# Seed figure 1: memory ledger
+# ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
+def plot_memory_ledger(data: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
+    """Left: stacked weights / KV / overhead bytes per batch size against a GPU budget; right: KV bytes against
+    context (log-log) for each curve, with the KV budget left after weights and overhead (seed 003 §3.3).
+
+    ``data``: ``model``, ``context_tokens``, ``weight_bytes``, ``overhead_bytes``, ``budget_bytes``,
+    ``budget_label``, ``batches`` ``[n]``, ``kv_bytes`` ``[n]`` (KV at ``context_tokens`` per batch),
+    ``contexts`` ``[m]``, ``curves``: ``[{"label", "kv_bytes": [m], "dashed": bool}]``, ``kv_budget_bytes``.
+    """
+    fig = _figure(12.6, 4.9)
+    ax1, ax2 = fig.subplots(1, 2)
+    batches, kv = list(data["batches"]), np.asarray(data["kv_bytes"], dtype=float) / GIB
+    weights, overhead = data["weight_bytes"] / GIB, data["overhead_bytes"] / GIB
+    budget = data["budget_bytes"] / GIB
+    xs = np.arange(len(batches))
+    ax1.bar(xs, [weights] * len(xs), color=C_MAIN, label=f"weights ({weights:.2f} GiB)")
+    ax1.bar(xs, kv, bottom=weights, color=C_ALT, label=f"KV cache at {data['context_tokens']:,} tokens")
+    ax1.bar(
+        xs,
+        [overhead] * len(xs),
+        bottom=weights + kv,
+        color=C_LIGHT,
+        label=f"activations / framework reserve ({overhead:.0f} GiB)",
+    )
+    ax1.axhline(budget, color=C_RED, ls="--", lw=1.6)
+    ax1.text(
+        -0.4,
+        budget * 1.02,
+        data.get("budget_label", f"budget {budget:.0f} GiB"),
+        color=C_RED,
+        fontsize=9,
+        va="bottom",
+    )
+    for x, total in zip(xs, weights + kv + overhead):
+        ax1.text(
+            x,
+            total + budget * 0.01,
+            f"{total:.0f}",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            color=C_RED if total > budget else "black",
+        )
+    ax1.set_xticks(xs, [str(b) for b in batches])
+    ax1.set_xlabel("batch size")
+    ax1.set_ylabel("GiB")
+    ax1.set_title(f"{data['model']}: memory per batch size", fontsize=11)
+    ax1.legend(fontsize=8, loc="upper left")
+    ax1.set_ylim(0, max(budget, float(np.max(weights + kv + overhead))) * 1.15)
+
+    contexts = np.asarray(data["contexts"], dtype=float)
+    for i, curve in enumerate(data["curves"]):
+        ax2.plot(
+            contexts,
+            np.asarray(curve["kv_bytes"], dtype=float) / GIB,
+            "--s" if curve.get("dashed") else "-o",
+            ms=3.5,
+            color=SERIES_COLORS[i % len(SERIES_COLORS)],
+            label=curve["label"],
+        )
+    kv_budget = data["kv_budget_bytes"] / GIB
+    ax2.axhline(kv_budget, color=C_GRAY, ls=":", lw=1.4)
+    ax2.text(
+        contexts[-1],
+        kv_budget / 1.12,
+        f"KV budget {kv_budget:.1f} GiB",
+        color=C_GRAY,
+        fontsize=8.5,
+        ha="right",
+        va="top",
+    )
+    ax2.axhline(budget, color=C_RED, ls="--", lw=1.4)
+    ax2.text(
+        contexts[-1],
+        budget * 1.12,
+        data.get("budget_label", f"budget {budget:.0f} GiB"),
+        color=C_RED,
+        fontsize=8.5,
+        ha="right",
+        va="bottom",
+    )
+    ax2.set_xscale("log", base=2)
+    ax2.set_yscale("log")
+    ax2.set_xlabel("context per sequence (tokens)")
+    ax2.set_ylabel("KV cache (GiB, log scale)")
+    ax2.set_title("KV cache grows linearly with context and batch", fontsize=11)
+    ax2.legend(fontsize=8)
+    ax2.grid(alpha=0.25, which="both")
+    fig.tight_layout()
+    return save_png(fig, out_path)
+
+
+# ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
+# Seed figure 2: roofline
+# ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
+def plot_roofline(data: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
+    """One roofline panel per machine: ``min(peak, I * bandwidth)`` with its ridge point and the workload points
+    placed on the roof (upper bounds, not measured kernel performance; seed 003 §3.4).
+
+    ``data``: ``panels``: ``[{"title", "peak_flops", "bandwidth_bytes_s", "points": [{"label", "intensity"}]}]``
+    (intensities in FLOP/byte for that panel's dtype), optional ``suptitle``.
+    """
+    panels = list(data["panels"])
+    labels = list(dict.fromkeys(p["label"] for panel in panels for p in panel["points"]))
+    color_of = {label: SERIES_COLORS[(i + 1) % len(SERIES_COLORS)] for i, label in enumerate(labels)}
+    fig = _figure(6.3 * len(panels), 5.2)
+    axes = np.atleast_1d(fig.subplots(1, len(panels)))
+    for ax, panel in zip(axes, panels):
+        peak, bw = float(panel["peak_flops"]), float(panel["bandwidth_bytes_s"])
+        ridge = peak / bw
+        unit, scale = ("TFLOP/s", 1e12) if peak >= 1e13 else ("GFLOP/s", 1e9)
+        intensities = [float(p["intensity"]) for p in panel["points"]] + [ridge]
+        lo = 10 ** math.floor(math.log10(min(intensities) / 3))
+        hi = 10 ** math.ceil(math.log10(max(intensities) * 3))
+        grid = np.logspace(math.log10(lo), math.log10(hi), 400)
+        ax.plot(grid, np.minimum(peak, grid * bw) / scale, color=C_MAIN, lw=2.0)
+        ax.axvspan(lo, ridge, color=C_LIGHT, alpha=0.3)
+        ax.axvline(ridge, color=C_MAIN, ls=":", lw=1.2)
+        ax.text(
+            ridge * 1.1,
+            lo * bw / scale * 1.5,
+            f"ridge {ridge:.1f} FLOP/B",
+            color=C_MAIN,
+            fontsize=8.5,
+            rotation=90,
+            va="bottom",
+        )
+        ax.text(lo * 1.3, peak / scale * 1.25, "bandwidth-bound", color=C_MAIN, fontsize=9)
+        for point in panel["points"]:
+            intensity = float(point["intensity"])
+            y = min(peak, intensity * bw) / scale
+            color = color_of[point["label"]]
+            ax.plot([intensity], [y], "o", ms=8, color=color, zorder=5)
+            right = intensity > ridge
+            ax.annotate(
+                f"{point['label']}\nI={intensity:.4g}",
+                (intensity, y),
+                textcoords="offset points",
+                xytext=(-8, -26) if right else (8, -10),
+                ha="right" if right else "left",
+                fontsize=8,
+                color=color,
+            )
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo * bw / scale, peak / scale * 2.2)
+        ax.set_xlabel("arithmetic intensity I (FLOP / byte)")
+        ax.set_ylabel(f"attainable upper bound ({unit})")
+        ax.set_title(f"{panel['title']}: {peak / scale:.4g} {unit}, {bw / 1e9:.4g} GB/s", fontsize=10)
+        ax.grid(alpha=0.25, which="both")
+    fig.suptitle(
+        data.get("suptitle", "Roofline upper bounds (points are not measured kernel performance)"),
+        fontsize=12,
+    )
+    fig.tight_layout()
+    return save_png(fig, out_path)
+
+
+# ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
+# Seed figure 4: video
+# ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
+def block_causal_mask(frames: int, tokens_per_frame: int) -> np.ndarray:
+    """``[n, n]`` boolean mask, ``n = frames * tokens_per_frame``: a query attends to every token of its own frame
+    (bidirectional inside the block) and of earlier frames (causal across blocks), seed 003 §6.3."""
+    if frames < 1 or tokens_per_frame < 1:
+        raise ValueError(
+            f"`frames` and `tokens_per_frame` must be >= 1, got {frames!r} and {tokens_per_frame!r}"
+        )
+    frame = np.arange(frames * tokens_per_frame) // tokens_per_frame
+    return frame[None, :] <= frame[:, None]
+
+
+def plot_video(data: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
+    """Left: the block-causal mask; right: KV bytes of one clip per duration against the budget lines.
+
+    ``data``: ``mask_frames``, ``mask_tokens_per_frame``, ``cases``: ``[{"label", "tokens", "kv_bytes"}]``,
+    ``budget_bytes``, ``kv_budget_bytes``, ``title`` (the assumptions).
+    """
+    fig = _figure(12.6, 4.9)
+    ax1, ax2 = fig.subplots(1, 2)
+    frames, per = int(data["mask_frames"]), int(data["mask_tokens_per_frame"])
+    n = frames * per
+    ax1.imshow(
+        block_causal_mask(frames, per).astype(float), cmap="Blues", vmin=0, vmax=1.4, interpolation="nearest"
+    )
+    for f in range(frames + 1):
+        ax1.axhline(f * per - 0.5, color=C_ALT, lw=1.0)
+        ax1.axvline(f * per - 0.5, color=C_ALT, lw=1.0)
+    centers = [f * per + per / 2 - 0.5 for f in range(frames)]
+    ax1.set_xticks(centers, [f"frame {f + 1}" for f in range(frames)], fontsize=8)
+    ax1.set_yticks(centers, [f"frame {f + 1}" for f in range(frames)], fontsize=8)
+    ax1.set_xlabel("key / value position (time runs right)")
+    ax1.set_ylabel("query position")
+    ax1.set_title("Bidirectional inside a frame block, causal across blocks", fontsize=11)
+    ax1.text(
+        n * 0.55,
+        n * 0.2,
+        "upper right empty:\nno future frame is read",
+        fontsize=8.5,
+        color=C_MAIN,
+        bbox={"fc": "white", "ec": C_MAIN, "alpha": 0.85},
+    )
+
+    cases = list(data["cases"])
+    values = [c["kv_bytes"] / GIB for c in cases]
+    bars = ax2.bar(
+        [c["label"] for c in cases],
+        values,
+        color=[SERIES_COLORS[i + 1] for i in range(len(cases))],
+        width=0.55,
+    )
+    budget, kv_budget = data["budget_bytes"] / GIB, data["kv_budget_bytes"] / GIB
+    ax2.axhline(budget, color=C_RED, ls="--", lw=1.6, label=f"GPU budget {budget:.0f} GiB")
+    ax2.axhline(kv_budget, color=C_GRAY, ls=":", lw=1.4, label=f"KV budget after weights {kv_budget:.1f} GiB")
+    for bar, value, case in zip(bars, values, cases):
+        ax2.text(
+            bar.get_x() + bar.get_width() / 2,
+            value * 1.02,
+            f"{value:.2f} GiB\n{case['tokens']:,} tokens",
+            ha="center",
+            va="bottom",
+            fontsize=8.5,
+        )
+    ax2.set_ylabel("KV cache of one clip (GiB)")
+    ax2.set_title(data.get("title", "KV cache of one video clip"), fontsize=10)
+    ax2.set_ylim(0, max(values + [budget]) * 1.3)
+    ax2.legend(fontsize=8, loc="upper left")
+    ax2.grid(alpha=0.2, axis="y")
+    fig.tight_layout()
+    return save_png(fig, out_path)
+
+
+# ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
+# Lab: append cost
+# ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
+def plot_append_cost(data: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
+    """Per-step append time of a growing ``torch.cat`` cache and of a preallocated in-place cache against context
+    (seed 003 §05). ``data``: the dict of :func:`kvlab.lab.append.measure_append_cost`."""
+    fig = _figure(7.2, 4.6)
+    ax = fig.subplots()
+    contexts = data["contexts_tokens"]
+    ax.plot(contexts, data["cat_us"], "-o", color=C_ALT, label="torch.cat (copies the history every step)")
+    ax.plot(contexts, data["inplace_us"], "-s", color=C_MAIN, label="preallocated, written in place")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens already cached")
+    ax.set_ylabel("time per append of one token's K and V (us)")
+    shape = data["shape"]
+    ax.set_title(
+        f"Append cost per decode step (batch {shape['batch']}, {shape['kv_heads']} KV heads, "
+        f"head_dim {shape['head_dim']}, {data['dtype']})",
+        fontsize=10,
+    )
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.25, which="both")
+    fig.tight_layout()
+    return save_png(fig, out_path)
+
+
+# ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
+# Eval result figures
+# ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
+EVAL_METRICS = (
+    ("cache_bytes_ratio", "cache bytes / dynamic"),
+    ("nll_delta", "NLL delta (nats/token)"),
+    ("topk_overlap", "top-k overlap"),
+    ("latency_ratio", "latency / dynamic"),
+)
+
+
+def gate_bounds(gates: Mapping[str, Any] | None) -> dict[str, tuple[str, float]]:
+    """Map a result's ``gates`` to ``{metric: ("max" | "min", threshold)}``: a gate named ``max_<metric>`` is an
+    upper bound on the row key ``<metric>``, ``min_<metric>`` a lower bound; other entries are ignored."""
+    bounds = {}
+    for key, value in (gates or {}).items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        for side in ("max", "min"):
+            if key.startswith(side + "_"):
+                bounds[key[len(side) + 1 :]] = (side, float(value))
+    return bounds
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def plot_eval_matrix(
+    result: Mapping[str, Any], matrix: str, x_key: str, x_label: str, out_path: str | os.PathLike
+) -> Path | None:
+    """2x2 panels (cache-bytes ratio, NLL delta, top-k overlap, latency ratio) against ``x_key`` for every
+    candidate of ``result["rows"]`` whose ``matrix`` equals ``matrix``, with each metric's gate from
+    ``result["gates"]`` drawn as a dashed line (the failing side shaded). Rows without a finite value are left
+    out. Returns ``None`` (no file) when the matrix has no rows.
+    """
+    rows = [r for r in result.get("rows", []) if r.get("matrix") == matrix and _finite(r.get(x_key))]
+    if not rows:
+        return None
+    bounds = gate_bounds(result.get("gates"))
+    top_k = result.get("config", {}).get("top_k") if isinstance(result.get("config"), Mapping) else None
+    candidates = list(dict.fromkeys(r["candidate"] for r in rows))
+    fig = _figure(11.5, 8.0)
+    axes = fig.subplots(2, 2).ravel()
+    for ax, (metric, label) in zip(axes, EVAL_METRICS):
+        if metric == "topk_overlap" and top_k:
+            label = f"top-{top_k} overlap"
+        for i, name in enumerate(candidates):
+            points = sorted(
+                (r[x_key], r[metric]) for r in rows if r["candidate"] == name and _finite(r.get(metric))
+            )
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, "-o", ms=4, color=SERIES_COLORS[i % len(SERIES_COLORS)], label=name)
+        if metric in bounds:
+            side, threshold = bounds[metric]
+            ax.axhline(
+                threshold,
+                color=C_RED,
+                ls="--",
+                lw=1.4,
+                label=f"gate: {'<=' if side == 'max' else '>='} {threshold:g}",
+            )
+            lo, hi = ax.get_ylim()
+            lo, hi = min(lo, threshold), max(hi, threshold)
+            pad = 0.08 * (hi - lo or 1.0)
+            lo, hi = lo - pad, hi + pad
+            failing = (threshold, hi) if side == "max" else (lo, threshold)
+            ax.axhspan(*failing, color=C_RED, alpha=0.06)
+            ax.set_ylim(lo, hi)
+        ax.set_xscale("log", base=2)
+        xticks = sorted({r[x_key] for r in rows})
+        ax.set_xticks(xticks, [str(x) for x in xticks])
+        ax.set_xlabel(x_label)
+        ax.set_ylabel(label)
+        ax.set_title(label, fontsize=10)
+        ax.grid(alpha=0.25)
+        ax.legend(fontsize=7.5)
+    model = (
+        result.get("provenance", {}).get("model", {}) if isinstance(result.get("provenance"), Mapping) else {}
+    )
+    model_name = model.get("name") or model.get("path") if isinstance(model, Mapping) else model
+    fig.suptitle(f"{matrix} matrix" + (f" on {model_name}" if model_name else ""), fontsize=12)
+    fig.tight_layout()
+    return save_png(fig, out_path)
+
+
+def plot_eval_figures(result: Mapping[str, Any], out_dir: str | os.PathLike) -> list[Path]:
+    """The eval figures of one result: ``eval_capacity.png`` (metrics against context length) and
+    ``eval_window.png`` (the residual-window matrix: metrics against the residual length)."""
+    out_dir = Path(out_dir)
+    paths = [
+        plot_eval_matrix(
+            result, "capacity", "context_length", "context length (tokens)", out_dir / "eval_capacity.png"
+        ),
+        plot_eval_matrix(
+            result, "window", "residual_length", "residual window R (tokens)", out_dir / "eval_window.png"
+        ),
+    ]
+    return [p for p in paths if p is not None]

@@ -1,0 +1,237 @@
+"""One self-contained HTML page for a ``kvlab eval`` result: provenance, decision, gates, tables and figures.
+
+The page has no external resource: CSS is inline and every figure is a PNG embedded as base64, so the file can
+be mailed or archived alone. Every number on it is read from the result dict it is given (and the figures are
+drawn from that dict by :mod:`kvlab.figures` when the page is written). Rows are read by the keys of the eval
+schema (``matrix``, ``candidate``, ``context_length``, ``residual_length``, ``cache_bytes``,
+``cache_bytes_ratio``, ``nll_delta``, ``topk_overlap``, ``latency_ratio``, ...); keys it does not know are still
+shown, in the "Other fields" section, so nothing in the file is hidden.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kvlab.figures import gate_bounds, plot_eval_figures
+
+# Row columns in display order (shown when at least one row has them), with their headers.
+ROW_COLUMNS = (
+    ("candidate", "candidate"),
+    ("status", "status"),
+    ("context_length", "context"),
+    ("new_tokens", "new tokens"),
+    ("residual_length", "R"),
+    ("group_size", "G"),
+    ("cache_bytes", "cache bytes"),
+    ("cache_bytes_ratio", "bytes / dynamic"),
+    ("nll_delta", "NLL delta"),
+    ("nll_ratio", "NLL ratio"),
+    ("topk_overlap", "top-k overlap"),
+    ("greedy_agreement", "greedy agreement"),
+    ("first_divergence", "first divergence"),
+    ("median_latency_ms", "median latency ms"),
+    ("ms_per_token", "ms / token"),
+    ("latency_ratio", "latency / dynamic"),
+    ("incremental_peak_bytes", "incremental peak bytes"),
+    ("passes_gates", "passes gates"),
+    ("error", "error"),
+)
+_SECTIONS_SHOWN = {"rows", "provenance", "gates", "decision", "schema_version", "label"}
+
+_CSS = """
+body { font-family: -apple-system, 'Segoe UI', 'DejaVu Sans', Arial, sans-serif; margin: 24px auto;
+       max-width: 1200px; color: #1d1d1f; background: #ffffff; line-height: 1.4; }
+h1 { color: #1f4e79; border-bottom: 3px solid #1f4e79; padding-bottom: 6px; }
+h2 { color: #1f4e79; margin-top: 32px; }
+table { border-collapse: collapse; margin: 8px 0 16px 0; font-size: 13px; }
+th, td { border: 1px solid #c8d3de; padding: 4px 8px; text-align: right; vertical-align: top; }
+th { background: #1f4e79; color: #ffffff; }
+td.key, th.key { text-align: left; }
+tr:nth-child(even) td { background: #f2f6fa; }
+td.pass { background: #d8eed9 !important; color: #1b5e20; }
+td.fail { background: #f8d7d3 !important; color: #b71c1c; font-weight: bold; }
+.decision { font-size: 20px; padding: 12px 16px; border-left: 8px solid #c1440e; background: #fbeee8; }
+.decision.accept { border-left-color: #2e7d32; background: #e8f5e9; }
+img { max-width: 100%; border: 1px solid #c8d3de; margin: 8px 0; }
+code { background: #f2f6fa; padding: 1px 4px; }
+.muted { color: #6b6b6b; font-size: 12px; }
+"""
+
+
+def _fmt(value: Any) -> str:
+    """A cell's text: ints with thousands separators, floats to 4 significant digits, JSON for containers."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:,.0f}" if abs(value) >= 1e6 else f"{value:.4g}"
+    if isinstance(value, Mapping | list | tuple):
+        return json.dumps(value, default=str)
+    return str(value)
+
+
+def _flatten(data: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Nested mappings as ``(dotted.key, leaf)`` pairs; lists stay leaves."""
+    if isinstance(data, Mapping):
+        items = []
+        for key, value in data.items():
+            items.extend(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return items or [(prefix, {})]
+    return [(prefix, data)]
+
+
+def _kv_table(data: Any) -> str:
+    rows = "".join(
+        f'<tr><td class="key">{html.escape(k)}</td><td class="key">{html.escape(_fmt(v))}</td></tr>'
+        for k, v in _flatten(data)
+    )
+    return f'<table><tr><th class="key">field</th><th class="key">value</th></tr>{rows}</table>'
+
+
+def _gate_class(metric: str, value: Any, bounds: Mapping[str, tuple[str, float]]) -> str:
+    if metric not in bounds or isinstance(value, bool) or not isinstance(value, int | float):
+        return ""
+    side, threshold = bounds[metric]
+    ok = value <= threshold if side == "max" else value >= threshold
+    return ' class="pass"' if ok else ' class="fail"'
+
+
+def _rows_table(rows: list[Mapping[str, Any]], bounds: Mapping[str, tuple[str, float]]) -> str:
+    known = {key for key, _ in ROW_COLUMNS} | {"matrix"}
+    columns = [(k, h) for k, h in ROW_COLUMNS if any(k in r for r in rows)]
+    extra = sorted({k for r in rows for k in r if k not in known})
+    columns += [(k, k) for k in extra]
+    left = ("candidate", "status", "error")
+    head = "".join(
+        f'<th class="key">{html.escape(h)}</th>' if k in left else f"<th>{html.escape(h)}</th>"
+        for k, h in columns
+    )
+    body = []
+    for r in rows:
+        cells = []
+        for k, _ in columns:
+            value = r.get(k)
+            css = ' class="key"' if k in left else _gate_class(k, value, bounds)
+            cells.append(f"<td{css}>{html.escape(_fmt(value))}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _decision_block(decision: Any) -> str:
+    if isinstance(decision, Mapping):
+        name = decision.get("decision") or decision.get("name") or decision.get("status")
+        detail = _kv_table(decision)
+    else:
+        name, detail = decision, ""
+    css = "decision accept" if name and str(name).startswith("accept") else "decision"
+    return f'<div class="{css}">Decision: <b>{html.escape(_fmt(name))}</b></div>{detail}'
+
+
+def _gates_table(gates: Any) -> str:
+    bounds = gate_bounds(gates if isinstance(gates, Mapping) else None)
+    if not bounds:
+        return _kv_table(gates) if gates else "<p>No gates recorded.</p>"
+    rows = "".join(
+        f'<tr><td class="key">{html.escape(m)}</td><td>{"&le;" if side == "max" else "&ge;"}</td>'
+        f"<td>{threshold:g}</td></tr>"
+        for m, (side, threshold) in bounds.items()
+    )
+    return f'<table><tr><th class="key">metric</th><th>passes if</th><th>threshold</th></tr>{rows}</table>'
+
+
+def _png_tag(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def render_html(result: Mapping[str, Any], figure_dir: str | os.PathLike | None = None) -> str:
+    """The page as a string. Figures are drawn into ``figure_dir`` (a temporary folder when ``None``) and
+    embedded.
+
+    Raises:
+        TypeError: ``result`` is not a mapping or its ``rows`` is not a list.
+    """
+    if not isinstance(result, Mapping):
+        raise TypeError(f"`result` must be a mapping (a parsed eval result), got {type(result).__name__}")
+    rows = result.get("rows", [])
+    if not isinstance(rows, list):
+        raise TypeError(f"`result['rows']` must be a list, got {type(rows).__name__}")
+    bounds = gate_bounds(result.get("gates") if isinstance(result.get("gates"), Mapping) else None)
+    provenance = result.get("provenance") if isinstance(result.get("provenance"), Mapping) else {}
+    label = result.get("label") or provenance.get("label")
+    title = f"kvlab eval report{': ' + str(label) if label else ''}"
+
+    parts = [f"<h1>{html.escape(title)}</h1>"]
+    if "schema_version" in result:
+        parts.append(f'<p class="muted">schema version {html.escape(_fmt(result["schema_version"]))}</p>')
+    parts.append("<h2>Decision</h2>" + _decision_block(result.get("decision")))
+    parts.append("<h2>Gates</h2>" + _gates_table(result.get("gates")))
+
+    matrices = list(dict.fromkeys(r.get("matrix", "rows") for r in rows))
+    for matrix in matrices:
+        subset = [r for r in rows if r.get("matrix", "rows") == matrix]
+        parts.append(f"<h2>Table: {html.escape(str(matrix))} matrix ({len(subset)} rows)</h2>")
+        parts.append(
+            '<p class="muted">Cells with a gate are green when they pass it and red when they fail.</p>'
+        )
+        parts.append(_rows_table(subset, bounds))
+
+    with tempfile.TemporaryDirectory(prefix="kvlab-report-") as tmp:
+        figures = plot_eval_figures(result, figure_dir if figure_dir is not None else tmp)
+        if figures:
+            parts.append("<h2>Figures</h2>")
+            for path in figures:
+                parts.append(
+                    f"<h3>{html.escape(path.stem.replace('_', ' '))}</h3>" + _png_tag(path, path.stem)
+                )
+
+    parts.append("<h2>Provenance</h2>" + _kv_table(result.get("provenance", {})))
+    other = {k: v for k, v in result.items() if k not in _SECTIONS_SHOWN}
+    if other:
+        parts.append("<h2>Other fields</h2>" + _kv_table(other))
+    body = "\n".join(parts)
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>\n<body>\n{body}\n</body></html>\n"
+    )
+
+
+def write_html_report(
+    result: Mapping[str, Any], out_path: str | os.PathLike, *, overwrite: bool = False
+) -> Path:
+    """Write :func:`render_html` of ``result`` to ``out_path`` atomically (temporary file, then ``os.replace``).
+
+    Raises:
+        FileExistsError: ``out_path`` exists and ``overwrite`` is false (a report is never silently replaced).
+        TypeError: see :func:`render_html`.
+    """
+    out_path = Path(out_path)
+    if out_path.exists() and not overwrite:
+        raise FileExistsError(f"{out_path} exists; pass overwrite=True (--force) to replace it")
+    page = render_html(result)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out_path.stem}.", suffix=".html", dir=out_path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(page)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, out_path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out_path

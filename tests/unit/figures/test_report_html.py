@@ -1,0 +1,112 @@
+"""The HTML report of an eval result: self-contained, every section present, and a browser renders it."""
+
+import base64
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from kvlab.report_html import render_html, write_html_report
+
+
+def test_page_has_every_section(eval_result):
+    page = render_html(eval_result)
+    for heading in (
+        "Decision",
+        "Gates",
+        "Table: capacity matrix",
+        "Table: window matrix",
+        "Figures",
+        "Provenance",
+    ):
+        assert f"<h2>{heading}" in page
+    assert "accept_local_cache_candidate" in page
+    assert "synthetic-model" in page  # provenance is shown
+    assert "optional extra &#x27;hf&#x27; not installed" in page  # a skipped candidate is shown, escaped
+
+
+def test_page_is_self_contained(eval_result):
+    page = render_html(eval_result)
+    assert not re.search(r"""(src|href)=["'](https?:|//|file:)""", page)
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert len(images) == 2  # capacity and window figures
+    for data in images:
+        assert base64.b64decode(data).startswith(b"\x89PNG")
+
+
+def test_gate_cells_are_marked(eval_result):
+    page = render_html(eval_result)
+    # kivi-2 at 4096: latency ratio 2.2 > 2.0 fails; dynamic's 1.0 passes
+    assert '<td class="fail">2.2</td>' in page
+    assert '<td class="pass">1</td>' in page
+
+
+def test_strings_are_escaped(eval_result):
+    eval_result["rows"][0]["candidate"] = "<script>alert(1)</script>"
+    page = render_html(eval_result)
+    assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+def test_write_is_atomic_and_never_overwrites(eval_result, tmp_path):
+    out = write_html_report(eval_result, tmp_path / "report.html")
+    assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    with pytest.raises(FileExistsError, match="report.html"):
+        write_html_report(eval_result, out)
+    write_html_report(eval_result, out, overwrite=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["report.html"]  # no temporary file left behind
+
+
+def test_bad_input():
+    with pytest.raises(TypeError, match="mapping"):
+        render_html([1, 2])
+    with pytest.raises(TypeError, match="rows"):
+        render_html({"rows": {}})
+
+
+def test_empty_result_still_renders():
+    page = render_html({})
+    assert "<h2>Decision</h2>" in page and "<img" not in page
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@pytest.mark.browser
+def test_chromium_renders_a_non_blank_page(eval_result, tmp_path):
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no chromium binary on PATH (Debian: apt-get install -y chromium)")
+    page = write_html_report(eval_result, tmp_path / "report.html")
+    shot = tmp_path / "shot.png"
+    cmd = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        f"--screenshot={shot}",
+        "--window-size=1280,2000",
+        page.resolve().as_uri(),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert shot.exists(), f"chromium wrote no screenshot (rc {proc.returncode}): {proc.stderr[-2000:]}"
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(shot)[..., :3]  # [height, width, rgb] floats in [0, 1]
+    assert pixels.shape[:2] == (2000, 1280)
+    colours = np.unique((pixels * 255).astype(np.uint8).reshape(-1, 3), axis=0)
+    assert len(colours) > 200, f"only {len(colours)} distinct colours: the page looks blank"
+    assert (pixels < 0.9).any(axis=-1).mean() > 0.05  # a real share of the page is not white
