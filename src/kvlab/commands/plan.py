@@ -1,0 +1,499 @@
+"""``kvlab plan``, ``kvlab roofline``, ``kvlab video``: the torch-free planner (logic in :mod:`kvlab.plan`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+KV_DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8", "kivi2", "kivi4", "kivi8")
+GIB = 1024**3
+
+
+def _byte_count(text: str) -> int:
+    """An integer byte count; accepts ``1e9``."""
+    value = float(text)
+    if value < 0 or value != int(value):
+        raise argparse.ArgumentTypeError(f"a non-negative whole number of bytes, got {text!r}")
+    return int(value)
+
+
+def _add_kv_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--kv-dtype",
+        default="auto",
+        choices=KV_DTYPES,
+        help="KV cache dtype (default auto: the config's dtype); kivi*: kvlab's KIVI cache",
+    )
+    p.add_argument("--group-size", type=int, default=32, help="KIVI group size G (default 32)")
+    p.add_argument("--residual", type=int, default=128, help="KIVI residual window R in tokens (default 128)")
+
+
+def _add_weight_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--weight-dtype",
+        default="auto",
+        help="dtype of the weights for the parameter-count estimate (bf16, fp8, int4, ...; default: "
+        "the checkpoint next to the config, else the config dtype)",
+    )
+    p.add_argument(
+        "--weights-index",
+        default=None,
+        metavar="PATH",
+        help="model.safetensors.index.json, a .safetensors file or a directory: exact weight bytes",
+    )
+    p.add_argument("--weight-bytes", type=_byte_count, default=None, metavar="N", help="weight bytes, given")
+
+
+def _add_device_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--gpu", default=None, help="GPU from the datasheet table (default A100-80GB); see --list-gpus"
+    )
+    p.add_argument("--bandwidth-gb-s", type=float, default=None, help="custom device: memory bandwidth, GB/s")
+    p.add_argument("--tflops", type=float, default=None, help="custom device: dense 16-bit TFLOP/s")
+    p.add_argument("--measured-step-ms", type=float, default=None, help="a measured decode step to compare")
+    p.add_argument("--list-gpus", action="store_true", help="print the hardware table and exit")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "plan",
+        help="KV memory ledger, fit and decode bound of a model from its config.json (no torch)",
+        description="Read MODEL's config.json (a preset name, a config.json path, a model directory or a hub "
+        "id) and report KV bytes per token and in total, weight bytes, the largest batch and context that fit "
+        "in a GPU, and the decode step lower bound (seed 003 §3.3, §3.4).",
+    )
+    p.add_argument("model", nargs="?", metavar="MODEL", help="preset, config.json, directory or hub id")
+    p.add_argument("--context", type=int, default=8192, help="tokens per sequence (default 8192)")
+    p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
+    _add_kv_flags(p)
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
+    p.add_argument(
+        "--gpu-mem-gib",
+        type=float,
+        default=None,
+        help="GPU memory budget in GiB (2^30 B); default: the --gpu datasheet memory in GB (1e9 B)",
+    )
+    p.add_argument(
+        "--reserve-gib",
+        type=float,
+        default=0.0,
+        help="GiB per GPU kept free for activations, workspace and framework (default 0)",
+    )
+    p.add_argument("--kv-heads", type=int, default=None, help="what-if: override the KV heads (e.g. MHA)")
+    _add_weight_flags(p)
+    _add_device_flags(p)
+    p.add_argument("--list-presets", action="store_true", help="print the built-in models and exit")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.set_defaults(func=run_plan)
+
+    r = subparsers.add_parser(
+        "roofline",
+        help="ridge point, decode/prefill intensity and decode step bound; --probe measures this machine",
+        description="Roofline of decode and prefill (seed 003 §3.4): the GPU's ridge point from its datasheet, "
+        "the ideal decode attention intensity I = 2g/p, the seed's prefill intensity model, and the decode "
+        "step lower bound (weights + batch x KV) / bandwidth. --probe measures fp32 matmul FLOP/s and "
+        "streaming GB/s here with numpy.",
+    )
+    r.add_argument(
+        "--model", default="llama-3-8b", help="preset, config.json, directory or hub id (default llama-3-8b)"
+    )
+    r.add_argument("--context", type=int, default=8192, help="tokens per sequence (default 8192)")
+    r.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
+    r.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
+    _add_kv_flags(r)
+    _add_weight_flags(r)
+    _add_device_flags(r)
+    r.add_argument("--probe", action="store_true", help="measure this machine's fp32 roofs (a few seconds)")
+    r.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    r.set_defaults(func=run_roofline)
+
+    v = subparsers.add_parser(
+        "video",
+        help="tokens and KV bytes of autoregressive video clips (seed 003 §01, §6.3)",
+        description="Turn clips (seconds, fps, resolution) into tokens through temporal and spatial "
+        "compression and a patch size, and size their KV cache on a model (whole history kept).",
+    )
+    v.add_argument(
+        "--model", default="llama-3-8b", help="preset, config.json, directory or hub id (default llama-3-8b)"
+    )
+    v.add_argument(
+        "--seconds", type=float, nargs="+", default=[5, 10, 30], help="clip lengths (default 5 10 30)"
+    )
+    v.add_argument("--fps", type=int, default=24, help="frames per second (default 24)")
+    v.add_argument("--width", type=int, default=1280, help="pixels (default 1280)")
+    v.add_argument("--height", type=int, default=720, help="pixels (default 720)")
+    v.add_argument("--temporal-compression", type=int, default=4, help="frames per latent frame (default 4)")
+    v.add_argument(
+        "--spatial-compression", type=int, default=8, help="pixels per latent, per side (default 8)"
+    )
+    v.add_argument("--patch-size", type=int, default=1, help="latents per token, per side (default 1)")
+    v.add_argument(
+        "--causal-first-frame",
+        action="store_true",
+        help="causal VAE: latent frames = 1 + (frames - 1) // temporal (default frames // temporal)",
+    )
+    v.add_argument("--batch", type=int, default=1, help="clips (default 1)")
+    _add_kv_flags(v)
+    v.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    v.set_defaults(func=run_video)
+
+
+def _fail(message: str) -> int:
+    print(f"kvlab: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _gib(n: float | int | None) -> str:
+    """Binary units (KiB/MiB/GiB = 2^10/2^20/2^30 B), GiB from 1 GiB up."""
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= size or unit == "KiB":
+            return f"{n / size:,.2f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def _gb(n: float | int | None) -> str:
+    return "-" if n is None else f"{n / 1e9:,.2f} GB"
+
+
+def _bytes(n: float | int | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n:,} B" if float(n).is_integer() else f"{n:,.2f} B"
+
+
+def _print_lists(args: argparse.Namespace) -> bool:
+    from rich.console import Console
+    from rich.table import Table
+
+    if getattr(args, "list_presets", False):
+        from kvlab.plan import presets
+
+        t = Table(title="Built-in presets (fields from each hub config.json)")
+        for col in ("name", "hub id", "exercises"):
+            t.add_column(col)
+        for preset in presets.PRESETS.values():
+            t.add_row(preset.name, preset.hub_id, preset.why)
+        Console().print(t)
+        return True
+    if getattr(args, "list_gpus", False):
+        from kvlab.plan.hardware import HARDWARE
+
+        t = Table(title="Hardware table (vendor datasheets; dense 16-bit tensor FLOP/s; decimal TB/s and GB)")
+        for col in ("name", "TFLOP/s", "TB/s", "memory GB", "ridge FLOP/B", "note", "source"):
+            t.add_column(
+                col, justify="right" if col in ("TFLOP/s", "TB/s", "memory GB", "ridge FLOP/B") else "left"
+            )
+        for h in HARDWARE:
+            t.add_row(
+                h.name,
+                f"{h.tflops_16bit:g}",
+                f"{h.bandwidth_tb_s:g}",
+                f"{h.memory_gb:g}",
+                f"{h.ridge_flop_per_byte:.1f}",
+                h.note,
+                h.source,
+            )
+        Console().print(t)
+        return True
+    return False
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from kvlab.plan.report import plan_report
+
+    if _print_lists(args):
+        return 0
+    if args.model is None:
+        return _fail("plan needs MODEL (a preset, config.json, directory or hub id); see --list-presets")
+    try:
+        r = plan_report(
+            args.model,
+            context=args.context,
+            batch=args.batch,
+            kv=args.kv_dtype,
+            group_size=args.group_size,
+            residual_length=args.residual,
+            gpu=args.gpu,
+            gpu_mem_gib=args.gpu_mem_gib,
+            reserve_gib=args.reserve_gib,
+            tp=args.tp,
+            weight_dtype=args.weight_dtype,
+            weights_index=args.weights_index,
+            weight_bytes_override=args.weight_bytes,
+            kv_heads=args.kv_heads,
+            bandwidth_gb_s=args.bandwidth_gb_s,
+            tflops=args.tflops,
+            measured_step_ms=args.measured_step_ms,
+        )
+    except (ValueError, OSError) as e:
+        return _fail(str(e))
+    if args.json:
+        print(json.dumps(r, indent=1))
+        return 0
+    _print_plan(r)
+    return 0
+
+
+def _print_plan(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    s = r["spec"]
+    kinds = ", ".join(f"{n} {k}" for k, n in s["layer_kinds"].items())
+    heads = (
+        f"MLA latent {s['mla_latent_dim']}"
+        if s["mla_latent_dim"]
+        else (f"{s['num_attention_heads']} q / {s['num_kv_heads']} KV heads x {s['head_dim']}")
+    )
+    kvd = r["kv_dtype"]
+    t = Table(
+        title=f"{r['model']}: {s['num_layers']} layers ({kinds}), {heads}; KV {kvd['name']}, "
+        f"batch {r['batch']} x {r['context']:,} tokens, tp {r['tp']}  [GiB = 2^30 B, GB = 1e9 B]"
+    )
+    t.add_column("layer kind")
+    t.add_column("layers", justify="right")
+    t.add_column("tokens kept", justify="right")
+    t.add_column("KV B/token/GPU", justify="right")
+    t.add_column("KV theoretical/GPU", justify="right")
+    t.add_column("KV allocated/GPU", justify="right")
+    for row in r["by_layer_kind"]:
+        t.add_row(
+            row["kind"],
+            str(row["layers"]),
+            f"{row['tokens_stored']:,}",
+            _bytes(row["kv_bytes_per_token_per_gpu"]),
+            _gib(row["kv_bytes_theoretical_per_gpu"]),
+            _gib(row["kv_bytes_allocated_per_gpu"]),
+        )
+    console.print(t)
+
+    t = Table(title="Ledger, fit and decode bound")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    t.add_column("also", justify="right")
+    t.add_row(
+        "KV bytes per token (all GPUs)",
+        _bytes(r["kv_bytes_per_token"]),
+        f"{r['kv_bytes_per_token'] / 1024:,.2f} KiB",
+    )
+    t.add_row("KV total, theoretical (all GPUs)", _gib(r["kv_bytes_total"]), _gb(r["kv_bytes_total"]))
+    t.add_row(
+        "KV total, engine-allocated", _gib(r["kv_bytes_total_allocated"]), _gb(r["kv_bytes_total_allocated"])
+    )
+    t.add_row("weights", _gib(r["weight_bytes"]), r["weight_bytes_source"])
+    if r["kv_to_weight_ratio"] is not None:
+        t.add_row("KV / weights", f"{r['kv_to_weight_ratio']:.2f}x", "")
+    gpu = r["gpu"]
+    if r["fits"] is not None:
+        b = r["budget"]
+        t.add_row("GPU memory", _gib(b["memory_bytes"]), b["source"])
+        t.add_row("reserve (--reserve-gib)", _gib(b["reserve_bytes"]), "")
+        t.add_row(
+            "left for KV per GPU", _gib(r["kv_budget_bytes_per_gpu"]), _gb(r["kv_budget_bytes_per_gpu"])
+        )
+        t.add_row(f"fits batch {r['batch']} x {r['context']:,}", "yes" if r["fits"] else "no", "")
+        t.add_row(
+            f"max batch at {r['context']:,} tokens",
+            f"{r['max_batch']:,}",
+            f"engine-allocated: {r['max_batch_allocated']:,}",
+        )
+        mc = "not limited by memory" if r["max_context"] is None else f"{r['max_context']:,} tokens"
+        mca = "-" if r["max_context_allocated"] is None else f"{r['max_context_allocated']:,}"
+        limit = r["spec"]["max_position_embeddings"]
+        also = f"engine-allocated: {mca}" + (
+            f"; config limit {limit:,}" if r["max_context_above_model_limit"] else ""
+        )
+        t.add_row(f"max context at batch {r['batch']}", mc, also)
+    else:
+        t.add_row("fit", "-", "needs GPU memory (--gpu-mem-gib) and weight bytes")
+    if r["decode_step_lower_bound_ms"] is not None:
+        t.add_row(
+            f"decode step lower bound ({gpu['name']})",
+            f"{r['decode_step_lower_bound_ms']:.3f} ms",
+            f"{r['limiter']}-bound; {r['bytes_per_step'] / GIB:,.2f} GiB per step",
+        )
+        t.add_row("tokens/s upper bound", f"{r['tokens_per_s_upper_bound']:,.1f}", f"batch {r['batch']}")
+    t.add_row(
+        "decode attention intensity",
+        f"{r['decode_attention_intensity']:.2f} FLOP/B",
+        "ridge "
+        + ("-" if gpu["ridge_flop_per_byte"] is None else f"{gpu['ridge_flop_per_byte']:.1f} FLOP/B"),
+    )
+    if r["measured"]:
+        m = r["measured"]
+        t.add_row(
+            "measured step",
+            f"{m['measured_step_ms']:.3f} ms",
+            f"{m['fraction_of_bound']:.1%} of bound; {m['achieved_bandwidth_gb_s']:,.1f} GB/s achieved",
+        )
+    console.print(t)
+    for note in r["notes"]:
+        console.print(f"  note: {note}")
+
+
+def run_roofline(args: argparse.Namespace) -> int:
+    from kvlab.plan.report import roofline_report
+
+    if _print_lists(args):
+        return 0
+    try:
+        r = roofline_report(
+            gpu=args.gpu,
+            model=args.model,
+            context=args.context,
+            batch=args.batch,
+            kv=args.kv_dtype,
+            group_size=args.group_size,
+            residual_length=args.residual,
+            tp=args.tp,
+            weight_dtype=args.weight_dtype,
+            weights_index=args.weights_index,
+            weight_bytes_override=args.weight_bytes,
+            bandwidth_gb_s=args.bandwidth_gb_s,
+            tflops=args.tflops,
+            measured_step_ms=args.measured_step_ms,
+            run_probe=args.probe,
+        )
+    except (ValueError, OSError) as e:
+        return _fail(str(e))
+    if args.json:
+        print(json.dumps(r, indent=1))
+        return 0
+    _print_roofline(r)
+    return 0
+
+
+def _print_roofline(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    g = r["gpu"]
+    t = Table(title=f"Roofline: {g['name']} ({g['source']})")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    t.add_column("note")
+    t.add_row(
+        "peak dense 16-bit", "-" if g["tflops_16bit"] is None else f"{g['tflops_16bit']:g} TFLOP/s", g["note"]
+    )
+    t.add_row("memory bandwidth", f"{g['bandwidth_tb_s']:g} TB/s", "1 TB = 1e12 B")
+    t.add_row(
+        "ridge point",
+        "-" if r["ridge_flop_per_byte"] is None else f"{r['ridge_flop_per_byte']:.1f} FLOP/B",
+        "peak / bandwidth",
+    )
+    t.add_row(
+        f"decode attention intensity ({r['model']})",
+        f"{r['decode_attention_intensity']:.2f} FLOP/B",
+        f"I = 2g/p, KV {r['kv_dtype']['name']}",
+    )
+    if r["prefill"] is not None:
+        p = r["prefill"]
+        t.add_row(
+            f"prefill intensity (S = {p['seq_len']:,})",
+            f"{p['intensity_flop_per_byte']:.1f} FLOP/B",
+            "seed model: 2NS + causal attention over weights + 10 S D p per layer",
+        )
+    if r["decode_step_lower_bound_ms"] is not None:
+        t.add_row(
+            f"decode step lower bound (batch {r['batch']}, {r['context']:,} tokens)",
+            f"{r['decode_step_lower_bound_ms']:.3f} ms",
+            f"{r['bytes_per_step']:,} B per step ({r['bytes_per_step'] / GIB:,.2f} GiB), {r['limiter']}-bound",
+        )
+        t.add_row("tokens/s upper bound", f"{r['tokens_per_s_upper_bound']:,.1f}", "batch / step bound")
+    if r["measured"]:
+        m = r["measured"]
+        t.add_row(
+            "measured step",
+            f"{m['measured_step_ms']:.3f} ms",
+            f"{m['fraction_of_bound']:.1%} of bound; {m['achieved_bandwidth_gb_s']:,.1f} GB/s achieved",
+        )
+    console.print(t)
+
+    t = Table(
+        title=f"Ideal decode attention intensity I = 2g/p (p = {r['kv_dtype']['bytes_per_element']:g} B)"
+    )
+    t.add_column("g = n_q / n_kv", justify="right")
+    t.add_column("I (FLOP/B)", justify="right")
+    t.add_column(f"{g['name']}", justify="right")
+    probe = r["probe"]
+    if probe:
+        t.add_column("this machine, fp32", justify="right")
+    for i, row in enumerate(r["decode_intensity_table"]):
+        cells = [str(row["g"]), f"{row['intensity_flop_per_byte']:.1f}", f"{row['bound'] or '-'}-bound"]
+        if probe:
+            local = probe["decode_intensity_table"][i]
+            cells.append(f"I = {local['intensity_flop_per_byte']:.1f}: {local['bound']}-bound")
+        t.add_row(*cells)
+    console.print(t)
+    if probe:
+        console.print(
+            f"  probe (numpy fp32, {probe['cpu_count']} CPUs, {probe['probe_seconds']:.1f} s): "
+            f"{probe['peak_gflops']:.2f} GFLOP/s (matmul n={probe['matmul_n']}), "
+            f"{probe['bandwidth_gb_s']:.2f} GB/s (streaming), ridge {probe['ridge_flop_per_byte']:.2f} FLOP/B"
+        )
+    for note in r["notes"]:
+        console.print(f"  note: {note}")
+
+
+def run_video(args: argparse.Namespace) -> int:
+    from kvlab.plan.report import video_report
+
+    try:
+        r = video_report(
+            model=args.model,
+            seconds=args.seconds,
+            fps=args.fps,
+            width=args.width,
+            height=args.height,
+            temporal_compression=args.temporal_compression,
+            spatial_compression=args.spatial_compression,
+            patch_size=args.patch_size,
+            causal_first_frame=args.causal_first_frame,
+            kv=args.kv_dtype,
+            group_size=args.group_size,
+            residual_length=args.residual,
+            batch=args.batch,
+        )
+    except (ValueError, OSError) as e:
+        return _fail(str(e))
+    if args.json:
+        print(json.dumps(r, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    c0 = r["clips"][0]
+    t = Table(
+        title=f"Video KV on {r['model']} ({r['kv_dtype']['name']}): {c0['width']}x{c0['height']}, "
+        f"{c0['temporal_compression']}x time, {c0['spatial_compression']}x{c0['spatial_compression']} space, "
+        f"patch {c0['patch_size']}, whole history kept  [GiB = 2^30 B]"
+    )
+    for col in (
+        "seconds",
+        "frames",
+        "latent frames",
+        "tokens/frame",
+        "tokens",
+        "KV",
+        "KV first latent frame",
+    ):
+        t.add_column(col, justify="right")
+    for c in r["clips"]:
+        t.add_row(
+            f"{c['seconds']:g}",
+            f"{c['frames']:,}",
+            f"{c['latent_frames']:,}",
+            f"{c['tokens_per_frame']:,}",
+            f"{c['tokens']:,}",
+            _gib(c["kv_bytes"]),
+            _gib(c["kv_bytes_first_latent_frame"]),
+        )
+    Console().print(t)
+    for note in r["notes"]:
+        Console().print(f"  note: {note}")
+    return 0

@@ -1,0 +1,116 @@
+"""Fit: the largest batch at a context, or the longest context at a batch, under a per-GPU memory budget.
+
+The budget is one GPU's memory (``--gpu-mem-gib``, binary GiB, or a hardware-table row's datasheet GB, decimal)
+minus an overhead reserve for activations, workspace and the framework, minus the weights' shard; the KV cache
+gets the rest (seed 003 §3.3 and paged_alloc.py: 80 GiB - 14.96 GiB weights - 4 GiB reserve = 61.04 GiB for KV).
+A sequence must fit at every length it passes while decoding (:func:`kvlab.plan.ledger.kv_bytes_peak`).
+Pure Python; no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvlab.plan.ledger import KVDtype, kv_bytes_peak
+from kvlab.plan.spec import ModelSpec
+
+GIB = 1024**3
+MAX_SEARCH_TOKENS = 1 << 40  # contexts that still fit here count as "not limited by memory"
+
+
+@dataclass(frozen=True)
+class GpuBudget:
+    """Memory of one GPU and what is kept back from it."""
+
+    memory_bytes: int  # the GPU's memory
+    reserve_bytes: int = 0  # overhead kept free: activations, workspace, framework, fragmentation
+    source: str = ""  # where memory_bytes comes from, with its unit
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
+            raise ValueError(f"`memory_bytes` must be a positive integer, got {self.memory_bytes!r}")
+        if not isinstance(self.reserve_bytes, int) or self.reserve_bytes < 0:
+            raise ValueError(f"`reserve_bytes` must be a non-negative integer, got {self.reserve_bytes!r}")
+
+    def kv_budget_bytes(self, weight_bytes_per_gpu: int) -> int:
+        """Bytes left for the KV cache after weights and reserve (may be negative: nothing fits)."""
+        return self.memory_bytes - self.reserve_bytes - weight_bytes_per_gpu
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"memory_bytes": self.memory_bytes, "reserve_bytes": self.reserve_bytes, "source": self.source}
+
+
+def budget_from_gib(memory_gib: float, reserve_gib: float = 0.0) -> GpuBudget:
+    """A budget of ``memory_gib`` GiB (2**30 B) with ``reserve_gib`` GiB kept back."""
+    if not memory_gib > 0 or not reserve_gib >= 0:
+        raise ValueError(f"memory must be > 0 and reserve >= 0 GiB, got {memory_gib!r} and {reserve_gib!r}")
+    return GpuBudget(
+        int(round(memory_gib * GIB)),
+        int(round(reserve_gib * GIB)),
+        f"--gpu-mem-gib {memory_gib:g} (GiB, 2^30 B)",
+    )
+
+
+def budget_from_hardware(hardware, reserve_gib: float = 0.0) -> GpuBudget:
+    """A budget from a :class:`~kvlab.plan.hardware.Hardware` row's datasheet memory (decimal GB)."""
+    if hardware.memory_bytes is None:
+        raise ValueError(f"{hardware.name} has no memory size; pass --gpu-mem-gib")
+    if not reserve_gib >= 0:
+        raise ValueError(f"`reserve_gib` must be >= 0, got {reserve_gib!r}")
+    return GpuBudget(
+        hardware.memory_bytes,
+        int(round(reserve_gib * GIB)),
+        f"{hardware.name} datasheet {hardware.memory_gb:g} GB (decimal, 1e9 B; query the device for usable bytes)",
+    )
+
+
+def max_batch(
+    spec: ModelSpec,
+    context: int,
+    kv_budget_bytes: int,
+    kv: str | KVDtype = "auto",
+    *,
+    tp: int = 1,
+    mode: str = "theoretical",
+) -> int:
+    """Most sequences of ``context`` tokens whose KV fits in ``kv_budget_bytes`` on one GPU (0 if none)."""
+    per_sequence = kv_bytes_peak(spec, context, 1, kv, tp=tp, mode=mode)
+    if kv_budget_bytes < 0:
+        return 0
+    if per_sequence == 0:
+        raise ValueError(
+            f"a sequence of {context} tokens stores no KV: the batch is not limited by KV memory"
+        )
+    return kv_budget_bytes // per_sequence
+
+
+def max_context(
+    spec: ModelSpec,
+    batch: int,
+    kv_budget_bytes: int,
+    kv: str | KVDtype = "auto",
+    *,
+    tp: int = 1,
+    mode: str = "theoretical",
+) -> int | None:
+    """Longest context ``T`` such that ``batch`` sequences fit at every length ``<= T`` (0 if even one token
+    does not fit; ``None`` if memory never limits it, e.g. every KV layer is window-capped)."""
+    if not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"`batch` must be a positive integer, got {batch!r}")
+
+    def fits(t: int) -> bool:
+        return kv_bytes_peak(spec, t, batch, kv, tp=tp, mode=mode) <= kv_budget_bytes
+
+    if not fits(0) or not fits(1):
+        return 0
+    if fits(MAX_SEARCH_TOKENS):
+        return None
+    lo, hi = 1, MAX_SEARCH_TOKENS  # fits(lo), not fits(hi); fits is monotone because kv_bytes_peak is
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -1,0 +1,547 @@
+"""KV memory ledger: bytes per token, per layer kind and in total, for a batch at a context.
+
+Seed 003 §3.3: ``B_tok = 2 * L * n_kv * d * p`` bytes per token and ``B_kv = B_tok * S * batch``; here ``L``
+counts only layers that store K/V of their own, MLA layers store one latent of ``r + d_rope`` values, sliding
+and chunked layers keep at most their window (*theoretical*) or the whole context (*allocated*, as engines that
+reserve full length do), and the KV dtype is independent of the weight dtype: bf16/fp16/fp32/fp8, or kvlab's
+KIVI cache (arXiv:2402.02750) with its exact flush rule and scale/zero metadata (see :func:`kivi_bytes_per_head`).
+
+Tensor parallelism splits KV heads across ranks (replicated when ``tp`` exceeds the KV heads); an MLA latent is
+replicated on every rank. Functions named ``*_per_gpu`` or taking ``tp`` return one rank's bytes.
+
+Pure functions; no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from kvlab.plan.spec import CHUNKED, DTYPE_BYTES, FULL, KV_KINDS, SLIDING, ModelSpec, load_spec
+from kvlab.plan.weights import WeightBytes
+
+MODES = ("theoretical", "allocated")
+KIVI_NBITS = (2, 4, 8)
+_PLAIN = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4, "fp8": 1}
+_CANONICAL = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "float32": "fp32",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
+}
+
+
+@dataclass(frozen=True)
+class KVDtype:
+    """How K/V are stored: a plain dtype, or KIVI codes + scale/zero + a full-precision residual window."""
+
+    name: str  # "bf16", "fp16", "fp32", "fp8", "kivi4", "kivi2", "kivi8"
+    element_bytes: int  # bytes per element (plain) or per residual-window element (KIVI)
+    nbits: int | None = None  # KIVI code width; None for a plain dtype
+    group_size: int | None = None  # KIVI G: tokens per key group, channels per value group
+    residual_length: int | None = None  # KIVI R: newest tokens kept in element_bytes
+    metadata_bytes: int | None = None  # KIVI bytes of one scale (= one zero): 2 for 16-bit caches, 4 for fp32
+
+    def __post_init__(self) -> None:
+        if self.element_bytes not in (1, 2, 4):
+            raise ValueError(f"`element_bytes` must be 1, 2 or 4, got {self.element_bytes!r}")
+        if self.nbits is None:
+            return
+        if self.nbits not in KIVI_NBITS:
+            raise ValueError(f"`nbits` must be one of {list(KIVI_NBITS)}, got {self.nbits!r}")
+        g, r = self.group_size, self.residual_length
+        if not isinstance(g, int) or isinstance(g, bool) or g < 1:
+            raise ValueError(f"`group_size` must be a positive integer, got {g!r}")
+        if not isinstance(r, int) or isinstance(r, bool) or r < 0 or r % g:
+            raise ValueError(
+                f"`residual_length` must be a non-negative multiple of `group_size` ({g}), got {r!r}"
+            )
+        if self.metadata_bytes not in (2, 4):
+            raise ValueError(f"`metadata_bytes` must be 2 or 4, got {self.metadata_bytes!r}")
+
+    @property
+    def is_kivi(self) -> bool:
+        return self.nbits is not None
+
+    @property
+    def bytes_per_element(self) -> Fraction:
+        """Long-context bytes per cached element: ``p``, or for KIVI ``b/8 + 2m/G`` (codes + one scale/zero pair
+        per ``G`` elements for K per-channel and V per-token alike; the residual window amortized away)."""
+        if not self.is_kivi:
+            return Fraction(self.element_bytes)
+        return Fraction(self.nbits, 8) + Fraction(2 * self.metadata_bytes, self.group_size)
+
+    def describe(self) -> str:
+        if not self.is_kivi:
+            return f"{self.name} ({self.element_bytes} B/element)"
+        return (
+            f"{self.name}: {self.nbits}-bit codes, G={self.group_size}, R={self.residual_length}, "
+            f"{self.metadata_bytes} B scale/zero, residual {self.element_bytes} B/element"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "element_bytes": self.element_bytes,
+            "nbits": self.nbits,
+            "group_size": self.group_size,
+            "residual_length": self.residual_length,
+            "metadata_bytes": self.metadata_bytes,
+            "bytes_per_element": float(self.bytes_per_element),
+        }
+
+
+def kv_dtype(
+    name: str | KVDtype = "auto",
+    model_dtype: str = "bfloat16",
+    *,
+    group_size: int = 32,
+    residual_length: int = 128,
+) -> KVDtype:
+    """Build a :class:`KVDtype` from a CLI name.
+
+    Args:
+        name: ``auto`` (the model's dtype), ``bf16``, ``fp16``, ``fp32``, ``fp8``, ``kivi2``, ``kivi4``, ``kivi8``.
+        model_dtype: the model's dtype name (``ModelSpec.dtype``): ``auto``'s dtype and KIVI's residual dtype.
+        group_size, residual_length: KIVI ``G`` and ``R``.
+
+    Raises:
+        ValueError: an unknown name or invalid KIVI settings.
+    """
+    if isinstance(name, KVDtype):
+        return name
+    key = str(name).lower()
+    if model_dtype not in DTYPE_BYTES:
+        raise ValueError(f"`model_dtype` must be one of {sorted(DTYPE_BYTES)}, got {model_dtype!r}")
+    if key == "auto":
+        key = _CANONICAL.get(model_dtype, model_dtype)
+    if key in _PLAIN:
+        return KVDtype(_CANONICAL.get(key, key), _PLAIN[key])
+    if key.startswith("kivi") and key[4:].isdigit():
+        p = DTYPE_BYTES[model_dtype]
+        if p not in (2, 4):
+            raise ValueError(
+                f"KIVI keeps its residual window in the model dtype; {model_dtype!r} is not 16/32-bit"
+            )
+        return KVDtype(key, p, int(key[4:]), group_size, residual_length, 4 if p == 4 else 2)
+    raise ValueError(f"`kv_dtype` must be auto, bf16, fp16, fp32, fp8, kivi2, kivi4 or kivi8, got {name!r}")
+
+
+def kv_heads_per_rank(spec: ModelSpec, tp: int = 1) -> int:
+    """KV heads one tensor-parallel rank stores: ``kv / tp``, or 1 (replicated) when ``tp > kv``.
+
+    Raises:
+        ValueError: ``tp`` < 1, or neither of ``tp`` and the KV heads divides the other.
+    """
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ValueError(f"`tp` must be a positive integer, got {tp!r}")
+    kv = spec.num_kv_heads
+    if tp <= kv:
+        if kv % tp:
+            raise ValueError(f"`tp` ({tp}) must divide the KV heads ({kv})")
+        return kv // tp
+    if tp % kv:
+        raise ValueError(f"`tp` ({tp}) must be a multiple of the KV heads ({kv}) to replicate them")
+    return 1
+
+
+def kv_elements_per_token_per_layer(spec: ModelSpec, tp: int = 1) -> int:
+    """Elements one token adds to one KV-holding layer on one rank: ``2 * kv_heads_per_rank * head_dim``, or
+    the whole MLA latent ``r + d_rope`` (replicated on every rank)."""
+    if spec.is_mla:
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise ValueError(f"`tp` must be a positive integer, got {tp!r}")
+        return spec.kv_elements_per_token_per_layer
+    return 2 * kv_heads_per_rank(spec, tp) * spec.head_dim
+
+
+def tokens_stored(spec: ModelSpec, kind: str, context: int, mode: str = "theoretical") -> int:
+    """Tokens one sequence keeps in one layer of ``kind`` at ``context`` tokens.
+
+    ``theoretical``: a sliding layer keeps ``min(context, sliding_window)``, a chunked layer at most
+    ``min(context, attention_chunk_size)``; ``allocated``: both keep ``context`` (engines that reserve full
+    length). Shared and no-KV layers keep 0.
+    """
+    if mode not in MODES:
+        raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}")
+    if not isinstance(context, int) or isinstance(context, bool) or context < 0:
+        raise ValueError(f"`context` must be a non-negative integer, got {context!r}")
+    if kind == FULL:
+        return context
+    if kind == SLIDING:
+        return context if mode == "allocated" else min(context, spec.sliding_window)
+    if kind == CHUNKED:
+        return context if mode == "allocated" else min(context, spec.attention_chunk_size)
+    return 0
+
+
+def quantized_tokens(tokens: int, group_size: int, residual_length: int) -> int:
+    """KIVI flush rule ``Q(T) = ((T - R) // G) * G if T > R else 0``: tokens held quantized out of ``T``."""
+    return (tokens - residual_length) // group_size * group_size if tokens > residual_length else 0
+
+
+def kivi_bytes_per_head(
+    tokens: int,
+    head_dim: int,
+    nbits: int,
+    group_size: int,
+    residual_length: int,
+    cache_dtype_bytes: int,
+    metadata_bytes: int,
+) -> dict[str, int]:
+    """Exact KIVI bytes of one layer, one batch row, one KV head holding ``tokens`` tokens.
+
+    With ``Q = Q(T)`` (:func:`quantized_tokens`), ``D`` head_dim, ``b`` nbits, ``G``, ``m`` metadata bytes and
+    ``p`` cache dtype bytes (kvlab shared interface; KIVI arXiv:2402.02750 §3)::
+
+        codes        = 2 * Q * D * b / 8      K and V codes, bit-packed along head_dim
+        scales_zeros = 2 * m * Q * D / G      K: per-channel scale + zero, one pair per G tokens per channel
+                     + 2 * m * Q * D / G      V: per-token scale + zero, one pair per G channels per token
+        residual     = 2 * (T - Q) * D * p    K and V of the newest tokens in the model dtype
+
+    Returns ``{"codes", "scales_zeros", "residual", "total"}`` (the keys of ``KIVICache.nbytes_breakdown()``).
+
+    Raises:
+        ValueError: ``G`` not dividing ``head_dim`` (values are grouped per token along channels), ``D * b`` not
+            a multiple of 8, or ``R`` not a multiple of ``G``.
+    """
+    if nbits not in KIVI_NBITS:
+        raise ValueError(f"`nbits` must be one of {list(KIVI_NBITS)}, got {nbits!r}")
+    if group_size < 1 or head_dim % group_size:
+        raise ValueError(f"`group_size` ({group_size}) must divide head_dim ({head_dim})")
+    if head_dim * nbits % 8:
+        raise ValueError(f"head_dim ({head_dim}) times nbits ({nbits}) must be a multiple of 8")
+    if residual_length < 0 or residual_length % group_size:
+        raise ValueError(
+            f"`residual_length` must be a non-negative multiple of {group_size}, got {residual_length}"
+        )
+    if tokens < 0:
+        raise ValueError(f"`tokens` must be >= 0, got {tokens!r}")
+    q = quantized_tokens(tokens, group_size, residual_length)
+    codes = 2 * q * head_dim * nbits // 8
+    scales_zeros = 2 * (2 * metadata_bytes * q * head_dim // group_size)
+    residual = 2 * (tokens - q) * head_dim * cache_dtype_bytes
+    return {
+        "codes": codes,
+        "scales_zeros": scales_zeros,
+        "residual": residual,
+        "total": codes + scales_zeros + residual,
+    }
+
+
+def kivi_kv_bytes_breakdown(
+    model: ModelSpec | Mapping | str,
+    tokens: int,
+    batch: int = 1,
+    *,
+    nbits: int = 4,
+    group_size: int = 32,
+    residual_length: int = 128,
+    cache_dtype_bytes: int | None = None,
+    metadata_bytes: int | None = None,
+    tp: int = 1,
+    mode: str = "theoretical",
+) -> dict[str, int]:
+    """Exact bytes a KIVI cache holds for ``batch`` sequences of ``tokens`` tokens, summed over KV layers.
+
+    Args:
+        model: a :class:`ModelSpec`, a transformers config dict (e.g. ``model.config.to_dict()``) or anything
+            :func:`~kvlab.plan.spec.load_spec` accepts.
+        cache_dtype_bytes: the residual window's bytes per element (default: the config dtype's).
+        metadata_bytes: bytes of one scale or zero (default: 4 for a 4-byte cache dtype, else 2).
+
+    Returns the keys of ``KIVICache.nbytes_breakdown()``: ``codes``, ``scales_zeros``, ``residual``, ``total``.
+
+    Raises:
+        ValueError: an MLA model (its latent has no K and V heads), or invalid KIVI settings.
+    """
+    spec = load_spec(model)
+    if spec.is_mla:
+        raise ValueError("KIVI quantizes K per-channel and V per-token; an MLA latent has no K and V heads")
+    p = spec.dtype_bytes if cache_dtype_bytes is None else cache_dtype_bytes
+    m = (4 if p == 4 else 2) if metadata_bytes is None else metadata_bytes
+    heads = kv_heads_per_rank(spec, tp)
+    out = {"codes": 0, "scales_zeros": 0, "residual": 0, "total": 0}
+    for kind in spec.layer_kinds:
+        if kind not in KV_KINDS:
+            continue
+        t = tokens_stored(spec, kind, tokens, mode)
+        per_head = kivi_bytes_per_head(t, spec.head_dim, nbits, group_size, residual_length, p, m)
+        for key in out:
+            out[key] += per_head[key] * heads * batch
+    return out
+
+
+def kivi_kv_bytes(model: ModelSpec | Mapping | str, tokens: int, batch: int = 1, **kwargs: Any) -> int:
+    """Total of :func:`kivi_kv_bytes_breakdown`: what ``KIVICache.nbytes()`` must measure."""
+    return kivi_kv_bytes_breakdown(model, tokens, batch, **kwargs)["total"]
+
+
+def _layer_bytes(spec: ModelSpec, kvd: KVDtype, tokens: int, tp: int) -> int:
+    """Bytes one sequence stores in one KV-holding layer with ``tokens`` tokens, on one rank."""
+    if kvd.is_kivi:
+        if spec.is_mla:
+            raise ValueError(
+                "KIVI quantizes K per-channel and V per-token; an MLA latent has no K and V heads"
+            )
+        per_head = kivi_bytes_per_head(
+            tokens,
+            spec.head_dim,
+            kvd.nbits,
+            kvd.group_size,
+            kvd.residual_length,
+            kvd.element_bytes,
+            kvd.metadata_bytes,
+        )
+        return per_head["total"] * kv_heads_per_rank(spec, tp)
+    return tokens * kv_elements_per_token_per_layer(spec, tp) * kvd.element_bytes
+
+
+def _resolve(spec: ModelSpec, kv: str | KVDtype) -> KVDtype:
+    return kv_dtype(kv, spec.dtype)
+
+
+def kv_bytes_per_token(spec: ModelSpec, kv: str | KVDtype = "auto", tp: int = 1) -> float | int:
+    """Bytes one new token adds on one rank while every layer is within its window (seed 003 §3.3 ``B_tok``).
+
+    Plain dtypes: an exact integer. KIVI: the long-context figure ``elements * (b/8 + 2m/G)`` (the residual
+    window amortized away), a float when not integral.
+    """
+    kvd = _resolve(spec, kv)
+    if kvd.is_kivi and spec.is_mla:
+        raise ValueError("KIVI quantizes K per-channel and V per-token; an MLA latent has no K and V heads")
+    per_layer = kv_elements_per_token_per_layer(spec, tp) * kvd.bytes_per_element
+    value = per_layer * spec.kv_layers
+    return int(value) if value.denominator == 1 else float(value)
+
+
+def kv_bytes(
+    spec: ModelSpec,
+    tokens: int,
+    batch: int = 1,
+    kv: str | KVDtype = "auto",
+    *,
+    tp: int = 1,
+    mode: str = "theoretical",
+) -> int:
+    """Exact bytes of ``batch`` sequences of ``tokens`` tokens on one rank, summed over layers
+    (``B_kv = B_tok * S * batch`` of seed 003 §3.3 for a plain full-attention model)."""
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 0:
+        raise ValueError(f"`batch` must be a non-negative integer, got {batch!r}")
+    kvd = _resolve(spec, kv)
+    total = 0
+    for kind in spec.layer_kinds:
+        if kind in KV_KINDS:
+            total += _layer_bytes(spec, kvd, tokens_stored(spec, kind, tokens, mode), tp)
+    return total * batch
+
+
+def kv_bytes_peak(
+    spec: ModelSpec,
+    tokens: int,
+    batch: int = 1,
+    kv: str | KVDtype = "auto",
+    *,
+    tp: int = 1,
+    mode: str = "theoretical",
+) -> int:
+    """The most bytes the cache holds at any length ``t <= tokens`` (a decoding sequence passes every length).
+
+    Equal to :func:`kv_bytes` for plain dtypes (monotone in ``t``). KIVI bytes drop at each flush (``G``
+    residual tokens become codes), so between flushes the bytes grow and the maximum is at ``tokens`` or just
+    before a flush, at ``t = R + j*G - 1``. All layers flush together; while no window cap is crossed the bytes
+    before successive flushes grow, so the candidates are ``tokens`` and the last pre-flush length below each
+    window cap and below ``tokens`` (exact, checked against brute force in the tests).
+    """
+    kvd = _resolve(spec, kv)
+    now = kv_bytes(spec, tokens, batch, kvd, tp=tp, mode=mode)
+    if not kvd.is_kivi:
+        return now
+    g, r = kvd.group_size, kvd.residual_length
+
+    def last_flush(limit: int) -> int | None:  # largest R + j*G - 1 <= limit with j >= 1
+        return r + (limit - r + 1) // g * g - 1 if limit >= r + g - 1 else None
+
+    caps = set()
+    if mode == "theoretical":
+        caps = {
+            spec.sliding_window if k == SLIDING else spec.attention_chunk_size
+            for k in spec.layer_kinds
+            if k in (SLIDING, CHUNKED)
+        }
+    limits = {tokens} | {min(tokens, c - 1) for c in caps}
+    points = {t for t in map(last_flush, limits) if t is not None}
+    return max([now] + [kv_bytes(spec, t, batch, kvd, tp=tp, mode=mode) for t in points])
+
+
+def paged_kv_bytes(
+    spec: ModelSpec,
+    tokens: int,
+    batch: int = 1,
+    kv: str | KVDtype = "auto",
+    *,
+    block_size_tokens: int,
+    tp: int = 1,
+    mode: str = "theoretical",
+) -> int:
+    """Bytes of a paged cache (vLLM, arXiv:2309.06180 §4.2): each layer's tokens rounded up to whole blocks of
+    ``block_size_tokens`` per sequence. Plain dtypes only."""
+    kvd = _resolve(spec, kv)
+    if kvd.is_kivi:
+        raise ValueError("paged_kv_bytes covers plain dtypes; KIVI has its own storage blocks")
+    if not isinstance(block_size_tokens, int) or block_size_tokens < 1:
+        raise ValueError(f"`block_size_tokens` must be a positive integer, got {block_size_tokens!r}")
+    total = 0
+    for kind in spec.layer_kinds:
+        if kind in KV_KINDS:
+            t = tokens_stored(spec, kind, tokens, mode)
+            total += _layer_bytes(spec, kvd, -(-t // block_size_tokens) * block_size_tokens, tp)
+    return total * batch
+
+
+@dataclass(frozen=True)
+class LedgerRow:
+    """Bytes of one layer kind, on one GPU."""
+
+    kind: str  # layer kind (kvlab.plan.spec.LAYER_KINDS)
+    layers: int  # layers of this kind
+    tokens_stored: int  # tokens one sequence keeps in one such layer (theoretical)
+    tokens_allocated: int  # tokens an engine that reserves full length keeps
+    bytes_per_token: float  # per sequence, all layers of this kind (KIVI: long-context figure)
+    bytes_theoretical: int  # batch sequences, all layers of this kind
+    bytes_allocated: int  # same, with full-length sliding/chunked layers
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """KV and weight bytes of a model serving ``batch`` sequences of ``context`` tokens on ``tp`` GPUs.
+
+    ``*_per_gpu`` fields are one rank's; the others sum every rank (replicated heads and latents counted on
+    each rank that holds them).
+    """
+
+    model: str  # ModelSpec.name
+    kv_dtype: KVDtype
+    context: int  # tokens per sequence
+    batch: int  # sequences
+    tp: int  # tensor-parallel ranks
+    rows: tuple[LedgerRow, ...]  # one per layer kind present
+    kv_bytes_per_token_per_gpu: float  # one new token, every layer within its window
+    kv_bytes_total_per_gpu: int  # theoretical (window-capped)
+    kv_bytes_allocated_per_gpu: int  # sliding/chunked layers at full length
+    kv_bytes_peak_per_gpu: int  # most held at any length <= context (differs from total only for KIVI)
+    weights: WeightBytes | None  # None when the config gives no parameter count and none was given
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return self.kv_bytes_per_token_per_gpu * self.tp
+
+    @property
+    def kv_bytes_total(self) -> int:
+        return self.kv_bytes_total_per_gpu * self.tp
+
+    @property
+    def kv_bytes_allocated(self) -> int:
+        return self.kv_bytes_allocated_per_gpu * self.tp
+
+    @property
+    def weight_bytes_per_gpu(self) -> int | None:
+        """Weights split evenly over ranks (an approximation: norms and some embeddings are replicated)."""
+        return None if self.weights is None else -(-self.weights.total_bytes // self.tp)
+
+    @property
+    def kv_to_weight_ratio(self) -> float | None:
+        if self.weights is None or not self.weights.total_bytes:
+            return None
+        return self.kv_bytes_total / self.weights.total_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "kv_dtype": self.kv_dtype.to_dict(),
+            "context": self.context,
+            "batch": self.batch,
+            "tp": self.tp,
+            "kv_bytes_per_token": _num(self.kv_bytes_per_token),
+            "kv_bytes_per_token_per_gpu": _num(self.kv_bytes_per_token_per_gpu),
+            "kv_bytes_total": self.kv_bytes_total,
+            "kv_bytes_total_allocated": self.kv_bytes_allocated,
+            "kv_bytes_total_per_gpu": self.kv_bytes_total_per_gpu,
+            "kv_bytes_allocated_per_gpu": self.kv_bytes_allocated_per_gpu,
+            "kv_bytes_peak_per_gpu": self.kv_bytes_peak_per_gpu,
+            "weight_bytes": None if self.weights is None else self.weights.total_bytes,
+            "weight_bytes_per_gpu": self.weight_bytes_per_gpu,
+            "weight_bytes_active": None if self.weights is None else self.weights.active_bytes,
+            "weight_bytes_source": None if self.weights is None else self.weights.source,
+            "kv_to_weight_ratio": self.kv_to_weight_ratio,
+            "by_layer_kind": [
+                {
+                    "kind": r.kind,
+                    "layers": r.layers,
+                    "tokens_stored": r.tokens_stored,
+                    "tokens_allocated": r.tokens_allocated,
+                    "kv_bytes_per_token_per_gpu": _num(r.bytes_per_token),
+                    "kv_bytes_theoretical_per_gpu": r.bytes_theoretical,
+                    "kv_bytes_allocated_per_gpu": r.bytes_allocated,
+                }
+                for r in self.rows
+            ],
+            "notes": list(self.notes),
+        }
+
+
+def _num(x: float | int) -> float | int:
+    return int(x) if float(x).is_integer() else float(x)
+
+
+def build_ledger(
+    spec: ModelSpec,
+    context: int,
+    batch: int,
+    weights: WeightBytes | None,
+    kv: str | KVDtype = "auto",
+    *,
+    tp: int = 1,
+) -> Ledger:
+    """The :class:`Ledger` of ``spec`` for ``batch`` sequences of ``context`` tokens (seed 003 [B])."""
+    kvd = _resolve(spec, kv)
+    per_token_layer = kv_elements_per_token_per_layer(spec, tp) * kvd.bytes_per_element
+    if kvd.is_kivi and spec.is_mla:
+        raise ValueError("KIVI quantizes K per-channel and V per-token; an MLA latent has no K and V heads")
+    rows = []
+    for kind in dict.fromkeys(spec.layer_kinds):  # kinds in first-seen order
+        n = spec.count(kind)
+        stored = tokens_stored(spec, kind, context, "theoretical")
+        allocated = tokens_stored(spec, kind, context, "allocated") if kind in KV_KINDS else 0
+        holds = kind in KV_KINDS
+        rows.append(
+            LedgerRow(
+                kind=kind,
+                layers=n,
+                tokens_stored=stored,
+                tokens_allocated=allocated,
+                bytes_per_token=float(per_token_layer * n) if holds else 0.0,
+                bytes_theoretical=_layer_bytes(spec, kvd, stored, tp) * n * batch if holds else 0,
+                bytes_allocated=_layer_bytes(spec, kvd, allocated, tp) * n * batch if holds else 0,
+            )
+        )
+    total = kv_bytes(spec, context, batch, kvd, tp=tp)
+    assert total == sum(r.bytes_theoretical for r in rows)
+    return Ledger(
+        model=spec.name,
+        kv_dtype=kvd,
+        context=context,
+        batch=batch,
+        tp=tp,
+        rows=tuple(rows),
+        kv_bytes_per_token_per_gpu=kv_bytes_per_token(spec, kvd, tp),
+        kv_bytes_total_per_gpu=total,
+        kv_bytes_allocated_per_gpu=kv_bytes(spec, context, batch, kvd, tp=tp, mode="allocated"),
+        kv_bytes_peak_per_gpu=kv_bytes_peak(spec, context, batch, kvd, tp=tp),
+        weights=weights,
+        notes=spec.notes,
+    )

@@ -1,0 +1,278 @@
+"""The reports behind ``kvlab plan``, ``kvlab roofline`` and ``kvlab video``: JSON-serializable dicts.
+
+Each function resolves the model, hardware and dtypes, runs the ledger / fit / roofline / video code and returns
+every number the CLI prints, so the CLI only formats. Pure Python; no torch (``--probe`` imports numpy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kvlab.plan.fit import budget_from_gib, budget_from_hardware, max_batch, max_context
+from kvlab.plan.hardware import Hardware, custom_hardware, get_hardware
+from kvlab.plan.ledger import build_ledger, kv_bytes_peak, kv_dtype
+from kvlab.plan.roofline import (
+    decode_step_bound,
+    intensity_table,
+    model_decode_attention_intensity,
+    prefill_intensity,
+)
+from kvlab.plan.spec import KV_KINDS, SHARED, ModelSpec, load_spec
+from kvlab.plan.video import VideoClip, video_kv
+from kvlab.plan.weights import UnknownWeightsError, WeightBytes, weight_bytes
+
+DEFAULT_GPU = "A100-80GB"  # the seed's accelerator
+
+
+def resolve_hardware(
+    gpu: str | None, bandwidth_gb_s: float | None = None, tflops: float | None = None
+) -> Hardware:
+    """A table row by name, or a custom device when ``bandwidth_gb_s`` is given (``tflops`` optional)."""
+    if bandwidth_gb_s is not None:
+        return custom_hardware(bandwidth_gb_s, tflops)
+    if tflops is not None:
+        raise ValueError("--tflops needs --bandwidth-gb-s (a custom device); or pick --gpu from the table")
+    return get_hardware(gpu or DEFAULT_GPU)
+
+
+def _weights(spec: ModelSpec, weight_dtype: str, index: str | None, given: int | None) -> WeightBytes | None:
+    try:
+        return weight_bytes(spec, weight_dtype, index_path=index, override_bytes=given)
+    except UnknownWeightsError:
+        return None
+
+
+_BOUND_KEYS = (
+    "weight_bytes_read",
+    "kv_bytes_read",
+    "bytes_per_step",
+    "flops_per_step",
+    "bandwidth_bytes_s",
+    "peak_flops",
+    "decode_step_memory_bound_ms",
+    "decode_step_compute_bound_ms",
+    "decode_step_lower_bound_ms",
+    "limiter",
+    "tokens_per_s_upper_bound",
+)
+NO_WEIGHTS = "weight bytes unknown (the config has no vocab/intermediate sizes): pass --weight-bytes or --weights-index"
+
+
+def _spec(model: str | ModelSpec, kv_heads: int | None) -> ModelSpec:
+    spec = load_spec(model)
+    return spec.with_kv_heads(kv_heads) if kv_heads is not None else spec
+
+
+def plan_report(
+    model: str | ModelSpec,
+    *,
+    context: int = 8192,
+    batch: int = 1,
+    kv: str = "auto",
+    group_size: int = 32,
+    residual_length: int = 128,
+    gpu: str | None = None,
+    gpu_mem_gib: float | None = None,
+    reserve_gib: float = 0.0,
+    tp: int = 1,
+    weight_dtype: str = "auto",
+    weights_index: str | None = None,
+    weight_bytes_override: int | None = None,
+    kv_heads: int | None = None,
+    bandwidth_gb_s: float | None = None,
+    tflops: float | None = None,
+    measured_step_ms: float | None = None,
+) -> dict[str, Any]:
+    """Ledger, fit and decode bound of ``model`` serving ``batch`` x ``context`` tokens on ``tp`` GPUs.
+
+    Top-level keys include ``kv_bytes_per_token``, ``kv_bytes_total``, ``weight_bytes``, ``max_batch``,
+    ``max_context`` and ``decode_step_lower_bound_ms``; ``*_per_gpu`` keys are one rank's.
+    """
+    if not isinstance(context, int) or context < 1:
+        raise ValueError(f"`context` must be a positive integer, got {context!r}")
+    if not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"`batch` must be a positive integer, got {batch!r}")
+    spec = _spec(model, kv_heads)
+    kvd = kv_dtype(kv, spec.dtype, group_size=group_size, residual_length=residual_length)
+    weights = _weights(spec, weight_dtype, weights_index, weight_bytes_override)
+    ledger = build_ledger(spec, context, batch, weights, kvd, tp=tp)
+    hw = resolve_hardware(gpu, bandwidth_gb_s, tflops)
+    out: dict[str, Any] = {"spec": spec.summary(), **ledger.to_dict()}
+
+    budget = None
+    if gpu_mem_gib is not None:
+        budget = budget_from_gib(gpu_mem_gib, reserve_gib)
+    elif hw.memory_bytes is not None:
+        budget = budget_from_hardware(hw, reserve_gib)
+    out["gpu"] = hw.to_dict()
+    out["budget"] = None if budget is None else budget.to_dict()
+    fit: dict[str, Any] = {
+        k: None
+        for k in (
+            "kv_budget_bytes_per_gpu",
+            "max_batch",
+            "max_batch_allocated",
+            "max_context",
+            "max_context_allocated",
+            "fits",
+        )
+    }
+    if budget is not None and weights is not None:
+        free = budget.kv_budget_bytes(ledger.weight_bytes_per_gpu)
+        fit["kv_budget_bytes_per_gpu"] = free
+        fit["max_batch"] = max_batch(spec, context, free, kvd, tp=tp)
+        fit["max_batch_allocated"] = max_batch(spec, context, free, kvd, tp=tp, mode="allocated")
+        fit["max_context"] = max_context(spec, batch, free, kvd, tp=tp)
+        fit["max_context_allocated"] = max_context(spec, batch, free, kvd, tp=tp, mode="allocated")
+        fit["fits"] = kv_bytes_peak(spec, context, batch, kvd, tp=tp) <= free
+    out.update(fit)
+    limit = spec.max_position_embeddings
+    out["max_context_above_model_limit"] = (
+        None
+        if limit is None or fit["fits"] is None
+        else (out["max_context"] is None or out["max_context"] > limit)
+    )
+
+    out["decode_attention_intensity"] = model_decode_attention_intensity(spec, kvd)
+    notes = list(ledger.notes)
+    if weights is None:
+        out.update({k: None for k in _BOUND_KEYS})
+        out["measured"] = None
+        notes.append(NO_WEIGHTS)
+    else:
+        bound = decode_step_bound(
+            spec, context, batch, weights.active_bytes, hw.bandwidth_bytes_s, hw.peak_flops, kvd, tp
+        )
+        out.update(bound.to_dict())
+        out["measured"] = None if measured_step_ms is None else bound.compare(measured_step_ms)
+    if (
+        spec.num_parameters
+        and spec.num_active_parameters
+        and spec.num_active_parameters < spec.num_parameters
+    ):
+        notes.append(
+            "MoE: the decode bound reads only shared weights + the routed experts of one token (a lower "
+            "bound; more experts are read at batch > 1)"
+        )
+    if spec.count(SHARED):
+        notes.append("KV-shared layers re-read an earlier layer's cache; the bound counts those bytes once")
+    if tp > 1:
+        notes.append(f"tp={tp}: weights split evenly per GPU (approximation); KV per GPU as ranks hold it")
+    out["notes"] = notes
+    return out
+
+
+def roofline_report(
+    *,
+    gpu: str | None = None,
+    model: str | ModelSpec = "llama-3-8b",
+    context: int = 8192,
+    batch: int = 1,
+    kv: str = "auto",
+    group_size: int = 32,
+    residual_length: int = 128,
+    tp: int = 1,
+    weight_dtype: str = "auto",
+    weights_index: str | None = None,
+    weight_bytes_override: int | None = None,
+    bandwidth_gb_s: float | None = None,
+    tflops: float | None = None,
+    measured_step_ms: float | None = None,
+    run_probe: bool = False,
+    probe_kwargs: dict | None = None,
+) -> dict[str, Any]:
+    """Ridge point, decode and prefill intensities, the decode step lower bound, and (``run_probe``) this
+    machine's measured fp32 roofs (seed 003 §3.4 and appendix [C])."""
+    hw = resolve_hardware(gpu, bandwidth_gb_s, tflops)
+    spec = load_spec(model)
+    kvd = kv_dtype(kv, spec.dtype, group_size=group_size, residual_length=residual_length)
+    weights = _weights(spec, weight_dtype, weights_index, weight_bytes_override)
+    p = float(kvd.bytes_per_element)
+    ridge = hw.ridge_flop_per_byte
+    out: dict[str, Any] = {
+        "gpu": hw.to_dict(),
+        "ridge_flop_per_byte": ridge,
+        "model": spec.name,
+        "context": context,
+        "batch": batch,
+        "kv_dtype": kvd.to_dict(),
+        "decode_attention_intensity": model_decode_attention_intensity(spec, kvd),
+        "decode_intensity_table": intensity_table(kv_bytes_per_element=p, ridge=ridge),
+    }
+    attention_layers = sum(1 for k in spec.layer_kinds if k in KV_KINDS or k == SHARED)
+    out["prefill"] = (
+        None
+        if spec.num_parameters is None
+        else prefill_intensity(
+            attention_layers,
+            spec.num_attention_heads,
+            spec.head_dim,
+            spec.num_parameters,
+            spec.dtype_bytes,
+            context,
+        )
+    )
+    out["notes"] = list(spec.notes)
+    if weights is None:
+        out.update({k: None for k in _BOUND_KEYS})
+        out.update(weight_bytes=None, weight_bytes_source=None, measured=None)
+        out["notes"].append(NO_WEIGHTS)
+    else:
+        bound = decode_step_bound(
+            spec, context, batch, weights.active_bytes, hw.bandwidth_bytes_s, hw.peak_flops, kvd, tp
+        )
+        out.update(bound.to_dict())
+        out["weight_bytes"] = weights.total_bytes
+        out["weight_bytes_source"] = weights.source
+        out["measured"] = None if measured_step_ms is None else bound.compare(measured_step_ms)
+    out["probe"] = None
+    if run_probe:
+        from kvlab.plan.probe import probe
+
+        result = probe(**(probe_kwargs or {}))
+        local = result.to_dict()
+        # the probe is fp32: p = 4, so I = 2g/4 (half the bf16 intensity, seed [C4])
+        local["decode_intensity_table"] = intensity_table(
+            kv_bytes_per_element=4.0, ridge=result.ridge_flop_per_byte
+        )
+        if out["prefill"] is not None:
+            i_fp32 = out["prefill"]["intensity_flop_per_byte"] / 2
+            local["prefill_intensity_fp32"] = i_fp32
+            local["prefill_bound"] = "memory" if i_fp32 < result.ridge_flop_per_byte else "compute"
+        out["probe"] = local
+    return out
+
+
+def video_report(
+    *,
+    model: str | ModelSpec = "llama-3-8b",
+    seconds: Sequence[float] = (5, 10, 30),
+    fps: int = 24,
+    width: int = 1280,
+    height: int = 720,
+    temporal_compression: int = 4,
+    spatial_compression: int = 8,
+    patch_size: int = 1,
+    causal_first_frame: bool = False,
+    kv: str = "auto",
+    group_size: int = 32,
+    residual_length: int = 128,
+    batch: int = 1,
+) -> dict[str, Any]:
+    """Tokens and KV bytes of clips of each length in ``seconds`` (seed 003 §01 [B4], §6.3)."""
+    spec = load_spec(model)
+    kvd = kv_dtype(kv, spec.dtype, group_size=group_size, residual_length=residual_length)
+    rows = []
+    for s in seconds:
+        clip = VideoClip(
+            s, fps, width, height, temporal_compression, spatial_compression, patch_size, causal_first_frame
+        )
+        rows.append(video_kv(spec, clip, kvd, batch))
+    return {
+        "model": spec.name,
+        "kv_dtype": kvd.to_dict(),
+        "batch": batch,
+        "clips": rows,
+        "notes": list(spec.notes),
+    }

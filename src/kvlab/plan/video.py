@@ -1,0 +1,98 @@
+"""Video token and KV accounting for autoregressive video generation (seed 003 §01, §6.3).
+
+A clip of ``seconds`` at ``fps`` has ``frames = seconds * fps``; a video VAE compresses time by
+``temporal_compression`` (``latent_frames = frames // tc``, or ``1 + (frames - 1) // tc`` for a causal VAE that
+keeps the first frame on its own) and space by ``spatial_compression`` per side; a ``patch_size`` x
+``patch_size`` patchify divides each side again. One latent position is one token, and every token of history
+is kept (no eviction). Seed: 5 s, 24 fps, 720p, 4x time, 8x8 space on Llama-3-8B = 30 x 14400 = 432000 tokens =
+52.73 GiB. These are assumptions for scale, not any real video model's usage. Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvlab.plan.ledger import KVDtype, kv_bytes
+from kvlab.plan.spec import ModelSpec
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class VideoClip:
+    """A clip and the compression that turns it into tokens."""
+
+    seconds: float  # clip length
+    fps: int = 24  # frames per second
+    width: int = 1280  # pixels
+    height: int = 720  # pixels
+    temporal_compression: int = 4  # frames per latent frame
+    spatial_compression: int = 8  # pixels per latent position, per side
+    patch_size: int = 1  # latent positions per token, per side (2 = the extra 2x2 patchify of seed §6.3)
+    causal_first_frame: bool = False  # causal VAE: the first frame is its own latent frame
+
+    def __post_init__(self) -> None:
+        for name in ("fps", "width", "height", "temporal_compression", "spatial_compression", "patch_size"):
+            _positive_int(name, getattr(self, name))
+        if (
+            not isinstance(self.seconds, int | float)
+            or isinstance(self.seconds, bool)
+            or not self.seconds > 0
+        ):
+            raise ValueError(f"`seconds` must be > 0, got {self.seconds!r}")
+        frames = self.seconds * self.fps
+        if abs(frames - round(frames)) > 1e-9:
+            raise ValueError(f"`seconds` * `fps` must be a whole number of frames, got {frames!r}")
+        side = self.spatial_compression * self.patch_size
+        if self.width < side or self.height < side:
+            raise ValueError(f"a {self.width}x{self.height} frame has no {side}x{side} token")
+
+    @property
+    def frames(self) -> int:
+        return int(round(self.seconds * self.fps))
+
+    @property
+    def latent_frames(self) -> int:
+        tc = self.temporal_compression
+        return 1 + (self.frames - 1) // tc if self.causal_first_frame else self.frames // tc
+
+    @property
+    def tokens_per_frame(self) -> int:
+        """Tokens of one latent frame: ``(h // (s*P)) * (w // (s*P))`` (720p, s = 8, P = 1: 90 x 160 = 14400)."""
+        side = self.spatial_compression * self.patch_size
+        return (self.height // side) * (self.width // side)
+
+    @property
+    def tokens(self) -> int:
+        return self.latent_frames * self.tokens_per_frame
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seconds": self.seconds,
+            "fps": self.fps,
+            "width": self.width,
+            "height": self.height,
+            "temporal_compression": self.temporal_compression,
+            "spatial_compression": self.spatial_compression,
+            "patch_size": self.patch_size,
+            "causal_first_frame": self.causal_first_frame,
+            "frames": self.frames,
+            "latent_frames": self.latent_frames,
+            "tokens_per_frame": self.tokens_per_frame,
+            "tokens": self.tokens,
+        }
+
+
+def video_kv(spec: ModelSpec, clip: VideoClip, kv: str | KVDtype = "auto", batch: int = 1) -> dict[str, Any]:
+    """Tokens and KV bytes of ``batch`` clips on ``spec`` (whole history kept; sliding layers window-capped).
+
+    Returns the clip's fields plus ``kv_bytes`` (exact) and ``kv_bytes_first_latent_frame`` (the cache of the
+    first latent frame: seed §6.3's 1.76 GiB per frame on Llama-3-8B; window-capped layers add less later on).
+    """
+    total = kv_bytes(spec, clip.tokens, batch, kv)
+    per_frame = kv_bytes(spec, clip.tokens_per_frame, batch, kv)
+    return {**clip.to_dict(), "batch": batch, "kv_bytes": total, "kv_bytes_first_latent_frame": per_frame}

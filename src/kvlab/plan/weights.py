@@ -1,0 +1,310 @@
+"""Weight bytes: a parameter count estimated from ``config.json``, or the exact bytes of safetensors files.
+
+The estimate counts embeddings, the LM head (unless tied), attention (GQA or MLA projections), the MLP (gated,
+GPT-2 or Falcon style; MoE experts, router and shared experts) and Jamba's Mamba mixers; norms and biases are
+counted where the architecture is known to have them. Anything it cannot see (multi-token-prediction layers,
+Gemma-3n per-layer embeddings, other mixers) is named in ``notes``. The safetensors path reads only the JSON
+headers (no torch, no tensor data). Pure Python.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvlab.plan.spec import DTYPE_BYTES, NO_KV, decoder_config
+
+WEIGHT_DTYPE_BYTES = {**DTYPE_BYTES, "int8": 1, "int4": 0.5, "mxfp4": 0.5}
+
+
+@dataclass(frozen=True)
+class ParamEstimate:
+    """Parameter count of a decoder estimated from its config."""
+
+    total: int | None  # all parameters (None when the config lacks vocab/intermediate sizes)
+    active: int | None  # parameters used per token (MoE: the routed experts of one token only)
+    notes: tuple[str, ...] = field(default=())  # what the estimate leaves out
+
+
+@dataclass(frozen=True)
+class WeightBytes:
+    """Bytes of a model's weights and where the number comes from."""
+
+    total_bytes: int  # all weights
+    active_bytes: int  # weights one decode step must read at least (MoE: shared + k routed experts per layer)
+    source: str  # "safetensors model.safetensors", "config estimate x bfloat16 (2 B)", "--weight-bytes", ...
+
+    def __post_init__(self) -> None:
+        if self.total_bytes < 0 or not 0 <= self.active_bytes <= self.total_bytes:
+            raise ValueError(
+                f"weight bytes must satisfy 0 <= active <= total, got {self.active_bytes!r} and {self.total_bytes!r}"
+            )
+
+
+def _int(cfg: Mapping, *names: str, default: int | None = None) -> int | None:
+    for name in names:
+        value = cfg.get(name)
+        if value is not None and not isinstance(value, bool | list | dict | str):
+            return int(value)
+    return default
+
+
+def _mamba_params(cfg: Mapping, hidden: int) -> int:
+    """Jamba Mamba mixer (arXiv:2403.19887): in/out projections, conv1d, x/dt projections, A and D."""
+    d_inner = _int(cfg, "mamba_expand", default=2) * hidden
+    d_state = _int(cfg, "mamba_d_state", default=16)
+    d_conv = _int(cfg, "mamba_d_conv", default=4)
+    dt_rank = cfg.get("mamba_dt_rank", "auto")
+    dt_rank = math.ceil(hidden / 16) if dt_rank == "auto" else int(dt_rank)
+    n = hidden * 2 * d_inner + d_inner * d_conv + d_inner * (dt_rank + 2 * d_state)
+    n += dt_rank * d_inner + d_inner + d_inner * d_state + d_inner + d_inner * hidden
+    n += d_inner if cfg.get("mamba_conv_bias", True) else 0
+    n += dt_rank + 2 * d_state  # dt, B, C layernorms
+    return n
+
+
+def estimate_parameters(config: Mapping, layer_kinds: Sequence[str] | None = None) -> ParamEstimate:
+    """Estimate total and active parameters from a decoder config.
+
+    Args:
+        config: a config dict (a nested ``text_config`` is used when present).
+        layer_kinds: per-layer kinds from :func:`kvlab.plan.spec.spec_from_config`; layers of kind ``none`` get
+            no attention projections (Jamba: a Mamba mixer instead). ``None``: every layer has attention.
+    """
+    cfg, _ = decoder_config(config)
+    notes: list[str] = []
+    model_type = str(cfg.get("model_type", ""))
+    hidden = _int(cfg, "hidden_size", "n_embd", "d_model")
+    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    heads = _int(cfg, "num_attention_heads", "n_head", "num_heads")
+    vocab = _int(cfg, "vocab_size")
+    if None in (hidden, layers, heads, vocab):
+        return ParamEstimate(None, None, ("parameter count unknown: config lacks vocab_size or sizes",))
+    kinds = list(layer_kinds) if layer_kinds is not None else ["full"] * layers
+    if cfg.get("multi_query") and not cfg.get("new_decoder_architecture"):
+        kv_heads = 1
+    else:
+        kv_heads = _int(cfg, "num_key_value_heads", "num_kv_heads", default=heads)
+    head_dim = _int(cfg, "head_dim", default=hidden // heads)
+    gpt2 = model_type == "gpt2" or ("n_embd" in cfg and "hidden_size" not in cfg)
+    falcon = model_type == "falcon"
+
+    # embeddings + LM head (tied unless the config says otherwise, as in transformers' PretrainedConfig)
+    embed = vocab * hidden
+    total = embed + (0 if cfg.get("tie_word_embeddings", True) else embed)
+    if gpt2:
+        total += _int(cfg, "n_positions", "max_position_embeddings", default=1024) * hidden
+    total += hidden * (2 if gpt2 or falcon else 1)  # final norm
+
+    # attention, one layer
+    if cfg.get("kv_lora_rank") is not None:  # MLA, DeepSeek-V2 §2.1
+        r, rope = _int(cfg, "kv_lora_rank"), _int(cfg, "qk_rope_head_dim")
+        nope, v_dim = _int(cfg, "qk_nope_head_dim", default=0), _int(cfg, "v_head_dim", default=head_dim)
+        q_rank = _int(cfg, "q_lora_rank")
+        q = (
+            hidden * q_rank + q_rank + q_rank * heads * (nope + rope)
+            if q_rank
+            else hidden * heads * (nope + rope)
+        )
+        attn = q + hidden * (r + rope) + r + r * heads * (nope + v_dim) + heads * v_dim * hidden
+    else:
+        attn = hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
+        if cfg.get("attention_bias") or model_type.startswith("qwen2") or gpt2:
+            attn += (
+                heads * head_dim
+                + 2 * kv_heads * head_dim
+                + (hidden if not model_type.startswith("qwen") else 0)
+            )
+        if model_type == "gpt_oss":
+            attn += heads  # attention sinks
+    norms = hidden * (
+        4 if gpt2 or model_type.startswith("gemma") else 2
+    )  # LayerNorm w+b x2; Gemma: 4 RMSNorms
+
+    # MLP, one layer
+    inter = cfg.get("intermediate_size")
+    if gpt2:
+        inner = _int(cfg, "n_inner", default=4 * hidden)
+        dense_mlp = 2 * hidden * inner + inner + hidden
+    elif falcon:
+        dense_mlp = 2 * hidden * _int(cfg, "ffn_hidden_size", default=4 * hidden)
+    elif isinstance(inter, list):
+        dense_mlp = None  # per layer, below
+    elif inter is None:
+        return ParamEstimate(None, None, ("parameter count unknown: config lacks intermediate_size",))
+    else:
+        dense_mlp = 3 * hidden * int(inter)
+
+    experts = _int(cfg, "num_local_experts", "n_routed_experts", "num_experts", default=0)
+    top_k = _int(cfg, "num_experts_per_tok", "experts_per_token", "moe_k", default=0)
+    moe_inter = _int(cfg, "moe_intermediate_size", default=inter if isinstance(inter, int) else None)
+    expert = 3 * hidden * moe_inter if experts else 0
+    if model_type == "gpt_oss":
+        expert += 2 * moe_inter + hidden  # gate_up and down biases
+    shared_inter = _int(cfg, "shared_expert_intermediate_size")
+    if shared_inter is None and _int(cfg, "n_shared_experts", default=0):
+        shared_inter = _int(cfg, "n_shared_experts") * moe_inter
+    shared = 3 * hidden * shared_inter if shared_inter else 0
+    router = hidden * experts
+
+    first_dense = _int(cfg, "first_k_dense_replace", default=0)
+    moe_freq = _int(cfg, "moe_layer_freq", default=1)
+    mlp_only = set(cfg.get("mlp_only_layers") or [])
+    expert_period = _int(cfg, "expert_layer_period")
+    expert_offset = _int(cfg, "expert_layer_offset", default=0)
+
+    def is_moe(i: int) -> bool:
+        if not experts:
+            return False
+        if expert_period is not None:  # Jamba
+            return i % expert_period == expert_offset
+        return i >= first_dense and i % moe_freq == 0 and i not in mlp_only
+
+    active = total
+    unknown_mixers = 0
+    for i, kind in enumerate(kinds):
+        if kind == NO_KV:
+            if model_type == "jamba":
+                mixer = _mamba_params(cfg, hidden)
+            else:
+                mixer, unknown_mixers = 0, unknown_mixers + 1
+        else:
+            mixer = attn
+        if is_moe(i):
+            mlp_total, mlp_active = router + experts * expert + shared, router + top_k * expert + shared
+        else:
+            mlp_total = dense_mlp if dense_mlp is not None else 3 * hidden * int(inter[i])
+            mlp_active = mlp_total
+        total += mixer + norms + mlp_total
+        active += mixer + norms + mlp_active
+    if unknown_mixers:
+        notes.append(f"parameters of {unknown_mixers} non-attention mixers not estimated")
+    if _int(cfg, "num_nextn_predict_layers", default=0):
+        notes.append("multi-token-prediction layers (`num_nextn_predict_layers`) not counted")
+    if cfg.get("hidden_size_per_layer_input") or cfg.get("altup_num_inputs"):
+        notes.append("Gemma-3n per-layer embeddings, AltUp and LAuReL weights not counted")
+    return ParamEstimate(total, active, tuple(notes))
+
+
+# bytes per element of a safetensors dtype string
+_ST_DTYPE_BYTES = {
+    "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
+    "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1,
+}  # fmt: skip
+
+
+def safetensors_header_bytes(path: str | Path) -> int:
+    """Bytes of tensor data in one ``.safetensors`` file, from its JSON header (shapes x dtype sizes)."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise ValueError(f"{path} is not a safetensors file (shorter than 8 bytes)")
+        (n,) = struct.unpack("<Q", head)
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path} has no valid safetensors header: {e}") from e
+    total = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        total += end - begin
+    return total
+
+
+def read_safetensors_bytes(path: str | Path) -> tuple[int, str] | None:
+    """Exact weight bytes of a checkpoint: ``(bytes, source)`` or ``None`` when there is nothing to read.
+
+    ``path`` may be a ``model.safetensors.index.json`` (its ``metadata.total_size``), a ``.safetensors`` file or a
+    directory holding either.
+
+    Raises:
+        ValueError: an index without ``metadata.total_size`` or an unreadable header.
+    """
+    path = Path(path)
+    if path.is_dir():
+        index = path / "model.safetensors.index.json"
+        if index.is_file():
+            return read_safetensors_bytes(index)
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            return None
+        return sum(safetensors_header_bytes(f) for f in files), ", ".join(f.name for f in files)
+    if path.name.endswith(".json"):
+        with open(path, encoding="utf-8") as f:
+            data: Any = json.load(f)
+        size = data.get("metadata", {}).get("total_size") if isinstance(data, dict) else None
+        if not isinstance(size, int | float) or size < 0:
+            raise ValueError(f"{path} has no `metadata.total_size`, got {size!r}")
+        return int(size), path.name
+    if path.suffix == ".safetensors":
+        return safetensors_header_bytes(path), path.name
+    raise ValueError(f"{path} is neither a safetensors file, an index json nor a directory")
+
+
+class UnknownWeightsError(ValueError):
+    """The config gives no parameter count and no weight bytes were given."""
+
+
+def weight_bytes(
+    spec,
+    weight_dtype: str = "auto",
+    *,
+    index_path: str | Path | None = None,
+    override_bytes: int | None = None,
+) -> WeightBytes:
+    """Weight bytes of ``spec`` (a :class:`~kvlab.plan.spec.ModelSpec`), in this order of preference:
+    ``override_bytes``; the safetensors at ``index_path``; a ``weight_dtype`` other than ``auto`` times the
+    estimated parameter count; the checkpoint next to the config; the parameter count times the config dtype.
+
+    ``active_bytes`` scales ``total_bytes`` by active/total parameters (MoE), else equals it.
+
+    Raises:
+        ValueError: an unknown ``weight_dtype``.
+        UnknownWeightsError: (a ValueError) no way to size the weights: no parameter estimate, nothing given.
+    """
+    ratio = 1.0
+    if spec.num_parameters and spec.num_active_parameters:
+        ratio = spec.num_active_parameters / spec.num_parameters
+
+    def made(total: int | float, source: str) -> WeightBytes:
+        total = int(round(total))
+        return WeightBytes(total, int(round(total * ratio)), source)
+
+    if override_bytes is not None:
+        if override_bytes < 0:
+            raise ValueError(f"`weight_bytes` must be >= 0, got {override_bytes!r}")
+        return WeightBytes(int(override_bytes), int(override_bytes), "given (--weight-bytes)")
+    if index_path is not None:
+        found = read_safetensors_bytes(index_path)
+        if found is None:
+            raise ValueError(f"no safetensors weights under {index_path}")
+        return made(found[0], f"safetensors {found[1]}")
+    if weight_dtype != "auto":
+        if weight_dtype not in WEIGHT_DTYPE_BYTES:
+            raise ValueError(
+                f"`weight_dtype` must be one of {sorted(WEIGHT_DTYPE_BYTES)}, got {weight_dtype!r}"
+            )
+        if spec.num_parameters is None:
+            raise UnknownWeightsError(
+                "the config gives no parameter count; pass --weight-bytes or --weights-index"
+            )
+        per = WEIGHT_DTYPE_BYTES[weight_dtype]
+        return made(spec.num_parameters * per, f"{spec.num_parameters:,} params (config estimate) x {per} B")
+    if spec.checkpoint_bytes is not None:
+        return made(spec.checkpoint_bytes, f"safetensors {spec.checkpoint_source}")
+    if spec.num_parameters is None:
+        raise UnknownWeightsError(
+            "the config gives no parameter count; pass --weight-bytes or --weights-index"
+        )
+    per = spec.dtype_bytes
+    return made(
+        spec.num_parameters * per, f"{spec.num_parameters:,} params (config estimate) x {per} B {spec.dtype}"
+    )

@@ -1,0 +1,197 @@
+"""Roofline, hardware table, fit, video and the probe (seed 003 §3.4, §6.3, appendix [B]/[C])."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kvlab.plan import (
+    DecodeStepBound,
+    VideoClip,
+    budget_from_gib,
+    budget_from_hardware,
+    decode_attention_intensity,
+    decode_step_bound,
+    get_hardware,
+    kv_bytes,
+    kv_dtype,
+    load_spec,
+    max_batch,
+    max_context,
+    model_decode_attention_intensity,
+    prefill_intensity,
+    spec_from_config,
+    video_kv,
+    weight_bytes,
+)
+from kvlab.plan.hardware import HARDWARE
+from kvlab.plan.probe import probe
+
+GIB = 1024**3
+
+
+def test_a100_row_and_ridge_point():
+    a100 = get_hardware("a100-80gb")
+    assert (a100.tflops_16bit, a100.bandwidth_tb_s) == (312, 2.039)  # seed 003 §3.4
+    assert round(a100.ridge_flop_per_byte) == 153
+    assert get_hardware("A100_80GB") is a100 is get_hardware(" a100 ")
+
+
+def test_hardware_table_rows_have_sources_and_names_match_case_insensitively():
+    for hw in HARDWARE:
+        assert hw.source.startswith("https://")
+        assert get_hardware(hw.name.lower()) is hw and get_hardware(hw.name.upper()) is hw
+    assert get_hardware("h100-sxm").bandwidth_tb_s == 3.35
+    assert get_hardware("H200").memory_gb == 141
+    with pytest.raises(ValueError, match="A100-80GB"):
+        get_hardware("tpu-v9")
+
+
+def test_decode_intensity_is_2g_over_p():
+    assert decode_attention_intensity(1, 2) == 1.0  # MHA, bf16
+    assert decode_attention_intensity(4, 2) == 4.0  # Llama-3 GQA
+    assert decode_attention_intensity(32, 2) == 32.0  # MQA
+    assert model_decode_attention_intensity(load_spec("llama-3-8b")) == 4.0
+    assert model_decode_attention_intensity(load_spec("llama-3-8b"), "fp8") == 8.0
+    # KIVI-4, G=32, 16-bit metadata: p = 0.5 + 4/32 = 0.625 B/element
+    assert model_decode_attention_intensity(load_spec("llama-3-8b"), "kivi4") == pytest.approx(8 / 0.625)
+    # MLA (absorbed): 2 n_q (2r + d_rope) / ((r + d_rope) p)
+    assert model_decode_attention_intensity(load_spec("deepseek-v3")) == pytest.approx(
+        2 * 128 * 1088 / (576 * 2)
+    )
+
+
+def test_seed_prefill_intensity():
+    # seed 003 §3.4 / [C2]: Llama-3-8B, S = 8192, N = 8.03e9, bf16 -> 3973.9 FLOP/byte
+    assert round(prefill_intensity(32, 32, 128, 8.03e9, 2, 8192)["intensity_flop_per_byte"], 1) == 3973.9
+
+
+def test_seed_decode_bound_llama_a100():
+    # seed 003 §3.4: (14.96 + 1.00) GiB / 2.039 TB/s = 8.4 ms, ~119 tokens/s at batch 1, 8192 tokens
+    spec, a100 = load_spec("llama-3-8b"), get_hardware("A100-80GB")
+    bound = decode_step_bound(
+        spec, 8192, 1, weight_bytes(spec).total_bytes, a100.bandwidth_bytes_s, a100.peak_flops
+    )
+    assert round(bound.lower_bound_s * 1e3, 1) == 8.4
+    assert round(bound.tokens_per_s_upper_bound) == 119
+    assert bound.limiter == "memory" and bound.compute_bound_s < bound.memory_bound_s
+
+
+def test_issue_decode_bound_example():
+    # issue 3: weights 1e9 B, 1 TB/s, batch 4, context 1000, 4096 B/token -> 1,016,384,000 B, 1.016 ms
+    spec = spec_from_config(
+        dict(
+            num_hidden_layers=2,
+            hidden_size=2880,
+            num_attention_heads=64,
+            head_dim=64,
+            num_key_value_heads=8,
+            torch_dtype="bfloat16",
+        )
+    )
+    bound = decode_step_bound(spec, 1000, 4, 10**9, 1e12)
+    assert bound.bytes_per_step == 1_016_384_000
+    assert bound.lower_bound_s * 1e3 == pytest.approx(1.016384)
+    assert bound.tokens_per_s_upper_bound == pytest.approx(4 / 1.016384e-3)
+    cmp = bound.compare(2.032768)
+    assert cmp["fraction_of_bound"] == pytest.approx(0.5) and cmp["achieved_bandwidth_gb_s"] == pytest.approx(
+        500
+    )
+
+
+def test_compute_bound_wins_when_flops_dominate():
+    b = DecodeStepBound(
+        weight_bytes=10, kv_bytes=0, batch=1, bandwidth_bytes_s=1e12, flops_per_step=1e12, peak_flops=1e12
+    )
+    assert b.limiter == "compute" and b.lower_bound_s == 1.0
+    with pytest.raises(ValueError, match="bandwidth"):
+        DecodeStepBound(1, 1, 1, 0.0)
+
+
+def test_fit_seed_budget():
+    # seed 003 §3.3 / paged_alloc.py: 80 GiB - 14.96 GiB weights - 4 GiB reserve = 61.04 GiB -> 61 x 1 GiB
+    spec = load_spec("llama-3-8b")
+    budget = budget_from_gib(80, reserve_gib=4)
+    free = budget.kv_budget_bytes(weight_bytes(spec).total_bytes)
+    assert round(free / GIB, 2) == 61.04
+    assert max_batch(spec, 8192, free) == 61
+    ctx = max_context(spec, 61, free)
+    assert kv_bytes(spec, ctx, 61) <= free < kv_bytes(spec, ctx + 1, 61)
+    assert max_batch(spec, 8192, -5) == 0
+
+
+def test_fit_from_datasheet_is_decimal_gb():
+    budget = budget_from_hardware(get_hardware("A100-80GB"), reserve_gib=1)
+    assert budget.memory_bytes == 80 * 10**9 and budget.reserve_bytes == GIB
+    assert "GB" in budget.source
+
+
+def test_max_context_brute_force_and_unbounded():
+    spec = spec_from_config(
+        dict(
+            num_hidden_layers=2,
+            hidden_size=64,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=32,
+            sliding_window=50,
+            layer_types=["sliding_attention", "full_attention"],
+            torch_dtype="bfloat16",
+        )
+    )
+    kvd = kv_dtype("kivi4", "bfloat16", group_size=16, residual_length=32)
+    budget = 30_000
+    ctx = max_context(spec, 2, budget, kvd)
+    running_max, brute = 0, None
+    for t in range(2000):
+        running_max = max(running_max, kv_bytes(spec, t, 2, kvd))
+        if running_max > budget:
+            brute = t - 1
+            break
+    assert brute is not None and ctx == brute
+    all_sliding = spec_from_config(
+        dict(
+            num_hidden_layers=1,
+            hidden_size=64,
+            num_attention_heads=2,
+            head_dim=32,
+            sliding_window=50,
+            model_type="mistral",
+        )
+    )
+    assert max_context(all_sliding, 1, 10**9) is None
+    assert max_context(spec, 1, 10) == 0
+
+
+def test_seed_video_numbers():
+    # seed 003 §01 / [B4]: 5 s / 10 s / 30 s at 24 fps, 720p, 4x time, 8x8 space -> 52.73 / 105.47 / 316.41 GiB
+    spec = load_spec("llama-3-8b")
+    got = [round(video_kv(spec, VideoClip(s))["kv_bytes"] / GIB, 2) for s in (5, 10, 30)]
+    assert got == [52.73, 105.47, 316.41]
+    clip = VideoClip(5)
+    assert (clip.frames, clip.latent_frames, clip.tokens_per_frame, clip.tokens) == (120, 30, 14400, 432000)
+    assert round(video_kv(spec, clip)["kv_bytes_first_latent_frame"] / GIB, 2) == 1.76  # seed §6.3
+    assert VideoClip(5, patch_size=2).tokens_per_frame == 14400 // 4
+    assert VideoClip(5, causal_first_frame=True).latent_frames == 1 + 119 // 4
+    with pytest.raises(ValueError, match="frames"):
+        VideoClip(0.01, fps=24)
+    with pytest.raises(ValueError, match="fps"):
+        VideoClip(5, fps=0)
+
+
+def test_probe_small_sizes_return_positive_roofs():
+    result = probe(matmul_n=128, stream_elements=100_000, repeat=1)
+    assert result.peak_flops > 0 and result.bandwidth_bytes_s > 0 and result.ridge_flop_per_byte > 0
+    assert result.to_dict()["dtype"] == "float32"
+    with pytest.raises(ValueError, match="matmul_n"):
+        probe(matmul_n=0)
+
+
+def test_kvlab_plan_imports_no_torch():
+    code = (
+        "import sys, kvlab.plan, kvlab.plan.report, kvlab.plan.probe, kvlab.commands.plan\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
