@@ -13,7 +13,13 @@ def _tensors(obj: Any, seen: set[int], depth: int = 0):
         return
     seen.add(id(obj))
     if isinstance(obj, torch.Tensor):
-        yield obj
+        flatten = getattr(obj, "__tensor_flatten__", None)
+        if flatten is not None:  # wrapper subclasses (quanto's QTensor): count the inner tensors
+            names, _ = flatten()
+            for name in names:
+                yield from _tensors(getattr(obj, name), seen, depth + 1)
+        else:
+            yield obj
     elif isinstance(obj, dict):
         for v in obj.values():
             yield from _tensors(v, seen, depth + 1)
@@ -46,6 +52,9 @@ def cache_nbytes(cache: Any) -> int:
         for t in _tensors(layer, seen):
             if t.device.type == "meta":
                 continue
-            storage = t.untyped_storage()
-            storages[storage.data_ptr() or id(storage)] = storage.nbytes()
+            try:
+                storage = t.untyped_storage()
+                storages[storage.data_ptr() or id(storage)] = storage.nbytes()
+            except RuntimeError:  # a storage-less tensor: count its elements
+                storages[id(t)] = t.numel() * t.element_size()
     return sum(storages.values())

@@ -1,0 +1,5 @@
+"""The paired float-vs-quantized KV-cache experiment behind ``kvlab eval`` (seed 000 §5).
+
+``config`` (settings and gates), ``candidates`` (cache registry), ``metrics`` (latency, memory, quality),
+``runner`` (both matrices and the decision), ``schema`` / ``io`` (result file), ``render`` (rich summary).
+"""

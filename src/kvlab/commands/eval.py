@@ -1,0 +1,233 @@
+"""``kvlab eval``: the paired float vs quantized KV-cache experiment (seed 000 §5)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="paired experiment: DynamicCache vs quantized caches (KIVI, HF HQQ) on one model",
+        description="Run seed 000's paired experiment: a capacity matrix (contexts) and a residual-window matrix, "
+        "each cache candidate against DynamicCache on the same prompts; write results/<label>.json.",
+    )
+    p.add_argument(
+        "--model", default=None, help="HF hub id or local directory (default: the bundled reference model)"
+    )
+    p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default, as the seed), float16 or float32")
+    p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda")
+    p.add_argument(
+        "--candidates",
+        type=_names,
+        default=None,
+        help="comma list from dynamic,kivi-2,kivi-4,kivi-8,hqq-4,quanto-4 (default: dynamic,kivi-4,kivi-2,hqq-4)",
+    )
+    p.add_argument(
+        "--contexts", type=_ints, default=None, help="capacity matrix contexts (default 512,2048,4096)"
+    )
+    p.add_argument(
+        "--new-tokens", type=int, default=None, help="tokens generated per capacity run (default 64)"
+    )
+    p.add_argument(
+        "--residual", type=int, default=None, help="residual window R of the capacity matrix (default 128)"
+    )
+    p.add_argument("--group-size", type=int, default=None, help="KIVI group size G (default 32)")
+    p.add_argument(
+        "--hqq-group-size", type=int, default=None, help="HQQ/quanto group size (default 64, the seed's)"
+    )
+    p.add_argument(
+        "--window-context", type=int, default=None, help="residual-window matrix context (default 512)"
+    )
+    p.add_argument(
+        "--window-new-tokens", type=int, default=None, help="tokens generated per window run (default 128)"
+    )
+    p.add_argument("--window-residuals", type=_ints, default=None, help="window residuals (default 16,32,64)")
+    p.add_argument(
+        "--window-group-size", type=int, default=None, help="KIVI G in the window matrix (default 16)"
+    )
+    p.add_argument("--warmup", type=int, default=None, help="untimed generate() calls per cell (default 1)")
+    p.add_argument("--repeat", type=int, default=None, help="timed generate() calls per cell (default 3)")
+    p.add_argument("--quality-tokens", type=int, default=None, help="fixed-continuation length (default 16)")
+    p.add_argument("--top-k", type=int, default=None, help="k of the top-k overlap (default 5)")
+    p.add_argument("--max-nll-delta", type=float, default=None, help="gate (default 0.50)")
+    p.add_argument("--min-topk-overlap", type=float, default=None, help="gate (default 0.60)")
+    p.add_argument("--max-latency-ratio", type=float, default=None, help="gate (default 2.00)")
+    p.add_argument(
+        "--prompt-mode",
+        choices=("heldout", "repeat"),
+        default=None,
+        help="heldout: held-out text cut to exact lengths (default); repeat: the seed's prompt tiled",
+    )
+    p.add_argument("--prompt", default=None, help="prompt text for --prompt-mode repeat")
+    p.add_argument("--batch", type=int, default=None, help="prompts per generate() call (default 1)")
+    p.add_argument("--seed", type=int, default=None, help="seed (default 42)")
+    p.add_argument(
+        "--quick", action="store_true", help="small matrix (contexts 256,1024; about a minute on CPU)"
+    )
+    p.add_argument("--label", default=None, help="result name (default eval-<UTC timestamp>)")
+    p.add_argument("--out-dir", default="results", help="directory for <label>.json (default results/)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing result with the same label")
+    p.add_argument("--dry-run", action="store_true", help="write the plan only; load no model")
+    p.add_argument("--json", action="store_true", help="print the result JSON instead of tables")
+    p.set_defaults(func=run)
+
+
+_FIELDS = {
+    "model": "model",
+    "dtype": "dtype",
+    "device": "device",
+    "candidates": "candidates",
+    "contexts": "contexts",
+    "new_tokens": "new_tokens",
+    "residual": "residual_length",
+    "group_size": "group_size",
+    "hqq_group_size": "hqq_group_size",
+    "window_context": "window_context",
+    "window_new_tokens": "window_new_tokens",
+    "window_residuals": "window_residuals",
+    "window_group_size": "window_group_size",
+    "warmup": "warmup",
+    "repeat": "repeat",
+    "quality_tokens": "quality_tokens",
+    "top_k": "top_k",
+    "prompt_mode": "prompt_mode",
+    "prompt": "prompt",
+    "batch": "batch",
+    "seed": "seed",
+}
+
+
+def config_from_args(args: argparse.Namespace):
+    """Build the EvalConfig (``--quick`` base, then every explicit flag)."""
+    from kvlab.eval.config import EvalConfig, Gates, quick_config
+
+    overrides = {
+        field: getattr(args, flag) for flag, field in _FIELDS.items() if getattr(args, flag) is not None
+    }
+    gates = {
+        k: v
+        for k, v in (
+            ("max_nll_delta", args.max_nll_delta),
+            ("min_topk_overlap", args.min_topk_overlap),
+            ("max_latency_ratio", args.max_latency_ratio),
+        )
+        if v is not None
+    }
+    if gates:
+        overrides["gates"] = Gates(**gates)
+    return quick_config(**overrides) if args.quick else EvalConfig(**overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    err = Console(stderr=True)
+    from kvlab.eval.io import ensure_writable, result_path, write_json_atomic
+    from kvlab.eval.runner import new_result
+
+    label = args.label or "eval-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    try:
+        cfg = config_from_args(args)
+        path = result_path(args.out_dir, label)
+        ensure_writable(path, args.force)
+    except (ValueError, FileExistsError) as exc:
+        err.print(f"[red]error:[/] {exc}")
+        return 2
+    argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith("kvlab") else None
+    result = new_result(cfg, label, argv)
+    if args.dry_run:
+        result["status"] = "dry_run"
+        write_json_atomic(path, result)
+        return _finish(args, result, path, err)
+    return _run_real(args, cfg, result, path, err)
+
+
+def _run_real(args, cfg, result, path, err) -> int:
+    import torch
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kvlab.eval.io import write_json_atomic
+    from kvlab.eval.runner import count_steps, describe_model, resolve_device, run_eval
+    from kvlab.models import load_model
+
+    try:
+        device = resolve_device(cfg.device)
+        err.print(f"loading model {cfg.model or '(bundled reference model)'} in {cfg.dtype} on {device} ...")
+        model, tokenizer = load_model(cfg.model, dtype=cfg.dtype, device=str(device))
+        model_info = describe_model(model, cfg.model, cfg.dtype, str(device))
+    except Exception as exc:  # recorded, not lost
+        result["status"] = "failed"
+        result["failures"].append(
+            {"candidate": None, "stage": "load_model", "type": type(exc).__name__, "message": str(exc)}
+        )
+        write_json_atomic(path, result)
+        err.print(f"[red]error:[/] could not load the model: {type(exc).__name__}: {exc}\nrecorded in {path}")
+        return 1
+    write_json_atomic(path, result | {"status": "running"})
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+    ) as bar:
+        task = bar.add_task("kvlab eval", total=count_steps(cfg))
+        try:
+            run_eval(
+                cfg,
+                model,
+                tokenizer,
+                result,
+                model_info,
+                progress=lambda msg: bar.update(task, description=msg),
+                advance=lambda: bar.advance(task),
+            )
+        except KeyboardInterrupt:
+            result["status"] = "failed"
+            result["failures"].append(
+                {
+                    "candidate": None,
+                    "stage": "run",
+                    "type": "KeyboardInterrupt",
+                    "message": "interrupted by the user",
+                }
+            )
+        except Exception as exc:
+            result["status"] = "failed"
+            result["failures"].append(
+                {"candidate": None, "stage": "run", "type": type(exc).__name__, "message": str(exc)}
+            )
+    del torch
+    write_json_atomic(path, result)
+    code = _finish(args, result, path, err)
+    return code if result["status"] != "failed" else 1
+
+
+def _finish(args, result, path, err) -> int:
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        from kvlab.eval.render import print_summary
+
+        if result["status"] == "dry_run":
+            err.print(f"dry run: {len(result['plan'])} cells planned")
+        else:
+            print_summary(result)
+    err.print(f"result written to {path}")
+    return 0

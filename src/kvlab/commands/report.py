@@ -1,0 +1,46 @@
+"""``kvlab report RESULT.json``: the summary of an eval result, from the file alone."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub) -> None:
+    p = sub.add_parser("report", help="print (or render to HTML) the summary of a kvlab eval result file")
+    p.add_argument("result", help="path to a results/<label>.json written by kvlab eval")
+    p.add_argument("--json", action="store_true", help="print the validated result JSON")
+    p.add_argument("--html", metavar="OUT.html", default=None, help="write a self-contained HTML report")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --html file")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from kvlab.eval.io import read_result
+
+    err = Console(stderr=True)
+    try:
+        result = read_result(args.result)
+    except (FileNotFoundError, ValueError) as exc:
+        err.print(f"[red]error:[/] {exc}")
+        return 2
+    if args.html:
+        out = Path(args.html)
+        if out.exists() and not args.force:
+            err.print(f"[red]error:[/] {out} already exists; pass --force to overwrite it")
+            return 2
+        from kvlab.report_html import write_html_report
+
+        write_html_report(result, out)
+        err.print(f"HTML report written to {out}")
+    if args.json:
+        print(json.dumps(result, indent=1))
+    elif not args.html:
+        from kvlab.eval.render import print_summary
+
+        print_summary(result)
+    return 0

@@ -1,0 +1,154 @@
+"""Settings of the paired float-vs-quantized cache experiment (seed 000 §5.1), validated on construction."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+DTYPES = ("bfloat16", "float16", "float32")
+PROMPT_MODES = ("heldout", "repeat")
+# seed 000 §5.1: the prompt its repeated-prompt mode tiles to the target length
+SEED_PROMPT = "Explain why KV Cache grows with context length."
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def _positive_ints(name: str, values: tuple[int, ...], allow_empty: bool = False) -> None:
+    if not values and not allow_empty:
+        raise ValueError(f"`{name}` must not be empty")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"`{name}` must hold positive integers, got {v!r}")
+
+
+@dataclass(frozen=True)
+class Gates:
+    """Acceptance gates of seed 000 §5.1: mean NLL delta, mean top-k overlap, latency ratio."""
+
+    max_nll_delta: float = 0.50
+    min_topk_overlap: float = 0.60
+    max_latency_ratio: float = 2.00
+
+    def __post_init__(self) -> None:
+        if not self.max_nll_delta >= 0:
+            raise ValueError(f"`max_nll_delta` must be >= 0, got {self.max_nll_delta!r}")
+        if not 0 <= self.min_topk_overlap <= 1:
+            raise ValueError(f"`min_topk_overlap` must be in [0, 1], got {self.min_topk_overlap!r}")
+        if not self.max_latency_ratio > 0:
+            raise ValueError(f"`max_latency_ratio` must be > 0, got {self.max_latency_ratio!r}")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Every knob of ``kvlab eval``; defaults are the seed's matrices with kvlab's KIVI candidates.
+
+    Attributes:
+        model: HF hub id or local directory; ``None`` = the bundled reference model.
+        dtype: model dtype, one of :data:`DTYPES` (seed: bfloat16).
+        device: ``"cpu"``, ``"cuda"`` or ``"auto"`` (CUDA when available).
+        candidates: cache candidates; ``"dynamic"`` is the baseline and is always run first.
+        contexts: capacity-matrix prompt lengths in tokens.
+        new_tokens: tokens generated per capacity-matrix run.
+        residual_length / group_size: KIVI ``R`` and ``G`` of the capacity matrix.
+        window_context / window_new_tokens / window_residuals / window_group_size: the residual-window matrix
+            (``window_group_size`` must divide every residual; the seed's R=16 needs G <= 16).
+        warmup / repeat: untimed and timed ``generate()`` calls per cell.
+        quality_tokens / top_k: fixed-continuation length and the k of top-k overlap.
+        prompt_mode: ``"heldout"`` (held-out text cut to exact lengths) or ``"repeat"`` (seed: a prompt tiled).
+        batch: prompts per generate call (each row a different held-out slice).
+        seed: torch seed and held-out offset seed.
+    """
+
+    model: str | None = None
+    dtype: str = "bfloat16"
+    device: str = "auto"
+    candidates: tuple[str, ...] = ("dynamic", "kivi-4", "kivi-2", "hqq-4")
+    contexts: tuple[int, ...] = (512, 2048, 4096)
+    new_tokens: int = 64
+    residual_length: int = 128
+    group_size: int = 32
+    window_context: int = 512
+    window_new_tokens: int = 128
+    window_residuals: tuple[int, ...] = (16, 32, 64)
+    window_group_size: int = 16
+    warmup: int = 1
+    repeat: int = 3
+    quality_tokens: int = 16
+    top_k: int = 5
+    prompt_mode: str = "heldout"
+    prompt: str = SEED_PROMPT
+    batch: int = 1
+    seed: int = 42
+    hqq_group_size: int = 64
+    gates: Gates = field(default_factory=Gates)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"`dtype` must be one of {list(DTYPES)}, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
+            raise ValueError(f"`device` must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.prompt_mode not in PROMPT_MODES:
+            raise ValueError(f"`prompt_mode` must be one of {list(PROMPT_MODES)}, got {self.prompt_mode!r}")
+        from kvlab.eval.candidates import check_candidate_names  # local: candidates imports torch
+
+        check_candidate_names(self.candidates)
+        _positive_ints("contexts", self.contexts)
+        _positive_ints("window_residuals", self.window_residuals, allow_empty=True)
+        for name in (
+            "new_tokens",
+            "group_size",
+            "window_context",
+            "window_new_tokens",
+            "window_group_size",
+            "repeat",
+            "quality_tokens",
+            "top_k",
+            "batch",
+            "hqq_group_size",
+        ):
+            _positive_ints(name, (getattr(self, name),))
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"`warmup` must be a non-negative integer, got {self.warmup!r}")
+        if self.residual_length < 0 or self.residual_length % self.group_size:
+            raise ValueError(
+                f"`residual_length` ({self.residual_length}) must be a non-negative multiple of "
+                f"`group_size` ({self.group_size})"
+            )
+        bad = [r for r in self.window_residuals if r % self.window_group_size]
+        if bad:
+            raise ValueError(
+                f"`window_group_size` ({self.window_group_size}) must divide every window residual, got {bad}"
+            )
+        if self.quality_tokens > self.new_tokens:
+            raise ValueError(
+                f"`quality_tokens` ({self.quality_tokens}) must not exceed `new_tokens` ({self.new_tokens}): the "
+                f"continuation is the baseline's greedy output"
+            )
+        if self.prompt_mode == "repeat" and not self.prompt.strip():
+            raise ValueError("`prompt` must not be empty in repeat mode")
+
+    def to_dict(self) -> dict:
+        """JSON-ready settings."""
+        return asdict(self)
+
+
+def quick_config(**overrides) -> EvalConfig:
+    """The ``--quick`` matrix: short contexts, few tokens, one timed repeat (finishes in about a minute on CPU)."""
+    base = dict(
+        contexts=(256, 1024),
+        new_tokens=16,
+        window_context=256,
+        window_new_tokens=48,
+        window_residuals=(16, 32),
+        warmup=1,
+        repeat=1,
+        quality_tokens=8,
+    )
+    base.update(overrides)
+    return EvalConfig(**base)
+
+
+def check_label(label: str) -> str:
+    """Return ``label`` if it is a safe file stem (letters, digits, '.', '_', '-'); raise ``ValueError`` otherwise."""
+    if not isinstance(label, str) or not _LABEL.match(label) or label in (".", ".."):
+        raise ValueError(f"label must be 1-100 characters of letters, digits, '.', '_' or '-', got {label!r}")
+    return label

@@ -1,0 +1,214 @@
+"""Measurements of one cache candidate: generate() latency and peak memory, fixed-continuation quality.
+
+Seed 000 §5.2: latency is the median of ``repeat`` synchronized ``generate()`` calls after ``warmup`` untimed ones;
+quality is measured on a *fixed* continuation (the baseline's greedy tokens), so candidates are compared on the
+same history instead of on diverging generations: mean NLL per token, mean top-k overlap with the baseline's
+top-k, and the greedy agreement of the free-running outputs as a diagnostic.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued CUDA work so wall-clock timings cover it (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def cache_kwarg(model: Any) -> str:
+    """Name of the cache argument of ``model.forward``: ``cache`` (transformers >= 5.2x) or ``past_key_values``."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _read_status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+class PeakMemory:
+    """Incremental peak memory of a code block, in bytes.
+
+    CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus the allocated bytes at entry
+    (seed 000 §5.2's measure). CPU (Linux): the process's peak resident set (``VmHWM``) after resetting it through
+    ``/proc/self/clear_refs``, minus the resident set at entry — it includes allocator caching and anything else
+    the process touches, so it is coarser than the exact cache bytes. Elsewhere ``incremental_peak_bytes`` is None.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.base = 0
+        self.incremental_peak_bytes: int | None = None
+        if device.type == "cuda":
+            self.method = "cuda: torch.cuda.max_memory_allocated after reset_peak_memory_stats, minus allocated at start"
+        elif _read_status_kib("VmHWM") is not None and os.access("/proc/self/clear_refs", os.W_OK):
+            self.method = "cpu: peak RSS (VmHWM, reset via /proc/self/clear_refs) minus RSS at start"
+        else:
+            self.method = "unavailable on this platform"
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            synchronize(self.device)
+            torch.cuda.empty_cache()
+            self.base = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        elif self.method.startswith("cpu"):
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # reset the peak RSS counter to the current RSS
+            self.base = (_read_status_kib("VmRSS") or 0) * 1024
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.device.type == "cuda":
+            synchronize(self.device)
+            self.incremental_peak_bytes = int(
+                max(0, torch.cuda.max_memory_allocated(self.device) - self.base)
+            )
+        elif self.method.startswith("cpu"):
+            peak = (_read_status_kib("VmHWM") or 0) * 1024
+            self.incremental_peak_bytes = int(max(0, peak - self.base))
+
+
+def run_generate(
+    model: Any,
+    input_ids: torch.Tensor,
+    make_cache: Callable[[], Any],
+    new_tokens: int,
+    warmup: int,
+    repeat: int,
+    pad_token_id: int,
+) -> tuple[dict, Any, torch.Tensor]:
+    """Time greedy ``generate()`` with a fresh cache per call.
+
+    Args:
+        input_ids: ``[batch, context]`` prompt.
+        make_cache: returns a new cache object for each call.
+        new_tokens: exact number of tokens to generate (min = max).
+
+    Returns:
+        ``(perf, last_cache, generated)``: ``perf`` has ``median_ms``, ``min_ms``, ``timings_ms``,
+        ``ms_per_token``, ``incremental_peak_bytes`` and ``peak_memory_method``; ``last_cache`` is the cache of the
+        last timed call (for byte counting); ``generated`` is ``[batch, new_tokens]``.
+    """
+    device = input_ids.device
+    kw = cache_kwarg(model)
+    mask = torch.ones_like(input_ids)
+
+    def once():
+        cache = make_cache()
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=pad_token_id,
+            **{kw: cache},
+        )
+        return cache, out
+
+    timings = []
+    with torch.inference_mode():
+        for _ in range(warmup):
+            once()
+        cache = out = None
+        with PeakMemory(device) as peak:
+            for _ in range(repeat):
+                cache = out = None
+                synchronize(device)
+                start = time.perf_counter()
+                cache, out = once()
+                synchronize(device)
+                timings.append((time.perf_counter() - start) * 1000.0)
+    generated = out[:, input_ids.shape[1] :].detach().cpu()
+    median = statistics.median(timings)
+    perf = {
+        "median_ms": median,
+        "min_ms": min(timings),
+        "timings_ms": timings,
+        "generated_tokens": int(generated.shape[1]),
+        "ms_per_token": median / max(1, generated.shape[1]),
+        "incremental_peak_bytes": peak.incremental_peak_bytes,
+        "peak_memory_method": peak.method,
+    }
+    return perf, cache, generated
+
+
+def fixed_continuation(
+    model: Any, input_ids: torch.Tensor, continuation: torch.Tensor, cache: Any, top_k: int
+) -> dict:
+    """Mean NLL of ``continuation`` after ``input_ids``, decoding one token at a time through ``cache``.
+
+    Args:
+        input_ids: ``[batch, context]``.
+        continuation: ``[batch, n]`` token ids (the baseline's greedy tokens).
+        cache: a fresh cache object.
+
+    Returns:
+        ``mean_nll`` (nats per token over batch and steps), ``topk_ids`` (``[n][batch][k]`` lists), ``prefill_ms``
+        (the prompt forward) and ``decode_ms`` (median single-token forward: a TPOT measure without generate's
+        overhead).
+    """
+    device = input_ids.device
+    kw = cache_kwarg(model)
+    n = continuation.shape[1]
+    nll_sum = 0.0
+    topk_ids = []
+    decode_ms = []
+    with torch.inference_mode():
+        synchronize(device)
+        start = time.perf_counter()
+        out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **{kw: cache})
+        synchronize(device)
+        prefill_ms = (time.perf_counter() - start) * 1000.0
+        for step in range(n):
+            logits = out.logits[:, -1, :].float()  # [batch, vocab]
+            target = continuation[:, step]
+            nll_sum += float(F.cross_entropy(logits, target, reduction="sum"))
+            topk_ids.append(logits.topk(top_k, dim=-1).indices.tolist())
+            if step + 1 < n:
+                synchronize(device)
+                start = time.perf_counter()
+                out = model(input_ids=target[:, None], use_cache=True, **{kw: cache})
+                synchronize(device)
+                decode_ms.append((time.perf_counter() - start) * 1000.0)
+    return {
+        "mean_nll": nll_sum / (n * continuation.shape[0]),
+        "topk_ids": topk_ids,
+        "prefill_ms": prefill_ms,
+        "decode_ms": statistics.median(decode_ms) if decode_ms else None,
+    }
+
+
+def topk_overlap(base: list, cand: list, k: int) -> float:
+    """Mean over steps and batch rows of ``|topk_base ∩ topk_cand| / k`` (seed 000 §5.2)."""
+    scores = [len(set(b) & set(c)) / k for step_b, step_c in zip(base, cand) for b, c in zip(step_b, step_c)]
+    return statistics.mean(scores) if scores else float("nan")
+
+
+def compare_outputs(base: torch.Tensor, cand: torch.Tensor) -> dict:
+    """Greedy-output diagnostics over ``[batch, n]`` token ids: exact match, agreement rate, first divergence."""
+    matches = base == cand
+    rows = [int(row.logical_not().nonzero()[0]) if not bool(row.all()) else None for row in matches]
+    diverged = [r for r in rows if r is not None]
+    return {
+        "greedy_exact_match": bool(matches.all()),
+        "token_agreement_rate": float(matches.float().mean()),
+        "first_divergence_index": min(diverged) if diverged else None,
+    }

@@ -1,0 +1,117 @@
+"""Human summary of an eval result (rich tables), built from the result dict alone."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+MIB = 1024**2
+
+
+def _f(value, fmt: str, none: str = "-") -> str:
+    return none if value is None else format(value, fmt)
+
+
+def _mark(row: dict, gate: str) -> str:
+    g = row.get("gates", {}).get(gate)
+    return "" if g is None else (" [green]✓[/]" if g else " [red]✗[/]")
+
+
+def matrix_table(result: dict, matrix: str) -> Table | None:
+    """One table per matrix: a row per cell, the baseline first at each context."""
+    rows = [r for r in result["rows"] if r["matrix"] == matrix]
+    if not rows:
+        return None
+    title = {"capacity": "Capacity matrix (contexts x candidates)", "window": "Residual-window matrix"}[
+        matrix
+    ]
+    t = Table(title=title, show_lines=False)
+    for col in (
+        "ctx",
+        "candidate",
+        "R/G",
+        "cache MiB",
+        "× dyn",
+        "ms/tok",
+        "lat ×",
+        "NLL / Δ",
+        "top-k",
+        "agree",
+        "peak MiB",
+        "verdict",
+    ):
+        t.add_column(col, justify="left" if col in ("candidate", "verdict") else "right")
+    for r in rows:
+        base = r["candidate"] == "dynamic"
+        rg = "" if base else f"{_f(r.get('residual_length'), 'd')}/{_f(r.get('group_size'), 'd')}"
+        peak = r.get("incremental_peak_bytes")
+        t.add_row(
+            str(r["context_length"]),
+            r["candidate"],
+            rg,
+            _f(r["cache_bytes"] / MIB, ".3f"),
+            "1" if base else _f(r.get("cache_bytes_ratio"), ".3f") + _mark(r, "saves_memory"),
+            _f(r["ms_per_token"], ".1f"),
+            "1" if base else _f(r.get("latency_ratio"), ".2f") + _mark(r, "latency_ratio"),
+            _f(r.get("mean_nll"), ".3f") if base else _f(r.get("nll_delta"), "+.3f") + _mark(r, "nll_delta"),
+            "" if base else _f(r.get("topk_overlap"), ".2f") + _mark(r, "topk_overlap"),
+            "" if base else _f(r.get("token_agreement_rate"), ".2f"),
+            _f(None if peak is None else peak / MIB, ".1f"),
+            "baseline" if base else ("[green]eligible[/]" if r.get("eligible") else "[red]rejected[/]"),
+        )
+    return t
+
+
+def print_summary(result: dict, console: Console | None = None) -> None:
+    """Print provenance, gates, both matrices, failures and the decision."""
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=150)
+    prov = result.get("provenance", {})
+    model = prov.get("model", {})
+    sw = prov.get("software", {})
+    hw = prov.get("hardware", {})
+    console.print(f"[bold]kvlab eval[/] {result['label']} — status [bold]{result['status']}[/]")
+    if model:
+        console.print(
+            f"model {model.get('id_or_path')} ({model.get('dtype')}, {model.get('device')}), "
+            f"fingerprint {str(model.get('fingerprint'))[:16]}"
+        )
+    console.print(
+        f"torch {sw.get('torch')}, transformers {sw.get('transformers')}, "
+        f"hqq {sw.get('hqq')}, device {hw.get('device')}"
+    )
+    g = result["gates"]
+    console.print(
+        f"gates: ΔNLL ≤ {g['max_nll_delta']}, top-k overlap ≥ {g['min_topk_overlap']}, "
+        f"latency ratio ≤ {g['max_latency_ratio']}; memory = exact cache bytes vs DynamicCache"
+    )
+    for c in result["candidates"]:
+        if not c.get("available", True):
+            console.print(f"[yellow]skipped[/] {c['name']}: {c['skip_reason']}")
+    for matrix in ("capacity", "window"):
+        table = matrix_table(result, matrix)
+        if table is not None:
+            console.print(table)
+    for f in result["failures"]:
+        console.print(
+            f"[red]failed[/] {f['candidate']} ctx {f.get('context_length')} R {f.get('residual_length')}"
+            f" at {f['stage']}: {f['type']}: {f['message']}"
+        )
+    s = result.get("summary")
+    if s:
+        console.print(
+            f"memory-reduction onset: {s['memory_reduction_onset_context']}; eligible crossover: "
+            f"{s['eligible_crossover_context']}; eligible rows: {s['eligible_candidate_count']}"
+        )
+        sel = s.get("selected_candidate")
+        if sel:
+            console.print(
+                f"selected: {sel['candidate']} at context {sel['context_length']} — cache "
+                f"{sel['cache_bytes_ratio']:.3f}× dynamic, ΔNLL {sel['nll_delta']:+.3f}, top-k "
+                f"{sel['topk_overlap']:.2f}, latency {sel['latency_ratio']:.2f}×"
+            )
+        console.print(f"[bold]decision: {s['decision']}[/]")
+    if result.get("elapsed_s") is not None:
+        console.print(f"elapsed {result['elapsed_s']:.1f} s")

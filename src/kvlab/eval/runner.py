@@ -1,0 +1,458 @@
+"""The paired experiment of seed 000 §5.2: every cache candidate against ``DynamicCache`` on the same model.
+
+Two matrices: **capacity** (contexts x candidates at a fixed residual window) and **residual window** (one context,
+longer generation, residuals R x candidates). Each cell records latency (median/min over ``repeat`` generate()
+calls), the exact cache bytes and their ratio to the float cache, incremental peak memory, fixed-continuation NLL
+and its delta/ratio to the baseline, mean top-k overlap, greedy agreement and first divergence. A candidate that
+fails is recorded with its stage, exception type and message, and the rest still run. The decision follows seed
+000 §5.4: eligible rows pass every gate and save memory; the selected row saves the most bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from datetime import datetime, timezone
+from importlib import metadata
+from typing import Any
+
+import torch
+
+from kvlab import __version__
+from kvlab.caches import cache_nbytes
+from kvlab.eval.candidates import Candidate
+from kvlab.eval.config import EvalConfig
+from kvlab.eval.metrics import compare_outputs, fixed_continuation, run_generate, topk_overlap
+from kvlab.eval.schema import SCHEMA_VERSION
+
+Progress = Callable[[str], None]
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; ``cuda`` without CUDA raises ``ValueError``."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    return dev
+
+
+def hardware_info(device: torch.device) -> dict:
+    """Machine facts for provenance."""
+    info = {
+        "device": str(device),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or None,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda_available": torch.cuda.is_available(),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(
+            {
+                "gpu": props.name,
+                "gpu_total_memory_bytes": props.total_memory,
+                "compute_capability": list(torch.cuda.get_device_capability(device)),
+                "cuda": torch.version.cuda,
+            }
+        )
+    return info
+
+
+def software_info() -> dict:
+    return {
+        "python": platform.python_version(),
+        "kvlab": __version__,
+        "torch": torch.__version__,
+        "transformers": _version("transformers"),
+        "tokenizers": _version("tokenizers"),
+        "hqq": _version("hqq"),
+        "optimum-quanto": _version("optimum-quanto"),
+    }
+
+
+def describe_model(model: Any, model_arg: str | None, dtype: str, device: str) -> dict:
+    """Provenance of the model: id or path, content fingerprint (or resolved commit), architecture summary."""
+    from kvlab.models import model_fingerprint, reference_model_path
+
+    path = str(reference_model_path()) if model_arg is None else model_arg
+    text = model.config.get_text_config(decoder=True)
+    heads = text.num_attention_heads
+    return {
+        "id_or_path": "kvlab-reference (bundled)" if model_arg is None else model_arg,
+        "path": path,
+        "fingerprint": model_fingerprint(path),
+        "dtype": dtype,
+        "device": device,
+        "architecture": type(model).__name__,
+        "num_layers": text.num_hidden_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": getattr(text, "num_key_value_heads", None) or heads,
+        "head_dim": getattr(text, "head_dim", None) or text.hidden_size // heads,
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def plan_cells(cfg: EvalConfig) -> list[dict]:
+    """Every (matrix, candidate, context, residual) cell the run will measure, baseline included."""
+    cells = []
+    for ctx in cfg.contexts:
+        for name in cfg.candidates:
+            cells.append(
+                {
+                    "matrix": "capacity",
+                    "candidate": name,
+                    "context_length": ctx,
+                    "new_tokens": cfg.new_tokens,
+                    "residual_length": cfg.residual_length,
+                    "group_size": cfg.group_size,
+                }
+            )
+    if cfg.window_residuals:
+        cells.append(
+            {
+                "matrix": "window",
+                "candidate": "dynamic",
+                "context_length": cfg.window_context,
+                "new_tokens": cfg.window_new_tokens,
+                "residual_length": None,
+                "group_size": None,
+            }
+        )
+        for r in cfg.window_residuals:
+            for name in cfg.candidates:
+                if name != "dynamic":
+                    cells.append(
+                        {
+                            "matrix": "window",
+                            "candidate": name,
+                            "context_length": cfg.window_context,
+                            "new_tokens": cfg.window_new_tokens,
+                            "residual_length": r,
+                            "group_size": cfg.window_group_size,
+                        }
+                    )
+    return cells
+
+
+def new_result(cfg: EvalConfig, label: str, argv: list[str] | None) -> dict:
+    """Result skeleton: schema, settings, gates, candidates, planned cells; status ``planned``."""
+    cands = []
+    for name in cfg.candidates:
+        c = Candidate.parse(name)
+        d = c.describe(cfg.residual_length, cfg.group_size, cfg.hqq_group_size)
+        reason = c.unavailable_reason()
+        d.update({"available": reason is None, "skip_reason": reason})
+        cands.append(d)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "label": label,
+        "status": "planned",
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": ["kvlab", *argv] if argv is not None else None,
+        "settings": cfg.to_dict(),
+        "gates": cfg.gates.__dict__.copy(),
+        "candidates": cands,
+        "plan": plan_cells(cfg),
+        "provenance": {"software": software_info()},
+        "rows": [],
+        "failures": [],
+        "summary": None,
+        "elapsed_s": None,
+    }
+
+
+def build_prompts(
+    cfg: EvalConfig, tokenizer: Any, context: int, device: torch.device
+) -> tuple[torch.Tensor, dict]:
+    """``[batch, context]`` prompt ids and their description (mode, source, sha256 of the ids)."""
+    if cfg.prompt_mode == "repeat":
+        ids = tokenizer(cfg.prompt, add_special_tokens=False)["input_ids"] or [tokenizer.eos_token_id]
+        row = (ids * (context // len(ids) + 1))[:context]
+        rows = [row] * cfg.batch
+        source = {"mode": "repeat", "prompt_sha256": hashlib.sha256(cfg.prompt.encode()).hexdigest()}
+    else:
+        from kvlab.models import heldout_token_ids
+
+        rows = [
+            heldout_token_ids(tokenizer, context, offset=(cfg.seed * 7919 + b * 104729))
+            for b in range(cfg.batch)
+        ]
+        source = {"mode": "heldout", "source": "kvlab.models.heldout_text()"}
+    tensor = torch.tensor(rows, dtype=torch.long)
+    source["ids_sha256"] = hashlib.sha256(tensor.numpy().tobytes()).hexdigest()
+    source["context_length"] = context
+    return tensor.to(device), source
+
+
+def _pad_id(tokenizer: Any) -> int:
+    for attr in ("pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, attr, None)
+        if value is not None:
+            return int(value)
+    return 0
+
+
+class _Cell:
+    """Runs one candidate on one prompt; failures are recorded, not raised."""
+
+    def __init__(self, cfg, model, pad_id, result, progress):
+        self.cfg, self.model, self.pad_id, self.result, self.progress = cfg, model, pad_id, result, progress
+
+    def measure(self, cand: Candidate, ids, new_tokens, residual, group, continuation, base) -> dict | None:
+        cfg, stage = self.cfg, "construct"
+        try:
+            make = lambda: cand.make(self.model.config, residual, group, cfg.hqq_group_size)  # noqa: E731
+            make()
+            stage = "generate"
+            perf, cache, generated = run_generate(
+                self.model, ids, make, new_tokens, cfg.warmup, cfg.repeat, self.pad_id
+            )
+            stage = "cache_bytes"
+            row = {
+                "perf": perf,
+                "cache_bytes": cache_nbytes(cache),
+                "cache_tokens": int(ids.shape[1] + new_tokens - 1),
+            }
+            if hasattr(cache, "nbytes_breakdown"):
+                row["cache_bytes_breakdown"] = cache.nbytes_breakdown()
+            del cache
+            if continuation is not None:
+                stage = "quality"
+                q = fixed_continuation(self.model, ids, continuation, make(), cfg.top_k)
+                row["quality"] = q
+            row["generated"] = generated
+            return row
+        except Exception as exc:  # a failed candidate is recorded and the run goes on
+            self.result["failures"].append(
+                {
+                    "candidate": cand.name,
+                    "context_length": int(ids.shape[1]),
+                    "residual_length": residual,
+                    "stage": stage,
+                    "type": type(exc).__name__,
+                    "message": str(exc),
+                    "traceback_tail": traceback.format_exc().splitlines()[-3:],
+                }
+            )
+            self.progress(f"[red]{cand.name} failed at {stage}: {type(exc).__name__}: {exc}")
+            return None
+
+
+def _row(matrix, cand, ctx, new_tokens, residual, group, meas, base, cfg) -> dict:
+    perf, q = meas["perf"], meas.get("quality")
+    row = {
+        "matrix": matrix,
+        "candidate": cand.name,
+        "family": cand.family,
+        "nbits": cand.nbits,
+        "context_length": ctx,
+        "new_tokens": new_tokens,
+        "residual_length": residual if cand.family != "dynamic" else None,
+        "group_size": (group if cand.family == "kivi" else cfg.hqq_group_size)
+        if cand.family != "dynamic"
+        else None,
+        "median_ms": perf["median_ms"],
+        "min_ms": perf["min_ms"],
+        "timings_ms": perf["timings_ms"],
+        "ms_per_token": perf["ms_per_token"],
+        "incremental_peak_bytes": perf["incremental_peak_bytes"],
+        "cache_tokens": meas["cache_tokens"],
+        "cache_bytes": meas["cache_bytes"],
+        "cache_bytes_breakdown": meas.get("cache_bytes_breakdown"),
+    }
+    if q is not None:
+        row.update({"mean_nll": q["mean_nll"], "prefill_ms": q["prefill_ms"], "decode_ms": q["decode_ms"]})
+    if base is not None:
+        bperf, bq = base["perf"], base.get("quality")
+        row["dynamic_cache_bytes"] = base["cache_bytes"]
+        row["cache_bytes_ratio"] = meas["cache_bytes"] / base["cache_bytes"]
+        row["cache_bytes_saved"] = base["cache_bytes"] - meas["cache_bytes"]
+        row["latency_ratio"] = perf["median_ms"] / bperf["median_ms"]
+        bp, cp = bperf["incremental_peak_bytes"], perf["incremental_peak_bytes"]
+        row["incremental_peak_saved_bytes"] = None if bp is None or cp is None else bp - cp
+        row["incremental_peak_reduction_ratio"] = None if not bp or cp is None else 1.0 - cp / bp
+        if q is not None and bq is not None:
+            row["nll_delta"] = q["mean_nll"] - bq["mean_nll"]
+            row["nll_ratio"] = q["mean_nll"] / max(1e-9, bq["mean_nll"])
+            row["topk_overlap"] = topk_overlap(bq["topk_ids"], q["topk_ids"], cfg.top_k)
+            if q["decode_ms"] and bq["decode_ms"]:
+                row["decode_latency_ratio"] = q["decode_ms"] / bq["decode_ms"]
+        row.update(compare_outputs(base["generated"], meas["generated"]))
+        g = cfg.gates
+        row["gates"] = {
+            "nll_delta": row.get("nll_delta") is not None and row["nll_delta"] <= g.max_nll_delta,
+            "topk_overlap": row.get("topk_overlap") is not None and row["topk_overlap"] >= g.min_topk_overlap,
+            "latency_ratio": row["latency_ratio"] <= g.max_latency_ratio,
+            "saves_memory": row["cache_bytes_saved"] > 0,
+        }
+        row["eligible"] = all(row["gates"].values())
+    return row
+
+
+def summarize(result: dict) -> dict:
+    """Onset, eligible crossover, selected candidate and decision (seed 000 §5.4), from the capacity rows."""
+    rows = [r for r in result["rows"] if r["matrix"] == "capacity" and r["candidate"] != "dynamic"]
+    rows.sort(key=lambda r: r["context_length"])
+    per_candidate = {}
+    for name in sorted({r["candidate"] for r in rows}):
+        mine = [r for r in rows if r["candidate"] == name]
+        per_candidate[name] = {
+            "memory_reduction_onset_context": next(
+                (r["context_length"] for r in mine if r["cache_bytes_saved"] > 0), None
+            ),
+            "eligible_crossover_context": next((r["context_length"] for r in mine if r["eligible"]), None),
+            "eligible_contexts": [r["context_length"] for r in mine if r["eligible"]],
+        }
+    eligible = [r for r in rows if r["eligible"]]
+    selected = max(eligible, key=lambda r: (r["cache_bytes_saved"], -r["latency_ratio"]), default=None)
+    keys = (
+        "candidate",
+        "context_length",
+        "residual_length",
+        "group_size",
+        "cache_bytes",
+        "cache_bytes_ratio",
+        "cache_bytes_saved",
+        "nll_delta",
+        "nll_ratio",
+        "topk_overlap",
+        "latency_ratio",
+        "incremental_peak_saved_bytes",
+    )
+    return {
+        "memory_reduction_onset_context": next(
+            (r["context_length"] for r in rows if r["cache_bytes_saved"] > 0), None
+        ),
+        "eligible_crossover_context": next((r["context_length"] for r in rows if r["eligible"]), None),
+        "eligible_candidate_count": len(eligible),
+        "per_candidate": per_candidate,
+        "selected_candidate": {k: selected.get(k) for k in keys} if selected else None,
+        "decision": f"accept {selected['candidate']} at context {selected['context_length']}"
+        if selected
+        else "tune_cache_policy",
+    }
+
+
+def run_eval(
+    cfg: EvalConfig,
+    model: Any,
+    tokenizer: Any,
+    result: dict,
+    model_info: dict,
+    progress: Progress = lambda msg: None,
+    advance: Callable[[], None] = lambda: None,
+) -> dict:
+    """Run both matrices and fill ``result`` (from :func:`new_result`) in place; returns it.
+
+    ``model`` must already be on its device in ``cfg.dtype``. Rows hold JSON-ready numbers only.
+    """
+    t0 = time.perf_counter()
+    device = next(model.parameters()).device
+    torch.manual_seed(cfg.seed)
+    result["provenance"].update(
+        {"hardware": hardware_info(device), "model": model_info, "seed": cfg.seed, "argv": sys.argv}
+    )
+    result["provenance"]["prompts"] = []
+    result["status"] = "running"
+    cell = _Cell(cfg, model, _pad_id(tokenizer), result, progress)
+    cands = [Candidate.parse(n) for n in cfg.candidates]
+    # one untimed generate so that one-time costs (kernels, allocator) do not land on the first timed cell
+    warm_ids, _ = build_prompts(cfg, tokenizer, min(64, min(cfg.contexts)), device)
+    run_generate(
+        model,
+        warm_ids,
+        lambda: Candidate.parse("dynamic").make(model.config, 0, 1),
+        4,
+        0,
+        1,
+        _pad_id(tokenizer),
+    )
+    runnable = [c for c in cands if c.family != "dynamic" and c.unavailable_reason() is None]
+
+    def matrix(name, ctx, new_tokens, residuals, group):
+        ids, prompt_info = build_prompts(cfg, tokenizer, ctx, device)
+        result["provenance"]["prompts"].append(prompt_info)
+        progress(f"{name}: context {ctx}, dynamic baseline")
+        base_cand = Candidate.parse("dynamic")
+        base = cell.measure(base_cand, ids, new_tokens, 0, group, None, None)
+        advance()
+        if base is None:
+            for r in residuals:
+                for c in runnable:
+                    result["failures"].append(
+                        {
+                            "candidate": c.name,
+                            "context_length": ctx,
+                            "residual_length": r,
+                            "stage": "baseline",
+                            "type": "BaselineFailed",
+                            "message": "the dynamic baseline failed for this prompt",
+                        }
+                    )
+                    advance()
+            return
+        continuation = base["generated"][:, : cfg.quality_tokens].to(device)
+        base["quality"] = fixed_continuation(
+            model, ids, continuation, base_cand.make(model.config, 0, group), cfg.top_k
+        )
+        result["rows"].append(_row(name, base_cand, ctx, new_tokens, None, None, base, None, cfg))
+        for r in residuals:
+            for c in runnable:
+                progress(f"{name}: context {ctx}, {c.name}, R={r}")
+                meas = cell.measure(c, ids, new_tokens, r, group, continuation, base)
+                if meas is not None:
+                    result["rows"].append(_row(name, c, ctx, new_tokens, r, group, meas, base, cfg))
+                advance()
+
+    for ctx in cfg.contexts:
+        matrix("capacity", ctx, cfg.new_tokens, [cfg.residual_length], cfg.group_size)
+    if cfg.window_residuals:
+        matrix(
+            "window",
+            cfg.window_context,
+            cfg.window_new_tokens,
+            list(cfg.window_residuals),
+            cfg.window_group_size,
+        )
+    result["summary"] = summarize(result)
+    result["status"] = "complete" if not result["failures"] else "partial"
+    result["elapsed_s"] = time.perf_counter() - t0
+    return result
+
+
+def count_steps(cfg: EvalConfig) -> int:
+    """Progress steps of :func:`run_eval` (one per measured cell)."""
+    runnable = [
+        n for n in cfg.candidates if n != "dynamic" and Candidate.parse(n).unavailable_reason() is None
+    ]
+    steps = len(cfg.contexts) * (1 + len(runnable))
+    if cfg.window_residuals:
+        steps += 1 + len(cfg.window_residuals) * len(runnable)
+    return steps
+
+
+__all__ = [
+    "count_steps",
+    "describe_model",
+    "new_result",
+    "plan_cells",
+    "resolve_device",
+    "run_eval",
+    "summarize",
+]
