@@ -1,0 +1,212 @@
+"""kvlab eval: settings validation, decision logic, result files, runner on a tiny model, CLI plumbing."""
+
+import json
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from kvlab.cli import main
+from kvlab.eval import candidates as cand_mod
+from kvlab.eval.config import EvalConfig, Gates
+from kvlab.eval.io import ensure_writable, read_result, write_json_atomic
+from kvlab.eval.runner import new_result, run_eval, summarize
+from kvlab.eval.schema import validate_result
+
+
+class CharTokenizer:
+    """Enough of a tokenizer for repeat-mode prompts: one id per character."""
+
+    eos_token_id = 0
+    pad_token_id = 0
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [1 + (ord(c) % 250) for c in text]}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=256,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        max_position_embeddings=512,
+    )
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+def tiny_config(**kw):
+    base = dict(
+        candidates=("dynamic", "kivi-8", "kivi-2"),
+        contexts=(40, 72),
+        new_tokens=6,
+        residual_length=16,
+        group_size=16,
+        window_context=40,
+        window_new_tokens=8,
+        window_residuals=(16,),
+        window_group_size=16,
+        warmup=0,
+        repeat=1,
+        quality_tokens=4,
+        prompt_mode="repeat",
+        device="cpu",
+    )
+    base.update(kw)
+    return EvalConfig(**base)
+
+
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        ({"dtype": "int8"}, "`dtype` must be one of"),
+        ({"contexts": (512, 0)}, "got 0"),
+        ({"candidates": ("kivi-4",)}, "must include the baseline 'dynamic'"),
+        ({"candidates": ("dynamic", "kivi-3")}, r"unknown cache candidate\(s\) \['kivi-3'\]"),
+        (
+            {"residual_length": 100},
+            r"`residual_length` \(100\) must be a non-negative multiple of `group_size` \(32\)",
+        ),
+        (
+            {"window_residuals": (16, 24)},
+            r"`window_group_size` \(16\) must divide every window residual, got \[24\]",
+        ),
+        ({"quality_tokens": 100}, r"`quality_tokens` \(100\) must not exceed `new_tokens` \(64\)"),
+        ({"device": "tpu"}, "got 'tpu'"),
+    ],
+)
+def test_bad_settings_are_named(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        EvalConfig(**kw)
+
+
+def test_bad_gates_are_named():
+    with pytest.raises(ValueError, match="min_topk_overlap"):
+        Gates(min_topk_overlap=1.5)
+
+
+def _row(cand, ctx, saved, nll, topk, lat):
+    g = Gates()
+    gates = {
+        "nll_delta": nll <= g.max_nll_delta,
+        "topk_overlap": topk >= g.min_topk_overlap,
+        "latency_ratio": lat <= g.max_latency_ratio,
+        "saves_memory": saved > 0,
+    }
+    return {
+        "matrix": "capacity",
+        "candidate": cand,
+        "context_length": ctx,
+        "cache_bytes_saved": saved,
+        "cache_bytes": 100 - saved,
+        "cache_bytes_ratio": (100 - saved) / 100,
+        "nll_delta": nll,
+        "nll_ratio": 1.0,
+        "topk_overlap": topk,
+        "latency_ratio": lat,
+        "gates": gates,
+        "eligible": all(gates.values()),
+        "residual_length": 128,
+        "group_size": 32,
+        "incremental_peak_saved_bytes": None,
+    }
+
+
+def test_decision_selects_most_bytes_saved_among_eligible():
+    rows = [
+        _row("kivi-4", 512, 0, 0.0, 1.0, 1.0),
+        _row("kivi-4", 2048, 40, 0.1, 0.9, 1.1),
+        _row("kivi-2", 2048, 60, 0.9, 0.5, 1.0),  # saves most, fails quality
+        _row("kivi-4", 4096, 50, 0.2, 0.8, 3.0),  # fails latency
+        _row("kivi-2", 4096, 55, 0.3, 0.7, 1.5),
+    ]
+    s = summarize({"rows": rows})
+    assert s["memory_reduction_onset_context"] == 2048
+    assert s["eligible_crossover_context"] == 2048
+    assert s["eligible_candidate_count"] == 2
+    assert (
+        s["selected_candidate"]["candidate"] == "kivi-2" and s["selected_candidate"]["context_length"] == 4096
+    )
+    assert s["decision"] == "accept kivi-2 at context 4096"
+    assert s["per_candidate"]["kivi-4"]["eligible_contexts"] == [2048]
+
+
+def test_no_eligible_row_means_tune():
+    s = summarize({"rows": [_row("kivi-2", 512, 10, 2.0, 0.1, 1.0)]})
+    assert s["selected_candidate"] is None and s["decision"] == "tune_cache_policy"
+
+
+def test_runner_records_failures_and_keeps_going(tiny, monkeypatch):
+    cfg = tiny_config()
+    real_make = cand_mod.Candidate.make
+
+    def make(self, *a, **k):
+        if self.name == "kivi-2":
+            raise RuntimeError("boom from kivi-2")
+        return real_make(self, *a, **k)
+
+    monkeypatch.setattr(cand_mod.Candidate, "make", make)
+    result = new_result(cfg, "unit", None)
+    run_eval(cfg, tiny, CharTokenizer(), result, {"id_or_path": "tiny"})
+    assert result["status"] == "partial"
+    assert {(f["candidate"], f["stage"], f["type"]) for f in result["failures"]} == {
+        ("kivi-2", "construct", "RuntimeError")
+    }
+    assert len(result["failures"]) == 3  # two capacity contexts + one window residual
+    assert "boom from kivi-2" in result["failures"][0]["message"]
+    assert validate_result(json.loads(json.dumps(result))) == []
+    kivi8 = [r for r in result["rows"] if r["candidate"] == "kivi-8"]
+    assert len(kivi8) == 3
+    for r in kivi8:  # 8 bits but R=16 < context: quantized, yet close
+        assert r["cache_bytes_ratio"] < 1 and r["topk_overlap"] > 0.5
+
+
+def test_runner_exact_candidate_matches_baseline(tiny):
+    cfg = tiny_config(candidates=("dynamic", "kivi-8"), residual_length=128, window_residuals=())
+    result = new_result(cfg, "unit", None)
+    run_eval(cfg, tiny, CharTokenizer(), result, {"id_or_path": "tiny"})
+    assert result["status"] == "complete" and result["failures"] == []
+    for r in [r for r in result["rows"] if r["candidate"] == "kivi-8"]:
+        assert r["nll_delta"] == 0.0 and r["topk_overlap"] == 1.0 and r["greedy_exact_match"]
+        assert r["cache_bytes_ratio"] == 1.0  # everything in the residual window
+        assert r["eligible"] is False  # saves no memory
+    assert result["summary"]["decision"] == "tune_cache_policy"
+
+
+def test_atomic_write_and_no_silent_overwrite(tmp_path):
+    path = tmp_path / "r.json"
+    write_json_atomic(path, {"a": 1})
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    with pytest.raises(FileExistsError, match="--force"):
+        ensure_writable(path, force=False)
+    ensure_writable(path, force=True)
+
+
+def test_read_result_names_problems(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        read_result(bad)
+    bad.write_text(json.dumps({"schema_version": "x"}))
+    with pytest.raises(ValueError, match="missing field 'label'"):
+        read_result(bad)
+    with pytest.raises(FileNotFoundError):
+        read_result(tmp_path / "none.json")
+
+
+def test_cli_dry_run_then_report(tmp_path, capsys):
+    assert main(["eval", "--dry-run", "--quick", "--label", "plan1", "--out-dir", str(tmp_path)]) == 0
+    plan = json.loads((tmp_path / "plan1.json").read_text())
+    assert plan["status"] == "dry_run" and plan["rows"] == [] and len(plan["plan"]) > 0
+    assert validate_result(plan) == []
+    assert main(["eval", "--dry-run", "--label", "plan1", "--out-dir", str(tmp_path)]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "plan1.json"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["label"] == "plan1"
+    assert main(["report", str(tmp_path / "missing.json")]) == 2
