@@ -181,29 +181,28 @@ def plot_roofline(data: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
         ax.axvline(ridge, color=C_MAIN, ls=":", lw=1.2)
         ax.text(
             ridge * 1.1,
-            lo * bw / scale * 1.5,
-            f"ridge {ridge:.1f} FLOP/B",
+            peak / scale * 0.8,
+            f"ridge {ridge:.3g} FLOP/B",
             color=C_MAIN,
             fontsize=8.5,
             rotation=90,
-            va="bottom",
+            va="top",
         )
         ax.text(lo * 1.3, peak / scale * 1.25, "bandwidth-bound", color=C_MAIN, fontsize=9)
         for point in panel["points"]:
             intensity = float(point["intensity"])
             y = min(peak, intensity * bw) / scale
             color = color_of[point["label"]]
-            ax.plot([intensity], [y], "o", ms=8, color=color, zorder=5)
-            right = intensity > ridge
-            ax.annotate(
-                f"{point['label']}\nI={intensity:.4g}",
-                (intensity, y),
-                textcoords="offset points",
-                xytext=(-8, -26) if right else (8, -10),
-                ha="right" if right else "left",
-                fontsize=8,
+            ax.plot(
+                [intensity],
+                [y],
+                "o",
+                ms=8,
                 color=color,
+                zorder=5,
+                label=f"{point['label']}: I={intensity:.4g}, <= {y:.4g} {unit}",
             )
+        ax.legend(fontsize=8, loc="lower right")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlim(lo, hi)
@@ -421,3 +420,233 @@ def plot_eval_figures(result: Mapping[str, Any], out_dir: str | os.PathLike) -> 
         ),
     ]
     return [p for p in paths if p is not None]
+
+
+# ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
+# Data: every number computed by kvlab in this run
+# ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
+SEED_MODEL = "llama-3-8b"  # seed 003's model, a planner preset written from its public config.json
+SEED_GPU = "A100-80GB"  # seed 003's table GPU (datasheet numbers in kvlab.plan.hardware)
+SEED_BUDGET_GIB = 80.0  # seed 003's assumed device budget (not a measured free-memory figure)
+SEED_OVERHEAD_GIB = 4.0  # seed 003's reserve for activations / framework
+SEED_CONTEXT = 8192
+
+
+def _spec(model: Any):
+    from kvlab.plan import load_spec
+
+    return load_spec(model)
+
+
+def memory_ledger_data(
+    model: Any = SEED_MODEL,
+    *,
+    context_tokens: int = SEED_CONTEXT,
+    batches: tuple[int, ...] = (1, 8, 16, 32, 64, 128),
+    contexts: tuple[int, ...] = tuple(512 * 2**i for i in range(9)),
+    curve_batches: tuple[int, ...] = (1, 8),
+    mha_batch: int = 8,
+    budget_gib: float = SEED_BUDGET_GIB,
+    overhead_gib: float = SEED_OVERHEAD_GIB,
+    kv: str = "auto",
+) -> dict:
+    """Numbers of :func:`plot_memory_ledger` from the planner: weights (``kvlab.plan.weight_bytes``) and KV bytes
+    (``kvlab.plan.kv_bytes``) of ``model`` per batch and per context, plus the same model with one KV head per
+    query head (MHA) for comparison (seed 003 §3.3)."""
+    import dataclasses
+
+    from kvlab.plan import kv_bytes, weight_bytes
+
+    spec = _spec(model)
+    mha = dataclasses.replace(spec, num_kv_heads=spec.num_attention_heads)
+    weights = weight_bytes(spec).total_bytes
+    budget, overhead = budget_gib * GIB, overhead_gib * GIB
+    curves = [
+        {
+            "label": f"{spec.num_kv_heads} KV heads (GQA) batch={b}",
+            "kv_bytes": [kv_bytes(spec, c, b, kv) for c in contexts],
+        }
+        for b in curve_batches
+    ]
+    curves.append(
+        {
+            "label": f"{mha.num_kv_heads} KV heads (MHA) batch={mha_batch}",
+            "kv_bytes": [kv_bytes(mha, c, mha_batch, kv) for c in contexts],
+            "dashed": True,
+        }
+    )
+    return {
+        "model": spec.name,
+        "context_tokens": context_tokens,
+        "weight_bytes": weights,
+        "overhead_bytes": overhead,
+        "budget_bytes": budget,
+        "budget_label": f"assumed budget {budget_gib:g} GiB",
+        "batches": list(batches),
+        "kv_bytes": [kv_bytes(spec, context_tokens, b, kv) for b in batches],
+        "contexts": list(contexts),
+        "curves": curves,
+        "kv_budget_bytes": budget - weights - overhead,
+    }
+
+
+def roofline_data(
+    gpu: str = SEED_GPU,
+    model: Any = SEED_MODEL,
+    *,
+    context_tokens: int = SEED_CONTEXT,
+    groups: tuple[int, ...] = (1, 4, 8),
+    run_probe: bool = True,
+    probe_kwargs: Mapping[str, Any] | None = None,
+) -> dict:
+    """Numbers of :func:`plot_roofline`: the table GPU's datasheet roofs with bf16 intensities, and (``run_probe``)
+    this machine's measured fp32 roofs (``kvlab.plan.probe``) with fp32 intensities, i.e. half the bf16 ones
+    (seed 003 §3.4, appendix [C4]). Points: ideal decode attention ``I = 2g/p`` for each ``g`` in ``groups`` and
+    the seed's prefill model of ``model`` at ``context_tokens``."""
+    from kvlab.plan import decode_attention_intensity, get_hardware, prefill_intensity
+
+    spec = _spec(model)
+    hw = get_hardware(gpu)
+    if hw.peak_flops is None:
+        raise ValueError(f"{hw.name} has no datasheet FLOP/s: a roofline needs one, choose another `gpu`")
+    prefill = prefill_intensity(
+        spec.num_layers,
+        spec.num_attention_heads,
+        spec.head_dim,
+        spec.num_parameters,
+        spec.dtype_bytes,
+        context_tokens,
+    )["intensity_flop_per_byte"]
+
+    def points(p: float) -> list[dict]:
+        decode = [{"label": f"decode g={g}", "intensity": decode_attention_intensity(g, p)} for g in groups]
+        return decode + [
+            {"label": f"prefill S={context_tokens}", "intensity": prefill * spec.dtype_bytes / p}
+        ]
+
+    panels = []
+    if run_probe:
+        from kvlab.plan.probe import probe
+
+        local = probe(**dict(probe_kwargs or {}))
+        panels.append(
+            {
+                "title": "this machine (probe, fp32)",
+                "peak_flops": local.peak_flops,
+                "bandwidth_bytes_s": local.bandwidth_bytes_s,
+                "points": points(4.0),
+                "probe": local.to_dict(),
+            }
+        )
+    panels.append(
+        {
+            "title": f"{hw.name} (datasheet, bf16)",
+            "peak_flops": hw.peak_flops,
+            "bandwidth_bytes_s": hw.bandwidth_bytes_s,
+            "points": points(2.0),
+            "source": hw.source,
+        }
+    )
+    return {
+        "model": spec.name,
+        "panels": panels,
+        "suptitle": "Ideal fused attention: roofline upper bounds (points are not measured kernel performance)",
+    }
+
+
+def video_data(
+    model: Any = SEED_MODEL,
+    *,
+    seconds: tuple[float, ...] = (5, 10, 30),
+    fps: int = 24,
+    width: int = 1280,
+    height: int = 720,
+    temporal_compression: int = 4,
+    spatial_compression: int = 8,
+    budget_gib: float = SEED_BUDGET_GIB,
+    overhead_gib: float = SEED_OVERHEAD_GIB,
+    mask_frames: int = 5,
+    mask_tokens_per_frame: int = 12,
+) -> dict:
+    """Numbers of :func:`plot_video` from ``kvlab.plan.video_kv``: tokens and KV bytes of one clip per duration
+    with the whole history cached (seed 003 §01, §6.3: 52.73 / 105.47 / 316.41 GiB for Llama-3-8B at 720p)."""
+    from kvlab.plan import VideoClip, video_kv, weight_bytes
+
+    spec = _spec(model)
+    cases = []
+    for s in seconds:
+        clip = video_kv(spec, VideoClip(s, fps, width, height, temporal_compression, spatial_compression))
+        cases.append({"label": f"{s:g} s", "tokens": clip["tokens"], "kv_bytes": clip["kv_bytes"]})
+    budget = budget_gib * GIB
+    return {
+        "mask_frames": mask_frames,
+        "mask_tokens_per_frame": mask_tokens_per_frame,
+        "cases": cases,
+        "budget_bytes": budget,
+        "kv_budget_bytes": budget - weight_bytes(spec).total_bytes - overhead_gib * GIB,
+        "title": f"{spec.name}, {width}x{height} {fps} fps, {temporal_compression}x temporal and "
+        f"{spatial_compression}x{spatial_compression} spatial compression, whole history cached",
+    }
+
+
+FIGURE_NAMES = ("memory_ledger", "roofline", "paged_layout", "video", "append_cost")
+
+
+def write_figures(
+    out_dir: str | os.PathLike,
+    *,
+    result: Mapping[str, Any] | None = None,
+    run_probe: bool = True,
+    append: bool = True,
+) -> dict[str, Path]:
+    """Compute and draw the seed's four figures (``fig_memory_ledger.png``, ``fig_roofline.png``,
+    ``fig_paged_layout.png``, ``fig_video.png``), the lab's ``fig_append_cost.png`` (``append``) and, given an
+    eval ``result``, its figures; write every number drawn to ``figures.json`` next to them.
+    Existing files of the same names are replaced (atomically).
+
+    Returns ``{name: path}``.
+    """
+    import json
+
+    from kvlab.paging.figure import plot_paged_layout
+    from kvlab.paging.static import run_static
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data: dict[str, Any] = {
+        "memory_ledger": memory_ledger_data(),
+        "roofline": roofline_data(run_probe=run_probe),
+        "paged_layout": run_static(),
+        "video": video_data(),
+    }
+    paths = {
+        "memory_ledger": plot_memory_ledger(data["memory_ledger"], out_dir / "fig_memory_ledger.png"),
+        "roofline": plot_roofline(data["roofline"], out_dir / "fig_roofline.png"),
+        "paged_layout": plot_paged_layout(
+            data["paged_layout"], out_dir / "fig_paged_layout.png", overwrite=True
+        ),
+        "video": plot_video(data["video"], out_dir / "fig_video.png"),
+    }
+    if append:
+        from kvlab.lab.append import measure_append_cost
+
+        data["append_cost"] = measure_append_cost()
+        paths["append_cost"] = plot_append_cost(data["append_cost"], out_dir / "fig_append_cost.png")
+    if result is not None:
+        for path in plot_eval_figures(result, out_dir):
+            paths[path.stem] = path
+    fd, tmp = tempfile.mkstemp(prefix=".figures.", suffix=".json", dir=out_dir)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, default=_json_default)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, out_dir / "figures.json")
+    paths["data"] = out_dir / "figures.json"
+    return paths
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)

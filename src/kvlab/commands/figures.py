@@ -1,0 +1,45 @@
+"""``kvlab figures``: draw the seed's four figures (memory ledger, roofline, paged layout, video), the lab's
+append-cost curves and, with ``--result``, an eval result's figures. Logic lives in :mod:`kvlab.figures`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "figures",
+        help="draw the seed's figures (ledger, roofline, paged layout, video) and an eval result's",
+        description="Compute every number with kvlab in this run and draw the figures as PNG files; the "
+        "numbers drawn are written to figures.json next to them. Files of the same names in --out are replaced.",
+    )
+    p.add_argument("--out", default="figures", help="output folder (default: ./figures)")
+    p.add_argument("--result", default=None, help="a kvlab eval result JSON: also draw its figures")
+    p.add_argument("--no-probe", action="store_true", help="roofline without this machine's probe panel")
+    p.add_argument("--no-append", action="store_true", help="skip the append-cost measurement and figure")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvlab.figures import write_figures
+
+    result = None
+    if args.result:
+        result = json.loads(Path(args.result).read_text(encoding="utf-8"))
+    paths = write_figures(args.out, result=result, run_probe=not args.no_probe, append=not args.no_append)
+    if args.json:
+        print(json.dumps({name: str(path) for name, path in paths.items()}, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Figures written to {args.out}")
+    table.add_column("figure")
+    table.add_column("file")
+    for name, path in paths.items():
+        table.add_row(name, str(path))
+    Console().print(table)
+    return 0

@@ -1,0 +1,67 @@
+"""The figures' numbers come from kvlab.plan / kvlab.paging and match seed 003; `kvlab figures` writes them."""
+
+import json
+
+import pytest
+
+from kvlab import figures
+from kvlab.cli import main
+
+GIB = 1024**3
+
+
+def test_memory_ledger_numbers_are_the_seeds():
+    d = figures.memory_ledger_data()
+    assert round(d["weight_bytes"] / GIB, 2) == 14.96  # seed 003 §01
+    kv = dict(zip(d["batches"], d["kv_bytes"]))
+    assert kv[1] == 1 * GIB and kv[32] == 32 * GIB  # 131072 B/token x 8192 tokens
+    assert round(kv[32] / d["weight_bytes"], 2) == 2.14
+    mha = d["curves"][-1]
+    assert "MHA" in mha["label"]
+    i = d["contexts"].index(8192)
+    assert mha["kv_bytes"][i] == 4 * d["curves"][1]["kv_bytes"][i]  # 32 vs 8 KV heads, same batch 8
+    assert round(d["kv_budget_bytes"] / GIB, 2) == 61.04
+
+
+def test_video_numbers_are_the_seeds():
+    d = figures.video_data()
+    assert [round(c["kv_bytes"] / GIB, 2) for c in d["cases"]] == [52.73, 105.47, 316.41]
+    assert d["cases"][0]["tokens"] == 432000
+
+
+def test_roofline_without_probe_is_the_table_gpu():
+    d = figures.roofline_data(run_probe=False)
+    (panel,) = d["panels"]
+    assert round(panel["peak_flops"] / panel["bandwidth_bytes_s"]) == 153  # A100 ridge, seed 003 §3.4
+    points = {p["label"]: p["intensity"] for p in panel["points"]}
+    assert points["decode g=1"] == 1 and points["decode g=4"] == 4
+    assert round(points["prefill S=8192"], 1) == 3973.9
+
+
+def test_roofline_probe_panel_uses_fp32_intensities():
+    d = figures.roofline_data(
+        run_probe=True, probe_kwargs={"matmul_n": 128, "stream_elements": 100_000, "repeat": 1}
+    )
+    local, gpu = d["panels"]
+    assert local["peak_flops"] > 0 and local["bandwidth_bytes_s"] > 0
+    for a, b in zip(local["points"], gpu["points"]):
+        assert a["label"] == b["label"] and a["intensity"] == pytest.approx(b["intensity"] / 2)
+
+
+def test_cli_writes_the_four_seed_figures(tmp_path, capsys):
+    assert main(["figures", "--out", str(tmp_path), "--no-probe", "--no-append", "--json"]) == 0
+    written = json.loads(capsys.readouterr().out)
+    for name in ("memory_ledger", "roofline", "paged_layout", "video"):
+        path = tmp_path / f"fig_{name}.png"
+        assert written[name] == str(path)
+        assert path.read_bytes().startswith(b"\x89PNG") and path.stat().st_size > 20_000
+    data = json.loads((tmp_path / "figures.json").read_text())
+    assert data["paged_layout"]["A"]["uniform"]["k_paged"] == 214  # seed 003 §05, drawn from this run
+
+
+def test_cli_draws_a_result(tmp_path, capsys, eval_result):
+    result = tmp_path / "result.json"
+    result.write_text(json.dumps(eval_result))
+    out = tmp_path / "figs"
+    assert main(["figures", "--out", str(out), "--no-probe", "--no-append", "--result", str(result)]) == 0
+    assert (out / "eval_capacity.png").exists() and (out / "eval_window.png").exists()
