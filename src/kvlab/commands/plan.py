@@ -148,6 +148,8 @@ def _gib(n: float | int | None) -> str:
     """Binary units (KiB/MiB/GiB = 2^10/2^20/2^30 B), GiB from 1 GiB up."""
     if n is None:
         return "-"
+    if n == 0:
+        return "0 B"
     for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
         if abs(n) >= size or unit == "KiB":
             return f"{n / size:,.2f} {unit}"
@@ -373,7 +375,7 @@ def _print_roofline(r: dict) -> None:
 
     console = Console()
     g = r["gpu"]
-    t = Table(title=f"Roofline: {g['name']} ({g['source']})")
+    t = Table(title=f"Roofline: {g['name']}", caption=f"source: {g['source']}")
     t.add_column("quantity")
     t.add_column("value", justify="right")
     t.add_column("note")

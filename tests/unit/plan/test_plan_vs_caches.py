@@ -1,0 +1,67 @@
+"""The planner's predicted bytes equal what kvlab's caches measure, on a tiny random Qwen2 (CPU).
+
+The lead's integration test does the same on the bundled reference model; this one covers the same path with a
+random model so it runs without the bundled weights.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from kvlab.plan import kivi_kv_bytes_breakdown, kv_bytes, load_spec, paged_kv_bytes  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen2():
+    config = transformers.Qwen2Config(
+        vocab_size=64,
+        hidden_size=128,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
+    torch.manual_seed(0)
+    return transformers.Qwen2ForCausalLM(config).eval()
+
+
+def _prefill(model, cache, dtype, tokens, batch):
+    ids = torch.randint(0, 64, (batch, tokens), generator=torch.Generator().manual_seed(tokens))
+    with torch.no_grad():
+        model.to(dtype)(ids, past_key_values=cache, use_cache=True)
+    return cache
+
+
+@pytest.mark.parametrize("dtype, p", [(torch.float32, 4), (torch.bfloat16, 2)])
+@pytest.mark.parametrize("tokens", [5, 159, 160, 161, 300])
+def test_kivi_cache_bytes_match_planner(tiny_qwen2, dtype, p, tokens):
+    from kvlab.caches.kivi import KIVICache
+
+    cache = _prefill(tiny_qwen2, KIVICache(nbits=4, group_size=32, residual_length=128), dtype, tokens, 2)
+    predicted = kivi_kv_bytes_breakdown(
+        tiny_qwen2.config.to_dict(),
+        tokens,
+        2,
+        nbits=4,
+        group_size=32,
+        residual_length=128,
+        cache_dtype_bytes=p,
+    )
+    measured = cache.nbytes_breakdown()
+    assert {k: measured[k] for k in predicted} == predicted
+
+
+@pytest.mark.parametrize("tokens", [5, 16, 17, 100])
+def test_dynamic_and_paged_cache_bytes_match_planner(tiny_qwen2, tokens):
+    from kvlab.caches.measure import cache_nbytes
+    from kvlab.caches.paged import PagedCache
+
+    spec = load_spec({**tiny_qwen2.config.to_dict(), "torch_dtype": "bfloat16"})
+    dynamic = _prefill(tiny_qwen2, transformers.DynamicCache(), torch.bfloat16, tokens, 3)
+    assert cache_nbytes(dynamic) == kv_bytes(spec, tokens, 3)
+    paged = _prefill(tiny_qwen2, PagedCache(block_size=16), torch.bfloat16, tokens, 3)
+    assert paged.nbytes() == paged_kv_bytes(spec, tokens, 3, block_size_tokens=16)
