@@ -1,0 +1,338 @@
+"""``PagedCache``: a transformers ``Cache`` whose K/V live in fixed-size physical blocks addressed by block tables.
+
+PagedAttention (Kwon et al., arXiv:2309.06180 §4.1-4.4) as vLLM lays it out: each layer owns one pool tensor per
+K and V of shape ``[num_blocks, block_size, kv_heads, head_dim]`` (vLLM's flash-attention layout, one block per
+row), new tokens are written to the rows named by the *slot mapping* (``block_id * block_size + offset``), and a
+step reads each sequence back through its *block table*. The bookkeeping (free queue, reference counts,
+copy-on-write) is :mod:`kvlab.paging`'s, shared by every layer: layer ``l`` of token ``t`` lives in the same block
+and offset in every layer's pool.
+
+Without a paged-attention kernel, :meth:`PagedLayer.update` gathers the blocks into a contiguous
+``[batch, kv_heads, seq_len, head_dim]`` tensor for the model's attention, so greedy ``generate()`` matches
+``DynamicCache`` token for token. Beam reordering and row repetition fork block tables (shared blocks, reference
+counts) instead of copying K/V; a later write to a shared partial block copies that block first.
+
+Usage::
+
+    cache = PagedCache(block_size=16)
+    model.generate(input_ids, past_key_values=cache, max_new_tokens=64)
+    cache.block_tables(), cache.nbytes(), cache.nbytes_breakdown()
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from kvlab.paging import BlockPool, BlockTable
+
+
+class PagedLayer(CacheLayerMixin):
+    """One layer of :class:`PagedCache`: K and V pools ``[num_blocks, block_size, kv_heads, head_dim]``.
+
+    ``keys``/``values`` are the pools themselves (physical storage), not per-sequence views.
+    """
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = True
+
+    def __init__(self, cache: PagedCache, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.cache = cache
+        self.num_tokens = 0  # tokens this layer has written per batch row
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Allocate empty pools sized like the shared allocator, from ``[batch, kv_heads, t, head_dim]`` states."""
+        _, kv_heads, _, head_dim = key_states.shape
+        self.device, self.dtype = key_states.device, key_states.dtype
+        self.batch_size = key_states.shape[0]
+        shape = (self.cache.allocator.num_blocks, self.cache.block_size, kv_heads, head_dim)
+        self.keys = torch.zeros(shape, dtype=key_states.dtype, device=self.device)
+        self.values = torch.zeros(
+            shape[:3] + (value_states.shape[-1],), dtype=value_states.dtype, device=self.device
+        )
+        self.is_initialized = True
+
+    def _grow(self, num_blocks: int) -> None:
+        """Extend both pools to ``num_blocks`` blocks (existing blocks keep their ids and contents)."""
+        extra = num_blocks - self.keys.shape[0]
+        if extra > 0:
+            self.keys = torch.cat([self.keys, self.keys.new_zeros((extra, *self.keys.shape[1:]))])
+            self.values = torch.cat([self.values, self.values.new_zeros((extra, *self.values.shape[1:]))])
+
+    def _copy_blocks(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy-on-write: physical blocks ``src`` -> ``dst`` (``[n]`` ids each)."""
+        self.keys[dst] = self.keys[src]
+        self.values[dst] = self.values[src]
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``[batch, kv_heads, t, head_dim]`` states by slot mapping; return ``[batch, kv_heads, seq_len,
+        head_dim]`` keys and values gathered through the block tables.
+
+        Raises:
+            ValueError: the batch size differs from the cache's rows, or a capped pool runs out of blocks.
+        """
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        batch, kv_heads, t, head_dim = key_states.shape
+        start = self.num_tokens
+        slots = self.cache._slot_mapping(start, start + t, batch, key_states.device)  # [batch * t]
+        # [B, H, t, D] -> [B, t, H, D] -> [B*t, H, D]: one row per slot
+        self.keys.view(-1, kv_heads, head_dim).index_copy_(
+            0, slots, key_states.transpose(1, 2).reshape(-1, kv_heads, head_dim)
+        )
+        self.values.view(-1, kv_heads, value_states.shape[-1]).index_copy_(
+            0, slots, value_states.transpose(1, 2).reshape(-1, kv_heads, value_states.shape[-1])
+        )
+        self.num_tokens += t
+        table = self.cache._block_table_tensor(key_states.device)  # [B, n_blocks]
+        return self._gather(self.keys, table), self._gather(self.values, table)
+
+    def _gather(self, pool: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        # pool[table]: [B, n_blocks, block_size, H, D] -> [B, n_blocks * block_size, H, D] -> first T -> [B, H, T, D]
+        gathered = pool[table].flatten(1, 2)[:, : self.num_tokens]
+        return gathered.transpose(1, 2).contiguous()
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """``(kv_length, kv_offset)`` for mask creation: every stored token is attended to."""
+        return self.num_tokens + query_length, 0
+
+    def get_seq_length(self) -> int:
+        """Tokens stored per batch row."""
+        return self.num_tokens
+
+    def get_max_length(self) -> int:
+        """-1: the pool grows without a maximum (unless the cache caps it)."""
+        return -1
+
+    def reset(self) -> None:
+        """Forget every token (the pools stay allocated for reuse)."""
+        self.num_tokens = 0
+
+    # Batch-row operations are block-table operations, done once for all layers by PagedCache.
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:  # pragma: no cover - PagedCache dispatches
+        raise NotImplementedError("call PagedCache.reorder_cache: block tables are shared by all layers")
+
+    def crop(self, tokens_to_remove: int) -> None:  # pragma: no cover - PagedCache dispatches
+        raise NotImplementedError("call PagedCache.crop: block tables are shared by all layers")
+
+    def offload(self) -> None:  # pragma: no cover - offloading is not supported
+        raise NotImplementedError("PagedCache does not support offloading")
+
+    def prefetch(self) -> None:  # pragma: no cover
+        raise NotImplementedError("PagedCache does not support offloading")
+
+
+class PagedCache(Cache):
+    """KV cache in physical blocks: one pool per layer, one block table per batch row, shared bookkeeping.
+
+    Args:
+        block_size: tokens per block (vLLM's default 16).
+        num_blocks: blocks to allocate up front; the pool doubles when it runs out (never below what is needed).
+        max_num_blocks: cap on the pool; running out then raises ``ValueError`` (``need n blocks, f free``).
+        config: optional model config; layers are then created up front and models with non-full-attention
+            layers (sliding window, linear attention) are rejected.
+
+    Raises:
+        ValueError: ``block_size`` < 1, ``num_blocks`` > ``max_num_blocks``, or a config with other layer kinds.
+
+    Source: PagedAttention (arXiv:2309.06180) §4; vLLM v1 block pool and ``reshape_and_cache_flash`` layout.
+    """
+
+    def __init__(
+        self,
+        block_size: int = 16,
+        num_blocks: int = 0,
+        max_num_blocks: int | None = None,
+        config: Any = None,
+    ):
+        if block_size < 1:
+            raise ValueError(f"`block_size` must be >= 1, got {block_size!r}")
+        if num_blocks < 0 or (max_num_blocks is not None and num_blocks > max_num_blocks):
+            raise ValueError(
+                f"need 0 <= num_blocks <= max_num_blocks, got {num_blocks!r} and {max_num_blocks!r}"
+            )
+        self.block_size = block_size
+        self.max_num_blocks = max_num_blocks
+        self.allocator = BlockPool(num_blocks, block_size)
+        self.tables: list[BlockTable] = []  # one per batch row
+        self.num_tokens = 0  # slots reserved per row (layers catch up within a forward)
+        self._slot_key: tuple[int, int, int] | None = (
+            None  # (start, stop, version) of the cached slot mapping
+        )
+        self._slots: torch.Tensor | None = None
+        self._table_version = 0  # bumped whenever a block table changes
+        self._table_key: tuple[int, torch.device] | None = None
+        self._table: torch.Tensor | None = None
+        if config is not None:
+            text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+            layer_types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
+            bad = sorted(set(layer_types) - {"full_attention"})
+            if bad:
+                raise ValueError(f"PagedCache supports full-attention layers only; the model has {bad}")
+            super().__init__(layers=[PagedLayer(self) for _ in layer_types])
+        else:
+            super().__init__(layer_class_to_replicate=partial(PagedLayer, self))
+
+    def __repr__(self) -> str:
+        return (
+            f"PagedCache(block_size={self.block_size}, rows={len(self.tables)}, tokens={self.num_tokens}, "
+            f"blocks used {self.allocator.num_used}/{self.allocator.num_blocks})"
+        )
+
+    # ---- bookkeeping shared by all layers -------------------------------------------------------------------
+    def _initialized_layers(self) -> list[PagedLayer]:
+        return [layer for layer in self.layers if layer.is_initialized]
+
+    def _ensure_free(self, need: int) -> None:
+        """Grow the pool (doubling) so that ``need`` blocks are free, within ``max_num_blocks``."""
+        pool = self.allocator
+        if need <= pool.num_free:
+            return
+        target = max(pool.num_blocks + need - pool.num_free, 2 * pool.num_blocks)
+        if self.max_num_blocks is not None:
+            target = min(target, self.max_num_blocks)
+        if target - pool.num_blocks < need - pool.num_free:
+            raise ValueError(
+                f"need {need} blocks, {pool.num_free} free (pool capped at {self.max_num_blocks} blocks of "
+                f"{self.block_size} tokens)"
+            )
+        pool.add_blocks(target - pool.num_blocks)
+        for layer in self._initialized_layers():
+            layer._grow(target)
+
+    def _apply_copies(self, copies: list[tuple[int, int]]) -> None:
+        if not copies:
+            return
+        for layer in self._initialized_layers():
+            src = torch.tensor([s for s, _ in copies], device=layer.device)
+            dst = torch.tensor([d for _, d in copies], device=layer.device)
+            layer._copy_blocks(src, dst)
+
+    def _reserve(self, stop: int, batch: int) -> None:
+        """Give every row's table ``stop`` slots (first call: one table per row)."""
+        if not self.tables:
+            self.tables = [BlockTable(self.allocator) for _ in range(batch)]
+        if batch != len(self.tables):
+            raise ValueError(f"the cache holds {len(self.tables)} batch rows, got states for {batch}")
+        n = stop - self.num_tokens
+        need = 0
+        for table in self.tables:
+            room = len(table.blocks) * self.block_size - table.num_tokens
+            cow = room > 0 and table.blocks[-1].ref_cnt > 1
+            need += -(-(n - room) // self.block_size) if n > room else 0
+            need += cow
+        self._ensure_free(need)
+        copies: list[tuple[int, int]] = []
+        for table in self.tables:
+            copies += table.append_tokens(n)
+        self._apply_copies(copies)
+        self.num_tokens = stop
+        self._table_version += 1
+
+    def _block_table_tensor(self, device: torch.device) -> torch.Tensor:
+        """``[batch, n_blocks]`` physical block ids (every row holds the same number of tokens)."""
+        key = (self._table_version, device)
+        if self._table_key != key:
+            self._table = torch.tensor([t.block_ids for t in self.tables], dtype=torch.long, device=device)
+            self._table_key = key
+        return self._table
+
+    def _slot_mapping(self, start: int, stop: int, batch: int, device: torch.device) -> torch.Tensor:
+        """``[batch * (stop - start)]`` flat slots of positions ``start..stop-1`` of every row (reserving them)."""
+        if stop > self.num_tokens:
+            self._reserve(stop, batch)
+        elif batch != len(self.tables):
+            raise ValueError(f"the cache holds {len(self.tables)} batch rows, got states for {batch}")
+        key = (start, stop, self._table_version)
+        if self._slot_key != key or self._slots is None or self._slots.device != device:
+            table = self._block_table_tensor(device)
+            pos = torch.arange(start, stop, device=device)
+            self._slots = (
+                table[:, pos // self.block_size] * self.block_size + pos % self.block_size
+            ).reshape(-1)
+            self._slot_key = key
+        return self._slots
+
+    def _replace_tables(self, tables: list[BlockTable]) -> None:
+        for table in self.tables:
+            table.free()
+        self.tables = tables
+        self._table_version += 1
+        for layer in self.layers:
+            if layer.is_initialized:
+                layer.batch_size = len(tables)
+
+    # ---- transformers Cache API --------------------------------------------------------------------------------
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Rows become ``beam_idx`` of the old rows: forks of their block tables, no K/V copied."""
+        self._replace_tables([self.tables[i].fork() for i in beam_idx.tolist()])
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep only the batch rows ``indices``."""
+        self.reorder_cache(indices)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat each batch row ``repeats`` times (shared blocks, copy-on-write on the next write)."""
+        self._replace_tables([t.fork() for t in self.tables for _ in range(repeats)])
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last ``-tokens_to_remove`` tokens of every row (transformers' convention: a negative count)."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"`crop` takes a negative number of tokens to remove, got {tokens_to_remove}")
+        if tokens_to_remove == 0 or not self.tables:
+            return
+        keep = max(self.num_tokens + tokens_to_remove, 0)
+        copies: list[tuple[int, int]] = []
+        for table in self.tables:
+            copies += table.truncate(keep)
+        self._apply_copies(copies)
+        self.num_tokens = keep
+        self._table_version += 1
+        for layer in self.layers:
+            layer.num_tokens = min(layer.num_tokens, keep)
+
+    def reset(self) -> None:
+        """Free every block and forget every token; pools stay allocated."""
+        for table in self.tables:
+            table.free()
+        self.tables = []
+        self.num_tokens = 0
+        self._table_version += 1
+        for layer in self.layers:
+            layer.reset()
+
+    # ---- inspection -------------------------------------------------------------------------------------------
+    def block_tables(self) -> list[list[int]]:
+        """Physical block ids of every batch row, in logical order."""
+        return [t.block_ids for t in self.tables]
+
+    def check_invariants(self) -> None:
+        """Assert the shared block bookkeeping (conservation, ref counts = holders, one fill per block)."""
+        self.allocator.check_invariants(self.tables)
+
+    def nbytes_breakdown(self) -> dict[str, int]:
+        """Bytes over all layers: ``blocks_in_use`` (= ``total``), of which ``tokens`` hold K/V and
+        ``internal_waste`` are empty slots of partly filled blocks; ``pool_capacity`` counts free blocks too."""
+        out = {"blocks_in_use": 0, "tokens": 0, "internal_waste": 0, "pool_capacity": 0, "total": 0}
+        for layer in self._initialized_layers():
+            block_bytes = (layer.keys[0].numel() * layer.keys.element_size()) + (
+                layer.values[0].numel() * layer.values.element_size()
+            )
+            slot_bytes = block_bytes // self.block_size
+            out["blocks_in_use"] += self.allocator.num_used * block_bytes
+            out["tokens"] += self.allocator.num_filled_slots * slot_bytes
+            out["pool_capacity"] += layer.keys.shape[0] * block_bytes
+        out["internal_waste"] = out["blocks_in_use"] - out["tokens"]
+        out["total"] = out["blocks_in_use"]
+        return out
+
+    def nbytes(self) -> int:
+        """Bytes of the blocks in use (K and V, all layers); shared blocks count once."""
+        return self.nbytes_breakdown()["total"]
