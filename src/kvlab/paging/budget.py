@@ -9,7 +9,6 @@ The default is seed 003's account (§01, §05, appendix ``paged_alloc.py``): Lla
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 GIB = 1024**3
@@ -147,21 +146,24 @@ def planner_budget(
 ) -> KVBudget:
     """The single adapter to :mod:`kvlab.plan`: KV bytes per token and weight bytes of ``model`` at ``kv_dtype``.
 
+    ``model`` is anything :func:`kvlab.plan.load_spec` takes (a preset name such as ``llama-3-8b``, a
+    config.json, a model directory). Bytes per token are the planner's long-context figure
+    (:func:`kvlab.plan.kv_bytes_per_token`; for KIVI the residual window is amortized away); weights are
+    :func:`kvlab.plan.weight_bytes` (the checkpoint when it sits next to the config, else parameters x dtype).
+
     Raises:
-        ValueError: when the planner does not know the model or the KV dtype.
+        ValueError: when the planner does not know the model or the KV dtype, or cannot size the weights.
     """
-    try:
-        from kvlab.plan import kv_bytes_per_token, load_spec, weight_bytes  # type: ignore[attr-defined]
-    except ImportError as exc:  # the planner (issue 3) has not landed in this checkout
-        raise ValueError(f"--model needs kvlab.plan, which is not available here ({exc})") from exc
+    from kvlab.plan import kv_bytes_per_token, load_spec, weight_bytes
+
     spec = load_spec(model)
-    bpt = kv_bytes_per_token(spec, kv_dtype=kv_dtype)
-    if not math.isfinite(bpt) or bpt <= 0:
-        raise ValueError(f"planner gave {bpt!r} KV bytes per token for {model!r} at {kv_dtype!r}")
+    bpt = kv_bytes_per_token(spec, kv_dtype)
+    weights = weight_bytes(spec)
     return KVBudget(
         gpu_bytes=gpu_gib * GIB,
-        weight_bytes=weight_bytes(spec),
+        weight_bytes=weights.total_bytes,
         overhead_bytes=overhead_gib * GIB,
         kv_bytes_per_token=bpt,
-        source=f"kvlab.plan: {model}, KV {kv_dtype}, {gpu_gib:g} GiB - weights - {overhead_gib:g} GiB",
+        source=f"kvlab.plan: {model}, KV {kv_dtype}, {gpu_gib:g} GiB - weights ({weights.source}) - "
+        f"{overhead_gib:g} GiB",
     )

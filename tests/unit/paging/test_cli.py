@@ -84,3 +84,17 @@ def test_figure_is_written_once(capsys, tmp_path):
     assert path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(SystemExit, match="--force"):
         main(["paging", "figure", "--out", str(path)])
+
+
+def test_model_and_kv_dtype_come_from_the_planner(capsys):
+    out = run_json(capsys, "static", "--model", "llama-3-8b")
+    assert out["config"]["kv_bytes_per_token"] == 131072 and out["config"]["source"].startswith("kvlab.plan")
+    assert (out["A"]["uniform"]["k_cont"], out["A"]["uniform"]["k_paged"], out["A"]["heavy"]["k_paged"]) == (
+        122,
+        214,
+        405,
+    )
+    out = run_json(capsys, "static", "--model", "llama-3-8b", "--kv-dtype", "kivi4", "--workload", "heavy")
+    assert out["config"]["kv_bytes_per_token"] == 40960  # 1280 B per 2048 K+V elements (issue 3)
+    with pytest.raises(SystemExit, match="no-such-model"):
+        main(["paging", "static", "--model", "no-such-model"])
