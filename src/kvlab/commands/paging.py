@@ -29,9 +29,9 @@ def _add_budget_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--kv-dtype", default="bf16", help="KV dtype: bf16, fp16, fp8, kivi2, kivi4, kivi8 (default bf16)"
     )
-    g.add_argument("--gpu-gib", type=float, default=80.0, help="assumed device memory, GiB (default 80)")
+    g.add_argument("--gpu-mem-gib", type=float, default=80.0, help="assumed device memory, GiB (default 80)")
     g.add_argument(
-        "--overhead-gib", type=float, default=4.0, help="activation/framework reserve, GiB (default 4)"
+        "--reserve-gib", type=float, default=4.0, help="activation/framework reserve, GiB (default 4)"
     )
     g.add_argument(
         "--max-len", type=int, default=4096, help="contiguous reservation per request (default 4096)"
@@ -44,15 +44,15 @@ def _budget(args: argparse.Namespace, kv_dtype: str | None = None):
 
     kv_dtype = kv_dtype or args.kv_dtype
     if args.model:
-        return planner_budget(args.model, kv_dtype, args.gpu_gib, args.overhead_gib)
+        return planner_budget(args.model, kv_dtype, args.gpu_mem_gib, args.reserve_gib)
     budget = seed_budget(seed_kv_bytes_per_token(kv_dtype))
-    if (args.gpu_gib, args.overhead_gib) != (80.0, 4.0):
+    if (args.gpu_mem_gib, args.reserve_gib) != (80.0, 4.0):
         budget = KVBudget(
-            gpu_bytes=args.gpu_gib * _GIB,
+            gpu_bytes=args.gpu_mem_gib * _GIB,
             weight_bytes=budget.weight_bytes,
-            overhead_bytes=args.overhead_gib * _GIB,
+            overhead_bytes=args.reserve_gib * _GIB,
             kv_bytes_per_token=budget.kv_bytes_per_token,
-            source=f"Llama-3-8B, KV {kv_dtype}, {args.gpu_gib:g} GiB - weights - {args.overhead_gib:g} GiB",
+            source=f"Llama-3-8B, KV {kv_dtype}, {args.gpu_mem_gib:g} GiB - weights - {args.reserve_gib:g} GiB",
         )
     elif kv_dtype.lower() not in ("bf16", "bfloat16"):
         budget = KVBudget(**{**budget.__dict__, "source": f"seed 003 budget, Llama-3-8B, KV {kv_dtype}"})
