@@ -241,3 +241,12 @@ def test_cutting_inside_a_shared_block_copies_it_first():
     with pytest.raises(ValueError, match="need 1 blocks"):
         sibling.truncate(5)
     assert sibling.num_tokens == 8
+
+
+def test_paging_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, kvlab.paging, kvlab.paging.figure; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
