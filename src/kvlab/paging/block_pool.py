@@ -26,12 +26,8 @@ class KVBlock:
     ref_cnt: int = 0  # block tables holding this block; 0 means free
     num_tokens: int = 0  # slots written, 0..block_size_tokens (every holder agrees)
     block_hash: int | None = None  # chained prefix hash while the block is full and cached, else None
-    prev_free: KVBlock | None = field(
-        default=None, repr=False
-    )  # neighbour towards the head of the free queue (None when not queued)
-    next_free: KVBlock | None = field(
-        default=None, repr=False
-    )  # neighbour towards the tail of the free queue (None when not queued)
+    prev_free: KVBlock | None = field(default=None, repr=False)  # free-queue neighbour to the head, or None
+    next_free: KVBlock | None = field(default=None, repr=False)  # free-queue neighbour to the tail, or None
 
 
 def hash_block_tokens(parent_hash: int | None, token_ids: Sequence[int]) -> int:
