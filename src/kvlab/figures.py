@@ -360,7 +360,8 @@ def plot_eval_matrix(
     if not rows:
         return None
     bounds = gate_bounds(result.get("gates"))
-    top_k = result.get("config", {}).get("top_k") if isinstance(result.get("config"), Mapping) else None
+    settings = result.get("settings") if isinstance(result.get("settings"), Mapping) else {}
+    top_k = settings.get("top_k")
     candidates = list(dict.fromkeys(r["candidate"] for r in rows))
     fig = _figure(11.5, 8.0)
     axes = fig.subplots(2, 2).ravel()
@@ -398,10 +399,9 @@ def plot_eval_matrix(
         ax.set_title(label, fontsize=10)
         ax.grid(alpha=0.25)
         ax.legend(fontsize=7.5)
-    model = (
-        result.get("provenance", {}).get("model", {}) if isinstance(result.get("provenance"), Mapping) else {}
-    )
-    model_name = model.get("name") or model.get("path") if isinstance(model, Mapping) else model
+    provenance = result.get("provenance") if isinstance(result.get("provenance"), Mapping) else {}
+    model = provenance.get("model")
+    model_name = (model.get("id_or_path") or model.get("name")) if isinstance(model, Mapping) else model
     fig.suptitle(f"{matrix} matrix" + (f" on {model_name}" if model_name else ""), fontsize=12)
     fig.tight_layout()
     return save_png(fig, out_path)

@@ -25,34 +25,55 @@ from kvlab.figures import gate_bounds, plot_eval_figures
 # Row columns in display order (shown when at least one row has them), with their headers.
 ROW_COLUMNS = (
     ("candidate", "candidate"),
-    ("status", "status"),
     ("context_length", "context"),
     ("new_tokens", "new tokens"),
     ("residual_length", "R"),
     ("group_size", "G"),
     ("cache_bytes", "cache bytes"),
     ("cache_bytes_ratio", "bytes / dynamic"),
+    ("mean_nll", "mean NLL"),
     ("nll_delta", "NLL delta"),
-    ("nll_ratio", "NLL ratio"),
     ("topk_overlap", "top-k overlap"),
-    ("greedy_agreement", "greedy agreement"),
-    ("first_divergence", "first divergence"),
-    ("median_latency_ms", "median latency ms"),
+    ("token_agreement_rate", "token agreement"),
+    ("first_divergence_index", "first divergence"),
+    ("median_ms", "median ms"),
     ("ms_per_token", "ms / token"),
     ("latency_ratio", "latency / dynamic"),
     ("incremental_peak_bytes", "incremental peak bytes"),
-    ("passes_gates", "passes gates"),
-    ("error", "error"),
+    ("eligible", "verdict"),
 )
-_SECTIONS_SHOWN = {"rows", "provenance", "gates", "decision", "schema_version", "label"}
+# Which per-row gate (``row["gates"]``, written by the runner) judges which column.
+GATE_OF_COLUMN = {
+    "cache_bytes_ratio": "saves_memory",
+    "nll_delta": "nll_delta",
+    "topk_overlap": "topk_overlap",
+    "latency_ratio": "latency_ratio",
+}
+_SECTIONS_SHOWN = {
+    "schema_version",
+    "label",
+    "status",
+    "created_utc",
+    "command",
+    "elapsed_s",
+    "settings",
+    "gates",
+    "candidates",
+    "plan",
+    "provenance",
+    "rows",
+    "failures",
+    "summary",
+}
 
 _CSS = """
 body { font-family: -apple-system, 'Segoe UI', 'DejaVu Sans', Arial, sans-serif; margin: 24px auto;
-       max-width: 1200px; color: #1d1d1f; background: #ffffff; line-height: 1.4; }
+       max-width: 1400px; color: #1d1d1f; background: #ffffff; line-height: 1.4; }
 h1 { color: #1f4e79; border-bottom: 3px solid #1f4e79; padding-bottom: 6px; }
 h2 { color: #1f4e79; margin-top: 32px; }
-table { border-collapse: collapse; margin: 8px 0 16px 0; font-size: 13px; }
-th, td { border: 1px solid #c8d3de; padding: 4px 8px; text-align: right; vertical-align: top; }
+table { border-collapse: collapse; margin: 8px 0 16px 0; font-size: 12px; }
+.scroll { overflow-x: auto; }
+th, td { border: 1px solid #c8d3de; padding: 3px 6px; text-align: right; vertical-align: top; }
 th { background: #1f4e79; color: #ffffff; }
 td.key, th.key { text-align: left; }
 tr:nth-child(even) td { background: #f2f6fa; }
@@ -61,7 +82,8 @@ td.fail { background: #f8d7d3 !important; color: #b71c1c; font-weight: bold; }
 .decision { font-size: 20px; padding: 12px 16px; border-left: 8px solid #c1440e; background: #fbeee8; }
 .decision.accept { border-left-color: #2e7d32; background: #e8f5e9; }
 img { max-width: 100%; border: 1px solid #c8d3de; margin: 8px 0; }
-code { background: #f2f6fa; padding: 1px 4px; }
+pre { background: #f2f6fa; padding: 8px; font-size: 11px; overflow-x: auto; }
+summary { cursor: pointer; color: #1f4e79; margin: 8px 0; }
 .muted { color: #6b6b6b; font-size: 12px; }
 """
 
@@ -101,41 +123,69 @@ def _kv_table(data: Any) -> str:
     return f'<table><tr><th class="key">field</th><th class="key">value</th></tr>{rows}</table>'
 
 
-def _gate_class(metric: str, value: Any, bounds: Mapping[str, tuple[str, float]]) -> str:
-    if metric not in bounds or isinstance(value, bool) or not isinstance(value, int | float):
+def _cell_class(row: Mapping[str, Any], column: str, bounds: Mapping[str, tuple[str, float]]) -> str:
+    """``pass``/``fail`` from the row's own gate verdicts when it has them, else from the result's thresholds."""
+    verdicts = row.get("gates")
+    if isinstance(verdicts, Mapping) and GATE_OF_COLUMN.get(column) in verdicts:
+        return "pass" if verdicts[GATE_OF_COLUMN[column]] else "fail"
+    value = row.get(column)
+    if column not in bounds or isinstance(value, bool) or not isinstance(value, int | float):
         return ""
-    side, threshold = bounds[metric]
-    ok = value <= threshold if side == "max" else value >= threshold
-    return ' class="pass"' if ok else ' class="fail"'
+    side, threshold = bounds[column]
+    return "pass" if (value <= threshold if side == "max" else value >= threshold) else "fail"
+
+
+def _verdict(row: Mapping[str, Any]) -> tuple[str, str]:
+    if "eligible" not in row:
+        return ("baseline", "") if row.get("candidate") == "dynamic" else ("-", "")
+    return ("eligible", "pass") if row["eligible"] else ("rejected", "fail")
+
+
+def _table(header: list[str], body: list[list[tuple[str, str]]], left: set[int]) -> str:
+    """``body`` cells are ``(text, css class)``; columns in ``left`` are left-aligned."""
+
+    def attr(classes: str) -> str:
+        return f' class="{classes}"' if classes else ""
+
+    head = "".join(
+        f"<th{attr('key' if i in left else '')}>{html.escape(h)}</th>" for i, h in enumerate(header)
+    )
+    rows = []
+    for cells in body:
+        tds = []
+        for i, (text, css) in enumerate(cells):
+            classes = " ".join(c for c in ("key" if i in left else "", css) if c)
+            tds.append(f"<td{attr(classes)}>{html.escape(text)}</td>")
+        rows.append("<tr>" + "".join(tds) + "</tr>")
+    return f'<div class="scroll"><table><tr>{head}</tr>{"".join(rows)}</table></div>'
 
 
 def _rows_table(rows: list[Mapping[str, Any]], bounds: Mapping[str, tuple[str, float]]) -> str:
-    known = {key for key, _ in ROW_COLUMNS} | {"matrix"}
     columns = [(k, h) for k, h in ROW_COLUMNS if any(k in r for r in rows)]
-    extra = sorted({k for r in rows for k in r if k not in known})
-    columns += [(k, k) for k in extra]
-    left = ("candidate", "status", "error")
-    head = "".join(
-        f'<th class="key">{html.escape(h)}</th>' if k in left else f"<th>{html.escape(h)}</th>"
-        for k, h in columns
-    )
     body = []
     for r in rows:
         cells = []
         for k, _ in columns:
-            value = r.get(k)
-            css = ' class="key"' if k in left else _gate_class(k, value, bounds)
-            cells.append(f"<td{css}>{html.escape(_fmt(value))}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+            cells.append(_verdict(r) if k == "eligible" else (_fmt(r.get(k)), _cell_class(r, k, bounds)))
+        body.append(cells)
+    return _table(
+        [h for _, h in columns], body, {0, len(columns) - 1} if columns[-1][0] == "eligible" else {0}
+    )
 
 
-def _decision_block(decision: Any) -> str:
-    if isinstance(decision, Mapping):
-        name = decision.get("decision") or decision.get("name") or decision.get("status")
-        detail = _kv_table(decision)
+def _records_table(records: list[Any]) -> str:
+    """A table of flat records (candidates, failures): one column per key seen."""
+    records = [r for r in records if isinstance(r, Mapping)]
+    keys = list(dict.fromkeys(k for r in records for k in r))
+    body = [[(_fmt(r.get(k)), "") for k in keys] for r in records]
+    return _table(keys, body, set(range(len(keys))))
+
+
+def _decision_block(summary: Any) -> str:
+    if isinstance(summary, Mapping):
+        name, detail = summary.get("decision"), _kv_table(summary)
     else:
-        name, detail = decision, ""
+        name, detail = summary, ""
     css = "decision accept" if name and str(name).startswith("accept") else "decision"
     return f'<div class="{css}">Decision: <b>{html.escape(_fmt(name))}</b></div>{detail}'
 
@@ -144,17 +194,23 @@ def _gates_table(gates: Any) -> str:
     bounds = gate_bounds(gates if isinstance(gates, Mapping) else None)
     if not bounds:
         return _kv_table(gates) if gates else "<p>No gates recorded.</p>"
-    rows = "".join(
-        f'<tr><td class="key">{html.escape(m)}</td><td>{"&le;" if side == "max" else "&ge;"}</td>'
-        f"<td>{threshold:g}</td></tr>"
+    body = [
+        [(m, ""), ("<=" if side == "max" else ">=", ""), (f"{threshold:g}", "")]
         for m, (side, threshold) in bounds.items()
+    ]
+    return _table(["metric", "passes if", "threshold"], body, {0}) + (
+        '<p class="muted">A candidate row is eligible when it passes every gate and saves cache bytes.</p>'
     )
-    return f'<table><tr><th class="key">metric</th><th>passes if</th><th>threshold</th></tr>{rows}</table>'
 
 
 def _png_tag(path: Path, alt: str) -> str:
     data = base64.b64encode(path.read_bytes()).decode("ascii")
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _details(title: str, data: Any) -> str:
+    text = json.dumps(data, indent=1, default=str)
+    return f"<details><summary>{html.escape(title)}</summary><pre>{html.escape(text)}</pre></details>"
 
 
 def render_html(result: Mapping[str, Any], figure_dir: str | os.PathLike | None = None) -> str:
@@ -166,28 +222,36 @@ def render_html(result: Mapping[str, Any], figure_dir: str | os.PathLike | None 
     """
     if not isinstance(result, Mapping):
         raise TypeError(f"`result` must be a mapping (a parsed eval result), got {type(result).__name__}")
-    rows = result.get("rows", [])
+    rows = result.get("rows")
+    rows = [] if rows is None else rows
     if not isinstance(rows, list):
         raise TypeError(f"`result['rows']` must be a list, got {type(rows).__name__}")
-    bounds = gate_bounds(result.get("gates") if isinstance(result.get("gates"), Mapping) else None)
-    provenance = result.get("provenance") if isinstance(result.get("provenance"), Mapping) else {}
-    label = result.get("label") or provenance.get("label")
+    gates = result.get("gates") if isinstance(result.get("gates"), Mapping) else None
+    bounds = gate_bounds(gates)
+    label = result.get("label")
     title = f"kvlab eval report{': ' + str(label) if label else ''}"
 
     parts = [f"<h1>{html.escape(title)}</h1>"]
-    if "schema_version" in result:
-        parts.append(f'<p class="muted">schema version {html.escape(_fmt(result["schema_version"]))}</p>')
-    parts.append("<h2>Decision</h2>" + _decision_block(result.get("decision")))
+    header = {k: result[k] for k in ("status", "created_utc", "elapsed_s", "schema_version") if k in result}
+    if isinstance(result.get("command"), list):
+        header["command"] = " ".join(str(a) for a in result["command"])
+    if header:
+        parts.append(_kv_table(header))
+    parts.append("<h2>Decision</h2>" + _decision_block(result.get("summary", result.get("decision"))))
     parts.append("<h2>Gates</h2>" + _gates_table(result.get("gates")))
+    if result.get("candidates"):
+        parts.append("<h2>Candidates</h2>" + _records_table(result["candidates"]))
 
-    matrices = list(dict.fromkeys(r.get("matrix", "rows") for r in rows))
-    for matrix in matrices:
+    for matrix in dict.fromkeys(r.get("matrix", "rows") for r in rows):
         subset = [r for r in rows if r.get("matrix", "rows") == matrix]
         parts.append(f"<h2>Table: {html.escape(str(matrix))} matrix ({len(subset)} rows)</h2>")
         parts.append(
-            '<p class="muted">Cells with a gate are green when they pass it and red when they fail.</p>'
+            '<p class="muted">Cells judged by a gate are green when they pass it and red when they fail; '
+            "every field of every row is in the raw rows below.</p>"
         )
         parts.append(_rows_table(subset, bounds))
+    if result.get("failures"):
+        parts.append(f"<h2>Failures ({len(result['failures'])})</h2>" + _records_table(result["failures"]))
 
     with tempfile.TemporaryDirectory(prefix="kvlab-report-") as tmp:
         figures = plot_eval_figures(result, figure_dir if figure_dir is not None else tmp)
@@ -199,9 +263,15 @@ def render_html(result: Mapping[str, Any], figure_dir: str | os.PathLike | None 
                 )
 
     parts.append("<h2>Provenance</h2>" + _kv_table(result.get("provenance", {})))
+    if "settings" in result:
+        parts.append("<h2>Settings</h2>" + _kv_table(result["settings"]))
     other = {k: v for k, v in result.items() if k not in _SECTIONS_SHOWN}
     if other:
         parts.append("<h2>Other fields</h2>" + _kv_table(other))
+    if rows:
+        parts.append("<h2>Raw data</h2>" + _details(f"all {len(rows)} rows, every field", rows))
+    if result.get("plan"):
+        parts.append(_details(f"the plan ({len(result['plan'])} cells)", result["plan"]))
     body = "\n".join(parts)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

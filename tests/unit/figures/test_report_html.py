@@ -11,20 +11,31 @@ import pytest
 from kvlab.report_html import render_html, write_html_report
 
 
+def test_synthetic_result_follows_the_eval_schema(eval_result):
+    from kvlab.eval.schema import validate_result
+
+    assert validate_result(eval_result) == []
+
+
 def test_page_has_every_section(eval_result):
     page = render_html(eval_result)
     for heading in (
         "Decision",
         "Gates",
+        "Candidates",
         "Table: capacity matrix",
         "Table: window matrix",
+        "Failures (3)",
         "Figures",
         "Provenance",
+        "Settings",
+        "Raw data",
     ):
-        assert f"<h2>{heading}" in page
-    assert "accept_local_cache_candidate" in page
+        assert f"<h2>{heading}" in page, heading
+    assert eval_result["summary"]["decision"] == "accept kivi-4 at context 2048"
+    assert "Decision: <b>accept kivi-4 at context 2048</b>" in page
     assert "synthetic-model" in page  # provenance is shown
-    assert "optional extra &#x27;hf&#x27; not installed" in page  # a skipped candidate is shown, escaped
+    assert "optional extra &#x27;hf&#x27; not installed" in page  # the failure is shown, escaped
 
 
 def test_page_is_self_contained(eval_result):
@@ -36,11 +47,20 @@ def test_page_is_self_contained(eval_result):
         assert base64.b64decode(data).startswith(b"\x89PNG")
 
 
-def test_gate_cells_are_marked(eval_result):
+def test_gate_cells_and_verdicts_are_marked(eval_result):
     page = render_html(eval_result)
-    # kivi-2 at 4096: latency ratio 2.2 > 2.0 fails; dynamic's 1.0 passes
-    assert '<td class="fail">2.2</td>' in page
-    assert '<td class="pass">1</td>' in page
+    assert '<td class="fail">2.2</td>' in page  # kivi-4 and kivi-2 at 4096: latency ratio 2.2 > 2.0
+    assert '<td class="pass">1.325</td>' in page  # at 512: 1.325 <= 2.0
+    assert '<td class="key fail">rejected</td>' in page and '<td class="key pass">eligible</td>' in page
+    assert '<td class="key">baseline</td>' in page
+
+
+def test_row_gate_verdicts_take_precedence(eval_result):
+    """The runner's per-row verdict is shown even where the thresholds would say otherwise."""
+    row = next(r for r in eval_result["rows"] if r["candidate"] == "kivi-4" and r["context_length"] == 512)
+    row["latency_ratio"] = 1.234
+    row["gates"]["latency_ratio"] = False
+    assert '<td class="fail">1.234</td>' in render_html(eval_result)
 
 
 def test_strings_are_escaped(eval_result):
@@ -67,7 +87,7 @@ def test_bad_input():
 
 def test_empty_result_still_renders():
     page = render_html({})
-    assert "<h2>Decision</h2>" in page and "<img" not in page
+    assert "<h2>Decision</h2>" in page and "<img" not in page and "No gates recorded" in page
 
 
 def _chromium() -> str | None:
