@@ -112,18 +112,20 @@ def _print_real(r: dict) -> None:
         title=f"Exact caches on {r.get('model', 'model')}: {r['batch']} x {r['tokens']} tokens, "
         f"prefill {r['prefill_tokens']}, {r['dtype']}, pass if rel err <= {r['rel_tolerance']:.0e}"
     )
-    for col in ("cache", "status", "max abs err", "rel err", "argmax agreement", "passed"):
+    for col in ("cache", "status", "max abs err", "rel err", "argmax agreement", "vs DynamicCache", "passed"):
         table.add_column(col)
     for row in r["rows"]:
         if row["status"] == "ok":
+            vs = row.get("max_abs_diff_vs_dynamic")
             table.add_row(
                 row["cache"],
                 "ok",
                 f"{row['max_abs_err']:.3e}",
                 f"{row['rel_err']:.3e}",
                 f"{row['argmax_agreement']:.3f}",
+                "-" if vs is None else f"{vs:.3e}",
                 str(row["passed"]),
             )
         else:
-            table.add_row(row["cache"], row["status"], "-", "-", "-", row.get("error", ""))
+            table.add_row(row["cache"], row["status"], "-", "-", "-", "-", row.get("error", ""))
     Console().print(table)

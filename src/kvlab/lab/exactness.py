@@ -32,9 +32,9 @@ def _dynamic(model: Any, total_tokens: int) -> Any:
 
 
 def _paged(model: Any, total_tokens: int) -> Any:
-    from kvlab.caches import PagedCache
+    from kvlab.caches.paged import PagedCache
 
-    return PagedCache()
+    return PagedCache(block_size=16, config=model.config)  # the sequence spans several blocks
 
 
 def _kivi8(model: Any, total_tokens: int) -> Any:
@@ -92,8 +92,9 @@ def check_exact_caches(
     Returns:
         ``{"tokens", "prefill_tokens", "batch", "dtype", "rel_tolerance", "ref_scale", "rows": [...],
         "all_passed"}``; each row has ``cache``, ``status`` (``ok``/``failed``/``skipped``), ``max_abs_err``,
-        ``rel_err``, ``argmax_agreement`` (fraction of positions whose top token matches), ``passed`` and, when not
-        ok, ``error`` (an unavailable cache class is ``skipped`` with the import error).
+        ``rel_err``, ``argmax_agreement`` (fraction of positions whose top token matches), ``passed``,
+        ``max_abs_diff_vs_dynamic`` (for caches after ``"dynamic"``: distance to DynamicCache's incremental
+        logits) and, when not ok, ``error`` (an unavailable cache class is ``skipped`` with the import error).
     """
     batch, tokens = input_ids.shape
     prefill_tokens = max(1, tokens // 4) if prefill_tokens is None else prefill_tokens
@@ -102,7 +103,7 @@ def check_exact_caches(
     tol = TOLERANCE_BY_DTYPE.get(dtype, 5e-2) if rel_tolerance is None else rel_tolerance
     reference = model(input_ids, use_cache=False).logits.float()  # [batch, tokens, vocab]
     ref_scale = float(reference.abs().max())
-    rows = []
+    rows, dynamic_logits = [], None
     for name, factory in caches.items():
         try:
             cache = factory(model, tokens)
@@ -121,16 +122,19 @@ def check_exact_caches(
         max_abs = float((logits - reference).abs().max())
         rel = max_abs / ref_scale if ref_scale > 0 else math.inf
         agree = float((logits.argmax(-1) == reference.argmax(-1)).float().mean())
-        rows.append(
-            {
-                "cache": name,
-                "status": "ok",
-                "max_abs_err": max_abs,
-                "rel_err": rel,
-                "argmax_agreement": agree,
-                "passed": bool(rel <= tol),
-            }
-        )
+        row = {
+            "cache": name,
+            "status": "ok",
+            "max_abs_err": max_abs,
+            "rel_err": rel,
+            "argmax_agreement": agree,
+            "passed": bool(rel <= tol),
+        }
+        if name == "dynamic":
+            dynamic_logits = logits
+        elif dynamic_logits is not None:  # the same incremental path as DynamicCache: expect identical logits
+            row["max_abs_diff_vs_dynamic"] = float((logits - dynamic_logits).abs().max())
+        rows.append(row)
     return {
         "tokens": tokens,
         "prefill_tokens": prefill_tokens,

@@ -39,6 +39,8 @@ def test_each_exact_cache_matches_full_forward(exactness, name):
     assert row["max_abs_err"] <= row["rel_err"] * exactness["ref_scale"] * (1 + 1e-9)
     assert row["argmax_agreement"] == 1.0
     assert row["passed"] is True
+    if name != "dynamic":
+        assert row["max_abs_diff_vs_dynamic"] <= row["max_abs_err"] + 1e-6
 
 
 def test_dynamic_cache_is_never_skipped(exactness):

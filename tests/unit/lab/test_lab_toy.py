@@ -21,6 +21,7 @@ from kvlab.lab.toy import (
 
 
 def test_seed_run_gives_192_identical_tokens(seed_lab_result):
+    assert seed_lab_result["_exit_code"] == 0
     assert seed_lab_result["gen"] == 192
     assert seed_lab_result["same_tokens"] == 192
     assert seed_lab_result["first_divergence"] is None
