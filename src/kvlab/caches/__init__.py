@@ -6,5 +6,6 @@
 
 from kvlab.caches.kivi import KIVICache, KIVILayer
 from kvlab.caches.measure import cache_nbytes
+from kvlab.caches.paged import PagedCache, PagedLayer
 
-__all__ = ["KIVICache", "KIVILayer", "cache_nbytes"]
+__all__ = ["KIVICache", "KIVILayer", "PagedCache", "PagedLayer", "cache_nbytes"]

@@ -23,7 +23,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvlab.quant.kivi import KIVIConfig, KIVIState
 
-ATTENTION_PATHS = ("dequantize",)
+ATTENTION_PATHS = ("dequantize", "fused")
 
 
 class KIVILayer(CacheLayerMixin):
@@ -38,9 +38,10 @@ class KIVILayer(CacheLayerMixin):
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, config: KIVIConfig, **kwargs: Any):
+    def __init__(self, config: KIVIConfig, attention: str = "dequantize", **kwargs: Any):
         super().__init__(**kwargs)
         self.config = config
+        self.attention = attention
         self.state = KIVIState(config)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -60,12 +61,33 @@ class KIVILayer(CacheLayerMixin):
         if not self.is_initialized:
             self.state._check(key_states, value_states)  # fail before touching anything
             self.lazy_initialization(key_states, value_states)
+        if self.attention == "fused":
+            return self._update_fused(key_states, value_states, kwargs.get("kvlab_layer_idx"))
         prefix = self.state.dequantize_prefix()  # quantized tokens as they stand before this call
         key_window, value_window = self.state.append(key_states, value_states)
         self.keys, self.values = self.state.key_residual, self.state.value_residual
         if prefix is None:
             return key_window, value_window
         return torch.cat((prefix[0], key_window), dim=-2), torch.cat((prefix[1], value_window), dim=-2)
+
+    def _update_fused(self, key_states, value_states, layer_idx):
+        """Fused path: hand the quantized prefix to kvlab attention; return only the full-precision window."""
+        from kvlab.attention.interface import PendingPrefix, pending
+
+        table = pending()
+        previous = table.get(layer_idx)
+        if previous is not None and previous.owner is self and not previous.consumed:
+            raise RuntimeError(
+                "KIVICache(attention='fused') needs kvlab attention on the model: call "
+                "kvlab.attention.enable(model) first (the previous step's quantized prefix was never read)"
+            )
+        segments = list(
+            self.state.segments()
+        )  # views of blocks as they stand; the flush below writes beyond them
+        key_window, value_window = self.state.append(key_states, value_states)
+        self.keys, self.values = self.state.key_residual, self.state.value_residual
+        table[layer_idx] = PendingPrefix(segments, self.config.nbits, self.config.group_size, owner=self)
+        return key_window, value_window
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         """``(kv_length, kv_offset)`` for mask creation: every stored token is attended to."""
@@ -121,6 +143,10 @@ class KIVICache(Cache):
         block_tokens: quantized storage grows in blocks of this many tokens (see :class:`KIVIConfig`).
         config: optional model config; when given, layers are created up front and a model with sliding-window
             or non-attention layers is rejected.
+        attention: ``"dequantize"`` (default: ``update`` returns float K/V of the whole history, works with any
+            attention implementation) or ``"fused"`` (``update`` returns only the full-precision window and
+            :func:`kvlab.attention.enable`'d attention reads the packed codes directly; no float copy of the
+            quantized history is ever built).
 
     Raises:
         ValueError: unsupported ``nbits``, ``residual_length`` not a multiple of ``group_size``, a model whose
@@ -137,7 +163,11 @@ class KIVICache(Cache):
         residual_length: int = 128,
         block_tokens: int | None = None,
         config: Any = None,
+        attention: str = "dequantize",
     ):
+        if attention not in ATTENTION_PATHS:
+            raise ValueError(f"`attention` must be one of {list(ATTENTION_PATHS)}, got {attention!r}")
+        self.attention = attention
         self.kivi_config = KIVIConfig(
             nbits=nbits, group_size=group_size, residual_length=residual_length, block_tokens=block_tokens
         )
@@ -149,9 +179,17 @@ class KIVICache(Cache):
                 raise ValueError(f"KIVICache supports full-attention layers only; the model has {bad}")
             head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
             self.kivi_config.check_head_dim(head_dim)
-            super().__init__(layers=[KIVILayer(self.kivi_config) for _ in layer_types])
+            super().__init__(layers=[KIVILayer(self.kivi_config, attention) for _ in layer_types])
         else:
-            super().__init__(layer_class_to_replicate=partial(KIVILayer, self.kivi_config))
+            super().__init__(layer_class_to_replicate=partial(KIVILayer, self.kivi_config, attention))
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ):
+        """Cache.update, passing ``layer_idx`` down so the fused path can hand its prefix to the attention."""
+        if self.attention == "fused":
+            kwargs["kvlab_layer_idx"] = layer_idx
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     def __repr__(self) -> str:
         c = self.kivi_config

@@ -1,0 +1,97 @@
+"""kvlab's attention function for transformers' ``AttentionInterface``: fused KIVI attention, else SDPA.
+
+``enable(model)`` registers the function under the name ``"kvlab"`` (with SDPA's mask builder) and switches the
+model to it. For every layer it then checks whether a :class:`kvlab.caches.KIVICache` in ``attention="fused"``
+mode left this step's quantized prefix for it: if so it runs :func:`kvlab.attention.quantized.kivi_attention`
+(no float copy of the quantized history), otherwise it is exactly transformers' SDPA attention, so any other cache
+keeps working unchanged.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvlab.attention.quantized import kivi_attention
+
+NAME = "kvlab"
+_local = threading.local()
+
+
+@dataclass
+class PendingPrefix:
+    """What a fused-mode KIVI layer hands to the attention of the same layer and step."""
+
+    segments: list  # QuantSegmentView, oldest first: the quantized prefix before this step's flush
+    nbits: int
+    group_size: int
+    owner: Any = None  # the KIVILayer that wrote this entry
+    consumed: bool = False
+
+
+def pending() -> dict[int, PendingPrefix]:
+    """This thread's hand-off table: layer index -> :class:`PendingPrefix`."""
+    table = getattr(_local, "table", None)
+    if table is None:
+        table = _local.table = {}
+    return table
+
+
+def kvlab_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention signature: ``query [B, Hq, q, D]``, ``key/value [B, Hkv, kv, D]`` ->
+    ``([B, q, Hq, D], None)``."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    layer_idx = getattr(module, "layer_idx", None)
+    entry = pending().get(layer_idx)
+    if entry is None or entry.consumed:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    if kwargs.get("sliding_window") is not None:
+        raise ValueError(
+            f"fused KIVI attention supports full attention only, got sliding_window={kwargs['sliding_window']}"
+        )
+    entry.consumed = True
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = kivi_attention(
+        query, entry.segments, key, value, entry.nbits, entry.group_size, scale, attention_mask
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Register ``"kvlab"`` in transformers' attention and mask interfaces (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, kvlab_attention_forward)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+def enable(model: Any) -> Any:
+    """Switch ``model`` to kvlab attention (fused KIVI where a fused KIVICache is used, SDPA otherwise).
+
+    Returns the model. Raises whatever ``set_attn_implementation`` raises for models that do not support custom
+    attention functions.
+    """
+    register()
+    model.set_attn_implementation(NAME)
+    return model
+
+
+def is_enabled(model: Any) -> bool:
+    """Whether ``model`` currently uses kvlab attention."""
+    return getattr(model.config, "_attn_implementation", None) == NAME

@@ -1,0 +1,158 @@
+"""Attention over a KIVI cache that never builds the float K/V of the quantized history.
+
+For one KV head, with keys per-channel (group ``j`` of ``G`` tokens has scale ``s_j`` and zero ``z_j`` per channel)
+and values per-token (token ``t`` has scale ``u_t,k`` and zero ``w_t,k`` per group ``k`` of ``G`` channels)::
+
+    q · K_t   = (q ⊙ s_j) · code_t  +  q · z_j                       (the key scale/zero fold into the query)
+    Σ_t p_t V_t[k-group] = Σ_t (p_t u_t,k) code_t[k-group]  +  Σ_t p_t w_t,k   (value scale/zero fold into p)
+
+so each quantized block is read as packed ``uint8`` codes, unpacked chunk by chunk into small integer-valued
+tiles, and multiplied directly; the softmax is computed online across blocks and the full-precision residual
+window (flash-decoding style split over the token axis: running max, running sum, rescaled accumulator).
+Query heads of one KV head are stacked as rows (GQA without repeating K/V). Sources: KIVI (arXiv:2402.02750) §3.3
+(fused dequantization into the matmul), FlashAttention/FlashDecoding online softmax (arXiv:2205.14135 §3.1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from kvlab.quant.codec import unpack_codes
+from kvlab.quant.kivi import QuantSegmentView
+
+NEG_INF = float("-inf")
+
+
+def _mask_rows(
+    mask: torch.Tensor | None, groups: int, q_len: int, start: int, stop: int
+) -> torch.Tensor | None:
+    """Columns ``[start, stop)`` of a ``[B, 1|Hkv*g?, q, kv]`` mask as ``[B, 1, g*q, n]`` (bool: True = attend)."""
+    if mask is None:
+        return None
+    m = mask[..., start:stop]
+    if m.dtype != torch.bool:
+        m = m == 0  # additive float mask: 0 = attend, large negative = masked
+    b, h, q, n = m.shape
+    if h != 1:
+        raise ValueError(f"per-head attention masks are not supported, got mask shape {tuple(mask.shape)}")
+    return m[:, :, None].expand(b, 1, groups, q, n).reshape(b, 1, groups * q, n)
+
+
+class _OnlineSoftmax:
+    """Running max / sum / accumulator over key chunks for ``[B, H, M, D]`` outputs (fp32)."""
+
+    def __init__(self, b: int, h: int, m: int, d: int, device: torch.device):
+        self.m = torch.full((b, h, m, 1), NEG_INF, device=device)
+        self.l = torch.zeros((b, h, m, 1), device=device)
+        self.acc = torch.zeros((b, h, m, d), device=device)
+
+    def probs(self, scores: torch.Tensor) -> torch.Tensor:
+        """Fold ``scores [B, H, M, n]`` into the running max; return ``exp(scores - max)`` and rescale state."""
+        m_new = torch.maximum(self.m, scores.amax(dim=-1, keepdim=True))
+        safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+        alpha = torch.exp(
+            torch.where(torch.isfinite(self.m), self.m - safe, torch.full_like(self.m, NEG_INF))
+        )
+        p = torch.exp(scores - safe)
+        self.l = self.l * alpha + p.sum(dim=-1, keepdim=True)
+        self.acc = self.acc * alpha
+        self.m = m_new
+        return p
+
+    def result(self) -> torch.Tensor:
+        return self.acc / self.l.clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def _quantized_block(
+    state: _OnlineSoftmax,
+    qg: torch.Tensor,
+    seg: QuantSegmentView,
+    nbits: int,
+    group: int,
+    mask: torch.Tensor | None,
+    scaling: float,
+) -> None:
+    """Accumulate one quantized block into ``state``. ``qg``: ``[B, H, M, D]`` fp32 query rows."""
+    b, h, m, d = qg.shape
+    n = seg.tokens
+    ng, kg = n // group, d // group
+    # keys: scores[b,h,m,t] = (q ⊙ s_j)·code_t + q·z_j, with j = t // G
+    k_codes = unpack_codes(seg.k_codes, nbits).to(torch.float32).view(b, h, ng, group, d)  # [B,H,NG,G,D]
+    ks = seg.k_scale.to(torch.float32)  # [B,H,NG,D]
+    qs = qg[:, :, None] * ks[:, :, :, None, :]  # [B,H,NG,M,D]
+    scores = torch.matmul(qs, k_codes.transpose(-1, -2))  # [B,H,NG,M,G]
+    qz = torch.matmul(qg, seg.k_zero.to(torch.float32).transpose(-1, -2))  # [B,H,M,NG]
+    scores = scores.permute(0, 1, 3, 2, 4) + qz[..., None]  # [B,H,M,NG,G]
+    scores = scores.reshape(b, h, m, n) * scaling
+    if mask is not None:
+        scores = scores.masked_fill(~mask, NEG_INF)
+    p = state.probs(scores)  # [B,H,M,n]
+    # values: out[m, k, :] = Σ_t (p_t u_t,k) code_t[k, :] + Σ_t p_t w_t,k
+    v_codes = unpack_codes(seg.v_codes, nbits).to(torch.float32).view(b, h, n, kg, group)  # [B,H,n,KG,G]
+    vs = seg.v_scale.to(torch.float32)  # [B,H,n,KG]
+    pw = (p[..., None] * vs[:, :, None]).permute(0, 1, 4, 2, 3)  # [B,H,KG,M,n]
+    out = torch.matmul(pw, v_codes.permute(0, 1, 3, 2, 4))  # [B,H,KG,M,G]
+    out = out.permute(0, 1, 3, 2, 4).reshape(b, h, m, d)  # [B,H,M,D]
+    pz = torch.matmul(p, seg.v_zero.to(torch.float32))  # [B,H,M,KG]
+    state.acc += out + pz.repeat_interleave(group, dim=-1)
+
+
+def kivi_attention(
+    query: torch.Tensor,
+    segments: Iterable[QuantSegmentView],
+    key_window: torch.Tensor,
+    value_window: torch.Tensor,
+    nbits: int,
+    group_size: int,
+    scaling: float,
+    attention_mask: torch.Tensor | None = None,
+    window_offset: int | None = None,
+) -> torch.Tensor:
+    """Attention of ``query`` over quantized blocks followed by a full-precision window.
+
+    Args:
+        query: ``[batch, q_heads, q_len, head_dim]``.
+        segments: quantized prefix blocks, oldest first (:meth:`kvlab.quant.kivi.KIVIState.segments`), each
+            ``[batch, kv_heads, n, ...]``; their tokens precede the window.
+        key_window / value_window: ``[batch, kv_heads, w, head_dim]`` in full precision; the query tokens are the
+            last ``q_len`` of them.
+        nbits / group_size: the KIVI settings the segments were written with.
+        scaling: softmax scale (usually ``head_dim ** -0.5``).
+        attention_mask: ``None`` (causal), or ``[batch, 1, q_len, Q + w]`` bool (True = attend) or additive float.
+        window_offset: ignored unless ``attention_mask`` is None; tokens of the window before the first query
+            (default ``w - q_len``), used for the causal rule inside the window.
+
+    Returns:
+        ``[batch, q_heads, q_len, head_dim]`` in ``query.dtype``.
+
+    Raises:
+        ValueError: q_heads not a multiple of kv_heads, mismatched head_dim, per-head masks.
+    """
+    b, hq, q_len, d = query.shape
+    hkv, w = key_window.shape[1], key_window.shape[2]
+    if hq % hkv or key_window.shape[-1] != d:
+        raise ValueError(f"query {tuple(query.shape)} does not fit key window {tuple(key_window.shape)}")
+    g = hq // hkv
+    # [B, Hq, q, D] -> [B, Hkv, g*q, D]: query heads sharing a KV head become rows (GQA without repeat_kv)
+    qg = query.to(torch.float32).reshape(b, hkv, g * q_len, d)
+    state = _OnlineSoftmax(b, hkv, g * q_len, d, query.device)
+    start = 0
+    for seg in segments:
+        mask = _mask_rows(attention_mask, g, q_len, start, start + seg.tokens)
+        _quantized_block(state, qg, seg, nbits, group_size, mask, scaling)
+        start += seg.tokens
+    # full-precision window
+    scores = torch.matmul(qg, key_window.to(torch.float32).transpose(-1, -2)) * scaling  # [B,Hkv,g*q,w]
+    if attention_mask is not None:
+        scores = scores.masked_fill(~_mask_rows(attention_mask, g, q_len, start, start + w), NEG_INF)
+    elif q_len > 1:
+        offset = w - q_len if window_offset is None else window_offset
+        rows = torch.arange(q_len, device=query.device).repeat(g)[:, None]  # query index of each row
+        cols = torch.arange(w, device=query.device)[None, :]
+        scores = scores.masked_fill(cols > rows + offset, NEG_INF)
+    p = state.probs(scores)
+    state.acc += torch.matmul(p, value_window.to(torch.float32))
+    out = state.result()  # [B, Hkv, g*q, D]
+    return out.reshape(b, hq, q_len, d).to(query.dtype)
