@@ -97,6 +97,7 @@ _FIELDS = {
     "residual": "residual_length",
     "group_size": "group_size",
     "hqq_group_size": "hqq_group_size",
+    "kivi_attention": "kivi_attention",
     "window_context": "window_context",
     "window_new_tokens": "window_new_tokens",
     "window_residuals": "window_residuals",

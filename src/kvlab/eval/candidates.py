@@ -60,7 +60,14 @@ class Candidate:
                 return f"package for backend '{self.family}' is not installed (pip install 'kvlab[hf]')"
         return None
 
-    def make(self, model_config: Any, residual_length: int, group_size: int, hqq_group_size: int = 64):
+    def make(
+        self,
+        model_config: Any,
+        residual_length: int,
+        group_size: int,
+        hqq_group_size: int = 64,
+        kivi_attention: str = "dequantize",
+    ):
         """A fresh cache for one run. ``group_size`` applies to KIVI, ``hqq_group_size`` to HQQ/quanto."""
         from transformers import DynamicCache, QuantizedCache
 
@@ -69,7 +76,12 @@ class Candidate:
         if self.family == "dynamic":
             return DynamicCache()
         if self.family == "kivi":
-            return KIVICache(nbits=self.nbits, group_size=group_size, residual_length=residual_length)
+            return KIVICache(
+                nbits=self.nbits,
+                group_size=group_size,
+                residual_length=residual_length,
+                attention=kivi_attention,
+            )
         axis = 1 if self.family == "hqq" else 0  # seed 000 §5.1: HQQ needs axis 1 for both K and V
         return QuantizedCache(
             backend=self.family,
@@ -81,7 +93,9 @@ class Candidate:
             residual_length=residual_length,
         )
 
-    def describe(self, residual_length: int, group_size: int, hqq_group_size: int) -> dict:
+    def describe(
+        self, residual_length: int, group_size: int, hqq_group_size: int, kivi_attention: str = "dequantize"
+    ) -> dict:
         """JSON description of the candidate's settings."""
         if self.family == "dynamic":
             return {"name": self.name, "family": "dynamic"}

@@ -56,6 +56,9 @@ class EvalConfig:
         prompt_mode: ``"heldout"`` (held-out text cut to exact lengths) or ``"repeat"`` (seed: a prompt tiled).
         batch: prompts per generate call (each row a different held-out slice).
         seed: torch seed and held-out offset seed.
+        hqq_group_size: group size of the HQQ/quanto candidates (seed: 64).
+        kivi_attention: ``"fused"`` (kvlab attention reads packed codes; no float copy of the history) or
+            ``"dequantize"`` (the cache returns float K/V to the model's own attention).
     """
 
     model: str | None = None
@@ -79,6 +82,7 @@ class EvalConfig:
     batch: int = 1
     seed: int = 42
     hqq_group_size: int = 64
+    kivi_attention: str = "fused"
     gates: Gates = field(default_factory=Gates)
 
     def __post_init__(self) -> None:
@@ -86,6 +90,8 @@ class EvalConfig:
             raise ValueError(f"`dtype` must be one of {list(DTYPES)}, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ValueError(f"`device` must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.kivi_attention not in ("fused", "dequantize"):
+            raise ValueError(f"`kivi_attention` must be 'fused' or 'dequantize', got {self.kivi_attention!r}")
         if self.prompt_mode not in PROMPT_MODES:
             raise ValueError(f"`prompt_mode` must be one of {list(PROMPT_MODES)}, got {self.prompt_mode!r}")
         from kvlab.eval.candidates import check_candidate_names  # local: candidates imports torch

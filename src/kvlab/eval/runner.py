@@ -155,7 +155,7 @@ def new_result(cfg: EvalConfig, label: str, argv: list[str] | None) -> dict:
     cands = []
     for name in cfg.candidates:
         c = Candidate.parse(name)
-        d = c.describe(cfg.residual_length, cfg.group_size, cfg.hqq_group_size)
+        d = c.describe(cfg.residual_length, cfg.group_size, cfg.hqq_group_size, cfg.kivi_attention)
         reason = c.unavailable_reason()
         d.update({"available": reason is None, "skip_reason": reason})
         cands.append(d)
@@ -217,7 +217,9 @@ class _Cell:
     def measure(self, cand: Candidate, ids, new_tokens, residual, group, continuation, base) -> dict | None:
         cfg, stage = self.cfg, "construct"
         try:
-            make = lambda: cand.make(self.model.config, residual, group, cfg.hqq_group_size)  # noqa: E731
+            make = lambda: cand.make(
+                self.model.config, residual, group, cfg.hqq_group_size, cfg.kivi_attention
+            )  # noqa: E731
             make()
             stage = "generate"
             perf, cache, generated = run_generate(
@@ -369,6 +371,11 @@ def run_eval(
         {"hardware": hardware_info(device), "model": model_info, "seed": cfg.seed, "argv": sys.argv}
     )
     result["provenance"]["prompts"] = []
+    if cfg.kivi_attention == "fused" and any(n.startswith("kivi") for n in cfg.candidates):
+        from kvlab.attention import enable
+
+        enable(model)  # fused KIVI reads packed codes; every other cache falls back to SDPA unchanged
+    result["provenance"]["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
     result["status"] = "running"
     cell = _Cell(cfg, model, _pad_id(tokenizer), result, progress)
     cands = [Candidate.parse(n) for n in cfg.candidates]
