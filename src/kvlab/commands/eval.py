@@ -51,6 +51,12 @@ def register(sub) -> None:
         "--hqq-group-size", type=int, default=None, help="HQQ/quanto group size (default 64, the seed's)"
     )
     p.add_argument(
+        "--kivi-attention",
+        choices=("fused", "dequantize"),
+        default=None,
+        help="fused (default): kvlab attention reads packed codes; dequantize: float K/V to the model's attention",
+    )
+    p.add_argument(
         "--window-context", type=int, default=None, help="residual-window matrix context (default 512)"
     )
     p.add_argument(
