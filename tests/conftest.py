@@ -18,3 +18,37 @@ def tiny_qwen2():
         max_position_embeddings=2048,
     )
     return Qwen2ForCausalLM(cfg).eval()
+
+
+def _chromium_binary():
+    import shutil
+
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@pytest.fixture
+def chromium_screenshot(tmp_path):
+    """``shoot(page_path) -> pixels [2000, 1280, 3]``: render a local page in headless Chromium (skip if absent)."""
+    import subprocess
+
+    browser = _chromium_binary()
+    if browser is None:
+        pytest.skip("no chromium binary on PATH (Debian: apt-get install -y chromium)")
+
+    def shoot(page):
+        import matplotlib.image
+
+        shot = tmp_path / "shot.png"
+        cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+               "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}",
+               "--window-size=1280,2000", page.resolve().as_uri()]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert shot.exists(), f"chromium wrote no screenshot (rc {proc.returncode}): {proc.stderr[-2000:]}"
+        return matplotlib.image.imread(shot)[..., :3]
+
+    return shoot

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         from kvlab.report_html import write_html_report
 
-        write_html_report(result, out)
+        write_html_report(result, out, overwrite=args.force)
         err.print(f"HTML report written to {out}")
     if args.json:
         print(json.dumps(result, indent=1))
