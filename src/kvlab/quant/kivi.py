@@ -10,8 +10,9 @@ KIVI (Liu et al., arXiv:2402.02750) §3.2-3.3 and Algorithm 1:
   Prefill follows the same rule: its newest ``R`` (up to ``R + G - 1``) tokens stay in full precision.
 
 Flushed chunks are always G-aligned from token 0, so streaming tokens one at a time produces exactly the same
-codes, scales and zeros as one call with all of them. Quantized data is written once into fixed-size blocks of
-``block_tokens`` tokens and never rewritten or moved, so a flush costs O(new tokens), not O(history).
+codes, scales and zeros as one call with all of them. Quantized data is written once into storage blocks (a
+prefill's chunk fits one block; later blocks hold a quarter of the history, at most ``block_tokens``) and is never
+rewritten or moved, so a flush costs O(new tokens), not O(history).
 
 Byte ledger per layer, per batch row, per KV head, with ``Q`` quantized tokens out of ``T`` (``D`` head_dim,
 ``b`` nbits, ``m`` metadata bytes, ``p`` cache dtype bytes)::
@@ -36,7 +37,7 @@ from kvlab.quant.codec import (
     quantize_groups,
 )
 
-DEFAULT_BLOCK_TOKENS = 1024
+DEFAULT_BLOCK_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class KIVIConfig:
         group_size: ``G``, tokens per key group and channels per value group.
         residual_length: ``R``, newest tokens kept in full precision; a multiple of ``G`` (0 allowed).
         block_tokens: quantized storage grows in blocks of this many tokens (a multiple of ``G``); default: the
-            smallest multiple of ``G`` that is at least 1024.
+            smallest multiple of ``G`` that is at least 4096.
 
     Raises:
         ValueError: unsupported ``nbits``, non-positive ``group_size``, ``residual_length`` negative or not a
@@ -196,12 +197,14 @@ class KIVIState:
         return key_window, value_window
 
     def _new_block(self, like: torch.Tensor, pending: int) -> QuantBlock:
-        # Capacity doubles with the stored history (G, G, 2G, 4G, ...) up to block_tokens, or fits a large chunk:
-        # small caches reserve little, long ones use few blocks; blocks are never moved.
+        # A block fits the chunk being written (a prefill lands in one block) and otherwise grows with a quarter of
+        # the stored history, capped at block_tokens: few blocks for the fused attention to visit, at most ~25 %
+        # of the quantized bytes reserved ahead. Blocks are never moved or rewritten.
         cfg = self.config
         b, h, _, d = like.shape
         g = cfg.group_size
-        cap = min(cfg.block_tokens, max(g, pending, self.quantized_tokens))
+        quarter = -(-(self.quantized_tokens // 4) // g) * g
+        cap = min(cfg.block_tokens, max(g, pending, quarter))
         scale_dtype, zero_dtype = metadata_dtypes(like.dtype)
         packed = d * cfg.nbits // 8
         dev = like.device
