@@ -29,7 +29,15 @@ def run(args: argparse.Namespace) -> int:
     result = None
     if args.result:
         result = json.loads(Path(args.result).read_text(encoding="utf-8"))
-    paths = write_figures(args.out, result=result, run_probe=not args.no_probe, append=not args.no_append)
+    if args.json:
+        paths = write_figures(args.out, result=result, run_probe=not args.no_probe, append=not args.no_append)
+    else:
+        from rich.console import Console
+
+        with Console(stderr=True).status("computing and drawing the figures ..."):
+            paths = write_figures(
+                args.out, result=result, run_probe=not args.no_probe, append=not args.no_append
+            )
     if args.json:
         print(json.dumps({name: str(path) for name, path in paths.items()}, indent=1))
         return 0

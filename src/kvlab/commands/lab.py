@@ -39,11 +39,23 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def _status(message: str, quiet: bool):
+    """A spinner on stderr while long work runs (none with --json)."""
+    import contextlib
+
+    if quiet:
+        return contextlib.nullcontext()
+    from rich.console import Console
+
+    return Console(stderr=True).status(message)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.real:
         from kvlab.lab.exactness import run_real_check
 
-        result = run_real_check(args.model, dtype=args.dtype, tokens=args.tokens, batch=args.batch)
+        with _status("decoding the model through each exact cache ...", args.json):
+            result = run_real_check(args.model, dtype=args.dtype, tokens=args.tokens, batch=args.batch)
         if args.json:
             print(json.dumps(result, indent=1))
         else:
@@ -52,11 +64,14 @@ def run(args: argparse.Namespace) -> int:
 
     from kvlab.lab import ToyConfig, run_toy_lab
 
-    result = run_toy_lab(ToyConfig(kv_heads=args.kv_heads, new_tokens=args.new_tokens), repeat=args.repeat)
+    cfg = ToyConfig(kv_heads=args.kv_heads, new_tokens=args.new_tokens)
+    with _status("toy decoder: full recompute and KV cache ...", args.json):
+        result = run_toy_lab(cfg, repeat=args.repeat)
     if not args.no_append:
         from kvlab.lab.append import measure_append_cost
 
-        result["append"] = measure_append_cost(tuple(args.append_contexts))
+        with _status("append cost: torch.cat vs preallocated ...", args.json):
+            result["append"] = measure_append_cost(tuple(args.append_contexts))
     if args.json:
         print(json.dumps(result, indent=1))
     else:
