@@ -15,9 +15,31 @@ from kvlab.eval.schema import validate_result
 @pytest.fixture(scope="module")
 def eval_result(tmp_path_factory, reference_bf16):
     out = tmp_path_factory.mktemp("results")
-    args = ["eval", "--contexts", "4096", "--new-tokens", "4", "--quality-tokens", "4", "--warmup", "0",
-            "--repeat", "1", "--window-context", "256", "--window-new-tokens", "24", "--window-residuals", "16,32",
-            "--label", "it", "--out-dir", str(out), "--device", "cpu"]
+    args = [
+        "eval",
+        "--contexts",
+        "4096",
+        "--new-tokens",
+        "4",
+        "--quality-tokens",
+        "4",
+        "--warmup",
+        "0",
+        "--repeat",
+        "1",
+        "--window-context",
+        "256",
+        "--window-new-tokens",
+        "24",
+        "--window-residuals",
+        "16,32",
+        "--label",
+        "it",
+        "--out-dir",
+        str(out),
+        "--device",
+        "cpu",
+    ]
     assert main(args) == 0
     return json.loads((out / "it.json").read_text()), out / "it.json"
 
@@ -42,12 +64,16 @@ def test_result_is_valid_and_complete(eval_result):
 
 def test_kivi_bytes_targets_at_4096(eval_result):
     result, _ = eval_result
-    rows = {r["candidate"]: r for r in result["rows"] if r["matrix"] == "capacity" and r["context_length"] == 4096}
+    rows = {
+        r["candidate"]: r for r in result["rows"] if r["matrix"] == "capacity" and r["context_length"] == 4096
+    }
     assert rows["kivi-4"]["group_size"] == 32 and rows["kivi-4"]["residual_length"] == 128
     assert rows["kivi-4"]["cache_bytes_ratio"] <= 0.34
     assert rows["kivi-2"]["cache_bytes_ratio"] <= 0.22
     # the ratio is the measured bytes of the two caches, as reported
-    assert rows["kivi-4"]["cache_bytes_ratio"] == rows["kivi-4"]["cache_bytes"] / rows["dynamic"]["cache_bytes"]
+    assert (
+        rows["kivi-4"]["cache_bytes_ratio"] == rows["kivi-4"]["cache_bytes"] / rows["dynamic"]["cache_bytes"]
+    )
     bd = rows["kivi-2"]["cache_bytes_breakdown"]
     assert bd["codes"] + bd["scales_zeros"] + bd["residual"] == rows["kivi-2"]["cache_bytes"]
 

@@ -22,8 +22,15 @@ def prompts(tokenizer, batch, n, pad_rows=0):
 
 def greedy(model, ids, mask, cache, n=32):
     with torch.no_grad():
-        return model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                              past_key_values=cache, pad_token_id=0)
+        return model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            past_key_values=cache,
+            pad_token_id=0,
+        )
 
 
 @pytest.mark.parametrize("batch", [1, 2])
@@ -67,8 +74,15 @@ def test_planner_predicts_measured_kivi_bytes(reference_bf16, nbits, tokens):
     cache = KIVICache(nbits=nbits, group_size=32, residual_length=128)
     with torch.no_grad():
         model(ids, past_key_values=cache, logits_to_keep=1)
-    predicted = kivi_kv_bytes_breakdown(model.config.to_dict(), tokens, 1, nbits=nbits, group_size=32,
-                                        residual_length=128, cache_dtype_bytes=2)
+    predicted = kivi_kv_bytes_breakdown(
+        model.config.to_dict(),
+        tokens,
+        1,
+        nbits=nbits,
+        group_size=32,
+        residual_length=128,
+        cache_dtype_bytes=2,
+    )
     measured = cache.nbytes_breakdown()
     assert {k: measured[k] for k in predicted} == predicted
 

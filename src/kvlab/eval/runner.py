@@ -217,9 +217,10 @@ class _Cell:
     def measure(self, cand: Candidate, ids, new_tokens, residual, group, continuation, base) -> dict | None:
         cfg, stage = self.cfg, "construct"
         try:
-            make = lambda: cand.make(
-                self.model.config, residual, group, cfg.hqq_group_size, cfg.kivi_attention
-            )  # noqa: E731
+
+            def make():
+                return cand.make(self.model.config, residual, group, cfg.hqq_group_size, cfg.kivi_attention)
+
             make()
             stage = "generate"
             perf, cache, generated = run_generate(
