@@ -369,12 +369,18 @@ def plot_eval_matrix(
         if metric == "topk_overlap" and top_k:
             label = f"top-{top_k} overlap"
         for i, name in enumerate(candidates):
+            color = SERIES_COLORS[i % len(SERIES_COLORS)]
             points = sorted(
-                (r[x_key], r[metric]) for r in rows if r["candidate"] == name and _finite(r.get(metric))
+                (r[x_key], r[metric], r.get("eligible"))
+                for r in rows
+                if r["candidate"] == name and _finite(r.get(metric))
             )
             if points:
-                xs, ys = zip(*points)
-                ax.plot(xs, ys, "-o", ms=4, color=SERIES_COLORS[i % len(SERIES_COLORS)], label=name)
+                xs, ys, eligible = zip(*points)
+                ax.plot(xs, ys, "-o", ms=5, color=color, label=name)
+                rejected = [(x, y) for x, y, e in zip(xs, ys, eligible) if e is False]
+                if rejected:  # hollow marker: this cell fails a gate
+                    ax.plot(*zip(*rejected), "o", ms=5, mfc="white", mec=color, ls="none")
         if metric in bounds:
             side, threshold = bounds[metric]
             ax.axhline(
@@ -402,7 +408,12 @@ def plot_eval_matrix(
     provenance = result.get("provenance") if isinstance(result.get("provenance"), Mapping) else {}
     model = provenance.get("model")
     model_name = (model.get("id_or_path") or model.get("name")) if isinstance(model, Mapping) else model
-    fig.suptitle(f"{matrix} matrix" + (f" on {model_name}" if model_name else ""), fontsize=12)
+    fig.suptitle(
+        f"{matrix} matrix"
+        + (f" on {model_name}" if model_name else "")
+        + " (hollow markers: rejected by a gate)",
+        fontsize=12,
+    )
     fig.tight_layout()
     return save_png(fig, out_path)
 
