@@ -61,6 +61,16 @@ class _OnlineSoftmax:
         self.m = m_new
         return p
 
+    def merge(self, m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor) -> None:
+        """Fold a chunk's partial ``(max [B,H,M,1], sum [B,H,M,1], unnormalised acc [B,H,M,D])`` into the state."""
+        m_new = torch.maximum(self.m, m)
+        safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+        a_old = torch.where(torch.isfinite(self.m), torch.exp(self.m - safe), torch.zeros_like(self.m))
+        a_new = torch.where(torch.isfinite(m), torch.exp(m - safe), torch.zeros_like(m))
+        self.l = self.l * a_old + l * a_new
+        self.acc = self.acc * a_old + acc * a_new
+        self.m = m_new
+
     def result(self) -> torch.Tensor:
         return self.acc / self.l.clamp_min(torch.finfo(torch.float32).tiny)
 
@@ -109,6 +119,7 @@ def kivi_attention(
     scaling: float,
     attention_mask: torch.Tensor | None = None,
     window_offset: int | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Attention of ``query`` over quantized blocks followed by a full-precision window.
 
@@ -123,13 +134,18 @@ def kivi_attention(
         attention_mask: ``None`` (causal), or ``[batch, 1, q_len, Q + w]`` bool (True = attend) or additive float.
         window_offset: ignored unless ``attention_mask`` is None; tokens of the window before the first query
             (default ``w - q_len``), used for the causal rule inside the window.
+        backend: ``"torch"``, ``"triton"`` (the kernel of :mod:`kvlab.attention.triton_kivi` for the quantized
+            blocks; CUDA, or CPU under ``TRITON_INTERPRET=1``) or ``"auto"`` (Triton on CUDA when it can run).
 
     Returns:
         ``[batch, q_heads, q_len, head_dim]`` in ``query.dtype``.
 
     Raises:
-        ValueError: q_heads not a multiple of kv_heads, mismatched head_dim, per-head masks.
+        ValueError: q_heads not a multiple of kv_heads, mismatched head_dim, per-head masks, unknown backend.
+        RuntimeError: ``backend="triton"`` where the kernel cannot run.
     """
+    if backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"`backend` must be 'auto', 'torch' or 'triton', got {backend!r}")
     b, hq, q_len, d = query.shape
     hkv, w = key_window.shape[1], key_window.shape[2]
     if hq % hkv or key_window.shape[-1] != d:
@@ -138,10 +154,25 @@ def kivi_attention(
     # [B, Hq, q, D] -> [B, Hkv, g*q, D]: query heads sharing a KV head become rows (GQA without repeat_kv)
     qg = query.to(torch.float32).reshape(b, hkv, g * q_len, d)
     state = _OnlineSoftmax(b, hkv, g * q_len, d, query.device)
+    use_triton = False
+    if backend != "torch":
+        from kvlab.attention.triton_kivi import kivi_block_partials, triton_supported
+
+        ok = triton_supported(query, d, nbits, group_size)
+        if backend == "triton" and not ok:
+            raise RuntimeError(
+                f"the Triton KIVI kernel cannot run here (device {query.device}, head_dim {d}, "
+                f"nbits {nbits}, group_size {group_size})"
+            )
+        use_triton = ok and (backend == "triton" or query.is_cuda)
     start = 0
     for seg in segments:
         mask = _mask_rows(attention_mask, g, q_len, start, start + seg.tokens)
-        _quantized_block(state, qg, seg, nbits, group_size, mask, scaling)
+        if use_triton and (mask is None or q_len == 1):
+            valid = None if mask is None else mask[:, 0, 0, :]  # [B, n]: one row decides for a decode step
+            state.merge(*kivi_block_partials(qg, seg, nbits, group_size, scaling, valid))
+        else:
+            _quantized_block(state, qg, seg, nbits, group_size, mask, scaling)
         start += seg.tokens
     # full-precision window
     scores = torch.matmul(qg, key_window.to(torch.float32).transpose(-1, -2)) * scaling  # [B,Hkv,g*q,w]

@@ -149,3 +149,10 @@ def test_sdpa_reference_sanity():
     q, k, v = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
     mask = torch.ones(1, 1, 3, 5, dtype=torch.bool)
     torch.testing.assert_close(reference(q, k, v, 8**-0.5, mask), F.scaled_dot_product_attention(q, k, v))
+
+
+def test_unknown_backend_named():
+    q = torch.randn(1, 2, 1, 16)
+    kw = torch.randn(1, 1, 3, 16)
+    with pytest.raises(ValueError, match="got 'cuda-magic'"):
+        kivi_attention(q, [], kw, kw, 4, 8, 0.25, backend="cuda-magic")
