@@ -61,13 +61,13 @@ class _OnlineSoftmax:
         self.m = m_new
         return p
 
-    def merge(self, m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor) -> None:
+    def merge(self, m: torch.Tensor, row_sum: torch.Tensor, acc: torch.Tensor) -> None:
         """Fold a chunk's partial ``(max [B,H,M,1], sum [B,H,M,1], unnormalised acc [B,H,M,D])`` into the state."""
         m_new = torch.maximum(self.m, m)
         safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
         a_old = torch.where(torch.isfinite(self.m), torch.exp(self.m - safe), torch.zeros_like(self.m))
         a_new = torch.where(torch.isfinite(m), torch.exp(m - safe), torch.zeros_like(m))
-        self.l = self.l * a_old + l * a_new
+        self.l = self.l * a_old + row_sum * a_new
         self.acc = self.acc * a_old + acc * a_new
         self.m = m_new
 

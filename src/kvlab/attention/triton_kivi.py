@@ -91,10 +91,10 @@ if HAS_TRITON:
         m_safe = tl.where(m == float("-inf"), 0.0, m)
         p = tl.exp(scores - m_safe[:, None])
         p = tl.where(keep[None, :], p, 0.0)
-        l = tl.sum(p, axis=1)
+        row_sum = tl.sum(p, axis=1)
         out_base = (bh * n_splits + split) * M_PAD
         tl.store(m_out + out_base + rows, m)
-        tl.store(l_out + out_base + rows, l)
+        tl.store(l_out + out_base + rows, row_sum)
         for i in tl.static_range(PER_BYTE):
             packed = tl.load(
                 vc_ptr + bh * n_tokens * DB + t[:, None] * DB + jj[None, :], mask=tmask[:, None], other=0
@@ -192,9 +192,9 @@ def kivi_block_partials(
     m_max = m_all.amax(dim=1, keepdim=True)
     m_safe = torch.where(torch.isfinite(m_max), m_max, torch.zeros_like(m_max))
     weight = torch.exp(m_all - m_safe)  # [BH, S, M]; exp(-inf) = 0 for empty splits
-    l = (weight * l_out[:, :, :m]).sum(dim=1)  # [BH, M]
+    row_sum = (weight * l_out[:, :, :m]).sum(dim=1)  # [BH, M]
     acc = (weight[..., None] * acc_out[:, :, :m]).sum(dim=1)  # [BH, M, D] part-major
     inverse = torch.empty_like(perm)
     inverse[perm] = torch.arange(d, device=qg.device)
     acc = acc[..., inverse]
-    return m_max.reshape(b, h, m, 1), l.reshape(b, h, m, 1), acc.reshape(b, h, m, d)
+    return m_max.reshape(b, h, m, 1), row_sum.reshape(b, h, m, 1), acc.reshape(b, h, m, d)
