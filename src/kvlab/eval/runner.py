@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import random
 import sys
 import time
 import traceback
@@ -187,13 +188,22 @@ def build_prompts(
         rows = [row] * cfg.batch
         source = {"mode": "repeat", "prompt_sha256": hashlib.sha256(cfg.prompt.encode()).hexdigest()}
     else:
-        from kvlab.models import heldout_token_ids
+        from kvlab.models import heldout_text, heldout_token_ids
 
-        rows = [
-            heldout_token_ids(tokenizer, context, offset=(cfg.seed * 7919 + b * 104729))
-            for b in range(cfg.batch)
-        ]
-        source = {"mode": "heldout", "source": "kvlab.models.heldout_text()"}
+        total = len(tokenizer(heldout_text(), add_special_tokens=False)["input_ids"])
+        if total < context:
+            raise ValueError(
+                f"the held-out text has {total} tokens under this tokenizer, fewer than context {context}"
+            )
+        rng = random.Random(f"{cfg.seed}-{context}")  # deterministic, different per context
+        offsets = [rng.randrange(0, total - context + 1) for _ in range(cfg.batch)]
+        rows = [heldout_token_ids(tokenizer, context, offset=o) for o in offsets]
+        source = {
+            "mode": "heldout",
+            "source": "kvlab.models.heldout_text()",
+            "offsets": offsets,
+            "heldout_tokens": total,
+        }
     tensor = torch.tensor(rows, dtype=torch.long)
     source["ids_sha256"] = hashlib.sha256(tensor.numpy().tobytes()).hexdigest()
     source["context_length"] = context
