@@ -1,0 +1,274 @@
+"""Benchmark ``flush``: time of a flushing append against history length (issue 6 point 4).
+
+A *flushing append* is the single-token append after which a quantized cache moves tokens out of its
+full-precision residual window. :class:`kvlab.quant.kivi.KIVIState` quantizes only the ``G``-token chunk that
+overflows and writes it into a block that is never moved (KIVI arXiv:2402.02750 §3.3, Algorithm 1), so its cost is
+O(new tokens) and must stay flat as the history grows. transformers' ``QuantizedLayer`` (HQQ/quanto) instead
+dequantizes the whole history, concatenates it with the residual and re-quantizes all of it, O(history); it is
+timed alongside for contrast when its backend is installed.
+
+Per (cache, history length) and repetition: a fresh layer is filled with ``T`` tokens (untimed), single tokens
+are brought up to the step before a flush in one untimed append, then the flushing append and the next plain
+append are timed. Medians over repetitions. Target (issue 6): KIVI flush at 16k <= 1.2x flush at 1k.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from kvlab.bench.decode import parse_dtype, resolve_device, synchronize
+
+CONTEXTS = (1024, 2048, 4096, 8192, 16384)
+QUICK_CONTEXTS = (256, 1024)
+TARGET_RATIO = 1.2  # KIVI flush(16k) / flush(1k)
+TARGET_CONTEXTS = (1024, 16384)
+TARGET_CACHE = "kivi4"
+
+
+class _KIVISubject:
+    """A :class:`KIVIState` behind the harness interface (append, steps before a flush, flush counter)."""
+
+    def __init__(self, nbits: int, group_size: int, residual_length: int):
+        from kvlab.quant.kivi import KIVIConfig, KIVIState
+
+        self.state = KIVIState(KIVIConfig(nbits, group_size, residual_length))
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.state.append(k, v)
+
+    def steps_to_flush(self) -> int:
+        cfg = self.state.config
+        return cfg.residual_length + cfg.group_size - 1 - self.state.residual_tokens
+
+    def flushes(self) -> int:
+        return self.state.flushes
+
+    def tokens(self) -> int:
+        return self.state.total_tokens
+
+
+class _HFSubject:
+    """transformers' ``HQQQuantizedLayer`` / ``QuantoQuantizedLayer`` (settings as ``kvlab eval``'s candidates)."""
+
+    def __init__(self, backend: str, nbits: int, group_size: int, residual_length: int):
+        from transformers.cache_utils import HQQQuantizedLayer, QuantoQuantizedLayer
+
+        cls = HQQQuantizedLayer if backend == "hqq" else QuantoQuantizedLayer
+        axis = 1 if backend == "hqq" else 0  # seed 000 §5.1
+        self.layer = cls(
+            nbits=nbits,
+            axis_key=axis,
+            axis_value=axis,
+            q_group_size=group_size,
+            residual_length=residual_length,
+        )
+        self._flushes = 0
+
+    def _held(self) -> int:
+        keys = self.layer.keys
+        return keys.shape[-2] if keys is not None and keys.dim() == 4 else 0
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        before = self._held()
+        initialized = self.layer.is_initialized
+        self.layer.update(k, v)
+        if initialized and self._held() < before + k.shape[-2]:
+            self._flushes += 1
+
+    def steps_to_flush(self) -> int:
+        return max(0, self.layer.residual_length - 1 - self._held())
+
+    def flushes(self) -> int:
+        return self._flushes
+
+    def tokens(self) -> int:
+        return self.layer.cumulative_length
+
+
+def _subject(name: str, settings: dict) -> Any:
+    if name.startswith("kivi"):
+        return _KIVISubject(int(name[4:]), settings["group_size"], settings["residual_length"])
+    backend = "hqq" if name.startswith("hqq") else "quanto"
+    return _HFSubject(
+        backend, int(name[len(backend) :]), settings["hqq_group_size"], settings["residual_length"]
+    )
+
+
+def _unavailable(name: str) -> str | None:
+    if name.startswith("kivi"):
+        return None
+    from kvlab.eval.candidates import Candidate
+
+    family = "hqq" if name.startswith("hqq") else "quanto"
+    return Candidate(name, family, int(name[len(family) :])).unavailable_reason()
+
+
+def _measure(name, context, reps, kv, settings, device, warmup: bool) -> dict:
+    """Median flushing / plain append times (µs) of cache ``name`` after ``context`` tokens of history."""
+    flush_us, plain_us, history = [], [], []
+    for rep in range(0 if warmup else 1, reps + 1):  # repetition 0 is a warm-up
+        subject = _subject(name, settings)
+        k, v = kv
+        subject.append(k[:, :, :context], v[:, :, :context])
+        pos = context
+        n = subject.steps_to_flush()
+        if n:
+            subject.append(k[:, :, pos : pos + n], v[:, :, pos : pos + n])
+            pos += n
+        before_flushes, before_tokens = subject.flushes(), subject.tokens()
+        timings = []
+        for _ in range(2):  # the flushing append, then a plain one
+            synchronize(device)
+            t0 = time.perf_counter()
+            subject.append(k[:, :, pos : pos + 1], v[:, :, pos : pos + 1])
+            synchronize(device)
+            timings.append((time.perf_counter() - t0) * 1e6)
+            pos += 1
+        assert subject.flushes() == before_flushes + 1, "exactly the first timed append must flush"
+        if rep:
+            flush_us.append(timings[0])
+            plain_us.append(timings[1])
+            history.append(before_tokens)
+    return {
+        "status": "ok",
+        "flush_us": statistics.median(flush_us),
+        "plain_append_us": statistics.median(plain_us),
+        "flush_us_all": flush_us,
+        "history_tokens": int(statistics.median(history)),
+    }
+
+
+def run(
+    contexts: tuple[int, ...] | None = None,
+    caches: tuple[str, ...] = ("kivi4", "kivi2", "hqq4", "quanto4"),
+    kv_heads: int = 8,
+    head_dim: int = 128,
+    batch: int = 1,
+    dtype: str = "bfloat16",
+    reps: int = 9,
+    hf_reps: int = 3,
+    group_size: int = 32,
+    residual_length: int = 128,
+    hqq_group_size: int = 64,
+    device: str | None = "cpu",
+    quick: bool = False,
+    progress: Any = None,
+    seed: int = 0,
+    **_: object,
+) -> dict:
+    """Flushing-append time against history length for KIVI and transformers' quantized layers, one layer.
+
+    Args:
+        contexts: history lengths in tokens (default 1k..16k; ``quick``: 256 and 1024).
+        caches: ``kivi{2,4,8}``, ``hqq{2,4,8}``, ``quanto{2,4}``; HF backends not installed are skipped.
+        kv_heads / head_dim / batch / dtype: the layer's ``[batch, kv_heads, tokens, head_dim]`` states (default:
+            one Llama-3-8B layer, bf16).
+        reps: timed repetitions per KIVI cell (``quick``: 2); the first cell of each cache also runs one untimed
+            warm-up repetition.
+        hf_reps: timed repetitions per HQQ/quanto cell (their flush re-quantizes everything: seconds on CPU).
+        progress: optional ``callable(str)`` told about each cell before it runs.
+
+    Returns:
+        ``{"device", "shape", "settings", "contexts", "rows", "ratios", "target"}``. ``rows``: per (cache,
+        context) ``flush_us`` and ``plain_append_us`` (medians), ``history_tokens``, or ``status``
+        ``skipped``/``failed`` with ``error``. ``ratios``: per cache, flush at the largest context / flush at the
+        smallest.
+
+    Raises:
+        ValueError: bad contexts, reps or cache names.
+    """
+    dev = resolve_device(device)
+    if contexts is None:
+        contexts = QUICK_CONTEXTS if quick else CONTEXTS
+    if quick:
+        reps, hf_reps = min(reps, 2), min(hf_reps, 1)
+    contexts = tuple(sorted(int(c) for c in contexts))
+    if not contexts or contexts[0] < 1:
+        raise ValueError(f"`contexts` must be positive token counts, got {contexts!r}")
+    if reps < 1 or hf_reps < 1:
+        raise ValueError(f"`reps` and `hf_reps` must be >= 1, got {reps!r} and {hf_reps!r}")
+    for name in caches:
+        if not re.match(r"^(kivi(2|4|8)|hqq(2|4|8)|quanto(2|4))$", name):
+            raise ValueError(f"unknown cache {name!r}; expected kivi{{2,4,8}}, hqq{{2,4,8}} or quanto{{2,4}}")
+    settings = {
+        "group_size": group_size,
+        "residual_length": residual_length,
+        "hqq_group_size": hqq_group_size,
+    }
+    torch_dtype = parse_dtype(dtype)
+    gen = torch.Generator().manual_seed(seed)
+    extra = residual_length + group_size + 4
+    shape = (batch, kv_heads, max(contexts) + extra, head_dim)
+    k = torch.randn(shape, generator=gen).to(dev, torch_dtype)
+    v = torch.randn(shape, generator=gen).to(dev, torch_dtype)
+
+    rows = []
+    for name in caches:
+        reason = _unavailable(name)
+        n_reps = reps if name.startswith("kivi") else hf_reps
+        for i, context in enumerate(contexts):
+            row: dict[str, Any] = {"cache": name, "context": context, "reps": n_reps}
+            if reason:
+                rows.append(row | {"status": "skipped", "error": reason})
+                continue
+            if progress:
+                progress(f"flush: {name} at {context} tokens")
+            try:
+                with torch.inference_mode():
+                    row |= _measure(name, context, n_reps, (k, v), settings, dev, warmup=i == 0)
+            except Exception as e:  # noqa: BLE001 - recorded per cell
+                row |= {"status": "failed", "error": f"{type(e).__name__}: {e}"[:500]}
+            rows.append(row)
+    ratios = {}
+    for name in caches:
+        ok = {r["context"]: r["flush_us"] for r in rows if r["cache"] == name and r["status"] == "ok"}
+        if len(ok) >= 2:
+            lo, hi = min(ok), max(ok)
+            ratios[name] = {"from_context": lo, "to_context": hi, "ratio": ok[hi] / ok[lo]}
+    result = {
+        "device": str(dev),
+        "device_type": dev.type,
+        "shape": {"batch": batch, "kv_heads": kv_heads, "head_dim": head_dim, "dtype": dtype},
+        "settings": settings
+        | {"reps": reps, "hf_reps": hf_reps, "kivi_block_tokens": _kivi_block_tokens(group_size)},
+        "contexts": list(contexts),
+        "rows": rows,
+        "ratios": ratios,
+    }
+    result["target"] = evaluate_target(result)
+    return result
+
+
+def _kivi_block_tokens(group_size: int) -> int:
+    from kvlab.quant.kivi import KIVIConfig
+
+    return KIVIConfig(4, group_size, 0).block_tokens
+
+
+def evaluate_target(result: dict) -> dict:
+    """Issue-6 flush target: ``kivi4`` flush at 16384 tokens <= 1.2x flush at 1024 tokens."""
+    lo, hi = TARGET_CONTEXTS
+    desc = f"{TARGET_CACHE} flush at {hi} tokens <= {TARGET_RATIO}x flush at {lo} tokens"
+    ok = {
+        r["context"]: r["flush_us"]
+        for r in result["rows"]
+        if r["cache"] == TARGET_CACHE and r["status"] == "ok"
+    }
+    if lo not in ok or hi not in ok:
+        return {
+            "description": desc,
+            "status": "not measured",
+            "detail": f"needs {TARGET_CACHE} cells at {lo} and {hi}",
+        }
+    ratio = ok[hi] / ok[lo]
+    return {
+        "description": desc,
+        "status": "met" if ratio <= TARGET_RATIO else "not met",
+        "detail": f"{ratio:.3f}x ({ok[lo]:.0f} µs -> {ok[hi]:.0f} µs)",
+        "ratio": ratio,
+    }

@@ -1,0 +1,233 @@
+"""Benchmark ``kernel``: achieved bandwidth of the quantized decode attention (issue 6 point 4).
+
+Decode attention is bandwidth-bound (seed 003 §3.4: arithmetic intensity ``g`` FLOP/byte for a GQA group of
+``g``), so its figure of merit is bytes read per second against the device's measured copy bandwidth:
+
+* ``kivi``: :func:`kvlab.attention.quantized.kivi_attention` of one query token over a KIVI layer of ``T`` tokens;
+  bytes = packed codes + scales/zeros + full-precision residual (:meth:`KIVIState.nbytes_breakdown` ``total``);
+* ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` (GQA) over a bf16 K/V of the same ``T`` tokens;
+  bytes = K + V;
+* ``copy``: ``dst.copy_(src)`` of a large tensor, read + write bytes / time, the best of ``reps`` (the seed 003
+  appendix [C] probe's convention: a streaming copy, not a reduction, and the fastest pass as the roof).
+
+Kernel times are medians of ``reps`` calls after warm-up. Target (issue 6): on an H200, ``kivi`` >= 70 % of the
+copy bandwidth at >= 32k tokens; on CPU the numbers are reported only.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from kvlab.bench.decode import parse_dtype, resolve_device, synchronize
+
+CPU_CONTEXTS = (1024, 4096, 16384, 32768)
+CUDA_CONTEXTS = (4096, 16384, 32768, 65536, 131072)
+QUICK_CONTEXTS = (512, 2048)
+TARGET_FRACTION = 0.70  # kivi GB/s / copy GB/s, CUDA, at >= TARGET_MIN_CONTEXT tokens
+TARGET_MIN_CONTEXT = 32768
+
+
+def time_seconds(
+    fn: Callable[[], Any], device: torch.device, reps: int, warmup: int = 2, inner: int = 1
+) -> list:
+    """Seconds per call of ``fn``: ``reps`` samples, each the mean of ``inner`` back-to-back calls (CUDA events on
+    CUDA, ``time.perf_counter`` on CPU), after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    samples = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(inner):
+                fn()
+            stop.record()
+            stop.synchronize()
+            samples.append(start.elapsed_time(stop) / 1000.0 / inner)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            samples.append((time.perf_counter() - t0) / inner)
+    return samples
+
+
+def copy_bandwidth(device: torch.device, nbytes: int, reps: int = 5) -> dict:
+    """Measured copy bandwidth: ``dst.copy_(src)`` of ``nbytes`` bytes, ``2 * nbytes`` (read + write) / time.
+
+    Returns ``{"bytes", "best_gb_s", "median_gb_s"}`` (GB = 1e9 bytes); ``best_gb_s`` is the roof.
+    """
+    n = nbytes // 4
+    src = torch.ones(n, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    secs = time_seconds(lambda: dst.copy_(src), device, reps, warmup=1)
+    moved = 2 * n * 4
+    return {
+        "bytes": n * 4,
+        "best_gb_s": moved / min(secs) / 1e9,
+        "median_gb_s": moved / statistics.median(secs) / 1e9,
+    }
+
+
+def _cell(context, shape, nbits, group_size, residual_length, dtype, device, reps, inner, gen) -> dict:
+    from kvlab.attention.quantized import kivi_attention
+    from kvlab.quant.kivi import KIVIConfig, KIVIState
+
+    b, hq, hkv, d = shape["batch"], shape["q_heads"], shape["kv_heads"], shape["head_dim"]
+    k = torch.randn(b, hkv, context, d, generator=gen).to(device, dtype)
+    v = torch.randn(b, hkv, context, d, generator=gen).to(device, dtype)
+    q = torch.randn(b, hq, 1, d, generator=gen).to(device, dtype)
+    scale = d**-0.5
+    state = KIVIState(KIVIConfig(nbits, group_size, residual_length))
+    with torch.inference_mode():
+        state.append(k, v)
+        segments = list(state.segments())
+        kw, vw = state.key_residual, state.value_residual
+        kivi_s = time_seconds(
+            lambda: kivi_attention(q, segments, kw, vw, nbits, group_size, scale), device, reps, inner=inner
+        )
+        sdpa_s = time_seconds(
+            lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=hq != hkv),
+            device,
+            reps,
+            inner=inner,
+        )
+    kivi_bytes = state.nbytes_breakdown()
+    sdpa_bytes = k.nbytes + v.nbytes
+    kivi_med, sdpa_med = statistics.median(kivi_s), statistics.median(sdpa_s)
+    return {
+        "context": context,
+        "status": "ok",
+        "kivi_bytes": kivi_bytes["total"],
+        "kivi_bytes_breakdown": {key: kivi_bytes[key] for key in ("codes", "scales_zeros", "residual")},
+        "kivi_us": kivi_med * 1e6,
+        "kivi_gb_s": kivi_bytes["total"] / kivi_med / 1e9,
+        "sdpa_bytes": sdpa_bytes,
+        "sdpa_us": sdpa_med * 1e6,
+        "sdpa_gb_s": sdpa_bytes / sdpa_med / 1e9,
+        "kivi_time_over_sdpa": kivi_med / sdpa_med,
+    }
+
+
+def run(
+    contexts: tuple[int, ...] | None = None,
+    batch: int = 1,
+    q_heads: int = 32,
+    kv_heads: int = 8,
+    head_dim: int = 128,
+    dtype: str = "bfloat16",
+    nbits: int = 4,
+    group_size: int = 32,
+    residual_length: int = 128,
+    reps: int = 11,
+    copy_bytes: int | None = None,
+    device: str | None = "cpu",
+    quick: bool = False,
+    progress: Any = None,
+    seed: int = 0,
+    **_: object,
+) -> dict:
+    """Achieved GB/s of the KIVI decode attention and of SDPA on bf16, against the copy bandwidth.
+
+    Args:
+        contexts: tokens of the layer (default 1k..32k on CPU, 4k..128k on CUDA; ``quick``: 512 and 2048).
+        batch / q_heads / kv_heads / head_dim / dtype: one attention layer, default Llama-3-8B's (GQA 32/8, 128).
+        nbits / group_size / residual_length: the KIVI settings.
+        reps: timed samples per kernel (``quick``: 3); CUDA samples average 10 calls each.
+        copy_bytes: bytes of the copy probe (default 256 MiB on CPU, 1 GiB on CUDA; ``quick``: 32 MiB).
+        progress: optional ``callable(str)`` told about each cell before it runs.
+
+    Returns:
+        ``{"device", "shape", "settings", "copy", "rows", "target"}``; each row has ``kivi_bytes``, ``kivi_us``,
+        ``kivi_gb_s``, ``sdpa_bytes``, ``sdpa_us``, ``sdpa_gb_s``, ``kivi_time_over_sdpa``, and the fractions
+        ``kivi_fraction_of_copy`` / ``sdpa_fraction_of_copy`` (GB/s over ``copy["best_gb_s"]``), or ``status``
+        ``failed`` with ``error``.
+
+    Raises:
+        ValueError: bad contexts, reps, device or dtype.
+    """
+    dev = resolve_device(device)
+    if contexts is None:
+        contexts = QUICK_CONTEXTS if quick else (CUDA_CONTEXTS if dev.type == "cuda" else CPU_CONTEXTS)
+    if quick:
+        reps = min(reps, 3)
+    contexts = tuple(int(c) for c in contexts)
+    if not contexts or any(c < 1 for c in contexts):
+        raise ValueError(f"`contexts` must be positive token counts, got {contexts!r}")
+    if reps < 1:
+        raise ValueError(f"`reps` must be >= 1, got {reps!r}")
+    if copy_bytes is None:
+        copy_bytes = 32 * 2**20 if quick else (2**30 if dev.type == "cuda" else 256 * 2**20)
+    torch_dtype = parse_dtype(dtype)
+    shape = {"batch": batch, "q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim, "dtype": dtype}
+    if q_heads % kv_heads:
+        raise ValueError(f"`q_heads` ({q_heads}) must be a multiple of `kv_heads` ({kv_heads})")
+    copy = copy_bandwidth(dev, copy_bytes, reps=max(3, min(reps, 7)))
+    gen = torch.Generator().manual_seed(seed)
+    inner = 10 if dev.type == "cuda" else 1
+    rows = []
+    for context in contexts:
+        if progress:
+            progress(f"kernel: {context} tokens")
+        try:
+            row = _cell(
+                context, shape, nbits, group_size, residual_length, torch_dtype, dev, reps, inner, gen
+            )
+            row["kivi_fraction_of_copy"] = row["kivi_gb_s"] / copy["best_gb_s"]
+            row["sdpa_fraction_of_copy"] = row["sdpa_gb_s"] / copy["best_gb_s"]
+        except Exception as e:  # noqa: BLE001 - recorded per cell
+            row = {"context": context, "status": "failed", "error": f"{type(e).__name__}: {e}"[:500]}
+        finally:
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+        rows.append(row)
+    result = {
+        "device": str(dev),
+        "device_type": dev.type,
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "shape": shape,
+        "settings": {
+            "nbits": nbits,
+            "group_size": group_size,
+            "residual_length": residual_length,
+            "reps": reps,
+            "calls_per_sample": inner,
+        },
+        "copy": copy,
+        "contexts": list(contexts),
+        "rows": rows,
+    }
+    result["target"] = evaluate_target(result)
+    return result
+
+
+def evaluate_target(result: dict) -> dict:
+    """Issue-6 kernel target: on CUDA (an H200), KIVI attention >= 70 % of the copy bandwidth at every measured
+    context >= 32768 tokens. On CPU the status is ``not applicable`` (reported only)."""
+    desc = (
+        f"KIVI attention >= {TARGET_FRACTION:.0%} of copy bandwidth at >= {TARGET_MIN_CONTEXT} tokens (H200)"
+    )
+    if result["device_type"] != "cuda":
+        return {"description": desc, "status": "not applicable", "detail": "CPU run: reported only"}
+    fr = {
+        r["context"]: r["kivi_fraction_of_copy"]
+        for r in result["rows"]
+        if r["status"] == "ok" and r["context"] >= TARGET_MIN_CONTEXT
+    }
+    if not fr:
+        return {"description": desc, "status": "not measured", "detail": "no context >= 32768 measured"}
+    detail = ", ".join(f"{v:.0%} at {c}" for c, v in sorted(fr.items()))
+    status = "met" if all(v >= TARGET_FRACTION for v in fr.values()) else "not met"
+    return {
+        "description": desc,
+        "status": status,
+        "detail": f"{detail} on {result['device_name']}",
+        "fractions": fr,
+    }

@@ -1,0 +1,309 @@
+"""Benchmark ``memory``: decode-phase transient bytes per cache (issue 6 point 4).
+
+The transient of one decode step is the peak of bytes allocated during the step minus the bytes still allocated
+after it: scratch that exists only while the step runs (a dequantized float copy of the history, unpacked code
+tiles, attention scores, a ``torch.cat`` double buffer). The cache's own growth is retained, so it is not counted.
+
+* CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` (the caching allocator's exact
+  bytes of live tensors), minus ``memory_allocated`` after the step.
+* CPU: :class:`TensorBytesTracker`, exact tensor accounting with a ``TorchDispatchMode``: every storage an
+  operator creates is added once (deduplicated by ``data_ptr``); every storage an operator reads or creates is
+  subtracted when it is freed (``weakref.finalize`` on the storage object, which torch keeps alive exactly as
+  long as the storage). Memory an operator allocates and frees internally is invisible to it.
+
+Two steps are measured per cell: a plain step, and for caches that flush in chunks the next step that flushes
+(KIVI quantizes a ``G``-token chunk; transformers' ``QuantizedCache`` re-quantizes the whole history). The ratio
+to the bf16 ``DynamicCache`` bytes at the same context is the issue-6 target: <= 10 % for ``kivi4-fused``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from kvlab.bench.decode import (
+    DEFAULT_CANDIDATES,
+    CacheSettings,
+    decode_step,
+    load_bench_model,
+    parse_candidates,
+    prefill,
+    prompt_ids,
+    resolve_device,
+    set_attention,
+    synchronize,
+)
+
+CPU_CONTEXTS = (1024, 4096, 16384)
+CUDA_CONTEXTS = (4096, 32768, 131072)
+QUICK_CONTEXTS = (256, 512)
+TARGET_RATIO = 0.10  # transient / bf16 DynamicCache bytes, kivi4-fused
+TARGET_CANDIDATE = "kivi4-fused"
+TOP_OPS = 6  # operators listed by bytes allocated during a measured step (CPU)
+MAX_STEPS_TO_FLUSH = 512  # give up looking for a flushing step after this many decode steps
+
+
+class TensorBytesTracker(TorchDispatchMode):
+    """Exact live tensor bytes of the operators run inside the ``with`` block, and their peak.
+
+    ``current_bytes`` starts at 0; it grows by the bytes of each storage an operator creates and falls by the
+    bytes of each tracked storage when it is freed, including storages created before the block that an operator
+    reads and that die inside it (so a ``torch.cat`` that replaces an old buffer counts the overlap only). After
+    the block, ``peak_bytes - current_bytes`` is the transient. The counters keep following frees after exit.
+
+    Source: kvlab (issue 6); storages are deduplicated by ``data_ptr`` and observed with ``weakref.finalize``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current_bytes = 0
+        self.peak_bytes = 0
+        self.allocated_bytes = 0  # total bytes of storages created inside the block
+        self.allocated_by_op: dict[str, int] = {}  # operator name -> bytes of the storages it created
+        self._live: dict[int, int] = {}  # data_ptr -> nbytes of tracked storages still alive
+
+    def _free(self, ptr: int, nbytes: int) -> None:
+        if self._live.get(ptr) == nbytes:
+            del self._live[ptr]
+            self.current_bytes -= nbytes
+
+    def _watch(self, storage: torch.UntypedStorage, op: str | None) -> None:
+        """Track ``storage`` until it dies; ``op``: the operator that created it, None if it existed before."""
+        ptr, nbytes = storage.data_ptr(), storage.nbytes()
+        if nbytes == 0 or ptr in self._live:
+            return
+        self._live[ptr] = nbytes
+        weakref.finalize(storage, self._free, ptr, nbytes).atexit = False
+        if op is not None:
+            self.allocated_by_op[op] = self.allocated_by_op.get(op, 0) + nbytes
+            self.current_bytes += nbytes
+            self.allocated_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+
+    @staticmethod
+    def _storages(tree: Any) -> list[torch.UntypedStorage]:
+        leaves, _ = tree_flatten(tree)
+        out = []
+        for t in leaves:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                try:
+                    out.append(t.untyped_storage())
+                except (RuntimeError, NotImplementedError):  # storage-less tensors
+                    pass
+        return out
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        inputs = self._storages((args, kwargs))
+        for s in inputs:
+            self._watch(s, None)
+        out = func(*args, **kwargs)
+        seen = {s.data_ptr() for s in inputs}
+        for s in self._storages(out):
+            if s.data_ptr() not in seen:
+                self._watch(s, str(func.overloadpacket))
+        return out
+
+
+def measure_step(fn: Any, device: torch.device) -> dict:
+    """Run ``fn()`` once and return ``peak_bytes``, ``retained_bytes`` and ``transient_bytes`` (peak - retained),
+    all relative to the bytes allocated before the call; the value ``fn`` returns counts as retained. On CPU also
+    ``allocated_by_op``: the operators that allocated the most bytes during the call."""
+    if device.type == "cuda":
+        synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        out = fn()
+        synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - base
+        retained = torch.cuda.memory_allocated(device) - base
+    else:
+        with TensorBytesTracker() as tracker:
+            out = fn()
+        peak, retained = tracker.peak_bytes, tracker.current_bytes
+        top = sorted(tracker.allocated_by_op.items(), key=lambda kv: kv[1], reverse=True)[:TOP_OPS]
+    del out
+    result = {
+        "peak_bytes": int(peak),
+        "retained_bytes": int(retained),
+        "transient_bytes": int(peak - retained),
+    }
+    if device.type != "cuda":
+        result["allocated_by_op"] = dict(top)  # the operators that allocated most during the step (bytes)
+    return result
+
+
+def steps_to_flush(cache: Any) -> int | None:
+    """Decode steps before the next one that flushes (0: the next step flushes), or ``None`` for caches that never
+    flush. KIVI flushes when its residual reaches ``R + G`` tokens; transformers' ``QuantizedCache`` when its
+    residual reaches ``R`` tokens (then it re-quantizes everything)."""
+    layer = cache.layers[0] if getattr(cache, "layers", None) else None
+    if layer is None:
+        return None
+    state = getattr(layer, "state", None)
+    if state is not None and hasattr(state, "residual_tokens"):  # kvlab KIVILayer
+        cfg = state.config
+        return cfg.residual_length + cfg.group_size - 1 - state.residual_tokens
+    if hasattr(layer, "residual_length") and hasattr(layer, "_quantized_keys"):  # transformers QuantizedLayer
+        held = layer.keys.shape[-2] if layer.keys is not None and layer.keys.dim() == 4 else 0
+        return max(0, layer.residual_length - 1 - held)
+    return None
+
+
+def bf16_cache_bytes(model_desc: dict, tokens: int, batch: int = 1) -> int:
+    """Bytes of a bf16 ``DynamicCache`` holding ``tokens`` tokens: ``2 (K, V) * layers * kv_heads * head_dim *
+    tokens * batch * 2 bytes`` (seed 003 §3.1's per-token KV bytes)."""
+    return 2 * model_desc["layers"] * model_desc["kv_heads"] * model_desc["head_dim"] * tokens * batch * 2
+
+
+def _measure_cell(model, cand, settings, ids, context, warmup, chunk, device, flush_step) -> dict:
+    from kvlab.caches.measure import cache_nbytes
+
+    cache = cand.make(model.config, settings)
+    pos = context
+
+    def step():
+        nonlocal pos
+        out = decode_step(model, ids[:, pos : pos + 1], cache)
+        pos += 1
+        return out
+
+    with torch.inference_mode():
+        prefill(model, ids[:, :context], cache, chunk)
+        for _ in range(warmup):
+            step()
+        if steps_to_flush(cache) == 0:  # the plain step must not flush
+            step()
+        plain = measure_step(step, device)
+        out: dict[str, Any] = {"status": "ok", "plain_step": plain, "cache_bytes": cache_nbytes(cache)}
+        out["tokens_after_plain_step"] = pos
+        todo = steps_to_flush(cache) if flush_step else None
+        if todo is not None and todo <= MAX_STEPS_TO_FLUSH:
+            for _ in range(todo):
+                step()
+            out["flush_step"] = measure_step(step, device)
+            out["tokens_after_flush_step"] = pos
+        elif todo is not None:
+            out["flush_step"] = None
+            out["flush_step_note"] = f"next flush {todo} steps away (> {MAX_STEPS_TO_FLUSH}); not measured"
+    return out
+
+
+def run(
+    model: Any = None,
+    contexts: tuple[int, ...] | None = None,
+    candidates: tuple[str, ...] = DEFAULT_CANDIDATES,
+    warmup: int = 2,
+    device: str | None = "cpu",
+    dtype: str = "bfloat16",
+    prefill_chunk_tokens: int = 1024,
+    group_size: int = 32,
+    residual_length: int = 128,
+    hqq_group_size: int = 64,
+    flush_step: bool = True,
+    quick: bool = False,
+    progress: Any = None,
+    **_: object,
+) -> dict:
+    """Decode-phase transient bytes of every cache at every context.
+
+    Args:
+        model / candidates / device / dtype / prefill_chunk_tokens / cache settings: as
+            :func:`kvlab.bench.decode.run`.
+        contexts: prompt lengths; default (1024, 4096, 16384) on CPU, (4096, 32768, 131072) on CUDA, (256, 512)
+            with ``quick``.
+        warmup: untimed decode steps after the prefill.
+        flush_step: also measure the next flushing step of KIVI / transformers' quantized caches.
+        progress: optional ``callable(str)`` told about each cell before it runs.
+
+    Returns:
+        ``{"device", "method", "model", "contexts", "candidates", "rows", "target"}``; each ``ok`` row has
+        ``plain_step`` and (for flushing caches) ``flush_step`` with ``peak_bytes``, ``retained_bytes``,
+        ``transient_bytes``; ``cache_bytes`` (after the plain step); ``bf16_cache_bytes`` (a bf16
+        ``DynamicCache`` of the same tokens); ``transient_bytes`` (the larger of the two steps) and
+        ``transient_ratio`` (that / ``bf16_cache_bytes``).
+
+    Raises:
+        ValueError: bad candidates, contexts or device.
+    """
+    dev = resolve_device(device)
+    if contexts is None:
+        contexts = QUICK_CONTEXTS if quick else (CUDA_CONTEXTS if dev.type == "cuda" else CPU_CONTEXTS)
+    if quick:
+        warmup = min(warmup, 1)
+    contexts = tuple(int(c) for c in contexts)
+    if not contexts or any(c < 1 for c in contexts):
+        raise ValueError(f"`contexts` must be positive token counts, got {contexts!r}")
+    cands = parse_candidates(tuple(candidates))
+    settings = CacheSettings(group_size, residual_length, hqq_group_size)
+    lm, tokenizer, model_desc = load_bench_model(model, dtype, dev)
+    extra = warmup + 2 + (residual_length + max(group_size, 1) + 2 if flush_step else 0)
+    ids_list, source = prompt_ids(tokenizer, lm.config.vocab_size, max(contexts) + extra)
+    ids = torch.tensor([ids_list], device=dev)
+
+    rows = []
+    for context in contexts:
+        for cand in cands:
+            row: dict[str, Any] = {"candidate": cand.name, "context": context}
+            reason = cand.unavailable_reason()
+            if reason:
+                rows.append(row | {"status": "skipped", "error": reason})
+                continue
+            if progress:
+                progress(f"memory: {cand.name} at {context} tokens")
+            try:
+                row["attention"] = set_attention(lm, cand)
+                row |= _measure_cell(
+                    lm, cand, settings, ids, context, warmup, prefill_chunk_tokens, dev, flush_step
+                )
+                steps = [s for s in (row["plain_step"], row.get("flush_step")) if s]
+                row["transient_bytes"] = max(s["transient_bytes"] for s in steps)
+                row["bf16_cache_bytes"] = bf16_cache_bytes(model_desc, row["tokens_after_plain_step"])
+                row["transient_ratio"] = row["transient_bytes"] / row["bf16_cache_bytes"]
+            except Exception as e:  # noqa: BLE001 - recorded per cell
+                row |= {"status": "failed", "error": f"{type(e).__name__}: {e}"[:500]}
+            finally:
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
+            rows.append(row)
+    result = {
+        "device": str(dev),
+        "device_type": dev.type,
+        "method": (
+            "torch.cuda.max_memory_allocated - memory_allocated after the step"
+            if dev.type == "cuda"
+            else "exact tensor accounting (TorchDispatchMode + weakref.finalize on storages)"
+        ),
+        "model": model_desc,
+        "settings": {"warmup": warmup, "prefill_chunk_tokens": prefill_chunk_tokens, "dtype": dtype},
+        "contexts": list(contexts),
+        "candidates": [c.describe(settings) for c in cands],
+        "prompt_source": source,
+        "rows": rows,
+    }
+    result["target"] = evaluate_target(result)
+    return result
+
+
+def evaluate_target(result: dict) -> dict:
+    """Issue-6 memory target: ``kivi4-fused`` transient (the larger of the plain and the flushing step) <= 10 % of
+    the bf16 ``DynamicCache`` bytes, at every measured context. ``status``: ``met``, ``not met`` (with the
+    contexts that miss it) or ``not measured``."""
+    desc = f"{TARGET_CANDIDATE} decode-phase transient <= {TARGET_RATIO:.0%} of the bf16 cache bytes"
+    ratios = {
+        r["context"]: r["transient_ratio"]
+        for r in result["rows"]
+        if r["candidate"] == TARGET_CANDIDATE and r["status"] == "ok"
+    }
+    if not ratios:
+        return {"description": desc, "status": "not measured", "detail": f"no {TARGET_CANDIDATE} cell"}
+    missed = sorted(c for c, v in ratios.items() if v > TARGET_RATIO)
+    detail = ", ".join(f"{v:.1%} at {c}" for c, v in sorted(ratios.items()))
+    status = "met" if not missed else "not met"
+    if missed:
+        detail += f"; missed at {missed}"
+    return {"description": desc, "status": status, "detail": detail, "ratios": ratios}

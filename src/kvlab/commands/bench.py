@@ -1,0 +1,334 @@
+"""``kvlab bench``: run a benchmark and save its result record, or regenerate ``docs/PERFORMANCE.md``.
+
+``kvlab bench {decode,memory,flush,kernel,paging,lab} [--json] [--quick] [--device D] [options]`` runs
+``kvlab.bench.<name>.run`` and writes a record to ``benchmarks/results/<name>-<device>.json`` (``-quick`` appended
+for quick runs) atomically; an existing file is kept unless ``--force`` (or use ``--out``). ``kvlab bench docs``
+renders every record there into ``docs/PERFORMANCE.md``. Logic lives in :mod:`kvlab.bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+
+# options that do not change the numbers: left out of the recorded command
+_NOT_IN_COMMAND = {"json", "force", "no_save", "out", "results_dir", "note", "func", "bench_command"}
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _names(text: str) -> list[str]:
+    return [x for x in text.replace(",", " ").split() if x]
+
+
+def _common(p: argparse.ArgumentParser, device: bool = True) -> None:
+    p.add_argument("--json", action="store_true", help="print the result record as JSON")
+    p.add_argument(
+        "--quick", action="store_true", help="small sizes: a smoke run in seconds (file gets -quick)"
+    )
+    if device:
+        p.add_argument(
+            "--device", default="auto", help="cpu, cuda, cuda:N or auto (default: cuda if available)"
+        )
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before running")
+    p.add_argument(
+        "--results-dir", default="benchmarks/results", help="where records go (benchmarks/results)"
+    )
+    p.add_argument("--out", default=None, help="record path (default <results-dir>/<name>-<device>.json)")
+    p.add_argument("--force", action="store_true", help="replace an existing record")
+    p.add_argument("--no-save", action="store_true", help="print only, write no record")
+    p.add_argument("--note", default=None, help="free text stored in the record (e.g. 'shared 2-core VM')")
+
+
+def _cache_settings(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--group-size", type=int, default=32, help="KIVI group size G (default 32)")
+    p.add_argument(
+        "--residual-length", type=int, default=128, help="residual window R, all caches (default 128)"
+    )
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="model directory or HF id (default: the bundled model)")
+    p.add_argument("--dtype", default="bfloat16", help="model dtype (default bfloat16)")
+    p.add_argument("--candidates", type=_names, default=None, help="caches, comma-separated (default: all)")
+    p.add_argument("--contexts", type=_ints, default=None, help="context lengths, comma-separated")
+    p.add_argument("--prefill-chunk", type=int, default=1024, help="prefill chunk in tokens (default 1024)")
+    p.add_argument("--hqq-group-size", type=int, default=64, help="HQQ/quanto group size (default 64)")
+    _cache_settings(p)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmarks: decode speed, decode memory, flush cost, kernel bandwidth, paging, lab; PERFORMANCE.md",
+        description="Run one benchmark and save its result record under benchmarks/results/, or regenerate "
+        "docs/PERFORMANCE.md from all records (`kvlab bench docs`).",
+    )
+    sub = p.add_subparsers(dest="bench_command", metavar="{decode,memory,flush,kernel,paging,lab,docs}")
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+    d = sub.add_parser("decode", help="ms/token against context for every cache (ratios to dynamic)")
+    _model_args(d)
+    d.add_argument("--steps", type=int, default=16, help="timed single-token forwards per cell (default 16)")
+    d.add_argument("--warmup", type=int, default=3, help="untimed forwards per cell (default 3)")
+    d.add_argument(
+        "--profile-context", type=int, default=None, help="also profile one decode step at T tokens"
+    )
+    _common(d)
+    d.set_defaults(func=_run, bench="decode")
+
+    m = sub.add_parser(
+        "memory", help="decode-phase transient bytes per cache (peak during a step - retained)"
+    )
+    _model_args(m)
+    m.add_argument("--warmup", type=int, default=2, help="untimed decode steps before measuring (default 2)")
+    m.add_argument("--no-flush-step", action="store_true", help="skip measuring the next flushing step")
+    _common(m)
+    m.set_defaults(func=_run, bench="memory")
+
+    f = sub.add_parser("flush", help="time of a flushing append against history length (KIVI vs HF)")
+    f.add_argument("--contexts", type=_ints, default=None, help="history lengths, comma-separated")
+    f.add_argument("--caches", type=_names, default=None, help="kivi4,kivi2,hqq4,quanto4 (default)")
+    f.add_argument("--kv-heads", type=int, default=8, help="KV heads of the layer (default 8)")
+    f.add_argument("--head-dim", type=int, default=128, help="head_dim (default 128)")
+    f.add_argument("--dtype", default="bfloat16", help="state dtype (default bfloat16)")
+    f.add_argument("--reps", type=int, default=9, help="timed repetitions per KIVI cell (default 9)")
+    f.add_argument("--hf-reps", type=int, default=3, help="timed repetitions per HQQ/quanto cell (default 3)")
+    f.add_argument("--hqq-group-size", type=int, default=64, help="HQQ/quanto group size (default 64)")
+    _cache_settings(f)
+    _common(f)
+    f.set_defaults(func=_run, bench="flush")
+
+    k = sub.add_parser("kernel", help="GB/s of the KIVI decode attention and SDPA vs copy bandwidth")
+    k.add_argument("--contexts", type=_ints, default=None, help="tokens of the layer, comma-separated")
+    k.add_argument("--q-heads", type=int, default=32, help="query heads (default 32)")
+    k.add_argument("--kv-heads", type=int, default=8, help="KV heads (default 8)")
+    k.add_argument("--head-dim", type=int, default=128, help="head_dim (default 128)")
+    k.add_argument("--dtype", default="bfloat16", help="dtype (default bfloat16)")
+    k.add_argument("--nbits", type=int, default=4, help="KIVI bits (default 4)")
+    k.add_argument("--reps", type=int, default=11, help="timed samples per kernel (default 11)")
+    k.add_argument(
+        "--copy-mib", type=int, default=None, help="copy-probe size in MiB (default 256 CPU, 1024 CUDA)"
+    )
+    _cache_settings(k)
+    _common(k)
+    k.set_defaults(func=_run, bench="kernel")
+
+    g = sub.add_parser("paging", help="paging simulator targets (issue 4)")
+    g.add_argument(
+        "--static-requests", type=int, default=1_000_000, help="static admission requests (1,000,000)"
+    )
+    g.add_argument("--sim-requests", type=int, default=2000, help="simulated requests (default 2000)")
+    g.add_argument("--rate", type=float, default=2.0, help="Poisson arrivals per engine step (default 2.0)")
+    _common(g, device=False)
+    g.set_defaults(func=_run, bench="paging")
+
+    lab = sub.add_parser("lab", help="toy decoder cached-vs-full speedup (issue 5)")
+    lab.add_argument("--kv-heads", type=int, default=2, help="KV heads of the toy decoder (default 2)")
+    lab.add_argument("--new-tokens", type=int, default=192, help="tokens generated (default 192)")
+    lab.add_argument("--repeat", type=int, default=3, help="timed runs of each generator (default 3)")
+    lab.add_argument("--no-append", action="store_true", help="skip the append-cost measurement")
+    _common(lab, device=False)
+    lab.set_defaults(func=_run, bench="lab")
+
+    doc = sub.add_parser("docs", help="regenerate docs/PERFORMANCE.md from benchmarks/results/*.json")
+    doc.add_argument(
+        "--results-dir", default="benchmarks/results", help="records to render (benchmarks/results)"
+    )
+    doc.add_argument("--out", default="docs/PERFORMANCE.md", help="page to write (docs/PERFORMANCE.md)")
+    doc.add_argument("--include-quick", action="store_true", help="also render --quick records")
+    doc.add_argument("--force", action="store_true", help="replace a page not generated by this command")
+    doc.add_argument("--json", action="store_true", help="print the target verdicts as JSON")
+    doc.set_defaults(func=_docs)
+
+    for parser in (d, m, f, k, g, lab):
+        parser.set_defaults(_parser=parser)
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The canonical command that reproduces ``args``: ``kvlab bench <name>`` plus every option whose value
+    differs from its default (output-only options left out)."""
+    parser = args._parser
+    words = ["kvlab", "bench", args.bench]
+    for action in parser._actions:
+        dest = action.dest
+        if not action.option_strings or dest in _NOT_IN_COMMAND or dest == "help":
+            continue
+        value = getattr(args, dest, None)
+        if value == action.default:
+            continue
+        flag = action.option_strings[-1]
+        if isinstance(value, bool):
+            words.append(flag)
+        elif isinstance(value, list):
+            words += [flag, ",".join(str(v) for v in value)]
+        else:
+            words += [flag, str(value)]
+    return shlex.join(words)
+
+
+def _kwargs(args: argparse.Namespace) -> dict:
+    """``run()`` keyword arguments of benchmark ``args.bench``."""
+    b = args.bench
+    kw: dict = {"quick": args.quick}
+    if b in ("decode", "memory", "flush", "kernel"):
+        kw["device"] = args.device
+    if b in ("decode", "memory"):
+        kw |= {
+            "model": args.model,
+            "dtype": args.dtype,
+            "contexts": args.contexts,
+            "prefill_chunk_tokens": args.prefill_chunk,
+            "group_size": args.group_size,
+            "residual_length": args.residual_length,
+            "hqq_group_size": args.hqq_group_size,
+            "warmup": args.warmup,
+        }
+        if args.candidates:
+            kw["candidates"] = tuple(args.candidates)
+    if b == "decode":
+        kw |= {"steps": args.steps, "profile_context": args.profile_context}
+    elif b == "memory":
+        kw["flush_step"] = not args.no_flush_step
+    elif b == "flush":
+        kw |= {
+            "contexts": args.contexts,
+            "kv_heads": args.kv_heads,
+            "head_dim": args.head_dim,
+            "dtype": args.dtype,
+            "reps": args.reps,
+            "hf_reps": args.hf_reps,
+            "group_size": args.group_size,
+            "residual_length": args.residual_length,
+            "hqq_group_size": args.hqq_group_size,
+        }
+        if args.caches:
+            kw["caches"] = tuple(args.caches)
+    elif b == "kernel":
+        kw |= {
+            "contexts": args.contexts,
+            "q_heads": args.q_heads,
+            "kv_heads": args.kv_heads,
+            "head_dim": args.head_dim,
+            "dtype": args.dtype,
+            "nbits": args.nbits,
+            "reps": args.reps,
+            "group_size": args.group_size,
+            "residual_length": args.residual_length,
+            "copy_bytes": None if args.copy_mib is None else args.copy_mib * 2**20,
+        }
+    elif b == "paging":
+        quick = args.quick
+        kw |= {
+            "static_requests": 100_000 if quick else args.static_requests,
+            "sim_requests": 300 if quick else args.sim_requests,
+            "rate_per_step": args.rate,
+            "repeat": 1 if quick else 3,
+        }
+    elif b == "lab":
+        quick = args.quick
+        kw |= {
+            "kv_heads": args.kv_heads,
+            "new_tokens": 48 if quick else args.new_tokens,
+            "repeat": 1 if quick else args.repeat,
+            "append": not (args.no_append or quick),
+        }
+    return kw
+
+
+def _run(args: argparse.Namespace) -> int:
+    import importlib
+
+    import torch
+    from rich.console import Console
+
+    from kvlab.bench import results
+
+    err = Console(stderr=True)
+    if args.threads is not None:
+        if args.threads < 1:
+            err.print(f"[red]--threads must be >= 1, got {args.threads}[/red]")
+            return 2
+        torch.set_num_threads(args.threads)
+    device = getattr(args, "device", "cpu")
+    path = None
+    if not args.no_save:
+        try:
+            path = results.default_path(args.results_dir, args.bench, device, args.quick)
+        except (ValueError, RuntimeError) as e:
+            err.print(f"[red]{e}[/red]")
+            return 2
+        if args.out:
+            from pathlib import Path
+
+            path = Path(args.out)
+        if path.exists() and not args.force:  # fail before spending minutes measuring
+            err.print(
+                f"[red]{path} already exists; pass --force to replace it or --out to choose another file[/red]"
+            )
+            return 1
+    module = importlib.import_module(f"kvlab.bench.{args.bench}")
+    kw = _kwargs(args)
+    if args.bench in ("decode", "memory", "flush", "kernel"):
+        kw["progress"] = lambda msg: err.print(f"[dim]{msg}[/dim]")
+    try:
+        result = module.run(**kw)
+    except (ValueError, FileNotFoundError) as e:
+        err.print(f"[red]{e}[/red]")
+        return 2
+    record = results.make_record(args.bench, result, command_line(args), args.quick, args.note)
+    if path is not None:
+        results.write_record(path, record, force=args.force)
+        err.print(f"wrote {path}")
+    if args.json:
+        print(json.dumps(record, indent=1))
+    else:
+        _print(record, path)
+    return 0
+
+
+def _print(record: dict, path) -> None:
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    from kvlab.bench import docs
+
+    console = Console()
+    name = Path(path).name if path else "(not saved)"
+    console.print(Markdown(docs.RENDER[record["benchmark"]](record["result"])))
+    for t in docs.targets([(Path(name), record)]):
+        if t["file"] != "-":
+            console.print(f"target: {t['description']}: [bold]{t['status']}[/bold] ({t['detail']})")
+
+
+def _docs(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from kvlab.bench import docs
+    from kvlab.bench.results import read_records
+
+    err = Console(stderr=True)
+    try:
+        out = docs.write_page(args.results_dir, args.out, include_quick=args.include_quick, force=args.force)
+        verdicts = docs.targets(read_records(args.results_dir, include_quick=args.include_quick))
+    except (FileExistsError, ValueError) as e:
+        err.print(f"[red]{e}[/red]")
+        return 1
+    if args.json:
+        print(json.dumps({"out": str(out), "targets": verdicts}, indent=1))
+    else:
+        err.print(f"wrote {out}")
+        for t in verdicts:
+            print(f"{t['status']:>14}  {t['description']}  [{t['detail']}]")
+    return 0

@@ -1,0 +1,164 @@
+"""The PERFORMANCE.md generator: tables from synthetic records, target verdicts computed from their numbers."""
+
+import json
+
+import pytest
+
+from kvlab.bench import docs, results
+
+
+def _record(benchmark, result, device_gpu=None, quick=False):
+    return {
+        "format": results.FORMAT,
+        "benchmark": benchmark,
+        "command": f"kvlab bench {benchmark}",
+        "quick": quick,
+        "created_utc": "2026-11-30T00:00:00Z",
+        "machine": {"cpu": "test cpu", "cpu_count": 2, "torch_threads": 2, "gpu": device_gpu},
+        "note": "shared 2-core VM",
+        "result": result,
+    }
+
+
+def _decode_result(ratio_at_4096, device_type="cpu"):
+    rows = []
+    for ctx in (1024, 4096):
+        rows.append(
+            {
+                "candidate": "dynamic",
+                "context": ctx,
+                "status": "ok",
+                "median_ms": 10.0,
+                "ratio_to_dynamic": 1.0,
+                "cache_bytes": 2**20,
+            }
+        )
+        r = ratio_at_4096 if ctx == 4096 else 2.0
+        rows.append(
+            {
+                "candidate": "kivi4-fused",
+                "context": ctx,
+                "status": "ok",
+                "median_ms": 10.0 * r,
+                "ratio_to_dynamic": r,
+                "cache_bytes": 2**18,
+            }
+        )
+    rows.append({"candidate": "hqq4", "context": 1024, "status": "failed", "error": "RuntimeError: boom"})
+    return {
+        "device": device_type,
+        "device_type": device_type,
+        "model": {
+            "name": "m",
+            "architecture": "A",
+            "layers": 2,
+            "q_heads": 4,
+            "kv_heads": 2,
+            "head_dim": 64,
+            "dtype": "bfloat16",
+            "parameters": 1e6,
+        },
+        "settings": {"steps": 4, "warmup": 1, "prefill_chunk_tokens": 1024, "dtype": "bfloat16"},
+        "contexts": [1024, 4096],
+        "candidates": [{"name": "dynamic"}, {"name": "kivi4-fused"}, {"name": "hqq4"}],
+        "prompt_source": "random",
+        "rows": rows,
+        "profile": None,
+    }
+
+
+def _flush_result(us_1k, us_16k):
+    rows = [
+        {"cache": "kivi4", "context": 1024, "status": "ok", "flush_us": us_1k, "plain_append_us": 50.0},
+        {"cache": "kivi4", "context": 16384, "status": "ok", "flush_us": us_16k, "plain_append_us": 50.0},
+    ]
+    return {
+        "device": "cpu",
+        "device_type": "cpu",
+        "shape": {"batch": 1, "kv_heads": 8, "head_dim": 128, "dtype": "bfloat16"},
+        "settings": {"group_size": 32, "residual_length": 128, "hqq_group_size": 64, "reps": 3, "hf_reps": 1},
+        "contexts": [1024, 16384],
+        "rows": rows,
+        "ratios": {"kivi4": {"from_context": 1024, "to_context": 16384, "ratio": us_16k / us_1k}},
+    }
+
+
+def _write(tmp_path, name, record):
+    (tmp_path / name).write_text(json.dumps(record))
+
+
+def _verdict(verdicts, prefix):
+    (v,) = [v for v in verdicts if v["description"].startswith(prefix) and v["file"] != "-"]
+    return v
+
+
+@pytest.mark.parametrize("ratio, status", [(1.05, "met"), (1.10, "met"), (1.30, "not met")])
+def test_decode_target_is_computed_from_the_numbers(tmp_path, ratio, status):
+    _write(tmp_path, "decode-cpu.json", _record("decode", _decode_result(ratio)))
+    verdicts = docs.targets(results.read_records(tmp_path))
+    v = _verdict(verdicts, "kivi4-fused decode")
+    assert v["status"] == status and f"{ratio:.3f}x" in v["detail"]
+
+
+def test_gpu_targets_are_not_measured_without_a_cuda_record(tmp_path):
+    _write(tmp_path, "decode-cpu.json", _record("decode", _decode_result(1.0)))
+    gpu = [v for v in docs.targets(results.read_records(tmp_path)) if v["device"] == "H200"]
+    assert {v["status"] for v in gpu} == {"not measured"} and len(gpu) == 2
+
+
+def test_cuda_decode_target_uses_contexts_from_32k(tmp_path):
+    res = _decode_result(0.9, device_type="cuda")
+    for row in res["rows"]:
+        if row["context"] == 4096:
+            row["context"] = 32768
+    res["contexts"] = [1024, 32768]
+    _write(tmp_path, "decode-nvidia-h200.json", _record("decode", res, device_gpu="NVIDIA H200"))
+    verdicts = docs.targets(results.read_records(tmp_path))
+    (v,) = [v for v in verdicts if v["file"] == "decode-nvidia-h200.json"]
+    assert v["status"] == "met" and v["device"] == "NVIDIA H200"  # 2.0x at 1024 does not count
+    assert not [v for v in verdicts if v["device"] == "H200" and "decode" in v["description"]]
+
+
+@pytest.mark.parametrize("us_16k, status", [(110.0, "met"), (300.0, "not met")])
+def test_flush_target(tmp_path, us_16k, status):
+    _write(tmp_path, "flush-cpu.json", _record("flush", _flush_result(100.0, us_16k)))
+    v = _verdict(docs.targets(results.read_records(tmp_path)), "kivi4 flush")
+    assert v["status"] == status
+
+
+def test_page_has_tables_commands_and_verdicts(tmp_path):
+    _write(tmp_path, "decode-cpu.json", _record("decode", _decode_result(1.3)))
+    _write(tmp_path, "flush-cpu.json", _record("flush", _flush_result(100.0, 110.0)))
+    out = docs.write_page(tmp_path, tmp_path / "PERFORMANCE.md")
+    text = out.read_text()
+    assert docs.MARKER in text
+    assert "| context | `dynamic` | `kivi4-fused` | `hqq4` |" in text
+    assert "| 4096 | 10.00 | 13.00 (1.30x) | - |" in text
+    assert "| 1024 | 10.00 | 20.00 (2.00x) | failed |" in text
+    assert "RuntimeError: boom" in text
+    assert "Command: `kvlab bench decode`" in text and "Note: shared 2-core VM" in text
+    assert "| 1024 | 100 (50) |" in text and "1.10x" in text
+    lines = [ln for ln in text.splitlines() if ln.startswith("| kivi4-fused decode <= 1.10x")]
+    assert len(lines) == 1 and "**not met**" in lines[0]
+    lines = [ln for ln in text.splitlines() if ln.startswith("| kivi4 flush at 16384")]
+    assert len(lines) == 1 and "**met**" in lines[0]
+
+
+def test_quick_records_are_left_out_unless_asked(tmp_path):
+    _write(tmp_path, "decode-cpu-quick.json", _record("decode", _decode_result(1.0), quick=True))
+    assert results.read_records(tmp_path) == []
+    assert len(results.read_records(tmp_path, include_quick=True)) == 1
+
+
+def test_foreign_files_are_refused(tmp_path):
+    (tmp_path / "x.json").write_text('{"hello": 1}')
+    with pytest.raises(ValueError, match="not a kvlab bench record"):
+        results.read_records(tmp_path)
+    page = tmp_path / "sub" / "PERFORMANCE.md"
+    page.parent.mkdir()
+    page.write_text("# hand-written\n")
+    (tmp_path / "x.json").unlink()
+    with pytest.raises(FileExistsError, match="not generated"):
+        docs.write_page(tmp_path, page)
+    docs.write_page(tmp_path, page, force=True)
+    assert docs.MARKER in page.read_text()

@@ -1,0 +1,157 @@
+"""Each benchmark's run(quick=True) returns its documented keys with sane values; ratios come from the same dict.
+
+No timing assertions: only signs, keys and arithmetic between numbers of one result.
+"""
+
+import math
+
+import pytest
+import torch
+
+from kvlab.bench import decode, flush, kernel, memory
+
+
+@pytest.fixture(scope="module")
+def decode_result(tiny_lm):
+    return decode.run(model=tiny_lm, quick=True, contexts=(64, 200), profile_context=64)
+
+
+def test_decode_quick_keys_and_ratios(decode_result):
+    r = decode_result
+    for key in ("device", "model", "settings", "contexts", "candidates", "prompt_source", "rows", "target"):
+        assert key in r
+    assert [c["name"] for c in r["candidates"]] == list(decode.DEFAULT_CANDIDATES)
+    assert len(r["rows"]) == len(decode.DEFAULT_CANDIDATES) * 2
+    dyn = {row["context"]: row["median_ms"] for row in r["rows"] if row["candidate"] == "dynamic"}
+    for row in r["rows"]:
+        if row["status"] == "skipped":  # an optional backend missing here
+            assert row["candidate"].startswith(("hqq", "quanto")) and row["error"]
+            continue
+        assert row["status"] == "ok", row
+        assert len(row["times_ms"]) == r["settings"]["steps"]
+        assert all(t > 0 for t in row["times_ms"])
+        assert min(row["times_ms"]) <= row["median_ms"] <= max(row["times_ms"])
+        assert row["ratio_to_dynamic"] == pytest.approx(row["median_ms"] / dyn[row["context"]])
+        assert row["cache_bytes"] > 0
+        assert row["attention"] == ("kvlab" if row["candidate"].endswith("-fused") else "sdpa")
+    assert r["target"]["status"] == "not measured"  # no 4096-token cell in a quick run
+    assert set(r["profile"]) == {"dynamic", "kivi4-fused"}
+    assert all(op["self_cpu_ms"] >= 0 for op in r["profile"]["kivi4-fused"])
+
+
+def test_decode_quantized_caches_are_smaller_than_dynamic(decode_result):
+    rows = {(row["candidate"], row["context"]): row for row in decode_result["rows"] if row["status"] == "ok"}
+    assert rows[("kivi4-fused", 200)]["cache_bytes"] < rows[("dynamic", 200)]["cache_bytes"]
+    assert rows[("kivi2-fused", 200)]["cache_bytes"] < rows[("kivi4-fused", 200)]["cache_bytes"]
+
+
+def test_decode_records_a_failing_cell_and_goes_on(tiny_lm):
+    # G=48 divides neither head_dim 64 nor, in the KIVI config, residual 96's grouping of 64-dim values
+    r = decode.run(
+        model=tiny_lm,
+        quick=True,
+        contexts=(64,),
+        candidates=("dynamic", "kivi4-fused"),
+        group_size=48,
+        residual_length=96,
+    )
+    status = {row["candidate"]: row for row in r["rows"]}
+    assert status["dynamic"]["status"] == "ok"
+    assert status["kivi4-fused"]["status"] == "failed" and "group_size" in status["kivi4-fused"]["error"]
+    assert "ratio_to_dynamic" not in status["kivi4-fused"]
+
+
+def test_decode_rejects_bad_settings(tiny_lm):
+    with pytest.raises(ValueError, match="dynamic"):
+        decode.run(model=tiny_lm, quick=True, candidates=("kivi4-fused",))
+    with pytest.raises(ValueError, match="unknown cache"):
+        decode.run(model=tiny_lm, quick=True, candidates=("dynamic", "kivi3-fused"))
+    with pytest.raises(ValueError, match="contexts"):
+        decode.run(model=tiny_lm, quick=True, contexts=(0,))
+
+
+@pytest.mark.parametrize(
+    "text, parsed",
+    [
+        ("dynamic", ("dynamic", None, None)),
+        ("kivi2-dequant", ("kivi", 2, "dequantize")),
+        ("kivi8-fused", ("kivi", 8, "fused")),
+        ("hqq4", ("hqq", 4, None)),
+        ("quanto2", ("quanto", 2, None)),
+    ],
+)
+def test_candidate_names(text, parsed):
+    c = decode.BenchCandidate.parse(text)
+    assert (c.family, c.nbits, c.attention) == parsed
+
+
+def test_memory_quick_keys_and_ratios(tiny_lm):
+    r = memory.run(
+        model=tiny_lm, quick=True, contexts=(96,), candidates=("dynamic", "kivi4-fused", "kivi4-dequant")
+    )
+    assert {"device", "method", "model", "contexts", "candidates", "rows", "target"} <= set(r)
+    rows = {row["candidate"]: row for row in r["rows"]}
+    for row in rows.values():
+        assert row["status"] == "ok", row
+        steps = [row["plain_step"]] + ([row["flush_step"]] if row.get("flush_step") else [])
+        for s in steps:
+            assert s["peak_bytes"] >= s["retained_bytes"]
+            assert s["transient_bytes"] == s["peak_bytes"] - s["retained_bytes"]
+        assert row["transient_bytes"] == max(s["transient_bytes"] for s in steps)
+        assert row["transient_ratio"] == pytest.approx(row["transient_bytes"] / row["bf16_cache_bytes"])
+        assert row["cache_bytes"] > 0
+    assert "flush_step" not in rows["dynamic"]  # a DynamicCache never flushes
+    assert rows["kivi4-fused"]["flush_step"]["transient_bytes"] > 0
+    # CPU accounting says which operators allocated during the step
+    by_op = rows["kivi4-fused"]["plain_step"]["allocated_by_op"]
+    assert by_op and all(v > 0 for v in by_op.values())
+    assert r["target"]["status"] in ("met", "not met")
+    assert r["target"]["ratios"] == {96: rows["kivi4-fused"]["transient_ratio"]}
+
+
+def test_flush_quick_keys_and_ratios():
+    r = flush.run(quick=True, kv_heads=2, head_dim=64, caches=("kivi4", "quanto4"))
+    assert {"device", "shape", "settings", "contexts", "rows", "ratios", "target"} <= set(r)
+    assert r["contexts"] == list(flush.QUICK_CONTEXTS)
+    ok = {}
+    for row in r["rows"]:
+        if row["status"] == "skipped":
+            continue
+        assert row["status"] == "ok", row
+        assert row["flush_us"] > 0 and row["plain_append_us"] > 0
+        assert len(row["flush_us_all"]) == row["reps"]
+        assert row["history_tokens"] >= row["context"]
+        ok[(row["cache"], row["context"])] = row["flush_us"]
+    lo, hi = flush.QUICK_CONTEXTS
+    assert r["ratios"]["kivi4"]["ratio"] == pytest.approx(ok[("kivi4", hi)] / ok[("kivi4", lo)])
+    assert r["target"]["status"] == "not measured"  # 16k is not in a quick run
+
+
+def test_kivi_flush_quantizes_only_the_new_chunk():
+    # the harness's flushing append must flush exactly once, writing G tokens, whatever the history
+    subject = flush._KIVISubject(4, 32, 128)
+    k = torch.randn(1, 2, 1000, 64, dtype=torch.bfloat16)
+    subject.append(k, k)
+    q0 = subject.state.quantized_tokens
+    n = subject.steps_to_flush()
+    subject.append(k[:, :, :n], k[:, :, :n])
+    assert subject.state.quantized_tokens == q0
+    subject.append(k[:, :, :1], k[:, :, :1])
+    assert subject.state.quantized_tokens == q0 + 32
+
+
+def test_kernel_quick_keys_and_ratios():
+    r = kernel.run(quick=True, contexts=(256,), q_heads=4, kv_heads=2, head_dim=64, copy_bytes=2**20)
+    assert {"device", "shape", "settings", "copy", "rows", "target"} <= set(r)
+    cp = r["copy"]
+    assert cp["best_gb_s"] >= cp["median_gb_s"] > 0
+    (row,) = r["rows"]
+    assert row["status"] == "ok", row
+    bd = row["kivi_bytes_breakdown"]
+    assert row["kivi_bytes"] == bd["codes"] + bd["scales_zeros"] + bd["residual"]
+    assert row["sdpa_bytes"] == 2 * 256 * 2 * 64 * 2  # K and V, bf16
+    assert row["kivi_gb_s"] == pytest.approx(row["kivi_bytes"] / (row["kivi_us"] * 1e-6) / 1e9)
+    assert row["kivi_fraction_of_copy"] == pytest.approx(row["kivi_gb_s"] / cp["best_gb_s"])
+    assert row["kivi_time_over_sdpa"] == pytest.approx(row["kivi_us"] / row["sdpa_us"])
+    assert math.isfinite(row["sdpa_gb_s"]) and row["sdpa_gb_s"] > 0
+    assert r["target"]["status"] == "not applicable"
