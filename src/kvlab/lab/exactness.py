@@ -151,20 +151,20 @@ def run_real_check(
     model: str | None = None, *, dtype: str = "float32", tokens: int = 96, batch: int = 1, device: str = "cpu"
 ) -> dict:
     """:func:`check_exact_caches` on a real model (``None``: the bundled reference model) loaded with
-    ``kvlab.models.load_model``, over the first ``tokens`` tokens of the bundled held-out text (``batch`` rows,
-    each starting ``tokens`` further on). fp32 by default: the check is about the cache, not bf16 rounding.
+    ``kvlab.models.load_model``, over ``batch`` consecutive cuts of ``tokens`` tokens of the bundled held-out text
+    (``kvlab.models.heldout_token_ids``). fp32 by default: the check is about the cache, not bf16 rounding.
 
     Raises:
-        ValueError: the held-out text is shorter than ``batch * tokens`` tokens.
+        ValueError: ``tokens`` or ``batch`` < 1, or the held-out text is shorter than ``batch * tokens`` tokens.
     """
-    from kvlab.models import heldout_text, load_model
+    from kvlab.models import heldout_token_ids, load_model
 
+    if tokens < 1 or batch < 1:
+        raise ValueError(f"`tokens` and `batch` must be >= 1, got {tokens!r} and {batch!r}")
     lm, tokenizer = load_model(model, dtype=dtype, device=device)
     lm.eval()
-    ids = tokenizer(heldout_text(), return_tensors="pt").input_ids[0]
-    if ids.numel() < batch * tokens:
-        raise ValueError(f"held-out text has {ids.numel()} tokens, need batch*tokens = {batch * tokens}")
-    input_ids = ids[: batch * tokens].reshape(batch, tokens).to(device)  # [batch, tokens]
+    rows = [heldout_token_ids(tokenizer, tokens, offset=b * tokens) for b in range(batch)]
+    input_ids = torch.tensor(rows, dtype=torch.long, device=device)  # [batch, tokens]
     result = check_exact_caches(lm, input_ids)
-    result["model"] = "bundled reference" if model is None else str(model)
+    result["model"] = "bundled reference model" if model is None else str(model)
     return result

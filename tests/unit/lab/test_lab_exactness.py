@@ -84,3 +84,34 @@ def test_prefill_bounds(tiny_model):
     ids = torch.zeros(1, 4, dtype=torch.long)
     with pytest.raises(ValueError, match="5"):
         incremental_logits(tiny_model, ids, DynamicCache(config=tiny_model.config), 5)
+
+
+def _bundled_model_present() -> bool:
+    try:
+        from kvlab.models import reference_model_path
+
+        return (reference_model_path() / "config.json").is_file()
+    except (ImportError, FileNotFoundError):
+        return False
+
+
+def test_cli_real_check_on_the_bundled_model():
+    """`kvlab lab --real --json`: every exact cache matches the bundled model's full forward."""
+    if not _bundled_model_present():
+        pytest.skip("the bundled reference model is not in this checkout yet (scripts/train_reference.py)")
+    import contextlib
+    import io
+    import json
+
+    from kvlab.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["lab", "--real", "--json", "--tokens", "64", "--batch", "2"])
+    result = json.loads(out.getvalue())
+    assert code == 0 and result["all_passed"] is True
+    assert result["tokens"] == 64 and result["batch"] == 2 and result["dtype"] == "float32"
+    rows = {r["cache"]: r for r in result["rows"]}
+    assert set(rows) == {"dynamic", "paged", "kivi-8-full-residual"}
+    for row in rows.values():
+        assert row["status"] == "ok" and row["rel_err"] <= 1e-4
