@@ -56,16 +56,10 @@ class CacheSettings:
     hqq_group_size: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("group_size", "residual_length", "hqq_group_size"):
+        for name, low in (("group_size", 1), ("residual_length", 0), ("hqq_group_size", 1)):
             value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int)
-                or value < (0 if name == "residual_length" else 1)
-            ):
-                raise ValueError(
-                    f"`{name}` must be a {'non-negative' if name == 'residual_length' else 'positive'} int, got {value!r}"
-                )
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}")
 
 
 @dataclass(frozen=True)
