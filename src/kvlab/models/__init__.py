@@ -1,0 +1,242 @@
+"""Model loading for kvlab: the bundled reference model and any Hugging Face decoder, one code path.
+
+The bundled model (``reference/``, trained by ``scripts/train_reference.py``; issue 2 §4) is a plain Hugging Face
+directory, so it loads with ``AutoModelForCausalLM.from_pretrained`` exactly like a hub id or a local checkpoint.
+Its held-out text (files the model and tokenizer never saw) supplies real-text prompts of exact token lengths.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import weakref
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "DTYPES",
+    "heldout_text",
+    "heldout_token_ids",
+    "load_model",
+    "model_fingerprint",
+    "parse_dtype",
+    "reference_model_path",
+]
+
+DTYPES: dict[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16,  # the seed's model dtype (seed 000)
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
+
+# A hub id is "name" or "owner/name" (huggingface_hub's rule: letters, digits, "-", "_", "."; no "--" or "..").
+_HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
+
+
+def reference_model_path() -> Path:
+    """Directory of the bundled reference model (``config.json``, ``model.safetensors``, tokenizer files, ...).
+
+    The directory ships inside the package; it may be absent only in a checkout where the training script has not
+    been run, which ``load_model`` and ``heldout_text`` report with a ``FileNotFoundError``.
+    """
+    return Path(__file__).resolve().parent / "reference"
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``"bfloat16"``, ``"float16"``, ``"float32"`` (or the matching ``torch.dtype``) -> ``torch.dtype``.
+
+    Raises:
+        ValueError: any other value, named in the message.
+    """
+    if isinstance(dtype, torch.dtype):
+        if dtype in DTYPES.values():
+            return dtype
+    elif isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"`dtype` must be one of {sorted(DTYPES)}, got {dtype!r}")
+
+
+def _local_model_dir(model: str | os.PathLike) -> Path | None:
+    """The local directory ``model`` names, or None when it is a hub id; raises when a path is wrong."""
+    path = Path(model).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise NotADirectoryError(f"model path {str(model)!r} is a file, expected a model directory")
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model directory {str(model)!r} has no config.json")
+        return path
+    text = os.fspath(model)
+    if isinstance(model, os.PathLike) or not _HUB_ID.match(text) or "--" in text or ".." in text:
+        raise FileNotFoundError(f"model directory {text!r} does not exist (and it is not a hub id)")
+    return None
+
+
+def load_model(
+    model: str | os.PathLike | None = None,
+    dtype: str | torch.dtype = "bfloat16",
+    device: str | torch.device = "cpu",
+    revision: str | None = None,
+):
+    """Load a causal LM and its tokenizer with ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained``.
+
+    Args:
+        model: None for the bundled reference model; otherwise a local model directory or a Hugging Face hub id
+            (``owner/name``), resolved by transformers (its cache when offline).
+        dtype: ``"bfloat16"`` (default, the seed's dtype), ``"float16"`` or ``"float32"``.
+        device: a ``torch.device`` string such as ``"cpu"`` or ``"cuda:0"``.
+        revision: hub branch, tag or commit; only for hub ids.
+
+    Returns:
+        ``(model, tokenizer)``; the model is in eval mode on ``device``. A tokenizer without a pad token gets
+        its eos token as pad token (batched prompts need one).
+
+    Raises:
+        ValueError: unknown ``dtype`` or ``device``, CUDA requested without CUDA, ``revision`` for a local path.
+        FileNotFoundError: a local path that does not exist or has no ``config.json``, or a bundled model that
+            was never trained; no hub lookup is attempted for these.
+        OSError: a hub id that neither the hub nor the local cache can provide.
+    """
+    torch_dtype = parse_dtype(dtype)
+    try:
+        torch_device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"`device` must be a torch device such as 'cpu' or 'cuda:0', got {device!r}") from e
+    if torch_device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"`device` is {device!r} but CUDA is not available")
+
+    if model is None:
+        source = reference_model_path()
+        if not (source / "config.json").is_file():
+            raise FileNotFoundError(
+                f"the bundled reference model is missing from {source}; run scripts/train_reference.py"
+            )
+    else:
+        source = _local_model_dir(model)
+    if source is not None and revision is not None:
+        raise ValueError(
+            f"`revision` applies to hub ids only, got {revision!r} for local directory {str(source)!r}"
+        )
+    name = str(source) if source is not None else os.fspath(model)
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, revision=revision)
+        lm = AutoModelForCausalLM.from_pretrained(name, revision=revision, dtype=torch_dtype)
+    except OSError as e:
+        if source is not None:
+            raise
+        raise OSError(
+            f"{name!r} is not a local directory, and neither the Hugging Face hub nor its local cache could "
+            f"provide it (revision {revision!r}): {e}"
+        ) from e
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    lm.to(torch_device)
+    lm.eval()
+    return lm, tokenizer
+
+
+def heldout_text() -> str:
+    """The bundled model's held-out text: whole documentation files it never saw in training, joined by blank lines.
+
+    Raises:
+        FileNotFoundError: the bundled model directory has no ``heldout.txt``.
+    """
+    path = reference_model_path() / "heldout.txt"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; run scripts/train_reference.py")
+    return path.read_text(encoding="utf-8")
+
+
+def heldout_token_ids(tokenizer, n_tokens: int, offset: int = 0) -> list[int]:
+    """Exactly ``n_tokens`` token ids of the held-out text, starting at token ``offset``: `[n_tokens]` ints.
+
+    The whole held-out text is tokenized by ``tokenizer`` (any Hugging Face tokenizer; no special tokens added)
+    and the slice ``[offset, offset + n_tokens)`` is returned, so prompts of exact lengths can be cut from
+    several places; ``torch.tensor([cut_a, cut_b])`` makes a `[batch, n_tokens]` batch. Consecutive cuts
+    concatenate: ``cut(n, o) + cut(m, o + n) == cut(n + m, o)``.
+
+    Raises:
+        ValueError: ``n_tokens`` < 1, ``offset`` < 0, or the text has fewer than ``offset + n_tokens`` tokens.
+    """
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 1:
+        raise ValueError(f"`n_tokens` must be a positive int, got {n_tokens!r}")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"`offset` must be a non-negative int, got {offset!r}")
+    ids = _heldout_ids(tokenizer)
+    if offset + n_tokens > len(ids):
+        raise ValueError(
+            f"held-out text has {len(ids)} tokens under this tokenizer; offset {offset} + n_tokens {n_tokens} "
+            f"= {offset + n_tokens} exceeds it"
+        )
+    return list(ids[offset : offset + n_tokens])
+
+
+# tokenizer -> (vocabulary size, held-out token ids): tokenizing the held-out text takes about a second on a busy
+# CPU and a run cuts many prompts; a tokenizer that grew new tokens is re-tokenized.
+_HELDOUT_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _heldout_ids(tokenizer) -> list[int]:
+    try:
+        cached = _HELDOUT_IDS.get(tokenizer)
+    except TypeError:  # not weak-referenceable or not hashable: no cache
+        cached = None
+    if cached is not None and cached[0] == len(tokenizer):
+        return cached[1]
+    ids = list(tokenizer(heldout_text(), add_special_tokens=False, verbose=False)["input_ids"])
+    try:
+        _HELDOUT_IDS[tokenizer] = (len(tokenizer), ids)
+    except TypeError:
+        pass
+    return ids
+
+
+def model_fingerprint(model: str | os.PathLike | None = None, revision: str | None = None) -> str:
+    """A content identity of a model for result provenance.
+
+    - a local directory (None = the bundled model): ``"sha256:<hex>"`` over its files in sorted relative-path
+      order, each contributing its path and the sha256 of its bytes (hidden files and ``__pycache__`` skipped);
+    - a hub id: ``"hf:<id>@<commit>"`` with the commit the local Hugging Face cache resolves ``revision``
+      (default ``main``) to, or ``"hf:<id>@<revision> (unresolved)"`` when the cache cannot say.
+
+    Raises:
+        FileNotFoundError: a local path that does not exist.
+    """
+    source = reference_model_path() if model is None else _local_model_dir(model)
+    if source is None:
+        repo_id = os.fspath(model)
+        commit = _cached_commit(repo_id, revision)
+        return f"hf:{repo_id}@{commit}" if commit else f"hf:{repo_id}@{revision or 'main'} (unresolved)"
+    if not source.is_dir():
+        raise FileNotFoundError(f"model directory {str(source)!r} does not exist")
+    digest = hashlib.sha256()
+    files = sorted(
+        p
+        for p in source.rglob("*")
+        if p.is_file()
+        and not any(part.startswith(".") or part == "__pycache__" for part in p.relative_to(source).parts)
+    )
+    for path in files:
+        file_digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                file_digest.update(chunk)
+        digest.update(path.relative_to(source).as_posix().encode("utf-8") + b"\0")
+        digest.update(file_digest.digest())
+    return f"sha256:{digest.hexdigest()}"
+
+
+def _cached_commit(repo_id: str, revision: str | None) -> str | None:
+    """Commit hash the local Hugging Face cache maps ``revision`` to, or None; never touches the network."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - huggingface_hub ships with transformers
+        return None
+    cached = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    if isinstance(cached, str):  # .../models--owner--name/snapshots/<commit>/config.json
+        return Path(cached).parent.name
+    return None
