@@ -63,7 +63,24 @@ def test_quantized_kivi_in_generate_fused_equals_dequantize(reference_bf16, batc
     assert deq_cache.nbytes() == fused_cache.nbytes()
     agree = (fused == deq).float().mean().item()
     assert agree > 0.9  # same math; bf16 rounding order may flip a near-tie
-    assert (deq[:, 300:] == ref[:, 300:]).float().mean().item() > 0.3  # 4-bit stays close to the float cache
+    assert ref.shape == deq.shape
+
+
+@pytest.mark.parametrize("nbits,max_delta,min_overlap", [(4, 0.05, 0.95), (2, 0.15, 0.85)])
+def test_quantized_kivi_quality_on_a_fixed_continuation(reference_bf16, nbits, max_delta, min_overlap):
+    """Greedy outputs of a small model diverge on near-ties; quality is judged on a fixed continuation."""
+    from kvlab.eval.metrics import fixed_continuation, topk_overlap
+
+    model, tok = reference_bf16
+    model.set_attn_implementation("sdpa")
+    ids = torch.tensor([heldout_token_ids(tok, 2048 + 16, offset=5000)])
+    prompt, cont = ids[:, :2048], ids[:, 2048:]
+    base = fixed_continuation(model, prompt, cont, DynamicCache(), 5)
+    quant = fixed_continuation(
+        model, prompt, cont, KIVICache(nbits=nbits, group_size=32, residual_length=128), 5
+    )
+    assert abs(quant["mean_nll"] - base["mean_nll"]) < max_delta
+    assert topk_overlap(base["topk_ids"], quant["topk_ids"], 5) >= min_overlap
 
 
 @pytest.mark.parametrize("nbits,tokens", [(4, 4159), (2, 4159), (4, 100), (8, 700)])
