@@ -107,10 +107,10 @@ def test_cli_real_check_on_the_bundled_model():
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = main(["lab", "--real", "--json", "--tokens", "64", "--batch", "2"])
+        code = main(["lab", "--real", "--json", "--tokens", "40", "--batch", "2"])
     result = json.loads(out.getvalue())
     assert code == 0 and result["all_passed"] is True
-    assert result["tokens"] == 64 and result["batch"] == 2 and result["dtype"] == "float32"
+    assert result["tokens"] == 40 and result["batch"] == 2 and result["dtype"] == "float32"
     rows = {r["cache"]: r for r in result["rows"]}
     assert set(rows) == {"dynamic", "paged", "kivi-8-full-residual"}
     for row in rows.values():
