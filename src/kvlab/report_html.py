@@ -68,6 +68,7 @@ _SECTIONS_SHOWN = {
 
 _CSS = """
 body { font-family: -apple-system, 'Segoe UI', 'DejaVu Sans', Arial, sans-serif; margin: 24px auto;
+       padding: 0 16px; box-sizing: border-box;
        max-width: 1400px; color: #1d1d1f; background: #ffffff; line-height: 1.4; }
 h1 { color: #1f4e79; border-bottom: 3px solid #1f4e79; padding-bottom: 6px; }
 h2 { color: #1f4e79; margin-top: 32px; }
@@ -76,6 +77,7 @@ table { border-collapse: collapse; margin: 8px 0 16px 0; font-size: 12px; }
 th, td { border: 1px solid #c8d3de; padding: 3px 6px; text-align: right; vertical-align: top; }
 th { background: #1f4e79; color: #ffffff; }
 td.key, th.key { text-align: left; }
+td.key { max-width: 640px; overflow-wrap: anywhere; }
 tr:nth-child(even) td { background: #f2f6fa; }
 td.pass { background: #d8eed9 !important; color: #1b5e20; }
 td.fail { background: #f8d7d3 !important; color: #b71c1c; font-weight: bold; }
@@ -120,7 +122,7 @@ def _kv_table(data: Any) -> str:
         f'<tr><td class="key">{html.escape(k)}</td><td class="key">{html.escape(_fmt(v))}</td></tr>'
         for k, v in _flatten(data)
     )
-    return f'<table><tr><th class="key">field</th><th class="key">value</th></tr>{rows}</table>'
+    return f'<div class="scroll"><table><tr><th class="key">field</th><th class="key">value</th></tr>{rows}</table></div>'
 
 
 def _cell_class(row: Mapping[str, Any], column: str, bounds: Mapping[str, tuple[str, float]]) -> str:
