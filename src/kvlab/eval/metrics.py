@@ -9,7 +9,6 @@ top-k, and the greedy agreement of the free-running outputs as a diagnostic.
 from __future__ import annotations
 
 import inspect
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -46,21 +45,22 @@ class PeakMemory:
     """Incremental peak memory of a code block, in bytes.
 
     CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus the allocated bytes at entry
-    (seed 000 §5.2's measure). CPU (Linux): the process's peak resident set (``VmHWM``) after resetting it through
-    ``/proc/self/clear_refs``, minus the resident set at entry — it includes allocator caching and anything else
-    the process touches, so it is coarser than the exact cache bytes. Elsewhere ``incremental_peak_bytes`` is None.
+    (seed 000 §5.2's measure). CPU: the exact peak of live tensor bytes created inside the block, counted operator
+    by operator with :class:`kvlab.bench.memory.TensorBytesTracker` (weights and inputs that exist before the
+    block are not counted; allocator caching is not counted either).
     """
 
     def __init__(self, device: torch.device):
         self.device = device
         self.base = 0
         self.incremental_peak_bytes: int | None = None
+        self._tracker = None
         if device.type == "cuda":
             self.method = "cuda: torch.cuda.max_memory_allocated after reset_peak_memory_stats, minus allocated at start"
-        elif _read_status_kib("VmHWM") is not None and os.access("/proc/self/clear_refs", os.W_OK):
-            self.method = "cpu: peak RSS (VmHWM, reset via /proc/self/clear_refs) minus RSS at start"
         else:
-            self.method = "unavailable on this platform"
+            self.method = (
+                "cpu: exact peak of live tensor bytes created during one generate() (TorchDispatchMode)"
+            )
 
     def __enter__(self) -> PeakMemory:
         if self.device.type == "cuda":
@@ -68,10 +68,11 @@ class PeakMemory:
             torch.cuda.empty_cache()
             self.base = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-        elif self.method.startswith("cpu"):
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # reset the peak RSS counter to the current RSS
-            self.base = (_read_status_kib("VmRSS") or 0) * 1024
+        else:
+            from kvlab.bench.memory import TensorBytesTracker
+
+            self._tracker = TensorBytesTracker()
+            self._tracker.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -80,9 +81,9 @@ class PeakMemory:
             self.incremental_peak_bytes = int(
                 max(0, torch.cuda.max_memory_allocated(self.device) - self.base)
             )
-        elif self.method.startswith("cpu"):
-            peak = (_read_status_kib("VmHWM") or 0) * 1024
-            self.incremental_peak_bytes = int(max(0, peak - self.base))
+        else:
+            self._tracker.__exit__(*exc)
+            self.incremental_peak_bytes = int(self._tracker.peak_bytes)
 
 
 def run_generate(
@@ -128,14 +129,24 @@ def run_generate(
         for _ in range(warmup):
             once()
         cache = out = None
-        with PeakMemory(device) as peak:
+        if device.type == "cuda":  # the allocator's peak costs nothing: measure it over the timed calls
+            with PeakMemory(device) as peak:
+                for _ in range(repeat):
+                    cache = out = None
+                    synchronize(device)
+                    start = time.perf_counter()
+                    cache, out = once()
+                    synchronize(device)
+                    timings.append((time.perf_counter() - start) * 1000.0)
+        else:  # CPU accounting slows every operator: one extra, untimed call
             for _ in range(repeat):
                 cache = out = None
-                synchronize(device)
                 start = time.perf_counter()
                 cache, out = once()
-                synchronize(device)
                 timings.append((time.perf_counter() - start) * 1000.0)
+            cache = out = None
+            with PeakMemory(device) as peak:
+                cache, out = once()
     generated = out[:, input_ids.shape[1] :].detach().cpu()
     median = statistics.median(timings)
     perf = {

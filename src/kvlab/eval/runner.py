@@ -190,7 +190,7 @@ def build_prompts(
     else:
         from kvlab.models import heldout_text, heldout_token_ids
 
-        total = len(tokenizer(heldout_text(), add_special_tokens=False)["input_ids"])
+        total = len(tokenizer(heldout_text(), add_special_tokens=False, verbose=False)["input_ids"])
         if total < context:
             raise ValueError(
                 f"the held-out text has {total} tokens under this tokenizer, fewer than context {context}"
