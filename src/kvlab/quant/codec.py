@@ -162,14 +162,21 @@ def quantize_groups(x: torch.Tensor, nbits: int, group_size: int, axis: int = -1
         :class:`QuantizedTensor` whose ``scale``/``zero`` have ``x.shape`` with ``shape[axis] // group_size``.
 
     Raises:
-        ValueError: unsupported ``nbits``, bad ``group_size``, a group size not dividing the axis, a last axis
-            that does not pack into whole bytes, a non-floating or non-finite input.
+        ValueError: unsupported ``nbits``, bad ``group_size``, ``axis`` out of range, a group size not dividing
+            the axis, a last axis that does not pack into whole bytes, a non-floating or non-finite input.
+        TypeError: ``x`` not a tensor, ``axis`` not an int.
     """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"`x` must be a torch.Tensor, got {type(x).__name__}")
     check_nbits(nbits)
     check_group_size(group_size)
     scale_dtype, zero_dtype = metadata_dtypes(x.dtype)
     if x.ndim == 0:
         raise ValueError("cannot quantize a 0-d tensor")
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise TypeError(f"`axis` must be an int, got {axis!r}")
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"`axis` must be in [{-x.ndim}, {x.ndim - 1}] for a {x.ndim}-d tensor, got {axis}")
     ax = axis % x.ndim
     if x.shape[ax] % group_size:
         raise ValueError(
@@ -222,10 +229,20 @@ def dequantize(qt: QuantizedTensor, dtype: torch.dtype | None = None) -> torch.T
         dtype: output dtype (default: the original dtype).
 
     Returns:
-        ``qt.shape`` tensor of ``dtype``; a constant group comes back bit-exact.
+        ``qt.shape`` tensor of ``dtype``; a constant group comes back bit-exact, and a group of huge finite
+        values stays finite (saturating at the largest finite value of ``dtype``).
     """
+    out_dtype = dtype or qt.dtype
     work = torch.float64 if qt.dtype == torch.float64 else torch.float32
-    codes = unpack_codes(qt.codes, qt.nbits).to(work)
-    scale = expand_groups(qt.scale.to(work), qt.axis, qt.group_size)
-    zero = expand_groups(qt.zero.to(work), qt.axis, qt.group_size)
-    return (zero + codes * scale).to(dtype or qt.dtype)
+    half = ((1 << qt.nbits) - 1) / 2
+    scale = qt.scale.to(work)
+    # zero + code * scale, taken around the group midpoint: code * scale alone reaches max - min, which overflows
+    # `work` for a group spanning most of the dtype's range; mid and (code - half) * scale never do.
+    mid = expand_groups(qt.zero.to(work) + half * scale, qt.axis, qt.group_size)
+    scale = expand_groups(scale, qt.axis, qt.group_size)
+    codes = unpack_codes(qt.codes, qt.nbits).to(work).sub_(half)
+    out = mid + codes * scale
+    if out_dtype.is_floating_point:  # rounding may land just past the largest finite value: saturate there
+        limit = min(torch.finfo(out_dtype).max, torch.finfo(work).max)
+        out = out.clamp_(-limit, limit)
+    return out.to(out_dtype)

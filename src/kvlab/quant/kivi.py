@@ -83,6 +83,8 @@ class KIVIConfig:
 
     def check_head_dim(self, head_dim: int) -> None:
         """Raise ``ValueError`` if ``head_dim`` cannot be grouped by ``group_size`` or packed by ``nbits``."""
+        if head_dim < 1:
+            raise ValueError(f"head_dim must be >= 1, got {head_dim}")
         if head_dim % self.group_size:
             raise ValueError(
                 f"`group_size` ({self.group_size}) must divide head_dim ({head_dim}): values are quantized "
@@ -153,6 +155,10 @@ class KIVIState:
         return self.quantized_tokens + self.residual_tokens
 
     def _check(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
+            raise TypeError(
+                f"keys and values must be torch.Tensor, got {type(keys).__name__} and {type(values).__name__}"
+            )
         if keys.ndim != 4 or keys.shape != values.shape:
             raise ValueError(
                 f"keys and values must share a [batch, kv_heads, tokens, head_dim] shape, got "

@@ -1,0 +1,101 @@
+"""Hostile input to the codec and the KIVI state: a clear ValueError/TypeError naming the value, or a finite,
+correct result; never a silent wrong number or a crash inside torch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvlab.quant import quantize_groups
+from kvlab.quant.codec import dequantize
+from kvlab.quant.kivi import KIVIConfig, KIVIState
+
+FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("nbits", (2, 4, 8))
+def test_dequantize_of_the_largest_finite_values_stays_finite(dtype, nbits):
+    fmax = torch.finfo(dtype).max
+    x = torch.tensor(
+        [[fmax, -fmax, 0.0, fmax / 2], [fmax, fmax / 2, fmax / 4, fmax / 8], [-fmax, -fmax, -fmax, fmax]],
+        dtype=dtype,
+    )
+    y = dequantize(quantize_groups(x, nbits, 4))
+    assert torch.isfinite(y).all(), y
+    # the error of each element stays within one quantization step of its group (max - min) / (2**b - 1)
+    span = (x.double().amax(-1, keepdim=True) - x.double().amin(-1, keepdim=True)) / (2**nbits - 1)
+    assert ((y.double() - x.double()).abs() <= span * 1.01).all()
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_huge_keys_in_a_kivi_state_dequantize_finite(dtype):
+    fmax = torch.finfo(dtype).max
+    gen = torch.Generator().manual_seed(0)
+    k = (torch.rand(1, 2, 64, 32, generator=gen) * 2 - 1).to(dtype) * fmax
+    state = KIVIState(KIVIConfig(nbits=2, group_size=32, residual_length=0))
+    state.append(k, k)
+    keys, values = state.dequantize_prefix()
+    assert torch.isfinite(keys).all() and torch.isfinite(values).all()
+
+
+@pytest.mark.parametrize("axis", (4, -5, 100))
+def test_axis_out_of_range_is_named(axis):
+    with pytest.raises(ValueError, match=f"`axis`.*got {axis}"):
+        quantize_groups(torch.zeros(1, 2, 4, 8), 4, 4, axis=axis)
+
+
+@pytest.mark.parametrize("axis", (1.5, None, "-1"))
+def test_axis_of_the_wrong_type_is_named(axis):
+    with pytest.raises(TypeError, match="`axis`"):
+        quantize_groups(torch.zeros(1, 2, 4, 8), 4, 4, axis=axis)
+
+
+def test_non_tensor_input_is_a_type_error():
+    with pytest.raises(TypeError, match="torch.Tensor.*list"):
+        quantize_groups([[1.0] * 8], 4, 4)
+
+
+def test_zero_token_tensors_round_trip():
+    for axis in (-1, -2):
+        x = torch.zeros(1, 2, 0, 8)
+        y = dequantize(quantize_groups(x, 4, 4, axis=axis))
+        assert y.shape == x.shape
+
+
+def test_kivi_state_rejects_non_tensors_and_empty_head_dim():
+    state = KIVIState(KIVIConfig(nbits=4, group_size=32, residual_length=32))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        state.append([1.0], [1.0])
+    with pytest.raises(ValueError, match="head_dim"):
+        state.append(torch.zeros(1, 2, 8, 0), torch.zeros(1, 2, 8, 0))
+
+
+def test_kivi_state_append_of_zero_tokens_changes_nothing():
+    state = KIVIState(KIVIConfig(nbits=4, group_size=32, residual_length=32))
+    x = torch.randn(1, 2, 100, 64)
+    state.append(x, x)
+    before = (state.total_tokens, state.quantized_tokens, state.nbytes_breakdown())
+    kw, vw = state.append(torch.zeros(1, 2, 0, 64), torch.zeros(1, 2, 0, 64))
+    assert (state.total_tokens, state.quantized_tokens, state.nbytes_breakdown()) == before
+    assert kw.shape == (1, 2, state.residual_tokens, 64)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("value_name", ("tiny", "subnormal", "max", "-max"))
+def test_constant_groups_of_extreme_values_come_back_exact(dtype, value_name):
+    info = torch.finfo(dtype)
+    value = {"tiny": info.tiny, "subnormal": info.tiny / 8, "max": info.max, "-max": -info.max}[value_name]
+    x = torch.full((2, 8), value, dtype=dtype)
+    for axis in (-1, -2):
+        y = dequantize(quantize_groups(x, 2, 2, axis=axis))
+        assert torch.equal(y, x)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_tiny_groups_stay_finite_and_within_their_range(dtype):
+    tiny = torch.finfo(dtype).tiny
+    x = torch.tensor([[tiny, 2 * tiny, 0.0, -tiny], [tiny / 4, tiny / 8, 0.0, -tiny / 2]], dtype=dtype)
+    y = dequantize(quantize_groups(x, 4, 4)).double()
+    lo, hi = x.double().amin(-1, keepdim=True), x.double().amax(-1, keepdim=True)
+    assert torch.isfinite(y).all() and (y >= lo - tiny).all() and (y <= hi + tiny).all()
