@@ -9,6 +9,7 @@ Pure Python; no torch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,8 +44,10 @@ class GpuBudget:
 
 def budget_from_gib(memory_gib: float, reserve_gib: float = 0.0) -> GpuBudget:
     """A budget of ``memory_gib`` GiB (2**30 B) with ``reserve_gib`` GiB kept back."""
-    if not memory_gib > 0 or not reserve_gib >= 0:
-        raise ValueError(f"memory must be > 0 and reserve >= 0 GiB, got {memory_gib!r} and {reserve_gib!r}")
+    if not memory_gib > 0 or not reserve_gib >= 0 or not math.isfinite((memory_gib + reserve_gib) * GIB):
+        raise ValueError(
+            f"memory must be finite and > 0 and reserve finite and >= 0 GiB, got {memory_gib!r} and {reserve_gib!r}"
+        )
     return GpuBudget(
         int(round(memory_gib * GIB)),
         int(round(reserve_gib * GIB)),
@@ -56,8 +59,8 @@ def budget_from_hardware(hardware, reserve_gib: float = 0.0) -> GpuBudget:
     """A budget from a :class:`~kvlab.plan.hardware.Hardware` row's datasheet memory (decimal GB)."""
     if hardware.memory_bytes is None:
         raise ValueError(f"{hardware.name} has no memory size; pass --gpu-mem-gib")
-    if not reserve_gib >= 0:
-        raise ValueError(f"`reserve_gib` must be >= 0, got {reserve_gib!r}")
+    if not reserve_gib >= 0 or not math.isfinite(reserve_gib * GIB):
+        raise ValueError(f"`reserve_gib` must be finite and >= 0, got {reserve_gib!r}")
     return GpuBudget(
         hardware.memory_bytes,
         int(round(reserve_gib * GIB)),

@@ -130,14 +130,21 @@ def kv_dtype(
     raise ValueError(f"`kv_dtype` must be auto, bf16, fp16, fp32, fp8, kivi2, kivi4 or kivi8, got {name!r}")
 
 
+def _check_tp(spec: ModelSpec, tp: int) -> None:
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ValueError(f"`tp` must be a positive integer, got {tp!r}")
+    if spec.num_attention_heads % tp:  # each rank holds whole query heads (as vLLM requires)
+        raise ValueError(f"`tp` ({tp}) must divide the query heads ({spec.num_attention_heads})")
+
+
 def kv_heads_per_rank(spec: ModelSpec, tp: int = 1) -> int:
     """KV heads one tensor-parallel rank stores: ``kv / tp``, or 1 (replicated) when ``tp > kv``.
 
     Raises:
-        ValueError: ``tp`` < 1, or neither of ``tp`` and the KV heads divides the other.
+        ValueError: ``tp`` < 1, ``tp`` not dividing the query heads, or neither of ``tp`` and the KV heads divides
+            the other.
     """
-    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-        raise ValueError(f"`tp` must be a positive integer, got {tp!r}")
+    _check_tp(spec, tp)
     kv = spec.num_kv_heads
     if tp <= kv:
         if kv % tp:
@@ -152,8 +159,7 @@ def kv_elements_per_token_per_layer(spec: ModelSpec, tp: int = 1) -> int:
     """Elements one token adds to one KV-holding layer on one rank: ``2 * kv_heads_per_rank * head_dim``, or
     the whole MLA latent ``r + d_rope`` (replicated on every rank)."""
     if spec.is_mla:
-        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-            raise ValueError(f"`tp` must be a positive integer, got {tp!r}")
+        _check_tp(spec, tp)
         return spec.kv_elements_per_token_per_layer
     return 2 * kv_heads_per_rank(spec, tp) * spec.head_dim
 
@@ -180,6 +186,8 @@ def tokens_stored(spec: ModelSpec, kind: str, context: int, mode: str = "theoret
 
 def quantized_tokens(tokens: int, group_size: int, residual_length: int) -> int:
     """KIVI flush rule ``Q(T) = ((T - R) // G) * G if T > R else 0``: tokens held quantized out of ``T``."""
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"`group_size` must be a positive integer, got {group_size!r}")
     return (tokens - residual_length) // group_size * group_size if tokens > residual_length else 0
 
 

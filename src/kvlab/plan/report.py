@@ -33,7 +33,7 @@ def resolve_hardware(
         return custom_hardware(bandwidth_gb_s, tflops)
     if tflops is not None:
         raise ValueError("--tflops needs --bandwidth-gb-s (a custom device); or pick --gpu from the table")
-    return get_hardware(gpu or DEFAULT_GPU)
+    return get_hardware(DEFAULT_GPU if gpu is None else gpu)
 
 
 def _weights(spec: ModelSpec, weight_dtype: str, index: str | None, given: int | None) -> WeightBytes | None:
@@ -261,6 +261,8 @@ def video_report(
     batch: int = 1,
 ) -> dict[str, Any]:
     """Tokens and KV bytes of clips of each length in ``seconds`` (seed 003 §01 [B4], §6.3)."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"`batch` must be a positive integer, got {batch!r}")
     spec = load_spec(model)
     kvd = kv_dtype(kv, spec.dtype, group_size=group_size, residual_length=residual_length)
     rows = []

@@ -78,6 +78,8 @@ def prefill_intensity(
     ``bytes = N p + L * 10 * S * D * p`` with ``D = n_q d`` (weights once, a rough activation traffic).
     Llama-3-8B (N = 8.03e9) at S = 8192 in bf16: 3973.9 FLOP/byte. Not a per-operator traffic measurement.
     """
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 0:
+        raise ValueError(f"`seq_len` must be a non-negative integer, got {seq_len!r}")
     attention = num_layers * 2 * (2 * num_q_heads * head_dim * seq_len * (seq_len + 1) / 2)
     projections = 2 * num_parameters * seq_len
     weight_bytes = num_parameters * dtype_bytes
@@ -160,8 +162,8 @@ class DecodeStepBound:
 
     def compare(self, measured_step_ms: float) -> dict[str, float]:
         """How a measured step compares: bound/measured and the bandwidth the step achieved."""
-        if not measured_step_ms > 0:
-            raise ValueError(f"`measured_step_ms` must be > 0, got {measured_step_ms!r}")
+        if not 0 < measured_step_ms < float("inf"):
+            raise ValueError(f"`measured_step_ms` must be finite and > 0, got {measured_step_ms!r}")
         seconds = measured_step_ms / 1e3
         return {
             "measured_step_ms": measured_step_ms,
@@ -199,10 +201,11 @@ def decode_step_bound(
 ) -> DecodeStepBound:
     """:class:`DecodeStepBound` of ``spec`` on one of ``tp`` ranks: its weight shard plus its KV at ``context``
     (window-capped: a sliding layer reads only its window) for ``batch`` sequences."""
+    kv_read = kv_bytes(spec, context, batch, kv, tp=tp)  # validates context, batch and tp
     flops = decode_flops_per_step(spec, context, batch)
     return DecodeStepBound(
         weight_bytes=-(-weight_bytes_read // tp),
-        kv_bytes=kv_bytes(spec, context, batch, kv, tp=tp),
+        kv_bytes=kv_read,
         batch=batch,
         bandwidth_bytes_s=bandwidth_bytes_s,
         flops_per_step=None if flops is None else flops / tp,

@@ -18,6 +18,7 @@ Pure Python; no torch.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -207,7 +208,12 @@ def _field(cfg: Mapping, names: tuple[str, ...], *, required: bool = True, minim
     for name in names:
         if name in cfg and cfg[name] is not None:
             value = cfg[name]
-            if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value != int(value)
+            ):
                 raise ValueError(f"config field `{name}` must be an integer, got {value!r}")
             if int(value) < minimum:
                 raise ValueError(f"config field `{name}` must be >= {minimum}, got {value!r}")
@@ -441,7 +447,7 @@ def _read_json(path: Path) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from e
 
 
@@ -467,6 +473,8 @@ def load_spec(model: str | os.PathLike | Mapping | ModelSpec) -> ModelSpec:
     if isinstance(model, Mapping):
         return spec_from_config(model, name=str(model.get("_name_or_path") or "config"))
     text = os.fspath(model)
+    if not text.strip():
+        raise ValueError(f"`model` must name a preset, a config.json, a directory or a hub id, got {text!r}")
     preset = presets.find(text)
     if preset is not None:
         return spec_from_config(preset.config, name=preset.name)

@@ -10,6 +10,7 @@ is kept (no eviction). Seed: 5 s, 24 fps, 720p, 4x time, 8x8 space on Llama-3-8B
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,11 +43,17 @@ class VideoClip:
             not isinstance(self.seconds, int | float)
             or isinstance(self.seconds, bool)
             or not self.seconds > 0
+            or not math.isfinite(self.seconds * self.fps)
         ):
-            raise ValueError(f"`seconds` must be > 0, got {self.seconds!r}")
+            raise ValueError(f"`seconds` must be finite and > 0, got {self.seconds!r}")
         frames = self.seconds * self.fps
         if abs(frames - round(frames)) > 1e-9:
             raise ValueError(f"`seconds` * `fps` must be a whole number of frames, got {frames!r}")
+        if self.latent_frames < 1:
+            raise ValueError(
+                f"a clip of {self.frames} frames has no latent frame at `temporal_compression` "
+                f"{self.temporal_compression} (pass --causal-first-frame or a longer clip)"
+            )
         side = self.spatial_compression * self.patch_size
         if self.width < side or self.height < side:
             raise ValueError(f"a {self.width}x{self.height} frame has no {side}x{side} token")

@@ -47,10 +47,20 @@ class WeightBytes:
 
 
 def _int(cfg: Mapping, *names: str, default: int | None = None) -> int | None:
+    """First non-null of ``names`` in ``cfg`` as a non-negative int (``default`` if none); errors name the field."""
     for name in names:
         value = cfg.get(name)
-        if value is not None and not isinstance(value, bool | list | dict | str):
-            return int(value)
+        if value is None:
+            continue
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value != int(value)
+            or value < 0
+        ):
+            raise ValueError(f"config field `{name}` must be a non-negative integer, got {value!r}")
+        return int(value)
     return default
 
 
@@ -134,14 +144,22 @@ def estimate_parameters(config: Mapping, layer_kinds: Sequence[str] | None = Non
     elif falcon:
         dense_mlp = 2 * hidden * _int(cfg, "ffn_hidden_size", default=4 * hidden)
     elif isinstance(inter, list):
+        if len(inter) != layers or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in inter):
+            raise ValueError(
+                f"config field `intermediate_size` must be an integer or one per layer ({layers}), got {inter!r}"
+            )
         dense_mlp = None  # per layer, below
     elif inter is None:
         return ParamEstimate(None, None, ("parameter count unknown: config lacks intermediate_size",))
     else:
-        dense_mlp = 3 * hidden * int(inter)
+        dense_mlp = 3 * hidden * _int(cfg, "intermediate_size")
 
     experts = _int(cfg, "num_local_experts", "n_routed_experts", "num_experts", default=0)
     top_k = _int(cfg, "num_experts_per_tok", "experts_per_token", "moe_k", default=0)
+    if top_k > experts > 0:
+        raise ValueError(
+            f"config field `num_experts_per_tok` ({top_k}) must not exceed the experts ({experts})"
+        )
     moe_inter = _int(cfg, "moe_intermediate_size", default=inter if isinstance(inter, int) else None)
     expert = 3 * hidden * moe_inter if experts else 0
     if model_type == "gpt_oss":

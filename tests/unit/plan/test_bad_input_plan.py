@@ -1,0 +1,132 @@
+"""Hostile input to ``kvlab plan`` / ``roofline`` / ``video`` and the planner library: every bad value gets a
+``ValueError`` (the CLI: ``error: ...``, exit status 2) that names it; nothing crashes inside and no silent 0."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvlab.cli import main
+from kvlab.plan.fit import budget_from_gib
+from kvlab.plan.ledger import kv_bytes_per_token, quantized_tokens
+from kvlab.plan.roofline import prefill_intensity
+from kvlab.plan.spec import load_spec, spec_from_config
+from kvlab.plan.video import VideoClip
+
+BASE = dict(
+    model_type="llama",
+    num_hidden_layers=2,
+    hidden_size=256,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=1000,
+    intermediate_size=512,
+)
+
+
+def fails(capsys, argv, *fragments):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err
+    for fragment in fragments:
+        assert fragment in err, err
+    return err
+
+
+@pytest.mark.parametrize(
+    "argv, fragments",
+    [
+        (["plan", "llama-3-8b", "--gpu-mem-gib", "inf"], ("inf",)),
+        (["plan", "llama-3-8b", "--gpu-mem-gib", "1e300"], ("1e+300",)),
+        (["plan", "llama-3-8b", "--reserve-gib", "inf"], ("inf",)),
+        (["plan", "llama-3-8b", "--gpu", ""], ("unknown GPU ''",)),
+        (["plan", ""], ("''",)),
+        (["plan", "llama-3-8b", "--tp", "64"], ("`tp` (64)", "32")),
+        (["roofline", "--tp", "0"], ("`tp`", "0")),
+        (["roofline", "--measured-step-ms", "inf"], ("measured_step_ms", "inf")),
+        (["video", "--seconds", "inf"], ("seconds", "inf")),
+        (["video", "--seconds", "1e308"], ("seconds",)),
+        (["video", "--seconds", "0.125"], ("3 frames", "temporal_compression")),
+        (["video", "--batch", "0"], ("batch", "0")),
+    ],
+)
+def test_cli_bad_values_are_named(capsys, argv, fragments):
+    fails(capsys, argv, *fragments)
+
+
+def test_tp_beyond_the_kv_heads_still_replicates_when_it_divides_the_query_heads():
+    llama = load_spec("llama-3-8b")  # 32 query heads, 8 KV heads
+    assert kv_bytes_per_token(llama, tp=16) * 16 == 2 * 131072
+    with pytest.raises(ValueError, match="query heads"):
+        kv_bytes_per_token(llama, tp=1024)
+
+
+@pytest.mark.parametrize(
+    "field, value, fragment",
+    [
+        ("num_hidden_layers", 1e400, "num_hidden_layers"),  # json reads 1e400 as inf
+        ("num_hidden_layers", float("nan"), "num_hidden_layers"),
+        ("hidden_size", float("inf"), "hidden_size"),
+    ],
+)
+def test_non_finite_config_fields_are_named(tmp_path, capsys, field, value, fragment):
+    path = tmp_path / "config.json"
+    text = json.dumps(BASE | {field: 12345}).replace("12345", "1e400" if value == 1e400 else "NaN")
+    if value == float("inf"):
+        text = text.replace("NaN", "Infinity")
+    path.write_text(text)
+    fails(capsys, ["plan", str(path)], fragment)
+
+
+def test_undecodable_config_names_the_file(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    fails(capsys, ["plan", str(path)], str(path))
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ({"intermediate_size": "abc"}, "intermediate_size"),
+        ({"intermediate_size": -512}, "intermediate_size"),
+        ({"intermediate_size": {}}, "intermediate_size"),
+        ({"intermediate_size": [512]}, "intermediate_size"),  # one entry for two layers
+        ({"intermediate_size": [512, "x"]}, "intermediate_size"),
+        ({"vocab_size": -1}, "vocab_size"),
+        ({"vocab_size": 1.5}, "vocab_size"),
+        ({"vocab_size": "x"}, "vocab_size"),
+        ({"num_local_experts": -8, "num_experts_per_tok": 2}, "num_local_experts"),
+        ({"num_local_experts": 8, "num_experts_per_tok": 20}, "num_experts_per_tok"),
+    ],
+)
+def test_bad_weight_fields_are_named_not_estimated(override, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        spec_from_config(BASE | override)
+
+
+def test_valid_per_layer_intermediate_sizes_still_estimate():
+    spec = spec_from_config(BASE | {"intermediate_size": [512, 1024]})
+    assert spec.num_parameters > spec_from_config(BASE).num_parameters
+
+
+@pytest.mark.parametrize("memory_gib, reserve_gib", [(float("inf"), 0.0), (1e300, 0.0), (80.0, float("inf"))])
+def test_budget_from_gib_rejects_non_finite_sizes(memory_gib, reserve_gib):
+    with pytest.raises(ValueError, match="GiB"):
+        budget_from_gib(memory_gib, reserve_gib)
+
+
+def test_video_clip_rejects_non_finite_and_empty_clips():
+    for seconds in (float("inf"), 1e308):
+        with pytest.raises(ValueError, match="seconds"):
+            VideoClip(seconds)
+    with pytest.raises(ValueError, match="no latent frame"):
+        VideoClip(0.125)  # 3 frames, 4 frames per latent frame
+    assert VideoClip(0.125, causal_first_frame=True).latent_frames == 1
+
+
+def test_small_helpers_name_bad_arguments():
+    with pytest.raises(ValueError, match="seq_len"):
+        prefill_intensity(32, 32, 128, 8e9, 2, -1)
+    with pytest.raises(ValueError, match="group_size"):
+        quantized_tokens(500, 0, 128)
