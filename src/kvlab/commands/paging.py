@@ -7,9 +7,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 GIB, MIB = 1024**3, 1024**2
+
+
+def _fail(command: str, exc: Exception | str) -> int:
+    print(f"kvlab paging {command}: error: {exc}", file=sys.stderr)
+    return 2
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -160,8 +166,8 @@ def _rng_kwargs(args: argparse.Namespace) -> dict:
 def run_static_cmd(args: argparse.Namespace) -> int:
     try:
         result = _static_result(args, args.workload)
-    except ValueError as exc:
-        raise SystemExit(f"kvlab paging static: {exc}") from None
+    except (ValueError, OSError) as exc:
+        return _fail("static", exc)
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -261,8 +267,8 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
             check_every=args.check_every,
             keep_series=args.series,
         )
-    except ValueError as exc:
-        raise SystemExit(f"kvlab paging simulate: {exc}") from None
+    except (ValueError, OSError) as exc:
+        return _fail("simulate", exc)
     result["config"]["trace"] = source
     if args.json:
         print(json.dumps(result, indent=1))
@@ -310,12 +316,12 @@ def run_figure_cmd(args: argparse.Namespace) -> int:
     from kvlab.paging.figure import plot_paged_layout
 
     if Path(args.out).exists() and not args.force:
-        raise SystemExit(f"kvlab paging figure: {args.out} exists; pass --force to replace it")
+        return _fail("figure", f"{args.out} exists; pass --force to replace it")
     try:
         result = _static_result(args)
         path = plot_paged_layout(result, args.out, overwrite=args.force)
-    except ValueError as exc:
-        raise SystemExit(f"kvlab paging figure: {exc}") from None
+    except (ValueError, OSError) as exc:
+        return _fail("figure", exc)
     if args.json:
         a = result["A"]
         print(

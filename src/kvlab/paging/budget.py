@@ -9,6 +9,7 @@ The default is seed 003's account (§01, §05, appendix ``paged_alloc.py``): Lla
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 GIB = 1024**3
@@ -46,6 +47,10 @@ class KVBudget:
     source: str = "seed 003: Llama-3-8B, BF16 KV, 80 GiB - weights - 4 GiB"
 
     def __post_init__(self) -> None:
+        for name in ("gpu_bytes", "weight_bytes", "overhead_bytes", "kv_bytes_per_token"):
+            value = getattr(self, name)
+            if not math.isfinite(value):
+                raise ValueError(f"`{name}` must be finite, got {value!r}")
         if not self.kv_bytes_per_token > 0:
             raise ValueError(f"`kv_bytes_per_token` must be > 0, got {self.kv_bytes_per_token!r}")
         if self.weight_bytes < 0 or self.overhead_bytes < 0:

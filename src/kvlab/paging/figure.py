@@ -140,6 +140,10 @@ def plot_paged_layout(static_result: dict, path: str | os.PathLike, overwrite: b
         The written path.
     """
     path = Path(path)
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise ValueError(f"the figure's suffix must be .png, .svg or .pdf, got {path.name!r}")
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory; pass a file name")
     if path.exists() and not overwrite:
         raise ValueError(f"{path} exists; pass overwrite=True to replace it")
     for key in ("demo", "A", "config"):

@@ -63,6 +63,8 @@ class Trace:
                 raise ValueError(f"`{name}` has {len(getattr(self, name))} entries, arrival_step has {n}")
         if n == 0:
             raise ValueError("a trace needs at least one request")
+        if not np.isfinite(self.arrival_step).all():
+            raise ValueError("`arrival_step` must be finite, got NaN or inf")
         if np.any(np.diff(self.arrival_step) < 0) or self.arrival_step[0] < 0:
             raise ValueError("`arrival_step` must be >= 0 and sorted")
         if self.prompt_tokens.min() < 1 or self.output_tokens.min() < 1:
@@ -103,8 +105,8 @@ def poisson_trace(
     """
     if n_requests < 1:
         raise ValueError(f"`n_requests` must be >= 1, got {n_requests!r}")
-    if not rate_per_step > 0:
-        raise ValueError(f"`rate_per_step` must be > 0, got {rate_per_step!r}")
+    if not 0 < rate_per_step < math.inf:
+        raise ValueError(f"`rate_per_step` must be finite and > 0, got {rate_per_step!r}")
     for name, (lo, hi) in (("prompt_tokens", prompt_tokens), ("output_tokens", output_tokens)):
         if not 1 <= lo <= hi:
             raise ValueError(f"`{name}` must be a range 1 <= lo <= hi, got {(lo, hi)!r}")
@@ -135,21 +137,38 @@ def load_trace(path: str | os.PathLike) -> Trace:
     Rows are sorted by arrival. Arrival times are in engine steps.
     """
     path = Path(path)
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a text file: {exc}") from exc
     if not rows:
         raise ValueError(f"{path}: no requests")
     missing = [c for c in TRACE_COLUMNS if c not in rows[0]]
     if missing:
-        raise ValueError(f"{path}: missing columns {missing}; have {sorted(rows[0])}")
-    try:
-        arrival = np.array([float(r["arrival_step"]) for r in rows])
-        prompt = np.array([int(r["prompt_tokens"]) for r in rows], dtype=np.int64)
-        output = np.array([int(r["output_tokens"]) for r in rows], dtype=np.int64)
-        group = np.array([int(r.get("prefix_group") or -1) for r in rows], dtype=np.int64)
-        prefix = np.array([int(r.get("prefix_tokens") or 0) for r in rows], dtype=np.int64)
-    except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from exc
+        raise ValueError(f"{path}: missing columns {missing}; have {sorted(k for k in rows[0] if k)}")
+    header = reader.fieldnames or []
+    for i, row in enumerate(rows, start=2):  # row 1 is the header
+        if None in row or None in row.values():  # DictReader's marks for fields beyond / short of the header
+            n = len(header) - list(row.values()).count(None) + len(row.get(None) or ())
+            raise ValueError(f"{path}: row {i} has {n} fields, the header has {len(header)}")
+
+    def column(name: str, parse, default=None) -> np.ndarray:
+        values = []
+        for i, row in enumerate(rows, start=2):
+            text = row.get(name)
+            try:
+                values.append(parse(text) if text not in (None, "") or default is None else default)
+            except ValueError:
+                raise ValueError(f"{path}: row {i}: `{name}` must be a number, got {text!r}") from None
+        return np.array(values)
+
+    arrival = column("arrival_step", float).astype(np.float64)
+    prompt = column("prompt_tokens", int).astype(np.int64)
+    output = column("output_tokens", int).astype(np.int64)
+    group = column("prefix_group", int, -1).astype(np.int64)
+    prefix = column("prefix_tokens", int, 0).astype(np.int64)
     prefix[group < 0] = 0
     order = np.argsort(arrival, kind="stable")
     return Trace(arrival[order], prompt[order], output[order], group[order], prefix[order])
@@ -295,8 +314,14 @@ def simulate_policy(
         step, waste, events and events per second, and the conservation record.
 
     Raises:
-        ValueError: when a request's peak KV exceeds ``max_len`` or alone needs more blocks than the pool has.
+        ValueError: when a request's peak KV exceeds ``max_len`` or alone needs more blocks than the pool has, or
+            ``max_len`` < 1, ``max_running`` < 1, ``check_every`` < 0.
     """
+    for name, value, least in (("max_len", max_len, 1), ("check_every", check_every, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"`{name}` must be an integer >= {least}, got {value!r}")
+    if max_running is not None and (not isinstance(max_running, int) or max_running < 1):
+        raise ValueError(f"`max_running` must be None or an integer >= 1, got {max_running!r}")
     bpt = policy.kv_bytes_per_token or budget.kv_bytes_per_token
     bs = max_len if policy.kind == "contiguous" else policy.block_size_tokens
     num_blocks = int(budget.free_bytes // (bpt * bs))
@@ -492,6 +517,8 @@ def simulate(
     """
     budget = budget or seed_budget()
     policies = policies if policies is not None else default_policies()
+    if not policies:
+        raise ValueError("`policies` must name at least one policy, got none")
     names = [p.name for p in policies]
     if len(set(names)) != len(names):
         raise ValueError(f"policy names must be unique, got {names}")

@@ -42,6 +42,9 @@ def workload(
     """
     if n < 1:
         raise ValueError(f"`n` must be >= 1, got {n!r}")
+    shortest = {"uniform": 512, "heavy": 3072}.get(kind, 1)  # the lower end of the longest draw
+    if max_len < shortest:
+        raise ValueError(f"`max_len` must be >= {shortest} for the {kind} workload, got {max_len!r}")
     rng = np.random.default_rng(seed)
     if kind == "uniform":
         return rng.integers(512, max_len + 1, n)
@@ -62,7 +65,10 @@ def load_lengths(path: str | os.PathLike) -> np.ndarray:
     :mod:`kvlab.paging.simulate` trace format), the final KV length of each request.
     """
     path = Path(path)
-    text = path.read_text().strip().splitlines()
+    try:
+        text = path.read_text(encoding="utf-8").strip().splitlines()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a text file: {exc}") from exc
     if not text:
         raise ValueError(f"{path}: no request lengths")
     try:
@@ -71,11 +77,23 @@ def load_lengths(path: str | os.PathLike) -> np.ndarray:
         pass
     rows = list(csv.DictReader(text))
     cols = set(rows[0]) if rows else set()
+
+    def column(name: str) -> np.ndarray:
+        values = []
+        for i, row in enumerate(rows, start=2):  # row 1 is the header
+            try:
+                values.append(int(row[name]))
+            except (TypeError, ValueError):
+                raise ValueError(f"{path}: row {i}: `{name}` must be an integer, got {row[name]!r}") from None
+            if values[-1] < 0:
+                raise ValueError(f"{path}: row {i}: `{name}` must be >= 0, got {values[-1]}")
+        return np.array(values, dtype=np.int64)
+
     for name in ("tokens", "length"):
         if name in cols:
-            return np.array([int(r[name]) for r in rows], dtype=np.int64)
+            return column(name)
     if {"prompt_tokens", "output_tokens"} <= cols:
-        return np.array([int(r["prompt_tokens"]) + int(r["output_tokens"]) for r in rows], dtype=np.int64)
+        return column("prompt_tokens") + column("output_tokens")
     raise ValueError(
         f"{path}: expected one integer per line or a CSV with `tokens`, `length` or "
         f"`prompt_tokens`+`output_tokens`, got columns {sorted(cols)}"
@@ -104,7 +122,9 @@ def greedy_admit(bytes_per_request: np.ndarray, budget_bytes: float) -> tuple[in
 
 def _check_lengths(lens: np.ndarray, max_len: int) -> None:
     if len(lens) == 0 or lens.min() < 1:
-        raise ValueError(f"request lengths must be >= 1 token, got min {lens.min() if len(lens) else None!r}")
+        raise ValueError(
+            f"request lengths must be >= 1 token, got min {int(lens.min()) if len(lens) else None}"
+        )
     if lens.max() > max_len:
         raise ValueError(
             f"a request of {int(lens.max())} tokens exceeds the contiguous reservation {max_len}"

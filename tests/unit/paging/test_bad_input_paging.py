@@ -1,0 +1,115 @@
+"""Hostile input to ``kvlab paging`` and :mod:`kvlab.paging`: bad values get ``error: ...`` naming them and exit
+status 2 (the library: a ``ValueError``); nothing hangs, crashes inside numpy or is silently accepted."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kvlab.cli import main
+from kvlab.paging.budget import GIB, KVBudget
+from kvlab.paging.simulate import Trace, load_trace, poisson_trace, simulate
+from kvlab.paging.static import load_lengths, workload
+
+HEADER = "arrival_step,prompt_tokens,output_tokens\n"
+SMALL = ["--requests", "5", "--prompt-tokens", "16:32", "--output-tokens", "4:8"]
+
+
+def fails(capsys, argv, *fragments):
+    assert main(["paging", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+def trace_file(tmp_path, text, name="t.csv"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "argv, fragments",
+    [
+        (["simulate", *SMALL, "--max-running", "0"], ("max_running", "0")),  # used to loop forever
+        (["simulate", *SMALL, "--max-running", "-1"], ("max_running", "-1")),
+        (["simulate", *SMALL, "--check-every", "-1"], ("check_every", "-1")),
+        (["simulate", *SMALL, "--max-len", "0"], ("max_len", "0")),
+        (["simulate", *SMALL, "--rate", "inf"], ("rate_per_step", "inf")),
+        (["simulate", *SMALL, "--policies", ",,,"], ("policies",)),
+        (["simulate", *SMALL, "--gpu-mem-gib", "inf"], ("gpu_bytes", "inf")),
+        (["simulate", *SMALL, "--gpu-mem-gib", "nan"], ("gpu_bytes", "nan")),
+        (["simulate", "--trace", "/no/such/trace.csv"], ("/no/such/trace.csv",)),
+        (["static", "--max-len", "0"], ("max_len", "0")),
+        (["static", "--max-len", "1024", "--workload", "heavy"], ("max_len", "1024", "heavy")),
+        (["static", "--gpu-mem-gib", "inf"], ("gpu_bytes", "inf")),
+        (["static", "--block-size", "0"], ("block_size_tokens", "0")),
+        (["figure", "--out", "/no/such/dir/fig"], ("suffix",)),
+    ],
+)
+def test_cli_bad_values_are_named(capsys, argv, fragments):
+    fails(capsys, argv, *fragments)
+
+
+def test_save_trace_into_a_missing_directory_is_an_error_not_a_traceback(capsys, tmp_path):
+    fails(capsys, ["simulate", *SMALL, "--save-trace", str(tmp_path / "no" / "dir" / "t.csv")], "t.csv")
+
+
+def test_trace_is_a_directory(capsys, tmp_path):
+    fails(capsys, ["simulate", "--trace", str(tmp_path)], str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "body, fragments",
+    [
+        (HEADER + "0,10\n", ("row 2", "3")),  # a field short
+        (HEADER + "0,10,10,5,5,5\n", ("row 2", "3")),  # fields beyond the header
+        (HEADER + "0,10.5,10\n", ("row 2", "prompt_tokens", "10.5")),
+        (HEADER + "nan,10,10\n", ("arrival_step", "finite")),
+        (HEADER + "inf,10,10\n", ("arrival_step", "finite")),
+    ],
+)
+def test_malformed_trace_rows_are_named(tmp_path, body, fragments):
+    with pytest.raises(ValueError) as info:
+        load_trace(trace_file(tmp_path, body))
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_undecodable_files_name_the_path(tmp_path):
+    path = tmp_path / "bin.csv"
+    path.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ValueError, match="bin.csv"):
+        load_trace(path)
+    with pytest.raises(ValueError, match="bin.csv"):
+        load_lengths(path)
+
+
+def test_lengths_from_a_trace_reject_negative_parts(tmp_path):
+    path = trace_file(tmp_path, HEADER + "0,-5,10\n")  # -5 + 10 = 5 would pass as a length
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        load_lengths(path)
+    path = trace_file(tmp_path, "tokens\n5.5\n", "f.csv")
+    with pytest.raises(ValueError, match="f.csv"):
+        load_lengths(path)
+
+
+def test_library_checks():
+    with pytest.raises(ValueError, match="arrival_step"):
+        Trace(np.array([math.nan]), np.array([10]), np.array([10]), np.array([-1]), np.array([0]))
+    with pytest.raises(ValueError, match="rate_per_step"):
+        poisson_trace(5, math.inf)
+    trace = poisson_trace(5, 1.0, (16, 32), (4, 8))
+    with pytest.raises(ValueError, match="max_running"):
+        simulate(trace, max_running=0)
+    with pytest.raises(ValueError, match="policies"):
+        simulate(trace, policies=[])
+    with pytest.raises(ValueError, match="max_len"):
+        workload("uniform", 10, 0, max_len=256)
+    with pytest.raises(ValueError, match="gpu_bytes"):
+        KVBudget(math.inf, 0.0, 0.0, 2.0)
+    with pytest.raises(ValueError, match="kv_bytes_per_token"):
+        KVBudget(80 * GIB, 0.0, 0.0, math.inf)
