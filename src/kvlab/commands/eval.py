@@ -147,12 +147,15 @@ def run(args: argparse.Namespace) -> int:
     from kvlab.eval.io import ensure_writable, result_path, write_json_atomic
     from kvlab.eval.runner import new_result
 
-    label = args.label or "eval-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    label = args.label
+    if label is None:
+        label = "eval-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     try:
         cfg = config_from_args(args)
         path = result_path(args.out_dir, label)
         ensure_writable(path, args.force)
-    except (ValueError, FileExistsError) as exc:
+        path.parent.mkdir(parents=True, exist_ok=True)  # fail now, not after loading the model
+    except (ValueError, OSError) as exc:
         err.print(f"[red]error:[/] {exc}")
         return 2
     argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith("kvlab") else None

@@ -30,12 +30,19 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.html:
         out = Path(args.html)
+        if out.is_dir():
+            err.print(f"[red]error:[/] {out} is a directory; --html needs a file name")
+            return 2
         if out.exists() and not args.force:
             err.print(f"[red]error:[/] {out} already exists; pass --force to overwrite it")
             return 2
         from kvlab.report_html import write_html_report
 
-        write_html_report(result, out, overwrite=args.force)
+        try:
+            write_html_report(result, out, overwrite=args.force)
+        except OSError as exc:
+            err.print(f"[red]error:[/] could not write {out}: {exc}")
+            return 2
         err.print(f"HTML report written to {out}")
     if args.json:
         print(json.dumps(result, indent=1))

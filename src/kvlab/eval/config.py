@@ -18,6 +18,8 @@ def _positive_ints(name: str, values: tuple[int, ...], allow_empty: bool = False
     for v in values:
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise ValueError(f"`{name}` must hold positive integers, got {v!r}")
+    if len(set(values)) != len(values):
+        raise ValueError(f"`{name}` must not repeat a value, got {list(values)}")
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,10 @@ class EvalConfig:
             "hqq_group_size",
         ):
             _positive_ints(name, (getattr(self, name),))
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64:
+            raise ValueError(
+                f"`seed` must be an integer in [-2**63, 2**64) (torch.manual_seed), got {self.seed!r}"
+            )
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"`warmup` must be a non-negative integer, got {self.warmup!r}")
         if self.residual_length < 0 or self.residual_length % self.group_size:

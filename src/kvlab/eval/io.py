@@ -17,7 +17,9 @@ def result_path(out_dir: str | Path, label: str) -> Path:
 
 
 def ensure_writable(path: Path, force: bool) -> None:
-    """Raise ``FileExistsError`` naming ``path`` if it exists and ``force`` is false."""
+    """Raise ``FileExistsError`` naming ``path`` if it exists and ``force`` is false, or if it is a directory."""
+    if path.is_dir():
+        raise FileExistsError(f"{path} is a directory; choose another --label or --out-dir")
     if path.exists() and not force:
         raise FileExistsError(
             f"{path} already exists; choose another --label or pass --force to overwrite it"
@@ -53,11 +55,13 @@ def read_result(path: str | Path) -> dict:
         ValueError: not JSON, or not a valid kvlab eval result (the problems are listed).
     """
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, not a result file")
     if not path.is_file():
         raise FileNotFoundError(f"no result file at {path}")
     try:
         result = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is not valid JSON: {exc}") from exc
     problems = validate_result(result)
     if problems:

@@ -1,0 +1,90 @@
+"""Hostile input to ``kvlab eval --dry-run`` and ``kvlab report``: ``error: ...`` naming the value and exit
+status 2, no traceback; a result file is never silently replaced; a failed model load is recorded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvlab.cli import main
+from kvlab.eval.config import EvalConfig
+from kvlab.eval.io import read_result
+
+
+def dry(tmp_path, *argv):
+    return main(["eval", "--dry-run", "--quick", "--out-dir", str(tmp_path), *argv])
+
+
+def err_of(capsys):
+    return " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--label", ""], "label"),
+        (["--contexts", "256,256"], "contexts"),
+        (["--window-residuals", "16,16"], "window_residuals"),
+        (["--seed", "99999999999999999999"], "seed"),
+    ],
+)
+def test_dry_run_bad_values_are_named(tmp_path, capsys, argv, fragment):
+    assert dry(tmp_path, *argv) == 2
+    err = err_of(capsys)
+    assert "error:" in err and fragment in err
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_out_dir_that_is_a_file(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    for out_dir in (afile, afile / "sub"):
+        assert main(["eval", "--dry-run", "--quick", "--label", "x", "--out-dir", str(out_dir)]) == 2
+        assert "error:" in err_of(capsys)
+    assert afile.read_text() == "keep me"
+
+
+def test_label_whose_file_is_a_directory_is_refused_even_with_force(tmp_path, capsys):
+    (tmp_path / "plan.json").mkdir()
+    assert dry(tmp_path, "--label", "plan", "--force") == 2
+    assert "directory" in err_of(capsys)
+
+
+def test_seed_range_matches_torch():
+    EvalConfig(seed=0)
+    EvalConfig(seed=2**64 - 1)
+    for seed in (2**64, True, 1.5):
+        with pytest.raises(ValueError, match="seed"):
+            EvalConfig(seed=seed)
+
+
+def test_model_without_weights_fails_clearly_and_is_recorded(tmp_path, capsys):
+    model_dir = tmp_path / "empty-model"
+    model_dir.mkdir()
+    out = tmp_path / "res"
+    assert main(["eval", "--quick", "--model", str(model_dir), "--label", "m", "--out-dir", str(out)]) == 1
+    assert "could not load the model" in err_of(capsys)
+    result = json.loads((out / "m.json").read_text())
+    assert result["status"] == "failed" and result["failures"][0]["stage"] == "load_model"
+
+
+def test_report_on_a_directory_or_undecodable_file(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    assert "directory" in err_of(capsys)
+    binary = tmp_path / "bin.json"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ValueError, match="bin.json"):
+        read_result(binary)
+    assert main(["report", str(binary)]) == 2
+    assert "bin.json" in err_of(capsys)
+
+
+def test_report_html_onto_a_directory_is_refused_even_with_force(tmp_path, capsys):
+    assert dry(tmp_path, "--label", "plan") == 0
+    capsys.readouterr()
+    target = tmp_path / "report"
+    target.mkdir()
+    assert main(["report", str(tmp_path / "plan.json"), "--html", str(target), "--force"]) == 2
+    assert "directory" in err_of(capsys)
+    assert target.is_dir()
