@@ -2,25 +2,13 @@
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from kvlab.lab.exactness import EXACT_CACHES, check_exact_caches, incremental_logits
 
 
 @pytest.fixture(scope="module")
-def tiny_model():
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=256,
-        hidden_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=256,
-        max_position_embeddings=512,
-    )
-    return Qwen2ForCausalLM(cfg).eval()
+def tiny_model(tiny_qwen2):
+    return tiny_qwen2
 
 
 @pytest.fixture(scope="module")
