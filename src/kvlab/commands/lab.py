@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def register(subparsers) -> None:
@@ -51,6 +52,14 @@ def _status(message: str, quiet: bool):
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except (ValueError, OSError) as exc:  # bad settings, a model that is not there
+        print(f"kvlab lab: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.real:
         from kvlab.lab.exactness import run_real_check
 
@@ -65,13 +74,18 @@ def run(args: argparse.Namespace) -> int:
     from kvlab.lab import ToyConfig, run_toy_lab
 
     cfg = ToyConfig(kv_heads=args.kv_heads, new_tokens=args.new_tokens)
-    with _status("toy decoder: full recompute and KV cache ...", args.json):
-        result = run_toy_lab(cfg, repeat=args.repeat)
-    if not args.no_append:
+    if args.repeat < 1:  # checked before any long work starts
+        raise ValueError(f"`repeat` must be >= 1, got {args.repeat!r}")
+    append = None
+    if not args.no_append:  # first: its settings fail in milliseconds, the toy decoder takes seconds
         from kvlab.lab.append import measure_append_cost
 
         with _status("append cost: torch.cat vs preallocated ...", args.json):
-            result["append"] = measure_append_cost(tuple(args.append_contexts))
+            append = measure_append_cost(tuple(args.append_contexts))
+    with _status("toy decoder: full recompute and KV cache ...", args.json):
+        result = run_toy_lab(cfg, repeat=args.repeat)
+    if append is not None:
+        result["append"] = append
     if args.json:
         print(json.dumps(result, indent=1))
     else:

@@ -8,6 +8,7 @@ several context lengths, for one layer's K and V.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -39,7 +40,8 @@ def measure_append_cost(
     K and V history plus the new token), ``inplace_bytes_written`` (the new token's K and V), the shape and dtype.
 
     Raises:
-        ValueError: an empty or non-positive context list, ``steps`` < 1, or an unknown ``dtype``.
+        ValueError: an empty or non-positive context list, ``steps`` < 1, an unknown ``dtype``, or a context whose
+            caches would not fit in this machine's memory.
     """
     if not contexts_tokens or any(int(t) < 1 for t in contexts_tokens):
         raise ValueError(f"`contexts_tokens` must be positive token counts, got {contexts_tokens!r}")
@@ -50,6 +52,18 @@ def measure_append_cost(
     torch_dtype = _DTYPES[dtype]
     element_bytes = torch.empty((), dtype=torch_dtype).element_size()
     token_bytes = 2 * batch * kv_heads * head_dim * element_bytes  # K and V of one token
+    longest = max(int(t) for t in contexts_tokens)
+    # the history, torch.cat's copy of it and the preallocated buffer
+    needed = 3 * (longest + steps) * token_bytes
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows): let the allocator decide
+        physical = None
+    if physical is not None and needed > physical:
+        raise ValueError(
+            f"a context of {longest} tokens needs about {needed / 2**30:,.1f} GiB for its caches, more than "
+            f"this machine's {physical / 2**30:,.1f} GiB of memory"
+        )
     gen = torch.Generator().manual_seed(seed)
     new_k = torch.randn(batch, kv_heads, 1, head_dim, generator=gen).to(torch_dtype)
     new_v = torch.randn(batch, kv_heads, 1, head_dim, generator=gen).to(torch_dtype)

@@ -1,0 +1,31 @@
+"""Hostile input to ``kvlab lab``: every bad value gets ``error: ...`` naming it and exit status 2, not a
+traceback from the toy decoder, the append benchmark or the model loader."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvlab.cli import main
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--kv-heads", "3", "--no-append"], "kv_heads"),  # 8 query heads
+        (["--kv-heads", "0", "--no-append"], "kv_heads"),
+        (["--kv-heads", "-2", "--no-append"], "kv_heads"),
+        (["--new-tokens", "0", "--no-append"], "new_tokens"),
+        (["--repeat", "0", "--no-append"], "repeat"),
+        (["--append-contexts", "0"], "contexts_tokens"),
+        (["--append-contexts", "99999999999"], "99999999999"),  # ~400 TB: the allocation fails
+        (["--real", "--tokens", "0"], "tokens"),
+        (["--real", "--batch", "0"], "batch"),
+        (["--real", "--dtype", "int8"], "dtype"),
+        (["--real", "--model", "/no/such/model"], "/no/such/model"),
+    ],
+)
+def test_bad_values_are_named(capsys, argv, fragment):
+    assert main(["lab", "--json", *argv]) == 2
+    captured = capsys.readouterr()
+    assert "error:" in captured.err and fragment in captured.err, captured.err
+    assert captured.out == ""
