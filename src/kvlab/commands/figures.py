@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 
@@ -24,11 +25,18 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvlab.eval.io import read_result
     from kvlab.figures import write_figures
 
     result = None
-    if args.result:
-        result = json.loads(Path(args.result).read_text(encoding="utf-8"))
+    try:
+        if Path(args.out).exists() and not Path(args.out).is_dir():
+            raise ValueError(f"--out {args.out} is a file; pass a folder")
+        if args.result:
+            result = read_result(args.result)  # validated, or a message naming the problem
+    except (ValueError, OSError) as exc:
+        print(f"kvlab figures: error: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         paths = write_figures(args.out, result=result, run_probe=not args.no_probe, append=not args.no_append)
     else:

@@ -1,0 +1,35 @@
+"""Hostile input to ``kvlab figures``: a missing, malformed or foreign ``--result`` and an ``--out`` that is a
+file get ``error: ...`` and exit status 2 before any figure is computed, not a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvlab.cli import main
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        (None, "no result file"),
+        ("{bad", "not valid JSON"),
+        ('{"schema_version": "other/1"}', "not a valid kvlab eval result"),
+    ],
+)
+def test_bad_result_files(tmp_path, capsys, content, fragment):
+    result = tmp_path / "result.json"
+    if content is not None:
+        result.write_text(content)
+    out = tmp_path / "figs"
+    assert main(["figures", "--out", str(out), "--result", str(result), "--no-probe", "--no-append"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "error:" in err and fragment in err
+    assert not out.exists()
+
+
+def test_out_that_is_a_file(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    assert main(["figures", "--out", str(afile), "--no-probe", "--no-append"]) == 2
+    assert "error:" in capsys.readouterr().err
+    assert afile.read_text() == "keep me"
