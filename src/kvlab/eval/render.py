@@ -95,10 +95,16 @@ def print_summary(result: dict, console: Console | None = None) -> None:
         if table is not None:
             console.print(table)
     for f in result["failures"]:
-        console.print(
-            f"[red]failed[/] {f['candidate']} ctx {f.get('context_length')} R {f.get('residual_length')}"
-            f" at {f['stage']}: {f['type']}: {f['message']}"
-        )
+        where = [
+            text
+            for text, value in (
+                (f"{f['candidate']}", f["candidate"]),
+                (f"ctx {f.get('context_length')}", f.get("context_length")),
+                (f"R {f.get('residual_length')}", f.get("residual_length")),
+            )
+            if value is not None
+        ]  # a model that failed to load has no candidate, context or residual
+        console.print(f"[red]failed[/] {' '.join(where + [''])}at {f['stage']}: {f['type']}: {f['message']}")
     s = result.get("summary")
     if s:
         console.print(

@@ -67,6 +67,9 @@ def test_model_without_weights_fails_clearly_and_is_recorded(tmp_path, capsys):
     assert "could not load the model" in err_of(capsys)
     result = json.loads((out / "m.json").read_text())
     assert result["status"] == "failed" and result["failures"][0]["stage"] == "load_model"
+    assert main(["report", str(out / "m.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "failed at load_model" in " ".join(printed.split()) and "ctx None" not in printed
 
 
 def test_report_on_a_directory_or_undecodable_file(tmp_path, capsys):
