@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from datetime import datetime, timezone
 
 
@@ -167,9 +168,16 @@ def run(args: argparse.Namespace) -> int:
     return _run_real(args, cfg, result, path, err)
 
 
+class _Terminated(BaseException):  # not an Exception: cells must not swallow it
+    """SIGTERM during a run: recorded like an interrupt."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated(f"terminated by signal {signum}")
+
+
 def _run_real(args, cfg, result, path, err) -> int:
-    import torch
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    import signal
 
     from kvlab.eval.io import write_json_atomic
     from kvlab.eval.runner import count_steps, describe_model, resolve_device, run_eval
@@ -188,45 +196,72 @@ def _run_real(args, cfg, result, path, err) -> int:
         write_json_atomic(path, result)
         err.print(f"[red]error:[/] could not load the model: {type(exc).__name__}: {exc}\nrecorded in {path}")
         return 1
-    write_json_atomic(path, result | {"status": "running"})
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=False,
-    ) as bar:
-        task = bar.add_task("kvlab eval", total=count_steps(cfg))
-        try:
-            run_eval(
-                cfg,
-                model,
-                tokenizer,
-                result,
-                model_info,
-                progress=lambda msg: bar.update(task, description=msg),
-                advance=lambda: bar.advance(task),
-            )
-        except KeyboardInterrupt:
-            result["status"] = "failed"
-            result["failures"].append(
-                {
-                    "candidate": None,
-                    "stage": "run",
-                    "type": "KeyboardInterrupt",
-                    "message": "interrupted by the user",
-                }
-            )
-        except Exception as exc:
-            result["status"] = "failed"
-            result["failures"].append(
-                {"candidate": None, "stage": "run", "type": type(exc).__name__, "message": str(exc)}
-            )
-    del torch
+    result["status"] = "running"
+    write_json_atomic(path, result)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        with _progress(err, count_steps(cfg)) as (describe, advance):
+
+            def step() -> None:
+                advance()
+                write_json_atomic(path, result)  # every finished cell is on disk, even if the run dies later
+
+            run_eval(cfg, model, tokenizer, result, model_info, progress=describe, advance=step)
+    except (KeyboardInterrupt, _Terminated) as exc:
+        result["status"] = "failed"
+        message = "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else str(exc)
+        result["failures"].append(
+            {"candidate": None, "stage": "run", "type": type(exc).__name__, "message": message}
+        )
+    except Exception as exc:
+        result["status"] = "failed"
+        result["failures"].append(
+            {"candidate": None, "stage": "run", "type": type(exc).__name__, "message": str(exc)}
+        )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     write_json_atomic(path, result)
     code = _finish(args, result, path, err)
     return code if result["status"] != "failed" else 1
+
+
+class _progress:
+    """A rich progress bar on a terminal; one plain line per finished cell otherwise (logs, CI)."""
+
+    def __init__(self, console, total: int):
+        self.console, self.total, self.done, self.last = console, total, 0, ""
+
+    def __enter__(self):
+        if self.console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=self.console,
+            )
+            self.bar.__enter__()
+            task = self.bar.add_task("kvlab eval", total=self.total)
+            return (lambda msg: self.bar.update(task, description=msg)), (lambda: self.bar.advance(task))
+        self.bar = None
+        self.start = time.perf_counter()
+
+        def describe(msg: str) -> None:
+            self.last = msg
+
+        def advance() -> None:
+            self.done += 1
+            elapsed = time.perf_counter() - self.start
+            self.console.print(f"[{self.done}/{self.total}] {elapsed:6.0f} s  {self.last}", highlight=False)
+
+        return describe, advance
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+        return False
 
 
 def _finish(args, result, path, err) -> int:
