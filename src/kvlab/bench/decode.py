@@ -1,10 +1,12 @@
 """Benchmark ``decode``: ms per decoded token against context for every cache, in one run (issue 6 point 4).
 
-A cell is one (cache, context): a fresh cache is filled by a chunked prefill of the same prompt ids, ``warmup``
-untimed single-token forwards follow, then ``steps`` timed single-token forwards (the held-out continuation,
-teacher-forced, so every cache sees the same tokens). The median is TPOT without ``generate()``'s overhead
-(seed 000 §5.2 times the same forward inside ``generate``). Ratios divide each cache's median by ``dynamic``'s at
-the same context. A cell that fails (out of memory, a backend error) is recorded with its error, never fatal.
+Per context, the prompt is prefilled once, exactly (``DynamicCache``, SDPA, in chunks), and its keys/values are
+written into a fresh cache of every kind with one ``update`` per layer: the state a single-chunk prefill leaves
+(:func:`fill_cache`). Then ``warmup`` untimed and ``steps`` timed rounds follow; a round decodes the same next
+token of the held-out continuation (teacher-forced) through every cache, in an order rotated each round, so load
+from other processes falls on all caches alike. The median is TPOT without ``generate()``'s overhead (seed 000
+§5.2 times the same forward inside ``generate``). Ratios divide each cache's median by ``dynamic``'s at the same
+context. A cell that fails (out of memory, a backend error) is recorded with its error, never fatal.
 
 Caches (names accepted by ``candidates``):
 
@@ -287,34 +289,89 @@ def decode_step(model: Any, token: torch.Tensor, cache: Any) -> torch.Tensor:
     return model(input_ids=token, use_cache=True, **{cache_kwarg(model): cache}).logits
 
 
-def _time_cell(model, cand, settings, ids, context, steps, warmup, chunk, device) -> dict:
-    cache = cand.make(model.config, settings)
+def exact_prefill(model: Any, ids: torch.Tensor, chunk_tokens: int):
+    """Prefill ``ids`` ``[1, T]`` into a ``DynamicCache`` with exact SDPA attention; return the cache."""
+    from transformers import DynamicCache
+
+    set_attention(model, BenchCandidate.parse("dynamic"))
+    cache = DynamicCache()
+    prefill(model, ids, cache, chunk_tokens)
+    return cache
+
+
+def fill_cache(cache: Any, source: Any) -> None:
+    """Write the keys/values of ``source`` (a prefilled ``DynamicCache``) into the fresh ``cache``, one ``update``
+    per layer: the state a single-chunk prefill of the same tokens leaves in ``cache`` (its first update sees the
+    exact keys/values of the whole prompt). For a fused :class:`KIVICache` the hand-off entries that no attention
+    will read are dropped from :func:`kvlab.attention.interface.pending`."""
+    for idx, layer in enumerate(source.layers):
+        cache.update(layer.keys, layer.values, idx)
+    if getattr(cache, "attention", None) == "fused":
+        from kvlab.attention.interface import pending
+
+        table = pending()
+        owners = {id(layer) for layer in cache.layers}
+        for idx in [i for i, entry in table.items() if id(entry.owner) in owners]:
+            del table[idx]
+
+
+def _error(e: BaseException) -> dict:
+    return {"status": "failed", "error": f"{type(e).__name__}: {e}"[:500]}
+
+
+def _time_context(model, cands, settings, ids, context, steps, warmup, chunk, device) -> dict[str, dict]:
+    """Rows (without candidate/context) of every runnable candidate at ``context``, timed interleaved."""
+    from kvlab.caches.measure import cache_nbytes
+
+    out: dict[str, dict] = {}
     with torch.inference_mode():
         synchronize(device)
         t0 = time.perf_counter()
-        prefill(model, ids[:, :context], cache, chunk)
+        source = exact_prefill(model, ids[:, :context], chunk)
         synchronize(device)
         prefill_s = time.perf_counter() - t0
-        for i in range(warmup):
-            decode_step(model, ids[:, context + i : context + i + 1], cache)
-        times_ms = []
-        for i in range(warmup, warmup + steps):
-            synchronize(device)
-            t0 = time.perf_counter()
-            decode_step(model, ids[:, context + i : context + i + 1], cache)
-            synchronize(device)
-            times_ms.append((time.perf_counter() - t0) * 1000.0)
-    from kvlab.caches.measure import cache_nbytes
-
-    return {
-        "status": "ok",
-        "median_ms": statistics.median(times_ms),
-        "mean_ms": statistics.fmean(times_ms),
-        "min_ms": min(times_ms),
-        "times_ms": times_ms,
-        "prefill_s": prefill_s,
-        "cache_bytes": cache_nbytes(cache),
-    }
+        caches = {}
+        for cand in cands:
+            try:
+                cache = cand.make(model.config, settings)
+                t0 = time.perf_counter()
+                fill_cache(cache, source)
+                synchronize(device)
+                out[cand.name] = {"fill_s": time.perf_counter() - t0, "times_ms": []}
+                caches[cand.name] = (cand, cache)
+            except Exception as e:  # noqa: BLE001 - recorded per cell
+                out[cand.name] = _error(e)
+        del source
+        for i in range(warmup + steps):
+            token = ids[:, context + i : context + i + 1]
+            names = list(caches)
+            shift = i % max(1, len(names))
+            for name in names[shift:] + names[:shift]:  # rotate the order: no cache always runs first
+                cand, cache = caches[name]
+                try:
+                    out[name]["attention"] = set_attention(model, cand)
+                    synchronize(device)
+                    t0 = time.perf_counter()
+                    decode_step(model, token, cache)
+                    synchronize(device)
+                    elapsed_ms = (time.perf_counter() - t0) * 1000.0
+                except Exception as e:  # noqa: BLE001
+                    out[name] = _error(e)
+                    del caches[name]
+                    continue
+                if i >= warmup:
+                    out[name]["times_ms"].append(elapsed_ms)
+    for name, (_, cache) in caches.items():
+        times = out[name]["times_ms"]
+        out[name] |= {
+            "status": "ok",
+            "median_ms": statistics.median(times),
+            "mean_ms": statistics.fmean(times),
+            "min_ms": min(times),
+            "prefill_s": prefill_s,
+            "cache_bytes": cache_nbytes(cache),
+        }
+    return out
 
 
 def profile_step(
@@ -330,10 +387,10 @@ def profile_step(
     CPU time, ``[{"op", "calls", "self_cpu_ms", "cpu_total_ms"}]``."""
     from torch.profiler import ProfilerActivity, profile
 
-    set_attention(model, cand)
     cache = cand.make(model.config, settings)
     with torch.inference_mode():
-        prefill(model, ids[:, :context], cache, chunk)
+        fill_cache(cache, exact_prefill(model, ids[:, :context], chunk))
+        set_attention(model, cand)
         decode_step(model, ids[:, context : context + 1], cache)  # warm-up
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             decode_step(model, ids[:, context + 1 : context + 2], cache)
@@ -372,9 +429,9 @@ def run(
         model: ``None`` (bundled reference model), a model directory / hub id, or a ``torch.nn.Module``.
         contexts: prompt lengths in tokens; default 1k..16k on CPU, 1k..128k on CUDA, (256, 512) with ``quick``.
         candidates: cache names (see the module docstring); must include ``dynamic``.
-        steps / warmup: timed and untimed single-token forwards per cell (``quick``: 3 and 1).
+        steps / warmup: timed and untimed rounds of single-token forwards (``quick``: 3 and 1).
         device: ``cpu``, ``cuda[:N]`` or ``auto``.
-        prefill_chunk_tokens: the prompt is prefilled in chunks of this many tokens (bounds prefill memory).
+        prefill_chunk_tokens: the exact prefill runs in chunks of this many tokens (bounds its memory).
         profile_context: when set, also profile one decode step of ``dynamic`` and the target cache at this
             context (``torch.profiler``, top operators by self CPU time).
         progress: optional ``callable(str)`` told about each cell before it runs.
@@ -382,7 +439,8 @@ def run(
     Returns:
         ``{"device", "model", "settings", "contexts", "candidates", "prompt_source", "rows", "ratios", "target",
         "profile"}``. ``rows``: one per (candidate, context) with ``status`` (``ok``/``skipped``/``failed``),
-        ``median_ms``, ``mean_ms``, ``min_ms``, ``times_ms``, ``prefill_s``, ``cache_bytes``,
+        ``median_ms``, ``mean_ms``, ``min_ms``, ``times_ms``, ``prefill_s`` (the shared exact prefill),
+        ``fill_s`` (writing it into this cache), ``cache_bytes``,
         ``ratio_to_dynamic`` (median / dynamic's median at that context) or ``error``. ``target``: the issue-6
         decode target evaluated on these rows.
 
@@ -405,24 +463,27 @@ def run(
     ids_list, source = prompt_ids(tokenizer, lm.config.vocab_size, max(contexts) + warmup + steps + 2)
     ids = torch.tensor([ids_list], device=dev)
 
+    skipped = {c.name: c.unavailable_reason() for c in cands if c.unavailable_reason()}
+    runnable = [c for c in cands if c.name not in skipped]
     rows = []
     for context in contexts:
+        if progress:
+            progress(f"decode: {len(runnable)} caches at {context} tokens")
+        try:
+            cells = _time_context(
+                lm, runnable, settings, ids, context, steps, warmup, prefill_chunk_tokens, dev
+            )
+        except Exception as e:  # noqa: BLE001 - the shared prefill failed: every cell of this context fails
+            cells = {c.name: _error(e) for c in runnable}
+        finally:
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
         for cand in cands:
             row: dict[str, Any] = {"candidate": cand.name, "context": context}
-            reason = cand.unavailable_reason()
-            if reason:
-                rows.append(row | {"status": "skipped", "error": reason})
-                continue
-            if progress:
-                progress(f"decode: {cand.name} at {context} tokens")
-            try:
-                row["attention"] = set_attention(lm, cand)
-                row |= _time_cell(lm, cand, settings, ids, context, steps, warmup, prefill_chunk_tokens, dev)
-            except Exception as e:  # noqa: BLE001 - recorded per cell, the run goes on
-                row |= {"status": "failed", "error": f"{type(e).__name__}: {e}"[:500]}
-            finally:
-                if dev.type == "cuda":
-                    torch.cuda.empty_cache()
+            if cand.name in skipped:
+                row |= {"status": "skipped", "error": skipped[cand.name]}
+            else:
+                row |= cells[cand.name]
             rows.append(row)
     _add_ratios(rows)
 
@@ -444,7 +505,9 @@ def run(
             "warmup": warmup,
             "prefill_chunk_tokens": prefill_chunk_tokens,
             "dtype": dtype,
-            "timing": "median of `steps` single-token forwards after a prefill and `warmup` untimed ones",
+            "timing": "one exact prefill per context (DynamicCache, SDPA) written into every cache; then "
+            "`warmup` + `steps` rounds, each decoding one token through every cache in rotated order; the median "
+            "of the `steps` timed forwards",
         },
         "contexts": list(contexts),
         "candidates": [c.describe(settings) for c in cands],

@@ -14,6 +14,7 @@ tiles, attention scores, a ``torch.cat`` double buffer). The cache's own growth 
 Two steps are measured per cell: a plain step, and for caches that flush in chunks the next step that flushes
 (KIVI quantizes a ``G``-token chunk; transformers' ``QuantizedCache`` re-quantizes the whole history). The ratio
 to the bf16 ``DynamicCache`` bytes at the same context is the issue-6 target: <= 10 % for ``kivi4-fused``.
+Every cache starts from the same exact prefill (:func:`kvlab.bench.decode.fill_cache`).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from kvlab.bench.decode import (
     DEFAULT_CANDIDATES,
     CacheSettings,
     decode_step,
+    exact_prefill,
+    fill_cache,
     load_bench_model,
     parse_candidates,
-    prefill,
     prompt_ids,
     resolve_device,
     set_attention,
@@ -160,7 +162,7 @@ def bf16_cache_bytes(model_desc: dict, tokens: int, batch: int = 1) -> int:
     return 2 * model_desc["layers"] * model_desc["kv_heads"] * model_desc["head_dim"] * tokens * batch * 2
 
 
-def _measure_cell(model, cand, settings, ids, context, warmup, chunk, device, flush_step) -> dict:
+def _measure_cell(model, cand, settings, ids, context, warmup, source, device, flush_step) -> dict:
     from kvlab.caches.measure import cache_nbytes
 
     cache = cand.make(model.config, settings)
@@ -173,7 +175,8 @@ def _measure_cell(model, cand, settings, ids, context, warmup, chunk, device, fl
         return out
 
     with torch.inference_mode():
-        prefill(model, ids[:, :context], cache, chunk)
+        fill_cache(cache, source)
+        set_attention(model, cand)
         for _ in range(warmup):
             step()
         if steps_to_flush(cache) == 0:  # the plain step must not flush
@@ -242,11 +245,16 @@ def run(
     settings = CacheSettings(group_size, residual_length, hqq_group_size)
     lm, tokenizer, model_desc = load_bench_model(model, dtype, dev)
     extra = warmup + 2 + (residual_length + max(group_size, 1) + 2 if flush_step else 0)
-    ids_list, source = prompt_ids(tokenizer, lm.config.vocab_size, max(contexts) + extra)
+    ids_list, prompt_source = prompt_ids(tokenizer, lm.config.vocab_size, max(contexts) + extra)
     ids = torch.tensor([ids_list], device=dev)
 
     rows = []
     for context in contexts:
+        try:
+            with torch.inference_mode():
+                source = exact_prefill(lm, ids[:, :context], prefill_chunk_tokens)  # shared by every cache
+        except Exception as e:  # noqa: BLE001 - every cell of this context fails
+            source, prefill_error = None, f"{type(e).__name__}: {e}"[:500]
         for cand in cands:
             row: dict[str, Any] = {"candidate": cand.name, "context": context}
             reason = cand.unavailable_reason()
@@ -256,10 +264,10 @@ def run(
             if progress:
                 progress(f"memory: {cand.name} at {context} tokens")
             try:
-                row["attention"] = set_attention(lm, cand)
-                row |= _measure_cell(
-                    lm, cand, settings, ids, context, warmup, prefill_chunk_tokens, dev, flush_step
-                )
+                if source is None:
+                    raise RuntimeError(f"the shared prefill failed: {prefill_error}")
+                row |= _measure_cell(lm, cand, settings, ids, context, warmup, source, dev, flush_step)
+                row["attention"] = lm.config._attn_implementation
                 steps = [s for s in (row["plain_step"], row.get("flush_step")) if s]
                 row["transient_bytes"] = max(s["transient_bytes"] for s in steps)
                 row["bf16_cache_bytes"] = bf16_cache_bytes(model_desc, row["tokens_after_plain_step"])
@@ -270,6 +278,7 @@ def run(
                 if dev.type == "cuda":
                     torch.cuda.empty_cache()
             rows.append(row)
+        source = None  # free this context's prefill before the next one
     result = {
         "device": str(dev),
         "device_type": dev.type,
@@ -282,7 +291,7 @@ def run(
         "settings": {"warmup": warmup, "prefill_chunk_tokens": prefill_chunk_tokens, "dtype": dtype},
         "contexts": list(contexts),
         "candidates": [c.describe(settings) for c in cands],
-        "prompt_source": source,
+        "prompt_source": prompt_source,
         "rows": rows,
     }
     result["target"] = evaluate_target(result)

@@ -155,3 +155,30 @@ def test_kernel_quick_keys_and_ratios():
     assert row["kivi_time_over_sdpa"] == pytest.approx(row["kivi_us"] / row["sdpa_us"])
     assert math.isfinite(row["sdpa_gb_s"]) and row["sdpa_gb_s"] > 0
     assert r["target"]["status"] == "not applicable"
+
+
+@pytest.mark.parametrize("name", ["kivi4-dequant", "quanto4"])
+def test_fill_cache_leaves_the_state_of_a_single_chunk_prefill(tiny_lm, name):
+    from kvlab.eval.metrics import cache_kwarg
+
+    cand = decode.BenchCandidate.parse(name)
+    if cand.unavailable_reason():
+        pytest.skip(cand.unavailable_reason())
+    settings = decode.CacheSettings()
+    ids = torch.randint(0, 256, (1, 300), generator=torch.Generator().manual_seed(1))
+    direct, filled = cand.make(tiny_lm.config, settings), cand.make(tiny_lm.config, settings)
+    with torch.inference_mode():
+        decode.set_attention(tiny_lm, cand)
+        tiny_lm(input_ids=ids, use_cache=True, **{cache_kwarg(tiny_lm): direct})
+        decode.fill_cache(filled, decode.exact_prefill(tiny_lm, ids, chunk_tokens=ids.shape[1]))
+    for a, b in zip(direct.layers, filled.layers):
+        ta, tb = _state_tensors(a), _state_tensors(b)
+        assert len(ta) == len(tb) > 0
+        for x, y in zip(ta, tb):
+            assert torch.equal(x, y)
+
+
+def _state_tensors(layer):
+    from kvlab.caches.measure import _tensors
+
+    return list(_tensors(layer, set()))
