@@ -23,6 +23,8 @@ from kvlab.quant.codec import unpack_codes
 from kvlab.quant.kivi import QuantSegmentView
 
 NEG_INF = float("-inf")
+# decode-sized problems (query rows x keys) take the two-pass path; larger ones the online softmax
+TWO_PASS_MAX_SCORES = 1 << 22
 
 
 def _mask_rows(
@@ -75,6 +77,37 @@ class _OnlineSoftmax:
         return self.acc / self.l.clamp_min(torch.finfo(torch.float32).tiny)
 
 
+def _block_scores(
+    qg: torch.Tensor, seg: QuantSegmentView, nbits: int, group: int, scaling: float
+) -> torch.Tensor:
+    """Scaled scores ``[B, H, M, n]`` of fp32 query rows ``qg [B, H, M, D]`` against a block's packed keys."""
+    b, h, m, d = qg.shape
+    n = seg.tokens
+    ng = n // group
+    # keys: scores[b,h,m,t] = (q ⊙ s_j)·code_t + q·z_j, with j = t // G
+    k_codes = unpack_codes(seg.k_codes, nbits).to(torch.float32).view(b, h, ng, group, d)  # [B,H,NG,G,D]
+    qs = qg[:, :, None] * seg.k_scale.to(torch.float32)[:, :, :, None, :]  # [B,H,NG,M,D]
+    scores = torch.matmul(qs, k_codes.transpose(-1, -2))  # [B,H,NG,M,G]
+    qz = torch.matmul(qg, seg.k_zero.to(torch.float32).transpose(-1, -2))  # [B,H,M,NG]
+    scores = scores.permute(0, 1, 3, 2, 4) + qz[..., None]  # [B,H,M,NG,G]
+    return scores.reshape(b, h, m, n) * scaling
+
+
+def _block_values(p: torch.Tensor, seg: QuantSegmentView, nbits: int, group: int) -> torch.Tensor:
+    """``p @ V`` for probabilities ``p [B, H, M, n]`` over a block's packed values: ``[B, H, M, D]`` fp32."""
+    b, h, m, n = p.shape
+    packed = seg.v_codes.shape[-1]
+    d = packed * 8 // nbits
+    kg = d // group
+    # values: out[m, k, :] = Σ_t (p_t u_t,k) code_t[k, :] + Σ_t p_t w_t,k
+    v_codes = unpack_codes(seg.v_codes, nbits).to(torch.float32).view(b, h, n, kg, group)  # [B,H,n,KG,G]
+    pw = (p[..., None] * seg.v_scale.to(torch.float32)[:, :, None]).permute(0, 1, 4, 2, 3)  # [B,H,KG,M,n]
+    out = torch.matmul(pw, v_codes.permute(0, 1, 3, 2, 4))  # [B,H,KG,M,G]
+    out = out.permute(0, 1, 3, 2, 4).reshape(b, h, m, d)  # [B,H,M,D]
+    pz = torch.matmul(p, seg.v_zero.to(torch.float32))  # [B,H,M,KG]
+    return out + pz.repeat_interleave(group, dim=-1)
+
+
 def _quantized_block(
     state: _OnlineSoftmax,
     qg: torch.Tensor,
@@ -84,29 +117,12 @@ def _quantized_block(
     mask: torch.Tensor | None,
     scaling: float,
 ) -> None:
-    """Accumulate one quantized block into ``state``. ``qg``: ``[B, H, M, D]`` fp32 query rows."""
-    b, h, m, d = qg.shape
-    n = seg.tokens
-    ng, kg = n // group, d // group
-    # keys: scores[b,h,m,t] = (q ⊙ s_j)·code_t + q·z_j, with j = t // G
-    k_codes = unpack_codes(seg.k_codes, nbits).to(torch.float32).view(b, h, ng, group, d)  # [B,H,NG,G,D]
-    ks = seg.k_scale.to(torch.float32)  # [B,H,NG,D]
-    qs = qg[:, :, None] * ks[:, :, :, None, :]  # [B,H,NG,M,D]
-    scores = torch.matmul(qs, k_codes.transpose(-1, -2))  # [B,H,NG,M,G]
-    qz = torch.matmul(qg, seg.k_zero.to(torch.float32).transpose(-1, -2))  # [B,H,M,NG]
-    scores = scores.permute(0, 1, 3, 2, 4) + qz[..., None]  # [B,H,M,NG,G]
-    scores = scores.reshape(b, h, m, n) * scaling
+    """Accumulate one quantized block into ``state`` (online softmax). ``qg``: ``[B, H, M, D]`` fp32 rows."""
+    scores = _block_scores(qg, seg, nbits, group, scaling)
     if mask is not None:
         scores = scores.masked_fill(~mask, NEG_INF)
     p = state.probs(scores)  # [B,H,M,n]
-    # values: out[m, k, :] = Σ_t (p_t u_t,k) code_t[k, :] + Σ_t p_t w_t,k
-    v_codes = unpack_codes(seg.v_codes, nbits).to(torch.float32).view(b, h, n, kg, group)  # [B,H,n,KG,G]
-    vs = seg.v_scale.to(torch.float32)  # [B,H,n,KG]
-    pw = (p[..., None] * vs[:, :, None]).permute(0, 1, 4, 2, 3)  # [B,H,KG,M,n]
-    out = torch.matmul(pw, v_codes.permute(0, 1, 3, 2, 4))  # [B,H,KG,M,G]
-    out = out.permute(0, 1, 3, 2, 4).reshape(b, h, m, d)  # [B,H,M,D]
-    pz = torch.matmul(p, seg.v_zero.to(torch.float32))  # [B,H,M,KG]
-    state.acc += out + pz.repeat_interleave(group, dim=-1)
+    state.acc += _block_values(p, seg, nbits, group)
 
 
 def kivi_attention(
@@ -153,7 +169,7 @@ def kivi_attention(
     g = hq // hkv
     # [B, Hq, q, D] -> [B, Hkv, g*q, D]: query heads sharing a KV head become rows (GQA without repeat_kv)
     qg = query.to(torch.float32).reshape(b, hkv, g * q_len, d)
-    state = _OnlineSoftmax(b, hkv, g * q_len, d, query.device)
+    segments = list(segments)
     use_triton = False
     if backend != "torch":
         from kvlab.attention.triton_kivi import kivi_block_partials, triton_supported
@@ -165,25 +181,58 @@ def kivi_attention(
                 f"nbits {nbits}, group_size {group_size})"
             )
         use_triton = ok and (backend == "triton" or query.is_cuda)
-    start = 0
-    for seg in segments:
-        mask = _mask_rows(attention_mask, g, q_len, start, start + seg.tokens)
-        if use_triton and (mask is None or q_len == 1):
-            valid = None if mask is None else mask[:, 0, 0, :]  # [B, n]: one row decides for a decode step
-            state.merge(*kivi_block_partials(qg, seg, nbits, group_size, scaling, valid))
-        else:
-            _quantized_block(state, qg, seg, nbits, group_size, mask, scaling)
-        start += seg.tokens
-    # full-precision window
-    scores = torch.matmul(qg, key_window.to(torch.float32).transpose(-1, -2)) * scaling  # [B,Hkv,g*q,w]
+    # full-precision window scores, with the causal rule inside the window when no mask is given
+    quantized = sum(seg.tokens for seg in segments)
+    w_scores = torch.matmul(qg, key_window.to(torch.float32).transpose(-1, -2)) * scaling  # [B,Hkv,g*q,w]
     if attention_mask is not None:
-        scores = scores.masked_fill(~_mask_rows(attention_mask, g, q_len, start, start + w), NEG_INF)
+        w_scores = w_scores.masked_fill(
+            ~_mask_rows(attention_mask, g, q_len, quantized, quantized + w), NEG_INF
+        )
     elif q_len > 1:
         offset = w - q_len if window_offset is None else window_offset
         rows = torch.arange(q_len, device=query.device).repeat(g)[:, None]  # query index of each row
         cols = torch.arange(w, device=query.device)[None, :]
-        scores = scores.masked_fill(cols > rows + offset, NEG_INF)
-    p = state.probs(scores)
-    state.acc += torch.matmul(p, value_window.to(torch.float32))
-    out = state.result()  # [B, Hkv, g*q, D]
+        w_scores = w_scores.masked_fill(cols > rows + offset, NEG_INF)
+    v_window = value_window.to(torch.float32)
+    if not use_triton and g * q_len * (quantized + w) <= TWO_PASS_MAX_SCORES:
+        out = _two_pass(
+            qg, segments, w_scores, v_window, nbits, group_size, scaling, attention_mask, g, q_len
+        )
+    else:
+        state = _OnlineSoftmax(b, hkv, g * q_len, d, query.device)
+        start = 0
+        for seg in segments:
+            mask = _mask_rows(attention_mask, g, q_len, start, start + seg.tokens)
+            if use_triton and (mask is None or q_len == 1):
+                valid = (
+                    None if mask is None else mask[:, 0, 0, :]
+                )  # [B, n]: one row decides for a decode step
+                state.merge(*kivi_block_partials(qg, seg, nbits, group_size, scaling, valid))
+            else:
+                _quantized_block(state, qg, seg, nbits, group_size, mask, scaling)
+            start += seg.tokens
+        p = state.probs(w_scores)
+        state.acc += torch.matmul(p, v_window)
+        out = state.result()  # [B, Hkv, g*q, D]
     return out.reshape(b, hq, q_len, d).to(query.dtype)
+
+
+def _two_pass(
+    qg, segments, w_scores, v_window, nbits, group, scaling, attention_mask, g, q_len
+) -> torch.Tensor:
+    """Decode-sized problems: all scores at once (they are ``M x T`` floats, small), one softmax, then ``p @ V``
+    block by block. Same result as the online softmax with fewer operations; keys and values are each unpacked once."""
+    parts, start = [], 0
+    for seg in segments:
+        scores = _block_scores(qg, seg, nbits, group, scaling)
+        mask = _mask_rows(attention_mask, g, q_len, start, start + seg.tokens)
+        parts.append(scores if mask is None else scores.masked_fill(~mask, NEG_INF))
+        start += seg.tokens
+    parts.append(w_scores)
+    p = torch.softmax(torch.cat(parts, dim=-1), dim=-1).nan_to_num_(0.0)  # [B,H,M,T]; fully masked rows -> 0
+    out = torch.matmul(p[..., start:], v_window)
+    start = 0
+    for seg in segments:
+        out += _block_values(p[..., start : start + seg.tokens], seg, nbits, group)
+        start += seg.tokens
+    return out

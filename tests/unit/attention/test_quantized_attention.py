@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from transformers import DynamicCache
 
 import kvlab.attention as kvattn
+import kvlab.attention.quantized as quantized_mod
 from kvlab.attention.quantized import kivi_attention
 from kvlab.caches import KIVICache
 from kvlab.quant import KIVIConfig, KIVIState
@@ -36,10 +37,23 @@ def reference(query, keys, values, scaling, mask):
     block=st.sampled_from([16, 32, 1024]),
     padded=st.booleans(),
     seed=st.integers(0, 999),
+    online=st.booleans(),
 )
 @settings(max_examples=60, deadline=None)
 def test_fused_equals_dequantize_then_attention(
-    batch, kv_heads, groups, head_dim, nbits, group, residual_groups, prefix, q_len, block, padded, seed
+    batch,
+    kv_heads,
+    groups,
+    head_dim,
+    nbits,
+    group,
+    residual_groups,
+    prefix,
+    q_len,
+    block,
+    padded,
+    seed,
+    online,
 ):
     torch.manual_seed(seed)
     cfg = KIVIConfig(
@@ -73,11 +87,16 @@ def test_fused_equals_dequantize_then_attention(
         mask[1, :, :, : min(3, past)] = False  # left padding of row 1
     scale = head_dim**-0.5
     ref = reference(query, keys, values, scale, mask)
-    got = kivi_attention(query, segments, kw, vw, nbits, group, scale, attention_mask=mask)
-    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
-    if not padded:  # mask=None must apply the same causal rule inside the window
-        got_none = kivi_attention(query, segments, kw, vw, nbits, group, scale, attention_mask=None)
-        torch.testing.assert_close(got_none, ref, rtol=1e-4, atol=1e-4)
+    saved = quantized_mod.TWO_PASS_MAX_SCORES
+    quantized_mod.TWO_PASS_MAX_SCORES = 0 if online else saved  # both the online-softmax and two-pass paths
+    try:
+        got = kivi_attention(query, segments, kw, vw, nbits, group, scale, attention_mask=mask)
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+        if not padded:  # mask=None must apply the same causal rule inside the window
+            got_none = kivi_attention(query, segments, kw, vw, nbits, group, scale, attention_mask=None)
+            torch.testing.assert_close(got_none, ref, rtol=1e-4, atol=1e-4)
+    finally:
+        quantized_mod.TWO_PASS_MAX_SCORES = saved
 
 
 def test_additive_float_mask_accepted():
