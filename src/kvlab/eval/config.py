@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field
 
@@ -31,6 +32,10 @@ class Gates:
     max_latency_ratio: float = 2.00
 
     def __post_init__(self) -> None:
+        for name in ("max_nll_delta", "min_topk_overlap", "max_latency_ratio"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"`{name}` must be a finite number, got {value!r}")
         if not self.max_nll_delta >= 0:
             raise ValueError(f"`max_nll_delta` must be >= 0, got {self.max_nll_delta!r}")
         if not 0 <= self.min_topk_overlap <= 1:

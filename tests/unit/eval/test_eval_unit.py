@@ -88,6 +88,8 @@ def test_bad_settings_are_named(kw, msg):
 def test_bad_gates_are_named():
     with pytest.raises(ValueError, match="min_topk_overlap"):
         Gates(min_topk_overlap=1.5)
+    with pytest.raises(ValueError, match="`max_latency_ratio` must be a finite number, got inf"):
+        Gates(max_latency_ratio=float("inf"))
 
 
 def _row(cand, ctx, saved, nll, topk, lat):
