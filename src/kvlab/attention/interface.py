@@ -65,6 +65,10 @@ def kvlab_attention_forward(
             f"fused KIVI attention supports full attention only, got sliding_window={kwargs['sliding_window']}"
         )
     entry.consumed = True
+    if not entry.segments:  # nothing quantized yet (prefill): the window is the whole history, SDPA is exact
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     out = kivi_attention(
         query, entry.segments, key, value, entry.nbits, entry.group_size, scale, attention_mask
