@@ -224,7 +224,9 @@ class _Cell:
     def __init__(self, cfg, model, pad_id, result, progress):
         self.cfg, self.model, self.pad_id, self.result, self.progress = cfg, model, pad_id, result, progress
 
-    def measure(self, cand: Candidate, ids, new_tokens, residual, group, continuation, base) -> dict | None:
+    def measure(
+        self, cand: Candidate, ids, new_tokens, residual, group, continuation, base, cpu_memory: bool = True
+    ) -> dict | None:
         cfg, stage = self.cfg, "construct"
         try:
 
@@ -234,7 +236,7 @@ class _Cell:
             make()
             stage = "generate"
             perf, cache, generated = run_generate(
-                self.model, ids, make, new_tokens, cfg.warmup, cfg.repeat, self.pad_id
+                self.model, ids, make, new_tokens, cfg.warmup, cfg.repeat, self.pad_id, cpu_memory
             )
             stage = "cache_bytes"
             row = {
@@ -408,7 +410,7 @@ def run_eval(
         result["provenance"]["prompts"].append(prompt_info)
         progress(f"{name}: context {ctx}, dynamic baseline")
         base_cand = Candidate.parse("dynamic")
-        base = cell.measure(base_cand, ids, new_tokens, 0, group, None, None)
+        base = cell.measure(base_cand, ids, new_tokens, 0, group, None, None, cpu_memory=name == "capacity")
         advance()
         if base is None:
             for r in residuals:
@@ -433,7 +435,9 @@ def run_eval(
         for r in residuals:
             for c in runnable:
                 progress(f"{name}: context {ctx}, {c.name}, R={r}")
-                meas = cell.measure(c, ids, new_tokens, r, group, continuation, base)
+                meas = cell.measure(
+                    c, ids, new_tokens, r, group, continuation, base, cpu_memory=name == "capacity"
+                )
                 if meas is not None:
                     result["rows"].append(_row(name, c, ctx, new_tokens, r, group, meas, base, cfg))
                 advance()
