@@ -381,26 +381,29 @@ def profile_step(
     ids: torch.Tensor,
     context: int,
     chunk: int,
+    steps: int = 8,
     top: int = 15,
 ) -> list[dict]:
-    """``torch.profiler`` of one decode step after a prefill of ``context`` tokens: the ``top`` operators by self
-    CPU time, ``[{"op", "calls", "self_cpu_ms", "cpu_total_ms"}]``."""
+    """``torch.profiler`` of ``steps`` decode steps after a prefill of ``context`` tokens (and two warm-up steps):
+    the ``top`` operators by self CPU time, per step: ``[{"op", "calls", "self_cpu_ms", "cpu_total_ms"}]``."""
     from torch.profiler import ProfilerActivity, profile
 
     cache = cand.make(model.config, settings)
     with torch.inference_mode():
         fill_cache(cache, exact_prefill(model, ids[:, :context], chunk))
         set_attention(model, cand)
-        decode_step(model, ids[:, context : context + 1], cache)  # warm-up
+        for i in range(2):  # warm-up
+            decode_step(model, ids[:, context + i : context + i + 1], cache)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            decode_step(model, ids[:, context + 1 : context + 2], cache)
+            for i in range(2, 2 + steps):
+                decode_step(model, ids[:, context + i : context + i + 1], cache)
     rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
     return [
         {
             "op": e.key,
-            "calls": e.count,
-            "self_cpu_ms": e.self_cpu_time_total / 1000.0,
-            "cpu_total_ms": e.cpu_time_total / 1000.0,
+            "calls": e.count / steps,
+            "self_cpu_ms": e.self_cpu_time_total / 1000.0 / steps,
+            "cpu_total_ms": e.cpu_time_total / 1000.0 / steps,
         }
         for e in rows
     ]
@@ -432,8 +435,8 @@ def run(
         steps / warmup: timed and untimed rounds of single-token forwards (``quick``: 3 and 1).
         device: ``cpu``, ``cuda[:N]`` or ``auto``.
         prefill_chunk_tokens: the exact prefill runs in chunks of this many tokens (bounds its memory).
-        profile_context: when set, also profile one decode step of ``dynamic`` and the target cache at this
-            context (``torch.profiler``, top operators by self CPU time).
+        profile_context: when set, also profile 8 decode steps of ``dynamic`` and the target cache at this
+            context (``torch.profiler``, top operators by self CPU time per step).
         progress: optional ``callable(str)`` told about each cell before it runs.
 
     Returns:

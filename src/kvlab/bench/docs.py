@@ -75,8 +75,9 @@ def render_decode(result: dict) -> str:
     s = result["settings"]
     parts = [
         _model_line(result),
-        f"Median of {s['steps']} single-token forwards after a {s['prefill_chunk_tokens']}-token-chunk prefill and "
-        f"{s['warmup']} warm-up steps; ms/token (ratio to `dynamic` at the same context).",
+        f"One exact prefill per context (DynamicCache, SDPA, {s['prefill_chunk_tokens']}-token chunks) written into "
+        f"every cache; then {s['warmup']} warm-up and {s['steps']} timed rounds, each decoding the same next token "
+        "through every cache in rotated order. Median ms per token (ratio to `dynamic` at the same context).",
         "",
         _table(["context"] + [f"`{n}`" for n in names], rows),
     ]
@@ -96,8 +97,8 @@ def render_decode(result: dict) -> str:
     if prof:
         parts += [
             "",
-            f"Where the time goes: `torch.profiler` of one decode step at {result['profile_context']} tokens, "
-            "top operators by self CPU time (ms):",
+            f"Where the time goes: `torch.profiler` over decode steps at {result['profile_context']} tokens, top "
+            "operators by self CPU time, ms per step (calls per step):",
             "",
         ]
         for name, ops in prof.items():
@@ -105,7 +106,7 @@ def render_decode(result: dict) -> str:
                 parts.append(f"- `{name}`: {ops.get('error')}")
                 continue
             total = sum(o["self_cpu_ms"] for o in ops)
-            listed = ", ".join(f"`{o['op']}` {o['self_cpu_ms']:.2f} ({o['calls']})" for o in ops[:10])
+            listed = ", ".join(f"`{o['op']}` {o['self_cpu_ms']:.2f} ({o['calls']:g})" for o in ops[:10])
             parts.append(f"- `{name}` (top {len(ops)} ops: {total:.2f} ms): {listed}")
     return "\n".join(parts)
 

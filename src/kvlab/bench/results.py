@@ -53,7 +53,12 @@ def _git_commit() -> str | None:
     here = Path(__file__).resolve().parent
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5, check=True, cwd=here
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+            cwd=here,
         )
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no", "--", "."],
