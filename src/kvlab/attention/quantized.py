@@ -25,6 +25,27 @@ from kvlab.quant.kivi import QuantSegmentView
 NEG_INF = float("-inf")
 # decode-sized problems (query rows x keys) take the two-pass path; larger ones the online softmax
 TWO_PASS_MAX_SCORES = 1 << 22
+# blocks are unpacked this many tokens at a time: the fp32 tile of codes is the decode step's largest transient
+CHUNK_TOKENS = 1024
+
+
+def _chunks(seg: QuantSegmentView, group: int, chunk_tokens: int):
+    """Split a block view into views of at most ``chunk_tokens`` tokens (a multiple of ``group``)."""
+    step = max(group, chunk_tokens // group * group)
+    if seg.tokens <= step:
+        yield seg
+        return
+    for s in range(0, seg.tokens, step):
+        e = min(seg.tokens, s + step)
+        yield QuantSegmentView(
+            k_codes=seg.k_codes[:, :, s:e],
+            k_scale=seg.k_scale[:, :, s // group : e // group],
+            k_zero=seg.k_zero[:, :, s // group : e // group],
+            v_codes=seg.v_codes[:, :, s:e],
+            v_scale=seg.v_scale[:, :, s:e],
+            v_zero=seg.v_zero[:, :, s:e],
+            tokens=e - s,
+        )
 
 
 def _mask_rows(
@@ -195,9 +216,8 @@ def kivi_attention(
         w_scores = w_scores.masked_fill(cols > rows + offset, NEG_INF)
     v_window = value_window.to(torch.float32)
     if not use_triton and g * q_len * (quantized + w) <= TWO_PASS_MAX_SCORES:
-        out = _two_pass(
-            qg, segments, w_scores, v_window, nbits, group_size, scaling, attention_mask, g, q_len
-        )
+        chunks = [c for seg in segments for c in _chunks(seg, group_size, CHUNK_TOKENS)]
+        out = _two_pass(qg, chunks, w_scores, v_window, nbits, group_size, scaling, attention_mask, g, q_len)
     else:
         state = _OnlineSoftmax(b, hkv, g * q_len, d, query.device)
         start = 0
@@ -209,7 +229,10 @@ def kivi_attention(
                 )  # [B, n]: one row decides for a decode step
                 state.merge(*kivi_block_partials(qg, seg, nbits, group_size, scaling, valid))
             else:
-                _quantized_block(state, qg, seg, nbits, group_size, mask, scaling)
+                for i, c in enumerate(_chunks(seg, group_size, CHUNK_TOKENS)):
+                    off = start + i * max(group_size, CHUNK_TOKENS // group_size * group_size)
+                    cmask = _mask_rows(attention_mask, g, q_len, off, off + c.tokens)
+                    _quantized_block(state, qg, c, nbits, group_size, cmask, scaling)
             start += seg.tokens
         p = state.probs(w_scores)
         state.acc += torch.matmul(p, v_window)

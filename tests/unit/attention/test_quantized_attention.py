@@ -38,6 +38,7 @@ def reference(query, keys, values, scaling, mask):
     padded=st.booleans(),
     seed=st.integers(0, 999),
     online=st.booleans(),
+    chunk=st.sampled_from([4, 8, 1024]),
 )
 @settings(max_examples=60, deadline=None)
 def test_fused_equals_dequantize_then_attention(
@@ -54,6 +55,7 @@ def test_fused_equals_dequantize_then_attention(
     padded,
     seed,
     online,
+    chunk,
 ):
     torch.manual_seed(seed)
     cfg = KIVIConfig(
@@ -87,8 +89,9 @@ def test_fused_equals_dequantize_then_attention(
         mask[1, :, :, : min(3, past)] = False  # left padding of row 1
     scale = head_dim**-0.5
     ref = reference(query, keys, values, scale, mask)
-    saved = quantized_mod.TWO_PASS_MAX_SCORES
+    saved, saved_chunk = quantized_mod.TWO_PASS_MAX_SCORES, quantized_mod.CHUNK_TOKENS
     quantized_mod.TWO_PASS_MAX_SCORES = 0 if online else saved  # both the online-softmax and two-pass paths
+    quantized_mod.CHUNK_TOKENS = chunk  # blocks unpacked whole or in chunks
     try:
         got = kivi_attention(query, segments, kw, vw, nbits, group, scale, attention_mask=mask)
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
@@ -96,7 +99,7 @@ def test_fused_equals_dequantize_then_attention(
             got_none = kivi_attention(query, segments, kw, vw, nbits, group, scale, attention_mask=None)
             torch.testing.assert_close(got_none, ref, rtol=1e-4, atol=1e-4)
     finally:
-        quantized_mod.TWO_PASS_MAX_SCORES = saved
+        quantized_mod.TWO_PASS_MAX_SCORES, quantized_mod.CHUNK_TOKENS = saved, saved_chunk
 
 
 def test_additive_float_mask_accepted():
