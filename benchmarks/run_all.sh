@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEVICE="${DEVICE:-auto}"
-kvlab bench decode --device "$DEVICE" --profile-context 4096 "$@"
+kvlab bench decode --device "$DEVICE" --steps 32 --profile-context 4096 "$@"
 kvlab bench memory --device "$DEVICE" "$@"
 kvlab bench flush --device "$DEVICE" "$@"
 kvlab bench kernel --device "$DEVICE" "$@"

@@ -191,7 +191,8 @@ def render_flush(result: dict) -> str:
         f"One layer, `[{sh['batch']}, {sh['kv_heads']}, T, {sh['head_dim']}]` {sh['dtype']}; KIVI G={st['group_size']}, "
         f"R={st['residual_length']}; HQQ/quanto group {st['hqq_group_size']}, R={st['residual_length']}. "
         f"Median µs of the flushing single-token append (in parentheses: the next, plain append); "
-        f"{st['reps']} repetitions for KIVI, {st['hf_reps']} for HQQ/quanto.",
+        f"{st['reps']} rounds for KIVI, {st['hf_reps']} for HQQ/quanto; a round measures every history length once, "
+        "in rotated order.",
         "",
         _table(["history tokens"] + [f"`{c}`" for c in caches], rows),
     ]

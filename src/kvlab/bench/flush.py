@@ -9,7 +9,8 @@ timed alongside for contrast when its backend is installed.
 
 Per (cache, history length) and repetition: a fresh layer is filled with ``T`` tokens (untimed), single tokens
 are brought up to the step before a flush in one untimed append, then the flushing append and the next plain
-append are timed. Medians over repetitions. Target (issue 6): KIVI flush at 16k <= 1.2x flush at 1k.
+append are timed. A round measures every history length once, in an order rotated per round, so load from other
+processes falls on all lengths alike; medians over rounds. Target (issue 6): KIVI flush at 16k <= 1.2x flush at 1k.
 """
 
 from __future__ import annotations
@@ -108,39 +109,58 @@ def _unavailable(name: str) -> str | None:
     return Candidate(name, family, int(name[len(family) :])).unavailable_reason()
 
 
-def _measure(name, context, reps, kv, settings, device, warmup: bool) -> dict:
-    """Median flushing / plain append times (µs) of cache ``name`` after ``context`` tokens of history."""
-    flush_us, plain_us, history = [], [], []
-    for rep in range(0 if warmup else 1, reps + 1):  # repetition 0 is a warm-up
-        subject = _subject(name, settings)
-        k, v = kv
-        subject.append(k[:, :, :context], v[:, :, :context])
-        pos = context
-        n = subject.steps_to_flush()
-        if n:
-            subject.append(k[:, :, pos : pos + n], v[:, :, pos : pos + n])
-            pos += n
-        before_flushes, before_tokens = subject.flushes(), subject.tokens()
-        timings = []
-        for _ in range(2):  # the flushing append, then a plain one
-            synchronize(device)
-            t0 = time.perf_counter()
-            subject.append(k[:, :, pos : pos + 1], v[:, :, pos : pos + 1])
-            synchronize(device)
-            timings.append((time.perf_counter() - t0) * 1e6)
-            pos += 1
-        assert subject.flushes() == before_flushes + 1, "exactly the first timed append must flush"
-        if rep:
-            flush_us.append(timings[0])
-            plain_us.append(timings[1])
-            history.append(before_tokens)
-    return {
-        "status": "ok",
-        "flush_us": statistics.median(flush_us),
-        "plain_append_us": statistics.median(plain_us),
-        "flush_us_all": flush_us,
-        "history_tokens": int(statistics.median(history)),
-    }
+def _one_flush(name, context, kv, settings, device) -> tuple[float, float, int]:
+    """``(flush µs, plain append µs, history tokens)`` of one fresh layer of cache ``name`` with ``context``
+    tokens: untimed fill, untimed bulk append up to the step before a flush, then two timed single-token appends."""
+    subject = _subject(name, settings)
+    k, v = kv
+    subject.append(k[:, :, :context], v[:, :, :context])
+    pos = context
+    n = subject.steps_to_flush()
+    if n:
+        subject.append(k[:, :, pos : pos + n], v[:, :, pos : pos + n])
+        pos += n
+    before_flushes, history = subject.flushes(), subject.tokens()
+    timings = []
+    for _ in range(2):  # the flushing append, then a plain one
+        synchronize(device)
+        t0 = time.perf_counter()
+        subject.append(k[:, :, pos : pos + 1], v[:, :, pos : pos + 1])
+        synchronize(device)
+        timings.append((time.perf_counter() - t0) * 1e6)
+        pos += 1
+    assert subject.flushes() == before_flushes + 1, "exactly the first timed append must flush"
+    return timings[0], timings[1], history
+
+
+def _measure(name, contexts, reps, kv, settings, device, progress) -> dict[int, dict]:
+    """Rows (per context) of cache ``name``: one warm-up, then ``reps`` rounds, each timing one flush at every
+    context in an order rotated per round, so load from other processes falls on all contexts alike."""
+    samples: dict[int, list] = {c: [] for c in contexts}
+    out: dict[int, dict] = {}
+    _one_flush(name, contexts[0], kv, settings, device)  # warm-up
+    for rnd in range(reps):
+        if progress:
+            progress(f"flush: {name}, round {rnd + 1}/{reps}")
+        live = [c for c in contexts if c not in out]
+        shift = rnd % max(1, len(live))
+        for context in live[shift:] + live[:shift]:
+            try:
+                samples[context].append(_one_flush(name, context, kv, settings, device))
+            except Exception as e:  # noqa: BLE001 - recorded per cell
+                out[context] = {"status": "failed", "error": f"{type(e).__name__}: {e}"[:500]}
+    for context, got in samples.items():
+        if context in out:
+            continue
+        flush_us = [f for f, _, _ in got]
+        out[context] = {
+            "status": "ok",
+            "flush_us": statistics.median(flush_us),
+            "plain_append_us": statistics.median(p for _, p, _ in got),
+            "flush_us_all": flush_us,
+            "history_tokens": int(statistics.median(h for _, _, h in got)),
+        }
+    return out
 
 
 def run(
@@ -150,7 +170,7 @@ def run(
     head_dim: int = 128,
     batch: int = 1,
     dtype: str = "bfloat16",
-    reps: int = 9,
+    reps: int = 25,
     hf_reps: int = 3,
     group_size: int = 32,
     residual_length: int = 128,
@@ -168,10 +188,9 @@ def run(
         caches: ``kivi{2,4,8}``, ``hqq{2,4,8}``, ``quanto{2,4}``; HF backends not installed are skipped.
         kv_heads / head_dim / batch / dtype: the layer's ``[batch, kv_heads, tokens, head_dim]`` states (default:
             one Llama-3-8B layer, bf16).
-        reps: timed repetitions per KIVI cell (``quick``: 2); the first cell of each cache also runs one untimed
-            warm-up repetition.
-        hf_reps: timed repetitions per HQQ/quanto cell (their flush re-quantizes everything: seconds on CPU).
-        progress: optional ``callable(str)`` told about each cell before it runs.
+        reps: rounds for KIVI (``quick``: 2), after one untimed warm-up flush per cache.
+        hf_reps: rounds for HQQ/quanto (their flush re-quantizes everything: seconds on CPU).
+        progress: optional ``callable(str)`` told about each round before it runs.
 
     Returns:
         ``{"device", "shape", "settings", "contexts", "rows", "ratios", "target"}``. ``rows``: per (cache,
@@ -211,19 +230,15 @@ def run(
     for name in caches:
         reason = _unavailable(name)
         n_reps = reps if name.startswith("kivi") else hf_reps
-        for i, context in enumerate(contexts):
-            row: dict[str, Any] = {"cache": name, "context": context, "reps": n_reps}
-            if reason:
-                rows.append(row | {"status": "skipped", "error": reason})
-                continue
-            if progress:
-                progress(f"flush: {name} at {context} tokens")
+        if reason:
+            cells = {c: {"status": "skipped", "error": reason} for c in contexts}
+        else:
             try:
                 with torch.inference_mode():
-                    row |= _measure(name, context, n_reps, (k, v), settings, dev, warmup=i == 0)
-            except Exception as e:  # noqa: BLE001 - recorded per cell
-                row |= {"status": "failed", "error": f"{type(e).__name__}: {e}"[:500]}
-            rows.append(row)
+                    cells = _measure(name, contexts, n_reps, (k, v), settings, dev, progress)
+            except Exception as e:  # noqa: BLE001 - the warm-up failed: every cell fails
+                cells = {c: {"status": "failed", "error": f"{type(e).__name__}: {e}"[:500]} for c in contexts}
+        rows += [{"cache": name, "context": c, "reps": n_reps} | cells[c] for c in contexts]
     ratios = {}
     for name in caches:
         ok = {r["context"]: r["flush_us"] for r in rows if r["cache"] == name and r["status"] == "ok"}
