@@ -10,7 +10,7 @@ Decode attention is bandwidth-bound (seed 003 §3.4: arithmetic intensity ``g`` 
 * ``copy``: ``dst.copy_(src)`` of a large tensor, read + write bytes / time, the best of ``reps`` (the seed 003
   appendix [C] probe's convention: a streaming copy, not a reduction, and the fastest pass as the roof).
 
-Kernel times are medians of ``reps`` calls after warm-up. Target (issue 6): on an H200, ``kivi`` >= 70 % of the
+Kernel times are medians of ``reps`` calls after warm-up, KIVI and SDPA sampled alternately (rotated order). Target (issue 6): on an H200, ``kivi`` >= 70 % of the
 copy bandwidth at >= 32k tokens; on CPU the numbers are reported only.
 """
 
@@ -59,6 +59,24 @@ def time_seconds(
     return samples
 
 
+def interleaved_seconds(
+    fns: list[Callable[[], Any]], device: torch.device, reps: int, warmup: int = 2, inner: int = 1
+) -> list[list]:
+    """:func:`time_seconds` of several functions sample by sample: each round takes one sample of every function,
+    in an order rotated per round, so load from other processes falls on all of them alike. Returns one list of
+    ``reps`` samples per function."""
+    out: list[list] = [[] for _ in fns]
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    for rnd in range(reps):
+        order = list(range(len(fns)))
+        order = order[rnd % len(fns) :] + order[: rnd % len(fns)]
+        for i in order:
+            out[i] += time_seconds(fns[i], device, reps=1, warmup=0, inner=inner)
+    return out
+
+
 def copy_bandwidth(device: torch.device, nbytes: int, reps: int = 5) -> dict:
     """Measured copy bandwidth: ``dst.copy_(src)`` of ``nbytes`` bytes, ``2 * nbytes`` (read + write) / time.
 
@@ -90,11 +108,11 @@ def _cell(context, shape, nbits, group_size, residual_length, dtype, device, rep
         state.append(k, v)
         segments = list(state.segments())
         kw, vw = state.key_residual, state.value_residual
-        kivi_s = time_seconds(
-            lambda: kivi_attention(q, segments, kw, vw, nbits, group_size, scale), device, reps, inner=inner
-        )
-        sdpa_s = time_seconds(
-            lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=hq != hkv),
+        kivi_s, sdpa_s = interleaved_seconds(
+            [
+                lambda: kivi_attention(q, segments, kw, vw, nbits, group_size, scale),
+                lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=hq != hkv),
+            ],
             device,
             reps,
             inner=inner,
