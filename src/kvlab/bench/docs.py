@@ -228,7 +228,8 @@ def render_kernel(result: dict) -> str:
     parts = [
         f"One decode query over one layer: batch {sh['batch']}, {sh['q_heads']} query / {sh['kv_heads']} KV heads, "
         f"head_dim {sh['head_dim']}, {sh['dtype']}; KIVI {st['nbits']}-bit, G={st['group_size']}, "
-        f"R={st['residual_length']}. Copy bandwidth of {result['device_name']}: {cp['best_gb_s']:.2f} GB/s "
+        f"R={st['residual_length']}, backend `{st.get('backend', 'auto')}`, {st.get('threads', '?')} torch threads. "
+        f"Copy bandwidth of {result['device_name']}: {cp['best_gb_s']:.2f} GB/s "
         f"(best; median {cp['median_gb_s']:.2f}) over {_mib(cp['bytes'])} MiB. Medians of {st['reps']} samples.",
         "",
         _table(

@@ -94,7 +94,9 @@ def copy_bandwidth(device: torch.device, nbytes: int, reps: int = 5) -> dict:
     }
 
 
-def _cell(context, shape, nbits, group_size, residual_length, dtype, device, reps, inner, gen) -> dict:
+def _cell(
+    context, shape, nbits, group_size, residual_length, dtype, device, reps, inner, gen, backend
+) -> dict:
     from kvlab.attention.quantized import kivi_attention
     from kvlab.quant.kivi import KIVIConfig, KIVIState
 
@@ -110,7 +112,7 @@ def _cell(context, shape, nbits, group_size, residual_length, dtype, device, rep
         kw, vw = state.key_residual, state.value_residual
         kivi_s, sdpa_s = interleaved_seconds(
             [
-                lambda: kivi_attention(q, segments, kw, vw, nbits, group_size, scale),
+                lambda: kivi_attention(q, segments, kw, vw, nbits, group_size, scale, backend=backend),
                 lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=hq != hkv),
             ],
             device,
@@ -150,6 +152,7 @@ def run(
     quick: bool = False,
     progress: Any = None,
     seed: int = 0,
+    backend: str = "auto",
     **_: object,
 ) -> dict:
     """Achieved GB/s of the KIVI decode attention and of SDPA on bf16, against the copy bandwidth.
@@ -159,6 +162,8 @@ def run(
         batch / q_heads / kv_heads / head_dim / dtype: one attention layer, default Llama-3-8B's (GQA 32/8, 128).
         nbits / group_size / residual_length: the KIVI settings.
         reps: timed samples per kernel (``quick``: 3); CUDA samples average 10 calls each.
+        backend: :func:`kivi_attention`'s ``backend``: ``auto`` (Triton on CUDA when it can run, torch
+            otherwise), ``torch`` or ``triton``.
         copy_bytes: bytes of the copy probe (default 256 MiB on CPU, 1 GiB on CUDA; ``quick``: 32 MiB).
         progress: optional ``callable(str)`` told about each cell before it runs.
 
@@ -196,7 +201,17 @@ def run(
             progress(f"kernel: {context} tokens")
         try:
             row = _cell(
-                context, shape, nbits, group_size, residual_length, torch_dtype, dev, reps, inner, gen
+                context,
+                shape,
+                nbits,
+                group_size,
+                residual_length,
+                torch_dtype,
+                dev,
+                reps,
+                inner,
+                gen,
+                backend,
             )
             row["kivi_fraction_of_copy"] = row["kivi_gb_s"] / copy["best_gb_s"]
             row["sdpa_fraction_of_copy"] = row["sdpa_gb_s"] / copy["best_gb_s"]
@@ -217,6 +232,8 @@ def run(
             "residual_length": residual_length,
             "reps": reps,
             "calls_per_sample": inner,
+            "backend": backend,
+            "threads": torch.get_num_threads(),
         },
         "copy": copy,
         "contexts": list(contexts),

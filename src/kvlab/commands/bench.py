@@ -117,6 +117,9 @@ def register(subparsers) -> None:
     k.add_argument("--nbits", type=int, default=4, help="KIVI bits (default 4)")
     k.add_argument("--reps", type=int, default=11, help="timed samples per kernel (default 11)")
     k.add_argument(
+        "--backend", default="auto", help="kivi_attention backend: auto, torch or triton (default auto)"
+    )
+    k.add_argument(
         "--copy-mib", type=int, default=None, help="copy-probe size in MiB (default 256 CPU, 1024 CUDA)"
     )
     _cache_settings(k)
@@ -225,6 +228,7 @@ def _kwargs(args: argparse.Namespace) -> dict:
             "group_size": args.group_size,
             "residual_length": args.residual_length,
             "copy_bytes": None if args.copy_mib is None else args.copy_mib * 2**20,
+            "backend": args.backend,
         }
     elif b == "paging":
         quick = args.quick
