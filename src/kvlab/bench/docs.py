@@ -369,9 +369,11 @@ def targets(records: list[tuple[Path, dict]]) -> list[dict]:
     gpu_seen = set()
     for path, rec in records:
         bench, result = rec["benchmark"], rec["result"]
-        device = (rec.get("machine") or {}).get("gpu") if result.get("device_type") == "cuda" else "cpu"
+        machine = rec.get("machine") or {}
+        device = f"cpu, torch threads: {machine.get('torch_threads')}"
+        if result.get("device_type") == "cuda":
+            device = machine.get("gpu")
         if bench in ("paging", "lab"):
-            device = "cpu"
             t = _other_target(bench, result)
         else:
             t = _issue6_target(bench, result)
