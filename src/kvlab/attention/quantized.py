@@ -19,14 +19,28 @@ from collections.abc import Iterable
 
 import torch
 
-from kvlab.quant.codec import unpack_codes
 from kvlab.quant.kivi import QuantSegmentView
 
 NEG_INF = float("-inf")
+F32 = torch.float32
 # decode-sized problems (query rows x keys) take the two-pass path; larger ones the online softmax
 TWO_PASS_MAX_SCORES = 1 << 22
-# blocks are unpacked this many tokens at a time: the fp32 tile of codes is the decode step's largest transient
-CHUNK_TOKENS = 1024
+# Codes are unpacked into one reusable fp32 tile of ``chunk`` tokens x ``head_dim / codes per byte`` channels,
+# the decode step's largest transient. The chunk is chosen so that the tile is at most 1/8 of the layer's bf16 K+V
+# bytes (``chunk <= tokens * codes_per_byte / 8``), within [MIN_CHUNK_TOKENS, MAX_CHUNK_TOKENS]. Setting
+# CHUNK_TOKENS to an int fixes it instead (tests).
+CHUNK_TOKENS: int | None = None
+MIN_CHUNK_TOKENS = 256
+MAX_CHUNK_TOKENS = 4096
+
+
+def chunk_tokens(total_tokens: int, nbits: int, group: int) -> int:
+    """Tokens unpacked at a time for a layer holding ``total_tokens``: a positive multiple of ``group``."""
+    if CHUNK_TOKENS is not None:
+        c = CHUNK_TOKENS
+    else:
+        c = min(MAX_CHUNK_TOKENS, max(MIN_CHUNK_TOKENS, total_tokens * (8 // nbits) // 8))
+    return max(group, c // group * group)
 
 
 def _chunks(seg: QuantSegmentView, group: int, chunk_tokens: int):
@@ -98,35 +112,105 @@ class _OnlineSoftmax:
         return self.acc / self.l.clamp_min(torch.finfo(torch.float32).tiny)
 
 
-def _block_scores(
-    qg: torch.Tensor, seg: QuantSegmentView, nbits: int, group: int, scaling: float
+def _part(codes: torch.Tensor, nbits: int, i: int) -> torch.Tensor:
+    """``codes >> (i * nbits)`` (uint8): code ``i`` of each byte plus ``2**nbits`` times the codes above it."""
+    return codes >> (i * nbits) if i else codes
+
+
+def _key_scores(
+    qg: torch.Tensor, seg: QuantSegmentView, nbits: int, group: int, chunk: int, tile: torch.Tensor
 ) -> torch.Tensor:
-    """Scaled scores ``[B, H, M, n]`` of fp32 query rows ``qg [B, H, M, D]`` against a block's packed keys."""
+    """Scores of fp32 rows ``qg [B, H, M, D]`` (already scaled) against a block's packed keys, group-major:
+    ``[NG, B, H, M, G]`` for ``n = NG * G`` tokens. ``tile``: fp32 scratch of at least ``chunk * B * H * D / k``.
+
+    A byte ``x = c_0 + 2^b c_1 + ...`` holds ``k = 8 / b`` codes, so ``sum_i a_i c_i = sum_i (a_i - 2^b a_{i-1})
+    (x >> i b)``: the query side absorbs the unpacking, the codes need only shifts (no masks, no interleave), and
+    each shifted part is multiplied as soon as it is converted, so one fp32 part of one chunk exists at a time.
+    """
     b, h, m, d = qg.shape
-    n = seg.tokens
-    ng = n // group
-    # keys: scores[b,h,m,t] = (q ⊙ s_j)·code_t + q·z_j, with j = t // G
-    k_codes = unpack_codes(seg.k_codes, nbits).to(torch.float32).view(b, h, ng, group, d)  # [B,H,NG,G,D]
-    qs = qg[:, :, None] * seg.k_scale.to(torch.float32)[:, :, :, None, :]  # [B,H,NG,M,D]
-    scores = torch.matmul(qs, k_codes.transpose(-1, -2))  # [B,H,NG,M,G]
-    qz = torch.matmul(qg, seg.k_zero.to(torch.float32).transpose(-1, -2))  # [B,H,M,NG]
-    scores = scores.permute(0, 1, 3, 2, 4) + qz[..., None]  # [B,H,M,NG,G]
-    return scores.reshape(b, h, m, n) * scaling
+    ng = seg.tokens // group
+    k = 8 // nbits
+    p = d // k
+    bh = b * h
+    # fold the per-channel scale into the query, one copy per key group: qs[j,b,h,m,c] = q[b,h,m,c] * s_j[b,h,c]
+    qs = seg.k_scale.to(F32).permute(2, 0, 1, 3)[:, :, :, None, :] * qg  # [NG,B,H,M,D]
+    xt = qs.view(ng, b, h, m, p, k).transpose(-1, -2)  # [..., k, P]: xt[..., i, j] = qs of channel j*k + i
+    coef = xt.contiguous()
+    if k > 1:
+        coef[..., 1:, :].sub_(xt[..., :-1, :], alpha=1 << nbits)
+    coef = coef.view(ng * bh, m, d)
+    # the zero term q . z_j starts every group's accumulator
+    bias = torch.matmul(qg, seg.k_zero.to(F32).transpose(-1, -2))  # [B,H,M,NG]
+    bias = bias.permute(3, 0, 1, 2).reshape(ng * bh, m, 1)
+    out = torch.empty(ng * bh, m, group, device=qg.device)
+    step = chunk // group  # groups per chunk
+    for j0 in range(0, ng, step):
+        j1 = min(ng, j0 + step)
+        r0, r1, nc = j0 * bh, j1 * bh, (j1 - j0) * group
+        t = tile[: nc * bh * p].view(j1 - j0, b, h, group, p)
+        codes = (
+            seg.k_codes[:, :, j0 * group : j1 * group].view(b, h, j1 - j0, group, p).permute(2, 0, 1, 3, 4)
+        )
+        for i in range(k):
+            t.copy_(_part(codes, nbits, i))  # uint8 -> fp32, group-major
+            tt = t.view(r1 - r0, group, p).transpose(1, 2)
+            c = coef[r0:r1, :, i * p : (i + 1) * p]
+            if i == 0:
+                torch.baddbmm(bias[r0:r1], c, tt, out=out[r0:r1])
+            else:
+                out[r0:r1].baddbmm_(c, tt)
+    return out.view(ng, b, h, m, group)
 
 
-def _block_values(p: torch.Tensor, seg: QuantSegmentView, nbits: int, group: int) -> torch.Tensor:
-    """``p @ V`` for probabilities ``p [B, H, M, n]`` over a block's packed values: ``[B, H, M, D]`` fp32."""
-    b, h, m, n = p.shape
-    packed = seg.v_codes.shape[-1]
-    d = packed * 8 // nbits
-    kg = d // group
-    # values: out[m, k, :] = Σ_t (p_t u_t,k) code_t[k, :] + Σ_t p_t w_t,k
-    v_codes = unpack_codes(seg.v_codes, nbits).to(torch.float32).view(b, h, n, kg, group)  # [B,H,n,KG,G]
-    pw = (p[..., None] * seg.v_scale.to(torch.float32)[:, :, None]).permute(0, 1, 4, 2, 3)  # [B,H,KG,M,n]
-    out = torch.matmul(pw, v_codes.permute(0, 1, 3, 2, 4))  # [B,H,KG,M,G]
-    out = out.permute(0, 1, 3, 2, 4).reshape(b, h, m, d)  # [B,H,M,D]
-    pz = torch.matmul(p, seg.v_zero.to(torch.float32))  # [B,H,M,KG]
-    return out + pz.repeat_interleave(group, dim=-1)
+class _ValueSums:
+    """Accumulates ``p @ V`` over packed value blocks: per-part sums ``[k, B*H*KG, M, G/k]`` and the zero term.
+
+    With per-token groups of ``G`` channels, ``sum_t p_t V_t[c] = sum_t (p_t u_t,k) code_t[c] + sum_t p_t w_t,k``;
+    the shifted parts ``x >> i b`` are summed separately and turned back into code sums once, at the end.
+    """
+
+    def __init__(self, b: int, h: int, m: int, d: int, nbits: int, group: int, device: torch.device):
+        self.shape = (b, h, m, d)
+        self.nbits, self.group, self.k = nbits, group, 8 // nbits
+        self.kg = d // group
+        self.parts = torch.zeros(self.k, b * h * self.kg, m, group // self.k, device=device)
+        self.zero = torch.zeros(b * h, m, self.kg, device=device)
+
+    def add(self, pr: torch.Tensor, seg: QuantSegmentView, chunk: int, tile: torch.Tensor) -> None:
+        """Add ``pr [B, H, M, n]`` (probabilities of the block's ``n`` tokens) times the block's values."""
+        b, h, m, d = self.shape
+        n, kg, k, nbits = seg.tokens, self.kg, self.k, self.nbits
+        gp = self.group // k  # bytes per value group
+        rows = b * h * kg
+        u = seg.v_scale.transpose(-1, -2).to(F32, memory_format=torch.contiguous_format)  # [B,H,KG,n]
+        pw = pr[:, :, None] * u[:, :, :, None, :]  # [B,H,KG,M,n]: the per-token scale folds into p
+        self.zero.baddbmm_(pr.reshape(b * h, m, n), seg.v_zero.to(F32).reshape(b * h, n, kg))
+        for t0 in range(0, n, chunk):
+            t1 = min(n, t0 + chunk)
+            t = tile[: rows * (t1 - t0) * gp].view(b, h, kg, t1 - t0, gp)
+            codes = seg.v_codes[:, :, t0:t1].view(b, h, t1 - t0, kg, gp).transpose(2, 3)
+            pc = pw[..., t0:t1].reshape(rows, m, t1 - t0)
+            for i in range(k):
+                t.copy_(_part(codes, nbits, i))  # uint8 -> fp32, [B,H,KG,n_c,gp]
+                self.parts[i].baddbmm_(pc, t.view(rows, t1 - t0, gp))
+
+    def result(self) -> torch.Tensor:
+        """``[B, H, M, D]`` fp32."""
+        b, h, m, d = self.shape
+        a = self.parts
+        if self.k > 1:
+            a = a.clone()
+            a[:-1].sub_(self.parts[1:], alpha=1 << self.nbits)  # sums of (x >> i b) -> sums of code i
+        # a[i, (b,h,kg), m, j] is channel kg*G + j*k + i
+        out = a.view(self.k, b, h, self.kg, m, self.group // self.k).permute(1, 2, 4, 3, 5, 0)
+        out = out.reshape(b, h, m, self.kg, self.group) + self.zero.view(b, h, m, self.kg, 1)
+        return out.reshape(b, h, m, d)
+
+
+def _tile(qg: torch.Tensor, chunk: int, nbits: int) -> torch.Tensor:
+    """fp32 scratch for one shifted part of one chunk of keys or values: ``chunk * B * H * D / k`` floats."""
+    b, h, _, d = qg.shape
+    return torch.empty(chunk * b * h * d // (8 // nbits), device=qg.device)
 
 
 def _quantized_block(
@@ -136,14 +220,19 @@ def _quantized_block(
     nbits: int,
     group: int,
     mask: torch.Tensor | None,
-    scaling: float,
 ) -> None:
-    """Accumulate one quantized block into ``state`` (online softmax). ``qg``: ``[B, H, M, D]`` fp32 rows."""
-    scores = _block_scores(qg, seg, nbits, group, scaling)
+    """Accumulate one quantized block into ``state`` (online softmax). ``qg``: ``[B, H, M, D]`` fp32 rows, already
+    multiplied by the softmax scale."""
+    b, h, m, d = qg.shape
+    n = seg.tokens
+    tile = _tile(qg, n, nbits)
+    scores = _key_scores(qg, seg, nbits, group, n, tile).permute(1, 2, 3, 0, 4).reshape(b, h, m, n)
     if mask is not None:
         scores = scores.masked_fill(~mask, NEG_INF)
     p = state.probs(scores)  # [B,H,M,n]
-    state.acc += _block_values(p, seg, nbits, group)
+    values = _ValueSums(b, h, m, d, nbits, group, qg.device)
+    values.add(p, seg, n, tile)
+    state.acc += values.result()
 
 
 def kivi_attention(
@@ -188,8 +277,10 @@ def kivi_attention(
     if hq % hkv or key_window.shape[-1] != d:
         raise ValueError(f"query {tuple(query.shape)} does not fit key window {tuple(key_window.shape)}")
     g = hq // hkv
-    # [B, Hq, q, D] -> [B, Hkv, g*q, D]: query heads sharing a KV head become rows (GQA without repeat_kv)
-    qg = query.to(torch.float32).reshape(b, hkv, g * q_len, d)
+    m = g * q_len
+    # [B, Hq, q, D] -> [B, Hkv, g*q, D]: query heads sharing a KV head become rows (GQA without repeat_kv); the
+    # softmax scale is folded into the rows once
+    qg = query.to(F32).reshape(b, hkv, m, d) * scaling
     segments = list(segments)
     use_triton = False
     if backend != "torch":
@@ -202,24 +293,48 @@ def kivi_attention(
                 f"nbits {nbits}, group_size {group_size})"
             )
         use_triton = ok and (backend == "triton" or query.is_cuda)
-    # full-precision window scores, with the causal rule inside the window when no mask is given
     quantized = sum(seg.tokens for seg in segments)
-    w_scores = torch.matmul(qg, key_window.to(torch.float32).transpose(-1, -2)) * scaling  # [B,Hkv,g*q,w]
-    if attention_mask is not None:
-        w_scores = w_scores.masked_fill(
-            ~_mask_rows(attention_mask, g, q_len, quantized, quantized + w), NEG_INF
-        )
-    elif q_len > 1:
+    total = quantized + w
+    causal = None  # [m, w] bool, True = masked: the causal rule inside the window when no mask is given
+    if attention_mask is None and q_len > 1:
         offset = w - q_len if window_offset is None else window_offset
         rows = torch.arange(q_len, device=query.device).repeat(g)[:, None]  # query index of each row
-        cols = torch.arange(w, device=query.device)[None, :]
-        w_scores = w_scores.masked_fill(cols > rows + offset, NEG_INF)
-    v_window = value_window.to(torch.float32)
-    if not use_triton and g * q_len * (quantized + w) <= TWO_PASS_MAX_SCORES:
-        chunks = [c for seg in segments for c in _chunks(seg, group_size, CHUNK_TOKENS)]
-        out = _two_pass(qg, chunks, w_scores, v_window, nbits, group_size, scaling, attention_mask, g, q_len)
+        causal = torch.arange(w, device=query.device)[None, :] > rows + offset
+    v_window = value_window.to(F32)
+    if not use_triton and m * total <= TWO_PASS_MAX_SCORES:
+        # decode-sized: every score at once ([B, Hkv, m, T] fp32, small), one softmax, then p @ V chunk by chunk
+        chunk = chunk_tokens(total, nbits, group_size)
+        tile = _tile(qg, chunk, nbits)
+        scores = torch.empty(b, hkv, m, total, device=query.device)
+        start = 0
+        for seg in segments:
+            view = scores[..., start : start + seg.tokens].view(
+                b, hkv, m, seg.tokens // group_size, group_size
+            )
+            view.copy_(_key_scores(qg, seg, nbits, group_size, chunk, tile).permute(1, 2, 3, 0, 4))
+            start += seg.tokens
+        torch.matmul(qg, key_window.to(F32).transpose(-1, -2), out=scores[..., quantized:])
+        if attention_mask is not None:
+            scores.masked_fill_(~_mask_rows(attention_mask, g, q_len, 0, total), NEG_INF)
+        elif causal is not None:
+            scores[..., quantized:].masked_fill_(causal, NEG_INF)
+        p = torch.softmax(scores, dim=-1)
+        if attention_mask is not None:
+            p.nan_to_num_(0.0)  # rows with every key masked (padding) come out as 0, not NaN
+        values = _ValueSums(b, hkv, m, d, nbits, group_size, query.device)
+        start = 0
+        for seg in segments:
+            values.add(p[..., start : start + seg.tokens], seg, chunk, tile)
+            start += seg.tokens
+        out = values.result()
+        out += torch.matmul(p[..., quantized:], v_window)
     else:
-        state = _OnlineSoftmax(b, hkv, g * q_len, d, query.device)
+        w_scores = torch.matmul(qg, key_window.to(F32).transpose(-1, -2))  # [B, Hkv, m, w]
+        if attention_mask is not None:
+            w_scores.masked_fill_(~_mask_rows(attention_mask, g, q_len, quantized, total), NEG_INF)
+        elif causal is not None:
+            w_scores.masked_fill_(causal, NEG_INF)
+        state = _OnlineSoftmax(b, hkv, m, d, query.device)
         start = 0
         for seg in segments:
             mask = _mask_rows(attention_mask, g, q_len, start, start + seg.tokens)
@@ -227,35 +342,15 @@ def kivi_attention(
                 valid = (
                     None if mask is None else mask[:, 0, 0, :]
                 )  # [B, n]: one row decides for a decode step
-                state.merge(*kivi_block_partials(qg, seg, nbits, group_size, scaling, valid))
+                state.merge(*kivi_block_partials(qg, seg, nbits, group_size, 1.0, valid))
             else:
-                for i, c in enumerate(_chunks(seg, group_size, CHUNK_TOKENS)):
-                    off = start + i * max(group_size, CHUNK_TOKENS // group_size * group_size)
+                off = start
+                for c in _chunks(seg, group_size, chunk_tokens(total, nbits, group_size)):
                     cmask = _mask_rows(attention_mask, g, q_len, off, off + c.tokens)
-                    _quantized_block(state, qg, c, nbits, group_size, cmask, scaling)
+                    _quantized_block(state, qg, c, nbits, group_size, cmask)
+                    off += c.tokens
             start += seg.tokens
         p = state.probs(w_scores)
         state.acc += torch.matmul(p, v_window)
-        out = state.result()  # [B, Hkv, g*q, D]
+        out = state.result()  # [B, Hkv, m, D]
     return out.reshape(b, hq, q_len, d).to(query.dtype)
-
-
-def _two_pass(
-    qg, segments, w_scores, v_window, nbits, group, scaling, attention_mask, g, q_len
-) -> torch.Tensor:
-    """Decode-sized problems: all scores at once (they are ``M x T`` floats, small), one softmax, then ``p @ V``
-    block by block. Same result as the online softmax with fewer operations; keys and values are each unpacked once."""
-    parts, start = [], 0
-    for seg in segments:
-        scores = _block_scores(qg, seg, nbits, group, scaling)
-        mask = _mask_rows(attention_mask, g, q_len, start, start + seg.tokens)
-        parts.append(scores if mask is None else scores.masked_fill(~mask, NEG_INF))
-        start += seg.tokens
-    parts.append(w_scores)
-    p = torch.softmax(torch.cat(parts, dim=-1), dim=-1).nan_to_num_(0.0)  # [B,H,M,T]; fully masked rows -> 0
-    out = torch.matmul(p[..., start:], v_window)
-    start = 0
-    for seg in segments:
-        out += _block_values(p[..., start : start + seg.tokens], seg, nbits, group)
-        start += seg.tokens
-    return out
