@@ -33,6 +33,11 @@ class GpuBudget:
             raise ValueError(f"`memory_bytes` must be a positive integer, got {self.memory_bytes!r}")
         if not isinstance(self.reserve_bytes, int) or self.reserve_bytes < 0:
             raise ValueError(f"`reserve_bytes` must be a non-negative integer, got {self.reserve_bytes!r}")
+        if self.reserve_bytes >= self.memory_bytes:
+            raise ValueError(
+                f"`reserve_bytes` ({self.reserve_bytes:,} B) must be less than the GPU memory "
+                f"({self.memory_bytes:,} B): nothing would be left for weights and KV"
+            )
 
     def kv_budget_bytes(self, weight_bytes_per_gpu: int) -> int:
         """Bytes left for the KV cache after weights and reserve (may be negative: nothing fits)."""
@@ -42,12 +47,22 @@ class GpuBudget:
         return {"memory_bytes": self.memory_bytes, "reserve_bytes": self.reserve_bytes, "source": self.source}
 
 
+def _check_reserve(reserve_gib: float, memory_bytes: int, memory_text: str) -> None:
+    """Raise when a reserve of ``reserve_gib`` GiB is not less than ``memory_bytes`` (described by ``memory_text``)."""
+    if int(round(reserve_gib * GIB)) >= memory_bytes:
+        raise ValueError(
+            f"the reserve (--reserve-gib {reserve_gib:g}) is not less than the GPU memory ({memory_text}): "
+            "nothing would be left for weights and KV"
+        )
+
+
 def budget_from_gib(memory_gib: float, reserve_gib: float = 0.0) -> GpuBudget:
     """A budget of ``memory_gib`` GiB (2**30 B) with ``reserve_gib`` GiB kept back."""
     if not memory_gib > 0 or not reserve_gib >= 0 or not math.isfinite((memory_gib + reserve_gib) * GIB):
         raise ValueError(
             f"memory must be finite and > 0 and reserve finite and >= 0 GiB, got {memory_gib!r} and {reserve_gib!r}"
         )
+    _check_reserve(reserve_gib, int(round(memory_gib * GIB)), f"--gpu-mem-gib {memory_gib:g}, GiB")
     return GpuBudget(
         int(round(memory_gib * GIB)),
         int(round(reserve_gib * GIB)),
@@ -61,6 +76,8 @@ def budget_from_hardware(hardware, reserve_gib: float = 0.0) -> GpuBudget:
         raise ValueError(f"{hardware.name} has no memory size; pass --gpu-mem-gib")
     if not reserve_gib >= 0 or not math.isfinite(reserve_gib * GIB):
         raise ValueError(f"`reserve_gib` must be finite and >= 0, got {reserve_gib!r}")
+    memory_text = f"{hardware.name}: {hardware.memory_gb:g} GB = {hardware.memory_bytes / GIB:,.2f} GiB"
+    _check_reserve(reserve_gib, hardware.memory_bytes, memory_text)
     return GpuBudget(
         hardware.memory_bytes,
         int(round(reserve_gib * GIB)),

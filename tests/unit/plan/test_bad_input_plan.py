@@ -14,6 +14,7 @@ from kvlab.plan.roofline import prefill_intensity
 from kvlab.plan.spec import load_spec, spec_from_config
 from kvlab.plan.video import VideoClip
 
+GIB = 1024**3
 BASE = dict(
     model_type="llama",
     num_hidden_layers=2,
@@ -114,6 +115,30 @@ def test_valid_per_layer_intermediate_sizes_still_estimate():
 def test_budget_from_gib_rejects_non_finite_sizes(memory_gib, reserve_gib):
     with pytest.raises(ValueError, match="GiB"):
         budget_from_gib(memory_gib, reserve_gib)
+
+
+@pytest.mark.parametrize(
+    "argv, fragments",
+    [
+        (["--reserve-gib", "100"], ("--reserve-gib 100", "A100-80GB", "80 GB", "74.51 GiB")),
+        (["--gpu", "h200", "--reserve-gib", "200"], ("--reserve-gib 200", "H200", "141 GB")),
+        (["--gpu-mem-gib", "16", "--reserve-gib", "16"], ("--reserve-gib 16", "--gpu-mem-gib 16")),
+    ],
+)
+def test_reserve_not_below_the_gpu_memory_is_an_error_not_a_negative_budget(capsys, argv, fragments):
+    fails(capsys, ["plan", "llama-3-8b", *argv], *fragments)
+
+
+def test_gpu_budget_rejects_a_reserve_that_leaves_nothing():
+    from kvlab.plan.fit import GpuBudget, budget_from_hardware
+    from kvlab.plan.hardware import get_hardware
+
+    with pytest.raises(ValueError, match="less than the GPU memory"):
+        GpuBudget(memory_bytes=GIB, reserve_bytes=GIB)
+    with pytest.raises(ValueError, match="--reserve-gib 80"):
+        budget_from_hardware(get_hardware("A100-80GB"), 80.0)
+    # a reserve just under the memory is still a budget (nothing fits beside the weights, but it is no error)
+    assert budget_from_gib(16.0, 15.5).reserve_bytes == int(15.5 * GIB)
 
 
 def test_video_clip_rejects_non_finite_and_empty_clips():
