@@ -64,6 +64,13 @@ def _spec(model: str | ModelSpec, kv_heads: int | None) -> ModelSpec:
     return spec.with_kv_heads(kv_heads) if kv_heads is not None else spec
 
 
+def _check_context_batch(context: int, batch: int) -> None:
+    """Tokens per sequence and sequences must both be positive integers."""
+    for name, value in (("context", context), ("batch", batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"`{name}` (--{name}) must be a positive integer, got {value!r}")
+
+
 def plan_report(
     model: str | ModelSpec,
     *,
@@ -89,10 +96,7 @@ def plan_report(
     Top-level keys include ``kv_bytes_per_token``, ``kv_bytes_total``, ``weight_bytes``, ``max_batch``,
     ``max_context`` and ``decode_step_lower_bound_ms``; ``*_per_gpu`` keys are one rank's.
     """
-    if not isinstance(context, int) or context < 1:
-        raise ValueError(f"`context` must be a positive integer, got {context!r}")
-    if not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"`batch` must be a positive integer, got {batch!r}")
+    _check_context_batch(context, batch)
     spec = _spec(model, kv_heads)
     kvd = kv_dtype(kv, spec.dtype, group_size=group_size, residual_length=residual_length)
     weights = _weights(spec, weight_dtype, weights_index, weight_bytes_override)
@@ -184,6 +188,7 @@ def roofline_report(
 ) -> dict[str, Any]:
     """Ridge point, decode and prefill intensities, the decode step lower bound, and (``run_probe``) this
     machine's measured fp32 roofs (seed 003 §3.4 and appendix [C])."""
+    _check_context_batch(context, batch)
     hw = resolve_hardware(gpu, bandwidth_gb_s, tflops)
     spec = load_spec(model)
     kvd = kv_dtype(kv, spec.dtype, group_size=group_size, residual_length=residual_length)
