@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -25,13 +26,39 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``kvlab`` console script; returns the process exit status."""
+    """Entry point of the ``kvlab`` console script; returns the process exit status.
+
+    A reader that closes stdout early (``kvlab plan MODEL --json | head -1``) ends the command quietly with
+    status 1, as Python's documentation advises for ``BrokenPipeError``, instead of a traceback.
+    """
+    try:
+        try:
+            return _dispatch(argv)
+        finally:
+            sys.stdout.flush()  # output still buffered meets the closed pipe here, not at interpreter exit
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return 1
+
+
+def _dispatch(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     return int(args.func(args) or 0)
+
+
+def _stdout_to_devnull() -> None:
+    """Point file descriptor 1 at /dev/null so the interpreter's final flush of stdout cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file (embedded or captured): nothing to redirect
+        pass
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":
