@@ -454,6 +454,11 @@ def _read_json(path: Path) -> dict:
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
+def _looks_like_path(text: str) -> bool:
+    """``./x``, ``../x``, ``/x``, ``~/x``, ``x/`` or ``*.json``: meant as a local path, never a preset or hub id."""
+    return text.startswith(("./", "../", "/", "~", ".\\", "..\\")) or text.endswith(("/", "\\", ".json"))
+
+
 def load_spec(model: str | os.PathLike | Mapping | ModelSpec) -> ModelSpec:
     """Resolve ``model`` to a :class:`ModelSpec`.
 
@@ -463,7 +468,9 @@ def load_spec(model: str | os.PathLike | Mapping | ModelSpec) -> ModelSpec:
     ``huggingface_hub`` when that package is importable (cached copy first; online only when allowed).
 
     Raises:
-        ValueError: nothing matches ``model``, or the config is malformed (the message names the field).
+        ValueError: nothing matches ``model`` (a path-like ``model``, see :func:`_looks_like_path`, that does not
+            exist is reported as a missing directory or config file, never looked up on the hub), or the config
+            is malformed (the message names the field).
     """
     from kvlab.plan import presets
     from kvlab.plan.weights import read_safetensors_bytes
@@ -490,6 +497,9 @@ def load_spec(model: str | os.PathLike | Mapping | ModelSpec) -> ModelSpec:
         return spec
     if path.is_file():
         return spec_from_config(_read_json(path), name=str(path))
+    if _looks_like_path(text):
+        kind = "config file" if text.lower().endswith(".json") else "model directory"
+        raise ValueError(f"{kind} {text!r} does not exist (looked for {path.resolve()})")
     if _HUB_ID.match(text):
         return spec_from_config(_hub_config(text), name=text)
     raise ValueError(

@@ -85,6 +85,17 @@ def test_non_finite_config_fields_are_named(tmp_path, capsys, field, value, frag
     fails(capsys, ["plan", str(path)], fragment)
 
 
+@pytest.mark.parametrize(
+    "name, kind", [("missing/", "model directory"), ("missing", "model directory"), ("c.json", "config file")]
+)
+def test_missing_local_path_says_it_does_not_exist(tmp_path, capsys, monkeypatch, name, kind):
+    monkeypatch.chdir(tmp_path)
+    for text in (f"./{name}", str(tmp_path / name)):
+        fails(capsys, ["plan", text], kind, repr(text), "does not exist", str(tmp_path / name.rstrip("/")))
+    if name.endswith(("/", ".json")):  # no ./ needed: a trailing slash or .json is a path, not a hub id
+        fails(capsys, ["plan", name], kind, "does not exist")
+
+
 def test_undecodable_config_names_the_file(tmp_path, capsys):
     path = tmp_path / "config.json"
     path.write_bytes(b"\xff\xfe\x00garbage")
