@@ -112,53 +112,97 @@ class _OnlineSoftmax:
         return self.acc / self.l.clamp_min(torch.finfo(torch.float32).tiny)
 
 
-def _part(codes: torch.Tensor, nbits: int, i: int) -> torch.Tensor:
-    """``codes >> (i * nbits)`` (uint8): code ``i`` of each byte plus ``2**nbits`` times the codes above it."""
-    return codes >> (i * nbits) if i else codes
+class _Scratch:
+    """Reusable fp32 buffers of one attention call and their views, made once per chunk shape.
+
+    ``tile`` holds one shifted part of one chunk of codes (``chunk * B * H * D / k`` floats; also used to convert
+    the full-precision window to fp32 when it is larger), ``coef`` a chunk's scale-folded query rows (keys) or
+    scaled probabilities (values). These two are the decode step's only buffers that grow with the chunk.
+    """
+
+    def __init__(self, qg: torch.Tensor, chunk: int, nbits: int, group: int, window: int = 0):
+        b, h, m, d = qg.shape
+        self.b, self.h, self.m, self.d = b, h, m, d
+        self.chunk, self.nbits, self.group = chunk, nbits, group
+        self.k = 8 // nbits
+        self.tile = torch.empty(max(chunk * b * h * d // self.k, window * b * h * d), device=qg.device)
+        self.coef = torch.empty(max(chunk // group * d, chunk * (d // group)) * b * h * m, device=qg.device)
+        # query channels by part: q_parts[..., i, j] is channel j*k + i (the order of the shifted parts)
+        self.q_parts = qg.view(b, h, m, d // self.k, self.k).transpose(-1, -2)  # [B,H,M,k,P]
+        self._views: dict = {}
+
+    def key_views(self, nj: int):
+        """Views for ``nj`` key groups: coef ``[nj,B,H,M,k,P]``, its per-part bmm operands, the tile and its
+        transposed bmm operand."""
+        v = self._views.get(("k", nj))
+        if v is None:
+            b, h, m, d, k, g = self.b, self.h, self.m, self.d, self.k, self.group
+            p, rows = d // k, nj * b * h
+            coef = self.coef[: rows * m * d].view(nj, b, h, m, k, p)
+            flat = coef.view(rows, m, d)
+            tile = self.tile[: rows * g * p].view(nj, b, h, g, p)
+            v = self._views[("k", nj)] = (
+                coef,
+                [(coef[..., i, :], coef[..., i - 1, :]) for i in range(k - 1, 0, -1)],
+                [flat[:, :, i * p : (i + 1) * p] for i in range(k)],
+                tile,
+                tile.view(rows, g, p).transpose(1, 2),
+            )
+        return v
+
+    def value_views(self, nc: int):
+        """Views for ``nc`` value tokens: scaled probabilities ``[B,H,KG,M,nc]`` and the tile ``[B,H,KG,nc,gp]``,
+        each with its bmm operand."""
+        v = self._views.get(("v", nc))
+        if v is None:
+            b, h, m, d, g = self.b, self.h, self.m, self.d, self.group
+            kg, gp = d // g, g // self.k
+            rows = b * h * kg
+            pw = self.coef[: rows * m * nc].view(b, h, kg, m, nc)
+            tile = self.tile[: rows * nc * gp].view(b, h, kg, nc, gp)
+            v = self._views[("v", nc)] = (pw, pw.view(rows, m, nc), tile, tile.view(rows, nc, gp))
+        return v
+
+    def window(self, states: torch.Tensor) -> torch.Tensor:
+        """``states [B, H, w, D]`` converted to fp32 in the tile's memory (valid until the tile is reused)."""
+        return self.tile[: states.numel()].view(states.shape).copy_(states)
 
 
-def _key_scores(
-    qg: torch.Tensor, seg: QuantSegmentView, nbits: int, group: int, chunk: int, tile: torch.Tensor
-) -> torch.Tensor:
+def _key_scores(qg: torch.Tensor, seg: QuantSegmentView, scratch: _Scratch) -> torch.Tensor:
     """Scores of fp32 rows ``qg [B, H, M, D]`` (already scaled) against a block's packed keys, group-major:
-    ``[NG, B, H, M, G]`` for ``n = NG * G`` tokens. ``tile``: fp32 scratch of at least ``chunk * B * H * D / k``.
+    ``[NG, B, H, M, G]`` for ``n = NG * G`` tokens, computed ``scratch.chunk`` tokens at a time.
 
     A byte ``x = c_0 + 2^b c_1 + ...`` holds ``k = 8 / b`` codes, so ``sum_i a_i c_i = sum_i (a_i - 2^b a_{i-1})
     (x >> i b)``: the query side absorbs the unpacking, the codes need only shifts (no masks, no interleave), and
     each shifted part is multiplied as soon as it is converted, so one fp32 part of one chunk exists at a time.
     """
     b, h, m, d = qg.shape
+    group, nbits, k = scratch.group, scratch.nbits, scratch.k
     ng = seg.tokens // group
-    k = 8 // nbits
-    p = d // k
-    bh = b * h
-    # fold the per-channel scale into the query, one copy per key group: qs[j,b,h,m,c] = q[b,h,m,c] * s_j[b,h,c]
-    qs = seg.k_scale.to(F32).permute(2, 0, 1, 3)[:, :, :, None, :] * qg  # [NG,B,H,M,D]
-    xt = qs.view(ng, b, h, m, p, k).transpose(-1, -2)  # [..., k, P]: xt[..., i, j] = qs of channel j*k + i
-    coef = xt.contiguous()
-    if k > 1:
-        coef[..., 1:, :].sub_(xt[..., :-1, :], alpha=1 << nbits)
-    coef = coef.view(ng * bh, m, d)
+    p, bh = d // k, b * h
+    # per-channel key scales, one row per key group, in the part order: [NG,B,H,1,k,P]
+    scale = seg.k_scale.to(F32).permute(2, 0, 1, 3).view(ng, b, h, 1, p, k).transpose(-1, -2)
     # the zero term q . z_j starts every group's accumulator
     bias = torch.matmul(qg, seg.k_zero.to(F32).transpose(-1, -2))  # [B,H,M,NG]
     bias = bias.permute(3, 0, 1, 2).reshape(ng * bh, m, 1)
     out = torch.empty(ng * bh, m, group, device=qg.device)
-    step = chunk // group  # groups per chunk
+    codes = seg.k_codes.view(b, h, ng, group, p).permute(2, 0, 1, 3, 4)  # [NG,B,H,G,P] uint8
+    step = scratch.chunk // group  # groups per chunk
     for j0 in range(0, ng, step):
         j1 = min(ng, j0 + step)
-        r0, r1, nc = j0 * bh, j1 * bh, (j1 - j0) * group
-        t = tile[: nc * bh * p].view(j1 - j0, b, h, group, p)
-        codes = (
-            seg.k_codes[:, :, j0 * group : j1 * group].view(b, h, j1 - j0, group, p).permute(2, 0, 1, 3, 4)
-        )
+        coef, subs, coef_parts, tile, tile_t = scratch.key_views(j1 - j0)
+        # fold the scale into the query, one copy per key group: coef[j,b,h,m,i,:] = (q * s_j) of part i
+        torch.mul(scale[j0:j1], scratch.q_parts, out=coef)
+        for hi, lo in subs:  # descending parts: part i - 1 is still unmodified when part i reads it
+            hi.sub_(lo, alpha=1 << nbits)
+        rows = out[j0 * bh : j1 * bh]
+        src = codes[j0:j1]
         for i in range(k):
-            t.copy_(_part(codes, nbits, i))  # uint8 -> fp32, group-major
-            tt = t.view(r1 - r0, group, p).transpose(1, 2)
-            c = coef[r0:r1, :, i * p : (i + 1) * p]
+            tile.copy_(src >> (i * nbits) if i else src)  # uint8 -> fp32, group-major
             if i == 0:
-                torch.baddbmm(bias[r0:r1], c, tt, out=out[r0:r1])
+                torch.baddbmm(bias[j0 * bh : j1 * bh], coef_parts[0], tile_t, out=rows)
             else:
-                out[r0:r1].baddbmm_(c, tt)
+                rows.baddbmm_(coef_parts[i], tile_t)
     return out.view(ng, b, h, m, group)
 
 
@@ -169,48 +213,46 @@ class _ValueSums:
     the shifted parts ``x >> i b`` are summed separately and turned back into code sums once, at the end.
     """
 
-    def __init__(self, b: int, h: int, m: int, d: int, nbits: int, group: int, device: torch.device):
-        self.shape = (b, h, m, d)
-        self.nbits, self.group, self.k = nbits, group, 8 // nbits
-        self.kg = d // group
-        self.parts = torch.zeros(self.k, b * h * self.kg, m, group // self.k, device=device)
+    def __init__(self, scratch: _Scratch, device: torch.device):
+        b, h, m, d = scratch.b, scratch.h, scratch.m, scratch.d
+        self.scratch = scratch
+        self.kg = d // scratch.group
+        self.parts = torch.zeros(scratch.k, b * h * self.kg, m, scratch.group // scratch.k, device=device)
+        self.part_views = list(self.parts)
         self.zero = torch.zeros(b * h, m, self.kg, device=device)
 
-    def add(self, pr: torch.Tensor, seg: QuantSegmentView, chunk: int, tile: torch.Tensor) -> None:
+    def add(self, pr: torch.Tensor, seg: QuantSegmentView) -> None:
         """Add ``pr [B, H, M, n]`` (probabilities of the block's ``n`` tokens) times the block's values."""
-        b, h, m, d = self.shape
-        n, kg, k, nbits = seg.tokens, self.kg, self.k, self.nbits
-        gp = self.group // k  # bytes per value group
-        rows = b * h * kg
+        sc = self.scratch
+        b, h, m = sc.b, sc.h, sc.m
+        n, kg, k, nbits = seg.tokens, self.kg, sc.k, sc.nbits
+        gp = sc.group // k  # bytes per value group
         u = seg.v_scale.transpose(-1, -2).to(F32, memory_format=torch.contiguous_format)  # [B,H,KG,n]
-        pw = pr[:, :, None] * u[:, :, :, None, :]  # [B,H,KG,M,n]: the per-token scale folds into p
         self.zero.baddbmm_(pr.reshape(b * h, m, n), seg.v_zero.to(F32).reshape(b * h, n, kg))
-        for t0 in range(0, n, chunk):
-            t1 = min(n, t0 + chunk)
-            t = tile[: rows * (t1 - t0) * gp].view(b, h, kg, t1 - t0, gp)
-            codes = seg.v_codes[:, :, t0:t1].view(b, h, t1 - t0, kg, gp).transpose(2, 3)
-            pc = pw[..., t0:t1].reshape(rows, m, t1 - t0)
+        p5, u5 = pr[:, :, None], u[:, :, :, None]
+        codes = seg.v_codes.view(b, h, n, kg, gp).transpose(2, 3)  # [B,H,KG,n,gp] uint8
+        for t0 in range(0, n, sc.chunk):
+            t1 = min(n, t0 + sc.chunk)
+            pw, pw_b, tile, tile_b = sc.value_views(t1 - t0)
+            # the per-token scale folds into p: pw[b,h,kg,m,t] = p[b,h,m,t] * u[b,h,kg,t]
+            torch.mul(p5[..., t0:t1], u5[..., t0:t1], out=pw)
+            src = codes[..., t0:t1, :]
             for i in range(k):
-                t.copy_(_part(codes, nbits, i))  # uint8 -> fp32, [B,H,KG,n_c,gp]
-                self.parts[i].baddbmm_(pc, t.view(rows, t1 - t0, gp))
+                tile.copy_(src >> (i * nbits) if i else src)  # uint8 -> fp32
+                self.part_views[i].baddbmm_(pw_b, tile_b)
 
     def result(self) -> torch.Tensor:
         """``[B, H, M, D]`` fp32."""
-        b, h, m, d = self.shape
+        sc = self.scratch
+        b, h, m, d, k = sc.b, sc.h, sc.m, sc.d, sc.k
         a = self.parts
-        if self.k > 1:
+        if k > 1:
             a = a.clone()
-            a[:-1].sub_(self.parts[1:], alpha=1 << self.nbits)  # sums of (x >> i b) -> sums of code i
+            a[:-1].sub_(self.parts[1:], alpha=1 << sc.nbits)  # sums of (x >> i b) -> sums of code i
         # a[i, (b,h,kg), m, j] is channel kg*G + j*k + i
-        out = a.view(self.k, b, h, self.kg, m, self.group // self.k).permute(1, 2, 4, 3, 5, 0)
-        out = out.reshape(b, h, m, self.kg, self.group) + self.zero.view(b, h, m, self.kg, 1)
+        out = a.view(k, b, h, self.kg, m, sc.group // k).permute(1, 2, 4, 3, 5, 0)
+        out = out.reshape(b, h, m, self.kg, sc.group) + self.zero.view(b, h, m, self.kg, 1)
         return out.reshape(b, h, m, d)
-
-
-def _tile(qg: torch.Tensor, chunk: int, nbits: int) -> torch.Tensor:
-    """fp32 scratch for one shifted part of one chunk of keys or values: ``chunk * B * H * D / k`` floats."""
-    b, h, _, d = qg.shape
-    return torch.empty(chunk * b * h * d // (8 // nbits), device=qg.device)
 
 
 def _quantized_block(
@@ -225,13 +267,13 @@ def _quantized_block(
     multiplied by the softmax scale."""
     b, h, m, d = qg.shape
     n = seg.tokens
-    tile = _tile(qg, n, nbits)
-    scores = _key_scores(qg, seg, nbits, group, n, tile).permute(1, 2, 3, 0, 4).reshape(b, h, m, n)
+    scratch = _Scratch(qg, n, nbits, group)
+    scores = _key_scores(qg, seg, scratch).permute(1, 2, 3, 0, 4).reshape(b, h, m, n)
     if mask is not None:
         scores = scores.masked_fill(~mask, NEG_INF)
     p = state.probs(scores)  # [B,H,M,n]
-    values = _ValueSums(b, h, m, d, nbits, group, qg.device)
-    values.add(p, seg, n, tile)
+    values = _ValueSums(scratch, qg.device)
+    values.add(p, seg)
     state.acc += values.result()
 
 
@@ -300,20 +342,19 @@ def kivi_attention(
         offset = w - q_len if window_offset is None else window_offset
         rows = torch.arange(q_len, device=query.device).repeat(g)[:, None]  # query index of each row
         causal = torch.arange(w, device=query.device)[None, :] > rows + offset
-    v_window = value_window.to(F32)
     if not use_triton and m * total <= TWO_PASS_MAX_SCORES:
         # decode-sized: every score at once ([B, Hkv, m, T] fp32, small), one softmax, then p @ V chunk by chunk
-        chunk = chunk_tokens(total, nbits, group_size)
-        tile = _tile(qg, chunk, nbits)
+        scratch = _Scratch(qg, chunk_tokens(total, nbits, group_size), nbits, group_size, window=w)
         scores = torch.empty(b, hkv, m, total, device=query.device)
         start = 0
         for seg in segments:
             view = scores[..., start : start + seg.tokens].view(
                 b, hkv, m, seg.tokens // group_size, group_size
             )
-            view.copy_(_key_scores(qg, seg, nbits, group_size, chunk, tile).permute(1, 2, 3, 0, 4))
+            view.copy_(_key_scores(qg, seg, scratch).permute(1, 2, 3, 0, 4))
             start += seg.tokens
-        torch.matmul(qg, key_window.to(F32).transpose(-1, -2), out=scores[..., quantized:])
+        kw = scratch.window(key_window)
+        torch.matmul(qg, kw.transpose(-1, -2), out=scores[..., quantized:])
         if attention_mask is not None:
             scores.masked_fill_(~_mask_rows(attention_mask, g, q_len, 0, total), NEG_INF)
         elif causal is not None:
@@ -321,13 +362,13 @@ def kivi_attention(
         p = torch.softmax(scores, dim=-1)
         if attention_mask is not None:
             p.nan_to_num_(0.0)  # rows with every key masked (padding) come out as 0, not NaN
-        values = _ValueSums(b, hkv, m, d, nbits, group_size, query.device)
+        values = _ValueSums(scratch, query.device)
         start = 0
         for seg in segments:
-            values.add(p[..., start : start + seg.tokens], seg, chunk, tile)
+            values.add(p[..., start : start + seg.tokens], seg)
             start += seg.tokens
         out = values.result()
-        out += torch.matmul(p[..., quantized:], v_window)
+        out += torch.matmul(p[..., quantized:], scratch.window(value_window))
     else:
         w_scores = torch.matmul(qg, key_window.to(F32).transpose(-1, -2))  # [B, Hkv, m, w]
         if attention_mask is not None:
@@ -351,6 +392,6 @@ def kivi_attention(
                     off += c.tokens
             start += seg.tokens
         p = state.probs(w_scores)
-        state.acc += torch.matmul(p, v_window)
+        state.acc += torch.matmul(p, value_window.to(F32))
         out = state.result()  # [B, Hkv, m, D]
     return out.reshape(b, hq, q_len, d).to(query.dtype)
