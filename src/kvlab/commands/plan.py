@@ -277,15 +277,19 @@ def _print_plan(r: dict) -> None:
     t.add_column("quantity")
     t.add_column("value", justify="right")
     t.add_column("also", justify="right")
-    t.add_row(
-        "KV bytes per token (all GPUs)",
-        _bytes(r["kv_bytes_per_token"]),
-        f"{r['kv_bytes_per_token'] / 1024:,.2f} KiB",
-    )
-    t.add_row("KV total, theoretical (all GPUs)", _gib(r["kv_bytes_total"]), _gb(r["kv_bytes_total"]))
-    t.add_row(
-        "KV total, engine-allocated", _gib(r["kv_bytes_total_allocated"]), _gb(r["kv_bytes_total_allocated"])
-    )
+    tp = r["tp"]
+    # with tp > 1 each KV quantity is shown for one GPU and summed over all tp GPUs (a replica counts on each)
+    scopes = [("", "")] if tp == 1 else [(", per GPU", "_per_gpu"), (f", all {tp} GPUs", "")]
+    for scope, suffix in scopes:
+        per_token = r[f"kv_bytes_per_token{suffix}"]
+        also = f"{per_token / 1024:,.2f} KiB" + (f" = {tp} x per GPU" if tp > 1 and not suffix else "")
+        t.add_row(f"KV bytes per token{scope}", _bytes(per_token), also)
+    for scope, suffix in scopes:
+        total = r["kv_bytes_total" + suffix]
+        t.add_row(f"KV total, theoretical{scope}", _gib(total), _gb(total))
+    for scope, suffix in scopes:
+        allocated = r["kv_bytes_allocated_per_gpu" if suffix else "kv_bytes_total_allocated"]
+        t.add_row(f"KV total, engine-allocated{scope}", _gib(allocated), _gb(allocated))
     t.add_row("weights", _gib(r["weight_bytes"]), r["weight_bytes_source"])
     if r["kv_to_weight_ratio"] is not None:
         t.add_row("KV / weights", f"{r['kv_to_weight_ratio']:.2f}x", "")

@@ -163,6 +163,16 @@ def plan_report(
         notes.append("KV-shared layers re-read an earlier layer's cache; the bound counts those bytes once")
     if tp > 1:
         notes.append(f"tp={tp}: weights split evenly per GPU (approximation); KV per GPU as ranks hold it")
+        if spec.kv_lora_rank is not None:
+            copies, what = tp, "every GPU stores the whole MLA latent"
+        else:
+            copies = max(1, tp // spec.num_kv_heads)
+            what = f"each KV head is stored on {copies} GPUs"
+        if copies > 1:
+            notes.append(
+                f"tp={tp}: {what}, so KV summed over the {tp} GPUs is {copies} x the model's KV without "
+                "tensor parallelism"
+            )
     out["notes"] = notes
     return out
 

@@ -195,6 +195,54 @@ def test_human_output_states_units(capsys):
     assert "2.039" in capsys.readouterr().out
 
 
+def _row(out: str, label: str) -> str:
+    """The one table line whose quantity cell is exactly ``label``."""
+    lines = [line for line in out.splitlines() if line.startswith(f"│ {label} ") and "│" in line[2:]]
+    assert len(lines) == 1 and lines[0].split("│")[1].strip() == label, (label, out)
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv", [["deepseek-v3", "--tp", "8"], ["llama-3-8b", "--tp", "4"]])
+def test_human_output_labels_per_gpu_and_all_gpu_kv(capsys, monkeypatch, argv):
+    monkeypatch.setenv("COLUMNS", "200")  # one line per row
+    r = run_json(capsys, "plan", *argv)
+    tp = r["tp"]
+    assert main(["plan", *argv]) == 0
+    out = capsys.readouterr().out
+    assert "(all GPUs)" not in out
+    assert f"{r['kv_bytes_per_token_per_gpu']:,} B" in _row(out, "KV bytes per token, per GPU")
+    row = _row(out, f"KV bytes per token, all {tp} GPUs")
+    assert f"{r['kv_bytes_per_token']:,} B" in row and f"= {tp} x per GPU" in row
+    assert r["kv_bytes_per_token"] == tp * r["kv_bytes_per_token_per_gpu"]
+    for label, key in (
+        ("KV total, theoretical, per GPU", "kv_bytes_total_per_gpu"),
+        (f"KV total, theoretical, all {tp} GPUs", "kv_bytes_total"),
+        ("KV total, engine-allocated, per GPU", "kv_bytes_allocated_per_gpu"),
+        (f"KV total, engine-allocated, all {tp} GPUs", "kv_bytes_total_allocated"),
+    ):
+        assert f"{r[key] / 1e9:,.2f} GB" in _row(out, label), label
+
+
+def test_human_output_with_one_gpu_has_one_kv_row_each(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["plan", "llama-3-8b"]) == 0
+    out = capsys.readouterr().out
+    assert "131,072 B" in _row(out, "KV bytes per token")
+    assert "per GPU" not in _row(out, "KV total, theoretical") and "all 1 GPUs" not in out
+
+
+def test_replicated_kv_under_tp_is_explained_in_a_note():
+    from kvlab.plan.report import plan_report
+
+    mla = plan_report("deepseek-v3", tp=8)
+    assert any("whole MLA latent" in n and "8 x the model's KV" in n for n in mla["notes"])
+    # llama-3-8b has 8 KV heads: tp 16 stores each twice, tp 4 splits them (no replica, no note)
+    copies = plan_report("llama-3-8b", tp=16)
+    assert any("each KV head is stored on 2 GPUs" in n for n in copies["notes"])
+    assert copies["kv_bytes_per_token"] == 2 * plan_report("llama-3-8b")["kv_bytes_per_token"]
+    assert not any("stored on" in n or "MLA" in n for n in plan_report("llama-3-8b", tp=4)["notes"])
+
+
 @pytest.mark.parametrize(
     "argv, match",
     [
