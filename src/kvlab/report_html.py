@@ -183,6 +183,31 @@ def _records_table(records: list[Any]) -> str:
     return _table(keys, body, set(range(len(keys))))
 
 
+# Candidate settings that families record under different names (kvlab.eval.candidates, ``describe``): KIVI
+# writes key_axis/value_axis ("per-channel"/"per-token"), transformers' QuantizedCache (HQQ, quanto) writes its
+# own arguments axis_key/axis_value (an axis index). The candidates table shows both in one pair of columns,
+# the index as ``axis_key=1`` so it is not mistaken for KIVI's wording; the result file is not changed.
+_CANDIDATE_COLUMN_OF = {"axis_key": "key_axis", "axis_value": "value_axis"}
+
+
+def _candidates_table(records: list[Any]) -> str:
+    """:func:`_records_table` of the candidates, with ``axis_key``/``axis_value`` in the ``key_axis``/
+    ``value_axis`` columns."""
+    unified = []
+    for r in records:
+        if not isinstance(r, Mapping):
+            continue
+        row: dict[str, Any] = {}
+        for key, value in r.items():
+            column = _CANDIDATE_COLUMN_OF.get(key)
+            if column is None or column in r:  # both names in one record: keep both, hide nothing
+                row[key] = value
+            else:
+                row[column] = f"{key}={_fmt(value)}"
+        unified.append(row)
+    return _records_table(unified)
+
+
 def _decision_block(summary: Any) -> str:
     if isinstance(summary, Mapping):
         name, detail = summary.get("decision"), _kv_table(summary)
@@ -242,7 +267,7 @@ def render_html(result: Mapping[str, Any], figure_dir: str | os.PathLike | None 
     parts.append("<h2>Decision</h2>" + _decision_block(result.get("summary", result.get("decision"))))
     parts.append("<h2>Gates</h2>" + _gates_table(result.get("gates")))
     if result.get("candidates"):
-        parts.append("<h2>Candidates</h2>" + _records_table(result["candidates"]))
+        parts.append("<h2>Candidates</h2>" + _candidates_table(result["candidates"]))
 
     for matrix in dict.fromkeys(r.get("matrix", "rows") for r in rows):
         subset = [r for r in rows if r.get("matrix", "rows") == matrix]

@@ -96,3 +96,31 @@ def test_chromium_renders_a_non_blank_page(eval_result, tmp_path, chromium_scree
     colours = np.unique((pixels * 255).astype(np.uint8).reshape(-1, 3), axis=0)
     assert len(colours) > 200, f"only {len(colours)} distinct colours: the page looks blank"
     assert (pixels < 0.9).any(axis=-1).mean() > 0.05  # a real share of the page is not white
+
+
+def _section_headers(page: str, heading: str) -> list[str]:
+    """The ``<th>`` texts of the first table after ``<h2>heading</h2>``."""
+    section = page.split(f"<h2>{heading}</h2>", 1)[1].split("</table>", 1)[0]
+    return re.findall(r"<th[^>]*>([^<]*)</th>", section)
+
+
+def test_candidates_table_has_one_pair_of_axis_columns(eval_result):
+    """KIVI records key_axis/value_axis and HQQ axis_key/axis_value (kvlab.eval.candidates); one pair of columns."""
+    from kvlab.eval.candidates import Candidate
+
+    described = [Candidate.parse(n).describe(128, 32, 64) for n in ("dynamic", "kivi-4", "hqq-4")]
+    kivi, hqq = described[1], described[2]
+    assert {"key_axis", "value_axis"} <= set(kivi) and {"axis_key", "axis_value"} <= set(hqq)
+    eval_result["candidates"] = [d | {"available": True, "skip_reason": None} for d in described]
+    page = render_html(eval_result)
+    headers = _section_headers(page, "Candidates")
+    assert headers.count("key_axis") == 1 and headers.count("value_axis") == 1, headers
+    assert "axis_key" not in headers and "axis_value" not in headers, headers
+    col = headers.index("key_axis")
+    section = page.split("<h2>Candidates</h2>", 1)[1].split("</table>", 1)[0]
+    rows = [re.findall(r"<td[^>]*>([^<]*)</td>", tr) for tr in section.split("<tr>")[2:]]
+    by_name = {cells[headers.index("name")]: cells for cells in rows}
+    assert by_name["kivi-4"][col] == kivi["key_axis"]
+    assert by_name["hqq-4"][col] == f"axis_key={hqq['axis_key']}"
+    assert by_name["hqq-4"][headers.index("value_axis")] == f"axis_value={hqq['axis_value']}"
+    assert by_name["dynamic"][col] == "-"
