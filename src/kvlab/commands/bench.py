@@ -126,7 +126,7 @@ def register(subparsers) -> None:
     _common(k)
     k.set_defaults(func=_run, bench="kernel")
 
-    g = sub.add_parser("paging", help="paging simulator targets (issue 4)")
+    g = sub.add_parser("paging", help="paging simulator speed: static admission time, simulated events/s")
     g.add_argument(
         "--static-requests", type=int, default=1_000_000, help="static admission requests (1,000,000)"
     )
@@ -135,7 +135,7 @@ def register(subparsers) -> None:
     _common(g, device=False)
     g.set_defaults(func=_run, bench="paging")
 
-    lab = sub.add_parser("lab", help="toy decoder cached-vs-full speedup (issue 5)")
+    lab = sub.add_parser("lab", help="toy decoder speedup of KV-cached decoding over full recompute")
     lab.add_argument("--kv-heads", type=int, default=2, help="KV heads of the toy decoder (default 2)")
     lab.add_argument("--new-tokens", type=int, default=192, help="tokens generated (default 192)")
     lab.add_argument("--repeat", type=int, default=3, help="timed runs of each generator (default 3)")

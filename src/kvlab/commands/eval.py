@@ -1,4 +1,4 @@
-"""``kvlab eval``: the paired float vs quantized KV-cache experiment (seed 000 §5)."""
+"""``kvlab eval``: the paired float vs quantized KV-cache experiment (docs/EVAL.md)."""
 
 from __future__ import annotations
 
@@ -24,13 +24,14 @@ def register(sub) -> None:
     p = sub.add_parser(
         "eval",
         help="paired experiment: DynamicCache vs quantized caches (KIVI, HF HQQ) on one model",
-        description="Run seed 000's paired experiment: a capacity matrix (contexts) and a residual-window matrix, "
-        "each cache candidate against DynamicCache on the same prompts; write results/<label>.json.",
+        description="Run the paired experiment: a capacity matrix (contexts) and a residual-window matrix, "
+        "each cache candidate against DynamicCache on the same prompts, judged by quality and latency gates; "
+        "write results/<label>.json.",
     )
     p.add_argument(
         "--model", default=None, help="HF hub id or local directory (default: the bundled reference model)"
     )
-    p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default, as the seed), float16 or float32")
+    p.add_argument("--dtype", default="bfloat16", help="model dtype: bfloat16 (default), float16 or float32")
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda")
     p.add_argument(
         "--candidates",
@@ -48,9 +49,7 @@ def register(sub) -> None:
         "--residual", type=int, default=None, help="residual window R of the capacity matrix (default 128)"
     )
     p.add_argument("--group-size", type=int, default=None, help="KIVI group size G (default 32)")
-    p.add_argument(
-        "--hqq-group-size", type=int, default=None, help="HQQ/quanto group size (default 64, the seed's)"
-    )
+    p.add_argument("--hqq-group-size", type=int, default=None, help="HQQ/quanto group size (default 64)")
     p.add_argument(
         "--kivi-attention",
         choices=("fused", "dequantize"),
@@ -78,11 +77,14 @@ def register(sub) -> None:
         "--prompt-mode",
         choices=("heldout", "repeat"),
         default=None,
-        help="heldout: held-out text cut to exact lengths (default); repeat: the seed's prompt tiled",
+        help="heldout: held-out text cut to exact lengths (default); repeat: one short prompt (--prompt) "
+        "tiled to each length",
     )
     p.add_argument("--prompt", default=None, help="prompt text for --prompt-mode repeat")
     p.add_argument("--batch", type=int, default=None, help="prompts per generate() call (default 1)")
-    p.add_argument("--seed", type=int, default=None, help="seed (default 42)")
+    p.add_argument(
+        "--seed", type=int, default=None, help="random seed: torch and the held-out text offsets (default 42)"
+    )
     p.add_argument(
         "--quick", action="store_true", help="small matrix (contexts 256,1024; about a minute on CPU)"
     )

@@ -11,8 +11,8 @@ import sys
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "lab",
-        help="toy decoder: cached decoding vs full recompute (seed 003 [A]); --real: exact caches on a model",
-        description="Run the seed's toy decoder twice (full recompute, KV cache), check the tokens and logits "
+        help="toy decoder: KV-cached decoding vs full recompute; --real: exact caches on a model",
+        description="Run a small random toy decoder twice (full recompute, KV cache), check the tokens and logits "
         "agree, count the FLOPs, time both, and time a growing torch.cat cache against a preallocated one. "
         "With --real, decode a real model through each cache that must be exact and compare with one full "
         "forward.",

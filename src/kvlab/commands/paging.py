@@ -28,7 +28,7 @@ def _range(text: str) -> tuple[int, int]:
 
 
 def _add_budget_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("memory budget (default: seed 003, Llama-3-8B, 80 GiB - weights - 4 GiB)")
+    g = p.add_argument_group("memory budget (default: Llama-3-8B, 80 GiB device - weights - 4 GiB reserve)")
     g.add_argument(
         "--model", default=None, help="model for the planner (config.json path, dir, preset or HF id)"
     )
@@ -68,7 +68,7 @@ def _budget(args: argparse.Namespace, kv_dtype: str | None = None):
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "paging",
-        help="paged KV cache: static capacity, serving simulation, layout figure (seed 003 §05)",
+        help="paged KV cache: static capacity, serving simulation, layout figure",
         description="How many requests fit with contiguous reservation vs paged blocks, what happens over time "
         "as requests arrive, grow, finish and get preempted, and the paged-layout figure.",
     )
@@ -77,9 +77,10 @@ def register(subparsers) -> None:
 
     s = sub.add_parser(
         "static",
-        help="concurrency and waste of contiguous reservation vs paging (seed 003 [A] [B] [C])",
+        help="concurrency and waste of contiguous reservation vs paging",
         description="Greedy admission under one KV budget: [A] requests admitted and utilization per policy, "
-        "[B] reservation waste vs last-block waste, [C] block-size sweep. Defaults reproduce seed 003.",
+        "[B] reservation waste vs last-block waste, [C] block-size sweep. Default workloads: uniform (512 to "
+        "--max-len tokens) and heavy tail (80% of 256-1024 tokens, 20% of 3072 to --max-len), --requests each.",
     )
     s.add_argument(
         "--workload",
@@ -91,7 +92,9 @@ def register(subparsers) -> None:
     s.add_argument("--requests", type=int, default=4000, help="requests per built-in workload (default 4000)")
     s.add_argument("--seed", type=int, default=11, help="RNG seed of the built-in workloads (default 11)")
     _add_budget_args(s)
-    s.add_argument("--json", action="store_true", help="print machine-readable JSON (the seed's keys)")
+    s.add_argument(
+        "--json", action="store_true", help="print machine-readable JSON (sections A, B, C as above)"
+    )
     s.set_defaults(func=run_static_cmd)
 
     m = sub.add_parser(
@@ -134,7 +137,8 @@ def register(subparsers) -> None:
     f = sub.add_parser(
         "figure",
         help="write the paged-layout figure (logical -> physical blocks, concurrency per policy)",
-        description="Run the static simulation and draw seed 003's paged-layout figure from its numbers.",
+        description="Run the static simulation and draw the paged-layout figure (logical blocks of a few "
+        "requests mapped to physical blocks, and requests admitted per policy) from its numbers.",
     )
     f.add_argument("--out", required=True, help="output image (.png, .svg, .pdf)")
     f.add_argument("--force", action="store_true", help="replace an existing file")

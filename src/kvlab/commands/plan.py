@@ -61,7 +61,8 @@ def register(subparsers) -> None:
         help="KV memory ledger, fit and decode bound of a model from its config.json (no torch)",
         description="Read MODEL's config.json (a preset name, a config.json path, a model directory or a hub "
         "id) and report KV bytes per token and in total, weight bytes, the largest batch and context that fit "
-        "in a GPU, and the decode step lower bound (seed 003 §3.3, §3.4).",
+        "in a GPU, and the decode step lower bound: the bytes one step must read (weights, then every "
+        "sequence's KV) over the memory bandwidth.",
     )
     p.add_argument("model", nargs="?", metavar="MODEL", help="preset, config.json, directory or hub id")
     p.add_argument("--context", type=int, default=8192, help="tokens per sequence (default 8192)")
@@ -90,10 +91,11 @@ def register(subparsers) -> None:
     r = subparsers.add_parser(
         "roofline",
         help="ridge point, decode/prefill intensity and decode step bound; --probe measures this machine",
-        description="Roofline of decode and prefill (seed 003 §3.4): the GPU's ridge point from its datasheet, "
-        "the ideal decode attention intensity I = 2g/p, the seed's prefill intensity model, and the decode "
-        "step lower bound (weights + batch x KV) / bandwidth. --probe measures fp32 matmul FLOP/s and "
-        "streaming GB/s here with numpy.",
+        description="Roofline of decode and prefill: the GPU's ridge point (peak FLOP/s over memory bandwidth, "
+        "from its datasheet), the ideal decode attention intensity I = 2g/p (g query heads per KV head, p bytes "
+        "per KV element), a rough prefill intensity (projection and causal attention FLOPs over the weights "
+        "and an activation-traffic estimate), and the decode step lower bound (weights + batch x KV) / "
+        "bandwidth. --probe measures fp32 matmul FLOP/s and streaming GB/s here with numpy.",
     )
     r.add_argument(
         "--model", default="llama-3-8b", help="preset, config.json, directory or hub id (default llama-3-8b)"
@@ -110,7 +112,7 @@ def register(subparsers) -> None:
 
     v = subparsers.add_parser(
         "video",
-        help="tokens and KV bytes of autoregressive video clips (seed 003 §01, §6.3)",
+        help="tokens and KV bytes of autoregressive video clips (every frame kept in the cache)",
         description="Turn clips (seconds, fps, resolution) into tokens through temporal and spatial "
         "compression and a patch size, and size their KV cache on a model (whole history kept).",
     )
@@ -402,7 +404,7 @@ def _print_roofline(r: dict) -> None:
         t.add_row(
             f"prefill intensity (S = {p['seq_len']:,})",
             f"{p['intensity_flop_per_byte']:.1f} FLOP/B",
-            "seed model: 2NS + causal attention over weights + 10 S D p per layer",
+            "rough model: (2NS + causal attention) FLOPs over weights + 10 S D p bytes per layer",
         )
     if r["decode_step_lower_bound_ms"] is not None:
         t.add_row(
