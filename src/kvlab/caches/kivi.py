@@ -197,7 +197,7 @@ class KIVICache(Cache):
 
     def nbytes_breakdown(self) -> dict[str, int]:
         """Exact bytes held, summed over layers: ``codes``, ``scales_zeros``, ``residual``, ``total``, plus
-        ``allocated_unused`` (block capacity not yet filled; not in ``total``)."""
+        ``allocated_unused`` (block and residual capacity not yet filled; not in ``total``)."""
         out = {"codes": 0, "scales_zeros": 0, "residual": 0, "total": 0, "allocated_unused": 0}
         for layer in self.layers:
             for key, value in layer.state.nbytes_breakdown().items():

@@ -141,14 +141,29 @@ class KIVIState:
 
     config: KIVIConfig
     blocks: list[QuantBlock] = field(default_factory=list)
-    key_residual: torch.Tensor | None = None  # [B, H, r, D], model dtype
-    value_residual: torch.Tensor | None = None  # [B, H, r, D], model dtype
     quantized_tokens: int = 0  # Q: tokens held in blocks
     flushes: int = 0  # number of append calls that flushed at least one chunk
+    # residual window storage: [B, H, R + G, D] in the model dtype, written in place by single-token appends
+    _kbuf: torch.Tensor | None = field(default=None, repr=False)
+    _vbuf: torch.Tensor | None = field(default=None, repr=False)
+    _start: int = (
+        0  # first residual token in the buffers (the tokens before it were flushed by the last append)
+    )
+    _count: int = 0  # residual tokens
+
+    @property
+    def key_residual(self) -> torch.Tensor | None:
+        """Full-precision keys of the residual window, ``[B, H, r, D]`` (a view, valid until the next append)."""
+        return None if self._kbuf is None else self._kbuf[:, :, self._start : self._start + self._count]
+
+    @property
+    def value_residual(self) -> torch.Tensor | None:
+        """Full-precision values of the residual window, ``[B, H, r, D]`` (a view, valid until the next append)."""
+        return None if self._vbuf is None else self._vbuf[:, :, self._start : self._start + self._count]
 
     @property
     def residual_tokens(self) -> int:
-        return 0 if self.key_residual is None else self.key_residual.shape[-2]
+        return self._count
 
     @property
     def total_tokens(self) -> int:
@@ -184,23 +199,53 @@ class KIVIState:
             ``(key_window, value_window)``: the full-precision residual window *before* this call's flush, with the
             new tokens at its end, ``[B, H, r + t, D]``. Attention for the current step reads the quantized prefix
             as it was before the call plus this window, so tokens flushed by this call are still seen exactly once.
+            When the window fits the residual storage (decode steps) it is a view of that storage, valid until the
+            next ``append``: no copy of the window is made per step.
         """
         self._check(keys, values)
-        if self.key_residual is None or self.key_residual.shape[-2] == 0:
+        self._compact()
+        t = keys.shape[-2]
+        r = self._count
+        in_place = self._kbuf is not None and r + t <= self._kbuf.shape[-2]
+        if in_place:
+            self._kbuf[:, :, r : r + t] = keys
+            self._vbuf[:, :, r : r + t] = values
+            key_window, value_window = self._kbuf[:, :, : r + t], self._vbuf[:, :, : r + t]
+        elif r == 0:
             key_window, value_window = keys, values
-        else:
+        else:  # more new tokens than the storage holds (prefill, chunked prefill): one temporary window
             key_window = torch.cat((self.key_residual, keys), dim=-2)
             value_window = torch.cat((self.value_residual, values), dim=-2)
-        n = key_window.shape[-2]
+        n = r + t
         cfg = self.config
         flush = (n - cfg.residual_length) // cfg.group_size * cfg.group_size if n > cfg.residual_length else 0
         if flush:
             self._write(key_window[..., :flush, :], value_window[..., :flush, :])
             self.flushes += 1
-        # clone: a view would keep the whole (possibly prefill-sized) window alive
-        self.key_residual = key_window[..., flush:, :].clone()
-        self.value_residual = value_window[..., flush:, :].clone()
+        if in_place:  # the flushed tokens stay in front until the next append moves the rest down
+            self._start, self._count = flush, n - flush
+        else:
+            rest = n - flush
+            if self._kbuf is None or self._kbuf.shape[-2] < rest:
+                b, h, _, d = keys.shape
+                cap = max(cfg.residual_length + cfg.group_size, rest)
+                self._kbuf = keys.new_zeros(b, h, cap, d)
+                self._vbuf = values.new_zeros(b, h, cap, d)
+            self._kbuf[:, :, :rest] = key_window[..., flush:, :]
+            self._vbuf[:, :, :rest] = value_window[..., flush:, :]
+            self._start, self._count = 0, rest
         return key_window, value_window
+
+    def _compact(self) -> None:
+        """Move the residual to the front of its storage (after a flush), in pieces that never overlap."""
+        start, count = self._start, self._count
+        if not start:
+            return
+        for s in range(0, count, start):
+            e = min(count, s + start)
+            self._kbuf[:, :, s:e] = self._kbuf[:, :, start + s : start + e]
+            self._vbuf[:, :, s:e] = self._vbuf[:, :, start + s : start + e]
+        self._start = 0
 
     def _new_block(self, like: torch.Tensor, pending: int) -> QuantBlock:
         # A block fits the chunk being written (a prefill lands in one block) and otherwise grows with a quarter of
@@ -315,7 +360,7 @@ class KIVIState:
 
         Keys: ``codes`` (packed K and V codes of the ``Q`` quantized tokens), ``scales_zeros`` (their metadata),
         ``residual`` (full-precision window), ``total`` (the sum of those three), and ``allocated_unused``
-        (block capacity reserved beyond ``Q``, not part of ``total``).
+        (block capacity reserved beyond ``Q`` plus residual storage beyond the window's tokens; not in ``total``).
         """
         codes = meta = allocated = 0
         for seg in self.segments():
@@ -326,14 +371,15 @@ class KIVIState:
         for blk in self.blocks:
             allocated += sum(t.numel() * t.element_size() for t in blk.tensors())
         residual = 0
-        if self.key_residual is not None:
+        if self._kbuf is not None:
             residual = sum(t.numel() * t.element_size() for t in (self.key_residual, self.value_residual))
+            allocated += self._kbuf.numel() * self._kbuf.element_size() * 2
         return {
             "codes": codes,
             "scales_zeros": meta,
             "residual": residual,
             "total": codes + meta + residual,
-            "allocated_unused": allocated - codes - meta,
+            "allocated_unused": allocated - codes - meta - residual,
         }
 
     def index_select_batch(self, index: torch.Tensor) -> None:
@@ -342,6 +388,6 @@ class KIVIState:
             for name in ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero"):
                 t = getattr(blk, name)
                 setattr(blk, name, t.index_select(0, index.to(t.device)))
-        if self.key_residual is not None:
-            self.key_residual = self.key_residual.index_select(0, index.to(self.key_residual.device))
-            self.value_residual = self.value_residual.index_select(0, index.to(self.value_residual.device))
+        if self._kbuf is not None:
+            self._kbuf = self._kbuf.index_select(0, index.to(self._kbuf.device))
+            self._vbuf = self._vbuf.index_select(0, index.to(self._vbuf.device))

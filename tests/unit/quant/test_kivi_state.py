@@ -92,7 +92,16 @@ def test_streaming_equals_bulk_and_conserves_tokens(total, g, r_groups, nbits, c
     while t < total:
         n = min(chunks[i % len(chunks)], total - t)
         before = codes_and_meta(stream)
-        stream.append(k[..., t : t + n, :], v[..., t : t + n, :])
+        prev_k = None if stream.key_residual is None else stream.key_residual.clone()
+        prev_v = None if stream.value_residual is None else stream.value_residual.clone()
+        kw, vw = stream.append(k[..., t : t + n, :], v[..., t : t + n, :])
+        # the window is the residual before the call followed by the new tokens (in place or not)
+        assert torch.equal(
+            kw, k[..., t : t + n, :] if prev_k is None else torch.cat((prev_k, k[..., t : t + n, :]), -2)
+        )
+        assert torch.equal(
+            vw, v[..., t : t + n, :] if prev_v is None else torch.cat((prev_v, v[..., t : t + n, :]), -2)
+        )
         t += n
         i += 1
         # quantized data already written is never rewritten
@@ -140,3 +149,26 @@ def test_shape_change_rejected():
     state.append(*kv(3))
     with pytest.raises(ValueError, match="do not match the cache"):
         state.append(*kv(1, h=3))
+
+
+def test_decode_appends_write_the_window_in_place():
+    """After the prefill, single-token appends reuse one residual storage of R + G tokens: the window handed to
+    attention is a view of it (no per-step copy), and the spare capacity is reported as allocated, not stored."""
+    cfg = KIVIConfig(nbits=4, group_size=4, residual_length=8)
+    state = KIVIState(cfg)
+    k, v = kv(40, seed=7)
+    state.append(k[..., :20, :], v[..., :20, :])
+    storage = state.key_residual.untyped_storage().data_ptr()
+    for t in range(20, 40):
+        kw, _ = state.append(k[..., t : t + 1, :], v[..., t : t + 1, :])
+        assert kw.untyped_storage().data_ptr() == storage
+        assert torch.equal(state.key_residual, k[..., cfg.quantized_tokens(t + 1) : t + 1, :])
+    info = state.nbytes_breakdown()
+    per_token = 2 * 1 * 2 * 8 * 4  # K and V, batch 1, 2 heads, head_dim 8, fp32
+    assert info["residual"] == state.residual_tokens * per_token
+    blocks = sum(t.numel() * t.element_size() for b in state.blocks for t in b.tensors())
+    spare = blocks - info["codes"] - info["scales_zeros"]
+    assert (
+        info["allocated_unused"]
+        == spare + (cfg.residual_length + cfg.group_size - state.residual_tokens) * per_token
+    )
