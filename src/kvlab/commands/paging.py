@@ -28,16 +28,29 @@ def _range(text: str) -> tuple[int, int]:
 
 
 def _add_budget_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("memory budget (default: Llama-3-8B, 80 GiB device - weights - 4 GiB reserve)")
+    from kvlab.plan.hardware import get_hardware
+    from kvlab.plan.report import DEFAULT_GPU
+
+    hw = get_hardware(DEFAULT_GPU)  # the planner's default GPU is paging's default device too
+    g = p.add_argument_group(
+        f"memory budget (default: Llama-3-8B on an {hw.name}, {hw.memory_gb:g} GB (1e9 B) - weights - 4 GiB "
+        "(2^30 B) reserve)"
+    )
     g.add_argument(
         "--model", default=None, help="model for the planner (config.json path, dir, preset or HF id)"
     )
     g.add_argument(
         "--kv-dtype", default="bf16", help="KV dtype: bf16, fp16, fp8, kivi2, kivi4, kivi8 (default bf16)"
     )
-    g.add_argument("--gpu-mem-gib", type=float, default=80.0, help="assumed device memory, GiB (default 80)")
     g.add_argument(
-        "--reserve-gib", type=float, default=4.0, help="activation/framework reserve, GiB (default 4)"
+        "--gpu-mem-gib",
+        type=float,
+        default=None,
+        help=f"device memory in GiB (2^30 B); default: the {hw.name} datasheet memory, {hw.memory_gb:g} GB = "
+        f"{hw.memory_gb:g}e9 B = {hw.memory_bytes / GIB:.2f} GiB, as kvlab plan",
+    )
+    g.add_argument(
+        "--reserve-gib", type=float, default=4.0, help="activation/framework reserve in GiB (default 4)"
     )
     g.add_argument(
         "--max-len", type=int, default=4096, help="contiguous reservation per request (default 4096)"
@@ -46,23 +59,20 @@ def _add_budget_args(p: argparse.ArgumentParser) -> None:
 
 def _budget(args: argparse.Namespace, kv_dtype: str | None = None):
     from kvlab.paging.budget import GIB as _GIB
-    from kvlab.paging.budget import KVBudget, planner_budget, seed_budget, seed_kv_bytes_per_token
+    from kvlab.paging.budget import KVBudget, gpu_memory, planner_budget, seed_budget, seed_kv_bytes_per_token
 
     kv_dtype = kv_dtype or args.kv_dtype
     if args.model:
         return planner_budget(args.model, kv_dtype, args.gpu_mem_gib, args.reserve_gib)
-    budget = seed_budget(seed_kv_bytes_per_token(kv_dtype))
-    if (args.gpu_mem_gib, args.reserve_gib) != (80.0, 4.0):
-        budget = KVBudget(
-            gpu_bytes=args.gpu_mem_gib * _GIB,
-            weight_bytes=budget.weight_bytes,
-            overhead_bytes=args.reserve_gib * _GIB,
-            kv_bytes_per_token=budget.kv_bytes_per_token,
-            source=f"Llama-3-8B, KV {kv_dtype}, {args.gpu_mem_gib:g} GiB - weights - {args.reserve_gib:g} GiB",
-        )
-    elif kv_dtype.lower() not in ("bf16", "bfloat16"):
-        budget = KVBudget(**{**budget.__dict__, "source": f"seed 003 budget, Llama-3-8B, KV {kv_dtype}"})
-    return budget
+    llama = seed_budget(seed_kv_bytes_per_token(kv_dtype))  # Llama-3-8B's weights and KV bytes per token
+    gpu_bytes, gpu_text = gpu_memory(args.gpu_mem_gib)
+    return KVBudget(
+        gpu_bytes=gpu_bytes,
+        weight_bytes=llama.weight_bytes,
+        overhead_bytes=args.reserve_gib * _GIB,
+        kv_bytes_per_token=llama.kv_bytes_per_token,
+        source=f"Llama-3-8B, KV {kv_dtype}, {gpu_text} - weights - {args.reserve_gib:g} GiB",
+    )
 
 
 def register(subparsers) -> None:

@@ -5,6 +5,10 @@ The default is seed 003's account (§01, §05, appendix ``paged_alloc.py``): Lla
 ``2 x 32 layers x 8 KV heads x 128 dims x 2 bytes = 131072`` KV bytes per token, which leaves 500,063 tokens
 (61.04 GiB). With ``model`` and ``kv_dtype`` the bytes per token and the weights come from the planner
 (:mod:`kvlab.plan`), so any model and any KV dtype (KIVI included) can be simulated.
+
+``kvlab paging`` and :func:`planner_budget` default to the planner's GPU instead (:func:`gpu_memory`: the
+A100-80GB datasheet's 80 GB = 80e9 B = 74.51 GiB, as ``kvlab plan``); ``--gpu-mem-gib 80`` gives the 80 GiB
+account above.
 """
 
 from __future__ import annotations
@@ -143,10 +147,23 @@ def seed_kv_bytes_per_token(kv_dtype: str = "bf16") -> float:
     raise ValueError(f"`kv_dtype` must be one of bf16, fp16, fp8, kivi2, kivi4, kivi8, got {kv_dtype!r}")
 
 
+def gpu_memory(gpu_gib: float | None = None) -> tuple[float, str]:
+    """Device bytes and how to describe them: ``gpu_gib`` GiB (2**30 B), or for ``None`` the datasheet memory
+    of the planner's default GPU (:data:`kvlab.plan.report.DEFAULT_GPU`, decimal GB), the default of
+    ``kvlab plan`` too."""
+    if gpu_gib is not None:
+        return gpu_gib * GIB, f"{gpu_gib:g} GiB"
+    from kvlab.plan.hardware import get_hardware
+    from kvlab.plan.report import DEFAULT_GPU
+
+    hw = get_hardware(DEFAULT_GPU)
+    return float(hw.memory_bytes), f"{hw.name} {hw.memory_gb:g} GB ({hw.memory_bytes / GIB:.2f} GiB)"
+
+
 def planner_budget(
     model: str,
     kv_dtype: str = "bf16",
-    gpu_gib: float = SEED_GPU_GIB,
+    gpu_gib: float | None = None,
     overhead_gib: float = SEED_OVERHEAD_GIB,
 ) -> KVBudget:
     """The single adapter to :mod:`kvlab.plan`: KV bytes per token and weight bytes of ``model`` at ``kv_dtype``.
@@ -155,6 +172,8 @@ def planner_budget(
     config.json, a model directory). Bytes per token are the planner's long-context figure
     (:func:`kvlab.plan.kv_bytes_per_token`; for KIVI the residual window is amortized away); weights are
     :func:`kvlab.plan.weight_bytes` (the checkpoint when it sits next to the config, else parameters x dtype).
+    The device has ``gpu_gib`` GiB, or by default the planner's default GPU (:func:`gpu_memory`); the reserve
+    is ``overhead_gib`` GiB.
 
     Raises:
         ValueError: when the planner does not know the model or the KV dtype, or cannot size the weights.
@@ -164,11 +183,12 @@ def planner_budget(
     spec = load_spec(model)
     bpt = kv_bytes_per_token(spec, kv_dtype)
     weights = weight_bytes(spec)
+    gpu_bytes, gpu_text = gpu_memory(gpu_gib)
     return KVBudget(
-        gpu_bytes=gpu_gib * GIB,
+        gpu_bytes=gpu_bytes,
         weight_bytes=weights.total_bytes,
         overhead_bytes=overhead_gib * GIB,
         kv_bytes_per_token=bpt,
-        source=f"kvlab.plan: {model}, KV {kv_dtype}, {gpu_gib:g} GiB - weights ({weights.source}) - "
+        source=f"kvlab.plan: {model}, KV {kv_dtype}, {gpu_text} - weights ({weights.source}) - "
         f"{overhead_gib:g} GiB",
     )

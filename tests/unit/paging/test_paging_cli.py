@@ -13,7 +13,7 @@ def run_json(capsys, *argv):
 
 
 def test_static_json_has_the_seeds_keys_and_figures(capsys):
-    out = run_json(capsys, "static")
+    out = run_json(capsys, "static", "--gpu-mem-gib", "80")  # the seed's 80 GiB device
     assert out["A"]["uniform"]["k_cont"] == 122
     assert out["A"]["uniform"]["k_paged"] == 214
     assert out["A"]["heavy"]["k_paged"] == 405
@@ -34,9 +34,39 @@ def test_static_one_workload_and_a_file(capsys, tmp_path):
 
 
 def test_static_kv_dtype_changes_bytes_per_token(capsys):
+    bf16 = run_json(capsys, "static", "--workload", "uniform")
     out = run_json(capsys, "static", "--workload", "uniform", "--kv-dtype", "kivi4")
     assert out["config"]["kv_bytes_per_token"] == 40960
-    assert out["A"]["uniform"]["k_paged"] > 3 * 214
+    assert out["config"]["gpu_bytes"] == bf16["config"]["gpu_bytes"]
+    assert out["A"]["uniform"]["k_paged"] > 3 * bf16["A"]["uniform"]["k_paged"]
+
+
+@pytest.mark.parametrize("argv", [[], ["--model", "llama-3-8b"], ["--kv-dtype", "kivi4"]])
+def test_default_device_memory_is_the_planners_gpu(capsys, argv):
+    """Without --gpu-mem-gib, paging's device is kvlab plan's default GPU: its datasheet GB, not GiB."""
+    from kvlab.plan.hardware import get_hardware
+    from kvlab.plan.report import DEFAULT_GPU
+
+    hw = get_hardware(DEFAULT_GPU)
+    out = run_json(capsys, "static", "--workload", "uniform", *argv)
+    assert out["config"]["gpu_bytes"] == hw.memory_bytes
+    assert f"{hw.name} {hw.memory_gb:g} GB" in out["config"]["source"]
+    plan = json.loads(_stdout(capsys, ["plan", "llama-3-8b", "--json"]))
+    assert plan["budget"]["memory_bytes"] == out["config"]["gpu_bytes"]
+    explicit = run_json(capsys, "static", "--workload", "uniform", "--gpu-mem-gib", "80", *argv)
+    assert explicit["config"]["gpu_bytes"] == 80 * 1024**3 and "80 GiB" in explicit["config"]["source"]
+
+
+def test_budget_help_states_units_and_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["paging", "static", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "GiB (2^30 B)" in text and "80 GB = 80e9 B" in text and "A100-80GB" in text
+
+
+def _stdout(capsys, argv):
+    assert main(argv) == 0
+    return capsys.readouterr().out
 
 
 def test_bad_workload_exits_with_a_message(capsys):
@@ -88,7 +118,7 @@ def test_figure_is_written_once(capsys, tmp_path):
 
 
 def test_model_and_kv_dtype_come_from_the_planner(capsys):
-    out = run_json(capsys, "static", "--model", "llama-3-8b")
+    out = run_json(capsys, "static", "--model", "llama-3-8b", "--gpu-mem-gib", "80")
     assert out["config"]["kv_bytes_per_token"] == 131072 and out["config"]["source"].startswith("kvlab.plan")
     assert (out["A"]["uniform"]["k_cont"], out["A"]["uniform"]["k_paged"], out["A"]["heavy"]["k_paged"]) == (
         122,
