@@ -31,6 +31,20 @@ DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
 }
 
+# What a local model directory needs besides config.json (any one name or pattern of each tuple): torch weights in
+# either format transformers loads (sharded or not), and the files of some tokenizer (fast tokenizer.json,
+# sentencepiece, BPE vocab + merges, WordPiece vocab, tiktoken).
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "vocab.json",
+    "vocab.txt",
+    "*.tiktoken",
+)
+
 # A hub id is "name" or "owner/name" (huggingface_hub's rule: letters, digits, "-", "_", "."; no "--" or "..").
 _HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
 
@@ -73,6 +87,17 @@ def _local_model_dir(model: str | os.PathLike) -> Path | None:
     return None
 
 
+def _check_model_files(path: Path, model: str | os.PathLike) -> None:
+    """Raise ``FileNotFoundError`` naming ``model`` when its directory lacks weights or tokenizer files."""
+    missing = []
+    if not any(any(path.glob(pattern)) for pattern in WEIGHT_FILES):
+        missing.append("no weights (*.safetensors or pytorch_model.bin)")
+    if not any(any(path.glob(pattern)) for pattern in TOKENIZER_FILES):
+        missing.append("no tokenizer files (tokenizer.json, tokenizer.model, vocab.json, vocab.txt, ...)")
+    if missing:
+        raise FileNotFoundError(f"model directory {str(model)!r} has config.json but {' and '.join(missing)}")
+
+
 def load_model(
     model: str | os.PathLike | None = None,
     dtype: str | torch.dtype = "bfloat16",
@@ -94,8 +119,9 @@ def load_model(
 
     Raises:
         ValueError: unknown ``dtype`` or ``device``, CUDA requested without CUDA, ``revision`` for a local path.
-        FileNotFoundError: a local path that does not exist or has no ``config.json``, or a bundled model that
-            was never trained; no hub lookup is attempted for these.
+        FileNotFoundError: a local path that does not exist, or lacks ``config.json``, weights
+            (:data:`WEIGHT_FILES`) or tokenizer files (:data:`TOKENIZER_FILES`), or a bundled model that was never
+            trained; no hub lookup is attempted and transformers is not called for these.
         OSError: a hub id that neither the hub nor the local cache can provide.
     """
     torch_dtype = parse_dtype(dtype)
@@ -114,6 +140,8 @@ def load_model(
             )
     else:
         source = _local_model_dir(model)
+        if source is not None:
+            _check_model_files(source, model)  # before transformers: its messages for these are obscure
     if source is not None and revision is not None:
         raise ValueError(
             f"`revision` applies to hub ids only, got {revision!r} for local directory {str(source)!r}"

@@ -72,6 +72,21 @@ def test_model_without_weights_fails_clearly_and_is_recorded(tmp_path, capsys):
     assert "failed at load_model" in " ".join(printed.split()) and "ctx None" not in printed
 
 
+def test_model_with_config_but_no_weights_names_the_directory_and_what_is_missing(tmp_path, capsys):
+    from kvlab.models import reference_model_path
+
+    model_dir = tmp_path / "config-only"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text((reference_model_path() / "config.json").read_text())
+    out = tmp_path / "res"
+    assert main(["eval", "--quick", "--model", str(model_dir), "--label", "m", "--out-dir", str(out)]) == 1
+    err = err_of(capsys)
+    assert str(model_dir) in err and "no weights (*.safetensors or pytorch_model.bin)" in err, err
+    assert "no tokenizer files" in err and "sentencepiece" not in err and "backend tokenizer" not in err
+    message = json.loads((out / "m.json").read_text())["failures"][0]["message"]
+    assert str(model_dir) in message and "no weights" in message
+
+
 def test_report_on_a_directory_or_undecodable_file(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert "directory" in err_of(capsys)

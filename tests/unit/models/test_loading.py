@@ -73,6 +73,46 @@ def test_directory_without_config_and_file_are_rejected(tmp_path):
         models.load_model(path)
 
 
+@pytest.mark.parametrize(
+    "present, missing",
+    [
+        (("config.json",), ("no weights", "*.safetensors", "pytorch_model.bin", "no tokenizer files")),
+        (("config.json", "tokenizer.json", "tokenizer_config.json"), ("no weights",)),
+        (("config.json", "model.safetensors"), ("no tokenizer files", "tokenizer.json")),
+    ],
+)
+def test_directory_without_weights_or_tokenizer_names_what_is_missing(tmp_path, present, missing):
+    """Checked before transformers (whose loaders fail this test): its tokenizer error text, or an empty
+    tokenizer built from config.json alone, never reaches the user."""
+    source = models.reference_model_path()
+    model_dir = tmp_path / "partial-model"
+    model_dir.mkdir()
+    for name in present:
+        (model_dir / name).write_bytes((source / name).read_bytes())
+    with pytest.raises(FileNotFoundError) as err:
+        models.load_model(model_dir)
+    message = str(err.value)
+    assert str(model_dir) in message and "config.json" in message
+    for fragment in missing:
+        assert fragment in message, message
+    named = {"no weights": "model.safetensors" in present, "no tokenizer files": "tokenizer.json" in present}
+    for fragment, present_here in named.items():
+        assert (fragment in message) != present_here, message
+
+
+def test_sharded_or_bin_weights_and_other_tokenizers_pass_the_check(tmp_path):
+    for weights, tokenizer in (
+        ("pytorch_model-00001-of-00002.bin", "vocab.json"),
+        ("pytorch_model.bin", "spiece.model"),
+    ):
+        model_dir = tmp_path / weights
+        model_dir.mkdir()
+        for name in ("config.json", weights, tokenizer):
+            (model_dir / name).write_text("{}")
+        with pytest.raises(AssertionError, match="from_pretrained"):  # got past the check to transformers
+            models.load_model(model_dir, dtype="float32")
+
+
 def test_revision_for_a_local_directory_is_rejected():
     with pytest.raises(ValueError, match="revision"):
         models.load_model(models.reference_model_path(), revision="main")
