@@ -113,11 +113,11 @@ class _OnlineSoftmax:
 
 
 class _Scratch:
-    """Reusable fp32 buffers of one attention call and their views, made once per chunk shape.
+    """The reusable fp32 tile of one attention call and its views, made once per chunk shape.
 
-    ``tile`` holds one shifted part of one chunk of codes (``chunk * B * H * D / k`` floats; also used to convert
-    the full-precision window to fp32 when it is larger), ``coef`` a chunk's scale-folded query rows (keys) or
-    scaled probabilities (values). These two are the decode step's only buffers that grow with the chunk.
+    The tile holds one chunk of codes converted to fp32, ``chunk * B * H * D / k`` floats, and is reused for every
+    chunk, part, block, and to convert the full-precision window (it is sized for the larger of the two): the
+    decode step's largest transient. ``k = 8 / nbits`` codes share a byte.
     """
 
     def __init__(self, qg: torch.Tensor, chunk: int, nbits: int, group: int, window: int = 0):
@@ -125,43 +125,33 @@ class _Scratch:
         self.b, self.h, self.m, self.d = b, h, m, d
         self.chunk, self.nbits, self.group = chunk, nbits, group
         self.k = 8 // nbits
+        self.inv_base = 1.0 / (1 << nbits)
         self.tile = torch.empty(max(chunk * b * h * d // self.k, window * b * h * d), device=qg.device)
-        self.coef = torch.empty(max(chunk // group * d, chunk * (d // group)) * b * h * m, device=qg.device)
         # query channels by part: q_parts[..., i, j] is channel j*k + i (the order of the shifted parts)
         self.q_parts = qg.view(b, h, m, d // self.k, self.k).transpose(-1, -2)  # [B,H,M,k,P]
         self._views: dict = {}
 
-    def key_views(self, nj: int):
-        """Views for ``nj`` key groups: coef ``[nj,B,H,M,k,P]``, its per-part bmm operands, the tile and its
-        transposed bmm operand."""
+    def key_tile(self, nj: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tile as ``[nj, B, H, G, P]`` (keys of ``nj`` groups) and as the bmm operand ``[nj*B*H, P, G]``."""
         v = self._views.get(("k", nj))
         if v is None:
-            b, h, m, d, k, g = self.b, self.h, self.m, self.d, self.k, self.group
-            p, rows = d // k, nj * b * h
-            coef = self.coef[: rows * m * d].view(nj, b, h, m, k, p)
-            flat = coef.view(rows, m, d)
-            tile = self.tile[: rows * g * p].view(nj, b, h, g, p)
-            v = self._views[("k", nj)] = (
-                coef,
-                [(coef[..., i, :], coef[..., i - 1, :]) for i in range(k - 1, 0, -1)],
-                [flat[:, :, i * p : (i + 1) * p] for i in range(k)],
-                tile,
-                tile.view(rows, g, p).transpose(1, 2),
-            )
+            rows, g, p = nj * self.b * self.h, self.group, self.d // self.k
+            tile = self.tile[: rows * g * p].view(nj, self.b, self.h, g, p)
+            v = self._views[("k", nj)] = (tile, tile.view(rows, g, p).transpose(1, 2))
         return v
 
-    def value_views(self, nc: int):
-        """Views for ``nc`` value tokens: scaled probabilities ``[B,H,KG,M,nc]`` and the tile ``[B,H,KG,nc,gp]``,
-        each with its bmm operand."""
+    def value_tile(self, nc: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tile as ``[B, H, KG, nc, G/k]`` (values of ``nc`` tokens) and as the bmm operand."""
         v = self._views.get(("v", nc))
         if v is None:
-            b, h, m, d, g = self.b, self.h, self.m, self.d, self.group
-            kg, gp = d // g, g // self.k
-            rows = b * h * kg
-            pw = self.coef[: rows * m * nc].view(b, h, kg, m, nc)
-            tile = self.tile[: rows * nc * gp].view(b, h, kg, nc, gp)
-            v = self._views[("v", nc)] = (pw, pw.view(rows, m, nc), tile, tile.view(rows, nc, gp))
+            kg, gp = self.d // self.group, self.group // self.k
+            tile = self.tile[: self.b * self.h * kg * nc * gp].view(self.b, self.h, kg, nc, gp)
+            v = self._views[("v", nc)] = (tile, tile.view(-1, nc, gp))
         return v
+
+    def next_part(self, tile: torch.Tensor) -> None:
+        """Turn the fp32 tile of ``x >> i b`` into ``x >> (i + 1) b`` in place (exact: powers of two, floor)."""
+        tile.mul_(self.inv_base).floor_()
 
     def window(self, states: torch.Tensor) -> torch.Tensor:
         """``states [B, H, w, D]`` converted to fp32 in the tile's memory (valid until the tile is reused)."""
@@ -173,15 +163,21 @@ def _key_scores(qg: torch.Tensor, seg: QuantSegmentView, scratch: _Scratch) -> t
     ``[NG, B, H, M, G]`` for ``n = NG * G`` tokens, computed ``scratch.chunk`` tokens at a time.
 
     A byte ``x = c_0 + 2^b c_1 + ...`` holds ``k = 8 / b`` codes, so ``sum_i a_i c_i = sum_i (a_i - 2^b a_{i-1})
-    (x >> i b)``: the query side absorbs the unpacking, the codes need only shifts (no masks, no interleave), and
-    each shifted part is multiplied as soon as it is converted, so one fp32 part of one chunk exists at a time.
+    (x >> i b)``: the query side absorbs the unpacking; the codes are converted to fp32 once per chunk and each
+    further part is ``floor(previous / 2^b)`` in place, so there are no masks, no interleaving, and one fp32 tile.
     """
     b, h, m, d = qg.shape
     group, nbits, k = scratch.group, scratch.nbits, scratch.k
     ng = seg.tokens // group
     p, bh = d // k, b * h
-    # per-channel key scales, one row per key group, in the part order: [NG,B,H,1,k,P]
-    scale = seg.k_scale.to(F32).permute(2, 0, 1, 3).view(ng, b, h, 1, p, k).transpose(-1, -2)
+    # fold the per-channel scale into the query, one row set per key group: coef[j,b,h,m,i,:] = (q * s_j) of part i
+    scale = (
+        seg.k_scale.to(F32).permute(2, 0, 1, 3).view(ng, b, h, 1, p, k).transpose(-1, -2)
+    )  # [NG,B,H,1,k,P]
+    coef = torch.mul(scale, scratch.q_parts, out=qg.new_empty(ng, b, h, m, k, p))  # [NG,B,H,M,k,P]
+    for i in range(k - 1, 0, -1):  # descending: part i - 1 is still unmodified when part i reads it
+        coef[..., i, :].sub_(coef[..., i - 1, :], alpha=1 << nbits)
+    coef = coef.view(ng * bh, m, d)
     # the zero term q . z_j starts every group's accumulator
     bias = torch.matmul(qg, seg.k_zero.to(F32).transpose(-1, -2))  # [B,H,M,NG]
     bias = bias.permute(3, 0, 1, 2).reshape(ng * bh, m, 1)
@@ -190,19 +186,14 @@ def _key_scores(qg: torch.Tensor, seg: QuantSegmentView, scratch: _Scratch) -> t
     step = scratch.chunk // group  # groups per chunk
     for j0 in range(0, ng, step):
         j1 = min(ng, j0 + step)
-        coef, subs, coef_parts, tile, tile_t = scratch.key_views(j1 - j0)
-        # fold the scale into the query, one copy per key group: coef[j,b,h,m,i,:] = (q * s_j) of part i
-        torch.mul(scale[j0:j1], scratch.q_parts, out=coef)
-        for hi, lo in subs:  # descending parts: part i - 1 is still unmodified when part i reads it
-            hi.sub_(lo, alpha=1 << nbits)
-        rows = out[j0 * bh : j1 * bh]
-        src = codes[j0:j1]
-        for i in range(k):
-            tile.copy_(src >> (i * nbits) if i else src)  # uint8 -> fp32, group-major
-            if i == 0:
-                torch.baddbmm(bias[j0 * bh : j1 * bh], coef_parts[0], tile_t, out=rows)
-            else:
-                rows.baddbmm_(coef_parts[i], tile_t)
+        r0, r1 = j0 * bh, j1 * bh
+        tile, tile_t = scratch.key_tile(j1 - j0)
+        tile.copy_(codes[j0:j1])  # uint8 -> fp32, group-major
+        rows = out[r0:r1]
+        torch.baddbmm(bias[r0:r1], coef[r0:r1, :, :p], tile_t, out=rows)
+        for i in range(1, k):
+            scratch.next_part(tile)
+            rows.baddbmm_(coef[r0:r1, :, i * p : (i + 1) * p], tile_t)
     return out.view(ng, b, h, m, group)
 
 
@@ -225,21 +216,23 @@ class _ValueSums:
         """Add ``pr [B, H, M, n]`` (probabilities of the block's ``n`` tokens) times the block's values."""
         sc = self.scratch
         b, h, m = sc.b, sc.h, sc.m
-        n, kg, k, nbits = seg.tokens, self.kg, sc.k, sc.nbits
+        n, kg, k = seg.tokens, self.kg, sc.k
         gp = sc.group // k  # bytes per value group
-        u = seg.v_scale.transpose(-1, -2).to(F32, memory_format=torch.contiguous_format)  # [B,H,KG,n]
+        rows = b * h * kg
         self.zero.baddbmm_(pr.reshape(b * h, m, n), seg.v_zero.to(F32).reshape(b * h, n, kg))
-        p5, u5 = pr[:, :, None], u[:, :, :, None]
+        # the per-token scale folds into p: pw[b,h,kg,m,t] = p[b,h,m,t] * u[b,h,kg,t]
+        u = seg.v_scale.to(F32).transpose(-1, -2)[:, :, :, None, :]  # [B,H,KG,1,n]
+        pw = torch.mul(pr[:, :, None], u, out=pr.new_empty(b, h, kg, m, n)).view(rows, m, n)
         codes = seg.v_codes.view(b, h, n, kg, gp).transpose(2, 3)  # [B,H,KG,n,gp] uint8
         for t0 in range(0, n, sc.chunk):
             t1 = min(n, t0 + sc.chunk)
-            pw, pw_b, tile, tile_b = sc.value_views(t1 - t0)
-            # the per-token scale folds into p: pw[b,h,kg,m,t] = p[b,h,m,t] * u[b,h,kg,t]
-            torch.mul(p5[..., t0:t1], u5[..., t0:t1], out=pw)
-            src = codes[..., t0:t1, :]
-            for i in range(k):
-                tile.copy_(src >> (i * nbits) if i else src)  # uint8 -> fp32
-                self.part_views[i].baddbmm_(pw_b, tile_b)
+            tile, tile_b = sc.value_tile(t1 - t0)
+            tile.copy_(codes[..., t0:t1, :])  # uint8 -> fp32
+            pc = pw[..., t0:t1]
+            self.part_views[0].baddbmm_(pc, tile_b)
+            for i in range(1, k):
+                sc.next_part(tile)
+                self.part_views[i].baddbmm_(pc, tile_b)
 
     def result(self) -> torch.Tensor:
         """``[B, H, M, D]`` fp32."""
