@@ -10,9 +10,10 @@ KIVI (Liu et al., arXiv:2402.02750) §3.2-3.3 and Algorithm 1:
   Prefill follows the same rule: its newest ``R`` (up to ``R + G - 1``) tokens stay in full precision.
 
 Flushed chunks are always G-aligned from token 0, so streaming tokens one at a time produces exactly the same
-codes, scales and zeros as one call with all of them. Quantized data is written once into storage blocks (a
-prefill's chunk fits one block; later blocks hold a quarter of the history, at most ``block_tokens``) and is never
-rewritten or moved, so a flush costs O(new tokens), not O(history).
+codes, scales and zeros as one call with all of them. Quantized data is written once into storage blocks (a block
+holds the chunk that opens it plus room for a quarter of the history, at most ``block_tokens``) and is never
+rewritten or moved, so a flush costs O(new tokens), not O(history). The residual window lives in one storage of
+``R + G`` tokens that decode steps write in place.
 
 Byte ledger per layer, per batch row, per KV head, with ``Q`` quantized tokens out of ``T`` (``D`` head_dim,
 ``b`` nbits, ``m`` metadata bytes, ``p`` cache dtype bytes)::
@@ -248,14 +249,15 @@ class KIVIState:
         self._start = 0
 
     def _new_block(self, like: torch.Tensor, pending: int) -> QuantBlock:
-        # A block fits the chunk being written (a prefill lands in one block) and otherwise grows with a quarter of
-        # the stored history, capped at block_tokens: few blocks for the fused attention to visit, at most ~25 %
-        # of the quantized bytes reserved ahead. Blocks are never moved or rewritten.
+        # A block fits the chunk being written (a prefill lands in one block) plus a quarter of the history it
+        # completes, capped at block_tokens: the flushes that follow land in the same block, so the fused attention
+        # visits few blocks, while at most ~25 % of the quantized bytes are reserved ahead (reported as
+        # allocated_unused). Blocks are never moved or rewritten.
         cfg = self.config
         b, h, _, d = like.shape
         g = cfg.group_size
-        quarter = -(-(self.quantized_tokens // 4) // g) * g
-        cap = min(cfg.block_tokens, max(g, pending, quarter))
+        quarter = -(-((self.quantized_tokens + pending) // 4) // g) * g
+        cap = min(cfg.block_tokens, max(g, pending + quarter))
         scale_dtype, zero_dtype = metadata_dtypes(like.dtype)
         packed = d * cfg.nbits // 8
         dev = like.device
