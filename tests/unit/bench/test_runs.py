@@ -179,6 +179,12 @@ def test_fill_cache_leaves_the_state_of_a_single_chunk_prefill(tiny_lm, name):
 
 
 def _state_tensors(layer):
+    """The stored data of a layer: for KIVI its filled blocks and residual window (spare capacity is uninitialised),
+    for any other cache every tensor it holds."""
     from kvlab.caches.measure import _tensors
 
+    state = getattr(layer, "state", None)
+    if state is not None:
+        views = [t for seg in state.segments() for t in vars(seg).values() if isinstance(t, torch.Tensor)]
+        return views + [state.key_residual, state.value_residual]
     return list(_tensors(layer, set()))
