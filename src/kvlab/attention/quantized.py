@@ -318,7 +318,7 @@ def kivi_attention(
     qg = query.to(F32).reshape(b, hkv, m, d) * scaling
     segments = list(segments)
     use_triton = False
-    if backend != "torch":
+    if backend == "triton" or (backend == "auto" and query.is_cuda):
         from kvlab.attention.triton_kivi import kivi_block_partials, triton_supported
 
         ok = triton_supported(query, d, nbits, group_size)

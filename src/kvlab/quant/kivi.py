@@ -106,6 +106,7 @@ class QuantBlock:
     v_scale: torch.Tensor  # [B, H, cap, D/G]  per-token scale (one per G channels)
     v_zero: torch.Tensor  # [B, H, cap, D/G]  per-token group minimum
     filled: int = 0  # tokens written so far (a multiple of G)
+    view: QuantSegmentView | None = field(default=None, repr=False)  # the filled part, rebuilt when it grows
 
     @property
     def capacity(self) -> int:
@@ -302,15 +303,17 @@ class KIVIState:
             f = blk.filled
             if f == 0:
                 continue
-            yield QuantSegmentView(
-                k_codes=blk.k_codes[:, :, :f],
-                k_scale=blk.k_scale[:, :, : f // g],
-                k_zero=blk.k_zero[:, :, : f // g],
-                v_codes=blk.v_codes[:, :, :f],
-                v_scale=blk.v_scale[:, :, :f],
-                v_zero=blk.v_zero[:, :, :f],
-                tokens=f,
-            )
+            if blk.view is None or blk.view.tokens != f:
+                blk.view = QuantSegmentView(
+                    k_codes=blk.k_codes[:, :, :f],
+                    k_scale=blk.k_scale[:, :, : f // g],
+                    k_zero=blk.k_zero[:, :, : f // g],
+                    v_codes=blk.v_codes[:, :, :f],
+                    v_scale=blk.v_scale[:, :, :f],
+                    v_zero=blk.v_zero[:, :, :f],
+                    tokens=f,
+                )
+            yield blk.view
 
     def dequantize_prefix(self, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Float copy of the quantized prefix: ``([B, H, Q, D], [B, H, Q, D])``, or ``None`` when ``Q == 0``."""
@@ -390,6 +393,7 @@ class KIVIState:
             for name in ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero"):
                 t = getattr(blk, name)
                 setattr(blk, name, t.index_select(0, index.to(t.device)))
+            blk.view = None
         if self._kbuf is not None:
             self._kbuf = self._kbuf.index_select(0, index.to(self._kbuf.device))
             self._vbuf = self._vbuf.index_select(0, index.to(self._vbuf.device))
