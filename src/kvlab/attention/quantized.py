@@ -16,6 +16,7 @@ Query heads of one KV head are stacked as rows (GQA without repeating K/V). Sour
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import contextmanager
 
 import torch
 
@@ -32,6 +33,23 @@ TWO_PASS_MAX_SCORES = 1 << 22
 CHUNK_TOKENS: int | None = None
 MIN_CHUNK_TOKENS = 256
 MAX_CHUNK_TOKENS = 4096
+# Decode problems whose tile is below this many floats run on one intra-op thread: their operators are too small to
+# split, and waking the other threads costs more than the work (measured on CPU: docs/PERFORMANCE.md).
+SERIAL_MAX_TILE = 1 << 16
+
+
+@contextmanager
+def _intra_op_threads(n: int | None):
+    """Run the block with ``n`` intra-op threads (``None``: unchanged), restoring the previous count after."""
+    prev = torch.get_num_threads()
+    if n is None or n >= prev:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
 
 
 def chunk_tokens(total_tokens: int, nbits: int, group: int) -> int:
@@ -336,32 +354,21 @@ def kivi_attention(
         rows = torch.arange(q_len, device=query.device).repeat(g)[:, None]  # query index of each row
         causal = torch.arange(w, device=query.device)[None, :] > rows + offset
     if not use_triton and m * total <= TWO_PASS_MAX_SCORES:
-        # decode-sized: every score at once ([B, Hkv, m, T] fp32, small), one softmax, then p @ V chunk by chunk
-        scratch = _Scratch(qg, chunk_tokens(total, nbits, group_size), nbits, group_size, window=w)
-        scores = torch.empty(b, hkv, m, total, device=query.device)
-        start = 0
-        for seg in segments:
-            view = scores[..., start : start + seg.tokens].view(
-                b, hkv, m, seg.tokens // group_size, group_size
+        chunk = chunk_tokens(total, nbits, group_size)
+        with _intra_op_threads(1 if chunk * b * hkv * d // (8 // nbits) < SERIAL_MAX_TILE else None):
+            out = _two_pass(
+                qg,
+                segments,
+                key_window,
+                value_window,
+                nbits,
+                group_size,
+                chunk,
+                attention_mask,
+                causal,
+                g,
+                q_len,
             )
-            view.copy_(_key_scores(qg, seg, scratch).permute(1, 2, 3, 0, 4))
-            start += seg.tokens
-        kw = scratch.window(key_window)
-        torch.matmul(qg, kw.transpose(-1, -2), out=scores[..., quantized:])
-        if attention_mask is not None:
-            scores.masked_fill_(~_mask_rows(attention_mask, g, q_len, 0, total), NEG_INF)
-        elif causal is not None:
-            scores[..., quantized:].masked_fill_(causal, NEG_INF)
-        p = torch.softmax(scores, dim=-1)
-        if attention_mask is not None:
-            p.nan_to_num_(0.0)  # rows with every key masked (padding) come out as 0, not NaN
-        values = _ValueSums(scratch, query.device)
-        start = 0
-        for seg in segments:
-            values.add(p[..., start : start + seg.tokens], seg)
-            start += seg.tokens
-        out = values.result()
-        out += torch.matmul(p[..., quantized:], scratch.window(value_window))
     else:
         w_scores = torch.matmul(qg, key_window.to(F32).transpose(-1, -2))  # [B, Hkv, m, w]
         if attention_mask is not None:
@@ -388,3 +395,38 @@ def kivi_attention(
         state.acc += torch.matmul(p, value_window.to(F32))
         out = state.result()  # [B, Hkv, m, D]
     return out.reshape(b, hq, q_len, d).to(query.dtype)
+
+
+def _two_pass(
+    qg, segments, key_window, value_window, nbits, group_size, chunk, attention_mask, causal, g, q_len
+):
+    """Decode-sized problems: every score at once (``[B, Hkv, m, T]`` fp32, small), one softmax, then ``p @ V``
+    block by block and chunk by chunk. Returns ``[B, Hkv, m, D]`` fp32."""
+    b, hkv, m, d = qg.shape
+    quantized = sum(seg.tokens for seg in segments)
+    w = key_window.shape[-2]
+    total = quantized + w
+    scratch = _Scratch(qg, chunk, nbits, group_size, window=w)
+    scores = torch.empty(b, hkv, m, total, device=qg.device)
+    start = 0
+    for seg in segments:
+        view = scores[..., start : start + seg.tokens].view(b, hkv, m, seg.tokens // group_size, group_size)
+        view.copy_(_key_scores(qg, seg, scratch).permute(1, 2, 3, 0, 4))
+        start += seg.tokens
+    kw = scratch.window(key_window)
+    torch.matmul(qg, kw.transpose(-1, -2), out=scores[..., quantized:])
+    if attention_mask is not None:
+        scores.masked_fill_(~_mask_rows(attention_mask, g, q_len, 0, total), NEG_INF)
+    elif causal is not None:
+        scores[..., quantized:].masked_fill_(causal, NEG_INF)
+    p = torch.softmax(scores, dim=-1)
+    if attention_mask is not None:
+        p.nan_to_num_(0.0)  # rows with every key masked (padding) come out as 0, not NaN
+    values = _ValueSums(scratch, qg.device)
+    start = 0
+    for seg in segments:
+        values.add(p[..., start : start + seg.tokens], seg)
+        start += seg.tokens
+    out = values.result()
+    out += torch.matmul(p[..., quantized:], scratch.window(value_window))
+    return out
