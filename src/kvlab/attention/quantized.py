@@ -6,11 +6,17 @@ and values per-token (token ``t`` has scale ``u_t,k`` and zero ``w_t,k`` per gro
     q · K_t   = (q ⊙ s_j) · code_t  +  q · z_j                       (the key scale/zero fold into the query)
     Σ_t p_t V_t[k-group] = Σ_t (p_t u_t,k) code_t[k-group]  +  Σ_t p_t w_t,k   (value scale/zero fold into p)
 
-so each quantized block is read as packed ``uint8`` codes, unpacked chunk by chunk into small integer-valued
-tiles, and multiplied directly; the softmax is computed online across blocks and the full-precision residual
-window (flash-decoding style split over the token axis: running max, running sum, rescaled accumulator).
-Query heads of one KV head are stacked as rows (GQA without repeating K/V). Sources: KIVI (arXiv:2402.02750) §3.3
-(fused dequantization into the matmul), FlashAttention/FlashDecoding online softmax (arXiv:2205.14135 §3.1).
+Unpacking also moves to the small side: a byte ``x = c_0 + 2^b c_1 + ...`` holds ``8 / b`` codes, and
+``Σ_i a_i c_i = Σ_i (a_i - 2^b a_{i-1}) floor(x / 2^{ib})``, so the packed bytes are converted to fp32 once per
+chunk and each further part is an exact in-place ``floor(tile / 2^b)``: no masks, no interleaving, one fp32 tile of
+``chunk x D·b/8`` per KV head, reused for every chunk and block (the chunk is sized to at most 1/8 of the layer's
+bf16 K+V, :func:`chunk_tokens`). Decode-sized problems take every score at once (``M x T`` floats), one softmax,
+then ``p @ V`` block by block; larger ones (long prefill chunks over a quantized prefix) use the online softmax
+(running max, running sum, rescaled accumulator) across chunks and the full-precision residual window. Query heads
+of one KV head are stacked as rows (GQA without repeating K/V).
+
+Sources: KIVI (arXiv:2402.02750) §3.3 (fused dequantization into the matmul), FlashAttention/FlashDecoding online
+softmax (arXiv:2205.14135 §3.1).
 """
 
 from __future__ import annotations

@@ -178,3 +178,23 @@ def test_unknown_backend_named():
     kw = torch.randn(1, 1, 3, 16)
     with pytest.raises(ValueError, match="got 'cuda-magic'"):
         kivi_attention(q, [], kw, kw, 4, 8, 0.25, backend="cuda-magic")
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_leaves_the_thread_count_as_it_found_it(threads):
+    """Small decode problems run on one intra-op thread; the caller's setting is restored, also after an error."""
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        state = KIVIState(KIVIConfig(4, 8, 8))
+        state.append(torch.randn(1, 1, 40, 16), torch.randn(1, 1, 40, 16))
+        segs = list(state.segments())
+        kw, vw = state.append(torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16))
+        kivi_attention(torch.randn(1, 2, 1, 16), segs, kw, vw, 4, 8, 0.25)
+        assert torch.get_num_threads() == threads
+        bad_mask = torch.ones(1, 2, 1, state.total_tokens, dtype=torch.bool)  # per-head masks are rejected
+        with pytest.raises(ValueError, match="per-head"):
+            kivi_attention(torch.randn(1, 2, 1, 16), segs, kw, vw, 4, 8, 0.25, attention_mask=bad_mask)
+        assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(saved)
