@@ -192,7 +192,13 @@ def render_flush(result: dict) -> str:
         f"R={st['residual_length']}; HQQ/quanto group {st['hqq_group_size']}, R={st['residual_length']}. "
         f"Median µs of the flushing single-token append (in parentheses: the next, plain append); "
         f"{st['reps']} rounds for KIVI, {st['hf_reps']} for HQQ/quanto; a round measures every history length once, "
-        "in rotated order.",
+        "in rotated order"
+        + (
+            f", each with a fresh layer timed over {st['kivi_cycles']} consecutive flushes for KIVI (median), one "
+            "for HQQ/quanto."
+            if "kivi_cycles" in st
+            else "."
+        ),
         "",
         _table(["history tokens"] + [f"`{c}`" for c in caches], rows),
     ]

@@ -120,6 +120,7 @@ def test_flush_quick_keys_and_ratios():
         assert row["status"] == "ok", row
         assert row["flush_us"] > 0 and row["plain_append_us"] > 0
         assert len(row["flush_us_all"]) == row["reps"]
+        assert row["cycles"] == (flush.KIVI_CYCLES if row["cache"].startswith("kivi") else 1)
         assert row["history_tokens"] >= row["context"]
         ok[(row["cache"], row["context"])] = row["flush_us"]
     lo, hi = flush.QUICK_CONTEXTS
@@ -188,3 +189,14 @@ def _state_tensors(layer):
         views = [t for seg in state.segments() for t in vars(seg).values() if isinstance(t, torch.Tensor)]
         return views + [state.key_residual, state.value_residual]
     return list(_tensors(layer, set()))
+
+
+def test_one_flush_times_consecutive_flushes_of_one_layer():
+    settings = {"group_size": 4, "residual_length": 8}
+    k = torch.randn(1, 1, 200, 8)
+    f_us, p_us, history = flush._one_flush(
+        "kivi4", 32, (k, k.clone()), settings, torch.device("cpu"), cycles=3
+    )
+    assert f_us > 0 and p_us > 0
+    # history at the first timed flush: the fill, then up to the step before it (R + G - 1 tokens in the window)
+    assert history == 32 + 8 + 4 - 1 - 8
