@@ -302,17 +302,12 @@ def exact_prefill(model: Any, ids: torch.Tensor, chunk_tokens: int):
 def fill_cache(cache: Any, source: Any) -> None:
     """Write the keys/values of ``source`` (a prefilled ``DynamicCache``) into the fresh ``cache``, one ``update``
     per layer: the state a single-chunk prefill of the same tokens leaves in ``cache`` (its first update sees the
-    exact keys/values of the whole prompt). For a fused :class:`KIVICache` the hand-off entries that no attention
-    will read are dropped from :func:`kvlab.attention.interface.pending`."""
+    exact keys/values of the whole prompt). kvlab's :class:`KIVICache` takes them through its ``load``."""
+    if hasattr(cache, "load"):
+        cache.load((layer.keys, layer.values) for layer in source.layers)
+        return
     for idx, layer in enumerate(source.layers):
         cache.update(layer.keys, layer.values, idx)
-    if getattr(cache, "attention", None) == "fused":
-        from kvlab.attention.interface import pending
-
-        table = pending()
-        owners = {id(layer) for layer in cache.layers}
-        for idx in [i for i, entry in table.items() if id(entry.owner) in owners]:
-            del table[idx]
 
 
 def _error(e: BaseException) -> dict:

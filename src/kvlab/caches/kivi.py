@@ -191,6 +191,31 @@ class KIVICache(Cache):
             kwargs["kvlab_layer_idx"] = layer_idx
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
+    def load(self, states) -> None:
+        """Write per-layer ``(keys, values)`` into the cache outside a forward pass, one append per layer (as a
+        single-chunk prefill of the same tokens would): e.g. to copy a ``DynamicCache`` prefill computed once into
+        several caches. Nothing is handed to the attention, so a fused cache can decode right after.
+
+        Args:
+            states: iterable of ``(keys, values)``, each ``[batch, kv_heads, tokens, head_dim]``, layer 0 first
+                (e.g. ``[(layer.keys, layer.values) for layer in dynamic_cache.layers]``).
+
+        Raises:
+            ValueError: as :meth:`update` for bad shapes/dtypes, or more layers than a cache built with a model
+                config has.
+        """
+        for idx, (keys, values) in enumerate(states):
+            while len(self.layers) <= idx:
+                if self.layer_class_to_replicate is None:
+                    raise ValueError(f"layer {idx} is beyond this cache's {len(self.layers)} layers")
+                self.layers.append(self.layer_class_to_replicate())
+            layer = self.layers[idx]
+            if not layer.is_initialized:
+                layer.state._check(keys, values)
+                layer.lazy_initialization(keys, values)
+            layer.state.append(keys, values)
+            layer.keys, layer.values = layer.state.key_residual, layer.state.value_residual
+
     def __repr__(self) -> str:
         c = self.kivi_config
         return f"KIVICache(nbits={c.nbits}, group_size={c.group_size}, residual_length={c.residual_length})"

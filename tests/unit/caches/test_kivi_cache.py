@@ -111,3 +111,38 @@ def test_sliding_window_model_rejected():
     )
     with pytest.raises(ValueError, match="sliding_attention"):
         KIVICache(config=cfg)
+
+
+@pytest.mark.parametrize("attention", ["dequantize", "fused"])
+def test_load_equals_a_single_chunk_prefill_and_decodes(tiny_qwen2, attention):
+    """``load`` writes a DynamicCache prefill into a KIVICache; the next forward (fused included) works and gives
+    the logits of a cache that saw the same prefill through the model."""
+    import kvlab.attention
+
+    ids = torch.randint(1, 256, (1, 90), generator=torch.Generator().manual_seed(4))
+    kvlab.attention.enable(tiny_qwen2)
+    try:
+        with torch.no_grad():
+            source = DynamicCache()
+            tiny_qwen2(input_ids=ids[:, :-1], past_key_values=source, use_cache=True)
+            direct = KIVICache(nbits=4, group_size=16, residual_length=32, attention=attention)
+            tiny_qwen2(input_ids=ids[:, :-1], past_key_values=direct, use_cache=True)
+            loaded = KIVICache(nbits=4, group_size=16, residual_length=32, attention=attention)
+            loaded.load((layer.keys, layer.values) for layer in source.layers)
+            assert loaded.get_seq_length() == direct.get_seq_length() == 89
+            assert loaded.nbytes_breakdown() == direct.nbytes_breakdown()
+            a = tiny_qwen2(input_ids=ids[:, -1:], past_key_values=direct, use_cache=True).logits
+            b = tiny_qwen2(input_ids=ids[:, -1:], past_key_values=loaded, use_cache=True).logits
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
+    finally:
+        tiny_qwen2.set_attn_implementation("sdpa")
+
+
+def test_load_rejects_more_layers_than_the_model_has(tiny_qwen2):
+    cfg = tiny_qwen2.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    cache = KIVICache(group_size=8, residual_length=8, config=cfg)
+    n = len(cache.layers)
+    kv = torch.randn(1, cfg.num_key_value_heads, 4, head_dim)
+    with pytest.raises(ValueError, match=f"layer {n} is beyond this cache's {n} layers"):
+        cache.load([(kv, kv)] * (n + 1))
