@@ -48,7 +48,7 @@ class KVBudget:
     weight_bytes: float
     overhead_bytes: float
     kv_bytes_per_token: float
-    source: str = "seed 003: Llama-3-8B, BF16 KV, 80 GiB - weights - 4 GiB"
+    source: str = "mechanics chapter example: Llama-3-8B, BF16 KV, 80 GiB - weights - 4 GiB"
 
     def __post_init__(self) -> None:
         for name in ("gpu_bytes", "weight_bytes", "overhead_bytes", "kv_bytes_per_token"):
@@ -107,7 +107,7 @@ def seed_budget(kv_bytes_per_token: float = LLAMA3_8B_KV_BYTES_PER_TOKEN) -> KVB
 
     ``kv_bytes_per_token`` may be overridden to model a quantized cache of the same model.
     """
-    source = "seed 003: Llama-3-8B, 80 GiB - weights - 4 GiB"
+    source = "mechanics chapter example: Llama-3-8B, 80 GiB - weights - 4 GiB"
     if kv_bytes_per_token != LLAMA3_8B_KV_BYTES_PER_TOKEN:
         source += f", {kv_bytes_per_token:g} KV bytes/token"
     return KVBudget(
