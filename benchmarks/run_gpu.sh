@@ -7,6 +7,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'run_gpu.sh: no CUDA device')"
+# kvlab into the image's environment without touching its torch/triton (no network needed: pure Python)
+python -c "import kvlab" 2>/dev/null || pip install --no-deps --no-build-isolation -q -e .
+# the Triton kernel against the torch path, on the GPU (skipped cleanly if pytest/hypothesis are missing)
+if python -c "import pytest, hypothesis" 2>/dev/null; then
+    TRITON_INTERPRET=0 python -m pytest -q -p no:cacheprovider tests/unit/attention/test_triton_kivi.py \
+        tests/unit/attention/test_quantized_attention.py || echo "run_gpu.sh: GPU attention tests FAILED (see above)"
+else
+    echo "run_gpu.sh: pytest/hypothesis not installed: GPU attention tests skipped"
+fi
 kvlab bench kernel --device cuda "$@"
 kvlab bench decode --device cuda --contexts 4096,32768,131072 --steps 32 "$@"
 kvlab bench memory --device cuda --contexts 4096,32768,131072 "$@"
