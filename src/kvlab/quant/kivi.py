@@ -137,8 +137,9 @@ class KIVIState:
     G-aligned chunks beyond the residual window (see the module docstring for the rule).
 
     Raises (from :meth:`append`):
-        ValueError: K/V shape mismatch, non-4-D input, a batch/head/head_dim/dtype change after the first append,
-            or a head_dim that ``group_size`` does not divide.
+        ValueError: K/V shape mismatch, non-4-D input, a batch/head/head_dim/dtype/device change after the first
+            append, a head_dim that ``group_size`` does not divide, or inf/NaN in the new tokens (nothing is
+            stored then).
     """
 
     config: KIVIConfig
@@ -192,6 +193,21 @@ class KIVIState:
                 raise ValueError(
                     f"appended states {tuple(keys.shape)} {keys.dtype} do not match the cache "
                     f"[{ref.shape[0]}, {ref.shape[1]}, *, {ref.shape[-1]}] {ref.dtype}"
+                )
+            if keys.device != ref.device or values.device != ref.device:
+                raise ValueError(
+                    f"appended states on {keys.device}/{values.device} do not match the cache on {ref.device}"
+                )
+        if keys.device != values.device:
+            raise ValueError(f"keys ({keys.device}) and values ({values.device}) must share a device")
+        # refuse inf/NaN when it arrives: in the residual window it would poison every later attention step and
+        # make the flush that reaches it fail. One isfinite pass over the new tokens (tiny for a decode step).
+        for name, x in (("keys", keys), ("values", values)):
+            if x.numel() and not bool(torch.isfinite(x).all()):
+                bad = (~torch.isfinite(x)).nonzero()[0].tolist()
+                raise ValueError(
+                    f"{name} hold {x[tuple(bad)].item()} at [{', '.join(map(str, bad))}] "
+                    f"([batch, kv_head, token of this append, channel]): KIVI cannot store inf or NaN"
                 )
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

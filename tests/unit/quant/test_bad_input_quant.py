@@ -99,3 +99,42 @@ def test_tiny_groups_stay_finite_and_within_their_range(dtype):
     y = dequantize(quantize_groups(x, 4, 4)).double()
     lo, hi = x.double().amin(-1, keepdim=True), x.double().amax(-1, keepdim=True)
     assert torch.isfinite(y).all() and (y >= lo - tiny).all() and (y <= hi + tiny).all()
+
+
+@pytest.mark.parametrize("bad", (float("nan"), float("inf"), float("-inf")))
+@pytest.mark.parametrize("which", ("keys", "values"))
+def test_kivi_state_rejects_non_finite_tokens_at_append(bad, which):
+    """A NaN/inf must be refused when it arrives, naming the tensor and the position, not accepted into the
+    full-precision residual window (where it would poison attention and make a later flush fail)."""
+    cfg = KIVIConfig(nbits=4, group_size=4, residual_length=8)
+    state = KIVIState(cfg)
+    k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    state.append(k, v)
+    before = (state.total_tokens, state.key_residual.clone(), state.value_residual.clone())
+    k1, v1 = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8)
+    (k1 if which == "keys" else v1)[0, 1, 0, 3] = bad
+    with pytest.raises(ValueError, match=rf"{which} .*(nan|inf).*\[0, 1, 0, 3\]"):
+        state.append(k1, v1)
+    # nothing was written: the cache keeps working
+    assert state.total_tokens == before[0]
+    assert torch.equal(state.key_residual, before[1]) and torch.equal(state.value_residual, before[2])
+    state.append(torch.randn(1, 2, 20, 8), torch.randn(1, 2, 20, 8))
+    assert state.total_tokens == 25
+
+
+def test_kivi_state_rejects_non_finite_first_append():
+    state = KIVIState(KIVIConfig(nbits=4, group_size=4, residual_length=8))
+    k = torch.randn(1, 1, 3, 8)
+    k[0, 0, 2, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"keys .*nan.*\[0, 0, 2, 0\]"):
+        state.append(k, torch.randn(1, 1, 3, 8))
+    assert state.total_tokens == 0 and state.key_residual is None
+
+
+def test_kivi_state_rejects_a_device_change():
+    state = KIVIState(KIVIConfig(nbits=4, group_size=4, residual_length=8))
+    state.append(torch.randn(1, 1, 3, 8), torch.randn(1, 1, 3, 8))
+    other = torch.empty(1, 1, 1, 8, device="meta")
+    with pytest.raises(ValueError, match="meta.*do not match the cache on cpu"):
+        state.append(other, other)
+    assert state.total_tokens == 3
