@@ -13,7 +13,7 @@ Flushed chunks are always G-aligned from token 0, so streaming tokens one at a t
 codes, scales and zeros as one call with all of them. Quantized data is written once into storage blocks (a block
 holds the chunk that opens it plus room for a quarter of the history, at most ``block_tokens``) and is never
 rewritten or moved, so a flush costs O(new tokens), not O(history). The residual window lives in one storage of
-``R + G`` tokens that decode steps write in place.
+up to ``R + G`` tokens (grown geometrically while the window fills) that decode steps write in place.
 
 Byte ledger per layer, per batch row, per KV head, with ``Q`` quantized tokens out of ``T`` (``D`` head_dim,
 ``b`` nbits, ``m`` metadata bytes, ``p`` cache dtype bytes)::
@@ -146,7 +146,7 @@ class KIVIState:
     blocks: list[QuantBlock] = field(default_factory=list)
     quantized_tokens: int = 0  # Q: tokens held in blocks
     flushes: int = 0  # number of append calls that flushed at least one chunk
-    # residual window storage: [B, H, R + G, D] in the model dtype, written in place by single-token appends
+    # residual window storage: [B, H, <= R + G, D] in the model dtype, written in place by single-token appends
     _kbuf: torch.Tensor | None = field(default=None, repr=False)
     _vbuf: torch.Tensor | None = field(default=None, repr=False)
     _start: int = (
@@ -245,8 +245,9 @@ class KIVIState:
         else:
             rest = n - flush
             if self._kbuf is None or self._kbuf.shape[-2] < rest:
+                # grow geometrically up to R + G (a short prompt under a huge R does not reserve R tokens up front)
                 b, h, _, d = keys.shape
-                cap = max(cfg.residual_length + cfg.group_size, rest)
+                cap = max(rest, min(cfg.residual_length + cfg.group_size, max(2 * rest, cfg.group_size)))
                 self._kbuf = keys.new_zeros(b, h, cap, d)
                 self._vbuf = values.new_zeros(b, h, cap, d)
             self._kbuf[:, :, :rest] = key_window[..., flush:, :]

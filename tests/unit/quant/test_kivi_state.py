@@ -172,3 +172,23 @@ def test_decode_appends_write_the_window_in_place():
         info["allocated_unused"]
         == spare + (cfg.residual_length + cfg.group_size - state.residual_tokens) * per_token
     )
+
+
+def test_residual_storage_grows_with_the_tokens_not_with_residual_length():
+    """A huge residual_length must not allocate R + G tokens of storage up front: a 3-token prompt under
+    R = 2**40 holds 3 tokens (no allocation failure), and storage grows geometrically, capped at R + G."""
+    state = KIVIState(KIVIConfig(nbits=4, group_size=32, residual_length=2**40))
+    k, v = kv(3, d=32)
+    state.append(k, v)
+    assert state._kbuf.shape[-2] == 32  # max(2 * tokens, G), not R + G
+    cfg = KIVIConfig(nbits=4, group_size=4, residual_length=64)
+    state = KIVIState(cfg)
+    k, v = kv(200, seed=3)
+    state.append(k[..., :2, :], v[..., :2, :])
+    for t in range(2, 200):
+        kw, _ = state.append(k[..., t : t + 1, :], v[..., t : t + 1, :])
+        assert torch.equal(kw[..., -1:, :], k[..., t : t + 1, :])
+        assert torch.equal(state.key_residual, k[..., cfg.quantized_tokens(t + 1) : t + 1, :])
+        assert state._kbuf.shape[-2] <= max(2 * state.residual_tokens, cfg.group_size)
+        assert state._kbuf.shape[-2] <= cfg.residual_length + cfg.group_size
+    assert state._kbuf.shape[-2] == cfg.residual_length + cfg.group_size
