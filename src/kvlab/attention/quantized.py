@@ -26,6 +26,7 @@ from contextlib import contextmanager
 
 import torch
 
+from kvlab.quant.codec import check_group_size, check_nbits
 from kvlab.quant.kivi import QuantSegmentView
 
 NEG_INF = float("-inf")
@@ -326,21 +327,27 @@ def kivi_attention(
         ``[batch, q_heads, q_len, head_dim]`` in ``query.dtype``.
 
     Raises:
-        ValueError: q_heads not a multiple of kv_heads, mismatched head_dim, per-head masks, unknown backend.
+        ValueError: a non-4-D or non-floating query/window, shapes that do not fit each other (batch, kv heads,
+            head_dim, q_heads not a multiple of kv_heads), segments not written with this ``nbits``/``group_size``
+            for this batch/heads/head_dim, a mask that is not ``[1 or batch, 1, q_len, Q + w]`` bool or float
+            (per-head masks included), a float mask holding anything but 0 or a large negative value (<= -1e4),
+            ``q_len`` larger than the window or a ``window_offset`` outside ``[0, w - q_len]`` for the causal rule,
+            an unknown backend.
+        TypeError: ``scaling`` not a real number, ``window_offset`` not an int.
         RuntimeError: ``backend="triton"`` where the kernel cannot run.
     """
     if backend not in ("auto", "torch", "triton"):
         raise ValueError(f"`backend` must be 'auto', 'torch' or 'triton', got {backend!r}")
+    segments = _check_inputs(
+        query, segments, key_window, value_window, nbits, group_size, scaling, attention_mask, window_offset
+    )
     b, hq, q_len, d = query.shape
     hkv, w = key_window.shape[1], key_window.shape[2]
-    if hq % hkv or key_window.shape[-1] != d:
-        raise ValueError(f"query {tuple(query.shape)} does not fit key window {tuple(key_window.shape)}")
     g = hq // hkv
     m = g * q_len
     # [B, Hq, q, D] -> [B, Hkv, g*q, D]: query heads sharing a KV head become rows (GQA without repeat_kv); the
     # softmax scale is folded into the rows once
     qg = query.to(F32).reshape(b, hkv, m, d) * scaling
-    segments = list(segments)
     use_triton = False
     if backend == "triton" or (backend == "auto" and query.is_cuda):
         from kvlab.attention.triton_kivi import kivi_block_partials, triton_supported
@@ -401,6 +408,118 @@ def kivi_attention(
         state.acc += torch.matmul(p, value_window.to(F32))
         out = state.result()  # [B, Hkv, m, D]
     return out.reshape(b, hq, q_len, d).to(query.dtype)
+
+
+# a float mask entry is "masked" at or below this (transformers writes finfo.min, older code -1e4 or -inf)
+MASKED_AT_MOST = -1e4
+
+
+def _check_inputs(
+    query, segments, key_window, value_window, nbits, group_size, scaling, attention_mask, window_offset
+) -> list[QuantSegmentView]:
+    """Validate the arguments of :func:`kivi_attention` (see its Raises); return the segments as a list."""
+    check_nbits(nbits)
+    check_group_size(group_size)
+    for name, t in (("query", query), ("key_window", key_window), ("value_window", value_window)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"`{name}` must be a torch.Tensor, got {type(t).__name__}")
+        if t.ndim != 4 or not t.dtype.is_floating_point:
+            raise ValueError(
+                f"`{name}` must be a floating [batch, {'q_heads, q_len' if name == 'query' else 'kv_heads, w'}, "
+                f"head_dim] tensor, got {tuple(t.shape)} {t.dtype}"
+            )
+    b, hq, q_len, d = query.shape
+    if key_window.shape != value_window.shape:
+        raise ValueError(
+            f"key_window {tuple(key_window.shape)} and value_window {tuple(value_window.shape)} must share a shape"
+        )
+    kb, hkv, w, kd = key_window.shape
+    if kb != b or kd != d or hkv == 0 or hq % hkv:
+        raise ValueError(
+            f"query {tuple(query.shape)} does not fit key window {tuple(key_window.shape)} (same batch and "
+            f"head_dim, q_heads a multiple of kv_heads)"
+        )
+    if key_window.device != query.device or value_window.device != query.device:
+        raise ValueError(
+            f"query ({query.device}) and key/value windows ({key_window.device}/{value_window.device}) must "
+            f"share a device"
+        )
+    if isinstance(scaling, bool) or not isinstance(scaling, (int, float)):
+        raise TypeError(f"`scaling` must be a real number, got {scaling!r}")
+    if scaling != scaling or scaling in (float("inf"), float("-inf")):
+        raise ValueError(f"`scaling` must be finite, got {scaling!r}")
+    if segments is None:
+        raise TypeError(
+            "`segments` must be an iterable of QuantSegmentView (empty when nothing is quantized)"
+        )
+    segments = list(segments)
+    if segments and (d % group_size or d * nbits % 8):
+        raise ValueError(
+            f"head_dim ({d}) must be a multiple of group_size ({group_size}) and fill bytes at {nbits} bits"
+        )
+    packed = d * nbits // 8
+    quantized = 0
+    for i, seg in enumerate(segments):
+        n = seg.tokens
+        expect = {
+            "k_codes": (b, hkv, n, packed),
+            "k_scale": (b, hkv, n // group_size, d),
+            "k_zero": (b, hkv, n // group_size, d),
+            "v_codes": (b, hkv, n, packed),
+            "v_scale": (b, hkv, n, d // group_size),
+            "v_zero": (b, hkv, n, d // group_size),
+        }
+        for name, shape in expect.items():
+            t = getattr(seg, name)
+            if n % group_size or tuple(t.shape) != shape:
+                raise ValueError(
+                    f"segment {i} ({n} tokens) does not fit nbits {nbits}, group_size {group_size} and the window "
+                    f"{tuple(key_window.shape)}: {name} is {tuple(t.shape)}, expected {shape}"
+                )
+            if t.device != query.device:
+                raise ValueError(f"segment {i} is on {t.device}, the query on {query.device}")
+        quantized += n
+    total = quantized + w
+    if attention_mask is not None:
+        m = attention_mask
+        if not isinstance(m, torch.Tensor):
+            raise TypeError(f"`attention_mask` must be a torch.Tensor or None, got {type(m).__name__}")
+        if m.dtype != torch.bool and not m.dtype.is_floating_point:
+            raise ValueError(
+                f"attention_mask must be bool (True = attend) or an additive float mask, got dtype {m.dtype}"
+            )
+        if m.ndim != 4 or m.shape[0] not in (1, b) or m.shape[2] != q_len or m.shape[3] != total:
+            raise ValueError(
+                f"attention_mask must be [1 or {b}, 1, {q_len}, {total}] ([batch, 1, q_len, quantized + window]), "
+                f"got {tuple(m.shape)}"
+            )
+        if m.shape[1] != 1:
+            raise ValueError(f"per-head attention masks are not supported, got mask shape {tuple(m.shape)}")
+        if m.device != query.device:
+            raise ValueError(f"attention_mask is on {m.device}, the query on {query.device}")
+        if m.dtype != torch.bool:
+            bad = ~((m == 0) | (m <= MASKED_AT_MOST))  # NaN compares False both ways: bad
+            if bool(bad.any()):
+                at = bad.nonzero()[0].tolist()
+                raise ValueError(
+                    f"a float attention_mask must hold 0 (attend) or a large negative value <= {MASKED_AT_MOST} "
+                    f"(masked), got {m[tuple(at)].item()} at [{', '.join(map(str, at))}]; general additive "
+                    f"biases are not supported, pass a bool mask"
+                )
+    elif q_len > 0:
+        if q_len > w:
+            raise ValueError(
+                f"without an attention_mask the q_len ({q_len}) queries must be the last tokens of the window "
+                f"({w}); pass a mask"
+            )
+        if window_offset is not None:
+            if isinstance(window_offset, bool) or not isinstance(window_offset, int):
+                raise TypeError(f"`window_offset` must be an int, got {window_offset!r}")
+            if not 0 <= window_offset <= w - q_len:
+                raise ValueError(
+                    f"`window_offset` must be in [0, {w - q_len}] (window {w}, q_len {q_len}), got {window_offset}"
+                )
+    return segments
 
 
 def _two_pass(
