@@ -30,6 +30,14 @@ class PendingPrefix:
     group_size: int
     owner: Any = None  # the KIVILayer that wrote this entry
     consumed: bool = False
+    key: torch.Tensor | None = (
+        None  # the key window the cache returned with it: the entry belongs to that call
+    )
+
+    def matches(self, key: torch.Tensor) -> bool:
+        """Whether ``key`` is the key window this entry was handed off with (the same tensor or a view of it)."""
+        k = self.key
+        return k is None or key is k or (key.shape == k.shape and key.data_ptr() == k.data_ptr())
 
 
 def pending() -> dict[int, PendingPrefix]:
@@ -55,8 +63,11 @@ def kvlab_attention_forward(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     layer_idx = getattr(module, "layer_idx", None)
-    entry = pending().get(layer_idx)
-    if entry is None or entry.consumed:
+    table = pending()
+    entry = table.get(layer_idx)
+    # an entry is read only with the key window it was handed off with: one left behind by a forward that failed
+    # between the cache update and the attention is never applied to another cache's keys
+    if entry is None or entry.consumed or not entry.matches(key):
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
@@ -64,7 +75,10 @@ def kvlab_attention_forward(
         raise ValueError(
             f"fused KIVI attention supports full attention only, got sliding_window={kwargs['sliding_window']}"
         )
+    if dropout:
+        raise ValueError(f"fused KIVI attention does not apply attention dropout, got dropout={dropout}")
     entry.consumed = True
+    del table[layer_idx]  # read once; the table must not keep the cache's blocks alive after the step
     if not entry.segments:  # nothing quantized yet (prefill): the window is the whole history, SDPA is exact
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs

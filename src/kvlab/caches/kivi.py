@@ -77,6 +77,7 @@ class KIVILayer(CacheLayerMixin):
         table = pending()
         previous = table.get(layer_idx)
         if previous is not None and previous.owner is self and not previous.consumed:
+            del table[layer_idx]
             raise RuntimeError(
                 "KIVICache(attention='fused') needs kvlab attention on the model: call "
                 "kvlab.attention.enable(model) first (the previous step's quantized prefix was never read)"
@@ -86,7 +87,9 @@ class KIVILayer(CacheLayerMixin):
         )  # views of blocks as they stand; the flush below writes beyond them
         key_window, value_window = self.state.append(key_states, value_states)
         self.keys, self.values = self.state.key_residual, self.state.value_residual
-        table[layer_idx] = PendingPrefix(segments, self.config.nbits, self.config.group_size, owner=self)
+        table[layer_idx] = PendingPrefix(
+            segments, self.config.nbits, self.config.group_size, owner=self, key=key_window
+        )
         return key_window, value_window
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
