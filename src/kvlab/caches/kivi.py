@@ -192,7 +192,25 @@ class KIVICache(Cache):
         """Cache.update, passing ``layer_idx`` down so the fused path can hand its prefix to the attention."""
         if self.attention == "fused":
             kwargs["kvlab_layer_idx"] = layer_idx
+            self._check_handoff(layer_idx)
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    def _check_handoff(self, layer_idx: int) -> None:
+        """Raise if the previous layer of this forward handed off a quantized prefix that its attention never read:
+        the model does not run kvlab attention, and its output so far is wrong (an O(1) check per layer)."""
+        from kvlab.attention.interface import pending
+
+        if not 0 < layer_idx <= len(self.layers):
+            return
+        table = pending()
+        entry = table.get(layer_idx - 1)
+        if entry is not None and entry.owner is self.layers[layer_idx - 1] and not entry.consumed:
+            for idx in [i for i, e in table.items() if any(e.owner is layer for layer in self.layers)]:
+                del table[idx]
+            raise RuntimeError(
+                "KIVICache(attention='fused') needs kvlab attention on the model: call "
+                f"kvlab.attention.enable(model) first (layer {layer_idx - 1}'s quantized prefix was never read)"
+            )
 
     def load(self, states) -> None:
         """Write per-layer ``(keys, values)`` into the cache outside a forward pass, one append per layer (as a

@@ -29,6 +29,19 @@ def model(tiny_qwen2):
     pending().clear()
 
 
+def test_fused_cache_read_by_sdpa_raises_in_the_same_forward(model):
+    """After load(), the first step's quantized prefix used to be dropped silently by SDPA (wrong logits, no
+    error): a model without kvlab attention must fail before it returns logits."""
+    ids = torch.randint(1, 256, (1, 60), generator=torch.Generator().manual_seed(1))
+    model.set_attn_implementation("sdpa")
+    cache = KIVICache(nbits=8, group_size=16, residual_length=16, attention="fused")
+    cache.load(_prefill(model, ids[:, :-1]))
+    assert cache.quantized_tokens() > 0
+    with pytest.raises(RuntimeError, match=r"kvlab.attention.enable\(model\)"), torch.no_grad():
+        model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True)
+    assert not pending()  # nothing of this cache is left for another forward to pick up
+
+
 def test_a_stale_prefix_is_never_read_by_another_cache(model):
     ids = torch.randint(1, 256, (1, 60), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
