@@ -189,7 +189,23 @@ class KIVICache(Cache):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ):
-        """Cache.update, passing ``layer_idx`` down so the fused path can hand its prefix to the attention."""
+        """Cache.update, passing ``layer_idx`` down so the fused path can hand its prefix to the attention.
+
+        Raises:
+            ValueError: as :meth:`KIVILayer.update`, or a layer's first update bringing a different number of tokens
+                than layer 0 holds (a cache loaded with fewer layers than the model has).
+            RuntimeError: fused mode on a model whose attention did not read the previous layer's prefix.
+        """
+        if layer_idx > 0 and self.layers and self.layers[0].is_initialized:
+            fresh = layer_idx >= len(self.layers) or not self.layers[layer_idx].is_initialized
+            held = self.layers[0].get_seq_length()
+            if fresh and isinstance(key_states, torch.Tensor) and key_states.ndim == 4:
+                if key_states.shape[-2] != held:
+                    raise ValueError(
+                        f"layer {layer_idx} receives its first {key_states.shape[-2]} token(s) while layer 0 holds "
+                        f"{held}: every layer must hold the same tokens (was the cache loaded with fewer layers "
+                        f"than the model has?)"
+                    )
         if self.attention == "fused":
             kwargs["kvlab_layer_idx"] = layer_idx
             self._check_handoff(layer_idx)
@@ -213,26 +229,63 @@ class KIVICache(Cache):
             )
 
     def load(self, states) -> None:
-        """Write per-layer ``(keys, values)`` into the cache outside a forward pass, one append per layer (as a
-        single-chunk prefill of the same tokens would): e.g. to copy a ``DynamicCache`` prefill computed once into
-        several caches. Nothing is handed to the attention, so a fused cache can decode right after.
+        """Write per-layer ``(keys, values)`` into the empty cache outside a forward pass, one append per layer (as
+        a single-chunk prefill of the same tokens would): e.g. to copy a ``DynamicCache`` prefill computed once into
+        several caches. Nothing is handed to the attention, so a fused cache can decode right after. Every layer is
+        checked before anything is written.
 
         Args:
-            states: iterable of ``(keys, values)``, each ``[batch, kv_heads, tokens, head_dim]``, layer 0 first
-                (e.g. ``[(layer.keys, layer.values) for layer in dynamic_cache.layers]``).
+            states: iterable of ``(keys, values)``, each ``[batch, kv_heads, tokens, head_dim]``, layer 0 first, one
+                per layer of the model (e.g. ``[(layer.keys, layer.values) for layer in dynamic_cache.layers]``);
+                every layer with the same batch and tokens.
 
         Raises:
-            ValueError: as :meth:`update` for bad shapes/dtypes, or more layers than a cache built with a model
-                config has.
+            ValueError: no layers; a cache that already holds tokens (call :meth:`reset` first); fewer layers than
+                the cache has (built with a model config, or used before) or more than a config-built cache has;
+                layers with different batch sizes or token counts; what :meth:`update` raises for bad
+                shapes/dtypes or inf/NaN (the message names the layer).
+            TypeError: an item that is not a ``(keys, values)`` pair.
         """
+        states = list(states)
+        if not states:
+            raise ValueError("load() got no layers (an exhausted iterator?)")
+        for idx, item in enumerate(states):
+            if not isinstance(item, (tuple, list)) or len(item) != 2:
+                raise TypeError(
+                    f"layer {idx}: expected a (keys, values) pair, got {type(item).__name__}"
+                    + (f" of length {len(item)}" if isinstance(item, (tuple, list)) else "")
+                )
+        held = [layer.get_seq_length() for layer in self.layers]
+        if any(held):
+            i = next(i for i, n in enumerate(held) if n)
+            raise ValueError(
+                f"load() needs an empty cache; layer {i} holds {held[i]} tokens (call reset() first)"
+            )
+        n = len(self.layers)
+        if self.layer_class_to_replicate is None and len(states) > n:
+            raise ValueError(f"layer {n} is beyond this cache's {n} layers")
+        if len(states) < n:
+            raise ValueError(
+                f"load() got {len(states)} layer{'s' * (len(states) != 1)} for a cache of {n} layers: every "
+                f"layer must be loaded"
+            )
+        first = states[0][0]
+        for idx, (keys, values) in enumerate(states):
+            state = self.layers[idx].state if idx < n else KIVIState(self.kivi_config)
+            try:
+                state._check(keys, values)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"layer {idx}: {e}") from None
+            if keys.shape[0] != first.shape[0] or keys.shape[-2] != first.shape[-2]:
+                raise ValueError(
+                    f"layer {idx} has batch {keys.shape[0]} and {keys.shape[-2]} tokens, layer 0 has batch "
+                    f"{first.shape[0]} and {first.shape[-2]} tokens: every layer must hold the same tokens"
+                )
         for idx, (keys, values) in enumerate(states):
             while len(self.layers) <= idx:
-                if self.layer_class_to_replicate is None:
-                    raise ValueError(f"layer {idx} is beyond this cache's {len(self.layers)} layers")
                 self.layers.append(self.layer_class_to_replicate())
             layer = self.layers[idx]
             if not layer.is_initialized:
-                layer.state._check(keys, values)
                 layer.lazy_initialization(keys, values)
             layer.state.append(keys, values)
             layer.keys, layer.values = layer.state.key_residual, layer.state.value_residual

@@ -1,0 +1,103 @@
+"""Hostile input to KIVICache: load() of partial, inconsistent or repeated states, a model with more layers than
+were loaded, and batch reordering with bad indices: a clear error naming the value, the cache left unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from kvlab.caches import KIVICache
+
+
+def _states(model, ids):
+    with torch.no_grad():
+        source = DynamicCache()
+        model(input_ids=ids, past_key_values=source, use_cache=True)
+    return [(layer.keys, layer.values) for layer in source.layers]
+
+
+def _ids(n=60, seed=1):
+    return torch.randint(1, 256, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _empty(cache):
+    return all(layer.get_seq_length() == 0 for layer in cache.layers)
+
+
+def test_load_into_a_cache_holding_tokens_is_refused(tiny_qwen2):
+    states = _states(tiny_qwen2, _ids()[:, :-1])
+    cache = KIVICache(nbits=4, group_size=16, residual_length=16)
+    cache.load(states)
+    with pytest.raises(ValueError, match=r"holds 59 tokens.*reset\(\)"):
+        cache.load(states)
+    assert cache.get_seq_length() == 59
+    cache.reset()
+    cache.load(states)
+    assert cache.get_seq_length() == 59
+
+
+def test_load_of_fewer_layers_than_a_config_cache_has_is_refused(tiny_qwen2):
+    states = _states(tiny_qwen2, _ids()[:, :-1])
+    cache = KIVICache(nbits=4, group_size=16, residual_length=16, config=tiny_qwen2.config)
+    with pytest.raises(ValueError, match=r"1 layer.*2 layers"):
+        cache.load(states[:1])
+    assert _empty(cache)
+
+
+@pytest.mark.parametrize("attention", ["dequantize", "fused"])
+def test_a_layer_the_load_left_out_fails_at_its_first_update(tiny_qwen2, attention):
+    """A lazily built cache cannot know the model's layer count at load(); the first forward must then refuse
+    the layer that holds nothing (it used to attend to the new token only: wrong logits, no error)."""
+    import kvlab.attention
+
+    ids = _ids()
+    cache = KIVICache(nbits=4, group_size=16, residual_length=16, attention=attention)
+    cache.load(_states(tiny_qwen2, ids[:, :-1])[:1])
+    kvlab.attention.enable(tiny_qwen2)
+    try:
+        with pytest.raises(ValueError, match=r"layer 1 .*1 token.*layer 0 holds 60"), torch.no_grad():
+            tiny_qwen2(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True)
+    finally:
+        tiny_qwen2.set_attn_implementation("sdpa")
+        from kvlab.attention.interface import pending
+
+        pending().clear()
+
+
+@pytest.mark.parametrize("bad", ["tokens", "batch", "head_dim", "nan"])
+def test_inconsistent_layers_are_refused_before_anything_is_written(tiny_qwen2, bad):
+    states = _states(tiny_qwen2, _ids()[:, :-1])
+    k, v = states[1]
+    if bad == "tokens":
+        k, v = k[..., :30, :], v[..., :30, :]
+        msg = r"layer 1 .*30 tokens.*layer 0 .*59"
+    elif bad == "batch":
+        k, v = k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1)
+        msg = r"layer 1 .*batch 2.*layer 0 .*batch 1"
+    elif bad == "head_dim":
+        k, v = k[..., :8], v[..., :8]
+        msg = r"layer 1: .*head_dim \(8\)"
+    else:
+        k = k.clone()
+        k[0, 0, 3, 0] = float("nan")
+        msg = r"layer 1: keys hold nan"
+    cache = KIVICache(nbits=4, group_size=16, residual_length=16)
+    with pytest.raises(ValueError, match=msg):
+        cache.load([states[0], (k, v)])
+    assert _empty(cache)
+
+
+@pytest.mark.parametrize(
+    "states,err,msg",
+    [
+        ([], ValueError, "no layers"),
+        ([torch.zeros(1, 2, 3, 32)], TypeError, r"layer 0: expected a \(keys, values\) pair"),
+        ([(torch.zeros(1, 2, 3, 32),) * 3], TypeError, r"layer 0: expected a \(keys, values\) pair"),
+    ],
+)
+def test_load_of_malformed_states_is_named(states, err, msg):
+    cache = KIVICache(nbits=4, group_size=16, residual_length=16)
+    with pytest.raises(err, match=msg):
+        cache.load(states)
+    assert _empty(cache)
