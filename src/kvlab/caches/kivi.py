@@ -111,10 +111,15 @@ class KIVILayer(CacheLayerMixin):
         self.is_initialized = False
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Reorder batch rows (beam search); quantized data is moved, never re-quantized."""
+        """Reorder batch rows (beam search); quantized data is moved, never re-quantized.
+
+        Raises:
+            TypeError / ValueError: an index that is not 1-D integers in ``[0, batch)`` (nothing is changed).
+        """
         if self.is_initialized:
             self.state.index_select_batch(beam_idx)
             self.keys, self.values = self.state.key_residual, self.state.value_residual
+            self.batch_size = self.state.key_residual.shape[0]
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep only the batch rows ``indices``."""
@@ -122,11 +127,16 @@ class KIVILayer(CacheLayerMixin):
         self.batch_size = self.state.key_residual.shape[0] if self.is_initialized else 0
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        """Repeat each batch row ``repeats`` times (contrastive search / beam expansion)."""
+        """Repeat each batch row ``repeats`` times (contrastive search / beam expansion).
+
+        Raises:
+            ValueError: ``repeats`` not a positive int.
+        """
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise ValueError(f"`repeats` must be a positive integer, got {repeats!r}")
         if self.is_initialized:
             index = torch.arange(self.batch_size, device=self.device).repeat_interleave(repeats)
             self.reorder_cache(index)
-            self.batch_size *= repeats
 
     def offload(self) -> None:  # pragma: no cover - offloading is not supported
         raise NotImplementedError("KIVICache does not support offloading")

@@ -404,8 +404,32 @@ class KIVIState:
             "allocated_unused": allocated - codes - meta - residual,
         }
 
-    def index_select_batch(self, index: torch.Tensor) -> None:
-        """Reorder/select batch rows of every block and the residual (beam search, batch selection)."""
+    def index_select_batch(self, index: torch.Tensor) -> torch.Tensor:
+        """Reorder/select batch rows of every block and the residual (beam search, batch selection).
+
+        Args:
+            index: 1-D integer rows in ``[0, batch)`` (a tensor or a sequence of ints).
+
+        Returns:
+            The index as a tensor (for callers that reuse it).
+
+        Raises:
+            TypeError: a non-integer index. ValueError: not 1-D, or a row outside the batch (nothing is changed).
+        """
+        if not isinstance(index, torch.Tensor):
+            index = torch.as_tensor(index)
+        if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
+            raise TypeError(f"batch index must hold integers, got dtype {index.dtype}")
+        if index.ndim != 1:
+            raise ValueError(f"batch index must be 1-D, got shape {tuple(index.shape)}")
+        index = index.long()
+        if self._kbuf is not None and index.numel():
+            batch = self._kbuf.shape[0]
+            bad = (index < 0) | (index >= batch)
+            if bool(bad.any()):
+                raise ValueError(
+                    f"batch index holds {index[bad][0].item()}, outside a batch of {batch} (rows 0..{batch - 1})"
+                )
         for blk in self.blocks:
             for name in ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero"):
                 t = getattr(blk, name)
@@ -414,3 +438,4 @@ class KIVIState:
         if self._kbuf is not None:
             self._kbuf = self._kbuf.index_select(0, index.to(self._kbuf.device))
             self._vbuf = self._vbuf.index_select(0, index.to(self._vbuf.device))
+        return index

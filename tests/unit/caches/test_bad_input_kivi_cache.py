@@ -101,3 +101,49 @@ def test_load_of_malformed_states_is_named(states, err, msg):
     with pytest.raises(err, match=msg):
         cache.load(states)
     assert _empty(cache)
+
+
+def _filled(batch=2, layers=2):
+    cache = KIVICache(nbits=4, group_size=4, residual_length=4)
+    g = torch.Generator().manual_seed(0)
+    for i in range(layers):
+        cache.update(torch.randn(batch, 1, 10, 8, generator=g), torch.randn(batch, 1, 10, 8, generator=g), i)
+    return cache
+
+
+@pytest.mark.parametrize(
+    "index,err,msg",
+    [
+        (torch.tensor([0, 5]), ValueError, r"index .*5.*batch of 2"),
+        (torch.tensor([-1, 0]), ValueError, r"index .*-1.*batch of 2"),
+        (torch.tensor([0.0, 1.0]), TypeError, r"index .*torch.float32"),
+        (torch.tensor([[0, 1]]), ValueError, r"index .*1-D.*\(1, 2\)"),
+    ],
+)
+def test_reorder_with_a_bad_index_is_named_and_changes_nothing(index, err, msg):
+    cache = _filled()
+    before = [layer.state.key_residual.clone() for layer in cache.layers]
+    with pytest.raises(err, match=msg):
+        cache.reorder_cache(index)
+    with pytest.raises(err, match=msg):
+        cache.batch_select_indices(index)
+    assert all(torch.equal(a, layer.state.key_residual) for a, layer in zip(before, cache.layers))
+
+
+def test_reorder_accepts_a_list_and_repeat_follows_the_new_batch():
+    cache = _filled()
+    rows = cache.layers[0].state.key_residual.clone()
+    cache.reorder_cache([1, 0, 1])  # a different batch size: later repeats must use it, not the old one
+    assert cache.layers[0].batch_size == 3
+    cache.batch_repeat_interleave(2)
+    got = cache.layers[0].state.key_residual
+    assert got.shape[0] == 6 and cache.layers[0].batch_size == 6
+    assert torch.equal(got, rows[[1, 1, 0, 0, 1, 1]])
+
+
+@pytest.mark.parametrize("repeats", [0, -1, 2.0, True])
+def test_bad_repeats_are_named(repeats):
+    cache = _filled()
+    with pytest.raises((TypeError, ValueError), match=rf"repeats.*{repeats!r}"):
+        cache.batch_repeat_interleave(repeats)
+    assert cache.layers[0].state.key_residual.shape[0] == 2
