@@ -78,9 +78,28 @@ def pack_codes(codes: torch.Tensor, nbits: int) -> torch.Tensor:
         ``[..., n * nbits // 8]`` ``uint8``; code ``i`` of a byte sits at bits ``[i * nbits, (i + 1) * nbits)``.
 
     Raises:
-        ValueError: unsupported ``nbits`` or a last axis that does not fill whole bytes.
+        ValueError: unsupported ``nbits``, a 0-d tensor, a code outside ``[0, 2**nbits - 1]`` (it would spill into
+            its neighbours' bits), or a last axis that does not fill whole bytes.
+        TypeError: ``codes`` not an integer tensor.
     """
     check_nbits(nbits)
+    if not isinstance(codes, torch.Tensor):
+        raise TypeError(f"`codes` must be a torch.Tensor, got {type(codes).__name__}")
+    if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
+        raise TypeError(f"`codes` must be an integer tensor, got dtype {codes.dtype}")
+    if codes.ndim == 0:
+        raise ValueError("cannot pack a 0-d tensor of codes")
+    if codes.numel():
+        lo, hi = codes.min().item(), codes.max().item()
+        if lo < 0 or hi >= 1 << nbits:
+            raise ValueError(
+                f"codes must be in [0, {(1 << nbits) - 1}] for {nbits} bits, got {hi if lo >= 0 else lo}"
+            )
+    return _pack(codes, nbits)
+
+
+def _pack(codes: torch.Tensor, nbits: int) -> torch.Tensor:
+    """:func:`pack_codes` without the checks (codes already ``uint8`` in range)."""
     if nbits == 8:
         return codes.to(torch.uint8)
     per_byte = 8 // nbits
@@ -97,8 +116,18 @@ def pack_codes(codes: torch.Tensor, nbits: int) -> torch.Tensor:
 
 
 def unpack_codes(packed: torch.Tensor, nbits: int) -> torch.Tensor:
-    """Inverse of :func:`pack_codes`: ``[..., m]`` ``uint8`` -> ``[..., m * 8 // nbits]`` ``uint8`` codes."""
+    """Inverse of :func:`pack_codes`: ``[..., m]`` ``uint8`` -> ``[..., m * 8 // nbits]`` ``uint8`` codes.
+
+    Raises:
+        ValueError: unsupported ``nbits`` or a 0-d tensor. TypeError: ``packed`` not a ``uint8`` tensor.
+    """
     check_nbits(nbits)
+    if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8:
+        raise TypeError(
+            f"`packed` must be a uint8 tensor, got {getattr(packed, 'dtype', type(packed).__name__)}"
+        )
+    if packed.ndim == 0:
+        raise ValueError("cannot unpack a 0-d tensor")
     if nbits == 8:
         return packed
     per_byte = 8 // nbits
@@ -205,7 +234,7 @@ def quantize_groups(x: torch.Tensor, nbits: int, group_size: int, axis: int = -1
     moved_shape = x.movedim(ax, -1).shape
     codes = codes.reshape(moved_shape).movedim(-1, ax)  # back to x's layout
     return QuantizedTensor(
-        codes=pack_codes(codes.contiguous(), nbits),
+        codes=_pack(codes.contiguous(), nbits),
         scale=scale.movedim(-1, ax).contiguous(),
         zero=zero.movedim(-1, ax).contiguous(),
         nbits=nbits,
@@ -231,8 +260,13 @@ def dequantize(qt: QuantizedTensor, dtype: torch.dtype | None = None) -> torch.T
     Returns:
         ``qt.shape`` tensor of ``dtype``; a constant group comes back bit-exact, and a group of huge finite
         values stays finite (saturating at the largest finite value of ``dtype``).
+
+    Raises:
+        ValueError: ``dtype`` not a floating torch dtype.
     """
     out_dtype = dtype or qt.dtype
+    if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
+        raise ValueError(f"dequantize needs a floating output dtype, got dtype {out_dtype}")
     work = torch.float64 if qt.dtype == torch.float64 else torch.float32
     half = ((1 << qt.nbits) - 1) / 2
     scale = qt.scale.to(work)
@@ -242,7 +276,7 @@ def dequantize(qt: QuantizedTensor, dtype: torch.dtype | None = None) -> torch.T
     scale = expand_groups(scale, qt.axis, qt.group_size)
     codes = unpack_codes(qt.codes, qt.nbits).to(work).sub_(half)
     out = mid + codes * scale
-    if out_dtype.is_floating_point:  # rounding may land just past the largest finite value: saturate there
-        limit = min(torch.finfo(out_dtype).max, torch.finfo(work).max)
-        out = out.clamp_(-limit, limit)
+    # rounding may land just past the largest finite value: saturate there
+    limit = min(torch.finfo(out_dtype).max, torch.finfo(work).max)
+    out = out.clamp_(-limit, limit)
     return out.to(out_dtype)

@@ -138,3 +138,46 @@ def test_kivi_state_rejects_a_device_change():
     with pytest.raises(ValueError, match="meta.*do not match the cache on cpu"):
         state.append(other, other)
     assert state.total_tokens == 3
+
+
+@pytest.mark.parametrize(
+    "codes,nbits,err,msg",
+    [
+        (torch.tensor([5, 0, 0, 0], dtype=torch.uint8), 2, ValueError, r"codes must be in \[0, 3\].*, got 5"),
+        (torch.tensor([16, 0]), 4, ValueError, r"codes must be in \[0, 15\].*, got 16"),
+        (torch.tensor([-1, 0, 0, 0]), 2, ValueError, r"codes must be in \[0, 3\].*, got -1"),
+        (torch.tensor([300]), 8, ValueError, r"codes must be in \[0, 255\].*, got 300"),
+        (torch.tensor([1.7, 0.0, 0.0, 0.0]), 2, TypeError, r"integer.*torch.float32"),
+        (torch.tensor(1, dtype=torch.uint8), 2, ValueError, r"0-d"),
+        ([1, 2, 3, 0], 2, TypeError, r"torch.Tensor.*list"),
+    ],
+)
+def test_pack_codes_refuses_codes_it_would_corrupt(codes, nbits, err, msg):
+    """A code >= 2**nbits used to spill into its neighbours' bits (5 at 2 bits packed as codes 1, 1)."""
+    with pytest.raises(err, match=msg):
+        from kvlab.quant import pack_codes
+
+        pack_codes(codes, nbits)
+
+
+@pytest.mark.parametrize(
+    "packed,err,msg",
+    [
+        (torch.tensor([255, -1]), TypeError, r"uint8.*torch.int64"),
+        (torch.tensor([3.0]), TypeError, r"uint8.*torch.float32"),
+        (torch.tensor(3, dtype=torch.uint8), ValueError, r"0-d"),
+    ],
+)
+@pytest.mark.parametrize("nbits", (2, 8))
+def test_unpack_codes_needs_packed_uint8(packed, err, msg, nbits):
+    from kvlab.quant import unpack_codes
+
+    with pytest.raises(err, match=msg):
+        unpack_codes(packed, nbits)
+
+
+@pytest.mark.parametrize("dtype", (torch.int32, torch.bool, "float32"))
+def test_dequantize_to_a_non_floating_dtype_is_named(dtype):
+    qt = quantize_groups(torch.randn(4, 8), 4, 4)
+    with pytest.raises((TypeError, ValueError), match=f"dtype.*{dtype}"):
+        dequantize(qt, dtype)
