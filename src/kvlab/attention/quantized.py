@@ -21,6 +21,7 @@ softmax (arXiv:2205.14135 §3.1).
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable
 from contextlib import contextmanager
 
@@ -444,7 +445,7 @@ def _check_inputs(
             f"query ({query.device}) and key/value windows ({key_window.device}/{value_window.device}) must "
             f"share a device"
         )
-    if isinstance(scaling, bool) or not isinstance(scaling, (int, float)):
+    if isinstance(scaling, bool) or not isinstance(scaling, numbers.Real):
         raise TypeError(f"`scaling` must be a real number, got {scaling!r}")
     if scaling != scaling or scaling in (float("inf"), float("-inf")):
         raise ValueError(f"`scaling` must be finite, got {scaling!r}")

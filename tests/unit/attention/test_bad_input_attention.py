@@ -152,3 +152,11 @@ def test_causal_rule_needs_the_queries_inside_the_window(threads):
     for bad in (-1, w - 2, 1.5):
         with pytest.raises((TypeError, ValueError), match="window_offset"):
             call(q, segs, kw, vw, window_offset=bad)
+
+
+def test_numpy_scaling_is_accepted(threads):
+    np = pytest.importorskip("numpy")
+    q, segs, kw, vw, _ = problem()
+    torch.testing.assert_close(
+        call(q, segs, kw, vw, scale=np.float32(0.25)), call(q, segs, kw, vw, scale=0.25)
+    )
