@@ -30,9 +30,8 @@ class PendingPrefix:
     group_size: int
     owner: Any = None  # the KIVILayer that wrote this entry
     consumed: bool = False
-    key: torch.Tensor | None = (
-        None  # the key window the cache returned with it: the entry belongs to that call
-    )
+    # the key window the cache returned with this entry: the entry belongs to that call only
+    key: torch.Tensor | None = None
 
     def matches(self, key: torch.Tensor) -> bool:
         """Whether ``key`` is the key window this entry was handed off with (the same tensor or a view of it)."""

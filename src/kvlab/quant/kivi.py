@@ -201,14 +201,17 @@ class KIVIState:
         if keys.device != values.device:
             raise ValueError(f"keys ({keys.device}) and values ({values.device}) must share a device")
         # refuse inf/NaN when it arrives: in the residual window it would poison every later attention step and
-        # make the flush that reaches it fail. One isfinite pass over the new tokens (tiny for a decode step).
-        for name, x in (("keys", keys), ("values", values)):
-            if x.numel() and not bool(torch.isfinite(x).all()):
-                bad = (~torch.isfinite(x)).nonzero()[0].tolist()
-                raise ValueError(
-                    f"{name} hold {x[tuple(bad)].item()} at [{', '.join(map(str, bad))}] "
-                    f"([batch, kv_head, token of this append, channel]): KIVI cannot store inf or NaN"
-                )
+        # make the flush that reaches it fail. One isfinite pass over the new tokens (tiny for a decode step) and
+        # one host read of the verdict for keys and values together.
+        if keys.numel() and not bool(torch.isfinite(keys).all() & torch.isfinite(values).all()):
+            for name, x in (("keys", keys), ("values", values)):
+                bad = (~torch.isfinite(x)).nonzero()
+                if len(bad):
+                    at = bad[0].tolist()
+                    raise ValueError(
+                        f"{name} hold {x[tuple(at)].item()} at [{', '.join(map(str, at))}] "
+                        f"([batch, kv_head, token of this append, channel]): KIVI cannot store inf or NaN"
+                    )
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``keys``/``values`` ``[B, H, t, D]`` and flush what overflows the residual window.
