@@ -330,7 +330,7 @@ def kivi_attention(
     Raises:
         ValueError: a non-4-D or non-floating query/window, shapes that do not fit each other (batch, kv heads,
             head_dim, q_heads not a multiple of kv_heads), segments not written with this ``nbits``/``group_size``
-            for this batch/heads/head_dim, a mask that is not ``[1 or batch, 1, q_len, Q + w]`` bool or float
+            for this batch/heads/head_dim, ``group_size * nbits`` not a multiple of 8, a mask that is not ``[1 or batch, 1, q_len, Q + w]`` bool or float
             (per-head masks included), a float mask holding anything but 0 or a large negative value (<= -1e4),
             ``q_len`` larger than the window or a ``window_offset`` outside ``[0, w - q_len]`` for the causal rule,
             an unknown backend.
@@ -411,6 +411,18 @@ def kivi_attention(
     return out.reshape(b, hq, q_len, d).to(query.dtype)
 
 
+def check_fused_settings(nbits: int, group_size: int) -> None:
+    """Raise ``ValueError`` if a value group (``group_size`` channels of one token) does not fill whole bytes at
+    ``nbits``: the fused path unpacks value codes group by group, byte by byte (the dequantize path has no such
+    limit)."""
+    if group_size * nbits % 8:
+        raise ValueError(
+            f"fused KIVI attention needs group_size ({group_size}) times nbits ({nbits}) to fill whole bytes "
+            f"(a multiple of 8): a value group is unpacked byte by byte; use attention='dequantize' or a larger "
+            f"group_size"
+        )
+
+
 # a float mask entry is "masked" at or below this (transformers writes finfo.min, older code -1e4 or -inf)
 MASKED_AT_MOST = -1e4
 
@@ -458,6 +470,8 @@ def _check_inputs(
         raise ValueError(
             f"head_dim ({d}) must be a multiple of group_size ({group_size}) and fill bytes at {nbits} bits"
         )
+    if segments:
+        check_fused_settings(nbits, group_size)
     packed = d * nbits // 8
     quantized = 0
     for i, seg in enumerate(segments):

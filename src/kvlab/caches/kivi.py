@@ -163,8 +163,9 @@ class KIVICache(Cache):
 
     Raises:
         ValueError: unsupported ``nbits``, ``residual_length`` not a multiple of ``group_size``, a model whose
-            layers are not all full attention (with ``config``); at the first update, a head_dim that
-            ``group_size`` does not divide (e.g. head_dim 96 with G 64).
+            layers are not all full attention (with ``config``), ``attention="fused"`` with ``group_size * nbits``
+            not a multiple of 8; at the first update, a head_dim that ``group_size`` does not divide (e.g.
+            head_dim 96 with G 64).
 
     Source: KIVI (arXiv:2402.02750) §3; seed 000 Steps 2-4.
     """
@@ -184,6 +185,10 @@ class KIVICache(Cache):
         self.kivi_config = KIVIConfig(
             nbits=nbits, group_size=group_size, residual_length=residual_length, block_tokens=block_tokens
         )
+        if attention == "fused":
+            from kvlab.attention.quantized import check_fused_settings
+
+            check_fused_settings(nbits, group_size)
         if config is not None:
             text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
             layer_types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers

@@ -160,3 +160,25 @@ def test_numpy_scaling_is_accepted(threads):
     torch.testing.assert_close(
         call(q, segs, kw, vw, scale=np.float32(0.25)), call(q, segs, kw, vw, scale=0.25)
     )
+
+
+@pytest.mark.parametrize("nbits,group", [(2, 1), (2, 2), (4, 1)])
+def test_value_groups_narrower_than_a_byte_are_named(threads, nbits, group):
+    """The fused path unpacks a value group (G channels) byte by byte: G * nbits must fill whole bytes. The state
+    accepts such settings (dequantize path), the fused attention used to crash in a view."""
+    torch.manual_seed(0)
+    state = KIVIState(KIVIConfig(nbits, group, 4 * group))
+    state.append(torch.randn(1, 1, 40, 16), torch.randn(1, 1, 40, 16))
+    segs = list(state.segments())
+    kw, vw = state.append(torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16))
+    with pytest.raises(ValueError, match=rf"group_size \({group}\).*nbits \({nbits}\).*whole bytes"):
+        kivi_attention(torch.randn(1, 2, 1, 16), segs, kw, vw, nbits, group, 0.25)
+
+
+@pytest.mark.parametrize("nbits,group", [(2, 1), (2, 2), (4, 1)])
+def test_fused_cache_with_value_groups_narrower_than_a_byte_is_refused_at_construction(nbits, group):
+    from kvlab.caches import KIVICache
+
+    with pytest.raises(ValueError, match=rf"group_size \({group}\).*nbits \({nbits}\).*whole bytes"):
+        KIVICache(nbits=nbits, group_size=group, residual_length=0, attention="fused")
+    KIVICache(nbits=nbits, group_size=group, residual_length=0)  # the dequantize path handles them
