@@ -41,7 +41,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+# rich cuts tables at 80 columns when stdout is not a terminal (pipes, CI logs): give them room instead
+PIPE_COLUMNS = "160"
+
+
 def _dispatch(argv: list[str] | None) -> int:
+    if "COLUMNS" not in os.environ and not sys.stdout.isatty():
+        os.environ["COLUMNS"] = PIPE_COLUMNS
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -33,7 +33,9 @@ def _names(text: str) -> list[str]:
 def _common(p: argparse.ArgumentParser, device: bool = True) -> None:
     p.add_argument("--json", action="store_true", help="print the result record as JSON")
     p.add_argument(
-        "--quick", action="store_true", help="small sizes: a smoke run in seconds (file gets -quick)"
+        "--quick",
+        action="store_true",
+        help="small sizes: a smoke run, under a minute on a 2-core CPU (file gets -quick)",
     )
     if device:
         p.add_argument(

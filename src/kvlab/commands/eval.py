@@ -86,7 +86,9 @@ def register(sub) -> None:
         "--seed", type=int, default=None, help="random seed: torch and the held-out text offsets (default 42)"
     )
     p.add_argument(
-        "--quick", action="store_true", help="small matrix (contexts 256,1024; about a minute on CPU)"
+        "--quick",
+        action="store_true",
+        help="small matrix (contexts 256,1024; under a minute on a quiet 2-core CPU)",
     )
     p.add_argument("--label", default=None, help="result name (default eval-<UTC timestamp>)")
     p.add_argument("--out-dir", default="results", help="directory for <label>.json (default results/)")
