@@ -109,7 +109,7 @@ def print_summary(result: dict, console: Console | None = None) -> None:
     if s:
         console.print(
             f"memory-reduction onset: {s['memory_reduction_onset_context']}; eligible crossover: "
-            f"{s['eligible_crossover_context']}; eligible rows: {s['eligible_candidate_count']}"
+            f"{s['eligible_crossover_context']}; eligible capacity rows: {s['eligible_candidate_count']}"
         )
         sel = s.get("selected_candidate")
         if sel:
@@ -119,5 +119,7 @@ def print_summary(result: dict, console: Console | None = None) -> None:
                 f"{sel['topk_overlap']:.2f}, latency {sel['latency_ratio']:.2f}×"
             )
         console.print(f"[bold]decision: {s['decision']}[/]")
+        if s.get("latency_warning"):
+            console.print(f"[yellow]warning: {s['latency_warning']}[/]")
     if result.get("elapsed_s") is not None:
         console.print(f"elapsed {result['elapsed_s']:.1f} s")

@@ -285,6 +285,7 @@ def _row(matrix, cand, ctx, new_tokens, residual, group, meas, base, cfg) -> dic
         "median_ms": perf["median_ms"],
         "min_ms": perf["min_ms"],
         "timings_ms": perf["timings_ms"],
+        "timing_spread": _spread(perf["timings_ms"]),
         "ms_per_token": perf["ms_per_token"],
         "incremental_peak_bytes": perf["incremental_peak_bytes"],
         "cache_tokens": meas["cache_tokens"],
@@ -318,6 +319,33 @@ def _row(matrix, cand, ctx, new_tokens, residual, group, meas, base, cfg) -> dic
         }
         row["eligible"] = all(row["gates"].values())
     return row
+
+
+# timed calls of one cell differing by more than this (max / min) make its latency, and a decision resting on the
+# latency gate, untrustworthy: the machine was busy with something else
+UNSTABLE_TIMING_SPREAD = 1.5
+
+
+def _spread(timings: list[float]) -> float | None:
+    """max / min of a cell's timed calls (None for fewer than two)."""
+    if len(timings) < 2 or min(timings) <= 0:
+        return None
+    return max(timings) / min(timings)
+
+
+def latency_warning(rows: list[dict]) -> str | None:
+    """A warning when capacity cells' timed calls disagree by more than :data:`UNSTABLE_TIMING_SPREAD`, else None."""
+    cap = [r for r in rows if r["matrix"] == "capacity" and r.get("timing_spread") is not None]
+    bad = [r for r in cap if r["timing_spread"] > UNSTABLE_TIMING_SPREAD]
+    if not bad:
+        return None
+    worst = max(bad, key=lambda r: r["timing_spread"])
+    return (
+        f"{len(bad)} of {len(cap)} capacity cells had timed calls differing by more than "
+        f"{UNSTABLE_TIMING_SPREAD}x (worst: {worst['candidate']} at {worst['context_length']}, "
+        f"{worst['timing_spread']:.1f}x): latency ratios, the latency gate and the decision rest on noisy timings; "
+        f"rerun on a quiet machine or with a larger --repeat"
+    )
 
 
 def summarize(result: dict) -> dict:
@@ -361,6 +389,7 @@ def summarize(result: dict) -> dict:
         "decision": f"accept {selected['candidate']} at context {selected['context_length']}"
         if selected
         else "tune_cache_policy",
+        "latency_warning": latency_warning(result["rows"]),
     }
 
 

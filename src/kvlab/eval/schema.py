@@ -9,12 +9,14 @@ A result is one JSON object::
     plan            [{matrix, candidate, context_length, new_tokens, residual_length, group_size}]
     provenance      {software, hardware, model {id_or_path, fingerprint, dtype, device, ...}, prompts, seed}
     rows            [{matrix in {"capacity", "window"}, candidate, context_length, residual_length, group_size,
-                      median_ms, min_ms, ms_per_token, incremental_peak_bytes, cache_bytes, mean_nll,
+                      median_ms, min_ms, timings_ms, timing_spread (max/min of the timed calls), ms_per_token,
+                      incremental_peak_bytes, cache_bytes, mean_nll,
                       and for non-baseline rows: cache_bytes_ratio, cache_bytes_saved, nll_delta, nll_ratio,
                       topk_overlap, latency_ratio, greedy_exact_match, token_agreement_rate,
                       first_divergence_index, gates {...: bool}, eligible}]
     failures        [{candidate, context_length, residual_length, stage, type, message}]
-    summary         {memory_reduction_onset_context, eligible_crossover_context, selected_candidate, decision, ...}
+    summary         {memory_reduction_onset_context, eligible_crossover_context, selected_candidate, decision,
+                      latency_warning (None, or why the timings are not to be trusted), ...}
 """
 
 from __future__ import annotations

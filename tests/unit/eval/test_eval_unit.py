@@ -212,3 +212,31 @@ def test_cli_dry_run_then_report(tmp_path, capsys):
     assert main(["report", str(tmp_path / "plan1.json"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["label"] == "plan1"
     assert main(["report", str(tmp_path / "missing.json")]) == 2
+
+
+def test_latency_warning_names_the_noisiest_capacity_cell():
+    from kvlab.eval.runner import UNSTABLE_TIMING_SPREAD, _spread, latency_warning
+
+    assert _spread([10.0, 12.0, 11.0]) == pytest.approx(1.2)
+    assert _spread([5.0]) is None
+    calm = [
+        {"matrix": "capacity", "candidate": "dynamic", "context_length": 512, "timing_spread": 1.1},
+        {
+            "matrix": "window",
+            "candidate": "kivi-4",
+            "context_length": 512,
+            "timing_spread": 9.0,
+        },  # not capacity
+    ]
+    assert latency_warning(calm) is None
+    noisy = calm + [
+        {"matrix": "capacity", "candidate": "kivi-4", "context_length": 4096, "timing_spread": 3.2},
+        {
+            "matrix": "capacity",
+            "candidate": "hqq-4",
+            "context_length": 512,
+            "timing_spread": UNSTABLE_TIMING_SPREAD + 0.1,
+        },
+    ]
+    w = latency_warning(noisy)
+    assert w.startswith("2 of 3 capacity cells") and "kivi-4 at 4096, 3.2x" in w
