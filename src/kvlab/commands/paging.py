@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -62,6 +63,11 @@ def _budget(args: argparse.Namespace, kv_dtype: str | None = None):
     from kvlab.paging.budget import KVBudget, gpu_memory, planner_budget, seed_budget, seed_kv_bytes_per_token
 
     kv_dtype = kv_dtype or args.kv_dtype
+    gpu, reserve = args.gpu_mem_gib, args.reserve_gib
+    if gpu is not None and not (math.isfinite(gpu) and gpu > 0):
+        raise ValueError(f"--gpu-mem-gib must be a positive number of GiB, got {gpu:g}")
+    if not (math.isfinite(reserve) and reserve >= 0):
+        raise ValueError(f"--reserve-gib must be a non-negative number of GiB, got {reserve:g}")
     if args.model:
         return planner_budget(args.model, kv_dtype, args.gpu_mem_gib, args.reserve_gib)
     llama = seed_budget(seed_kv_bytes_per_token(kv_dtype))  # Llama-3-8B's weights and KV bytes per token

@@ -113,3 +113,16 @@ def test_library_checks():
         KVBudget(math.inf, 0.0, 0.0, 2.0)
     with pytest.raises(ValueError, match="kv_bytes_per_token"):
         KVBudget(80 * GIB, 0.0, 0.0, math.inf)
+
+
+@pytest.mark.parametrize(
+    "argv, fragments",
+    [
+        (["static", "--gpu-mem-gib", "-1"], ("--gpu-mem-gib", "-1")),
+        (["static", "--gpu-mem-gib", "0"], ("--gpu-mem-gib", "0")),
+        (["static", "--gpu-mem-gib", "nan"], ("--gpu-mem-gib", "nan")),
+        (["simulate", *SMALL, "--reserve-gib", "-2"], ("--reserve-gib", "-2")),
+    ],
+)
+def test_device_memory_and_reserve_flags_are_named(capsys, argv, fragments):
+    fails(capsys, argv, *fragments)
