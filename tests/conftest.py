@@ -3,9 +3,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 
-@pytest.fixture(scope="session")
-def tiny_qwen2():
-    """A tiny random Qwen2 (GQA 4/2, head_dim 32, 2 layers) in fp32 for fast cache tests."""
+def make_tiny_qwen2(head_dim: int, max_positions: int, dtype: torch.dtype = torch.float32):
+    """A tiny random Qwen2 (vocab 256, hidden 128, 2 layers, GQA 4/2), seeded, in eval mode."""
     torch.manual_seed(0)
     cfg = Qwen2Config(
         vocab_size=256,
@@ -13,11 +12,17 @@ def tiny_qwen2():
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=32,
+        head_dim=head_dim,
         intermediate_size=256,
-        max_position_embeddings=2048,
+        max_position_embeddings=max_positions,
     )
-    return Qwen2ForCausalLM(cfg).eval()
+    return Qwen2ForCausalLM(cfg).to(dtype).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2():
+    """A tiny random Qwen2 (GQA 4/2, head_dim 32, 2 layers) in fp32 for fast cache tests."""
+    return make_tiny_qwen2(head_dim=32, max_positions=2048)
 
 
 def _chromium_binary():
