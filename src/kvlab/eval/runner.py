@@ -27,7 +27,7 @@ import torch
 from kvlab import __version__
 from kvlab.caches import cache_nbytes
 from kvlab.eval.candidates import Candidate
-from kvlab.eval.config import EvalConfig
+from kvlab.eval.config import EvalConfig, Gates
 from kvlab.eval.metrics import compare_outputs, fixed_continuation, run_generate, topk_overlap
 from kvlab.eval.schema import SCHEMA_VERSION
 
@@ -310,15 +310,47 @@ def _row(matrix, cand, ctx, new_tokens, residual, group, meas, base, cfg) -> dic
             if q["decode_ms"] and bq["decode_ms"]:
                 row["decode_latency_ratio"] = q["decode_ms"] / bq["decode_ms"]
         row.update(compare_outputs(base["generated"], meas["generated"]))
-        g = cfg.gates
-        row["gates"] = {
-            "nll_delta": row.get("nll_delta") is not None and row["nll_delta"] <= g.max_nll_delta,
-            "topk_overlap": row.get("topk_overlap") is not None and row["topk_overlap"] >= g.min_topk_overlap,
-            "latency_ratio": row["latency_ratio"] <= g.max_latency_ratio,
-            "saves_memory": row["cache_bytes_saved"] > 0,
-        }
+        row["gates"] = apply_gates(row, cfg.gates)
         row["eligible"] = all(row["gates"].values())
     return row
+
+
+def apply_gates(row: dict, gates: Gates) -> dict[str, bool]:
+    """Judge one candidate row against the acceptance gates (quantization chapter §5.4).
+
+    A gate passes on its boundary: ``nll_delta <= max_nll_delta`` (nats per token, candidate minus float cache),
+    ``topk_overlap >= min_topk_overlap`` (fraction in [0, 1]), ``latency_ratio <= max_latency_ratio`` (median
+    ``generate()`` ms, candidate / float cache); ``saves_memory`` needs ``cache_bytes_saved > 0`` (bytes, float
+    cache minus candidate). A quality metric that is missing or ``None`` (the quality stage did not run) or NaN
+    fails its gate. A row is eligible for the decision when every gate passes.
+
+    Args:
+        row: a paired row of :func:`run_eval` (or a hand-made dict with the same keys): ``latency_ratio`` and
+            ``cache_bytes_saved`` required, ``nll_delta`` and ``topk_overlap`` optional.
+        gates: the thresholds.
+
+    Returns:
+        ``{"nll_delta": bool, "topk_overlap": bool, "latency_ratio": bool, "saves_memory": bool}``, in that order.
+
+    Raises:
+        TypeError: ``gates`` is not a :class:`~kvlab.eval.config.Gates`.
+        ValueError: ``row`` lacks ``latency_ratio`` or ``cache_bytes_saved`` (the baseline row has neither).
+    """
+    if not isinstance(gates, Gates):
+        raise TypeError(f"`gates` must be a kvlab.eval.config.Gates, got {type(gates).__name__}")
+    missing = [k for k in ("latency_ratio", "cache_bytes_saved") if row.get(k) is None]
+    if missing:
+        raise ValueError(
+            f"row of candidate {row.get('candidate')!r} at context {row.get('context_length')!r} has no {missing}: "
+            f"only a row paired with the float-cache baseline can be gated"
+        )
+    nll, topk = row.get("nll_delta"), row.get("topk_overlap")
+    return {
+        "nll_delta": nll is not None and nll <= gates.max_nll_delta,
+        "topk_overlap": topk is not None and topk >= gates.min_topk_overlap,
+        "latency_ratio": row["latency_ratio"] <= gates.max_latency_ratio,
+        "saves_memory": row["cache_bytes_saved"] > 0,
+    }
 
 
 # timed calls of one cell differing by more than this (max / min) make its latency, and a decision resting on the
@@ -348,10 +380,76 @@ def latency_warning(rows: list[dict]) -> str | None:
     )
 
 
+def decide(rows: list[dict]) -> tuple[dict | None, str]:
+    """The decision of the quantization chapter §5.4 over gated candidate rows.
+
+    Among the rows with ``eligible`` true (every gate of :func:`apply_gates` passed), select the one that saves
+    the most cache bytes; a tie goes to the lower latency ratio, a further tie to the earlier row.
+
+    Args:
+        rows: candidate rows (the baseline and window-matrix rows are the caller's to leave out), each with
+            ``eligible``; eligible rows also need ``cache_bytes_saved`` (bytes), ``latency_ratio``, ``candidate``
+            and ``context_length`` (tokens).
+
+    Returns:
+        ``(selected_row, decision)``: ``(row, "accept <candidate> at context <context_length>")``, or
+        ``(None, "tune_cache_policy")`` when no row is eligible.
+
+    Raises:
+        ValueError: a row has no ``eligible`` field (it was never gated).
+    """
+    ungated = [i for i, r in enumerate(rows) if "eligible" not in r]
+    if ungated:
+        raise ValueError(
+            f"rows at positions {ungated} have no 'eligible' field: gate them with apply_gates first"
+        )
+    eligible = [r for r in rows if r["eligible"]]
+    selected = max(eligible, key=lambda r: (r["cache_bytes_saved"], -r["latency_ratio"]), default=None)
+    if selected is None:
+        return None, "tune_cache_policy"
+    return selected, f"accept {selected['candidate']} at context {selected['context_length']}"
+
+
+# the fields of the selected row that the summary carries
+SELECTED_KEYS = (
+    "candidate",
+    "context_length",
+    "residual_length",
+    "group_size",
+    "cache_bytes",
+    "cache_bytes_ratio",
+    "cache_bytes_saved",
+    "nll_delta",
+    "nll_ratio",
+    "topk_overlap",
+    "latency_ratio",
+    "incremental_peak_saved_bytes",
+)
+
+
 def summarize(result: dict) -> dict:
-    """Onset, eligible crossover, selected candidate and decision (seed 000 §5.4), from the capacity rows."""
+    """Onset, eligible crossover, selected candidate and decision (quantization chapter §5.4), from capacity rows.
+
+    Only capacity-matrix rows of non-baseline candidates count; the residual-window matrix is a diagnostic.
+
+    Args:
+        result: a result dict with ``rows`` (each with ``matrix``, ``candidate``, ``context_length`` in tokens,
+            ``cache_bytes_saved`` in bytes and, for candidates, ``eligible``, ``latency_ratio`` and the
+            :data:`SELECTED_KEYS`).
+
+    Returns:
+        ``memory_reduction_onset_context`` (smallest context whose row saves bytes, or None),
+        ``eligible_crossover_context`` (smallest context with an eligible row, or None),
+        ``eligible_candidate_count`` (eligible capacity rows), ``per_candidate`` (the same per candidate, with
+        ``eligible_contexts``), ``selected_candidate`` (the :data:`SELECTED_KEYS` of :func:`decide`'s row, or None),
+        ``decision`` and ``latency_warning``.
+
+    Raises:
+        ValueError: from :func:`decide`, a capacity candidate row that was never gated.
+    """
     rows = [r for r in result["rows"] if r["matrix"] == "capacity" and r["candidate"] != "dynamic"]
     rows.sort(key=lambda r: r["context_length"])
+    selected, decision = decide(rows)
     per_candidate = {}
     for name in sorted({r["candidate"] for r in rows}):
         mine = [r for r in rows if r["candidate"] == name]
@@ -362,33 +460,15 @@ def summarize(result: dict) -> dict:
             "eligible_crossover_context": next((r["context_length"] for r in mine if r["eligible"]), None),
             "eligible_contexts": [r["context_length"] for r in mine if r["eligible"]],
         }
-    eligible = [r for r in rows if r["eligible"]]
-    selected = max(eligible, key=lambda r: (r["cache_bytes_saved"], -r["latency_ratio"]), default=None)
-    keys = (
-        "candidate",
-        "context_length",
-        "residual_length",
-        "group_size",
-        "cache_bytes",
-        "cache_bytes_ratio",
-        "cache_bytes_saved",
-        "nll_delta",
-        "nll_ratio",
-        "topk_overlap",
-        "latency_ratio",
-        "incremental_peak_saved_bytes",
-    )
     return {
         "memory_reduction_onset_context": next(
             (r["context_length"] for r in rows if r["cache_bytes_saved"] > 0), None
         ),
         "eligible_crossover_context": next((r["context_length"] for r in rows if r["eligible"]), None),
-        "eligible_candidate_count": len(eligible),
+        "eligible_candidate_count": sum(1 for r in rows if r["eligible"]),
         "per_candidate": per_candidate,
-        "selected_candidate": {k: selected.get(k) for k in keys} if selected else None,
-        "decision": f"accept {selected['candidate']} at context {selected['context_length']}"
-        if selected
-        else "tune_cache_policy",
+        "selected_candidate": {k: selected.get(k) for k in SELECTED_KEYS} if selected else None,
+        "decision": decision,
         "latency_warning": latency_warning(result["rows"]),
     }
 
@@ -499,7 +579,10 @@ def count_steps(cfg: EvalConfig) -> int:
 
 
 __all__ = [
+    "SELECTED_KEYS",
+    "apply_gates",
     "count_steps",
+    "decide",
     "describe_model",
     "new_result",
     "plan_cells",
