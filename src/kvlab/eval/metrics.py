@@ -175,16 +175,38 @@ def fixed_continuation(
 ) -> dict:
     """Mean NLL of ``continuation`` after ``input_ids``, decoding one token at a time through ``cache``.
 
+    Teacher-forced scoring of a fixed continuation (quantization chapter §5.2): the logits after the prompt score
+    ``continuation[:, 0]``, and the logits after feeding ``continuation[:, step - 1]`` score
+    ``continuation[:, step]``; so every candidate is judged on the same history.
+
     Args:
-        input_ids: ``[batch, context]``.
-        continuation: ``[batch, n]`` token ids (the baseline's greedy tokens).
+        input_ids: ``[batch, context]`` prompt ids.
+        continuation: ``[batch, n]`` token ids (the baseline's greedy tokens), ``n >= 1``.
         cache: a fresh cache object.
+        top_k: how many of the highest logits to record per step (the k of :func:`topk_overlap`).
 
     Returns:
-        ``mean_nll`` (nats per token over batch and steps), ``topk_ids`` (``[n][batch][k]`` lists), ``prefill_ms``
-        (the prompt forward) and ``decode_ms`` (median single-token forward: a TPOT measure without generate's
-        overhead).
+        ``mean_nll`` (nats per token, the mean over all ``batch * n`` scored tokens), ``topk_ids``
+        (``[n][batch][k]`` lists), ``prefill_ms`` (the prompt forward) and ``decode_ms`` (median single-token
+        forward: a TPOT measure without generate's overhead; None when ``n == 1``).
+
+    Raises:
+        ValueError: ``input_ids`` or ``continuation`` not 2-D, their batch sizes differ, ``n == 0``, or ``top_k``
+            not a positive integer.
     """
+    if input_ids.dim() != 2 or continuation.dim() != 2:
+        raise ValueError(
+            f"`input_ids` and `continuation` must be [batch, tokens], got shapes {tuple(input_ids.shape)} and "
+            f"{tuple(continuation.shape)}"
+        )
+    if continuation.shape[0] != input_ids.shape[0]:
+        raise ValueError(
+            f"`continuation` batch ({continuation.shape[0]}) must equal `input_ids` batch ({input_ids.shape[0]})"
+        )
+    if continuation.shape[1] == 0:
+        raise ValueError("`continuation` must hold at least one token per row, got shape (batch, 0)")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0:
+        raise ValueError(f"`top_k` must be a positive integer, got {top_k!r}")
     device = input_ids.device
     kw = cache_kwarg(model)
     n = continuation.shape[1]
@@ -217,13 +239,56 @@ def fixed_continuation(
 
 
 def topk_overlap(base: list, cand: list, k: int) -> float:
-    """Mean over steps and batch rows of ``|topk_base ∩ topk_cand| / k`` (seed 000 §5.2)."""
+    """Mean over steps and batch rows of ``|topk_base ∩ topk_cand| / k`` (quantization chapter §5.2).
+
+    Args:
+        base, cand: ``[steps][batch][k]`` token ids (``topk_ids`` of :func:`fixed_continuation`) of the float cache
+            and of the candidate, on the same continuation.
+        k: ids per step and row.
+
+    Returns:
+        A fraction in [0, 1]; NaN when there are no steps.
+
+    Raises:
+        ValueError: ``k`` not a positive integer, or ``base`` and ``cand`` differing in steps, in batch rows at a
+            step, or in a row that does not hold ``k`` ids.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+        raise ValueError(f"`k` must be a positive integer, got {k!r}")
+    if len(base) != len(cand):
+        raise ValueError(f"`base` has {len(base)} steps but `cand` has {len(cand)}")
+    for step, (step_b, step_c) in enumerate(zip(base, cand)):
+        if len(step_b) != len(step_c):
+            raise ValueError(
+                f"at step {step}, `base` has {len(step_b)} batch rows but `cand` has {len(step_c)}"
+            )
+        for row, (b, c) in enumerate(zip(step_b, step_c)):
+            if len(b) != k or len(c) != k:
+                raise ValueError(
+                    f"at step {step}, row {row}: expected {k} ids each, got {len(b)} and {len(c)}"
+                )
     scores = [len(set(b) & set(c)) / k for step_b, step_c in zip(base, cand) for b, c in zip(step_b, step_c)]
     return statistics.mean(scores) if scores else float("nan")
 
 
 def compare_outputs(base: torch.Tensor, cand: torch.Tensor) -> dict:
-    """Greedy-output diagnostics over ``[batch, n]`` token ids: exact match, agreement rate, first divergence."""
+    """Greedy-output diagnostics of two free-running generations (quantization chapter §5.2).
+
+    Args:
+        base, cand: ``[batch, n]`` token ids generated with the float cache and with the candidate.
+
+    Returns:
+        ``greedy_exact_match`` (every token equal), ``token_agreement_rate`` (fraction of the ``batch * n``
+        positions that agree) and ``first_divergence_index`` (the earliest step, over all rows, at which a row
+        differs; None when none does).
+
+    Raises:
+        ValueError: ``base`` and ``cand`` are not 2-D or differ in shape.
+    """
+    if base.dim() != 2 or base.shape != cand.shape:
+        raise ValueError(
+            f"`base` and `cand` must be [batch, n] of one shape, got {tuple(base.shape)} and {tuple(cand.shape)}"
+        )
     matches = base == cand
     rows = [int(row.logical_not().nonzero()[0]) if not bool(row.all()) else None for row in matches]
     diverged = [r for r in rows if r is not None]
