@@ -10,7 +10,7 @@ from kvlab.cli import main
 from kvlab.eval import candidates as cand_mod
 from kvlab.eval.config import EvalConfig, Gates
 from kvlab.eval.io import ensure_writable, read_result, write_json_atomic
-from kvlab.eval.runner import new_result, run_eval, summarize
+from kvlab.eval.runner import apply_gates, new_result, run_eval, summarize
 from kvlab.eval.schema import validate_result
 
 
@@ -93,14 +93,8 @@ def test_bad_gates_are_named():
 
 
 def _row(cand, ctx, saved, nll, topk, lat):
-    g = Gates()
-    gates = {
-        "nll_delta": nll <= g.max_nll_delta,
-        "topk_overlap": topk >= g.min_topk_overlap,
-        "latency_ratio": lat <= g.max_latency_ratio,
-        "saves_memory": saved > 0,
-    }
-    return {
+    """A hand-made capacity row, gated by the runner's own :func:`apply_gates` under the default gates."""
+    row = {
         "matrix": "capacity",
         "candidate": cand,
         "context_length": ctx,
@@ -111,12 +105,13 @@ def _row(cand, ctx, saved, nll, topk, lat):
         "nll_ratio": 1.0,
         "topk_overlap": topk,
         "latency_ratio": lat,
-        "gates": gates,
-        "eligible": all(gates.values()),
         "residual_length": 128,
         "group_size": 32,
         "incremental_peak_saved_bytes": None,
     }
+    row["gates"] = apply_gates(row, Gates())
+    row["eligible"] = all(row["gates"].values())
+    return row
 
 
 def test_decision_selects_most_bytes_saved_among_eligible():
