@@ -156,7 +156,7 @@ def test_topk_overlap_bad_input_is_named(base, cand, k, match):
 
 def test_compare_outputs_agreement_and_first_divergence():
     base = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
-    cand = torch.tensor([[1, 2, 0, 4], [5, 0, 7, 0]])  # row 0 diverges at 2, row 1 at 1; 5 of 8 agree
+    cand = torch.tensor([[1, 0, 3, 0], [5, 6, 0, 8]])  # row 0 diverges at 1, row 1 at 2; 5 of 8 agree
     d = compare_outputs(base, cand)
     assert d == {"greedy_exact_match": False, "token_agreement_rate": 5 / 8, "first_divergence_index": 1}
     assert compare_outputs(base, base.clone()) == {
