@@ -13,6 +13,16 @@ SEED_PROMPT = "Explain why KV Cache grows with context length."
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
+def _fractions(name: str, values: tuple[float, ...]) -> None:
+    if not values:
+        raise ValueError(f"`{name}` must not be empty")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise ValueError(f"`{name}` must hold fractions in [0, 1], got {v!r}")
+    if len(set(values)) != len(values):
+        raise ValueError(f"`{name}` must not repeat a value, got {list(values)}")
+
+
 def _positive_ints(name: str, values: tuple[int, ...], allow_empty: bool = False) -> None:
     if not values and not allow_empty:
         raise ValueError(f"`{name}` must not be empty")
@@ -25,14 +35,35 @@ def _positive_ints(name: str, values: tuple[int, ...], allow_empty: bool = False
 
 @dataclass(frozen=True)
 class Gates:
-    """Acceptance gates of seed 000 §5.1: mean NLL delta, mean top-k overlap, latency ratio."""
+    """Acceptance gates: seed 000 §5.1's mean NLL delta, mean top-k overlap and latency ratio, and the
+    long-context gates (docs/EVAL.md, "Long-context gates" gives the reasons for the defaults).
+
+    Attributes:
+        max_nll_delta: mean NLL, candidate minus float cache (nats per token).
+        min_topk_overlap: mean top-k overlap with the float cache (fraction).
+        max_latency_ratio: median ``generate()`` time, candidate / float cache.
+        max_recall_drop: copy accuracy of the float cache minus the candidate's, at the worst distance (fraction).
+        max_passkey_drop: passkey accuracy (mean over depths) of the float cache minus the candidate's (fraction).
+        max_kl_mean: mean KL(float cache || candidate) of the next-token distribution on the fixed continuation
+            (nats per position).
+    """
 
     max_nll_delta: float = 0.50
     min_topk_overlap: float = 0.60
     max_latency_ratio: float = 2.00
+    max_recall_drop: float = 0.05
+    max_passkey_drop: float = 0.05
+    max_kl_mean: float = 0.10
 
     def __post_init__(self) -> None:
-        for name in ("max_nll_delta", "min_topk_overlap", "max_latency_ratio"):
+        for name in (
+            "max_nll_delta",
+            "min_topk_overlap",
+            "max_latency_ratio",
+            "max_recall_drop",
+            "max_passkey_drop",
+            "max_kl_mean",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"`{name}` must be a finite number, got {value!r}")
@@ -42,6 +73,11 @@ class Gates:
             raise ValueError(f"`min_topk_overlap` must be in [0, 1], got {self.min_topk_overlap!r}")
         if not self.max_latency_ratio > 0:
             raise ValueError(f"`max_latency_ratio` must be > 0, got {self.max_latency_ratio!r}")
+        for name in ("max_recall_drop", "max_passkey_drop"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"`{name}` must be in [0, 1], got {getattr(self, name)!r}")
+        if not self.max_kl_mean >= 0:
+            raise ValueError(f"`max_kl_mean` must be >= 0, got {self.max_kl_mean!r}")
 
 
 @dataclass(frozen=True)
@@ -66,6 +102,14 @@ class EvalConfig:
         hqq_group_size: group size of the HQQ/quanto candidates (seed: 64).
         kivi_attention: ``"fused"`` (kvlab attention reads packed codes; no float copy of the history) or
             ``"dequantize"`` (the cache returns float K/V to the model's own attention).
+        long_context: measure recall (every capacity and window cell) and passkey retrieval
+            (``retrieval_contexts``); see :mod:`kvlab.eval.longctx`. The KL divergence is always measured.
+        recall_span_tokens / recall_fractions / recall_rows: copy span length L, copy distances as fractions of
+            the context (near, mid, far) and prompts per distance.
+        passkey_trials / passkey_depths: trials per (depth, context) point and the needle depths (fractions).
+        retrieval_contexts: capacity contexts that get the passkey grid; ``None`` = the smallest capacity
+            context (the passkey prefill is ``len(passkey_depths) * passkey_trials`` prompts per context and
+            every candidate quantizes all of them: the largest cost of the run), ``()`` = none.
     """
 
     model: str | None = None
@@ -90,6 +134,13 @@ class EvalConfig:
     seed: int = 42
     hqq_group_size: int = 64
     kivi_attention: str = "fused"
+    long_context: bool = True
+    recall_span_tokens: int = 32
+    recall_fractions: tuple[float, ...] = (0.25, 0.5, 0.9)
+    recall_rows: int = 2
+    passkey_trials: int = 20
+    passkey_depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    retrieval_contexts: tuple[int, ...] | None = None
     gates: Gates = field(default_factory=Gates)
 
     def __post_init__(self) -> None:
@@ -117,8 +168,27 @@ class EvalConfig:
             "top_k",
             "batch",
             "hqq_group_size",
+            "recall_rows",
+            "passkey_trials",
         ):
             _positive_ints(name, (getattr(self, name),))
+        if not isinstance(self.long_context, bool):
+            raise ValueError(f"`long_context` must be a bool, got {self.long_context!r}")
+        if (
+            isinstance(self.recall_span_tokens, bool)
+            or not isinstance(self.recall_span_tokens, int)
+            or self.recall_span_tokens < 2
+        ):
+            raise ValueError(f"`recall_span_tokens` must be an integer >= 2, got {self.recall_span_tokens!r}")
+        _fractions("recall_fractions", self.recall_fractions)
+        _fractions("passkey_depths", self.passkey_depths)
+        if self.retrieval_contexts is not None:
+            _positive_ints("retrieval_contexts", self.retrieval_contexts, allow_empty=True)
+            bad = [c for c in self.retrieval_contexts if c not in self.contexts]
+            if bad:
+                raise ValueError(
+                    f"`retrieval_contexts` must be capacity contexts {list(self.contexts)}, got {bad} that are not"
+                )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64:
             raise ValueError(
                 f"`seed` must be an integer in [-2**63, 2**64) (torch.manual_seed), got {self.seed!r}"
@@ -146,6 +216,15 @@ class EvalConfig:
     def to_dict(self) -> dict:
         """JSON-ready settings."""
         return asdict(self)
+
+    def passkey_contexts(self) -> tuple[int, ...]:
+        """The capacity contexts that get the passkey grid: ``retrieval_contexts``, or the smallest context when it
+        is None; ``()`` when ``long_context`` is off."""
+        if not self.long_context:
+            return ()
+        if self.retrieval_contexts is None:
+            return (min(self.contexts),)
+        return tuple(self.retrieval_contexts)
 
 
 def quick_config(**overrides) -> EvalConfig:

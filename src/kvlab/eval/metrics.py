@@ -187,8 +187,10 @@ def fixed_continuation(
 
     Returns:
         ``mean_nll`` (nats per token, the mean over all ``batch * n`` scored tokens), ``topk_ids``
-        (``[n][batch][k]`` lists), ``prefill_ms`` (the prompt forward) and ``decode_ms`` (median single-token
-        forward: a TPOT measure without generate's overhead; None when ``n == 1``).
+        (``[n][batch][k]`` lists), ``prefill_ms`` (the prompt forward), ``decode_ms`` (median single-token
+        forward: a TPOT measure without generate's overhead; None when ``n == 1``) and ``logits``
+        (``[batch, n, vocab]`` float32 on the CPU: the distributions that scored each token, for
+        :func:`kvlab.eval.divergence.kl_divergence`; not JSON).
 
     Raises:
         ValueError: ``input_ids`` or ``continuation`` not 2-D, their batch sizes differ, ``n == 0``, or ``top_k``
@@ -212,6 +214,7 @@ def fixed_continuation(
     n = continuation.shape[1]
     nll_sum = 0.0
     topk_ids = []
+    step_logits = []  # n x [batch, vocab]: the KL against the float cache needs whole distributions
     decode_ms = []
     with torch.inference_mode():
         synchronize(device)
@@ -224,6 +227,7 @@ def fixed_continuation(
             target = continuation[:, step]
             nll_sum += float(F.cross_entropy(logits, target, reduction="sum"))
             topk_ids.append(logits.topk(top_k, dim=-1).indices.tolist())
+            step_logits.append(logits.cpu())
             if step + 1 < n:
                 synchronize(device)
                 start = time.perf_counter()
@@ -235,6 +239,7 @@ def fixed_continuation(
         "topk_ids": topk_ids,
         "prefill_ms": prefill_ms,
         "decode_ms": statistics.median(decode_ms) if decode_ms else None,
+        "logits": torch.stack(step_logits, dim=1),  # [batch, n, vocab] float32, on the CPU
     }
 
 

@@ -28,6 +28,16 @@ from kvlab import __version__
 from kvlab.caches import cache_nbytes
 from kvlab.eval.candidates import Candidate
 from kvlab.eval.config import EvalConfig, Gates
+from kvlab.eval.divergence import kl_divergence, kl_summary
+from kvlab.eval.longctx import (
+    NotMeasurable,
+    build_passkey_probe,
+    build_recall_probe,
+    encode_heldout,
+    long_context_fields,
+    measure_long_context,
+    prefill_states,
+)
 from kvlab.eval.metrics import compare_outputs, fixed_continuation, run_generate, topk_overlap
 from kvlab.eval.schema import SCHEMA_VERSION
 
@@ -225,7 +235,17 @@ class _Cell:
         self.cfg, self.model, self.pad_id, self.result, self.progress = cfg, model, pad_id, result, progress
 
     def measure(
-        self, cand: Candidate, ids, new_tokens, residual, group, continuation, base, cpu_memory: bool = True
+        self,
+        cand: Candidate,
+        ids,
+        new_tokens,
+        residual,
+        group,
+        continuation,
+        base,
+        cpu_memory: bool = True,
+        probes: dict | None = None,
+        states: dict | None = None,
     ) -> dict | None:
         cfg, stage = self.cfg, "construct"
         try:
@@ -251,6 +271,9 @@ class _Cell:
                 stage = "quality"
                 q = fixed_continuation(self.model, ids, continuation, make(), cfg.top_k)
                 row["quality"] = q
+            if probes:
+                stage = "long_context"
+                row["long_context"] = measure_long_context(self.model, make, probes, states)
             row["generated"] = generated
             return row
         except Exception as exc:  # a failed candidate is recorded and the run goes on
@@ -294,6 +317,10 @@ def _row(matrix, cand, ctx, new_tokens, residual, group, meas, base, cfg) -> dic
     }
     if q is not None:
         row.update({"mean_nll": q["mean_nll"], "prefill_ms": q["prefill_ms"], "decode_ms": q["decode_ms"]})
+    if meas.get("long_context"):
+        row.update(
+            long_context_fields(meas["long_context"], None if base is None else base.get("long_context"))
+        )
     if base is not None:
         bperf, bq = base["perf"], base.get("quality")
         row["dynamic_cache_bytes"] = base["cache_bytes"]
@@ -309,6 +336,8 @@ def _row(matrix, cand, ctx, new_tokens, residual, group, meas, base, cfg) -> dic
             row["topk_overlap"] = topk_overlap(bq["topk_ids"], q["topk_ids"], cfg.top_k)
             if q["decode_ms"] and bq["decode_ms"]:
                 row["decode_latency_ratio"] = q["decode_ms"] / bq["decode_ms"]
+            if q.get("logits") is not None and bq.get("logits") is not None:  # llama.cpp's --kl-divergence
+                row.update(kl_summary(kl_divergence(bq["logits"], q["logits"])))
         row.update(compare_outputs(base["generated"], meas["generated"]))
         row["gates"] = apply_gates(row, cfg.gates)
         row["eligible"] = all(row["gates"].values())
@@ -330,7 +359,8 @@ def apply_gates(row: dict, gates: Gates) -> dict[str, bool]:
         gates: the thresholds.
 
     Returns:
-        ``{"nll_delta": bool, "topk_overlap": bool, "latency_ratio": bool, "saves_memory": bool}``, in that order.
+        ``{"nll_delta": bool, "topk_overlap": bool, "latency_ratio": bool, "saves_memory": bool}``, in that order,
+        followed by the :func:`long_context_gates` that apply to the row.
 
     Raises:
         TypeError: ``gates`` is not a :class:`~kvlab.eval.config.Gates`.
@@ -345,12 +375,49 @@ def apply_gates(row: dict, gates: Gates) -> dict[str, bool]:
             f"only a row paired with the float-cache baseline can be gated"
         )
     nll, topk = row.get("nll_delta"), row.get("topk_overlap")
-    return {
+    verdicts = {
         "nll_delta": nll is not None and nll <= gates.max_nll_delta,
         "topk_overlap": topk is not None and topk >= gates.min_topk_overlap,
         "latency_ratio": row["latency_ratio"] <= gates.max_latency_ratio,
         "saves_memory": row["cache_bytes_saved"] > 0,
     }
+    verdicts.update(long_context_gates(row, gates))
+    return verdicts
+
+
+# long-context gates: (gate name = row key, threshold attribute of Gates); each is an upper bound
+LONG_CONTEXT_GATES = (
+    ("recall_drop", "max_recall_drop"),
+    ("passkey_drop", "max_passkey_drop"),
+    ("kl_mean", "max_kl_mean"),
+)
+
+
+def long_context_gates(row: dict, gates: Gates) -> dict[str, bool]:
+    """The long-context gates of one paired row: ``recall_drop <= max_recall_drop`` (copy accuracy lost at the
+    worst distance, fraction), ``passkey_drop <= max_passkey_drop`` (passkey accuracy lost, mean over depths,
+    fraction) and ``kl_mean <= max_kl_mean`` (nats per position). A gate applies only when its key is in the row:
+    a context too short for the recall span, one without the passkey grid, or a row whose quality stage did not
+    run has no key and no verdict. A key that is present but None or NaN fails.
+
+    Args:
+        row: a paired row (or a hand-made dict) with any of ``recall_drop``, ``passkey_drop``, ``kl_mean``.
+        gates: the thresholds.
+
+    Returns:
+        ``{gate: passed}`` for each gate that applies, in :data:`LONG_CONTEXT_GATES` order.
+
+    Raises:
+        TypeError: ``gates`` is not a :class:`~kvlab.eval.config.Gates`.
+    """
+    if not isinstance(gates, Gates):
+        raise TypeError(f"`gates` must be a kvlab.eval.config.Gates, got {type(gates).__name__}")
+    out = {}
+    for key, attr in LONG_CONTEXT_GATES:
+        if key in row:
+            value = row[key]
+            out[key] = value is not None and value <= getattr(gates, attr)
+    return out
 
 
 # timed calls of one cell differing by more than this (max / min) make its latency, and a decision resting on the
@@ -470,7 +537,137 @@ def summarize(result: dict) -> dict:
         "selected_candidate": {k: selected.get(k) for k in SELECTED_KEYS} if selected else None,
         "decision": decision,
         "latency_warning": latency_warning(result["rows"]),
+        "long_context_warning": long_context_warning(result["rows"]),
     }
+
+
+# below this accuracy of the float cache itself, the recall / passkey gates cannot tell caches apart
+MIN_BASELINE_ACCURACY = 0.5
+
+
+def long_context_warning(rows: list[dict]) -> str | None:
+    """A warning when the float cache's own recall or passkey accuracy is below :data:`MIN_BASELINE_ACCURACY` in
+    a capacity cell (the model does not use its context there, so a cache that loses it costs nothing measurable
+    and the recall/passkey gates pass vacuously), else None."""
+    base = [r for r in rows if r["matrix"] == "capacity" and r["candidate"] == "dynamic"]
+    weak = [
+        f"{key.split('_')[0]} {r[key]:.2f} at {r['context_length']}"
+        for r in base
+        for key in ("recall_accuracy", "passkey_accuracy")
+        if r.get(key) is not None and r[key] < MIN_BASELINE_ACCURACY
+    ]
+    if not weak:
+        return None
+    return (
+        f"the float cache itself scores {', '.join(weak)} (below {MIN_BASELINE_ACCURACY}): this model does not use "
+        f"its context there, so the recall/passkey gates cannot reject a cache that loses distant tokens"
+    )
+
+
+class _LongContext:
+    """Builds the recall / passkey probes of each context once, with their shared float prefill.
+
+    The probed text is kept out of the newest ``protected_tail`` tokens, the largest residual window plus group
+    size of either matrix (a KIVI cache holds up to ``R + G - 1`` newest tokens in the model dtype), so the same
+    probe serves both matrices at a shared context.
+    """
+
+    def __init__(self, cfg: EvalConfig, model: Any, tokenizer: Any, result: dict, progress: Progress):
+        self.cfg, self.model, self.tokenizer, self.result, self.progress = (
+            cfg,
+            model,
+            tokenizer,
+            result,
+            progress,
+        )
+        tails = [cfg.residual_length + cfg.group_size]
+        if cfg.window_residuals:
+            tails.append(max(cfg.window_residuals) + cfg.window_group_size)
+        self.protected_tail = max(tails)
+        self._heldout: list[int] | None = None
+        self._built: dict[tuple[str, int], tuple] = {}  # (kind, context) -> (probe, states) or (None, reason)
+        self.info = {
+            "protected_tail_tokens": self.protected_tail,
+            "passkey_contexts": list(cfg.passkey_contexts()),
+            "not_measured": [],
+        }
+        result["provenance"]["long_context"] = self.info
+
+    def _heldout_ids(self) -> list[int]:
+        if self._heldout is None:
+            from kvlab.models import heldout_text
+
+            self._heldout = encode_heldout(self.tokenizer, heldout_text())
+        return self._heldout
+
+    def _build(self, kind: str, ctx: int):
+        if (kind, ctx) in self._built:
+            return self._built[(kind, ctx)]
+        cfg = self.cfg
+        try:
+            if kind == "recall":
+                probe = build_recall_probe(
+                    self._heldout_ids(),
+                    ctx,
+                    protected_tail=self.protected_tail,
+                    rows_per_distance=cfg.recall_rows,
+                    span_tokens=cfg.recall_span_tokens,
+                    fractions=cfg.recall_fractions,
+                    seed=cfg.seed,
+                )
+            else:
+                probe = build_passkey_probe(
+                    self.tokenizer,
+                    self._heldout_ids(),
+                    ctx,
+                    protected_tail=self.protected_tail,
+                    trials=cfg.passkey_trials,
+                    depths=cfg.passkey_depths,
+                    seed=cfg.seed,
+                )
+        except NotMeasurable as exc:  # a context too short for the probe: recorded, not a failure
+            self.info["not_measured"].append({"probe": kind, "context_length": ctx, "reason": str(exc)})
+            self._built[(kind, ctx)] = (None, str(exc))
+            return self._built[(kind, ctx)]
+        device = next(self.model.parameters()).device
+        self.progress(f"context {ctx}: {kind} prefill ({probe.prompt_ids.shape[0]} prompts)")
+        start = time.perf_counter()
+        states = prefill_states(self.model, probe.prompt_ids.to(device))
+        prefill_ms = (time.perf_counter() - start) * 1000.0
+        self.result["provenance"]["prompts"].append({"mode": kind, **probe.info, "prefill_ms": prefill_ms})
+        self._built[(kind, ctx)] = (probe, states)
+        return self._built[(kind, ctx)]
+
+    def probes(self, matrix: str, ctx: int) -> tuple[dict, dict]:
+        """``(probes, states)`` for one matrix at one context: recall always, passkey in the capacity matrix at
+        the passkey contexts; probes that do not fit the context are left out (and recorded)."""
+        kinds = ["recall"]
+        if matrix == "capacity" and ctx in self.cfg.passkey_contexts():
+            kinds.append("passkey")
+        probes, states = {}, {}
+        for kind in kinds:
+            probe, extra = self._build(kind, ctx)
+            if probe is not None:
+                probes[kind], states[kind] = probe, extra
+        for (kind, c), (probe, _) in list(self._built.items()):  # free the passkey prefill once used
+            if kind == "passkey" and c != ctx and probe is not None:
+                self._built[(kind, c)] = (probe, None)
+        return probes, states
+
+    def failed(self, ctx: int, exc: Exception) -> None:
+        """Record that the float cache's probes failed at ``ctx`` (the candidates there skip them)."""
+        self.result["failures"].append(
+            {
+                "candidate": "dynamic",
+                "context_length": ctx,
+                "residual_length": None,
+                "stage": "long_context",
+                "type": type(exc).__name__,
+                "message": str(exc),
+                "traceback_tail": traceback.format_exc().splitlines()[-3:],
+            }
+        )
+        self.progress(f"[red]dynamic failed at long_context: {type(exc).__name__}: {exc}")
 
 
 def run_eval(
@@ -513,6 +710,7 @@ def run_eval(
         _pad_id(tokenizer),
     )
     runnable = [c for c in cands if c.family != "dynamic" and c.unavailable_reason() is None]
+    long_ctx = _LongContext(cfg, model, tokenizer, result, progress) if cfg.long_context else None
 
     def matrix(name, ctx, new_tokens, residuals, group):
         ids, prompt_info = build_prompts(cfg, tokenizer, ctx, device)
@@ -540,12 +738,31 @@ def run_eval(
         base["quality"] = fixed_continuation(
             model, ids, continuation, base_cand.make(model.config, 0, group), cfg.top_k
         )
+        probes, states = long_ctx.probes(name, ctx) if long_ctx is not None else ({}, {})
+        if probes:
+            progress(f"{name}: context {ctx}, dynamic baseline, long context")
+            try:
+                base["long_context"] = measure_long_context(
+                    model, lambda: base_cand.make(model.config, 0, group), probes, states
+                )
+            except Exception as exc:  # recorded; the candidates of this context then skip the probes
+                long_ctx.failed(ctx, exc)
+                probes, states = {}, {}
         result["rows"].append(_row(name, base_cand, ctx, new_tokens, None, None, base, None, cfg))
         for r in residuals:
             for c in runnable:
                 progress(f"{name}: context {ctx}, {c.name}, R={r}")
                 meas = cell.measure(
-                    c, ids, new_tokens, r, group, continuation, base, cpu_memory=name == "capacity"
+                    c,
+                    ids,
+                    new_tokens,
+                    r,
+                    group,
+                    continuation,
+                    base,
+                    cpu_memory=name == "capacity",
+                    probes=probes,
+                    states=states,
                 )
                 if meas is not None:
                     result["rows"].append(_row(name, c, ctx, new_tokens, r, group, meas, base, cfg))
