@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 
 
@@ -14,6 +15,20 @@ def _ints(text: str) -> tuple[int, ...]:
         return tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
+
+
+def _contexts_or_word(text: str) -> tuple[int, ...] | str:
+    """``all`` / ``none`` or comma-separated integers (``--retrieval-contexts``)."""
+    if text.strip().lower() in ("all", "none"):
+        return text.strip().lower()
+    return _ints(text)
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -74,6 +89,56 @@ def register(sub) -> None:
     p.add_argument("--min-topk-overlap", type=float, default=None, help="gate (default 0.60)")
     p.add_argument("--max-latency-ratio", type=float, default=None, help="gate (default 2.00)")
     p.add_argument(
+        "--max-recall-drop",
+        type=float,
+        default=None,
+        help="gate: copy accuracy lost vs DynamicCache at the worst distance (default 0.05)",
+    )
+    p.add_argument(
+        "--max-passkey-drop",
+        type=float,
+        default=None,
+        help="gate: passkey accuracy lost vs DynamicCache, mean over depths (default 0.05)",
+    )
+    p.add_argument(
+        "--max-kl-mean",
+        type=float,
+        default=None,
+        help="gate: mean KL(DynamicCache || candidate) on the continuation, nats (default 0.10)",
+    )
+    p.add_argument(
+        "--no-long-context",
+        action="store_true",
+        help="skip the recall and passkey probes (the KL divergence is still measured)",
+    )
+    p.add_argument(
+        "--retrieval-contexts",
+        type=_contexts_or_word,
+        default=None,
+        help="capacity contexts that get the passkey grid: comma list, 'all' or 'none' (default: the smallest; "
+        "each context adds depths x trials prompts that every candidate must hold)",
+    )
+    p.add_argument(
+        "--passkey-trials",
+        type=int,
+        default=None,
+        help="passkey trials per (depth, context) point (default 20)",
+    )
+    p.add_argument(
+        "--passkey-depths",
+        type=_floats,
+        default=None,
+        help="needle depths as fractions (default 0,0.25,0.5,0.75,1)",
+    )
+    p.add_argument("--recall-rows", type=int, default=None, help="recall prompts per distance (default 2)")
+    p.add_argument(
+        "--recall-fractions",
+        type=_floats,
+        default=None,
+        help="copy distances as fractions of the context (default 0.25,0.5,0.9)",
+    )
+    p.add_argument("--recall-span", type=int, default=None, help="copy span length L in tokens (default 32)")
+    p.add_argument(
         "--prompt-mode",
         choices=("heldout", "repeat"),
         default=None,
@@ -121,6 +186,11 @@ _FIELDS = {
     "prompt": "prompt",
     "batch": "batch",
     "seed": "seed",
+    "passkey_trials": "passkey_trials",
+    "passkey_depths": "passkey_depths",
+    "recall_rows": "recall_rows",
+    "recall_fractions": "recall_fractions",
+    "recall_span": "recall_span_tokens",
 }
 
 
@@ -137,12 +207,24 @@ def config_from_args(args: argparse.Namespace):
             ("max_nll_delta", args.max_nll_delta),
             ("min_topk_overlap", args.min_topk_overlap),
             ("max_latency_ratio", args.max_latency_ratio),
+            ("max_recall_drop", args.max_recall_drop),
+            ("max_passkey_drop", args.max_passkey_drop),
+            ("max_kl_mean", args.max_kl_mean),
         )
         if v is not None
     }
     if gates:
         overrides["gates"] = Gates(**gates)
-    return quick_config(**overrides) if args.quick else EvalConfig(**overrides)
+    if args.no_long_context:
+        overrides["long_context"] = False
+    if args.retrieval_contexts == "none":
+        overrides["retrieval_contexts"] = ()
+    elif args.retrieval_contexts is not None and args.retrieval_contexts != "all":
+        overrides["retrieval_contexts"] = args.retrieval_contexts
+    cfg = quick_config(**overrides) if args.quick else EvalConfig(**overrides)
+    if args.retrieval_contexts == "all":  # every capacity context, whatever --quick or --contexts chose
+        cfg = replace(cfg, retrieval_contexts=tuple(cfg.contexts))
+    return cfg
 
 
 def run(args: argparse.Namespace) -> int:

@@ -37,6 +37,9 @@ def matrix_table(result: dict, matrix: str) -> Table | None:
         "NLL / Δ",
         "top-k",
         "agree",
+        "recall",
+        "passkey",
+        "KL",
         "peak MiB",
         "verdict",
     ):
@@ -56,8 +59,41 @@ def matrix_table(result: dict, matrix: str) -> Table | None:
             _f(r.get("mean_nll"), ".3f") if base else _f(r.get("nll_delta"), "+.3f") + _mark(r, "nll_delta"),
             "" if base else _f(r.get("topk_overlap"), ".2f") + _mark(r, "topk_overlap"),
             "" if base else _f(r.get("token_agreement_rate"), ".2f"),
+            _f(r.get("recall_accuracy"), ".3f") + _mark(r, "recall_drop"),
+            _f(r.get("passkey_accuracy"), ".2f") + _mark(r, "passkey_drop"),
+            "" if base else _f(r.get("kl_mean"), ".4f") + _mark(r, "kl_mean"),
             _f(None if peak is None else peak / MIB, ".1f"),
             "baseline" if base else ("[green]eligible[/]" if r.get("eligible") else "[red]rejected[/]"),
+        )
+    return t
+
+
+def passkey_table(result: dict) -> Table | None:
+    """Passkey retrieval per depth: correct / trials for every capacity row with the grid, and the mean accuracy
+    with its Wilson 95 % interval over all trials; None when no row has it."""
+    rows = [r for r in result["rows"] if r["matrix"] == "capacity" and isinstance(r.get("passkey"), dict)]
+    if not rows:
+        return None
+    depths = sorted({d["depth"] for r in rows for d in r["passkey"]["depths"]})
+    t = Table(title="Passkey retrieval (correct / trials per needle depth)")
+    for col in ("ctx", "candidate", *[f"{100 * d:g} %" for d in depths], "mean", "95 % CI", "verdict"):
+        t.add_column(col, justify="left" if col in ("candidate", "verdict") else "right")
+    for r in rows:
+        by_depth = {d["depth"]: d for d in r["passkey"]["depths"]}
+        cells = [
+            f"{by_depth[d]['correct']}/{by_depth[d]['trials']}" if d in by_depth else "-" for d in depths
+        ]
+        lo, hi = r["passkey"].get("ci95") or (None, None)
+        gate = r.get("gates", {}).get("passkey_drop")
+        t.add_row(
+            str(r["context_length"]),
+            r["candidate"],
+            *cells,
+            _f(r.get("passkey_accuracy"), ".2f"),
+            f"{_f(lo, '.2f')}-{_f(hi, '.2f')}",
+            "baseline"
+            if r["candidate"] == "dynamic"
+            else ("" if gate is None else ("pass" if gate else "[red]fail[/]")),
         )
     return t
 
@@ -87,6 +123,12 @@ def print_summary(result: dict, console: Console | None = None) -> None:
         f"gates: ΔNLL ≤ {g['max_nll_delta']}, top-k overlap ≥ {g['min_topk_overlap']}, "
         f"latency ratio ≤ {g['max_latency_ratio']}; memory = exact cache bytes vs DynamicCache"
     )
+    if "max_kl_mean" in g:  # results written before the long-context gates have none
+        console.print(
+            f"long-context gates: recall drop ≤ {g['max_recall_drop']} (worst distance), passkey drop ≤ "
+            f"{g['max_passkey_drop']} (mean over depths), KL mean ≤ {g['max_kl_mean']} nats; recall and passkey "
+            f"columns: accuracy (the mark judges the drop vs dynamic)"
+        )
     for c in result["candidates"]:
         if not c.get("available", True):
             console.print(f"[yellow]skipped[/] {c['name']}: {c['skip_reason']}")
@@ -94,6 +136,9 @@ def print_summary(result: dict, console: Console | None = None) -> None:
         table = matrix_table(result, matrix)
         if table is not None:
             console.print(table)
+    table = passkey_table(result)
+    if table is not None:
+        console.print(table)
     for f in result["failures"]:
         where = [
             text
@@ -118,8 +163,31 @@ def print_summary(result: dict, console: Console | None = None) -> None:
                 f"{sel['cache_bytes_ratio']:.3f}× dynamic, ΔNLL {sel['nll_delta']:+.3f}, top-k "
                 f"{sel['topk_overlap']:.2f}, latency {sel['latency_ratio']:.2f}×"
             )
+            row = next(
+                (
+                    r
+                    for r in result["rows"]
+                    if r["matrix"] == "capacity"
+                    and r["candidate"] == sel["candidate"]
+                    and r["context_length"] == sel["context_length"]
+                ),
+                {},
+            )
+            extra = [
+                f"{label} {row[key]:{fmt}}"
+                for key, label, fmt in (
+                    ("recall_drop", "recall drop", "+.3f"),
+                    ("passkey_drop", "passkey drop", "+.2f"),
+                    ("kl_mean", "KL mean", ".4f"),
+                )
+                if row.get(key) is not None
+            ]
+            if extra:
+                console.print("          " + ", ".join(extra))
         console.print(f"[bold]decision: {s['decision']}[/]")
         if s.get("latency_warning"):
             console.print(f"[yellow]warning: {s['latency_warning']}[/]")
+        if s.get("long_context_warning"):
+            console.print(f"[yellow]warning: {s['long_context_warning']}[/]")
     if result.get("elapsed_s") is not None:
         console.print(f"elapsed {result['elapsed_s']:.1f} s")
