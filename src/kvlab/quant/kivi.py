@@ -15,6 +15,10 @@ holds the chunk that opens it plus room for a quarter of the history, at most ``
 rewritten or moved, so a flush costs O(new tokens), not O(history). The residual window lives in one storage of
 up to ``R + G`` tokens (grown geometrically while the window fills) that decode steps write in place.
 
+:meth:`KIVIState.crop` keeps a prefix of the tokens (speculative-decoding rollback): exact inside the residual
+window; a cut inside the quantized prefix drops whole groups and moves the kept part of the cut group, dequantized,
+back into the residual window (those tokens are quantized a second time when they are flushed again).
+
 Byte ledger per layer, per batch row, per KV head, with ``Q`` quantized tokens out of ``T`` (``D`` head_dim,
 ``b`` nbits, ``m`` metadata bytes, ``p`` cache dtype bytes)::
 
@@ -146,6 +150,7 @@ class KIVIState:
     blocks: list[QuantBlock] = field(default_factory=list)
     quantized_tokens: int = 0  # Q: tokens held in blocks
     flushes: int = 0  # number of append calls that flushed at least one chunk
+    restored_tokens: int = 0  # tokens crops restored from their codes into the residual window (cumulative)
     # residual window storage: [B, H, <= R + G, D] in the model dtype, written in place by single-token appends
     _kbuf: torch.Tensor | None = field(default=None, repr=False)
     _vbuf: torch.Tensor | None = field(default=None, repr=False)
@@ -335,50 +340,111 @@ class KIVIState:
                 )
             yield blk.view
 
+    def _dequantize_view(
+        self, seg: QuantSegmentView, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float copy of one segment view: ``([B, H, n, D], [B, H, n, D])`` in ``dtype`` (elementwise, so a slice of
+        a segment dequantizes to the same bits as the same tokens of the whole segment)."""
+        cfg = self.config
+        b, h = seg.k_codes.shape[:2]
+        shape = (b, h, seg.tokens, self.key_residual.shape[-1])
+        src = self.key_residual.dtype
+        keys = QuantizedTensor(seg.k_codes, seg.k_scale, seg.k_zero, cfg.nbits, cfg.group_size, 2, shape, src)
+        values = QuantizedTensor(
+            seg.v_codes, seg.v_scale, seg.v_zero, cfg.nbits, cfg.group_size, 3, shape, src
+        )
+        return dequantize(keys, dtype), dequantize(values, dtype)
+
     def dequantize_prefix(self, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Float copy of the quantized prefix: ``([B, H, Q, D], [B, H, Q, D])``, or ``None`` when ``Q == 0``."""
         if self.quantized_tokens == 0:
             return None
-        cfg = self.config
         dtype = dtype or self.key_residual.dtype
-        d = self.key_residual.shape[-1]
-        keys, values = [], []
-        for seg in self.segments():
-            b, h = seg.k_codes.shape[:2]
-            shape = (b, h, seg.tokens, d)
-            keys.append(
-                dequantize(
-                    QuantizedTensor(
-                        seg.k_codes,
-                        seg.k_scale,
-                        seg.k_zero,
-                        cfg.nbits,
-                        cfg.group_size,
-                        2,
-                        shape,
-                        self.key_residual.dtype,
-                    ),
-                    dtype,
+        parts = [self._dequantize_view(seg, dtype) for seg in self.segments()]
+        if len(parts) == 1:
+            return parts[0]
+        return torch.cat([k for k, _ in parts], dim=-2), torch.cat([v for _, v in parts], dim=-2)
+
+    def _group_view(self, start: int) -> QuantSegmentView:
+        """The quantized group of tokens ``[start, start + G)`` (``start`` a multiple of G below Q) as a view."""
+        g = self.config.group_size
+        assert start % g == 0 and 0 <= start < self.quantized_tokens
+        offset = 0
+        for blk in self.blocks:  # groups never straddle blocks: capacities and fills are multiples of G
+            if start < offset + blk.filled:
+                s = start - offset
+                return QuantSegmentView(
+                    k_codes=blk.k_codes[:, :, s : s + g],
+                    k_scale=blk.k_scale[:, :, s // g : s // g + 1],
+                    k_zero=blk.k_zero[:, :, s // g : s // g + 1],
+                    v_codes=blk.v_codes[:, :, s : s + g],
+                    v_scale=blk.v_scale[:, :, s : s + g],
+                    v_zero=blk.v_zero[:, :, s : s + g],
+                    tokens=g,
                 )
-            )
-            values.append(
-                dequantize(
-                    QuantizedTensor(
-                        seg.v_codes,
-                        seg.v_scale,
-                        seg.v_zero,
-                        cfg.nbits,
-                        cfg.group_size,
-                        3,
-                        shape,
-                        self.key_residual.dtype,
-                    ),
-                    dtype,
-                )
-            )
-        if len(keys) == 1:
-            return keys[0], values[0]
-        return torch.cat(keys, dim=-2), torch.cat(values, dim=-2)
+            offset += blk.filled
+        raise AssertionError(f"group at {start} not found in {self.quantized_tokens} quantized tokens")
+
+    def crop(self, tokens: int) -> None:
+        """Keep the first ``tokens`` stored tokens and drop the rest (speculative-decoding rollback, prefix reuse).
+
+        * ``tokens >= Q`` (the cut falls in the residual window): the window is shortened; exact, nothing else moves.
+        * ``tokens < Q`` (the cut falls in the quantized prefix): the residual window and every quantized group past
+          the cut are dropped; whole groups before the cut keep their codes, scales and zeros untouched; the kept
+          ``tokens % G`` tokens of the cut group are restored into the residual window as their **dequantized**
+          values (a key group's scale and zero span all G tokens, so the group cannot stay quantized with fewer).
+          Nothing is re-quantized by the crop, so the keys/values attention reads afterwards equal, bit for bit,
+          the first ``tokens`` of what it read before (:meth:`dequantize_prefix` followed by the window).
+
+        Precision consequence: the restored tokens are the dequantized values, not the originals. They stay in the
+        residual window and are quantized a second time when a later append flushes them (with the new tokens of
+        their group), so a crop into the quantized prefix breaks "each token quantized exactly once" for at most
+        ``G - 1`` tokens per crop; :attr:`restored_tokens` counts them. Block capacity freed by the cut stays with
+        the last kept block (``allocated_unused``) and later flushes write into it.
+
+        Args:
+            tokens: tokens to keep, in ``[0, total_tokens]``.
+
+        Raises:
+            TypeError: ``tokens`` not an int. ValueError: ``tokens`` outside ``[0, total_tokens]`` (nothing changes).
+
+        Source: transformers ``DynamicLayer.crop`` (keep a prefix of the sequence axis); KIVI (arXiv:2402.02750) §3.2
+        for the group layout that decides what survives a cut.
+        """
+        if isinstance(tokens, bool) or not isinstance(tokens, int):
+            raise TypeError(f"`tokens` to keep must be an int, got {tokens!r}")
+        total = self.total_tokens
+        if not 0 <= tokens <= total:
+            raise ValueError(f"`tokens` to keep must be in [0, {total}] (tokens stored), got {tokens}")
+        q = self.quantized_tokens
+        if tokens >= q:  # inside the residual window: exact
+            self._count = tokens - q
+            return
+        g = self.config.group_size
+        keep_q = tokens // g * g  # whole groups kept
+        part = tokens - keep_q  # kept tokens of the cut group
+        restored = None
+        if part:
+            # [B, H, G, D] -> first `part` tokens, in the dtype attention read them in
+            k_hat, v_hat = self._dequantize_view(self._group_view(keep_q), self.key_residual.dtype)
+            restored = k_hat[..., :part, :], v_hat[..., :part, :]
+        kept, offset = [], 0
+        for blk in self.blocks:
+            if offset >= keep_q:
+                break  # this block and the ones after it are freed
+            if offset + blk.filled > keep_q:
+                blk.filled = keep_q - offset
+                blk.view = None
+            kept.append(blk)
+            offset += blk.filled
+        self.blocks = kept
+        self.quantized_tokens = keep_q
+        assert self._kbuf is not None and self._kbuf.shape[-2] >= g > part  # storage exists once Q > 0
+        self._start, self._count = 0, part
+        if restored is not None:
+            self._kbuf[:, :, :part] = restored[0]
+            self._vbuf[:, :, :part] = restored[1]
+            self.restored_tokens += part
 
     def nbytes_breakdown(self) -> dict[str, int]:
         """Exact bytes of the stored state, measured from the tensors.
