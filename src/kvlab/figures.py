@@ -418,9 +418,73 @@ def plot_eval_matrix(
     return save_png(fig, out_path)
 
 
+def passkey_grid(result: Mapping[str, Any]) -> dict[str, dict]:
+    """The passkey grid of each candidate from a result's capacity rows: ``{candidate: {"depths": [...],
+    "contexts": [...], "accuracy": [[...]], "correct": [[...]], "trials": [[...]]}}`` with one row per depth
+    (fraction) and one column per context (tokens); None where a cell was not measured."""
+    rows = [
+        r
+        for r in result.get("rows", [])
+        if r.get("matrix") == "capacity" and isinstance(r.get("passkey"), Mapping)
+    ]
+    grid: dict[str, dict] = {}
+    for name in dict.fromkeys(r["candidate"] for r in rows):
+        mine = [r for r in rows if r["candidate"] == name]
+        contexts = sorted({r["context_length"] for r in mine})
+        depths = sorted({d["depth"] for r in mine for d in r["passkey"].get("depths", [])})
+        cells = {(d["depth"], r["context_length"]): d for r in mine for d in r["passkey"].get("depths", [])}
+        grid[name] = {"depths": depths, "contexts": contexts}
+        for key in ("accuracy", "correct", "trials"):
+            grid[name][key] = [
+                [cells[(p, c)].get(key) if (p, c) in cells else None for c in contexts] for p in depths
+            ]
+    return grid
+
+
+def plot_passkey_heatmap(result: Mapping[str, Any], out_path: str | os.PathLike) -> Path | None:
+    """Passkey retrieval heatmaps, one panel per candidate: needle depth (rows) x context (columns), colour =
+    accuracy, each cell annotated ``correct/trials`` (Mohtashami & Jaggi 2023's grid). Returns ``None`` (no file)
+    when no capacity row has the passkey grid."""
+    grid = passkey_grid(result)
+    if not grid:
+        return None
+    n = len(grid)
+    ncols = min(n, 4)
+    nrows = math.ceil(n / ncols)
+    width = max(len(g["contexts"]) for g in grid.values())
+    fig = _figure(1.2 + ncols * (1.3 + 0.9 * width), 0.9 + nrows * 3.0)
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
+    image = None
+    for idx, (ax, (name, g)) in enumerate(zip(axes, grid.items())):
+        acc = np.array([[np.nan if v is None else v for v in row] for row in g["accuracy"]], dtype=float)
+        image = ax.imshow(acc, vmin=0.0, vmax=1.0, cmap="RdYlGn", aspect="auto", origin="upper")
+        for i in range(acc.shape[0]):
+            for j in range(acc.shape[1]):
+                k, t = g["correct"][i][j], g["trials"][i][j]
+                text = "-" if k is None else f"{k}/{t}"
+                ax.text(j, i, text, ha="center", va="center", fontsize=8, color="black")
+        ax.set_xticks(range(len(g["contexts"])), [str(c) for c in g["contexts"]])
+        ax.set_yticks(range(len(g["depths"])), [f"{100 * p:g} %" for p in g["depths"]])
+        ax.set_xlabel("context (tokens)")
+        if idx % ncols == 0:
+            ax.set_ylabel("needle depth")
+        ax.set_title(name, fontsize=10)
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    if image is not None:
+        fig.colorbar(image, ax=list(axes[:n]), shrink=0.85, label="passkey accuracy")
+    fig.suptitle(
+        "passkey retrieval through each cache (0 % = start of the prompt, 100 % = just outside the "
+        "residual window)",
+        fontsize=10,
+    )
+    return save_png(fig, out_path)
+
+
 def plot_eval_figures(result: Mapping[str, Any], out_dir: str | os.PathLike) -> list[Path]:
-    """The eval figures of one result: ``eval_capacity.png`` (metrics against context length) and
-    ``eval_window.png`` (the residual-window matrix: metrics against the residual length)."""
+    """The eval figures of one result: ``eval_capacity.png`` (metrics against context length),
+    ``eval_window.png`` (the residual-window matrix: metrics against the residual length) and
+    ``eval_passkey.png`` (the passkey heatmap per candidate, when the result has one)."""
     out_dir = Path(out_dir)
     paths = [
         plot_eval_matrix(
@@ -429,6 +493,7 @@ def plot_eval_figures(result: Mapping[str, Any], out_dir: str | os.PathLike) -> 
         plot_eval_matrix(
             result, "window", "residual_length", "residual window R (tokens)", out_dir / "eval_window.png"
         ),
+        plot_passkey_heatmap(result, out_dir / "eval_passkey.png"),
     ]
     return [p for p in paths if p is not None]
 

@@ -36,6 +36,12 @@ ROW_COLUMNS = (
     ("topk_overlap", "top-k overlap"),
     ("token_agreement_rate", "token agreement"),
     ("first_divergence_index", "first divergence"),
+    ("kl_mean", "KL mean (nats)"),
+    ("kl_p99", "KL p99 (nats)"),
+    ("recall_accuracy", "recall accuracy"),
+    ("recall_drop", "recall drop"),
+    ("passkey_accuracy", "passkey accuracy"),
+    ("passkey_drop", "passkey drop"),
     ("median_ms", "median ms"),
     ("ms_per_token", "ms / token"),
     ("latency_ratio", "latency / dynamic"),
@@ -48,6 +54,9 @@ GATE_OF_COLUMN = {
     "nll_delta": "nll_delta",
     "topk_overlap": "topk_overlap",
     "latency_ratio": "latency_ratio",
+    "recall_drop": "recall_drop",
+    "passkey_drop": "passkey_drop",
+    "kl_mean": "kl_mean",
 }
 _SECTIONS_SHOWN = {
     "schema_version",
@@ -208,6 +217,37 @@ def _candidates_table(records: list[Any]) -> str:
     return _records_table(unified)
 
 
+def _passkey_table(rows: list[Mapping[str, Any]]) -> str:
+    """Correct / trials per needle depth for every capacity row with the passkey grid, with the mean accuracy and
+    its Wilson 95 % interval; empty when no row has it."""
+    rows = [r for r in rows if r.get("matrix") == "capacity" and isinstance(r.get("passkey"), Mapping)]
+    if not rows:
+        return ""
+    depths = sorted({d["depth"] for r in rows for d in r["passkey"].get("depths", [])})
+    body = []
+    for r in rows:
+        by_depth = {d["depth"]: d for d in r["passkey"].get("depths", [])}
+        cells = [
+            (f"{by_depth[p]['correct']}/{by_depth[p]['trials']}", "") if p in by_depth else ("-", "")
+            for p in depths
+        ]
+        ci = r["passkey"].get("ci95") or [None, None]
+        body.append(
+            [(_fmt(r.get("context_length")), ""), (_fmt(r.get("candidate")), "")]
+            + cells
+            + [
+                (_fmt(r.get("passkey_accuracy")), ""),
+                (f"{_fmt(ci[0])} - {_fmt(ci[1])}", ""),
+                (_fmt(r.get("passkey_drop")), _cell_class(r, "passkey_drop", {})),
+            ]
+        )
+    header = ["context", "candidate", *[f"depth {100 * p:g} %" for p in depths], "mean", "95 % CI", "drop"]
+    return _table(header, body, {1}) + (
+        '<p class="muted">A trial is correct when every answer token is the argmax, teacher-forced through the '
+        "cache. Depth 0 % is the prompt's start, 100 % the latest position outside the residual window.</p>"
+    )
+
+
 def _decision_block(summary: Any) -> str:
     if isinstance(summary, Mapping):
         name, detail = summary.get("decision"), _kv_table(summary)
@@ -277,6 +317,9 @@ def render_html(result: Mapping[str, Any], figure_dir: str | os.PathLike | None 
             "every field of every row is in the raw rows below.</p>"
         )
         parts.append(_rows_table(subset, bounds))
+    passkey = _passkey_table(rows)
+    if passkey:
+        parts.append("<h2>Passkey retrieval</h2>" + passkey)
     if result.get("failures"):
         parts.append(f"<h2>Failures ({len(result['failures'])})</h2>" + _records_table(result["failures"]))
 
