@@ -5,6 +5,9 @@ groups of ``group_size`` channels, and the newest ``residual_length`` (up to ``r
 tokens stay in the model dtype. Unlike transformers' ``QuantizedCache`` it (1) uses different axes for K and V,
 (2) keeps the newest prefill tokens in full precision, (3) quantizes each token exactly once — a flush writes only
 the new G-aligned chunk, never re-quantizing history — and (4) reports its exact bytes with :meth:`nbytes`.
+:meth:`KIVICache.crop` rolls tokens back (assisted / speculative and prompt-lookup decoding): exact inside the
+residual window; a cut inside a quantized group keeps that group's earlier tokens as their dequantized values, which
+are quantized a second time when they are flushed again (the one exception to "exactly once").
 
 Usage::
 
@@ -21,6 +24,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from kvlab.caches.crop import crop_keep
 from kvlab.quant.kivi import KIVIConfig, KIVIState
 
 ATTENTION_PATHS = ("dequantize", "fused")
@@ -36,7 +40,9 @@ class KIVILayer(CacheLayerMixin):
 
     is_sliding = False
     is_compileable = False
-    is_croppable = False
+    # crop works at any length (assisted decoding checks this flag): exact inside the residual window; a cut into
+    # the quantized prefix restores the kept part of the cut group as its dequantized values (see :meth:`crop`)
+    is_croppable = True
 
     def __init__(self, config: KIVIConfig, attention: str = "dequantize", **kwargs: Any):
         super().__init__(**kwargs)
@@ -109,6 +115,19 @@ class KIVILayer(CacheLayerMixin):
         self.state = KIVIState(self.config)
         self.keys = self.values = None
         self.is_initialized = False
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """transformers' ``crop``: ``-n`` drops the newest ``n`` tokens, ``0`` nothing, a positive ``n`` keeps the
+        first ``n`` (``max_length``); see :mod:`kvlab.caches.crop` and :meth:`kvlab.quant.kivi.KIVIState.crop`.
+
+        Raises:
+            TypeError: ``tokens_to_remove`` not an integer.
+        """
+        keep = crop_keep(tokens_to_remove, self.get_seq_length())
+        if not self.is_initialized or keep == self.get_seq_length():
+            return
+        self.state.crop(keep)
+        self.keys, self.values = self.state.key_residual, self.state.value_residual
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Reorder batch rows (beam search); quantized data is moved, never re-quantized.
@@ -304,6 +323,38 @@ class KIVICache(Cache):
                 layer.lazy_initialization(keys, values)
             layer.state.append(keys, values)
             layer.keys, layer.values = layer.state.key_residual, layer.state.value_residual
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the newest tokens of every layer (assisted / speculative decoding rolls back rejected drafts).
+
+        Args:
+            tokens_to_remove: transformers' ``Cache.crop`` argument: ``-n`` removes the newest ``n`` tokens (all of
+                them when ``n`` is at least the tokens held), ``0`` removes nothing, a positive ``n`` keeps the first
+                ``n`` tokens (``max_length`` as in transformers 5.0's ``DynamicCache.crop``).
+
+        What holds afterwards, per layer, with ``k`` tokens kept and ``Q`` tokens quantized before the crop:
+
+        * ``k >= Q``: only the residual window is shortened; the state equals a cache that never received the
+          dropped tokens (when that cache would also hold ``Q`` quantized tokens).
+        * ``k < Q``: quantized groups past the cut are freed; groups before it keep their codes untouched; the
+          ``k % G`` kept tokens of the cut group move to the residual window as their dequantized values (no token
+          is re-quantized by the crop). The keys/values that attention reads afterwards are, bit for bit, the
+          first ``k`` of those it read before, so further decoding (until the next flush) gives the logits of a
+          ``DynamicCache`` holding those dequantized tokens. The restored tokens are quantized again when a later
+          flush reaches them (``KIVIState.restored_tokens`` counts them).
+
+        ``nbytes()``/``nbytes_breakdown()`` count only the kept tokens; freed blocks are released, the unused
+        tail of the last kept block is ``allocated_unused``. The fused path needs nothing more: the next step hands
+        the kept blocks to kvlab attention.
+
+        Raises:
+            TypeError: ``tokens_to_remove`` not an integer (nothing is changed).
+
+        Source: transformers ``Cache.crop`` / ``DynamicLayer.crop``; KIVI (arXiv:2402.02750) §3.2 for the groups.
+        """
+        crop_keep(tokens_to_remove, 0)  # refuse a bad argument before any layer changes
+        for layer in self.layers:
+            layer.crop(tokens_to_remove)
 
     def __repr__(self) -> str:
         c = self.kivi_config

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from kvlab.caches.crop import crop_keep
 from kvlab.paging import BlockPool, BlockTable
 
 
@@ -283,12 +284,31 @@ class PagedCache(Cache):
         self._replace_tables([t.fork() for t in self.tables for _ in range(repeats)])
 
     def crop(self, tokens_to_remove: int) -> None:
-        """Drop the last ``-tokens_to_remove`` tokens of every row (transformers' convention: a negative count)."""
-        if tokens_to_remove > 0:
-            raise ValueError(f"`crop` takes a negative number of tokens to remove, got {tokens_to_remove}")
-        if tokens_to_remove == 0 or not self.tables:
+        """Drop the newest tokens of every row and free the blocks left empty (assisted / speculative decoding).
+
+        Args:
+            tokens_to_remove: transformers' ``Cache.crop`` argument: ``-n`` removes the newest ``n`` tokens (all of
+                them when ``n`` is at least the tokens held), ``0`` removes nothing, a positive ``n`` keeps the first
+                ``n`` tokens (``max_length`` as in transformers 5.0's ``DynamicCache.crop``).
+
+        Exact: the kept tokens stay where they are; each row's block table is cut at the new length, whole blocks
+        past it go back to the free queue, and a cut inside a block shared with another row (beam forks) gives this
+        row a private copy first. ``nbytes()`` then counts the blocks in use, as for a cache that never held the
+        dropped tokens.
+
+        Raises:
+            TypeError: ``tokens_to_remove`` not an integer. ValueError: a pool capped by ``max_num_blocks`` without
+                a free block for the copy of a shared block that the cut falls inside (``need n blocks, f free``;
+                nothing is changed).
+
+        Source: transformers ``Cache.crop``; the block-table cut is :meth:`kvlab.paging.BlockTable.truncate`.
+        """
+        keep = crop_keep(tokens_to_remove, self.num_tokens)
+        if keep == self.num_tokens or not self.tables:
             return
-        keep = max(self.num_tokens + tokens_to_remove, 0)
+        # a cut inside a shared block copies it first: make room for the worst case before any table changes
+        last, fill = -(-keep // self.block_size) - 1, keep % self.block_size
+        self._ensure_free(sum(bool(fill) and t.blocks[last].ref_cnt > 1 for t in self.tables))
         copies: list[tuple[int, int]] = []
         for table in self.tables:
             copies += table.truncate(keep)
