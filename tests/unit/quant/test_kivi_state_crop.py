@@ -207,3 +207,18 @@ def test_bad_crop_is_named_and_changes_nothing(tokens, err, msg):
     with pytest.raises(err, match=msg):
         state.crop(tokens)
     assert state.total_tokens == 30 and torch.equal(visible(state)[0], before_k)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_crop_of_a_batch_in_half_precision_restores_every_row_in_the_cache_dtype(dtype):
+    cfg = KIVIConfig(nbits=2, group_size=4, residual_length=4)
+    state = KIVIState(cfg)
+    k, v = kv(23, b=3, dtype=dtype, seed=5)
+    state.append(k[..., :11, :], v[..., :11, :])
+    for t in range(11, 23):
+        state.append(k[..., t : t + 1, :], v[..., t : t + 1, :])
+    seen_k, seen_v = visible(state)
+    state.crop(6)  # 4 quantized + 2 restored, every row
+    assert state.key_residual.dtype == dtype and state.key_residual.shape == (3, 2, 2, 8)
+    got_k, got_v = visible(state)
+    assert torch.equal(got_k, seen_k[..., :6, :]) and torch.equal(got_v, seen_v[..., :6, :])
