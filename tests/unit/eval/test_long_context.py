@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
-from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
 from kvlab.caches import KIVICache
 from kvlab.eval.config import EvalConfig, Gates
@@ -35,6 +34,7 @@ from kvlab.eval.longctx import (
 from kvlab.eval.metrics import cache_kwarg
 from kvlab.eval.runner import apply_gates, decide, long_context_gates, long_context_warning
 from kvlab.eval.stats import wilson_interval
+from tests.damaged_caches import NewestTokensCache
 
 
 # ── Wilson interval ─────────────────────────────────────────────────────────────────────────────────────────────
@@ -305,14 +305,6 @@ def test_fill_cache_refuses_a_cache_whose_prefill_differs():
     states = [(torch.ones(2, 1, 4, 8), torch.ones(2, 1, 4, 8))]
     with pytest.raises(ValueError, match="Halving.update on an empty layer 0 returned K/V"):
         fill_cache(Halving(), states)
-
-
-class NewestTokensCache(Cache):
-    """Test-only damaged cache: every layer keeps only its newest ``window - 1`` tokens after each update (the
-    prefill itself still attends to all of them). A cache that forgets everything older must fail the gates."""
-
-    def __init__(self, window: int = 256):
-        super().__init__(layer_class_to_replicate=lambda: DynamicSlidingWindowLayer(sliding_window=window))
 
 
 def test_a_damaged_cache_runs_through_the_measurement(tiny):
