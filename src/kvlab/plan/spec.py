@@ -3,13 +3,22 @@
 A :class:`ModelSpec` is read from the model's own config (a file, a directory, a dict, a hub id, or a built-in
 preset) so that the traps of hand-typed calculators do not apply:
 
-* ``head_dim`` is read when present; ``hidden_size / num_attention_heads`` is only the fallback
-  (Mistral-Small-24B: 128 in the config, 160 derived; gpt-oss-20b: 64 vs 45).
-* ``num_key_value_heads`` missing or null means multi-head attention; Falcon's ``multi_query`` means one KV head.
+* Every quantity is read under every name the transformers config classes and vLLM's ``ModelConfig`` read it
+  by (``LAYER_NAMES``, ``HIDDEN_NAMES``, ``HEAD_NAMES``, ``KV_HEAD_NAMES``, ``HEAD_DIM_NAMES``: GPT-2, MPT/DBRX,
+  ChatGLM, Falcon, OLMo, PLaMo, Mistral ``params.json``); two names for one quantity must agree.
+* ``head_dim`` (or ``kv_channels``, ``hidden_size_per_head``, ``attention_head_dim``) is read when present;
+  ``hidden_size / num_attention_heads`` is only the fallback (Mistral-Small-24B: 128 in the config, 160 derived;
+  gpt-oss-20b: 64 vs 45).
+* KV heads follow vLLM ``ModelConfig.get_total_num_kv_heads``: none stated means multi-head attention;
+  ``multi_query`` means one KV head (the default of Falcon and GPT-BigCode configs, unless Falcon's
+  ``new_decoder_architecture``); ChatGLM's ``multi_query_group_num`` counts when ``multi_query_attention`` is on;
+  MPT/DBRX read ``attn_config.kv_n_heads``. Where the loaders' defaults disagree, the config is refused with the
+  field named, never guessed.
 * MLA (DeepSeek-V2 arXiv:2405.04434 §2.1): a layer caches one latent of ``kv_lora_rank + qk_rope_head_dim``
   values per token, not K and V per head.
 * Sliding-window layers (``sliding_window`` with ``layer_types``, ``sliding_window_pattern`` or a model-type
-  default; ``use_sliding_window: false`` turns it off), chunked layers (Llama 4), layers without KV (Mamba or
+  default; ``use_sliding_window: false`` turns it off, whatever ``sliding_window`` holds, 0 included), chunked
+  layers (Llama 4), layers without KV (Mamba or
   linear-attention layers of hybrids) and KV-shared layers (Gemma-3n ``num_kv_shared_layers``) are told apart.
 
 Pure Python; no torch.
@@ -203,21 +212,75 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+# Every name under which the transformers config classes (their fields and ``attribute_map``) and vLLM's
+# ``ModelConfig`` (``get_num_layers``, ``get_total_num_attention_heads``, ``get_total_num_kv_heads``,
+# ``get_head_size``) read the same quantity. A config naming one quantity twice with different values is refused.
+# GPT-2/Falcon, ChatGLM, MPT/DBRX/OLMo
+LAYER_NAMES = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+HIDDEN_NAMES = ("hidden_size", "n_embd", "d_model", "dim")  # GPT-2, MPT/DBRX, Mistral params.json
+HEAD_NAMES = ("num_attention_heads", "n_head", "n_heads", "num_heads")  # GPT-2/Falcon, MPT/DBRX/OLMo
+KV_HEAD_NAMES = (
+    "num_key_value_heads",  # Llama and most transformers configs
+    "num_kv_heads",  # Falcon (new decoder architecture)
+    "n_head_kv",  # Falcon RW configs
+    "n_kv_heads",  # OLMo (hf_olmo), Mistral params.json
+)
+HEAD_DIM_NAMES = (
+    "head_dim",  # most configs
+    "kv_channels",  # ChatGLM, Qwen (v1): Megatron's width of one head
+    "hidden_size_per_head",  # PLaMo
+    "attention_head_dim",  # Zamba2
+)
+POSITION_NAMES = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_sequence_length",
+    "seq_length",
+    "max_seq_len",
+)
+# model types whose config class defaults `multi_query` to True (transformers FalconConfig, GPTBigCodeConfig;
+# vLLM's RWConfig for the original Falcon checkpoints)
+_MULTI_QUERY_DEFAULT = ("falcon", "RefinedWeb", "RefinedWebModel", "gpt_bigcode")
+
+
+def _as_int(name: str, value: Any, minimum: int) -> int:
+    """``value`` of config field ``name`` as an int >= ``minimum``; errors name the field."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value != int(value)
+    ):
+        raise ValueError(f"config field `{name}` must be an integer, got {value!r}")
+    if int(value) < minimum:
+        raise ValueError(f"config field `{name}` must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _read(cfg: Mapping, names: tuple[str, ...], *, minimum: int = 1) -> tuple[int, str] | None:
+    """``(value, name)`` of the non-null fields among ``names``, or None when there is none.
+
+    Raises:
+        ValueError: a field that is not an integer >= ``minimum``, or two of ``names`` with different values
+            (the config says two things; which one the model uses cannot be known).
+    """
+    found = [(n, _as_int(n, cfg[n], minimum)) for n in names if cfg.get(n) is not None]
+    if not found:
+        return None
+    for name, value in found[1:]:
+        if value != found[0][1]:
+            raise ValueError(
+                f"config fields `{found[0][0]}` ({found[0][1]}) and `{name}` ({value}) disagree: the planner "
+                "cannot tell which one the model uses"
+            )
+    return found[0][1], found[0][0]
+
+
 def _field(cfg: Mapping, names: tuple[str, ...], *, required: bool = True, minimum: int = 1) -> int | None:
-    """First non-null of ``names`` in ``cfg`` as an int >= ``minimum``; errors name the field."""
-    for name in names:
-        if name in cfg and cfg[name] is not None:
-            value = cfg[name]
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-                or value != int(value)
-            ):
-                raise ValueError(f"config field `{name}` must be an integer, got {value!r}")
-            if int(value) < minimum:
-                raise ValueError(f"config field `{name}` must be >= {minimum}, got {value!r}")
-            return int(value)
+    """The value of ``names`` in ``cfg`` (see :func:`_read`) as an int >= ``minimum``; errors name the field."""
+    got = _read(cfg, names, minimum=minimum)
+    if got is not None:
+        return got[0]
     if required:
         alts = f" (nor {', '.join(f'`{n}`' for n in names[1:])})" if len(names) > 1 else ""
         raise ValueError(f"config has no `{names[0]}`{alts}")
@@ -260,13 +323,125 @@ def _dtype_name(cfg: Mapping, notes: list[str]) -> str:
     return "bfloat16"
 
 
-def _kv_heads(cfg: Mapping, num_heads: int) -> int:
-    if cfg.get("new_decoder_architecture"):  # Falcon-40B style: grouped KV heads in `num_kv_heads`
-        return _field(cfg, ("num_kv_heads", "num_key_value_heads"))
-    if cfg.get("multi_query"):  # Falcon-7B, GPT-BigCode: one shared KV head
-        return 1
-    value = _field(cfg, ("num_key_value_heads", "num_kv_heads", "n_head_kv"), required=False)
-    return num_heads if value is None else value
+def _attn_config_kv_heads(cfg: Mapping, num_heads: int) -> int | None:
+    """KV heads of an MPT/DBRX config, read from its nested ``attn_config`` (vLLM ``get_total_num_kv_heads``).
+
+    MPT (llm-foundry): ``attn_type`` ``multiquery_attention`` has one KV head, ``grouped_query_attention`` has
+    ``kv_n_heads``, ``multihead_attention`` (the default) has one per query head. DBRX always states
+    ``kv_n_heads``: transformers' ``DbrxAttentionConfig`` defaults it to 1, vLLM to the query heads, so a DBRX
+    config without it is refused.
+    """
+    model_type = str(cfg.get("model_type", ""))
+    attn = cfg.get("attn_config")
+    if attn is not None and not isinstance(attn, Mapping):
+        raise ValueError(f"config field `attn_config` must be an object, got {attn!r}")
+    attn = attn or {}
+    if model_type not in ("mpt", "dbrx") and "kv_n_heads" not in attn and "attn_type" not in attn:
+        return None
+    kv = attn.get("kv_n_heads")
+    kv = None if kv is None else _as_int("attn_config.kv_n_heads", kv, 1)
+    if model_type == "dbrx":
+        if kv is None:
+            raise ValueError(
+                "config field `attn_config.kv_n_heads` is missing: transformers' DbrxConfig defaults it to 1, "
+                f"vLLM to the {num_heads} query heads; state it"
+            )
+        return kv
+    attn_type = attn.get("attn_type")
+    types = ("multihead_attention", "multiquery_attention", "grouped_query_attention")
+    if attn_type is not None and attn_type not in types:
+        raise ValueError(f"config field `attn_config.attn_type` must be one of {types}, got {attn_type!r}")
+    if attn_type == "grouped_query_attention":
+        if kv is None:
+            raise ValueError("config field `attn_config.kv_n_heads` is needed with grouped_query_attention")
+        return kv
+    implied = 1 if attn_type == "multiquery_attention" else num_heads
+    if kv is not None and kv != implied:
+        if attn_type is None:
+            raise ValueError(
+                f"config field `attn_config.kv_n_heads` ({kv}) without `attn_config.attn_type`: transformers' "
+                f"MPT reads multi-head attention ({num_heads} KV heads), vLLM reads {kv}; state `attn_type`"
+            )
+        raise ValueError(
+            f"config fields `attn_config.attn_type` ({attn_type}: {implied} KV heads) and "
+            f"`attn_config.kv_n_heads` ({kv}) disagree"
+        )
+    return implied
+
+
+def _kv_heads(cfg: Mapping, num_heads: int, notes: list[str]) -> tuple[int, str]:
+    """KV heads of an attention layer, under every name transformers and vLLM read (``KV_HEAD_NAMES``,
+    ChatGLM's ``multi_query_group_num``, MPT/DBRX ``attn_config.kv_n_heads``, ``multi_query``).
+
+    Sources: vLLM ``ModelConfig.get_total_num_kv_heads`` (Falcon's ``new_decoder_architecture`` ignores
+    ``multi_query``; MPT/DBRX read ``attn_config``; otherwise the first of ``n_head_kv``, ``num_kv_heads``,
+    ``num_key_value_heads``, ``multi_query_group_num``, else the query heads) and the transformers config
+    classes (FalconConfig and GPTBigCodeConfig default ``multi_query`` to True).
+
+    Returns ``(kv_heads, field)``: the count and the config field it was read from.
+
+    Raises:
+        ValueError: the config states the KV heads in ways that disagree, or leaves them to defaults on which
+            the loaders disagree (the message names the fields).
+    """
+    model_type = str(cfg.get("model_type", ""))
+    if cfg.get("block_configs") is not None:  # DeciLM / Nemotron-NAS: per-layer attention settings
+        raise ValueError(
+            "config field `block_configs` sets attention per layer (DeciLM/Nemotron-NAS); the planner holds one "
+            "KV head count for every layer and cannot read it"
+        )
+    stated = _read(cfg, KV_HEAD_NAMES)
+    from_attn_config = _attn_config_kv_heads(cfg, num_heads)
+    if from_attn_config is not None:
+        if stated is not None and stated[0] != from_attn_config:
+            raise ValueError(
+                f"config fields `{stated[1]}` ({stated[0]}) and `attn_config.kv_n_heads` ({from_attn_config}) "
+                "disagree"
+            )
+        return from_attn_config, "attn_config.kv_n_heads"
+    if cfg.get("new_decoder_architecture"):  # Falcon-40B style: grouped KV heads, `multi_query` ignored
+        return (num_heads, "num_attention_heads") if stated is None else stated
+    multi_query = cfg.get("multi_query")
+    if multi_query is None and model_type in _MULTI_QUERY_DEFAULT:
+        multi_query = True
+        if stated is not None and stated[0] != 1:
+            raise ValueError(
+                f"config field `{stated[1]}` ({stated[0]}) with {model_type!r}'s default `multi_query` (true, one "
+                "KV head) and no `new_decoder_architecture`: the loaders disagree (vLLM's RWConfig switches on the "
+                "new architecture for hidden_size 8192 only); state `multi_query` or `new_decoder_architecture`"
+            )
+    if multi_query:  # Falcon-7B, GPT-BigCode: one KV head shared by every query head
+        if stated is not None and stated[0] != 1:
+            raise ValueError(
+                f"config fields `multi_query` (true: one KV head) and `{stated[1]}` ({stated[0]}) disagree"
+            )
+        return 1, "multi_query"
+    if cfg.get("multi_query_group_num") is not None:  # ChatGLM
+        groups = _as_int("multi_query_group_num", cfg["multi_query_group_num"], 1)
+        switch = cfg.get("multi_query_attention")
+        if switch is False:
+            notes.append(
+                f"`multi_query_group_num` {groups} ignored: `multi_query_attention` is false (one KV head per "
+                "query head, as ChatGLM's model code reads it)"
+            )
+            groups = num_heads
+        elif switch is None:
+            if model_type == "chatglm":
+                raise ValueError(
+                    f"config field `multi_query_group_num` ({groups}) without `multi_query_attention`: ChatGLM's "
+                    "config class defaults the switch to false (one KV head per query head), vLLM's ModelConfig "
+                    f"reads {groups} KV heads; state `multi_query_attention`"
+                )
+            notes.append(
+                f"{groups} KV heads read from `multi_query_group_num` (as vLLM's ModelConfig reads it; the config "
+                "has no `multi_query_attention`)"
+            )
+        if stated is not None and stated[0] != groups:
+            raise ValueError(
+                f"config fields `{stated[1]}` ({stated[0]}) and `multi_query_group_num` ({groups}) disagree"
+            )
+        return groups, "multi_query_group_num"
+    return (num_heads, "num_attention_heads") if stated is None else stated
 
 
 def _map_layer_types(values: Any, key: str, num_layers: int) -> list[str]:
@@ -326,14 +501,26 @@ def _layer_kinds(cfg: Mapping, num_layers: int, window: int | None, notes: list[
 
 
 def _sliding_window(cfg: Mapping, notes: list[str]) -> int | None:
-    window = _field(cfg, ("sliding_window",), required=False)
-    if window is None:
-        return None
+    """Tokens a sliding layer keeps, 0 when the config says 0 without switching sliding off, or None when off.
+
+    ``use_sliding_window: false`` switches sliding attention off whatever ``sliding_window`` holds (Qwen2 family;
+    transformers writes ``"sliding_window": 0`` or null next to it, e.g. Qwen2-MoE), and a Qwen-family config
+    without the switch and without ``layer_types`` is off too (transformers' Qwen2 configs default the switch to
+    false; vLLM ``ModelConfig.get_hf_config_sliding_window`` returns None for a false switch).
+
+    Raises:
+        ValueError: ``sliding_window`` is not a non-negative integer (the message names it).
+    """
+    raw = cfg.get("sliding_window")
     model_type = str(cfg.get("model_type", ""))
     use = cfg.get("use_sliding_window")
-    # Qwen2-family configs carry a `sliding_window` that is off unless `use_sliding_window` is true.
-    if use is False or (use is None and model_type.startswith("qwen") and cfg.get("layer_types") is None):
-        notes.append(f"`sliding_window` {window} is off (`use_sliding_window` is {use!r}): all layers full")
+    off = use is False or (use is None and model_type.startswith("qwen") and cfg.get("layer_types") is None)
+    window = None if raw is None else _as_int("sliding_window", raw, 0)
+    if off:
+        if window:
+            notes.append(
+                f"`sliding_window` {window} is off (`use_sliding_window` is {use!r}): all layers full"
+            )
         return None
     return window
 
@@ -352,10 +539,15 @@ def spec_from_config(config: Mapping, name: str = "config") -> ModelSpec:
     from kvlab.plan.weights import estimate_parameters  # local: weights imports this module
 
     cfg, notes = decoder_config(config)
-    num_layers = _field(cfg, ("num_hidden_layers", "n_layer", "num_layers", "n_layers"))
-    hidden = _field(cfg, ("hidden_size", "n_embd", "d_model"))
-    heads = _field(cfg, ("num_attention_heads", "n_head", "num_heads"))
-    kv_heads = _kv_heads(cfg, heads)
+    if cfg.get("is_encoder_decoder"):
+        raise ValueError(
+            "config field `is_encoder_decoder` is true: the planner sizes decoder-only self-attention caches, "
+            "not an encoder-decoder's cross-attention"
+        )
+    num_layers = _field(cfg, LAYER_NAMES)
+    hidden = _field(cfg, HIDDEN_NAMES)
+    heads = _field(cfg, HEAD_NAMES)
+    kv_heads, kv_heads_field = _kv_heads(cfg, heads, notes)
 
     kv_lora_rank = _field(cfg, ("kv_lora_rank",), required=False)
     rope_dim = None
@@ -367,26 +559,36 @@ def spec_from_config(config: Mapping, name: str = "config") -> ModelSpec:
             f"MLA: one latent of {kv_lora_rank} + {rope_dim} values per token per layer, not K and V"
         )
     else:
-        head_dim = _field(cfg, ("head_dim",), required=False)
-        derived = hidden // heads if hidden % heads == 0 else None
-        if head_dim is None:
-            if derived is None:
+        stated = _read(cfg, HEAD_DIM_NAMES)
+        if stated is None:
+            if hidden % heads:
                 raise ValueError(
-                    f"config has no `head_dim` and `hidden_size` ({hidden}) is not divisible by "
-                    f"`num_attention_heads` ({heads})"
+                    f"config has no `head_dim` (nor {', '.join(f'`{n}`' for n in HEAD_DIM_NAMES[1:])}) and "
+                    f"`hidden_size` ({hidden}) is not divisible by `num_attention_heads` ({heads})"
                 )
-            head_dim = derived
-        elif head_dim != hidden / heads:
-            notes.append(
-                f"head_dim {head_dim} read from the config (hidden_size / heads would give {hidden / heads:g})"
-            )
+            head_dim = hidden // heads
+        else:
+            head_dim, head_dim_name = stated
+            if head_dim != hidden / heads:
+                notes.append(
+                    f"head_dim {head_dim} read from `{head_dim_name}` (hidden_size / heads would give "
+                    f"{hidden / heads:g})"
+                )
         if heads % kv_heads:
             raise ValueError(
-                f"config field `num_key_value_heads` ({kv_heads}) must divide `num_attention_heads` ({heads})"
+                f"config field `{kv_heads_field}` ({kv_heads} KV heads) must divide `num_attention_heads` ({heads})"
             )
 
     window = _sliding_window(cfg, notes)
-    kinds = _layer_kinds(cfg, num_layers, window, notes)
+    kinds = _layer_kinds(cfg, num_layers, window or None, notes)
+    if window == 0:
+        explicit = any(cfg.get(k) is not None for k in ("layer_types", "layers_block_type"))
+        if SLIDING in kinds or not explicit:
+            raise ValueError(
+                "config field `sliding_window` is 0 while sliding attention is not switched off "
+                f"(`use_sliding_window` is {cfg.get('use_sliding_window')!r}): neither a window nor off"
+            )
+        window = None
     if SLIDING in kinds and window is None:
         raise ValueError("config lists sliding layers but `sliding_window` is null or off")
     chunk = None
@@ -411,7 +613,7 @@ def spec_from_config(config: Mapping, name: str = "config") -> ModelSpec:
     if not any(k in KV_KINDS for k in kinds):
         raise ValueError("config describes no layer that stores K/V")
 
-    params = estimate_parameters(cfg, kinds)
+    params = estimate_parameters(cfg, kinds, kv_heads=kv_heads, head_dim=None if kv_lora_rank else head_dim)
     notes.extend(params.notes)
     if cfg.get("quantization_config") is not None or config.get("quantization_config") is not None:
         qc = cfg.get("quantization_config") or config.get("quantization_config")
@@ -434,13 +636,19 @@ def spec_from_config(config: Mapping, name: str = "config") -> ModelSpec:
         kv_lora_rank=kv_lora_rank,
         qk_rope_head_dim=rope_dim,
         model_type=str(cfg.get("model_type", "")),
-        max_position_embeddings=_field(
-            cfg, ("max_position_embeddings", "n_positions", "max_sequence_length"), required=False
-        ),
+        max_position_embeddings=_max_positions(cfg),
         num_parameters=params.total,
         num_active_parameters=params.active,
         notes=tuple(notes),
     )
+
+
+def _max_positions(cfg: Mapping) -> int | None:
+    """The config's context limit (the first of ``POSITION_NAMES`` present), or None."""
+    for name in POSITION_NAMES:
+        if cfg.get(name) is not None:
+            return _as_int(name, cfg[name], 1)
+    return None
 
 
 def _read_json(path: Path) -> dict:

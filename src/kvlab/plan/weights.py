@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvlab.plan.spec import DTYPE_BYTES, NO_KV, decoder_config
+from kvlab.plan.spec import DTYPE_BYTES, HEAD_NAMES, HIDDEN_NAMES, LAYER_NAMES, NO_KV, decoder_config
 
 WEIGHT_DTYPE_BYTES = {**DTYPE_BYTES, "int8": 1, "int4": 0.5, "mxfp4": 0.5}
 
@@ -78,29 +78,39 @@ def _mamba_params(cfg: Mapping, hidden: int) -> int:
     return n
 
 
-def estimate_parameters(config: Mapping, layer_kinds: Sequence[str] | None = None) -> ParamEstimate:
+def estimate_parameters(
+    config: Mapping,
+    layer_kinds: Sequence[str] | None = None,
+    *,
+    kv_heads: int | None = None,
+    head_dim: int | None = None,
+) -> ParamEstimate:
     """Estimate total and active parameters from a decoder config.
 
     Args:
         config: a config dict (a nested ``text_config`` is used when present).
         layer_kinds: per-layer kinds from :func:`kvlab.plan.spec.spec_from_config`; layers of kind ``none`` get
             no attention projections (Jamba: a Mamba mixer instead). ``None``: every layer has attention.
+        kv_heads, head_dim: as :func:`kvlab.plan.spec.spec_from_config` read them (every name transformers and
+            vLLM know); ``None`` reads ``num_key_value_heads``/``num_kv_heads`` and ``head_dim`` here.
     """
     cfg, _ = decoder_config(config)
     notes: list[str] = []
     model_type = str(cfg.get("model_type", ""))
-    hidden = _int(cfg, "hidden_size", "n_embd", "d_model")
-    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
-    heads = _int(cfg, "num_attention_heads", "n_head", "num_heads")
+    hidden = _int(cfg, *HIDDEN_NAMES)
+    layers = _int(cfg, *LAYER_NAMES)
+    heads = _int(cfg, *HEAD_NAMES)
     vocab = _int(cfg, "vocab_size")
     if None in (hidden, layers, heads, vocab):
         return ParamEstimate(None, None, ("parameter count unknown: config lacks vocab_size or sizes",))
     kinds = list(layer_kinds) if layer_kinds is not None else ["full"] * layers
-    if cfg.get("multi_query") and not cfg.get("new_decoder_architecture"):
-        kv_heads = 1
-    else:
-        kv_heads = _int(cfg, "num_key_value_heads", "num_kv_heads", default=heads)
-    head_dim = _int(cfg, "head_dim", default=hidden // heads)
+    if kv_heads is None:
+        if cfg.get("multi_query") and not cfg.get("new_decoder_architecture"):
+            kv_heads = 1
+        else:
+            kv_heads = _int(cfg, "num_key_value_heads", "num_kv_heads", default=heads)
+    if head_dim is None:
+        head_dim = _int(cfg, "head_dim", default=hidden // heads)
     gpt2 = model_type == "gpt2" or ("n_embd" in cfg and "hidden_size" not in cfg)
     falcon = model_type == "falcon"
 
