@@ -89,11 +89,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--seed", type=int, default=1234)
     g.add_argument("--steps", type=int, default=900, help="optimizer steps (the schedule's length)")
     g.add_argument("--max-minutes", type=float, default=32.0, help="wall-clock budget for the training loop")
-    g.add_argument("--seq-len", type=int, default=512)
-    g.add_argument("--batch-size", type=int, default=8, help="windows per step in the main phase")
-    g.add_argument("--long-seq-len", type=int, default=4352, help="window length of the final phase")
-    g.add_argument("--long-batch-size", type=int, default=1)
-    g.add_argument("--long-fraction", type=float, default=0.15, help="fraction of steps in the final phase")
+    g.add_argument(
+        "--curriculum",
+        default="512x8:0.85,4352x1:0.15",
+        help="phases as SEQ_LENxBATCH:FRACTION,... (fractions of the schedule's progress, summing to 1)",
+    )
+    g.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="continue from this model directory (its tokenizer and weights; a committed checkpoint)",
+    )
+    g.add_argument(
+        "--task-fraction",
+        type=float,
+        default=0.0,
+        help="fraction of windows that carry long-range tasks (copy spans, passkeys); 0: plain text only",
+    )
+    g.add_argument(
+        "--package-only",
+        type=Path,
+        default=None,
+        help="skip training: evaluate and package the final checkpoint a run left (DIR/train_run.json)",
+    )
+    g.add_argument("--task-weight", type=float, default=1.0, help="loss weight of task answer tokens")
+    g.add_argument("--copies-per-tokens", type=int, default=768, help="one copy task per this many tokens")
+    g.add_argument("--random-span-p", type=float, default=0.5, help="share of copy spans of random tokens")
+    g.add_argument("--min-copies", type=int, default=1, help="copy tasks in every task window, at least")
+    g.add_argument("--checkpoint-every-min", type=float, default=10.0, help="save to --data-dir/checkpoint")
     g.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
     g.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr as a fraction of the peak")
     g.add_argument("--warmup-steps", type=int, default=40)
@@ -118,11 +141,55 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--head-dim must be divisible by 32 (KIVI group size), got {args.head_dim!r}")
     if args.heads % args.kv_heads:
         p.error(f"--heads must be a multiple of --kv-heads, got {args.heads!r} and {args.kv_heads!r}")
-    if not 0.0 <= args.long_fraction < 1.0:
-        p.error(f"--long-fraction must be in [0, 1), got {args.long_fraction!r}")
-    if args.long_seq_len > args.max_positions or args.eval_long_seq_len > args.max_positions:
+    try:
+        args.phases = parse_curriculum(args.curriculum)
+    except ValueError as exc:
+        p.error(str(exc))
+    if (
+        max(ph.seq_len for ph in args.phases) > args.max_positions
+        or args.eval_long_seq_len > args.max_positions
+    ):
         p.error(f"window lengths must not exceed --max-positions {args.max_positions}")
+    if not 0.0 <= args.task_fraction <= 1.0:
+        p.error(f"--task-fraction must be in [0, 1], got {args.task_fraction!r}")
+    if args.init_from is not None and not (args.init_from / "config.json").is_file():
+        p.error(f"--init-from {args.init_from} holds no config.json")
     return args
+
+
+@dataclass(frozen=True)
+class Phase:
+    seq_len: int  # tokens per window
+    batch_size: int  # windows per optimizer step
+    fraction: float  # share of the schedule's progress
+
+
+def parse_curriculum(text: str) -> list[Phase]:
+    """``"256x8:0.3,4352x1:0.7"`` -> phases; fractions must be positive and sum to 1 (ValueError otherwise)."""
+    phases = []
+    for part in text.split(","):
+        try:
+            shape, frac = part.strip().split(":")
+            seq, batch = shape.lower().split("x")
+            phase = Phase(int(seq), int(batch), float(frac))
+        except ValueError:
+            raise ValueError(f"--curriculum part {part!r} is not SEQ_LENxBATCH:FRACTION") from None
+        if phase.seq_len < 64 or phase.batch_size < 1 or not phase.fraction > 0:
+            raise ValueError(f"--curriculum part {part!r}: need seq_len >= 64, batch >= 1, fraction > 0")
+        phases.append(phase)
+    if abs(sum(ph.fraction for ph in phases) - 1.0) > 1e-6:
+        raise ValueError(f"--curriculum fractions sum to {sum(ph.fraction for ph in phases)}, not 1")
+    return phases
+
+
+def phase_at(phases: list[Phase], progress: float) -> int:
+    """Index of the phase that holds ``progress`` in [0, 1)."""
+    edge = 0.0
+    for i, ph in enumerate(phases):
+        edge += ph.fraction
+        if progress < edge:
+            return i
+    return len(phases) - 1
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -328,6 +395,259 @@ def sample_windows(stream: torch.Tensor, batch: int, seq_len: int, gen: torch.Ge
     return torch.stack([stream[s : s + seq_len] for s in starts.tolist()])
 
 
+# Long-range tasks mixed into the documentation text, so that the model learns to read its whole context
+# (in-context copying, i.e. induction, and passkey retrieval). Templates are the ones `kvlab eval` measures with.
+PASSKEY_NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
+PASSKEY_QUERY = " What is the pass key? The pass key is"
+PASSKEY_ANSWER = " {key}"
+IGNORE = -100  # label of a position that carries no loss
+
+
+class TaskMixer:
+    """Overwrite parts of natural-text windows with long-range tasks; return ids and labels.
+
+    Per task window (probability ``task_fraction``): ``max(1, T // 768)`` copy tasks (a span of 8-48 tokens, half
+    random tokens and half natural text from elsewhere in the stream, written at a random position and again at
+    a random later one: any distance up to the window) and, with probability 0.5, a passkey (a random 5-digit
+    key stated once at a random depth, queried at a random later point). The unpredictable first copy of a random
+    span and the key digits of the needle carry no loss; the text around them keeps its ordinary loss, so most
+    tokens of every step stay natural text.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        stream: torch.Tensor,
+        task_fraction: float,
+        gen: torch.Generator,
+        task_weight: float = 1.0,
+        copies_per_tokens: int = 768,
+        random_span_p: float = 0.5,
+        min_copies: int = 1,
+    ):
+        self.encode = lambda text: tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
+        self.stream, self.task_fraction, self.gen = stream, task_fraction, gen
+        self.min_copies = min_copies
+        self.task_weight, self.copies_per_tokens, self.random_span_p = (
+            task_weight,
+            copies_per_tokens,
+            random_span_p,
+        )
+        self.vocab = len(tokenizer)
+        self.counts = {"windows": 0, "task_windows": 0, "copy": 0, "passkey": 0}
+
+    def _randint(self, lo: int, hi: int) -> int:
+        """Uniform integer in [lo, hi] (inclusive)."""
+        return int(torch.randint(lo, hi + 1, (1,), generator=self.gen))
+
+    def _place(self, free: torch.Tensor, length: int, lo: int, hi: int) -> int | None:
+        """A start in [lo, hi] whose ``length`` positions are all free; None after 20 tries."""
+        for _ in range(20):
+            if hi < lo:
+                return None
+            a = self._randint(lo, hi)
+            if bool(free[a : a + length].all()):
+                free[a : a + length] = False
+                return a
+        return None
+
+    def window(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``ids`` `[T]` natural text -> (ids, labels, loss weights), each `[T]`, with tasks written in."""
+        ids = ids.clone()
+        labels = ids.clone()
+        weights = torch.ones(ids.shape, dtype=torch.float32)
+        T = ids.numel()
+        self.counts["windows"] += 1
+        if float(torch.rand((), generator=self.gen)) >= self.task_fraction:
+            return ids, labels, weights
+        self.counts["task_windows"] += 1
+        free = torch.ones(T, dtype=torch.bool)
+        free[:1] = False
+        if float(torch.rand((), generator=self.gen)) < 0.5:
+            key = f"{self._randint(10000, 99999)}"
+            needle = torch.tensor(self.encode(PASSKEY_NEEDLE.format(key=key)))
+            ask = torch.tensor(self.encode(PASSKEY_QUERY + PASSKEY_ANSWER.format(key=key)))
+            a = self._place(free, needle.numel(), 1, T - needle.numel() - ask.numel() - 1)
+            if a is not None:
+                b = self._place(free, ask.numel(), a + needle.numel(), T - ask.numel())
+                if b is None:
+                    free[a : a + needle.numel()] = True
+                else:
+                    ids[a : a + needle.numel()] = needle
+                    labels[a : a + needle.numel()] = needle
+                    digits = torch.tensor([t for t in self.encode(" " + key)])[1:]  # the 5 digit tokens
+                    for i in range(
+                        a, a + needle.numel()
+                    ):  # the first statement of the key is not predictable
+                        if int(ids[i]) in digits.tolist() and i < a + needle.numel() // 2:
+                            labels[i] = IGNORE
+                    ids[b : b + ask.numel()] = ask
+                    labels[b : b + ask.numel()] = ask
+                    weights[b : b + ask.numel()] = self.task_weight
+                    self.counts["passkey"] += 1
+        for _ in range(max(self.min_copies, T // self.copies_per_tokens)):
+            L = self._randint(8, 48)
+            if float(torch.rand((), generator=self.gen)) < self.random_span_p:
+                span, random_span = torch.randint(1, self.vocab, (L,), generator=self.gen), True
+            else:
+                s0 = self._randint(0, self.stream.numel() - L - 1)
+                span, random_span = self.stream[s0 : s0 + L], False
+            a = self._place(free, L, 1, T - 2 * L)
+            if a is None:
+                continue
+            b = self._place(free, L, a + L, T - L)
+            if b is None:
+                free[a : a + L] = True
+                continue
+            ids[a : a + L] = span
+            labels[a : a + L] = IGNORE if random_span else span
+            ids[b : b + L] = span
+            labels[b : b + L] = span
+            weights[b : b + L] = self.task_weight
+            self.counts["copy"] += 1
+        return ids, labels, weights
+
+    def batch(self, windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`[B, T]` natural windows -> (ids, labels, loss weights), each `[B, T]`."""
+        rows = [self.window(w) for w in windows]
+        return tuple(torch.stack([r[i] for r in rows]) for i in range(3))
+
+
+def weighted_lm_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy, weighted per target: ``sum(w * ce) / sum(w)`` over targets not ``IGNORE``.
+
+    ``logits`` `[B, T, V]` predict ``labels[:, 1:]`` from positions ``0..T-2`` (the usual shift); ``weights``
+    `[B, T]` weigh the target tokens. With all weights 1 it is the model's own mean loss.
+    """
+    target = labels[:, 1:].reshape(-1)
+    w = weights[:, 1:].reshape(-1) * (target != IGNORE)
+    ce = torch.nn.functional.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.shape[-1]), target.clamp_min(0), reduction="none"
+    )
+    return (ce * w).sum() / w.sum().clamp_min(1e-9)
+
+
+def probe_abilities(model, tokenizer, heldout: torch.Tensor, seq_len: int, gen: torch.Generator) -> dict:
+    """Log-only probe: copy accuracy of a 32-token held-out span at distance ~seq_len/8 and ~7/8 seq_len, and
+    passkey accuracy at depth 50 %, teacher-forced in one forward (8 trials each)."""
+    encode = lambda text: tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
+    model.eval()
+    out = {}
+    with torch.inference_mode():
+        for name, dist in (("copy_near", seq_len // 8), ("copy_far", seq_len * 7 // 8)):
+            rows, L = [], 32
+            for _ in range(8):
+                s = int(torch.randint(0, heldout.numel() - 2 * seq_len, (1,), generator=gen))
+                w = heldout[s : s + seq_len].clone()
+                span = heldout[s + seq_len : s + seq_len + L]
+                w[seq_len - L - dist : seq_len - dist] = span
+                w[seq_len - L :] = span
+                rows.append(w)
+            ids = torch.stack(rows)
+            pred = model(input_ids=ids).logits.argmax(-1)  # [8, T]
+            out[name] = round(
+                float((pred[:, seq_len - L : -1] == ids[:, seq_len - L + 1 :]).float().mean()), 3
+            )
+        ok = 0
+        for _ in range(8):
+            key = f"{int(torch.randint(10000, 99999, (1,), generator=gen))}"
+            needle, ask = encode(PASSKEY_NEEDLE.format(key=key)), encode(PASSKEY_QUERY)
+            ans = encode(PASSKEY_ANSWER.format(key=key))
+            n_fill = seq_len - len(needle) - len(ask) - len(ans)
+            s = int(torch.randint(0, heldout.numel() - n_fill, (1,), generator=gen))
+            fill = heldout[s : s + n_fill].tolist()
+            ids = torch.tensor(fill[: n_fill // 2] + needle + fill[n_fill // 2 :] + ask + ans)[None]
+            pred = model(input_ids=ids).logits.argmax(-1)[0]
+            ok += bool((pred[-len(ans) - 1 : -1] == ids[0, -len(ans) :]).all())
+        out["passkey_mid"] = ok / 8
+    return out
+
+
+ABILITY_COPY_CONTEXTS = (512, 2048, 4352)
+ABILITY_COPY_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 0.92)  # at 4352 tokens the far distance is 4004
+ABILITY_PASSKEY_CONTEXTS = (512, 2048, 4096)
+ABILITY_PROTECTED_TAIL = 160  # what kvlab eval keeps probes out of by default: R = 128 plus G = 32
+
+
+def measure_abilities(
+    model, tokenizer, heldout_text: str, passkey_trials: int = 20, copy_rows: int = 8
+) -> dict:
+    """Copy and passkey abilities of ``model`` through a float ``DynamicCache``, with kvlab eval's own probes.
+
+    The probes are :mod:`kvlab.eval.longctx`'s (the same code and templates ``kvlab eval`` measures caches
+    with), on the held-out text; placement keeps what is probed out of the newest 160 tokens, as the eval does.
+    Returns the ``abilities`` block of provenance (read by the model card).
+    """
+    from transformers import DynamicCache
+
+    from kvlab.eval.longctx import (
+        RECALL_SPAN_TOKENS,
+        build_passkey_probe,
+        build_recall_probe,
+        encode_heldout,
+        measure_long_context,
+    )
+
+    ids = encode_heldout(tokenizer, heldout_text)
+    copy, passkey = [], []
+    for ctx in ABILITY_COPY_CONTEXTS:
+        probe = build_recall_probe(
+            ids,
+            ctx,
+            protected_tail=ABILITY_PROTECTED_TAIL,
+            rows_per_distance=copy_rows,
+            fractions=ABILITY_COPY_FRACTIONS,
+            seed=f"model-card-copy-{ctx}",
+        )
+        rec = measure_long_context(model, DynamicCache, {"recall": probe})["recall"]
+        for d in rec["distances"]:
+            copy.append(
+                {
+                    "context": ctx,
+                    "distance": d["distance_tokens"],
+                    "accuracy": round(d["accuracy"], 4),
+                    "nll": round(d["mean_nll"], 4),
+                    "trials": d["rows"],
+                    "scored_tokens": d["scored_tokens"],
+                }
+            )
+        print(f"abilities: copy at {ctx}: {[(c['distance'], c['accuracy']) for c in copy[-5:]]}", flush=True)
+    for ctx in ABILITY_PASSKEY_CONTEXTS:
+        probe = build_passkey_probe(
+            tokenizer,
+            ids,
+            ctx,
+            protected_tail=ABILITY_PROTECTED_TAIL,
+            trials=passkey_trials,
+            seed=f"model-card-passkey-{ctx}",
+        )
+        pk = measure_long_context(model, DynamicCache, {"passkey": probe})["passkey"]
+        for d in pk["depths"]:
+            passkey.append(
+                {
+                    "context": ctx,
+                    "depth": d["depth"],
+                    "accuracy": d["accuracy"],
+                    "correct": d["correct"],
+                    "trials": d["trials"],
+                    "ci95": [round(x, 4) for x in d["ci95"]],
+                }
+            )
+        print(
+            f"abilities: passkey at {ctx}: {[(p['depth'], p['accuracy']) for p in passkey[-5:]]}", flush=True
+        )
+    return {
+        "method": "kvlab.eval.longctx (recall and passkey probes, decoded through the cache)",
+        "cache": "DynamicCache",
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "protected_tail": ABILITY_PROTECTED_TAIL,
+        "copy_span_tokens": RECALL_SPAN_TOKENS,
+        "passkey_trials": passkey_trials,
+        "copy": copy,
+        "passkey": passkey,
+    }
+
+
 def window_nll(model, stream: torch.Tensor, seq_len: int, max_windows: int | None = None) -> torch.Tensor:
     """Token NLL (nats) over non-overlapping windows, each a fresh context: `[windows, seq_len - 1]` float64.
 
@@ -363,9 +683,20 @@ def unigram_nll(train_stream: torch.Tensor, targets: torch.Tensor, vocab_size: i
     return -logp[targets]
 
 
-def train(model, train_stream, heldout_stream, args) -> dict:
+def train(model, tokenizer, train_stream, heldout_stream, args) -> dict:
     """The training loop; returns what provenance records about it."""
     gen = torch.Generator().manual_seed(args.seed)
+    probe_gen = torch.Generator().manual_seed(args.seed + 1)
+    mixer = TaskMixer(
+        tokenizer,
+        train_stream,
+        args.task_fraction,
+        gen,
+        task_weight=args.task_weight,
+        copies_per_tokens=args.copies_per_tokens,
+        random_span_p=args.random_span_p,
+        min_copies=args.min_copies,
+    )
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]  # norms and biases
     opt = torch.optim.AdamW(
@@ -376,17 +707,18 @@ def train(model, train_stream, heldout_stream, args) -> dict:
     )
     # Progress drives the schedule: max(step / --steps, elapsed / --max-minutes). When the step budget binds
     # (the machine is fast enough), the run is a pure function of the seed; when the wall clock binds, the
-    # schedule still warms up, enters the long phase and anneals, at steps that depend on the machine's speed,
-    # and provenance records it ("time_bound").
+    # schedule still warms up, walks through the curriculum's phases and anneals, at steps that depend on the
+    # machine's speed, and provenance records it ("time_bound").
     budget_s = args.max_minutes * 60.0
     t0 = time.perf_counter()
+    last_ckpt = t0
     tokens_seen = 0
     max_position_trained = 0
     loss_curve: list[dict] = []
     monitor_curve: list[dict] = []
     smoothed = None
     time_bound = False
-    steps_main = steps_long = 0
+    phase_steps = [0] * len(args.phases)
     step = 0
     while True:
         elapsed = time.perf_counter() - t0
@@ -394,17 +726,15 @@ def train(model, train_stream, heldout_stream, args) -> dict:
         if progress >= 1.0:
             break
         time_bound = time_bound or (step > 0 and elapsed / budget_s > step / args.steps)
-        long_phase = progress >= 1.0 - args.long_fraction
-        batch, seq_len = (
-            (args.long_batch_size, args.long_seq_len) if long_phase else (args.batch_size, args.seq_len)
-        )
+        k = phase_at(args.phases, progress)
+        batch, seq_len = args.phases[k].batch_size, args.phases[k].seq_len
         lr = lr_at(step, progress, args)
-        ids = sample_windows(train_stream, batch, seq_len, gen)  # [B, T]
+        ids, labels, weights = mixer.batch(sample_windows(train_stream, batch, seq_len, gen))  # [B, T] each
         for group in opt.param_groups:
             group["lr"] = lr
         model.train()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast_bf16):
-            loss = model(input_ids=ids, labels=ids).loss
+            loss = weighted_lm_loss(model(input_ids=ids).logits, labels, weights)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         opt.step()
@@ -413,8 +743,7 @@ def train(model, train_stream, heldout_stream, args) -> dict:
         max_position_trained = max(max_position_trained, seq_len - 1)
         value = loss.item()
         smoothed = value if smoothed is None else 0.9 * smoothed + 0.1 * value
-        steps_long += long_phase
-        steps_main += not long_phase
+        phase_steps[k] += 1
         if step % args.log_every == 0:
             elapsed = time.perf_counter() - t0
             loss_curve.append({"step": step, "loss": round(value, 4), "seq_len": seq_len, "lr": lr})
@@ -425,24 +754,40 @@ def train(model, train_stream, heldout_stream, args) -> dict:
                 flush=True,
             )
         if args.monitor_every and step > 0 and step % args.monitor_every == 0:
-            # Held-out loss for the log only: no checkpoint selection, no early stopping, no tuning on it.
+            # Held-out loss and abilities for the log only: no checkpoint selection, no early stopping.
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast_bf16):
-                mon = window_nll(model, heldout_stream, args.seq_len, max_windows=8).mean().item()
-            monitor_curve.append({"step": step, "heldout_loss": round(mon, 4)})
-            print(f"  monitor: held-out loss {mon:.3f} (ppl {math.exp(mon):.1f})", flush=True)
+                mon = window_nll(model, heldout_stream, 512, max_windows=8).mean().item()
+                abilities = probe_abilities(model, tokenizer, heldout_stream, max(512, seq_len), probe_gen)
+            monitor_curve.append({"step": step, "heldout_loss": round(mon, 4), **abilities})
+            print(f"  monitor: held-out loss {mon:.3f} (ppl {math.exp(mon):.1f}) {abilities}", flush=True)
+        if args.checkpoint_every_min and time.perf_counter() - last_ckpt > 60 * args.checkpoint_every_min:
+            ckpt = args.data_dir / "checkpoint"
+            model.save_pretrained(ckpt, safe_serialization=True)
+            tokenizer.save_pretrained(ckpt)
+            (ckpt / "step.json").write_text(json.dumps({"step": step, "tokens_seen": tokens_seen}) + "\n")
+            last_ckpt = time.perf_counter()
+            print(f"  checkpoint: {ckpt} at step {step}", flush=True)
         step += 1
     return {
         "steps_planned": args.steps,
         "steps_done": step,
         "time_bound": time_bound,
         "schedule": "progress = max(step / steps_planned, elapsed / max_minutes); linear warm-up, cosine decay",
-        "main_phase": {"steps": steps_main, "batch_size": args.batch_size, "seq_len": args.seq_len},
-        "long_phase": {
-            "steps": steps_long,
-            "batch_size": args.long_batch_size,
-            "seq_len": args.long_seq_len,
-            "starts_at_progress": 1.0 - args.long_fraction,
-        },
+        "phases": [
+            {
+                "seq_len": ph.seq_len,
+                "batch_size": ph.batch_size,
+                "fraction": ph.fraction,
+                "steps": phase_steps[i],
+            }
+            for i, ph in enumerate(args.phases)
+        ],
+        "task_fraction": args.task_fraction,
+        "task_weight": args.task_weight,
+        "copies_per_tokens": args.copies_per_tokens,
+        "random_span_p": args.random_span_p,
+        "min_copies": args.min_copies,
+        "task_counts": mixer.counts,
         "max_position_trained": max_position_trained,
         "tokens_seen": tokens_seen,
         "train_wall_s": round(time.perf_counter() - t0, 1),
@@ -457,28 +802,100 @@ def train(model, train_stream, heldout_stream, args) -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def _stage_line(i: int, t: dict) -> str:
+    """One training stage of the card: phases, tokens, time, threads, command."""
+    if "phases" in t:
+        shape = ", then ".join(f"{ph['steps']} of {ph['batch_size']} x {ph['seq_len']}" for ph in t["phases"])
+    else:  # a stage written before curricula existed: a main and a long phase
+        mp, lp = t["main_phase"], t["long_phase"]
+        shape = (
+            f"{mp['steps']} of {mp['batch_size']} x {mp['seq_len']}, then {lp['steps']} of "
+            f"{lp['batch_size']} x {lp['seq_len']}"
+        )
+    if t.get("task_fraction"):
+        counts = t.get("task_counts")
+        what = f" ({counts['copy']:,} copy spans, {counts['passkey']:,} passkeys)" if counts else ""
+        tasks = (
+            f"; {t['task_fraction']:.0%} of windows carry long-range tasks{what}, answer tokens weighted "
+            f"{t.get('task_weight', 1.0):g}x, {t.get('random_span_p', 0.5):.0%} of copy spans random tokens"
+        )
+    else:
+        tasks = "; documentation text only"
+    note = f" ({t['note']})" if t.get("note") else ""
+    start = "from scratch" if i == 1 else f"continued from stage {i - 1}"
+    return (
+        f"{i}. {start}: {t['steps_done']} steps ({shape} tokens), {t['tokens_seen']:,} tokens{tasks}; peak lr "
+        f"{t['lr']:g}, seed {t['seed']}; {t['threads']} CPU thread(s), {t['train_wall_s'] / 60:.1f} minutes"
+        f"{' (wall-clock bound)' if t['time_bound'] else ''}{note}; `python scripts/{t.get('command', '?')}`"
+    )
+
+
+def _ability_tables(ab: dict) -> str:
+    """Markdown tables of the copy and passkey abilities recorded in provenance."""
+    copy_rows = "\n".join(
+        f"| {r['context']} | {r['distance']} | {r['accuracy']:.3f} | {r['nll']:.3f} | {r['trials']} |"
+        for r in ab["copy"]
+    )
+    contexts = sorted({r["context"] for r in ab["passkey"]})
+    depths = sorted({r["depth"] for r in ab["passkey"]})
+    cell = {(r["context"], r["depth"]): r for r in ab["passkey"]}
+    head = "| context | " + " | ".join(f"depth {d:.0%}" for d in depths) + " |"
+    rule = "|---:|" + "---:|" * len(depths)
+    pk_rows = "\n".join(
+        f"| {c} | "
+        + " | ".join(
+            f"{cell[c, d]['accuracy']:.2f} [{cell[c, d]['ci95'][0]:.2f}, {cell[c, d]['ci95'][1]:.2f}]"
+            for d in depths
+        )
+        + " |"
+        for c in contexts
+    )
+    return f"""Measured with `{ab["method"]}` ({ab["cache"]}, {ab["dtype"]} weights), on held-out text.
+
+Copy (induction): a {ab["copy_span_tokens"]}-token held-out span written once at `distance` tokens before the
+end of the prompt and repeated as the continuation, decoded through the cache; accuracy of the greedy (argmax)
+token on span tokens 2..{ab["copy_span_tokens"]}, and their mean NLL.
+
+| context | distance | accuracy | NLL (nats) | trials |
+|---:|---:|---:|---:|---:|
+{copy_rows}
+
+Passkey retrieval: a 5-digit key stated once at a depth of the context, asked for after it; a trial counts when
+every answer token is the argmax. Accuracy with its 95 % Wilson interval, {ab["passkey_trials"]} trials a point.
+
+{head}
+{rule}
+{pk_rows}
+"""
+
+
 def write_model_card(prov: dict) -> str:
     """MODEL_CARD.md text; every number is read from ``prov`` (the provenance written next to it)."""
     c, m, t, e, tok = prov["corpus"], prov["model"], prov["training"], prov["evaluation"], prov["tokenizer"]
     long = e["long_context"]
-    time_note = (
-        "the wall-clock budget bound the schedule, so a rerun on another machine takes other steps"
-        if t["time_bound"]
-        else "the step budget bound the schedule (a rerun with the same seed repeats it)"
+    stages = [*prov.get("previous_stages", []), t]
+    total_min = sum(st["train_wall_s"] for st in stages) / 60
+    total_tokens = sum(st["tokens_seen"] for st in stages)
+    stage_lines = "\n".join(_stage_line(i + 1, st) for i, st in enumerate(stages))
+    mixture = "\n".join(
+        f"- {mx['component']}: {mx['source']} License: {mx['license']}" for mx in prov.get("data_mixture", [])
     )
     pos_rows = "\n".join(
         f"| {b['positions']} | {b['nll']:.3f} | {b['ppl']:.1f} |" for b in long["nll_by_position"]
     )
+    abilities = _ability_tables(e["abilities"]) if e.get("abilities") else "Not measured for this model."
     return f"""# kvlab reference model
 
-A small Qwen2-architecture decoder trained from scratch by `scripts/train_reference.py`, shipped inside kvlab
-so that KV-cache experiments (`kvlab eval`, the tests) run on a real, trained model without any download. It is
-loaded like any Hugging Face model: `AutoModelForCausalLM.from_pretrained(kvlab.models.reference_model_path())`.
+A small Qwen2-architecture decoder trained by `scripts/train_reference.py`, shipped inside kvlab so that KV-cache
+experiments (`kvlab eval`, the tests) run on a real, trained model without any download. It is loaded like any
+Hugging Face model: `AutoModelForCausalLM.from_pretrained(kvlab.models.reference_model_path())`. It is trained to
+read its whole context (in-context copying and passkey retrieval at every distance up to its window), so that
+what a cache does to distant tokens shows in the eval's quality columns.
 
-**Intended use:** a test and reference model for KV-cache measurements (cache bytes, quantization error, NLL and
-top-k changes, latency). **Not** a useful language model: it is tiny, trained for {t["train_wall_s"] / 60:.0f}
-minutes on {t["threads"]} CPU thread(s), on {t["tokens_seen"]:,} tokens of one documentation set. Do not use it to generate text
-for anyone.
+**Intended use:** a test and reference model for KV-cache measurements (cache bytes, quantization error, NLL,
+top-k, copy and retrieval changes, latency). **Not** a useful language model: it is tiny, trained for
+{total_min:.0f} minutes on a CPU, on {total_tokens:,} tokens of one documentation set and synthetic tasks. Do not
+use it to generate text for anyone.
 
 ## Architecture
 | | |
@@ -500,13 +917,14 @@ for anyone.
   the tokenizer or the model; {c["files_train"]} training files ({c["train_tokens"]:,} tokens). The held-out text
   ships as `heldout.txt` for prompts.
 
+Mixture of the last stage:
+{mixture}
+
 ## Training
-- seed {t["seed"]}; AdamW, peak lr {t["lr"]:g}, weight decay {t["weight_decay"]}; linear warm-up, cosine decay
-- {t["steps_done"]} steps: {t["main_phase"]["steps"]} of {t["main_phase"]["batch_size"]} x {t["main_phase"]["seq_len"]} tokens, then {t["long_phase"]["steps"]} of {t["long_phase"]["batch_size"]} x {t["long_phase"]["seq_len"]} tokens
-- {t["tokens_seen"]:,} tokens seen ({t["tokens_seen"] / c["train_tokens"]:.2f} epochs of the training tokens)
-- bf16 autocast on the CPU, {t["threads"]} thread(s), {t["train_wall_s"] / 60:.1f} minutes; {time_note}
-- torch {prov["environment"]["torch"]}, transformers {prov["environment"]["transformers"]}
-- command: `python scripts/{prov["command"]}`
+AdamW (betas 0.9/0.95, weight decay {t["weight_decay"]}), linear warm-up and cosine decay, bf16 autocast on the
+CPU; torch {prov["environment"]["torch"]}, transformers {prov["environment"]["transformers"]}. Stages:
+
+{stage_lines}
 
 ## Evaluation (held-out files, the saved {m["weights_dtype"]} weights)
 | measure | held-out perplexity |
@@ -521,8 +939,42 @@ By position, windows of {long["seq_len"]} tokens ({long["windows"]} windows):
 |---|---|---|
 {pos_rows}
 
+## Abilities
+{abilities}
 All numbers above are copied by the training script from `provenance.json`.
 """
+
+
+def previous_stages(prior: dict | None) -> list[dict]:
+    """The training stages of the model a run continued from (its own earlier stages first), curves dropped."""
+    if prior is None:
+        return []
+    last = {k: v for k, v in prior["training"].items() if k not in ("loss_curve", "heldout_monitor_curve")}
+    last.setdefault("command", prior.get("command"))
+    return [*prior.get("previous_stages", []), last]
+
+
+def data_mixture(corpus: Corpus, license_text: str, run: dict) -> list[dict]:
+    """What the last stage trained on, with licences."""
+    mix = [
+        {
+            "component": "documentation text",
+            "source": f"windows of the training files of Debian's {corpus.package} {corpus.version}.",
+            "license": license_text + ".",
+        }
+    ]
+    if run.get("task_fraction"):
+        mix.append(
+            {
+                "component": f"long-range tasks in {run['task_fraction']:.0%} of windows",
+                "source": "generated on the fly by the training script (TaskMixer): spans of random tokens or of "
+                "the training text written twice at any distance up to the window (copy / induction), and "
+                "passkeys (a random 5-digit number stated once and asked for later, in kvlab eval's templates) "
+                "written over the documentation text.",
+                "license": "generated data; the text spans are under the documentation's license above.",
+            }
+        )
+    return mix
 
 
 def directory_bytes(path: Path) -> int:
@@ -554,7 +1006,11 @@ def main(argv: list[str] | None = None) -> int:
     if not heldout_docs or not train_docs:
         raise ValueError(f"split is degenerate: {len(train_docs)} train / {len(heldout_docs)} held-out files")
 
-    tokenizer = train_tokenizer([t for _, t in train_docs], args.vocab_size)
+    if args.init_from is not None or args.package_only is not None:  # continue a model: its tokenizer
+        tokenizer = transformers.AutoTokenizer.from_pretrained(args.package_only or args.init_from)
+        print(f"init: tokenizer and weights from {args.init_from}", flush=True)
+    else:
+        tokenizer = train_tokenizer([t for _, t in train_docs], args.vocab_size)
     vocab_size = len(tokenizer)
     eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     train_stream = encode_stream(tokenizer, [t for _, t in train_docs])  # [train_tokens]
@@ -563,11 +1019,34 @@ def main(argv: list[str] | None = None) -> int:
     if heldout_stream.numel() < args.heldout_min_tokens:
         raise ValueError(f"held-out text has {heldout_stream.numel()} tokens, need {args.heldout_min_tokens}")
 
-    config = build_config(args, vocab_size, eos_id)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    n_params = sum(p.numel() for p in model.parameters())  # tied weights counted once
-    print(f"model: {n_params:,} parameters", flush=True)
-    run = train(model, train_stream, heldout_stream, args)
+    if args.package_only is not None:  # a finished run: evaluate and package what it left
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            args.package_only, dtype=torch.float32, attn_implementation="sdpa"
+        )
+        config = model.config
+        saved_run = json.loads((args.package_only / "train_run.json").read_text(encoding="utf-8"))
+        run, prior, saved_argv = saved_run["run"], saved_run["prior"], saved_run["argv"]
+        n_params = sum(p.numel() for p in model.parameters())
+    else:
+        if args.init_from is not None:
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                args.init_from, dtype=torch.float32, attn_implementation="sdpa"
+            )
+            config = model.config
+            prior = json.loads((args.init_from / "provenance.json").read_text(encoding="utf-8"))
+        else:
+            config = build_config(args, vocab_size, eos_id)
+            model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+            prior = None
+        n_params = sum(p.numel() for p in model.parameters())  # tied weights counted once
+        print(f"model: {n_params:,} parameters", flush=True)
+        run = train(model, tokenizer, train_stream, heldout_stream, args)
+        saved_argv = argv
+        final = args.data_dir / "final"  # the trained weights survive a failure while packaging
+        model.save_pretrained(final, safe_serialization=True)
+        tokenizer.save_pretrained(final)
+        write_json(final / "train_run.json", {"run": run, "prior": prior, "argv": sys.argv[1:]})
+        print(f"final checkpoint: {final}", flush=True)
 
     # Write everything into a temporary sibling directory, then move it into place.
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -598,7 +1077,9 @@ def main(argv: list[str] | None = None) -> int:
                 by_pos.append(
                     {"positions": f"{lo + 1}-{hi}", "nll": round(value, 4), "ppl": round(math.exp(value), 2)}
                 )
+        abilities = measure_abilities(saved, tokenizer, heldout_text)
         evaluation = {
+            "abilities": abilities,
             "seq_len": args.eval_seq_len,
             "windows": nll.shape[0],
             "target_tokens": nll.numel(),
@@ -676,7 +1157,12 @@ def main(argv: list[str] | None = None) -> int:
                 "max_minutes": args.max_minutes,
                 "sampling": "uniform random windows of the training token stream (torch.Generator seeded)",
                 **run,
+                "command": " ".join(
+                    [Path(sys.argv[0]).name, *(saved_argv if saved_argv is not None else sys.argv[1:])]
+                ),
             },
+            "previous_stages": previous_stages(prior),
+            "data_mixture": data_mixture(corpus, license_summary(corpus.copyright_path), run),
             "evaluation": evaluation,
             "environment": {
                 "python": platform.python_version(),
