@@ -95,10 +95,16 @@ def prefill_intensity(
 
 
 def decode_flops_per_step(spec: ModelSpec, context: int, batch: int) -> float | None:
-    """FLOPs of one decode step: ``2 * active parameters`` per sequence plus attention over the cached tokens
-    (``4 n_q d t`` per KV layer, or the absorbed MLA count). KV-shared layers' attention is left out, so this
-    stays a lower bound. ``None`` when the parameter count is unknown."""
-    if spec.num_active_parameters is None:
+    """FLOPs of one decode step for ``batch`` sequences at ``context`` tokens.
+
+    Per sequence: ``2 * N_mm`` for the weight matmuls, where ``N_mm`` (``ModelSpec.num_decode_flop_parameters``)
+    is the active parameters less the input embedding table with the LM head counted once whether tied or not
+    (Kaplan et al., arXiv:2001.08361 Table 1: the embedding is a lookup of ~0 FLOPs, the de-embedding costs
+    ``2 n_vocab d_model``); plus attention over the cached tokens (``4 n_q d t`` per KV layer: QK^T and
+    AV, or the absorbed MLA count). KV-shared layers' attention is left out, so this stays a lower bound.
+    ``None`` when the parameter count is unknown.
+    """
+    if spec.num_decode_flop_parameters is None:
         return None
     per_token = 0.0
     for kind in spec.layer_kinds:
@@ -110,7 +116,7 @@ def decode_flops_per_step(spec: ModelSpec, context: int, batch: int) -> float | 
                 )
             else:
                 per_token += 4 * spec.num_attention_heads * spec.head_dim * t
-    return batch * (2.0 * spec.num_active_parameters + per_token)
+    return batch * (2.0 * spec.num_decode_flop_parameters + per_token)
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,8 @@ class ModelSpec:
     max_position_embeddings: int | None = None  # the config's context limit, when stated
     num_parameters: int | None = None  # estimated from the config (kvlab.plan.weights), None if unknown
     num_active_parameters: int | None = None  # parameters used per token (MoE: routed experts only)
+    num_decode_flop_parameters: int | None = None  # parameters a decode token multiplies by (2 FLOP each):
+    #   active less the embedding lookups, the LM head once whether tied or not; None if unknown
     checkpoint_bytes: int | None = None  # bytes of the safetensors weights next to the config, when read
     checkpoint_source: str | None = None  # the file(s) checkpoint_bytes was read from
     notes: tuple[str, ...] = field(default=())  # what the reader assumed or ignored, for the user
@@ -204,6 +206,7 @@ class ModelSpec:
             "max_position_embeddings": self.max_position_embeddings,
             "num_parameters": self.num_parameters,
             "num_active_parameters": self.num_active_parameters,
+            "num_decode_flop_parameters": self.num_decode_flop_parameters,
             "notes": list(self.notes),
         }
 
@@ -639,6 +642,7 @@ def spec_from_config(config: Mapping, name: str = "config") -> ModelSpec:
         max_position_embeddings=_max_positions(cfg),
         num_parameters=params.total,
         num_active_parameters=params.active,
+        num_decode_flop_parameters=params.decode_flop,
         notes=tuple(notes),
     )
 

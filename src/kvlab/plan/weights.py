@@ -29,6 +29,8 @@ class ParamEstimate:
     total: int | None  # all parameters (None when the config lacks vocab/intermediate sizes)
     active: int | None  # parameters used per token (MoE: the routed experts of one token only)
     notes: tuple[str, ...] = field(default=())  # what the estimate leaves out
+    decode_flop: int | None = None  # parameters a decode token multiplies by: active less the lookup tables
+    #   (token and learned-position embeddings), the LM head counted once whether tied or not
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ def estimate_parameters(
     kv_heads: int | None = None,
     head_dim: int | None = None,
 ) -> ParamEstimate:
-    """Estimate total and active parameters from a decoder config.
+    """Estimate total and active parameters from a decoder config, and those a decode token multiplies by.
 
     Args:
         config: a config dict (a nested ``text_config`` is used when present).
@@ -93,6 +95,10 @@ def estimate_parameters(
             no attention projections (Jamba: a Mamba mixer instead). ``None``: every layer has attention.
         kv_heads, head_dim: as :func:`kvlab.plan.spec.spec_from_config` read them (every name transformers and
             vLLM know); ``None`` reads ``num_key_value_heads``/``num_kv_heads`` and ``head_dim`` here.
+
+    ``decode_flop`` leaves out the input embedding and learned position tables (a lookup is a gather, no
+    multiply-adds) and counts the LM head (``vocab x hidden``) once, tied to the input embedding or not: a tied
+    and an untied model of the same shape do the same FLOPs per token.
     """
     cfg, _ = decoder_config(config)
     notes: list[str] = []
@@ -116,9 +122,13 @@ def estimate_parameters(
 
     # embeddings + LM head (tied unless the config says otherwise, as in transformers' PretrainedConfig)
     embed = vocab * hidden
-    total = embed + (0 if cfg.get("tie_word_embeddings", True) else embed)
+    tied = bool(cfg.get("tie_word_embeddings", True))
+    total = embed + (0 if tied else embed)
+    lookup = embed  # tables read by index, not multiplied: token embeddings (+ GPT-2's learned positions)
     if gpt2:
-        total += _int(cfg, "n_positions", "max_position_embeddings", default=1024) * hidden
+        positions = _int(cfg, "n_positions", "max_position_embeddings", default=1024) * hidden
+        total += positions
+        lookup += positions
     total += hidden * (2 if gpt2 or falcon else 1)  # final norm
 
     # attention, one layer
@@ -216,7 +226,9 @@ def estimate_parameters(
         notes.append("multi-token-prediction layers (`num_nextn_predict_layers`) not counted")
     if cfg.get("hidden_size_per_layer_input") or cfg.get("altup_num_inputs"):
         notes.append("Gemma-3n per-layer embeddings, AltUp and LAuReL weights not counted")
-    return ParamEstimate(total, active, tuple(notes))
+    # the LM head is a vocab x hidden matmul either way, tied or not
+    decode_flop = active - lookup + (embed if tied else 0)
+    return ParamEstimate(total, active, tuple(notes), decode_flop)
 
 
 # bytes per element of a safetensors dtype string

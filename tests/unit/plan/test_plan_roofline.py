@@ -79,6 +79,44 @@ def test_seed_decode_bound_llama_a100():
     assert bound.limiter == "memory" and bound.compute_bound_s < bound.memory_bound_s
 
 
+def test_decode_flops_leave_out_the_embedding_lookup_and_count_the_lm_head():
+    # Llama-3-8B (untied, vocab 128,256, hidden 4,096) at 8,192 tokens, by hand:
+    #   parameters 8,030,261,248 - input embedding 128,256 x 4,096 = 525,336,576 -> 7,504,924,672 multiplied
+    #   (the LM head, also 525,336,576, stays in); 2 x 7,504,924,672 = 15,009,849,344 FLOP
+    #   attention: 4 x 32 q heads x 128 x 8,192 tokens x 32 layers = 4,294,967,296 FLOP
+    #   total 19,304,816,640 FLOP/token (counting the lookup as a matmul gave 20,355,489,792, 5.4 % more)
+    from kvlab.plan.roofline import decode_flops_per_step
+
+    spec = load_spec("llama-3-8b")
+    assert spec.num_decode_flop_parameters == 8_030_261_248 - 128_256 * 4_096 == 7_504_924_672
+    assert decode_flops_per_step(spec, 8192, 1) == 19_304_816_640
+    assert decode_flops_per_step(spec, 8192, 3) == 3 * 19_304_816_640
+
+
+def test_tied_and_untied_models_do_the_same_decode_flops():
+    # a tied LM head is still a vocab x hidden matmul per token; only the lookup is free
+    from kvlab.plan.roofline import decode_flops_per_step
+
+    cfg = dict(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128, vocab_size=1000
+    )
+    tied = spec_from_config({**cfg, "tie_word_embeddings": True})
+    untied = spec_from_config({**cfg, "tie_word_embeddings": False})
+    assert untied.num_parameters - tied.num_parameters == 1000 * 64  # the separate LM head
+    assert tied.num_decode_flop_parameters == untied.num_decode_flop_parameters
+    assert decode_flops_per_step(tied, 16, 1) == decode_flops_per_step(untied, 16, 1)
+    # per layer: q, k, v, o (4 x 64 x 64) + gated MLP (3 x 64 x 128) + 2 norms (2 x 64); final norm 64; LM head
+    layer = 4 * 64 * 64 + 3 * 64 * 128 + 2 * 64
+    assert tied.num_decode_flop_parameters == 2 * layer + 64 + 1000 * 64
+
+
+def test_gpt2_learned_positions_are_a_lookup_too():
+    cfg = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=128)
+    spec = spec_from_config(cfg)
+    # the position table; the tied LM head is the token table, which stays in
+    assert spec.num_parameters - spec.num_decode_flop_parameters == 128 * 64
+
+
 def test_issue_decode_bound_example():
     # issue 3: weights 1e9 B, 1 TB/s, batch 4, context 1000, 4096 B/token -> 1,016,384,000 B, 1.016 ms
     spec = spec_from_config(
