@@ -33,6 +33,10 @@ def eval_result(tmp_path_factory, reference_bf16):
         "24",
         "--window-residuals",
         "16,32",
+        "--passkey-trials",  # the passkey grid at 4096 is 5 depths x trials prompts: keep the path, not the cost
+        "1",
+        "--recall-rows",
+        "1",
         "--label",
         "it",
         "--out-dir",
@@ -94,3 +98,18 @@ def test_html_report_of_a_real_result_renders(eval_result, tmp_path, chromium_sc
     colours = np.unique((pixels * 255).astype(np.uint8).reshape(-1, 3), axis=0)
     assert len(colours) > 200, f"only {len(colours)} distinct colours: the page looks blank"
     assert (pixels < 0.9).any(axis=-1).mean() > 0.05
+
+
+def test_long_context_measured_in_every_capacity_row(eval_result, capsys):
+    result, path = eval_result
+    capacity = [r for r in result["rows"] if r["matrix"] == "capacity"]
+    for r in capacity:
+        assert [d["trials"] for d in r["passkey"]["depths"]] == [1] * 5, r["candidate"]
+        assert 0 <= r["recall_accuracy"] <= 1 and r["recall"]["distances"]
+        if r["candidate"] != "dynamic":
+            assert r["kl_mean"] >= 0 and r["kl_p99"] >= r["kl_mean"] - 1e-12
+            assert {"recall_drop", "passkey_drop", "kl_mean"} <= set(r["gates"])
+    modes = {p.get("mode") for p in result["provenance"]["prompts"]}
+    assert {"recall", "passkey"} <= modes
+    assert main(["report", str(path)]) == 0
+    assert "Passkey retrieval" in capsys.readouterr().out
