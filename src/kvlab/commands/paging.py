@@ -34,8 +34,8 @@ def _add_budget_args(p: argparse.ArgumentParser) -> None:
 
     hw = get_hardware(DEFAULT_GPU)  # the planner's default GPU is paging's default device too
     g = p.add_argument_group(
-        f"memory budget (default: Llama-3-8B on an {hw.name}, {hw.memory_gb:g} GB (1e9 B) - weights - 4 GiB "
-        "(2^30 B) reserve)"
+        f"memory budget (default: Llama-3-8B on an {hw.name}, {hw.memory_mib:,} MiB = {hw.memory_gib:g} GiB as the "
+        "device reports it - weights - 4 GiB (2^30 B) reserve)"
     )
     g.add_argument(
         "--model", default=None, help="model for the planner (config.json path, dir, preset or HF id)"
@@ -47,8 +47,8 @@ def _add_budget_args(p: argparse.ArgumentParser) -> None:
         "--gpu-mem-gib",
         type=float,
         default=None,
-        help=f"device memory in GiB (2^30 B); default: the {hw.name} datasheet memory, {hw.memory_gb:g} GB = "
-        f"{hw.memory_gb:g}e9 B = {hw.memory_bytes / GIB:.2f} GiB, as kvlab plan",
+        help=f"device memory in GiB (2^30 B); default: the {hw.name}'s {hw.memory_mib:,} MiB = "
+        f"{hw.memory_gib:.2f} GiB (nvidia-smi memory.total), as kvlab plan",
     )
     g.add_argument(
         "--reserve-gib", type=float, default=4.0, help="activation/framework reserve in GiB (default 4)"

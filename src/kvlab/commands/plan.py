@@ -73,7 +73,8 @@ def register(subparsers) -> None:
         "--gpu-mem-gib",
         type=float,
         default=None,
-        help="GPU memory budget in GiB (2^30 B); default: the --gpu datasheet memory in GB (1e9 B)",
+        help="GPU memory budget in GiB (2^30 B); default: the --gpu row's memory as the device reports it "
+        "(A100-80GB: 81,920 MiB = 80 GiB)",
     )
     p.add_argument(
         "--reserve-gib",
@@ -185,20 +186,24 @@ def _print_lists(args: argparse.Namespace) -> bool:
     if getattr(args, "list_gpus", False):
         from kvlab.plan.hardware import HARDWARE
 
-        t = Table(title="Hardware table (vendor datasheets; dense 16-bit tensor FLOP/s; decimal TB/s and GB)")
-        for col in ("name", "TFLOP/s", "TB/s", "memory GB", "ridge FLOP/B", "note", "source"):
-            t.add_column(
-                col, justify="right" if col in ("TFLOP/s", "TB/s", "memory GB", "ridge FLOP/B") else "left"
-            )
+        t = Table(
+            title="Hardware table (datasheets: dense 16-bit tensor FLOP/s, TB/s = 1e12 B/s; memory as the device "
+            "reports it, MiB = 2^20 B)"
+        )
+        numeric = ("TFLOP/s", "TB/s", "memory MiB", "GiB", "ridge FLOP/B")
+        for col in ("name", *numeric, "note", "datasheet", "memory read from"):
+            t.add_column(col, justify="right" if col in numeric else "left")
         for h in HARDWARE:
             t.add_row(
                 h.name,
                 f"{h.tflops_16bit:g}",
                 f"{h.bandwidth_tb_s:g}",
-                f"{h.memory_gb:g}",
+                f"{h.memory_mib:,}",
+                f"{h.memory_gib:.2f}",
                 f"{h.ridge_flop_per_byte:.1f}",
                 h.note,
                 h.source,
+                h.memory_source,
             )
         Console().print(t)
         return True

@@ -6,9 +6,9 @@ The default is seed 003's account (§01, §05, appendix ``paged_alloc.py``): Lla
 (61.04 GiB). With ``model`` and ``kv_dtype`` the bytes per token and the weights come from the planner
 (:mod:`kvlab.plan`), so any model and any KV dtype (KIVI included) can be simulated.
 
-``kvlab paging`` and :func:`planner_budget` default to the planner's GPU instead (:func:`gpu_memory`: the
-A100-80GB datasheet's 80 GB = 80e9 B = 74.51 GiB, as ``kvlab plan``); ``--gpu-mem-gib 80`` gives the 80 GiB
-account above.
+``kvlab paging`` and :func:`planner_budget` default to the planner's GPU (:func:`gpu_memory`: the A100-80GB's
+81,920 MiB = 80 GiB as the device reports it, as ``kvlab plan``), which is the 80 GiB account above;
+``--gpu-mem-gib`` sets another.
 """
 
 from __future__ import annotations
@@ -148,16 +148,16 @@ def seed_kv_bytes_per_token(kv_dtype: str = "bf16") -> float:
 
 
 def gpu_memory(gpu_gib: float | None = None) -> tuple[float, str]:
-    """Device bytes and how to describe them: ``gpu_gib`` GiB (2**30 B), or for ``None`` the datasheet memory
-    of the planner's default GPU (:data:`kvlab.plan.report.DEFAULT_GPU`, decimal GB), the default of
-    ``kvlab plan`` too."""
+    """Device bytes and how to describe them: ``gpu_gib`` GiB (2**30 B), or for ``None`` the memory of the
+    planner's default GPU (:data:`kvlab.plan.report.DEFAULT_GPU`) as the device reports it (A100-80GB: 81,920
+    MiB = 80 GiB, the mechanics chapter's budget), the default of ``kvlab plan`` too."""
     if gpu_gib is not None:
         return gpu_gib * GIB, f"{gpu_gib:g} GiB"
     from kvlab.plan.hardware import get_hardware
     from kvlab.plan.report import DEFAULT_GPU
 
     hw = get_hardware(DEFAULT_GPU)
-    return float(hw.memory_bytes), f"{hw.name} {hw.memory_gb:g} GB ({hw.memory_bytes / GIB:.2f} GiB)"
+    return float(hw.memory_bytes), f"{hw.name} {hw.memory_mib:,} MiB ({hw.memory_gib:.2f} GiB)"
 
 
 def planner_budget(

@@ -1,7 +1,7 @@
 """Fit: the largest batch at a context, or the longest context at a batch, under a per-GPU memory budget.
 
-The budget is one GPU's memory (``--gpu-mem-gib``, binary GiB, or a hardware-table row's datasheet GB, decimal)
-minus an overhead reserve for activations, workspace and the framework, minus the weights' shard; the KV cache
+The budget is one GPU's memory (``--gpu-mem-gib``, binary GiB, or a hardware-table row's memory as the device
+reports it: an "80GB" A100 holds 81,920 MiB = 80 GiB) minus an overhead reserve for activations, workspace and the framework, minus the weights' shard; the KV cache
 gets the rest (seed 003 §3.3 and paged_alloc.py: 80 GiB - 14.96 GiB weights - 4 GiB reserve = 61.04 GiB for KV).
 A sequence must fit at every length it passes while decoding (:func:`kvlab.plan.ledger.kv_bytes_peak`).
 Pure Python; no torch.
@@ -71,17 +71,22 @@ def budget_from_gib(memory_gib: float, reserve_gib: float = 0.0) -> GpuBudget:
 
 
 def budget_from_hardware(hardware, reserve_gib: float = 0.0) -> GpuBudget:
-    """A budget from a :class:`~kvlab.plan.hardware.Hardware` row's datasheet memory (decimal GB)."""
+    """A budget from a :class:`~kvlab.plan.hardware.Hardware` row's memory as the device reports it
+    (``memory.total`` in MiB: A100-80GB 81,920 MiB = 80 GiB) with ``reserve_gib`` GiB kept back.
+
+    Raises:
+        ValueError: the row has no memory size, or the reserve is negative, not finite or not below the memory.
+    """
     if hardware.memory_bytes is None:
         raise ValueError(f"{hardware.name} has no memory size; pass --gpu-mem-gib")
     if not reserve_gib >= 0 or not math.isfinite(reserve_gib * GIB):
         raise ValueError(f"`reserve_gib` must be finite and >= 0, got {reserve_gib!r}")
-    memory_text = f"{hardware.name}: {hardware.memory_gb:g} GB = {hardware.memory_bytes / GIB:,.2f} GiB"
+    memory_text = f"{hardware.name}: {hardware.memory_mib:,} MiB = {hardware.memory_bytes / GIB:,.2f} GiB"
     _check_reserve(reserve_gib, hardware.memory_bytes, memory_text)
     return GpuBudget(
         hardware.memory_bytes,
         int(round(reserve_gib * GIB)),
-        f"{hardware.name} datasheet {hardware.memory_gb:g} GB (decimal, 1e9 B; query the device for usable bytes)",
+        f"{hardware.describe_memory()} (nvidia-smi memory.total; allocatable bytes are somewhat less)",
     )
 
 

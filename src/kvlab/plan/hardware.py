@@ -1,14 +1,22 @@
-"""Accelerator table from vendor datasheets: dense 16-bit tensor FLOP/s, memory bandwidth, memory size.
+"""Accelerator table: dense 16-bit tensor FLOP/s and memory bandwidth from vendor datasheets, memory as the device
+reports it.
 
-Every row names the datasheet it was read from. Vendors print sparse ("with sparsity") tensor throughput next to
-dense; this table keeps the *dense* figure (half the sparse one). Bandwidth and memory are the datasheet's
-decimal units (1 TB/s = 1e12 B/s, 80 GB = 80e9 B); the usable bytes of a real device are less and should be
-queried on it (``torch.cuda.mem_get_info``). Names match case-insensitively, ignoring spaces and underscores.
+Every row names its datasheet (FLOP/s, bandwidth) and, separately, where its memory size was read. Vendors print
+sparse ("with sparsity") tensor throughput next to dense; this table keeps the *dense* figure (half the sparse
+one). Bandwidth is the datasheet's decimal unit (1 TB/s = 1e12 B/s).
+
+Memory is held as the device reports it, not as the datasheet's "GB": an "80GB" A100 reports 81,920 MiB in
+``nvidia-smi`` (``memory.total``), exactly 80 GiB, not 80e9 B (74.5 GiB), and an "80GB" H100 81,559 MiB. The
+mechanics chapter's 80 GiB budget is the A100's. The bytes a framework can allocate are somewhat less (the
+driver and the CUDA context keep some; ``torch.cuda.mem_get_info`` tells). Names match case-insensitively,
+ignoring spaces and underscores.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+MIB = 1024**2
 
 _NVIDIA_A100 = "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
 _NVIDIA_H100 = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
@@ -19,25 +27,47 @@ _NVIDIA_A10 = "https://www.nvidia.com/en-us/data-center/products/a10-gpu/"
 _NVIDIA_ADA = "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"
 _AMD_MI300X = "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html"
 
+# Where each memory size was read: public nvidia-smi (memory.total) or rocminfo output of that device.
+_SMI_CLOUD = (
+    "nvidia-smi memory.total of a cloud provider's fleet, listed in "
+    "https://github.com/modal-labs/modal-client/pull/2797"
+)
+_SMI_H200 = "nvidia-smi of an 8x H200 node in https://github.com/sgl-project/sglang/issues/3196"
+_SMI_4090 = "nvidia-smi of two RTX 4090 in https://github.com/RLinf/RLinf/issues/255"
+_SMI_A100_PCIE = (
+    "81920 MiB, as the SXM4 part (the same 80 GB of HBM2e): hardware template 'ram/size' of "
+    "https://github.com/quattor/template-library-standard/blob/0e43c176adea249da689d464661c749471fa24c6/hardware/card/gpu/nvidia/tesla_a100_80gb-pcie.pan"
+)
+_SMI_H100_PCIE = (
+    "81559 MiB in public nvidia-smi listings of 'NVIDIA H100 PCIe' (no stable URL recorded), as the SXM part "
+    "(https://github.com/modal-labs/modal-client/pull/2797)"
+)
+_ROCMINFO_MI300X = "rocminfo GPU pool of 201,310,208 KiB in https://github.com/ROCm/rocm-examples/issues/187"
+
 
 @dataclass(frozen=True)
 class Hardware:
-    """One accelerator's datasheet numbers."""
+    """One accelerator: datasheet compute and bandwidth, memory as the device reports it."""
 
     name: str  # canonical name, e.g. "A100-80GB"
     tflops_16bit: float | None  # dense BF16 (FP16 where noted) tensor TFLOP/s, datasheet; None: unknown
     bandwidth_tb_s: float  # memory bandwidth, TB/s (1e12 B/s), datasheet
-    memory_gb: float | None  # memory, GB (1e9 B) as printed on the datasheet; None: unknown
-    source: str  # datasheet URL
+    memory_mib: int | None  # memory.total as the device reports it, MiB (2^20 B); None: unknown
+    source: str  # datasheet URL (FLOP/s, bandwidth, the product's "GB")
+    memory_source: str = ""  # where memory_mib was read
+    datasheet_memory_gb: float | None = None  # the datasheet's (and the name's) "80 GB"; not used for fitting
     note: str = ""  # form factor, dtype caveats
 
     def __post_init__(self) -> None:
-        for name in ("tflops_16bit", "bandwidth_tb_s", "memory_gb"):
+        for name in ("tflops_16bit", "bandwidth_tb_s", "datasheet_memory_gb"):
             value = getattr(self, name)
             if (value is not None or name == "bandwidth_tb_s") and not (
-                isinstance(value, int | float) and 0 < value < float("inf")
+                isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < float("inf")
             ):
                 raise ValueError(f"`{name}` must be > 0, got {value!r}")
+        m = self.memory_mib
+        if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 1):
+            raise ValueError(f"`memory_mib` must be a positive integer, got {m!r}")
 
     @property
     def peak_flops(self) -> float | None:
@@ -51,38 +81,86 @@ class Hardware:
 
     @property
     def memory_bytes(self) -> int | None:
-        """Datasheet memory in bytes, decimal GB (conservative: an "80GB" part holds up to 80 GiB)."""
-        return None if self.memory_gb is None else int(round(self.memory_gb * 1e9))
+        """Device memory in bytes: ``memory_mib * 2**20`` (A100-80GB: 85,899,345,920 B = 80 GiB)."""
+        return None if self.memory_mib is None else self.memory_mib * MIB
+
+    @property
+    def memory_gib(self) -> float | None:
+        """Device memory in GiB (2^30 B)."""
+        return None if self.memory_mib is None else self.memory_mib / 1024
 
     @property
     def ridge_flop_per_byte(self) -> float | None:
-        """Roofline ridge point: peak FLOP/s / bandwidth (seed 003 §3.4: A100 312e12 / 2.039e12 = 153)."""
+        """Roofline ridge point: peak FLOP/s / bandwidth (mechanics chapter §3.4: A100 312e12 / 2.039e12 = 153)."""
         return None if self.peak_flops is None else self.peak_flops / self.bandwidth_bytes_s
+
+    def describe_memory(self) -> str:
+        """``"A100-80GB: 81,920 MiB = 80.00 GiB as the device reports it"`` (or that it is unknown)."""
+        if self.memory_mib is None:
+            return f"{self.name}: memory unknown"
+        return f"{self.name}: {self.memory_mib:,} MiB = {self.memory_gib:.2f} GiB as the device reports it"
 
     def to_dict(self) -> dict:
         return {
             "name": self.name,
             "tflops_16bit": self.tflops_16bit,
             "bandwidth_tb_s": self.bandwidth_tb_s,
-            "memory_gb": self.memory_gb,
+            "memory_mib": self.memory_mib,
+            "memory_bytes": self.memory_bytes,
+            "memory_gib": self.memory_gib,
+            "datasheet_memory_gb": self.datasheet_memory_gb,
             "ridge_flop_per_byte": self.ridge_flop_per_byte,
             "source": self.source,
+            "memory_source": self.memory_source,
             "note": self.note,
         }
 
 
+def _row(name, tflops, tb_s, mib, source, memory_source, gb, note=""):
+    return Hardware(name, tflops, tb_s, mib, source, memory_source, gb, note)
+
+
 HARDWARE: tuple[Hardware, ...] = (
-    Hardware("A100-40GB", 312, 1.555, 40, _NVIDIA_A100, "SXM; 624 TFLOP/s with sparsity"),
-    Hardware("A100-80GB", 312, 2.039, 80, _NVIDIA_A100, "SXM; the seed's A100 (312 TFLOP/s, 2.039 TB/s)"),
-    Hardware("A100-80GB-PCIe", 312, 1.935, 80, _NVIDIA_A100, "PCIe"),
-    Hardware("H100-SXM", 989, 3.35, 80, _NVIDIA_H100, "SXM5; 1,979 TFLOP/s with sparsity"),
-    Hardware("H100-PCIe", 756, 2.0, 80, _NVIDIA_H100, "PCIe; 1,513 TFLOP/s with sparsity"),
-    Hardware("H200", 989, 4.8, 141, _NVIDIA_H200, "SXM; 1,979 TFLOP/s with sparsity"),
-    Hardware("L4", 121, 0.3, 24, _NVIDIA_L4, "242 TFLOP/s with sparsity"),
-    Hardware("L40S", 362.05, 0.864, 48, _NVIDIA_L40S, "733 TFLOP/s with sparsity"),
-    Hardware("A10", 125, 0.6, 24, _NVIDIA_A10, "250 TFLOP/s with sparsity"),
-    Hardware("RTX-4090", 165.2, 1.008, 24, _NVIDIA_ADA, "BF16 with FP32 accumulate; Ada whitepaper table"),
-    Hardware("MI300X", 1307.4, 5.3, 192, _AMD_MI300X, "AMD; 2,614.9 TFLOP/s with sparsity"),
+    _row("A100-40GB", 312, 1.555, 40_960, _NVIDIA_A100, _SMI_CLOUD, 40, "SXM; 624 TFLOP/s with sparsity"),
+    _row(
+        "A100-80GB",
+        312,
+        2.039,
+        81_920,
+        _NVIDIA_A100,
+        _SMI_CLOUD,
+        80,
+        "SXM; the mechanics chapter's A100 (312 TFLOP/s, 2.039 TB/s, 80 GiB)",
+    ),
+    _row("A100-80GB-PCIe", 312, 1.935, 81_920, _NVIDIA_A100, _SMI_A100_PCIE, 80, "PCIe"),
+    _row("H100-SXM", 989, 3.35, 81_559, _NVIDIA_H100, _SMI_CLOUD, 80, "SXM5; 1,979 TFLOP/s with sparsity"),
+    _row(
+        "H100-PCIe", 756, 2.0, 81_559, _NVIDIA_H100, _SMI_H100_PCIE, 80, "PCIe; 1,513 TFLOP/s with sparsity"
+    ),
+    _row("H200", 989, 4.8, 143_771, _NVIDIA_H200, _SMI_H200, 141, "SXM; 1,979 TFLOP/s with sparsity"),
+    _row("L4", 121, 0.3, 23_034, _NVIDIA_L4, _SMI_CLOUD, 24, "242 TFLOP/s with sparsity"),
+    _row("L40S", 362.05, 0.864, 46_068, _NVIDIA_L40S, _SMI_CLOUD, 48, "733 TFLOP/s with sparsity"),
+    _row("A10", 125, 0.6, 23_028, _NVIDIA_A10, _SMI_CLOUD, 24, "250 TFLOP/s with sparsity"),
+    _row(
+        "RTX-4090",
+        165.2,
+        1.008,
+        24_564,
+        _NVIDIA_ADA,
+        _SMI_4090,
+        24,
+        "BF16 with FP32 accumulate; Ada whitepaper",
+    ),
+    _row(
+        "MI300X",
+        1307.4,
+        5.3,
+        196_592,
+        _AMD_MI300X,
+        _ROCMINFO_MI300X,
+        192,
+        "AMD; 2,614.9 TFLOP/s with sparsity",
+    ),
 )
 
 # Short names people type, mapped to a row.
@@ -121,16 +199,25 @@ def get_hardware(name: str) -> Hardware:
 
 
 def custom_hardware(
-    bandwidth_gb_s: float, tflops: float | None = None, memory_gb: float | None = None
+    bandwidth_gb_s: float, tflops: float | None = None, memory_mib: int | None = None
 ) -> Hardware:
-    """A user-described accelerator (``--bandwidth-gb-s``, ``--tflops``); unknown values stay ``None`` and
-    bound nothing."""
-    if not isinstance(bandwidth_gb_s, int | float) or not bandwidth_gb_s > 0:
+    """A user-described accelerator (``--bandwidth-gb-s`` GB/s, ``--tflops``, memory in MiB); unknown values stay
+    ``None`` and bound nothing.
+
+    Raises:
+        ValueError: a bandwidth that is not a positive number (named), or an invalid TFLOP/s or memory.
+    """
+    if (
+        isinstance(bandwidth_gb_s, bool)
+        or not isinstance(bandwidth_gb_s, int | float)
+        or not bandwidth_gb_s > 0
+    ):
         raise ValueError(f"`bandwidth_gb_s` must be > 0, got {bandwidth_gb_s!r}")
     return Hardware(
         name="custom",
         tflops_16bit=tflops,
         bandwidth_tb_s=bandwidth_gb_s / 1000,
-        memory_gb=memory_gb,
+        memory_mib=memory_mib,
         source="given on the command line",
+        memory_source="given on the command line" if memory_mib is not None else "",
     )

@@ -21,6 +21,19 @@ def test_static_json_has_the_seeds_keys_and_figures(capsys):
     assert [r["bs"] for r in out["C"]["rows"]] == [1, 4, 8, 16, 32, 64, 128, 256]
 
 
+def test_static_defaults_reproduce_the_mechanics_chapter(capsys):
+    # no flags: the default A100-80GB holds 81,920 MiB = 80 GiB as the device reports it, the chapter's budget
+    # (its datasheet's 80e9 B gave 111 / 194 / 366)
+    out = run_json(capsys, "static")
+    assert out["config"]["gpu_bytes"] == 80 * 1024**3
+    counts = (out["A"]["uniform"]["k_cont"], out["A"]["uniform"]["k_paged"], out["A"]["heavy"]["k_paged"])
+    assert counts == (122, 214, 405) and out["A"]["heavy"]["k_cont"] == 122
+    assert f"{out['B']['ratio']:.1f}" == "239.0"
+    assert main(["paging", "static"]) == 0
+    text = capsys.readouterr().out
+    assert all(n in text for n in ("122", "214", "405", "239.0x"))
+
+
 def test_static_one_workload_and_a_file(capsys, tmp_path):
     out = run_json(capsys, "static", "--workload", "heavy", "--block-size", "32")
     assert set(k for k, v in out["A"].items() if isinstance(v, dict)) == {"heavy"}
@@ -43,14 +56,14 @@ def test_static_kv_dtype_changes_bytes_per_token(capsys):
 
 @pytest.mark.parametrize("argv", [[], ["--model", "llama-3-8b"], ["--kv-dtype", "kivi4"]])
 def test_default_device_memory_is_the_planners_gpu(capsys, argv):
-    """Without --gpu-mem-gib, paging's device is kvlab plan's default GPU: its datasheet GB, not GiB."""
+    """Without --gpu-mem-gib, paging's device is kvlab plan's default GPU, as the device reports its memory."""
     from kvlab.plan.hardware import get_hardware
     from kvlab.plan.report import DEFAULT_GPU
 
     hw = get_hardware(DEFAULT_GPU)
     out = run_json(capsys, "static", "--workload", "uniform", *argv)
     assert out["config"]["gpu_bytes"] == hw.memory_bytes
-    assert f"{hw.name} {hw.memory_gb:g} GB" in out["config"]["source"]
+    assert f"{hw.name} {hw.memory_mib:,} MiB" in out["config"]["source"]
     plan = json.loads(_stdout(capsys, ["plan", "llama-3-8b", "--json"]))
     assert plan["budget"]["memory_bytes"] == out["config"]["gpu_bytes"]
     explicit = run_json(capsys, "static", "--workload", "uniform", "--gpu-mem-gib", "80", *argv)
@@ -61,7 +74,7 @@ def test_budget_help_states_units_and_default(capsys):
     with pytest.raises(SystemExit):
         main(["paging", "static", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "GiB (2^30 B)" in text and "80 GB = 80e9 B" in text and "A100-80GB" in text
+    assert "GiB (2^30 B)" in text and "81,920 MiB = 80.00 GiB" in text and "A100-80GB" in text
 
 
 def _stdout(capsys, argv):

@@ -136,8 +136,8 @@ def test_budget_from_gib_rejects_non_finite_sizes(memory_gib, reserve_gib):
 @pytest.mark.parametrize(
     "argv, fragments",
     [
-        (["--reserve-gib", "100"], ("--reserve-gib 100", "A100-80GB", "80 GB", "74.51 GiB")),
-        (["--gpu", "h200", "--reserve-gib", "200"], ("--reserve-gib 200", "H200", "141 GB")),
+        (["--reserve-gib", "100"], ("--reserve-gib 100", "A100-80GB", "81,920 MiB", "80.00 GiB")),
+        (["--gpu", "h200", "--reserve-gib", "200"], ("--reserve-gib 200", "H200", "143,771 MiB")),
         (["--gpu-mem-gib", "16", "--reserve-gib", "16"], ("--reserve-gib 16", "--gpu-mem-gib 16")),
     ],
 )

@@ -44,7 +44,7 @@ def test_hardware_table_rows_have_sources_and_names_match_case_insensitively():
         assert hw.source.startswith("https://")
         assert get_hardware(hw.name.lower()) is hw and get_hardware(hw.name.upper()) is hw
     assert get_hardware("h100-sxm").bandwidth_tb_s == 3.35
-    assert get_hardware("H200").memory_gb == 141
+    assert get_hardware("H200").memory_mib == 143_771 and get_hardware("H200").datasheet_memory_gb == 141
     with pytest.raises(ValueError, match="A100-80GB"):
         get_hardware("tpu-v9")
 
@@ -160,10 +160,47 @@ def test_fit_seed_budget():
     assert max_batch(spec, 8192, -5) == 0
 
 
-def test_fit_from_datasheet_is_decimal_gb():
+def test_fit_from_a_table_row_is_the_memory_the_device_reports():
+    # an "80GB" A100 reports 81,920 MiB (nvidia-smi memory.total): 80 GiB, not 80e9 B = 74.5 GiB
     budget = budget_from_hardware(get_hardware("A100-80GB"), reserve_gib=1)
-    assert budget.memory_bytes == 80 * 10**9 and budget.reserve_bytes == GIB
-    assert "GB" in budget.source
+    assert budget.memory_bytes == 81_920 * 2**20 == 80 * GIB and budget.reserve_bytes == GIB
+    assert "81,920 MiB" in budget.source
+
+
+# memory.total as each device reports it (MiB), checked row by row against the sources the table names
+DEVICE_MIB = {
+    "A100-40GB": 40_960,
+    "A100-80GB": 81_920,
+    "A100-80GB-PCIe": 81_920,
+    "H100-SXM": 81_559,
+    "H100-PCIe": 81_559,
+    "H200": 143_771,
+    "L4": 23_034,
+    "L40S": 46_068,
+    "A10": 23_028,
+    "RTX-4090": 24_564,
+    "MI300X": 196_592,  # rocminfo: 201,310,208 KiB
+}
+
+
+def test_every_row_holds_the_memory_its_device_reports_and_names_where_it_was_read():
+    assert {hw.name for hw in HARDWARE} == set(DEVICE_MIB)
+    for hw in HARDWARE:
+        assert hw.memory_mib == DEVICE_MIB[hw.name], hw.name
+        assert hw.memory_bytes == hw.memory_mib * 2**20
+        assert hw.memory_source and "github.com" in hw.memory_source, hw.name
+        # the device reports at most its datasheet's "GB" in GiB and never less than that many decimal GB
+        assert hw.datasheet_memory_gb * 1e9 < hw.memory_bytes <= hw.datasheet_memory_gb * GIB, hw.name
+
+
+def test_hardware_rejects_bad_memory():
+    from kvlab.plan.hardware import Hardware, custom_hardware
+
+    for bad in (0, -1, 80.5, True):
+        with pytest.raises(ValueError, match="memory_mib"):
+            Hardware("x", 1.0, 1.0, bad, "https://example.org")
+    assert custom_hardware(1000).memory_bytes is None
+    assert custom_hardware(1000, memory_mib=1024).memory_bytes == GIB
 
 
 def test_max_context_brute_force_and_unbounded():
