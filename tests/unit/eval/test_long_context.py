@@ -456,3 +456,40 @@ def test_long_context_warning_names_a_baseline_that_does_not_retrieve():
     assert warning is not None and "passkey 0.10 at 512" in warning and "recall" not in warning.split(":")[0]
     rows[0]["passkey_accuracy"] = 0.97
     assert long_context_warning(rows) is None
+
+
+# ── the runner's _row: KL and long-context fields wired into a paired row ──────────────────────────────────────
+def _measurement(logits: torch.Tensor, long_context: dict | None) -> dict:
+    meas = {
+        "perf": {"median_ms": 100.0, "min_ms": 100.0, "timings_ms": [100.0], "ms_per_token": 25.0,
+                 "incremental_peak_bytes": None},
+        "cache_bytes": 1000,
+        "cache_tokens": 19,
+        "quality": {"mean_nll": 2.0, "topk_ids": [[[0], [0]]], "prefill_ms": 1.0, "decode_ms": 0.5,
+                    "logits": logits},
+        "generated": torch.tensor([[1, 2], [3, 4]]),
+    }  # fmt: skip
+    if long_context is not None:
+        meas["long_context"] = long_context
+    return meas
+
+
+def test_row_carries_kl_from_base_to_candidate_and_the_long_context_gates():
+    from kvlab.eval.candidates import Candidate
+    from kvlab.eval.runner import _row
+
+    # batch 2, one step: row 0 P=(1/2,1/2) vs Q=(1/4,3/4); row 1 identical
+    base_logits = torch.stack([torch.stack([_log(0.5, 0.5)]), torch.stack([_log(0.1, 0.9)])]).float()
+    cand_logits = torch.stack([torch.stack([_log(0.25, 0.75)]), torch.stack([_log(0.1, 0.9)])]).float()
+    base = _measurement(base_logits, _lc({192: 0.9}, {0.0: 1.0, 1.0: 1.0}))
+    cand = _measurement(cand_logits, _lc({192: 0.5}, {0.0: 1.0, 1.0: 1.0}))
+    cand["cache_bytes"] = 400
+    row = _row("capacity", Candidate.parse("kivi-2"), 512, 2, 128, 32, cand, base, EvalConfig(top_k=1))
+    assert row["kl_mean"] == pytest.approx(0.5 * math.log(4 / 3) / 2, rel=1e-5)  # mean of (KL, 0) over 2 rows
+    assert row["kl_max"] == pytest.approx(0.5 * math.log(4 / 3), rel=1e-5)
+    assert row["recall_drop"] == pytest.approx(0.4) and row["passkey_drop"] == pytest.approx(0.0)
+    assert row["gates"]["recall_drop"] is False and row["gates"]["passkey_drop"] is True
+    assert row["gates"]["kl_mean"] is True and row["eligible"] is False
+    base_row = _row("capacity", Candidate.parse("dynamic"), 512, 2, None, None, base, None, EvalConfig())
+    assert base_row["recall_accuracy"] == pytest.approx(0.9) and base_row["passkey_accuracy"] == 1.0
+    assert "gates" not in base_row and "kl_mean" not in base_row
