@@ -328,6 +328,8 @@ EVAL_METRICS = (
     ("nll_delta", "NLL delta (nats/token)"),
     ("topk_overlap", "top-k overlap"),
     ("latency_ratio", "latency / dynamic"),
+    ("kl_mean", "KL(dynamic || candidate) mean (nats)"),
+    ("recall_drop", "copy recall drop vs dynamic (worst distance)"),
 )
 
 
@@ -351,7 +353,8 @@ def _finite(value: Any) -> bool:
 def plot_eval_matrix(
     result: Mapping[str, Any], matrix: str, x_key: str, x_label: str, out_path: str | os.PathLike
 ) -> Path | None:
-    """2x2 panels (cache-bytes ratio, NLL delta, top-k overlap, latency ratio) against ``x_key`` for every
+    """Panels (cache-bytes ratio, NLL delta, top-k overlap, latency ratio, and KL mean and recall drop when the
+    result has them) against ``x_key`` for every
     candidate of ``result["rows"]`` whose ``matrix`` equals ``matrix``, with each metric's gate from
     ``result["gates"]`` drawn as a dashed line (the failing side shaded). Rows without a finite value are left
     out. Returns ``None`` (no file) when the matrix has no rows.
@@ -363,9 +366,14 @@ def plot_eval_matrix(
     settings = result.get("settings") if isinstance(result.get("settings"), Mapping) else {}
     top_k = settings.get("top_k")
     candidates = list(dict.fromkeys(r["candidate"] for r in rows))
-    fig = _figure(11.5, 8.0)
-    axes = fig.subplots(2, 2).ravel()
-    for ax, (metric, label) in zip(axes, EVAL_METRICS):
+    # the four seed metrics always; the long-context ones when the result has them (older files do not)
+    metrics = [m for i, m in enumerate(EVAL_METRICS) if i < 4 or any(_finite(r.get(m[0])) for r in rows)]
+    ncols = 2 if len(metrics) <= 4 else 3
+    fig = _figure(5.75 * ncols, 8.0)
+    axes = fig.subplots(2, ncols).ravel()
+    for ax in axes[len(metrics) :]:
+        ax.set_visible(False)
+    for ax, (metric, label) in zip(axes, metrics):
         if metric == "topk_overlap" and top_k:
             label = f"top-{top_k} overlap"
         for i, name in enumerate(candidates):
@@ -452,7 +460,7 @@ def plot_passkey_heatmap(result: Mapping[str, Any], out_path: str | os.PathLike)
     ncols = min(n, 4)
     nrows = math.ceil(n / ncols)
     width = max(len(g["contexts"]) for g in grid.values())
-    fig = _figure(1.2 + ncols * (1.3 + 0.9 * width), 0.9 + nrows * 3.0)
+    fig = _figure(1.6 + ncols * (1.6 + 0.9 * width), 0.9 + nrows * 3.0)
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
     image = None
     for idx, (ax, (name, g)) in enumerate(zip(axes, grid.items())):
@@ -464,7 +472,8 @@ def plot_passkey_heatmap(result: Mapping[str, Any], out_path: str | os.PathLike)
                 text = "-" if k is None else f"{k}/{t}"
                 ax.text(j, i, text, ha="center", va="center", fontsize=8, color="black")
         ax.set_xticks(range(len(g["contexts"])), [str(c) for c in g["contexts"]])
-        ax.set_yticks(range(len(g["depths"])), [f"{100 * p:g} %" for p in g["depths"]])
+        labels = [f"{100 * p:g} %" for p in g["depths"]] if idx % ncols == 0 else [""] * len(g["depths"])
+        ax.set_yticks(range(len(g["depths"])), labels)
         ax.set_xlabel("context (tokens)")
         if idx % ncols == 0:
             ax.set_ylabel("needle depth")
