@@ -596,7 +596,13 @@ def measure_long_context(
             missing.
 
     Returns:
-        ``{name: run_probe(...)}`` per probe.
+        ``{name: run_probe(...)}`` per probe: :func:`recall_metrics` / :func:`passkey_metrics` plus ``fill_ms`` and
+        ``decode_ms`` (milliseconds).
+
+    Raises:
+        ValueError: from :func:`fill_cache`, a cache whose own prefill would attend to other K/V than the float
+            cache's (its prefill cannot be shared).
+        RuntimeError: a ``KIVICache(attention="fused")`` on a model without kvlab attention.
     """
     states = states or {}
     return {name: run_probe(model, probe, make_cache, states.get(name)) for name, probe in probes.items()}
