@@ -228,7 +228,8 @@ class BlockPool:
 
         Checks: free + used = total (counted two ways); the free queue is well linked and holds exactly the
         blocks with ref_cnt 0; slot counts are within a block; cached blocks are full and indexed by their own
-        hash; each table holds ``ceil(tokens / block_size)`` blocks, all full but the last.
+        hash, and a block carries a prefix hash only while the cache maps that hash to it (a reallocated block
+        carries none); each table holds ``ceil(tokens / block_size)`` blocks, all full but the last.
         """
         queued = list(self.free_queue)
         assert len(queued) == self.free_queue.num_free, "free queue length counter is off"
@@ -247,6 +248,11 @@ class BlockPool:
         for block_hash, block in self.cached.items():
             assert block.block_hash == block_hash, f"cached block {block.block_id} has another hash"
             assert block.num_tokens == self.block_size_tokens, f"cached block {block.block_id} is not full"
+        for block in self.blocks:  # a hash outside the cache is stale: the block can never be cached again
+            assert block.block_hash is None or self.cached.get(block.block_hash) is block, (
+                f"block {block.block_id} carries prefix hash {block.block_hash} that the prefix cache does not map "
+                "to it (stale after reallocation or truncation)"
+            )
         if tables is None:
             return
         holders: dict[int, int] = {}

@@ -1,5 +1,7 @@
 """Block pool and block tables: issue 4's figures, sharing, copy-on-write, prefix reuse, invariants."""
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -148,6 +150,35 @@ def test_reallocating_a_cached_free_block_evicts_its_hash():
         c.allocate(5, prefix_block_hashes(tokens, 4))
 
 
+def test_a_reallocated_block_carries_no_stale_prefix_hash_and_can_be_cached_again():
+    pool = BlockPool(4, 4, enable_prefix_caching=True)
+    first, second = list(range(16)), list(range(100, 109))
+    a = BlockTable(pool)
+    a.allocate(16, prefix_block_hashes(first, 4))  # four full blocks, all cached
+    a.free()  # free but still findable: queue 3, 2, 1, 0
+    pool.check_invariants([])
+    b = BlockTable(pool)
+    b.allocate(9, prefix_block_hashes(second, 4))  # reallocates 3, 2, 1: their old hashes are evicted
+    pool.check_invariants([b])
+    assert all(pool.blocks[i].block_hash is None for i in b.block_ids[2:])  # the partial block has none
+    assert [pool.lookup(h) for h in prefix_block_hashes(second, 4)] == b.blocks[:2]  # cached under new hashes
+    c = BlockTable(pool)
+    # 2 hits + 1 new block: fits only through the hits, with 1 block free
+    assert c.allocate(9, prefix_block_hashes(second[:8] + [7], 4)) == 2
+    assert pool.prefix_hits == 2 and pool.num_free == 0
+    pool.check_invariants([b, c])
+
+
+def test_check_invariants_catches_a_stale_prefix_hash():
+    pool = BlockPool(2, 4, enable_prefix_caching=True)
+    table = BlockTable(pool)
+    table.allocate(8, prefix_block_hashes(list(range(8)), 4))
+    table.free()
+    del pool.cached[pool.blocks[0].block_hash]  # as an eviction that forgot to clear the block's own hash
+    with pytest.raises(AssertionError, match="stale"):
+        pool.check_invariants([])
+
+
 def test_truncate_frees_trailing_blocks_and_uncaches_a_partial_block():
     pool = BlockPool(10, 4, enable_prefix_caching=True)
     tokens = list(range(12))
@@ -219,7 +250,10 @@ def test_random_operation_sequences_keep_every_invariant(ops, block_size, cachin
                 tables.remove(table)
             else:
                 table.truncate(n % (table.num_tokens + 1))
-        except ValueError:
+        except ValueError as e:  # only a capacity refusal is expected here, and it must be a true one
+            need = re.match(r"need (\d+) blocks\b.*?, (\d+) free", str(e))
+            assert need is not None, f"unexpected refusal: {e}"
+            assert int(need[2]) == free_before < int(need[1]), str(e)  # it asked for more than was free
             assert (pool.num_free, pool.num_used) == (free_before, used_before)  # a refusal takes nothing
         pool.check_invariants(tables)
     for t in tables:

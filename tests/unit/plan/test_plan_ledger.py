@@ -21,6 +21,7 @@ from kvlab.plan import (
     kv_dtype,
     kv_heads_per_rank,
     load_spec,
+    max_context,
     paged_kv_bytes,
     quantized_tokens,
     read_safetensors_bytes,
@@ -62,6 +63,41 @@ def test_seed_llama_ledger(llama):
     assert ledger.kv_bytes_total == 32 * GIB
     assert round(ledger.kv_to_weight_ratio, 2) == 2.14
     assert kv_bytes_per_token(llama.with_kv_heads(32)) == 524288  # MHA variant, seed [B3]
+
+
+def four_layer_chunked():
+    # Llama-4 style: 3 chunked layers (chunks of 64 tokens) and one full layer, 2048 B/token/layer
+    return spec_from_config(
+        dict(
+            num_hidden_layers=4,
+            hidden_size=512,
+            num_attention_heads=8,
+            num_key_value_heads=8,
+            head_dim=64,
+            attention_chunk_size=64,
+            torch_dtype="bfloat16",
+            layer_types=["chunked_attention"] * 3 + ["full_attention"],
+        )
+    )
+
+
+def test_chunked_layers_keep_at_most_one_chunk():
+    spec = four_layer_chunked()
+    # 1000 tokens: 3 chunked layers x 64 tokens + 1 full layer x 1000 tokens, 2048 B per token per layer
+    assert kv_bytes(spec, 1000) == (3 * 64 + 1000) * 2048 == 2_441_216
+    assert kv_bytes(spec, 1000, batch=3) == 3 * 2_441_216
+    assert kv_bytes(spec, 1000, mode="allocated") == 4 * 1000 * 2048  # engines reserving full length
+    assert kv_bytes(spec, 50) == kv_bytes(spec, 50, mode="allocated") == 4 * 50 * 2048  # within one chunk
+    ledger = build_ledger(spec, 1000, 1, weight_bytes(spec, override_bytes=0))
+    rows = {r.kind: r for r in ledger.rows}
+    assert (rows["chunked"].tokens_stored, rows["chunked"].tokens_allocated) == (64, 1000)
+    assert rows["chunked"].bytes_theoretical == 3 * 64 * 2048
+    # KIVI-4 (G=32, R=64): a chunked layer's 64 tokens all sit in the residual window at 2 B
+    per_head_full = kivi_bytes_per_head(1000, 64, 4, 32, 64, 2, 2)["total"]
+    assert kivi_kv_bytes(spec, 1000, residual_length=64) == 8 * (3 * 64 * 64 * 2 * 2 + per_head_full)
+    # the fit: the chunked layers stop growing, so each extra token costs one layer's 2048 B
+    budget = kv_bytes(spec, 10_000)
+    assert max_context(spec, 1, budget) == 10_000
 
 
 def test_sliding_theoretical_vs_allocated():
