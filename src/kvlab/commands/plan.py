@@ -85,6 +85,19 @@ def register(subparsers) -> None:
     p.add_argument("--kv-heads", type=int, default=None, help="what-if: override the KV heads (e.g. MHA)")
     _add_weight_flags(p)
     _add_device_flags(p)
+    p.add_argument(
+        "--emit",
+        choices=("vllm",),
+        default=None,
+        help="print a runnable `vllm serve` command for the plan (flags, then the KV cache vLLM would report as "
+        "# comments); with --json, under the key 'vllm'",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=16,
+        help="tokens per KV block for --emit vllm (1, 8, 16, 32, 64 or 128; default 16, vLLM's CUDA default)",
+    )
     p.add_argument("--list-presets", action="store_true", help="print the built-in models and exit")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=run_plan)
@@ -236,14 +249,39 @@ def run_plan(args: argparse.Namespace) -> int:
             bandwidth_gb_s=args.bandwidth_gb_s,
             tflops=args.tflops,
             measured_step_ms=args.measured_step_ms,
+            emit=args.emit,
+            block_size=args.block_size,
         )
     except (ValueError, OSError) as e:
         return _fail(str(e))
     if args.json:
         print(json.dumps(r, indent=1))
         return 0
+    if r["vllm"] is not None:
+        _print_vllm(r)
+        return 0
     _print_plan(r)
     return 0
+
+
+def _print_vllm(r: dict) -> None:
+    """The command on one line, then what it means as ``#`` comments: the output is a runnable shell script."""
+    v = r["vllm"]
+    print(v["command_line"])
+    print(
+        f"# KV cache vLLM would report per GPU: {v['kv_cache_tokens']:,} tokens ({v['num_gpu_blocks']:,} blocks of "
+        f"{v['block_size']} tokens x {v['num_layers']} layers, {v['page_size_bytes']:,} B per block and layer)"
+    )
+    print(
+        f"# from {_gib(v['kv_memory_bytes_per_gpu'])} of KV memory = {v['gpu_memory_utilization']:g} x "
+        f"{_gib(v['memory_bytes'])} - {_gib(v['weight_bytes_per_gpu'])} weights per GPU [GiB = 2^30 B]"
+    )
+    print(
+        f"# maximum concurrency for {v['max_model_len']:,} tokens per request: {v['max_concurrency']:.2f}x "
+        f"(the plan: {r['kv_bytes_per_token_per_gpu']:,} KV B/token/GPU, max batch {r['max_batch']:,})"
+    )
+    for note in v["notes"]:
+        print(f"# note: {note}")
 
 
 def _print_plan(r: dict) -> None:

@@ -8,10 +8,11 @@ presets    public models' configs, written from their hub config.json
 weights    parameter count from the config; exact bytes from safetensors headers
 ledger     KV bytes per token / per layer kind / total; plain dtypes and KIVI; tensor parallel
 fit        max batch at a context, max context at a batch, under a GPU budget
-hardware   datasheet table (dense 16-bit FLOP/s, bandwidth, memory) with sources
+hardware   accelerator table (datasheet FLOP/s and bandwidth, memory as the device reports it) with sources
 roofline   decode and prefill intensity, ridge point, decode step lower bound
 video      tokens and KV of autoregressive video
 probe      local numpy roofline probe (fp32 matmul FLOP/s, streaming GB/s)
+vllm       `vllm serve` flags for a plan and the KV cache size vLLM would report
 
 Example::
 
@@ -48,6 +49,7 @@ from kvlab.plan.roofline import (
 )
 from kvlab.plan.spec import ModelSpec, load_spec, spec_from_config
 from kvlab.plan.video import VideoClip, video_kv
+from kvlab.plan.vllm import VllmServePlan, vllm_serve_plan
 from kvlab.plan.weights import WeightBytes, estimate_parameters, read_safetensors_bytes, weight_bytes
 
 __all__ = [
@@ -58,6 +60,7 @@ __all__ = [
     "Ledger",
     "ModelSpec",
     "VideoClip",
+    "VllmServePlan",
     "WeightBytes",
     "budget_from_gib",
     "budget_from_hardware",
@@ -86,5 +89,6 @@ __all__ = [
     "ridge_point_flop_per_byte",
     "spec_from_config",
     "video_kv",
+    "vllm_serve_plan",
     "weight_bytes",
 ]

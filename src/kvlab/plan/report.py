@@ -90,12 +90,21 @@ def plan_report(
     bandwidth_gb_s: float | None = None,
     tflops: float | None = None,
     measured_step_ms: float | None = None,
+    emit: str | None = None,
+    block_size: int = 16,
 ) -> dict[str, Any]:
     """Ledger, fit and decode bound of ``model`` serving ``batch`` x ``context`` tokens on ``tp`` GPUs.
 
     Top-level keys include ``kv_bytes_per_token``, ``kv_bytes_total``, ``weight_bytes``, ``max_batch``,
-    ``max_context`` and ``decode_step_lower_bound_ms``; ``*_per_gpu`` keys are one rank's.
+    ``max_context`` and ``decode_step_lower_bound_ms``; ``*_per_gpu`` keys are one rank's. With ``emit="vllm"``,
+    ``vllm`` holds the ``vllm serve`` command for the plan and the KV cache vLLM would report
+    (:func:`kvlab.plan.vllm.vllm_serve_plan`, blocks of ``block_size`` tokens).
+
+    Raises:
+        ValueError: bad input (named), or ``emit="vllm"`` for a plan vLLM cannot run as planned.
     """
+    if emit not in (None, "vllm"):
+        raise ValueError(f"`emit` (--emit) must be 'vllm', got {emit!r}")
     _check_context_batch(context, batch)
     spec = _spec(model, kv_heads)
     kvd = kv_dtype(kv, spec.dtype, group_size=group_size, residual_length=residual_length)
@@ -174,7 +183,35 @@ def plan_report(
                 "tensor parallelism"
             )
     out["notes"] = notes
+    out["vllm"] = None
+    if emit == "vllm":
+        out["vllm"] = _vllm(spec, kvd, model, context, batch, tp, budget, ledger, block_size)
     return out
+
+
+def _vllm(spec, kvd, model, context, batch, tp, budget, ledger, block_size) -> dict[str, Any]:
+    """The ``vllm`` key of :func:`plan_report`: needs the GPU memory and the weights, as the fit does."""
+    from kvlab.plan.vllm import vllm_model_argument, vllm_serve_plan
+
+    if budget is None:
+        raise ValueError("--emit vllm needs the GPU memory: pass --gpu-mem-gib or a --gpu from the table")
+    if ledger.weights is None:
+        raise ValueError(f"--emit vllm needs the weight bytes; {NO_WEIGHTS}")
+    if isinstance(model, ModelSpec):
+        raise ValueError("--emit vllm needs the model as a preset, a path or a hub id, not a ModelSpec")
+    plan = vllm_serve_plan(
+        spec,
+        kvd,
+        model=vllm_model_argument(model),
+        context=context,
+        batch=batch,
+        tp=tp,
+        memory_bytes=budget.memory_bytes,
+        reserve_bytes=budget.reserve_bytes,
+        weight_bytes_per_gpu=ledger.weight_bytes_per_gpu,
+        block_size=block_size,
+    )
+    return plan.to_dict()
 
 
 def roofline_report(

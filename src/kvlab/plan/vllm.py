@@ -1,0 +1,248 @@
+"""``vllm serve`` flags for a plan, and the KV cache size vLLM would report for that memory (no vLLM needed).
+
+vLLM's v1 engine sizes its KV cache this way (``vllm/v1/worker/gpu_worker.py``, ``vllm/v1/core/kv_cache_utils.py``,
+``vllm/v1/kv_cache_interface.py``):
+
+* the engine may use ``gpu_memory_utilization x`` the device's total memory; the KV cache gets what is left after
+  the weights, the profiled activation peak and non-torch allocations;
+* one block holds ``block_size`` tokens of one layer on one GPU: its page is
+  ``2 x block_size x KV heads per rank x head_size x dtype bytes`` (K and V; ``max(1, KV heads // tp)`` heads per
+  rank), or ``block_size x (kv_lora_rank + qk_rope_head_dim) x dtype bytes`` for an MLA latent;
+* ``num_blocks = available memory // page // layers`` and the log line ``GPU KV cache size: N tokens`` says
+  ``num_blocks x block_size`` (later versions log ``max_concurrency x max_model_len``, the same number when
+  ``max_model_len`` is a multiple of ``block_size``); ``Maximum concurrency for L tokens per request`` is
+  ``num_blocks / ceil(L / block_size)``.
+
+Only models whose every layer is full attention are covered: vLLM's hybrid KV cache manager groups sliding,
+chunked, shared and Mamba layers with other page sizes. Pure Python; no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvlab.plan.ledger import KVDtype, kv_elements_per_token_per_layer
+from kvlab.plan.spec import FULL, LAYER_KINDS, ModelSpec
+
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vllm.config.cache.BlockSize
+_VLLM_DTYPE = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32"}
+_CANONICAL = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32"}
+
+
+@dataclass(frozen=True)
+class VllmServePlan:
+    """A ``vllm serve`` command for a plan and the KV cache vLLM would build with it, on one GPU of ``tp``."""
+
+    args: tuple[str, ...]  # argv after the program name: ("serve", MODEL, "--dtype", ...)
+    max_model_len: int  # --max-model-len: tokens per sequence (the plan's context)
+    max_num_seqs: int  # --max-num-seqs: sequences decoded together (the plan's batch)
+    tensor_parallel_size: int  # --tensor-parallel-size (the plan's tp)
+    block_size: int  # --block-size: tokens per KV block
+    kv_cache_dtype: str  # --kv-cache-dtype: "auto" (the model dtype) or "fp8"
+    gpu_memory_utilization: float  # --gpu-memory-utilization: fraction of the device's memory vLLM may use
+    memory_bytes: int  # the device's memory the plan assumed
+    weight_bytes_per_gpu: int  # one GPU's share of the weights
+    kv_memory_bytes_per_gpu: int  # utilization x memory - weights: vLLM's KV memory with no activations
+    page_size_bytes: int  # one block of one layer on one GPU
+    num_layers: int  # layers holding KV
+    num_gpu_blocks: int  # blocks per layer that fit in kv_memory_bytes_per_gpu
+    kv_cache_tokens: int  # "GPU KV cache size: N tokens"
+    max_concurrency: float  # "Maximum concurrency for max_model_len tokens per request"
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def command_line(self) -> str:
+        """The shell-quoted command: ``vllm serve MODEL --flag value ...``."""
+        return shlex.join(["vllm", *self.args])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "command": ["vllm", *self.args],
+            "command_line": self.command_line,
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_num_seqs,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "block_size": self.block_size,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "memory_bytes": self.memory_bytes,
+            "weight_bytes_per_gpu": self.weight_bytes_per_gpu,
+            "kv_memory_bytes_per_gpu": self.kv_memory_bytes_per_gpu,
+            "page_size_bytes": self.page_size_bytes,
+            "num_layers": self.num_layers,
+            "num_gpu_blocks": self.num_gpu_blocks,
+            "kv_cache_tokens": self.kv_cache_tokens,
+            "max_concurrency": self.max_concurrency,
+            "notes": list(self.notes),
+        }
+
+
+def vllm_model_argument(model: str | os.PathLike) -> str:
+    """What ``vllm serve`` is given for ``model``: a preset's hub id, a model directory (a ``config.json`` path
+    names its directory), or ``model`` itself (a hub id)."""
+    from kvlab.plan import presets
+
+    text = os.fspath(model)
+    preset = presets.find(text)
+    if preset is not None:
+        return preset.hub_id
+    path = Path(text).expanduser()
+    if path.is_file():
+        return str(path.parent)
+    return text
+
+
+def _cache_dtype(spec: ModelSpec, kvd: KVDtype) -> tuple[str, str]:
+    """``(--dtype, --kv-cache-dtype)`` that store K/V as ``kvd``.
+
+    Raises:
+        ValueError: a KV dtype vLLM cannot store for this model (named with its flag).
+    """
+    model_dtype = _VLLM_DTYPE.get(spec.dtype)
+    if model_dtype is None:
+        raise ValueError(
+            f"--emit vllm needs a 16/32-bit model dtype for vLLM's --dtype, the config says {spec.dtype!r}"
+        )
+    if kvd.is_kivi:
+        raise ValueError(
+            f"vLLM has no KIVI cache: --kv-dtype {kvd.name} has no --kv-cache-dtype; use auto ({spec.dtype}) or fp8"
+        )
+    if kvd.name == _CANONICAL[spec.dtype]:
+        return model_dtype, "auto"
+    if kvd.name == "fp8":
+        if spec.is_mla:
+            raise ValueError(
+                "--kv-dtype fp8 with MLA: vLLM's fp8 latent layout depends on the attention backend (e.g. 656 B "
+                "per token for fp8_ds_mla), so the plan's bytes would not be vLLM's; use --kv-dtype auto"
+            )
+        return model_dtype, "fp8"
+    raise ValueError(
+        f"vLLM stores K/V in the model dtype ({spec.dtype}, --kv-cache-dtype auto) or in fp8; --kv-dtype "
+        f"{kvd.name} has no vllm flag"
+    )
+
+
+def vllm_serve_plan(
+    spec: ModelSpec,
+    kvd: KVDtype,
+    *,
+    model: str,
+    context: int,
+    batch: int,
+    tp: int,
+    memory_bytes: int,
+    reserve_bytes: int,
+    weight_bytes_per_gpu: int,
+    block_size: int = 16,
+) -> VllmServePlan:
+    """The ``vllm serve`` command that runs ``spec`` as planned, and the KV cache vLLM would report for its memory.
+
+    Args:
+        spec: the model; every layer must be full attention (or MLA).
+        kvd: the plan's KV dtype (the model dtype or fp8).
+        model: what ``vllm serve`` loads (:func:`vllm_model_argument`).
+        context: tokens per sequence: ``--max-model-len``.
+        batch: sequences decoded together: ``--max-num-seqs``.
+        tp: GPUs the heads are split over: ``--tensor-parallel-size``.
+        memory_bytes: one GPU's memory, as the plan assumed it.
+        reserve_bytes: bytes of it the plan keeps back; ``--gpu-memory-utilization`` is
+            ``(memory - reserve) / memory`` rounded down to 4 decimals, so vLLM never takes more than planned.
+        weight_bytes_per_gpu: one GPU's share of the weights.
+        block_size: tokens per KV block, one of :data:`VLLM_BLOCK_SIZES` (vLLM's CUDA default is 16).
+
+    Raises:
+        ValueError: a layer kind, KV dtype or block size vLLM would size differently, or nothing left for KV;
+            the message names the flag or the value.
+    """
+    if isinstance(block_size, bool) or block_size not in VLLM_BLOCK_SIZES:
+        raise ValueError(
+            f"--block-size must be one of {list(VLLM_BLOCK_SIZES)} (vLLM's BlockSize), got {block_size!r}"
+        )
+    other = {k: spec.count(k) for k in LAYER_KINDS if k != FULL and spec.count(k)}
+    if other:
+        kinds = ", ".join(f"{n} {k}" for k, n in other.items())
+        raise ValueError(
+            f"--emit vllm covers models whose every layer is full attention; this one has {kinds} layers, which "
+            "vLLM's hybrid KV cache manager sizes in groups of other page sizes"
+        )
+    for name, value in (("context", context), ("batch", batch), ("tp", tp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
+    if not 0 <= reserve_bytes < memory_bytes:
+        raise ValueError(
+            f"the reserve ({reserve_bytes:,} B) must be below the GPU memory ({memory_bytes:,} B)"
+        )
+    dtype, cache_dtype = _cache_dtype(spec, kvd)
+    utilization = math.floor((memory_bytes - reserve_bytes) * 10_000 / memory_bytes) / 10_000
+    if utilization <= 0:
+        raise ValueError(
+            f"the reserve leaves {memory_bytes - reserve_bytes:,} B of {memory_bytes:,} B: below vLLM's smallest "
+            "--gpu-memory-utilization step (0.0001)"
+        )
+    kv_memory = int(utilization * memory_bytes) - weight_bytes_per_gpu
+    if kv_memory <= 0:
+        raise ValueError(
+            f"the weights ({weight_bytes_per_gpu:,} B per GPU) do not fit in --gpu-memory-utilization "
+            f"{utilization:g} x {memory_bytes:,} B: nothing is left for the KV cache"
+        )
+    page = block_size * kv_elements_per_token_per_layer(spec, tp) * kvd.element_bytes
+    layers = spec.kv_layers
+    num_blocks = kv_memory // page // layers
+    util_text = f"{utilization:.4f}".rstrip("0").rstrip(".")
+    args = (
+        "serve",
+        model,
+        "--dtype",
+        dtype,
+        "--max-model-len",
+        str(context),
+        "--kv-cache-dtype",
+        cache_dtype,
+        "--block-size",
+        str(block_size),
+        "--gpu-memory-utilization",
+        util_text,
+        "--max-num-seqs",
+        str(batch),
+        "--tensor-parallel-size",
+        str(tp),
+    )
+    tokens = num_blocks * block_size
+    notes = [
+        "vLLM measures the device's total memory itself (torch.cuda.mem_get_info, somewhat below nvidia-smi's "
+        "figure) and takes its activation peak, CUDA graphs and non-torch memory out of the KV memory too: it "
+        "will report fewer tokens than this upper bound",
+    ]
+    if tokens < batch * context:
+        notes.append(
+            f"{batch} sequences of {context:,} tokens need {batch * context:,} tokens of KV, more than the "
+            f"{tokens:,} that fit: vLLM will run fewer sequences at a time (preempting the rest)"
+        )
+    if spec.max_position_embeddings is not None and context > spec.max_position_embeddings:
+        notes.append(
+            f"--max-model-len {context:,} exceeds the config's {spec.max_position_embeddings:,} positions: vLLM "
+            "refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
+        )
+    return VllmServePlan(
+        args=args,
+        max_model_len=context,
+        max_num_seqs=batch,
+        tensor_parallel_size=tp,
+        block_size=block_size,
+        kv_cache_dtype=cache_dtype,
+        gpu_memory_utilization=float(util_text),
+        memory_bytes=memory_bytes,
+        weight_bytes_per_gpu=weight_bytes_per_gpu,
+        kv_memory_bytes_per_gpu=kv_memory,
+        page_size_bytes=page,
+        num_layers=layers,
+        num_gpu_blocks=num_blocks,
+        kv_cache_tokens=tokens,
+        max_concurrency=num_blocks / -(-context // block_size),
+        notes=tuple(notes),
+    )
