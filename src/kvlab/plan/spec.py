@@ -18,8 +18,9 @@ preset) so that the traps of hand-typed calculators do not apply:
   values per token, not K and V per head.
 * Sliding-window layers (``sliding_window`` with ``layer_types``, ``sliding_window_pattern`` or a model-type
   default; ``use_sliding_window: false`` turns it off, whatever ``sliding_window`` holds, 0 included), chunked
-  layers (Llama 4), layers without KV (Mamba or
-  linear-attention layers of hybrids) and KV-shared layers (Gemma-3n ``num_kv_shared_layers``) are told apart.
+  layers (Llama 4), layers without KV (Mamba, recurrent or linear-attention layers of hybrids: Jamba, Bamba
+  ``attn_layer_indices``, RecurrentGemma ``block_types``) and KV-shared layers (Gemma-3n ``num_kv_shared_layers``)
+  are told apart.
 
 Pure Python; no torch.
 """
@@ -221,7 +222,8 @@ def _positive_int(value: Any) -> bool:
 # GPT-2/Falcon, ChatGLM, MPT/DBRX/OLMo
 LAYER_NAMES = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 HIDDEN_NAMES = ("hidden_size", "n_embd", "d_model", "dim")  # GPT-2, MPT/DBRX, Mistral params.json
-HEAD_NAMES = ("num_attention_heads", "n_head", "n_heads", "num_heads")  # GPT-2/Falcon, MPT/DBRX/OLMo
+# GPT-2/Falcon, MPT/DBRX/OLMo, XGLM
+HEAD_NAMES = ("num_attention_heads", "n_head", "n_heads", "num_heads", "attention_heads")
 KV_HEAD_NAMES = (
     "num_key_value_heads",  # Llama and most transformers configs
     "num_kv_heads",  # Falcon (new decoder architecture)
@@ -244,6 +246,9 @@ POSITION_NAMES = (
 # model types whose config class defaults `multi_query` to True (transformers FalconConfig, GPTBigCodeConfig;
 # vLLM's RWConfig for the original Falcon checkpoints)
 _MULTI_QUERY_DEFAULT = ("falcon", "RefinedWeb", "RefinedWebModel", "gpt_bigcode")
+# model types whose model code reads `multi_query` before any KV head count (transformers FalconAttention and
+# GPTBigCodeAttention; the Falcon RW remote code), as vLLM's ModelConfig does: a count next to it is ignored
+_MULTI_QUERY_FIRST = ("falcon", "RefinedWeb", "RefinedWebModel", "gpt_bigcode")
 
 
 def _as_int(name: str, value: Any, minimum: int) -> int:
@@ -405,18 +410,22 @@ def _kv_heads(cfg: Mapping, num_heads: int, notes: list[str]) -> tuple[int, str]
     if cfg.get("new_decoder_architecture"):  # Falcon-40B style: grouped KV heads, `multi_query` ignored
         return (num_heads, "num_attention_heads") if stated is None else stated
     multi_query = cfg.get("multi_query")
+    explicit = multi_query is not None
     if multi_query is None and model_type in _MULTI_QUERY_DEFAULT:
         multi_query = True
-        if stated is not None and stated[0] != 1:
-            raise ValueError(
-                f"config field `{stated[1]}` ({stated[0]}) with {model_type!r}'s default `multi_query` (true, one "
-                "KV head) and no `new_decoder_architecture`: the loaders disagree (vLLM's RWConfig switches on the "
-                "new architecture for hidden_size 8192 only); state `multi_query` or `new_decoder_architecture`"
-            )
     if multi_query:  # Falcon-7B, GPT-BigCode: one KV head shared by every query head
         if stated is not None and stated[0] != 1:
-            raise ValueError(
-                f"config fields `multi_query` (true: one KV head) and `{stated[1]}` ({stated[0]}) disagree"
+            if model_type not in _MULTI_QUERY_FIRST or (model_type == "RefinedWeb" and not explicit):
+                raise ValueError(
+                    f"config fields `multi_query` ({'true' if explicit else f'true by {model_type!r} default'}: one "
+                    f"KV head) and `{stated[1]}` ({stated[0]}) disagree, and the loaders read them differently "
+                    "(vLLM's ModelConfig takes multi_query first, this model type's code the head count; vLLM's "
+                    "RWConfig switches on Falcon's new decoder architecture for hidden_size 8192 only); state "
+                    "`multi_query` false or `new_decoder_architecture`"
+                )
+            notes.append(
+                f"`{stated[1]}` ({stated[0]}) not read: `multi_query` is true, so every query head shares one KV "
+                f"head ({model_type}'s model code and vLLM both read multi_query first)"
             )
         return 1, "multi_query"
     if cfg.get("multi_query_group_num") is not None:  # ChatGLM
@@ -479,6 +488,27 @@ def _layer_kinds(cfg: Mapping, num_layers: int, window: int | None, notes: list[
                     f"config field `hybrid_override_pattern[{i}]` must be one of '*M-E', got {ch!r}"
                 )
         return [_PATTERN_KIND[ch] for ch in pattern]
+    if (
+        cfg.get("attn_layer_indices") is not None or model_type == "bamba"
+    ):  # Bamba: attention at listed layers
+        indices = cfg.get("attn_layer_indices") or []
+        if not isinstance(indices, list | tuple) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < num_layers for i in indices
+        ):
+            raise ValueError(
+                f"config field `attn_layer_indices` must list layer numbers below {num_layers}, got {indices!r}"
+            )
+        return [FULL if i in set(indices) else NO_KV for i in range(num_layers)]
+    if (
+        cfg.get("block_types") is not None
+    ):  # RecurrentGemma: a pattern cycled over the layers, local attention
+        types = cfg["block_types"]
+        table = {"recurrent": NO_KV, "attention": SLIDING}
+        if not isinstance(types, list | tuple) or not types or any(t not in table for t in types):
+            raise ValueError(
+                f"config field `block_types` must list 'recurrent'/'attention' blocks, got {types!r}"
+            )
+        return [table[types[i % len(types)]] for i in range(num_layers)]
     if cfg.get("attn_layer_period") is not None:  # Jamba: attention every `period`-th layer
         period = _field(cfg, ("attn_layer_period",))
         offset = _field(cfg, ("attn_layer_offset",), required=False, minimum=0) or 0
@@ -547,7 +577,12 @@ def spec_from_config(config: Mapping, name: str = "config") -> ModelSpec:
             "config field `is_encoder_decoder` is true: the planner sizes decoder-only self-attention caches, "
             "not an encoder-decoder's cross-attention"
         )
-    num_layers = _field(cfg, LAYER_NAMES)
+    num_layers = _field(cfg, LAYER_NAMES, required=False)
+    if num_layers is None:  # Nemotron-H: the layer count is the length of its per-layer list
+        listed = next(
+            (cfg[k] for k in ("layers_block_type", "layer_types") if isinstance(cfg.get(k), list)), None
+        )
+        num_layers = len(listed) if listed else _field(cfg, LAYER_NAMES)
     hidden = _field(cfg, HIDDEN_NAMES)
     heads = _field(cfg, HEAD_NAMES)
     kv_heads, kv_heads_field = _kv_heads(cfg, heads, notes)
@@ -583,6 +618,8 @@ def spec_from_config(config: Mapping, name: str = "config") -> ModelSpec:
             )
 
     window = _sliding_window(cfg, notes)
+    if cfg.get("block_types") is not None and window is None:  # RecurrentGemma's local attention window
+        window = _field(cfg, ("attention_window_size",))
     kinds = _layer_kinds(cfg, num_layers, window or None, notes)
     if window == 0:
         explicit = any(cfg.get(k) is not None for k in ("layer_types", "layers_block_type"))

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from kvlab.plan import kv_bytes_per_token, spec_from_config
-from kvlab.plan.spec import FULL
+from kvlab.plan.spec import FULL, NO_KV, SLIDING
 
 
 def chatglm(**kw):
@@ -150,6 +150,11 @@ def test_falcon_and_gpt_bigcode_default_to_one_kv_head():
     )
     bigcode = dict(model_type="gpt_bigcode", n_layer=2, n_embd=256, n_head=8)
     assert spec_from_config(bigcode).num_kv_heads == 1
+    # FalconConfig().to_dict() writes num_kv_heads = the query heads next to multi_query true; Falcon's attention
+    # and vLLM read multi_query first, so the count is not read
+    written = spec_from_config({**falcon7b, "multi_query": True, "num_kv_heads": 71})
+    assert written.num_kv_heads == 1 and any("num_kv_heads" in n for n in written.notes)
+    assert spec_from_config({**bigcode, "multi_query": False, "num_key_value_heads": 8}).num_kv_heads == 8
 
 
 @pytest.mark.parametrize(
@@ -224,3 +229,30 @@ def test_qwen2_moe_config_written_by_transformers():
     if cfg.get("use_sliding_window") is not False or cfg.get("num_hidden_layers") != 24:
         pytest.skip("this transformers writes another Qwen2-MoE default config")
     assert kv_bytes_per_token(spec_from_config(cfg)) == 196_608
+
+
+def test_hybrid_layer_lists_the_loaders_read():
+    base = dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=2, torch_dtype="bfloat16")
+    # Bamba: attention only at `attn_layer_indices` (none listed: every layer is Mamba)
+    bamba = spec_from_config(
+        {**base, "model_type": "bamba", "num_hidden_layers": 8, "attn_layer_indices": [3, 7]}
+    )
+    assert [i for i, k in enumerate(bamba.layer_kinds) if k == FULL] == [3, 7] and bamba.kv_layers == 2
+    with pytest.raises(ValueError, match="no layer that stores K/V"):
+        spec_from_config({**base, "model_type": "bamba", "num_hidden_layers": 8, "attn_layer_indices": None})
+    with pytest.raises(ValueError, match="attn_layer_indices"):
+        spec_from_config({**base, "num_hidden_layers": 8, "attn_layer_indices": [8]})
+    # RecurrentGemma: `block_types` cycled over the layers; its attention is local (`attention_window_size`)
+    rg = spec_from_config(
+        {**base, "num_hidden_layers": 5, "block_types": ["recurrent", "recurrent", "attention"],
+         "attention_window_size": 64}
+    )  # fmt: skip
+    assert rg.layer_kinds == (NO_KV, NO_KV, SLIDING, NO_KV, NO_KV) and rg.sliding_window == 64
+    # Nemotron-H as transformers writes it: no layer count, only the per-layer list
+    nh = spec_from_config({**base, "layers_block_type": ["mamba", "attention", "moe", "mamba"]})
+    assert nh.num_layers == 4 and nh.layer_kinds == (NO_KV, FULL, NO_KV, NO_KV)
+
+
+def test_xglm_names():
+    spec = spec_from_config(dict(num_layers=2, d_model=256, attention_heads=8))
+    assert (spec.num_layers, spec.hidden_size, spec.num_attention_heads, spec.head_dim) == (2, 256, 8, 32)
