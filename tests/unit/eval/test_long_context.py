@@ -493,3 +493,22 @@ def test_row_carries_kl_from_base_to_candidate_and_the_long_context_gates():
     base_row = _row("capacity", Candidate.parse("dynamic"), 512, 2, None, None, base, None, EvalConfig())
     assert base_row["recall_accuracy"] == pytest.approx(0.9) and base_row["passkey_accuracy"] == 1.0
     assert "gates" not in base_row and "kl_mean" not in base_row
+
+
+def test_chunked_rows_score_the_same_as_one_batch(tiny, monkeypatch):
+    import kvlab.eval.longctx as longctx
+
+    probe = build_recall_probe(HELDOUT, 160, protected_tail=32, rows_per_distance=2, span_tokens=8, seed=4)
+    states = prefill_states(tiny, probe.prompt_ids)
+    make = lambda: KIVICache(nbits=4, group_size=16, residual_length=16)  # noqa: E731
+    whole = longctx.run_probe(tiny, probe, make, states)
+    monkeypatch.setattr(longctx, "FILL_TOKENS_PER_CHUNK", 160)  # one row per cache
+    chunked = longctx.run_probe(tiny, probe, make, states)
+    for key in ("fill_ms", "decode_ms"):
+        whole.pop(key), chunked.pop(key)
+    assert chunked["scored_tokens"] == 6 * 7
+    assert [d["accuracy"] for d in chunked["distances"]] == [d["accuracy"] for d in whole["distances"]]
+    assert [d["mean_nll"] for d in chunked["distances"]] == pytest.approx(
+        [d["mean_nll"] for d in whole["distances"]], abs=1e-5
+    )
+    assert chunked["mean_nll"] == pytest.approx(whole["mean_nll"], abs=1e-5)
