@@ -10,8 +10,10 @@ can show what a cache lost.
   cue (decoded, not scored); tokens 2..L are scored: greedy (argmax) accuracy and mean NLL per distance. This is
   the induction / in-context copying test of Olsson et al. 2022 ("In-context learning and induction heads").
 * **Passkey retrieval** (Mohtashami & Jaggi 2023, arXiv:2305.16300): a needle stating a random 5-digit key in
-  held-out filler at depth p of the prompt, then :data:`PASSKEY_QUERY` and the answer decoded through the cache;
-  a trial is correct when every answer token is the argmax. Accuracy per depth with a Wilson 95 % interval.
+  held-out filler at depth p of the prompt; after the prefill, :data:`PASSKEY_QUERY` goes through the cache in one
+  forward (as a chat turn's prefill would: it attends to the cache's stored history) and the answer is decoded
+  one token at a time; a trial is correct when every answer token is the argmax. Accuracy per depth with a
+  Wilson 95 % interval.
 
 Placement keeps what is probed out of the newest ``residual_length + group_size`` tokens (a KIVI cache holds up
 to ``R + G - 1`` newest tokens in the model dtype), so a quantized cache is judged on its quantized part.
@@ -67,6 +69,8 @@ class Probe:
         scored: ``[batch, m - 1]`` bool: which predictions of ``sequence[:, 1:]`` count.
         groups: per row, the point it measures: the distance in tokens (recall) or the depth fraction (passkey).
         info: JSON-ready description: placement per group, seed, sha256 of the ids (for provenance).
+        first_chunk: how many leading tokens of ``sequence`` are fed in one forward (none of them scored except
+            the last's prediction); 1 = every token decoded alone.
     """
 
     kind: str
@@ -75,12 +79,17 @@ class Probe:
     scored: torch.Tensor
     groups: tuple
     info: dict = field(default_factory=dict)
+    first_chunk: int = 1  # leading sequence tokens fed in one forward (the passkey query), see decode_scores
 
     def __post_init__(self) -> None:
         b, m = self.sequence.shape
         assert self.prompt_ids.dim() == 2 and self.prompt_ids.shape[0] == b, "prompt/sequence batch mismatch"
         assert m >= 2 and tuple(self.scored.shape) == (b, m - 1), "scored must be [batch, m - 1]"
         assert len(self.groups) == b, "one group label per row"
+        assert 1 <= self.first_chunk <= m - 1, "first_chunk must leave a prediction to decode"
+        assert not bool(self.scored[:, : self.first_chunk - 1].any()), (
+            "predictions inside the chunk are unscored"
+        )
 
 
 def _sha256(t: torch.Tensor) -> str:
@@ -323,8 +332,17 @@ def build_passkey_probe(
         "ids_sha256": _sha256(prompt_ids),
         "sequence_sha256": _sha256(sequence),
     }
+    # the query (identical in every row) goes through the cache in one forward, the answer token by token
+    query_tokens = min(len(q) for _, q, _ in encoded)
+    info["query_tokens"] = query_tokens
     return Probe(
-        "passkey", prompt_ids, sequence, torch.tensor(scored_rows, dtype=torch.bool), tuple(groups), info
+        "passkey",
+        prompt_ids,
+        sequence,
+        torch.tensor(scored_rows, dtype=torch.bool),
+        tuple(groups),
+        info,
+        first_chunk=query_tokens,
     )
 
 
@@ -418,23 +436,28 @@ def fill_cache(cache: Any, states: Sequence[tuple[torch.Tensor, torch.Tensor]]) 
     return cache
 
 
-def decode_scores(model: Any, cache: Any, sequence: torch.Tensor) -> dict:
-    """Feed ``sequence`` one token at a time through ``cache`` (already holding the prompt) and score each next
-    token teacher-forced.
+def decode_scores(model: Any, cache: Any, sequence: torch.Tensor, first_chunk: int = 1) -> dict:
+    """Feed ``sequence`` through ``cache`` (already holding the prompt) and score each next token teacher-forced:
+    the first ``first_chunk`` tokens in one forward (a chunk attending to the cache's stored history and, causally,
+    to itself, as the prefill of a chat turn would), then one token at a time.
 
     Args:
-        sequence: ``[batch, m]`` ids, ``m >= 2``: step ``i`` feeds ``sequence[:, i]`` and its logits score
+        sequence: ``[batch, m]`` ids, ``m >= 2``: the logits after feeding ``sequence[:, i]`` score
             ``sequence[:, i + 1]``.
+        first_chunk: tokens fed in the first forward, in ``[1, m - 1]`` (1: every token decoded alone).
 
     Returns:
         ``nll`` ``[batch, m - 1]`` float32 (nats), ``hit`` ``[batch, m - 1]`` bool (greedy argmax equals the
-        target), ``decode_ms`` (total wall time of the ``m - 1`` forwards).
+        target), ``decode_ms`` (total wall time of the ``m - first_chunk`` forwards).
 
     Raises:
-        ValueError: ``sequence`` not ``[batch, m]`` with ``m >= 2``.
+        ValueError: ``sequence`` not ``[batch, m]`` with ``m >= 2``, or ``first_chunk`` outside ``[1, m - 1]``.
     """
     if sequence.dim() != 2 or sequence.shape[1] < 2:
         raise ValueError(f"`sequence` must be [batch, m] with m >= 2, got {tuple(sequence.shape)}")
+    m = sequence.shape[1]
+    if isinstance(first_chunk, bool) or not isinstance(first_chunk, int) or not 1 <= first_chunk <= m - 1:
+        raise ValueError(f"`first_chunk` must be an integer in [1, {m - 1}], got {first_chunk!r}")
     kw = cache_kwarg(model)
     device = next(model.parameters()).device
     sequence = sequence.to(device)
@@ -442,12 +465,17 @@ def decode_scores(model: Any, cache: Any, sequence: torch.Tensor) -> dict:
     with torch.inference_mode():
         synchronize(device)
         start = time.perf_counter()
-        for i in range(sequence.shape[1] - 1):
-            out = model(input_ids=sequence[:, i : i + 1], use_cache=True, **{kw: cache})
+        i = 0
+        while i < m - 1:
+            n = first_chunk if i == 0 else 1
+            out = model(input_ids=sequence[:, i : i + n], use_cache=True, **{kw: cache})
             # score now, keep no [batch, vocab] logits around (a 150k vocabulary at batch 100 is 60 MB a step)
-            step_nll, step_hit = token_scores(out.logits[:, -1:, :], sequence[:, i + 1 : i + 2])  # [batch, 1]
+            step_nll, step_hit = token_scores(
+                out.logits[:, -n:, :], sequence[:, i + 1 : i + 1 + n]
+            )  # [batch, n]
             nll.append(step_nll)
             hit.append(step_hit)
+            i += n
         synchronize(device)
         decode_ms = (time.perf_counter() - start) * 1000.0
     return {"nll": torch.cat(nll, dim=1).cpu(), "hit": torch.cat(hit, dim=1).cpu(), "decode_ms": decode_ms}
@@ -580,7 +608,7 @@ def run_probe(
         start = time.perf_counter()
         cache = fill_cache(make_cache(), [(k[i : i + rows], v[i : i + rows]) for k, v in states])
         fill_ms += (time.perf_counter() - start) * 1000.0
-        scores = decode_scores(model, cache, probe.sequence[i : i + rows])
+        scores = decode_scores(model, cache, probe.sequence[i : i + rows], probe.first_chunk)
         del cache
         nll.append(scores["nll"])
         hit.append(scores["hit"])

@@ -512,3 +512,25 @@ def test_chunked_rows_score_the_same_as_one_batch(tiny, monkeypatch):
         [d["mean_nll"] for d in whole["distances"]], abs=1e-5
     )
     assert chunked["mean_nll"] == pytest.approx(whole["mean_nll"], abs=1e-5)
+
+
+def test_passkey_query_chunk_then_answer_equals_one_full_forward(tiny):
+    probe = build_passkey_probe(
+        DigitTokenizer(), HELDOUT, 200, protected_tail=40, trials=2, depths=(0.0, 1.0)
+    )
+    q = len(PASSKEY_QUERY)
+    assert probe.first_chunk == q and probe.info["query_tokens"] == q
+    got = decode_scores(
+        tiny,
+        fill_cache(DynamicCache(), prefill_states(tiny, probe.prompt_ids)),
+        probe.sequence,
+        probe.first_chunk,
+    )
+    full = torch.cat([probe.prompt_ids, probe.sequence], dim=1)
+    with torch.no_grad():
+        logits = tiny(input_ids=full).logits
+    nll, hit = token_scores(logits[:, 200:-1], probe.sequence[:, 1:])
+    assert got["nll"].shape == (4, q + 5)
+    assert torch.allclose(got["nll"], nll, atol=1e-4) and torch.equal(got["hit"], hit)
+    with pytest.raises(ValueError, match=r"`first_chunk` must be an integer in \[1, 7\], got 8"):
+        decode_scores(tiny, DynamicCache(), probe.sequence[:, :8], 8)
