@@ -26,7 +26,9 @@ def matrix_table(result: dict, matrix: str) -> Table | None:
         matrix
     ]
     t = Table(title=title, show_lines=False)
-    for col in (
+    # long-context columns only when some row has them (results written before them, or --no-long-context)
+    optional = {"recall": "recall_accuracy", "passkey": "passkey_accuracy", "KL": "kl_mean"}
+    columns = [
         "ctx",
         "candidate",
         "R/G",
@@ -42,13 +44,19 @@ def matrix_table(result: dict, matrix: str) -> Table | None:
         "KL",
         "peak MiB",
         "verdict",
-    ):
-        t.add_column(col, justify="left" if col in ("candidate", "verdict") else "right")
+    ]
+    keep = [
+        i
+        for i, col in enumerate(columns)
+        if col not in optional or any(r.get(optional[col]) is not None for r in rows)
+    ]
+    for i in keep:
+        t.add_column(columns[i], justify="left" if columns[i] in ("candidate", "verdict") else "right")
     for r in rows:
         base = r["candidate"] == "dynamic"
         rg = "" if base else f"{_f(r.get('residual_length'), 'd')}/{_f(r.get('group_size'), 'd')}"
         peak = r.get("incremental_peak_bytes")
-        t.add_row(
+        cells = (
             str(r["context_length"]),
             r["candidate"],
             rg,
@@ -65,6 +73,7 @@ def matrix_table(result: dict, matrix: str) -> Table | None:
             _f(None if peak is None else peak / MIB, ".1f"),
             "baseline" if base else ("[green]eligible[/]" if r.get("eligible") else "[red]rejected[/]"),
         )
+        t.add_row(*[cells[i] for i in keep])
     return t
 
 

@@ -215,3 +215,15 @@ def test_cli_bad_retrieval_context_is_named(tmp_path, capsys):
         ["eval", "--dry-run", "--retrieval-contexts", "300", "--out-dir", str(tmp_path), "--label", "x"]
     )
     assert code == 2 and "got [300] that are not" in capsys.readouterr().err
+
+
+def test_summary_table_hides_long_context_columns_of_an_older_result(result):
+    for row in result["rows"]:
+        for key in ("recall_accuracy", "passkey_accuracy", "kl_mean", "passkey"):
+            row.pop(key, None)
+    header = next(
+        line
+        for line in _text(matrix_table(result, "capacity")).splitlines()
+        if "candidate" in line and "ctx" in line
+    )
+    assert "recall" not in header and "passkey" not in header and "KL" not in header and "verdict" in header
