@@ -145,7 +145,7 @@ class FrameKVCache:
         """Bytes of every stored K and V."""
         return sum(e.nbytes for e in self.entries)
 
-    def layer_kv(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+    def layer_kv(self, layer: int) -> tuple[np.ndarray | None, np.ndarray | None]:
         """K and V of every held frame for ``layer``, each ``[kv_heads, frames_held * tokens_per_frame,
         head_dim]`` in frame order; ``(None, None)`` when the cache is empty."""
         if not self.entries:

@@ -203,7 +203,12 @@ def make_noise(cfg: VideoConfig) -> np.ndarray:
 def frame_coords(cfg: VideoConfig, t: int) -> np.ndarray:
     """``(t, h, w)`` of every token of the frame at logical time ``t``, ``[tokens_per_frame, 3]`` int64, raster
     order (``h`` major). ``t`` is the frame's index in the whole video, kept after eviction (the mechanics
-    chapter §6.3: 3D RoPE needs time/height/width coordinates that the cache length cannot supply)."""
+    chapter §6.3: 3D RoPE needs time/height/width coordinates that the cache length cannot supply).
+
+    Raises:
+        ValueError: ``t`` is not an int >= 0.
+    """
+    _check_int("t", t, 0)
     h, w = np.meshgrid(np.arange(cfg.height), np.arange(cfg.width), indexing="ij")
     coords = np.empty((cfg.tokens_per_frame, 3), np.int64)
     coords[:, 0], coords[:, 1], coords[:, 2] = t, h.ravel(), w.ravel()
@@ -216,7 +221,14 @@ def rope_angles(cfg: VideoConfig, coords: np.ndarray) -> tuple[np.ndarray, np.nd
     Axis ``a`` with ``n_a`` pairs (:attr:`VideoConfig.rope_pairs`) rotates its pair ``i`` by
     ``coords[:, a] * theta ** (-i / n_a)``, as Wan 2.1's ``rope_params`` with the axis's own channel count; the
     angles are computed in float64, then rounded once.
+
+    Raises:
+        ValueError: ``coords`` is not ``[tokens, 3]``.
     """
+    if getattr(coords, "ndim", None) != 2 or coords.shape[1] != 3:
+        raise ValueError(
+            f"`coords` must be [tokens, 3] (t, h, w), got shape {getattr(coords, 'shape', None)}"
+        )
     parts = []
     for axis, pairs in enumerate(cfg.rope_pairs):
         inv_freq = cfg.rope_theta ** (-np.arange(pairs, dtype=np.float64) / pairs)

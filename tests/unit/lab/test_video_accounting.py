@@ -63,6 +63,14 @@ def test_rope_keeps_the_norm_and_frame_coords_are_raster_order():
     assert not np.allclose(rotated, x)
 
 
+def test_positions_refuse_bad_input():
+    cfg = VideoConfig()
+    with pytest.raises(ValueError, match=r"`coords` must be \[tokens, 3\].*\(16, 2\)"):
+        rope_angles(cfg, np.zeros((16, 2), np.int64))
+    with pytest.raises(ValueError, match="`t` must be an int >= 0, got -1"):
+        frame_coords(cfg, -1)
+
+
 # ── visibility and the frame cache ────────────────────────────────────────────────────────────────────────────
 def test_visible_frames_block_causal_and_sink_window():
     assert visible_frames(3).astype(int).tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
