@@ -12,7 +12,7 @@ from pathlib import Path
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "figures",
-        help="draw the memory-ledger, roofline, paged-layout and video figures, and an eval result's",
+        help="draw the memory-ledger, roofline, paged-layout, video and video-cache figures, and an eval result's",
         description="Compute every number with kvlab in this run and draw the figures as PNG files; the "
         "numbers drawn are written to figures.json next to them. Files of the same names in --out are replaced.",
     )

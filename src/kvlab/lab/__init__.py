@@ -1,10 +1,13 @@
-"""The seed's toy decoder lab (seed 003 §04, §05): cached decoding vs full recompute, FLOPs, append cost.
+"""The mechanics chapter's labs (§4, §5, §6): cached decoding vs full recompute, FLOPs, append cost, AR video.
 
 * :mod:`kvlab.lab.toy` — the numpy toy decoder (GQA, fp32) and its two greedy generators.
-* :mod:`kvlab.lab.flops` — analytic matmul FLOPs of both generators (seed 003 §3.2).
+* :mod:`kvlab.lab.flops` — analytic matmul FLOPs of both generators (the mechanics chapter, §3.2).
 * :mod:`kvlab.lab.equivalence` — :func:`run_toy_lab`, the experiment behind ``kvlab lab``.
 * :mod:`kvlab.lab.append` — per-step append cost, growing ``torch.cat`` vs preallocated in place (torch).
 * :mod:`kvlab.lab.exactness` — a real transformers model decoded through each exact cache (torch).
+* :mod:`kvlab.lab.video` — ``kvlab lab video``: a toy block-autoregressive video denoiser, its frame KV cache
+  against full recompute, sink + window eviction with logical (t, h, w) positions, negative controls (§6);
+  :mod:`kvlab.lab.video_model`, :mod:`kvlab.lab.video_cache`, :mod:`kvlab.lab.video_flops` hold its parts.
 """
 
 from kvlab.lab.equivalence import run_toy_lab
