@@ -36,29 +36,24 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-# Layer kinds, one per decoder layer.
-FULL = "full"  # attention over every past token: stores K/V for the whole context
-SLIDING = "sliding"  # attention over the last `sliding_window` tokens
-CHUNKED = "chunked"  # attention inside fixed chunks of `attention_chunk_size` tokens (Llama 4)
-SHARED = "shared"  # attention that reuses the K/V of an earlier layer: stores nothing (Gemma-3n)
-NO_KV = "none"  # no attention (Mamba, linear attention, MLP-only block): no per-token cache
-LAYER_KINDS = (FULL, SLIDING, CHUNKED, SHARED, NO_KV)
-KV_KINDS = (FULL, SLIDING, CHUNKED)  # kinds that store K/V of their own
-
-DTYPE_BYTES = {
-    "float32": 4,
-    "float": 4,
-    "fp32": 4,
-    "bfloat16": 2,
-    "bf16": 2,
-    "float16": 2,
-    "half": 2,
-    "fp16": 2,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-    "fp8": 1,
-    "float64": 8,
-}
+from kvlab.plan.config_fields import (  # re-exported: the spec's public names
+    CHUNKED,
+    DTYPE_BYTES,
+    FULL,
+    HEAD_DIM_NAMES,
+    HEAD_NAMES,
+    HIDDEN_NAMES,
+    KV_HEAD_NAMES,
+    KV_KINDS,
+    LAYER_KINDS,
+    LAYER_NAMES,
+    NO_KV,
+    POSITION_NAMES,
+    SHARED,
+    SLIDING,
+    decoder_config,
+)
+from kvlab.plan.weights import estimate_parameters, read_safetensors_bytes
 
 # Values of `layer_types` / `layers_block_type` and the kind they mean.
 _LAYER_TYPE_KIND = {
@@ -164,7 +159,7 @@ class ModelSpec:
     @property
     def kv_elements_per_token_per_layer(self) -> int:
         """Values one token adds to one KV-holding layer (all heads): ``2 * kv_heads * head_dim`` or, for MLA,
-        ``kv_lora_rank + qk_rope_head_dim`` (seed 003 §3.3; DeepSeek-V2 §2.1.3)."""
+        ``kv_lora_rank + qk_rope_head_dim`` (mechanics chapter §3.3; DeepSeek-V2 §2.1.3)."""
         if self.is_mla:
             return self.kv_lora_rank + self.qk_rope_head_dim
         return 2 * self.num_kv_heads * self.head_dim
@@ -216,33 +211,6 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-# Every name under which the transformers config classes (their fields and ``attribute_map``) and vLLM's
-# ``ModelConfig`` (``get_num_layers``, ``get_total_num_attention_heads``, ``get_total_num_kv_heads``,
-# ``get_head_size``) read the same quantity. A config naming one quantity twice with different values is refused.
-# GPT-2/Falcon, ChatGLM, MPT/DBRX/OLMo
-LAYER_NAMES = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
-HIDDEN_NAMES = ("hidden_size", "n_embd", "d_model", "dim")  # GPT-2, MPT/DBRX, Mistral params.json
-# GPT-2/Falcon, MPT/DBRX/OLMo, XGLM
-HEAD_NAMES = ("num_attention_heads", "n_head", "n_heads", "num_heads", "attention_heads")
-KV_HEAD_NAMES = (
-    "num_key_value_heads",  # Llama and most transformers configs
-    "num_kv_heads",  # Falcon (new decoder architecture)
-    "n_head_kv",  # Falcon RW configs
-    "n_kv_heads",  # OLMo (hf_olmo), Mistral params.json
-)
-HEAD_DIM_NAMES = (
-    "head_dim",  # most configs
-    "kv_channels",  # ChatGLM, Qwen (v1): Megatron's width of one head
-    "hidden_size_per_head",  # PLaMo
-    "attention_head_dim",  # Zamba2
-)
-POSITION_NAMES = (
-    "max_position_embeddings",
-    "n_positions",
-    "max_sequence_length",
-    "seq_length",
-    "max_seq_len",
-)
 # model types whose config class defaults `multi_query` to True (transformers FalconConfig, GPTBigCodeConfig;
 # vLLM's RWConfig for the original Falcon checkpoints)
 _MULTI_QUERY_DEFAULT = ("falcon", "RefinedWeb", "RefinedWebModel", "gpt_bigcode")
@@ -293,29 +261,6 @@ def _field(cfg: Mapping, names: tuple[str, ...], *, required: bool = True, minim
         alts = f" (nor {', '.join(f'`{n}`' for n in names[1:])})" if len(names) > 1 else ""
         raise ValueError(f"config has no `{names[0]}`{alts}")
     return None
-
-
-def decoder_config(config: Mapping) -> tuple[dict, list[str]]:
-    """The decoder part of a config: ``text_config`` (or ``llm_config``) of a multimodal model, else the config.
-
-    Returns ``(decoder_dict, notes)``; the outer ``torch_dtype``/``dtype`` is inherited when the inner one is
-    missing.
-    """
-    if not isinstance(config, Mapping):
-        raise ValueError(f"a config must be a JSON object (dict), got {type(config).__name__}")
-    for key in ("text_config", "llm_config", "language_config"):
-        inner = config.get(key)
-        if inner is None:
-            continue
-        if not isinstance(inner, Mapping):
-            raise ValueError(f"config field `{key}` must be an object, got {inner!r}")
-        merged = dict(inner)
-        for dkey in ("torch_dtype", "dtype"):
-            if merged.get(dkey) is None and config.get(dkey) is not None:
-                merged[dkey] = config[dkey]
-        note = f"decoder read from `{key}`; other towers (vision, audio) are not counted"
-        return merged, [note]
-    return dict(config), []
 
 
 def _dtype_name(cfg: Mapping, notes: list[str]) -> str:
@@ -569,7 +514,6 @@ def spec_from_config(config: Mapping, name: str = "config") -> ModelSpec:
     Raises:
         ValueError: a missing or malformed field; the message names it.
     """
-    from kvlab.plan.weights import estimate_parameters  # local: weights imports this module
 
     cfg, notes = decoder_config(config)
     if cfg.get("is_encoder_decoder"):
@@ -722,7 +666,6 @@ def load_spec(model: str | os.PathLike | Mapping | ModelSpec) -> ModelSpec:
             is malformed (the message names the field).
     """
     from kvlab.plan import presets
-    from kvlab.plan.weights import read_safetensors_bytes
 
     if isinstance(model, ModelSpec):
         return model

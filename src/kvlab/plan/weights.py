@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvlab.plan.spec import DTYPE_BYTES, HEAD_NAMES, HIDDEN_NAMES, LAYER_NAMES, NO_KV, decoder_config
+from kvlab.plan.config_fields import DTYPE_BYTES, HEAD_NAMES, HIDDEN_NAMES, LAYER_NAMES, NO_KV, decoder_config
 
 WEIGHT_DTYPE_BYTES = {**DTYPE_BYTES, "int8": 1, "int4": 0.5, "mxfp4": 0.5}
 

@@ -1,0 +1,86 @@
+"""Config field names and layer kinds shared by the spec reader and the weight estimator.
+
+:mod:`kvlab.plan.spec` (KV geometry) and :mod:`kvlab.plan.weights` (parameter count) read the same
+``config.json`` fields; both take the names from here, so neither imports the other's internals.
+
+Pure Python; no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+# Layer kinds, one per decoder layer.
+FULL = "full"  # attention over every past token: stores K/V for the whole context
+SLIDING = "sliding"  # attention over the last `sliding_window` tokens
+CHUNKED = "chunked"  # attention inside fixed chunks of `attention_chunk_size` tokens (Llama 4)
+SHARED = "shared"  # attention that reuses the K/V of an earlier layer: stores nothing (Gemma-3n)
+NO_KV = "none"  # no attention (Mamba, linear attention, MLP-only block): no per-token cache
+LAYER_KINDS = (FULL, SLIDING, CHUNKED, SHARED, NO_KV)
+KV_KINDS = (FULL, SLIDING, CHUNKED)  # kinds that store K/V of their own
+
+DTYPE_BYTES = {
+    "float32": 4,
+    "float": 4,
+    "fp32": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "half": 2,
+    "fp16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "fp8": 1,
+    "float64": 8,
+}
+
+# Every name under which the transformers config classes (their fields and ``attribute_map``) and vLLM's
+# ``ModelConfig`` (``get_num_layers``, ``get_total_num_attention_heads``, ``get_total_num_kv_heads``,
+# ``get_head_size``) read the same quantity. A config naming one quantity twice with different values is refused.
+# GPT-2/Falcon, ChatGLM, MPT/DBRX/OLMo
+LAYER_NAMES = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+HIDDEN_NAMES = ("hidden_size", "n_embd", "d_model", "dim")  # GPT-2, MPT/DBRX, Mistral params.json
+# GPT-2/Falcon, MPT/DBRX/OLMo, XGLM
+HEAD_NAMES = ("num_attention_heads", "n_head", "n_heads", "num_heads", "attention_heads")
+KV_HEAD_NAMES = (
+    "num_key_value_heads",  # Llama and most transformers configs
+    "num_kv_heads",  # Falcon (new decoder architecture)
+    "n_head_kv",  # Falcon RW configs
+    "n_kv_heads",  # OLMo (hf_olmo), Mistral params.json
+)
+HEAD_DIM_NAMES = (
+    "head_dim",  # most configs
+    "kv_channels",  # ChatGLM, Qwen (v1): Megatron's width of one head
+    "hidden_size_per_head",  # PLaMo
+    "attention_head_dim",  # Zamba2
+)
+POSITION_NAMES = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_sequence_length",
+    "seq_length",
+    "max_seq_len",
+)
+
+
+def decoder_config(config: Mapping) -> tuple[dict, list[str]]:
+    """The decoder part of a config: ``text_config`` (or ``llm_config``) of a multimodal model, else the config.
+
+    Returns ``(decoder_dict, notes)``; the outer ``torch_dtype``/``dtype`` is inherited when the inner one is
+    missing.
+    """
+    if not isinstance(config, Mapping):
+        raise ValueError(f"a config must be a JSON object (dict), got {type(config).__name__}")
+    for key in ("text_config", "llm_config", "language_config"):
+        inner = config.get(key)
+        if inner is None:
+            continue
+        if not isinstance(inner, Mapping):
+            raise ValueError(f"config field `{key}` must be an object, got {inner!r}")
+        merged = dict(inner)
+        for dkey in ("torch_dtype", "dtype"):
+            if merged.get(dkey) is None and config.get(dkey) is not None:
+                merged[dkey] = config[dkey]
+        note = f"decoder read from `{key}`; other towers (vision, audio) are not counted"
+        return merged, [note]
+    return dict(config), []
