@@ -7,7 +7,7 @@ caches     transformers ``Cache`` subclasses (``KIVICache``, ``PagedCache``)
 attention  reference and quantized decode attention
 plan       KV memory ledger, fit, roofline, video accounting (no torch)
 paging     block pool, block tables, static and dynamic simulators (no torch)
-lab        the seed's toy decoder: cached vs full recompute
+lab        the mechanics chapter's toy decoder: cached vs full recompute
 eval       the paired float-vs-quantized cache experiment
 """
 

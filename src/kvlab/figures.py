@@ -1,4 +1,4 @@
-"""All of kvlab's plots: the seed's four figures (seed 003 appendix ``make_figures.py``), the lab's append-cost
+"""All of kvlab's plots: the mechanics chapter's four figures (its appendix ``make_figures.py``), the lab's append-cost
 curves, and the figures of a ``kvlab eval`` result.
 
 Two layers. ``plot_*`` functions draw plain dicts (documented on each) into a PNG and know nothing of where the
@@ -22,7 +22,7 @@ import numpy as np
 
 GIB = float(1024**3)
 
-# The seed's palette (make_figures.py), named by role.
+# The mechanics chapter's palette (make_figures.py), named by role.
 C_MAIN = "#1f4e79"  # dark blue: main series, weights
 C_ALT = "#c1440e"  # orange-red: comparison series, KV cache
 C_GREEN = "#2e7d32"
@@ -60,11 +60,11 @@ def save_png(fig, out_path: str | os.PathLike) -> Path:
 
 
 # ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
-# Seed figure 1: memory ledger
+# Mechanics chapter figure 1: memory ledger
 # ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
 def plot_memory_ledger(data: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
     """Left: stacked weights / KV / overhead bytes per batch size against a GPU budget; right: KV bytes against
-    context (log-log) for each curve, with the KV budget left after weights and overhead (seed 003 §3.3).
+    context (log-log) for each curve, with the KV budget left after weights and overhead (mechanics chapter §3.3).
 
     ``data``: ``model``, ``context_tokens``, ``weight_bytes``, ``overhead_bytes``, ``budget_bytes``,
     ``budget_label``, ``batches`` ``[n]``, ``kv_bytes`` ``[n]`` (KV at ``context_tokens`` per batch),
@@ -154,11 +154,11 @@ def plot_memory_ledger(data: Mapping[str, Any], out_path: str | os.PathLike) -> 
 
 
 # ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
-# Seed figure 2: roofline
+# Mechanics chapter figure 2: roofline
 # ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
 def plot_roofline(data: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
     """One roofline panel per machine: ``min(peak, I * bandwidth)`` with its ridge point and the workload points
-    placed on the roof (upper bounds, not measured kernel performance; seed 003 §3.4).
+    placed on the roof (upper bounds, not measured kernel performance; mechanics chapter §3.4).
 
     ``data``: ``panels``: ``[{"title", "peak_flops", "bandwidth_bytes_s", "points": [{"label", "intensity"}]}]``
     (intensities in FLOP/byte for that panel's dtype), optional ``suptitle``.
@@ -220,11 +220,11 @@ def plot_roofline(data: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
 
 
 # ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
-# Seed figure 4: video
+# Mechanics chapter figure 4: video
 # ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
 def block_causal_mask(frames: int, tokens_per_frame: int) -> np.ndarray:
     """``[n, n]`` boolean mask, ``n = frames * tokens_per_frame``: a query attends to every token of its own frame
-    (bidirectional inside the block) and of earlier frames (causal across blocks), seed 003 §6.3."""
+    (bidirectional inside the block) and of earlier frames (causal across blocks), mechanics chapter §6.3."""
     if frames < 1 or tokens_per_frame < 1:
         raise ValueError(
             f"`frames` and `tokens_per_frame` must be >= 1, got {frames!r} and {tokens_per_frame!r}"
@@ -298,7 +298,7 @@ def plot_video(data: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
 # ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
 def plot_append_cost(data: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
     """Per-step append time of a growing ``torch.cat`` cache and of a preallocated in-place cache against context
-    (seed 003 §05). ``data``: the dict of :func:`kvlab.lab.append.measure_append_cost`."""
+    (mechanics chapter §05). ``data``: the dict of :func:`kvlab.lab.append.measure_append_cost`."""
     fig = _figure(7.2, 4.6)
     ax = fig.subplots()
     contexts = data["contexts_tokens"]
@@ -448,7 +448,7 @@ def plot_eval_matrix(
     settings = result.get("settings") if isinstance(result.get("settings"), Mapping) else {}
     top_k = settings.get("top_k")
     candidates = list(dict.fromkeys(r["candidate"] for r in rows))
-    # the four seed metrics always; the long-context ones when the result has them (older files do not)
+    # the quantization chapter's four metrics always; the long-context ones when the result has them (older files do not)
     metrics = [m for i, m in enumerate(EVAL_METRICS) if i < 4 or any(_finite(r.get(m[0])) for r in rows)]
     ncols = 2 if len(metrics) <= 4 else 3
     fig = _figure(5.75 * ncols, 8.0)
@@ -592,10 +592,10 @@ def plot_eval_figures(result: Mapping[str, Any], out_dir: str | os.PathLike) -> 
 # ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
 # Data: every number computed by kvlab in this run
 # ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
-SEED_MODEL = "llama-3-8b"  # seed 003's model, a planner preset written from its public config.json
-SEED_GPU = "A100-80GB"  # seed 003's table GPU (datasheet numbers in kvlab.plan.hardware)
-SEED_BUDGET_GIB = 80.0  # seed 003's assumed device budget (not a measured free-memory figure)
-SEED_OVERHEAD_GIB = 4.0  # seed 003's reserve for activations / framework
+SEED_MODEL = "llama-3-8b"  # the mechanics chapter's model, a planner preset written from its public config.json
+SEED_GPU = "A100-80GB"  # the mechanics chapter's table GPU (datasheet numbers in kvlab.plan.hardware)
+SEED_BUDGET_GIB = 80.0  # the mechanics chapter's assumed device budget (not a measured free-memory figure)
+SEED_OVERHEAD_GIB = 4.0  # the mechanics chapter's reserve for activations / framework
 SEED_CONTEXT = 8192
 
 
@@ -619,7 +619,7 @@ def memory_ledger_data(
 ) -> dict:
     """Numbers of :func:`plot_memory_ledger` from the planner: weights (``kvlab.plan.weight_bytes``) and KV bytes
     (``kvlab.plan.kv_bytes``) of ``model`` per batch and per context, plus the same model with one KV head per
-    query head (MHA) for comparison (seed 003 §3.3)."""
+    query head (MHA) for comparison (mechanics chapter §3.3)."""
     import dataclasses
 
     from kvlab.plan import kv_bytes, weight_bytes
@@ -668,8 +668,8 @@ def roofline_data(
 ) -> dict:
     """Numbers of :func:`plot_roofline`: the table GPU's datasheet roofs with bf16 intensities, and (``run_probe``)
     this machine's measured fp32 roofs (``kvlab.plan.probe``) with fp32 intensities, i.e. half the bf16 ones
-    (seed 003 §3.4, appendix [C4]). Points: ideal decode attention ``I = 2g/p`` for each ``g`` in ``groups`` and
-    the seed's prefill model of ``model`` at ``context_tokens``."""
+    (mechanics chapter §3.4, appendix [C4]). Points: ideal decode attention ``I = 2g/p`` for each ``g`` in ``groups`` and
+    the mechanics chapter's prefill model of ``model`` at ``context_tokens``."""
     from kvlab.plan import decode_attention_intensity, get_hardware, prefill_intensity
 
     spec = _spec(model)
@@ -736,7 +736,7 @@ def video_data(
     mask_tokens_per_frame: int = 12,
 ) -> dict:
     """Numbers of :func:`plot_video` from ``kvlab.plan.video_kv``: tokens and KV bytes of one clip per duration
-    with the whole history cached (seed 003 §01, §6.3: 52.73 / 105.47 / 316.41 GiB for Llama-3-8B at 720p)."""
+    with the whole history cached (mechanics chapter §01, §6.3: 52.73 / 105.47 / 316.41 GiB for Llama-3-8B at 720p)."""
     from kvlab.plan import VideoClip, video_kv, weight_bytes
 
     spec = _spec(model)
@@ -766,7 +766,7 @@ def write_figures(
     run_probe: bool = True,
     append: bool = True,
 ) -> dict[str, Path]:
-    """Compute and draw the seed's four figures (``fig_memory_ledger.png``, ``fig_roofline.png``,
+    """Compute and draw the mechanics chapter's four figures (``fig_memory_ledger.png``, ``fig_roofline.png``,
     ``fig_paged_layout.png``, ``fig_video.png``), the video KV cache lab's ``fig_video_cache.png``, the lab's
     ``fig_append_cost.png`` (``append``) and, given an
     eval ``result``, its figures; write every number drawn to ``figures.json`` next to them.

@@ -1,4 +1,4 @@
-"""Benchmark ``decode``: ms per decoded token against context for every cache, in one run (issue 6 point 4).
+"""Benchmark ``decode``: ms per decoded token against context for every cache, in one run.
 
 Per context, the prompt is prefilled once, exactly (``DynamicCache``, SDPA, in chunks), and its keys/values are
 written into a fresh cache of every kind with one ``update`` per layer: the state a single-chunk prefill leaves
@@ -14,10 +14,10 @@ Caches (names accepted by ``candidates``):
 * ``kivi<N>-fused`` — :class:`kvlab.caches.KIVICache` ``attention="fused"`` with :func:`kvlab.attention.enable`:
   the attention reads packed codes, no float copy of the quantized history;
 * ``kivi<N>-dequant`` — the same cache, ``attention="dequantize"``: the history is dequantized every step, SDPA;
-* ``hqq<N>`` / ``quanto<N>`` — transformers ``QuantizedCache`` (HQQ axis 1 as in seed 000 §5.1, quanto axis 0),
+* ``hqq<N>`` / ``quanto<N>`` — transformers ``QuantizedCache`` (HQQ axis 1 as in the quantization chapter, quanto axis 0),
   recorded as skipped when the backend is not installed.
 
-Target (issue 6): ``kivi4-fused`` <= 1.10x ``dynamic`` at 4096 tokens on CPU; <= 1.0x at >= 32k tokens on an H200.
+Target: ``kivi4-fused`` <= 1.10x ``dynamic`` at 4096 tokens on CPU; <= 1.0x at >= 32k tokens on an H200.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class CacheSettings:
     Attributes:
         group_size: KIVI ``G`` (tokens per key group, channels per value group).
         residual_length: ``R``: newest tokens kept in the model dtype, KIVI and transformers' QuantizedCache.
-        hqq_group_size: group size of transformers' HQQ/quanto caches (seed 000 §5.1 uses 64).
+        hqq_group_size: group size of transformers' HQQ/quanto caches (the quantization chapter uses 64).
     """
 
     group_size: int = 32
@@ -439,7 +439,7 @@ def run(
         "profile"}``. ``rows``: one per (candidate, context) with ``status`` (``ok``/``skipped``/``failed``),
         ``median_ms``, ``mean_ms``, ``min_ms``, ``times_ms``, ``prefill_s`` (the shared exact prefill),
         ``fill_s`` (writing it into this cache), ``cache_bytes``,
-        ``ratio_to_dynamic`` (median / dynamic's median at that context) or ``error``. ``target``: the issue-6
+        ``ratio_to_dynamic`` (median / dynamic's median at that context) or ``error``. ``target``: the
         decode target evaluated on these rows.
 
     Raises:
@@ -526,7 +526,7 @@ def _add_ratios(rows: list[dict]) -> None:
 
 
 def evaluate_target(result: dict) -> dict:
-    """The issue-6 decode target on ``result["rows"]``: ``{"description", "status", "detail", ...}``.
+    """The decode target on ``result["rows"]``: ``{"description", "status", "detail", ...}``.
 
     CPU: ``kivi4-fused`` median / ``dynamic`` median at 4096 tokens <= 1.10. CUDA: the same ratio <= 1.0 at every
     measured context >= 32768. ``status`` is ``met``, ``not met`` or ``not measured`` (cell missing or failed).

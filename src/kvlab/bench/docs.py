@@ -1,8 +1,8 @@
 """``docs/PERFORMANCE.md`` from the result records of ``kvlab bench`` (:mod:`kvlab.bench.results`).
 
 Every number in the page is read from a record and every target verdict is computed from the record's numbers
-by the benchmark's own ``evaluate_target`` (issue 6) or the record's measured values against its stored
-targets (issues 4 and 5); nothing is typed by hand. Targets whose device has no record are listed as not measured.
+by the benchmark's own ``evaluate_target`` or the record's measured values against its stored
+targets; nothing is typed by hand. Targets whose device has no record are listed as not measured.
 """
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ def render_kernel(result: dict) -> str:
 
 
 def render_paging(result: dict) -> str:
-    """Static admission time and simulator event rate (issue 4)."""
+    """Static admission time and simulator event rate."""
     s, d = result["static"], result["dynamic"]
     rows = [
         [
@@ -294,7 +294,7 @@ def render_paging(result: dict) -> str:
 
 
 def render_lab(result: dict) -> str:
-    """The toy decoder's cached-vs-full speedup (issue 5) and the append-cost curve."""
+    """The toy decoder's cached-vs-full speedup and the append-cost curve."""
     c = result["config"]
     rows = [
         ["identical tokens", f"{result['same_tokens']} / {result['gen']}"],
@@ -337,7 +337,7 @@ RENDER = {
 # ---------------------------------------------------------------------------------------------------- targets
 
 
-def _issue6_target(benchmark: str, result: dict) -> dict:
+def _benchmark_target(benchmark: str, result: dict) -> dict:
     from kvlab.bench import decode, flush, kernel, memory
 
     module = {"decode": decode, "memory": memory, "flush": flush, "kernel": kernel}[benchmark]
@@ -382,7 +382,7 @@ def targets(records: list[tuple[Path, dict]]) -> list[dict]:
         if bench in ("paging", "lab"):
             t = _other_target(bench, result)
         else:
-            t = _issue6_target(bench, result)
+            t = _benchmark_target(bench, result)
             if result.get("device_type") == "cuda":
                 gpu_seen.add(bench)
         out.append(t | {"device": device, "file": path.name})

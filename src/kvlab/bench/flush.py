@@ -1,4 +1,4 @@
-"""Benchmark ``flush``: time of a flushing append against history length (issue 6 point 4).
+"""Benchmark ``flush``: time of a flushing append against history length.
 
 A *flushing append* is the single-token append after which a quantized cache moves tokens out of its
 full-precision residual window. :class:`kvlab.quant.kivi.KIVIState` quantizes only the ``G``-token chunk that
@@ -13,7 +13,7 @@ before a flush in one untimed append and the flushing append and the next plain 
 is the median over its cycles (the first flush after a fill also pays one-time costs of the fill, such as the first
 touch of freshly reserved memory; the later ones are what each flush costs while decoding). A round measures every
 history length once, in an order rotated per round, so load from other processes falls on all lengths alike;
-medians over rounds. Target (issue 6): KIVI flush at 16k <= 1.2x flush at 1k.
+medians over rounds. Target: KIVI flush at 16k <= 1.2x flush at 1k.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class _HFSubject:
         from transformers.cache_utils import HQQQuantizedLayer, QuantoQuantizedLayer
 
         cls = HQQQuantizedLayer if backend == "hqq" else QuantoQuantizedLayer
-        axis = 1 if backend == "hqq" else 0  # seed 000 §5.1
+        axis = 1 if backend == "hqq" else 0  # axis 1 for HQQ, as in the quantization chapter
         self.layer = cls(
             nbits=nbits,
             axis_key=axis,
@@ -288,7 +288,7 @@ def _kivi_block_tokens(group_size: int) -> int:
 
 
 def evaluate_target(result: dict) -> dict:
-    """Issue-6 flush target: ``kivi4`` flush at 16384 tokens <= 1.2x flush at 1024 tokens."""
+    """Flush target: ``kivi4`` flush at 16384 tokens <= 1.2x flush at 1024 tokens."""
     lo, hi = TARGET_CONTEXTS
     desc = f"{TARGET_CACHE} flush at {hi} tokens <= {TARGET_RATIO}x flush at {lo} tokens"
     ok = {

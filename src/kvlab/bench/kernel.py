@@ -1,16 +1,16 @@
-"""Benchmark ``kernel``: achieved bandwidth of the quantized decode attention (issue 6 point 4).
+"""Benchmark ``kernel``: achieved bandwidth of the quantized decode attention.
 
-Decode attention is bandwidth-bound (seed 003 §3.4: arithmetic intensity ``g`` FLOP/byte for a GQA group of
+Decode attention is bandwidth-bound (mechanics chapter §3.4: arithmetic intensity ``g`` FLOP/byte for a GQA group of
 ``g``), so its figure of merit is bytes read per second against the device's measured copy bandwidth:
 
 * ``kivi``: :func:`kvlab.attention.quantized.kivi_attention` of one query token over a KIVI layer of ``T`` tokens;
   bytes = packed codes + scales/zeros + full-precision residual (:meth:`KIVIState.nbytes_breakdown` ``total``);
 * ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` (GQA) over a bf16 K/V of the same ``T`` tokens;
   bytes = K + V;
-* ``copy``: ``dst.copy_(src)`` of a large tensor, read + write bytes / time, the best of ``reps`` (the seed 003
+* ``copy``: ``dst.copy_(src)`` of a large tensor, read + write bytes / time, the best of ``reps`` (the mechanics chapter's
   appendix [C] probe's convention: a streaming copy, not a reduction, and the fastest pass as the roof).
 
-Kernel times are medians of ``reps`` calls after warm-up, KIVI and SDPA sampled alternately (rotated order). Target (issue 6): on an H200, ``kivi`` >= 70 % of the
+Kernel times are medians of ``reps`` calls after warm-up, KIVI and SDPA sampled alternately (rotated order). Target: on an H200, ``kivi`` >= 70 % of the
 copy bandwidth at >= 32k tokens; on CPU the numbers are reported only.
 """
 
@@ -244,7 +244,7 @@ def run(
 
 
 def evaluate_target(result: dict) -> dict:
-    """Issue-6 kernel target: on CUDA (an H200), KIVI attention >= 70 % of the copy bandwidth at every measured
+    """Kernel target: on CUDA (an H200), KIVI attention >= 70 % of the copy bandwidth at every measured
     context >= 32768 tokens. On CPU the status is ``not applicable`` (reported only)."""
     desc = (
         f"KIVI attention >= {TARGET_FRACTION:.0%} of copy bandwidth at >= {TARGET_MIN_CONTEXT} tokens (H200)"

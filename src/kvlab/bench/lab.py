@@ -1,14 +1,14 @@
-"""Benchmark ``lab``: cached-vs-full wall-clock ratio of the seed's toy decoder (issue 5 target: >= 16x, the
-seed's own figure; seed 003 §01 measured 10.29x on its machine), plus the append-cost curves."""
+"""Benchmark ``lab``: cached-vs-full wall-clock ratio of the mechanics chapter's toy decoder (target: >= 16x;
+the mechanics chapter §01 measured 10.29x on its machine), plus the append-cost curves."""
 
 from __future__ import annotations
 
-TARGET_SPEEDUP = 16.0  # issue 5 acceptance: the cached path at least 16x faster than full recompute
+TARGET_SPEEDUP = 16.0  # the cached path at least 16x faster than full recompute
 
 
 def run(kv_heads: int = 2, new_tokens: int = 192, repeat: int = 3, append: bool = True, **_: object) -> dict:
     """Time both generators ``repeat`` times each (best run counts, after one untimed warm-up of the cached path)
-    and report the seed's keys plus ``target_speedup`` and ``meets_target``; with ``append``, also the per-step
+    and report the mechanics chapter's keys plus ``target_speedup`` and ``meets_target``; with ``append``, also the per-step
     append cost of a growing ``torch.cat`` cache vs a preallocated one (:func:`kvlab.lab.append.measure_append_cost`).
     """
     from kvlab.lab import ToyConfig, run_toy_lab

@@ -1,4 +1,4 @@
-"""Benchmark ``memory``: decode-phase transient bytes per cache (issue 6 point 4).
+"""Benchmark ``memory``: decode-phase transient bytes per cache.
 
 The transient of one decode step is the peak of bytes allocated during the step minus the bytes still allocated
 after it: scratch that exists only while the step runs (a dequantized float copy of the history, unpacked code
@@ -13,7 +13,7 @@ tiles, attention scores, a ``torch.cat`` double buffer). The cache's own growth 
 
 Two steps are measured per cell: a plain step, and for caches that flush in chunks the next step that flushes
 (KIVI quantizes a ``G``-token chunk; transformers' ``QuantizedCache`` re-quantizes the whole history). The ratio
-to the bf16 ``DynamicCache`` bytes at the same context is the issue-6 target: <= 10 % for ``kivi4-fused``.
+to the bf16 ``DynamicCache`` bytes at the same context is the target: <= 10 % for ``kivi4-fused``.
 Every cache starts from the same exact prefill (:func:`kvlab.bench.decode.fill_cache`).
 """
 
@@ -57,7 +57,7 @@ class TensorBytesTracker(TorchDispatchMode):
     reads and that die inside it (so a ``torch.cat`` that replaces an old buffer counts the overlap only). After
     the block, ``peak_bytes - current_bytes`` is the transient. The counters keep following frees after exit.
 
-    Source: kvlab (issue 6); storages are deduplicated by ``data_ptr`` and observed with ``weakref.finalize``.
+    Source: kvlab; storages are deduplicated by ``data_ptr`` and observed with ``weakref.finalize``.
     """
 
     def __init__(self) -> None:
@@ -158,7 +158,7 @@ def steps_to_flush(cache: Any) -> int | None:
 
 def bf16_cache_bytes(model_desc: dict, tokens: int, batch: int = 1) -> int:
     """Bytes of a bf16 ``DynamicCache`` holding ``tokens`` tokens: ``2 (K, V) * layers * kv_heads * head_dim *
-    tokens * batch * 2 bytes`` (seed 003 §3.1's per-token KV bytes)."""
+    tokens * batch * 2 bytes`` (the per-token KV bytes of mechanics chapter §3.1)."""
     return 2 * model_desc["layers"] * model_desc["kv_heads"] * model_desc["head_dim"] * tokens * batch * 2
 
 
@@ -299,7 +299,7 @@ def run(
 
 
 def evaluate_target(result: dict) -> dict:
-    """Issue-6 memory target: ``kivi4-fused`` transient (the larger of the plain and the flushing step) <= 10 % of
+    """Memory target: ``kivi4-fused`` transient (the larger of the plain and the flushing step) <= 10 % of
     the bf16 ``DynamicCache`` bytes, at every measured context. ``status``: ``met``, ``not met`` (with the
     contexts that miss it) or ``not measured``."""
     desc = f"{TARGET_CANDIDATE} decode-phase transient <= {TARGET_RATIO:.0%} of the bf16 cache bytes"

@@ -1,5 +1,5 @@
 """Benchmark ``paging``: static admission of a million requests (target < 1 s) and the dynamic simulator's event
-rate (target >= 200,000 events/s), issue 4. The seed's own static script takes 0.16 s for 4,000 requests."""
+rate (target >= 200,000 events/s). The mechanics chapter's own static script takes 0.16 s for 4,000 requests."""
 
 from __future__ import annotations
 

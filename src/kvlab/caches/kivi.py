@@ -186,7 +186,7 @@ class KIVICache(Cache):
             not a multiple of 8; at the first update, a head_dim that ``group_size`` does not divide (e.g.
             head_dim 96 with G 64).
 
-    Source: KIVI (arXiv:2402.02750) §3; seed 000 Steps 2-4.
+    Source: KIVI (arXiv:2402.02750) §3; the quantization chapter, Steps 2-4.
     """
 
     def __init__(

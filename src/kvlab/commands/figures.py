@@ -1,4 +1,4 @@
-"""``kvlab figures``: draw the seed's four figures (memory ledger, roofline, paged layout, video), the lab's
+"""``kvlab figures``: draw the mechanics chapter's four figures (memory ledger, roofline, paged layout, video), the lab's
 append-cost curves and, with ``--result``, an eval result's figures. Logic lives in :mod:`kvlab.figures`."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``kvlab lab``: the seed's toy decoder (cached vs full recompute, FLOPs, append cost) or ``--real``: a real
+"""``kvlab lab``: the mechanics chapter's toy decoder (cached vs full recompute, FLOPs, append cost) or ``--real``: a real
 model decoded through every exact cache; ``kvlab lab video``: the autoregressive video KV cache lab (a toy
 block-causal denoiser, cached vs full recompute, eviction, negative controls). Logic lives in :mod:`kvlab.lab`."""
 

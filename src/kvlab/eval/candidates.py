@@ -2,7 +2,7 @@
 
 * ``dynamic`` — transformers ``DynamicCache`` (the float baseline).
 * ``kivi-N`` (N in 2, 4, 8) — :class:`kvlab.caches.KIVICache`: keys per-channel, values per-token.
-* ``hqq-N`` / ``quanto-N`` — transformers ``QuantizedCache`` with the HQQ backend (axis 1, as in seed 000 §5.1) or
+* ``hqq-N`` / ``quanto-N`` — transformers ``QuantizedCache`` with the HQQ backend (axis 1, as in the quantization chapter) or
   quanto (axis 0), when the ``hf`` extra is installed; otherwise the candidate is recorded as skipped with the reason.
 """
 
@@ -82,7 +82,7 @@ class Candidate:
                 residual_length=residual_length,
                 attention=kivi_attention,
             )
-        axis = 1 if self.family == "hqq" else 0  # seed 000 §5.1: HQQ needs axis 1 for both K and V
+        axis = 1 if self.family == "hqq" else 0  # as in the quantization chapter: HQQ needs axis 1 for both K and V
         return QuantizedCache(
             backend=self.family,
             config=model_config,

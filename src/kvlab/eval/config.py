@@ -1,4 +1,4 @@
-"""Settings of the paired float-vs-quantized cache experiment (seed 000 §5.1), validated on construction."""
+"""Settings of the quantization chapter's paired float-vs-quantized cache experiment, validated on construction."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 DTYPES = ("bfloat16", "float16", "float32")
 PROMPT_MODES = ("heldout", "repeat")
-# seed 000 §5.1: the prompt its repeated-prompt mode tiles to the target length
+# the quantization chapter's prompt, which its repeated-prompt mode tiles to the target length
 SEED_PROMPT = "Explain why KV Cache grows with context length."
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -35,7 +35,7 @@ def _positive_ints(name: str, values: tuple[int, ...], allow_empty: bool = False
 
 @dataclass(frozen=True)
 class Gates:
-    """Acceptance gates: seed 000 §5.1's mean NLL delta, mean top-k overlap and latency ratio, and the
+    """Acceptance gates: the quantization chapter's mean NLL delta, mean top-k overlap and latency ratio, and the
     long-context gates (docs/EVAL.md, "Long-context gates" gives the reasons for the defaults).
 
     Attributes:
@@ -82,24 +82,24 @@ class Gates:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Every knob of ``kvlab eval``; defaults are the seed's matrices with kvlab's KIVI candidates.
+    """Every knob of ``kvlab eval``; defaults are the quantization chapter's matrices with kvlab's KIVI candidates.
 
     Attributes:
         model: HF hub id or local directory; ``None`` = the bundled reference model.
-        dtype: model dtype, one of :data:`DTYPES` (seed: bfloat16).
+        dtype: model dtype, one of :data:`DTYPES` (the quantization chapter uses bfloat16).
         device: ``"cpu"``, ``"cuda"`` or ``"auto"`` (CUDA when available).
         candidates: cache candidates; ``"dynamic"`` is the baseline and is always run first.
         contexts: capacity-matrix prompt lengths in tokens.
         new_tokens: tokens generated per capacity-matrix run.
         residual_length / group_size: KIVI ``R`` and ``G`` of the capacity matrix.
         window_context / window_new_tokens / window_residuals / window_group_size: the residual-window matrix
-            (``window_group_size`` must divide every residual; the seed's R=16 needs G <= 16).
+            (``window_group_size`` must divide every residual; the quantization chapter's R=16 needs G <= 16).
         warmup / repeat: untimed and timed ``generate()`` calls per cell.
         quality_tokens / top_k: fixed-continuation length and the k of top-k overlap.
-        prompt_mode: ``"heldout"`` (held-out text cut to exact lengths) or ``"repeat"`` (seed: a prompt tiled).
+        prompt_mode: ``"heldout"`` (held-out text cut to exact lengths) or ``"repeat"`` (the quantization chapter tiles one prompt).
         batch: prompts per generate call (each row a different held-out slice).
         seed: torch seed and held-out offset seed.
-        hqq_group_size: group size of the HQQ/quanto candidates (seed: 64).
+        hqq_group_size: group size of the HQQ/quanto candidates (the quantization chapter uses 64).
         kivi_attention: ``"fused"`` (kvlab attention reads packed codes; no float copy of the history) or
             ``"dequantize"`` (the cache returns float K/V to the model's own attention).
         long_context: measure recall (every capacity and window cell) and passkey retrieval

@@ -1,6 +1,6 @@
 """Measurements of one cache candidate: generate() latency and peak memory, fixed-continuation quality.
 
-Seed 000 §5.2: latency is the median of ``repeat`` synchronized ``generate()`` calls after ``warmup`` untimed ones;
+As in the quantization chapter, latency is the median of ``repeat`` synchronized ``generate()`` calls after ``warmup`` untimed ones;
 quality is measured on a *fixed* continuation (the baseline's greedy tokens), so candidates are compared on the
 same history instead of on diverging generations: mean NLL per token, mean top-k overlap with the baseline's
 top-k, and the greedy agreement of the free-running outputs as a diagnostic.
@@ -45,7 +45,7 @@ class PeakMemory:
     """Incremental peak memory of a code block, in bytes.
 
     CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus the allocated bytes at entry
-    (seed 000 §5.2's measure). CPU: the exact peak of live tensor bytes created inside the block, counted operator
+    (the quantization chapter's measure). CPU: the exact peak of live tensor bytes created inside the block, counted operator
     by operator with :class:`kvlab.bench.memory.TensorBytesTracker` (weights and inputs that exist before the
     block are not counted; allocator caching is not counted either).
     """

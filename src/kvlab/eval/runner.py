@@ -1,4 +1,4 @@
-"""The paired experiment of seed 000 §5.2: every cache candidate against ``DynamicCache`` on the same model.
+"""The quantization chapter's paired experiment: every cache candidate against ``DynamicCache`` on the same model.
 
 Two matrices: **capacity** (contexts x candidates at a fixed residual window) and **residual window** (one context,
 longer generation, residuals R x candidates). Each cell records latency (median/min over ``repeat`` generate()

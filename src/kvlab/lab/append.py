@@ -1,4 +1,4 @@
-"""Per-step append cost of a growing ``torch.cat`` cache vs a preallocated cache written in place (seed 003 §05).
+"""Per-step append cost of a growing ``torch.cat`` cache vs a preallocated cache written in place (mechanics chapter §05).
 
 ``transformers``' ``DynamicLayer.update`` appends with ``torch.cat``: every step allocates a new tensor and
 copies the whole history, so one append costs O(context). A static cache (``StaticLayer``, gpt-fast) allocates

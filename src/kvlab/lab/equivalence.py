@@ -1,4 +1,4 @@
-"""Cached decoding vs full recompute on the toy decoder: the seed's experiment [A] (seed 003 §04, §09).
+"""Cached decoding vs full recompute on the toy decoder: the mechanics chapter's experiment [A] (§04, §09).
 
 Four answers, all computed in the run: do both generators emit the same tokens ([A1]); do the cached path's
 last logits match one full forward over the right tokens ([A2]); how many matmul FLOPs does each spend ([A3]);
@@ -33,10 +33,10 @@ def _best_seconds(fn, repeat: int):
 
 
 def run_toy_lab(cfg: ToyConfig | None = None, *, repeat: int = 1, warmup: bool = True) -> dict:
-    """Run the toy experiment and return a JSON-serializable dict with the seed's keys.
+    """Run the toy experiment and return a JSON-serializable dict with the mechanics chapter's keys.
 
     Args:
-        cfg: toy decoder and run shape; ``None`` is the seed's (GQA 8/2, 16 prompt + 192 new tokens).
+        cfg: toy decoder and run shape; ``None`` is the mechanics chapter's (GQA 8/2, 16 prompt + 192 new tokens).
         repeat: timed runs of each generator; the fastest is reported (``t_naive``, ``t_cached`` in seconds).
         warmup: run the cached generator once untimed first (BLAS threads, allocator), so the first timed
             run does not pay one-off start-up costs.
@@ -49,7 +49,7 @@ def run_toy_lab(cfg: ToyConfig | None = None, *, repeat: int = 1, warmup: bool =
 
     The reference is one full forward over ``prompt + generated[:-1]``: the last logits were computed at the
     second-to-last token (they chose the last one), so feeding the last token too compares the next step's
-    logits instead — the seed's off-by-one (seed 003 §09 item 1).
+    logits instead — the mechanics chapter's off-by-one (§09 item 1).
 
     Raises:
         ValueError: ``repeat`` < 1.

@@ -1,6 +1,6 @@
 """How many KV bytes a serving GPU can hold: the budget both paging simulators share.
 
-The default is seed 003's account (§01, §05, appendix ``paged_alloc.py``): Llama-3-8B in BF16 on an assumed
+The default is the mechanics chapter's account (§01, §05, appendix ``paged_alloc.py``): Llama-3-8B in BF16 on an assumed
 80 GiB device, 8.03e9 parameters x 2 bytes of weights, a 4 GiB reserve for activations and framework, and
 ``2 x 32 layers x 8 KV heads x 128 dims x 2 bytes = 131072`` KV bytes per token, which leaves 500,063 tokens
 (61.04 GiB). With ``model`` and ``kv_dtype`` the bytes per token and the weights come from the planner
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 GIB = 1024**3
 
-# Llama-3-8B public config (seed 003 §3.3): layers, KV heads, head_dim, BF16 bytes, parameter count.
+# Llama-3-8B public config (mechanics chapter §3.3): layers, KV heads, head_dim, BF16 bytes, parameter count.
 LLAMA3_8B_LAYERS = 32
 LLAMA3_8B_KV_HEADS = 8
 LLAMA3_8B_HEAD_DIM = 128
@@ -28,8 +28,8 @@ LLAMA3_8B_KV_BYTES_PER_TOKEN = (
     2 * LLAMA3_8B_LAYERS * LLAMA3_8B_KV_HEADS * LLAMA3_8B_HEAD_DIM * LLAMA3_8B_DTYPE_BYTES
 )
 
-SEED_GPU_GIB = 80  # assumed device memory, not a measured free-memory figure (seed 003 §01)
-SEED_OVERHEAD_GIB = 4  # activations / framework / fragmentation reserve (seed 003 appendix)
+SEED_GPU_GIB = 80  # assumed device memory, not a measured free-memory figure (mechanics chapter §01)
+SEED_OVERHEAD_GIB = 4  # activations / framework / fragmentation reserve (the mechanics chapter's appendix)
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class KVBudget:
 
 
 def seed_budget(kv_bytes_per_token: float = LLAMA3_8B_KV_BYTES_PER_TOKEN) -> KVBudget:
-    """Seed 003's 61 GiB account (80 GiB - 14.96 GiB weights - 4 GiB) for Llama-3-8B.
+    """The mechanics chapter's 61 GiB account (80 GiB - 14.96 GiB weights - 4 GiB) for Llama-3-8B.
 
     ``kv_bytes_per_token`` may be overridden to model a quantized cache of the same model.
     """

@@ -1,4 +1,4 @@
-"""Seed 003's paged-layout figure: logical blocks mapped to a physical pool, and concurrency per policy.
+"""The mechanics chapter's paged-layout figure: logical blocks mapped to a physical pool, and concurrency per policy.
 
 Left: each request's logical blocks (contiguous) above the physical block pool (allocation order), a grey line
 from every logical block to its physical block, and the fill of each block (only the last block of a request is

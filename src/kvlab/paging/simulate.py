@@ -1,6 +1,6 @@
 """Dynamic KV-cache simulation: requests arrive, prefill, grow one token per step, finish or get preempted.
 
-Seed 003 §05 stops at a static snapshot and names what it leaves out: arrivals, release, dynamic growth and
+The mechanics chapter (§05) stops at a static snapshot and names what it leaves out: arrivals, release, dynamic growth and
 scheduling. This module adds them with a discrete-event loop over engine steps, in the manner of vLLM's v1
 scheduler (PagedAttention, arXiv:2309.06180 §4.5):
 
@@ -229,7 +229,7 @@ class Policy:
 def default_policies(
     block_size_tokens: int = 16, quant_kv_bytes_per_token: float | None = None, quant_kv_dtype: str = "kivi4"
 ) -> list[Policy]:
-    """The four policies of issue 4: contiguous, paged, paged + prefix sharing, paged with a quantized cache.
+    """The four policies compared: contiguous, paged, paged + prefix sharing, paged with a quantized cache.
 
     ``quant_kv_bytes_per_token`` defaults to Llama-3-8B under KIVI-4 (G=32, 16-bit scale and zero): 40960 B.
     """
@@ -513,7 +513,7 @@ def simulate(
 ) -> dict:
     """Every policy on the same trace and budget: ``{"config": ..., "policies": {name: result}}``.
 
-    Defaults: :func:`default_policies` and seed 003's Llama-3-8B budget (61.04 GiB of KV).
+    Defaults: :func:`default_policies` and the mechanics chapter's Llama-3-8B budget (61.04 GiB of KV).
     """
     budget = budget or seed_budget()
     policies = policies if policies is not None else default_policies()

@@ -1,6 +1,6 @@
 """Static capacity: how many requests fit at once under contiguous reservation vs paging.
 
-Reproduces seed 003 §05 / §6.2 and its appendix ``paged_alloc.py`` exactly (same workloads, seed 11, same
+Reproduces the mechanics chapter's §05 / §6.2 and its appendix ``paged_alloc.py`` exactly (same workloads, seed 11, same
 61 GiB budget): requests are admitted greedily in arrival order until the next one does not fit. Contiguous
 reservation charges every request ``max_len`` tokens (the output length is unknown up front); paging charges
 ``ceil(len / block) * block`` tokens. Admission is vectorised (``cumsum`` + ``searchsorted``), so a million
@@ -24,18 +24,18 @@ from kvlab.paging.block_pool import BlockPool
 from kvlab.paging.block_table import BlockTable
 from kvlab.paging.budget import KVBudget, seed_budget
 
-SEED_MAX_LEN = 4096  # longest request and the contiguous reservation (seed 003 appendix)
+SEED_MAX_LEN = 4096  # longest request and the contiguous reservation (the mechanics chapter's appendix)
 SEED_N_REQUESTS = 4000
 SEED_RNG_SEED = 11
 SWEEP_BLOCK_SIZES = (1, 4, 8, 16, 32, 64, 128, 256)
-DEMO_LENGTHS = (37, 21, 45)  # the seed's figure: three requests cut into blocks of 16
+DEMO_LENGTHS = (37, 21, 45)  # the mechanics chapter's figure: three requests cut into blocks of 16
 WORKLOADS = ("uniform", "heavy")
 
 
 def workload(
     kind: str, n: int = SEED_N_REQUESTS, seed: int = SEED_RNG_SEED, max_len: int = SEED_MAX_LEN
 ) -> np.ndarray:
-    """Request lengths in tokens, ``[n]`` int64, drawn exactly as seed 003 draws them.
+    """Request lengths in tokens, ``[n]`` int64, drawn exactly as the mechanics chapter draws them.
 
     ``uniform``: uniform on 512..max_len (batch jobs). ``heavy``: 80 % uniform on 256..1024 and 20 % on
     3072..max_len, shuffled (online chat).
@@ -110,7 +110,7 @@ def _bytes(tokens: np.ndarray, kv_bytes_per_token: float) -> np.ndarray:
 def greedy_admit(bytes_per_request: np.ndarray, budget_bytes: float) -> tuple[int, float]:
     """Admit requests in order until the next one does not fit; ``(admitted, bytes used)``.
 
-    ``bytes_per_request``: ``[n]``, every entry > 0. Equivalent to the seed's loop with ``break``: the number of
+    ``bytes_per_request``: ``[n]``, every entry > 0. Equivalent to the mechanics chapter's loop with ``break``: the number of
     prefix sums that stay within the budget.
     """
     if len(bytes_per_request) == 0:
@@ -143,7 +143,7 @@ def static_capacity(
         max_len: tokens reserved per request by the contiguous policy.
 
     Returns:
-        The seed's keys: ``k_cont``, ``k_paged``, ``util_cont``, ``util_paged``, ``gain``, ``bytes_cont``,
+        The mechanics chapter's keys: ``k_cont``, ``k_paged``, ``util_cont``, ``util_paged``, ``gain``, ``bytes_cont``,
         ``bytes_paged``, ``real_cont``, ``real_paged`` (bytes held and bytes of real tokens, per policy).
     """
     lens = np.asarray(lens)
@@ -219,7 +219,7 @@ def block_size_sweep(lens: np.ndarray, block_sizes: Sequence[int] = SWEEP_BLOCK_
 def demo_layout(
     lengths: Sequence[int] = DEMO_LENGTHS, block_size_tokens: int = 16, spare_blocks: int = 3
 ) -> dict:
-    """The seed figure's example, run on a real :class:`BlockPool`: requests grow one token each in turn.
+    """The example of the mechanics chapter's paged-layout figure, run on a real :class:`BlockPool`: requests grow one token each in turn.
 
     Returns ``block_size``, ``seqs`` (``idx``, ``length``, ``n_blocks``, ``last_used``, ``block_ids``) and
     ``physical`` (per block: ``block_id``, ``owner`` or None, ``fill``).
@@ -261,12 +261,12 @@ def run_static(
     seed: int = SEED_RNG_SEED,
     lengths: dict[str, np.ndarray] | None = None,
 ) -> dict:
-    """Sections A, B, C and the layout demo, as seed 003's ``_paged_results.json`` (plus ``config``).
+    """Sections A, B, C and the layout demo, as the mechanics chapter's ``_paged_results.json`` (plus ``config``).
 
     Args:
         workloads: built-in workload names (:func:`workload`) evaluated in [A]; [B] and [C] use the first.
         block_size_tokens: paging block size for [A] and [B].
-        budget: KV budget; seed 003's Llama-3-8B account when None.
+        budget: KV budget; the mechanics chapter's Llama-3-8B account when None.
         max_len: contiguous reservation per request, tokens.
         n_requests, seed: workload size and RNG seed.
         lengths: named request lengths to use instead of ``workloads`` (e.g. ``{"file": load_lengths(p)}``).

@@ -313,7 +313,7 @@ def _resolve(spec: ModelSpec, kv: str | KVDtype) -> KVDtype:
 
 
 def kv_bytes_per_token(spec: ModelSpec, kv: str | KVDtype = "auto", tp: int = 1) -> float | int:
-    """Bytes one new token adds on one rank while every layer is within its window (seed 003 §3.3 ``B_tok``).
+    """Bytes one new token adds on one rank while every layer is within its window (mechanics chapter §3.3 ``B_tok``).
 
     Plain dtypes: an exact integer. KIVI: the long-context figure ``elements * (b/8 + 2m/G)`` (the residual
     window amortized away), a float when not integral.
@@ -336,7 +336,7 @@ def kv_bytes(
     mode: str = "theoretical",
 ) -> int:
     """Exact bytes of ``batch`` sequences of ``tokens`` tokens on one rank, summed over layers
-    (``B_kv = B_tok * S * batch`` of seed 003 §3.3 for a plain full-attention model)."""
+    (``B_kv = B_tok * S * batch`` of the mechanics chapter's §3.3 for a plain full-attention model)."""
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 0:
         raise ValueError(f"`batch` must be a non-negative integer, got {batch!r}")
     kvd = _resolve(spec, kv)
@@ -515,7 +515,7 @@ def build_ledger(
     *,
     tp: int = 1,
 ) -> Ledger:
-    """The :class:`Ledger` of ``spec`` for ``batch`` sequences of ``context`` tokens (seed 003 [B])."""
+    """The :class:`Ledger` of ``spec`` for ``batch`` sequences of ``context`` tokens (mechanics chapter [B])."""
     kvd = _resolve(spec, kv)
     per_token_layer = kv_elements_per_token_per_layer(spec, tp) * kvd.bytes_per_element
     if kvd.is_kivi and spec.is_mla:

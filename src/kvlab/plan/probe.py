@@ -1,9 +1,9 @@
-"""Local roofline probe with numpy (seed 003 appendix [C], ``probe_peak``): fp32 matmul FLOP/s and streaming GB/s.
+"""Local roofline probe with numpy (the mechanics chapter's appendix [C], ``probe_peak``): fp32 matmul FLOP/s and streaming GB/s.
 
 Compute: the fastest of ``repeat`` ``n x n`` fp32 matmuls, ``2 n^3`` FLOP each. Bandwidth: the fastest of
 several streaming passes (``np.copyto`` and ``np.add(x, 1, out=y)``) over an array far larger than the caches,
 counting one read and one write per element. A scalar reduction such as ``x.sum()`` is latency-bound and
-underestimates bandwidth about threefold (seed [C]), so it is not used. Large, regular kernels only: small
+underestimates bandwidth about threefold (mechanics chapter [C]), so it is not used. Large, regular kernels only: small
 operators do not reach these roofs. Default sizes run in a few seconds on two cores.
 """
 
@@ -47,7 +47,7 @@ class ProbeResult:
 
 
 def probe(matmul_n: int = 2048, stream_elements: int = 20_000_000, repeat: int = 3) -> ProbeResult:
-    """Measure fp32 matmul FLOP/s and streaming bandwidth (seed 003 [C] ``probe_peak``).
+    """Measure fp32 matmul FLOP/s and streaming bandwidth (mechanics chapter [C] ``probe_peak``).
 
     Args:
         matmul_n: side of the square matrices (2048: ~17 GFLOP per matmul).

@@ -22,7 +22,7 @@ from kvlab.plan.spec import KV_KINDS, SHARED, ModelSpec, load_spec
 from kvlab.plan.video import VideoClip, video_kv
 from kvlab.plan.weights import UnknownWeightsError, WeightBytes, weight_bytes
 
-DEFAULT_GPU = "A100-80GB"  # the seed's accelerator
+DEFAULT_GPU = "A100-80GB"  # the mechanics chapter's accelerator
 
 
 def resolve_hardware(
@@ -234,7 +234,7 @@ def roofline_report(
     probe_kwargs: dict | None = None,
 ) -> dict[str, Any]:
     """Ridge point, decode and prefill intensities, the decode step lower bound, and (``run_probe``) this
-    machine's measured fp32 roofs (seed 003 §3.4 and appendix [C])."""
+    machine's measured fp32 roofs (mechanics chapter §3.4 and appendix [C])."""
     _check_context_batch(context, batch)
     hw = resolve_hardware(gpu, bandwidth_gb_s, tflops)
     spec = load_spec(model)
@@ -284,7 +284,7 @@ def roofline_report(
 
         result = probe(**(probe_kwargs or {}))
         local = result.to_dict()
-        # the probe is fp32: p = 4, so I = 2g/4 (half the bf16 intensity, seed [C4])
+        # the probe is fp32: p = 4, so I = 2g/4 (half the bf16 intensity, mechanics chapter [C4])
         local["decode_intensity_table"] = intensity_table(
             kv_bytes_per_element=4.0, ridge=result.ridge_flop_per_byte
         )
@@ -312,7 +312,7 @@ def video_report(
     residual_length: int = 128,
     batch: int = 1,
 ) -> dict[str, Any]:
-    """Tokens and KV bytes of clips of each length in ``seconds`` (seed 003 §01 [B4], §6.3)."""
+    """Tokens and KV bytes of clips of each length in ``seconds`` (mechanics chapter §01 [B4], §6.3)."""
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"`batch` must be a positive integer, got {batch!r}")
     spec = load_spec(model)

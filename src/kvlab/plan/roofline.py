@@ -1,8 +1,8 @@
-"""Roofline for decode and prefill: arithmetic intensity, ridge point, decode step lower bound (seed 003 §3.4).
+"""Roofline for decode and prefill: arithmetic intensity, ridge point, decode step lower bound (mechanics chapter §3.4).
 
 * Ideal fused single-query attention reads K and V once per KV head and shares them across the ``g`` query
   heads of the group: ``4 n_q d S`` FLOP over ``2 n_kv d S p`` bytes, so ``I = 2g/p`` whatever ``S``.
-* Prefill (the seed's illustrative model): ``2 N S`` projection FLOP plus causal attention FLOP over the weights
+* Prefill (the mechanics chapter's illustrative model): ``2 N S`` projection FLOP plus causal attention FLOP over the weights
   plus ``10 S D p`` activation bytes per layer.
 * A decode step must read the weights and every sequence's KV: ``T_step >= (W + batch * B_tok * S) / BW``; it
   must also do its FLOPs: ``T_step >= FLOP / peak``. Tokens/s is at most ``batch / T_step``.
@@ -20,7 +20,7 @@ from kvlab.plan.spec import KV_KINDS, ModelSpec
 
 
 def ridge_point_flop_per_byte(peak_flops: float, bandwidth_bytes_s: float) -> float:
-    """``peak / bandwidth``: below this intensity a kernel is bandwidth-bound (seed 003 §3.4)."""
+    """``peak / bandwidth``: below this intensity a kernel is bandwidth-bound (mechanics chapter §3.4)."""
     if not peak_flops > 0 or not bandwidth_bytes_s > 0:
         raise ValueError(
             f"peak FLOP/s and bandwidth must be > 0, got {peak_flops!r} and {bandwidth_bytes_s!r}"
@@ -34,7 +34,7 @@ def attainable_flops(intensity_flop_per_byte: float, peak_flops: float, bandwidt
 
 
 def decode_attention_intensity(gqa_group: float, kv_bytes_per_element: float = 2.0) -> float:
-    """``I_dec = 2g/p`` FLOP/byte of ideal fused single-query attention (seed 003 §3.4).
+    """``I_dec = 2g/p`` FLOP/byte of ideal fused single-query attention (mechanics chapter §3.4).
 
     Args:
         gqa_group: ``g = n_q / n_kv`` (1 MHA, 4 Llama-3, ``n_q`` MQA).
@@ -52,7 +52,7 @@ def mla_decode_attention_intensity(
 
     Each query head scores against the cached latent and RoPE key (``2 (r + d_rope)`` FLOP per token) and
     sums the latent (``2 r``), while the cache is read once: ``(r + d_rope) p`` bytes per token, so
-    ``I = 2 n_q (2r + d_rope) / ((r + d_rope) p)``. MLA is its own structure, not a larger ``g`` (seed §3.4).
+    ``I = 2 n_q (2r + d_rope) / ((r + d_rope) p)``. MLA is its own structure, not a larger ``g`` (mechanics chapter §3.4).
     """
     r, rope = kv_lora_rank, qk_rope_head_dim
     return 2.0 * num_q_heads * (2 * r + rope) / ((r + rope) * kv_bytes_per_element)
@@ -72,7 +72,7 @@ def model_decode_attention_intensity(spec: ModelSpec, kv: str | KVDtype = "auto"
 def prefill_intensity(
     num_layers: int, num_q_heads: int, head_dim: int, num_parameters: float, dtype_bytes: int, seq_len: int
 ) -> dict[str, float]:
-    """The seed's illustrative prefill intensity (seed 003 §3.4 and appendix [C2]).
+    """The mechanics chapter's illustrative prefill intensity (§3.4 and appendix [C2]).
 
     ``attention = L * 2 * (2 n_q d * S(S+1)/2)`` (causal QK^T and AV), ``projections = 2 N S``,
     ``bytes = N p + L * 10 * S * D * p`` with ``D = n_q d`` (weights once, a rough activation traffic).
@@ -121,7 +121,7 @@ def decode_flops_per_step(spec: ModelSpec, context: int, batch: int) -> float | 
 
 @dataclass(frozen=True)
 class DecodeStepBound:
-    """Lower bound on one decode step's time on one device (seed 003 §3.4)."""
+    """Lower bound on one decode step's time on one device (mechanics chapter §3.4)."""
 
     weight_bytes: int  # weights read per step
     kv_bytes: int  # K/V of every sequence read per step
@@ -224,7 +224,7 @@ def intensity_table(
     kv_bytes_per_element: float = 2.0,
     ridge: float | None = None,
 ) -> list[dict[str, Any]]:
-    """``I = 2g/p`` for several ``g`` and, given a ridge point, whether each is below it (seed 003 [C1]/[C4])."""
+    """``I = 2g/p`` for several ``g`` and, given a ridge point, whether each is below it (mechanics chapter [C1]/[C4])."""
     rows = []
     for g in groups:
         i = decode_attention_intensity(g, kv_bytes_per_element)

@@ -1,8 +1,8 @@
-"""Quantization core: group-wise min-max codec with bit packing, the KIVI state, and the seed's exercise.
+"""Quantization core: group-wise min-max codec with bit packing, the KIVI state, and the quantization chapter's exercise.
 
 * :mod:`kvlab.quant.codec` — ``quantize_groups`` / ``dequantize`` along any axis, 2/4/8 bits, packed ``uint8``.
 * :mod:`kvlab.quant.kivi` — ``KIVIConfig`` and ``KIVIState``: keys per-channel, values per-token, residual window.
-* :mod:`kvlab.quant.strategies` — ``KVQuantizationStrategies``, the seed 000 exercise with its method names.
+* :mod:`kvlab.quant.strategies` — ``KVQuantizationStrategies``, the quantization chapter's exercise with its method names.
 """
 
 from kvlab.quant.codec import (

@@ -1,8 +1,8 @@
-"""The seed's CPU exercise, reproduced: K and V quantized on different axes, plus an append/flush lifecycle.
+"""The quantization chapter's CPU exercise, reproduced: K and V quantized on different axes, plus an append/flush lifecycle.
 
-Seed 000 (Step 4) teaches KIVI's two axes with a *symmetric* absmax quantizer in an ``int8`` container
+The quantization chapter (Step 4) teaches KIVI's two axes with a *symmetric* absmax quantizer in an ``int8`` container
 (``qmax = 7``: signed 4-bit) and a residual window that flushes exactly the tokens beyond ``residual_length``.
-This class keeps the seed's method names and return keys so the seed's eight tests run unchanged in spirit
+This class keeps the quantization chapter's method names and return keys so the chapter's eight tests run unchanged in spirit
 (``tests/unit/quant/test_strategies.py``). kvlab's production path is :mod:`kvlab.quant.kivi`: asymmetric
 min-max groups, real bit packing, and G-aligned flushes.
 """
@@ -18,7 +18,7 @@ def _check_4d(name: str, x: torch.Tensor) -> None:
 
 
 class KVQuantizationStrategies:
-    """Teaching model of KIVI's quantization axes and append state (seed 000, Step 4).
+    """Teaching model of KIVI's quantization axes and append state (the quantization chapter, Step 4).
 
     Inputs are ``[batch, heads, tokens, head_dim]``. Keys are scaled per channel (range over tokens, scale
     ``[..., 1, head_dim]``), values per token (range over channels, scale ``[..., tokens, 1]``). Codes live in an
@@ -68,7 +68,7 @@ class KVQuantizationStrategies:
     ) -> dict:
         """Append ``new_key``/``new_value`` ``[B, H, t, D]`` and quantize only what overflows the residual window.
 
-        Returns a new state dict with the seed's keys: ``key_q_segments``, ``key_scale_segments``,
+        Returns a new state dict with the quantization chapter's keys: ``key_q_segments``, ``key_scale_segments``,
         ``value_q_segments``, ``value_scale_segments``, ``key_residual``, ``value_residual``, ``flushed_tokens``,
         ``quantized_tokens``, ``total_tokens``. Earlier segments are carried over untouched.
 
