@@ -4,8 +4,8 @@ Per context, the prompt is prefilled once, exactly (``DynamicCache``, SDPA, in c
 written into a fresh cache of every kind with one ``update`` per layer: the state a single-chunk prefill leaves
 (:func:`fill_cache`). Then ``warmup`` untimed and ``steps`` timed rounds follow; a round decodes the same next
 token of the held-out continuation (teacher-forced) through every cache, in an order rotated each round, so load
-from other processes falls on all caches alike. The median is TPOT without ``generate()``'s overhead (seed 000
-§5.2 times the same forward inside ``generate``). Ratios divide each cache's median by ``dynamic``'s at the same
+from other processes falls on all caches alike. The median is TPOT without ``generate()``'s overhead (the
+quantization chapter times the same forward inside ``generate``). Ratios divide each cache's median by ``dynamic``'s at the same
 context. A cell that fails (out of memory, a backend error) is recorded with its error, never fatal.
 
 Caches (names accepted by ``candidates``):

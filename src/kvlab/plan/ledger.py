@@ -1,6 +1,6 @@
 """KV memory ledger: bytes per token, per layer kind and in total, for a batch at a context.
 
-Seed 003 §3.3: ``B_tok = 2 * L * n_kv * d * p`` bytes per token and ``B_kv = B_tok * S * batch``; here ``L``
+Mechanics chapter §3.3: ``B_tok = 2 * L * n_kv * d * p`` bytes per token and ``B_kv = B_tok * S * batch``; here ``L``
 counts only layers that store K/V of their own, MLA layers store one latent of ``r + d_rope`` values, sliding
 and chunked layers keep at most their window (*theoretical*) or the whole context (*allocated*, as engines that
 reserve full length do), and the KV dtype is independent of the weight dtype: bf16/fp16/fp32/fp8, or kvlab's
