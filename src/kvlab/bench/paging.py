@@ -22,11 +22,11 @@ def run(
     policies on a Poisson trace of ``sim_requests`` requests (events: arrivals, admissions, decode tokens,
     completions, preemptions). Returns timings, rates, targets and ``meets_target``.
     """
-    from kvlab.paging.budget import seed_budget
+    from kvlab.paging.budget import default_budget
     from kvlab.paging.simulate import poisson_trace, simulate
     from kvlab.paging.static import static_capacity, workload
 
-    budget = seed_budget()
+    budget = default_budget()
     t0 = time.perf_counter()
     lens = workload("heavy", n=static_requests)
     generate_s = time.perf_counter() - t0

@@ -30,15 +30,17 @@ def _range(text: str) -> tuple[int, int]:
 
 def _add_budget_args(p: argparse.ArgumentParser) -> None:
     from kvlab.plan.hardware import get_hardware
-    from kvlab.plan.report import DEFAULT_GPU
+    from kvlab.plan.scenario import DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_RESERVE_GIB
 
     hw = get_hardware(DEFAULT_GPU)  # the planner's default GPU is paging's default device too
     g = p.add_argument_group(
-        f"memory budget (default: Llama-3-8B on an {hw.name}, {hw.memory_mib:,} MiB = {hw.memory_gib:g} GiB as the "
-        "device reports it - weights - 4 GiB (2^30 B) reserve)"
+        f"memory budget (default: {DEFAULT_MODEL} on an {hw.name}, {hw.memory_mib:,} MiB = {hw.memory_gib:g} GiB "
+        f"as the device reports it - weights - {DEFAULT_RESERVE_GIB:g} GiB (2^30 B) reserve)"
     )
     g.add_argument(
-        "--model", default=None, help="model for the planner (config.json path, dir, preset or HF id)"
+        "--model",
+        default=None,
+        help=f"model for the planner (config.json path, dir, preset or HF id; default {DEFAULT_MODEL})",
     )
     g.add_argument(
         "--kv-dtype", default="bf16", help="KV dtype: bf16, fp16, fp8, kivi2, kivi4, kivi8 (default bf16)"
@@ -51,7 +53,10 @@ def _add_budget_args(p: argparse.ArgumentParser) -> None:
         f"{hw.memory_gib:.2f} GiB (nvidia-smi memory.total), as kvlab plan",
     )
     g.add_argument(
-        "--reserve-gib", type=float, default=4.0, help="activation/framework reserve in GiB (default 4)"
+        "--reserve-gib",
+        type=float,
+        default=DEFAULT_RESERVE_GIB,
+        help=f"activation/framework reserve in GiB (default {DEFAULT_RESERVE_GIB:g})",
     )
     g.add_argument(
         "--max-len", type=int, default=4096, help="contiguous reservation per request (default 4096)"
@@ -59,8 +64,7 @@ def _add_budget_args(p: argparse.ArgumentParser) -> None:
 
 
 def _budget(args: argparse.Namespace, kv_dtype: str | None = None):
-    from kvlab.paging.budget import GIB as _GIB
-    from kvlab.paging.budget import KVBudget, gpu_memory, planner_budget, seed_budget, seed_kv_bytes_per_token
+    from kvlab.paging.budget import planner_budget
 
     kv_dtype = kv_dtype or args.kv_dtype
     gpu, reserve = args.gpu_mem_gib, args.reserve_gib
@@ -68,17 +72,7 @@ def _budget(args: argparse.Namespace, kv_dtype: str | None = None):
         raise ValueError(f"--gpu-mem-gib must be a positive number of GiB, got {gpu:g}")
     if not (math.isfinite(reserve) and reserve >= 0):
         raise ValueError(f"--reserve-gib must be a non-negative number of GiB, got {reserve:g}")
-    if args.model:
-        return planner_budget(args.model, kv_dtype, args.gpu_mem_gib, args.reserve_gib)
-    llama = seed_budget(seed_kv_bytes_per_token(kv_dtype))  # Llama-3-8B's weights and KV bytes per token
-    gpu_bytes, gpu_text = gpu_memory(args.gpu_mem_gib)
-    return KVBudget(
-        gpu_bytes=gpu_bytes,
-        weight_bytes=llama.weight_bytes,
-        overhead_bytes=args.reserve_gib * _GIB,
-        kv_bytes_per_token=llama.kv_bytes_per_token,
-        source=f"Llama-3-8B, KV {kv_dtype}, {gpu_text} - weights - {args.reserve_gib:g} GiB",
-    )
+    return planner_budget(args.model, kv_dtype, args.gpu_mem_gib, args.reserve_gib)
 
 
 def register(subparsers) -> None:

@@ -10,7 +10,7 @@ figure       the paged-layout figure (imports matplotlib lazily)
 
 from kvlab.paging.block_pool import BlockPool, FreeBlockQueue, KVBlock, hash_block_tokens, prefix_block_hashes
 from kvlab.paging.block_table import BlockTable
-from kvlab.paging.budget import KVBudget, planner_budget, seed_budget
+from kvlab.paging.budget import KVBudget, default_budget, planner_budget
 from kvlab.paging.simulate import Policy, Trace, default_policies, load_trace, poisson_trace, simulate
 from kvlab.paging.static import run_static, static_capacity, workload
 
@@ -22,6 +22,7 @@ __all__ = [
     "KVBudget",
     "Policy",
     "Trace",
+    "default_budget",
     "default_policies",
     "hash_block_tokens",
     "load_trace",
@@ -29,7 +30,6 @@ __all__ = [
     "poisson_trace",
     "prefix_block_hashes",
     "run_static",
-    "seed_budget",
     "simulate",
     "static_capacity",
     "workload",

@@ -32,7 +32,7 @@ import numpy as np
 
 from kvlab.paging.block_pool import BlockPool, hash_block_tokens
 from kvlab.paging.block_table import BlockTable
-from kvlab.paging.budget import KVBudget, kivi_bytes_per_token_llama3_8b, seed_budget
+from kvlab.paging.budget import KVBudget, default_budget, default_kv_bytes_per_token
 from kvlab.paging.static import SEED_MAX_LEN
 
 POLICY_KINDS = ("contiguous", "paged")
@@ -231,10 +231,11 @@ def default_policies(
 ) -> list[Policy]:
     """The four policies compared: contiguous, paged, paged + prefix sharing, paged with a quantized cache.
 
-    ``quant_kv_bytes_per_token`` defaults to Llama-3-8B under KIVI-4 (G=32, 16-bit scale and zero): 40960 B.
+    ``quant_kv_bytes_per_token`` defaults to the planner's bytes for the default scenario's model at
+    ``quant_kv_dtype`` (:func:`kvlab.paging.budget.default_kv_bytes_per_token`; Llama-3-8B, KIVI-4: 40,960 B).
     """
     if quant_kv_bytes_per_token is None:
-        quant_kv_bytes_per_token = kivi_bytes_per_token_llama3_8b(nbits=4, group_size=32)
+        quant_kv_bytes_per_token = default_kv_bytes_per_token(quant_kv_dtype)
     return [
         Policy("contiguous", kind="contiguous"),
         Policy("paged", block_size_tokens=block_size_tokens),
@@ -515,7 +516,7 @@ def simulate(
 
     Defaults: :func:`default_policies` and the mechanics chapter's Llama-3-8B budget (61.04 GiB of KV).
     """
-    budget = budget or seed_budget()
+    budget = budget or default_budget()
     policies = policies if policies is not None else default_policies()
     if not policies:
         raise ValueError("`policies` must name at least one policy, got none")

@@ -22,7 +22,7 @@ import numpy as np
 
 from kvlab.paging.block_pool import BlockPool
 from kvlab.paging.block_table import BlockTable
-from kvlab.paging.budget import KVBudget, seed_budget
+from kvlab.paging.budget import KVBudget, default_budget
 
 SEED_MAX_LEN = 4096  # longest request and the contiguous reservation (the mechanics chapter's appendix)
 SEED_N_REQUESTS = 4000
@@ -274,7 +274,7 @@ def run_static(
     Returns:
         ``{"config", "A": {<workload>: {...}, "cap_tokens", "budget_bytes"}, "B", "C", "demo"}``.
     """
-    budget = budget or seed_budget()
+    budget = budget or default_budget()
     if lengths is None:
         lengths = {kind: workload(kind, n_requests, seed, max_len) for kind in workloads}
     if not lengths:

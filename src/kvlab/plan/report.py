@@ -18,11 +18,10 @@ from kvlab.plan.roofline import (
     model_decode_attention_intensity,
     prefill_intensity,
 )
+from kvlab.plan.scenario import DEFAULT_GPU  # re-exported: commands and tests read it here
 from kvlab.plan.spec import KV_KINDS, SHARED, ModelSpec, load_spec
 from kvlab.plan.video import VideoClip, video_kv
 from kvlab.plan.weights import UnknownWeightsError, WeightBytes, weight_bytes
-
-DEFAULT_GPU = "A100-80GB"  # the mechanics chapter's accelerator
 
 
 def resolve_hardware(

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from kvlab.paging import run_static, seed_budget, static_capacity, workload
-from kvlab.paging.budget import LLAMA3_8B_KV_BYTES_PER_TOKEN, KVBudget, kivi_bytes_per_token_llama3_8b
+from kvlab.paging import default_budget, run_static, static_capacity, workload
+from kvlab.paging.budget import KVBudget, default_kv_bytes_per_token
 from kvlab.paging.static import block_size_sweep, demo_layout, greedy_admit, load_lengths, waste_split
 
 GIB, MIB = 1024**3, 1024**2
@@ -16,9 +16,10 @@ def seed_result():
 
 
 def test_budget_is_the_seeds_61_gib():
-    budget = seed_budget()
-    assert LLAMA3_8B_KV_BYTES_PER_TOKEN == 131072
-    assert budget.capacity_tokens == 500063
+    budget = default_budget()  # from the planner: Llama-3-8B preset, A100-80GB, 4 GiB reserve
+    assert budget.kv_bytes_per_token == 131072
+    assert budget.weight_bytes == 8_030_261_248 * 2
+    assert budget.capacity_tokens == 500059
     assert round(budget.budget_bytes / GIB, 2) == 61.04
     assert round(budget.weight_bytes / GIB, 2) == 14.96
 
@@ -64,7 +65,7 @@ def test_block_size_sweep(seed_result):
 def test_seed_json_keys(seed_result):
     assert {"A", "B", "C", "demo"} <= set(seed_result)
     assert {"k_cont", "k_paged", "util_cont", "util_paged", "gain"} <= set(seed_result["A"]["heavy"])
-    assert seed_result["A"]["cap_tokens"] == 500063
+    assert seed_result["A"]["cap_tokens"] == 500059
     assert "ratio" in seed_result["B"] and "rows" in seed_result["C"]
 
 
@@ -95,19 +96,18 @@ def test_demo_layout_interleaves_blocks_of_three_requests():
 
 
 def test_quantized_bytes_per_token_fit_more_requests():
-    kivi = kivi_bytes_per_token_llama3_8b(nbits=4, group_size=32)
-    assert (
-        kivi == 40960
-    )  # 1280 B per 2048 K+V elements (issue 3), x 32 layers x 8 heads x 128 dims x 2 / 2048
+    # KIVI-4, G=32, 16-bit scale and zero: per layer and KV head 2*128*4/8 code bytes + 4*2*128/32 metadata
+    # bytes = 160 B, x 32 layers x 8 KV heads
+    assert default_kv_bytes_per_token("kivi4") == 160 * 32 * 8 == 40960
     lens = workload("uniform")
-    bf16 = static_capacity(lens, seed_budget(), 16)
-    q = static_capacity(lens, seed_budget(kivi), 16)
+    bf16 = static_capacity(lens, default_budget(), 16)
+    q = static_capacity(lens, default_budget("kivi4"), 16)
     assert q["k_paged"] > 3 * bf16["k_paged"] and q["k_cont"] > 3 * bf16["k_cont"]
 
 
 def test_a_million_requests_admit_like_the_seeds_loop():
     lens = workload("heavy", n=1_000_000)
-    budget = seed_budget()
+    budget = default_budget()
     a = static_capacity(lens, budget, 16)
     used = k = 0
     for n in lens.tolist():  # the seed's loop; it stops at the first misfit, a few hundred requests in
@@ -133,7 +133,7 @@ def test_bad_inputs_are_rejected():
     with pytest.raises(ValueError, match="kind"):
         workload("bursty")
     with pytest.raises(ValueError, match="exceeds the contiguous reservation"):
-        static_capacity(np.array([5000]), seed_budget())
+        static_capacity(np.array([5000]), default_budget())
     with pytest.raises(ValueError, match="nothing left"):
         KVBudget(gpu_bytes=GIB, weight_bytes=2 * GIB, overhead_bytes=0, kv_bytes_per_token=2)
     with pytest.raises(ValueError, match="kv_bytes_per_token"):
