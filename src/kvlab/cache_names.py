@@ -1,0 +1,90 @@
+"""The one grammar of cache names, shared by the cache registry and the torch-free planner (no torch here).
+
+A cache name is ``family[-bits][-variant][:setting=value]...``::
+
+    dynamic                      transformers DynamicCache
+    paged:block_size=32          kvlab PagedCache, 32 tokens per block
+    kivi-4                       KIVI at 4 bits; group size, residual window and attention path from the run
+    kivi-2-fused:group_size=64:residual_length=256
+
+* ``family``: lower-case letters and digits (``kivi``, ``hqq``, ``fp8``); which families exist is the registry's
+  business (:mod:`kvlab.caches.registry`), or the planner's for ``--kv-dtype``.
+* ``bits``: the code width of a quantized cache, after a hyphen.
+* ``variant``: one word after the bits (KIVI's attention path: ``fused`` or ``dequant``).
+* ``:setting=value``: a non-negative integer overriding one run-wide setting for this cache only.
+
+Names without the hyphen before the bits (``kivi4``, ``hqq4``, ``kivi4-fused``: the spellings ``kvlab bench`` and
+``kvlab plan`` used first) are read as the same cache when ``kivi4`` is not itself a family.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+from dataclasses import dataclass
+
+_NAME = re.compile(
+    r"^(?P<family>[a-z][a-z0-9]*)"
+    r"(?:-(?P<nbits>[0-9]+))?"
+    r"(?:-(?P<variant>[a-z][a-z0-9]*))?"
+    r"(?P<settings>(?::[a-z_]+=[0-9]+)*)$"
+)
+_LEGACY_FAMILY = re.compile(r"^(?P<family>[a-z]+?)(?P<nbits>[0-9]+)$")  # "kivi4" -> ("kivi", "4")
+
+
+@dataclass(frozen=True)
+class CacheName:
+    """A parsed cache name (:func:`parse_cache_name`); ``text`` is kept as written for output and records."""
+
+    text: str  # as the user wrote it: "kivi4-fused"
+    family: str  # "kivi"
+    nbits: int | None = None  # code width, or None when the name has none
+    variant: str | None = None  # "fused", or None
+    settings: tuple[tuple[str, int], ...] = ()  # overrides in written order: (("group_size", 64),)
+
+    @property
+    def canonical(self) -> str:
+        """The name in the one grammar: ``"kivi4-fused"`` -> ``"kivi-4-fused"``."""
+        out = self.family
+        if self.nbits is not None:
+            out += f"-{self.nbits}"
+        if self.variant is not None:
+            out += f"-{self.variant}"
+        return out + "".join(f":{k}={v}" for k, v in self.settings)
+
+
+def parse_cache_name(text: str, families: Collection[str]) -> CacheName:
+    """Parse ``text`` against the grammar of this module, ``families`` being the known first words.
+
+    Args:
+        text: a cache name, e.g. ``"kivi-4"``, ``"kivi4-fused"``, ``"paged:block_size=32"``.
+        families: the family names the caller knows (the registry's, or the planner's).
+
+    Returns:
+        A :class:`CacheName`; ``nbits``, ``variant`` and ``settings`` are not checked against the family
+        (the registry entry does that).
+
+    Raises:
+        ValueError: ``text`` not a string, not in the grammar, an unknown family, or a setting given twice.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"a cache name must be a string, got {text!r}")
+    m = _NAME.match(text.strip().lower())
+    if m is None:
+        raise ValueError(
+            f"cache name {text!r} is not family[-bits][-variant][:setting=value]..., e.g. kivi-4 or "
+            f"kivi-4-fused:group_size=64"
+        )
+    family, nbits = m["family"], m["nbits"]
+    legacy = _LEGACY_FAMILY.match(family)
+    if family not in families and nbits is None and legacy and legacy["family"] in families:
+        family, nbits = legacy["family"], legacy["nbits"]
+    if family not in families:
+        raise ValueError(f"unknown cache family {family!r} in {text!r}; known: {', '.join(sorted(families))}")
+    settings = tuple(
+        (key, int(value)) for key, value in (pair.split("=") for pair in m["settings"].split(":")[1:])
+    )
+    keys = [k for k, _ in settings]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"a setting is given twice in cache name {text!r}")
+    return CacheName(text, family, None if nbits is None else int(nbits), m["variant"], settings)

@@ -1,0 +1,320 @@
+"""The cache registry: every cache kvlab can run, under one name grammar (:mod:`kvlab.cache_names`).
+
+One :class:`CacheEntry` per cache family: which bit widths, variants and settings its names take, a factory
+``(model_config, name, settings) -> Cache``, whether it is exact (the same logits as ``DynamicCache``) or lossy
+with a stated bound, the optional package it needs, and whether ``kvlab plan --kv-dtype`` sizes it. ``kvlab eval``,
+``kvlab bench`` and ``kvlab lab`` build their caches here; ``tests/unit/caches/test_registry.py`` runs every
+registered name through ``generate()`` against ``DynamicCache``. Adding a cache is one module under
+``kvlab/caches/`` and one entry in :data:`REGISTRY` (see CONTRIBUTING.md).
+
+Importing this module imports no torch: factories import their cache classes when called.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvlab.cache_names import CacheName, parse_cache_name
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    """Run-wide cache settings; a name's ``:setting=value`` overrides one of them for that cache only.
+
+    Raises:
+        ValueError: a size below its minimum, or an unknown ``kivi_attention``.
+    """
+
+    group_size: int = 32  # KIVI G: tokens per key group (per-channel), channels per value group (per-token)
+    residual_length: int = 128  # R: newest tokens kept in the model dtype (KIVI, transformers QuantizedCache)
+    hqq_group_size: int = 64  # group size of transformers' HQQ/quanto caches (the quantization chapter's 64)
+    block_size: int = 16  # PagedCache: tokens per physical block
+    kivi_attention: str = "dequantize"  # KIVI attention path when the name has no variant: fused | dequantize
+
+    def __post_init__(self) -> None:
+        for name, low in (
+            ("group_size", 1),
+            ("residual_length", 0),
+            ("hqq_group_size", 1),
+            ("block_size", 1),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}")
+        if self.kivi_attention not in ("fused", "dequantize"):
+            raise ValueError(f"`kivi_attention` must be 'fused' or 'dequantize', got {self.kivi_attention!r}")
+
+
+Factory = Callable[[Any, CacheName, CacheSettings], Any]  # (model_config, name, settings) -> a fresh Cache
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One cache family of the registry.
+
+    ``logit_bound``: for a lossy cache, bits -> the largest relative logit error allowed against
+    ``DynamicCache`` (max |logit - logit_dynamic| / max |logit_dynamic| over the steps of a greedy ``generate()``
+    up to the first differing token) in the registry test: a tiny random Qwen2, fp32, 96 prompt tokens, G = R = 32.
+    It is an empirical tolerance for that setup, not a guarantee on other models.
+    """
+
+    family: str  # the name's first word: "kivi"
+    summary: str  # one line for listings and CONTRIBUTING.md
+    factory: Factory  # builds a fresh cache; imports its cache class itself (this module stays torch-free)
+    nbits: tuple[int, ...] = ()  # bit widths the name must give ("kivi-4"); () = the name takes none
+    variants: tuple[str, ...] = ()  # words allowed after the bits ("fused"); () = none
+    settings: tuple[str, ...] = ()  # CacheSettings fields a name may override (":group_size=64")
+    exact: bool = True  # True: logits equal DynamicCache's; False: within logit_bound
+    logit_bound: Mapping[int, float] = field(default_factory=dict)  # lossy only: bits -> relative logit error
+    requires: str | None = None  # importable module the cache needs ("hqq"); None = always available
+    install_hint: str = "pip install 'kvlab[hf]'"  # how to get `requires`
+    planner: bool = False  # `kvlab plan --kv-dtype <name>` sizes it exactly (kvlab.plan.ledger.kv_dtype)
+    describe: Callable[[CacheName, CacheSettings], dict] | None = None  # JSON settings beyond name/family
+    # whether the model must run kvlab attention (kvlab.attention.enable) for this name and settings
+    kvlab_attention: Callable[[CacheName, CacheSettings], bool] = lambda name, settings: False
+
+    def __post_init__(self) -> None:
+        if not self.exact and set(self.logit_bound) != set(self.nbits or (None,)):
+            raise ValueError(f"lossy cache {self.family!r} must state a logit bound for each of {self.nbits}")
+
+
+@dataclass(frozen=True)
+class ResolvedCache:
+    """A registered name with its entry and the settings it runs with (run-wide settings + the name's own)."""
+
+    name: CacheName
+    entry: CacheEntry
+    settings: CacheSettings
+
+    @property
+    def family(self) -> str:
+        return self.entry.family
+
+    @property
+    def nbits(self) -> int | None:
+        return self.name.nbits
+
+    @property
+    def exact(self) -> bool:
+        return self.entry.exact
+
+    @property
+    def logit_bound(self) -> float:
+        """0.0 for an exact cache, else the entry's stated relative logit error at these bits."""
+        return 0.0 if self.entry.exact else self.entry.logit_bound[self.name.nbits]
+
+    @property
+    def uses_kvlab_attention(self) -> bool:
+        """Whether the model must run kvlab attention (:func:`kvlab.attention.enable`) for this cache."""
+        return self.entry.kvlab_attention(self.name, self.settings)
+
+    def unavailable_reason(self) -> str | None:
+        """Why this cache cannot run here (its optional package is missing), or ``None``."""
+        if self.entry.requires is None:
+            return None
+        try:
+            found = importlib.util.find_spec(self.entry.requires) is not None
+        except ModuleNotFoundError:  # a missing parent package of a dotted name
+            found = False
+        if found:
+            return None
+        return f"package for backend '{self.family}' is not installed ({self.entry.install_hint})"
+
+    def make(self, model_config: Any) -> Any:
+        """A fresh transformers ``Cache`` for one run of a model with ``model_config``."""
+        return self.entry.factory(model_config, self.name, self.settings)
+
+    def describe(self) -> dict:
+        """JSON description: ``name``, ``family`` and the settings this cache uses."""
+        out = {"name": self.name.text, "family": self.family}
+        if self.entry.describe is not None:
+            out.update(self.entry.describe(self.name, self.settings))
+        return out
+
+
+# --- factories: one per family, importing the cache class on call ---------------------------------------------
+
+
+def _dynamic(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
+    from transformers import DynamicCache
+
+    return DynamicCache()
+
+
+def _paged(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
+    from kvlab.caches.paged import PagedCache
+
+    return PagedCache(block_size=s.block_size, config=model_config)
+
+
+# the name's variant -> KIVICache's attention path (None: the run's CacheSettings.kivi_attention)
+_KIVI_VARIANTS = {None: None, "fused": "fused", "dequant": "dequantize"}
+
+
+def _kivi_attention(name: CacheName, s: CacheSettings) -> str:
+    return _KIVI_VARIANTS[name.variant] or s.kivi_attention
+
+
+def _kivi(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
+    from kvlab.caches.kivi import KIVICache
+
+    return KIVICache(
+        nbits=name.nbits,
+        group_size=s.group_size,
+        residual_length=s.residual_length,
+        attention=_kivi_attention(name, s),
+    )
+
+
+def _kivi_describe(name: CacheName, s: CacheSettings) -> dict:
+    return {
+        "nbits": name.nbits,
+        "group_size": s.group_size,
+        "residual_length": s.residual_length,
+        "key_axis": "per-channel",
+        "value_axis": "per-token",
+        "attention": _kivi_attention(name, s),
+    }
+
+
+def _hf_axis(family: str) -> int:
+    """transformers QuantizedCache axis: HQQ needs axis 1 for K and V (the quantization chapter §5.1), quanto 0."""
+    return 1 if family == "hqq" else 0
+
+
+def _hf_quantized(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
+    from transformers import QuantizedCache
+
+    axis = _hf_axis(name.family)
+    return QuantizedCache(
+        backend=name.family,
+        config=model_config,
+        nbits=name.nbits,
+        axis_key=axis,
+        axis_value=axis,
+        q_group_size=s.hqq_group_size,
+        residual_length=s.residual_length,
+    )
+
+
+def _hf_describe(name: CacheName, s: CacheSettings) -> dict:
+    axis = _hf_axis(name.family)
+    return {
+        "nbits": name.nbits,
+        "group_size": s.hqq_group_size,
+        "residual_length": s.residual_length,
+        "axis_key": axis,
+        "axis_value": axis,
+    }
+
+
+# --- the registry: one entry per family ---------------------------------------------------------------------
+
+REGISTRY: dict[str, CacheEntry] = {
+    e.family: e
+    for e in (
+        CacheEntry(
+            "dynamic", "transformers DynamicCache: K/V in the model dtype (the float baseline)", _dynamic
+        ),
+        CacheEntry(
+            "paged",
+            "kvlab PagedCache: K/V in physical blocks addressed by a block table (vLLM-style)",
+            _paged,
+            settings=("block_size",),
+            describe=lambda name, s: {"block_size": s.block_size},
+        ),
+        CacheEntry(
+            "kivi",
+            "kvlab KIVICache: keys per-channel, values per-token, full-precision residual window (arXiv:2402.02750)",
+            _kivi,
+            nbits=(2, 4, 8),
+            variants=("fused", "dequant"),
+            settings=("group_size", "residual_length"),
+            exact=False,
+            logit_bound={8: 0.01, 4: 0.1, 2: 0.4},
+            planner=True,
+            describe=_kivi_describe,
+            kvlab_attention=lambda name, s: _kivi_attention(name, s) == "fused",
+        ),
+        CacheEntry(
+            "hqq",
+            "transformers QuantizedCache, HQQ backend, axis 1 for K and V",
+            _hf_quantized,
+            nbits=(2, 4, 8),
+            settings=("hqq_group_size", "residual_length"),
+            exact=False,
+            logit_bound={8: 0.01, 4: 0.1, 2: 0.4},
+            requires="hqq",
+            describe=_hf_describe,
+        ),
+        CacheEntry(
+            "quanto",
+            "transformers QuantizedCache, optimum-quanto backend, axis 0 for K and V",
+            _hf_quantized,
+            nbits=(2, 4),
+            settings=("hqq_group_size", "residual_length"),
+            exact=False,
+            logit_bound={4: 0.1, 2: 0.4},
+            requires="optimum.quanto",
+            describe=_hf_describe,
+        ),
+    )
+}
+
+
+def resolve(name: str | CacheName, settings: CacheSettings | None = None) -> ResolvedCache:
+    """Look ``name`` up in :data:`REGISTRY` and merge its ``:setting=value`` overrides into ``settings``.
+
+    Args:
+        name: a cache name (:mod:`kvlab.cache_names`), e.g. ``"kivi-4"``, ``"kivi4-fused"``, ``"paged"``.
+        settings: the run's settings; default :class:`CacheSettings()`.
+
+    Raises:
+        ValueError: a name outside the grammar, an unknown family, bits/variant/setting the family does not
+            take (the message lists what it takes), or an invalid resulting setting.
+    """
+    parsed = name if isinstance(name, CacheName) else parse_cache_name(name, REGISTRY)
+    entry = REGISTRY[parsed.family]
+    text = parsed.text
+    if entry.nbits and parsed.nbits not in entry.nbits:
+        raise ValueError(
+            f"cache {text!r}: `{entry.family}` needs bits in {list(entry.nbits)}, got {parsed.nbits}"
+        )
+    if not entry.nbits and parsed.nbits is not None:
+        raise ValueError(f"cache {text!r}: `{entry.family}` takes no bits, got {parsed.nbits}")
+    if parsed.variant is not None and parsed.variant not in entry.variants:
+        raise ValueError(
+            f"cache {text!r}: `{entry.family}` variants are {list(entry.variants) or 'none'}, got {parsed.variant!r}"
+        )
+    bad = [k for k, _ in parsed.settings if k not in entry.settings]
+    if bad:
+        raise ValueError(
+            f"cache {text!r}: `{entry.family}` settings are {list(entry.settings) or 'none'}, got {bad}"
+        )
+    merged = dataclasses.replace(settings or CacheSettings(), **dict(parsed.settings))
+    return ResolvedCache(parsed, entry, merged)
+
+
+def make_cache(name: str, model_config: Any = None, settings: CacheSettings | None = None) -> Any:
+    """``resolve(name, settings).make(model_config)``: a fresh cache for one run."""
+    return resolve(name, settings).make(model_config)
+
+
+def cache_names(family: str | None = None) -> list[str]:
+    """Every registered name without settings (each bit width and variant), e.g. for a test matrix or ``--help``.
+
+    Raises:
+        ValueError: an unknown ``family``.
+    """
+    if family is not None and family not in REGISTRY:
+        raise ValueError(f"unknown cache family {family!r}; known: {', '.join(REGISTRY)}")
+    out = []
+    for entry in REGISTRY.values() if family is None else (REGISTRY[family],):
+        for bits in entry.nbits or (None,):
+            for variant in (None, *entry.variants):
+                out.append(CacheName("", entry.family, bits, variant).canonical)
+    return out

@@ -1,0 +1,110 @@
+"""The cache registry: its grammar, and every registered cache through ``generate()`` against ``DynamicCache``.
+
+The matrix is :func:`kvlab.caches.registry.cache_names`: a cache is tested the moment it is registered. Exact
+caches must give DynamicCache's tokens and logits; lossy caches must stay within their entry's stated relative
+logit error (and show some error, or the setup did not quantize anything).
+"""
+
+import pytest
+import torch
+
+from kvlab.cache_names import parse_cache_name
+from kvlab.caches.registry import REGISTRY, CacheSettings, cache_names, resolve
+from tests.conftest import make_tiny_qwen2
+
+PROMPT_TOKENS, NEW_TOKENS = 96, 12
+SETTINGS = CacheSettings(group_size=32, residual_length=32, hqq_group_size=32, block_size=16)
+
+
+@pytest.fixture(scope="module")
+def model():
+    """A tiny Qwen2 (head_dim 32) running kvlab attention: SDPA for every cache, fused KIVI where asked."""
+    import kvlab.attention
+
+    return kvlab.attention.enable(make_tiny_qwen2(head_dim=32, max_positions=512))
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    gen = torch.Generator().manual_seed(0)
+    return torch.randint(1, 256, (2, PROMPT_TOKENS), generator=gen)  # [batch, tokens]
+
+
+def _generate(model, prompt, cache):
+    out = model.generate(
+        prompt,
+        cache=cache,
+        max_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+    )
+    return out.sequences[:, PROMPT_TOKENS:], torch.stack(out.logits, dim=1)  # [B, new], [B, new, vocab]
+
+
+@pytest.fixture(scope="module")
+def reference(model, prompt):
+    return _generate(model, prompt, resolve("dynamic", SETTINGS).make(model.config))
+
+
+@pytest.mark.parametrize("name", cache_names())
+def test_every_registered_cache_matches_dynamic_cache(name, model, prompt, reference):
+    cache = resolve(name, SETTINGS)
+    reason = cache.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    tokens, logits = _generate(model, prompt, cache.make(model.config))
+    ref_tokens, ref_logits = reference
+    scale = float(ref_logits.abs().max())
+    if cache.exact:
+        assert torch.equal(tokens, ref_tokens), name
+        assert float((logits - ref_logits).abs().max()) <= 1e-5 * scale, name
+        return
+    # compare steps up to the first differing token of any row: until then both saw the same context
+    same = (tokens == ref_tokens).all(dim=0)  # [new]
+    steps = int(same.long().cumprod(0).sum()) + 1
+    rel = float((logits[:, :steps] - ref_logits[:, :steps]).abs().max()) / scale
+    assert 0.0 < rel <= cache.logit_bound, (
+        f"{name}: relative logit error {rel:.4g}, bound {cache.logit_bound}"
+    )
+
+
+def test_grammar_reads_old_spellings_and_settings():
+    assert resolve("kivi4-fused").name.canonical == "kivi-4-fused"
+    assert resolve("hqq4").name.canonical == "hqq-4"
+    r = resolve("kivi-2-dequant:group_size=64:residual_length=256", CacheSettings(kivi_attention="fused"))
+    assert (r.settings.group_size, r.settings.residual_length) == (64, 256)
+    assert r.describe()["attention"] == "dequantize" and not r.uses_kvlab_attention
+    assert resolve("kivi-4", CacheSettings(kivi_attention="fused")).uses_kvlab_attention
+    assert resolve("paged:block_size=4").settings.block_size == 4
+    assert parse_cache_name("FP8", {"fp8"}).family == "fp8"  # a family ending in digits is not split
+
+
+@pytest.mark.parametrize(
+    ("name", "match"),
+    [
+        ("kivi-3", r"needs bits in \[2, 4, 8\], got 3"),
+        ("kivi", "needs bits"),
+        ("dynamic-4", "takes no bits, got 4"),
+        ("kivi-4-fast", "variants are .*got 'fast'"),
+        ("paged:group_size=4", r"settings are \['block_size'\], got \['group_size'\]"),
+        ("kivi-4:group_size=0", "`group_size` must be an int >= 1, got 0"),
+        ("kivi-4:group_size=4:group_size=8", "given twice"),
+        ("lru-4", "unknown cache family 'lru'"),
+        ("kivi 4", "not family"),
+        (4, "must be a string, got 4"),
+    ],
+)
+def test_bad_names_are_refused_with_the_value(name, match):
+    with pytest.raises(ValueError, match=match):
+        resolve(name)
+
+
+def test_every_entry_is_listed_and_lossy_ones_state_bounds():
+    names = cache_names()
+    assert set(REGISTRY) == {resolve(n).family for n in names}
+    for n in names:
+        r = resolve(n)
+        assert r.exact or r.logit_bound > 0, n
+        assert r.describe()["name"] == n
