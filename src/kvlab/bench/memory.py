@@ -6,10 +6,10 @@ tiles, attention scores, a ``torch.cat`` double buffer). The cache's own growth 
 
 * CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` (the caching allocator's exact
   bytes of live tensors), minus ``memory_allocated`` after the step.
-* CPU: :class:`TensorBytesTracker`, exact tensor accounting with a ``TorchDispatchMode``: every storage an
-  operator creates is added once (deduplicated by ``data_ptr``); every storage an operator reads or creates is
-  subtracted when it is freed (``weakref.finalize`` on the storage object, which torch keeps alive exactly as
-  long as the storage). Memory an operator allocates and frees internally is invisible to it.
+* CPU: :class:`kvlab.runtime.tensor_bytes.TensorBytesTracker`, exact tensor accounting with a
+  ``TorchDispatchMode``: every storage an operator creates is added once (deduplicated by ``data_ptr``); every
+  storage an operator reads or creates is subtracted when it is freed (``weakref.finalize`` on the storage
+  object, which torch keeps alive exactly as long as the storage). Memory an operator allocates and frees internally is invisible to it.
 
 Two steps are measured per cell: a plain step, and for caches that flush in chunks the next step that flushes
 (KIVI quantizes a ``G``-token chunk; transformers' ``QuantizedCache`` re-quantizes the whole history). The ratio
@@ -19,12 +19,9 @@ Every cache starts from the same exact prefill (:func:`kvlab.bench.decode.fill_c
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from kvlab.bench.decode import (
     DEFAULT_CANDIDATES,
@@ -39,6 +36,7 @@ from kvlab.bench.decode import (
     set_attention,
     synchronize,
 )
+from kvlab.runtime.tensor_bytes import TensorBytesTracker  # the CPU measurement; tests import it here too
 
 CPU_CONTEXTS = (1024, 4096, 16384)
 CUDA_CONTEXTS = (4096, 32768, 131072)
@@ -47,68 +45,6 @@ TARGET_RATIO = 0.10  # transient / bf16 DynamicCache bytes, kivi4-fused
 TARGET_CANDIDATE = "kivi4-fused"
 TOP_OPS = 6  # operators listed by bytes allocated during a measured step (CPU)
 MAX_STEPS_TO_FLUSH = 512  # give up looking for a flushing step after this many decode steps
-
-
-class TensorBytesTracker(TorchDispatchMode):
-    """Exact live tensor bytes of the operators run inside the ``with`` block, and their peak.
-
-    ``current_bytes`` starts at 0; it grows by the bytes of each storage an operator creates and falls by the
-    bytes of each tracked storage when it is freed, including storages created before the block that an operator
-    reads and that die inside it (so a ``torch.cat`` that replaces an old buffer counts the overlap only). After
-    the block, ``peak_bytes - current_bytes`` is the transient. The counters keep following frees after exit.
-
-    Source: kvlab; storages are deduplicated by ``data_ptr`` and observed with ``weakref.finalize``.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.current_bytes = 0
-        self.peak_bytes = 0
-        self.allocated_bytes = 0  # total bytes of storages created inside the block
-        self.allocated_by_op: dict[str, int] = {}  # operator name -> bytes of the storages it created
-        self._live: dict[int, int] = {}  # data_ptr -> nbytes of tracked storages still alive
-
-    def _free(self, ptr: int, nbytes: int) -> None:
-        if self._live.get(ptr) == nbytes:
-            del self._live[ptr]
-            self.current_bytes -= nbytes
-
-    def _watch(self, storage: torch.UntypedStorage, op: str | None) -> None:
-        """Track ``storage`` until it dies; ``op``: the operator that created it, None if it existed before."""
-        ptr, nbytes = storage.data_ptr(), storage.nbytes()
-        if nbytes == 0 or ptr in self._live:
-            return
-        self._live[ptr] = nbytes
-        weakref.finalize(storage, self._free, ptr, nbytes).atexit = False
-        if op is not None:
-            self.allocated_by_op[op] = self.allocated_by_op.get(op, 0) + nbytes
-            self.current_bytes += nbytes
-            self.allocated_bytes += nbytes
-            self.peak_bytes = max(self.peak_bytes, self.current_bytes)
-
-    @staticmethod
-    def _storages(tree: Any) -> list[torch.UntypedStorage]:
-        leaves, _ = tree_flatten(tree)
-        out = []
-        for t in leaves:
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                try:
-                    out.append(t.untyped_storage())
-                except (RuntimeError, NotImplementedError):  # storage-less tensors
-                    pass
-        return out
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        inputs = self._storages((args, kwargs))
-        for s in inputs:
-            self._watch(s, None)
-        out = func(*args, **kwargs)
-        seen = {s.data_ptr() for s in inputs}
-        for s in self._storages(out):
-            if s.data_ptr() not in seen:
-                self._watch(s, str(func.overloadpacket))
-        return out
 
 
 def measure_step(fn: Any, device: torch.device) -> dict:

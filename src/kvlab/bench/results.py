@@ -17,6 +17,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from kvlab.runtime.atomic import atomic_write_json
+
 FORMAT = "kvlab-bench/1"
 BENCHMARKS = ("decode", "memory", "flush", "kernel", "paging", "lab")
 
@@ -138,19 +140,18 @@ def make_record(benchmark: str, result: dict, command: str, quick: bool, note: s
 
 
 def write_record(path: str | Path, record: dict, force: bool = False) -> Path:
-    """Write ``record`` to ``path`` atomically (temp file + ``os.replace``).
+    """Write ``record`` to ``path`` atomically (:func:`kvlab.runtime.atomic.atomic_write_json`).
 
     Raises:
         FileExistsError: ``path`` exists and ``force`` is false.
     """
-    from kvlab.eval.io import write_json_atomic
-
     path = Path(path)
     if path.exists() and not force:
         raise FileExistsError(
             f"{path} already exists; pass --force to replace it or --out to choose another file"
         )
-    return write_json_atomic(path, record)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write_json(path, record, indent=1)
 
 
 def read_records(results_dir: str | Path, include_quick: bool = False) -> list[tuple[Path, dict]]:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from kvlab.eval.config import check_label
 from kvlab.eval.schema import validate_result
+from kvlab.runtime.atomic import atomic_write_json
 
 
 def result_path(out_dir: str | Path, label: str) -> Path:
@@ -27,24 +26,11 @@ def ensure_writable(path: Path, force: bool) -> None:
 
 
 def write_json_atomic(path: str | Path, obj: object) -> Path:
-    """Write ``obj`` as JSON to ``path`` atomically (temp file in the same directory + ``os.replace``)."""
+    """Write ``obj`` as JSON to ``path`` atomically (:func:`kvlab.runtime.atomic.atomic_write_json`), creating its
+    folder."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would make results private to their writer
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=1, allow_nan=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write_json(path, obj, indent=1)
 
 
 def read_result(path: str | Path) -> dict:

@@ -17,11 +17,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued CUDA work so wall-clock timings cover it (no-op on CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from kvlab.runtime.device import synchronize  # re-exported: eval.longctx imports it from here
+from kvlab.runtime.tensor_bytes import TensorBytesTracker
 
 
 def cache_kwarg(model: Any) -> str:
@@ -46,7 +43,7 @@ class PeakMemory:
 
     CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus the allocated bytes at entry
     (the quantization chapter's measure). CPU: the exact peak of live tensor bytes created inside the block, counted operator
-    by operator with :class:`kvlab.bench.memory.TensorBytesTracker` (weights and inputs that exist before the
+    by operator with :class:`kvlab.runtime.tensor_bytes.TensorBytesTracker` (weights and inputs that exist before the
     block are not counted; allocator caching is not counted either).
     """
 
@@ -69,8 +66,6 @@ class PeakMemory:
             self.base = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
-            from kvlab.bench.memory import TensorBytesTracker
-
             self._tracker = TensorBytesTracker()
             self._tracker.__enter__()
         return self

@@ -1,0 +1,10 @@
+"""Run-time helpers shared by eval, bench, lab and the commands: one leaf module each, importing no other kvlab code.
+
+``device``        resolve a device name, synchronize before reading a clock
+``dtypes``        model dtype names -> ``torch.dtype``
+``tensor_bytes``  exact live tensor bytes of a code block on any device (``TorchDispatchMode``)
+``provenance``    versions and machine facts recorded next to results
+``atomic``        write a file atomically with ordinary permissions (torch-free)
+
+This package imports nothing at import time, so ``kvlab.runtime.atomic`` stays torch-free.
+"""

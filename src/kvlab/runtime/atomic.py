@@ -1,0 +1,59 @@
+"""Atomic file writes: a temporary file in the target's folder, then ``os.replace``.
+
+A reader never sees a half-written file, and a crash leaves the old file (or none). The file gets the
+permissions an ordinary ``open(path, "w")`` would give (``0o666`` minus the umask), not ``mkstemp``'s private
+``0o600``. Pure Python; no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[IO], Any], *, binary: bool = False) -> Path:
+    """Call ``write(f)`` on a temporary file next to ``path``, then move it onto ``path``; returns ``path``.
+
+    The parent folder must exist. On any error the temporary file is removed and ``path`` is left as it was.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would make the file private to its writer
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    return atomic_write(path, lambda f: f.write(text))
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically."""
+    return atomic_write(path, lambda f: f.write(data), binary=True)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int = 2, **dumps_kwargs: Any) -> Path:
+    """Write ``obj`` as JSON (``indent`` 2, a final newline) to ``path`` atomically."""
+    return atomic_write_text(path, json.dumps(obj, indent=indent, **dumps_kwargs) + "\n")

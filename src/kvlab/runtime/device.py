@@ -1,0 +1,28 @@
+"""Devices: resolve a name to a ``torch.device``, and wait for queued work before reading a clock."""
+
+from __future__ import annotations
+
+import torch
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``None``/``"auto"`` -> CUDA when available, else CPU; anything else is parsed and checked.
+
+    Raises:
+        ValueError: an unparsable device, or CUDA requested but not available (the value named).
+    """
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"`device` must be cpu, cuda, cuda:N or auto, got {device!r}") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"`device` is {device!r} but CUDA is not available")
+    return dev
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued CUDA work so wall-clock timings cover it (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
