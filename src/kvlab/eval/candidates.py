@@ -1,40 +1,65 @@
-"""Cache candidates of ``kvlab eval``: a registry of names to cache factories.
+"""Cache candidates of ``kvlab eval``: names of the cache registry (:mod:`kvlab.caches.registry`).
 
 * ``dynamic`` — transformers ``DynamicCache`` (the float baseline).
 * ``kivi-N`` (N in 2, 4, 8) — :class:`kvlab.caches.KIVICache`: keys per-channel, values per-token.
-* ``hqq-N`` / ``quanto-N`` — transformers ``QuantizedCache`` with the HQQ backend (axis 1, as in the quantization chapter) or
-  quanto (axis 0), when the ``hf`` extra is installed; otherwise the candidate is recorded as skipped with the reason.
+* ``hqq-N`` / ``quanto-N`` — transformers ``QuantizedCache`` with the HQQ backend (axis 1, as in the quantization
+  chapter §5.1) or quanto (axis 0), when the ``hf`` extra is installed; otherwise the candidate is recorded as
+  skipped with the reason.
+* any other registered family (``paged``, and caches added later) by its registry name.
+
+The experiment sets KIVI's attention path (``--kivi-attention``), group size and residual window per matrix cell,
+so an eval candidate names neither a variant nor ``:setting=value`` (``kvlab bench`` takes both).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import re
 from dataclasses import dataclass
 from typing import Any
 
-_NAME = re.compile(r"^(dynamic|kivi-(2|4|8)|hqq-(2|4|8)|quanto-(2|4))$")
+from kvlab.caches.registry import CacheSettings, ResolvedCache, resolve
+
+
+def _resolve_one(name: Any) -> ResolvedCache:
+    try:
+        cache = resolve(name)
+    except ValueError as exc:
+        raise ValueError(f"unknown cache candidate(s) [{name!r}]: {exc}") from None
+    if cache.name.variant is not None or cache.name.settings:
+        raise ValueError(
+            f"unknown cache candidate(s) [{name!r}]: eval candidates name no variant or setting (the run sets "
+            f"--kivi-attention, --group-size and --residual); use {cache.family}"
+            + (f"-{cache.nbits}" if cache.nbits is not None else "")
+        )
+    return cache
 
 
 def check_candidate_names(names: tuple[str, ...]) -> None:
     """Raise ``ValueError`` naming any unknown candidate, a duplicate, or a list without ``dynamic``."""
     if not names:
         raise ValueError("`candidates` must not be empty")
-    bad = [n for n in names if not isinstance(n, str) or not _NAME.match(n)]
-    if bad:
-        raise ValueError(
-            f"unknown cache candidate(s) {bad}; known: dynamic, kivi-2, kivi-4, kivi-8, hqq-2, hqq-4, hqq-8, "
-            f"quanto-2, quanto-4"
-        )
+    for name in names:
+        _resolve_one(name)
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate cache candidates in {list(names)}")
     if "dynamic" not in names:
         raise ValueError(f"`candidates` must include the baseline 'dynamic', got {list(names)}")
 
 
+def _settings(
+    residual_length: int, group_size: int, hqq_group_size: int, kivi_attention: str
+) -> CacheSettings:
+    return CacheSettings(
+        group_size=group_size,
+        residual_length=residual_length,
+        hqq_group_size=hqq_group_size,
+        kivi_attention=kivi_attention,
+    )
+
+
 @dataclass(frozen=True)
 class Candidate:
-    """One cache candidate: ``family`` in {dynamic, kivi, hqq, quanto}, ``nbits`` (None for dynamic)."""
+    """One cache candidate: ``family`` a registry family (dynamic, kivi, hqq, quanto, ...), ``nbits`` (None for
+    a cache without bits)."""
 
     name: str
     family: str
@@ -42,23 +67,17 @@ class Candidate:
 
     @classmethod
     def parse(cls, name: str) -> Candidate:
-        check_candidate_names((name,) if name == "dynamic" else ("dynamic", name))
-        if name == "dynamic":
-            return cls(name, "dynamic", None)
-        family, bits = name.split("-")
-        return cls(name, family, int(bits))
+        """``"kivi-4"`` -> ``Candidate("kivi-4", "kivi", 4)``.
+
+        Raises:
+            ValueError: a name the registry does not know, or one with a variant or setting.
+        """
+        cache = _resolve_one(name)
+        return cls(name, cache.family, cache.nbits)
 
     def unavailable_reason(self) -> str | None:
         """Why this candidate cannot run here (a missing optional package), or ``None``."""
-        if self.family in ("hqq", "quanto"):
-            module = "hqq" if self.family == "hqq" else "optimum.quanto"
-            try:
-                found = importlib.util.find_spec(module) is not None
-            except ModuleNotFoundError:
-                found = False
-            if not found:
-                return f"package for backend '{self.family}' is not installed (pip install 'kvlab[hf]')"
-        return None
+        return resolve(self.name).unavailable_reason()
 
     def make(
         self,
@@ -69,53 +88,12 @@ class Candidate:
         kivi_attention: str = "dequantize",
     ):
         """A fresh cache for one run. ``group_size`` applies to KIVI, ``hqq_group_size`` to HQQ/quanto."""
-        from transformers import DynamicCache, QuantizedCache
-
-        from kvlab.caches import KIVICache
-
-        if self.family == "dynamic":
-            return DynamicCache()
-        if self.family == "kivi":
-            return KIVICache(
-                nbits=self.nbits,
-                group_size=group_size,
-                residual_length=residual_length,
-                attention=kivi_attention,
-            )
-        axis = 1 if self.family == "hqq" else 0  # as in the quantization chapter: HQQ needs axis 1 for both K and V
-        return QuantizedCache(
-            backend=self.family,
-            config=model_config,
-            nbits=self.nbits,
-            axis_key=axis,
-            axis_value=axis,
-            q_group_size=hqq_group_size,
-            residual_length=residual_length,
-        )
+        settings = _settings(residual_length, group_size, hqq_group_size, kivi_attention)
+        return resolve(self.name, settings).make(model_config)
 
     def describe(
         self, residual_length: int, group_size: int, hqq_group_size: int, kivi_attention: str = "dequantize"
     ) -> dict:
-        """JSON description of the candidate's settings."""
-        if self.family == "dynamic":
-            return {"name": self.name, "family": "dynamic"}
-        if self.family == "kivi":
-            return {
-                "name": self.name,
-                "family": "kivi",
-                "nbits": self.nbits,
-                "group_size": group_size,
-                "residual_length": residual_length,
-                "key_axis": "per-channel",
-                "value_axis": "per-token",
-            }
-        axis = 1 if self.family == "hqq" else 0
-        return {
-            "name": self.name,
-            "family": self.family,
-            "nbits": self.nbits,
-            "group_size": hqq_group_size,
-            "residual_length": residual_length,
-            "axis_key": axis,
-            "axis_value": axis,
-        }
+        """JSON description of the candidate's settings (the registry's ``describe``)."""
+        settings = _settings(residual_length, group_size, hqq_group_size, kivi_attention)
+        return resolve(self.name, settings).describe()
