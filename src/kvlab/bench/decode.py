@@ -8,7 +8,8 @@ from other processes falls on all caches alike. The median is TPOT without ``gen
 quantization chapter times the same forward inside ``generate``). Ratios divide each cache's median by ``dynamic``'s at the same
 context. A cell that fails (out of memory, a backend error) is recorded with its error, never fatal.
 
-Caches (names accepted by ``candidates``):
+Caches: any name of the cache registry (:mod:`kvlab.caches.registry`), in its grammar (``kivi-4-fused``) or the
+spelling this benchmark used first (``kivi4-fused``, ``hqq4``); the defaults:
 
 * ``dynamic`` — transformers ``DynamicCache``, SDPA attention (the baseline);
 * ``kivi<N>-fused`` — :class:`kvlab.caches.KIVICache` ``attention="fused"`` with :func:`kvlab.attention.enable`:
@@ -22,13 +23,14 @@ Target: ``kivi4-fused`` <= 1.10x ``dynamic`` at 4096 tokens on CPU; <= 1.0x at >
 
 from __future__ import annotations
 
-import re
 import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from kvlab.caches.registry import CacheSettings, resolve
 
 DEFAULT_CANDIDATES = ("dynamic", "kivi4-fused", "kivi4-dequant", "kivi2-fused", "hqq4", "quanto4")
 CPU_CONTEXTS = (1024, 2048, 4096, 8192, 16384)
@@ -40,33 +42,10 @@ TARGET_GPU_RATIO = 1.0  # kivi4-fused / dynamic at >= TARGET_GPU_MIN_CONTEXT tok
 TARGET_GPU_MIN_CONTEXT = 32768
 TARGET_CANDIDATE = "kivi4-fused"
 
-_NAME = re.compile(r"^(?:(dynamic)|kivi(2|4|8)-(fused|dequant)|(hqq|quanto)(2|4|8))$")
-
-
-@dataclass(frozen=True)
-class CacheSettings:
-    """Settings shared by every cache of a run.
-
-    Attributes:
-        group_size: KIVI ``G`` (tokens per key group, channels per value group).
-        residual_length: ``R``: newest tokens kept in the model dtype, KIVI and transformers' QuantizedCache.
-        hqq_group_size: group size of transformers' HQQ/quanto caches (the quantization chapter uses 64).
-    """
-
-    group_size: int = 32
-    residual_length: int = 128
-    hqq_group_size: int = 64
-
-    def __post_init__(self) -> None:
-        for name, low in (("group_size", 1), ("residual_length", 0), ("hqq_group_size", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}")
-
-
 @dataclass(frozen=True)
 class BenchCandidate:
-    """One cache of the benchmark: ``family`` in {dynamic, kivi, hqq, quanto}; ``attention`` for KIVI only."""
+    """One cache of the benchmark, by its cache-registry name (:mod:`kvlab.caches.registry`): ``family`` in
+    {dynamic, kivi, hqq, quanto, paged, ...}; ``attention`` (``"fused"``/``"dequantize"``) for KIVI only."""
 
     name: str
     family: str
@@ -75,23 +54,16 @@ class BenchCandidate:
 
     @classmethod
     def parse(cls, name: str) -> BenchCandidate:
-        """``"kivi4-fused"`` -> ``BenchCandidate("kivi4-fused", "kivi", 4, "fused")``.
+        """``"kivi4-fused"`` (or ``"kivi-4-fused"``) -> ``BenchCandidate("kivi4-fused", "kivi", 4, "fused")``.
 
         Raises:
-            ValueError: a name outside ``dynamic``, ``kivi{2,4,8}-{fused,dequant}``, ``hqq{2,4,8}``,
-                ``quanto{2,4,8}``.
+            ValueError: a name the cache registry does not know (the message says why).
         """
-        m = _NAME.match(name) if isinstance(name, str) else None
-        if m is None:
-            raise ValueError(
-                f"unknown cache {name!r}; expected dynamic, kivi{{2,4,8}}-{{fused,dequant}}, hqq{{2,4,8}} or "
-                f"quanto{{2,4,8}}"
-            )
-        if m.group(1):
-            return cls(name, "dynamic")
-        if m.group(2):
-            return cls(name, "kivi", int(m.group(2)), "fused" if m.group(3) == "fused" else "dequantize")
-        return cls(name, m.group(4), int(m.group(5)))
+        try:
+            cache = resolve(name)
+        except ValueError as exc:
+            raise ValueError(f"unknown cache {name!r}: {exc}") from None
+        return cls(name, cache.family, cache.nbits, cache.describe().get("attention"))
 
     @property
     def uses_kvlab_attention(self) -> bool:
@@ -100,54 +72,15 @@ class BenchCandidate:
 
     def unavailable_reason(self) -> str | None:
         """Why this cache cannot run here (its optional backend is missing), or ``None``."""
-        if self.family in ("hqq", "quanto"):
-            from kvlab.eval.candidates import Candidate
-
-            return Candidate(self.name, self.family, self.nbits).unavailable_reason()
-        return None
+        return resolve(self.name).unavailable_reason()
 
     def make(self, model_config: Any, settings: CacheSettings):
-        """A fresh cache object."""
-        from transformers import DynamicCache
-
-        if self.family == "dynamic":
-            return DynamicCache()
-        if self.family == "kivi":
-            from kvlab.caches import KIVICache
-
-            return KIVICache(
-                nbits=self.nbits,
-                group_size=settings.group_size,
-                residual_length=settings.residual_length,
-                attention=self.attention,
-            )
-        from kvlab.eval.candidates import Candidate
-
-        return Candidate(self.name, self.family, self.nbits).make(
-            model_config,
-            settings.residual_length,
-            settings.group_size,
-            hqq_group_size=settings.hqq_group_size,
-        )
+        """A fresh cache object (the registry's factory; the name's own settings override ``settings``)."""
+        return resolve(self.name, settings).make(model_config)
 
     def describe(self, settings: CacheSettings) -> dict:
-        """JSON description of the cache and its settings."""
-        out: dict[str, Any] = {"name": self.name, "family": self.family}
-        if self.family == "kivi":
-            out.update(
-                nbits=self.nbits,
-                attention=self.attention,
-                group_size=settings.group_size,
-                residual_length=settings.residual_length,
-            )
-        elif self.family in ("hqq", "quanto"):
-            out.update(
-                nbits=self.nbits,
-                group_size=settings.hqq_group_size,
-                residual_length=settings.residual_length,
-                axis=1 if self.family == "hqq" else 0,
-            )
-        return out
+        """JSON description of the cache and its settings (the registry's)."""
+        return resolve(self.name, settings).describe()
 
 
 def parse_candidates(names: tuple[str, ...] | list[str]) -> list[BenchCandidate]:

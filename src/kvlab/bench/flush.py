@@ -107,12 +107,9 @@ def _subject(name: str, settings: dict) -> Any:
 
 
 def _unavailable(name: str) -> str | None:
-    if name.startswith("kivi"):
-        return None
-    from kvlab.eval.candidates import Candidate
+    from kvlab.caches.registry import resolve
 
-    family = "hqq" if name.startswith("hqq") else "quanto"
-    return Candidate(name, family, int(name[len(family) :])).unavailable_reason()
+    return resolve(name).unavailable_reason()
 
 
 def _one_flush(name, context, kv, settings, device, cycles: int = 1) -> tuple[float, float, int]:
