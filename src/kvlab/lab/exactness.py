@@ -1,7 +1,7 @@
 """Real-model check: incremental decoding with each cache that should be exact gives the full forward's logits.
 
 The mechanics chapter (§3.1) proves on a toy that cached K/V equal recomputed ones; this check asks the same of a real
-transformers model and of every kvlab cache that claims to store K/V losslessly: ``DynamicCache`` (the
+transformers model and of every cache the registry (:mod:`kvlab.caches.registry`) marks exact: ``DynamicCache`` (the
 reference), ``kvlab.caches.PagedCache`` (K/V in physical blocks) and ``kvlab.caches.KIVICache`` at 8 bits with a
 residual window longer than the sequence (nothing is ever quantized, so it must be exact too).
 
@@ -19,33 +19,34 @@ from typing import Any
 
 import torch
 
+from kvlab.caches.registry import cache_names, make_cache, resolve
+
 # Relative-error tolerance by model dtype: the two paths differ only in matmul shapes (accumulation order).
 TOLERANCE_BY_DTYPE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
 CacheFactory = Callable[[Any, int], Any]  # (model, total tokens) -> a transformers Cache
 
 
-def _dynamic(model: Any, total_tokens: int) -> Any:
-    from transformers import DynamicCache
+def _registered(name: str) -> CacheFactory:
+    """A factory for the cache registry's ``name`` (:mod:`kvlab.caches.registry`)."""
 
-    return DynamicCache(config=model.config)
+    def factory(model: Any, total_tokens: int) -> Any:
+        return make_cache(name, model.config)
 
-
-def _paged(model: Any, total_tokens: int) -> Any:
-    from kvlab.caches.paged import PagedCache
-
-    return PagedCache(block_size=16, config=model.config)  # the sequence spans several blocks
+    return factory
 
 
 def _kivi8(model: Any, total_tokens: int) -> Any:
-    from kvlab.caches import KIVICache
-
     group = 32
     residual = group * (total_tokens // group + 1)  # a multiple of G, longer than the sequence: never flushes
-    return KIVICache(nbits=8, group_size=group, residual_length=residual)
+    return make_cache(f"kivi-8:group_size={group}:residual_length={residual}", model.config)
 
 
-EXACT_CACHES: dict[str, CacheFactory] = {"dynamic": _dynamic, "paged": _paged, "kivi-8-full-residual": _kivi8}
+# Every exact cache of the registry (DynamicCache first: the others are also compared with it; PagedCache's
+# 16-token blocks make the sequence span several), and KIVI with nothing ever quantized.
+EXACT_CACHES: dict[str, CacheFactory] = {
+    name: _registered(name) for name in cache_names() if resolve(name).exact
+} | {"kivi-8-full-residual": _kivi8}
 
 
 def _cache_kwarg(model: Any) -> str:
