@@ -22,7 +22,17 @@ def build_parser() -> argparse.ArgumentParser:
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"kvlab.commands.{info.name}")
         module.register(sub)
+    _set_prog(parser)
     return parser
+
+
+def _set_prog(parser: argparse.ArgumentParser) -> None:
+    """Give every parser's namespace ``kvlab_prog`` (``kvlab paging static``): the prefix of its error lines."""
+    parser.set_defaults(kvlab_prog=parser.prog)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _set_prog(sub)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +62,7 @@ def _dispatch(argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
+        return commands.EXIT_USAGE
     return int(args.func(args) or 0)
 
 

@@ -12,6 +12,8 @@ import argparse
 import json
 import shlex
 
+from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message
+
 # options that do not change the numbers: left out of the recorded command
 _NOT_IN_COMMAND = {"json", "force", "no_save", "out", "results_dir", "note", "func", "bench_command"}
 
@@ -262,8 +264,7 @@ def _run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     if args.threads is not None:
         if args.threads < 1:
-            err.print(f"[red]--threads must be >= 1, got {args.threads}[/red]")
-            return 2
+            return fail(args, f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     device = getattr(args, "device", "cpu")
     path = None
@@ -271,17 +272,13 @@ def _run(args: argparse.Namespace) -> int:
         try:
             path = results.default_path(args.results_dir, args.bench, device, args.quick)
         except (ValueError, RuntimeError) as e:
-            err.print(f"[red]{e}[/red]")
-            return 2
+            return fail(args, e)
         if args.out:
             from pathlib import Path
 
             path = Path(args.out)
         if path.exists() and not args.force:  # fail before spending minutes measuring
-            err.print(
-                f"[red]{path} already exists; pass --force to replace it or --out to choose another file[/red]"
-            )
-            return 1
+            return fail(args, file_exists_message(path, "--out to choose another file"), EXIT_FILE_EXISTS)
     module = importlib.import_module(f"kvlab.bench.{args.bench}")
     kw = _kwargs(args)
     if args.bench in ("decode", "memory", "flush", "kernel"):
@@ -289,8 +286,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         result = module.run(**kw)
     except (ValueError, FileNotFoundError) as e:
-        err.print(f"[red]{e}[/red]")
-        return 2
+        return fail(args, e)
     record = results.make_record(args.bench, result, command_line(args), args.quick, args.note)
     if path is not None:
         results.write_record(path, record, force=args.force)
@@ -328,9 +324,10 @@ def _docs(args: argparse.Namespace) -> int:
     try:
         out = docs.write_page(args.results_dir, args.out, include_quick=args.include_quick, force=args.force)
         verdicts = docs.targets(read_records(args.results_dir, include_quick=args.include_quick))
-    except (FileExistsError, ValueError) as e:
-        err.print(f"[red]{e}[/red]")
-        return 1
+    except FileExistsError as e:
+        return fail(args, e, EXIT_FILE_EXISTS)
+    except ValueError as e:
+        return fail(args, e)
     if args.json:
         print(json.dumps({"out": str(out), "targets": verdicts}, indent=1))
     else:

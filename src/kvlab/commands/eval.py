@@ -9,6 +9,8 @@ import time
 from dataclasses import replace
 from datetime import datetime, timezone
 
+from kvlab.commands import EXIT_FAILED, EXIT_FILE_EXISTS, fail
+
 
 def _ints(text: str) -> tuple[int, ...]:
     try:
@@ -242,9 +244,10 @@ def run(args: argparse.Namespace) -> int:
         path = result_path(args.out_dir, label)
         ensure_writable(path, args.force)
         path.parent.mkdir(parents=True, exist_ok=True)  # fail now, not after loading the model
+    except FileExistsError as exc:
+        return fail(args, exc, EXIT_FILE_EXISTS)
     except (ValueError, OSError) as exc:
-        err.print(f"[red]error:[/] {exc}")
-        return 2
+        return fail(args, exc)
     argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith("kvlab") else None
     result = new_result(cfg, label, argv)
     if args.dry_run:
@@ -280,8 +283,9 @@ def _run_real(args, cfg, result, path, err) -> int:
             {"candidate": None, "stage": "load_model", "type": type(exc).__name__, "message": str(exc)}
         )
         write_json_atomic(path, result)
-        err.print(f"[red]error:[/] could not load the model: {type(exc).__name__}: {exc}\nrecorded in {path}")
-        return 1
+        return fail(
+            args, f"could not load the model: {type(exc).__name__}: {exc} (recorded in {path})", EXIT_FAILED
+        )
     result["status"] = "running"
     write_json_atomic(path, result)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)

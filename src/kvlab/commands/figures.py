@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
+
+from kvlab.commands import fail
 
 
 def register(subparsers) -> None:
@@ -35,8 +36,7 @@ def run(args: argparse.Namespace) -> int:
         if args.result:
             result = read_result(args.result)  # validated, or a message naming the problem
     except (ValueError, OSError) as exc:
-        print(f"kvlab figures: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(args, exc)
     if args.json:
         paths = write_figures(args.out, result=result, run_probe=not args.no_probe, append=not args.no_append)
     else:

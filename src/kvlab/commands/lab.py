@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+
+from kvlab.commands import fail
 
 
 def register(subparsers) -> None:
@@ -114,8 +115,7 @@ def run_video(args: argparse.Namespace) -> int:
         with _status("toy video denoiser: full recompute, frame KV cache, eviction, controls ...", args.json):
             result = run_video_lab(cfg)
     except ValueError as exc:
-        print(f"kvlab lab video: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(args, exc)
     if args.json:
         print(json.dumps(result, indent=1))
     else:
@@ -138,8 +138,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except (ValueError, OSError) as exc:  # bad settings, a model that is not there
-        print(f"kvlab lab: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(args, exc)
 
 
 def _run(args: argparse.Namespace) -> int:

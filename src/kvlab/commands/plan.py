@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+
+from kvlab.commands import fail
 
 KV_DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8", "kivi2", "kivi4", "kivi8")
 GIB = 1024**3
@@ -155,11 +156,6 @@ def register(subparsers) -> None:
     v.set_defaults(func=run_video)
 
 
-def _fail(message: str) -> int:
-    print(f"kvlab: error: {message}", file=sys.stderr)
-    return 2
-
-
 def _gib(n: float | int | None) -> str:
     """Binary units (KiB/MiB/GiB = 2^10/2^20/2^30 B), GiB from 1 GiB up."""
     if n is None:
@@ -229,7 +225,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if _print_lists(args):
         return 0
     if args.model is None:
-        return _fail("plan needs MODEL (a preset, config.json, directory or hub id); see --list-presets")
+        return fail(args, "plan needs MODEL (a preset, config.json, directory or hub id); see --list-presets")
     try:
         r = plan_report(
             args.model,
@@ -253,7 +249,7 @@ def run_plan(args: argparse.Namespace) -> int:
             block_size=args.block_size,
         )
     except (ValueError, OSError) as e:
-        return _fail(str(e))
+        return fail(args, e)
     if args.json:
         print(json.dumps(r, indent=1))
         return 0
@@ -410,7 +406,7 @@ def run_roofline(args: argparse.Namespace) -> int:
             run_probe=args.probe,
         )
     except (ValueError, OSError) as e:
-        return _fail(str(e))
+        return fail(args, e)
     if args.json:
         print(json.dumps(r, indent=1))
         return 0
@@ -511,7 +507,7 @@ def run_video(args: argparse.Namespace) -> int:
             batch=args.batch,
         )
     except (ValueError, OSError) as e:
-        return _fail(str(e))
+        return fail(args, e)
     if args.json:
         print(json.dumps(r, indent=1))
         return 0

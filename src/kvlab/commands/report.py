@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message
+
 
 def register(sub) -> None:
     p = sub.add_parser("report", help="print (or render to HTML) the summary of a kvlab eval result file")
@@ -26,23 +28,19 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = read_result(args.result)
     except (FileNotFoundError, ValueError) as exc:
-        err.print(f"[red]error:[/] {exc}")
-        return 2
+        return fail(args, exc)
     if args.html:
         out = Path(args.html)
         if out.is_dir():
-            err.print(f"[red]error:[/] {out} is a directory; --html needs a file name")
-            return 2
+            return fail(args, f"{out} is a directory; --html needs a file name")
         if out.exists() and not args.force:
-            err.print(f"[red]error:[/] {out} already exists; pass --force to overwrite it")
-            return 2
+            return fail(args, file_exists_message(out), EXIT_FILE_EXISTS)
         from kvlab.report_html import write_html_report
 
         try:
             write_html_report(result, out, overwrite=args.force)
         except OSError as exc:
-            err.print(f"[red]error:[/] could not write {out}: {exc}")
-            return 2
+            return fail(args, f"could not write {out}: {exc}")
         err.print(f"HTML report written to {out}")
     if args.json:
         print(json.dumps(result, indent=1))

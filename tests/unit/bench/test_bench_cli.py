@@ -5,6 +5,7 @@ import io
 import json
 
 from kvlab.cli import main
+from kvlab.commands import EXIT_FILE_EXISTS
 
 
 def _run(argv):
@@ -46,7 +47,7 @@ def test_bench_writes_refuses_and_forces(tmp_path):
     assert record["quick"] is True and record["machine"]["cpu_count"] >= 1
     assert record["result"]["rows"][0]["context"] == 128
     code, _ = _run(argv)
-    assert code == 1 and json.loads(path.read_text()) == record  # kept
+    assert code == EXIT_FILE_EXISTS and json.loads(path.read_text()) == record  # kept
     code, _ = _run(argv + ["--force"])
     assert code == 0 and json.loads(path.read_text())["created_utc"] >= record["created_utc"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left
