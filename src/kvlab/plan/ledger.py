@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from kvlab.cache_names import parse_cache_name
 from kvlab.plan.spec import CHUNKED, DTYPE_BYTES, FULL, KV_KINDS, SLIDING, ModelSpec, load_spec
 from kvlab.plan.weights import WeightBytes
 
@@ -104,7 +105,9 @@ def kv_dtype(
     """Build a :class:`KVDtype` from a CLI name.
 
     Args:
-        name: ``auto`` (the model's dtype), ``bf16``, ``fp16``, ``fp32``, ``fp8``, ``kivi2``, ``kivi4``, ``kivi8``.
+        name: ``auto`` (the model's dtype), ``bf16``, ``fp16``, ``fp32``, ``fp8``, or a KIVI cache name of the
+            cache registry's grammar (:mod:`kvlab.cache_names`): ``kivi-4`` (= ``kivi4``), ``kivi-2:group_size=64``
+            (a ``:group_size`` / ``:residual_length`` in the name overrides the arguments).
         model_dtype: the model's dtype name (``ModelSpec.dtype``): ``auto``'s dtype and KIVI's residual dtype.
         group_size, residual_length: KIVI ``G`` and ``R``.
 
@@ -120,14 +123,40 @@ def kv_dtype(
         key = _CANONICAL.get(model_dtype, model_dtype)
     if key in _PLAIN:
         return KVDtype(_CANONICAL.get(key, key), _PLAIN[key])
-    if key.startswith("kivi") and key[4:].isdigit():
+    if key.startswith("kivi"):
+        nbits, settings = _kivi_name(key)
+        group_size = settings.get("group_size", group_size)
+        residual_length = settings.get("residual_length", residual_length)
         p = DTYPE_BYTES[model_dtype]
         if p not in (2, 4):
             raise ValueError(
                 f"KIVI keeps its residual window in the model dtype; {model_dtype!r} is not 16/32-bit"
             )
-        return KVDtype(key, p, int(key[4:]), group_size, residual_length, 4 if p == 4 else 2)
+        return KVDtype(f"kivi{nbits}", p, nbits, group_size, residual_length, 4 if p == 4 else 2)
     raise ValueError(f"`kv_dtype` must be auto, bf16, fp16, fp32, fp8, kivi2, kivi4 or kivi8, got {name!r}")
+
+
+def _kivi_name(key: str) -> tuple[int, dict[str, int]]:
+    """``(nbits, settings)`` of a KIVI name in the cache-name grammar (:mod:`kvlab.cache_names`): ``kivi4``,
+    ``kivi-4``, ``kivi-4-fused`` (the attention path does not change bytes), ``kivi-4:group_size=64``.
+
+    Raises:
+        ValueError: no bits, or a setting other than ``group_size`` / ``residual_length``.
+    """
+    try:
+        parsed = parse_cache_name(key, ("kivi",))
+    except ValueError as exc:
+        raise ValueError(
+            f"`kv_dtype` must be auto, bf16, fp16, fp32, fp8 or kivi-N[:group_size=G][:residual_length=R], "
+            f"got {key!r} ({exc})"
+        ) from None
+    if parsed.nbits is None:
+        raise ValueError(f"`kv_dtype` {key!r} gives no KIVI bits; expected e.g. kivi-4")
+    settings = dict(parsed.settings)
+    bad = sorted(set(settings) - {"group_size", "residual_length"})
+    if bad:
+        raise ValueError(f"`kv_dtype` {key!r}: KIVI settings are group_size and residual_length, got {bad}")
+    return parsed.nbits, settings
 
 
 def _check_tp(spec: ModelSpec, tp: int) -> None:

@@ -108,3 +108,25 @@ def test_every_entry_is_listed_and_lossy_ones_state_bounds():
         r = resolve(n)
         assert r.exact or r.logit_bound > 0, n
         assert r.describe()["name"] == n
+
+
+def test_planner_reads_the_registry_names_of_the_caches_it_sizes():
+    """``kvlab plan --kv-dtype`` takes the registry's grammar for every entry marked ``planner`` (torch-free)."""
+    from kvlab.plan.ledger import kv_dtype
+
+    for name in cache_names():
+        r = resolve(name)
+        if r.entry.planner:
+            kvd = kv_dtype(name + ":group_size=64:residual_length=256")
+            assert (kvd.nbits, kvd.group_size, kvd.residual_length) == (r.nbits, 64, 256), name
+            assert kv_dtype(name.replace("-", "", 1).split("-")[0]).nbits == r.nbits  # old spelling: kivi4
+    with pytest.raises(ValueError, match="kivi-N.*got 'kivix'"):
+        kv_dtype("kivix")
+
+
+def test_the_name_grammar_and_the_planner_import_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, kvlab.cache_names, kvlab.plan.ledger; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
