@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from kvlab.caches.registry import CacheSettings, resolve
+from kvlab.runtime.device import resolve_device, synchronize  # re-exported: bench modules use them
 
 DEFAULT_CANDIDATES = ("dynamic", "kivi4-fused", "kivi4-dequant", "kivi2-fused", "hqq4", "quanto4")
 CPU_CONTEXTS = (1024, 2048, 4096, 8192, 16384)
@@ -41,6 +42,7 @@ TARGET_CPU_CONTEXT = 4096
 TARGET_GPU_RATIO = 1.0  # kivi4-fused / dynamic at >= TARGET_GPU_MIN_CONTEXT tokens, H200
 TARGET_GPU_MIN_CONTEXT = 32768
 TARGET_CANDIDATE = "kivi4-fused"
+
 
 @dataclass(frozen=True)
 class BenchCandidate:
@@ -95,29 +97,6 @@ def parse_candidates(names: tuple[str, ...] | list[str]) -> list[BenchCandidate]
     if "dynamic" not in {c.name for c in parsed}:
         raise ValueError(f"the caches must include 'dynamic' (the ratio baseline), got {list(names)}")
     return parsed
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``None``/``"auto"`` -> CUDA when available, else CPU; anything else is checked.
-
-    Raises:
-        ValueError: CUDA requested but not available, or an unparsable device.
-    """
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"`device` must be cpu, cuda, cuda:N or auto, got {device!r}") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"`device` is {device!r} but CUDA is not available")
-    return dev
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued CUDA work (no-op on CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def load_bench_model(model: Any, dtype: str, device: torch.device) -> tuple[Any, Any, dict]:
@@ -179,20 +158,6 @@ def prompt_ids(tokenizer: Any, vocab_size: int, n_tokens: int, seed: int = 0) ->
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab_size, (n_tokens,), generator=gen).tolist()
     return ids, f"uniform random token ids (seed {seed})"
-
-
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    """``"bfloat16"`` / ``"float16"`` / ``"float32"`` -> ``torch.dtype``.
-
-    Raises:
-        ValueError: any other name.
-    """
-    if name not in DTYPES:
-        raise ValueError(f"`dtype` must be one of {sorted(DTYPES)}, got {name!r}")
-    return DTYPES[name]
 
 
 def set_attention(model: Any, candidate: BenchCandidate) -> str:

@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from kvlab.bench.decode import parse_dtype, resolve_device, synchronize
+from kvlab.runtime.device import resolve_device, synchronize
+from kvlab.runtime.dtypes import parse_dtype
 
 CONTEXTS = (1024, 2048, 4096, 8192, 16384)
 QUICK_CONTEXTS = (256, 1024)

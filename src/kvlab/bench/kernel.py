@@ -24,7 +24,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kvlab.bench.decode import parse_dtype, resolve_device, synchronize
+from kvlab.runtime.device import resolve_device, synchronize
+from kvlab.runtime.dtypes import parse_dtype
 
 CPU_CONTEXTS = (1024, 4096, 16384, 32768)
 CUDA_CONTEXTS = (4096, 16384, 32768, 65536, 131072)

@@ -40,6 +40,7 @@ from kvlab.eval.longctx import (
 )
 from kvlab.eval.metrics import compare_outputs, fixed_continuation, run_generate, topk_overlap
 from kvlab.eval.schema import SCHEMA_VERSION
+from kvlab.runtime.device import resolve_device  # re-exported: kvlab eval resolves --device here
 
 Progress = Callable[[str], None]
 
@@ -49,16 +50,6 @@ def _version(pkg: str) -> str | None:
         return metadata.version(pkg)
     except metadata.PackageNotFoundError:
         return None
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU; ``cuda`` without CUDA raises ``ValueError``."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but CUDA is not available")
-    return dev
 
 
 def hardware_info(device: torch.device) -> dict:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from kvlab.runtime.dtypes import DTYPES, parse_dtype  # re-exported: part of kvlab.models' API
+
 __all__ = [
     "DTYPES",
     "heldout_text",
@@ -24,12 +26,6 @@ __all__ = [
     "parse_dtype",
     "reference_model_path",
 ]
-
-DTYPES: dict[str, torch.dtype] = {
-    "bfloat16": torch.bfloat16,  # the seed's model dtype (seed 000)
-    "float16": torch.float16,
-    "float32": torch.float32,
-}
 
 # What a local model directory needs besides config.json (any one name or pattern of each tuple): torch weights in
 # either format transformers loads (sharded or not), and the files of some tokenizer (fast tokenizer.json,
@@ -56,20 +52,6 @@ def reference_model_path() -> Path:
     been run, which ``load_model`` and ``heldout_text`` report with a ``FileNotFoundError``.
     """
     return Path(__file__).resolve().parent / "reference"
-
-
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """``"bfloat16"``, ``"float16"``, ``"float32"`` (or the matching ``torch.dtype``) -> ``torch.dtype``.
-
-    Raises:
-        ValueError: any other value, named in the message.
-    """
-    if isinstance(dtype, torch.dtype):
-        if dtype in DTYPES.values():
-            return dtype
-    elif isinstance(dtype, str) and dtype in DTYPES:
-        return DTYPES[dtype]
-    raise ValueError(f"`dtype` must be one of {sorted(DTYPES)}, got {dtype!r}")
 
 
 def _local_model_dir(model: str | os.PathLike) -> Path | None:
