@@ -8,15 +8,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
+from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message
+
 GIB, MIB = 1024**3, 1024**2
-
-
-def _fail(command: str, exc: Exception | str) -> int:
-    print(f"kvlab paging {command}: error: {exc}", file=sys.stderr)
-    return 2
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -181,7 +177,7 @@ def run_static_cmd(args: argparse.Namespace) -> int:
     try:
         result = _static_result(args, args.workload)
     except (ValueError, OSError) as exc:
-        return _fail("static", exc)
+        return fail(args, exc)
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -282,7 +278,7 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
             keep_series=args.series,
         )
     except (ValueError, OSError) as exc:
-        return _fail("simulate", exc)
+        return fail(args, exc)
     result["config"]["trace"] = source
     if args.json:
         print(json.dumps(result, indent=1))
@@ -330,12 +326,12 @@ def run_figure_cmd(args: argparse.Namespace) -> int:
     from kvlab.paging.figure import plot_paged_layout
 
     if Path(args.out).exists() and not args.force:
-        return _fail("figure", f"{args.out} exists; pass --force to replace it")
+        return fail(args, file_exists_message(args.out), EXIT_FILE_EXISTS)
     try:
         result = _static_result(args)
         path = plot_paged_layout(result, args.out, overwrite=args.force)
     except (ValueError, OSError) as exc:
-        return _fail("figure", exc)
+        return fail(args, exc)
     if args.json:
         a = result["A"]
         print(

@@ -22,6 +22,8 @@ from kvlab.lab.toy import (
     make_weights,
 )
 
+REL_ERR_TOLERANCE = 1e-5  # max relative error of cached vs full-forward logits: fp32 rounding, not a bug
+
 
 def _best_seconds(fn, repeat: int):
     best, out = float("inf"), None
@@ -45,7 +47,8 @@ def run_toy_lab(cfg: ToyConfig | None = None, *, repeat: int = 1, warmup: bool =
         ``same_tokens`` (of ``gen``), ``max_diff`` (max |cached - reference| of the last logits), ``ref_scale``
         (max |reference|), ``rel_err`` (their ratio), ``flops_naive``, ``flops_cached``, ``flops_ratio``,
         ``t_naive``, ``t_cached``, ``speedup`` (``t_naive / t_cached``), ``seq_end``, ``config``, and the
-        ``kv_bytes_per_token`` / ``kv_cache_bytes`` of the preallocated cache.
+        ``kv_bytes_per_token`` / ``kv_cache_bytes`` of the preallocated cache; ``rel_err_tolerance`` and
+        ``all_passed``: every token the same and ``rel_err`` within :data:`REL_ERR_TOLERANCE`.
 
     The reference is one full forward over ``prompt + generated[:-1]``: the last logits were computed at the
     second-to-last token (they chose the last one), so feeding the last token too compares the next step's
@@ -70,6 +73,7 @@ def run_toy_lab(cfg: ToyConfig | None = None, *, repeat: int = 1, warmup: bool =
     max_diff = float(np.max(np.abs(logits_cached - reference)))
     ref_scale = float(np.max(np.abs(reference)))
     flops_naive, flops_cached = naive_generation_flops(cfg), cached_generation_flops(cfg)
+    rel_err = max_diff / ref_scale if ref_scale > 0 else float("inf")
     return {
         "gen": cfg.new_tokens,
         "same_tokens": int(same),
@@ -78,7 +82,9 @@ def run_toy_lab(cfg: ToyConfig | None = None, *, repeat: int = 1, warmup: bool =
         ),
         "max_diff": max_diff,
         "ref_scale": ref_scale,
-        "rel_err": max_diff / ref_scale if ref_scale > 0 else float("inf"),
+        "rel_err": rel_err,
+        "rel_err_tolerance": REL_ERR_TOLERANCE,
+        "all_passed": bool(same == cfg.new_tokens and rel_err <= REL_ERR_TOLERANCE),
         "flops_naive": flops_naive,
         "flops_cached": flops_cached,
         "flops_ratio": flops_naive / flops_cached,
