@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from kvlab.runtime.atomic import atomic_write
+
 C_MAIN = "#1f4e79"  # dark blue: paging
 C_ALT = "#c1440e"  # orange red
 C_GREEN = "#2e7d32"
@@ -160,8 +162,10 @@ def plot_paged_layout(static_result: dict, path: str | os.PathLike, overwrite: b
     _draw_concurrency(fig.add_subplot(grid[0, 1]), static_result["A"], static_result["config"])
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, bbox_inches="tight")
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        atomic_write(
+            path, lambda f: fig.savefig(f, format=path.suffix[1:] or "png", bbox_inches="tight"), binary=True
+        )
+    finally:
+        plt.close(fig)
     return path

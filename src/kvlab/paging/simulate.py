@@ -34,6 +34,7 @@ from kvlab.paging.block_pool import BlockPool, hash_block_tokens
 from kvlab.paging.block_table import BlockTable
 from kvlab.paging.budget import KVBudget, default_budget, default_kv_bytes_per_token
 from kvlab.paging.static import SEED_MAX_LEN
+from kvlab.runtime.atomic import atomic_write
 
 POLICY_KINDS = ("contiguous", "paged")
 
@@ -179,8 +180,8 @@ def save_trace(trace: Trace, path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.exists():
         raise ValueError(f"{path} exists; not overwriting")
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as f:
+
+    def write(f) -> None:
         w = csv.writer(f)
         w.writerow((*TRACE_COLUMNS, "prefix_group", "prefix_tokens"))
         for row in zip(
@@ -191,8 +192,8 @@ def save_trace(trace: Trace, path: str | os.PathLike) -> Path:
             trace.prefix_tokens.tolist(),
         ):
             w.writerow(row)
-    os.replace(tmp, path)
-    return path
+
+    return atomic_write(path, write, newline="")
 
 
 @dataclass(frozen=True)

@@ -21,16 +21,20 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[IO], Any], *, binary: bool = False) -> Path:
+def atomic_write(
+    path: str | os.PathLike, write: Callable[[IO], Any], *, binary: bool = False, newline: str | None = None
+) -> Path:
     """Call ``write(f)`` on a temporary file next to ``path``, then move it onto ``path``; returns ``path``.
 
+    ``f`` is opened in binary mode with ``binary``, else as UTF-8 text with ``newline`` (``""`` for ``csv``).
     The parent folder must exist. On any error the temporary file is removed and ``path`` is left as it was.
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would make the file private to its writer
-        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+        text_kwargs = {} if binary else {"encoding": "utf-8", "newline": newline}
+        with os.fdopen(fd, "wb" if binary else "w", **text_kwargs) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
