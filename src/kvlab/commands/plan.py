@@ -7,7 +7,7 @@ import json
 
 from kvlab.commands import fail
 
-KV_DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8", "kivi2", "kivi4", "kivi8")
+KV_DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8", "kivi-2", "kivi-4", "kivi-8", "kivi2", "kivi4", "kivi8")
 GIB = 1024**3
 
 
@@ -24,7 +24,7 @@ def _add_kv_flags(p: argparse.ArgumentParser) -> None:
         "--kv-dtype",
         default="auto",
         choices=KV_DTYPES,
-        help="KV cache dtype (default auto: the config's dtype); kivi*: kvlab's KIVI cache",
+        help="KV cache dtype (default auto: the config's dtype); kivi-N (= kiviN): kvlab's KIVI cache",
     )
     p.add_argument("--group-size", type=int, default=32, help="KIVI group size G (default 32)")
     p.add_argument("--residual", type=int, default=128, help="KIVI residual window R in tokens (default 128)")
