@@ -7,6 +7,7 @@ import time
 
 TARGET_STATIC_S = 1.0  # static admission of 1,000,000 requests, both policies
 TARGET_EVENTS_PER_S = 200_000.0  # dynamic simulation, every policy
+QUICK = {"static_requests": 100_000, "sim_requests": 300, "repeat": 1}  # --quick: a smoke run of seconds
 
 
 def run(
@@ -15,13 +16,19 @@ def run(
     rate_per_step: float = 2.0,
     seed: int = 0,
     repeat: int = 3,
+    quick: bool = False,
     **_: object,
 ) -> dict:
     """Time :func:`kvlab.paging.static.static_capacity` on ``static_requests`` heavy-tail requests (best of
     ``repeat``; workload generation timed apart) and :func:`kvlab.paging.simulate.simulate` with the four default
     policies on a Poisson trace of ``sim_requests`` requests (events: arrivals, admissions, decode tokens,
-    completions, preemptions). Returns timings, rates, targets and ``meets_target``.
+    completions, preemptions). ``quick`` replaces the sizes with :data:`QUICK`. Returns timings, rates, targets
+    and ``meets_target``.
     """
+    if quick:
+        static_requests, sim_requests, repeat = (
+            QUICK[k] for k in ("static_requests", "sim_requests", "repeat")
+        )
     from kvlab.paging.budget import default_budget
     from kvlab.paging.simulate import poisson_trace, simulate
     from kvlab.paging.static import static_capacity, workload

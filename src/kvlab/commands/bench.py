@@ -234,21 +234,18 @@ def _kwargs(args: argparse.Namespace) -> dict:
             "copy_bytes": None if args.copy_mib is None else args.copy_mib * 2**20,
             "backend": args.backend,
         }
-    elif b == "paging":
-        quick = args.quick
+    elif b == "paging":  # --quick sizes: kvlab.bench.paging.QUICK
         kw |= {
-            "static_requests": 100_000 if quick else args.static_requests,
-            "sim_requests": 300 if quick else args.sim_requests,
+            "static_requests": args.static_requests,
+            "sim_requests": args.sim_requests,
             "rate_per_step": args.rate,
-            "repeat": 1 if quick else 3,
         }
-    elif b == "lab":
-        quick = args.quick
+    elif b == "lab":  # --quick sizes: kvlab.bench.lab.QUICK
         kw |= {
             "kv_heads": args.kv_heads,
-            "new_tokens": 48 if quick else args.new_tokens,
-            "repeat": 1 if quick else args.repeat,
-            "append": not (args.no_append or quick),
+            "new_tokens": args.new_tokens,
+            "repeat": args.repeat,
+            "append": not args.no_append,
         }
     return kw
 
