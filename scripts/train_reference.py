@@ -396,10 +396,9 @@ def sample_windows(stream: torch.Tensor, batch: int, seq_len: int, gen: torch.Ge
 
 
 # Long-range tasks mixed into the documentation text, so that the model learns to read its whole context
-# (in-context copying, i.e. induction, and passkey retrieval). Templates are the ones `kvlab eval` measures with.
-PASSKEY_NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
-PASSKEY_QUERY = " What is the pass key? The pass key is"
-PASSKEY_ANSWER = " {key}"
+# (in-context copying, i.e. induction, and passkey retrieval), in the templates `kvlab eval` measures with.
+from kvlab.eval.longctx import PASSKEY_ANSWER, PASSKEY_NEEDLE, PASSKEY_QUERY  # noqa: E402
+
 IGNORE = -100  # label of a position that carries no loss
 
 
