@@ -1,6 +1,6 @@
 """Model loading for kvlab: the bundled reference model and any Hugging Face decoder, one code path.
 
-The bundled model (``reference/``, trained by ``scripts/train_reference.py``; issue 2 §4) is a plain Hugging Face
+The bundled model (``reference/``, trained by ``scripts/train_reference.py``) is a plain Hugging Face
 directory, so it loads with ``AutoModelForCausalLM.from_pretrained`` exactly like a hub id or a local checkpoint.
 Its held-out text (files the model and tokenizer never saw) supplies real-text prompts of exact token lengths.
 """
@@ -91,7 +91,7 @@ def load_model(
     Args:
         model: None for the bundled reference model; otherwise a local model directory or a Hugging Face hub id
             (``owner/name``), resolved by transformers (its cache when offline).
-        dtype: ``"bfloat16"`` (default, the seed's dtype), ``"float16"`` or ``"float32"``.
+        dtype: ``"bfloat16"`` (default, the quantization chapter's dtype), ``"float16"`` or ``"float32"``.
         device: a ``torch.device`` string such as ``"cpu"`` or ``"cuda:0"``.
         revision: hub branch, tag or commit; only for hub ids.
 
