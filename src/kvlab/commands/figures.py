@@ -13,7 +13,7 @@ from kvlab.commands import fail
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "figures",
-        help="draw the memory-ledger, roofline, paged-layout, video and video-cache figures, and an eval result's",
+        help="draw the memory-ledger, roofline, paged-layout, video and video-cache figures, and an eval result's figures",
         description="Compute every number with kvlab in this run and draw the figures as PNG files; the "
         "numbers drawn are written to figures.json next to them. Files of the same names in --out are replaced.",
     )
