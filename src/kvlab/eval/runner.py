@@ -302,7 +302,7 @@ def _row(matrix, cand, ctx, new_tokens, residual, group, meas, base, cfg) -> dic
         "timing_spread": _spread(perf["timings_ms"]),
         "ms_per_token": perf["ms_per_token"],
         "incremental_peak_bytes": perf["incremental_peak_bytes"],
-        "peak_memory_method": perf["peak_memory_method"],
+        "peak_memory_method": perf.get("peak_memory_method"),
         "cache_tokens": meas["cache_tokens"],
         "cache_bytes": meas["cache_bytes"],
         "cache_bytes_breakdown": meas.get("cache_bytes_breakdown"),
