@@ -198,5 +198,7 @@ def print_summary(result: dict, console: Console | None = None) -> None:
             console.print(f"[yellow]warning: {s['latency_warning']}[/]")
         if s.get("long_context_warning"):
             console.print(f"[yellow]warning: {s['long_context_warning']}[/]")
+        if s.get("long_context_not_measured"):
+            console.print(f"[yellow]warning: {s['long_context_not_measured']}[/]")
     if result.get("elapsed_s") is not None:
         console.print(f"elapsed {result['elapsed_s']:.1f} s")

@@ -530,7 +530,21 @@ def summarize(result: dict) -> dict:
         "decision": decision,
         "latency_warning": latency_warning(result["rows"]),
         "long_context_warning": long_context_warning(result["rows"]),
+        "long_context_not_measured": not_measured_warning(result),
     }
+
+
+def not_measured_warning(result: dict) -> str | None:
+    """A warning naming the probes that did not fit a context (``provenance.long_context.not_measured``): their
+    gates do not apply to that context's rows, so a decision there rests on the other gates only; else None."""
+    missing = ((result.get("provenance") or {}).get("long_context") or {}).get("not_measured") or []
+    if not missing:
+        return None
+    where = ", ".join(f"{m['probe']} at {m['context_length']}" for m in missing)
+    return (
+        f"long-context probes not measured ({where}): their gates do not apply to those rows; the first reason: "
+        f"{missing[0]['reason']}"
+    )
 
 
 # below this accuracy of the float cache itself, the recall / passkey gates cannot tell caches apart

@@ -28,7 +28,8 @@ A result is one JSON object::
     failures        [{candidate, context_length, residual_length, stage, type, message}]
     summary         {memory_reduction_onset_context, eligible_crossover_context, selected_candidate, decision,
                       latency_warning (None, or why the timings are not to be trusted), long_context_warning (None,
-                      or where the float cache itself does not recall/retrieve), ...}
+                      or where the float cache itself does not recall/retrieve), long_context_not_measured
+                      (None, or which probes did not fit which context: their gates do not apply there), ...}
 """
 
 from __future__ import annotations

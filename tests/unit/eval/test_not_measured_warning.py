@@ -1,0 +1,23 @@
+"""A probe that does not fit a context leaves that context's rows without its gate: the summary must say so."""
+
+from kvlab.eval.runner import not_measured_warning
+
+
+def _result(missing):
+    return {"provenance": {"long_context": {"not_measured": missing}}, "rows": []}
+
+
+def test_names_every_probe_that_did_not_fit():
+    missing = [
+        {"probe": "recall", "context_length": 300, "reason": "context 300 is too short for recall: ..."},
+        {"probe": "passkey", "context_length": 300, "reason": "context 300 is too short for the passkey: ..."},
+    ]
+    text = not_measured_warning(_result(missing))
+    assert "recall at 300" in text and "passkey at 300" in text
+    assert "gates do not apply" in text and "too short for recall" in text
+
+
+def test_silent_when_everything_was_measured_or_long_context_is_off():
+    assert not_measured_warning(_result([])) is None
+    assert not_measured_warning({"provenance": {}, "rows": []}) is None
+    assert not_measured_warning({"rows": []}) is None
