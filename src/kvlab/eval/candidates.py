@@ -34,11 +34,15 @@ def _resolve_one(name: Any) -> ResolvedCache:
 
 
 def check_candidate_names(names: tuple[str, ...]) -> None:
-    """Raise ``ValueError`` naming any unknown candidate, a duplicate, or a list without ``dynamic``."""
+    """Raise ``ValueError`` naming any unknown candidate, one not written in the registry's canonical spelling
+    (``kivi4`` for ``kivi-4``: the same cache could otherwise run twice, or ``Dynamic`` miss the baseline), a
+    duplicate, or a list without ``dynamic``."""
     if not names:
         raise ValueError("`candidates` must not be empty")
     for name in names:
-        _resolve_one(name)
+        canonical = _resolve_one(name).name.canonical
+        if name != canonical:  # one spelling per cache: duplicates and the baseline are matched by name
+            raise ValueError(f"write cache candidate {name!r} as {canonical!r}")
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate cache candidates in {list(names)}")
     if "dynamic" not in names:

@@ -21,3 +21,18 @@ def test_silent_when_everything_was_measured_or_long_context_is_off():
     assert not_measured_warning(_result([])) is None
     assert not_measured_warning({"provenance": {}, "rows": []}) is None
     assert not_measured_warning({"rows": []}) is None
+
+
+def test_candidates_have_one_spelling():
+    import pytest
+
+    from kvlab.eval.candidates import check_candidate_names
+
+    check_candidate_names(("dynamic", "kivi-4", "hqq-4"))
+    for names, bad in (
+        (("dynamic", "kivi-4", "kivi4"), "'kivi4' as 'kivi-4'"),
+        (("dynamic", "Dynamic", "kivi-4"), "'Dynamic' as 'dynamic'"),
+        (("DYNAMIC", "kivi-4"), "'DYNAMIC' as 'dynamic'"),
+    ):
+        with pytest.raises(ValueError, match=bad):
+            check_candidate_names(names)
