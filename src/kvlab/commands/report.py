@@ -33,6 +33,10 @@ def run(args: argparse.Namespace) -> int:
         out = Path(args.html)
         if out.is_dir():
             return fail(args, f"{out} is a directory; --html needs a file name")
+        if out.exists() and out.resolve() == Path(args.result).resolve():
+            return fail(
+                args, f"--html {out} is the result file itself; the report would replace its own input"
+            )
         if out.exists() and not args.force:
             return fail(args, file_exists_message(out), EXIT_FILE_EXISTS)
         from kvlab.report_html import write_html_report

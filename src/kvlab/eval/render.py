@@ -169,8 +169,8 @@ def print_summary(result: dict, console: Console | None = None) -> None:
         if sel:
             console.print(
                 f"selected: {sel['candidate']} at context {sel['context_length']} — cache "
-                f"{sel['cache_bytes_ratio']:.3f}× dynamic, ΔNLL {sel['nll_delta']:+.3f}, top-k "
-                f"{sel['topk_overlap']:.2f}, latency {sel['latency_ratio']:.2f}×"
+                f"{_f(sel.get('cache_bytes_ratio'), '.3f')}× dynamic, ΔNLL {_f(sel.get('nll_delta'), '+.3f')}, "
+                f"top-k {_f(sel.get('topk_overlap'), '.2f')}, latency {_f(sel.get('latency_ratio'), '.2f')}×"
             )
             row = next(
                 (

@@ -34,6 +34,9 @@ A result is one JSON object::
 
 from __future__ import annotations
 
+import json
+import math
+
 SCHEMA_VERSION = "kvlab.eval/1"
 STATUSES = ("planned", "dry_run", "running", "complete", "partial", "failed")
 MATRICES = ("capacity", "window")
@@ -52,10 +55,99 @@ _TOP = (
 )
 _ROW = ("matrix", "candidate", "context_length", "median_ms", "ms_per_token", "cache_bytes")
 _PAIRED = ("cache_bytes_ratio", "latency_ratio", "nll_delta", "topk_overlap", "eligible")
+_GATES = ("max_nll_delta", "min_topk_overlap", "max_latency_ratio")  # every result has these three
+_LONG_GATES = ("max_recall_drop", "max_passkey_drop", "max_kl_mean")  # absent in files older than the probes
+# row fields the renderers read: a number (the first three required), or null where it was not measured
+_ROW_NUMBERS = ("median_ms", "ms_per_token", "cache_bytes")
+_ROW_OPTIONAL_NUMBERS = (
+    "min_ms",
+    "mean_nll",
+    "cache_bytes_ratio",
+    "cache_bytes_saved",
+    "latency_ratio",
+    "nll_delta",
+    "nll_ratio",
+    "topk_overlap",
+    "token_agreement_rate",
+    "incremental_peak_bytes",
+    "recall_nll",
+    "recall_nll_delta",
+    "long_context_ms",
+)
+_ROW_OPTIONAL_INTS = ("residual_length", "group_size", "first_divergence_index")
+_DROPS = ("recall_drop", "passkey_drop")  # gated: NaN would pass no gate and fail none
 
 
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _show(value: object) -> str:
+    """``value`` as it reads in the JSON file (``null``, ``"x"``, ``NaN``), shortened."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _type_problem(where: str, value: object, kind: str) -> str | None:
+    """``"<where>: must be <kind>, got <value>"`` when ``value`` is not of ``kind``, else None. Kinds: object,
+    list, string, bool, int, number, fraction (a number in [0, 1]), and each with ``" or null"``."""
+    if kind.endswith(" or null"):
+        if value is None:
+            return None
+        kind = kind[: -len(" or null")]
+    ok = {
+        "object": isinstance(value, dict),
+        "list": isinstance(value, list),
+        "string": isinstance(value, str),
+        "bool": isinstance(value, bool),
+        "int": _is_int(value),
+        "number": _is_number(value),
+        "finite number": _is_number(value) and math.isfinite(value),
+        "fraction": _is_number(value) and 0 <= value <= 1,
+    }[kind]
+    if ok:
+        return None
+    article = "an" if kind[0] in "aeiou" else "a"
+    return f"{where}: must be {article} {kind}, got {_show(value)}"
+
+
+def _check(problems: list[str], where: str, value: object, kind: str) -> bool:
+    """Append the problem (if any) to ``problems``; True when ``value`` is of ``kind``."""
+    problem = _type_problem(where, value, kind)
+    if problem:
+        problems.append(problem)
+    return problem is None
+
+
+def _points_problems(where: str, block: object, points: str) -> list[str]:
+    """The recall/passkey block of a row: an object whose ``points`` list holds one object per distance/depth."""
+    problems: list[str] = []
+    if not isinstance(block, dict) or not isinstance(block.get(points), list):
+        return [f"{where}: must be an object with a {points!r} list"]
+    for j, p in enumerate(block[points]):
+        at = f"{where}.{points}[{j}]"
+        if not isinstance(p, dict) or "accuracy" not in p:
+            problems.append(f"{at}: must be an object with 'accuracy'")
+            continue
+        _check(problems, f"{at}.accuracy", p["accuracy"], "fraction or null")
+        if points == "depths":  # the passkey tables and heatmap read depth, trials and correct of every depth
+            for key, kind in (("depth", "fraction"), ("trials", "int"), ("correct", "int")):
+                if key not in p:
+                    problems.append(f"{at}: lacks {key!r}")
+                else:
+                    _check(problems, f"{at}.{key}", p[key], kind)
+    if points == "depths" and block.get("ci95") is not None:
+        ci = block["ci95"]
+        if not (isinstance(ci, list) and len(ci) == 2 and all(_is_number(x) for x in ci)):
+            problems.append(f"{where}.ci95: must be a [low, high] pair of numbers, got {_show(ci)}")
+    return problems
 
 
 def _long_context_problems(i: int, row: dict) -> list[str]:
@@ -64,49 +156,143 @@ def _long_context_problems(i: int, row: dict) -> list[str]:
     for key in ("recall_accuracy", "passkey_accuracy"):
         value = row.get(key)
         if value is not None and not (_is_number(value) and 0 <= value <= 1):
-            problems.append(f"rows[{i}].{key} {value!r} is not a fraction in [0, 1]")
+            problems.append(f"rows[{i}].{key}: {_show(value)} is not a fraction in [0, 1]")
     for key in ("kl_mean", "kl_p99", "kl_max"):
         value = row.get(key)
         if value is not None and not (_is_number(value) and value >= 0):
-            problems.append(f"rows[{i}].{key} {value!r} is not a number >= 0")
+            problems.append(f"rows[{i}].{key}: {_show(value)} is not a number >= 0")
+    for key in _DROPS:
+        _check(problems, f"rows[{i}].{key}", row.get(key), "finite number or null")
     for key, points in (("recall", "distances"), ("passkey", "depths")):
-        block = row.get(key)
-        if block is None:
-            continue
-        if not isinstance(block, dict) or not isinstance(block.get(points), list):
-            problems.append(f"rows[{i}].{key} must be an object with a {points!r} list")
-        elif not all(isinstance(p, dict) and "accuracy" in p for p in block[points]):
-            problems.append(f"rows[{i}].{key}.{points} must hold objects with 'accuracy'")
+        if row.get(key) is not None:
+            problems += _points_problems(f"rows[{i}].{key}", row[key], points)
+    return problems
+
+
+def _row_problems(i: int, row: object) -> list[str]:
+    """One row: the fields every row has, the paired fields of a candidate row, and the type of each field the
+    text and HTML reports read."""
+    if not isinstance(row, dict):
+        return [f"rows[{i}]: must be an object, got {_show(row)}"]
+    problems = [f"rows[{i}]: lacks {k!r}" for k in _ROW if k not in row]
+    if row.get("matrix") not in MATRICES:
+        problems.append(f"rows[{i}].matrix: {_show(row.get('matrix'))} not in {list(MATRICES)}")
+    if not _check(problems, f"rows[{i}].candidate", row.get("candidate"), "string"):
+        return problems
+    if row["candidate"] != "dynamic":
+        problems += [f"rows[{i}] ({row['candidate']}): lacks {k!r}" for k in _PAIRED if k not in row]
+    _check(problems, f"rows[{i}].context_length", row.get("context_length"), "int")
+    for key in _ROW_NUMBERS:
+        if key in row:
+            _check(problems, f"rows[{i}].{key}", row[key], "number")
+    for key in _ROW_OPTIONAL_NUMBERS:
+        _check(problems, f"rows[{i}].{key}", row.get(key), "number or null")
+    for key in _ROW_OPTIONAL_INTS:
+        _check(problems, f"rows[{i}].{key}", row.get(key), "int or null")
+    _check(problems, f"rows[{i}].eligible", row.get("eligible"), "bool or null")
+    if "gates" in row and _check(problems, f"rows[{i}].gates", row["gates"], "object"):
+        for name, verdict in row["gates"].items():
+            _check(problems, f"rows[{i}].gates.{name}", verdict, "bool or null")
+    return problems + _long_context_problems(i, row)
+
+
+def _summary_problems(summary: dict) -> list[str]:
+    """The summary fields ``kvlab report`` prints."""
+    problems = [
+        f"summary: lacks {k!r}"
+        for k in (
+            "memory_reduction_onset_context",
+            "eligible_crossover_context",
+            "eligible_candidate_count",
+            "decision",
+        )
+        if k not in summary
+    ]
+    for key, kind in (
+        ("memory_reduction_onset_context", "int or null"),
+        ("eligible_crossover_context", "int or null"),
+        ("eligible_candidate_count", "int"),
+        ("decision", "string"),
+        ("latency_warning", "string or null"),
+        ("long_context_warning", "string or null"),
+        ("long_context_not_measured", "string or null"),
+    ):
+        if key in summary:
+            _check(problems, f"summary.{key}", summary[key], kind)
+    sel = summary.get("selected_candidate")
+    if _check(problems, "summary.selected_candidate", sel, "object or null") and sel is not None:
+        for key, kind in (("candidate", "string"), ("context_length", "int")):
+            if key not in sel:
+                problems.append(f"summary.selected_candidate: lacks {key!r}")
+            else:
+                _check(problems, f"summary.selected_candidate.{key}", sel[key], kind)
+        for key in ("cache_bytes_ratio", "nll_delta", "topk_overlap", "latency_ratio"):
+            _check(problems, f"summary.selected_candidate.{key}", sel.get(key), "number or null")
+    return problems
+
+
+def _gates_problems(gates: dict) -> list[str]:
+    problems = [f"gates: lacks {k!r}" for k in _GATES if k not in gates]
+    if any(k in gates for k in _LONG_GATES):
+        problems += [
+            f"gates: lacks {k!r} (the long-context gates come together)"
+            for k in _LONG_GATES
+            if k not in gates
+        ]
+    for key in (*_GATES, *_LONG_GATES):
+        if key in gates:
+            _check(problems, f"gates.{key}", gates[key], "number")
     return problems
 
 
 def validate_result(result: object) -> list[str]:
-    """Problems found in a result object (empty list = valid). Never raises on bad content."""
+    """Problems found in a result object (empty list = valid), each ``"<where>: <what>"``. Never raises on bad
+    content: every field ``kvlab report`` (text or HTML) reads is type-checked here first."""
     if not isinstance(result, dict):
         return [f"result must be a JSON object, got {type(result).__name__}"]
     problems = [f"missing field {k!r}" for k in _TOP if k not in result]
     if problems:
         return problems
     if result["schema_version"] != SCHEMA_VERSION:
-        problems.append(f"schema_version {result['schema_version']!r} is not {SCHEMA_VERSION!r}")
+        problems.append(f"schema_version: {_show(result['schema_version'])} is not {SCHEMA_VERSION!r}")
     if result["status"] not in STATUSES:
-        problems.append(f"status {result['status']!r} not in {list(STATUSES)}")
-    if not isinstance(result["rows"], list):
-        return problems + ["rows must be a list"]
+        problems.append(f"status: {_show(result['status'])} not in {list(STATUSES)}")
+    for key, kind in (
+        ("settings", "object"),
+        ("provenance", "object"),
+        ("plan", "list"),
+        ("summary", "object or null"),
+    ):
+        _check(problems, key, result[key], kind)
+    _check(problems, "elapsed_s", result.get("elapsed_s"), "number or null")
+    if isinstance(result["provenance"], dict):
+        for key in ("model", "software", "hardware"):
+            if key in result["provenance"]:
+                _check(problems, f"provenance.{key}", result["provenance"][key], "object")
+    if _check(problems, "gates", result["gates"], "object"):
+        problems += _gates_problems(result["gates"])
+    if _check(problems, "candidates", result["candidates"], "list"):
+        for i, c in enumerate(result["candidates"]):
+            if not _check(problems, f"candidates[{i}]", c, "object"):
+                continue
+            if "name" not in c:
+                problems.append(f"candidates[{i}]: lacks 'name'")
+            _check(problems, f"candidates[{i}].available", c.get("available", True), "bool")
+            if c.get("available", True) is False and "skip_reason" not in c:
+                problems.append(f"candidates[{i}]: unavailable but lacks 'skip_reason'")
+    if not _check(problems, "rows", result["rows"], "list"):
+        return problems
     for i, row in enumerate(result["rows"]):
-        if not isinstance(row, dict):
-            problems.append(f"rows[{i}] is not an object")
-            continue
-        problems += [f"rows[{i}] lacks {k!r}" for k in _ROW if k not in row]
-        if row.get("matrix") not in MATRICES:
-            problems.append(f"rows[{i}].matrix {row.get('matrix')!r} not in {list(MATRICES)}")
-        if row.get("candidate") != "dynamic":
-            problems += [f"rows[{i}] ({row.get('candidate')}) lacks {k!r}" for k in _PAIRED if k not in row]
-        problems += _long_context_problems(i, row)
+        problems += _row_problems(i, row)
     if result["status"] in ("complete", "partial") and not isinstance(result.get("summary"), dict):
-        problems.append("a finished result needs a summary object")
-    for i, f in enumerate(result["failures"]):
-        problems += [
-            f"failures[{i}] lacks {k!r}" for k in ("candidate", "stage", "type", "message") if k not in f
-        ]
+        problems.append("summary: a finished result needs a summary object")
+    if isinstance(result["summary"], dict):
+        problems += _summary_problems(result["summary"])
+    if _check(problems, "failures", result["failures"], "list"):
+        for i, f in enumerate(result["failures"]):
+            if not _check(problems, f"failures[{i}]", f, "object"):
+                continue
+            problems += [
+                f"failures[{i}]: lacks {k!r}" for k in ("candidate", "stage", "type", "message") if k not in f
+            ]
     return problems
