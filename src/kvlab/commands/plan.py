@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from kvlab.commands import fail
 
@@ -56,6 +57,14 @@ def _add_device_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--list-gpus", action="store_true", help="print the hardware table and exit")
 
 
+def _device_flag_problem(args: argparse.Namespace) -> str | None:
+    """The custom-device flags named as given (``--bandwidth-gb-s inf``), before the planner names its fields."""
+    for flag, value in (("--bandwidth-gb-s", args.bandwidth_gb_s), ("--tflops", args.tflops)):
+        if value is not None and not 0 < value < math.inf:
+            return f"{flag} must be a finite number > 0, got {value:g}"
+    return None
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "plan",
@@ -96,7 +105,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "--block-size",
         type=int,
-        default=16,
+        default=None,
         help="tokens per KV block for --emit vllm (1, 8, 16, 32, 64 or 128; default 16, vLLM's CUDA default)",
     )
     p.add_argument("--list-presets", action="store_true", help="print the built-in models and exit")
@@ -226,6 +235,11 @@ def run_plan(args: argparse.Namespace) -> int:
         return 0
     if args.model is None:
         return fail(args, "plan needs MODEL (a preset, config.json, directory or hub id); see --list-presets")
+    if args.block_size is not None and args.emit != "vllm":
+        return fail(args, f"--block-size {args.block_size} only applies with --emit vllm")
+    problem = _device_flag_problem(args)
+    if problem:
+        return fail(args, problem)
     try:
         r = plan_report(
             args.model,
@@ -246,7 +260,7 @@ def run_plan(args: argparse.Namespace) -> int:
             tflops=args.tflops,
             measured_step_ms=args.measured_step_ms,
             emit=args.emit,
-            block_size=args.block_size,
+            block_size=16 if args.block_size is None else args.block_size,
         )
     except (ValueError, OSError) as e:
         return fail(args, e)
@@ -387,6 +401,9 @@ def run_roofline(args: argparse.Namespace) -> int:
 
     if _print_lists(args):
         return 0
+    problem = _device_flag_problem(args)
+    if problem:
+        return fail(args, problem)
     try:
         r = roofline_report(
             gpu=args.gpu,

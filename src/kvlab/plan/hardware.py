@@ -210,9 +210,9 @@ def custom_hardware(
     if (
         isinstance(bandwidth_gb_s, bool)
         or not isinstance(bandwidth_gb_s, int | float)
-        or not bandwidth_gb_s > 0
+        or not 0 < bandwidth_gb_s < float("inf")
     ):
-        raise ValueError(f"`bandwidth_gb_s` must be > 0, got {bandwidth_gb_s!r}")
+        raise ValueError(f"`bandwidth_gb_s` must be a finite number > 0, got {bandwidth_gb_s!r}")
     return Hardware(
         name="custom",
         tflops_16bit=tflops,

@@ -84,7 +84,12 @@ class VllmServePlan:
 
 def vllm_model_argument(model: str | os.PathLike) -> str:
     """What ``vllm serve`` is given for ``model``: a preset's hub id, a model directory (a ``config.json`` path
-    names its directory), or ``model`` itself (a hub id)."""
+    names its directory), or ``model`` itself (a hub id).
+
+    Raises:
+        ValueError: ``model`` is a file not named ``config.json`` (vLLM reads ``<directory>/config.json``, so its
+            folder would not be the model this plan read).
+    """
     from kvlab.plan import presets
 
     text = os.fspath(model)
@@ -93,6 +98,11 @@ def vllm_model_argument(model: str | os.PathLike) -> str:
         return preset.hub_id
     path = Path(text).expanduser()
     if path.is_file():
+        if path.name != "config.json":
+            raise ValueError(
+                f"--emit vllm serves a model directory or hub id; {path} is a file not named config.json, so its "
+                f"folder {path.parent} is not the model planned (copy it to <model dir>/config.json)"
+            )
         return str(path.parent)
     return text
 

@@ -171,3 +171,34 @@ def test_small_helpers_name_bad_arguments():
         prefill_intensity(32, 32, 128, 8e9, 2, -1)
     with pytest.raises(ValueError, match="group_size"):
         quantized_tokens(500, 0, 128)
+
+
+@pytest.mark.parametrize(
+    "argv, fragments",
+    [
+        (["plan", "llama-3-8b", "--bandwidth-gb-s", "inf"], ("--bandwidth-gb-s", "inf")),
+        (["plan", "llama-3-8b", "--bandwidth-gb-s", "-1"], ("--bandwidth-gb-s", "-1")),
+        (["roofline", "--bandwidth-gb-s", "inf"], ("--bandwidth-gb-s", "inf")),
+        (["roofline", "--bandwidth-gb-s", "1000", "--tflops", "inf"], ("--tflops", "inf")),
+        (["plan", "llama-3-8b", "--block-size", "32"], ("--block-size 32", "--emit vllm")),
+    ],
+)
+def test_flags_are_named_as_given(capsys, argv, fragments):
+    err = fails(capsys, argv, *fragments)
+    assert "bandwidth_tb_s" not in err and "tflops_16bit" not in err
+
+
+def test_emit_vllm_refuses_a_config_file_not_named_config_json(tmp_path, capsys):
+    from kvlab.models import reference_model_path
+
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    (cfg / "same_layers.json").write_text((reference_model_path() / "config.json").read_text())
+    assert main(["plan", str(cfg / "same_layers.json")]) == 0  # the plan itself reads any file name
+    capsys.readouterr()
+    fails(
+        capsys,
+        ["plan", str(cfg / "same_layers.json"), "--emit", "vllm"],
+        str(cfg / "same_layers.json"),
+        "config.json",
+    )
