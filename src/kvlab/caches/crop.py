@@ -25,9 +25,9 @@ def crop_keep(n: int, held: int) -> int:
         for ``n > 0``.
 
     Raises:
-        TypeError: ``n`` is not an integer (a float, a bool, a tensor of several elements).
+        TypeError: ``n`` is not an integer (a float, a bool or 0-d bool tensor, a tensor of several elements).
     """
-    if isinstance(n, bool):
+    if isinstance(n, bool) or str(getattr(n, "dtype", "")) in ("bool", "torch.bool"):  # True is not 1 token
         raise TypeError(f"`crop` takes an integer number of tokens, got {n!r}")
     try:
         n = operator.index(n)

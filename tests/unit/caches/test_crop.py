@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 from transformers import DynamicCache
@@ -165,7 +166,7 @@ def test_kivi_crop_through_transformers_cache_crop_and_bad_arguments(model):
     assert cache.is_croppable and all(layer.is_croppable for layer in cache.layers)
     Cache.crop(cache, -3)  # transformers' own loop over the layers
     assert [layer.get_seq_length() for layer in cache.layers] == [67, 67]
-    for bad in (1.5, "3", True, None, torch.tensor([1, 2])):
+    for bad in (1.5, "3", True, None, torch.tensor([1, 2]), torch.tensor(True), np.bool_(True)):
         with pytest.raises(TypeError, match=r"`crop` takes an integer number of tokens, got"):
             cache.crop(bad)
     assert cache.get_seq_length() == 67
@@ -296,3 +297,15 @@ def test_assisted_decoding_runs_when_drafts_are_cut_inside_quantized_groups(mode
     q = cache.quantized_tokens()
     assert q % 16 == 0 and 0 <= 69 - q < 16  # R = 0: fewer than G tokens outside the quantized groups
     assert not pending()
+
+
+@pytest.mark.parametrize("bad", [torch.tensor(True), torch.tensor(False), np.bool_(True)], ids=str)
+def test_paged_crop_refuses_a_bool_scalar_like_a_python_bool(model, bad):
+    paged = PagedCache(block_size=8)
+    with torch.no_grad():
+        model(input_ids=prompt_ids(), cache=paged, use_cache=True)
+    held = paged.get_seq_length()
+    with pytest.raises(TypeError, match=r"`crop` takes an integer number of tokens, got"):
+        paged.crop(bad)
+    assert paged.get_seq_length() == held
+    paged.check_invariants()
