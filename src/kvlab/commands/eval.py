@@ -243,7 +243,13 @@ def run(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
         path = result_path(args.out_dir, label)
         ensure_writable(path, args.force)
-        path.parent.mkdir(parents=True, exist_ok=True)  # fail now, not after loading the model
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)  # fail now, not after loading the model
+        except OSError as exc:  # a file where the folder (or a parent of it) should be, no permission, ...
+            reason = exc.strerror or exc
+            if isinstance(exc, (FileExistsError, NotADirectoryError)):
+                reason = "a file is in the way of the folder"
+            return fail(args, f"--out-dir {args.out_dir}: cannot create the folder ({reason})")
     except FileExistsError as exc:
         return fail(args, exc, EXIT_FILE_EXISTS)
     except (ValueError, OSError) as exc:

@@ -62,6 +62,23 @@ class _VideoParser(argparse.ArgumentParser):
         return super().format_help()
 
 
+# `kvlab lab video` flag, VideoConfig field it sets, help text
+VIDEO_FLAGS = (
+    ("--frames", "frames", "latent frames generated"),
+    ("--height", "height", "latent tokens per frame, vertically"),
+    ("--width", "width", "latent tokens per frame, horizontally"),
+    ("--channels", "channels", "latent values per token"),
+    ("--steps", "steps", "denoising steps per frame"),
+    ("--layers", "n_layers", "transformer layers"),
+    ("--q-heads", "q_heads", "query heads"),
+    ("--kv-heads", "kv_heads", "K/V heads"),
+    ("--head-dim", "head_dim", "channels per head (split between the t, h, w rotary axes)"),
+    ("--window", "window_frames", "recent frames kept besides the sink frame when evicting"),
+    ("--seed", "weight_seed", "random seed of the weights"),
+    ("--noise-seed", "noise_seed", "random seed of the noise"),
+)
+
+
 def _register_video(subparsers) -> None:
     v = subparsers.add_parser(
         "video",
@@ -76,20 +93,7 @@ def _register_video(subparsers) -> None:
     v.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="print machine-readable JSON"
     )
-    for flag, field, text in (
-        ("--frames", "frames", "latent frames generated"),
-        ("--height", "height", "latent tokens per frame, vertically"),
-        ("--width", "width", "latent tokens per frame, horizontally"),
-        ("--channels", "channels", "latent values per token"),
-        ("--steps", "steps", "denoising steps per frame"),
-        ("--layers", "n_layers", "transformer layers"),
-        ("--q-heads", "q_heads", "query heads"),
-        ("--kv-heads", "kv_heads", "K/V heads"),
-        ("--head-dim", "head_dim", "channels per head (split between the t, h, w rotary axes)"),
-        ("--window", "window_frames", "recent frames kept besides the sink frame when evicting"),
-        ("--seed", "weight_seed", "random seed of the weights"),
-        ("--noise-seed", "noise_seed", "random seed of the noise"),
-    ):
+    for flag, field, text in VIDEO_FLAGS:
         # not given: the field keeps VideoConfig's default
         v.add_argument(
             flag, dest=VIDEO_FIELD_PREFIX + field, type=int, default=argparse.SUPPRESS, metavar="N", help=text
@@ -112,6 +116,12 @@ def run_video(args: argparse.Namespace) -> int:
                 if hasattr(args, VIDEO_FIELD_PREFIX + f.name)
             }
         )
+    except ValueError as exc:  # name the flag the user gave, not the field it sets (`n_layers` -> --layers)
+        message = str(exc)
+        for flag, field, _ in VIDEO_FLAGS:
+            message = message.replace(f"`{field}`", flag)
+        return fail(args, message)
+    try:
         with _status("toy video denoiser: full recompute, frame KV cache, eviction, controls ...", args.json):
             result = run_video_lab(cfg)
     except ValueError as exc:

@@ -29,3 +29,18 @@ def test_bad_values_are_named(capsys, argv, fragment):
     captured = capsys.readouterr()
     assert "error:" in captured.err and fragment in captured.err, captured.err
     assert captured.out == ""
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--layers", "0"], "--layers must be an int >= 1, got 0"),
+        (["--window", "0"], "--window must be an int >= 1, got 0"),
+        (["--seed", "-1"], "--seed must be an int >= 0, got -1"),
+        (["--noise-seed", "-1"], "--noise-seed must be an int >= 0, got -1"),
+    ],
+)
+def test_video_settings_are_named_by_their_flag(capsys, argv, message):
+    assert main(["lab", "video", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err == f"kvlab lab video: error: {message}\n"
