@@ -26,6 +26,7 @@ replayed first ``update`` per layer otherwise (checked to return its input uncha
 from __future__ import annotations
 
 import hashlib
+import numbers
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -96,17 +97,46 @@ def _sha256(t: torch.Tensor) -> str:
     return hashlib.sha256(t.to(torch.int64).cpu().numpy().tobytes()).hexdigest()
 
 
-def _check_positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
+def _check_positive(name: str, value: Any, minimum: int = 1) -> int:
+    """``value`` as an ``int`` (any integer: Python, NumPy) when it is at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"`{name}` must be {what}, got {value!r}")
+    return int(value)
 
 
-def _check_fractions(name: str, values: Sequence[float]) -> None:
+def _check_fractions(name: str, values: Any, *, distinct: bool = False) -> tuple[float, ...]:
+    """``values`` (any iterable of real numbers, read once) as a tuple of floats in [0, 1]; ``distinct`` refuses
+    repeats (each depth is one group of rows)."""
+    if isinstance(values, (numbers.Number, str, bytes)) or getattr(values, "ndim", None) == 0:
+        raise ValueError(
+            f"`{name}` must be a sequence of fractions in [0, 1], got the single value {values!r}"
+        )
+    try:
+        values = tuple(values)
+    except TypeError:
+        raise ValueError(f"`{name}` must be a sequence of fractions in [0, 1], got {values!r}") from None
     if not values:
         raise ValueError(f"`{name}` must not be empty")
     for v in values:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v <= 1:
             raise ValueError(f"`{name}` must hold fractions in [0, 1], got {v!r}")
+    values = tuple(float(v) for v in values)
+    if distinct and len(set(values)) != len(values):
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        raise ValueError(
+            f"`{name}` must not repeat a value (each is one group of rows), got {repeated} twice"
+        )
+    return values
+
+
+def _check_ids(heldout_ids: Any) -> list[int]:
+    """Held-out token ids as a list of ints (a float id is refused, never truncated)."""
+    ids = heldout_ids.tolist() if hasattr(heldout_ids, "tolist") else list(heldout_ids)
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise ValueError(f"`heldout_ids` must hold integer token ids, got {t!r} at index {i}")
+    return [int(t) for t in ids]
 
 
 # ── placement ──────────────────────────────────────────────────────────────────────────────────────────────────
@@ -125,11 +155,16 @@ def recall_distances(
         NotMeasurable: ``context - 1 < span_tokens + protected_tail`` (no distance fits).
         ValueError: a non-positive length, a negative ``protected_tail``, or a fraction outside [0, 1].
     """
-    _check_positive("context", context)
-    _check_positive("span_tokens", span_tokens)
-    if isinstance(protected_tail, bool) or not isinstance(protected_tail, int) or protected_tail < 0:
+    context = _check_positive("context", context)
+    span_tokens = _check_positive("span_tokens", span_tokens, 2)  # the cue and at least one predicted token
+    if (
+        isinstance(protected_tail, bool)
+        or not isinstance(protected_tail, numbers.Integral)
+        or protected_tail < 0
+    ):
         raise ValueError(f"`protected_tail` must be a non-negative integer, got {protected_tail!r}")
-    _check_fractions("fractions", fractions)
+    protected_tail = int(protected_tail)
+    fractions = _check_fractions("fractions", fractions)
     low, high = span_tokens + protected_tail, context - 1
     if high < low:
         raise NotMeasurable(
@@ -153,11 +188,16 @@ def needle_starts(
         NotMeasurable: ``context - protected_tail - needle_tokens - 1 < 0`` (the needle does not fit).
         ValueError: a non-positive length, a negative ``protected_tail``, or a depth outside [0, 1].
     """
-    _check_positive("context", context)
-    _check_positive("needle_tokens", needle_tokens)
-    if isinstance(protected_tail, bool) or not isinstance(protected_tail, int) or protected_tail < 0:
+    context = _check_positive("context", context)
+    needle_tokens = _check_positive("needle_tokens", needle_tokens)
+    if (
+        isinstance(protected_tail, bool)
+        or not isinstance(protected_tail, numbers.Integral)
+        or protected_tail < 0
+    ):
         raise ValueError(f"`protected_tail` must be a non-negative integer, got {protected_tail!r}")
-    _check_fractions("depths", depths)
+    protected_tail = int(protected_tail)
+    depths = _check_fractions("depths", depths, distinct=True)
     room = context - protected_tail - needle_tokens - 1
     if room < 0:
         raise NotMeasurable(
@@ -205,7 +245,11 @@ def build_recall_probe(
         NotMeasurable: see :func:`recall_distances`.
         ValueError: bad lengths or fractions, or held-out text shorter than ``context``.
     """
-    _check_positive("rows_per_distance", rows_per_distance)
+    rows_per_distance = _check_positive("rows_per_distance", rows_per_distance)
+    context = _check_positive("context", context)
+    span_tokens = _check_positive("span_tokens", span_tokens, 2)
+    fractions = _check_fractions("fractions", fractions)
+    heldout_ids = _check_ids(heldout_ids)
     distances = recall_distances(context, span_tokens, protected_tail, fractions)
     rng = random.Random(f"recall-{seed}-{context}")
     prompts, spans, groups = [], [], []
@@ -296,8 +340,10 @@ def build_passkey_probe(
         ValueError: ``trials`` < 1, bad depths, held-out text shorter than ``context``, or a tokenizer that cannot
             separate the answer (see :func:`passkey_tokens`).
     """
-    _check_positive("trials", trials)
-    _check_fractions("depths", depths)
+    trials = _check_positive("trials", trials)
+    context = _check_positive("context", context)
+    depths = _check_fractions("depths", depths, distinct=True)
+    heldout_ids = _check_ids(heldout_ids)
     rng = random.Random(f"passkey-{seed}-{context}")
     keys = [str(rng.randint(*PASSKEY_KEY_RANGE)) for _ in range(len(depths) * trials)]
     encoded = [passkey_tokens(tokenizer, k) for k in keys]

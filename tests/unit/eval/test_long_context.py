@@ -534,3 +534,34 @@ def test_passkey_query_chunk_then_answer_equals_one_full_forward(tiny):
     assert torch.allclose(got["nll"], nll, atol=1e-4) and torch.equal(got["hit"], hit)
     with pytest.raises(ValueError, match=r"`first_chunk` must be an integer in \[1, 7\], got 8"):
         decode_scores(tiny, DynamicCache(), probe.sequence[:, :8], 8)
+
+
+def test_probe_arguments_edge_cases_are_named_or_accepted():
+    import numpy as np
+
+    from kvlab.eval.longctx import build_passkey_probe, build_recall_probe, needle_starts, recall_distances
+
+    ids = list(range(5000))
+    for call in (
+        lambda: build_recall_probe(ids, 256, protected_tail=8, span_tokens=1),
+        lambda: recall_distances(256, 1, 8),
+    ):
+        with pytest.raises(ValueError, match=r"`span_tokens` must be an integer >= 2, got 1"):
+            call()
+    # generators, numpy scalars and arrays are read as the numbers they hold
+    assert recall_distances(256, 16, 8, (f for f in (0.5, 0.9))) == recall_distances(256, 16, 8, (0.5, 0.9))
+    assert needle_starts(512, 8, 8, (p for p in (0.0, 1.0))) == needle_starts(512, 8, 8, (0.0, 1.0))
+    assert recall_distances(np.int64(256), np.int64(16), np.int64(8), np.array([0.5, 0.9])) == [128, 230]
+    assert needle_starts(512, 8, 8, [np.float32(0.5)]) == needle_starts(512, 8, 8, [0.5])
+    probe = build_recall_probe(np.array(ids), np.int64(256), protected_tail=8, fractions=np.array([0.5]))
+    assert tuple(probe.prompt_ids.shape) == (2, 256)
+    with pytest.raises(ValueError, match=r"`fractions` must be a sequence .* single value 0.5"):
+        recall_distances(256, 16, 8, 0.5)
+    for call in (
+        lambda: needle_starts(512, 8, 8, (0.5, 0.5, 1.0)),
+        lambda: build_passkey_probe(None, ids, 512, protected_tail=8, depths=[0.5, 0.5]),
+    ):
+        with pytest.raises(ValueError, match=r"`depths` must not repeat a value .*\[0.5\]"):
+            call()
+    with pytest.raises(ValueError, match=r"`heldout_ids` must hold integer token ids, got 1.5 at index 1"):
+        build_recall_probe([1, 1.5, *ids], 256, protected_tail=8)
