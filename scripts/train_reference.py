@@ -405,9 +405,9 @@ IGNORE = -100  # label of a position that carries no loss
 class TaskMixer:
     """Overwrite parts of natural-text windows with long-range tasks; return ids and labels.
 
-    Per task window (probability ``task_fraction``): ``max(1, T // 768)`` copy tasks (a span of 8-48 tokens, half
-    random tokens and half natural text from elsewhere in the stream, written at a random position and again at
-    a random later one: any distance up to the window) and, with probability 0.5, a passkey (a random 5-digit
+    Per task window (probability ``task_fraction``): ``max(min_copies, T // copies_per_tokens)`` copy tasks (a span
+    of 8-48 tokens, random tokens with probability ``random_span_p``, else natural text from elsewhere in the
+    stream, written twice at a distance drawn uniformly up to the window) and, with probability 0.5, a passkey (a random 5-digit
     key stated once at a random depth, queried at a random later point). The unpredictable first copy of a random
     span and the key digits of the needle carry no loss; the text around them keeps its ordinary loss, so most
     tokens of every step stay natural text.
@@ -448,6 +448,20 @@ class TaskMixer:
             if bool(free[a : a + length].all()):
                 free[a : a + length] = False
                 return a
+        return None
+
+    def _place_pair(self, free: torch.Tensor, length: int, T: int) -> tuple[int, int] | None:
+        """Two free spans of ``length`` whose distance ``b - a`` is uniform over [length, T - length - 1]
+        (then ``a`` uniform where it fits): every distance up to the window is trained equally often, where
+        two independent starts would make far copies rare. None after 20 tries."""
+        for _ in range(20):
+            d = self._randint(length, T - length - 1)
+            a = self._randint(1, T - length - d)
+            b = a + d
+            if bool(free[a : a + length].all()) and bool(free[b : b + length].all()):
+                free[a : a + length] = False
+                free[b : b + length] = False
+                return a, b
         return None
 
     def window(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -491,13 +505,10 @@ class TaskMixer:
             else:
                 s0 = self._randint(0, self.stream.numel() - L - 1)
                 span, random_span = self.stream[s0 : s0 + L], False
-            a = self._place(free, L, 1, T - 2 * L)
-            if a is None:
+            placed = self._place_pair(free, L, T)
+            if placed is None:
                 continue
-            b = self._place(free, L, a + L, T - L)
-            if b is None:
-                free[a : a + L] = True
-                continue
+            a, b = placed
             ids[a : a + L] = span
             labels[a : a + L] = IGNORE if random_span else span
             ids[b : b + L] = span
