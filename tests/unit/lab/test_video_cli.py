@@ -89,14 +89,14 @@ def test_a_failed_check_gives_exit_status_1(monkeypatch):
     [
         (["--frames", "0"], "frames"),
         (["--frames", "4"], "`frames` (4) must be >= `window_frames` + 3 (6)"),
-        (["--window", "0"], "window_frames"),
+        (["--window", "0"], "--window must be an int >= 1, got 0"),
         (["--steps", "0"], "steps"),
         (["--height", "-1"], "height"),
-        (["--head-dim", "5"], "`head_dim` must be even and >= 6"),
+        (["--head-dim", "5"], "--head-dim must be even and >= 6"),
         (["--head-dim", "4"], "got 4"),
-        (["--kv-heads", "3"], "kv_heads"),
-        (["--seed", "-1"], "weight_seed"),
-        (["--noise-seed", "-2"], "noise_seed"),
+        (["--kv-heads", "3"], "--kv-heads, got 3"),
+        (["--seed", "-1"], "--seed must be an int >= 0"),
+        (["--noise-seed", "-2"], "--noise-seed must be an int >= 0"),
     ],
 )
 def test_bad_values_are_named(capsys, argv, fragment):
