@@ -112,3 +112,12 @@ def test_greedy_generate_runs(reference):
     out = model.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False)
     assert out.shape == (1, 40)
     assert torch.equal(out[:, :32], prompt)
+
+
+def test_local_load_prints_no_progress_bar_and_restores_the_setting(capfd):
+    from transformers.utils import logging as hf_logging
+
+    assert hf_logging.is_progress_bar_enabled()
+    models.load_model(None, dtype="float32", device="cpu")
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()  # the caller's setting is left as it was

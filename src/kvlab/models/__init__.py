@@ -131,7 +131,13 @@ def load_model(
     name = str(source) if source is not None else os.fspath(model)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    # a local load takes well under a second: its "Loading weights" bar is noise in every kvlab command's output
+    # (a hub download keeps its progress bars)
+    bar_was_on = hf_logging.is_progress_bar_enabled()
+    if source is not None:
+        hf_logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, revision=revision)
         lm = AutoModelForCausalLM.from_pretrained(name, revision=revision, dtype=torch_dtype)
@@ -142,6 +148,9 @@ def load_model(
             f"{name!r} is not a local directory, and neither the Hugging Face hub nor its local cache could "
             f"provide it (revision {revision!r}): {e}"
         ) from e
+    finally:
+        if bar_was_on:
+            hf_logging.enable_progress_bar()
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     lm.to(torch_device)
