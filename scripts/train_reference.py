@@ -332,6 +332,16 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> transformers.PreTraine
     )
 
 
+def _drop_load_time_keys(path: Path) -> None:
+    """Remove what transformers records about how a tokenizer was loaded (``is_local``, ``local_files_only``)
+    from a saved ``tokenizer_config.json``: they describe the training machine, not the tokenizer."""
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if any(k in config for k in ("is_local", "local_files_only")):
+        config.pop("is_local", None)
+        config.pop("local_files_only", None)
+        path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def check_tokenizer_reloads(saved_dir: Path, tokenizer, text: str) -> None:
     """Fail unless ``AutoTokenizer.from_pretrained(saved_dir)`` encodes ``text`` exactly as ``tokenizer`` does."""
     loaded = transformers.AutoTokenizer.from_pretrained(saved_dir)
@@ -899,8 +909,8 @@ def write_model_card(prov: dict) -> str:
 A small Qwen2-architecture decoder trained by `scripts/train_reference.py`, shipped inside kvlab so that KV-cache
 experiments (`kvlab eval`, the tests) run on a real, trained model without any download. It is loaded like any
 Hugging Face model: `AutoModelForCausalLM.from_pretrained(kvlab.models.reference_model_path())`. It is trained to
-read its whole context (in-context copying and passkey retrieval at every distance up to its window), so that
-what a cache does to distant tokens shows in the eval's quality columns.
+read its context (in-context copying and passkey retrieval at distances up to its window; how well, by distance
+and depth, is under Abilities), so that what a cache does to distant tokens shows in the eval's quality columns.
 
 **Intended use:** a test and reference model for KV-cache measurements (cache bytes, quantization error, NLL,
 top-k, copy and retrieval changes, latency). **Not** a useful language model: it is tiny, trained for
@@ -1036,6 +1046,7 @@ def main(argv: list[str] | None = None) -> int:
         config = model.config
         saved_run = json.loads((args.package_only / "train_run.json").read_text(encoding="utf-8"))
         run, prior, saved_argv = saved_run["run"], saved_run["prior"], saved_run["argv"]
+        targs = parse_args(saved_argv)  # the training run's own settings, for its provenance
         n_params = sum(p.numel() for p in model.parameters())
     else:
         if args.init_from is not None:
@@ -1052,6 +1063,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"model: {n_params:,} parameters", flush=True)
         run = train(model, tokenizer, train_stream, heldout_stream, args)
         saved_argv = argv
+        targs = args
         final = args.data_dir / "final"  # the trained weights survive a failure while packaging
         model.save_pretrained(final, safe_serialization=True)
         tokenizer.save_pretrained(final)
@@ -1069,6 +1081,7 @@ def main(argv: list[str] | None = None) -> int:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.model_max_length = args.max_positions
         tokenizer.save_pretrained(tmp)
+        _drop_load_time_keys(tmp / "tokenizer_config.json")
         check_tokenizer_reloads(tmp, tokenizer, "\n".join(t for _, t in train_docs[:20] + heldout_docs))
         heldout_text = "\n\n".join(t.rstrip("\n") for _, t in heldout_docs) + "\n"
         (tmp / "heldout.txt").write_text(heldout_text, encoding="utf-8")
@@ -1155,16 +1168,16 @@ def main(argv: list[str] | None = None) -> int:
                 "weights_dtype": "bfloat16",
             },
             "training": {
-                "seed": args.seed,
-                "threads": args.threads,
-                "autocast_bf16": args.autocast_bf16,
+                "seed": targs.seed,
+                "threads": targs.threads,
+                "autocast_bf16": targs.autocast_bf16,
                 "optimizer": "AdamW(betas=(0.9, 0.95), eps=1e-8), no decay on norms and biases",
-                "lr": args.lr,
-                "min_lr_ratio": args.min_lr_ratio,
-                "warmup_steps": args.warmup_steps,
-                "weight_decay": args.weight_decay,
-                "grad_clip": args.grad_clip,
-                "max_minutes": args.max_minutes,
+                "lr": targs.lr,
+                "min_lr_ratio": targs.min_lr_ratio,
+                "warmup_steps": targs.warmup_steps,
+                "weight_decay": targs.weight_decay,
+                "grad_clip": targs.grad_clip,
+                "max_minutes": targs.max_minutes,
                 "sampling": "uniform random windows of the training token stream (torch.Generator seeded)",
                 **run,
                 "command": " ".join(
