@@ -11,8 +11,6 @@ compared here.
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from transformers import DynamicCache
@@ -21,6 +19,7 @@ import kvlab.attention
 from kvlab.attention.interface import pending
 from kvlab.caches import KIVICache, PagedCache
 from kvlab.models import heldout_token_ids
+from tests.crop_helpers import layer_skip_draft, recording
 
 NEW_TOKENS = 32
 EXACT_CACHES = {
@@ -54,28 +53,7 @@ def model(reference_fp32):
 def draft(reference_fp32):
     """The bundled model's first 2 of 4 layers (shared embeddings and head, a layer-skip draft): it proposes 6
     tokens per step, some accepted and some rejected, so the target's cache is cropped by 0 to 6 tokens."""
-    draft = copy.deepcopy(reference_fp32[0])
-    draft.model.layers = draft.model.layers[:2]
-    draft.config.num_hidden_layers = 2
-    draft.config.layer_types = draft.config.layer_types[:2]
-    draft.set_attn_implementation("sdpa")
-    draft.generation_config.num_assistant_tokens = 6
-    draft.generation_config.num_assistant_tokens_schedule = "constant"
-    draft.generation_config.assistant_confidence_threshold = 0.0
-    return draft
-
-
-def recording(cache):
-    """Record the argument of every ``crop`` call on ``cache``."""
-    calls = []
-    crop = cache.crop
-
-    def wrapped(n):
-        calls.append(n)
-        return crop(n)
-
-    cache.crop = wrapped
-    return cache, calls
+    return layer_skip_draft(reference_fp32[0], num_layers=2)
 
 
 def greedy(model, ids, cache, **kwargs):

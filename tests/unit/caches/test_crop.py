@@ -13,8 +13,6 @@ beyond the length, positive ``max_length``):
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 import torch
@@ -25,6 +23,7 @@ import kvlab.attention
 from kvlab.attention.interface import pending
 from kvlab.caches import KIVICache, PagedCache
 from kvlab.caches.crop import crop_keep
+from tests.crop_helpers import layer_skip_draft, recording
 
 PROMPT = 70  # R = G = 16: Q = (70 - 16) // 16 * 16 = 48 quantized, 22 in the residual window
 STEPS = 4  # decode steps after the crop: the window never flushes within them
@@ -218,33 +217,6 @@ def test_paged_crop_inside_a_block_shared_by_beams_copies_it_first(model):
 
 
 # ---- generate modes that crop: assisted (speculative) decoding and prompt-lookup decoding ---------------------
-def layer_skip_draft(model, num_layers=1):
-    """A draft that runs the target's first ``num_layers`` layers (shared embeddings and head): it agrees with the
-    target often but not always, so assisted decoding both accepts and rejects drafts (and crops)."""
-    draft = copy.deepcopy(model)
-    draft.model.layers = draft.model.layers[:num_layers]
-    draft.config.num_hidden_layers = num_layers
-    draft.config.layer_types = draft.config.layer_types[:num_layers]
-    draft.set_attn_implementation("sdpa")
-    draft.generation_config.num_assistant_tokens = 6
-    draft.generation_config.num_assistant_tokens_schedule = "constant"
-    draft.generation_config.assistant_confidence_threshold = 0.0
-    return draft
-
-
-def recording(cache):
-    """Record the argument of every ``crop`` call on ``cache``."""
-    calls = []
-    crop = cache.crop
-
-    def wrapped(n):
-        calls.append(n)
-        return crop(n)
-
-    cache.crop = wrapped
-    return cache, calls
-
-
 def greedy(model, ids, cache, n=30, **kwargs):
     with torch.no_grad():
         return model.generate(
