@@ -8,6 +8,7 @@ import kvlab.attention
 from kvlab.caches import KIVICache, PagedCache, cache_nbytes
 from kvlab.models import heldout_token_ids
 from kvlab.plan import kivi_kv_bytes_breakdown, kv_bytes, load_spec, paged_kv_bytes
+from kvlab.runtime.hf_api import cache_kwarg
 
 
 def prompts(tokenizer, batch, n, pad_rows=0):
@@ -28,7 +29,7 @@ def greedy(model, ids, mask, cache, n=32):
             max_new_tokens=n,
             min_new_tokens=n,
             do_sample=False,
-            past_key_values=cache,
+            **{cache_kwarg(model): cache},
             pad_token_id=0,
         )
 
@@ -90,7 +91,7 @@ def test_planner_predicts_measured_kivi_bytes(reference_bf16, nbits, tokens):
     ids = torch.tensor([heldout_token_ids(tok, tokens, offset=0)])
     cache = KIVICache(nbits=nbits, group_size=32, residual_length=128)
     with torch.no_grad():
-        model(ids, past_key_values=cache, logits_to_keep=1)
+        model(ids, **{cache_kwarg(model): cache}, logits_to_keep=1)
     predicted = kivi_kv_bytes_breakdown(
         model.config.to_dict(),
         tokens,
@@ -111,7 +112,7 @@ def test_planner_predicts_dynamic_and_paged_bytes(reference_bf16):
     spec = load_spec(model.config.to_dict())
     dyn, paged = DynamicCache(), PagedCache(block_size=16)
     with torch.no_grad():
-        model(ids, past_key_values=dyn, logits_to_keep=1)
-        model(ids, past_key_values=paged, logits_to_keep=1)
+        model(ids, **{cache_kwarg(model): dyn}, logits_to_keep=1)
+        model(ids, **{cache_kwarg(model): paged}, logits_to_keep=1)
     assert cache_nbytes(dyn) == kv_bytes(spec, 333, 2, kv="bf16")
     assert paged.nbytes() == paged_kv_bytes(spec, 333, 2, block_size_tokens=16, kv="bf16")

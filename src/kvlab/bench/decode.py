@@ -173,7 +173,7 @@ def set_attention(model: Any, candidate: BenchCandidate) -> str:
 
 def prefill(model: Any, ids: torch.Tensor, cache: Any, chunk_tokens: int) -> None:
     """Feed ``ids`` ``[1, T]`` through ``model`` into ``cache`` in chunks of ``chunk_tokens`` (last logits only)."""
-    from kvlab.eval.metrics import cache_kwarg
+    from kvlab.runtime.hf_api import cache_kwarg
 
     kw = cache_kwarg(model)
     for start in range(0, ids.shape[1], chunk_tokens):
@@ -182,7 +182,7 @@ def prefill(model: Any, ids: torch.Tensor, cache: Any, chunk_tokens: int) -> Non
 
 def decode_step(model: Any, token: torch.Tensor, cache: Any) -> torch.Tensor:
     """One single-token forward: ``token`` ``[1, 1]`` -> logits ``[1, 1, vocab]``."""
-    from kvlab.eval.metrics import cache_kwarg
+    from kvlab.runtime.hf_api import cache_kwarg
 
     return model(input_ids=token, use_cache=True, **{cache_kwarg(model): cache}).logits
 

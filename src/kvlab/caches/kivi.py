@@ -12,7 +12,7 @@ are quantized a second time when they are flushed again (the one exception to "e
 Usage::
 
     cache = KIVICache(nbits=4, group_size=32, residual_length=128)
-    model.generate(input_ids, past_key_values=cache, max_new_tokens=64)
+    model.generate(input_ids, cache=cache, max_new_tokens=64)  # past_key_values=cache before transformers 5.24
     cache.nbytes(), cache.nbytes_breakdown()
 """
 

@@ -15,7 +15,7 @@ counts) instead of copying K/V; a later write to a shared partial block copies t
 Usage::
 
     cache = PagedCache(block_size=16)
-    model.generate(input_ids, past_key_values=cache, max_new_tokens=64)
+    model.generate(input_ids, cache=cache, max_new_tokens=64)  # past_key_values=cache before transformers 5.24
     cache.block_tables(), cache.nbytes(), cache.nbytes_breakdown()
 """
 

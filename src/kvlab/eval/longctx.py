@@ -36,8 +36,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kvlab.eval.metrics import cache_kwarg, synchronize
+from kvlab.eval.metrics import synchronize
 from kvlab.eval.stats import wilson_interval
+from kvlab.runtime.hf_api import cache_kwarg
 
 # The templates the bundled reference model is trained on (scripts/train_reference.py writes the same strings):
 # keep them byte-identical. Query and answer are tokenized together, as in training.

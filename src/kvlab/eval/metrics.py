@@ -8,7 +8,6 @@ top-k, and the greedy agreement of the free-running outputs as a diagnostic.
 
 from __future__ import annotations
 
-import inspect
 import statistics
 import time
 from collections.abc import Callable
@@ -18,13 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from kvlab.runtime.device import synchronize  # re-exported: eval.longctx imports it from here
+from kvlab.runtime.hf_api import cache_kwarg  # re-exported: the one helper lives in kvlab.runtime.hf_api
 from kvlab.runtime.tensor_bytes import TensorBytesTracker
-
-
-def cache_kwarg(model: Any) -> str:
-    """Name of the cache argument of ``model.forward``: ``cache`` (transformers >= 5.2x) or ``past_key_values``."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
 def _read_status_kib(field: str) -> int | None:

@@ -12,7 +12,6 @@ compared: max absolute error and relative error (max abs error / max |reference 
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import torch
 
 from kvlab.caches.registry import cache_names, make_cache, resolve
+from kvlab.runtime.hf_api import cache_kwarg
 
 # Relative-error tolerance by model dtype: the two paths differ only in matmul shapes (accumulation order).
 TOLERANCE_BY_DTYPE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
@@ -49,11 +49,6 @@ EXACT_CACHES: dict[str, CacheFactory] = {
 } | {"kivi-8-full-residual": _kivi8}
 
 
-def _cache_kwarg(model: Any) -> str:
-    """transformers >= 5.24 names the forward's cache argument ``cache`` (``past_key_values`` is deprecated)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
 @torch.no_grad()
 def incremental_logits(model: Any, input_ids: torch.Tensor, cache: Any, prefill_tokens: int) -> torch.Tensor:
     """Logits ``[batch, tokens, vocab]`` of ``input_ids: [batch, tokens]`` decoded through ``cache``: one prefill
@@ -65,7 +60,7 @@ def incremental_logits(model: Any, input_ids: torch.Tensor, cache: Any, prefill_
     tokens = input_ids.shape[1]
     if not 1 <= prefill_tokens <= tokens:
         raise ValueError(f"`prefill_tokens` must be in [1, {tokens}], got {prefill_tokens!r}")
-    kw = {_cache_kwarg(model): cache, "use_cache": True}
+    kw = {cache_kwarg(model): cache, "use_cache": True}
     out = [model(input_ids[:, :prefill_tokens], **kw).logits]
     for t in range(prefill_tokens, tokens):
         out.append(model(input_ids[:, t : t + 1], **kw).logits)

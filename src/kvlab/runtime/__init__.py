@@ -2,6 +2,7 @@
 
 ``device``        resolve a device name, synchronize before reading a clock
 ``dtypes``        model dtype names -> ``torch.dtype``
+``hf_api``        the name of the cache argument of the installed transformers (``cache``/``past_key_values``)
 ``tensor_bytes``  exact live tensor bytes of a code block on any device (``TorchDispatchMode``)
 ``provenance``    versions and machine facts recorded next to results
 ``atomic``        write a file atomically with ordinary permissions (torch-free)

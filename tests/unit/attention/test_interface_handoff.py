@@ -13,12 +13,13 @@ from transformers import DynamicCache
 import kvlab.attention
 from kvlab.attention.interface import pending
 from kvlab.caches import KIVICache
+from kvlab.runtime.hf_api import cache_kwarg
 
 
 def _prefill(model, ids):
     with torch.no_grad():
         source = DynamicCache()
-        model(input_ids=ids, past_key_values=source, use_cache=True)
+        model(input_ids=ids, **{cache_kwarg(model): source}, use_cache=True)
     return [(layer.keys, layer.values) for layer in source.layers]
 
 
@@ -38,14 +39,14 @@ def test_fused_cache_read_by_sdpa_raises_in_the_same_forward(model):
     cache.load(_prefill(model, ids[:, :-1]))
     assert cache.quantized_tokens() > 0
     with pytest.raises(RuntimeError, match=r"kvlab.attention.enable\(model\)"), torch.no_grad():
-        model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True)
+        model(input_ids=ids[:, -1:], **{cache_kwarg(model): cache}, use_cache=True)
     assert not pending()  # nothing of this cache is left for another forward to pick up
 
 
 def test_a_stale_prefix_is_never_read_by_another_cache(model):
     ids = torch.randint(1, 256, (1, 60), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        ref = model(input_ids=ids, past_key_values=DynamicCache(), use_cache=True).logits
+        ref = model(input_ids=ids, **{cache_kwarg(model): DynamicCache()}, use_cache=True).logits
     # a prefix handed off by a fused cache whose attention never ran (e.g. an exception in between)
     cache = KIVICache(nbits=4, group_size=16, residual_length=16, attention="fused")
     cache.load(_prefill(model, ids[:, :-1]))
@@ -54,7 +55,7 @@ def test_a_stale_prefix_is_never_read_by_another_cache(model):
     assert pending()[0].segments and not pending()[0].consumed
     kvlab.attention.enable(model)
     with torch.no_grad():
-        got = model(input_ids=ids, past_key_values=DynamicCache(), use_cache=True).logits
+        got = model(input_ids=ids, **{cache_kwarg(model): DynamicCache()}, use_cache=True).logits
     torch.testing.assert_close(got, ref)
 
 
@@ -63,7 +64,7 @@ def test_a_finished_fused_cache_is_not_kept_alive(model):
     kvlab.attention.enable(model)
     cache = KIVICache(nbits=4, group_size=16, residual_length=16, attention="fused")
     with torch.no_grad():
-        model.generate(ids, past_key_values=cache, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        model.generate(ids, **{cache_kwarg(model): cache}, max_new_tokens=4, do_sample=False, pad_token_id=0)
     block = weakref.ref(cache.layers[0].state.blocks[0].k_codes)
     del cache
     gc.collect()

@@ -12,6 +12,7 @@ import kvlab.attention.quantized as quantized_mod
 from kvlab.attention.quantized import kivi_attention
 from kvlab.caches import KIVICache
 from kvlab.quant import KIVIConfig, KIVIState
+from kvlab.runtime.hf_api import cache_kwarg
 
 
 def reference(query, keys, values, scaling, mask):
@@ -126,7 +127,7 @@ def _greedy(model, ids, cache, mask):
             max_new_tokens=20,
             min_new_tokens=20,
             do_sample=False,
-            past_key_values=cache,
+            **{cache_kwarg(model): cache},
             pad_token_id=0,
         )
 

@@ -69,7 +69,7 @@ def test_bf16_cache_bytes_matches_a_dynamic_cache(tiny_lm):
 
     from kvlab.bench.decode import _model_shape
     from kvlab.caches.measure import cache_nbytes
-    from kvlab.eval.metrics import cache_kwarg
+    from kvlab.runtime.hf_api import cache_kwarg
 
     cache = DynamicCache()
     with torch.inference_mode():

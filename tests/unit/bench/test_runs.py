@@ -160,7 +160,7 @@ def test_kernel_quick_keys_and_ratios():
 
 @pytest.mark.parametrize("name", ["kivi4-dequant", "quanto4"])
 def test_fill_cache_leaves_the_state_of_a_single_chunk_prefill(tiny_lm, name):
-    from kvlab.eval.metrics import cache_kwarg
+    from kvlab.runtime.hf_api import cache_kwarg
 
     cand = decode.BenchCandidate.parse(name)
     if cand.unavailable_reason():

@@ -8,12 +8,13 @@ import torch
 from transformers import DynamicCache
 
 from kvlab.caches import KIVICache
+from kvlab.runtime.hf_api import cache_kwarg
 
 
 def _states(model, ids):
     with torch.no_grad():
         source = DynamicCache()
-        model(input_ids=ids, past_key_values=source, use_cache=True)
+        model(input_ids=ids, **{cache_kwarg(model): source}, use_cache=True)
     return [(layer.keys, layer.values) for layer in source.layers]
 
 
@@ -57,7 +58,7 @@ def test_a_layer_the_load_left_out_fails_at_its_first_update(tiny_qwen2, attenti
     kvlab.attention.enable(tiny_qwen2)
     try:
         with pytest.raises(ValueError, match=r"layer 1 .*1 token.*layer 0 holds 60"), torch.no_grad():
-            tiny_qwen2(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True)
+            tiny_qwen2(input_ids=ids[:, -1:], **{cache_kwarg(tiny_qwen2): cache}, use_cache=True)
     finally:
         tiny_qwen2.set_attn_implementation("sdpa")
         from kvlab.attention.interface import pending

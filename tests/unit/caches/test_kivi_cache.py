@@ -5,6 +5,7 @@ import torch
 from transformers import DynamicCache, Qwen2Config
 
 from kvlab.caches import KIVICache, cache_nbytes
+from kvlab.runtime.hf_api import cache_kwarg
 
 
 def greedy(model, ids, cache, n=24, mask=None):
@@ -15,7 +16,7 @@ def greedy(model, ids, cache, n=24, mask=None):
             max_new_tokens=n,
             min_new_tokens=n,
             do_sample=False,
-            past_key_values=cache,
+            **{cache_kwarg(model): cache},
             pad_token_id=0,
         )
 
@@ -50,8 +51,8 @@ def test_quantized_generation_close_to_dynamic(tiny_qwen2):
     with torch.no_grad():
         ref = tiny_qwen2(ids).logits[:, -1]
         cache = KIVICache(nbits=4, group_size=32, residual_length=32)
-        tiny_qwen2(ids[:, :-1], past_key_values=cache)
-        got = tiny_qwen2(ids[:, -1:], past_key_values=cache).logits[:, -1]
+        tiny_qwen2(ids[:, :-1], **{cache_kwarg(tiny_qwen2): cache})
+        got = tiny_qwen2(ids[:, -1:], **{cache_kwarg(tiny_qwen2): cache}).logits[:, -1]
     assert cache.quantized_tokens() == 64
     rel = (got - ref).abs().max() / ref.abs().max()
     assert 0 < rel < 0.2  # quantization changes the logits, but not wildly
@@ -61,9 +62,9 @@ def test_nbytes_equals_formula_and_beats_dynamic(tiny_qwen2):
     ids = torch.randint(1, 256, (2, 300), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         dyn = DynamicCache()
-        tiny_qwen2(ids, past_key_values=dyn)
+        tiny_qwen2(ids, **{cache_kwarg(tiny_qwen2): dyn})
         kivi = KIVICache(nbits=2, group_size=32, residual_length=64)
-        tiny_qwen2(ids, past_key_values=kivi)
+        tiny_qwen2(ids, **{cache_kwarg(tiny_qwen2): kivi})
     layers, b, h, d, t, p, m = 2, 2, 2, 32, 300, 4, 4  # fp32 model: 4-byte metadata
     q = (t - 64) // 32 * 32
     expect = layers * b * h * (2 * q * d * 2 // 8 + 4 * m * q * d // 32 + 2 * (t - q) * d * p)
@@ -124,15 +125,15 @@ def test_load_equals_a_single_chunk_prefill_and_decodes(tiny_qwen2, attention):
     try:
         with torch.no_grad():
             source = DynamicCache()
-            tiny_qwen2(input_ids=ids[:, :-1], past_key_values=source, use_cache=True)
+            tiny_qwen2(input_ids=ids[:, :-1], **{cache_kwarg(tiny_qwen2): source}, use_cache=True)
             direct = KIVICache(nbits=4, group_size=16, residual_length=32, attention=attention)
-            tiny_qwen2(input_ids=ids[:, :-1], past_key_values=direct, use_cache=True)
+            tiny_qwen2(input_ids=ids[:, :-1], **{cache_kwarg(tiny_qwen2): direct}, use_cache=True)
             loaded = KIVICache(nbits=4, group_size=16, residual_length=32, attention=attention)
             loaded.load((layer.keys, layer.values) for layer in source.layers)
             assert loaded.get_seq_length() == direct.get_seq_length() == 89
             assert loaded.nbytes_breakdown() == direct.nbytes_breakdown()
-            a = tiny_qwen2(input_ids=ids[:, -1:], past_key_values=direct, use_cache=True).logits
-            b = tiny_qwen2(input_ids=ids[:, -1:], past_key_values=loaded, use_cache=True).logits
+            a = tiny_qwen2(input_ids=ids[:, -1:], **{cache_kwarg(tiny_qwen2): direct}, use_cache=True).logits
+            b = tiny_qwen2(input_ids=ids[:, -1:], **{cache_kwarg(tiny_qwen2): loaded}, use_cache=True).logits
         torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
     finally:
         tiny_qwen2.set_attn_implementation("sdpa")

@@ -31,9 +31,9 @@ from kvlab.eval.longctx import (
     recall_metrics,
     token_scores,
 )
-from kvlab.eval.metrics import cache_kwarg
 from kvlab.eval.runner import apply_gates, decide, long_context_gates, long_context_warning
 from kvlab.eval.stats import wilson_interval
+from kvlab.runtime.hf_api import cache_kwarg
 from tests.damaged_caches import NewestTokensCache
 
 

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from kvlab.plan import kivi_kv_bytes_breakdown, kv_bytes, load_spec, paged_kv_bytes  # noqa: E402
+from kvlab.runtime.hf_api import cache_kwarg  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def tiny_qwen2():
 def _prefill(model, cache, dtype, tokens, batch):
     ids = torch.randint(0, 64, (batch, tokens), generator=torch.Generator().manual_seed(tokens))
     with torch.no_grad():
-        model.to(dtype)(ids, past_key_values=cache, use_cache=True)
+        model.to(dtype)(ids, **{cache_kwarg(model): cache}, use_cache=True)
     return cache
 
 
