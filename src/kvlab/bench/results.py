@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
-import platform
 import re
-import subprocess
 from pathlib import Path
-from typing import Any
 
 from kvlab.runtime.atomic import atomic_write_json
 
@@ -50,83 +46,11 @@ def default_path(results_dir: str | Path, benchmark: str, device: str, quick: bo
     return Path(results_dir) / f"{benchmark}-{device_label(device)}{'-quick' if quick else ''}.json"
 
 
-def _git_commit() -> str | None:
-    """Short commit of the checkout kvlab is imported from (``+dirty`` if its ``src/`` has changes), or None."""
-    here = Path(__file__).resolve().parent
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-            cwd=here,
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", "."],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-            cwd=here.parent.parent,  # src/
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def machine_info() -> dict:
-    """Machine and versions: CPU model and cores, torch threads, memory, GPU, torch/transformers/kvlab and
-    optional backend versions, Python, OS, git commit of the checkout (``+dirty`` if ``src/`` has changes)."""
-    import importlib.metadata as md
-
-    import torch
-
-    def version(pkg: str) -> str | None:
-        try:
-            return md.version(pkg)
-        except md.PackageNotFoundError:
-            return None
-
-    mem_gib = None
-    try:
-        mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    except (ValueError, OSError, AttributeError):
-        pass
-    info: dict[str, Any] = {
-        "cpu": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "memory_gib": round(mem_gib, 1) if mem_gib else None,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": version("transformers"),
-        "kvlab": version("kvlab"),
-        "hqq": version("hqq"),
-        "optimum-quanto": version("optimum-quanto"),
-        "git_commit": _git_commit(),
-        "gpu": None,
-    }
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-        info["cuda"] = torch.version.cuda
-    return info
-
-
 def make_record(benchmark: str, result: dict, command: str, quick: bool, note: str | None = None) -> dict:
-    """A result record (see the module docstring) stamped with the UTC time and :func:`machine_info`."""
+    """A result record (see the module docstring) stamped with the UTC time and
+    :func:`kvlab.runtime.provenance.machine_info`."""
+    from kvlab.runtime.provenance import machine_info  # imports torch: only when a record is made
+
     return {
         "format": FORMAT,
         "benchmark": benchmark,

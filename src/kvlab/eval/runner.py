@@ -11,20 +11,16 @@ fails is recorded with its stage, exception type and message, and the rest still
 from __future__ import annotations
 
 import hashlib
-import os
-import platform
 import random
 import sys
 import time
 import traceback
 from collections.abc import Callable
 from datetime import datetime, timezone
-from importlib import metadata
 from typing import Any
 
 import torch
 
-from kvlab import __version__
 from kvlab.caches import cache_nbytes
 from kvlab.eval.candidates import Candidate
 from kvlab.eval.config import EvalConfig, Gates
@@ -41,51 +37,9 @@ from kvlab.eval.longctx import (
 from kvlab.eval.metrics import compare_outputs, fixed_continuation, run_generate, topk_overlap
 from kvlab.eval.schema import SCHEMA_VERSION
 from kvlab.runtime.device import resolve_device  # re-exported: kvlab eval resolves --device here
+from kvlab.runtime.provenance import hardware_info, software_info  # re-exported: provenance of a run
 
 Progress = Callable[[str], None]
-
-
-def _version(pkg: str) -> str | None:
-    try:
-        return metadata.version(pkg)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def hardware_info(device: torch.device) -> dict:
-    """Machine facts for provenance."""
-    info = {
-        "device": str(device),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": platform.processor() or None,
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "cuda_available": torch.cuda.is_available(),
-    }
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        info.update(
-            {
-                "gpu": props.name,
-                "gpu_total_memory_bytes": props.total_memory,
-                "compute_capability": list(torch.cuda.get_device_capability(device)),
-                "cuda": torch.version.cuda,
-            }
-        )
-    return info
-
-
-def software_info() -> dict:
-    return {
-        "python": platform.python_version(),
-        "kvlab": __version__,
-        "torch": torch.__version__,
-        "transformers": _version("transformers"),
-        "tokenizers": _version("tokenizers"),
-        "hqq": _version("hqq"),
-        "optimum-quanto": _version("optimum-quanto"),
-    }
 
 
 def describe_model(model: Any, model_arg: str | None, dtype: str, device: str) -> dict:

@@ -1,0 +1,139 @@
+"""Provenance: the versions and machine facts written next to every result, collected in one place.
+
+Two layouts, both read by existing result files and reports, so their keys stay as they are:
+
+- :func:`hardware_info` + :func:`software_info`: ``kvlab eval``'s ``provenance.hardware`` / ``provenance.software``;
+- :func:`machine_info`: ``kvlab bench``'s ``machine`` record (hardware and versions in one flat dict, plus the git
+  commit of the checkout).
+
+Each fact is read by one helper below (CPU model, memory, package versions, GPU, git commit), so the two layouts
+cannot report the same fact two ways.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvlab import __version__
+
+# Optional back-ends whose versions change a result; None in a record when not installed.
+_BACKENDS = ("hqq", "optimum-quanto")
+
+
+def package_version(pkg: str) -> str | None:
+    """The installed version of distribution ``pkg``, or None when it is not installed."""
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo``, else :func:`platform.processor`, else ``"unknown"``."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def memory_gib() -> float | None:
+    """Physical memory in GiB (one decimal), or None where the OS does not say."""
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1) or None
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def git_commit() -> str | None:
+    """Short commit of the checkout kvlab is imported from (``+dirty`` if its ``src/`` has changes), or None
+    (not a git checkout, no git, or git did not answer within 5 s)."""
+    src = Path(__file__).resolve().parents[2]  # src/ of a checkout (kvlab/runtime/provenance.py)
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+            cwd=src,
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "."],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+            cwd=src,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def software_info() -> dict[str, str | None]:
+    """Versions: Python, kvlab, torch, transformers, tokenizers and the optional quantization back-ends."""
+    return {
+        "python": platform.python_version(),
+        "kvlab": __version__,
+        "torch": torch.__version__,
+        "transformers": package_version("transformers"),
+        "tokenizers": package_version("tokenizers"),
+        **{pkg: package_version(pkg) for pkg in _BACKENDS},
+    }
+
+
+def hardware_info(device: torch.device) -> dict[str, Any]:
+    """Machine facts for a run on ``device``: platform, CPU count, torch threads, CUDA, and for a CUDA
+    ``device`` its name, total memory (bytes), compute capability and the CUDA version."""
+    info: dict[str, Any] = {
+        "device": str(device),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or None,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda_available": torch.cuda.is_available(),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(
+            {
+                "gpu": props.name,
+                "gpu_total_memory_bytes": props.total_memory,
+                "compute_capability": list(torch.cuda.get_device_capability(device)),
+                "cuda": torch.version.cuda,
+            }
+        )
+    return info
+
+
+def machine_info() -> dict[str, Any]:
+    """Machine and versions in one flat dict: CPU model and cores, torch threads, memory (GiB), platform, the
+    versions of :func:`software_info` but tokenizers, the git commit of the checkout, the first GPU (None
+    without CUDA) and the CUDA version."""
+    software = software_info()
+    info: dict[str, Any] = {
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "memory_gib": memory_gib(),
+        "platform": platform.platform(),
+        **{k: software[k] for k in ("python", "torch", "transformers", "kvlab", *_BACKENDS)},
+        "git_commit": git_commit(),
+        "gpu": None,
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["cuda"] = torch.version.cuda
+    return info
