@@ -13,12 +13,20 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from kvlab.plan.scenario import (
+    DEFAULT_CONTEXT_TOKENS,
+    DEFAULT_GPU,
+    DEFAULT_GPU_MEMORY_GIB,
+    DEFAULT_MODEL,
+    DEFAULT_RESERVE_GIB,
+)
+from kvlab.runtime.atomic import atomic_write
 
 GIB = float(1024**3)
 
@@ -42,21 +50,10 @@ def _figure(width_in: float, height_in: float):
 
 
 def save_png(fig, out_path: str | os.PathLike) -> Path:
-    """Write ``fig`` to ``out_path`` as PNG atomically (temporary file in the same folder, then ``os.replace``)."""
+    """Write ``fig`` to ``out_path`` as PNG atomically (:func:`kvlab.runtime.atomic.atomic_write`)."""
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out_path.stem}.", suffix=".png", dir=out_path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", bbox_inches="tight")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the figure ordinary permissions
-        os.replace(tmp, out_path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return out_path
+    return atomic_write(out_path, lambda f: fig.savefig(f, format="png", bbox_inches="tight"), binary=True)
 
 
 # ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
@@ -592,11 +589,9 @@ def plot_eval_figures(result: Mapping[str, Any], out_dir: str | os.PathLike) -> 
 # ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
 # Data: every number computed by kvlab in this run
 # ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
-SEED_MODEL = "llama-3-8b"  # the mechanics chapter's model, a planner preset written from its public config.json
-SEED_GPU = "A100-80GB"  # the mechanics chapter's table GPU (datasheet numbers in kvlab.plan.hardware)
-SEED_BUDGET_GIB = 80.0  # the mechanics chapter's assumed device budget (not a measured free-memory figure)
-SEED_OVERHEAD_GIB = 4.0  # the mechanics chapter's reserve for activations / framework
-SEED_CONTEXT = 8192
+# The defaults of the figures are the planner's default scenario (kvlab.plan.scenario): Llama-3-8B in BF16, an
+# A100-80GB whose whole memory is the assumed budget (not a measured free-memory figure), a 4 GiB reserve for
+# activations and framework, an 8,192-token context.
 
 
 def _spec(model: Any):
@@ -606,15 +601,15 @@ def _spec(model: Any):
 
 
 def memory_ledger_data(
-    model: Any = SEED_MODEL,
+    model: Any = DEFAULT_MODEL,
     *,
-    context_tokens: int = SEED_CONTEXT,
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS,
     batches: tuple[int, ...] = (1, 8, 16, 32, 64, 128),
     contexts: tuple[int, ...] = tuple(512 * 2**i for i in range(9)),
     curve_batches: tuple[int, ...] = (1, 8),
     mha_batch: int = 8,
-    budget_gib: float = SEED_BUDGET_GIB,
-    overhead_gib: float = SEED_OVERHEAD_GIB,
+    budget_gib: float = DEFAULT_GPU_MEMORY_GIB,
+    overhead_gib: float = DEFAULT_RESERVE_GIB,
     kv: str = "auto",
 ) -> dict:
     """Numbers of :func:`plot_memory_ledger` from the planner: weights (``kvlab.plan.weight_bytes``) and KV bytes
@@ -658,10 +653,10 @@ def memory_ledger_data(
 
 
 def roofline_data(
-    gpu: str = SEED_GPU,
-    model: Any = SEED_MODEL,
+    gpu: str = DEFAULT_GPU,
+    model: Any = DEFAULT_MODEL,
     *,
-    context_tokens: int = SEED_CONTEXT,
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS,
     groups: tuple[int, ...] = (1, 4, 8),
     run_probe: bool = True,
     probe_kwargs: Mapping[str, Any] | None = None,
@@ -722,7 +717,7 @@ def roofline_data(
 
 
 def video_data(
-    model: Any = SEED_MODEL,
+    model: Any = DEFAULT_MODEL,
     *,
     seconds: tuple[float, ...] = (5, 10, 30),
     fps: int = 24,
@@ -730,8 +725,8 @@ def video_data(
     height: int = 720,
     temporal_compression: int = 4,
     spatial_compression: int = 8,
-    budget_gib: float = SEED_BUDGET_GIB,
-    overhead_gib: float = SEED_OVERHEAD_GIB,
+    budget_gib: float = DEFAULT_GPU_MEMORY_GIB,
+    overhead_gib: float = DEFAULT_RESERVE_GIB,
     mask_frames: int = 5,
     mask_tokens_per_frame: int = 12,
 ) -> dict:
@@ -805,11 +800,7 @@ def write_figures(
     if result is not None:
         for path in plot_eval_figures(result, out_dir):
             paths[path.stem] = path
-    fd, tmp = tempfile.mkstemp(prefix=".figures.", suffix=".json", dir=out_dir)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, default=_json_default)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, out_dir / "figures.json")
+    atomic_write(out_dir / "figures.json", lambda f: json.dump(data, f, indent=1, default=_json_default))
     paths["data"] = out_dir / "figures.json"
     return paths
 

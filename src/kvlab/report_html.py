@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.figures import gate_bounds, plot_eval_figures
+from kvlab.runtime.atomic import atomic_write_text
 
 # Row columns in display order (shown when at least one row has them), with their headers.
 ROW_COLUMNS = (
@@ -92,6 +93,9 @@ td.pass { background: #d8eed9 !important; color: #1b5e20; }
 td.fail { background: #f8d7d3 !important; color: #b71c1c; font-weight: bold; }
 .decision { font-size: 20px; padding: 12px 16px; border-left: 8px solid #c1440e; background: #fbeee8; }
 .decision.accept { border-left-color: #2e7d32; background: #e8f5e9; }
+.decision.caveat { border-left-color: #b8860b; background: #fff8e1; }
+.warning { padding: 8px 16px; margin: 6px 0; border-left: 8px solid #b8860b; background: #fff8e1; }
+td.untrusted { background: #fff3cd !important; color: #7a5a00; }
 img { max-width: 100%; border: 1px solid #c8d3de; margin: 8px 0; }
 pre { background: #f2f6fa; padding: 8px; font-size: 11px; overflow-x: auto; }
 summary { cursor: pointer; color: #1f4e79; margin: 8px 0; }
@@ -138,7 +142,10 @@ def _cell_class(row: Mapping[str, Any], column: str, bounds: Mapping[str, tuple[
     """``pass``/``fail`` from the row's own gate verdicts when it has them, else from the result's thresholds."""
     verdicts = row.get("gates")
     if isinstance(verdicts, Mapping) and GATE_OF_COLUMN.get(column) in verdicts:
-        return "pass" if verdicts[GATE_OF_COLUMN[column]] else "fail"
+        verdict = verdicts[GATE_OF_COLUMN[column]]
+        if verdict is None:  # a gate not used for this row (e.g. latency timed on a busy machine)
+            return "untrusted"
+        return "pass" if verdict else "fail"
     value = row.get(column)
     if column not in bounds or isinstance(value, bool) or not isinstance(value, int | float):
         return ""
@@ -248,13 +255,26 @@ def _passkey_table(rows: list[Mapping[str, Any]]) -> str:
     )
 
 
+# summary fields holding a warning the reader must see next to the decision, not in a table row under it
+WARNING_KEYS = ("latency_warning", "long_context_warning", "long_context_not_measured")
+
+
 def _decision_block(summary: Any) -> str:
+    """The decision banner (green: accepted with no warning; amber: accepted with warnings, shown under it; red:
+    no candidate accepted) and the summary's fields."""
+    warnings: list[str] = []
     if isinstance(summary, Mapping):
         name, detail = summary.get("decision"), _kv_table(summary)
+        warnings = [str(summary[k]) for k in WARNING_KEYS if summary.get(k)]
     else:
         name, detail = summary, ""
-    css = "decision accept" if name and str(name).startswith("accept") else "decision"
-    return f'<div class="{css}">Decision: <b>{html.escape(_fmt(name))}</b></div>{detail}'
+    css = "decision"
+    if name and str(name).startswith("accept"):
+        css = "decision caveat" if warnings else "decision accept"
+    gates = summary.get("decision_gates") if isinstance(summary, Mapping) else None
+    rests = f" <span class=\"muted\">(judged on: {html.escape(', '.join(map(str, gates)))})</span>" if gates else ""
+    notes = "".join(f'<div class="warning">warning: {html.escape(w)}</div>' for w in warnings)
+    return f'<div class="{css}">Decision: <b>{html.escape(_fmt(name))}</b>{rests}</div>{notes}{detail}'
 
 
 def _gates_table(gates: Any) -> str:
@@ -352,7 +372,8 @@ def render_html(result: Mapping[str, Any], figure_dir: str | os.PathLike | None 
 def write_html_report(
     result: Mapping[str, Any], out_path: str | os.PathLike, *, overwrite: bool = False
 ) -> Path:
-    """Write :func:`render_html` of ``result`` to ``out_path`` atomically (temporary file, then ``os.replace``).
+    """Write :func:`render_html` of ``result`` to ``out_path`` atomically
+    (:func:`kvlab.runtime.atomic.atomic_write_text`).
 
     Raises:
         FileExistsError: ``out_path`` exists and ``overwrite`` is false (a report is never silently replaced).
@@ -363,15 +384,4 @@ def write_html_report(
         raise FileExistsError(f"{out_path} exists; pass overwrite=True (--force) to replace it")
     page = render_html(result)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out_path.stem}.", suffix=".html", dir=out_path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(page)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, out_path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return out_path
+    return atomic_write_text(out_path, page)

@@ -9,8 +9,13 @@ Pure Python; no torch.
 
 from __future__ import annotations
 
+from kvlab.plan.hardware import get_hardware
+
 DEFAULT_MODEL = "llama-3-8b"  # a planner preset written from the model's public config.json
 DEFAULT_GPU = "A100-80GB"  # a row of kvlab.plan.hardware: 81,920 MiB as the device reports it (80 GiB)
+DEFAULT_GPU_MEMORY_GIB: float = get_hardware(
+    DEFAULT_GPU
+).memory_gib  # 80.0 GiB: the whole device as the budget
 DEFAULT_KV_DTYPE = "bf16"  # the model's own dtype
 DEFAULT_RESERVE_GIB = 4.0  # GiB (2**30 B) kept back for activations, framework and fragmentation
 DEFAULT_CONTEXT_TOKENS = 8192  # tokens per sequence where a command needs one context
