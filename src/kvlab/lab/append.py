@@ -14,7 +14,7 @@ import time
 
 import torch
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from kvlab.runtime.dtypes import DTYPES, parse_dtype
 
 
 def measure_append_cost(
@@ -47,23 +47,10 @@ def measure_append_cost(
         raise ValueError(f"`contexts_tokens` must be positive token counts, got {contexts_tokens!r}")
     if steps < 1:
         raise ValueError(f"`steps` must be >= 1, got {steps!r}")
-    if dtype not in _DTYPES:
-        raise ValueError(f"`dtype` must be one of {sorted(_DTYPES)}, got {dtype!r}")
-    torch_dtype = _DTYPES[dtype]
-    element_bytes = torch.empty((), dtype=torch_dtype).element_size()
-    token_bytes = 2 * batch * kv_heads * head_dim * element_bytes  # K and V of one token
-    longest = max(int(t) for t in contexts_tokens)
-    # the history, torch.cat's copy of it and the preallocated buffer
-    needed = 3 * (longest + steps) * token_bytes
-    try:
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):  # no sysconf (Windows): let the allocator decide
-        physical = None
-    if physical is not None and needed > physical:
-        raise ValueError(
-            f"a context of {longest} tokens needs about {needed / 2**30:,.1f} GiB for its caches, more than "
-            f"this machine's {physical / 2**30:,.1f} GiB of memory"
-        )
+    torch_dtype = parse_dtype(dtype)
+    dtype = next(name for name, d in DTYPES.items() if d == torch_dtype)  # a torch.dtype given -> its name
+    token_bytes = 2 * batch * kv_heads * head_dim * torch_dtype.itemsize  # K and V of one token
+    _check_fits_in_memory(max(int(t) for t in contexts_tokens), steps, token_bytes)
     gen = torch.Generator().manual_seed(seed)
     new_k = torch.randn(batch, kv_heads, 1, head_dim, generator=gen).to(torch_dtype)
     new_v = torch.randn(batch, kv_heads, 1, head_dim, generator=gen).to(torch_dtype)
@@ -72,27 +59,10 @@ def measure_append_cost(
     for context in (int(t) for t in contexts_tokens):
         keys = torch.randn(batch, kv_heads, context, head_dim, generator=gen).to(torch_dtype)
         values = torch.randn(batch, kv_heads, context, head_dim, generator=gen).to(torch_dtype)
-        times = []
-        for _ in range(steps):
-            start = time.perf_counter_ns()
-            keys = torch.cat([keys, new_k], dim=-2)  # [B, H, T, D] -> [B, H, T + 1, D], a full copy
-            values = torch.cat([values, new_v], dim=-2)
-            times.append(time.perf_counter_ns() - start)
-        cat_us.append(statistics.median(times) / 1e3)
+        cat_us.append(_median_cat_us(keys, values, new_k, new_v, steps))
         cat_bytes.append((context + 1) * token_bytes)  # written by the first append at this context
-
-        buf_k = torch.zeros(batch, kv_heads, context + steps, head_dim, dtype=torch_dtype)
-        buf_v = torch.zeros_like(buf_k)
-        buf_k[:, :, :context] = keys[:, :, :context]
-        buf_v[:, :, :context] = values[:, :, :context]
-        times = []
-        for pos in range(context, context + steps):
-            start = time.perf_counter_ns()
-            buf_k[:, :, pos] = new_k[:, :, 0]  # one slot written, history untouched
-            buf_v[:, :, pos] = new_v[:, :, 0]
-            times.append(time.perf_counter_ns() - start)
-        inplace_us.append(statistics.median(times) / 1e3)
-        del keys, values, buf_k, buf_v
+        inplace_us.append(_median_inplace_us(keys, values, new_k, new_v, steps))
+        del keys, values
 
     return {
         "contexts_tokens": [int(t) for t in contexts_tokens],
@@ -104,3 +74,56 @@ def measure_append_cost(
         "dtype": dtype,
         "steps": steps,
     }
+
+
+def _check_fits_in_memory(longest: int, steps: int, token_bytes: int) -> None:
+    """Refuse a context whose caches (the history, ``torch.cat``'s copy of it and the preallocated buffer, each
+    ``longest + steps`` tokens of ``token_bytes`` B) exceed this machine's physical memory; no check without
+    ``sysconf`` (Windows: the allocator decides).
+
+    Raises:
+        ValueError: the caches would not fit; the context and both sizes in GiB named.
+    """
+    needed = 3 * (longest + steps) * token_bytes
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return
+    if needed > physical:
+        raise ValueError(
+            f"a context of {longest} tokens needs about {needed / 2**30:,.1f} GiB for its caches, more than "
+            f"this machine's {physical / 2**30:,.1f} GiB of memory"
+        )
+
+
+def _median_cat_us(
+    keys: torch.Tensor, values: torch.Tensor, new_k: torch.Tensor, new_v: torch.Tensor, steps: int
+) -> float:
+    """Median microseconds of one ``torch.cat`` append of ``new_k``/``new_v`` ``[B, H, 1, D]`` to ``keys``/``values``
+    ``[B, H, T, D]``, over ``steps`` consecutive appends (the caller's tensors are not changed)."""
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter_ns()
+        keys = torch.cat([keys, new_k], dim=-2)  # [B, H, T, D] -> [B, H, T + 1, D], a full copy
+        values = torch.cat([values, new_v], dim=-2)
+        times.append(time.perf_counter_ns() - start)
+    return statistics.median(times) / 1e3
+
+
+def _median_inplace_us(
+    keys: torch.Tensor, values: torch.Tensor, new_k: torch.Tensor, new_v: torch.Tensor, steps: int
+) -> float:
+    """Median microseconds of writing ``new_k``/``new_v`` ``[B, H, 1, D]`` into one slot of a buffer preallocated
+    at ``T + steps`` tokens and holding ``keys``/``values`` ``[B, H, T, D]``, over ``steps`` consecutive slots."""
+    batch, kv_heads, context, head_dim = keys.shape
+    buf_k = torch.zeros(batch, kv_heads, context + steps, head_dim, dtype=keys.dtype)
+    buf_v = torch.zeros_like(buf_k)
+    buf_k[:, :, :context] = keys
+    buf_v[:, :, :context] = values
+    times = []
+    for pos in range(context, context + steps):
+        start = time.perf_counter_ns()
+        buf_k[:, :, pos] = new_k[:, :, 0]  # one slot written, history untouched
+        buf_v[:, :, pos] = new_v[:, :, 0]
+        times.append(time.perf_counter_ns() - start)
+    return statistics.median(times) / 1e3

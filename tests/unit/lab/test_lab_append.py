@@ -21,3 +21,19 @@ def test_append_cost_shapes_and_bytes():
 def test_append_cost_rejects_bad_arguments(kwargs):
     with pytest.raises(ValueError):
         measure_append_cost(**kwargs)
+
+
+def test_append_cost_refuses_caches_larger_than_memory():
+    import os
+
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    tokens = physical // (2 * 8 * 128 * 4) + 1  # one float32 history alone is larger than the machine
+    with pytest.raises(ValueError, match=f"a context of {tokens} tokens needs about"):
+        measure_append_cost((tokens,), kv_heads=8, head_dim=128)
+
+
+def test_append_cost_takes_a_torch_dtype_and_records_its_name():
+    import torch
+
+    r = measure_append_cost((8,), kv_heads=1, head_dim=4, steps=1, dtype=torch.bfloat16)
+    assert r["dtype"] == "bfloat16" and r["inplace_bytes_written"] == 2 * 1 * 4 * 2
