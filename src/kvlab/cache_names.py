@@ -6,11 +6,16 @@ A cache name is ``family[-bits][-variant][:setting=value]...``::
     paged:block_size=32          kvlab PagedCache, 32 tokens per block
     kivi-4                       KIVI at 4 bits; group size, residual window and attention path from the run
     kivi-2-fused:group_size=64:residual_length=256
+    kivi-k8v4                    KIVI with 8-bit keys and 4-bit values
+    fp8-e4m3                     FP8 cache, float8 e4m3, per-head scales calibrated on the prefill
+    fp8-e5m2-unscaled            FP8 cache, float8 e5m2, scale 1.0 (an engine without calibration)
 
 * ``family``: lower-case letters and digits (``kivi``, ``hqq``, ``fp8``); which families exist is the registry's
   business (:mod:`kvlab.caches.registry`), or the planner's for ``--kv-dtype``.
-* ``bits``: the code width of a quantized cache, after a hyphen.
-* ``variant``: one word after the bits (KIVI's attention path: ``fused`` or ``dequant``).
+* ``bits``: the code width of a quantized cache, after a hyphen; ``k<K>v<V>`` (``kivi-k8v4``) gives
+  keys and values their own widths (``kivi-k4v4`` is ``kivi-4``).
+* ``variant``: one or two words after the bits (KIVI's attention path: ``fused`` or ``dequant``; an FP8 cache's
+  format and scale: ``e4m3``, ``e5m2-tensor``).
 * ``:setting=value``: a non-negative integer overriding one run-wide setting for this cache only.
 
 Names without the hyphen before the bits (``kivi4``, ``hqq4``, ``kivi4-fused``: the spellings ``kvlab bench`` and
@@ -25,8 +30,8 @@ from dataclasses import dataclass
 
 _NAME = re.compile(
     r"^(?P<family>[a-z][a-z0-9]*)"
-    r"(?:-(?P<nbits>[0-9]+))?"
-    r"(?:-(?P<variant>[a-z][a-z0-9]*))?"
+    r"(?:-(?:(?P<nbits>[0-9]+)|k(?P<key_bits>[0-9]+)v(?P<value_bits>[0-9]+)))?"
+    r"(?:-(?P<variant>[a-z][a-z0-9]*(?:-[a-z][a-z0-9]*)?))?"
     r"(?P<settings>(?::[a-z_]+=[0-9]+)*)$"
 )
 _LEGACY_FAMILY = re.compile(r"^(?P<family>[a-z]+?)(?P<nbits>[0-9]+)$")  # "kivi4" -> ("kivi", "4")
@@ -41,6 +46,15 @@ class CacheName:
     nbits: int | None = None  # code width, or None when the name has none
     variant: str | None = None  # "fused", or None
     settings: tuple[tuple[str, int], ...] = ()  # overrides in written order: (("group_size", 64),)
+    key_bits: int | None = None  # "kivi-k8v4": key code width when K and V differ (nbits is None then)
+    value_bits: int | None = None  # "kivi-k8v4": value code width when keys and values differ
+
+    @property
+    def bits(self) -> tuple[int, int] | None:
+        """``(key_bits, value_bits)``: ``(4, 4)`` for ``kivi-4``, ``(8, 4)`` for ``kivi-k8v4``, ``None`` without bits."""
+        if self.key_bits is not None:
+            return self.key_bits, self.value_bits
+        return None if self.nbits is None else (self.nbits, self.nbits)
 
     @property
     def canonical(self) -> str:
@@ -48,6 +62,8 @@ class CacheName:
         out = self.family
         if self.nbits is not None:
             out += f"-{self.nbits}"
+        elif self.key_bits is not None:
+            out += f"-k{self.key_bits}v{self.value_bits}"
         if self.variant is not None:
             out += f"-{self.variant}"
         return out + "".join(f":{k}={v}" for k, v in self.settings)
@@ -87,4 +103,11 @@ def parse_cache_name(text: str, families: Collection[str]) -> CacheName:
     keys = [k for k, _ in settings]
     if len(set(keys)) != len(keys):
         raise ValueError(f"a setting is given twice in cache name {text!r}")
-    return CacheName(text, family, None if nbits is None else int(nbits), m["variant"], settings)
+    key_bits = value_bits = None
+    if m["key_bits"] is not None:  # "k8v4"; equal widths are the one-width name ("k4v4" -> 4)
+        key_bits, value_bits = int(m["key_bits"]), int(m["value_bits"])
+        if key_bits == value_bits:
+            nbits, key_bits, value_bits = key_bits, None, None
+    return CacheName(
+        text, family, None if nbits is None else int(nbits), m["variant"], settings, key_bits, value_bits
+    )

@@ -412,10 +412,17 @@ def kivi_attention(
     return out.reshape(b, hq, q_len, d).to(query.dtype)
 
 
-def check_fused_settings(nbits: int, group_size: int) -> None:
+def check_fused_settings(nbits: int, group_size: int, *, value_bits: int | None = None) -> None:
     """Raise ``ValueError`` if a value group (``group_size`` channels of one token) does not fill whole bytes at
     ``nbits``: the fused path unpacks value codes group by group, byte by byte (the dequantize path has no such
-    limit)."""
+    limit); or if ``value_bits`` differs from ``nbits`` (the key bits): the fused path and its Triton kernel read
+    keys and values at one width."""
+    if value_bits is not None and value_bits != nbits:
+        raise ValueError(
+            f"fused KIVI attention (CPU path and Triton kernel) reads keys and values at one width; "
+            f"key_bits={nbits}, value_bits={value_bits} (kivi-k{nbits}v{value_bits}) is not supported yet: use "
+            f"attention='dequantize' (eval/bench: --kivi-attention dequantize or the -dequant variant)"
+        )
     if group_size * nbits % 8:
         raise ValueError(
             f"fused KIVI attention needs group_size ({group_size}) times nbits ({nbits}) to fill whole bytes "

@@ -12,6 +12,7 @@ are quantized a second time when they are flushed again (the one exception to "e
 Usage::
 
     cache = KIVICache(nbits=4, group_size=32, residual_length=128)
+    cache = KIVICache(key_bits=8, value_bits=4)  # keys and values at their own widths ("kivi-k8v4")
     model.generate(input_ids, cache=cache, max_new_tokens=64)  # past_key_values=cache before transformers 5.24
     cache.nbytes(), cache.nbytes_breakdown()
 """
@@ -94,7 +95,7 @@ class KIVILayer(CacheLayerMixin):
         key_window, value_window = self.state.append(key_states, value_states)
         self.keys, self.values = self.state.key_residual, self.state.value_residual
         table[layer_idx] = PendingPrefix(
-            segments, self.config.nbits, self.config.group_size, owner=self, key=key_window
+            segments, self.config.key_bits, self.config.group_size, owner=self, key=key_window
         )
         return key_window, value_window
 
@@ -168,7 +169,10 @@ class KIVICache(Cache):
     """KIVI-quantized KV cache for any transformers decoder with full attention.
 
     Args:
-        nbits: bits per code: 2, 4 or 8.
+        nbits: bits per code: 2, 4 or 8 (keys and values).
+        key_bits, value_bits: bits per key / value code, 2, 4 or 8, each defaulting to ``nbits``: keys are the more
+            sensitive half (per-channel outliers), so e.g. ``key_bits=8, value_bits=4``. The fused attention path
+            (and its Triton kernel) reads one width for both and refuses different ones; use ``"dequantize"``.
         group_size: ``G``: tokens per key group (per-channel) and channels per value group (per-token); must
             divide head_dim (checked at the first update).
         residual_length: ``R``: newest tokens kept in the model dtype; a multiple of ``G``.
@@ -181,7 +185,8 @@ class KIVICache(Cache):
             quantized history is ever built).
 
     Raises:
-        ValueError: unsupported ``nbits``, ``residual_length`` not a multiple of ``group_size``, a model whose
+        ValueError: unsupported ``nbits``/``key_bits``/``value_bits`` (named), fused attention with
+            ``key_bits != value_bits``, ``residual_length`` not a multiple of ``group_size``, a model whose
             layers are not all full attention (with ``config``), ``attention="fused"`` with ``group_size * nbits``
             not a multiple of 8; at the first update, a head_dim that ``group_size`` does not divide (e.g.
             head_dim 96 with G 64).
@@ -197,17 +202,25 @@ class KIVICache(Cache):
         block_tokens: int | None = None,
         config: Any = None,
         attention: str = "dequantize",
+        key_bits: int | None = None,
+        value_bits: int | None = None,
     ):
         if attention not in ATTENTION_PATHS:
             raise ValueError(f"`attention` must be one of {list(ATTENTION_PATHS)}, got {attention!r}")
         self.attention = attention
         self.kivi_config = KIVIConfig(
-            nbits=nbits, group_size=group_size, residual_length=residual_length, block_tokens=block_tokens
+            nbits=nbits,
+            group_size=group_size,
+            residual_length=residual_length,
+            block_tokens=block_tokens,
+            key_bits=key_bits,
+            value_bits=value_bits,
         )
         if attention == "fused":
             from kvlab.attention.quantized import check_fused_settings
 
-            check_fused_settings(nbits, group_size)
+            c = self.kivi_config
+            check_fused_settings(c.key_bits, group_size, value_bits=c.value_bits)
         if config is not None:
             text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
             layer_types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
@@ -358,12 +371,16 @@ class KIVICache(Cache):
 
     def __repr__(self) -> str:
         c = self.kivi_config
-        return f"KIVICache(nbits={c.nbits}, group_size={c.group_size}, residual_length={c.residual_length})"
+        bits = (
+            f"nbits={c.nbits}" if c.nbits is not None else f"key_bits={c.key_bits}, value_bits={c.value_bits}"
+        )
+        return f"KIVICache({bits}, group_size={c.group_size}, residual_length={c.residual_length})"
 
     def nbytes_breakdown(self) -> dict[str, int]:
         """Exact bytes held, summed over layers: ``codes``, ``scales_zeros``, ``residual``, ``total``, plus
         ``allocated_unused`` (block and residual capacity not yet filled; not in ``total``)."""
         out = {"codes": 0, "scales_zeros": 0, "residual": 0, "total": 0, "allocated_unused": 0}
+        out.update(key_codes=0, value_codes=0)  # the two halves of `codes` (key_bits vs value_bits)
         for layer in self.layers:
             for key, value in layer.state.nbytes_breakdown().items():
                 out[key] += value

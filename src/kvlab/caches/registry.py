@@ -67,6 +67,9 @@ class CacheEntry:
     factory: Factory  # builds a fresh cache; imports its cache class itself (this module stays torch-free)
     nbits: tuple[int, ...] = ()  # bit widths the name must give ("kivi-4"); () = the name takes none
     variants: tuple[str, ...] = ()  # words allowed after the bits ("fused"); () = none
+    variant_required: bool = False  # the variant names the cache itself (fp8's format): every name has one
+    # (key, value) bits listed by cache_names() ("kivi-k8v4"); non-empty = any pair of `nbits` is accepted
+    bit_pairs: tuple[tuple[int, int], ...] = ()
     settings: tuple[str, ...] = ()  # CacheSettings fields a name may override (":group_size=64")
     exact: bool = True  # True: logits equal DynamicCache's; False: within logit_bound
     logit_bound: Mapping[int, float] = field(default_factory=dict)  # lossy only: bits -> relative logit error
@@ -104,8 +107,12 @@ class ResolvedCache:
 
     @property
     def logit_bound(self) -> float:
-        """0.0 for an exact cache, else the entry's stated relative logit error at these bits."""
-        return 0.0 if self.entry.exact else self.entry.logit_bound[self.name.nbits]
+        """0.0 for an exact cache, else the entry's stated relative logit error at these bits (for different key
+        and value bits, the bound of the narrower one)."""
+        if self.entry.exact:
+            return 0.0
+        bits = self.name.bits
+        return self.entry.logit_bound[None if bits is None else min(bits)]
 
     @property
     def uses_kvlab_attention(self) -> bool:
@@ -162,8 +169,10 @@ def _kivi_attention(name: CacheName, s: CacheSettings) -> str:
 def _kivi(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
     from kvlab.caches.kivi import KIVICache
 
+    key_bits, value_bits = name.bits
     return KIVICache(
-        nbits=name.nbits,
+        key_bits=key_bits,
+        value_bits=value_bits,
         group_size=s.group_size,
         residual_length=s.residual_length,
         attention=_kivi_attention(name, s),
@@ -171,8 +180,11 @@ def _kivi(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
 
 
 def _kivi_describe(name: CacheName, s: CacheSettings) -> dict:
+    key_bits, value_bits = name.bits
     return {
         "nbits": name.nbits,
+        "key_bits": key_bits,
+        "value_bits": value_bits,
         "group_size": s.group_size,
         "residual_length": s.residual_length,
         "key_axis": "per-channel",
@@ -212,6 +224,31 @@ def _hf_describe(name: CacheName, s: CacheSettings) -> dict:
     }
 
 
+# fp8 variants: format[-scale]; no scale word = per-head scales calibrated on the prefill
+FP8_FORMATS = ("e4m3", "e5m2")
+# variant word after the format -> FP8Cache scale
+_FP8_SCALE_WORDS = {None: "per-head", "tensor": "per-tensor", "unscaled": "none"}
+
+
+def _fp8_settings(name: CacheName) -> tuple[str, str]:
+    """``(format, scale)`` of an fp8 name: ``fp8-e4m3`` -> ``("e4m3", "per-head")``, ``fp8-e5m2-unscaled`` ->
+    ``("e5m2", "none")``."""
+    fmt, _, word = name.variant.partition("-")
+    return fmt, _FP8_SCALE_WORDS[word or None]
+
+
+def _fp8(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
+    from kvlab.caches.fp8 import FP8Cache
+
+    fmt, scale = _fp8_settings(name)
+    return FP8Cache(format=fmt, scale=scale)
+
+
+def _fp8_describe(name: CacheName, s: CacheSettings) -> dict:
+    fmt, scale = _fp8_settings(name)
+    return {"format": fmt, "scale": scale, "scale_source": "prefill" if scale != "none" else "1.0"}
+
+
 # --- the registry: one entry per family ---------------------------------------------------------------------
 
 REGISTRY: dict[str, CacheEntry] = {
@@ -233,12 +270,28 @@ REGISTRY: dict[str, CacheEntry] = {
             _kivi,
             nbits=(2, 4, 8),
             variants=("fused", "dequant"),
+            # keys are the sensitive half (KIVI §3: outlier channels; llama.cpp -ctk q8_0 -ctv q4_0)
+            bit_pairs=((8, 4), (4, 2)),
             settings=("group_size", "residual_length"),
             exact=False,
             logit_bound={8: 0.01, 4: 0.1, 2: 0.4},
             planner=True,
             describe=_kivi_describe,
             kvlab_attention=lambda name, s: _kivi_attention(name, s) == "fused",
+        ),
+        CacheEntry(
+            "fp8",
+            "kvlab FP8Cache: K/V in float8 e4m3 or e5m2, scales per head (default), per tensor or 1.0 (unscaled)",
+            _fp8,
+            variants=tuple(
+                f"{fmt}-{word}" if word else fmt for fmt in FP8_FORMATS for word in _FP8_SCALE_WORDS
+            ),
+            variant_required=True,
+            exact=False,
+            # measured in the registry test: 0.015-0.017 (e4m3, any scale), 0.027-0.037 (e5m2: one mantissa bit less)
+            logit_bound={None: 0.08},
+            planner=True,
+            describe=_fp8_describe,
         ),
         CacheEntry(
             "hqq",
@@ -280,7 +333,23 @@ def resolve(name: str | CacheName, settings: CacheSettings | None = None) -> Res
     parsed = name if isinstance(name, CacheName) else parse_cache_name(name, REGISTRY)
     entry = REGISTRY[parsed.family]
     text = parsed.text
-    if entry.nbits and parsed.nbits not in entry.nbits:
+    if parsed.key_bits is not None:  # "kivi-k8v4"
+        if not entry.nbits:
+            raise ValueError(
+                f"cache {text!r}: `{entry.family}` takes no bits, got k{parsed.key_bits}v{parsed.value_bits}"
+            )
+        if not entry.bit_pairs:
+            raise ValueError(
+                f"cache {text!r}: `{entry.family}` takes one bit width for keys and values, got "
+                f"k{parsed.key_bits}v{parsed.value_bits}"
+            )
+        bad = [b for b in parsed.bits if b not in entry.nbits]
+        if bad:
+            raise ValueError(
+                f"cache {text!r}: `{entry.family}` needs key and value bits in {list(entry.nbits)}, got "
+                f"k{parsed.key_bits}v{parsed.value_bits}"
+            )
+    elif entry.nbits and parsed.nbits not in entry.nbits:
         raise ValueError(
             f"cache {text!r}: `{entry.family}` needs bits in {list(entry.nbits)}, got {parsed.nbits}"
         )
@@ -290,6 +359,8 @@ def resolve(name: str | CacheName, settings: CacheSettings | None = None) -> Res
         raise ValueError(
             f"cache {text!r}: `{entry.family}` variants are {list(entry.variants) or 'none'}, got {parsed.variant!r}"
         )
+    if entry.variant_required and parsed.variant is None:
+        raise ValueError(f"cache {text!r}: `{entry.family}` needs a variant, one of {list(entry.variants)}")
     bad = [k for k, _ in parsed.settings if k not in entry.settings]
     if bad:
         raise ValueError(
@@ -314,7 +385,10 @@ def cache_names(family: str | None = None) -> list[str]:
         raise ValueError(f"unknown cache family {family!r}; known: {', '.join(REGISTRY)}")
     out = []
     for entry in REGISTRY.values() if family is None else (REGISTRY[family],):
+        variants = entry.variants if entry.variant_required else (None, *entry.variants)
         for bits in entry.nbits or (None,):
-            for variant in (None, *entry.variants):
+            for variant in variants:
                 out.append(CacheName("", entry.family, bits, variant).canonical)
+        for key_bits, value_bits in entry.bit_pairs:  # the listed pairs, with the run's attention path
+            out.append(CacheName("", entry.family, None, None, (), key_bits, value_bits).canonical)
     return out

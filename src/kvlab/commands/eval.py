@@ -54,7 +54,9 @@ def register(sub) -> None:
         "--candidates",
         type=_names,
         default=None,
-        help="comma list from dynamic,kivi-2,kivi-4,kivi-8,hqq-2,hqq-4,hqq-8,quanto-2,quanto-4 (default: dynamic,kivi-4,kivi-2,hqq-4)",
+        help="comma list from dynamic,kivi-2,kivi-4,kivi-8,kivi-kKvV (e.g. kivi-k8v4; with --kivi-attention "
+        "dequantize),fp8-e4m3,fp8-e5m2 (+ -tensor or -unscaled),hqq-2,hqq-4,hqq-8,quanto-2,quanto-4 "
+        "(default: dynamic,kivi-4,kivi-2,hqq-4)",
     )
     p.add_argument(
         "--contexts", type=_ints, default=None, help="capacity matrix contexts (default 512,2048,4096)"

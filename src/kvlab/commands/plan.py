@@ -7,8 +7,13 @@ import json
 import math
 
 from kvlab.commands import fail
+from kvlab.plan.ledger import FP8_CACHES, KIVI_NBITS
 
-KV_DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8", "kivi-2", "kivi-4", "kivi-8", "kivi2", "kivi4", "kivi8")
+KV_DTYPES = (
+    ("auto", "bf16", "fp16", "fp32", "fp8", "fp8_e4m3", "fp8_e5m2", *FP8_CACHES)
+    + ("kivi-2", "kivi-4", "kivi-8", "kivi2", "kivi4", "kivi8")
+    + tuple(f"kivi-k{k}v{v}" for k in KIVI_NBITS for v in KIVI_NBITS if k != v)
+)
 GIB = 1024**3
 
 
@@ -25,7 +30,9 @@ def _add_kv_flags(p: argparse.ArgumentParser) -> None:
         "--kv-dtype",
         default="auto",
         choices=KV_DTYPES,
-        help="KV cache dtype (default auto: the config's dtype); kivi-N (= kiviN): kvlab's KIVI cache",
+        help="KV cache dtype (default auto: the config's dtype); kivi-N (= kiviN): kvlab's KIVI cache, kivi-kKvV "
+        "with its own key/value bits; fp8-e4m3/fp8-e5m2[-tensor|-unscaled] (fp8_e4m3 = fp8-e4m3): kvlab's FP8 cache, "
+        "1 B/element plus fp32 scales (fp8: 1 B/element, no scales)",
     )
     p.add_argument("--group-size", type=int, default=32, help="KIVI group size G (default 32)")
     p.add_argument("--residual", type=int, default=128, help="KIVI residual window R in tokens (default 128)")

@@ -1,14 +1,19 @@
 """Cache candidates of ``kvlab eval``: names of the cache registry (:mod:`kvlab.caches.registry`).
 
 * ``dynamic`` — transformers ``DynamicCache`` (the float baseline).
-* ``kivi-N`` (N in 2, 4, 8) — :class:`kvlab.caches.KIVICache`: keys per-channel, values per-token.
+* ``kivi-N`` (N in 2, 4, 8) — :class:`kvlab.caches.KIVICache`: keys per-channel, values per-token;
+  ``kivi-kKvV`` (``kivi-k8v4``) gives keys and values their own widths (dequantize path: ``--kivi-attention
+  dequantize``).
+* ``fp8-e4m3`` / ``fp8-e5m2`` [``-tensor`` | ``-unscaled``] — :class:`kvlab.caches.fp8.FP8Cache`: float8 K/V,
+  per-head scales calibrated on the prefill (default), one per tensor, or 1.0.
 * ``hqq-N`` / ``quanto-N`` — transformers ``QuantizedCache`` with the HQQ backend (axis 1, as in the quantization
   chapter §5.1) or quanto (axis 0), when the ``hf`` extra is installed; otherwise the candidate is recorded as
   skipped with the reason.
 * any other registered family (``paged``, and caches added later) by its registry name.
 
 The experiment sets KIVI's attention path (``--kivi-attention``), group size and residual window per matrix cell,
-so an eval candidate names neither a variant nor ``:setting=value`` (``kvlab bench`` takes both).
+so an eval candidate names neither a variant nor ``:setting=value`` (``kvlab bench`` takes both) — except a
+variant that names the cache itself (FP8's format and scale).
 """
 
 from __future__ import annotations
@@ -24,11 +29,16 @@ def _resolve_one(name: Any) -> ResolvedCache:
         cache = resolve(name)
     except ValueError as exc:
         raise ValueError(f"unknown cache candidate(s) [{name!r}]: {exc}") from None
-    if cache.name.variant is not None or cache.name.settings:
+    # a variant that names the cache itself (fp8-e4m3: the format) is part of the candidate; KIVI's variant (the
+    # attention path) and settings are the run's
+    if (cache.name.variant is not None and not cache.entry.variant_required) or cache.name.settings:
+        bits = cache.name.bits
         raise ValueError(
             f"unknown cache candidate(s) [{name!r}]: eval candidates name no variant or setting (the run sets "
             f"--kivi-attention, --group-size and --residual); use {cache.family}"
             + (f"-{cache.nbits}" if cache.nbits is not None else "")
+            + (f"-k{bits[0]}v{bits[1]}" if bits is not None and cache.nbits is None else "")
+            + (f"-{cache.name.variant}" if cache.entry.variant_required else "")
         )
     return cache
 

@@ -4,7 +4,9 @@ Mechanics chapter §3.3: ``B_tok = 2 * L * n_kv * d * p`` bytes per token and ``
 counts only layers that store K/V of their own, MLA layers store one latent of ``r + d_rope`` values, sliding
 and chunked layers keep at most their window (*theoretical*) or the whole context (*allocated*, as engines that
 reserve full length do), and the KV dtype is independent of the weight dtype: bf16/fp16/fp32/fp8, or kvlab's
-KIVI cache (arXiv:2402.02750) with its exact flush rule and scale/zero metadata (see :func:`kivi_bytes_per_head`).
+KIVI cache (arXiv:2402.02750) with its exact flush rule and scale/zero metadata (see :func:`kivi_bytes_per_head`;
+keys and values may have their own bits: ``kivi-k8v4``), or kvlab's FP8 cache (``fp8-e4m3``, ``fp8-e5m2-tensor``,
+``fp8_e4m3``: 1 B per element plus its fp32 scales, :func:`fp8_scale_bytes`).
 
 Tensor parallelism splits KV heads across ranks (replicated when ``tp`` exceeds the KV heads); an MLA latent is
 replicated on every rank. Functions named ``*_per_gpu`` or taking ``tp`` return one rank's bytes.
@@ -25,6 +27,14 @@ from kvlab.plan.weights import WeightBytes
 
 MODES = ("theoretical", "allocated")
 KIVI_NBITS = (2, 4, 8)
+FP8_SCALE_BYTES = 4  # kvlab.caches.fp8 keeps its scales in fp32
+# FP8Cache names (the registry's fp8 family; vLLM's fp8_e4m3 / fp8_e5m2 spell its default) -> scale granularity
+FP8_CACHES = {
+    f"fp8-{fmt}{suffix}": scale
+    for fmt in ("e4m3", "e5m2")
+    for suffix, scale in (("", "per-head"), ("-tensor", "per-tensor"), ("-unscaled", "none"))
+}
+_FP8_ALIASES = {"fp8_e4m3": "fp8-e4m3", "fp8_e5m2": "fp8-e5m2"}
 _PLAIN = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4, "fp8": 1}
 _CANONICAL = {
     "bfloat16": "bf16",
@@ -39,20 +49,26 @@ _CANONICAL = {
 class KVDtype:
     """How K/V are stored: a plain dtype, or KIVI codes + scale/zero + a full-precision residual window."""
 
-    name: str  # "bf16", "fp16", "fp32", "fp8", "kivi4", "kivi2", "kivi8"
+    name: str  # "bf16", "fp16", "fp32", "fp8", "fp8-e4m3", "kivi4", "kivi2", "kivi8", "kivi-k8v4"
     element_bytes: int  # bytes per element (plain) or per residual-window element (KIVI)
-    nbits: int | None = None  # KIVI code width; None for a plain dtype
+    nbits: int | None = None  # KIVI code width (of keys when value_bits is set); None for a plain dtype
     group_size: int | None = None  # KIVI G: tokens per key group, channels per value group
     residual_length: int | None = None  # KIVI R: newest tokens kept in element_bytes
     metadata_bytes: int | None = None  # KIVI bytes of one scale (= one zero): 2 for 16-bit caches, 4 for fp32
+    value_bits: int | None = None  # KIVI value code width if not the keys' (kivi-k8v4); None = nbits
+    fp8_scale: str | None = None  # FP8Cache scales: per-head | per-tensor | none; None = not an FP8Cache
 
     def __post_init__(self) -> None:
         if self.element_bytes not in (1, 2, 4):
             raise ValueError(f"`element_bytes` must be 1, 2 or 4, got {self.element_bytes!r}")
+        if self.fp8_scale not in (None, "per-head", "per-tensor", "none"):
+            raise ValueError(f"`fp8_scale` must be per-head, per-tensor or none, got {self.fp8_scale!r}")
         if self.nbits is None:
             return
-        if self.nbits not in KIVI_NBITS:
-            raise ValueError(f"`nbits` must be one of {list(KIVI_NBITS)}, got {self.nbits!r}")
+        for name in ("nbits", "value_bits"):
+            bits = getattr(self, name)
+            if bits not in KIVI_NBITS and (name == "nbits" or bits is not None):
+                raise ValueError(f"`{name}` must be one of {list(KIVI_NBITS)}, got {bits!r}")
         g, r = self.group_size, self.residual_length
         if not isinstance(g, int) or isinstance(g, bool) or g < 1:
             raise ValueError(f"`group_size` must be a positive integer, got {g!r}")
@@ -73,13 +89,23 @@ class KVDtype:
         per ``G`` elements for K per-channel and V per-token alike; the residual window amortized away)."""
         if not self.is_kivi:
             return Fraction(self.element_bytes)
-        return Fraction(self.nbits, 8) + Fraction(2 * self.metadata_bytes, self.group_size)
+        return Fraction(self.nbits + self.value_code_bits, 16) + Fraction(
+            2 * self.metadata_bytes, self.group_size
+        )
+
+    @property
+    def value_code_bits(self) -> int | None:
+        """KIVI value code width: ``value_bits``, else ``nbits``."""
+        return self.nbits if self.value_bits is None else self.value_bits
 
     def describe(self) -> str:
+        if self.fp8_scale is not None:
+            return f"{self.name} ({self.element_bytes} B/element + {self.fp8_scale} fp32 scales)"
         if not self.is_kivi:
             return f"{self.name} ({self.element_bytes} B/element)"
+        bits = f"{self.nbits}" if self.value_bits is None else f"{self.nbits}/{self.value_bits} (K/V)"
         return (
-            f"{self.name}: {self.nbits}-bit codes, G={self.group_size}, R={self.residual_length}, "
+            f"{self.name}: {bits}-bit codes, G={self.group_size}, R={self.residual_length}, "
             f"{self.metadata_bytes} B scale/zero, residual {self.element_bytes} B/element"
         )
 
@@ -91,6 +117,8 @@ class KVDtype:
             "group_size": self.group_size,
             "residual_length": self.residual_length,
             "metadata_bytes": self.metadata_bytes,
+            "value_bits": self.value_bits,
+            "fp8_scale": self.fp8_scale,
             "bytes_per_element": float(self.bytes_per_element),
         }
 
@@ -105,9 +133,11 @@ def kv_dtype(
     """Build a :class:`KVDtype` from a CLI name.
 
     Args:
-        name: ``auto`` (the model's dtype), ``bf16``, ``fp16``, ``fp32``, ``fp8``, or a KIVI cache name of the
-            cache registry's grammar (:mod:`kvlab.cache_names`): ``kivi-4`` (= ``kivi4``), ``kivi-2:group_size=64``
-            (a ``:group_size`` / ``:residual_length`` in the name overrides the arguments).
+        name: ``auto`` (the model's dtype), ``bf16``, ``fp16``, ``fp32``, ``fp8`` (1 B/element, no scales), an FP8
+            cache name (``fp8-e4m3``, ``fp8-e5m2-tensor``, ``fp8-e4m3-unscaled``; vLLM's ``fp8_e4m3`` / ``fp8_e5m2``
+            = ``fp8-e4m3`` / ``fp8-e5m2``: kvlab's FP8Cache with per-head scales), or a KIVI cache name of the
+            cache registry's grammar (:mod:`kvlab.cache_names`): ``kivi-4`` (= ``kivi4``), ``kivi-k8v4``,
+            ``kivi-2:group_size=64`` (a ``:group_size`` / ``:residual_length`` in the name overrides the arguments).
         model_dtype: the model's dtype name (``ModelSpec.dtype``): ``auto``'s dtype and KIVI's residual dtype.
         group_size, residual_length: KIVI ``G`` and ``R``.
 
@@ -123,8 +153,11 @@ def kv_dtype(
         key = _CANONICAL.get(model_dtype, model_dtype)
     if key in _PLAIN:
         return KVDtype(_CANONICAL.get(key, key), _PLAIN[key])
+    key = _FP8_ALIASES.get(key, key)
+    if key in FP8_CACHES:
+        return KVDtype(key, 1, fp8_scale=FP8_CACHES[key])
     if key.startswith("kivi"):
-        nbits, settings = _kivi_name(key)
+        nbits, value_bits, settings = _kivi_name(key)
         group_size = settings.get("group_size", group_size)
         residual_length = settings.get("residual_length", residual_length)
         p = DTYPE_BYTES[model_dtype]
@@ -132,13 +165,27 @@ def kv_dtype(
             raise ValueError(
                 f"KIVI keeps its residual window in the model dtype; {model_dtype!r} is not 16/32-bit"
             )
+        if value_bits is not None:
+            return KVDtype(
+                f"kivi-k{nbits}v{value_bits}",
+                p,
+                nbits,
+                group_size,
+                residual_length,
+                4 if p == 4 else 2,
+                value_bits,
+            )
         return KVDtype(f"kivi{nbits}", p, nbits, group_size, residual_length, 4 if p == 4 else 2)
-    raise ValueError(f"`kv_dtype` must be auto, bf16, fp16, fp32, fp8, kivi2, kivi4 or kivi8, got {name!r}")
+    raise ValueError(
+        f"`kv_dtype` must be auto, bf16, fp16, fp32, fp8, fp8_e4m3, fp8_e5m2, {', '.join(FP8_CACHES)}, kivi2, kivi4, "
+        f"kivi8 or kivi-kKvV, got {name!r}"
+    )
 
 
-def _kivi_name(key: str) -> tuple[int, dict[str, int]]:
-    """``(nbits, settings)`` of a KIVI name in the cache-name grammar (:mod:`kvlab.cache_names`): ``kivi4``,
-    ``kivi-4``, ``kivi-4-fused`` (the attention path does not change bytes), ``kivi-4:group_size=64``.
+def _kivi_name(key: str) -> tuple[int, int | None, dict[str, int]]:
+    """``(key bits, value bits or None, settings)`` of a KIVI name in the cache-name grammar
+    (:mod:`kvlab.cache_names`): ``kivi4``, ``kivi-4``, ``kivi-4-fused`` (the attention path does not change bytes),
+    ``kivi-k8v4`` (``(8, 4, {})``), ``kivi-4:group_size=64``.
 
     Raises:
         ValueError: no bits, or a setting other than ``group_size`` / ``residual_length``.
@@ -150,13 +197,17 @@ def _kivi_name(key: str) -> tuple[int, dict[str, int]]:
             f"`kv_dtype` must be auto, bf16, fp16, fp32, fp8 or kivi-N[:group_size=G][:residual_length=R], "
             f"got {key!r} ({exc})"
         ) from None
-    if parsed.nbits is None:
-        raise ValueError(f"`kv_dtype` {key!r} gives no KIVI bits; expected e.g. kivi-4")
+    if parsed.bits is None:
+        raise ValueError(f"`kv_dtype` {key!r} gives no KIVI bits; expected e.g. kivi-4 or kivi-k8v4")
+    for bits in parsed.bits:
+        if bits not in KIVI_NBITS:
+            raise ValueError(f"`kv_dtype` {key!r}: KIVI bits must be in {list(KIVI_NBITS)}, got {bits}")
     settings = dict(parsed.settings)
     bad = sorted(set(settings) - {"group_size", "residual_length"})
     if bad:
         raise ValueError(f"`kv_dtype` {key!r}: KIVI settings are group_size and residual_length, got {bad}")
-    return parsed.nbits, settings
+    key_bits, value_bits = parsed.bits
+    return key_bits, (value_bits if value_bits != key_bits else None), settings
 
 
 def _check_tp(spec: ModelSpec, tp: int) -> None:
@@ -228,8 +279,10 @@ def kivi_bytes_per_head(
     residual_length: int,
     cache_dtype_bytes: int,
     metadata_bytes: int,
+    value_bits: int | None = None,
 ) -> dict[str, int]:
-    """Exact KIVI bytes of one layer, one batch row, one KV head holding ``tokens`` tokens.
+    """Exact KIVI bytes of one layer, one batch row, one KV head holding ``tokens`` tokens (``nbits`` for the keys
+    and, unless ``value_bits`` is given, the values; ``codes = Q * D * (b_k + b_v) / 8`` then).
 
     With ``Q = Q(T)`` (:func:`quantized_tokens`), ``D`` head_dim, ``b`` nbits, ``G``, ``m`` metadata bytes and
     ``p`` cache dtype bytes (kvlab shared interface; KIVI arXiv:2402.02750 §3)::
@@ -245,8 +298,12 @@ def kivi_bytes_per_head(
         ValueError: ``G`` not dividing ``head_dim`` (values are grouped per token along channels), ``D * b`` not
             a multiple of 8, or ``R`` not a multiple of ``G``.
     """
-    if nbits not in KIVI_NBITS:
-        raise ValueError(f"`nbits` must be one of {list(KIVI_NBITS)}, got {nbits!r}")
+    value_bits = nbits if value_bits is None else value_bits
+    for name, bits in (("nbits", nbits), ("value_bits", value_bits)):
+        if bits not in KIVI_NBITS:
+            raise ValueError(f"`{name}` must be one of {list(KIVI_NBITS)}, got {bits!r}")
+        if head_dim * bits % 8:
+            raise ValueError(f"head_dim ({head_dim}) times {name} ({bits}) must be a multiple of 8")
     if group_size < 1 or head_dim % group_size:
         raise ValueError(f"`group_size` ({group_size}) must divide head_dim ({head_dim})")
     if head_dim * nbits % 8:
@@ -258,7 +315,7 @@ def kivi_bytes_per_head(
     if tokens < 0:
         raise ValueError(f"`tokens` must be >= 0, got {tokens!r}")
     q = quantized_tokens(tokens, group_size, residual_length)
-    codes = 2 * q * head_dim * nbits // 8
+    codes = q * head_dim * nbits // 8 + q * head_dim * value_bits // 8
     scales_zeros = 2 * (2 * metadata_bytes * q * head_dim // group_size)
     residual = 2 * (tokens - q) * head_dim * cache_dtype_bytes
     return {
@@ -277,6 +334,7 @@ def kivi_kv_bytes_breakdown(
     nbits: int = 4,
     group_size: int = 32,
     residual_length: int = 128,
+    value_bits: int | None = None,
     cache_dtype_bytes: int | None = None,
     metadata_bytes: int | None = None,
     tp: int = 1,
@@ -289,6 +347,7 @@ def kivi_kv_bytes_breakdown(
             :func:`~kvlab.plan.spec.load_spec` accepts.
         cache_dtype_bytes: the residual window's bytes per element (default: the config dtype's).
         metadata_bytes: bytes of one scale or zero (default: 4 for a 4-byte cache dtype, else 2).
+        value_bits: value code width when it differs from ``nbits`` (the keys'), e.g. 4 for ``kivi-k8v4``.
 
     Returns the keys of ``KIVICache.nbytes_breakdown()``: ``codes``, ``scales_zeros``, ``residual``, ``total``.
 
@@ -306,7 +365,7 @@ def kivi_kv_bytes_breakdown(
         if kind not in KV_KINDS:
             continue
         t = tokens_stored(spec, kind, tokens, mode)
-        per_head = kivi_bytes_per_head(t, spec.head_dim, nbits, group_size, residual_length, p, m)
+        per_head = kivi_bytes_per_head(t, spec.head_dim, nbits, group_size, residual_length, p, m, value_bits)
         for key in out:
             out[key] += per_head[key] * heads * batch
     return out
@@ -332,9 +391,28 @@ def _layer_bytes(spec: ModelSpec, kvd: KVDtype, tokens: int, tp: int) -> int:
             kvd.residual_length,
             kvd.element_bytes,
             kvd.metadata_bytes,
+            kvd.value_bits,
         )
         return per_head["total"] * kv_heads_per_rank(spec, tp)
-    return tokens * kv_elements_per_token_per_layer(spec, tp) * kvd.element_bytes
+    return tokens * kv_elements_per_token_per_layer(spec, tp) * kvd.element_bytes + fp8_scale_bytes(
+        spec, kvd, tokens, tp
+    )
+
+
+def fp8_scale_bytes(spec: ModelSpec, kvd: KVDtype, tokens: int, tp: int = 1) -> int:
+    """Bytes of an FP8 cache's scales in one layer, one sequence, one rank: one fp32 scale per K and V, and per KV
+    head for ``per-head`` (``kvlab.caches.fp8``: calibrated on each sequence's prefill), none before the first token
+    or for ``scale="none"`` / a plain dtype.
+
+    Raises:
+        ValueError: a scaled FP8 cache on an MLA model (its latent has no K and V heads).
+    """
+    if kvd.fp8_scale in (None, "none") or tokens == 0:
+        return 0
+    if spec.is_mla:
+        raise ValueError(f"{kvd.name}: FP8Cache scales K and V per head; an MLA latent has no K and V heads")
+    per_kv = kv_heads_per_rank(spec, tp) if kvd.fp8_scale == "per-head" else 1
+    return 2 * per_kv * FP8_SCALE_BYTES
 
 
 def _resolve(spec: ModelSpec, kv: str | KVDtype) -> KVDtype:

@@ -19,10 +19,11 @@ up to ``R + G`` tokens (grown geometrically while the window fills) that decode 
 window; a cut inside the quantized prefix drops whole groups and moves the kept part of the cut group, dequantized,
 back into the residual window (those tokens are quantized a second time when they are flushed again).
 
-Byte ledger per layer, per batch row, per KV head, with ``Q`` quantized tokens out of ``T`` (``D`` head_dim,
-``b`` nbits, ``m`` metadata bytes, ``p`` cache dtype bytes)::
+Keys and values may use different widths (``key_bits``, ``value_bits``: keys are the more sensitive half, as
+llama.cpp's ``-ctk q8_0 -ctv q4_0`` assumes). Byte ledger per layer, per batch row, per KV head, with ``Q`` quantized
+tokens out of ``T`` (``D`` head_dim, ``b_k``/``b_v`` key/value bits, ``m`` metadata bytes, ``p`` cache dtype bytes)::
 
-    2*Q*D*b/8  +  2*m*Q*D/G (keys: scale+zero per G tokens per channel)
+    Q*D*(b_k + b_v)/8  +  2*m*Q*D/G (keys: scale+zero per G tokens per channel)
                +  2*m*Q*D/G (values: scale+zero per G channels per token)  +  2*(T-Q)*D*p (residual)
 """
 
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvlab.quant.codec import (
+    SUPPORTED_NBITS,
     QuantizedTensor,
     check_group_size,
     check_nbits,
@@ -50,24 +52,38 @@ class KIVIConfig:
     """Settings of a KIVI cache.
 
     Attributes:
-        nbits: bits per code, 2, 4 or 8.
+        nbits: bits per code, 2, 4 or 8 (keys and values).
+        key_bits, value_bits: bits per key / value code, 2, 4 or 8; default ``nbits``. When they differ, ``nbits``
+            is set to ``None`` (no single width).
         group_size: ``G``, tokens per key group and channels per value group.
         residual_length: ``R``, newest tokens kept in full precision; a multiple of ``G`` (0 allowed).
         block_tokens: quantized storage grows in blocks of this many tokens (a multiple of ``G``); default: the
             smallest multiple of ``G`` that is at least 4096.
 
     Raises:
-        ValueError: unsupported ``nbits``, non-positive ``group_size``, ``residual_length`` negative or not a
+        ValueError: unsupported ``nbits``/``key_bits``/``value_bits`` (the message names which), non-positive
+            ``group_size``, ``residual_length`` negative or not a
             multiple of ``group_size``, ``block_tokens`` not a positive multiple of ``group_size``.
     """
 
-    nbits: int = 4
+    nbits: int | None = 4
     group_size: int = 32
     residual_length: int = 128
     block_tokens: int | None = None
+    key_bits: int | None = None  # bits per key code; None = nbits
+    value_bits: int | None = None  # bits per value code; None = nbits
 
     def __post_init__(self) -> None:
-        check_nbits(self.nbits)
+        for name in ("key_bits", "value_bits"):
+            bits = getattr(self, name)
+            if bits is None:
+                if self.nbits is None:
+                    raise ValueError(f"`{name}` is needed when `nbits` is None")
+                bits = check_nbits(self.nbits)
+            elif not isinstance(bits, int) or isinstance(bits, bool) or bits not in SUPPORTED_NBITS:
+                raise ValueError(f"`{name}` must be one of {list(SUPPORTED_NBITS)}, got {bits!r}")
+            object.__setattr__(self, name, bits)
+        object.__setattr__(self, "nbits", self.key_bits if self.key_bits == self.value_bits else None)
         check_group_size(self.group_size)
         r, g = self.residual_length, self.group_size
         if isinstance(r, bool) or not isinstance(r, int) or r < 0:
@@ -95,18 +111,19 @@ class KIVIConfig:
                 f"`group_size` ({self.group_size}) must divide head_dim ({head_dim}): values are quantized "
                 f"per-token in groups of `group_size` channels"
             )
-        if head_dim * self.nbits % 8:
-            raise ValueError(f"head_dim ({head_dim}) times nbits ({self.nbits}) must be a multiple of 8")
+        for name, bits in (("key_bits", self.key_bits), ("value_bits", self.value_bits)):
+            if head_dim * bits % 8:
+                raise ValueError(f"head_dim ({head_dim}) times {name} ({bits}) must be a multiple of 8")
 
 
 @dataclass
 class QuantBlock:
     """One storage block of ``capacity`` quantized tokens (shapes for ``[batch, kv_heads, tokens, head_dim]``)."""
 
-    k_codes: torch.Tensor  # [B, H, cap, D*b/8] uint8, keys packed along head_dim
+    k_codes: torch.Tensor  # [B, H, cap, D*b_k/8] uint8, keys packed along head_dim
     k_scale: torch.Tensor  # [B, H, cap/G, D]  per-channel scale (one per G tokens)
     k_zero: torch.Tensor  # [B, H, cap/G, D]  per-channel group minimum
-    v_codes: torch.Tensor  # [B, H, cap, D*b/8] uint8, values packed along head_dim
+    v_codes: torch.Tensor  # [B, H, cap, D*b_v/8] uint8, values packed along head_dim
     v_scale: torch.Tensor  # [B, H, cap, D/G]  per-token scale (one per G channels)
     v_zero: torch.Tensor  # [B, H, cap, D/G]  per-token group minimum
     filled: int = 0  # tokens written so far (a multiple of G)
@@ -285,13 +302,13 @@ class KIVIState:
         quarter = -(-((self.quantized_tokens + pending) // 4) // g) * g
         cap = min(cfg.block_tokens, max(g, pending + quarter))
         scale_dtype, zero_dtype = metadata_dtypes(like.dtype)
-        packed = d * cfg.nbits // 8
+        k_packed, v_packed = d * cfg.key_bits // 8, d * cfg.value_bits // 8
         dev = like.device
         return QuantBlock(
-            k_codes=torch.empty(b, h, cap, packed, dtype=torch.uint8, device=dev),
+            k_codes=torch.empty(b, h, cap, k_packed, dtype=torch.uint8, device=dev),
             k_scale=torch.empty(b, h, cap // g, d, dtype=scale_dtype, device=dev),
             k_zero=torch.empty(b, h, cap // g, d, dtype=zero_dtype, device=dev),
-            v_codes=torch.empty(b, h, cap, packed, dtype=torch.uint8, device=dev),
+            v_codes=torch.empty(b, h, cap, v_packed, dtype=torch.uint8, device=dev),
             v_scale=torch.empty(b, h, cap, d // g, dtype=scale_dtype, device=dev),
             v_zero=torch.empty(b, h, cap, d // g, dtype=zero_dtype, device=dev),
         )
@@ -302,8 +319,8 @@ class KIVIState:
         g = cfg.group_size
         n = keys.shape[-2]
         assert n % g == 0 and self.quantized_tokens % g == 0
-        qk = quantize_groups(keys, cfg.nbits, g, axis=-2)  # keys per-channel: groups of G tokens
-        qv = quantize_groups(values, cfg.nbits, g, axis=-1)  # values per-token: groups of G channels
+        qk = quantize_groups(keys, cfg.key_bits, g, axis=-2)  # keys per-channel: groups of G tokens
+        qv = quantize_groups(values, cfg.value_bits, g, axis=-1)  # values per-token: groups of G channels
         done = 0
         while done < n:
             if not self.blocks or self.blocks[-1].filled == self.blocks[-1].capacity:
@@ -349,10 +366,9 @@ class KIVIState:
         b, h = seg.k_codes.shape[:2]
         shape = (b, h, seg.tokens, self.key_residual.shape[-1])
         src = self.key_residual.dtype
-        keys = QuantizedTensor(seg.k_codes, seg.k_scale, seg.k_zero, cfg.nbits, cfg.group_size, 2, shape, src)
-        values = QuantizedTensor(
-            seg.v_codes, seg.v_scale, seg.v_zero, cfg.nbits, cfg.group_size, 3, shape, src
-        )
+        g = cfg.group_size
+        keys = QuantizedTensor(seg.k_codes, seg.k_scale, seg.k_zero, cfg.key_bits, g, 2, shape, src)
+        values = QuantizedTensor(seg.v_codes, seg.v_scale, seg.v_zero, cfg.value_bits, g, 3, shape, src)
         return dequantize(keys, dtype), dequantize(values, dtype)
 
     def dequantize_prefix(self, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -449,13 +465,15 @@ class KIVIState:
     def nbytes_breakdown(self) -> dict[str, int]:
         """Exact bytes of the stored state, measured from the tensors.
 
-        Keys: ``codes`` (packed K and V codes of the ``Q`` quantized tokens), ``scales_zeros`` (their metadata),
+        Keys: ``codes`` (packed K and V codes of the ``Q`` quantized tokens; ``key_codes`` + ``value_codes``, not
+        in ``total`` again), ``scales_zeros`` (their metadata),
         ``residual`` (full-precision window), ``total`` (the sum of those three), and ``allocated_unused``
         (block capacity reserved beyond ``Q`` plus residual storage beyond the window's tokens; not in ``total``).
         """
-        codes = meta = allocated = 0
+        key_codes = value_codes = meta = allocated = 0
         for seg in self.segments():
-            codes += seg.k_codes.numel() + seg.v_codes.numel()
+            key_codes += seg.k_codes.numel()  # uint8: one byte per element
+            value_codes += seg.v_codes.numel()
             meta += sum(
                 t.numel() * t.element_size() for t in (seg.k_scale, seg.k_zero, seg.v_scale, seg.v_zero)
             )
@@ -465,8 +483,11 @@ class KIVIState:
         if self._kbuf is not None:
             residual = sum(t.numel() * t.element_size() for t in (self.key_residual, self.value_residual))
             allocated += self._kbuf.numel() * self._kbuf.element_size() * 2
+        codes = key_codes + value_codes
         return {
             "codes": codes,
+            "key_codes": key_codes,
+            "value_codes": value_codes,
             "scales_zeros": meta,
             "residual": residual,
             "total": codes + meta + residual,

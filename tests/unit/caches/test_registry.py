@@ -10,6 +10,7 @@ import torch
 
 from kvlab.cache_names import parse_cache_name
 from kvlab.caches.registry import REGISTRY, CacheSettings, cache_names, resolve
+from kvlab.runtime.hf_api import cache_kwarg
 from tests.conftest import make_tiny_qwen2
 
 PROMPT_TOKENS, NEW_TOKENS = 96, 12
@@ -33,7 +34,7 @@ def prompt():
 def _generate(model, prompt, cache):
     out = model.generate(
         prompt,
-        cache=cache,
+        **{cache_kwarg(model): cache},
         max_new_tokens=NEW_TOKENS,
         do_sample=False,
         output_logits=True,
@@ -116,9 +117,16 @@ def test_planner_reads_the_registry_names_of_the_caches_it_sizes():
 
     for name in cache_names():
         r = resolve(name)
-        if r.entry.planner:
-            kvd = kv_dtype(name + ":group_size=64:residual_length=256")
-            assert (kvd.nbits, kvd.group_size, kvd.residual_length) == (r.nbits, 64, 256), name
+        if not r.entry.planner:
+            continue
+        if r.family == "fp8":  # takes no settings; the scale decides the metadata bytes
+            kvd = kv_dtype(name)
+            assert (kvd.name, kvd.element_bytes, kvd.fp8_scale) == (name, 1, r.describe()["scale"]), name
+            continue
+        kvd = kv_dtype(name + ":group_size=64:residual_length=256")
+        bits = (kvd.nbits, kvd.value_code_bits)
+        assert (bits, kvd.group_size, kvd.residual_length) == (r.name.bits, 64, 256), name
+        if r.nbits is not None:
             assert kv_dtype(name.replace("-", "", 1).split("-")[0]).nbits == r.nbits  # old spelling: kivi4
     with pytest.raises(ValueError, match="kivi-N.*got 'kivix'"):
         kv_dtype("kivix")

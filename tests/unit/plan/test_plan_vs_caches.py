@@ -66,3 +66,34 @@ def test_dynamic_and_paged_cache_bytes_match_planner(tiny_qwen2, tokens):
     assert cache_nbytes(dynamic) == kv_bytes(spec, tokens, 3)
     paged = _prefill(tiny_qwen2, PagedCache(block_size=16), torch.bfloat16, tokens, 3)
     assert paged.nbytes() == paged_kv_bytes(spec, tokens, 3, block_size_tokens=16)
+
+
+@pytest.mark.parametrize("name", ["fp8-e4m3", "fp8_e5m2", "fp8-e4m3-tensor", "fp8-e5m2-unscaled"])
+@pytest.mark.parametrize("tokens, batch", [(1, 1), (37, 3)])
+def test_fp8_cache_bytes_match_planner(tiny_qwen2, name, tokens, batch):
+    """FP8Cache: half of the bf16 cache plus its fp32 scales, as the planner predicts for --kv-dtype <name>."""
+    from kvlab.caches.registry import resolve
+    from kvlab.plan.ledger import fp8_scale_bytes, kv_dtype
+
+    spec = load_spec({**tiny_qwen2.config.to_dict(), "torch_dtype": "bfloat16"})
+    cache = _prefill(tiny_qwen2, resolve(name.replace("_", "-")).make(None), torch.bfloat16, tokens, batch)
+    assert cache.nbytes() == kv_bytes(spec, tokens, batch, name)
+    scales = fp8_scale_bytes(spec, kv_dtype(name), tokens) * spec.kv_layers * batch
+    assert cache.nbytes_breakdown()["scales"] == scales
+    assert 2 * (cache.nbytes() - scales) == kv_bytes(spec, tokens, batch, "bf16")  # exactly half of bf16
+
+
+@pytest.mark.parametrize("key_bits, value_bits", [(8, 4), (4, 2)])
+def test_asymmetric_kivi_cache_bytes_match_planner(tiny_qwen2, key_bits, value_bits):
+    from kvlab.caches.kivi import KIVICache
+
+    tokens = 300
+    cache = KIVICache(key_bits=key_bits, value_bits=value_bits, group_size=32, residual_length=128)
+    _prefill(tiny_qwen2, cache, torch.bfloat16, tokens, 2)
+    predicted = kivi_kv_bytes_breakdown(
+        tiny_qwen2.config.to_dict(), tokens, 2, nbits=key_bits, value_bits=value_bits, cache_dtype_bytes=2
+    )
+    measured = cache.nbytes_breakdown()
+    assert {k: measured[k] for k in predicted} == predicted
+    spec = load_spec({**tiny_qwen2.config.to_dict(), "torch_dtype": "bfloat16"})
+    assert cache.nbytes() == kv_bytes(spec, tokens, 2, f"kivi-k{key_bits}v{value_bits}")

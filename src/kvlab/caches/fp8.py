@@ -1,0 +1,240 @@
+"""``FP8Cache``: K/V stored as float8 (e4m3 or e5m2) with calibrated scales, cast back to the model dtype on read.
+
+What serving engines ship as ``--kv-cache-dtype fp8`` (vLLM: ``fp8 | fp8_e4m3 | fp8_e5m2``, per-tensor or per-head
+scales, 1.0 unless calibrated), measured the kvlab way: exact bytes (:meth:`FP8Cache.nbytes`: one byte per element
+plus 4 B per scale, so half of a bf16 cache plus the scales) and the elements each layer saturated or flushed to
+zero (:meth:`FP8Cache.counts`). Scales are computed once per sequence from its prefill (the first ``update`` of a
+layer) and kept for every later token; a decode token beyond the prefill's range saturates and is counted.
+
+The codec (formats, calibration, saturation) is :mod:`kvlab.quant.fp8`; the mechanics chapter's FP8 section says
+why both formats and the scale matter.
+
+Usage::
+
+    cache = FP8Cache(format="e4m3", scale="per-head")
+    model.generate(input_ids, cache=cache, max_new_tokens=64)
+    cache.nbytes(), cache.nbytes_breakdown(), cache.counts()
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from kvlab.caches.crop import crop_keep
+from kvlab.quant.fp8 import calibrate, check_scale, decode, encode, fp8_dtype
+
+COUNTS = ("key_saturated", "key_underflow", "value_saturated", "value_underflow", "elements")
+
+
+class FP8Layer(CacheLayerMixin):
+    """One layer: ``keys``/``values`` ``[batch, kv_heads, tokens, head_dim]`` in FP8, ``key_scale``/``value_scale``
+    ``[batch, kv_heads or 1, 1, 1]`` fp32 (``None`` for ``scale="none"``)."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = True
+
+    def __init__(self, format: str = "e4m3", scale: str = "per-head", **kwargs: Any):
+        super().__init__(**kwargs)
+        self.format, self.scale = format, scale
+        self.key_scale: torch.Tensor | None = None
+        self.value_scale: torch.Tensor | None = None
+        self._counts: dict[str, torch.Tensor | int] = dict.fromkeys(COUNTS, 0)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Calibrate the scales on the first (prefill) states and start empty FP8 storage."""
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.batch_size = key_states.shape[0]
+        self.key_scale = calibrate(key_states, self.format, self.scale)
+        self.value_scale = calibrate(value_states, self.format, self.scale)
+        codes = fp8_dtype(self.format)
+        b, h, _, d = key_states.shape
+        self.keys = torch.empty(b, h, 0, d, dtype=codes, device=self.device)
+        self.values = torch.empty(b, h, 0, value_states.shape[-1], dtype=codes, device=self.device)
+        self.is_initialized = True
+
+    def _check(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        for name, x in (("keys", key_states), ("values", value_states)):
+            if not isinstance(x, torch.Tensor) or x.ndim != 4 or not x.dtype.is_floating_point:
+                raise ValueError(
+                    f"{name} must be a floating [batch, kv_heads, tokens, head_dim] tensor, got "
+                    f"{getattr(x, 'dtype', type(x).__name__)} {tuple(getattr(x, 'shape', ()))}"
+                )
+        if key_states.shape[:3] != value_states.shape[:3]:
+            raise ValueError(
+                f"keys {tuple(key_states.shape)} and values {tuple(value_states.shape)} differ in batch, heads or "
+                f"tokens"
+            )
+        if self.is_initialized:
+            want = (self.keys.shape[0], self.keys.shape[1], self.keys.shape[-1])
+            got = (key_states.shape[0], key_states.shape[1], key_states.shape[-1])
+            if got != want or key_states.dtype != self.dtype:
+                raise ValueError(
+                    f"appended states {tuple(key_states.shape)} {key_states.dtype} do not match the cache "
+                    f"[{want[0]}, {want[1]}, *, {want[2]}] {self.dtype}"
+                )
+        if not bool(torch.isfinite(key_states).all() & torch.isfinite(value_states).all()):
+            raise ValueError(
+                "keys/values hold inf or NaN: an FP8 cache cannot store them (nothing was stored)"
+            )
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``[B, H, t, D]`` states as FP8; return every stored token ``[B, H, T + t, D]`` decoded to the
+        states' dtype (what attention reads, the new tokens included, quantized like the rest).
+
+        Raises:
+            ValueError: non-4-D or non-floating states, K/V that differ in batch/heads/tokens, a shape or dtype
+                change after the first call, or inf/NaN (nothing is stored then).
+        """
+        self._check(key_states, value_states)
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        k = encode(key_states, self.format, self.key_scale)
+        v = encode(value_states, self.format, self.value_scale)
+        self.keys = torch.cat((self.keys, k.codes), dim=-2)  # [B, H, T + t, D]
+        self.values = torch.cat((self.values, v.codes), dim=-2)
+        c = self._counts
+        c["key_saturated"] += k.saturated
+        c["key_underflow"] += k.underflow
+        c["value_saturated"] += v.saturated
+        c["value_underflow"] += v.underflow
+        c["elements"] += key_states.numel()
+        return (
+            decode(self.keys, self.key_scale, key_states.dtype),
+            decode(self.values, self.value_scale, value_states.dtype),
+        )
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """``(kv_length, kv_offset)`` for mask creation: every stored token is attended to."""
+        return self.get_seq_length() + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.keys.shape[-2] if self.is_initialized else 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        """Drop the tokens, the scales and the counts (the next sequence calibrates its own)."""
+        self.keys = self.values = self.key_scale = self.value_scale = None
+        self._counts = dict.fromkeys(COUNTS, 0)
+        self.is_initialized = False
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """transformers' ``crop`` (see :mod:`kvlab.caches.crop`): exact, the kept codes and the scales untouched.
+
+        Raises:
+            TypeError: ``tokens_to_remove`` not an integer.
+        """
+        keep = crop_keep(tokens_to_remove, self.get_seq_length())
+        if self.is_initialized:
+            self.keys, self.values = self.keys[:, :, :keep], self.values[:, :, :keep]
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Reorder batch rows (beam search): codes and scales move together."""
+        if not self.is_initialized:
+            return
+        idx = beam_idx.to(self.device)
+        self.keys, self.values = self.keys.index_select(0, idx), self.values.index_select(0, idx)
+        if self.key_scale is not None:
+            self.key_scale = self.key_scale.index_select(0, idx)
+            self.value_scale = self.value_scale.index_select(0, idx)
+        self.batch_size = self.keys.shape[0]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.reorder_cache(torch.as_tensor(indices, dtype=torch.long))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise ValueError(f"`repeats` must be a positive integer, got {repeats!r}")
+        if self.is_initialized:
+            self.reorder_cache(torch.arange(self.batch_size).repeat_interleave(repeats))
+
+    def offload(self) -> None:  # pragma: no cover - offloading is not supported
+        raise NotImplementedError("FP8Cache does not support offloading")
+
+    def prefetch(self) -> None:  # pragma: no cover
+        raise NotImplementedError("FP8Cache does not support offloading")
+
+    def nbytes_breakdown(self) -> dict[str, int]:
+        """``codes`` (1 B per stored K/V element), ``scales`` (4 B each), ``total``."""
+        if not self.is_initialized:
+            return {"codes": 0, "scales": 0, "total": 0}
+        codes = sum(t.numel() * t.element_size() for t in (self.keys, self.values))
+        scales = sum(
+            t.numel() * t.element_size() for t in (self.key_scale, self.value_scale) if t is not None
+        )
+        return {"codes": codes, "scales": scales, "total": codes + scales}
+
+    def counts(self) -> dict[str, int]:
+        """Elements written so far: ``key_saturated`` / ``value_saturated`` (beyond the format's range after scaling,
+        clamped), ``key_underflow`` / ``value_underflow`` (non-zero, stored as zero), ``elements`` (per K or V)."""
+        return {name: int(value) for name, value in self._counts.items()}
+
+
+class FP8Cache(Cache):
+    """K/V in float8 with scales as metadata: half the bytes of bf16 plus 4 B per scale.
+
+    Args:
+        format: ``"e4m3"`` (``torch.float8_e4m3fn``: max 448, 3 mantissa bits) or ``"e5m2"``
+            (``torch.float8_e5m2``: max 57344, 2 mantissa bits).
+        scale: ``"per-head"`` (default: one fp32 scale per sequence, layer, KV head and K/V, calibrated on the
+            prefill: ``amax / max``), ``"per-tensor"`` (one per sequence, layer and K/V) or ``"none"`` (scale 1.0,
+            nothing stored: an engine without calibration).
+
+    Raises:
+        ValueError: an unknown ``format`` or ``scale``, a format this torch build lacks; at ``update``, what
+            :meth:`FP8Layer.update` raises.
+
+    Source: the mechanics chapter's FP8 section (e4m3 vs e5m2 range and precision); vLLM's FP8 KV cache
+    (``k_scale``/``v_scale``, 1.0 unless calibrated); OCP 8-bit floating point specification (the two formats).
+    """
+
+    def __init__(self, format: str = "e4m3", scale: str = "per-head") -> None:
+        fp8_dtype(format)  # raise for an unknown format or a torch without it, before any layer exists
+        check_scale(scale)
+        self.format, self.scale = format, scale
+        super().__init__(layer_class_to_replicate=partial(FP8Layer, format, scale))
+
+    def __repr__(self) -> str:
+        return f"FP8Cache(format={self.format!r}, scale={self.scale!r})"
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the newest tokens of every layer (transformers' ``Cache.crop``; see :mod:`kvlab.caches.crop`).
+
+        Raises:
+            TypeError: ``tokens_to_remove`` not an integer (nothing is changed).
+        """
+        crop_keep(tokens_to_remove, 0)
+        for layer in self.layers:
+            layer.crop(tokens_to_remove)
+
+    def nbytes_breakdown(self) -> dict[str, int]:
+        """Exact bytes held, summed over layers: ``codes``, ``scales``, ``total``."""
+        out = {"codes": 0, "scales": 0, "total": 0}
+        for layer in self.layers:
+            for key, value in layer.nbytes_breakdown().items():
+                out[key] += value
+        return out
+
+    def nbytes(self) -> int:
+        """Exact bytes of the stored state: FP8 codes + fp32 scales, all layers."""
+        return self.nbytes_breakdown()["total"]
+
+    def counts(self) -> dict[str, int]:
+        """:meth:`FP8Layer.counts` summed over layers, plus ``saturated_fraction`` and ``underflow_fraction`` (K and
+        V together, as a fraction of every element written)."""
+        out = dict.fromkeys(COUNTS, 0)
+        for layer in self.layers:
+            for key, value in layer.counts().items():
+                out[key] += value
+        n = 2 * out["elements"]
+        out["saturated_fraction"] = (out["key_saturated"] + out["value_saturated"]) / n if n else 0.0
+        out["underflow_fraction"] = (out["key_underflow"] + out["value_underflow"]) / n if n else 0.0
+        return out
