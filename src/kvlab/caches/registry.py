@@ -34,6 +34,8 @@ class CacheSettings:
     hqq_group_size: int = 64  # group size of transformers' HQQ/quanto caches (the quantization chapter's 64)
     block_size: int = 16  # PagedCache: tokens per physical block
     kivi_attention: str = "dequantize"  # KIVI attention path when the name has no variant: fused | dequantize
+    sink_tokens: int = 4  # SinkCache: first tokens kept for the whole stream (StreamingLLM's attention sinks)
+    window_length: int = 256  # SinkCache: newest tokens kept after the sinks
 
     def __post_init__(self) -> None:
         for name, low in (
@@ -41,6 +43,8 @@ class CacheSettings:
             ("residual_length", 0),
             ("hqq_group_size", 1),
             ("block_size", 1),
+            ("sink_tokens", 0),
+            ("window_length", 1),
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -72,6 +76,7 @@ class CacheEntry:
     bit_pairs: tuple[tuple[int, int], ...] = ()
     settings: tuple[str, ...] = ()  # CacheSettings fields a name may override (":group_size=64")
     exact: bool = True  # True: logits equal DynamicCache's; False: within logit_bound
+    evicts: bool = False  # drops tokens (exact=False, no logit bound): what it loses is the eval's to measure
     logit_bound: Mapping[int, float] = field(default_factory=dict)  # lossy only: bits -> relative logit error
     requires: str | None = None  # importable module the cache needs ("hqq"); None = always available
     install_hint: str = "pip install 'kvlab[hf]'"  # how to get `requires`
@@ -81,7 +86,7 @@ class CacheEntry:
     kvlab_attention: Callable[[CacheName, CacheSettings], bool] = lambda name, settings: False
 
     def __post_init__(self) -> None:
-        if not self.exact and set(self.logit_bound) != set(self.nbits or (None,)):
+        if not self.exact and not self.evicts and set(self.logit_bound) != set(self.nbits or (None,)):
             raise ValueError(f"lossy cache {self.family!r} must state a logit bound for each of {self.nbits}")
 
 
@@ -111,6 +116,8 @@ class ResolvedCache:
         and value bits, the bound of the narrower one)."""
         if self.entry.exact:
             return 0.0
+        if self.entry.evicts:  # no bound: what an evicting cache loses depends on what it drops
+            return float("inf")
         bits = self.name.bits
         return self.entry.logit_bound[None if bits is None else min(bits)]
 
@@ -249,6 +256,12 @@ def _fp8_describe(name: CacheName, s: CacheSettings) -> dict:
     return {"format": fmt, "scale": scale, "scale_source": "prefill" if scale != "none" else "1.0"}
 
 
+def _sink(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
+    from kvlab.caches.sink import SinkCache
+
+    return SinkCache(num_sink_tokens=s.sink_tokens, window_length=s.window_length, config=model_config)
+
+
 # --- the registry: one entry per family ---------------------------------------------------------------------
 
 REGISTRY: dict[str, CacheEntry] = {
@@ -292,6 +305,15 @@ REGISTRY: dict[str, CacheEntry] = {
             logit_bound={None: 0.08},
             planner=True,
             describe=_fp8_describe,
+        ),
+        CacheEntry(
+            "sink",
+            "kvlab SinkCache: first tokens + newest window, positions inside the cache (StreamingLLM, arXiv:2309.17453)",
+            _sink,
+            settings=("sink_tokens", "window_length"),
+            exact=False,
+            evicts=True,
+            describe=lambda name, s: {"sink_tokens": s.sink_tokens, "window_length": s.window_length},
         ),
         CacheEntry(
             "hqq",
