@@ -86,7 +86,18 @@ def register(sub) -> None:
         "--window-group-size", type=int, default=None, help="KIVI G in the window matrix (default 16)"
     )
     p.add_argument("--warmup", type=int, default=None, help="untimed generate() calls per cell (default 1)")
-    p.add_argument("--repeat", type=int, default=None, help="timed generate() calls per cell (default 3)")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help="timed generate() rounds per cell, every cache of the cell interleaved (default 3)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default: OMP_NUM_THREADS, else usable CPUs minus one; recorded in the result)",
+    )
     p.add_argument("--quality-tokens", type=int, default=None, help="fixed-continuation length (default 16)")
     p.add_argument("--top-k", type=int, default=None, help="k of the top-k overlap (default 5)")
     p.add_argument("--max-nll-delta", type=float, default=None, help="gate (default 0.50)")
@@ -190,6 +201,7 @@ _FIELDS = {
     "prompt": "prompt",
     "batch": "batch",
     "seed": "seed",
+    "threads": "threads",
     "passkey_trials": "passkey_trials",
     "passkey_depths": "passkey_depths",
     "recall_rows": "recall_rows",

@@ -94,11 +94,15 @@ class EvalConfig:
         residual_length / group_size: KIVI ``R`` and ``G`` of the capacity matrix.
         window_context / window_new_tokens / window_residuals / window_group_size: the residual-window matrix
             (``window_group_size`` must divide every residual; the quantization chapter's R=16 needs G <= 16).
-        warmup / repeat: untimed and timed ``generate()`` calls per cell.
+        warmup / repeat: untimed ``generate()`` calls per cache, and timed rounds per cell (each round times every
+            cache of the cell once, in an order rotated per round; ratios come from same-round pairs).
         quality_tokens / top_k: fixed-continuation length and the k of top-k overlap.
         prompt_mode: ``"heldout"`` (held-out text cut to exact lengths) or ``"repeat"`` (the quantization chapter tiles one prompt).
         batch: prompts per generate call (each row a different held-out slice).
         seed: torch seed and held-out offset seed.
+        threads: torch threads for the run (``torch.set_num_threads``); ``None`` = :func:`kvlab.runtime.timing.
+            default_threads` (``OMP_NUM_THREADS`` if set, else all usable CPUs but one: two threads on a shared
+            2-core machine slow down 10-150x whenever another process runs).
         hqq_group_size: group size of the HQQ/quanto candidates (the quantization chapter uses 64).
         kivi_attention: ``"fused"`` (kvlab attention reads packed codes; no float copy of the history) or
             ``"dequantize"`` (the cache returns float K/V to the model's own attention).
@@ -132,6 +136,7 @@ class EvalConfig:
     prompt: str = SEED_PROMPT
     batch: int = 1
     seed: int = 42
+    threads: int | None = None
     hqq_group_size: int = 64
     kivi_attention: str = "fused"
     long_context: bool = True
@@ -193,6 +198,10 @@ class EvalConfig:
             raise ValueError(
                 f"`seed` must be an integer in [-2**63, 2**64) (torch.manual_seed), got {self.seed!r}"
             )
+        if self.threads is not None and (
+            isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
+        ):
+            raise ValueError(f"`threads` must be a positive integer or None, got {self.threads!r}")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"`warmup` must be a non-negative integer, got {self.warmup!r}")
         if self.residual_length < 0 or self.residual_length % self.group_size:

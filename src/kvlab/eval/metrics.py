@@ -75,6 +75,30 @@ class PeakMemory:
             self.incremental_peak_bytes = int(self._tracker.peak_bytes)
 
 
+def generate_once(
+    model: Any, input_ids: torch.Tensor, make_cache: Callable[[], Any], new_tokens: int, pad_token_id: int
+) -> tuple[Any, torch.Tensor]:
+    """One greedy ``generate()`` of exactly ``new_tokens`` tokens through a fresh cache from ``make_cache``.
+
+    Args:
+        input_ids: ``[batch, context]`` prompt (no padding: the attention mask is all ones).
+
+    Returns:
+        ``(cache, output_ids)``: the cache after the call and ``[batch, context + new_tokens]`` ids.
+    """
+    cache = make_cache()
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=pad_token_id,
+        **{cache_kwarg(model): cache},
+    )
+    return cache, out
+
+
 def run_generate(
     model: Any,
     input_ids: torch.Tensor,
@@ -100,21 +124,9 @@ def run_generate(
         last timed call (for byte counting); ``generated`` is ``[batch, new_tokens]``.
     """
     device = input_ids.device
-    kw = cache_kwarg(model)
-    mask = torch.ones_like(input_ids)
 
     def once():
-        cache = make_cache()
-        out = model.generate(
-            input_ids=input_ids,
-            attention_mask=mask,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-            pad_token_id=pad_token_id,
-            **{kw: cache},
-        )
-        return cache, out
+        return generate_once(model, input_ids, make_cache, new_tokens, pad_token_id)
 
     timings = []
     with torch.inference_mode():

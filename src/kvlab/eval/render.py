@@ -13,8 +13,11 @@ def _f(value, fmt: str, none: str = "-") -> str:
 
 
 def _mark(row: dict, gate: str) -> str:
-    g = row.get("gates", {}).get(gate)
-    return "" if g is None else (" [green]✓[/]" if g else " [red]✗[/]")
+    gates = row.get("gates", {})
+    g = gates.get(gate)
+    if g is None:  # "?": a gate present but not used (latency timed on a busy machine); blank: no such gate
+        return " [yellow]?[/]" if gate in gates else ""
+    return " [green]✓[/]" if g else " [red]✗[/]"
 
 
 def matrix_table(result: dict, matrix: str) -> Table | None:
@@ -193,7 +196,12 @@ def print_summary(result: dict, console: Console | None = None) -> None:
             ]
             if extra:
                 console.print("          " + ", ".join(extra))
-        console.print(f"[bold]decision: {s['decision']}[/]")
+        judged = f" (judged on: {', '.join(s['decision_gates'])})" if s.get("decision_gates") else ""
+        console.print(f"[bold]decision: {s['decision']}[/]{judged}")
+        if s.get("latency_trusted") is False:
+            console.print(
+                "[yellow]latency: not trusted (the machine was busy while timing; see the warning)[/]"
+            )
         if s.get("latency_warning"):
             console.print(f"[yellow]warning: {s['latency_warning']}[/]")
         if s.get("long_context_warning"):

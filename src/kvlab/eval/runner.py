@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import statistics
 import sys
 import time
 import traceback
@@ -34,10 +35,17 @@ from kvlab.eval.longctx import (
     measure_long_context,
     prefill_states,
 )
-from kvlab.eval.metrics import compare_outputs, fixed_continuation, run_generate, topk_overlap
+from kvlab.eval.metrics import (
+    compare_outputs,
+    fixed_continuation,
+    generate_once,
+    run_generate,
+    topk_overlap,
+)
 from kvlab.eval.schema import SCHEMA_VERSION
-from kvlab.runtime.device import resolve_device  # re-exported: kvlab eval resolves --device here
+from kvlab.runtime.device import resolve_device, synchronize  # resolve_device re-exported: kvlab eval uses it
 from kvlab.runtime.provenance import hardware_info, software_info  # re-exported: provenance of a run
+from kvlab.runtime.timing import default_threads, interleaved, paired_ratio
 
 Progress = Callable[[str], None]
 
@@ -200,11 +208,14 @@ class _Cell:
 
             make()
             stage = "generate"
+            # one call for the outputs, bytes and peak memory; the timed calls come later, interleaved with the
+            # other caches of the cell (time_paired)
             perf, cache, generated = run_generate(
-                self.model, ids, make, new_tokens, cfg.warmup, cfg.repeat, self.pad_id, cpu_memory
+                self.model, ids, make, new_tokens, cfg.warmup, 1, self.pad_id, cpu_memory
             )
             stage = "cache_bytes"
             row = {
+                "make": make,
                 "perf": perf,
                 "cache_bytes": cache_nbytes(cache),
                 "cache_tokens": int(ids.shape[1] + new_tokens - 1),
@@ -236,6 +247,69 @@ class _Cell:
             self.progress(f"[red]{cand.name} failed at {stage}: {type(exc).__name__}: {exc}")
             return None
 
+    def time_paired(self, ids, new_tokens: int, entries: list[tuple[str, str, int | None, dict]]) -> None:
+        """Time every measured cache of one cell interleaved (:func:`kvlab.runtime.timing.interleaved`,
+        ``cfg.repeat`` rounds, order rotated per round) and write the timings into each ``meas["perf"]``; each
+        candidate also gets ``meas["paired"]`` (its ratio to the baseline from same-round pairs) and every entry
+        ``meas["contention"]``. ``entries``: ``(key, candidate name, residual, meas)``, the baseline first. A cache
+        that fails here is recorded in ``failures`` and dropped from the cell (its ``meas`` gets ``"failed"``).
+        """
+        device = ids.device
+        live = list(entries)
+        failed: list[str] = []  # keys whose call raised, latest last
+
+        def call(key, make):
+            def run():
+                try:
+                    generate_once(self.model, ids, make, new_tokens, self.pad_id)
+                    synchronize(device)
+                except Exception:
+                    failed.append(key)
+                    raise
+
+            return run
+
+        while live:
+            calls = {key: call(key, meas["make"]) for key, _, _, meas in live}
+            try:
+                with torch.inference_mode():
+                    timings, cont = interleaved(calls, self.cfg.repeat, threads=torch.get_num_threads())
+            except Exception as exc:  # recorded; the other caches of the cell are timed again without it
+                bad = next(e for e in live if e[0] == failed[-1]) if failed else live[0]
+                self.result["failures"].append(
+                    {
+                        "candidate": bad[1],
+                        "context_length": int(ids.shape[1]),
+                        "residual_length": bad[2],
+                        "stage": "timing",
+                        "type": type(exc).__name__,
+                        "message": str(exc),
+                    }
+                )
+                bad[3]["failed"] = True
+                if bad is live[0]:  # the baseline: nothing left to pair with
+                    for e in live:
+                        e[3]["failed"] = True
+                    return
+                live.remove(bad)
+                continue
+            base_ms = timings[live[0][0]]
+            for key, _, _, meas in live:
+                t, perf = timings[key], meas["perf"]
+                median = statistics.median(t)
+                perf.update(
+                    {
+                        "median_ms": median,
+                        "min_ms": min(t),
+                        "timings_ms": t,
+                        "ms_per_token": median / max(1, perf["generated_tokens"]),
+                    }
+                )
+                meas["contention"] = cont
+                if key != live[0][0]:
+                    meas["paired"] = paired_ratio(t, base_ms)
+            return
+
 
 def _row(matrix, cand, ctx, new_tokens, residual, group, meas, base, cfg) -> dict:
     perf, q = meas["perf"], meas.get("quality")
@@ -260,6 +334,8 @@ def _row(matrix, cand, ctx, new_tokens, residual, group, meas, base, cfg) -> dic
         "cache_tokens": meas["cache_tokens"],
         "cache_bytes": meas["cache_bytes"],
         "cache_bytes_breakdown": meas.get("cache_bytes_breakdown"),
+        "timing_contention": meas.get("contention"),
+        "latency_trusted": not (meas.get("contention") or {}).get("busy", False),
     }
     if q is not None:
         row.update({"mean_nll": q["mean_nll"], "prefill_ms": q["prefill_ms"], "decode_ms": q["decode_ms"]})
@@ -272,7 +348,13 @@ def _row(matrix, cand, ctx, new_tokens, residual, group, meas, base, cfg) -> dic
         row["dynamic_cache_bytes"] = base["cache_bytes"]
         row["cache_bytes_ratio"] = meas["cache_bytes"] / base["cache_bytes"]
         row["cache_bytes_saved"] = base["cache_bytes"] - meas["cache_bytes"]
-        row["latency_ratio"] = perf["median_ms"] / bperf["median_ms"]
+        paired = meas.get("paired")
+        if paired is not None:  # same-round pairs of the interleaved timing (kvlab.runtime.timing)
+            row["latency_ratio"] = paired["ratio"]
+            row["latency_ratio_min"], row["latency_ratio_max"] = paired["min"], paired["max"]
+            row["latency_ratio_unpaired"] = paired["unpaired"]
+        else:
+            row["latency_ratio"] = perf["median_ms"] / bperf["median_ms"]
         bp, cp = bperf["incremental_peak_bytes"], perf["incremental_peak_bytes"]
         row["incremental_peak_saved_bytes"] = None if bp is None or cp is None else bp - cp
         row["incremental_peak_reduction_ratio"] = None if not bp or cp is None else 1.0 - cp / bp
@@ -286,7 +368,9 @@ def _row(matrix, cand, ctx, new_tokens, residual, group, meas, base, cfg) -> dic
                 row.update(kl_summary(kl_divergence(bq["logits"], q["logits"])))
         row.update(compare_outputs(base["generated"], meas["generated"]))
         row["gates"] = apply_gates(row, cfg.gates)
-        row["eligible"] = all(row["gates"].values())
+        if not row["latency_trusted"]:  # the verdict would rest on a busy machine's timings: not used
+            row["gates"]["latency_ratio"] = None
+        row["eligible"] = all(v for v in row["gates"].values() if v is not None)
     return row
 
 
@@ -379,18 +463,33 @@ def _spread(timings: list[float]) -> float | None:
 
 
 def latency_warning(rows: list[dict]) -> str | None:
-    """A warning when capacity cells' timed calls disagree by more than :data:`UNSTABLE_TIMING_SPREAD`, else None."""
-    cap = [r for r in rows if r["matrix"] == "capacity" and r.get("timing_spread") is not None]
-    bad = [r for r in cap if r["timing_spread"] > UNSTABLE_TIMING_SPREAD]
-    if not bad:
-        return None
-    worst = max(bad, key=lambda r: r["timing_spread"])
-    return (
-        f"{len(bad)} of {len(cap)} capacity cells had timed calls differing by more than "
-        f"{UNSTABLE_TIMING_SPREAD}x (worst: {worst['candidate']} at {worst['context_length']}, "
-        f"{worst['timing_spread']:.1f}x): latency ratios, the latency gate and the decision rest on noisy timings; "
-        f"rerun on a quiet machine or with a larger --repeat"
-    )
+    """A warning when the machine was busy while capacity cells were timed (``latency_trusted`` false: their
+    latency gate was not used) or when a cell's timed calls disagree by more than :data:`UNSTABLE_TIMING_SPREAD`;
+    else None."""
+    cap = [r for r in rows if r["matrix"] == "capacity"]
+    parts = []
+    busy = sorted({r["context_length"] for r in cap if r.get("latency_trusted") is False})
+    if busy:
+        reason = next(
+            (r["timing_contention"] or {}).get("reason")
+            for r in cap
+            if r.get("latency_trusted") is False and r.get("timing_contention")
+        )
+        parts.append(
+            f"the machine was busy while timing context(s) {', '.join(map(str, busy))} ({reason}): latency not "
+            f"trusted there, the latency gate was not used and the decision rests on the memory and quality gates "
+            f"(the ratios shown are paired per round, so still indicative)"
+        )
+    spread = [r for r in cap if r.get("timing_spread") is not None]
+    bad = [r for r in spread if r["timing_spread"] > UNSTABLE_TIMING_SPREAD]
+    if bad:
+        worst = max(bad, key=lambda r: r["timing_spread"])
+        parts.append(
+            f"{len(bad)} of {len(spread)} capacity cells had timed calls differing by more than "
+            f"{UNSTABLE_TIMING_SPREAD}x (worst: {worst['candidate']} at {worst['context_length']}, "
+            f"{worst['timing_spread']:.1f}x): medians are noisy; rerun on a quiet machine or with a larger --repeat"
+        )
+    return "; ".join(parts) or None
 
 
 def decide(rows: list[dict]) -> tuple[dict | None, str]:
@@ -455,7 +554,9 @@ def summarize(result: dict) -> dict:
         ``eligible_crossover_context`` (smallest context with an eligible row, or None),
         ``eligible_candidate_count`` (eligible capacity rows), ``per_candidate`` (the same per candidate, with
         ``eligible_contexts``), ``selected_candidate`` (the :data:`SELECTED_KEYS` of :func:`decide`'s row, or None),
-        ``decision`` and ``latency_warning``.
+        ``decision``, ``decision_gates`` (the gates the selected row was judged on: the latency gate is left out
+        where the machine was busy while timing), ``latency_trusted`` (no capacity cell was timed on a busy
+        machine) and ``latency_warning``.
 
     Raises:
         ValueError: from :func:`decide`, a capacity candidate row that was never gated.
@@ -482,6 +583,10 @@ def summarize(result: dict) -> dict:
         "per_candidate": per_candidate,
         "selected_candidate": {k: selected.get(k) for k in SELECTED_KEYS} if selected else None,
         "decision": decision,
+        "decision_gates": None
+        if selected is None
+        else [k for k, v in selected["gates"].items() if v is not None],
+        "latency_trusted": all(r.get("latency_trusted", True) for r in rows),
         "latency_warning": latency_warning(result["rows"]),
         "long_context_warning": long_context_warning(result["rows"]),
         "long_context_not_measured": not_measured_warning(result),
@@ -641,8 +746,22 @@ def run_eval(
 ) -> dict:
     """Run both matrices and fill ``result`` (from :func:`new_result`) in place; returns it.
 
-    ``model`` must already be on its device in ``cfg.dtype``. Rows hold JSON-ready numbers only.
+    ``model`` must already be on its device in ``cfg.dtype``. Rows hold JSON-ready numbers only. Torch runs with
+    ``cfg.threads`` threads (recorded as ``provenance.torch_threads``); the caller's setting is restored after.
+    Each cell's caches are timed together, interleaved (:meth:`_Cell.time_paired`), after their quality runs.
     """
+    threads = cfg.threads if cfg.threads is not None else default_threads()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    result["provenance"]["torch_threads"] = threads
+    try:
+        return _run_matrices(cfg, model, tokenizer, result, model_info, progress, advance)
+    finally:
+        torch.set_num_threads(previous)  # the caller's process keeps its own setting
+
+
+def _run_matrices(cfg, model, tokenizer, result, model_info, progress, advance) -> dict:
+    """The body of :func:`run_eval`, with its thread count set."""
     t0 = time.perf_counter()
     device = next(model.parameters()).device
     torch.manual_seed(cfg.seed)
@@ -656,82 +775,15 @@ def run_eval(
         enable(model)  # fused KIVI reads packed codes; every other cache falls back to SDPA unchanged
     result["provenance"]["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
     result["status"] = "running"
-    cell = _Cell(cfg, model, _pad_id(tokenizer), result, progress)
-    cands = [Candidate.parse(n) for n in cfg.candidates]
     # one untimed generate so that one-time costs (kernels, allocator) do not land on the first timed cell
     warm_ids, _ = build_prompts(cfg, tokenizer, min(64, min(cfg.contexts)), device)
-    run_generate(
-        model,
-        warm_ids,
-        lambda: Candidate.parse("dynamic").make(model.config, 0, 1),
-        4,
-        0,
-        1,
-        _pad_id(tokenizer),
-    )
-    runnable = [c for c in cands if c.family != "dynamic" and c.unavailable_reason() is None]
-    long_ctx = _LongContext(cfg, model, tokenizer, result, progress) if cfg.long_context else None
-
-    def matrix(name, ctx, new_tokens, residuals, group):
-        ids, prompt_info = build_prompts(cfg, tokenizer, ctx, device)
-        result["provenance"]["prompts"].append(prompt_info)
-        progress(f"{name}: context {ctx}, dynamic baseline")
-        base_cand = Candidate.parse("dynamic")
-        base = cell.measure(base_cand, ids, new_tokens, 0, group, None, None, cpu_memory=name == "capacity")
-        advance()
-        if base is None:
-            for r in residuals:
-                for c in runnable:
-                    result["failures"].append(
-                        {
-                            "candidate": c.name,
-                            "context_length": ctx,
-                            "residual_length": r,
-                            "stage": "baseline",
-                            "type": "BaselineFailed",
-                            "message": "the dynamic baseline failed for this prompt",
-                        }
-                    )
-                    advance()
-            return
-        continuation = base["generated"][:, : cfg.quality_tokens].to(device)
-        base["quality"] = fixed_continuation(
-            model, ids, continuation, base_cand.make(model.config, 0, group), cfg.top_k
-        )
-        probes, states = long_ctx.probes(name, ctx) if long_ctx is not None else ({}, {})
-        if probes:
-            progress(f"{name}: context {ctx}, dynamic baseline, long context")
-            try:
-                base["long_context"] = measure_long_context(
-                    model, lambda: base_cand.make(model.config, 0, group), probes, states
-                )
-            except Exception as exc:  # recorded; the candidates of this context then skip the probes
-                long_ctx.failed(ctx, exc)
-                probes, states = {}, {}
-        result["rows"].append(_row(name, base_cand, ctx, new_tokens, None, None, base, None, cfg))
-        for r in residuals:
-            for c in runnable:
-                progress(f"{name}: context {ctx}, {c.name}, R={r}")
-                meas = cell.measure(
-                    c,
-                    ids,
-                    new_tokens,
-                    r,
-                    group,
-                    continuation,
-                    base,
-                    cpu_memory=name == "capacity",
-                    probes=probes,
-                    states=states,
-                )
-                if meas is not None:
-                    result["rows"].append(_row(name, c, ctx, new_tokens, r, group, meas, base, cfg))
-                advance()
-
+    dynamic = Candidate.parse("dynamic")
+    run_generate(model, warm_ids, lambda: dynamic.make(model.config, 0, 1), 4, 0, 1, _pad_id(tokenizer))
+    run = _Matrix(cfg, model, tokenizer, result, progress, advance)
     for ctx in cfg.contexts:
-        matrix("capacity", ctx, cfg.new_tokens, [cfg.residual_length], cfg.group_size)
+        run("capacity", ctx, cfg.new_tokens, [cfg.residual_length], cfg.group_size)
     if cfg.window_residuals:
-        matrix(
+        run(
             "window",
             cfg.window_context,
             cfg.window_new_tokens,
@@ -742,6 +794,94 @@ def run_eval(
     result["status"] = "complete" if not result["failures"] else "partial"
     result["elapsed_s"] = time.perf_counter() - t0
     return result
+
+
+class _Matrix:
+    """Measures one cell (a context of a matrix): the float baseline, every runnable candidate (outputs, bytes,
+    quality, long-context probes), then every cache of the cell timed interleaved; rows go to ``result``."""
+
+    def __init__(self, cfg, model, tokenizer, result, progress, advance):
+        self.cfg, self.model, self.tokenizer, self.result = cfg, model, tokenizer, result
+        self.progress, self.advance = progress, advance
+        self.device = next(model.parameters()).device
+        self.cell = _Cell(cfg, model, _pad_id(tokenizer), result, progress)
+        cands = [Candidate.parse(n) for n in cfg.candidates]
+        self.runnable = [c for c in cands if c.family != "dynamic" and c.unavailable_reason() is None]
+        self.long_ctx = _LongContext(cfg, model, tokenizer, result, progress) if cfg.long_context else None
+        self.base_cand = Candidate.parse("dynamic")
+
+    def __call__(self, name: str, ctx: int, new_tokens: int, residuals: list[int], group: int) -> None:
+        ids, prompt_info = build_prompts(self.cfg, self.tokenizer, ctx, self.device)
+        self.result["provenance"]["prompts"].append(prompt_info)
+        base, probes, states = self.baseline(name, ids, ctx, new_tokens, residuals, group)
+        if base is None:
+            return
+        continuation = base["generated"][:, : self.cfg.quality_tokens].to(self.device)
+        measured = []
+        for r in residuals:
+            for c in self.runnable:
+                self.progress(f"{name}: context {ctx}, {c.name}, R={r}")
+                meas = self.cell.measure(
+                    c, ids, new_tokens, r, group, continuation, base, name == "capacity", probes, states
+                )
+                if meas is not None:
+                    measured.append((c, r, meas))
+                self.advance()
+        self.progress(
+            f"{name}: context {ctx}, timing {1 + len(measured)} caches interleaved x {self.cfg.repeat}"
+        )
+        self.cell.time_paired(
+            ids,
+            new_tokens,
+            [("dynamic", "dynamic", None, base)]
+            + [(f"{c.name}|R={r}", c.name, r, meas) for c, r, meas in measured],
+        )
+        if base.get("failed"):
+            return
+        rows = self.result["rows"]
+        rows.append(_row(name, self.base_cand, ctx, new_tokens, None, None, base, None, self.cfg))
+        for c, r, meas in measured:
+            if not meas.get("failed"):
+                rows.append(_row(name, c, ctx, new_tokens, r, group, meas, base, self.cfg))
+
+    def baseline(self, name, ids, ctx, new_tokens, residuals, group) -> tuple[dict | None, dict, dict]:
+        """``(base, probes, states)``: the float cache's measurement with its quality and probes; ``base`` None
+        (and a ``BaselineFailed`` failure per candidate and residual) when it failed."""
+        self.progress(f"{name}: context {ctx}, dynamic baseline")
+        make = self.base_cand.make
+        base = self.cell.measure(self.base_cand, ids, new_tokens, 0, group, None, None, name == "capacity")
+        self.advance()
+        if base is None:
+            for r in residuals:
+                for c in self.runnable:
+                    self.result["failures"].append(
+                        {
+                            "candidate": c.name,
+                            "context_length": ctx,
+                            "residual_length": r,
+                            "stage": "baseline",
+                            "type": "BaselineFailed",
+                            "message": "the dynamic baseline failed for this prompt",
+                        }
+                    )
+                    self.advance()
+            return None, {}, {}
+        continuation = base["generated"][:, : self.cfg.quality_tokens].to(self.device)
+        base["quality"] = fixed_continuation(
+            self.model, ids, continuation, make(self.model.config, 0, group), self.cfg.top_k
+        )
+        long_ctx = self.long_ctx
+        probes, states = long_ctx.probes(name, ctx) if long_ctx is not None else ({}, {})
+        if probes:
+            self.progress(f"{name}: context {ctx}, dynamic baseline, long context")
+            try:
+                base["long_context"] = measure_long_context(
+                    self.model, lambda: make(self.model.config, 0, group), probes, states
+                )
+            except Exception as exc:  # recorded; the candidates of this context then skip the probes
+                long_ctx.failed(ctx, exc)
+                probes, states = {}, {}
+        return base, probes, states
 
 
 def count_steps(cfg: EvalConfig) -> int:

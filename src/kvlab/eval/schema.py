@@ -13,10 +13,14 @@ A result is one JSON object::
                      reason}]}}; prompts holds one entry per capacity/window prompt and per probe
                      (mode "recall" / "passkey": context_length, placement, seed, ids_sha256, sequence_sha256)
     rows            [{matrix in {"capacity", "window"}, candidate, context_length, residual_length, group_size,
-                      median_ms, min_ms, timings_ms, timing_spread (max/min of the timed calls), ms_per_token,
+                      median_ms, min_ms, timings_ms (the cell's caches timed interleaved, order rotated per
+                      round), timing_spread (max/min of the timed calls), ms_per_token, timing_contention
+                      {wall_s, cpu_s, threads, cpu_share, other_cores, steal_cores, load_avg_1m, busy, reason},
+                      latency_trusted (false: the machine was busy; the latency gate is then null, not used),
                       incremental_peak_bytes, cache_bytes, mean_nll,
                       and for non-baseline rows: cache_bytes_ratio, cache_bytes_saved, nll_delta, nll_ratio,
-                      topk_overlap, latency_ratio, greedy_exact_match, token_agreement_rate,
+                      topk_overlap, latency_ratio (median of same-round ratios), latency_ratio_min/_max,
+                      latency_ratio_unpaired (median / median, for comparison), greedy_exact_match, token_agreement_rate,
                       first_divergence_index, gates {...: bool}, eligible,
                       kl_mean, kl_p99, kl_max (nats; KL(float || candidate) per continuation position),
                       and where the probes ran (kvlab.eval.longctx):
@@ -27,6 +31,7 @@ A result is one JSON object::
                       long_context_ms}]
     failures        [{candidate, context_length, residual_length, stage, type, message}]
     summary         {memory_reduction_onset_context, eligible_crossover_context, selected_candidate, decision,
+                      decision_gates (the gates the selected row was judged on), latency_trusted,
                       latency_warning (None, or why the timings are not to be trusted), long_context_warning (None,
                       or where the float cache itself does not recall/retrieve), long_context_not_measured
                       (None, or which probes did not fit which context: their gates do not apply there), ...}
@@ -73,6 +78,9 @@ _ROW_OPTIONAL_NUMBERS = (
     "recall_nll",
     "recall_nll_delta",
     "long_context_ms",
+    "latency_ratio_min",
+    "latency_ratio_max",
+    "latency_ratio_unpaired",
 )
 _ROW_OPTIONAL_INTS = ("residual_length", "group_size", "first_divergence_index")
 _DROPS = ("recall_drop", "passkey_drop")  # gated: NaN would pass no gate and fail none
@@ -190,6 +198,8 @@ def _row_problems(i: int, row: object) -> list[str]:
     for key in _ROW_OPTIONAL_INTS:
         _check(problems, f"rows[{i}].{key}", row.get(key), "int or null")
     _check(problems, f"rows[{i}].eligible", row.get("eligible"), "bool or null")
+    _check(problems, f"rows[{i}].latency_trusted", row.get("latency_trusted"), "bool or null")
+    _check(problems, f"rows[{i}].timing_contention", row.get("timing_contention"), "object or null")
     if "gates" in row and _check(problems, f"rows[{i}].gates", row["gates"], "object"):
         for name, verdict in row["gates"].items():
             _check(problems, f"rows[{i}].gates.{name}", verdict, "bool or null")
@@ -214,6 +224,8 @@ def _summary_problems(summary: dict) -> list[str]:
         ("eligible_candidate_count", "int"),
         ("decision", "string"),
         ("latency_warning", "string or null"),
+        ("latency_trusted", "bool or null"),
+        ("decision_gates", "list or null"),
         ("long_context_warning", "string or null"),
         ("long_context_not_measured", "string or null"),
     ):

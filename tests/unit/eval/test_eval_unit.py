@@ -235,3 +235,51 @@ def test_latency_warning_names_the_noisiest_capacity_cell():
     ]
     w = latency_warning(noisy)
     assert w.startswith("2 of 3 capacity cells") and "kivi-4 at 4096, 3.2x" in w
+
+
+def test_runner_times_caches_interleaved_and_pairs_the_ratio(tiny, monkeypatch):
+    import kvlab.eval.runner as runner_mod
+
+    seen = []
+    real = runner_mod.interleaved
+
+    def spy(calls, repeat, **kw):
+        seen.append((list(calls), repeat))
+        return real(calls, repeat, **kw)
+
+    monkeypatch.setattr(runner_mod, "interleaved", spy)
+    cfg = tiny_config(candidates=("dynamic", "kivi-4", "kivi-2"), window_residuals=())
+    result = new_result(cfg, "unit", None)
+    run_eval(cfg, tiny, CharTokenizer(), result, {"id_or_path": "tiny"})
+    assert result["failures"] == []
+    # one interleaved pass per cell, the baseline first, every candidate of the cell in it
+    assert seen and all(names[0] == "dynamic" and len(names) == 3 and r == cfg.repeat for names, r in seen)
+    for r in result["rows"]:
+        assert len(r["timings_ms"]) == cfg.repeat and r["timing_contention"]["wall_s"] > 0
+        if r["candidate"] != "dynamic":
+            assert r["latency_ratio_min"] <= r["latency_ratio"] <= r["latency_ratio_max"]
+            assert r["latency_ratio_unpaired"] > 0
+    assert validate_result(json.loads(json.dumps(result))) == []
+
+
+def test_runner_records_a_failure_while_timing_and_keeps_the_others(tiny, monkeypatch):
+    import kvlab.eval.runner as runner_mod
+
+    real = runner_mod.generate_once
+    calls = {"n": 0}
+
+    def flaky(model, ids, make, new_tokens, pad):
+        cache = make()
+        if getattr(getattr(cache, "kivi_config", None), "nbits", None) == 2:
+            calls["n"] += 1
+            raise RuntimeError("boom while timing kivi-2")
+        return real(model, ids, lambda: cache, new_tokens, pad)
+
+    monkeypatch.setattr(runner_mod, "generate_once", flaky)
+    cfg = tiny_config(candidates=("dynamic", "kivi-4", "kivi-2"), window_residuals=())
+    result = new_result(cfg, "unit", None)
+    run_eval(cfg, tiny, CharTokenizer(), result, {"id_or_path": "tiny"})
+    stages = {(f["candidate"], f["stage"]) for f in result["failures"]}
+    assert calls["n"] > 0 and stages == {("kivi-2", "timing")}
+    names = {r["candidate"] for r in result["rows"]}
+    assert names == {"dynamic", "kivi-4"} and result["status"] == "partial"
