@@ -116,6 +116,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--copies-per-tokens", type=int, default=768, help="one copy task per this many tokens")
     g.add_argument("--random-span-p", type=float, default=0.5, help="share of copy spans of random tokens")
     g.add_argument("--min-copies", type=int, default=1, help="copy tasks in every task window, at least")
+    g.add_argument(
+        "--span-tokens",
+        default="8:48",
+        help="MIN:MAX tokens of a copy span (drawn uniformly); longer spans give more copy targets per task",
+    )
+    g.add_argument(
+        "--far-passkey-p",
+        type=float,
+        default=0.0,
+        help="share of passkeys stated in the first 10%% of the window and asked in its last 10%% "
+        "(the longest retrievals, which uniform placement makes rare)",
+    )
     g.add_argument("--checkpoint-every-min", type=float, default=10.0, help="save to --data-dir/checkpoint")
     g.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
     g.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr as a fraction of the peak")
@@ -152,6 +164,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"window lengths must not exceed --max-positions {args.max_positions}")
     if not 0.0 <= args.task_fraction <= 1.0:
         p.error(f"--task-fraction must be in [0, 1], got {args.task_fraction!r}")
+    if not 0.0 <= args.far_passkey_p <= 1.0:
+        p.error(f"--far-passkey-p must be in [0, 1], got {args.far_passkey_p!r}")
+    try:
+        lo, hi = (int(x) for x in args.span_tokens.split(":"))
+    except ValueError:
+        p.error(f"--span-tokens must be MIN:MAX integers, got {args.span_tokens!r}")
+    if not 2 <= lo <= hi:
+        p.error(f"--span-tokens must satisfy 2 <= MIN <= MAX, got {args.span_tokens!r}")
+    args.span_range = (lo, hi)
     if args.init_from is not None and not (args.init_from / "config.json").is_file():
         p.error(f"--init-from {args.init_from} holds no config.json")
     return args
@@ -416,9 +437,10 @@ class TaskMixer:
     """Overwrite parts of natural-text windows with long-range tasks; return ids and labels.
 
     Per task window (probability ``task_fraction``): ``max(min_copies, T // copies_per_tokens)`` copy tasks (a span
-    of 8-48 tokens, random tokens with probability ``random_span_p``, else natural text from elsewhere in the
+    of ``span_range`` tokens (default 8-48), random tokens with probability ``random_span_p``, else natural text from elsewhere in the
     stream, written twice at a distance drawn uniformly up to the window) and, with probability 0.5, a passkey (a random 5-digit
-    key stated once at a random depth, queried at a random later point). The unpredictable first copy of a random
+    key stated once at a random depth, queried at a random later point; with probability ``far_passkey_p`` stated in
+    the window's first 10 % and asked in its last 10 %). The unpredictable first copy of a random
     span and the key digits of the needle carry no loss; the text around them keeps its ordinary loss, so most
     tokens of every step stay natural text.
     """
@@ -433,10 +455,13 @@ class TaskMixer:
         copies_per_tokens: int = 768,
         random_span_p: float = 0.5,
         min_copies: int = 1,
+        span_range: tuple[int, int] = (8, 48),
+        far_passkey_p: float = 0.0,
     ):
         self.encode = lambda text: tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
         self.stream, self.task_fraction, self.gen = stream, task_fraction, gen
         self.min_copies = min_copies
+        self.span_range, self.far_passkey_p = span_range, far_passkey_p
         self.task_weight, self.copies_per_tokens, self.random_span_p = (
             task_weight,
             copies_per_tokens,
@@ -490,9 +515,12 @@ class TaskMixer:
             key = f"{self._randint(10000, 99999)}"
             needle = torch.tensor(self.encode(PASSKEY_NEEDLE.format(key=key)))
             ask = torch.tensor(self.encode(PASSKEY_QUERY + PASSKEY_ANSWER.format(key=key)))
-            a = self._place(free, needle.numel(), 1, T - needle.numel() - ask.numel() - 1)
+            far = float(torch.rand((), generator=self.gen)) < self.far_passkey_p
+            hi = T // 10 if far else T - needle.numel() - ask.numel() - 1
+            a = self._place(free, needle.numel(), 1, hi)
             if a is not None:
-                b = self._place(free, ask.numel(), a + needle.numel(), T - ask.numel())
+                lo_b = max(a + needle.numel(), T - T // 10 - ask.numel()) if far else a + needle.numel()
+                b = self._place(free, ask.numel(), lo_b, T - ask.numel())
                 if b is None:
                     free[a : a + needle.numel()] = True
                 else:
@@ -509,7 +537,7 @@ class TaskMixer:
                     weights[b : b + ask.numel()] = self.task_weight
                     self.counts["passkey"] += 1
         for _ in range(max(self.min_copies, T // self.copies_per_tokens)):
-            L = self._randint(8, 48)
+            L = self._randint(*self.span_range)
             if float(torch.rand((), generator=self.gen)) < self.random_span_p:
                 span, random_span = torch.randint(1, self.vocab, (L,), generator=self.gen), True
             else:
@@ -716,6 +744,8 @@ def train(model, tokenizer, train_stream, heldout_stream, args) -> dict:
         copies_per_tokens=args.copies_per_tokens,
         random_span_p=args.random_span_p,
         min_copies=args.min_copies,
+        span_range=args.span_range,
+        far_passkey_p=args.far_passkey_p,
     )
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]  # norms and biases
@@ -806,6 +836,8 @@ def train(model, tokenizer, train_stream, heldout_stream, args) -> dict:
         "task_weight": args.task_weight,
         "copies_per_tokens": args.copies_per_tokens,
         "random_span_p": args.random_span_p,
+        "span_tokens": list(args.span_range),
+        "far_passkey_p": args.far_passkey_p,
         "min_copies": args.min_copies,
         "task_counts": mixer.counts,
         "max_position_trained": max_position_trained,
