@@ -58,6 +58,15 @@ class PagedLayer(CacheLayerMixin):
         )
         self.is_initialized = True
 
+    def _holds_like(self, key_states: torch.Tensor, value_states: torch.Tensor) -> bool:
+        """Whether the pools have the dtype and device of these states (and so can store them)."""
+        return (self.keys.dtype, self.keys.device, self.values.dtype, self.values.device) == (
+            key_states.dtype,
+            key_states.device,
+            value_states.dtype,
+            value_states.device,
+        )
+
     def _grow(self, num_blocks: int) -> None:
         """Extend both pools to ``num_blocks`` blocks (existing blocks keep their ids and contents)."""
         extra = num_blocks - self.keys.shape[0]
@@ -76,11 +85,21 @@ class PagedLayer(CacheLayerMixin):
         """Write ``[batch, kv_heads, t, head_dim]`` states by slot mapping; return ``[batch, kv_heads, seq_len,
         head_dim]`` keys and values gathered through the block tables.
 
+        The pools live on the device and in the dtype of the states: allocated at the first update, and again at
+        the first update after :meth:`reset` when the model was moved or cast in between.
+
         Raises:
-            ValueError: the batch size differs from the cache's rows, or a capped pool runs out of blocks.
+            ValueError: the batch size differs from the cache's rows, a capped pool runs out of blocks, or states
+                of another dtype/device than the tokens this layer holds.
         """
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
+        if not (self.is_initialized and self._holds_like(key_states, value_states)):
+            if self.is_initialized and self.num_tokens:
+                raise ValueError(
+                    f"states arrive as {key_states.dtype}/{value_states.dtype} on {key_states.device}/"
+                    f"{value_states.device} but this layer holds {self.num_tokens} tokens as {self.keys.dtype}/"
+                    f"{self.values.dtype} on {self.keys.device}: call reset() before moving or casting the model"
+                )
+            self.lazy_initialization(key_states, value_states)  # an empty layer follows its states
         batch, kv_heads, t, head_dim = key_states.shape
         start = self.num_tokens
         slots = self.cache._slot_mapping(start, start + t, batch, key_states.device)  # [batch * t]
@@ -164,13 +183,11 @@ class PagedCache(Cache):
         self.allocator = BlockPool(num_blocks, block_size)
         self.tables: list[BlockTable] = []  # one per batch row
         self.num_tokens = 0  # slots reserved per row (layers catch up within a forward)
-        self._slot_key: tuple[int, int, int] | None = (
-            None  # (start, stop, version) of the cached slot mapping
-        )
-        self._slots: torch.Tensor | None = None
         self._table_version = 0  # bumped whenever a block table changes
-        self._table_key: tuple[int, torch.device] | None = None
-        self._table: torch.Tensor | None = None
+        # per device (a model split over devices has layers on several): (version, [batch, n_blocks] block ids) and
+        # ((start, stop, version), [batch * t] slot mapping), so layers on different devices do not rebuild them
+        self._tables: dict[torch.device, tuple[int, torch.Tensor]] = {}
+        self._slots: dict[torch.device, tuple[tuple[int, int, int], torch.Tensor]] = {}
         if config is not None:
             text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
             layer_types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
@@ -239,11 +256,11 @@ class PagedCache(Cache):
 
     def _block_table_tensor(self, device: torch.device) -> torch.Tensor:
         """``[batch, n_blocks]`` physical block ids (every row holds the same number of tokens)."""
-        key = (self._table_version, device)
-        if self._table_key != key:
-            self._table = torch.tensor([t.block_ids for t in self.tables], dtype=torch.long, device=device)
-            self._table_key = key
-        return self._table
+        version, table = self._tables.get(device, (None, None))
+        if version != self._table_version:
+            table = torch.tensor([t.block_ids for t in self.tables], dtype=torch.long, device=device)
+            self._tables[device] = (self._table_version, table)
+        return table
 
     def _slot_mapping(self, start: int, stop: int, batch: int, device: torch.device) -> torch.Tensor:
         """``[batch * (stop - start)]`` flat slots of positions ``start..stop-1`` of every row (reserving them)."""
@@ -252,14 +269,13 @@ class PagedCache(Cache):
         elif batch != len(self.tables):
             raise ValueError(f"the cache holds {len(self.tables)} batch rows, got states for {batch}")
         key = (start, stop, self._table_version)
-        if self._slot_key != key or self._slots is None or self._slots.device != device:
+        cached_key, slots = self._slots.get(device, (None, None))
+        if cached_key != key:
             table = self._block_table_tensor(device)
             pos = torch.arange(start, stop, device=device)
-            self._slots = (
-                table[:, pos // self.block_size] * self.block_size + pos % self.block_size
-            ).reshape(-1)
-            self._slot_key = key
-        return self._slots
+            slots = (table[:, pos // self.block_size] * self.block_size + pos % self.block_size).reshape(-1)
+            self._slots[device] = (key, slots)
+        return slots
 
     def _replace_tables(self, tables: list[BlockTable]) -> None:
         for table in self.tables:
