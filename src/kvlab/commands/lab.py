@@ -40,8 +40,9 @@ def register(subparsers) -> None:
     p.add_argument("--tokens", type=int, default=96, help="--real: sequence length (default 96)")
     p.add_argument("--batch", type=int, default=1, help="--real: batch rows (default 1)")
     p.set_defaults(func=run)
-    sub = p.add_subparsers(dest="lab_command", metavar="{video}", parser_class=_VideoParser)
+    sub = p.add_subparsers(dest="lab_command", metavar="{video,eviction}", parser_class=_VideoParser)
     _register_video(sub)
+    _register_eviction(sub)
 
 
 VIDEO_FIELD_PREFIX = "video_"  # argparse dest of a `kvlab lab video` flag = prefix + VideoConfig field
@@ -337,4 +338,102 @@ def _print_video(r: dict) -> None:
     t2.add_row("wall clock, whole lab", f"{r['wall_s']:.2f} s")
     console.print(t2)
     failed = [name for name, ok in checks.items() if not ok]
+    console.print("all checks passed" if not failed else f"FAILED: {', '.join(failed)}")
+
+
+def _register_eviction(subparsers) -> None:
+    e = subparsers.add_parser(
+        "eviction",
+        help="attention sinks + window (StreamingLLM) vs recomputing the window, on held-out text",
+        description="Score held-out text of the bundled model (or --model) three ways: every token predicted from "
+        "the last W tokens recomputed from scratch (the baseline), a SinkCache keeping the first S tokens and "
+        "the newest W (one run per --sinks value; 0 = window attention), and the full context for scale. "
+        "Reports mean NLL, the ratio to the baseline, and each cache's bytes (flat once full). Logic in "
+        "kvlab.lab.eviction.",
+    )
+    e.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print machine-readable JSON"
+    )
+    e.add_argument("--model", default=None, help="HF id or local dir (default: the bundled model)")
+    e.add_argument("--dtype", default="float32", help="model dtype (default float32)")
+    e.add_argument("--tokens", type=int, default=2048, help="held-out tokens scored (default 2048)")
+    e.add_argument("--window", type=int, default=256, help="W: newest tokens kept (default 256)")
+    e.add_argument(
+        "--sinks", type=int, nargs="+", default=[4, 0], metavar="S", help="sink counts (default 4 0)"
+    )
+    e.add_argument("--offset", type=int, default=0, help="first held-out token (default 0)")
+    e.set_defaults(func=run_eviction)
+
+
+# EvictionConfig field -> its `kvlab lab eviction` flag
+EVICTION_FLAGS = {
+    "tokens": "--tokens",
+    "window_length": "--window",
+    "sink_tokens": "--sinks",
+    "offset": "--offset",
+}
+
+
+def run_eviction(args: argparse.Namespace) -> int:
+    """``kvlab lab eviction``: exit 0 when runs with sinks are within 5 % of the baseline, 1 if not, 2 on bad input."""
+    from kvlab.lab.eviction import EvictionConfig, measure_eviction
+    from kvlab.models import load_model
+
+    quiet = getattr(args, "json", False)
+    try:
+        cfg = EvictionConfig(
+            tokens=args.tokens, window_length=args.window, sink_tokens=tuple(args.sinks), offset=args.offset
+        )
+        model, tokenizer = load_model(args.model, dtype=args.dtype)
+        with _status("recompute baseline and sink caches over the held-out text ...", quiet):
+            result = measure_eviction(model, tokenizer, cfg)
+    except (ValueError, OSError) as exc:
+        message = str(exc)
+        for field, flag in EVICTION_FLAGS.items():  # name the flag the user gave
+            message = message.replace(f"`{field}`", flag)
+        return fail(args, message)
+    if quiet:
+        print(json.dumps(result, indent=1))
+    else:
+        _print_eviction(result)
+    return 0 if result["all_passed"] else 1
+
+
+def _print_eviction(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    cfg = r["config"]
+    table = Table(
+        title=f"Eviction on {cfg['tokens']} held-out tokens, window W = {cfg['window_length']}, {r['dtype']}; "
+        f"NLL (nats) over all predictions and over the {r['recompute_window']['predictions_after_window']} "
+        f"from token {r['evict_from_token']} on"
+    )
+    for col in ("method", "NLL", "NLL after window", "ppl after window", "vs recompute", "cache bytes"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    base = r["recompute_window"]["nll_after_window"]
+    full = r["full_context"]
+    table.add_row(
+        "full context (DynamicCache)",
+        f"{full['nll']:.4f}",
+        f"{full['nll_after_window']:.4f}",
+        f"{full['perplexity_after_window']:.2f}",
+        f"{full['nll_after_window'] / base:.3f}",
+        f"{r['dynamic_nbytes']:,}",
+    )
+    rc = r["recompute_window"]
+    row = (f"{rc['nll']:.4f}", f"{rc['nll_after_window']:.4f}", f"{rc['perplexity_after_window']:.2f}")
+    table.add_row(f"recompute last {cfg['window_length']} (baseline)", *row, "1.000", "-")
+    for s in r["sink"]:
+        table.add_row(
+            f"SinkCache {s['sink_tokens']} sinks + {cfg['window_length']}",
+            f"{s['nll']:.4f}",
+            f"{s['nll_after_window']:.4f}",
+            f"{s['perplexity_after_window']:.2f}",
+            f"{s['nll_ratio_vs_recompute']:.3f}",
+            f"{s['nbytes']:,} (max {s['nbytes_max']:,})",
+        )
+    console = Console()
+    console.print(table)
+    failed = [name for name, ok in r["checks"].items() if not ok]
     console.print("all checks passed" if not failed else f"FAILED: {', '.join(failed)}")

@@ -1,0 +1,200 @@
+"""``kvlab lab eviction``: attention sinks + window (StreamingLLM) against recomputing the window from scratch.
+
+StreamingLLM (arXiv:2309.17453 §3, Figure 3 and Table 1) compares, on text several times longer than the cache:
+
+* **sliding window with re-computation**: every token is predicted from the last ``W`` tokens, their K/V
+  recomputed from scratch (positions ``0..W-1``): quality of a window, cost ``O(W^2)`` per token;
+* **window attention** (a KV cache keeping only the newest ``W`` tokens, here :class:`~kvlab.caches.sink.SinkCache`
+  with 0 sinks): each kept token's K/V were computed when the first tokens were still visible; once those are
+  evicted the attention has no "sink" to put its mass on;
+* **StreamingLLM** (4 sinks + the newest ``W`` tokens, positions inside the cache).
+
+:func:`measure_eviction` runs the three on ``tokens`` tokens of the bundled model's held-out text and reports the
+mean next-token NLL (nats) over every prediction and over the predictions made once eviction has begun, with the
+full-context NLL (one forward, nothing evicted) for scale and each cache's bytes, measured after the last token.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from kvlab.caches.measure import cache_nbytes
+from kvlab.caches.sink import SinkCache
+from kvlab.runtime.hf_api import cache_kwarg
+
+
+@dataclass(frozen=True)
+class EvictionConfig:
+    """Settings of :func:`measure_eviction`.
+
+    Raises:
+        ValueError: a count below its minimum, ``tokens`` not above ``window_length + max(sink_tokens)``, or a
+            repeated entry of ``sink_tokens`` (each value named).
+    """
+
+    tokens: int = (
+        2048  # held-out tokens scored (StreamingLLM's point needs several windows: >= 4x the window)
+    )
+    window_length: int = 256  # W: newest tokens kept by the caches; the recompute baseline's context
+    sink_tokens: tuple[int, ...] = (
+        4,
+        0,
+    )  # one SinkCache run per value (StreamingLLM: 4; 0 = window attention)
+    offset: int = 0  # first held-out token
+    batch_windows: int = 32  # recompute baseline: windows per forward (memory vs speed; no effect on results)
+    tolerance: float = 0.05  # check: NLL with sinks (> 0) within this fraction of the recompute baseline's
+
+    def __post_init__(self) -> None:
+        for name, low in (("tokens", 2), ("window_length", 1), ("offset", 0), ("batch_windows", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}")
+        sinks = tuple(self.sink_tokens)
+        if not sinks or len(set(sinks)) != len(sinks):
+            raise ValueError(f"`sink_tokens` must be distinct values, got {list(sinks)}")
+        for s in sinks:
+            if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+                raise ValueError(f"`sink_tokens` values must be ints >= 0, got {s!r}")
+        if (
+            isinstance(self.tolerance, bool)
+            or not isinstance(self.tolerance, (int, float))
+            or not (0 <= self.tolerance < math.inf)
+        ):
+            raise ValueError(f"`tolerance` must be a finite number >= 0, got {self.tolerance!r}")
+        if self.tokens <= self.window_length + max(sinks):
+            raise ValueError(
+                f"`tokens` ({self.tokens}) must exceed window_length + sinks ({self.window_length + max(sinks)}): "
+                f"nothing would be evicted"
+            )
+        object.__setattr__(self, "sink_tokens", sinks)
+
+
+def _nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-prediction NLL (nats): ``logits [n, vocab]``, ``targets [n]`` -> ``[n]`` float32."""
+    return torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
+
+
+@torch.no_grad()
+def full_context_nll(model: Any, ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """NLL of ``ids[1:]`` (``ids: [tokens]``) from one forward over the whole sequence, through a
+    ``DynamicCache``: ``([tokens - 1] NLL, bytes the DynamicCache holds)``."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    logits = model(ids[None], **{cache_kwarg(model): cache}, use_cache=True).logits[0, :-1]  # [T - 1, vocab]
+    return _nll(logits, ids[1:]), cache_nbytes(cache)
+
+
+@torch.no_grad()
+def recompute_window_nll(model: Any, ids: torch.Tensor, window: int, batch_windows: int = 32) -> torch.Tensor:
+    """NLL of ``ids[1:]`` with each token predicted from the last ``window`` tokens only, recomputed from scratch at
+    positions ``0..window-1`` (StreamingLLM's "sliding window with re-computation"): ``[tokens - 1]``.
+
+    Predictions with at most ``window`` tokens before them see their whole prefix (one forward gives them all).
+    """
+    tokens = ids.shape[0]
+    head = min(window, tokens - 1)
+    out = [full_context_nll(model, ids[: head + 1])[0]]  # targets 1..head
+    starts = torch.arange(1, max(tokens - window, 1))  # window [s, s + W) predicts token s + W
+    for chunk in starts.split(batch_windows) if starts.numel() else ():
+        windows = torch.stack([ids[s : s + window] for s in chunk.tolist()])  # [n, W]
+        hidden = model.model(windows).last_hidden_state[
+            :, -1
+        ]  # [n, hidden]: only the last position is scored
+        out.append(_nll(model.lm_head(hidden), ids[chunk + window]))
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def streaming_nll(
+    model: Any, ids: torch.Tensor, cache: Any, prefill_tokens: int
+) -> tuple[torch.Tensor, dict]:
+    """NLL of ``ids[1:]`` decoded through ``cache``: one prefill of ``prefill_tokens`` tokens (choose at most what
+    the cache holds, so that nothing is evicted before streaming starts), then one token per forward.
+
+    Returns:
+        ``([tokens - 1] NLL, {"nbytes": bytes after the last token, "nbytes_max": the largest after any step})``.
+    """
+    kw = cache_kwarg(model)
+    out = model(ids[None, :prefill_tokens], **{kw: cache}, use_cache=True)
+    nll = [_nll(out.logits[0, :-1], ids[1:prefill_tokens])]
+    last, peak = out.logits[0, -1:], cache_nbytes(cache)
+    for t in range(prefill_tokens, ids.shape[0]):
+        nll.append(_nll(last, ids[t : t + 1]))
+        last = model(ids[None, t : t + 1], **{kw: cache}, use_cache=True).logits[0, -1:]
+        peak = max(peak, cache_nbytes(cache))
+    return torch.cat(nll), {"nbytes": cache_nbytes(cache), "nbytes_max": peak}
+
+
+def _summary(nll: torch.Tensor, evict_from: int) -> dict:
+    """Mean NLL over every prediction and over the targets at index >= ``evict_from`` (eviction has begun)."""
+    tail = nll[evict_from - 1 :]  # nll[i] scores token i + 1
+    return {
+        "nll": float(nll.mean()),
+        "nll_after_window": float(tail.mean()),
+        "perplexity_after_window": math.exp(float(tail.mean())),
+        "predictions": int(nll.numel()),
+        "predictions_after_window": int(tail.numel()),
+    }
+
+
+def measure_eviction(model: Any, tokenizer: Any, config: EvictionConfig = EvictionConfig()) -> dict:
+    """Run the full-context, recompute-window and sink + window measurements (see the module docstring).
+
+    Args:
+        model: a transformers causal LM with full-attention RoPE layers (``model.model``, ``model.lm_head``).
+        tokenizer: its tokenizer (the held-out text is tokenized with it).
+        config: :class:`EvictionConfig`.
+
+    Returns:
+        A JSON-ready dict: ``config``, ``model`` dtype, ``full_context``, ``recompute_window`` and ``sink`` rows
+        (one per ``sink_tokens`` value, with ``nbytes``, ``nbytes_max``, ``nll_ratio_vs_recompute``), the
+        ``dynamic_nbytes`` a DynamicCache holds at ``tokens`` tokens (measured), ``wall_s`` per method, and
+        ``checks``: each run with sinks within ``tolerance`` of the recompute baseline (NLL after the window),
+        every cache's bytes after the last token equal to its largest (flat once full); ``all_passed``.
+
+    Raises:
+        ValueError: the held-out text is shorter than ``offset + tokens``; what :class:`SinkCache` raises.
+    """
+    from kvlab.models import heldout_token_ids
+
+    ids = torch.tensor(heldout_token_ids(tokenizer, config.tokens, config.offset), device=model.device)
+    W = config.window_length
+    evict_from = W + max(config.sink_tokens) + 1  # first target predicted after any cache evicted
+    rows: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    full, dynamic_nbytes = full_context_nll(model, ids)
+    rows["full_context"] = _summary(full, evict_from) | {"wall_s": time.perf_counter() - t0}
+    t0 = time.perf_counter()
+    base = recompute_window_nll(model, ids, W, config.batch_windows)
+    rows["recompute_window"] = _summary(base, evict_from) | {"wall_s": time.perf_counter() - t0}
+    sinks = []
+    for s in config.sink_tokens:
+        t0 = time.perf_counter()
+        cache = SinkCache(s, W, config=model.config)
+        nll, sizes = streaming_nll(model, ids, cache, prefill_tokens=s + W)
+        row = {"sink_tokens": s, **_summary(nll, evict_from), **sizes, "held_tokens": cache.held_tokens()}
+        row["nll_ratio_vs_recompute"] = row["nll_after_window"] / rows["recompute_window"]["nll_after_window"]
+        row["wall_s"] = time.perf_counter() - t0
+        sinks.append(row)
+    checks = {
+        f"sink{row['sink_tokens']}_within_tolerance": row["nll_ratio_vs_recompute"] <= 1 + config.tolerance
+        for row in sinks
+        if row["sink_tokens"] > 0
+    }
+    checks["bytes_flat_after_window"] = all(row["nbytes"] == row["nbytes_max"] for row in sinks)
+    return {
+        "config": asdict(config),
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "evict_from_token": evict_from,
+        **rows,
+        "sink": sinks,
+        "dynamic_nbytes": dynamic_nbytes,  # measured after the full-context forward
+        "checks": checks,
+        "all_passed": all(checks.values()),
+    }
