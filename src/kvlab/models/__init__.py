@@ -80,6 +80,24 @@ def _check_model_files(path: Path, model: str | os.PathLike) -> None:
         raise FileNotFoundError(f"model directory {str(model)!r} has config.json but {' and '.join(missing)}")
 
 
+def _check_hub_or_cache(name: str, revision: str | None) -> None:
+    """A hub id must be in the local cache or the hub must be reachable; else an ``OSError`` at once (instead of
+    ~25 s of ``huggingface_hub`` retries before the same failure)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    from kvlab.runtime.hub import hub_offline_reason
+
+    cached = try_to_load_from_cache(name, "config.json", revision=revision)
+    if isinstance(cached, str):
+        return
+    offline = hub_offline_reason()
+    if offline is not None:
+        raise OSError(
+            f"{name!r} is not a local directory, not in the local Hugging Face cache, and the hub cannot be "
+            f"reached ({offline}); pass a local model directory"
+        )
+
+
 def load_model(
     model: str | os.PathLike | None = None,
     dtype: str | torch.dtype = "bfloat16",
@@ -138,6 +156,8 @@ def load_model(
     bar_was_on = hf_logging.is_progress_bar_enabled()
     if source is not None:
         hf_logging.disable_progress_bar()
+    if source is None:
+        _check_hub_or_cache(name, revision)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, revision=revision)
         lm = AutoModelForCausalLM.from_pretrained(name, revision=revision, dtype=torch_dtype)

@@ -710,6 +710,14 @@ def _hub_config(repo_id: str) -> dict:
     try:
         path = hf_hub_download(repo_id, "config.json", local_files_only=True)
     except Exception:
+        from kvlab.runtime.hub import hub_offline_reason
+
+        offline = hub_offline_reason()
+        if offline is not None:  # fail now, not after huggingface_hub's ~25 s of retries
+            raise ValueError(
+                f"{repo_id!r} is not in the local Hugging Face cache and the hub cannot be reached ({offline}); "
+                f"pass a config.json path or a preset"
+            ) from None
         try:
             path = hf_hub_download(repo_id, "config.json")
         except Exception as e:

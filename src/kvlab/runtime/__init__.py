@@ -6,6 +6,8 @@
 ``tensor_bytes``  exact live tensor bytes of a code block on any device (``TorchDispatchMode``)
 ``provenance``    versions and machine facts recorded next to results
 ``atomic``        write a file atomically with ordinary permissions (torch-free)
+``timing``        interleaved timing, same-round latency ratios, contention read from /proc (torch-free)
+``hub``           is the Hugging Face hub reachable (one short TCP connect; torch-free)
 
 This package imports nothing at import time, so ``kvlab.runtime.atomic`` stays torch-free.
 """
