@@ -19,6 +19,7 @@ import kvlab.attention
 from kvlab.attention.interface import pending
 from kvlab.caches import KIVICache, PagedCache
 from kvlab.models import heldout_token_ids
+from kvlab.runtime.hf_api import cache_kwarg
 from tests.crop_helpers import layer_skip_draft, recording
 
 NEW_TOKENS = 32
@@ -63,7 +64,7 @@ def greedy(model, ids, cache, **kwargs):
             max_new_tokens=NEW_TOKENS,
             min_new_tokens=NEW_TOKENS,
             do_sample=False,
-            cache=cache,
+            **{cache_kwarg(model): cache},
             pad_token_id=0,
             **kwargs,
         )

@@ -6,6 +6,7 @@ import torch
 from transformers import DynamicCache
 
 from kvlab.caches.paged import PagedCache
+from kvlab.runtime.hf_api import cache_kwarg
 
 models = pytest.importorskip("kvlab.models")
 if not hasattr(models, "load_model") or not (models.reference_model_path() / "model.safetensors").exists():
@@ -28,7 +29,7 @@ def greedy(model, batch, cache, n=32):
             max_new_tokens=n,
             min_new_tokens=n,
             do_sample=False,
-            cache=cache,
+            **{cache_kwarg(model): cache},
             pad_token_id=PAD,
         )
 

@@ -23,6 +23,7 @@ import kvlab.attention
 from kvlab.attention.interface import pending
 from kvlab.caches import KIVICache, PagedCache
 from kvlab.caches.crop import crop_keep
+from kvlab.runtime.hf_api import cache_kwarg
 from tests.crop_helpers import layer_skip_draft, recording
 
 PROMPT = 70  # R = G = 16: Q = (70 - 16) // 16 * 16 = 48 quantized, 22 in the residual window
@@ -70,7 +71,8 @@ def decode(model, cache, tokens):
     out = []
     with torch.no_grad():
         for t in range(tokens.shape[1]):
-            out.append(model(input_ids=tokens[:, t : t + 1], cache=cache, use_cache=True).logits[0, -1])
+            step = model(input_ids=tokens[:, t : t + 1], **{cache_kwarg(model): cache}, use_cache=True)
+            out.append(step.logits[0, -1])
     return torch.stack(out)
 
 
@@ -105,7 +107,7 @@ def test_kivi_crop_then_decode_equals_a_dynamic_cache_of_the_kept_dequantized_to
     ids, nxt = prompt_ids(), prompt_ids(STEPS, seed=12)
     cache = kivi()
     with torch.no_grad():
-        model(input_ids=ids, cache=cache, use_cache=True)
+        model(input_ids=ids, **{cache_kwarg(model): cache}, use_cache=True)
     assert cache.quantized_tokens() == 48
     before = kept_view(cache)
     cache.crop(n)
@@ -129,7 +131,8 @@ def test_fused_kivi_crop_then_decode_matches_the_same_reference(model, case):
     kvlab.attention.enable(model)
     cache = kivi("fused")
     with torch.no_grad():
-        model(input_ids=ids, cache=cache, use_cache=True)  # prefill: nothing quantized before it, exact
+        # prefill: nothing quantized before it, exact
+        model(input_ids=ids, **{cache_kwarg(model): cache}, use_cache=True)
     before = kept_view(cache)
     cache.crop(n)
     assert cache.get_seq_length() == keep
@@ -145,7 +148,7 @@ def test_kivi_bytes_after_a_crop_are_the_ledger_of_the_kept_tokens(model, case):
     n, keep = CROPS[case]
     cache = kivi()
     with torch.no_grad():
-        model(input_ids=prompt_ids(), cache=cache, use_cache=True)
+        model(input_ids=prompt_ids(), **{cache_kwarg(model): cache}, use_cache=True)
     cache.crop(n)
     q = cache.quantized_tokens()
     r = keep - q
@@ -161,7 +164,7 @@ def test_kivi_bytes_after_a_crop_are_the_ledger_of_the_kept_tokens(model, case):
 def test_kivi_crop_through_transformers_cache_crop_and_bad_arguments(model):
     cache = kivi()
     with torch.no_grad():
-        model(input_ids=prompt_ids(), cache=cache, use_cache=True)
+        model(input_ids=prompt_ids(), **{cache_kwarg(model): cache}, use_cache=True)
     assert cache.is_croppable and all(layer.is_croppable for layer in cache.layers)
     Cache.crop(cache, -3)  # transformers' own loop over the layers
     assert [layer.get_seq_length() for layer in cache.layers] == [67, 67]
@@ -181,8 +184,8 @@ def test_paged_crop_is_exact_and_frees_blocks(model, case):
     ids, nxt = prompt_ids(), prompt_ids(STEPS, seed=12)
     paged, dynamic = PagedCache(block_size=8), DynamicCache()
     with torch.no_grad():
-        model(input_ids=ids, cache=paged, use_cache=True)
-        model(input_ids=ids, cache=dynamic, use_cache=True)
+        model(input_ids=ids, **{cache_kwarg(model): paged}, use_cache=True)
+        model(input_ids=ids, **{cache_kwarg(model): dynamic}, use_cache=True)
     paged.crop(n)
     dynamic.crop(keep - PROMPT)
     assert paged.get_seq_length() == keep and paged.allocator.num_used == -(-keep // 8)
@@ -190,7 +193,7 @@ def test_paged_crop_is_exact_and_frees_blocks(model, case):
     fresh = PagedCache(block_size=8)
     if keep:
         with torch.no_grad():
-            model(input_ids=ids[:, :keep], cache=fresh, use_cache=True)
+            model(input_ids=ids[:, :keep], **{cache_kwarg(model): fresh}, use_cache=True)
     got_bytes, want_bytes = paged.nbytes_breakdown(), fresh.nbytes_breakdown()
     for key in ("blocks_in_use", "tokens", "internal_waste", "total"):  # the pool itself may be larger
         assert got_bytes[key] == want_bytes[key], key
@@ -203,7 +206,7 @@ def test_paged_crop_is_exact_and_frees_blocks(model, case):
 def test_paged_crop_inside_a_block_shared_by_beams_copies_it_first(model):
     paged = PagedCache(block_size=8)
     with torch.no_grad():
-        model(input_ids=prompt_ids(13), cache=paged, use_cache=True)  # blocks: 8 + 5 tokens
+        model(input_ids=prompt_ids(13), **{cache_kwarg(model): paged}, use_cache=True)  # blocks: 8 + 5 tokens
     paged.batch_repeat_interleave(2)  # two rows share both blocks
     paged.crop(-2)
     assert paged.get_seq_length() == 11
@@ -220,7 +223,13 @@ def test_paged_crop_inside_a_block_shared_by_beams_copies_it_first(model):
 def greedy(model, ids, cache, n=30, **kwargs):
     with torch.no_grad():
         return model.generate(
-            ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, cache=cache, pad_token_id=0, **kwargs
+            ids,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            **{cache_kwarg(model): cache},
+            pad_token_id=0,
+            **kwargs,
         )
 
 
@@ -275,7 +284,7 @@ def test_assisted_decoding_runs_when_drafts_are_cut_inside_quantized_groups(mode
 def test_paged_crop_refuses_a_bool_scalar_like_a_python_bool(model, bad):
     paged = PagedCache(block_size=8)
     with torch.no_grad():
-        model(input_ids=prompt_ids(), cache=paged, use_cache=True)
+        model(input_ids=prompt_ids(), **{cache_kwarg(model): paged}, use_cache=True)
     held = paged.get_seq_length()
     with pytest.raises(TypeError, match=r"`crop` takes an integer number of tokens, got"):
         paged.crop(bad)

@@ -6,6 +6,7 @@ import torch
 from transformers import DynamicCache, Qwen2Config
 
 from kvlab.caches.paged import PagedCache
+from kvlab.runtime.hf_api import cache_kwarg
 
 
 def greedy(model, ids, cache, n=24, mask=None, **kwargs):
@@ -16,7 +17,7 @@ def greedy(model, ids, cache, n=24, mask=None, **kwargs):
             max_new_tokens=n,
             min_new_tokens=n,
             do_sample=False,
-            cache=cache,
+            **{cache_kwarg(model): cache},
             pad_token_id=0,
             **kwargs,
         )
@@ -60,8 +61,8 @@ def test_slot_mapping_writes_each_token_where_the_block_table_says(tiny_qwen2):
     ids = torch.randint(1, 256, (2, 11), generator=torch.Generator().manual_seed(3))
     paged, dynamic = PagedCache(block_size=4), DynamicCache()
     with torch.no_grad():
-        tiny_qwen2(ids, cache=paged)
-        tiny_qwen2(ids, cache=dynamic)
+        tiny_qwen2(ids, **{cache_kwarg(tiny_qwen2): paged})
+        tiny_qwen2(ids, **{cache_kwarg(tiny_qwen2): dynamic})
     for layer_idx in range(2):
         ref_k = dynamic.layers[layer_idx].keys  # [B, H, T, D]
         pool = paged.layers[layer_idx].keys  # [num_blocks, block_size, H, D]
@@ -87,13 +88,13 @@ def test_crop_matches_dynamic(tiny_qwen2):
     ids = torch.randint(1, 256, (1, 30), generator=torch.Generator().manual_seed(5))
     paged, dynamic = PagedCache(block_size=4), DynamicCache()
     with torch.no_grad():
-        tiny_qwen2(ids, cache=paged)
-        tiny_qwen2(ids, cache=dynamic)
+        tiny_qwen2(ids, **{cache_kwarg(tiny_qwen2): paged})
+        tiny_qwen2(ids, **{cache_kwarg(tiny_qwen2): dynamic})
         paged.crop(-7)
         dynamic.crop(-7)
         assert paged.get_seq_length() == 23 and paged.allocator.num_used == 6
-        a = tiny_qwen2(ids[:, :5], cache=paged).logits
-        b = tiny_qwen2(ids[:, :5], cache=dynamic).logits
+        a = tiny_qwen2(ids[:, :5], **{cache_kwarg(tiny_qwen2): paged}).logits
+        b = tiny_qwen2(ids[:, :5], **{cache_kwarg(tiny_qwen2): dynamic}).logits
     assert torch.equal(a, b)
     paged.check_invariants()
 
@@ -102,7 +103,7 @@ def test_bytes_count_blocks_in_use(tiny_qwen2):
     ids = torch.randint(1, 256, (2, 33), generator=torch.Generator().manual_seed(6))
     cache = PagedCache(block_size=16)
     with torch.no_grad():
-        tiny_qwen2(ids, cache=cache)
+        tiny_qwen2(ids, **{cache_kwarg(tiny_qwen2): cache})
     per_token = 2 * 2 * 2 * 32 * 4  # K+V x layers x kv heads x head_dim x fp32 bytes
     b = cache.nbytes_breakdown()
     assert b["tokens"] == 2 * 33 * per_token
@@ -120,7 +121,7 @@ def test_pool_grows_and_a_capped_pool_refuses_with_numbers(tiny_qwen2):
     capped = PagedCache(block_size=4, max_num_blocks=9)  # 40 prompt tokens need 10 blocks of 4
     with pytest.raises(ValueError, match=r"need 10 blocks, 0 free \(pool capped at 9 blocks"):
         with torch.no_grad():
-            tiny_qwen2(ids, cache=capped)
+            tiny_qwen2(ids, **{cache_kwarg(tiny_qwen2): capped})
 
 
 def test_bad_settings_are_rejected():
