@@ -119,30 +119,11 @@ def plan_report(
         budget = budget_from_hardware(hw, reserve_gib)
     out["gpu"] = hw.to_dict()
     out["budget"] = None if budget is None else budget.to_dict()
-    fit: dict[str, Any] = {
-        k: None
-        for k in (
-            "kv_budget_bytes_per_gpu",
-            "max_batch",
-            "max_batch_allocated",
-            "max_context",
-            "max_context_allocated",
-            "fits",
-        )
-    }
-    if budget is not None and weights is not None:
-        free = budget.kv_budget_bytes(ledger.weight_bytes_per_gpu)
-        fit["kv_budget_bytes_per_gpu"] = free
-        fit["max_batch"] = max_batch(spec, context, free, kvd, tp=tp)
-        fit["max_batch_allocated"] = max_batch(spec, context, free, kvd, tp=tp, mode="allocated")
-        fit["max_context"] = max_context(spec, batch, free, kvd, tp=tp)
-        fit["max_context_allocated"] = max_context(spec, batch, free, kvd, tp=tp, mode="allocated")
-        fit["fits"] = kv_bytes_peak(spec, context, batch, kvd, tp=tp) <= free
-    out.update(fit)
+    out.update(_fit(spec, context, batch, kvd, tp, budget, weights, ledger))
     limit = spec.max_position_embeddings
     out["max_context_above_model_limit"] = (
         None
-        if limit is None or fit["fits"] is None
+        if limit is None or out["fits"] is None
         else (out["max_context"] is None or out["max_context"] > limit)
     )
 
@@ -158,6 +139,43 @@ def plan_report(
         )
         out.update(bound.to_dict())
         out["measured"] = None if measured_step_ms is None else bound.compare(measured_step_ms)
+    out["notes"] = notes + _model_notes(spec, tp)
+    out["vllm"] = None
+    if emit == "vllm":
+        out["vllm"] = _vllm(spec, kvd, model, context, batch, tp, budget, ledger, block_size)
+    return out
+
+
+_FIT_KEYS = (
+    "kv_budget_bytes_per_gpu",
+    "max_batch",
+    "max_batch_allocated",
+    "max_context",
+    "max_context_allocated",
+    "fits",
+)
+
+
+def _fit(spec, context, batch, kvd, tp, budget, weights, ledger) -> dict[str, Any]:
+    """The fit keys of :func:`plan_report`: KV budget per GPU, largest batch and context (peak and allocated
+    bytes) and whether the plan fits; every value None without a budget or without weight bytes."""
+    fit: dict[str, Any] = dict.fromkeys(_FIT_KEYS)
+    if budget is None or weights is None:
+        return fit
+    free = budget.kv_budget_bytes(ledger.weight_bytes_per_gpu)
+    fit["kv_budget_bytes_per_gpu"] = free
+    fit["max_batch"] = max_batch(spec, context, free, kvd, tp=tp)
+    fit["max_batch_allocated"] = max_batch(spec, context, free, kvd, tp=tp, mode="allocated")
+    fit["max_context"] = max_context(spec, batch, free, kvd, tp=tp)
+    fit["max_context_allocated"] = max_context(spec, batch, free, kvd, tp=tp, mode="allocated")
+    fit["fits"] = kv_bytes_peak(spec, context, batch, kvd, tp=tp) <= free
+    return fit
+
+
+def _model_notes(spec: ModelSpec, tp: int) -> list[str]:
+    """Notes on what the decode bound and the per-GPU bytes assume: MoE routing, KV-shared layers, tensor
+    parallelism (and the KV copies it makes when there are fewer KV heads than GPUs, or an MLA latent)."""
+    notes = []
     if (
         spec.num_parameters
         and spec.num_active_parameters
@@ -181,11 +199,7 @@ def plan_report(
                 f"tp={tp}: {what}, so KV summed over the {tp} GPUs is {copies} x the model's KV without "
                 "tensor parallelism"
             )
-    out["notes"] = notes
-    out["vllm"] = None
-    if emit == "vllm":
-        out["vllm"] = _vllm(spec, kvd, model, context, batch, tp, budget, ledger, block_size)
-    return out
+    return notes
 
 
 def _vllm(spec, kvd, model, context, batch, tp, budget, ledger, block_size) -> dict[str, Any]:

@@ -514,98 +514,21 @@ def spec_from_config(config: Mapping, name: str = "config") -> ModelSpec:
     Raises:
         ValueError: a missing or malformed field; the message names it.
     """
-
     cfg, notes = decoder_config(config)
     if cfg.get("is_encoder_decoder"):
         raise ValueError(
             "config field `is_encoder_decoder` is true: the planner sizes decoder-only self-attention caches, "
             "not an encoder-decoder's cross-attention"
         )
-    num_layers = _field(cfg, LAYER_NAMES, required=False)
-    if num_layers is None:  # Nemotron-H: the layer count is the length of its per-layer list
-        listed = next(
-            (cfg[k] for k in ("layers_block_type", "layer_types") if isinstance(cfg.get(k), list)), None
-        )
-        num_layers = len(listed) if listed else _field(cfg, LAYER_NAMES)
+    num_layers = _num_layers(cfg)
     hidden = _field(cfg, HIDDEN_NAMES)
     heads = _field(cfg, HEAD_NAMES)
     kv_heads, kv_heads_field = _kv_heads(cfg, heads, notes)
-
-    kv_lora_rank = _field(cfg, ("kv_lora_rank",), required=False)
-    rope_dim = None
-    if kv_lora_rank is not None:
-        rope_dim = _field(cfg, ("qk_rope_head_dim",))
-        nope = _field(cfg, ("qk_nope_head_dim",), required=False, minimum=0) or 0
-        head_dim = nope + rope_dim
-        notes.append(
-            f"MLA: one latent of {kv_lora_rank} + {rope_dim} values per token per layer, not K and V"
-        )
-    else:
-        stated = _read(cfg, HEAD_DIM_NAMES)
-        if stated is None:
-            if hidden % heads:
-                raise ValueError(
-                    f"config has no `head_dim` (nor {', '.join(f'`{n}`' for n in HEAD_DIM_NAMES[1:])}) and "
-                    f"`hidden_size` ({hidden}) is not divisible by `num_attention_heads` ({heads})"
-                )
-            head_dim = hidden // heads
-        else:
-            head_dim, head_dim_name = stated
-            if head_dim != hidden / heads:
-                notes.append(
-                    f"head_dim {head_dim} read from `{head_dim_name}` (hidden_size / heads would give "
-                    f"{hidden / heads:g})"
-                )
-        if heads % kv_heads:
-            raise ValueError(
-                f"config field `{kv_heads_field}` ({kv_heads} KV heads) must divide `num_attention_heads` ({heads})"
-            )
-
-    window = _sliding_window(cfg, notes)
-    if cfg.get("block_types") is not None and window is None:  # RecurrentGemma's local attention window
-        window = _field(cfg, ("attention_window_size",))
-    kinds = _layer_kinds(cfg, num_layers, window or None, notes)
-    if window == 0:
-        explicit = any(cfg.get(k) is not None for k in ("layer_types", "layers_block_type"))
-        if SLIDING in kinds or not explicit:
-            raise ValueError(
-                "config field `sliding_window` is 0 while sliding attention is not switched off "
-                f"(`use_sliding_window` is {cfg.get('use_sliding_window')!r}): neither a window nor off"
-            )
-        window = None
-    if SLIDING in kinds and window is None:
-        raise ValueError("config lists sliding layers but `sliding_window` is null or off")
-    chunk = None
-    if CHUNKED in kinds:
-        chunk = _field(cfg, ("attention_chunk_size",))
-    shared = _field(cfg, ("num_kv_shared_layers",), required=False, minimum=0) or 0
-    if shared:
-        if shared >= num_layers:
-            raise ValueError(
-                f"config field `num_kv_shared_layers` must be < {num_layers} layers, got {shared}"
-            )
-        kinds = kinds[: num_layers - shared] + [
-            SHARED if k != NO_KV else NO_KV for k in kinds[num_layers - shared :]
-        ]
-        notes.append(f"last {shared} layers reuse earlier layers' K/V (`num_kv_shared_layers`): not charged")
-    no_kv = kinds.count(NO_KV)
-    if no_kv:
-        notes.append(
-            f"{no_kv} of {num_layers} layers hold no per-token KV (Mamba/linear/MLP); their fixed per-sequence "
-            "state is not counted"
-        )
-    if not any(k in KV_KINDS for k in kinds):
-        raise ValueError("config describes no layer that stores K/V")
-
+    head_dim, kv_lora_rank, rope_dim = _head_geometry(cfg, hidden, heads, kv_heads, kv_heads_field, notes)
+    kinds, window, chunk = _attention_layout(cfg, num_layers, notes)
     params = estimate_parameters(cfg, kinds, kv_heads=kv_heads, head_dim=None if kv_lora_rank else head_dim)
     notes.extend(params.notes)
-    if cfg.get("quantization_config") is not None or config.get("quantization_config") is not None:
-        qc = cfg.get("quantization_config") or config.get("quantization_config")
-        method = qc.get("quant_method", "?") if isinstance(qc, Mapping) else qc
-        notes.append(
-            f"checkpoint is quantized ({method}); weight bytes from the parameter count assume one dtype for "
-            "all weights: pass --weight-dtype or --weights-index"
-        )
+    _note_quantized_checkpoint(cfg, config, notes)
     return ModelSpec(
         name=name,
         num_layers=num_layers,
@@ -626,6 +549,121 @@ def spec_from_config(config: Mapping, name: str = "config") -> ModelSpec:
         num_decode_flop_parameters=params.decode_flop,
         notes=tuple(notes),
     )
+
+
+def _num_layers(cfg: Mapping) -> int:
+    """The layer count (every name of LAYER_NAMES), or the length of a per-layer list (Nemotron-H)."""
+    num_layers = _field(cfg, LAYER_NAMES, required=False)
+    if num_layers is None:  # Nemotron-H: the layer count is the length of its per-layer list
+        listed = next(
+            (cfg[k] for k in ("layers_block_type", "layer_types") if isinstance(cfg.get(k), list)), None
+        )
+        num_layers = len(listed) if listed else _field(cfg, LAYER_NAMES)
+    return num_layers
+
+
+def _head_geometry(
+    cfg: Mapping, hidden: int, heads: int, kv_heads: int, kv_heads_field: str, notes: list[str]
+) -> tuple[int, int | None, int | None]:
+    """``(head_dim, kv_lora_rank, qk_rope_head_dim)``: MLA's (DeepSeek-V2 §2.1) latent rank and RoPE part, or a
+    stated ``head_dim`` (noted when it differs from hidden / heads), else hidden / heads.
+
+    Raises:
+        ValueError: no ``head_dim`` and hidden not divisible by heads, or KV heads not dividing query heads.
+    """
+    kv_lora_rank = _field(cfg, ("kv_lora_rank",), required=False)
+    if kv_lora_rank is not None:
+        rope_dim = _field(cfg, ("qk_rope_head_dim",))
+        nope = _field(cfg, ("qk_nope_head_dim",), required=False, minimum=0) or 0
+        notes.append(
+            f"MLA: one latent of {kv_lora_rank} + {rope_dim} values per token per layer, not K and V"
+        )
+        return nope + rope_dim, kv_lora_rank, rope_dim
+    stated = _read(cfg, HEAD_DIM_NAMES)
+    if stated is None:
+        if hidden % heads:
+            raise ValueError(
+                f"config has no `head_dim` (nor {', '.join(f'`{n}`' for n in HEAD_DIM_NAMES[1:])}) and "
+                f"`hidden_size` ({hidden}) is not divisible by `num_attention_heads` ({heads})"
+            )
+        head_dim = hidden // heads
+    else:
+        head_dim, head_dim_name = stated
+        if head_dim != hidden / heads:
+            notes.append(
+                f"head_dim {head_dim} read from `{head_dim_name}` (hidden_size / heads would give "
+                f"{hidden / heads:g})"
+            )
+    if heads % kv_heads:
+        raise ValueError(
+            f"config field `{kv_heads_field}` ({kv_heads} KV heads) must divide `num_attention_heads` ({heads})"
+        )
+    return head_dim, None, None
+
+
+def _attention_layout(
+    cfg: Mapping, num_layers: int, notes: list[str]
+) -> tuple[list[str], int | None, int | None]:
+    """``(layer kinds, sliding window, attention chunk size)``: each layer's kind (full, sliding, chunked, shared,
+    none), the window of sliding layers and the chunk of chunked ones, with a note for shared and KV-free layers.
+
+    Raises:
+        ValueError: a window of 0 while sliding is on, sliding layers without a window, too many shared layers,
+            or no layer that stores K/V.
+    """
+    window = _sliding_window(cfg, notes)
+    if cfg.get("block_types") is not None and window is None:  # RecurrentGemma's local attention window
+        window = _field(cfg, ("attention_window_size",))
+    kinds = _layer_kinds(cfg, num_layers, window or None, notes)
+    if window == 0:
+        explicit = any(cfg.get(k) is not None for k in ("layer_types", "layers_block_type"))
+        if SLIDING in kinds or not explicit:
+            raise ValueError(
+                "config field `sliding_window` is 0 while sliding attention is not switched off "
+                f"(`use_sliding_window` is {cfg.get('use_sliding_window')!r}): neither a window nor off"
+            )
+        window = None
+    if SLIDING in kinds and window is None:
+        raise ValueError("config lists sliding layers but `sliding_window` is null or off")
+    chunk = _field(cfg, ("attention_chunk_size",)) if CHUNKED in kinds else None
+    kinds = _share_last_layers(cfg, kinds, num_layers, notes)
+    no_kv = kinds.count(NO_KV)
+    if no_kv:
+        notes.append(
+            f"{no_kv} of {num_layers} layers hold no per-token KV (Mamba/linear/MLP); their fixed per-sequence "
+            "state is not counted"
+        )
+    if not any(k in KV_KINDS for k in kinds):
+        raise ValueError("config describes no layer that stores K/V")
+    return kinds, window, chunk
+
+
+def _share_last_layers(cfg: Mapping, kinds: list[str], num_layers: int, notes: list[str]) -> list[str]:
+    """``kinds`` with the last ``num_kv_shared_layers`` KV layers marked shared (they reuse earlier layers' K/V).
+
+    Raises:
+        ValueError: ``num_kv_shared_layers`` is not below the layer count.
+    """
+    shared = _field(cfg, ("num_kv_shared_layers",), required=False, minimum=0) or 0
+    if not shared:
+        return kinds
+    if shared >= num_layers:
+        raise ValueError(f"config field `num_kv_shared_layers` must be < {num_layers} layers, got {shared}")
+    notes.append(f"last {shared} layers reuse earlier layers' K/V (`num_kv_shared_layers`): not charged")
+    return kinds[: num_layers - shared] + [
+        SHARED if k != NO_KV else NO_KV for k in kinds[num_layers - shared :]
+    ]
+
+
+def _note_quantized_checkpoint(cfg: Mapping, config: Mapping, notes: list[str]) -> None:
+    """Note a quantized checkpoint: weight bytes from a parameter count assume one dtype for every weight."""
+    if cfg.get("quantization_config") is not None or config.get("quantization_config") is not None:
+        qc = cfg.get("quantization_config") or config.get("quantization_config")
+        method = qc.get("quant_method", "?") if isinstance(qc, Mapping) else qc
+        notes.append(
+            f"checkpoint is quantized ({method}); weight bytes from the parameter count assume one dtype for "
+            "all weights: pass --weight-dtype or --weights-index"
+        )
 
 
 def _max_positions(cfg: Mapping) -> int | None:

@@ -169,31 +169,9 @@ def vllm_serve_plan(
         ValueError: a layer kind, KV dtype or block size vLLM would size differently, or nothing left for KV;
             the message names the flag or the value.
     """
-    if isinstance(block_size, bool) or block_size not in VLLM_BLOCK_SIZES:
-        raise ValueError(
-            f"--block-size must be one of {list(VLLM_BLOCK_SIZES)} (vLLM's BlockSize), got {block_size!r}"
-        )
-    other = {k: spec.count(k) for k in LAYER_KINDS if k != FULL and spec.count(k)}
-    if other:
-        kinds = ", ".join(f"{n} {k}" for k, n in other.items())
-        raise ValueError(
-            f"--emit vllm covers models whose every layer is full attention; this one has {kinds} layers, which "
-            "vLLM's hybrid KV cache manager sizes in groups of other page sizes"
-        )
-    for name, value in (("context", context), ("batch", batch), ("tp", tp)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
-    if not 0 <= reserve_bytes < memory_bytes:
-        raise ValueError(
-            f"the reserve ({reserve_bytes:,} B) must be below the GPU memory ({memory_bytes:,} B)"
-        )
+    _check_serve_inputs(spec, context, batch, tp, memory_bytes, reserve_bytes, block_size)
     dtype, cache_dtype = _cache_dtype(spec, kvd)
-    utilization = math.floor((memory_bytes - reserve_bytes) * 10_000 / memory_bytes) / 10_000
-    if utilization <= 0:
-        raise ValueError(
-            f"the reserve leaves {memory_bytes - reserve_bytes:,} B of {memory_bytes:,} B: below vLLM's smallest "
-            "--gpu-memory-utilization step (0.0001)"
-        )
+    utilization = _gpu_memory_utilization(memory_bytes, reserve_bytes)
     kv_memory = int(utilization * memory_bytes) - weight_bytes_per_gpu
     if kv_memory <= 0:
         raise ValueError(
@@ -223,21 +201,6 @@ def vllm_serve_plan(
         str(tp),
     )
     tokens = num_blocks * block_size
-    notes = [
-        "vLLM measures the device's total memory itself (torch.cuda.mem_get_info, somewhat below nvidia-smi's "
-        "figure) and takes its activation peak, CUDA graphs and non-torch memory out of the KV memory too: it "
-        "will report fewer tokens than this upper bound",
-    ]
-    if tokens < batch * context:
-        notes.append(
-            f"{batch} sequences of {context:,} tokens need {batch * context:,} tokens of KV, more than the "
-            f"{tokens:,} that fit: vLLM will run fewer sequences at a time (preempting the rest)"
-        )
-    if spec.max_position_embeddings is not None and context > spec.max_position_embeddings:
-        notes.append(
-            f"--max-model-len {context:,} exceeds the config's {spec.max_position_embeddings:,} positions: vLLM "
-            "refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
-        )
     return VllmServePlan(
         args=args,
         max_model_len=context,
@@ -254,5 +217,66 @@ def vllm_serve_plan(
         num_gpu_blocks=num_blocks,
         kv_cache_tokens=tokens,
         max_concurrency=num_blocks / -(-context // block_size),
-        notes=tuple(notes),
+        notes=_serve_notes(spec, context, batch, tokens),
     )
+
+
+def _check_serve_inputs(
+    spec: ModelSpec, context: int, batch: int, tp: int, memory_bytes: int, reserve_bytes: int, block_size: int
+) -> None:
+    """Refuse what ``vllm serve`` would size differently or not take (see :func:`vllm_serve_plan`'s Raises)."""
+    if isinstance(block_size, bool) or block_size not in VLLM_BLOCK_SIZES:
+        raise ValueError(
+            f"--block-size must be one of {list(VLLM_BLOCK_SIZES)} (vLLM's BlockSize), got {block_size!r}"
+        )
+    other = {k: spec.count(k) for k in LAYER_KINDS if k != FULL and spec.count(k)}
+    if other:
+        kinds = ", ".join(f"{n} {k}" for k, n in other.items())
+        raise ValueError(
+            f"--emit vllm covers models whose every layer is full attention; this one has {kinds} layers, which "
+            "vLLM's hybrid KV cache manager sizes in groups of other page sizes"
+        )
+    for name, value in (("context", context), ("batch", batch), ("tp", tp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
+    if not 0 <= reserve_bytes < memory_bytes:
+        raise ValueError(
+            f"the reserve ({reserve_bytes:,} B) must be below the GPU memory ({memory_bytes:,} B)"
+        )
+
+
+def _gpu_memory_utilization(memory_bytes: int, reserve_bytes: int) -> float:
+    """``--gpu-memory-utilization``: ``(memory - reserve) / memory`` rounded down to 4 decimals, so vLLM never
+    takes more than the plan left.
+
+    Raises:
+        ValueError: the reserve leaves less than vLLM's smallest step (0.0001).
+    """
+    utilization = math.floor((memory_bytes - reserve_bytes) * 10_000 / memory_bytes) / 10_000
+    if utilization <= 0:
+        raise ValueError(
+            f"the reserve leaves {memory_bytes - reserve_bytes:,} B of {memory_bytes:,} B: below vLLM's smallest "
+            "--gpu-memory-utilization step (0.0001)"
+        )
+    return utilization
+
+
+def _serve_notes(spec: ModelSpec, context: int, batch: int, tokens: int) -> tuple[str, ...]:
+    """What the user should know about the command: vLLM's own measurement, a batch that does not fit in
+    ``tokens`` of KV, a context past the config's positions."""
+    notes = [
+        "vLLM measures the device's total memory itself (torch.cuda.mem_get_info, somewhat below nvidia-smi's "
+        "figure) and takes its activation peak, CUDA graphs and non-torch memory out of the KV memory too: it "
+        "will report fewer tokens than this upper bound",
+    ]
+    if tokens < batch * context:
+        notes.append(
+            f"{batch} sequences of {context:,} tokens need {batch * context:,} tokens of KV, more than the "
+            f"{tokens:,} that fit: vLLM will run fewer sequences at a time (preempting the rest)"
+        )
+    if spec.max_position_embeddings is not None and context > spec.max_position_embeddings:
+        notes.append(
+            f"--max-model-len {context:,} exceeds the config's {spec.max_position_embeddings:,} positions: vLLM "
+            "refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
+        )
+    return tuple(notes)

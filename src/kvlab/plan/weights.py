@@ -80,6 +80,148 @@ def _mamba_params(cfg: Mapping, hidden: int) -> int:
     return n
 
 
+def _embedding_params(
+    cfg: Mapping, vocab: int, hidden: int, gpt2: bool, falcon: bool
+) -> tuple[int, int, bool]:
+    """``(total, lookup, tied)``: embeddings, the LM head (tied unless the config says otherwise, as in
+    transformers' ``PretrainedConfig``), GPT-2's learned positions and the final norm; ``lookup``: the tables
+    read by index, not multiplied (token embeddings and GPT-2's learned positions)."""
+    embed = vocab * hidden
+    tied = bool(cfg.get("tie_word_embeddings", True))
+    total = embed + (0 if tied else embed)
+    lookup = embed
+    if gpt2:
+        positions = _int(cfg, "n_positions", "max_position_embeddings", default=1024) * hidden
+        total += positions
+        lookup += positions
+    total += hidden * (2 if gpt2 or falcon else 1)  # final norm
+    return total, lookup, tied
+
+
+def _attention_params(
+    cfg: Mapping, model_type: str, hidden: int, heads: int, kv_heads: int, head_dim: int, gpt2: bool
+) -> int:
+    """Parameters of one attention layer: MLA (DeepSeek-V2 §2.1) low-rank projections, or GQA's Q/K/V/O with
+    biases where the architecture has them (and gpt-oss's attention sinks)."""
+    if cfg.get("kv_lora_rank") is not None:  # MLA, DeepSeek-V2 §2.1
+        r, rope = _int(cfg, "kv_lora_rank"), _int(cfg, "qk_rope_head_dim")
+        nope, v_dim = _int(cfg, "qk_nope_head_dim", default=0), _int(cfg, "v_head_dim", default=head_dim)
+        q_rank = _int(cfg, "q_lora_rank")
+        q = (
+            hidden * q_rank + q_rank + q_rank * heads * (nope + rope)
+            if q_rank
+            else hidden * heads * (nope + rope)
+        )
+        return q + hidden * (r + rope) + r + r * heads * (nope + v_dim) + heads * v_dim * hidden
+    attn = hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
+    if cfg.get("attention_bias") or model_type.startswith("qwen2") or gpt2:
+        attn += (
+            heads * head_dim + 2 * kv_heads * head_dim + (hidden if not model_type.startswith("qwen") else 0)
+        )
+    if model_type == "gpt_oss":
+        attn += heads  # attention sinks
+    return attn
+
+
+def _dense_mlp_params(cfg: Mapping, hidden: int, layers: int, gpt2: bool, falcon: bool) -> int | None:
+    """Parameters of one dense MLP layer (GPT-2, Falcon, or gated ``3 x hidden x intermediate``); None when
+    ``intermediate_size`` is a per-layer list (the caller reads it per layer).
+
+    Raises:
+        ValueError: a per-layer ``intermediate_size`` of the wrong length or with a non-integer entry.
+    """
+    inter = cfg.get("intermediate_size")
+    if gpt2:
+        inner = _int(cfg, "n_inner", default=4 * hidden)
+        return 2 * hidden * inner + inner + hidden
+    if falcon:
+        return 2 * hidden * _int(cfg, "ffn_hidden_size", default=4 * hidden)
+    if isinstance(inter, list):
+        if len(inter) != layers or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in inter):
+            raise ValueError(
+                f"config field `intermediate_size` must be an integer or one per layer ({layers}), got {inter!r}"
+            )
+        return None
+    return 3 * hidden * _int(cfg, "intermediate_size")
+
+
+@dataclass(frozen=True)
+class _MoE:
+    """Mixture-of-experts layout of a config: which layers route, and the parameters of one MoE MLP."""
+
+    experts: int  # routed experts per MoE layer (0: a dense model)
+    top_k: int  # experts each token is routed to
+    expert: int  # parameters of one routed expert
+    shared: int  # parameters of the shared expert(s)
+    router: int  # parameters of the router
+    first_dense: int  # layers before this are dense (DeepSeek first_k_dense_replace)
+    moe_freq: int  # every moe_freq-th layer routes
+    mlp_only: frozenset[int]  # layers forced dense (Qwen-MoE mlp_only_layers)
+    expert_period: int | None  # Jamba: layer i routes when i % period == offset
+    expert_offset: int
+
+    @classmethod
+    def from_config(cls, cfg: Mapping, model_type: str, hidden: int) -> _MoE:
+        """Read the MoE fields of ``cfg`` (every name transformers' MoE configs use).
+
+        Raises:
+            ValueError: ``num_experts_per_tok`` exceeds the experts, or a field is not a non-negative integer.
+        """
+        inter = cfg.get("intermediate_size")
+        experts = _int(cfg, "num_local_experts", "n_routed_experts", "num_experts", default=0)
+        top_k = _int(cfg, "num_experts_per_tok", "experts_per_token", "moe_k", default=0)
+        if top_k > experts > 0:
+            raise ValueError(
+                f"config field `num_experts_per_tok` ({top_k}) must not exceed the experts ({experts})"
+            )
+        moe_inter = _int(cfg, "moe_intermediate_size", default=inter if isinstance(inter, int) else None)
+        expert = 3 * hidden * moe_inter if experts else 0
+        if model_type == "gpt_oss":
+            expert += 2 * moe_inter + hidden  # gate_up and down biases
+        shared_inter = _int(cfg, "shared_expert_intermediate_size")
+        if shared_inter is None and _int(cfg, "n_shared_experts", default=0):
+            shared_inter = _int(cfg, "n_shared_experts") * moe_inter
+        return cls(
+            experts=experts,
+            top_k=top_k,
+            expert=expert,
+            shared=3 * hidden * shared_inter if shared_inter else 0,
+            router=hidden * experts,
+            first_dense=_int(cfg, "first_k_dense_replace", default=0),
+            moe_freq=_int(cfg, "moe_layer_freq", default=1),
+            mlp_only=frozenset(cfg.get("mlp_only_layers") or []),
+            expert_period=_int(cfg, "expert_layer_period"),
+            expert_offset=_int(cfg, "expert_layer_offset", default=0),
+        )
+
+    def is_moe(self, i: int) -> bool:
+        """Whether layer ``i`` routes its tokens to experts."""
+        if not self.experts:
+            return False
+        if self.expert_period is not None:  # Jamba
+            return i % self.expert_period == self.expert_offset
+        return i >= self.first_dense and i % self.moe_freq == 0 and i not in self.mlp_only
+
+    def mlp_params(self) -> tuple[int, int]:
+        """``(total, active)`` parameters of one MoE MLP: every expert, and the ``top_k`` a token uses."""
+        return (
+            self.router + self.experts * self.expert + self.shared,
+            self.router + self.top_k * self.expert + self.shared,
+        )
+
+
+def _unseen_notes(cfg: Mapping, unknown_mixers: int) -> list[str]:
+    """What the estimate could not count, one note each."""
+    notes = []
+    if unknown_mixers:
+        notes.append(f"parameters of {unknown_mixers} non-attention mixers not estimated")
+    if _int(cfg, "num_nextn_predict_layers", default=0):
+        notes.append("multi-token-prediction layers (`num_nextn_predict_layers`) not counted")
+    if cfg.get("hidden_size_per_layer_input") or cfg.get("altup_num_inputs"):
+        notes.append("Gemma-3n per-layer embeddings, AltUp and LAuReL weights not counted")
+    return notes
+
+
 def estimate_parameters(
     config: Mapping,
     layer_kinds: Sequence[str] | None = None,
@@ -101,7 +243,6 @@ def estimate_parameters(
     and an untied model of the same shape do the same FLOPs per token.
     """
     cfg, _ = decoder_config(config)
-    notes: list[str] = []
     model_type = str(cfg.get("model_type", ""))
     hidden = _int(cfg, *HIDDEN_NAMES)
     layers = _int(cfg, *LAYER_NAMES)
@@ -120,88 +261,15 @@ def estimate_parameters(
     gpt2 = model_type == "gpt2" or ("n_embd" in cfg and "hidden_size" not in cfg)
     falcon = model_type == "falcon"
 
-    # embeddings + LM head (tied unless the config says otherwise, as in transformers' PretrainedConfig)
-    embed = vocab * hidden
-    tied = bool(cfg.get("tie_word_embeddings", True))
-    total = embed + (0 if tied else embed)
-    lookup = embed  # tables read by index, not multiplied: token embeddings (+ GPT-2's learned positions)
-    if gpt2:
-        positions = _int(cfg, "n_positions", "max_position_embeddings", default=1024) * hidden
-        total += positions
-        lookup += positions
-    total += hidden * (2 if gpt2 or falcon else 1)  # final norm
-
-    # attention, one layer
-    if cfg.get("kv_lora_rank") is not None:  # MLA, DeepSeek-V2 §2.1
-        r, rope = _int(cfg, "kv_lora_rank"), _int(cfg, "qk_rope_head_dim")
-        nope, v_dim = _int(cfg, "qk_nope_head_dim", default=0), _int(cfg, "v_head_dim", default=head_dim)
-        q_rank = _int(cfg, "q_lora_rank")
-        q = (
-            hidden * q_rank + q_rank + q_rank * heads * (nope + rope)
-            if q_rank
-            else hidden * heads * (nope + rope)
-        )
-        attn = q + hidden * (r + rope) + r + r * heads * (nope + v_dim) + heads * v_dim * hidden
-    else:
-        attn = hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
-        if cfg.get("attention_bias") or model_type.startswith("qwen2") or gpt2:
-            attn += (
-                heads * head_dim
-                + 2 * kv_heads * head_dim
-                + (hidden if not model_type.startswith("qwen") else 0)
-            )
-        if model_type == "gpt_oss":
-            attn += heads  # attention sinks
-    norms = hidden * (
-        4 if gpt2 or model_type.startswith("gemma") else 2
-    )  # LayerNorm w+b x2; Gemma: 4 RMSNorms
-
-    # MLP, one layer
+    total, lookup, tied = _embedding_params(cfg, vocab, hidden, gpt2, falcon)
+    attn = _attention_params(cfg, model_type, hidden, heads, kv_heads, head_dim, gpt2)
+    # LayerNorm w+b x2; Gemma: 4 RMSNorms
+    norms = hidden * (4 if gpt2 or model_type.startswith("gemma") else 2)
     inter = cfg.get("intermediate_size")
-    if gpt2:
-        inner = _int(cfg, "n_inner", default=4 * hidden)
-        dense_mlp = 2 * hidden * inner + inner + hidden
-    elif falcon:
-        dense_mlp = 2 * hidden * _int(cfg, "ffn_hidden_size", default=4 * hidden)
-    elif isinstance(inter, list):
-        if len(inter) != layers or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in inter):
-            raise ValueError(
-                f"config field `intermediate_size` must be an integer or one per layer ({layers}), got {inter!r}"
-            )
-        dense_mlp = None  # per layer, below
-    elif inter is None:
+    if inter is None and not (gpt2 or falcon):
         return ParamEstimate(None, None, ("parameter count unknown: config lacks intermediate_size",))
-    else:
-        dense_mlp = 3 * hidden * _int(cfg, "intermediate_size")
-
-    experts = _int(cfg, "num_local_experts", "n_routed_experts", "num_experts", default=0)
-    top_k = _int(cfg, "num_experts_per_tok", "experts_per_token", "moe_k", default=0)
-    if top_k > experts > 0:
-        raise ValueError(
-            f"config field `num_experts_per_tok` ({top_k}) must not exceed the experts ({experts})"
-        )
-    moe_inter = _int(cfg, "moe_intermediate_size", default=inter if isinstance(inter, int) else None)
-    expert = 3 * hidden * moe_inter if experts else 0
-    if model_type == "gpt_oss":
-        expert += 2 * moe_inter + hidden  # gate_up and down biases
-    shared_inter = _int(cfg, "shared_expert_intermediate_size")
-    if shared_inter is None and _int(cfg, "n_shared_experts", default=0):
-        shared_inter = _int(cfg, "n_shared_experts") * moe_inter
-    shared = 3 * hidden * shared_inter if shared_inter else 0
-    router = hidden * experts
-
-    first_dense = _int(cfg, "first_k_dense_replace", default=0)
-    moe_freq = _int(cfg, "moe_layer_freq", default=1)
-    mlp_only = set(cfg.get("mlp_only_layers") or [])
-    expert_period = _int(cfg, "expert_layer_period")
-    expert_offset = _int(cfg, "expert_layer_offset", default=0)
-
-    def is_moe(i: int) -> bool:
-        if not experts:
-            return False
-        if expert_period is not None:  # Jamba
-            return i % expert_period == expert_offset
-        return i >= first_dense and i % moe_freq == 0 and i not in mlp_only
+    dense_mlp = _dense_mlp_params(cfg, hidden, layers, gpt2, falcon)
+    moe = _MoE.from_config(cfg, model_type, hidden)
 
     active = total
     unknown_mixers = 0
@@ -213,21 +281,16 @@ def estimate_parameters(
                 mixer, unknown_mixers = 0, unknown_mixers + 1
         else:
             mixer = attn
-        if is_moe(i):
-            mlp_total, mlp_active = router + experts * expert + shared, router + top_k * expert + shared
+        if moe.is_moe(i):
+            mlp_total, mlp_active = moe.mlp_params()
         else:
             mlp_total = dense_mlp if dense_mlp is not None else 3 * hidden * int(inter[i])
             mlp_active = mlp_total
         total += mixer + norms + mlp_total
         active += mixer + norms + mlp_active
-    if unknown_mixers:
-        notes.append(f"parameters of {unknown_mixers} non-attention mixers not estimated")
-    if _int(cfg, "num_nextn_predict_layers", default=0):
-        notes.append("multi-token-prediction layers (`num_nextn_predict_layers`) not counted")
-    if cfg.get("hidden_size_per_layer_input") or cfg.get("altup_num_inputs"):
-        notes.append("Gemma-3n per-layer embeddings, AltUp and LAuReL weights not counted")
+    notes = _unseen_notes(cfg, unknown_mixers)
     # the LM head is a vocab x hidden matmul either way, tied or not
-    decode_flop = active - lookup + (embed if tied else 0)
+    decode_flop = active - lookup + (vocab * hidden if tied else 0)
     return ParamEstimate(total, active, tuple(notes), decode_flop)
 
 

@@ -25,10 +25,6 @@ ALLOWED_LONG: dict[str, str] = {
     "commands/eval.py::register": "being changed by issue 11/12/17 work",
     # Not split yet (the refactor that splits them is under way; each entry goes when its function is split).
     "paging/simulate.py::simulate_policy": "not split yet",
-    "plan/weights.py::estimate_parameters": "not split yet",
-    "plan/spec.py::spec_from_config": "not split yet",
-    "plan/vllm.py::vllm_serve_plan": "not split yet",
-    "plan/report.py::plan_report": "not split yet",
     "bench/decode.py::run": "not split yet",
     "bench/kernel.py::run": "not split yet",
     "bench/flush.py::run": "not split yet",
