@@ -32,6 +32,7 @@ BAD_INPUT = {
     "kvlab bench docs": ["--results-dir", "{tmp}/no-such-dir", "--out", "{tmp}/page.md", "--include-quick"],
     "kvlab eval": ["--dry-run", "--candidates", "no-such-cache", "--out-dir", "{tmp}"],
     "kvlab figures": ["--out", "{file}"],
+    "kvlab inspect": ["--tokens", "1"],
     "kvlab lab": ["--repeat", "0", "--no-append"],
     "kvlab lab video": ["--frames", "0"],
     "kvlab paging static": ["--block-size", "0"],
@@ -48,6 +49,7 @@ FILE_EXISTS = {
     "kvlab bench lab": ["--quick", "--out", "{file}"],
     "kvlab bench docs": ["--results-dir", "{tmp}", "--out", "{file}"],
     "kvlab eval": ["--dry-run", "--quick", "--out-dir", "{tmp}", "--label", "existing"],
+    "kvlab inspect": ["--json", "{file}"],
     "kvlab paging figure": ["--out", "{file}"],
     "kvlab report": [str(EXAMPLE_RESULT), "--html", "{file}"],
 }

@@ -1,0 +1,171 @@
+"""``kvlab inspect``: per layer and KV head, the K/V ranges, per-channel key outliers and FP8 saturation/underflow
+of a model on one prompt (logic in :mod:`kvlab.eval.inspect`; the figure in :mod:`kvlab.figures`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "inspect",
+        help="K/V ranges, per-channel key outliers and FP8 saturation/underflow per layer and head",
+        description="Prefill a prompt (default: the bundled model on its held-out text) and report, per layer and "
+        "KV head, the key/value abs-max and percentiles, per-channel outliers (largest channel magnitude over the "
+        "median; channels above --outlier-factor x median) and the fraction of K/V elements FP8 e4m3 / e5m2 "
+        "would saturate or flush to zero with scale 1.0, a per-tensor and per-head scales calibrated on the first "
+        "--calibrate-tokens tokens. Every number is computed in this run.",
+    )
+    p.add_argument("--model", default=None, help="HF hub id or local directory (default: the bundled model)")
+    p.add_argument("--dtype", default="bfloat16", help="model dtype: bfloat16 (default), float16 or float32")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--tokens", type=int, default=2048, help="prompt tokens cut from the held-out text (2048)")
+    p.add_argument("--offset", type=int, default=0, help="first held-out token of the prompt (default 0)")
+    p.add_argument("--prompt", default=None, help="prompt text instead of the held-out text")
+    p.add_argument(
+        "--outlier-factor", type=float, default=4.0, help="outlier channel: above this x the median (4)"
+    )
+    p.add_argument(
+        "--calibrate-tokens",
+        type=int,
+        default=None,
+        help="prompt tokens the calibrated FP8 scales see (default: the first half)",
+    )
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="PATH",
+        help="write the report as JSON to PATH (atomically; --force to replace), or print it with no PATH",
+    )
+    p.add_argument("--figure", default=None, metavar="PATH", help="draw the per-layer figure to PATH (PNG)")
+    p.add_argument("--force", action="store_true", help="replace an existing --json / --figure file")
+    p.set_defaults(func=run)
+
+
+def _check_outputs(args: argparse.Namespace) -> str | None:
+    for flag, path in (("--json", args.json if args.json != "-" else None), ("--figure", args.figure)):
+        if path is None:
+            continue
+        path = Path(path)
+        if path.is_dir():
+            return f"{flag} {path} is a folder; pass a file"
+        if not path.parent.is_dir():
+            return f"{flag} {path}: folder {path.parent} does not exist"
+        if path.exists() and not args.force:
+            return file_exists_message(path)
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    problem = _check_outputs(args)
+    if problem:
+        code = EXIT_FILE_EXISTS if "already exists" in problem else 2
+        return fail(args, problem, code)
+    if args.tokens < 2:
+        return fail(args, f"--tokens must be >= 2, got {args.tokens}")
+    if args.offset < 0:
+        return fail(args, f"--offset must be >= 0, got {args.offset}")
+    if not math.isfinite(args.outlier_factor) or args.outlier_factor <= 1:
+        return fail(args, f"--outlier-factor must be a finite number > 1, got {args.outlier_factor}")
+    from kvlab.eval.inspect import inspect_model
+
+    kwargs = dict(
+        tokens=args.tokens,
+        offset=args.offset,
+        dtype=args.dtype,
+        device=args.device,
+        prompt=args.prompt,
+        outlier_factor=args.outlier_factor,
+        calibrate_tokens=args.calibrate_tokens,
+    )
+    try:
+        if args.json == "-":
+            report = inspect_model(args.model, **kwargs)
+        else:
+            from rich.console import Console
+
+            with Console(stderr=True).status("loading the model and inspecting its K/V ..."):
+                report = inspect_model(args.model, **kwargs)
+    except ValueError as exc:
+        msg = str(exc).replace("`calibrate_tokens`", "--calibrate-tokens").replace("`dtype`", "--dtype")
+        return fail(args, msg.replace("`device`", "--device"))
+    except (FileNotFoundError, OSError) as exc:
+        return fail(args, exc, 1)
+    if args.figure:
+        from kvlab.figures import plot_kv_inspect
+
+        plot_kv_inspect(report, args.figure)
+    if args.json == "-":
+        print(json.dumps(report, indent=1))
+        return 0
+    if args.json:
+        from kvlab.runtime.atomic import atomic_write_json
+
+        atomic_write_json(args.json, report)
+    _print_tables(report, args)
+    return 0
+
+
+def _pct(x: float) -> str:
+    return "0" if x == 0 else f"{100 * x:.3g} %"
+
+
+def _print_tables(report: dict, args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    m, s = report["model"], report["settings"]
+    console = Console()
+    title = (
+        f"K/V of {m['id_or_path']} ({m['dtype']}), {report['tokens']} prompt tokens; outlier channel > "
+        f"{s['outlier_factor']:g} x median; FP8 scales calibrated on the first {s['calibrate_tokens']} tokens"
+    )
+    t = Table(title=title)
+    for col in (
+        "layer",
+        "|K| max",
+        "|V| max",
+        "K ch max/median",
+        "K outlier ch",
+        "V ch max/median",
+        "V outlier ch",
+    ):
+        t.add_column(col, justify="right")
+    for fmt in report["fp8"]:
+        for scale in ("1.0", "per-head"):
+            t.add_column(f"{fmt} s={scale}\nsat / flush", justify="right")
+    for layer in report["layers"]:
+        row = [
+            str(layer["layer"]),
+            f"{layer['key_absmax']:.4g}",
+            f"{layer['value_absmax']:.4g}",
+            f"{layer['key_channel_ratio_max']:.3g}",
+            str(layer["key_outlier_channels"]),
+            f"{layer['value_channel_ratio_max']:.3g}",
+            str(layer["value_outlier_channels"]),
+        ]
+        for fmt in report["fp8"]:
+            for scale in ("1.0", "per-head"):
+                n = len(layer["heads"])
+                sat = sum(h["fp8"][fmt][scale]["saturated_fraction"] for h in layer["heads"]) / n
+                flush = sum(h["fp8"][fmt][scale]["underflow_fraction"] for h in layer["heads"]) / n
+                row.append(f"{_pct(sat)} / {_pct(flush)}")
+        t.add_row(*row)
+    console.print(t)
+    summary = Table(title="FP8 over the whole model: share of K/V elements")
+    for col in ("format", "scale", "saturated", "flushed to zero"):
+        summary.add_column(col, justify="right")
+    for fmt, per in report["fp8"].items():
+        for scale, cell in per.items():
+            summary.add_row(fmt, scale, _pct(cell["saturated_fraction"]), _pct(cell["underflow_fraction"]))
+    console.print(summary)
+    for flag, path in (("--json", args.json), ("--figure", args.figure)):
+        if path:
+            console.print(f"{flag}: wrote {path}")

@@ -1,0 +1,249 @@
+"""The KV range report behind ``kvlab inspect``: per layer and KV head, what a model's keys and values look like to a
+quantizer, measured on one prefill.
+
+For each layer ``l`` and KV head ``h`` of the K/V a ``DynamicCache`` holds after a prefill of the prompt
+(``[1, kv_heads, tokens, head_dim]``; keys after RoPE, as every cache stores them):
+
+* **ranges** — abs-max and percentiles of ``|k|`` and ``|v|`` over tokens and channels;
+* **per-channel outliers** — a channel's magnitude is its abs-max over tokens; ``channel_ratio`` is the largest
+  channel magnitude over the median one, ``outlier_channels`` counts channels above ``outlier_factor`` x the
+  median. Keys have a few such channels and values do not: the reason KIVI (arXiv:2402.02750 §3.1, Fig. 2)
+  quantizes keys per-channel and values per-token; values get the same statistic for contrast;
+* **FP8** — for e4m3 and e5m2 (:mod:`kvlab.quant.fp8`), the fraction of K/V elements that would saturate (beyond
+  the format's largest value after scaling) or flush to zero (non-zero, stored as zero), and the relative RMS
+  error of the round trip, with scale 1.0 (an engine without calibration), a per-tensor scale (one per layer)
+  and per-head scales. Calibrated scales are computed on the first ``calibrate_tokens`` tokens of the prompt
+  (as :class:`kvlab.caches.fp8.FP8Cache` calibrates on its prefill) and applied to every token, so a later token
+  beyond the calibrated range shows up as saturation.
+
+Every number is computed here from the tensors of this run. The mechanics chapter's FP8 section motivates the
+report: check the outliers before trusting "half the bytes".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kvlab.quant.fp8 import FORMATS, calibrate, decode, encode
+
+PERCENTILES = (50.0, 99.0, 99.9)
+FP8_SCALES = ("1.0", "per-tensor", "per-head")  # report keys; "1.0" is FP8Cache(scale="none")
+_CACHE_SCALE = {"1.0": "none", "per-tensor": "per-tensor", "per-head": "per-head"}
+
+
+def _ranges(x: torch.Tensor, percentiles: Sequence[float]) -> dict[str, float]:
+    """``x``: ``[tokens, head_dim]`` -> abs-max and the percentiles of ``|x|``."""
+    a = x.abs().flatten()
+    q = torch.quantile(a, torch.tensor([p / 100 for p in percentiles], dtype=a.dtype))
+    out = {"absmax": float(a.max())}
+    out.update({f"p{p:g}": float(v) for p, v in zip(percentiles, q)})
+    return out
+
+
+def _channels(x: torch.Tensor, factor: float) -> dict[str, float | int]:
+    """``x``: ``[tokens, head_dim]`` -> per-channel magnitude statistics (see the module docstring)."""
+    mag = x.abs().amax(dim=0)  # [head_dim]: each channel's abs-max over tokens
+    median = float(mag.median())
+    if median == 0.0:
+        return {"channel_ratio": float("inf") if float(mag.max()) > 0 else 1.0, "outlier_channels": 0}
+    return {
+        "channel_ratio": float(mag.max()) / median,
+        "outlier_channels": int((mag > factor * median).sum()),
+        "top_channel": int(mag.argmax()),
+    }
+
+
+def _fp8_cell(x: torch.Tensor, fmt: str, scale: torch.Tensor | None) -> dict[str, float]:
+    """Saturated / flushed fractions and relative RMS error of one FP8 round trip of ``x`` (any shape)."""
+    enc = encode(x, fmt, scale)
+    n = x.numel()
+    back = decode(enc.codes, scale, torch.float32)
+    err = float((back - x).pow(2).sum().sqrt() / x.pow(2).sum().sqrt().clamp_min(1e-30))
+    return {
+        "saturated_fraction": int(enc.saturated) / n,
+        "underflow_fraction": int(enc.underflow) / n,
+        "rel_rms_error": err,
+    }
+
+
+def _scales(x: torch.Tensor, fmt: str, calibrate_tokens: int) -> dict[str, torch.Tensor | None]:
+    """Report scale name -> scales for ``x`` ``[1, H, T, D]``, calibrated on its first ``calibrate_tokens``."""
+    head = x[:, :, :calibrate_tokens]
+    return {name: calibrate(head, fmt, _CACHE_SCALE[name]) for name in FP8_SCALES}
+
+
+def inspect_kv(
+    model: Any,
+    input_ids: torch.Tensor,
+    *,
+    outlier_factor: float = 4.0,
+    percentiles: Sequence[float] = PERCENTILES,
+    calibrate_tokens: int | None = None,
+) -> dict:
+    """Per layer and KV head: K/V ranges, per-channel outliers and FP8 saturation/underflow after one prefill.
+
+    Args:
+        model: a transformers causal LM with full-attention layers (run on ``input_ids``' device).
+        input_ids: ``[1, tokens]`` prompt ids (one sequence).
+        outlier_factor: a channel is an outlier above this multiple of the median channel magnitude (> 1).
+        percentiles: percentiles of ``|k|`` and ``|v|`` to report, each in ``(0, 100)``.
+        calibrate_tokens: prompt tokens the calibrated FP8 scales see (default: the first half).
+
+    Returns:
+        A JSON-ready dict: ``tokens``, ``settings``, ``layers`` (one entry per layer: ``heads``, each with
+        ``key``/``value`` ranges and channel statistics and ``fp8[format][scale]`` fractions for K and V together,
+        plus the layer's worst key channel ratio and summed outlier channels), and ``fp8`` (fractions over the whole
+        model, per format and scale).
+
+    Raises:
+        ValueError: ``input_ids`` not ``[1, tokens]`` with ``tokens >= 2``, ``outlier_factor <= 1``, a percentile
+            outside ``(0, 100)``, ``calibrate_tokens`` outside ``[1, tokens]``, or a model whose cache holds no
+            ``keys``/``values`` per layer.
+    """
+    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.shape[0] != 1:
+        raise ValueError(f"`input_ids` must be [1, tokens], got {tuple(getattr(input_ids, 'shape', ()))}")
+    tokens = input_ids.shape[1]
+    if tokens < 2:
+        raise ValueError(f"the prompt needs at least 2 tokens, got {tokens}")
+    if (
+        isinstance(outlier_factor, bool)
+        or not isinstance(outlier_factor, (int, float))
+        or not outlier_factor > 1
+    ):
+        raise ValueError(f"`outlier_factor` must be a number > 1, got {outlier_factor!r}")
+    percentiles = tuple(percentiles)
+    bad = [p for p in percentiles if not (isinstance(p, (int, float)) and 0 < p < 100)]
+    if bad or not percentiles:
+        raise ValueError(f"percentiles must be numbers in (0, 100), got {list(percentiles)}")
+    calibrate_tokens = tokens // 2 if calibrate_tokens is None else calibrate_tokens
+    if (
+        isinstance(calibrate_tokens, bool)
+        or not isinstance(calibrate_tokens, int)
+        or not 1 <= calibrate_tokens <= tokens
+    ):
+        raise ValueError(f"`calibrate_tokens` must be an int in [1, {tokens}], got {calibrate_tokens!r}")
+
+    from transformers import DynamicCache
+
+    from kvlab.runtime.hf_api import cache_kwarg
+
+    cache = DynamicCache()
+    with torch.no_grad():
+        model(input_ids, use_cache=True, **{cache_kwarg(model): cache})
+    layers_out = []
+    totals = {fmt: {s: {"saturated": 0.0, "underflow": 0.0, "n": 0} for s in FP8_SCALES} for fmt in FORMATS}
+    for idx, layer in enumerate(cache.layers):
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not isinstance(keys, torch.Tensor) or keys.ndim != 4:
+            raise ValueError(
+                f"layer {idx} of the model's cache holds no [batch, kv_heads, tokens, head_dim] keys"
+            )
+        k, v = keys.float(), values.float()  # [1, H, T, D]
+        scales = {
+            fmt: (_scales(k, fmt, calibrate_tokens), _scales(v, fmt, calibrate_tokens)) for fmt in FORMATS
+        }
+        heads = []
+        for h in range(k.shape[1]):
+            kh, vh = k[0, h], v[0, h]  # [T, D]
+            cell: dict[str, Any] = {
+                "head": h,
+                "key": {**_ranges(kh, percentiles), **_channels(kh, outlier_factor)},
+                "value": {**_ranges(vh, percentiles), **_channels(vh, outlier_factor)},
+                "fp8": {},
+            }
+            for fmt in FORMATS:
+                cell["fp8"][fmt] = {}
+                for name in FP8_SCALES:
+                    ks, vs = scales[fmt][0][name], scales[fmt][1][name]
+                    ks = None if ks is None else ks[0, min(h, ks.shape[1] - 1)]
+                    vs = None if vs is None else vs[0, min(h, vs.shape[1] - 1)]
+                    kc, vc = _fp8_cell(kh, fmt, ks), _fp8_cell(vh, fmt, vs)
+                    both = {
+                        key: (kc[key] + vc[key]) / 2 for key in ("saturated_fraction", "underflow_fraction")
+                    }
+                    both["key_rel_rms_error"], both["value_rel_rms_error"] = (
+                        kc["rel_rms_error"],
+                        vc["rel_rms_error"],
+                    )
+                    cell["fp8"][fmt][name] = both
+                    t = totals[fmt][name]
+                    t["saturated"] += both["saturated_fraction"] * 2 * kh.numel()
+                    t["underflow"] += both["underflow_fraction"] * 2 * kh.numel()
+                    t["n"] += 2 * kh.numel()
+            heads.append(cell)
+        layers_out.append(
+            {
+                "layer": idx,
+                "key_channel_ratio_max": max(c["key"]["channel_ratio"] for c in heads),
+                "value_channel_ratio_max": max(c["value"]["channel_ratio"] for c in heads),
+                "key_outlier_channels": sum(c["key"]["outlier_channels"] for c in heads),
+                "value_outlier_channels": sum(c["value"]["outlier_channels"] for c in heads),
+                "key_absmax": max(c["key"]["absmax"] for c in heads),
+                "value_absmax": max(c["value"]["absmax"] for c in heads),
+                "heads": heads,
+            }
+        )
+    fp8 = {
+        fmt: {
+            name: {
+                "saturated_fraction": t["saturated"] / t["n"] if t["n"] else 0.0,
+                "underflow_fraction": t["underflow"] / t["n"] if t["n"] else 0.0,
+            }
+            for name, t in per.items()
+        }
+        for fmt, per in totals.items()
+    }
+    return {
+        "tokens": tokens,
+        "settings": {
+            "outlier_factor": float(outlier_factor),
+            "percentiles": list(percentiles),
+            "calibrate_tokens": calibrate_tokens,
+            "fp8_scales": list(FP8_SCALES),
+            "scale_dtype": "float32",
+        },
+        "layers": layers_out,
+        "fp8": fp8,
+    }
+
+
+def inspect_model(
+    model: str | None = None,
+    *,
+    tokens: int = 2048,
+    offset: int = 0,
+    dtype: str = "bfloat16",
+    device: str = "cpu",
+    prompt: str | None = None,
+    **kwargs: Any,
+) -> dict:
+    """Load ``model`` as ``kvlab eval`` does (:func:`kvlab.models.load_model`; None = the bundled model), cut the
+    prompt and run :func:`inspect_kv`; the result carries the model's provenance and the prompt's source.
+
+    Args:
+        model: None (bundled), a local directory or a hub id.
+        tokens: prompt length in tokens, cut from the bundled held-out text at ``offset`` (ignored with ``prompt``).
+        prompt: text to use instead of the held-out text (tokenized without special tokens).
+        dtype, device: as ``kvlab eval``'s ``--dtype`` / ``--device``.
+        kwargs: passed to :func:`inspect_kv`.
+
+    Raises:
+        ValueError / FileNotFoundError / OSError: as :func:`kvlab.models.load_model`,
+            :func:`kvlab.models.heldout_token_ids` and :func:`inspect_kv`.
+    """
+    from kvlab.eval.runner import describe_model
+    from kvlab.models import heldout_token_ids, load_model
+
+    lm, tokenizer = load_model(model, dtype=dtype, device=device)
+    if prompt is not None:
+        ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        source = {"source": "--prompt", "tokens": len(ids)}
+    else:
+        ids = heldout_token_ids(tokenizer, tokens, offset=offset)
+        source = {"source": "kvlab.models.heldout_text()", "tokens": tokens, "offset": offset}
+    input_ids = torch.tensor([ids], device=lm.device)
+    out = inspect_kv(lm, input_ids, **kwargs)
+    return {"model": describe_model(lm, model, dtype, device), "prompt": source, **out}

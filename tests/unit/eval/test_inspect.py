@@ -1,0 +1,95 @@
+"""``kvlab inspect``'s computation (:mod:`kvlab.eval.inspect`) on a tiny model, its statistics on planted tensors,
+the eval candidates it pairs with (fp8-*, kivi-kKvV), and the command's bad input."""
+
+import json
+
+import pytest
+import torch
+
+from kvlab.eval.inspect import _channels, inspect_kv
+from kvlab.quant.fp8 import calibrate, encode
+
+
+def test_channel_statistic_finds_a_planted_outlier_channel():
+    x = torch.randn(256, 64, generator=torch.Generator().manual_seed(0))  # [tokens, head_dim]
+    x[:, 7] *= 20.0
+    stats = _channels(x, 4.0)
+    assert stats["outlier_channels"] == 1 and stats["top_channel"] == 7
+    assert stats["channel_ratio"] > 10
+    assert _channels(torch.randn(256, 64), 4.0)["outlier_channels"] == 0
+
+
+@pytest.fixture(scope="module")
+def report(tiny_qwen2):
+    ids = torch.randint(1, 256, (1, 40), generator=torch.Generator().manual_seed(5))
+    return inspect_kv(tiny_qwen2, ids, calibrate_tokens=20)
+
+
+def test_report_covers_every_layer_and_head_with_numbers_from_the_tensors(tiny_qwen2, report):
+    cfg = tiny_qwen2.config
+    assert len(report["layers"]) == cfg.num_hidden_layers
+    assert all(len(layer["heads"]) == cfg.num_key_value_heads for layer in report["layers"])
+    head = report["layers"][1]["heads"][0]
+    assert head["key"]["p50"] <= head["key"]["p99"] <= head["key"]["p99.9"] <= head["key"]["absmax"]
+    # recompute one FP8 cell by hand: layer 1, head 0, e4m3 with per-head scales from the first 20 tokens
+    from transformers import DynamicCache
+
+    from kvlab.runtime.hf_api import cache_kwarg
+
+    ids = torch.randint(1, 256, (1, 40), generator=torch.Generator().manual_seed(5))
+    cache = DynamicCache()
+    with torch.no_grad():
+        tiny_qwen2(ids, use_cache=True, **{cache_kwarg(tiny_qwen2): cache})
+    k = cache.layers[1].keys.float()
+    assert head["key"]["absmax"] == pytest.approx(float(k[0, 0].abs().max()))
+    scale = calibrate(k[:, :, :20], "e4m3", "per-head")[0, 0]
+    enc = encode(k[0, 0], "e4m3", scale)
+    cell = head["fp8"]["e4m3"]["per-head"]
+    v = cache.layers[1].values.float()
+    venc = encode(v[0, 0], "e4m3", calibrate(v[:, :, :20], "e4m3", "per-head")[0, 0])
+    n = k[0, 0].numel()
+    assert cell["saturated_fraction"] == pytest.approx((int(enc.saturated) + int(venc.saturated)) / (2 * n))
+    assert cell["underflow_fraction"] == pytest.approx((int(enc.underflow) + int(venc.underflow)) / (2 * n))
+    json.dumps(report)  # JSON-ready
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"outlier_factor": 1.0}, "`outlier_factor` must be a number > 1, got 1.0"),
+        ({"percentiles": (50, 100)}, r"percentiles must be numbers in \(0, 100\), got \[50, 100\]"),
+        ({"calibrate_tokens": 0}, r"`calibrate_tokens` must be an int in \[1, 40\], got 0"),
+    ],
+)
+def test_bad_settings_are_named(tiny_qwen2, kwargs, match):
+    ids = torch.randint(1, 256, (1, 40), generator=torch.Generator().manual_seed(5))
+    with pytest.raises(ValueError, match=match):
+        inspect_kv(tiny_qwen2, ids, **kwargs)
+    with pytest.raises(ValueError, match=r"`input_ids` must be \[1, tokens\], got \(2, 40\)"):
+        inspect_kv(tiny_qwen2, ids.repeat(2, 1))
+
+
+def test_eval_candidates_take_fp8_formats_and_asymmetric_kivi():
+    from kvlab.eval.candidates import Candidate, check_candidate_names
+
+    check_candidate_names(("dynamic", "fp8-e4m3", "fp8-e5m2-unscaled", "kivi-k8v4"))
+    assert Candidate.parse("fp8-e4m3").family == "fp8"
+    with pytest.raises(ValueError, match="write cache candidate 'kivi-k4v4' as 'kivi-4'"):
+        check_candidate_names(("dynamic", "kivi-k4v4"))
+    with pytest.raises(ValueError, match="name no variant or setting.*use kivi-k8v4"):
+        Candidate.parse("kivi-k8v4-fused")
+    with pytest.raises(ValueError, match="`fp8` needs a variant"):
+        Candidate.parse("fp8")
+
+
+def test_command_refuses_bad_flags_and_existing_files(tmp_path, capsys):
+    from kvlab.cli import main
+
+    out = tmp_path / "r.json"
+    out.write_text("{}")
+    assert main(["inspect", "--json", str(out)]) == 2
+    assert "already exists; pass --force" in capsys.readouterr().err
+    assert main(["inspect", "--outlier-factor", "0.5"]) == 2
+    assert "--outlier-factor must be a finite number > 1, got 0.5" in capsys.readouterr().err
+    assert main(["inspect", "--figure", str(tmp_path / "nope" / "f.png")]) == 2
+    assert "does not exist" in capsys.readouterr().err
