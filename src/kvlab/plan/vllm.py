@@ -182,27 +182,18 @@ def vllm_serve_plan(
     layers = spec.kv_layers
     num_blocks = kv_memory // page // layers
     util_text = f"{utilization:.4f}".rstrip("0").rstrip(".")
-    args = (
-        "serve",
-        model,
-        "--dtype",
-        dtype,
-        "--max-model-len",
-        str(context),
-        "--kv-cache-dtype",
-        cache_dtype,
-        "--block-size",
-        str(block_size),
-        "--gpu-memory-utilization",
-        util_text,
-        "--max-num-seqs",
-        str(batch),
-        "--tensor-parallel-size",
-        str(tp),
-    )
+    flags = {
+        "--dtype": dtype,
+        "--max-model-len": context,
+        "--kv-cache-dtype": cache_dtype,
+        "--block-size": block_size,
+        "--gpu-memory-utilization": util_text,
+        "--max-num-seqs": batch,
+        "--tensor-parallel-size": tp,
+    }
     tokens = num_blocks * block_size
     return VllmServePlan(
-        args=args,
+        args=("serve", model, *(str(x) for flag, value in flags.items() for x in (flag, value))),
         max_model_len=context,
         max_num_seqs=batch,
         tensor_parallel_size=tp,
