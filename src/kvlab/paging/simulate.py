@@ -290,6 +290,247 @@ def _prompt_hashes(request: int, group: int, prefix: int, prompt: int, block_siz
     return hashes
 
 
+def _check_run_settings(max_len: int, max_running: int | None, check_every: int) -> None:
+    """Raise ValueError naming ``max_len`` < 1, ``check_every`` < 0 or ``max_running`` < 1 (or a non-integer)."""
+    for name, value, least in (("max_len", max_len, 1), ("check_every", check_every, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"`{name}` must be an integer >= {least}, got {value!r}")
+    if max_running is not None and (not isinstance(max_running, int) or max_running < 1):
+        raise ValueError(f"`max_running` must be None or an integer >= 1, got {max_running!r}")
+
+
+def _pool_geometry(trace: Trace, policy: Policy, budget: KVBudget, max_len: int) -> tuple[float, int, int]:
+    """``(kv_bytes_per_token, block_size_tokens, num_blocks)`` of ``policy`` in ``budget``: a contiguous policy's
+    block is one ``max_len`` reservation; the pool holds as many blocks as the free KV bytes pay for.
+
+    Raises:
+        ValueError: the trace's largest request exceeds ``max_len`` or alone needs more blocks than the pool has.
+    """
+    bpt = policy.kv_bytes_per_token or budget.kv_bytes_per_token
+    bs = max_len if policy.kind == "contiguous" else policy.block_size_tokens
+    num_blocks = int(budget.free_bytes // (bpt * bs))
+    peak = trace.peak_kv_tokens
+    if peak > max_len:
+        raise ValueError(f"a request holding {peak} KV tokens exceeds max_len {max_len}")
+    if -(-peak // bs) > num_blocks:
+        raise ValueError(
+            f"policy {policy.name!r}: a request holding {peak} KV tokens needs {-(-peak // bs)} blocks, "
+            f"the pool has {num_blocks}"
+        )
+    return bpt, bs, num_blocks
+
+
+class _Engine:
+    """State of one :func:`simulate_policy` run: the pool, each request's block table and progress, the running
+    list and the waiting queue, the counters; one method per phase of an engine step (module docstring)."""
+
+    def __init__(self, trace: Trace, pool: BlockPool, prefix_sharing: bool, max_running: int | None) -> None:
+        n = len(trace)
+        self.pool = pool
+        self.bs = pool.block_size_tokens
+        self.prefix_sharing = prefix_sharing
+        self.max_running = max_running
+        self.arrival = np.ceil(trace.arrival_step).astype(np.int64).tolist()
+        self.prompt = trace.prompt_tokens.tolist()
+        self.output = trace.output_tokens.tolist()
+        self.group = trace.prefix_group.tolist()
+        self.prefix = trace.prefix_tokens.tolist()
+        self.hashes: list[list[int] | None] = [None] * n
+        self.tables = [BlockTable(pool) for _ in range(n)]
+        self.generated = [0] * n  # tokens sampled so far
+        self.admitted_at = [-1] * n  # step of first admission
+        self.finished_at = [-1] * n  # step whose output completed the request
+        self.preempted = [0] * n  # times each request was preempted
+        self.running: list[int] = []  # admission order: the tail is preempted first
+        self.waiting: deque[int] = deque()
+        self.series = _Series()
+        self.preemptions = self.recomputed_tokens = self.prefill_tokens = self.decode_tokens = 0
+        self.events = self.finished = self.full_checks = 0
+        self.next_arrival = 0
+
+    def arrive(self, step: int) -> None:
+        """Queue every request that has arrived by ``step``."""
+        while self.next_arrival < len(self.arrival) and self.arrival[self.next_arrival] <= step:
+            self.waiting.append(self.next_arrival)
+            self.next_arrival += 1
+            self.events += 1
+
+    def _preempt_for(self, r: int) -> bool:
+        """Preempt running requests, last admitted first, until a block is free for ``r``'s next token; True when
+        any was preempted. Stops once ``r`` itself is preempted."""
+        preempted_now = False
+        while self.pool.free_queue.num_free == 0:
+            victim = self.running.pop()  # preempt by recompute, last admitted first
+            self.tables[victim].free()
+            self.waiting.appendleft(victim)
+            self.preempted[victim] += 1
+            self.preemptions += 1
+            self.events += 1
+            preempted_now = True
+            if victim == r:
+                break
+        return preempted_now
+
+    def decode(self, done: list[int]) -> tuple[int, bool]:
+        """Phase 1: every running request appends its last token's K/V (admission order), preempting when the
+        pool is out of blocks. Appends finished requests to ``done``; returns ``(tokens, preempted)``."""
+        step_tokens = 0
+        preempted_now = False
+        i = 0
+        while i < len(self.running):
+            r = self.running[i]
+            table = self.tables[r]
+            blocks = table.blocks
+            if table.num_tokens == len(blocks) * self.bs or blocks[-1].ref_cnt > 1:  # needs a new block
+                preempted_now |= self._preempt_for(r)
+            if i == len(self.running):  # r itself was preempted
+                break
+            table.append_tokens(1)
+            self.generated[r] += 1
+            step_tokens += 1
+            self.events += 1
+            if self.generated[r] == self.output[r]:
+                done.append(r)
+            i += 1
+        self.decode_tokens += step_tokens
+        return step_tokens, preempted_now
+
+    def admit(self, step: int, done: list[int]) -> int:
+        """Phase 2: admit waiting requests first-come-first-served while their prefill fits (head-of-line
+        blocking). Appends requests finished by their first token to ``done``; returns the prefill tokens."""
+        step_tokens = 0
+        while self.waiting and (self.max_running is None or len(self.running) < self.max_running):
+            r = self.waiting[0]
+            known = (
+                self.prompt[r] + self.generated[r]
+            )  # a preempted request recomputes its prompt and outputs
+            if self.prefix_sharing and self.hashes[r] is None:
+                self.hashes[r] = _prompt_hashes(r, self.group[r], self.prefix[r], self.prompt[r], self.bs)
+            try:
+                hits = self.tables[r].allocate(known, self.hashes[r] or ())
+            except ValueError:
+                break  # head-of-line blocking
+            self.waiting.popleft()
+            computed = known - hits * self.bs
+            step_tokens += computed
+            self.prefill_tokens += computed
+            if self.generated[r]:
+                self.recomputed_tokens += computed
+            else:
+                self.admitted_at[r] = step
+            self.generated[r] += 1
+            self.running.append(r)
+            self.events += 1
+            if self.generated[r] == self.output[r]:
+                done.append(r)
+        return step_tokens
+
+    def release(self, step: int, done: list[int]) -> None:
+        """Phase 3: finished requests release their blocks and leave the running list."""
+        if not done:
+            return
+        for r in done:
+            self.tables[r].free()
+            self.finished_at[r] = step
+        self.finished += len(done)
+        self.events += len(done)
+        finishing = set(done)
+        self.running = [r for r in self.running if r not in finishing]
+
+    def record(self, step: int, step_tokens: int, check_every: int) -> None:
+        """Check block conservation (every step; the full invariants every ``check_every`` steps) and append the
+        step to the series."""
+        pool = self.pool
+        assert pool.free_queue.num_free + pool.num_used == pool.num_blocks, (
+            f"step {step}: free {pool.free_queue.num_free} + used {pool.num_used} != {pool.num_blocks}"
+        )
+        if check_every and step % check_every == 0:
+            pool.check_invariants([self.tables[r] for r in self.running])
+            self.full_checks += 1
+        series = self.series
+        series.step.append(step)
+        series.running.append(len(self.running))
+        series.waiting.append(len(self.waiting))
+        series.used_blocks.append(pool.num_used)
+        series.filled_slots.append(pool.num_filled_slots)
+        series.tokens.append(step_tokens)
+
+    def run(self, check_every: int) -> float:
+        """Step until every request has finished; returns the wall-clock seconds of the loop."""
+        n = len(self.tables)
+        step = 0
+        t0 = time.perf_counter()
+        while self.finished < n:
+            self.arrive(step)
+            if not self.running and not self.waiting:
+                step = self.arrival[self.next_arrival]  # discrete-event jump over an idle stretch
+                continue
+            done: list[int] = []
+            step_tokens, preempted_now = self.decode(done)
+            if not preempted_now:  # no admission in a step that preempted
+                step_tokens += self.admit(step, done)
+            self.release(step, done)
+            self.record(step, step_tokens, check_every)
+            step += 1
+        return time.perf_counter() - t0
+
+
+def _summary(engine: _Engine, policy: Policy, bpt: float, wall_s: float, all_freed: bool) -> dict:
+    """The result dict of :func:`simulate_policy` from a finished ``engine``."""
+    series, pool, bs = engine.series, engine.pool, engine.bs
+    num_blocks = pool.num_blocks
+    running_s = np.array(series.running)
+    used = np.array(series.used_blocks, dtype=np.float64)
+    filled = np.array(series.filled_slots, dtype=np.float64)
+    busy = used > 0
+    waste_slots = used * bs - filled
+    queue_delay = np.array(engine.admitted_at) - np.array(engine.arrival)
+    steps = len(series.step)
+    return {
+        "policy": policy.name,
+        "kind": policy.kind,
+        "kv_dtype": policy.kv_dtype,
+        "prefix_sharing": policy.prefix_sharing,
+        "block_size": bs,
+        "kv_bytes_per_token": bpt,
+        "num_blocks": num_blocks,
+        "capacity_tokens": num_blocks * bs,
+        "requests": len(engine.tables),
+        "finished": engine.finished,
+        "steps": steps,
+        "makespan_steps": series.step[-1] + 1,
+        "concurrency": {"mean": float(running_s.mean()), "max": int(running_s.max())},
+        "utilization": float(filled[busy].sum() / (used[busy].sum() * bs)) if busy.any() else 0.0,
+        "memory_used_fraction": float(used.mean() / num_blocks),
+        "preemptions": engine.preemptions,
+        "preempted_requests": sum(1 for p in engine.preempted if p),
+        "recomputed_tokens": engine.recomputed_tokens,
+        "prefix_hit_blocks": pool.prefix_hits,
+        "prefix_hit_tokens": pool.prefix_hits * bs,
+        "queue_delay_steps": _stats(queue_delay.astype(np.float64)),
+        "tokens_per_step": {
+            "mean": float(np.mean(series.tokens)),
+            "decode_mean": engine.decode_tokens / steps,
+            "prefill_mean": engine.prefill_tokens / steps,
+        },
+        "waste": {
+            "mean_slots": float(waste_slots.mean()),
+            "mean_bytes": float(waste_slots.mean() * bpt),
+            "fraction_of_allocated": float(waste_slots[busy].sum() / (used[busy].sum() * bs))
+            if busy.any()
+            else 0.0,
+        },
+        "events": engine.events,
+        "wall_s": wall_s,
+        "events_per_s": engine.events / wall_s if wall_s > 0 else math.inf,
+        "conservation": {
+            "checked_steps": steps,
+            "full_checks": engine.full_checks + 1,
+            "all_freed": all_freed,
+        },
+    }
+
+
 def simulate_policy(
     trace: Trace,
     policy: Policy,
@@ -319,187 +560,21 @@ def simulate_policy(
         ValueError: when a request's peak KV exceeds ``max_len`` or alone needs more blocks than the pool has, or
             ``max_len`` < 1, ``max_running`` < 1, ``check_every`` < 0.
     """
-    for name, value, least in (("max_len", max_len, 1), ("check_every", check_every, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ValueError(f"`{name}` must be an integer >= {least}, got {value!r}")
-    if max_running is not None and (not isinstance(max_running, int) or max_running < 1):
-        raise ValueError(f"`max_running` must be None or an integer >= 1, got {max_running!r}")
-    bpt = policy.kv_bytes_per_token or budget.kv_bytes_per_token
-    bs = max_len if policy.kind == "contiguous" else policy.block_size_tokens
-    num_blocks = int(budget.free_bytes // (bpt * bs))
-    peak = trace.peak_kv_tokens
-    if peak > max_len:
-        raise ValueError(f"a request holding {peak} KV tokens exceeds max_len {max_len}")
-    if -(-peak // bs) > num_blocks:
-        raise ValueError(
-            f"policy {policy.name!r}: a request holding {peak} KV tokens needs {-(-peak // bs)} blocks, "
-            f"the pool has {num_blocks}"
-        )
+    _check_run_settings(max_len, max_running, check_every)
+    bpt, bs, num_blocks = _pool_geometry(trace, policy, budget, max_len)
     pool = BlockPool(num_blocks, bs, enable_prefix_caching=policy.prefix_sharing)
-    n = len(trace)
-    arrival = np.ceil(trace.arrival_step).astype(np.int64).tolist()
-    prompt = trace.prompt_tokens.tolist()
-    output = trace.output_tokens.tolist()
-    group = trace.prefix_group.tolist()
-    prefix = trace.prefix_tokens.tolist()
-    hashes: list[list[int] | None] = [None] * n
-
-    tables = [BlockTable(pool) for _ in range(n)]
-    generated = [0] * n  # tokens sampled so far
-    admitted_at = [-1] * n  # step of first admission
-    finished_at = [-1] * n  # step whose output completed the request
-    preempted = [0] * n  # times each request was preempted
-    running: list[int] = []  # admission order: the tail is preempted first
-    waiting: deque[int] = deque()
-    series = _Series()
-    preemptions = recomputed_tokens = prefill_tokens = decode_tokens = 0
-    events = finished = full_checks = 0
-    next_arrival = 0
-    step = 0
-    t0 = time.perf_counter()
-    while finished < n:
-        while next_arrival < n and arrival[next_arrival] <= step:
-            waiting.append(next_arrival)
-            next_arrival += 1
-            events += 1
-        if not running and not waiting:
-            step = arrival[next_arrival]  # discrete-event jump over an idle stretch
-            continue
-        step_tokens = 0
-        done: list[int] = []
-        preempted_now = False
-        # 1. decode: every running request appends its last token's K/V (admission order)
-        i = 0
-        while i < len(running):
-            r = running[i]
-            table = tables[r]
-            blocks = table.blocks
-            need = table.num_tokens == len(blocks) * bs or blocks[-1].ref_cnt > 1
-            while need and pool.free_queue.num_free == 0:
-                victim = running.pop()  # preempt by recompute, last admitted first
-                tables[victim].free()
-                waiting.appendleft(victim)
-                preempted[victim] += 1
-                preemptions += 1
-                events += 1
-                preempted_now = True
-                if victim == r:
-                    break
-            if i == len(running):  # r itself was preempted
-                break
-            table.append_tokens(1)
-            generated[r] += 1
-            step_tokens += 1
-            events += 1
-            if generated[r] == output[r]:
-                done.append(r)
-            i += 1
-        decode_tokens += step_tokens
-        # 2. admit waiting requests first-come-first-served while their prefill fits
-        while waiting and not preempted_now and (max_running is None or len(running) < max_running):
-            r = waiting[0]
-            known = prompt[r] + generated[r]  # a preempted request recomputes its prompt and outputs
-            if policy.prefix_sharing and hashes[r] is None:
-                hashes[r] = _prompt_hashes(r, group[r], prefix[r], prompt[r], bs)
-            try:
-                hits = tables[r].allocate(known, hashes[r] or ())
-            except ValueError:
-                break  # head-of-line blocking
-            waiting.popleft()
-            computed = known - hits * bs
-            step_tokens += computed
-            prefill_tokens += computed
-            if generated[r]:
-                recomputed_tokens += computed
-            else:
-                admitted_at[r] = step
-            generated[r] += 1
-            running.append(r)
-            events += 1
-            if generated[r] == output[r]:
-                done.append(r)
-        # 3. finished requests release their blocks
-        if done:
-            for r in done:
-                tables[r].free()
-                finished_at[r] = step
-            finished += len(done)
-            events += len(done)
-            finishing = set(done)
-            running = [r for r in running if r not in finishing]
-        assert pool.free_queue.num_free + pool.num_used == pool.num_blocks, (
-            f"step {step}: free {pool.free_queue.num_free} + used {pool.num_used} != {pool.num_blocks}"
-        )
-        if check_every and step % check_every == 0:
-            pool.check_invariants([tables[r] for r in running])
-            full_checks += 1
-        series.step.append(step)
-        series.running.append(len(running))
-        series.waiting.append(len(waiting))
-        series.used_blocks.append(pool.num_used)
-        series.filled_slots.append(pool.num_filled_slots)
-        series.tokens.append(step_tokens)
-        step += 1
-    wall_s = time.perf_counter() - t0
-    pool.check_invariants([tables[r] for r in range(n)])
+    engine = _Engine(trace, pool, policy.prefix_sharing, max_running)
+    wall_s = engine.run(check_every)
+    pool.check_invariants(engine.tables)
     all_freed = pool.num_used == 0 and pool.num_free == pool.num_blocks and pool.num_filled_slots == 0
     assert all_freed, f"{pool.num_used} blocks still used after every request finished"
-
-    running_s = np.array(series.running)
-    used = np.array(series.used_blocks, dtype=np.float64)
-    filled = np.array(series.filled_slots, dtype=np.float64)
-    busy = used > 0
-    waste_slots = used * bs - filled
-    queue_delay = np.array(admitted_at) - np.array(arrival)
-    result = {
-        "policy": policy.name,
-        "kind": policy.kind,
-        "kv_dtype": policy.kv_dtype,
-        "prefix_sharing": policy.prefix_sharing,
-        "block_size": bs,
-        "kv_bytes_per_token": bpt,
-        "num_blocks": num_blocks,
-        "capacity_tokens": num_blocks * bs,
-        "requests": n,
-        "finished": finished,
-        "steps": len(series.step),
-        "makespan_steps": series.step[-1] + 1,
-        "concurrency": {"mean": float(running_s.mean()), "max": int(running_s.max())},
-        "utilization": float(filled[busy].sum() / (used[busy].sum() * bs)) if busy.any() else 0.0,
-        "memory_used_fraction": float(used.mean() / num_blocks),
-        "preemptions": preemptions,
-        "preempted_requests": sum(1 for p in preempted if p),
-        "recomputed_tokens": recomputed_tokens,
-        "prefix_hit_blocks": pool.prefix_hits,
-        "prefix_hit_tokens": pool.prefix_hits * bs,
-        "queue_delay_steps": _stats(queue_delay.astype(np.float64)),
-        "tokens_per_step": {
-            "mean": float(np.mean(series.tokens)),
-            "decode_mean": decode_tokens / len(series.step),
-            "prefill_mean": prefill_tokens / len(series.step),
-        },
-        "waste": {
-            "mean_slots": float(waste_slots.mean()),
-            "mean_bytes": float(waste_slots.mean() * bpt),
-            "fraction_of_allocated": float(waste_slots[busy].sum() / (used[busy].sum() * bs))
-            if busy.any()
-            else 0.0,
-        },
-        "events": events,
-        "wall_s": wall_s,
-        "events_per_s": events / wall_s if wall_s > 0 else math.inf,
-        "conservation": {
-            "checked_steps": len(series.step),
-            "full_checks": full_checks + 1,
-            "all_freed": all_freed,
-        },
-    }
+    result = _summary(engine, policy, bpt, wall_s, all_freed)
     if keep_series:
-        result["series"] = {k: list(v) for k, v in vars(series).items()}
+        result["series"] = {k: list(v) for k, v in vars(engine.series).items()}
         result["per_request"] = {
-            "admitted_at": admitted_at,
-            "finished_at": finished_at,
-            "preempted": preempted,
+            "admitted_at": engine.admitted_at,
+            "finished_at": engine.finished_at,
+            "preempted": engine.preempted,
         }
     return result
 

@@ -25,7 +25,6 @@ ALLOWED_LONG: dict[str, str] = {
     "commands/eval.py::register": "being changed by issue 11/12/17 work",
     "eval/inspect.py::inspect_kv": "being changed by issue 11/12/17 work",
     # Not split yet (the refactor that splits them is under way; each entry goes when its function is split).
-    "paging/simulate.py::simulate_policy": "not split yet",
     "bench/decode.py::run": "not split yet",
     "bench/kernel.py::run": "not split yet",
     "bench/flush.py::run": "not split yet",
