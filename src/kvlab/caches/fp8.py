@@ -4,7 +4,9 @@ What serving engines ship as ``--kv-cache-dtype fp8`` (vLLM: ``fp8 | fp8_e4m3 | 
 scales, 1.0 unless calibrated), measured the kvlab way: exact bytes (:meth:`FP8Cache.nbytes`: one byte per element
 plus 4 B per scale, so half of a bf16 cache plus the scales) and the elements each layer saturated or flushed to
 zero (:meth:`FP8Cache.counts`). Scales are computed once per sequence from its prefill (the first ``update`` of a
-layer) and kept for every later token; a decode token beyond the prefill's range saturates and is counted.
+layer) and kept for every later token; a decode token beyond the prefill's range saturates and is counted. A token
+is attended in full precision in the step that writes it and read back from FP8 afterwards (the prefill attends
+with float K/V, as KIVI's and transformers' quantized caches do; ``kvlab eval`` can then share one float prefill).
 
 The codec (formats, calibration, saturation) is :mod:`kvlab.quant.fp8`; the mechanics chapter's FP8 section says
 why both formats and the scale matter.
@@ -85,8 +87,10 @@ class FP8Layer(CacheLayerMixin):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ``[B, H, t, D]`` states as FP8; return every stored token ``[B, H, T + t, D]`` decoded to the
-        states' dtype (what attention reads, the new tokens included, quantized like the rest).
+        """Append ``[B, H, t, D]`` states as FP8; return the ``[B, H, T + t, D]`` keys and values this step's
+        attention reads: the ``T`` tokens stored before, decoded from FP8, followed by the ``t`` new tokens as
+        given. A token is attended in full precision in the step that writes it (so a prefill attends with float
+        K/V, as KIVI's and transformers' quantized caches do) and read back from FP8 in every later step.
 
         Raises:
             ValueError: non-4-D or non-floating states, K/V that differ in batch/heads/tokens, a shape or dtype
@@ -95,6 +99,10 @@ class FP8Layer(CacheLayerMixin):
         self._check(key_states, value_states)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        held_k = decode(
+            self.keys, self.key_scale, key_states.dtype
+        )  # [B, H, T, D]: read back before the append
+        held_v = decode(self.values, self.value_scale, value_states.dtype)
         k = encode(key_states, self.format, self.key_scale)
         v = encode(value_states, self.format, self.value_scale)
         self.keys = torch.cat((self.keys, k.codes), dim=-2)  # [B, H, T + t, D]
@@ -105,10 +113,7 @@ class FP8Layer(CacheLayerMixin):
         c["value_saturated"] += v.saturated
         c["value_underflow"] += v.underflow
         c["elements"] += key_states.numel()
-        return (
-            decode(self.keys, self.key_scale, key_states.dtype),
-            decode(self.values, self.value_scale, value_states.dtype),
-        )
+        return torch.cat((held_k, key_states), dim=-2), torch.cat((held_v, value_states), dim=-2)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         """``(kv_length, kv_offset)`` for mask creation: every stored token is attended to."""

@@ -63,7 +63,9 @@ def test_saturation_and_underflow_are_counted_with_scale_one(fmt):
     k = torch.zeros(1, 1, 4, 4)
     k[0, 0, 0, :3] = torch.tensor([fmax * 4, -fmax * 2, tiny / 4])  # two saturate, one flushes
     v = torch.full((1, 1, 4, 4), 0.5)
-    keys, values = layer.update(k, v)
+    first_k, first_v = layer.update(k, v)
+    assert torch.equal(first_k, k) and torch.equal(first_v, v)  # the writing step attends in full precision
+    keys, values = layer.update(torch.zeros(1, 1, 0, 4), torch.zeros(1, 1, 0, 4))  # read back from FP8
     c = layer.counts()
     assert (c["key_saturated"], c["key_underflow"], c["value_saturated"], c["value_underflow"]) == (
         2,
