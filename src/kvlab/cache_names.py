@@ -16,7 +16,8 @@ A cache name is ``family[-bits][-variant][:setting=value]...``::
   keys and values their own widths (``kivi-k4v4`` is ``kivi-4``).
 * ``variant``: one or two words after the bits (KIVI's attention path: ``fused`` or ``dequant``; an FP8 cache's
   format and scale: ``e4m3``, ``e5m2-tensor``).
-* ``:setting=value``: a non-negative integer overriding one run-wide setting for this cache only.
+* ``:setting=value``: a non-negative integer (or decimal: ``snapkv:compression_ratio=0.25``) overriding one
+  run-wide setting for this cache only.
 
 Names without the hyphen before the bits (``kivi4``, ``hqq4``, ``kivi4-fused``: the spellings ``kvlab bench`` and
 ``kvlab plan`` used first) are read as the same cache when ``kivi4`` is not itself a family.
@@ -32,7 +33,7 @@ _NAME = re.compile(
     r"^(?P<family>[a-z][a-z0-9]*)"
     r"(?:-(?:(?P<nbits>[0-9]+)|k(?P<key_bits>[0-9]+)v(?P<value_bits>[0-9]+)))?"
     r"(?:-(?P<variant>[a-z][a-z0-9]*(?:-[a-z][a-z0-9]*)?))?"
-    r"(?P<settings>(?::[a-z_]+=[0-9]+)*)$"
+    r"(?P<settings>(?::[a-z_]+=[0-9]+(?:\.[0-9]+)?)*)$"
 )
 _LEGACY_FAMILY = re.compile(r"^(?P<family>[a-z]+?)(?P<nbits>[0-9]+)$")  # "kivi4" -> ("kivi", "4")
 
@@ -45,7 +46,7 @@ class CacheName:
     family: str  # "kivi"
     nbits: int | None = None  # code width, or None when the name has none
     variant: str | None = None  # "fused", or None
-    settings: tuple[tuple[str, int], ...] = ()  # overrides in written order: (("group_size", 64),)
+    settings: tuple[tuple[str, int | float], ...] = ()  # overrides in written order: (("group_size", 64),)
     key_bits: int | None = None  # "kivi-k8v4": key code width when K and V differ (nbits is None then)
     value_bits: int | None = None  # "kivi-k8v4": value code width when keys and values differ
 
@@ -98,7 +99,8 @@ def parse_cache_name(text: str, families: Collection[str]) -> CacheName:
     if family not in families:
         raise ValueError(f"unknown cache family {family!r} in {text!r}; known: {', '.join(sorted(families))}")
     settings = tuple(
-        (key, int(value)) for key, value in (pair.split("=") for pair in m["settings"].split(":")[1:])
+        (key, float(value) if "." in value else int(value))
+        for key, value in (pair.split("=") for pair in m["settings"].split(":")[1:])
     )
     keys = [k for k, _ in settings]
     if len(set(keys)) != len(keys):

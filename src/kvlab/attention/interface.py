@@ -47,7 +47,35 @@ def pending() -> dict[int, PendingPrefix]:
     return table
 
 
+def observers() -> dict[int, Any]:
+    """This thread's query requests: layer index -> ``callback(query, key, scale)``, called once after that layer's
+    next attention with the query states it used (SnapKV's observation window reads them)."""
+    table = getattr(_local, "observers", None)
+    if table is None:
+        table = _local.observers = {}
+    return table
+
+
 def kvlab_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention signature: ``query [B, Hq, q, D]``, ``key/value [B, Hkv, kv, D]`` ->
+    ``([B, q, Hq, D], None)``; then hands ``query`` to a cache that asked for it (:func:`observers`)."""
+    out = _attend(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    observer = observers().pop(getattr(module, "layer_idx", None), None)
+    if observer is not None:
+        observer(query, key, scaling)
+    return out
+
+
+def _attend(
     module: torch.nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,

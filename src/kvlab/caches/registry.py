@@ -36,6 +36,10 @@ class CacheSettings:
     kivi_attention: str = "dequantize"  # KIVI attention path when the name has no variant: fused | dequantize
     sink_tokens: int = 4  # SinkCache: first tokens kept for the whole stream (StreamingLLM's attention sinks)
     window_length: int = 256  # SinkCache: newest tokens kept after the sinks
+    compression_ratio: float = 0.5  # SnapKV: fraction of the prompt's tokens dropped, in (0, 1)
+    token_budget: int = (
+        0  # SnapKV: prompt tokens kept per KV head instead of a ratio; 0 = use compression_ratio
+    )
 
     def __post_init__(self) -> None:
         for name, low in (
@@ -45,10 +49,14 @@ class CacheSettings:
             ("block_size", 1),
             ("sink_tokens", 0),
             ("window_length", 1),
+            ("token_budget", 0),
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}")
+        r = self.compression_ratio
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r < 1:
+            raise ValueError(f"`compression_ratio` must be in (0, 1), got {r!r}")
         if self.kivi_attention not in ("fused", "dequantize"):
             raise ValueError(f"`kivi_attention` must be 'fused' or 'dequantize', got {self.kivi_attention!r}")
 
@@ -262,6 +270,20 @@ def _sink(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
     return SinkCache(num_sink_tokens=s.sink_tokens, window_length=s.window_length, config=model_config)
 
 
+def _snapkv(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
+    from kvlab.caches.snapkv import SnapKVCache
+
+    if s.token_budget:
+        return SnapKVCache(token_budget=s.token_budget, config=model_config)
+    return SnapKVCache(compression_ratio=s.compression_ratio, config=model_config)
+
+
+def _snapkv_describe(name: CacheName, s: CacheSettings) -> dict:
+    if s.token_budget:
+        return {"token_budget": s.token_budget}
+    return {"compression_ratio": s.compression_ratio}
+
+
 # --- the registry: one entry per family ---------------------------------------------------------------------
 
 REGISTRY: dict[str, CacheEntry] = {
@@ -314,6 +336,17 @@ REGISTRY: dict[str, CacheEntry] = {
             exact=False,
             evicts=True,
             describe=lambda name, s: {"sink_tokens": s.sink_tokens, "window_length": s.window_length},
+        ),
+        CacheEntry(
+            "snapkv",
+            "kvlab SnapKVCache: the prompt's K/V cut to what its last queries attend to, per KV head "
+            "(arXiv:2404.14469)",
+            _snapkv,
+            settings=("compression_ratio", "token_budget"),
+            exact=False,
+            evicts=True,
+            describe=_snapkv_describe,
+            kvlab_attention=lambda name, s: True,  # the prefill's queries come from kvlab attention
         ),
         CacheEntry(
             "hqq",

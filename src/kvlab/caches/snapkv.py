@@ -1,0 +1,346 @@
+"""``SnapKVCache``: SnapKV prefill compression (arXiv:2404.14469) — the prompt's K/V cut down to the tokens its last
+queries attend to, per KV head, with the bytes really freed.
+
+SnapKV §4 (Algorithm 1): the last ``window_size`` queries of the prompt (the *observation window*) vote for the
+prompt tokens before them: their attention weights (softmax over the causal prompt) are summed over the window,
+pooled along the tokens (``kernel_size``, max pooling, so that a selected token keeps its neighbours: §4.2
+"clustering via pooling"), and averaged over the query heads of each KV head (GQA). Each KV head keeps its
+top-scoring prompt tokens and the observation window; the other tokens' K/V are dropped, so the stored tensors
+shrink to ``kept`` tokens (a new, smaller tensor per layer: the prompt's full K/V are freed). Decoding then appends
+to the compressed cache as ``DynamicCache`` does. The defaults (window 32, kernel 7, max pooling) are SnapKV's
+reference configuration; kvpress's ``SnapKVPress`` uses window 64, kernel 5 and average pooling.
+
+**Getting the scores.** transformers hands a cache the keys and values, never the queries. kvpress recomputes the
+window's queries from the attention module's input hidden states in a forward hook (``q_proj``, norm, RoPE: model
+specific). This cache instead reads the queries the model already computed: with :func:`kvlab.attention.enable`
+the model runs kvlab's attention function, which after the prefill's (unchanged, SDPA) attention hands this layer
+its ``query`` states (:func:`kvlab.attention.interface.observers`); no projection is recomputed and any model
+whose attention goes through transformers' ``AttentionInterface`` works. The scores are computed once per layer,
+at the prefill, from the float prompt keys: nothing is quantized then, so no float copy of a quantized history is
+built (the composition with KIVI compresses before KIVI quantizes anything). A model not running kvlab attention
+is refused at the next layer's update.
+
+**Positions.** Kept tokens keep their original positions (their keys are not re-rotated) and the next token's
+position is the prompt length (``get_seq_length()`` counts every token seen): SnapKV drops context, not positions.
+Rows of a batch must be unpadded (as for :class:`~kvlab.caches.sink.SinkCache`).
+
+Usage::
+
+    kvlab.attention.enable(model)
+    cache = SnapKVCache(compression_ratio=0.5)         # or token_budget=1024
+    model.generate(input_ids, cache=cache, max_new_tokens=64)
+    cache.nbytes()  # about half the prompt's bytes + the decoded tokens
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from kvlab.caches.crop import crop_keep
+
+POOLING = ("max", "avg")
+
+
+@dataclass(frozen=True)
+class SnapKVConfig:
+    """How many prompt tokens SnapKV keeps and how it scores them.
+
+    Raises:
+        ValueError: both or neither of ``compression_ratio`` / ``token_budget``; a ratio outside ``(0, 1)``; a
+            budget, window or kernel below 1; an even kernel; an unknown pooling (each value named).
+    """
+
+    compression_ratio: float | None = (
+        None  # fraction of the prompt's tokens dropped, in (0, 1) (kvpress's meaning)
+    )
+    token_budget: int | None = None  # or: prompt tokens kept per KV head (the window included)
+    window_size: int = 32  # observation window: the prompt's last queries, always kept
+    kernel_size: int = 7  # pooling kernel along the tokens (odd: centred)
+    pooling: str = "max"  # "max" (SnapKV) or "avg" (kvpress)
+
+    def __post_init__(self) -> None:
+        if (self.compression_ratio is None) == (self.token_budget is None):
+            raise ValueError(
+                f"give exactly one of `compression_ratio` and `token_budget`, got {self.compression_ratio!r} "
+                f"and {self.token_budget!r}"
+            )
+        r = self.compression_ratio
+        if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r < 1):
+            raise ValueError(f"`compression_ratio` must be in (0, 1), got {r!r}")
+        for name in ("token_budget", "window_size", "kernel_size"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"`{name}` must be an int >= 1, got {value!r}")
+        if self.kernel_size % 2 == 0:
+            raise ValueError(f"`kernel_size` must be odd (a centred window), got {self.kernel_size}")
+        if self.pooling not in POOLING:
+            raise ValueError(f"`pooling` must be one of {list(POOLING)}, got {self.pooling!r}")
+
+    def kept_tokens(self, prompt_tokens: int) -> int:
+        """Prompt tokens kept per KV head: ``prompt - int(prompt * ratio)`` or the budget, never fewer than the
+        observation window (nor more than the prompt)."""
+        if self.compression_ratio is not None:
+            kept = prompt_tokens - int(prompt_tokens * self.compression_ratio)
+        else:
+            kept = self.token_budget
+        return min(prompt_tokens, max(kept, self.window_size))
+
+
+def snapkv_scores(
+    query_window: torch.Tensor, keys: torch.Tensor, scale: float, kernel_size: int = 7, pooling: str = "max"
+) -> torch.Tensor:
+    """SnapKV's votes of the observation window for the prompt tokens before it, per KV head.
+
+    Args:
+        query_window: ``[batch, q_heads, w, head_dim]``: the prompt's last ``w`` queries (RoPE applied).
+        keys: ``[batch, kv_heads, tokens, head_dim]``: every prompt key (RoPE applied), ``tokens > w``;
+            ``q_heads`` a multiple of ``kv_heads``.
+        scale: the attention's softmax scale (``head_dim ** -0.5`` for most models).
+        kernel_size, pooling: the pooling along the tokens (odd kernel; ``"max"`` or ``"avg"``).
+
+    Returns:
+        ``[batch, kv_heads, tokens - w]`` float32 scores: causal softmax weights of the window's queries summed over
+        the window, pooled, averaged over the query heads sharing each KV head.
+
+    Raises:
+        ValueError: ``tokens <= w`` or heads that do not group.
+
+    Source: SnapKV (arXiv:2404.14469) §4.2, Algorithm 1 (``attn_weights.sum(dim=-2)``, ``pool1d``); GQA averaging as
+    kvpress's ``SnapKVPress.score``.
+    """
+    b, hq, w, d = query_window.shape
+    hkv, tokens = keys.shape[1], keys.shape[2]
+    if tokens <= w or hq % hkv:
+        raise ValueError(f"need tokens > window and q_heads % kv_heads == 0, got {tokens}, {w}, {hq}, {hkv}")
+    k = keys.float().repeat_interleave(hq // hkv, dim=1)  # [B, Hkv, T, D] -> [B, Hq, T, D]
+    logits = query_window.float() @ k.transpose(-1, -2) * scale  # [B, Hq, w, T]
+    future = (
+        torch.arange(tokens, device=keys.device)[None, :]
+        > torch.arange(tokens - w, tokens, device=keys.device)[:, None]
+    )
+    logits = logits.masked_fill(future, float("-inf"))  # query i (position T - w + i) sees keys <= T - w + i
+    votes = logits.softmax(dim=-1)[..., : tokens - w].sum(dim=-2)  # [B, Hq, T - w]
+    pool = torch.nn.functional.max_pool1d if pooling == "max" else torch.nn.functional.avg_pool1d
+    kwargs = {"count_include_pad": False} if pooling == "avg" else {}
+    pooled = pool(votes.reshape(b * hq, 1, -1), kernel_size, stride=1, padding=kernel_size // 2, **kwargs)
+    return pooled.reshape(b, hkv, hq // hkv, tokens - w).mean(dim=2)  # [B, Hkv, T - w]
+
+
+def keep_indices(scores: torch.Tensor, kept: int, window: int) -> torch.Tensor:
+    """Token indices kept per KV head, ascending: the ``kept - window`` best-scored prompt tokens, then the window.
+
+    Args:
+        scores: ``[batch, kv_heads, tokens - window]`` (:func:`snapkv_scores`).
+        kept: tokens kept per head, ``window <= kept <= tokens``.
+        window: the observation window (always kept).
+
+    Returns:
+        ``[batch, kv_heads, kept]`` int64 indices into the prompt's ``tokens``.
+    """
+    b, h, prefix = scores.shape
+    top = scores.topk(kept - window, dim=-1).indices.sort(dim=-1).values  # [B, H, kept - window]
+    tail = torch.arange(prefix, prefix + window, device=scores.device).expand(b, h, window)
+    return torch.cat((top, tail), dim=-1)
+
+
+class SnapKVLayer(CacheLayerMixin):
+    """One layer of :class:`SnapKVCache`: ``keys``/``values`` ``[batch, kv_heads, tokens, head_dim]``; after the
+    prefill, ``tokens`` is the prompt's kept tokens (each KV head its own) plus the decoded ones."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, config: SnapKVConfig, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.config = config
+        self.seen_tokens = 0  # tokens received (the next token's position)
+        self.evicted_tokens = 0  # prompt tokens dropped per KV head
+        self.pending = False  # the prefill's queries are awaited from kvlab attention
+        self.compressed = False  # the prompt has been handled (compressed, or too short to compress)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.keys, self.values = key_states[..., :0, :], value_states[..., :0, :]
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``[B, H, t, D]`` states and return every stored token's K/V (this step attends to all of them).
+        The first update (the prefill) asks kvlab attention for its queries; the prompt is compressed when they
+        arrive (:meth:`observe`), right after this step's attention.
+
+        Raises:
+            RuntimeError: the previous prefill's queries never arrived (the model does not run kvlab attention).
+        """
+        if self.pending:
+            raise _not_enabled()
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys = torch.cat((self.keys, key_states), dim=-2)
+        self.values = torch.cat((self.values, value_states), dim=-2)
+        self.seen_tokens += key_states.shape[-2]
+        if not self.compressed:
+            self.compressed = True  # only the prompt (the first forward) is compressed
+            if self.config.kept_tokens(self.keys.shape[-2]) < self.keys.shape[-2]:
+                from kvlab.attention.interface import observers
+
+                self.pending = True
+                observers()[kwargs.get("kvlab_layer_idx")] = _Observer(self, self.keys)
+        return self.keys, self.values
+
+    def observe(self, query: torch.Tensor, scale: float) -> None:
+        """Compress the prompt with the queries of its attention: ``query [B, Hq, prompt, D]``."""
+        c = self.config
+        tokens = self.keys.shape[-2]
+        kept = c.kept_tokens(tokens)
+        w = min(c.window_size, query.shape[-2])
+        scores = snapkv_scores(query[..., -w:, :], self.keys, scale, c.kernel_size, c.pooling)
+        idx = keep_indices(scores, kept, w)[..., None].expand(
+            -1, -1, -1, self.keys.shape[-1]
+        )  # [B, H, kept, D]
+        self.keys = self.keys.gather(2, idx)  # new tensors of `kept` tokens: the prompt's K/V are freed
+        self.values = self.values.gather(2, idx)
+        self.evicted_tokens += tokens - kept
+        self.pending = False
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """``(kv_length, kv_offset)``: the held tokens plus the query, ending at the model's absolute position."""
+        held = self.held_tokens()
+        return held + query_length, self.seen_tokens - held
+
+    def held_tokens(self) -> int:
+        """Tokens stored per KV head."""
+        return self.keys.shape[-2] if self.is_initialized else 0
+
+    def get_seq_length(self) -> int:
+        """Every token seen (the next token's position), not the tokens held."""
+        return self.seen_tokens
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.keys = self.values = None
+        self.seen_tokens = self.evicted_tokens = 0
+        self.pending = self.compressed = False
+        self.is_initialized = False
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """transformers' ``crop``: only ``0`` (a no-op) after compression; before it, as ``DynamicCache``.
+
+        Raises:
+            TypeError: a non-integer argument. ValueError: a crop after tokens were evicted.
+        """
+        keep = crop_keep(tokens_to_remove, self.seen_tokens)
+        if keep == self.seen_tokens or not self.is_initialized:
+            return
+        if self.evicted_tokens:
+            raise ValueError(f"SnapKVCache cannot crop to {keep} tokens after evicting {self.evicted_tokens}")
+        self.keys, self.values = self.keys[..., :keep, :], self.values[..., :keep, :]
+        self.seen_tokens = keep
+
+    def nbytes(self) -> int:
+        """Bytes of the stored keys and values."""
+        if not self.is_initialized:
+            return 0
+        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+
+
+@dataclass
+class _Observer:
+    """A prefill's request for its queries, read by :func:`kvlab.attention.interface.kvlab_attention_forward`."""
+
+    layer: SnapKVLayer
+    key: torch.Tensor  # the keys the cache returned for this step: the request belongs to that call only
+
+    def __call__(self, query: torch.Tensor, key: torch.Tensor, scale: float | None) -> None:
+        if key is self.key or (key.shape == self.key.shape and key.data_ptr() == self.key.data_ptr()):
+            self.layer.observe(query, scale if scale is not None else query.shape[-1] ** -0.5)
+
+
+def _not_enabled() -> RuntimeError:
+    return RuntimeError(
+        "SnapKVCache needs kvlab attention on the model (kvlab.attention.enable(model)): the prefill's queries "
+        "never reached the cache, so the prompt was not compressed"
+    )
+
+
+class SnapKVCache(Cache):
+    """SnapKV: the prompt's K/V compressed once, after the prefill, per KV head; decoding appends.
+
+    Args:
+        compression_ratio: fraction of prompt tokens dropped, in ``(0, 1)``; or
+        token_budget: prompt tokens kept per KV head (give exactly one).
+        window_size, kernel_size, pooling: see :class:`SnapKVConfig`.
+        config: optional model config; a model with non-full-attention layers is refused.
+
+    Raises:
+        ValueError: as :class:`SnapKVConfig`; a sliding-window model (with ``config``).
+        RuntimeError: at the second layer's update, a model not running :func:`kvlab.attention.enable`.
+
+    Source: SnapKV (arXiv:2404.14469) §4; layout after kvpress's ``snapkv_press.py`` (one method per file).
+    """
+
+    def __init__(
+        self,
+        compression_ratio: float | None = None,
+        token_budget: int | None = None,
+        window_size: int = 32,
+        kernel_size: int = 7,
+        pooling: str = "max",
+        config: Any = None,
+    ):
+        self.snapkv_config = SnapKVConfig(compression_ratio, token_budget, window_size, kernel_size, pooling)
+        if config is not None:
+            from kvlab.caches.sink import check_full_attention
+
+            check_full_attention(config, "SnapKVCache")
+        super().__init__(layer_class_to_replicate=partial(SnapKVLayer, self.snapkv_config))
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """``Cache.update``, passing ``layer_idx`` to the layer (it names its request for the queries).
+
+        Raises:
+            RuntimeError: the previous layer's prefill queries never arrived (no kvlab attention).
+        """
+        if 0 < layer_idx <= len(self.layers) and self.layers[layer_idx - 1].pending:
+            from kvlab.attention.interface import observers
+
+            observers().pop(layer_idx - 1, None)
+            raise _not_enabled()
+        kwargs["kvlab_layer_idx"] = layer_idx
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        c = self.snapkv_config
+        what = (
+            f"compression_ratio={c.compression_ratio}"
+            if c.token_budget is None
+            else f"token_budget={c.token_budget}"
+        )
+        return f"SnapKVCache({what}, window_size={c.window_size})"
+
+    def held_tokens(self, layer_idx: int = 0) -> int:
+        """Tokens stored per KV head in layer ``layer_idx``."""
+        return self.layers[layer_idx].held_tokens() if layer_idx < len(self.layers) else 0
+
+    def evicted_tokens(self, layer_idx: int = 0) -> int:
+        """Prompt tokens dropped per KV head in layer ``layer_idx``."""
+        return self.layers[layer_idx].evicted_tokens if layer_idx < len(self.layers) else 0
+
+    def nbytes(self) -> int:
+        """Exact bytes of the stored keys and values, all layers."""
+        return sum(layer.nbytes() for layer in self.layers)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """transformers' ``crop`` (see :meth:`SnapKVLayer.crop`)."""
+        crop_keep(tokens_to_remove, 0)
+        for layer in self.layers:
+            layer.crop(tokens_to_remove)
