@@ -103,6 +103,42 @@ def inspect_kv(
             outside ``(0, 100)``, ``calibrate_tokens`` outside ``[1, tokens]``, or a model whose cache holds no
             ``keys``/``values`` per layer.
     """
+    tokens, percentiles, calibrate_tokens = _check_settings(
+        input_ids, outlier_factor, percentiles, calibrate_tokens
+    )
+    from transformers import DynamicCache
+
+    from kvlab.runtime.hf_api import cache_kwarg
+
+    cache = DynamicCache()
+    with torch.no_grad():
+        model(input_ids, use_cache=True, **{cache_kwarg(model): cache})
+    layers = []
+    for idx, layer in enumerate(cache.layers):
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not isinstance(keys, torch.Tensor) or keys.ndim != 4:
+            raise ValueError(
+                f"layer {idx} of the model's cache holds no [batch, kv_heads, tokens, head_dim] keys"
+            )
+        layers.append(
+            _layer_report(idx, keys.float(), values.float(), outlier_factor, percentiles, calibrate_tokens)
+        )
+    return {
+        "tokens": tokens,
+        "settings": {
+            "outlier_factor": float(outlier_factor),
+            "percentiles": list(percentiles),
+            "calibrate_tokens": calibrate_tokens,
+            "fp8_scales": list(FP8_SCALES),
+            "scale_dtype": "float32",
+        },
+        "layers": layers,
+        "fp8": _model_fp8(layers),
+    }
+
+
+def _check_settings(input_ids, outlier_factor, percentiles, calibrate_tokens) -> tuple[int, tuple, int]:
+    """``(tokens, percentiles, calibrate_tokens)`` after the checks :func:`inspect_kv` documents."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"`input_ids` must be [1, tokens], got {tuple(getattr(input_ids, 'shape', ()))}")
     tokens = input_ids.shape[1]
@@ -119,95 +155,68 @@ def inspect_kv(
     if bad or not percentiles:
         raise ValueError(f"percentiles must be numbers in (0, 100), got {list(percentiles)}")
     calibrate_tokens = tokens // 2 if calibrate_tokens is None else calibrate_tokens
-    if (
-        isinstance(calibrate_tokens, bool)
-        or not isinstance(calibrate_tokens, int)
-        or not 1 <= calibrate_tokens <= tokens
-    ):
+    ok = isinstance(calibrate_tokens, int) and not isinstance(calibrate_tokens, bool)
+    if not ok or not 1 <= calibrate_tokens <= tokens:
         raise ValueError(f"`calibrate_tokens` must be an int in [1, {tokens}], got {calibrate_tokens!r}")
+    return tokens, percentiles, calibrate_tokens
 
-    from transformers import DynamicCache
 
-    from kvlab.runtime.hf_api import cache_kwarg
+def _head_fp8(kh, vh, h, scales) -> dict:
+    """FP8 cells of one head (``kh``/``vh`` ``[T, D]``): format -> scale -> K and V together, plus each one's error."""
+    out: dict[str, dict] = {}
+    for fmt in FORMATS:
+        out[fmt] = {}
+        for name in FP8_SCALES:
+            ks, vs = scales[fmt][0][name], scales[fmt][1][name]  # [1, H or 1, 1, 1] or None
+            ks = None if ks is None else ks[0, min(h, ks.shape[1] - 1)]
+            vs = None if vs is None else vs[0, min(h, vs.shape[1] - 1)]
+            kc, vc = _fp8_cell(kh, fmt, ks), _fp8_cell(vh, fmt, vs)
+            both = {key: (kc[key] + vc[key]) / 2 for key in ("saturated_fraction", "underflow_fraction")}
+            both.update(key_rel_rms_error=kc["rel_rms_error"], value_rel_rms_error=vc["rel_rms_error"])
+            out[fmt][name] = both
+    return out
 
-    cache = DynamicCache()
-    with torch.no_grad():
-        model(input_ids, use_cache=True, **{cache_kwarg(model): cache})
-    layers_out = []
-    totals = {fmt: {s: {"saturated": 0.0, "underflow": 0.0, "n": 0} for s in FP8_SCALES} for fmt in FORMATS}
-    for idx, layer in enumerate(cache.layers):
-        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if not isinstance(keys, torch.Tensor) or keys.ndim != 4:
-            raise ValueError(
-                f"layer {idx} of the model's cache holds no [batch, kv_heads, tokens, head_dim] keys"
-            )
-        k, v = keys.float(), values.float()  # [1, H, T, D]
-        scales = {
-            fmt: (_scales(k, fmt, calibrate_tokens), _scales(v, fmt, calibrate_tokens)) for fmt in FORMATS
-        }
-        heads = []
-        for h in range(k.shape[1]):
-            kh, vh = k[0, h], v[0, h]  # [T, D]
-            cell: dict[str, Any] = {
+
+def _layer_report(idx, k, v, outlier_factor, percentiles, calibrate_tokens) -> dict:
+    """One layer's entry of :func:`inspect_kv` from its fp32 ``k``/``v`` ``[1, H, T, D]``."""
+    scales = {fmt: (_scales(k, fmt, calibrate_tokens), _scales(v, fmt, calibrate_tokens)) for fmt in FORMATS}
+    heads = []
+    for h in range(k.shape[1]):
+        kh, vh = k[0, h], v[0, h]  # [T, D]
+        heads.append(
+            {
                 "head": h,
                 "key": {**_ranges(kh, percentiles), **_channels(kh, outlier_factor)},
                 "value": {**_ranges(vh, percentiles), **_channels(vh, outlier_factor)},
-                "fp8": {},
-            }
-            for fmt in FORMATS:
-                cell["fp8"][fmt] = {}
-                for name in FP8_SCALES:
-                    ks, vs = scales[fmt][0][name], scales[fmt][1][name]
-                    ks = None if ks is None else ks[0, min(h, ks.shape[1] - 1)]
-                    vs = None if vs is None else vs[0, min(h, vs.shape[1] - 1)]
-                    kc, vc = _fp8_cell(kh, fmt, ks), _fp8_cell(vh, fmt, vs)
-                    both = {
-                        key: (kc[key] + vc[key]) / 2 for key in ("saturated_fraction", "underflow_fraction")
-                    }
-                    both["key_rel_rms_error"], both["value_rel_rms_error"] = (
-                        kc["rel_rms_error"],
-                        vc["rel_rms_error"],
-                    )
-                    cell["fp8"][fmt][name] = both
-                    t = totals[fmt][name]
-                    t["saturated"] += both["saturated_fraction"] * 2 * kh.numel()
-                    t["underflow"] += both["underflow_fraction"] * 2 * kh.numel()
-                    t["n"] += 2 * kh.numel()
-            heads.append(cell)
-        layers_out.append(
-            {
-                "layer": idx,
-                "key_channel_ratio_max": max(c["key"]["channel_ratio"] for c in heads),
-                "value_channel_ratio_max": max(c["value"]["channel_ratio"] for c in heads),
-                "key_outlier_channels": sum(c["key"]["outlier_channels"] for c in heads),
-                "value_outlier_channels": sum(c["value"]["outlier_channels"] for c in heads),
-                "key_absmax": max(c["key"]["absmax"] for c in heads),
-                "value_absmax": max(c["value"]["absmax"] for c in heads),
-                "heads": heads,
+                "elements": kh.numel(),
+                "fp8": _head_fp8(kh, vh, h, scales),
             }
         )
-    fp8 = {
-        fmt: {
-            name: {
-                "saturated_fraction": t["saturated"] / t["n"] if t["n"] else 0.0,
-                "underflow_fraction": t["underflow"] / t["n"] if t["n"] else 0.0,
-            }
-            for name, t in per.items()
-        }
-        for fmt, per in totals.items()
-    }
     return {
-        "tokens": tokens,
-        "settings": {
-            "outlier_factor": float(outlier_factor),
-            "percentiles": list(percentiles),
-            "calibrate_tokens": calibrate_tokens,
-            "fp8_scales": list(FP8_SCALES),
-            "scale_dtype": "float32",
-        },
-        "layers": layers_out,
-        "fp8": fp8,
+        "layer": idx,
+        "key_channel_ratio_max": max(c["key"]["channel_ratio"] for c in heads),
+        "value_channel_ratio_max": max(c["value"]["channel_ratio"] for c in heads),
+        "key_outlier_channels": sum(c["key"]["outlier_channels"] for c in heads),
+        "value_outlier_channels": sum(c["value"]["outlier_channels"] for c in heads),
+        "key_absmax": max(c["key"]["absmax"] for c in heads),
+        "value_absmax": max(c["value"]["absmax"] for c in heads),
+        "heads": heads,
     }
+
+
+def _model_fp8(layers: list[dict]) -> dict:
+    """Model-wide FP8 fractions: every head's K/V cells weighted by its elements."""
+    out = {}
+    for fmt in FORMATS:
+        out[fmt] = {}
+        for name in FP8_SCALES:
+            cells = [(h["fp8"][fmt][name], h["elements"]) for layer in layers for h in layer["heads"]]
+            n = sum(e for _, e in cells)
+            out[fmt][name] = {
+                key: sum(c[key] * e for c, e in cells) / n if n else 0.0
+                for key in ("saturated_fraction", "underflow_fraction")
+            }
+    return out
 
 
 def inspect_model(
