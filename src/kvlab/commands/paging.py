@@ -11,8 +11,11 @@ import math
 from pathlib import Path
 
 from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message
+from kvlab.plan.ledger import KV_DTYPE_NAMES
 
 GIB, MIB = 1024**3, 1024**2
+# The KV dtype names the planner reads (kvlab.plan.ledger), for --kv-dtype's help; the planner checks the value.
+KV_DTYPE_HELP = f"{', '.join(KV_DTYPE_NAMES)}; a KIVI name may add :group_size=G and :residual_length=R (kivi-4:group_size=64)"
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -38,9 +41,7 @@ def _add_budget_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"model for the planner (config.json path, dir, preset or HF id; default {DEFAULT_MODEL})",
     )
-    g.add_argument(
-        "--kv-dtype", default="bf16", help="KV dtype: bf16, fp16, fp8, kivi2, kivi4, kivi8 (default bf16)"
-    )
+    g.add_argument("--kv-dtype", default="bf16", help=f"KV dtype (default bf16): {KV_DTYPE_HELP}")
     g.add_argument(
         "--gpu-mem-gib",
         type=float,
@@ -80,7 +81,12 @@ def register(subparsers) -> None:
     )
     sub = p.add_subparsers(dest="paging_command", metavar="{static,simulate,figure}")
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+    _register_static(sub)
+    _register_simulate(sub)
+    _register_figure(sub)
 
+
+def _register_static(sub) -> None:
     s = sub.add_parser(
         "static",
         help="concurrency and waste of contiguous reservation vs paging",
@@ -103,6 +109,8 @@ def register(subparsers) -> None:
     )
     s.set_defaults(func=run_static_cmd)
 
+
+def _register_simulate(sub) -> None:
     m = sub.add_parser(
         "simulate",
         help="discrete-event serving simulation: contiguous, paged, paged+prefix sharing, paged+quantized KV",
@@ -128,7 +136,9 @@ def register(subparsers) -> None:
         help="comma list among contiguous,paged,paged+prefix,paged+<quant dtype> (default: all four)",
     )
     m.add_argument(
-        "--quant-kv-dtype", default="kivi4", help="KV dtype of the quantized policy (default kivi4)"
+        "--quant-kv-dtype",
+        default="kivi4",
+        help=f"KV dtype of the quantized policy (default kivi4): {KV_DTYPE_HELP}",
     )
     m.add_argument("--max-running", type=int, default=None, help="cap on running requests (max_num_seqs)")
     m.add_argument(
@@ -140,6 +150,8 @@ def register(subparsers) -> None:
     m.add_argument("--json", action="store_true", help="print machine-readable JSON")
     m.set_defaults(func=run_simulate_cmd)
 
+
+def _register_figure(sub) -> None:
     f = sub.add_parser(
         "figure",
         help="write the paged-layout figure (logical -> physical blocks, concurrency per policy)",

@@ -7,13 +7,8 @@ import json
 import math
 
 from kvlab.commands import fail
-from kvlab.plan.ledger import FP8_CACHES, KIVI_NBITS
+from kvlab.plan.ledger import KV_DTYPE_NAMES
 
-KV_DTYPES = (
-    ("auto", "bf16", "fp16", "fp32", "fp8", "fp8_e4m3", "fp8_e5m2", *FP8_CACHES)
-    + ("kivi-2", "kivi-4", "kivi-8", "kivi2", "kivi4", "kivi8")
-    + tuple(f"kivi-k{k}v{v}" for k in KIVI_NBITS for v in KIVI_NBITS if k != v)
-)
 GIB = 1024**3
 
 
@@ -29,7 +24,7 @@ def _add_kv_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kv-dtype",
         default="auto",
-        choices=KV_DTYPES,
+        choices=KV_DTYPE_NAMES,  # every name the planner reads
         help="KV cache dtype (default auto: the config's dtype); kivi-N (= kiviN): kvlab's KIVI cache, kivi-kKvV "
         "with its own key/value bits; fp8-e4m3/fp8-e5m2[-tensor|-unscaled] (fp8_e4m3 = fp8-e4m3): kvlab's FP8 cache, "
         "1 B/element plus fp32 scales (fp8: 1 B/element, no scales)",
@@ -73,6 +68,12 @@ def _device_flag_problem(args: argparse.Namespace) -> str | None:
 
 
 def register(subparsers) -> None:
+    _register_plan(subparsers)
+    _register_roofline(subparsers)
+    _register_video(subparsers)
+
+
+def _register_plan(subparsers) -> None:
     p = subparsers.add_parser(
         "plan",
         help="KV memory ledger, fit and decode bound of a model from its config.json (no torch)",
@@ -119,6 +120,8 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=run_plan)
 
+
+def _register_roofline(subparsers) -> None:
     r = subparsers.add_parser(
         "roofline",
         help="ridge point, decode/prefill intensity and decode step bound; --probe measures this machine",
@@ -141,6 +144,8 @@ def register(subparsers) -> None:
     r.add_argument("--json", action="store_true", help="print machine-readable JSON")
     r.set_defaults(func=run_roofline)
 
+
+def _register_video(subparsers) -> None:
     v = subparsers.add_parser(
         "video",
         help="tokens and KV bytes of autoregressive video clips (every frame kept in the cache)",
@@ -334,6 +339,14 @@ def _print_plan(r: dict) -> None:
             _gib(row["kv_bytes_allocated_per_gpu"]),
         )
     console.print(t)
+    console.print(_ledger_table(r))
+    for note in r["notes"]:
+        console.print(f"  note: {note}")
+
+
+def _ledger_table(r: dict):
+    """The plan's second table: KV bytes (per GPU and summed with tp > 1), weights, fit, decode bound."""
+    from rich.table import Table
 
     t = Table(title="Ledger, fit and decode bound")
     t.add_column("quantity")
@@ -355,7 +368,13 @@ def _print_plan(r: dict) -> None:
     t.add_row("weights", _gib(r["weight_bytes"]), r["weight_bytes_source"])
     if r["kv_to_weight_ratio"] is not None:
         t.add_row("KV / weights", f"{r['kv_to_weight_ratio']:.2f}x", "")
-    gpu = r["gpu"]
+    _add_fit_rows(t, r)
+    _add_bound_rows(t, r)
+    return t
+
+
+def _add_fit_rows(t, r: dict) -> None:
+    """Rows of the GPU budget and what fits in it, or one row saying what the fit needs."""
     if r["fits"] is not None:
         b = r["budget"]
         t.add_row("GPU memory", _gib(b["memory_bytes"]), b["source"])
@@ -378,6 +397,11 @@ def _print_plan(r: dict) -> None:
         t.add_row(f"max context at batch {r['batch']}", mc, also)
     else:
         t.add_row("fit", "-", "needs GPU memory (--gpu-mem-gib) and weight bytes")
+
+
+def _add_bound_rows(t, r: dict) -> None:
+    """Rows of the decode step lower bound, the decode attention intensity and a measured step."""
+    gpu = r["gpu"]
     if r["decode_step_lower_bound_ms"] is not None:
         t.add_row(
             f"decode step lower bound ({gpu['name']})",
@@ -398,9 +422,6 @@ def _print_plan(r: dict) -> None:
             f"{m['measured_step_ms']:.3f} ms",
             f"{m['fraction_of_bound']:.1%} of bound; {m['achieved_bandwidth_gb_s']:,.1f} GB/s achieved",
         )
-    console.print(t)
-    for note in r["notes"]:
-        console.print(f"  note: {note}")
 
 
 def run_roofline(args: argparse.Namespace) -> int:

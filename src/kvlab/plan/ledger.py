@@ -43,6 +43,15 @@ _CANONICAL = {
     "float8_e4m3fn": "fp8",
     "float8_e5m2": "fp8",
 }
+# The names kv_dtype() reads, as the CLI lists them (kvlab plan / kvlab paging --kv-dtype choices): auto, the plain
+# dtypes, the FP8 cache names and vLLM's spellings of them, KIVI bits in both spellings and every asymmetric pair.
+# A KIVI name may also carry :group_size=G / :residual_length=R, which a list of choices cannot enumerate.
+KV_DTYPE_NAMES: tuple[str, ...] = (
+    ("auto", "bf16", "fp16", "fp32", "fp8", *_FP8_ALIASES, *FP8_CACHES)
+    + tuple(f"kivi-{n}" for n in KIVI_NBITS)
+    + tuple(f"kivi{n}" for n in KIVI_NBITS)
+    + tuple(f"kivi-k{k}v{v}" for k in KIVI_NBITS for v in KIVI_NBITS if k != v)
+)
 
 
 @dataclass(frozen=True)
