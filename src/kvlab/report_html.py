@@ -96,6 +96,7 @@ td.fail { background: #f8d7d3 !important; color: #b71c1c; font-weight: bold; }
 .decision.caveat { border-left-color: #b8860b; background: #fff8e1; }
 .warning { padding: 8px 16px; margin: 6px 0; border-left: 8px solid #b8860b; background: #fff8e1; }
 td.untrusted { background: #fff3cd !important; color: #7a5a00; }
+td.verdict { white-space: nowrap; overflow-wrap: normal; }
 img { max-width: 100%; border: 1px solid #c8d3de; margin: 8px 0; }
 pre { background: #f2f6fa; padding: 8px; font-size: 11px; overflow-x: auto; }
 summary { cursor: pointer; color: #1f4e79; margin: 8px 0; }
@@ -114,7 +115,8 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         if not math.isfinite(value):
             return str(value)
-        return f"{value:,.0f}" if abs(value) >= 1e6 else f"{value:.4g}"
+        # >= 1000: whole numbers with separators (no "1.675e+04" next to "2166" in one column)
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
     if isinstance(value, Mapping | list | tuple):
         return json.dumps(value, default=str)
     return str(value)
@@ -155,8 +157,8 @@ def _cell_class(row: Mapping[str, Any], column: str, bounds: Mapping[str, tuple[
 
 def _verdict(row: Mapping[str, Any]) -> tuple[str, str]:
     if "eligible" not in row:
-        return ("baseline", "") if row.get("candidate") == "dynamic" else ("-", "")
-    return ("eligible", "pass") if row["eligible"] else ("rejected", "fail")
+        return ("baseline", "verdict") if row.get("candidate") == "dynamic" else ("-", "verdict")
+    return ("eligible", "pass verdict") if row["eligible"] else ("rejected", "fail verdict")
 
 
 def _table(header: list[str], body: list[list[tuple[str, str]]], left: set[int]) -> str:
@@ -272,7 +274,9 @@ def _decision_block(summary: Any) -> str:
     if name and str(name).startswith("accept"):
         css = "decision caveat" if warnings else "decision accept"
     gates = summary.get("decision_gates") if isinstance(summary, Mapping) else None
-    rests = f" <span class=\"muted\">(judged on: {html.escape(', '.join(map(str, gates)))})</span>" if gates else ""
+    rests = (
+        f' <span class="muted">(judged on: {html.escape(", ".join(map(str, gates)))})</span>' if gates else ""
+    )
     notes = "".join(f'<div class="warning">warning: {html.escape(w)}</div>' for w in warnings)
     return f'<div class="{css}">Decision: <b>{html.escape(_fmt(name))}</b>{rests}</div>{notes}{detail}'
 

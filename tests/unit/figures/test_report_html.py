@@ -49,8 +49,11 @@ def test_gate_cells_and_verdicts_are_marked(eval_result):
     page = render_html(eval_result)
     assert '<td class="fail">2.2</td>' in page  # kivi-4 and kivi-2 at 4096: latency ratio 2.2 > 2.0
     assert '<td class="pass">1.325</td>' in page  # at 512: 1.325 <= 2.0
-    assert '<td class="key fail">rejected</td>' in page and '<td class="key pass">eligible</td>' in page
-    assert '<td class="key">baseline</td>' in page
+    assert (
+        '<td class="key fail verdict">rejected</td>' in page
+        and '<td class="key pass verdict">eligible</td>' in page
+    )
+    assert '<td class="key verdict">baseline</td>' in page
 
 
 def test_row_gate_verdicts_take_precedence(eval_result):
@@ -124,3 +127,23 @@ def test_candidates_table_has_one_pair_of_axis_columns(eval_result):
     assert by_name["hqq-4"][col] == f"axis_key={hqq['axis_key']}"
     assert by_name["hqq-4"][headers.index("value_axis")] == f"axis_value={hqq['axis_value']}"
     assert by_name["dynamic"][col] == "-"
+
+
+def test_html_numbers_share_one_format_and_verdicts_do_not_break():
+    from kvlab.report_html import _fmt, _rows_table
+
+    assert _fmt(16750.4) == "16,750" and _fmt(2166.0) == "2,166" and _fmt(12.3456) == "12.35"
+    assert _fmt(2.5e6) == "2,500,000" and _fmt(1e-5) == "1e-05"
+    rows = [
+        {"matrix": "capacity", "candidate": "dynamic", "context_length": 512, "median_ms": 16750.4},
+        {
+            "matrix": "capacity",
+            "candidate": "kivi-4",
+            "context_length": 512,
+            "median_ms": 2166.0,
+            "eligible": True,
+        },
+    ]
+    page = _rows_table(rows, {})
+    assert "e+0" not in page
+    assert 'class="key verdict">baseline<' in page and 'class="key pass verdict">eligible<' in page
