@@ -202,3 +202,36 @@ def test_emit_vllm_refuses_a_config_file_not_named_config_json(tmp_path, capsys)
         str(cfg / "same_layers.json"),
         "config.json",
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "match"),
+    [
+        ("kivi-k3v4", r"KIVI bits must be in \[2, 4, 8\], got 3"),
+        ("kivi-k8v16", r"KIVI bits must be in \[2, 4, 8\], got 16"),
+        ("fp8-e4m4", "got 'fp8-e4m4'"),
+        ("fp8_e3m4", "got 'fp8_e3m4'"),
+        ("fp8-e4m3:group_size=4", "got 'fp8-e4m3:group_size=4'"),
+    ],
+)
+def test_fp8_and_asymmetric_kivi_kv_dtypes_name_the_bad_value(name, match):
+    from kvlab.plan.ledger import kv_dtype
+
+    with pytest.raises(ValueError, match=match):
+        kv_dtype(name)
+
+
+def test_fp8_kv_dtype_bytes_in_the_plan_cli(capsys):
+    """--kv-dtype fp8_e4m3: 1 B/element plus 4 B per scale (per-head: layers x 2 x kv_heads per sequence)."""
+    from kvlab.models import reference_model_path
+
+    cfg = str(reference_model_path() / "config.json")
+    spec = load_spec(cfg)
+    reports = {}
+    for kv in ("bf16", "fp8_e4m3", "fp8-e4m3-unscaled"):
+        assert main(["plan", cfg, "--context", "4096", "--batch", "2", "--kv-dtype", kv, "--json"]) == 0
+        reports[kv] = json.loads(capsys.readouterr().out)
+    total = {kv: r["kv_bytes_total_per_gpu"] for kv, r in reports.items()}
+    scales = 2 * spec.kv_layers * 2 * spec.num_kv_heads * 4  # batch x layers x (K, V) x heads x fp32
+    assert 2 * total["fp8-e4m3-unscaled"] == total["bf16"]
+    assert total["fp8_e4m3"] == total["fp8-e4m3-unscaled"] + scales
