@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from kvlab.bench.cells import bench_contexts, failed_cell
 from kvlab.caches.registry import CacheSettings, resolve
 from kvlab.runtime.device import resolve_device, synchronize  # re-exported: bench modules use them
 
@@ -160,6 +161,17 @@ def prompt_ids(tokenizer: Any, vocab_size: int, n_tokens: int, seed: int = 0) ->
     return ids, f"uniform random token ids (seed {seed})"
 
 
+def load_prompted_model(model: Any, dtype: str, device: torch.device, tokens: int):
+    """:func:`load_bench_model` and a prompt of ``tokens`` tokens for it (:func:`prompt_ids`) on ``device``.
+
+    Returns:
+        ``(model, description, ids, prompt_source)``; ``ids``: ``[1, tokens]`` token ids.
+    """
+    lm, tokenizer, model_desc = load_bench_model(model, dtype, device)
+    ids_list, source = prompt_ids(tokenizer, lm.config.vocab_size, tokens)
+    return lm, model_desc, torch.tensor([ids_list], device=device), source
+
+
 def set_attention(model: Any, candidate: BenchCandidate) -> str:
     """Switch ``model`` to kvlab attention for fused KIVI, to plain SDPA otherwise; return the name used."""
     if candidate.uses_kvlab_attention:
@@ -208,10 +220,6 @@ def fill_cache(cache: Any, source: Any) -> None:
         cache.update(layer.keys, layer.values, idx)
 
 
-def _error(e: BaseException) -> dict:
-    return {"status": "failed", "error": f"{type(e).__name__}: {e}"[:500]}
-
-
 def _time_context(model, cands, settings, ids, context, steps, warmup, chunk, device) -> dict[str, dict]:
     """Rows (without candidate/context) of every runnable candidate at ``context``, timed interleaved."""
     from kvlab.caches.measure import cache_nbytes
@@ -233,7 +241,7 @@ def _time_context(model, cands, settings, ids, context, steps, warmup, chunk, de
                 out[cand.name] = {"fill_s": time.perf_counter() - t0, "times_ms": []}
                 caches[cand.name] = (cand, cache)
             except Exception as e:  # noqa: BLE001 - recorded per cell
-                out[cand.name] = _error(e)
+                out[cand.name] = failed_cell(e)
         del source
         for i in range(warmup + steps):
             token = ids[:, context + i : context + i + 1]
@@ -249,7 +257,7 @@ def _time_context(model, cands, settings, ids, context, steps, warmup, chunk, de
                     synchronize(device)
                     elapsed_ms = (time.perf_counter() - t0) * 1000.0
                 except Exception as e:  # noqa: BLE001
-                    out[name] = _error(e)
+                    out[name] = failed_cell(e)
                     del caches[name]
                     continue
                 if i >= warmup:
@@ -302,6 +310,13 @@ def profile_step(
     ]
 
 
+# How run() times a cell, recorded in its result's settings.
+TIMING = (
+    "one exact prefill per context (DynamicCache, SDPA) written into every cache; then `warmup` + `steps` rounds, "
+    "each decoding one token through every cache in rotated order; the median of the `steps` timed forwards"
+)
+
+
 def run(
     model: Any = None,
     contexts: tuple[int, ...] | None = None,
@@ -344,21 +359,52 @@ def run(
         ValueError: bad candidates, contexts, steps, or device.
     """
     dev = resolve_device(device)
-    if contexts is None:
-        contexts = QUICK_CONTEXTS if quick else (CUDA_CONTEXTS if dev.type == "cuda" else CPU_CONTEXTS)
+    contexts = bench_contexts(contexts, quick, dev.type, (QUICK_CONTEXTS, CPU_CONTEXTS, CUDA_CONTEXTS))
     if quick:
         steps, warmup = min(steps, 3), min(warmup, 1)
-    contexts = tuple(int(c) for c in contexts)
-    if not contexts or any(c < 1 for c in contexts):
-        raise ValueError(f"`contexts` must be positive token counts, got {contexts!r}")
     if steps < 1 or warmup < 0:
         raise ValueError(f"`steps` must be >= 1 and `warmup` >= 0, got steps={steps!r}, warmup={warmup!r}")
     cands = parse_candidates(tuple(candidates))
     settings = CacheSettings(group_size, residual_length, hqq_group_size)
-    lm, tokenizer, model_desc = load_bench_model(model, dtype, dev)
-    ids_list, source = prompt_ids(tokenizer, lm.config.vocab_size, max(contexts) + warmup + steps + 2)
-    ids = torch.tensor([ids_list], device=dev)
+    lm, model_desc, ids, source = load_prompted_model(model, dtype, dev, max(contexts) + warmup + steps + 2)
 
+    rows = _decode_rows(
+        lm, cands, settings, ids, contexts, steps, warmup, prefill_chunk_tokens, dev, progress
+    )
+    _add_ratios(rows)
+    profile = (
+        None
+        if profile_context is None
+        else _profiles(lm, settings, ids, profile_context, prefill_chunk_tokens)
+    )
+    result = {
+        "device": str(dev),
+        "device_type": dev.type,
+        "model": model_desc,
+        "settings": {
+            "steps": steps,
+            "warmup": warmup,
+            "prefill_chunk_tokens": prefill_chunk_tokens,
+            "dtype": dtype,
+            "timing": TIMING,
+        },
+        "contexts": list(contexts),
+        "candidates": [c.describe(settings) for c in cands],
+        "prompt_source": source,
+        "rows": rows,
+        "profile": profile,
+        "profile_context": profile_context,
+    }
+    result["target"] = evaluate_target(result)
+    return result
+
+
+def _decode_rows(
+    lm, cands, settings, ids, contexts, steps, warmup, prefill_chunk_tokens, dev, progress
+) -> list[dict]:
+    """One row per (candidate, context), candidates in the order given within each context: the timed cells of
+    :func:`_time_context`, ``skipped`` for a cache whose back-end is missing, ``failed`` for every cell of a
+    context whose shared prefill failed."""
     skipped = {c.name: c.unavailable_reason() for c in cands if c.unavailable_reason()}
     runnable = [c for c in cands if c.name not in skipped]
     rows = []
@@ -370,7 +416,7 @@ def run(
                 lm, runnable, settings, ids, context, steps, warmup, prefill_chunk_tokens, dev
             )
         except Exception as e:  # noqa: BLE001 - the shared prefill failed: every cell of this context fails
-            cells = {c.name: _error(e) for c in runnable}
+            cells = {c.name: failed_cell(e) for c in runnable}
         finally:
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
@@ -381,39 +427,20 @@ def run(
             else:
                 row |= cells[cand.name]
             rows.append(row)
-    _add_ratios(rows)
+    return rows
 
-    profile = None
-    if profile_context is not None:
-        profile = {}
-        for name in ("dynamic", TARGET_CANDIDATE):
-            cand = BenchCandidate.parse(name)
-            try:
-                profile[name] = profile_step(lm, cand, settings, ids, profile_context, prefill_chunk_tokens)
-            except Exception as e:  # noqa: BLE001
-                profile[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
-    result = {
-        "device": str(dev),
-        "device_type": dev.type,
-        "model": model_desc,
-        "settings": {
-            "steps": steps,
-            "warmup": warmup,
-            "prefill_chunk_tokens": prefill_chunk_tokens,
-            "dtype": dtype,
-            "timing": "one exact prefill per context (DynamicCache, SDPA) written into every cache; then "
-            "`warmup` + `steps` rounds, each decoding one token through every cache in rotated order; the median "
-            "of the `steps` timed forwards",
-        },
-        "contexts": list(contexts),
-        "candidates": [c.describe(settings) for c in cands],
-        "prompt_source": source,
-        "rows": rows,
-        "profile": profile,
-        "profile_context": profile_context,
-    }
-    result["target"] = evaluate_target(result)
-    return result
+
+def _profiles(lm, settings, ids, profile_context: int, prefill_chunk_tokens: int) -> dict[str, dict]:
+    """:func:`profile_step` of ``dynamic`` and the target cache at ``profile_context``; a failure is recorded
+    as ``{"error": ...}`` for that cache."""
+    profile = {}
+    for name in ("dynamic", TARGET_CANDIDATE):
+        cand = BenchCandidate.parse(name)
+        try:
+            profile[name] = profile_step(lm, cand, settings, ids, profile_context, prefill_chunk_tokens)
+        except Exception as e:  # noqa: BLE001
+            profile[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+    return profile
 
 
 def _add_ratios(rows: list[dict]) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from kvlab.bench.cells import bench_contexts, failed_cell
 from kvlab.runtime.device import resolve_device, synchronize
 from kvlab.runtime.dtypes import parse_dtype
 
@@ -216,23 +217,13 @@ def run(
         ValueError: bad contexts, reps or cache names.
     """
     dev = resolve_device(device)
-    if contexts is None:
-        contexts = QUICK_CONTEXTS if quick else CONTEXTS
+    contexts = bench_contexts(contexts, quick, dev.type, (QUICK_CONTEXTS, CONTEXTS, None), sort=True)
     if quick:
         reps, hf_reps = min(reps, 2), min(hf_reps, 1)
-    contexts = tuple(sorted(int(c) for c in contexts))
-    if not contexts or contexts[0] < 1:
-        raise ValueError(f"`contexts` must be positive token counts, got {contexts!r}")
     if reps < 1 or hf_reps < 1:
         raise ValueError(f"`reps` and `hf_reps` must be >= 1, got {reps!r} and {hf_reps!r}")
-    for name in caches:
-        if not re.match(r"^(kivi(2|4|8)|hqq(2|4|8)|quanto(2|4))$", name):
-            raise ValueError(f"unknown cache {name!r}; expected kivi{{2,4,8}}, hqq{{2,4,8}} or quanto{{2,4}}")
-    settings = {
-        "group_size": group_size,
-        "residual_length": residual_length,
-        "hqq_group_size": hqq_group_size,
-    }
+    _check_cache_names(caches)
+    settings = dict(group_size=group_size, residual_length=residual_length, hqq_group_size=hqq_group_size)
     torch_dtype = parse_dtype(dtype)
     gen = torch.Generator().manual_seed(seed)
     extra = residual_length + (KIVI_CYCLES + 1) * (group_size + 2)
@@ -242,24 +233,11 @@ def run(
 
     rows = []
     for name in caches:
-        reason = _unavailable(name)
         n_reps = reps if name.startswith("kivi") else hf_reps
         cycles = KIVI_CYCLES if name.startswith("kivi") else 1
-        if reason:
-            cells = {c: {"status": "skipped", "error": reason} for c in contexts}
-        else:
-            try:
-                with torch.inference_mode():
-                    cells = _measure(name, contexts, n_reps, (k, v), settings, dev, progress, cycles)
-            except Exception as e:  # noqa: BLE001 - the warm-up failed: every cell fails
-                cells = {c: {"status": "failed", "error": f"{type(e).__name__}: {e}"[:500]} for c in contexts}
+        cells = _cache_cells(name, contexts, n_reps, (k, v), settings, dev, progress, cycles)
         rows += [{"cache": name, "context": c, "reps": n_reps, "cycles": cycles} | cells[c] for c in contexts]
-    ratios = {}
-    for name in caches:
-        ok = {r["context"]: r["flush_us"] for r in rows if r["cache"] == name and r["status"] == "ok"}
-        if len(ok) >= 2:
-            lo, hi = min(ok), max(ok)
-            ratios[name] = {"from_context": lo, "to_context": hi, "ratio": ok[hi] / ok[lo]}
+    ratios = _flush_ratios(rows, caches)
     result = {
         "device": str(dev),
         "device_type": dev.type,
@@ -277,6 +255,37 @@ def run(
     }
     result["target"] = evaluate_target(result)
     return result
+
+
+def _check_cache_names(caches) -> None:
+    """Raise ValueError naming a cache that is not kivi{2,4,8}, hqq{2,4,8} or quanto{2,4}."""
+    for name in caches:
+        if not re.match(r"^(kivi(2|4|8)|hqq(2|4|8)|quanto(2|4))$", name):
+            raise ValueError(f"unknown cache {name!r}; expected kivi{{2,4,8}}, hqq{{2,4,8}} or quanto{{2,4}}")
+
+
+def _cache_cells(name, contexts, reps, kv, settings, dev, progress, cycles) -> dict[int, dict]:
+    """``{context: cell}`` of one cache (:func:`_measure`): every cell ``skipped`` when its back-end is missing,
+    every cell ``failed`` when the warm-up failed."""
+    reason = _unavailable(name)
+    if reason:
+        return {c: {"status": "skipped", "error": reason} for c in contexts}
+    try:
+        with torch.inference_mode():
+            return _measure(name, contexts, reps, kv, settings, dev, progress, cycles)
+    except Exception as e:  # noqa: BLE001 - the warm-up failed: every cell fails
+        return {c: failed_cell(e) for c in contexts}
+
+
+def _flush_ratios(rows: list[dict], caches) -> dict[str, dict]:
+    """Per cache with two or more ``ok`` contexts: flush time at the largest context / at the smallest."""
+    ratios = {}
+    for name in caches:
+        ok = {r["context"]: r["flush_us"] for r in rows if r["cache"] == name and r["status"] == "ok"}
+        if len(ok) >= 2:
+            lo, hi = min(ok), max(ok)
+            ratios[name] = {"from_context": lo, "to_context": hi, "ratio": ok[hi] / ok[lo]}
+    return ratios
 
 
 def _kivi_block_tokens(group_size: int) -> int:

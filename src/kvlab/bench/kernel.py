@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kvlab.bench.cells import bench_contexts, failed_cell
 from kvlab.runtime.device import resolve_device, synchronize
 from kvlab.runtime.dtypes import parse_dtype
 
@@ -178,50 +179,25 @@ def run(
         ValueError: bad contexts, reps, device or dtype.
     """
     dev = resolve_device(device)
-    if contexts is None:
-        contexts = QUICK_CONTEXTS if quick else (CUDA_CONTEXTS if dev.type == "cuda" else CPU_CONTEXTS)
+    contexts = bench_contexts(contexts, quick, dev.type, (QUICK_CONTEXTS, CPU_CONTEXTS, CUDA_CONTEXTS))
     if quick:
         reps = min(reps, 3)
-    contexts = tuple(int(c) for c in contexts)
-    if not contexts or any(c < 1 for c in contexts):
-        raise ValueError(f"`contexts` must be positive token counts, got {contexts!r}")
     if reps < 1:
         raise ValueError(f"`reps` must be >= 1, got {reps!r}")
     if copy_bytes is None:
         copy_bytes = 32 * 2**20 if quick else (2**30 if dev.type == "cuda" else 256 * 2**20)
     torch_dtype = parse_dtype(dtype)
-    shape = {"batch": batch, "q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim, "dtype": dtype}
+    shape = dict(batch=batch, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype)
     if q_heads % kv_heads:
         raise ValueError(f"`q_heads` ({q_heads}) must be a multiple of `kv_heads` ({kv_heads})")
     copy = copy_bandwidth(dev, copy_bytes, reps=max(3, min(reps, 7)))
     gen = torch.Generator().manual_seed(seed)
     inner = 10 if dev.type == "cuda" else 1
-    rows = []
-    for context in contexts:
-        if progress:
-            progress(f"kernel: {context} tokens")
-        try:
-            row = _cell(
-                context,
-                shape,
-                nbits,
-                group_size,
-                residual_length,
-                torch_dtype,
-                dev,
-                reps,
-                inner,
-                gen,
-                backend,
-            )
-            row["kivi_fraction_of_copy"] = row["kivi_gb_s"] / copy["best_gb_s"]
-            row["sdpa_fraction_of_copy"] = row["sdpa_gb_s"] / copy["best_gb_s"]
-        except Exception as e:  # noqa: BLE001 - recorded per cell
-            row = {"context": context, "status": "failed", "error": f"{type(e).__name__}: {e}"[:500]}
-        finally:
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
-        rows.append(row)
+    kivi = (nbits, group_size, residual_length, backend)
+    rows = [
+        _row(c, shape, kivi, torch_dtype, dev, reps, inner, gen, copy["best_gb_s"], progress)
+        for c in contexts
+    ]
     result = {
         "device": str(dev),
         "device_type": dev.type,
@@ -242,6 +218,27 @@ def run(
     }
     result["target"] = evaluate_target(result)
     return result
+
+
+def _row(context, shape, kivi, torch_dtype, dev, reps, inner, gen, copy_gb_s: float, progress) -> dict:
+    """One context's :func:`_cell` with both kernels' GB/s as fractions of the copy bandwidth ``copy_gb_s``;
+    a failure is recorded (:func:`kvlab.bench.cells.failed_cell`) with the context. ``kivi``: ``(nbits,
+    group_size, residual_length, backend)``; ``progress`` (optional) is told first."""
+    if progress:
+        progress(f"kernel: {context} tokens")
+    nbits, group_size, residual_length, backend = kivi
+    try:
+        row = _cell(
+            context, shape, nbits, group_size, residual_length, torch_dtype, dev, reps, inner, gen, backend
+        )
+        row["kivi_fraction_of_copy"] = row["kivi_gb_s"] / copy_gb_s
+        row["sdpa_fraction_of_copy"] = row["sdpa_gb_s"] / copy_gb_s
+    except Exception as e:  # noqa: BLE001 - recorded per cell
+        row = {"context": context, **failed_cell(e)}
+    finally:
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    return row
 
 
 def evaluate_target(result: dict) -> dict:

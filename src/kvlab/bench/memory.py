@@ -23,15 +23,15 @@ from typing import Any
 
 import torch
 
+from kvlab.bench.cells import bench_contexts, failed_cell
 from kvlab.bench.decode import (
     DEFAULT_CANDIDATES,
     CacheSettings,
     decode_step,
     exact_prefill,
     fill_cache,
-    load_bench_model,
+    load_prompted_model,
     parse_candidates,
-    prompt_ids,
     resolve_device,
     set_attention,
     synchronize,
@@ -132,6 +132,13 @@ def _measure_cell(model, cand, settings, ids, context, warmup, source, device, f
     return out
 
 
+# How a step's memory is measured, by device (False: CPU, True: CUDA); recorded in the result.
+METHODS = {
+    False: "exact tensor accounting (TorchDispatchMode + weakref.finalize on storages)",
+    True: "torch.cuda.max_memory_allocated - memory_allocated after the step",
+}
+
+
 def run(
     model: Any = None,
     contexts: tuple[int, ...] | None = None,
@@ -170,19 +177,13 @@ def run(
         ValueError: bad candidates, contexts or device.
     """
     dev = resolve_device(device)
-    if contexts is None:
-        contexts = QUICK_CONTEXTS if quick else (CUDA_CONTEXTS if dev.type == "cuda" else CPU_CONTEXTS)
+    contexts = bench_contexts(contexts, quick, dev.type, (QUICK_CONTEXTS, CPU_CONTEXTS, CUDA_CONTEXTS))
     if quick:
         warmup = min(warmup, 1)
-    contexts = tuple(int(c) for c in contexts)
-    if not contexts or any(c < 1 for c in contexts):
-        raise ValueError(f"`contexts` must be positive token counts, got {contexts!r}")
     cands = parse_candidates(tuple(candidates))
     settings = CacheSettings(group_size, residual_length, hqq_group_size)
-    lm, tokenizer, model_desc = load_bench_model(model, dtype, dev)
     extra = warmup + 2 + (residual_length + max(group_size, 1) + 2 if flush_step else 0)
-    ids_list, prompt_source = prompt_ids(tokenizer, lm.config.vocab_size, max(contexts) + extra)
-    ids = torch.tensor([ids_list], device=dev)
+    lm, model_desc, ids, prompt_source = load_prompted_model(model, dtype, dev, max(contexts) + extra)
 
     rows = []
     for context in contexts:
@@ -190,7 +191,7 @@ def run(
             with torch.inference_mode():
                 source = exact_prefill(lm, ids[:, :context], prefill_chunk_tokens)  # shared by every cache
         except Exception as e:  # noqa: BLE001 - every cell of this context fails
-            source, prefill_error = None, f"{type(e).__name__}: {e}"[:500]
+            source = f"the shared prefill failed: {failed_cell(e)['error']}"
         for cand in cands:
             row: dict[str, Any] = {"candidate": cand.name, "context": context}
             reason = cand.unavailable_reason()
@@ -199,30 +200,13 @@ def run(
                 continue
             if progress:
                 progress(f"memory: {cand.name} at {context} tokens")
-            try:
-                if source is None:
-                    raise RuntimeError(f"the shared prefill failed: {prefill_error}")
-                row |= _measure_cell(lm, cand, settings, ids, context, warmup, source, dev, flush_step)
-                row["attention"] = lm.config._attn_implementation
-                steps = [s for s in (row["plain_step"], row.get("flush_step")) if s]
-                row["transient_bytes"] = max(s["transient_bytes"] for s in steps)
-                row["bf16_cache_bytes"] = bf16_cache_bytes(model_desc, row["tokens_after_plain_step"])
-                row["transient_ratio"] = row["transient_bytes"] / row["bf16_cache_bytes"]
-            except Exception as e:  # noqa: BLE001 - recorded per cell
-                row |= {"status": "failed", "error": f"{type(e).__name__}: {e}"[:500]}
-            finally:
-                if dev.type == "cuda":
-                    torch.cuda.empty_cache()
+            row |= _row(lm, cand, settings, ids, context, warmup, source, dev, flush_step, model_desc)
             rows.append(row)
         source = None  # free this context's prefill before the next one
     result = {
         "device": str(dev),
         "device_type": dev.type,
-        "method": (
-            "torch.cuda.max_memory_allocated - memory_allocated after the step"
-            if dev.type == "cuda"
-            else "exact tensor accounting (TorchDispatchMode + weakref.finalize on storages)"
-        ),
+        "method": METHODS[dev.type == "cuda"],
         "model": model_desc,
         "settings": {"warmup": warmup, "prefill_chunk_tokens": prefill_chunk_tokens, "dtype": dtype},
         "contexts": list(contexts),
@@ -232,6 +216,28 @@ def run(
     }
     result["target"] = evaluate_target(result)
     return result
+
+
+def _row(lm, cand, settings, ids, context, warmup, source, dev, flush_step, model_desc) -> dict[str, Any]:
+    """One cell: :func:`_measure_cell` plus the attention implementation, the larger step transient and its
+    ratio to a bf16 ``DynamicCache`` of the same tokens; ``source`` is the context's exact prefill, or the
+    message of its failure (every cell of the context then fails with it). A failure is recorded."""
+    row: dict[str, Any] = {}
+    try:
+        if isinstance(source, str):
+            raise RuntimeError(source)
+        row |= _measure_cell(lm, cand, settings, ids, context, warmup, source, dev, flush_step)
+        row["attention"] = lm.config._attn_implementation
+        steps = [s for s in (row["plain_step"], row.get("flush_step")) if s]
+        row["transient_bytes"] = max(s["transient_bytes"] for s in steps)
+        row["bf16_cache_bytes"] = bf16_cache_bytes(model_desc, row["tokens_after_plain_step"])
+        row["transient_ratio"] = row["transient_bytes"] / row["bf16_cache_bytes"]
+    except Exception as e:  # noqa: BLE001 - recorded per cell
+        row |= failed_cell(e)
+    finally:
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    return row
 
 
 def evaluate_target(result: dict) -> dict:
