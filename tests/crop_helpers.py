@@ -22,13 +22,17 @@ def layer_skip_draft(model, num_layers: int = 1):
 
 
 def recording(cache):
-    """``(cache, calls)``: ``calls`` records the argument of every ``crop`` call on ``cache``."""
+    """``(cache, calls)``: ``calls`` records, for every ``crop`` call on ``cache``, the change in tokens held:
+    ``-n`` when it dropped ``n`` tokens, ``0`` for a no-op. That is transformers' own argument from 5.14/5.15 on
+    (``crop(-n)``); earlier releases pass the length to keep (``crop(kept)``), which this records the same way."""
     calls = []
     crop = cache.crop
 
     def wrapped(n):
-        calls.append(n)
-        return crop(n)
+        before = cache.get_seq_length()
+        result = crop(n)
+        calls.append(cache.get_seq_length() - before)
+        return result
 
     cache.crop = wrapped
     return cache, calls

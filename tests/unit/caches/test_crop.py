@@ -165,7 +165,8 @@ def test_kivi_crop_through_transformers_cache_crop_and_bad_arguments(model):
     cache = kivi()
     with torch.no_grad():
         model(input_ids=prompt_ids(), **{cache_kwarg(model): cache}, use_cache=True)
-    assert cache.is_croppable and all(layer.is_croppable for layer in cache.layers)
+    # Cache.is_croppable exists from transformers 5.17 on; the layers' flag is kvlab's own
+    assert getattr(cache, "is_croppable", True) and all(layer.is_croppable for layer in cache.layers)
     Cache.crop(cache, -3)  # transformers' own loop over the layers
     assert [layer.get_seq_length() for layer in cache.layers] == [67, 67]
     for bad in (1.5, "3", True, None, torch.tensor([1, 2]), torch.tensor(True), np.bool_(True)):
