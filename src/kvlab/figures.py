@@ -69,6 +69,14 @@ def plot_memory_ledger(data: Mapping[str, Any], out_path: str | os.PathLike) -> 
     """
     fig = _figure(12.6, 4.9)
     ax1, ax2 = fig.subplots(1, 2)
+    _memory_per_batch(ax1, data)
+    _kv_per_context(ax2, data)
+    fig.tight_layout()
+    return save_png(fig, out_path)
+
+
+def _memory_per_batch(ax1, data: Mapping[str, Any]) -> None:
+    """Left panel of :func:`plot_memory_ledger`: stacked weights / KV / reserve per batch against the budget."""
     batches, kv = list(data["batches"]), np.asarray(data["kv_bytes"], dtype=float) / GIB
     weights, overhead = data["weight_bytes"] / GIB, data["overhead_bytes"] / GIB
     budget = data["budget_bytes"] / GIB
@@ -108,6 +116,11 @@ def plot_memory_ledger(data: Mapping[str, Any], out_path: str | os.PathLike) -> 
     ax1.legend(fontsize=8, loc="upper left")
     ax1.set_ylim(0, max(budget, float(np.max(weights + kv + overhead))) * 1.15)
 
+
+def _kv_per_context(ax2, data: Mapping[str, Any]) -> None:
+    """Right panel of :func:`plot_memory_ledger`: KV bytes against context (log-log), the KV budget and the
+    device budget as lines."""
+    budget = data["budget_bytes"] / GIB
     contexts = np.asarray(data["contexts"], dtype=float)
     for i, curve in enumerate(data["curves"]):
         ax2.plot(
@@ -146,8 +159,6 @@ def plot_memory_ledger(data: Mapping[str, Any], out_path: str | os.PathLike) -> 
     ax2.set_title("KV cache grows linearly with context and batch", fontsize=11)
     ax2.legend(fontsize=8)
     ax2.grid(alpha=0.25, which="both")
-    fig.tight_layout()
-    return save_png(fig, out_path)
 
 
 # ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
@@ -827,8 +838,12 @@ def plot_kv_inspect(report: Mapping[str, Any], out_path: str | os.PathLike) -> P
     ax_ch, ax_fp8 = fig.subplots(1, 2)
     layers = [entry["layer"] for entry in report["layers"]]
     x = np.arange(len(layers))
-    ax_ch.bar(x - 0.2, [e["key_channel_ratio_max"] for e in report["layers"]], 0.4, color=C_MAIN, label="keys")
-    ax_ch.bar(x + 0.2, [e["value_channel_ratio_max"] for e in report["layers"]], 0.4, color=C_ALT, label="values")
+    ax_ch.bar(
+        x - 0.2, [e["key_channel_ratio_max"] for e in report["layers"]], 0.4, color=C_MAIN, label="keys"
+    )
+    ax_ch.bar(
+        x + 0.2, [e["value_channel_ratio_max"] for e in report["layers"]], 0.4, color=C_ALT, label="values"
+    )
     factor = report["settings"]["outlier_factor"]
     ax_ch.axhline(factor, color=C_RED, lw=1, ls="--", label=f"outlier threshold ({factor:g} x median)")
     ax_ch.set_xticks(x, [str(n) for n in layers])

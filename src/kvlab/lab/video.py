@@ -143,79 +143,22 @@ def run_video_lab(cfg: VideoConfig | None = None) -> dict:
         )
     start = time.perf_counter()
     weights, noise = make_weights(cfg), make_noise(cfg)
-    window = cfg.window_frames
     counters = {name: FlopCounter() for name in ("full", "cached", "windowed", "evicting", "reencode")}
-    seconds = {}
-    seconds["full_recompute"], full = _timed(lambda: generate_full(weights, cfg, noise, fc=counters["full"]))
-    seconds["cached"], cached = _timed(lambda: generate_cached(weights, cfg, noise, fc=counters["cached"]))
-    seconds["windowed_recompute"], windowed = _timed(
-        lambda: generate_full(weights, cfg, noise, window_frames=window, fc=counters["windowed"])
-    )
-    seconds["evicting"], evicting = _timed(
-        lambda: generate_cached(weights, cfg, noise, window_frames=window, fc=counters["evicting"])
-    )
-    reencoded = generate_full(
-        weights, cfg, noise, window_frames=window, reencode=True, fc=counters["reencode"]
-    )
+    seconds, (full, cached, windowed, evicting, reencoded) = _generate_runs(weights, cfg, noise, counters)
     references = {"full_recompute": full, "windowed_recompute": windowed}
 
-    controls = []
-    for control in CONTROLS:
-        options = dict(control["options"])
-        run_window = window if options.pop("evict", False) else None
-        run = generate_cached(weights, cfg, noise, window_frames=run_window, **options)
-        err = compare(run.latents, references[control["reference"]])["rel_err"]
-        controls.append(
-            {
-                "name": control["name"],
-                "mistake": control["mistake"],
-                "reference": control["reference"],
-                "rel_err": err,
-                "failed_as_expected": err >= CONTROL_FACTOR * TOLERANCE,
-                "frame_t_used": run.frame_t_used,
-            }
-        )
+    controls = _run_controls(weights, cfg, noise, references)
     from_length_kept = generate_cached(weights, cfg, noise, positions="from_length")
     harmless = compare(from_length_kept.latents, full)["rel_err"]
 
-    flops = {
-        "full_recompute": counters["full"].flops,
-        "full_recompute_formula": full_generation_flops(cfg),
-        "cached": counters["cached"].flops,
-        "cached_formula": cached_generation_flops(cfg),
-        "windowed_recompute": counters["windowed"].flops,
-        "windowed_recompute_formula": full_generation_flops(cfg, window),
-        "evicting": counters["evicting"].flops,
-        "evicting_formula": cached_generation_flops(cfg, window),
-        "reencode": counters["reencode"].flops,
-        "reencode_formula": full_generation_flops(cfg, window, reencode=True),
-    }
-    flops["ratio_full_over_cached"] = flops["full_recompute"] / flops["cached"]
-    flops["ratio_windowed_over_evicting"] = flops["windowed_recompute"] / flops["evicting"]
-
+    flops = _flops(counters, cfg)
     per_frame = cached.cache.entries[0].nbytes
-    bytes_full, bytes_evicting = cached.kv_bytes_after_frame, evicting.kv_bytes_after_frame
     ledger = ledger_check(cfg)
     cached_vs_full = compare(cached.latents, full)
     evicting_vs_windowed = compare(evicting.latents, windowed)
-    checks = {
-        "cached_equals_full_recompute": cached_vs_full["rel_err"] <= TOLERANCE,
-        "evicting_equals_windowed_recompute": evicting_vs_windowed["rel_err"] <= TOLERANCE,
-        "every_control_fails": all(c["failed_as_expected"] for c in controls),
-        "positions_from_length_harmless_without_eviction": harmless <= TOLERANCE,
-        "flops_counted_equal_formula": all(
-            flops[name] == flops[f"{name}_formula"]
-            for name in ("full_recompute", "cached", "windowed_recompute", "evicting", "reencode")
-        ),
-        "bytes_per_frame_equal_ledger": per_frame
-        == ledger["kv_bytes_first_latent_frame"]
-        == cfg.kv_bytes_per_frame,
-        "full_history_bytes_equal_ledger": bytes_full[-1] == ledger["kv_bytes"],
-        "evicting_bytes_flat_at_window": bytes_evicting
-        == [min(f + 1, 1 + window) * per_frame for f in range(cfg.frames)],
-        "logical_positions_kept": evicting.frame_t_used == list(range(cfg.frames))
-        and evicting.cache.next_frame_t == cfg.frames,
-    }
+    checks = _checks(
+        cfg, cached_vs_full, evicting_vs_windowed, controls, harmless, flops, ledger, cached, evicting
+    )
     return {
         "config": dataclasses.asdict(cfg),
         "tokens_per_frame": cfg.tokens_per_frame,
@@ -232,14 +175,118 @@ def run_video_lab(cfg: VideoConfig | None = None) -> dict:
         "flops": flops,
         "kv_bytes_per_token": cfg.kv_bytes_per_token,
         "kv_bytes_per_frame": per_frame,
-        "kv_bytes_after_frame": {"full_history": bytes_full, "evicting": bytes_evicting},
+        "kv_bytes_after_frame": {
+            "full_history": cached.kv_bytes_after_frame,
+            "evicting": evicting.kv_bytes_after_frame,
+        },
         "evicted_frame_t": evicting.cache.evicted_t,
         "cache_frame_t": evicting.cache.frame_t,
         "cache_next_frame_t": evicting.cache.next_frame_t,
-        "visible_frames": visible_frames(cfg.frames, window).astype(int).tolist(),
+        "visible_frames": visible_frames(cfg.frames, cfg.window_frames).astype(int).tolist(),
         "ledger": ledger,
         "seconds": seconds,
         "wall_s": time.perf_counter() - start,
         "checks": checks,
         "all_passed": all(checks.values()),
+    }
+
+
+def _generate_runs(weights, cfg: VideoConfig, noise, counters: dict) -> tuple[dict[str, float], tuple]:
+    """The five runs of the lab, each counting its FLOPs in ``counters``: full recompute, frame KV cache,
+    windowed recompute, evicting cache (each timed) and the re-encoding variant of windowed recompute.
+
+    Returns:
+        ``(seconds per timed run, (full, cached, windowed, evicting, reencoded))``.
+    """
+    window = cfg.window_frames
+    seconds = {}
+    seconds["full_recompute"], full = _timed(lambda: generate_full(weights, cfg, noise, fc=counters["full"]))
+    seconds["cached"], cached = _timed(lambda: generate_cached(weights, cfg, noise, fc=counters["cached"]))
+    seconds["windowed_recompute"], windowed = _timed(
+        lambda: generate_full(weights, cfg, noise, window_frames=window, fc=counters["windowed"])
+    )
+    seconds["evicting"], evicting = _timed(
+        lambda: generate_cached(weights, cfg, noise, window_frames=window, fc=counters["evicting"])
+    )
+    reencoded = generate_full(
+        weights, cfg, noise, window_frames=window, reencode=True, fc=counters["reencode"]
+    )
+    return seconds, (full, cached, windowed, evicting, reencoded)
+
+
+def _run_controls(weights, cfg: VideoConfig, noise, references: dict) -> list[dict]:
+    """Run each deliberate mistake of :data:`CONTROLS` and measure how far it lands from its reference run
+    (``references``: ``full_recompute`` and ``windowed_recompute`` latents); each must exceed
+    ``CONTROL_FACTOR * TOLERANCE``."""
+    controls = []
+    for control in CONTROLS:
+        options = dict(control["options"])
+        run_window = cfg.window_frames if options.pop("evict", False) else None
+        run = generate_cached(weights, cfg, noise, window_frames=run_window, **options)
+        err = compare(run.latents, references[control["reference"]])["rel_err"]
+        controls.append(
+            {
+                "name": control["name"],
+                "mistake": control["mistake"],
+                "reference": control["reference"],
+                "rel_err": err,
+                "failed_as_expected": err >= CONTROL_FACTOR * TOLERANCE,
+                "frame_t_used": run.frame_t_used,
+            }
+        )
+    return controls
+
+
+def _flops(counters: dict, cfg: VideoConfig) -> dict:
+    """Counted matmul FLOPs of each run next to its formula, and the two ratios the lab reports."""
+    window = cfg.window_frames
+    flops = {
+        "full_recompute": counters["full"].flops,
+        "full_recompute_formula": full_generation_flops(cfg),
+        "cached": counters["cached"].flops,
+        "cached_formula": cached_generation_flops(cfg),
+        "windowed_recompute": counters["windowed"].flops,
+        "windowed_recompute_formula": full_generation_flops(cfg, window),
+        "evicting": counters["evicting"].flops,
+        "evicting_formula": cached_generation_flops(cfg, window),
+        "reencode": counters["reencode"].flops,
+        "reencode_formula": full_generation_flops(cfg, window, reencode=True),
+    }
+    flops["ratio_full_over_cached"] = flops["full_recompute"] / flops["cached"]
+    flops["ratio_windowed_over_evicting"] = flops["windowed_recompute"] / flops["evicting"]
+    return flops
+
+
+def _checks(
+    cfg: VideoConfig,
+    cached_vs_full,
+    evicting_vs_windowed,
+    controls,
+    harmless,
+    flops,
+    ledger,
+    cached,
+    evicting,
+) -> dict[str, bool]:
+    """The lab's pass/fail checks: exactness of both caches, every control failing, FLOPs equal to their
+    formulas, bytes equal to the planner's ledger, eviction flat at sink + window, logical positions kept."""
+    per_frame = cached.cache.entries[0].nbytes
+    bytes_full, bytes_evicting = cached.kv_bytes_after_frame, evicting.kv_bytes_after_frame
+    return {
+        "cached_equals_full_recompute": cached_vs_full["rel_err"] <= TOLERANCE,
+        "evicting_equals_windowed_recompute": evicting_vs_windowed["rel_err"] <= TOLERANCE,
+        "every_control_fails": all(c["failed_as_expected"] for c in controls),
+        "positions_from_length_harmless_without_eviction": harmless <= TOLERANCE,
+        "flops_counted_equal_formula": all(
+            flops[name] == flops[f"{name}_formula"]
+            for name in ("full_recompute", "cached", "windowed_recompute", "evicting", "reencode")
+        ),
+        "bytes_per_frame_equal_ledger": per_frame
+        == ledger["kv_bytes_first_latent_frame"]
+        == cfg.kv_bytes_per_frame,
+        "full_history_bytes_equal_ledger": bytes_full[-1] == ledger["kv_bytes"],
+        "evicting_bytes_flat_at_window": bytes_evicting
+        == [min(f + 1, 1 + cfg.window_frames) * per_frame for f in range(cfg.frames)],
+        "logical_positions_kept": evicting.frame_t_used == list(range(cfg.frames))
+        and evicting.cache.next_frame_t == cfg.frames,
     }

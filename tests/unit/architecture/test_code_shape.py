@@ -23,15 +23,6 @@ ALLOWED_LONG: dict[str, str] = {
     "attention/quantized.py::_check_inputs": "being changed by issue 11/12/17 work",
     "eval/render.py::print_summary": "being changed by issue 11/12/17 work",
     "commands/eval.py::register": "being changed by issue 11/12/17 work",
-    # Not split yet (the refactor that splits them is under way; each entry goes when its function is split).
-    "bench/decode.py::run": "not split yet",
-    "bench/kernel.py::run": "not split yet",
-    "bench/flush.py::run": "not split yet",
-    "bench/memory.py::run": "not split yet",
-    "commands/bench.py::register": "not split yet",
-    "figures.py::plot_memory_ledger": "not split yet",
-    "commands/lab.py::_print_video": "not split yet",
-    "lab/video.py::run_video_lab": "not split yet",
 }
 
 
