@@ -288,6 +288,10 @@ class SnapKVCache(Cache):
     Source: SnapKV (arXiv:2404.14469) §4; layout after kvpress's ``snapkv_press.py`` (one method per file).
     """
 
+    needs_own_prefill = (
+        True  # its prefill scores the prompt with the model's queries: a copied prefill cannot
+    )
+
     def __init__(
         self,
         compression_ratio: float | None = None,

@@ -9,6 +9,10 @@
 * ``hqq-N`` / ``quanto-N`` — transformers ``QuantizedCache`` with the HQQ backend (axis 1, as in the quantization
   chapter §5.1) or quanto (axis 0), when the ``hf`` extra is installed; otherwise the candidate is recorded as
   skipped with the reason.
+* ``sink`` [``:sink_tokens=S:window_length=W``] — :class:`kvlab.caches.sink.SinkCache` (StreamingLLM: the first
+  S tokens + the newest W; default 4 + 256); ``snapkv`` [``:compression_ratio=r`` | ``:token_budget=n``] —
+  :class:`kvlab.caches.snapkv.SnapKVCache` (the prompt compressed once; default ratio 0.5). An evicting cache's
+  settings are part of its name.
 * any other registered family (``paged``, and caches added later) by its registry name.
 
 The experiment sets KIVI's attention path (``--kivi-attention``), group size and residual window per matrix cell,
@@ -29,9 +33,13 @@ def _resolve_one(name: Any) -> ResolvedCache:
         cache = resolve(name)
     except ValueError as exc:
         raise ValueError(f"unknown cache candidate(s) [{name!r}]: {exc}") from None
-    # a variant that names the cache itself (fp8-e4m3: the format) is part of the candidate; KIVI's variant (the
-    # attention path) and settings are the run's
-    if (cache.name.variant is not None and not cache.entry.variant_required) or cache.name.settings:
+    # a variant that names the cache itself (fp8-e4m3: the format) is part of the candidate, as are an evicting
+    # cache's settings (sink:window_length=128: what it keeps); KIVI's variant (the attention path) and settings are
+    # the run's
+    own_settings = cache.entry.evicts
+    if (cache.name.variant is not None and not cache.entry.variant_required) or (
+        cache.name.settings and not own_settings
+    ):
         bits = cache.name.bits
         raise ValueError(
             f"unknown cache candidate(s) [{name!r}]: eval candidates name no variant or setting (the run sets "

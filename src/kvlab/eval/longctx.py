@@ -653,7 +653,18 @@ def run_probe(
     nll, hit, fill_ms, decode_ms = [], [], 0.0, 0.0
     for i in range(0, probe.prompt_ids.shape[0], rows):
         start = time.perf_counter()
-        cache = fill_cache(make_cache(), [(k[i : i + rows], v[i : i + rows]) for k, v in states])
+        cache = make_cache()
+        if getattr(
+            cache, "needs_own_prefill", False
+        ):  # scores the prompt with its queries (SnapKV): a real prefill
+            with torch.inference_mode():
+                model(
+                    input_ids=probe.prompt_ids[i : i + rows].to(device),
+                    use_cache=True,
+                    **{cache_kwarg(model): cache},
+                )
+        else:
+            cache = fill_cache(cache, [(k[i : i + rows], v[i : i + rows]) for k, v in states])
         fill_ms += (time.perf_counter() - start) * 1000.0
         scores = decode_scores(model, cache, probe.sequence[i : i + rows], probe.first_chunk)
         del cache

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from kvlab.caches import cache_nbytes
+from kvlab.caches.registry import resolve
 from kvlab.eval.candidates import Candidate
 from kvlab.eval.config import EvalConfig, Gates
 from kvlab.eval.divergence import kl_divergence, kl_summary
@@ -769,10 +770,12 @@ def _run_matrices(cfg, model, tokenizer, result, model_info, progress, advance) 
         {"hardware": hardware_info(device), "model": model_info, "seed": cfg.seed, "argv": sys.argv}
     )
     result["provenance"]["prompts"] = []
-    if cfg.kivi_attention == "fused" and any(n.startswith("kivi") for n in cfg.candidates):
+    fused = cfg.kivi_attention == "fused" and any(n.startswith("kivi") for n in cfg.candidates)
+    # fused KIVI reads packed codes, SnapKV the prefill's queries; every other cache falls back to SDPA unchanged
+    if fused or any(resolve(n).uses_kvlab_attention for n in cfg.candidates):
         from kvlab.attention import enable
 
-        enable(model)  # fused KIVI reads packed codes; every other cache falls back to SDPA unchanged
+        enable(model)
     result["provenance"]["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
     result["status"] = "running"
     # one untimed generate so that one-time costs (kernels, allocator) do not land on the first timed cell
