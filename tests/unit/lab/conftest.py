@@ -9,7 +9,7 @@ from kvlab.cli import main
 
 @pytest.fixture(scope="session")
 def seed_lab_result():
-    """`kvlab lab --json` on the seed's toy (GQA 8/2, 16 + 192 tokens), run once for every test that reads it."""
+    """`kvlab lab --json` on the mechanics chapter's toy (GQA 8/2, 16 + 192 tokens), run once for every test that reads it."""
     return _run_cli(["lab", "--json", "--no-append"])
 
 

@@ -1,4 +1,4 @@
-"""The seed's toy decoder (seed 003 [A]): cached decoding equals full recompute; the seed's FLOP figures."""
+"""The mechanics chapter's toy decoder (appendix [A]): cached decoding equals full recompute; its FLOP figures."""
 
 import numpy as np
 import pytest
@@ -35,7 +35,7 @@ def test_seed_run_last_logits_match_full_forward(seed_lab_result):
 
 
 def test_seed_flop_figures(seed_lab_result):
-    # seed 003 §04: 1.3005e+11 vs 1.2314e+09 = 105.61x
+    # mechanics chapter §04: 1.3005e+11 vs 1.2314e+09 = 105.61x
     assert f"{seed_lab_result['flops_naive']:.4e}" == "1.3005e+11"
     assert f"{seed_lab_result['flops_cached']:.4e}" == "1.2314e+09"
     assert round(seed_lab_result["flops_ratio"], 2) == 105.61
@@ -71,7 +71,7 @@ def test_mha_variant_matches_and_stores_four_times_the_kv():
 
 
 def test_reference_needs_the_right_tokens():
-    """The seed's off-by-one: feeding the last generated token too compares the next step's logits."""
+    """The mechanics chapter's off-by-one: feeding the last generated token too compares the next step's logits."""
     cfg = ToyConfig(new_tokens=16)
     weights, prompt = make_weights(cfg), make_prompt(cfg)
     tokens, logits = generate_cached(weights, cfg, prompt)

@@ -1,4 +1,4 @@
-"""``kvlab paging``: static JSON under the seed's keys, simulate JSON, the figure."""
+"""``kvlab paging``: static JSON under the mechanics chapter's keys, simulate JSON, the figure."""
 
 import json
 
@@ -13,7 +13,7 @@ def run_json(capsys, *argv):
 
 
 def test_static_json_has_the_seeds_keys_and_figures(capsys):
-    out = run_json(capsys, "static", "--gpu-mem-gib", "80")  # the seed's 80 GiB device
+    out = run_json(capsys, "static", "--gpu-mem-gib", "80")  # the mechanics chapter's 80 GiB device
     assert out["A"]["uniform"]["k_cont"] == 122
     assert out["A"]["uniform"]["k_paged"] == 214
     assert out["A"]["heavy"]["k_paged"] == 405

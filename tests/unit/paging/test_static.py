@@ -1,4 +1,4 @@
-"""Static capacity: every figure of seed 003 §05 / §6.2 (issue 4), from the seed's workloads and budget."""
+"""Static capacity: every figure of the mechanics chapter §05 / §6.2, from its workloads and budget."""
 
 import numpy as np
 import pytest
@@ -53,12 +53,14 @@ def test_block_size_sweep(seed_result):
     rows = {r["bs"]: r for r in seed_result["C"]["rows"]}
     assert sorted(rows) == [1, 4, 8, 16, 32, 64, 128, 256]
     assert rows[1]["frag"] == 0 and rows[1]["util"] == 1
-    mean_len = seed_result["C"]["mean_len"]  # seed §6.2: empty slots are about 0.32 % / 0.67 % of the length
+    # mechanics chapter §6.2: empty slots are about 0.32 % / 0.67 % of the length
+    mean_len = seed_result["C"]["mean_len"]
     assert f"{rows[16]['frag'] / mean_len:.2%}" == "0.32%" and f"{rows[32]['frag'] / mean_len:.2%}" == "0.67%"
     frags = [rows[bs]["frag"] for bs in sorted(rows)]
     tables = [rows[bs]["nblk"] for bs in sorted(rows)]
     assert frags == sorted(frags) and tables == sorted(tables, reverse=True)
-    for bs, row in rows.items():  # empty slots near (bs - 1) / 2 when remainders are uniform (seed §6.2)
+    # empty slots near (bs - 1) / 2 when remainders are uniform (mechanics chapter §6.2)
+    for bs, row in rows.items():
         assert abs(row["frag"] - (bs - 1) / 2) <= max(1.0, 0.05 * bs)
 
 
@@ -110,7 +112,8 @@ def test_a_million_requests_admit_like_the_seeds_loop():
     budget = default_budget()
     a = static_capacity(lens, budget, 16)
     used = k = 0
-    for n in lens.tolist():  # the seed's loop; it stops at the first misfit, a few hundred requests in
+    # the mechanics chapter's loop; it stops at the first misfit, a few hundred requests in
+    for n in lens.tolist():
         b = -(-n // 16) * 16 * budget.kv_bytes_per_token
         if used + b > budget.budget_bytes:
             break

@@ -1,4 +1,4 @@
-"""Ledger: seed 003 [B] numbers, sliding/allocated, KIVI exact bytes and flush peaks, TP, paged, weights."""
+"""Ledger: the mechanics chapter's [B] numbers, sliding/allocated, KIVI exact bytes and flush peaks, TP, paged, weights."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def four_layer_sliding():
 
 
 def test_seed_llama_ledger(llama):
-    # seed 003 §01/§3.3: 131072 B/token; 8192 tokens = 1.0000 GiB; weights 14.96 GiB; batch 32 = 32.00 GiB, 2.14x
+    # mechanics chapter §01/§3.3: 131072 B/token; 8192 tokens = 1.0000 GiB; weights 14.96 GiB; batch 32 = 32.00 GiB, 2.14x
     assert kv_bytes_per_token(llama) == 131072
     assert kv_bytes(llama, 8192) == GIB
     weights = weight_bytes(llama)
@@ -62,7 +62,7 @@ def test_seed_llama_ledger(llama):
     ledger = build_ledger(llama, 8192, 32, weights)
     assert ledger.kv_bytes_total == 32 * GIB
     assert round(ledger.kv_to_weight_ratio, 2) == 2.14
-    assert kv_bytes_per_token(llama.with_kv_heads(32)) == 524288  # MHA variant, seed [B3]
+    assert kv_bytes_per_token(llama.with_kv_heads(32)) == 524288  # MHA variant, mechanics chapter [B3]
 
 
 def four_layer_chunked():

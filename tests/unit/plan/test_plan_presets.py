@@ -25,7 +25,7 @@ def test_at_least_a_dozen_presets():
 @pytest.mark.parametrize(
     "name, expected",
     [
-        ("llama-3-8b", 2 * 32 * 8 * 128 * 2),  # 131072, seed 003 §3.3
+        ("llama-3-8b", 2 * 32 * 8 * 128 * 2),  # 131072, mechanics chapter §3.3
         ("llama-3-70b", 2 * 80 * 8 * 128 * 2),
         ("mistral-small-24b", 2 * 40 * 8 * 128 * 2),  # head_dim 128, not 5120/32 = 160
         ("gpt-oss-20b", 2 * 24 * 8 * 64 * 2),  # head_dim 64, not 2880/64 = 45

@@ -1,4 +1,4 @@
-"""Roofline, hardware table, fit, video and the probe (seed 003 §3.4, §6.3, appendix [B]/[C])."""
+"""Roofline, hardware table, fit, video and the probe (mechanics chapter §3.4, §6.3, appendix [B]/[C])."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ GIB = 1024**3
 
 def test_a100_row_and_ridge_point():
     a100 = get_hardware("a100-80gb")
-    assert (a100.tflops_16bit, a100.bandwidth_tb_s) == (312, 2.039)  # seed 003 §3.4
+    assert (a100.tflops_16bit, a100.bandwidth_tb_s) == (312, 2.039)  # mechanics chapter §3.4
     assert round(a100.ridge_flop_per_byte) == 153
     assert get_hardware("A100_80GB") is a100 is get_hardware(" a100 ")
 
@@ -64,12 +64,12 @@ def test_decode_intensity_is_2g_over_p():
 
 
 def test_seed_prefill_intensity():
-    # seed 003 §3.4 / [C2]: Llama-3-8B, S = 8192, N = 8.03e9, bf16 -> 3973.9 FLOP/byte
+    # mechanics chapter §3.4 / [C2]: Llama-3-8B, S = 8192, N = 8.03e9, bf16 -> 3973.9 FLOP/byte
     assert round(prefill_intensity(32, 32, 128, 8.03e9, 2, 8192)["intensity_flop_per_byte"], 1) == 3973.9
 
 
 def test_seed_decode_bound_llama_a100():
-    # seed 003 §3.4: (14.96 + 1.00) GiB / 2.039 TB/s = 8.4 ms, ~119 tokens/s at batch 1, 8192 tokens
+    # mechanics chapter §3.4: (14.96 + 1.00) GiB / 2.039 TB/s = 8.4 ms, ~119 tokens/s at batch 1, 8192 tokens
     spec, a100 = load_spec("llama-3-8b"), get_hardware("A100-80GB")
     bound = decode_step_bound(
         spec, 8192, 1, weight_bytes(spec).total_bytes, a100.bandwidth_bytes_s, a100.peak_flops
@@ -149,7 +149,7 @@ def test_compute_bound_wins_when_flops_dominate():
 
 
 def test_fit_seed_budget():
-    # seed 003 §3.3 / paged_alloc.py: 80 GiB - 14.96 GiB weights - 4 GiB reserve = 61.04 GiB -> 61 x 1 GiB
+    # mechanics chapter §3.3 / paged_alloc.py: 80 GiB - 14.96 GiB weights - 4 GiB reserve = 61.04 GiB -> 61 x 1 GiB
     spec = load_spec("llama-3-8b")
     budget = budget_from_gib(80, reserve_gib=4)
     free = budget.kv_budget_bytes(weight_bytes(spec).total_bytes)
@@ -241,13 +241,14 @@ def test_max_context_brute_force_and_unbounded():
 
 
 def test_seed_video_numbers():
-    # seed 003 §01 / [B4]: 5 s / 10 s / 30 s at 24 fps, 720p, 4x time, 8x8 space -> 52.73 / 105.47 / 316.41 GiB
+    # mechanics chapter §01 / [B4]: 5 s / 10 s / 30 s at 24 fps, 720p, 4x time, 8x8 space -> 52.73 / 105.47 / 316.41 GiB
     spec = load_spec("llama-3-8b")
     got = [round(video_kv(spec, VideoClip(s))["kv_bytes"] / GIB, 2) for s in (5, 10, 30)]
     assert got == [52.73, 105.47, 316.41]
     clip = VideoClip(5)
     assert (clip.frames, clip.latent_frames, clip.tokens_per_frame, clip.tokens) == (120, 30, 14400, 432000)
-    assert round(video_kv(spec, clip)["kv_bytes_first_latent_frame"] / GIB, 2) == 1.76  # seed §6.3
+    # mechanics chapter §6.3
+    assert round(video_kv(spec, clip)["kv_bytes_first_latent_frame"] / GIB, 2) == 1.76
     assert VideoClip(5, patch_size=2).tokens_per_frame == 14400 // 4
     assert VideoClip(5, causal_first_frame=True).latent_frames == 1 + 119 // 4
     with pytest.raises(ValueError, match="frames"):

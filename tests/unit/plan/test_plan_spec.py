@@ -235,6 +235,6 @@ def test_hub_id_without_huggingface_hub_is_a_clear_error(monkeypatch):
 
 def test_with_kv_heads_mha_variant_and_mla_refuses():
     spec = load_spec("llama-3-8b")
-    assert kv_bytes_per_token(spec.with_kv_heads(32)) == 524288  # seed 003 [B3]
+    assert kv_bytes_per_token(spec.with_kv_heads(32)) == 524288  # mechanics chapter [B3]
     with pytest.raises(ValueError, match="MLA"):
         load_spec("deepseek-v3").with_kv_heads(8)

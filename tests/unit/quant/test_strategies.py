@@ -1,4 +1,4 @@
-"""The seed 000 exercise's eight tests, run against kvlab.quant.KVQuantizationStrategies."""
+"""The quantization chapter's exercise (its eight tests), run against kvlab.quant.KVQuantizationStrategies."""
 
 import pytest
 import torch
