@@ -33,6 +33,11 @@ def _add_kv_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--residual", type=int, default=128, help="KIVI residual window R in tokens (default 128)")
 
 
+def _kv_kwargs(args: argparse.Namespace) -> dict:
+    """The planner's KV arguments from the flags of :func:`_add_kv_flags`."""
+    return {"kv": args.kv_dtype, "group_size": args.group_size, "residual_length": args.residual}
+
+
 def _add_weight_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--weight-dtype",
@@ -49,6 +54,15 @@ def _add_weight_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weight-bytes", type=_byte_count, default=None, metavar="N", help="weight bytes, given")
 
 
+def _weight_kwargs(args: argparse.Namespace) -> dict:
+    """The planner's weight arguments from the flags of :func:`_add_weight_flags`."""
+    return {
+        "weight_dtype": args.weight_dtype,
+        "weights_index": args.weights_index,
+        "weight_bytes_override": args.weight_bytes,
+    }
+
+
 def _add_device_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--gpu", default=None, help="GPU from the datasheet table (default A100-80GB); see --list-gpus"
@@ -57,6 +71,16 @@ def _add_device_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tflops", type=float, default=None, help="custom device: dense 16-bit TFLOP/s")
     p.add_argument("--measured-step-ms", type=float, default=None, help="a measured decode step to compare")
     p.add_argument("--list-gpus", action="store_true", help="print the hardware table and exit")
+
+
+def _device_kwargs(args: argparse.Namespace) -> dict:
+    """The planner's device arguments from the flags of :func:`_add_device_flags` (``--list-gpus`` aside)."""
+    return {
+        "gpu": args.gpu,
+        "bandwidth_gb_s": args.bandwidth_gb_s,
+        "tflops": args.tflops,
+        "measured_step_ms": args.measured_step_ms,
+    }
 
 
 def _device_flag_problem(args: argparse.Namespace) -> str | None:
@@ -257,20 +281,13 @@ def run_plan(args: argparse.Namespace) -> int:
             args.model,
             context=args.context,
             batch=args.batch,
-            kv=args.kv_dtype,
-            group_size=args.group_size,
-            residual_length=args.residual,
-            gpu=args.gpu,
+            **_kv_kwargs(args),
+            **_weight_kwargs(args),
+            **_device_kwargs(args),
             gpu_mem_gib=args.gpu_mem_gib,
             reserve_gib=args.reserve_gib,
             tp=args.tp,
-            weight_dtype=args.weight_dtype,
-            weights_index=args.weights_index,
-            weight_bytes_override=args.weight_bytes,
             kv_heads=args.kv_heads,
-            bandwidth_gb_s=args.bandwidth_gb_s,
-            tflops=args.tflops,
-            measured_step_ms=args.measured_step_ms,
             emit=args.emit,
             block_size=16 if args.block_size is None else args.block_size,
         )
@@ -434,21 +451,14 @@ def run_roofline(args: argparse.Namespace) -> int:
         return fail(args, problem)
     try:
         r = roofline_report(
-            gpu=args.gpu,
             model=args.model,
             context=args.context,
             batch=args.batch,
-            kv=args.kv_dtype,
-            group_size=args.group_size,
-            residual_length=args.residual,
             tp=args.tp,
-            weight_dtype=args.weight_dtype,
-            weights_index=args.weights_index,
-            weight_bytes_override=args.weight_bytes,
-            bandwidth_gb_s=args.bandwidth_gb_s,
-            tflops=args.tflops,
-            measured_step_ms=args.measured_step_ms,
             run_probe=args.probe,
+            **_kv_kwargs(args),
+            **_weight_kwargs(args),
+            **_device_kwargs(args),
         )
     except (ValueError, OSError) as e:
         return fail(args, e)
@@ -546,10 +556,8 @@ def run_video(args: argparse.Namespace) -> int:
             spatial_compression=args.spatial_compression,
             patch_size=args.patch_size,
             causal_first_frame=args.causal_first_frame,
-            kv=args.kv_dtype,
-            group_size=args.group_size,
-            residual_length=args.residual,
             batch=args.batch,
+            **_kv_kwargs(args),
         )
     except (ValueError, OSError) as e:
         return fail(args, e)
