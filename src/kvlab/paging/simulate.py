@@ -33,7 +33,7 @@ import numpy as np
 from kvlab.paging.block_pool import BlockPool, hash_block_tokens
 from kvlab.paging.block_table import BlockTable
 from kvlab.paging.budget import KVBudget, default_budget, default_kv_bytes_per_token
-from kvlab.paging.static import SEED_MAX_LEN
+from kvlab.paging.static import MAX_LEN_TOKENS
 from kvlab.runtime.atomic import atomic_write
 
 POLICY_KINDS = ("contiguous", "paged")
@@ -535,7 +535,7 @@ def simulate_policy(
     trace: Trace,
     policy: Policy,
     budget: KVBudget,
-    max_len: int = SEED_MAX_LEN,
+    max_len: int = MAX_LEN_TOKENS,
     max_running: int | None = None,
     check_every: int = 0,
     keep_series: bool = False,
@@ -583,7 +583,7 @@ def simulate(
     trace: Trace,
     policies: list[Policy] | None = None,
     budget: KVBudget | None = None,
-    max_len: int = SEED_MAX_LEN,
+    max_len: int = MAX_LEN_TOKENS,
     max_running: int | None = None,
     check_every: int = 0,
     keep_series: bool = False,

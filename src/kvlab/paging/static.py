@@ -24,16 +24,17 @@ from kvlab.paging.block_pool import BlockPool
 from kvlab.paging.block_table import BlockTable
 from kvlab.paging.budget import KVBudget, default_budget
 
-SEED_MAX_LEN = 4096  # longest request and the contiguous reservation (the mechanics chapter's appendix)
-SEED_N_REQUESTS = 4000
-SEED_RNG_SEED = 11
+# The mechanics chapter's appendix (paged_alloc.py) workloads:
+MAX_LEN_TOKENS = 4096  # longest request and the contiguous reservation, tokens
+N_REQUESTS = 4000  # requests per built-in workload
+WORKLOAD_SEED = 11  # RNG seed of the built-in workloads
 SWEEP_BLOCK_SIZES = (1, 4, 8, 16, 32, 64, 128, 256)
 DEMO_LENGTHS = (37, 21, 45)  # the mechanics chapter's figure: three requests cut into blocks of 16
 WORKLOADS = ("uniform", "heavy")
 
 
 def workload(
-    kind: str, n: int = SEED_N_REQUESTS, seed: int = SEED_RNG_SEED, max_len: int = SEED_MAX_LEN
+    kind: str, n: int = N_REQUESTS, seed: int = WORKLOAD_SEED, max_len: int = MAX_LEN_TOKENS
 ) -> np.ndarray:
     """Request lengths in tokens, ``[n]`` int64, drawn exactly as the mechanics chapter draws them.
 
@@ -132,7 +133,7 @@ def _check_lengths(lens: np.ndarray, max_len: int) -> None:
 
 
 def static_capacity(
-    lens: np.ndarray, budget: KVBudget, block_size_tokens: int = 16, max_len: int = SEED_MAX_LEN
+    lens: np.ndarray, budget: KVBudget, block_size_tokens: int = 16, max_len: int = MAX_LEN_TOKENS
 ) -> dict:
     """Section [A]: concurrency, bytes held and utilization of contiguous reservation vs paging.
 
@@ -174,7 +175,7 @@ def static_capacity(
 
 
 def waste_split(
-    lens: np.ndarray, kv_bytes_per_token: float, block_size_tokens: int = 16, max_len: int = SEED_MAX_LEN
+    lens: np.ndarray, kv_bytes_per_token: float, block_size_tokens: int = 16, max_len: int = MAX_LEN_TOKENS
 ) -> dict:
     """Section [B]: mean bytes wasted per request by reservation (``max_len - len``) vs the last block's slots.
 
@@ -256,9 +257,9 @@ def run_static(
     workloads: Sequence[str] = WORKLOADS,
     block_size_tokens: int = 16,
     budget: KVBudget | None = None,
-    max_len: int = SEED_MAX_LEN,
-    n_requests: int = SEED_N_REQUESTS,
-    seed: int = SEED_RNG_SEED,
+    max_len: int = MAX_LEN_TOKENS,
+    n_requests: int = N_REQUESTS,
+    seed: int = WORKLOAD_SEED,
     lengths: dict[str, np.ndarray] | None = None,
 ) -> dict:
     """Sections A, B, C and the layout demo, as the mechanics chapter's ``_paged_results.json`` (plus ``config``).
