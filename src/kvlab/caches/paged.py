@@ -335,12 +335,14 @@ class PagedCache(Cache):
             layer.num_tokens = min(layer.num_tokens, keep)
 
     def reset(self) -> None:
-        """Free every block and forget every token; pools stay allocated."""
+        """Free every block and forget every token; pools stay allocated (and move with the next states)."""
         for table in self.tables:
             table.free()
         self.tables = []
         self.num_tokens = 0
         self._table_version += 1
+        self._tables.clear()  # no block-table/slot tensors left on a device the model has left
+        self._slots.clear()
         for layer in self.layers:
             layer.reset()
 
