@@ -6,6 +6,7 @@ import torch
 from transformers import DynamicCache, Qwen2Config
 
 from kvlab.caches.sink import SinkCache
+from kvlab.runtime.hf_api import cache_kwarg
 from tests.conftest import make_tiny_qwen2
 
 NEW_TOKENS = 12
@@ -29,7 +30,7 @@ def _prompt(batch, tokens, seed=0):
 def _generate(model, prompt, cache):
     out = model.generate(
         prompt,
-        cache=cache,
+        **{cache_kwarg(model): cache},
         max_new_tokens=NEW_TOKENS,
         do_sample=False,
         output_logits=True,
@@ -63,8 +64,9 @@ def _streaming_reference(model, prompt, steps, sinks, window):
     """StreamingLLM by its definition: before every step, each kept key is re-rotated from the position it was
     computed at to its index inside the cache, and the new token gets position = tokens held."""
     cfg = model.config
-    out = model(prompt, cache=DynamicCache(), use_cache=True)
-    layers = [[layer.keys, layer.values] for layer in out.cache.layers]  # keys rotated at their positions
+    full = DynamicCache()
+    out = model(prompt, **{cache_kwarg(model): full}, use_cache=True)
+    layers = [[layer.keys, layer.values] for layer in full.layers]  # keys rotated at their positions
     pos = torch.arange(prompt.shape[1])  # position each kept key was rotated at
     logits, token = [out.logits[:, -1]], out.logits[:, -1].argmax(-1, keepdim=True)
 
@@ -83,9 +85,12 @@ def _streaming_reference(model, prompt, steps, sinks, window):
                 _rotate(k, torch.arange(held) - pos, cfg.head_dim, cfg.rope_parameters["rope_theta"]), v, i
             )
         out = model(
-            token, cache=cache, position_ids=torch.tensor([[held]]).expand(token.shape[0], 1), use_cache=True
+            token,
+            **{cache_kwarg(model): cache},
+            position_ids=torch.tensor([[held]]).expand(token.shape[0], 1),
+            use_cache=True,
         )
-        layers = [[layer.keys, layer.values] for layer in out.cache.layers]
+        layers = [[layer.keys, layer.values] for layer in cache.layers]
         pos = torch.arange(held + 1)
         layers, pos = evict(layers, pos)
         logits.append(out.logits[:, -1])
@@ -100,10 +105,10 @@ def test_positions_inside_the_cache_after_eviction(model, sinks, window):
     prompt = _prompt(2, 14, seed=1)
     ref = _streaming_reference(model, prompt, 30, sinks, window)
     cache = SinkCache(sinks, window, config=model.config)
-    out = model(prompt, cache=cache, use_cache=True)
+    out = model(prompt, **{cache_kwarg(model): cache}, use_cache=True)
     logits, token = [out.logits[:, -1]], out.logits[:, -1].argmax(-1, keepdim=True)
     for _ in range(30):
-        out = model(token, cache=cache, use_cache=True)
+        out = model(token, **{cache_kwarg(model): cache}, use_cache=True)
         logits.append(out.logits[:, -1])
         token = out.logits[:, -1].argmax(-1, keepdim=True)
         assert cache.held_tokens() == sinks + window
@@ -122,7 +127,7 @@ def test_bytes_stay_flat_once_the_window_fills(model):
     nbytes, storage = [], []
     token = _prompt(1, 1)
     for _ in range(40):
-        model(token, cache=cache, use_cache=True)
+        model(token, **{cache_kwarg(model): cache}, use_cache=True)
         nbytes.append(cache.nbytes())
         storage.append(
             sum(
@@ -169,10 +174,10 @@ def test_models_the_cache_cannot_handle_are_refused():
 
 def test_crop_only_before_eviction(model):
     cache = SinkCache(2, 8, config=model.config)
-    model(_prompt(1, 6), cache=cache, use_cache=True)
+    model(_prompt(1, 6), **{cache_kwarg(model): cache}, use_cache=True)
     cache.crop(-2)
     assert cache.get_seq_length() == 4 and cache.held_tokens() == 4
-    model(_prompt(1, 10), cache=cache, use_cache=True)
+    model(_prompt(1, 10), **{cache_kwarg(model): cache}, use_cache=True)
     cache.crop(0)
     with pytest.raises(ValueError, match="after evicting 4"):
         cache.crop(-1)

@@ -10,6 +10,7 @@ import kvlab.attention
 from kvlab.caches.measure import cache_nbytes
 from kvlab.caches.registry import resolve
 from kvlab.caches.snapkv import SnapKVCache, SnapKVConfig, keep_indices, snapkv_scores
+from kvlab.runtime.hf_api import cache_kwarg
 from tests.conftest import make_tiny_qwen2
 
 
@@ -52,8 +53,8 @@ def test_scores_are_the_window_votes_pooled_and_grouped():
 def test_ratio_half_frees_half_the_prompt_bytes(model, batch):
     prompt = _prompt(batch, 96)
     dynamic, snap = DynamicCache(), SnapKVCache(compression_ratio=0.5, config=model.config)
-    model(prompt, cache=dynamic, use_cache=True)
-    model(prompt, cache=snap, use_cache=True)
+    model(prompt, **{cache_kwarg(model): dynamic}, use_cache=True)
+    model(prompt, **{cache_kwarg(model): snap}, use_cache=True)
     assert cache_nbytes(snap) <= 0.52 * cache_nbytes(dynamic)
     storage = sum(t.untyped_storage().nbytes() for layer in snap.layers for t in (layer.keys, layer.values))
     assert storage == cache_nbytes(snap)  # new tensors: no view keeps the prompt's bytes alive
@@ -63,8 +64,8 @@ def test_ratio_half_frees_half_the_prompt_bytes(model, batch):
 def test_compressed_cache_keeps_the_chosen_tokens_and_decodes_on(model):
     prompt = _prompt(1, 80, seed=2)
     dynamic, snap = DynamicCache(), SnapKVCache(token_budget=40, config=model.config)
-    model(prompt, cache=dynamic, use_cache=True)
-    model(prompt, cache=snap, use_cache=True)
+    model(prompt, **{cache_kwarg(model): dynamic}, use_cache=True)
+    model(prompt, **{cache_kwarg(model): snap}, use_cache=True)
     for d, s in zip(dynamic.layers, snap.layers):  # every kept key is one of the prompt's, per head
         for h in range(s.keys.shape[1]):
             match = (s.keys[0, h, :, None, :] == d.keys[0, h, None, :, :]).all(-1)  # [kept, 80]
@@ -79,23 +80,27 @@ def test_compressed_cache_keeps_the_chosen_tokens_and_decodes_on(model):
     ref = DynamicCache()
     for i, s in enumerate(snap.layers):
         ref.update(s.keys.clone(), s.values.clone(), i)
-    out = model(token, cache=snap, use_cache=True).logits
-    expected = model(token, cache=ref, position_ids=torch.tensor([[80]]), use_cache=True).logits
+    out = model(token, **{cache_kwarg(model): snap}, use_cache=True).logits
+    expected = model(
+        token, **{cache_kwarg(model): ref}, position_ids=torch.tensor([[80]]), use_cache=True
+    ).logits
     torch.testing.assert_close(out, expected)
     assert snap.held_tokens() == 41 and snap.get_seq_length() == 81
 
 
 def test_short_prompt_is_not_compressed_and_equals_dynamic_cache(model):
     prompt = _prompt(2, 30)  # within the 32-token observation window: nothing to drop
-    out = model.generate(prompt, cache=SnapKVCache(compression_ratio=0.5), max_new_tokens=5, do_sample=False)
-    ref = model.generate(prompt, cache=DynamicCache(), max_new_tokens=5, do_sample=False)
+    out = model.generate(
+        prompt, **{cache_kwarg(model): SnapKVCache(compression_ratio=0.5)}, max_new_tokens=5, do_sample=False
+    )
+    ref = model.generate(prompt, **{cache_kwarg(model): DynamicCache()}, max_new_tokens=5, do_sample=False)
     assert torch.equal(out, ref)
 
 
 def test_a_model_without_kvlab_attention_is_refused():
     plain = make_tiny_qwen2(head_dim=32, max_positions=512)
     with pytest.raises(RuntimeError, match=r"kvlab.attention.enable\(model\)"):
-        plain(_prompt(1, 64), cache=SnapKVCache(compression_ratio=0.5), use_cache=True)
+        plain(_prompt(1, 64), **{cache_kwarg(plain): SnapKVCache(compression_ratio=0.5)}, use_cache=True)
 
 
 @pytest.mark.parametrize(
