@@ -82,7 +82,13 @@ def test_snapkv_runs_its_own_prefill_through_the_probes(measured):
 
 
 def test_eviction_candidates_are_eval_names():
-    names = ("dynamic", "sink", "sink:sink_tokens=0:window_length=128", "snapkv", "snapkv:token_budget=256")
+    names = (
+        "dynamic",
+        "sink",
+        "sink:sink_tokens=0:window_length=128",
+        "snapkv",
+        "kivi-4:compression_ratio=0.5",
+    )
     check_candidate_names(names)
     assert Candidate.parse("snapkv:compression_ratio=0.25").family == "snapkv"
     with pytest.raises(ValueError, match="name no variant or setting"):

@@ -181,11 +181,23 @@ def _kivi_attention(name: CacheName, s: CacheSettings) -> str:
     return _KIVI_VARIANTS[name.variant] or s.kivi_attention
 
 
+def _snapkv_budget(name: CacheName, s: CacheSettings) -> dict:
+    """The SnapKV keyword a KIVI name asks for (``kivi-4:compression_ratio=0.5``), or ``{}`` for plain KIVI."""
+    given = dict(name.settings)
+    if "token_budget" in given:
+        return {"token_budget": s.token_budget}
+    return {"compression_ratio": s.compression_ratio} if "compression_ratio" in given else {}
+
+
 def _kivi(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
     from kvlab.caches.kivi import KIVICache
 
     key_bits, value_bits = name.bits
+    budget = _snapkv_budget(name, s)
+    if budget:  # KIVI over a SnapKV-compressed prompt: each kept token quantized once
+        from kvlab.caches.kivi_snapkv import KIVISnapKVCache as KIVICache  # noqa: N814
     return KIVICache(
+        **budget,
         key_bits=key_bits,
         value_bits=value_bits,
         group_size=s.group_size,
@@ -205,6 +217,7 @@ def _kivi_describe(name: CacheName, s: CacheSettings) -> dict:
         "key_axis": "per-channel",
         "value_axis": "per-token",
         "attention": _kivi_attention(name, s),
+        **_snapkv_budget(name, s),
     }
 
 
@@ -307,12 +320,15 @@ REGISTRY: dict[str, CacheEntry] = {
             variants=("fused", "dequant"),
             # keys are the sensitive half (KIVI §3: outlier channels; llama.cpp -ctk q8_0 -ctv q4_0)
             bit_pairs=((8, 4), (4, 2)),
-            settings=("group_size", "residual_length"),
+            # compression_ratio / token_budget: SnapKV on the prompt before quantizing (kivi-4:compression_ratio=0.5)
+            settings=("group_size", "residual_length", "compression_ratio", "token_budget"),
             exact=False,
             logit_bound={8: 0.01, 4: 0.1, 2: 0.4},
             planner=True,
             describe=_kivi_describe,
-            kvlab_attention=lambda name, s: _kivi_attention(name, s) == "fused",
+            kvlab_attention=lambda name, s: (
+                _kivi_attention(name, s) == "fused" or bool(_snapkv_budget(name, s))
+            ),
         ),
         CacheEntry(
             "fp8",

@@ -12,7 +12,7 @@
 * ``sink`` [``:sink_tokens=S:window_length=W``] — :class:`kvlab.caches.sink.SinkCache` (StreamingLLM: the first
   S tokens + the newest W; default 4 + 256); ``snapkv`` [``:compression_ratio=r`` | ``:token_budget=n``] —
   :class:`kvlab.caches.snapkv.SnapKVCache` (the prompt compressed once; default ratio 0.5). An evicting cache's
-  settings are part of its name.
+  settings are part of its name, as is SnapKV under KIVI: ``kivi-4:compression_ratio=0.5``.
 * any other registered family (``paged``, and caches added later) by its registry name.
 
 The experiment sets KIVI's attention path (``--kivi-attention``), group size and residual window per matrix cell,
@@ -27,6 +27,8 @@ from typing import Any
 
 from kvlab.caches.registry import CacheSettings, ResolvedCache, resolve
 
+EVICTION_SETTINGS = {"compression_ratio", "token_budget"}  # kivi-4:compression_ratio=0.5: SnapKV under KIVI
+
 
 def _resolve_one(name: Any) -> ResolvedCache:
     try:
@@ -36,7 +38,7 @@ def _resolve_one(name: Any) -> ResolvedCache:
     # a variant that names the cache itself (fp8-e4m3: the format) is part of the candidate, as are an evicting
     # cache's settings (sink:window_length=128: what it keeps); KIVI's variant (the attention path) and settings are
     # the run's
-    own_settings = cache.entry.evicts
+    own_settings = cache.entry.evicts or {k for k, _ in cache.name.settings} <= EVICTION_SETTINGS
     if (cache.name.variant is not None and not cache.entry.variant_required) or (
         cache.name.settings and not own_settings
     ):

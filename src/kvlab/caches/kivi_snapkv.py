@@ -1,0 +1,203 @@
+"""``KIVISnapKVCache``: SnapKV prefill compression composed with KIVI quantization, each kept token quantized once.
+
+The prompt's float K/V are held for one step: the prefill attends to them as any KIVI prefill does (float K/V,
+nothing quantized yet), kvlab attention then hands each layer the prefill's queries, SnapKV (arXiv:2404.14469 §4,
+:func:`kvlab.caches.snapkv.snapkv_scores`) picks the tokens each KV head keeps, and only those enter the KIVI state
+(KIVI, arXiv:2402.02750 §3): the kept tokens are quantized exactly once, in their first and only flush, and the
+dropped ones are never quantized at all. Evicting *before* quantizing is what keeps "each token quantized once": a
+token dropped from a packed key group (per-channel over ``G`` tokens) would otherwise force its group to be
+re-quantized. Decoding then runs KIVI unchanged (residual window, flushes, the fused path included).
+
+Positions are SnapKV's: kept tokens keep their original positions, the next token is at the prompt length.
+
+Usage::
+
+    kvlab.attention.enable(model)
+    cache = KIVISnapKVCache(nbits=4, compression_ratio=0.5, config=model.config)
+    model.generate(input_ids, cache=cache, max_new_tokens=64)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvlab.caches.crop import crop_keep
+from kvlab.caches.kivi import KIVICache, KIVILayer
+from kvlab.caches.snapkv import SnapKVConfig, _not_enabled, _Observer, keep_indices, snapkv_scores
+
+
+class KIVISnapKVLayer(KIVILayer):
+    """A :class:`~kvlab.caches.kivi.KIVILayer` whose first update (the prefill) is SnapKV-compressed before any
+    token is quantized. ``seen_tokens`` counts every token (positions), ``evicted_tokens`` the prompt tokens dropped
+    per KV head."""
+
+    def __init__(self, config: Any, attention: str, snap: SnapKVConfig, **kwargs: Any):
+        super().__init__(config, attention, **kwargs)
+        self.snap = snap
+        self.seen_tokens = self.evicted_tokens = 0
+        self.pending = self.compressed = False
+        self.prompt: tuple[torch.Tensor, torch.Tensor] | None = None  # the prompt's float K/V until scored
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prefill: hold ``[B, H, t, D]`` float K/V, ask kvlab attention for the queries, return them as they
+        are (the prefill attends to float K/V). Later updates: KIVI's.
+
+        Raises:
+            RuntimeError: the previous prefill's queries never arrived. ValueError: as :meth:`KIVILayer.update`.
+        """
+        if self.pending:
+            raise _not_enabled()
+        tokens = key_states.shape[-2]
+        if not self.compressed:
+            self.compressed = True
+            if self.snap.kept_tokens(tokens) < tokens:
+                from kvlab.attention.interface import observers
+
+                self.state._check(key_states, value_states)
+                if not self.is_initialized:
+                    self.lazy_initialization(key_states, value_states)
+                self.prompt, self.pending = (key_states, value_states), True
+                self.seen_tokens += tokens
+                observers()[kwargs.get("kvlab_layer_idx")] = _Observer(self, key_states)
+                return key_states, value_states
+        self.seen_tokens += tokens
+        return super().update(key_states, value_states, *args, **kwargs)
+
+    def observe(self, query: torch.Tensor, scale: float) -> None:
+        """Score the held prompt with ``query [B, Hq, prompt, D]``, keep the best tokens per KV head, quantize those."""
+        keys, values = self.prompt
+        tokens, c = keys.shape[-2], self.snap
+        kept, w = c.kept_tokens(tokens), min(c.window_size, query.shape[-2])
+        scores = snapkv_scores(query[..., -w:, :], keys, scale, c.kernel_size, c.pooling)
+        idx = keep_indices(scores, kept, w)[..., None].expand(-1, -1, -1, keys.shape[-1])  # [B, H, kept, D]
+        self.state.append(keys.gather(2, idx), values.gather(2, idx))  # the kept tokens, quantized once
+        self.keys, self.values = self.state.key_residual, self.state.value_residual
+        self.evicted_tokens += tokens - kept
+        self.prompt, self.pending = None, False
+
+    def get_seq_length(self) -> int:
+        """Every token seen (the next token's position), not the tokens held."""
+        return self.seen_tokens
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """``(kv_length, kv_offset)``: the held tokens plus the query, ending at the model's absolute position."""
+        held = self.state.total_tokens
+        return held + query_length, self.seen_tokens - held
+
+    def reset(self) -> None:
+        super().reset()
+        self.seen_tokens = self.evicted_tokens = 0
+        self.pending = self.compressed = False
+        self.prompt = None
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """transformers' ``crop``: as KIVI's before any eviction; after it only a crop that removes nothing.
+
+        Raises:
+            TypeError: a non-integer argument. ValueError: a crop that removes tokens after eviction.
+        """
+        keep = crop_keep(tokens_to_remove, self.seen_tokens)
+        if keep == self.seen_tokens:
+            return
+        if self.evicted_tokens:
+            raise ValueError(
+                f"KIVISnapKVCache cannot crop to {keep} tokens after evicting {self.evicted_tokens}"
+            )
+        super().crop(tokens_to_remove)
+        self.seen_tokens = self.state.total_tokens
+
+
+class KIVISnapKVCache(KIVICache):
+    """KIVI quantization (keys per-channel, values per-token, residual window) over a SnapKV-compressed prompt.
+
+    Args:
+        nbits, group_size, residual_length, attention, key_bits, value_bits, config: as :class:`KIVICache`.
+        compression_ratio / token_budget, window_size, kernel_size, pooling: as :class:`~kvlab.caches.snapkv.SnapKVConfig`.
+
+    Raises:
+        ValueError: as :class:`KIVICache` and :class:`~kvlab.caches.snapkv.SnapKVConfig`.
+        RuntimeError: a model not running :func:`kvlab.attention.enable` (at the second layer's update).
+
+    Source: SnapKV (arXiv:2404.14469) §4 then KIVI (arXiv:2402.02750) §3.
+    """
+
+    needs_own_prefill = (
+        True  # the prefill scores the prompt with the model's queries: a copied prefill cannot
+    )
+
+    def __init__(
+        self,
+        nbits: int = 4,
+        group_size: int = 32,
+        residual_length: int = 128,
+        compression_ratio: float | None = None,
+        token_budget: int | None = None,
+        window_size: int = 32,
+        kernel_size: int = 7,
+        pooling: str = "max",
+        config: Any = None,
+        attention: str = "dequantize",
+        key_bits: int | None = None,
+        value_bits: int | None = None,
+    ):
+        self.snapkv_config = SnapKVConfig(compression_ratio, token_budget, window_size, kernel_size, pooling)
+        super().__init__(
+            nbits=nbits,
+            group_size=group_size,
+            residual_length=residual_length,
+            config=config,
+            attention=attention,
+            key_bits=key_bits,
+            value_bits=value_bits,
+        )
+
+        def make() -> KIVISnapKVLayer:
+            return KIVISnapKVLayer(self.kivi_config, attention, self.snapkv_config)
+
+        if self.layer_class_to_replicate is not None:
+            self.layer_class_to_replicate = make
+        else:
+            self.layers = [make() for _ in self.layers]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """``KIVICache.update``, refusing a model whose attention never delivered the previous layer's queries.
+
+        Raises:
+            RuntimeError: no kvlab attention; as :meth:`KIVICache.update`.
+        """
+        if 0 < layer_idx <= len(self.layers) and self.layers[layer_idx - 1].pending:
+            from kvlab.attention.interface import observers
+
+            observers().pop(layer_idx - 1, None)
+            raise _not_enabled()
+        kwargs["kvlab_layer_idx"] = layer_idx
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    def load(self, states) -> None:
+        """Not available: the prompt is scored with the model's queries, so it needs a real prefill.
+
+        Raises:
+            NotImplementedError: always.
+        """
+        raise NotImplementedError(
+            "KIVISnapKVCache needs a real prefill (its scores need the prompt's queries)"
+        )
+
+    def evicted_tokens(self, layer_idx: int = 0) -> int:
+        """Prompt tokens dropped per KV head in layer ``layer_idx``."""
+        return self.layers[layer_idx].evicted_tokens if layer_idx < len(self.layers) else 0
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """transformers' ``crop`` (see :meth:`KIVISnapKVLayer.crop`)."""
+        crop_keep(tokens_to_remove, 0)
+        for layer in self.layers:
+            layer.crop(tokens_to_remove)
+
+    def __repr__(self) -> str:
+        return f"{super().__repr__()[:-1]}, snapkv={self.snapkv_config})".replace(
+            "KIVICache(", "KIVISnapKVCache(", 1
+        )
