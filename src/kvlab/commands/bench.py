@@ -198,6 +198,11 @@ def command_line(args: argparse.Namespace) -> str:
     return shlex.join(words)
 
 
+def _flags(args: argparse.Namespace, *names: str) -> dict:
+    """``{name: args.<name>}``: flags that reach ``run()`` under their own name."""
+    return {name: getattr(args, name) for name in names}
+
+
 def _kwargs(args: argparse.Namespace) -> dict:
     """``run()`` keyword arguments of benchmark ``args.bench``."""
     b = args.bench
@@ -205,63 +210,29 @@ def _kwargs(args: argparse.Namespace) -> dict:
     if b in ("decode", "memory", "flush", "kernel"):
         kw["device"] = args.device
     if b in ("decode", "memory"):
-        kw |= {
-            "model": args.model,
-            "dtype": args.dtype,
-            "contexts": args.contexts,
-            "prefill_chunk_tokens": args.prefill_chunk,
-            "group_size": args.group_size,
-            "residual_length": args.residual_length,
-            "hqq_group_size": args.hqq_group_size,
-            "warmup": args.warmup,
-        }
+        kw |= _flags(
+            args, "model", "dtype", "contexts", "group_size", "residual_length", "hqq_group_size", "warmup"
+        )
+        kw["prefill_chunk_tokens"] = args.prefill_chunk
         if args.candidates:
             kw["candidates"] = tuple(args.candidates)
     if b == "decode":
-        kw |= {"steps": args.steps, "profile_context": args.profile_context}
+        kw |= _flags(args, "steps", "profile_context")
     elif b == "memory":
         kw["flush_step"] = not args.no_flush_step
     elif b == "flush":
-        kw |= {
-            "contexts": args.contexts,
-            "kv_heads": args.kv_heads,
-            "head_dim": args.head_dim,
-            "dtype": args.dtype,
-            "reps": args.reps,
-            "hf_reps": args.hf_reps,
-            "group_size": args.group_size,
-            "residual_length": args.residual_length,
-            "hqq_group_size": args.hqq_group_size,
-        }
+        kw |= _flags(args, "contexts", "kv_heads", "head_dim", "dtype", "reps", "hf_reps")
+        kw |= _flags(args, "group_size", "residual_length", "hqq_group_size")
         if args.caches:
             kw["caches"] = tuple(args.caches)
     elif b == "kernel":
-        kw |= {
-            "contexts": args.contexts,
-            "q_heads": args.q_heads,
-            "kv_heads": args.kv_heads,
-            "head_dim": args.head_dim,
-            "dtype": args.dtype,
-            "nbits": args.nbits,
-            "reps": args.reps,
-            "group_size": args.group_size,
-            "residual_length": args.residual_length,
-            "copy_bytes": None if args.copy_mib is None else args.copy_mib * 2**20,
-            "backend": args.backend,
-        }
+        kw |= _flags(args, "contexts", "q_heads", "kv_heads", "head_dim", "dtype", "nbits", "reps")
+        kw |= _flags(args, "group_size", "residual_length", "backend")
+        kw["copy_bytes"] = None if args.copy_mib is None else args.copy_mib * 2**20
     elif b == "paging":  # --quick sizes: kvlab.bench.paging.QUICK
-        kw |= {
-            "static_requests": args.static_requests,
-            "sim_requests": args.sim_requests,
-            "rate_per_step": args.rate,
-        }
+        kw |= _flags(args, "static_requests", "sim_requests") | {"rate_per_step": args.rate}
     elif b == "lab":  # --quick sizes: kvlab.bench.lab.QUICK
-        kw |= {
-            "kv_heads": args.kv_heads,
-            "new_tokens": args.new_tokens,
-            "repeat": args.repeat,
-            "append": not args.no_append,
-        }
+        kw |= _flags(args, "kv_heads", "new_tokens", "repeat") | {"append": not args.no_append}
     return kw
 
 
