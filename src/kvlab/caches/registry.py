@@ -297,6 +297,14 @@ def _snapkv_describe(name: CacheName, s: CacheSettings) -> dict:
     return {"compression_ratio": s.compression_ratio}
 
 
+def _tova(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
+    from kvlab.caches.tova import TOVACache
+
+    if s.token_budget:
+        return TOVACache(token_budget=s.token_budget, config=model_config)
+    return TOVACache(compression_ratio=s.compression_ratio, config=model_config)
+
+
 # --- the registry: one entry per family ---------------------------------------------------------------------
 
 REGISTRY: dict[str, CacheEntry] = {
@@ -363,6 +371,16 @@ REGISTRY: dict[str, CacheEntry] = {
             evicts=True,
             describe=_snapkv_describe,
             kvlab_attention=lambda name, s: True,  # the prefill's queries come from kvlab attention
+        ),
+        CacheEntry(
+            "tova",
+            "kvlab TOVACache: after every step, drop the tokens the current query attends to least (arXiv:2401.06104)",
+            _tova,
+            settings=("compression_ratio", "token_budget"),
+            exact=False,
+            evicts=True,
+            describe=_snapkv_describe,
+            kvlab_attention=lambda name, s: True,  # each step's query comes from kvlab attention
         ),
         CacheEntry(
             "hqq",
