@@ -8,6 +8,7 @@ import math
 
 from kvlab.commands import fail
 from kvlab.plan.ledger import KV_DTYPE_NAMES
+from kvlab.plan.scenario import DEFAULT_RESERVE_GIB
 
 GIB = 1024**3
 
@@ -121,8 +122,9 @@ def _register_plan(subparsers) -> None:
     p.add_argument(
         "--reserve-gib",
         type=float,
-        default=0.0,
-        help="GiB per GPU kept free for activations, workspace and framework (default 0)",
+        default=DEFAULT_RESERVE_GIB,
+        help="GiB per GPU kept free for activations, workspace and framework "
+        f"(default {DEFAULT_RESERVE_GIB:g}, as kvlab paging)",
     )
     p.add_argument("--kv-heads", type=int, default=None, help="what-if: override the KV heads (e.g. MHA)")
     _add_weight_flags(p)

@@ -58,10 +58,10 @@ def _check_reserve(reserve_gib: float, memory_bytes: int, memory_text: str) -> N
 
 def budget_from_gib(memory_gib: float, reserve_gib: float = 0.0) -> GpuBudget:
     """A budget of ``memory_gib`` GiB (2**30 B) with ``reserve_gib`` GiB kept back."""
-    if not memory_gib > 0 or not reserve_gib >= 0 or not math.isfinite((memory_gib + reserve_gib) * GIB):
-        raise ValueError(
-            f"memory must be finite and > 0 and reserve finite and >= 0 GiB, got {memory_gib!r} and {reserve_gib!r}"
-        )
+    if not (memory_gib > 0 and math.isfinite(memory_gib * GIB)):
+        raise ValueError(f"--gpu-mem-gib must be a finite number of GiB > 0, got {memory_gib!r}")
+    if not (reserve_gib >= 0 and math.isfinite(reserve_gib * GIB)):
+        raise ValueError(f"--reserve-gib must be a finite number of GiB >= 0, got {reserve_gib!r}")
     _check_reserve(reserve_gib, int(round(memory_gib * GIB)), f"--gpu-mem-gib {memory_gib:g}, GiB")
     return GpuBudget(
         int(round(memory_gib * GIB)),

@@ -19,7 +19,7 @@ from kvlab.plan.roofline import (
     prefill_intensity,
 )
 from kvlab.plan.scenario import DEFAULT_GPU  # re-exported: commands and tests read it here
-from kvlab.plan.spec import KV_KINDS, SHARED, ModelSpec, load_spec
+from kvlab.plan.spec import KV_KINDS, QUANTIZED_WEIGHTS_HINT, SHARED, ModelSpec, load_spec
 from kvlab.plan.video import VideoClip, video_kv
 from kvlab.plan.weights import UnknownWeightsError, WeightBytes, weight_bytes
 
@@ -139,7 +139,9 @@ def plan_report(
         )
         out.update(bound.to_dict())
         out["measured"] = None if measured_step_ms is None else bound.compare(measured_step_ms)
-    out["notes"] = notes + _model_notes(spec, tp)
+    out["notes"] = _weight_source_notes(
+        notes + _model_notes(spec, tp), weight_dtype, weights_index, weight_bytes_override
+    )
     out["vllm"] = None
     if emit == "vllm":
         out["vllm"] = _vllm(spec, kvd, model, context, batch, tp, budget, ledger, block_size)
@@ -170,6 +172,22 @@ def _fit(spec, context, batch, kvd, tp, budget, weights, ledger) -> dict[str, An
     fit["max_context_allocated"] = max_context(spec, batch, free, kvd, tp=tp, mode="allocated")
     fit["fits"] = kv_bytes_peak(spec, context, batch, kvd, tp=tp) <= free
     return fit
+
+
+def _weight_source_notes(
+    notes: list[str], weight_dtype: str, weights_index: str | None, weight_bytes_override: int | None
+) -> list[str]:
+    """The quantized-checkpoint note without its "pass --weight-dtype ..." hint when the user passed one of them
+    (the note then names the source used instead)."""
+    if weight_bytes_override is not None:
+        used = f"--weight-bytes {weight_bytes_override:,}"
+    elif weights_index is not None:
+        used = f"--weights-index {weights_index}"
+    elif weight_dtype != "auto":
+        used = f"--weight-dtype {weight_dtype}"
+    else:
+        return notes
+    return [n.replace(QUANTIZED_WEIGHTS_HINT, f"; weights sized from {used}") for n in notes]
 
 
 def _model_notes(spec: ModelSpec, tp: int) -> list[str]:
@@ -278,7 +296,7 @@ def roofline_report(
             context,
         )
     )
-    out["notes"] = list(spec.notes)
+    out["notes"] = _weight_source_notes(list(spec.notes), weight_dtype, weights_index, weight_bytes_override)
     if weights is None:
         out.update({k: None for k in _BOUND_KEYS})
         out.update(weight_bytes=None, weight_bytes_source=None, measured=None)

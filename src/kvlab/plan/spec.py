@@ -662,8 +662,12 @@ def _note_quantized_checkpoint(cfg: Mapping, config: Mapping, notes: list[str]) 
         method = qc.get("quant_method", "?") if isinstance(qc, Mapping) else qc
         notes.append(
             f"checkpoint is quantized ({method}); weight bytes from the parameter count assume one dtype for "
-            "all weights: pass --weight-dtype or --weights-index"
+            f"all weights{QUANTIZED_WEIGHTS_HINT}"
         )
+
+
+# the end of the quantized-checkpoint note; the report replaces it with the weight source the user gave
+QUANTIZED_WEIGHTS_HINT = ": pass --weight-dtype or --weights-index"
 
 
 def _max_positions(cfg: Mapping) -> int | None:

@@ -235,3 +235,14 @@ def test_fp8_kv_dtype_bytes_in_the_plan_cli(capsys):
     scales = 2 * spec.kv_layers * 2 * spec.num_kv_heads * 4  # batch x layers x (K, V) x heads x fp32
     assert 2 * total["fp8-e4m3-unscaled"] == total["bf16"]
     assert total["fp8_e4m3"] == total["fp8-e4m3-unscaled"] + scales
+
+
+def test_quantized_note_names_the_weight_source_the_user_gave():
+    from kvlab.plan.report import plan_report
+
+    hint = "pass --weight-dtype or --weights-index"
+    plain = plan_report("deepseek-v3", context=4096)
+    assert any(hint in n for n in plain["notes"])
+    given = plan_report("deepseek-v3", context=4096, weight_dtype="fp8")
+    notes = [n for n in given["notes"] if "checkpoint is quantized" in n]
+    assert notes and hint not in notes[0] and notes[0].endswith("weights sized from --weight-dtype fp8")

@@ -97,6 +97,8 @@ def test_tensor_parallel_fp8_and_block_size(capsys):
         "h100-sxm",
         "--context",
         "1000",  # not a multiple of the block: a request holds ceil(1000 / 32) = 32 blocks
+        "--reserve-gib",
+        "0",
     )
     f = check_against_plan(r)
     assert (f["--tensor-parallel-size"], f["--kv-cache-dtype"], f["--block-size"]) == ("2", "fp8", "32")
