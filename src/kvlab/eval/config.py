@@ -160,6 +160,17 @@ class EvalConfig:
         from kvlab.eval.candidates import check_candidate_names  # local: candidates imports torch
 
         check_candidate_names(self.candidates)
+        # fused KIVI (and its Triton kernel) reads K and V codes at one width
+        if self.kivi_attention == "fused":
+            from kvlab.caches.registry import resolve
+
+            split = [n for n in self.candidates if resolve(n).name.key_bits is not None]
+            if split:
+                raise ValueError(
+                    f"`kivi_attention` 'fused' (--kivi-attention fused, the default) reads keys and values at one "
+                    f"width; candidates {split} give them their own bits: use 'dequantize' (--kivi-attention "
+                    f"dequantize)"
+                )
         _positive_ints("contexts", self.contexts)
         _positive_ints("window_residuals", self.window_residuals, allow_empty=True)
         for name in (

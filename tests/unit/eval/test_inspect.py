@@ -93,3 +93,14 @@ def test_command_refuses_bad_flags_and_existing_files(tmp_path, capsys):
     assert "--outlier-factor must be a finite number > 1, got 0.5" in capsys.readouterr().err
     assert main(["inspect", "--figure", str(tmp_path / "nope" / "f.png")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_eval_refuses_asymmetric_kivi_on_the_fused_path_before_any_work():
+    from kvlab.eval.config import EvalConfig
+
+    with pytest.raises(ValueError, match=r"candidates \['kivi-k8v4'\] give them their own bits.*dequantize"):
+        EvalConfig(candidates=("dynamic", "kivi-k8v4"))
+    assert (
+        EvalConfig(candidates=("dynamic", "kivi-k8v4"), kivi_attention="dequantize").kivi_attention
+        == "dequantize"
+    )
