@@ -197,3 +197,23 @@ def test_registry_names_build_the_cache_with_their_settings(model):
         resolve("sink:window_length=0")
     with pytest.raises(ValueError, match="settings are .*got \\['group_size'\\]"):
         resolve("sink:group_size=4")
+
+
+def test_live_tensor_bytes_stay_flat_once_the_window_fills(model):
+    """The issue's CPU measure: live tensor bytes after each step (``TensorBytesTracker``) stop growing."""
+    from kvlab.runtime.tensor_bytes import TensorBytesTracker
+
+    def live_bytes(cache):
+        token, live = _prompt(1, 1), []
+        with TensorBytesTracker() as tracker:
+            for _ in range(40):
+                out = model(token, cache=cache, use_cache=True)
+                del out
+                live.append(tracker.current_bytes)
+        return live
+
+    live = live_bytes(SinkCache(4, 16, config=model.config))
+    assert live[25:] == [live[25]] * 15  # flat once 4 + 16 tokens are held
+    assert live[19] > live[5]  # and it did grow while the window filled
+    dynamic = live_bytes(DynamicCache())
+    assert dynamic[39] - dynamic[25] == 14 * 2 * 2 * 2 * 32 * 4  # the same measure sees a growing cache grow
