@@ -45,17 +45,37 @@ def register(sub) -> None:
         "each cache candidate against DynamicCache on the same prompts, judged by quality and latency gates; "
         "write results/<label>.json.",
     )
+    _add_model_flags(p)
+    _add_matrix_flags(p)
+    _add_gate_flags(p)
+    _add_long_context_flags(p)
+    _add_prompt_and_output_flags(p)
+    p.set_defaults(func=run)
+
+
+def _registered() -> list[str]:
+    from kvlab.caches.registry import cache_names  # torch-free
+
+    return cache_names()
+
+
+def _add_model_flags(p) -> None:
+    """Model, dtype, device and the candidate caches."""
     p.add_argument(
         "--model", default=None, help="HF hub id or local directory (default: the bundled reference model)"
     )
     p.add_argument("--dtype", default="bfloat16", help="model dtype: bfloat16 (default), float16 or float32")
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda")
+
+
+def _add_matrix_flags(p) -> None:
+    """Capacity and residual-window matrices, KIVI settings, timing."""
     p.add_argument(
         "--candidates",
         type=_names,
         default=None,
-        help="comma list from dynamic,kivi-2,kivi-4,kivi-8,kivi-kKvV (e.g. kivi-k8v4; with --kivi-attention "
-        "dequantize),fp8-e4m3,fp8-e5m2 (+ -tensor or -unscaled),hqq-2,hqq-4,hqq-8,quanto-2,quanto-4 "
+        help="comma list of registered cache names, family[-bits][-variant][:setting=value] (see CONTRIBUTING.md), "
+        f"e.g. kivi-4,kivi-k8v4,fp8-e4m3,hqq-4,sink:window_length=256; every name: {', '.join(_registered())} "
         "(default: dynamic,kivi-4,kivi-2,hqq-4)",
     )
     p.add_argument(
@@ -100,6 +120,10 @@ def register(sub) -> None:
     )
     p.add_argument("--quality-tokens", type=int, default=None, help="fixed-continuation length (default 16)")
     p.add_argument("--top-k", type=int, default=None, help="k of the top-k overlap (default 5)")
+
+
+def _add_gate_flags(p) -> None:
+    """Acceptance gates (quantization chapter §5.4 and the long-context gates)."""
     p.add_argument("--max-nll-delta", type=float, default=None, help="gate (default 0.50)")
     p.add_argument("--min-topk-overlap", type=float, default=None, help="gate (default 0.60)")
     p.add_argument("--max-latency-ratio", type=float, default=None, help="gate (default 2.00)")
@@ -121,6 +145,10 @@ def register(sub) -> None:
         default=None,
         help="gate: mean KL(DynamicCache || candidate) on the continuation, nats (default 0.10)",
     )
+
+
+def _add_long_context_flags(p) -> None:
+    """Recall and passkey probes (kvlab.eval.longctx)."""
     p.add_argument(
         "--no-long-context",
         action="store_true",
@@ -153,6 +181,10 @@ def register(sub) -> None:
         help="copy distances as fractions of the context (default 0.25,0.5,0.9)",
     )
     p.add_argument("--recall-span", type=int, default=None, help="copy span length L in tokens (default 32)")
+
+
+def _add_prompt_and_output_flags(p) -> None:
+    """Prompts, seed, --quick, and where the result goes."""
     p.add_argument(
         "--prompt-mode",
         choices=("heldout", "repeat"),
@@ -175,7 +207,6 @@ def register(sub) -> None:
     p.add_argument("--force", action="store_true", help="overwrite an existing result with the same label")
     p.add_argument("--dry-run", action="store_true", help="write the plan only; load no model")
     p.add_argument("--json", action="store_true", help="print the result JSON instead of tables")
-    p.set_defaults(func=run)
 
 
 _FIELDS = {

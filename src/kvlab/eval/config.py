@@ -148,6 +148,17 @@ class EvalConfig:
     retrieval_contexts: tuple[int, ...] | None = None
     gates: Gates = field(default_factory=Gates)
 
+    def _check_run_settings(self) -> None:
+        """``seed`` (torch.manual_seed's range) and ``threads`` (None or >= 1)."""
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64:
+            raise ValueError(
+                f"`seed` must be an integer in [-2**63, 2**64) (torch.manual_seed), got {self.seed!r}"
+            )
+        if self.threads is not None and (
+            isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
+        ):
+            raise ValueError(f"`threads` must be a positive integer or None, got {self.threads!r}")
+
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"`dtype` must be one of {list(DTYPES)}, got {self.dtype!r}")
@@ -205,14 +216,7 @@ class EvalConfig:
                 raise ValueError(
                     f"`retrieval_contexts` must be capacity contexts {list(self.contexts)}, got {bad} that are not"
                 )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64:
-            raise ValueError(
-                f"`seed` must be an integer in [-2**63, 2**64) (torch.manual_seed), got {self.seed!r}"
-            )
-        if self.threads is not None and (
-            isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
-        ):
-            raise ValueError(f"`threads` must be a positive integer or None, got {self.threads!r}")
+        self._check_run_settings()
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"`warmup` must be a non-negative integer, got {self.warmup!r}")
         if self.residual_length < 0 or self.residual_length % self.group_size:

@@ -116,34 +116,7 @@ def print_summary(result: dict, console: Console | None = None) -> None:
         console = Console()
         if not console.is_terminal:
             console = Console(width=150)
-    prov = result.get("provenance", {})
-    model = prov.get("model", {})
-    sw = prov.get("software", {})
-    hw = prov.get("hardware", {})
-    console.print(f"[bold]kvlab eval[/] {result['label']} — status [bold]{result['status']}[/]")
-    if model:
-        console.print(
-            f"model {model.get('id_or_path')} ({model.get('dtype')}, {model.get('device')}), "
-            f"fingerprint {str(model.get('fingerprint'))[:16]}"
-        )
-    console.print(
-        f"torch {sw.get('torch')}, transformers {sw.get('transformers')}, "
-        f"hqq {sw.get('hqq')}, device {hw.get('device')}"
-    )
-    g = result["gates"]
-    console.print(
-        f"gates: ΔNLL ≤ {g['max_nll_delta']}, top-k overlap ≥ {g['min_topk_overlap']}, "
-        f"latency ratio ≤ {g['max_latency_ratio']}; memory = exact cache bytes vs DynamicCache"
-    )
-    if "max_kl_mean" in g:  # results written before the long-context gates have none
-        console.print(
-            f"long-context gates: recall drop ≤ {g['max_recall_drop']} (worst distance), passkey drop ≤ "
-            f"{g['max_passkey_drop']} (mean over depths), KL mean ≤ {g['max_kl_mean']} nats; recall and passkey "
-            f"columns: accuracy (the mark judges the drop vs dynamic)"
-        )
-    for c in result["candidates"]:
-        if not c.get("available", True):
-            console.print(f"[yellow]skipped[/] {c['name']}: {c['skip_reason']}")
+    _print_header(result, console)
     for matrix in ("capacity", "window"):
         table = matrix_table(result, matrix)
         if table is not None:
@@ -162,51 +135,86 @@ def print_summary(result: dict, console: Console | None = None) -> None:
             if value is not None
         ]  # a model that failed to load has no candidate, context or residual
         console.print(f"[red]failed[/] {' '.join(where + [''])}at {f['stage']}: {f['type']}: {f['message']}")
-    s = result.get("summary")
-    if s:
-        console.print(
-            f"memory-reduction onset: {s['memory_reduction_onset_context']}; eligible crossover: "
-            f"{s['eligible_crossover_context']}; eligible capacity rows: {s['eligible_candidate_count']}"
-        )
-        sel = s.get("selected_candidate")
-        if sel:
-            console.print(
-                f"selected: {sel['candidate']} at context {sel['context_length']} — cache "
-                f"{_f(sel.get('cache_bytes_ratio'), '.3f')}× dynamic, ΔNLL {_f(sel.get('nll_delta'), '+.3f')}, "
-                f"top-k {_f(sel.get('topk_overlap'), '.2f')}, latency {_f(sel.get('latency_ratio'), '.2f')}×"
-            )
-            row = next(
-                (
-                    r
-                    for r in result["rows"]
-                    if r["matrix"] == "capacity"
-                    and r["candidate"] == sel["candidate"]
-                    and r["context_length"] == sel["context_length"]
-                ),
-                {},
-            )
-            extra = [
-                f"{label} {row[key]:{fmt}}"
-                for key, label, fmt in (
-                    ("recall_drop", "recall drop", "+.3f"),
-                    ("passkey_drop", "passkey drop", "+.2f"),
-                    ("kl_mean", "KL mean", ".4f"),
-                )
-                if row.get(key) is not None
-            ]
-            if extra:
-                console.print("          " + ", ".join(extra))
-        judged = f" (judged on: {', '.join(s['decision_gates'])})" if s.get("decision_gates") else ""
-        console.print(f"[bold]decision: {s['decision']}[/]{judged}")
-        if s.get("latency_trusted") is False:
-            console.print(
-                "[yellow]latency: not trusted (the machine was busy while timing; see the warning)[/]"
-            )
-        if s.get("latency_warning"):
-            console.print(f"[yellow]warning: {s['latency_warning']}[/]")
-        if s.get("long_context_warning"):
-            console.print(f"[yellow]warning: {s['long_context_warning']}[/]")
-        if s.get("long_context_not_measured"):
-            console.print(f"[yellow]warning: {s['long_context_not_measured']}[/]")
+    if result.get("summary"):
+        _print_decision(result, result["summary"], console)
     if result.get("elapsed_s") is not None:
         console.print(f"elapsed {result['elapsed_s']:.1f} s")
+
+
+def _print_header(result: dict, console: Console) -> None:
+    """Label, status, model, software, gates and skipped candidates."""
+    prov = result.get("provenance", {})
+    model = prov.get("model", {})
+    sw = prov.get("software", {})
+    hw = prov.get("hardware", {})
+    console.print(f"[bold]kvlab eval[/] {result['label']} — status [bold]{result['status']}[/]")
+    if model:
+        console.print(
+            f"model {model.get('id_or_path')} ({model.get('dtype')}, {model.get('device')}), "
+            f"fingerprint {str(model.get('fingerprint'))[:16]}"
+        )
+    threads = f", {prov['torch_threads']} torch thread(s)" if prov.get("torch_threads") else ""
+    console.print(
+        f"torch {sw.get('torch')}, transformers {sw.get('transformers')}, "
+        f"hqq {sw.get('hqq')}, device {hw.get('device')}{threads}"
+    )
+    g = result["gates"]
+    console.print(
+        f"gates: ΔNLL ≤ {g['max_nll_delta']}, top-k overlap ≥ {g['min_topk_overlap']}, "
+        f"latency ratio ≤ {g['max_latency_ratio']}; memory = exact cache bytes vs DynamicCache"
+    )
+    if "max_kl_mean" in g:  # results written before the long-context gates have none
+        console.print(
+            f"long-context gates: recall drop ≤ {g['max_recall_drop']} (worst distance), passkey drop ≤ "
+            f"{g['max_passkey_drop']} (mean over depths), KL mean ≤ {g['max_kl_mean']} nats; recall and passkey "
+            f"columns: accuracy (the mark judges the drop vs dynamic)"
+        )
+    for c in result["candidates"]:
+        if not c.get("available", True):
+            console.print(f"[yellow]skipped[/] {c['name']}: {c['skip_reason']}")
+
+
+def _print_decision(result: dict, s: dict, console: Console) -> None:
+    """Onset, crossover, the selected row with its long-context figures, the decision and its warnings."""
+    console.print(
+        f"memory-reduction onset: {s['memory_reduction_onset_context']}; eligible crossover: "
+        f"{s['eligible_crossover_context']}; eligible capacity rows: {s['eligible_candidate_count']}"
+    )
+    sel = s.get("selected_candidate")
+    if sel:
+        console.print(
+            f"selected: {sel['candidate']} at context {sel['context_length']} — cache "
+            f"{_f(sel.get('cache_bytes_ratio'), '.3f')}× dynamic, ΔNLL {_f(sel.get('nll_delta'), '+.3f')}, "
+            f"top-k {_f(sel.get('topk_overlap'), '.2f')}, latency {_f(sel.get('latency_ratio'), '.2f')}×"
+        )
+        row = next(
+            (
+                r
+                for r in result["rows"]
+                if r["matrix"] == "capacity"
+                and r["candidate"] == sel["candidate"]
+                and r["context_length"] == sel["context_length"]
+            ),
+            {},
+        )
+        extra = [
+            f"{label} {row[key]:{fmt}}"
+            for key, label, fmt in (
+                ("recall_drop", "recall drop", "+.3f"),
+                ("passkey_drop", "passkey drop", "+.2f"),
+                ("kl_mean", "KL mean", ".4f"),
+            )
+            if row.get(key) is not None
+        ]
+        if extra:
+            console.print("          " + ", ".join(extra))
+    judged = f" (judged on: {', '.join(s['decision_gates'])})" if s.get("decision_gates") else ""
+    console.print(f"[bold]decision: {s['decision']}[/]{judged}")
+    if s.get("latency_trusted") is False:
+        console.print("[yellow]latency: not trusted (the machine was busy while timing; see the warning)[/]")
+    if s.get("latency_warning"):
+        console.print(f"[yellow]warning: {s['latency_warning']}[/]")
+    if s.get("long_context_warning"):
+        console.print(f"[yellow]warning: {s['long_context_warning']}[/]")
+    if s.get("long_context_not_measured"):
+        console.print(f"[yellow]warning: {s['long_context_not_measured']}[/]")

@@ -21,8 +21,6 @@ ALLOWED_LONG: dict[str, str] = {
     # Being changed by the eviction / FP8 / KIVI-asymmetric work (issues 11, 12, 17): split after it lands.
     "attention/quantized.py::kivi_attention": "being changed by issue 11/12/17 work",
     "attention/quantized.py::_check_inputs": "being changed by issue 11/12/17 work",
-    "eval/render.py::print_summary": "being changed by issue 11/12/17 work",
-    "commands/eval.py::register": "being changed by issue 11/12/17 work",
 }
 
 
