@@ -11,6 +11,7 @@ from kvlab.caches.kivi_snapkv import KIVISnapKVCache
 from kvlab.caches.measure import cache_nbytes
 from kvlab.caches.registry import resolve
 from kvlab.caches.snapkv import SnapKVCache
+from kvlab.runtime.hf_api import cache_kwarg
 from tests.conftest import make_tiny_qwen2
 
 
@@ -32,13 +33,13 @@ def _prompt(batch, tokens, seed=0):
 def test_kept_tokens_are_quantized_once_as_a_fresh_kivi_prefill_of_them(model):
     prompt = _prompt(2, 320)
     snap = SnapKVCache(compression_ratio=0.5)
-    model(prompt, cache=snap, use_cache=True)
+    model(prompt, **{cache_kwarg(model): snap}, use_cache=True)
     loaded = KIVICache(nbits=4, group_size=32, residual_length=64)
     loaded.load(
         [(layer.keys, layer.values) for layer in snap.layers]
     )  # SnapKV's kept float K/V, quantized once
     composed = KIVISnapKVCache(nbits=4, group_size=32, residual_length=64, compression_ratio=0.5)
-    model(prompt, cache=composed, use_cache=True)
+    model(prompt, **{cache_kwarg(model): composed}, use_cache=True)
     assert composed.evicted_tokens() == 160 and composed.get_seq_length() == 320
     for a, b in zip(composed.layers, loaded.layers):
         assert a.state.quantized_tokens == b.state.quantized_tokens > 0
@@ -53,9 +54,9 @@ def test_kivi4_with_snapkv_half_is_under_018x_bf16_dynamic_at_4096_tokens(model)
     kvlab.attention.enable(bf16)
     prompt = _prompt(1, 4096, seed=1)
     dynamic = DynamicCache()
-    bf16(prompt, cache=dynamic, use_cache=True, logits_to_keep=1)
+    bf16(prompt, **{cache_kwarg(bf16): dynamic}, use_cache=True, logits_to_keep=1)
     composed = resolve("kivi-4:compression_ratio=0.5").make(bf16.config)
-    bf16(prompt, cache=composed, use_cache=True, logits_to_keep=1)
+    bf16(prompt, **{cache_kwarg(bf16): composed}, use_cache=True, logits_to_keep=1)
     ratio = cache_nbytes(composed) / cache_nbytes(dynamic)
     assert ratio <= 0.18, ratio
     assert composed.evicted_tokens() == 2048
@@ -67,18 +68,24 @@ def test_decoding_runs_on_both_attention_paths(model, attention):
     cache = KIVISnapKVCache(
         nbits=4, group_size=32, residual_length=32, compression_ratio=0.5, attention=attention
     )
-    out = model.generate(prompt, cache=cache, max_new_tokens=40, do_sample=False, pad_token_id=0)
+    out = model.generate(
+        prompt, **{cache_kwarg(model): cache}, max_new_tokens=40, do_sample=False, pad_token_id=0
+    )
     assert out.shape == (2, 240) and cache.get_seq_length() == 239
     assert cache.layers[0].state.total_tokens == 100 + 39  # kept prompt + decoded tokens
     ref = KIVICache(nbits=4, group_size=32, residual_length=32, attention=attention)
-    model.generate(prompt, cache=ref, max_new_tokens=40, do_sample=False, pad_token_id=0)
+    model.generate(prompt, **{cache_kwarg(model): ref}, max_new_tokens=40, do_sample=False, pad_token_id=0)
     assert cache.nbytes() < ref.nbytes()
 
 
 def test_a_model_without_kvlab_attention_is_refused():
     plain = make_tiny_qwen2(head_dim=32, max_positions=512)
     with pytest.raises(RuntimeError, match=r"kvlab.attention.enable\(model\)"):
-        plain(_prompt(1, 96), cache=KIVISnapKVCache(nbits=4, compression_ratio=0.5), use_cache=True)
+        plain(
+            _prompt(1, 96),
+            **{cache_kwarg(plain): KIVISnapKVCache(nbits=4, compression_ratio=0.5)},
+            use_cache=True,
+        )
 
 
 def test_registry_name_and_bad_ratio():

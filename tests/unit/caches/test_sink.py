@@ -207,7 +207,7 @@ def test_live_tensor_bytes_stay_flat_once_the_window_fills(model):
         token, live = _prompt(1, 1), []
         with TensorBytesTracker() as tracker:
             for _ in range(40):
-                out = model(token, cache=cache, use_cache=True)
+                out = model(token, **{cache_kwarg(model): cache}, use_cache=True)
                 del out
                 live.append(tracker.current_bytes)
         return live

@@ -8,6 +8,7 @@ from transformers import DynamicCache
 import kvlab.attention
 from kvlab.caches.registry import resolve
 from kvlab.caches.tova import TOVACache, tova_scores
+from kvlab.runtime.hf_api import cache_kwarg
 from tests.conftest import make_tiny_qwen2
 
 
@@ -37,12 +38,12 @@ def test_scores_are_the_current_querys_weights_averaged_over_heads():
 
 def test_budget_is_held_with_real_bytes_and_the_least_attended_token_goes(model):
     cache = TOVACache(token_budget=40, config=model.config)
-    model(_prompt(2, 64), cache=cache, use_cache=True)
+    model(_prompt(2, 64), **{cache_kwarg(model): cache}, use_cache=True)
     assert cache.held_tokens() == 40 and cache.evicted_tokens() == 24 and cache.get_seq_length() == 64
     per_row_token = 2 * 2 * 2 * 32 * 4  # layers * (K, V) * kv_heads * head_dim * fp32
     for step in range(10):
         before = [layer.keys.clone() for layer in cache.layers]
-        model(_prompt(2, 1, seed=step + 1), cache=cache, use_cache=True)
+        model(_prompt(2, 1, seed=step + 1), **{cache_kwarg(model): cache}, use_cache=True)
         assert cache.held_tokens() == 40 and cache.nbytes() == 2 * 40 * per_row_token
         # each row lost exactly one of the 40 it held before the step (or the new token itself)
         for old, layer in zip(before, cache.layers):
@@ -65,9 +66,9 @@ def test_dropped_token_is_the_argmin_of_the_scores(model, monkeypatch):
 
     monkeypatch.setattr(tova, "tova_scores", spy)
     cache = TOVACache(token_budget=20, config=model.config)
-    model(_prompt(1, 20), cache=cache, use_cache=True)  # at the budget: nothing scored
+    model(_prompt(1, 20), **{cache_kwarg(model): cache}, use_cache=True)  # at the budget: nothing scored
     assert "scores" not in seen
-    model(_prompt(1, 1, seed=5), cache=cache, use_cache=True)
+    model(_prompt(1, 1, seed=5), **{cache_kwarg(model): cache}, use_cache=True)
     scores, keys = seen["scores"][0]  # layer 0: 21 tokens scored, one dropped
     dropped = int(scores[0].argmin())
     expected = torch.cat((keys[:, :, :dropped], keys[:, :, dropped + 1 :]), dim=2)
@@ -76,15 +77,21 @@ def test_dropped_token_is_the_argmin_of_the_scores(model, monkeypatch):
 
 def test_ratio_keeps_a_share_of_every_token_seen(model):
     cache = TOVACache(compression_ratio=0.25, config=model.config)
-    out = model.generate(_prompt(1, 64), cache=cache, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    out = model.generate(
+        _prompt(1, 64), **{cache_kwarg(model): cache}, max_new_tokens=8, do_sample=False, pad_token_id=0
+    )
     seen = 64 + 7
     assert out.shape == (1, 72) and cache.held_tokens() == seen - int(seen * 0.25)
 
 
 def test_under_the_budget_it_equals_dynamic_cache(model):
     prompt = _prompt(2, 30)
-    out = model.generate(prompt, cache=TOVACache(token_budget=100), max_new_tokens=6, do_sample=False)
-    assert torch.equal(out, model.generate(prompt, cache=DynamicCache(), max_new_tokens=6, do_sample=False))
+    out = model.generate(
+        prompt, **{cache_kwarg(model): TOVACache(token_budget=100)}, max_new_tokens=6, do_sample=False
+    )
+    assert torch.equal(
+        out, model.generate(prompt, **{cache_kwarg(model): DynamicCache()}, max_new_tokens=6, do_sample=False)
+    )
 
 
 @pytest.mark.parametrize(
