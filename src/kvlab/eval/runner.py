@@ -312,6 +312,13 @@ class _Cell:
             return
 
 
+def _group_size(cand, residual, group, cfg) -> int | None:
+    """The group size a candidate's cache quantizes with (its registry ``describe``), or ``None`` without groups."""
+    if cand.family == "dynamic":
+        return None
+    return cand.describe(residual, group, cfg.hqq_group_size).get("group_size")
+
+
 def _row(matrix, cand, ctx, new_tokens, residual, group, meas, base, cfg) -> dict:
     perf, q = meas["perf"], meas.get("quality")
     row = {
@@ -322,9 +329,8 @@ def _row(matrix, cand, ctx, new_tokens, residual, group, meas, base, cfg) -> dic
         "context_length": ctx,
         "new_tokens": new_tokens,
         "residual_length": residual if cand.family != "dynamic" else None,
-        "group_size": (group if cand.family == "kivi" else cfg.hqq_group_size)
-        if cand.family != "dynamic"
-        else None,
+        # the group size the cache uses (KIVI's G, HQQ/quanto's), None for caches without groups (dynamic, fp8)
+        "group_size": _group_size(cand, residual, group, cfg),
         "median_ms": perf["median_ms"],
         "min_ms": perf["min_ms"],
         "timings_ms": perf["timings_ms"],

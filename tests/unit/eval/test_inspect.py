@@ -104,3 +104,19 @@ def test_eval_refuses_asymmetric_kivi_on_the_fused_path_before_any_work():
         EvalConfig(candidates=("dynamic", "kivi-k8v4"), kivi_attention="dequantize").kivi_attention
         == "dequantize"
     )
+
+
+@pytest.mark.parametrize(
+    "name, group", [("kivi-4", 32), ("kivi-k8v4", 32), ("fp8-e4m3", None), ("hqq-4", 64)]
+)
+def test_eval_rows_record_the_group_size_the_cache_uses(name, group):
+    """An FP8 row has no group size (it was recorded as HQQ's 64); KIVI rows carry G, HQQ rows their own."""
+    from kvlab.eval.candidates import Candidate
+    from kvlab.eval.config import EvalConfig
+    from kvlab.eval.runner import _row
+    from tests.unit.eval.test_gates_and_decision import BASE, BASE_TOPK, measurement
+
+    meas = measurement(2.0, BASE_TOPK, 100.0, 500, [[1, 2, 3, 4], [5, 6, 7, 8]])
+    cfg = EvalConfig(top_k=2, hqq_group_size=64, kivi_attention="dequantize")
+    row = _row("capacity", Candidate.parse(name), 16, 4, 128, 32, meas, BASE, cfg)
+    assert row["group_size"] == group
