@@ -1,6 +1,15 @@
+import os
+
 import pytest
 import torch
+from hypothesis import settings
 from transformers import Qwen2Config, Qwen2ForCausalLM
+
+# CI runs every property test on the same examples (a random failure there blocks a landing without telling
+# anything new); locally, Hypothesis keeps exploring new examples. Found failures get a regression test.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 def make_tiny_qwen2(head_dim: int, max_positions: int, dtype: torch.dtype = torch.float32):
