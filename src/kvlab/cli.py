@@ -18,6 +18,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measure, compress and plan the KV cache of transformer decoders.",
     )
     parser.add_argument("--version", action="version", version=f"kvlab {__version__}")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also show other libraries' progress bars, logging and warnings (hidden by default)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"kvlab.commands.{info.name}")
@@ -60,6 +65,7 @@ def _dispatch(argv: list[str] | None) -> int:
         os.environ["COLUMNS"] = PIPE_COLUMNS
     parser = build_parser()
     args = parser.parse_args(argv)
+    commands.quiet_third_party(args.verbose)
     if not getattr(args, "func", None):
         parser.print_help()
         return commands.EXIT_USAGE

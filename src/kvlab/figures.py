@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -440,6 +440,25 @@ def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+BASELINE_CACHE = "dynamic"  # the uncompressed baseline: always the first series colour (C_MAIN)
+
+
+def candidate_colors(names: Iterable[str]) -> dict[str, str]:
+    """The one colour map of cache names: ``{name: colour}`` over every name given, baseline first, the rest in
+    sorted order, cycling :data:`SERIES_COLORS`. Built from *all* candidates of a result (not one figure's), so a
+    candidate has the same colour in ``eval_capacity.png``, ``eval_window.png`` and ``eval_passkey.png`` even when
+    a matrix leaves some candidates out."""
+    ordered = sorted(set(names), key=lambda n: (n != BASELINE_CACHE, n))
+    return {name: SERIES_COLORS[i % len(SERIES_COLORS)] for i, name in enumerate(ordered)}
+
+
+def result_colors(result: Mapping[str, Any]) -> dict[str, str]:
+    """:func:`candidate_colors` over every candidate of every row of an eval ``result`` (all matrices)."""
+    return candidate_colors(
+        r["candidate"] for r in result.get("rows", []) if isinstance(r.get("candidate"), str)
+    )
+
+
 def plot_eval_matrix(
     result: Mapping[str, Any], matrix: str, x_key: str, x_label: str, out_path: str | os.PathLike
 ) -> Path | None:
@@ -456,6 +475,7 @@ def plot_eval_matrix(
     settings = result.get("settings") if isinstance(result.get("settings"), Mapping) else {}
     top_k = settings.get("top_k")
     candidates = list(dict.fromkeys(r["candidate"] for r in rows))
+    color_of = result_colors(result)  # the whole result's map, not this matrix's
     # the quantization chapter's four metrics always; the long-context ones when the result has them (older files do not)
     metrics = [m for i, m in enumerate(EVAL_METRICS) if i < 4 or any(_finite(r.get(m[0])) for r in rows)]
     ncols = 2 if len(metrics) <= 4 else 3
@@ -466,8 +486,8 @@ def plot_eval_matrix(
     for ax, (metric, label) in zip(axes, metrics):
         if metric == "topk_overlap" and top_k:
             label = f"top-{top_k} overlap"
-        for i, name in enumerate(candidates):
-            color = SERIES_COLORS[i % len(SERIES_COLORS)]
+        for name in candidates:
+            color = color_of[name]
             points = sorted(
                 (r[x_key], r[metric], r.get("eligible"))
                 for r in rows
@@ -553,6 +573,7 @@ def plot_passkey_heatmap(result: Mapping[str, Any], out_path: str | os.PathLike)
     fig = _figure(1.6 + ncols * (1.6 + 0.9 * width), 0.9 + nrows * 3.0)
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
     image = None
+    color_of = result_colors(result)
     for idx, (ax, (name, g)) in enumerate(zip(axes, grid.items())):
         acc = np.array([[np.nan if v is None else v for v in row] for row in g["accuracy"]], dtype=float)
         image = ax.imshow(acc, vmin=0.0, vmax=1.0, cmap="RdYlGn", aspect="auto", origin="upper")
@@ -567,7 +588,7 @@ def plot_passkey_heatmap(result: Mapping[str, Any], out_path: str | os.PathLike)
         ax.set_xlabel("context (tokens)")
         if idx % ncols == 0:
             ax.set_ylabel("needle depth")
-        ax.set_title(name, fontsize=10)
+        ax.set_title(name, fontsize=10, color=color_of.get(name, "black"))  # the candidate's line colour
     for ax in axes[n:]:
         ax.set_visible(False)
     if image is not None:
@@ -765,18 +786,47 @@ def video_data(
 FIGURE_NAMES = ("memory_ledger", "roofline", "paged_layout", "video", "video_cache", "append_cost")
 
 
+# file names write_figures draws (the eval figures' names are plot_eval_figures')
+FIGURE_FILES = {
+    "memory_ledger": "fig_memory_ledger.png",
+    "roofline": "fig_roofline.png",
+    "paged_layout": "fig_paged_layout.png",
+    "video": "fig_video.png",
+    "video_cache": "fig_video_cache.png",
+    "append_cost": "fig_append_cost.png",
+    "data": "figures.json",
+}
+EVAL_FIGURE_FILES = ("eval_capacity.png", "eval_window.png", "eval_passkey.png")
+
+
+def figure_files(*, result: Mapping[str, Any] | None = None, append: bool = True) -> list[str]:
+    """The file names :func:`write_figures` writes with these settings (checked for existing files before any
+    work). With a ``result``, every eval figure it may draw is listed."""
+    names = [f for key, f in FIGURE_FILES.items() if append or key != "append_cost"]
+    return names + (list(EVAL_FIGURE_FILES) if result is not None else [])
+
+
+def figure_steps(*, result: Mapping[str, Any] | None = None, append: bool = True) -> int:
+    """How many times :func:`write_figures` calls its ``progress`` callback with these settings."""
+    return 6 + bool(append) + (result is not None)
+
+
 def write_figures(
     out_dir: str | os.PathLike,
     *,
     result: Mapping[str, Any] | None = None,
     run_probe: bool = True,
     append: bool = True,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, Path]:
     """Compute and draw the mechanics chapter's four figures (``fig_memory_ledger.png``, ``fig_roofline.png``,
     ``fig_paged_layout.png``, ``fig_video.png``), the video KV cache lab's ``fig_video_cache.png``, the lab's
     ``fig_append_cost.png`` (``append``) and, given an
     eval ``result``, its figures; write every number drawn to ``figures.json`` next to them.
-    Existing files of the same names are replaced (atomically).
+    Existing files of the same names are replaced (atomically): ``kvlab figures`` checks :func:`figure_files`
+    first and refuses without ``--force``.
+
+    ``progress(step)`` is called as each of the :func:`figure_steps` steps starts.
 
     Returns ``{name: path}``.
     """
@@ -785,32 +835,41 @@ def write_figures(
     from kvlab.paging.figure import plot_paged_layout
     from kvlab.paging.static import run_static
 
+    report = progress or (lambda step: None)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    data: dict[str, Any] = {
-        "memory_ledger": memory_ledger_data(),
-        "roofline": roofline_data(run_probe=run_probe),
-        "paged_layout": run_static(),
-        "video": video_data(),
-    }
-    paths = {
-        "memory_ledger": plot_memory_ledger(data["memory_ledger"], out_dir / "fig_memory_ledger.png"),
-        "roofline": plot_roofline(data["roofline"], out_dir / "fig_roofline.png"),
-        "paged_layout": plot_paged_layout(
-            data["paged_layout"], out_dir / "fig_paged_layout.png", overwrite=True
-        ),
-        "video": plot_video(data["video"], out_dir / "fig_video.png"),
-    }
+    data: dict[str, Any] = {}
+    paths: dict[str, Path] = {}
+    report("memory ledger")
+    data["memory_ledger"] = memory_ledger_data()
+    paths["memory_ledger"] = plot_memory_ledger(
+        data["memory_ledger"], out_dir / FIGURE_FILES["memory_ledger"]
+    )
+    report("roofline" + (" (probing this machine)" if run_probe else ""))
+    data["roofline"] = roofline_data(run_probe=run_probe)
+    paths["roofline"] = plot_roofline(data["roofline"], out_dir / FIGURE_FILES["roofline"])
+    report("paged layout")
+    data["paged_layout"] = run_static()
+    paths["paged_layout"] = plot_paged_layout(
+        data["paged_layout"], out_dir / FIGURE_FILES["paged_layout"], overwrite=True
+    )
+    report("video memory")
+    data["video"] = video_data()
+    paths["video"] = plot_video(data["video"], out_dir / FIGURE_FILES["video"])
+    report("video KV cache lab")
     data["video_cache"] = video_cache_data()
-    paths["video_cache"] = plot_video_cache(data["video_cache"], out_dir / "fig_video_cache.png")
+    paths["video_cache"] = plot_video_cache(data["video_cache"], out_dir / FIGURE_FILES["video_cache"])
     if append:
         from kvlab.lab.append import measure_append_cost
 
+        report("append cost: torch.cat vs in place")
         data["append_cost"] = measure_append_cost()
-        paths["append_cost"] = plot_append_cost(data["append_cost"], out_dir / "fig_append_cost.png")
+        paths["append_cost"] = plot_append_cost(data["append_cost"], out_dir / FIGURE_FILES["append_cost"])
     if result is not None:
+        report("eval result figures")
         for path in plot_eval_figures(result, out_dir):
             paths[path.stem] = path
+    report("figures.json")
     atomic_write(out_dir / "figures.json", lambda f: json.dump(data, f, indent=1, default=_json_default))
     paths["data"] = out_dir / "figures.json"
     return paths

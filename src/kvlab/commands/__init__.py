@@ -21,7 +21,9 @@ code  meaning
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 
 EXIT_OK = 0  # done, every check passed
 EXIT_FAILED = 1  # ran, and a check, target or load failed
@@ -43,3 +45,110 @@ def file_exists_message(path: object, alternative: str = "") -> str:
     """The one wording of "an output file exists": ``<path> already exists; pass --force to replace it``."""
     more = f" or {alternative}" if alternative else ""
     return f"{path} already exists; pass --force to replace it{more}"
+
+
+class progress:
+    """Progress of a run longer than a couple of seconds, on ``console`` (a rich Console, normally stderr): a rich
+    progress bar on a terminal; one plain line per finished step otherwise (logs, CI, pipes):
+    ``[done/total] <elapsed> s  <step>``.
+
+    Two ways to drive it, inside ``with progress(console, total, title) as p:``
+
+    * ``p.describe(msg)`` names the step now running and ``p.advance()`` marks it finished (``kvlab eval``);
+    * ``p.start(msg)`` finishes the step running (if any) and starts the next; leaving the ``with`` block without
+      an error finishes the last one. This is the callback handed to library code that reports the step it
+      starts (``kvlab lab``, ``kvlab figures``, ``kvlab paging simulate``).
+
+    One implementation for every command.
+
+    Raises:
+        ValueError: ``total`` < 0.
+    """
+
+    def __init__(self, console, total: int, title: str = "kvlab"):
+        if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+            raise ValueError(f"`total` must be an int >= 0, got {total!r}")
+        self.console, self.total, self.title = console, total, title
+        self.done, self.last, self.open, self.bar, self.task = 0, "", False, None, None
+
+    def __enter__(self) -> progress:
+        self.start_s = time.perf_counter()
+        if self.console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=self.console,
+            )
+            self.bar.__enter__()
+            self.task = self.bar.add_task(self.title, total=self.total)
+        return self
+
+    def describe(self, msg: str) -> None:
+        """Name the step now running."""
+        self.last = msg
+        if self.bar is not None:
+            self.bar.update(self.task, description=msg)
+
+    def advance(self) -> None:
+        """Mark the step named last as finished."""
+        self.done += 1
+        self.open = False
+        if self.bar is not None:
+            self.bar.advance(self.task)
+        else:
+            elapsed = time.perf_counter() - self.start_s
+            self.console.print(f"[{self.done}/{self.total}] {elapsed:6.0f} s  {self.last}", highlight=False)
+
+    def start(self, msg: str) -> None:
+        """Finish the running step (if any) and start ``msg``."""
+        if self.open:
+            self.advance()
+        self.describe(msg)
+        self.open = True
+
+    def __exit__(self, exc_type, *exc):
+        if self.open and exc_type is None:
+            self.advance()
+        if self.bar is not None:
+            self.bar.__exit__(exc_type, *exc)
+        return False
+
+
+# third-party modules whose warnings (deprecations, advice) are not kvlab's output unless --verbose
+THIRD_PARTY_WARNINGS = r"(transformers|torch|huggingface_hub|accelerate|hqq|optimum|matplotlib|numpy)(\.|$)"
+
+
+def quiet_third_party(verbose: bool = False) -> None:
+    """Keep other libraries' progress bars, logging and warnings out of kvlab's output (``kvlab --verbose``
+    keeps them): Hugging Face hub / transformers progress bars (e.g. "Loading weights") and info logging off, and
+    Python warnings raised inside :data:`THIRD_PARTY_WARNINGS` modules ignored. kvlab's own messages are
+    unaffected. Environment settings the user made (``HF_HUB_DISABLE_PROGRESS_BARS``, ``TRANSFORMERS_VERBOSITY``)
+    win.
+    """
+    if verbose:
+        return
+    import warnings
+
+    user_bars, user_level = (
+        "HF_HUB_DISABLE_PROGRESS_BARS" in os.environ,
+        "TRANSFORMERS_VERBOSITY" in os.environ,
+    )
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    warnings.filterwarnings("ignore", module=THIRD_PARTY_WARNINGS)
+    if "transformers" in sys.modules:  # already imported: its environment was read, so set it directly
+        from transformers.utils import logging as hf_logging
+
+        if not user_level:
+            hf_logging.set_verbosity_error()
+        if not user_bars:
+            hf_logging.disable_progress_bar()
+    if "huggingface_hub" in sys.modules and not user_bars:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()

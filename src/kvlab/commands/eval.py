@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from dataclasses import replace
 from datetime import datetime, timezone
 
-from kvlab.commands import EXIT_FAILED, EXIT_FILE_EXISTS, fail
+from kvlab.commands import EXIT_FAILED, EXIT_FILE_EXISTS, fail, progress
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -341,13 +340,13 @@ def _run_real(args, cfg, result, path, err) -> int:
     write_json_atomic(path, result)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        with _progress(err, count_steps(cfg)) as (describe, advance):
+        with progress(err, count_steps(cfg), "kvlab eval") as bar:
 
             def step() -> None:
-                advance()
+                bar.advance()
                 write_json_atomic(path, result)  # every finished cell is on disk, even if the run dies later
 
-            run_eval(cfg, model, tokenizer, result, model_info, progress=describe, advance=step)
+            run_eval(cfg, model, tokenizer, result, model_info, progress=bar.describe, advance=step)
     except (KeyboardInterrupt, _Terminated) as exc:
         result["status"] = "failed"
         message = "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else str(exc)
@@ -364,45 +363,6 @@ def _run_real(args, cfg, result, path, err) -> int:
     write_json_atomic(path, result)
     code = _finish(args, result, path, err)
     return code if result["status"] != "failed" else 1
-
-
-class _progress:
-    """A rich progress bar on a terminal; one plain line per finished cell otherwise (logs, CI)."""
-
-    def __init__(self, console, total: int):
-        self.console, self.total, self.done, self.last = console, total, 0, ""
-
-    def __enter__(self):
-        if self.console.is_terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.bar = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=self.console,
-            )
-            self.bar.__enter__()
-            task = self.bar.add_task("kvlab eval", total=self.total)
-            return (lambda msg: self.bar.update(task, description=msg)), (lambda: self.bar.advance(task))
-        self.bar = None
-        self.start = time.perf_counter()
-
-        def describe(msg: str) -> None:
-            self.last = msg
-
-        def advance() -> None:
-            self.done += 1
-            elapsed = time.perf_counter() - self.start
-            self.console.print(f"[{self.done}/{self.total}] {elapsed:6.0f} s  {self.last}", highlight=False)
-
-        return describe, advance
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
-        return False
 
 
 def _finish(args, result, path, err) -> int:

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from kvlab.commands import fail
+from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, progress
 
 
 def register(subparsers) -> None:
@@ -15,19 +15,23 @@ def register(subparsers) -> None:
         "figures",
         help="draw the memory-ledger, roofline, paged-layout, video and video-cache figures, and an eval result's figures",
         description="Compute every number with kvlab in this run and draw the figures as PNG files; the "
-        "numbers drawn are written to figures.json next to them. Files of the same names in --out are replaced.",
+        "numbers drawn are written to figures.json next to them. Files of the same names in --out are kept: "
+        "the command refuses (exit 2) unless --force.",
     )
     p.add_argument("--out", default="figures", help="output folder (default: ./figures)")
     p.add_argument("--result", default=None, help="a kvlab eval result JSON: also draw its figures")
     p.add_argument("--no-probe", action="store_true", help="roofline without this machine's probe panel")
     p.add_argument("--no-append", action="store_true", help="skip the append-cost measurement and figure")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.add_argument("--force", action="store_true", help="replace figure files that exist in --out")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     from kvlab.eval.io import read_result
-    from kvlab.figures import write_figures
+    from kvlab.figures import figure_files, figure_steps, write_figures
 
     result = None
     try:
@@ -37,19 +41,20 @@ def run(args: argparse.Namespace) -> int:
             result = read_result(args.result)  # validated, or a message naming the problem
     except (ValueError, OSError) as exc:
         return fail(args, exc)
-    if args.json:
-        paths = write_figures(args.out, result=result, run_probe=not args.no_probe, append=not args.no_append)
-    else:
-        from rich.console import Console
-
-        with Console(stderr=True).status("computing and drawing the figures ..."):
-            paths = write_figures(
-                args.out, result=result, run_probe=not args.no_probe, append=not args.no_append
-            )
+    append = not args.no_append
+    existing = [Path(args.out) / f for f in figure_files(result=result, append=append)]
+    existing = [p for p in existing if p.exists()]
+    if existing and not args.force:  # checked before any work: nothing is overwritten silently
+        more = f" (and {len(existing) - 1} more figure file(s))" if len(existing) > 1 else ""
+        return fail(args, file_exists_message(f"{existing[0]}{more}", "another --out"), EXIT_FILE_EXISTS)
+    total = figure_steps(result=result, append=append)
+    with progress(Console(stderr=True), total, "kvlab figures") as bar:
+        paths = write_figures(
+            args.out, result=result, run_probe=not args.no_probe, append=append, progress=bar.start
+        )
     if args.json:
         print(json.dumps({name: str(path) for name, path in paths.items()}, indent=1))
         return 0
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"Figures written to {args.out}")

@@ -1,0 +1,69 @@
+"""The shared progress output of long commands and the third-party quieting of ``kvlab`` (``--verbose`` keeps it)."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import pytest
+from rich.console import Console
+
+from kvlab.cli import build_parser
+from kvlab.commands import progress, quiet_third_party
+
+
+def test_plain_output_is_one_line_per_finished_step():
+    out = io.StringIO()
+    with progress(Console(file=out, force_terminal=False, width=120), 3, "test") as bar:
+        bar.start("first")
+        bar.start("second")
+        bar.advance()  # the step-callback and the describe/advance styles mix
+        bar.describe("third")
+        bar.advance()
+    lines = out.getvalue().splitlines()
+    assert [line.split("s  ", 1)[1] for line in lines] == ["first", "second", "third"]
+    assert [line.split("]")[0] for line in lines] == ["[1/3", "[2/3", "[3/3"]
+
+
+def test_the_last_started_step_is_finished_on_exit_but_not_after_an_error():
+    out = io.StringIO()
+    with progress(Console(file=out, force_terminal=False), 2) as bar:
+        bar.start("a")
+        bar.start("b")
+    assert out.getvalue().count("\n") == 2
+    out = io.StringIO()
+    with pytest.raises(RuntimeError), progress(Console(file=out, force_terminal=False), 2) as bar:
+        bar.start("a")
+        raise RuntimeError("boom")
+    assert out.getvalue() == ""
+
+
+def test_a_terminal_gets_a_bar_not_lines():
+    out = io.StringIO()
+    with progress(Console(file=out, force_terminal=True, width=100), 2, "bar title") as bar:
+        bar.start("step one")
+        bar.start("step two")
+    assert "[1/2]" not in out.getvalue() and "2/2" in out.getvalue()
+
+
+def test_total_must_be_positive():
+    with pytest.raises(ValueError, match="`total`"):
+        progress(Console(file=io.StringIO()), -1)
+
+
+def test_third_party_warnings_are_quiet_unless_verbose():
+    def emitted(verbose: bool) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            quiet_third_party(verbose)
+            for module in ("torch.nn.modules.module", "transformers.utils", "kvlab.eval.runner"):
+                warnings.warn_explicit(f"from {module}", FutureWarning, "x.py", 1, module=module)
+        return [str(w.message) for w in caught]
+
+    assert emitted(False) == ["from kvlab.eval.runner"]
+    assert len(emitted(True)) == 3
+
+
+def test_verbose_is_a_top_level_flag():
+    assert build_parser().parse_args(["--verbose", "plan", "llama-3-8b"]).verbose is True
+    assert build_parser().parse_args(["plan", "llama-3-8b"]).verbose is False
