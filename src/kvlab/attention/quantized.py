@@ -344,72 +344,112 @@ def kivi_attention(
         query, segments, key_window, value_window, nbits, group_size, scaling, attention_mask, window_offset
     )
     b, hq, q_len, d = query.shape
-    hkv, w = key_window.shape[1], key_window.shape[2]
+    hkv = key_window.shape[1]
     g = hq // hkv
     m = g * q_len
     # [B, Hq, q, D] -> [B, Hkv, g*q, D]: query heads sharing a KV head become rows (GQA without repeat_kv); the
     # softmax scale is folded into the rows once
     qg = query.to(F32).reshape(b, hkv, m, d) * scaling
-    use_triton = False
-    if backend == "triton" or (backend == "auto" and query.is_cuda):
-        from kvlab.attention.triton_kivi import kivi_block_partials, triton_supported
+    use_triton = _use_triton(query, backend, nbits, group_size)
+    out = _attend(
+        qg,
+        segments,
+        key_window,
+        value_window,
+        nbits,
+        group_size,
+        attention_mask,
+        window_offset,
+        g,
+        use_triton,
+    )
+    return out.reshape(b, hq, q_len, d).to(query.dtype)
 
-        ok = triton_supported(query, d, nbits, group_size)
-        if backend == "triton" and not ok:
-            raise RuntimeError(
-                f"the Triton KIVI kernel cannot run here (device {query.device}, head_dim {d}, "
-                f"nbits {nbits}, group_size {group_size})"
-            )
-        use_triton = ok and (backend == "triton" or query.is_cuda)
-    quantized = sum(seg.tokens for seg in segments)
-    total = quantized + w
+
+def _attend(
+    qg, segments, key_window, value_window, nbits, group_size, attention_mask, window_offset, g, use_triton
+) -> torch.Tensor:
+    """Scores of the ``[B, Hkv, g * q_len, D]`` scaled query rows against every block and the window: all at
+    once (two-pass) for decode-sized problems, else the online softmax; returns ``[B, Hkv, g * q_len, D]`` fp32."""
+    b, hkv, m, d = qg.shape
+    q_len, w = m // g, key_window.shape[2]
+    total = sum(seg.tokens for seg in segments) + w
     causal = None  # [m, w] bool, True = masked: the causal rule inside the window when no mask is given
     if attention_mask is None and q_len > 1:
         offset = w - q_len if window_offset is None else window_offset
-        rows = torch.arange(q_len, device=query.device).repeat(g)[:, None]  # query index of each row
-        causal = torch.arange(w, device=query.device)[None, :] > rows + offset
-    if not use_triton and m * total <= TWO_PASS_MAX_SCORES:
-        chunk = chunk_tokens(total, nbits, group_size)
-        with _intra_op_threads(1 if chunk * b * hkv * d // (8 // nbits) < SERIAL_MAX_TILE else None):
-            out = _two_pass(
-                qg,
-                segments,
-                key_window,
-                value_window,
-                nbits,
-                group_size,
-                chunk,
-                attention_mask,
-                causal,
-                g,
-                q_len,
-            )
-    else:
-        w_scores = torch.matmul(qg, key_window.to(F32).transpose(-1, -2))  # [B, Hkv, m, w]
-        if attention_mask is not None:
-            w_scores.masked_fill_(~_mask_rows(attention_mask, g, q_len, quantized, total), NEG_INF)
-        elif causal is not None:
-            w_scores.masked_fill_(causal, NEG_INF)
-        state = _OnlineSoftmax(b, hkv, m, d, query.device)
-        start = 0
-        for seg in segments:
-            mask = _mask_rows(attention_mask, g, q_len, start, start + seg.tokens)
-            if use_triton and (mask is None or q_len == 1):
-                valid = (
-                    None if mask is None else mask[:, 0, 0, :]
-                )  # [B, n]: one row decides for a decode step
-                state.merge(*kivi_block_partials(qg, seg, nbits, group_size, 1.0, valid))
-            else:
-                off = start
-                for c in _chunks(seg, group_size, chunk_tokens(total, nbits, group_size)):
-                    cmask = _mask_rows(attention_mask, g, q_len, off, off + c.tokens)
-                    _quantized_block(state, qg, c, nbits, group_size, cmask)
-                    off += c.tokens
-            start += seg.tokens
-        p = state.probs(w_scores)
-        state.acc += torch.matmul(p, value_window.to(F32))
-        out = state.result()  # [B, Hkv, m, D]
-    return out.reshape(b, hq, q_len, d).to(query.dtype)
+        rows = torch.arange(q_len, device=qg.device).repeat(g)[:, None]  # query index of each row
+        causal = torch.arange(w, device=qg.device)[None, :] > rows + offset
+    if use_triton or m * total > TWO_PASS_MAX_SCORES:
+        return _online(
+            qg,
+            segments,
+            key_window,
+            value_window,
+            nbits,
+            group_size,
+            attention_mask,
+            causal,
+            g,
+            q_len,
+            use_triton,
+        )
+    chunk = chunk_tokens(total, nbits, group_size)
+    serial = chunk * b * hkv * d // (8 // nbits) < SERIAL_MAX_TILE
+    with _intra_op_threads(1 if serial else None):
+        return _two_pass(
+            qg, segments, key_window, value_window, nbits, group_size, chunk, attention_mask, causal, g, q_len
+        )
+
+
+def _use_triton(query: torch.Tensor, backend: str, nbits: int, group_size: int) -> bool:
+    """Whether the quantized blocks go through the Triton kernel: ``backend="triton"`` (an error where it cannot
+    run), or ``"auto"`` on CUDA where it can."""
+    if not (backend == "triton" or (backend == "auto" and query.is_cuda)):
+        return False
+    from kvlab.attention.triton_kivi import triton_supported
+
+    d = query.shape[-1]
+    ok = triton_supported(query, d, nbits, group_size)
+    if backend == "triton" and not ok:
+        raise RuntimeError(
+            f"the Triton KIVI kernel cannot run here (device {query.device}, head_dim {d}, "
+            f"nbits {nbits}, group_size {group_size})"
+        )
+    return ok and (backend == "triton" or query.is_cuda)
+
+
+def _online(
+    qg, segments, key_window, value_window, nbits, group_size, attention_mask, causal, g, q_len, use_triton
+) -> torch.Tensor:
+    """Online softmax (running max, sum, rescaled accumulator) over the quantized blocks chunk by chunk, then
+    the window; ``qg`` ``[B, Hkv, m, D]`` scaled rows -> ``[B, Hkv, m, D]`` fp32 (FlashAttention §3.1)."""
+    b, hkv, m, d = qg.shape
+    quantized = sum(seg.tokens for seg in segments)
+    total = quantized + key_window.shape[2]
+    w_scores = torch.matmul(qg, key_window.to(F32).transpose(-1, -2))  # [B, Hkv, m, w]
+    if attention_mask is not None:
+        w_scores.masked_fill_(~_mask_rows(attention_mask, g, q_len, quantized, total), NEG_INF)
+    elif causal is not None:
+        w_scores.masked_fill_(causal, NEG_INF)
+    state = _OnlineSoftmax(b, hkv, m, d, qg.device)
+    start = 0
+    for seg in segments:
+        mask = _mask_rows(attention_mask, g, q_len, start, start + seg.tokens)
+        if use_triton and (mask is None or q_len == 1):
+            from kvlab.attention.triton_kivi import kivi_block_partials
+
+            valid = None if mask is None else mask[:, 0, 0, :]  # [B, n]: one row decides for a decode step
+            state.merge(*kivi_block_partials(qg, seg, nbits, group_size, 1.0, valid))
+        else:
+            off = start
+            for c in _chunks(seg, group_size, chunk_tokens(total, nbits, group_size)):
+                cmask = _mask_rows(attention_mask, g, q_len, off, off + c.tokens)
+                _quantized_block(state, qg, c, nbits, group_size, cmask)
+                off += c.tokens
+        start += seg.tokens
+    p = state.probs(w_scores)
+    state.acc += torch.matmul(p, value_window.to(F32))
+    return state.result()  # [B, Hkv, m, D]
 
 
 def check_fused_settings(nbits: int, group_size: int, *, value_bits: int | None = None) -> None:
@@ -439,6 +479,14 @@ def _check_inputs(
     query, segments, key_window, value_window, nbits, group_size, scaling, attention_mask, window_offset
 ) -> list[QuantSegmentView]:
     """Validate the arguments of :func:`kivi_attention` (see its Raises); return the segments as a list."""
+    _check_tensors(query, key_window, value_window, nbits, group_size, scaling)
+    segments, quantized = _check_segments(query, segments, key_window, nbits, group_size)
+    _check_mask(query, key_window, attention_mask, window_offset, quantized + key_window.shape[2])
+    return segments
+
+
+def _check_tensors(query, key_window, value_window, nbits, group_size, scaling) -> None:
+    """Types, shapes, devices of the query and the full-precision window; bits, group size and scaling."""
     check_nbits(nbits)
     check_group_size(group_size)
     for name, t in (("query", query), ("key_window", key_window), ("value_window", value_window)):
@@ -469,6 +517,12 @@ def _check_inputs(
         raise TypeError(f"`scaling` must be a real number, got {scaling!r}")
     if scaling != scaling or scaling in (float("inf"), float("-inf")):
         raise ValueError(f"`scaling` must be finite, got {scaling!r}")
+
+
+def _check_segments(query, segments, key_window, nbits, group_size) -> tuple[list[QuantSegmentView], int]:
+    """Every quantized segment's tensors fit the query and window; returns ``(segments, quantized tokens)``."""
+    b, _, _, d = query.shape
+    _, hkv, _, _ = key_window.shape
     if segments is None:
         raise TypeError(
             "`segments` must be an iterable of QuantSegmentView (empty when nothing is quantized)"
@@ -502,7 +556,13 @@ def _check_inputs(
             if t.device != query.device:
                 raise ValueError(f"segment {i} is on {t.device}, the query on {query.device}")
         quantized += n
-    total = quantized + w
+    return segments, quantized
+
+
+def _check_mask(query, key_window, attention_mask, window_offset, total: int) -> None:
+    """The mask covers ``[batch, 1, q_len, total]`` keys (or, without one, the queries end the window)."""
+    b, _, q_len, _ = query.shape
+    w = key_window.shape[2]
     if attention_mask is not None:
         m = attention_mask
         if not isinstance(m, torch.Tensor):
@@ -542,7 +602,6 @@ def _check_inputs(
                 raise ValueError(
                     f"`window_offset` must be in [0, {w - q_len}] (window {w}, q_len {q_len}), got {window_offset}"
                 )
-    return segments
 
 
 def _two_pass(

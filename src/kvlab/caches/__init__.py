@@ -2,6 +2,7 @@
 
 * :class:`kvlab.caches.kivi.KIVICache` — keys per-channel, values per-token, residual window (KIVI).
 * :class:`kvlab.caches.paged.PagedCache` — K/V in physical blocks addressed by a block table (vLLM-style).
+* :class:`kvlab.caches.fp8.FP8Cache` — K/V in float8 e4m3/e5m2 with calibrated or unit scales.
 
 Both implement transformers' ``crop(n)`` (:mod:`kvlab.caches.crop` reads ``n``), so assisted and prompt-lookup
 decoding run with them.
@@ -14,22 +15,35 @@ Evicting caches (their dropped tokens' bytes are freed; docs/EVICTION.md):
 * :class:`kvlab.caches.kivi_snapkv.KIVISnapKVCache` — SnapKV on the prompt, then KIVI on what stays.
 """
 
-from kvlab.caches.kivi import KIVICache, KIVILayer
-from kvlab.caches.kivi_snapkv import KIVISnapKVCache
-from kvlab.caches.measure import cache_nbytes
-from kvlab.caches.paged import PagedCache, PagedLayer
-from kvlab.caches.sink import SinkCache
-from kvlab.caches.snapkv import SnapKVCache
-from kvlab.caches.tova import TOVACache
+from __future__ import annotations
 
-__all__ = [
-    "KIVICache",
-    "KIVILayer",
-    "KIVISnapKVCache",
-    "PagedCache",
-    "PagedLayer",
-    "SinkCache",
-    "SnapKVCache",
-    "TOVACache",
-    "cache_nbytes",
-]
+import importlib
+from typing import Any
+
+# name -> module: imported on first use, so that ``kvlab.caches.registry`` (torch-free: the CLI builds its help
+# from it) can be imported without torch
+_EXPORTS = {
+    "KIVICache": "kvlab.caches.kivi",
+    "KIVILayer": "kvlab.caches.kivi",
+    "KIVISnapKVCache": "kvlab.caches.kivi_snapkv",
+    "FP8Cache": "kvlab.caches.fp8",
+    "PagedCache": "kvlab.caches.paged",
+    "PagedLayer": "kvlab.caches.paged",
+    "SinkCache": "kvlab.caches.sink",
+    "SnapKVCache": "kvlab.caches.snapkv",
+    "TOVACache": "kvlab.caches.tova",
+    "cache_nbytes": "kvlab.caches.measure",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'kvlab.caches' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
