@@ -99,6 +99,12 @@ class Candidate:
         cache = _resolve_one(name)
         return cls(name, cache.family, cache.nbits)
 
+    @property
+    def uses_residual(self) -> bool:
+        """Whether the cache keeps a full-precision residual window (its registry entry takes ``residual_length``:
+        KIVI, HQQ, quanto); the residual-window matrix varies R, so only these caches run there."""
+        return "residual_length" in _resolve_one(self.name).entry.settings
+
     def unavailable_reason(self) -> str | None:
         """Why this candidate cannot run here (a missing optional package), or ``None``."""
         return resolve(self.name).unavailable_reason()

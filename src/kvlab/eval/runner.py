@@ -99,16 +99,17 @@ def plan_cells(cfg: EvalConfig) -> list[dict]:
                 "group_size": None,
             }
         )
-        for r in cfg.window_residuals:
+        for i, r in enumerate(cfg.window_residuals):
             for name in cfg.candidates:
-                if name != "dynamic":
+                # a cache without a residual window runs once (the window matrix varies only R)
+                if name != "dynamic" and (i == 0 or Candidate.parse(name).uses_residual):
                     cells.append(
                         {
                             "matrix": "window",
                             "candidate": name,
                             "context_length": cfg.window_context,
                             "new_tokens": cfg.window_new_tokens,
-                            "residual_length": r,
+                            "residual_length": r if Candidate.parse(name).uses_residual else None,
                             "group_size": cfg.window_group_size,
                         }
                     )
@@ -328,7 +329,7 @@ def _row(matrix, cand, ctx, new_tokens, residual, group, meas, base, cfg) -> dic
         "nbits": cand.nbits,
         "context_length": ctx,
         "new_tokens": new_tokens,
-        "residual_length": residual if cand.family != "dynamic" else None,
+        "residual_length": residual if cand.uses_residual else None,
         # the group size the cache uses (KIVI's G, HQQ/quanto's), None for caches without groups (dynamic, fp8)
         "group_size": _group_size(cand, residual, group, cfg),
         "median_ms": perf["median_ms"],
@@ -828,7 +829,9 @@ class _Matrix:
         continuation = base["generated"][:, : self.cfg.quality_tokens].to(self.device)
         measured = []
         for r in residuals:
-            for c in self.runnable:
+            # a cache without a residual window runs once per cell (the window matrix varies only R)
+            runs = [c for c in self.runnable if c.uses_residual or r == residuals[0]]
+            for c in runs:
                 self.progress(f"{name}: context {ctx}, {c.name}, R={r}")
                 meas = self.cell.measure(
                     c, ids, new_tokens, r, group, continuation, base, name == "capacity", probes, states
@@ -862,7 +865,7 @@ class _Matrix:
         self.advance()
         if base is None:
             for r in residuals:
-                for c in self.runnable:
+                for c in [c for c in self.runnable if c.uses_residual or r == residuals[0]]:
                     self.result["failures"].append(
                         {
                             "candidate": c.name,
@@ -900,7 +903,8 @@ def count_steps(cfg: EvalConfig) -> int:
     ]
     steps = len(cfg.contexts) * (1 + len(runnable))
     if cfg.window_residuals:
-        steps += 1 + len(cfg.window_residuals) * len(runnable)
+        with_r = sum(1 for n in runnable if Candidate.parse(n).uses_residual)
+        steps += 1 + len(runnable) + (len(cfg.window_residuals) - 1) * with_r
     return steps
 
 

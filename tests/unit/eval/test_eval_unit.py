@@ -283,3 +283,23 @@ def test_runner_records_a_failure_while_timing_and_keeps_the_others(tiny, monkey
     assert calls["n"] > 0 and stages == {("kivi-2", "timing")}
     names = {r["candidate"] for r in result["rows"]}
     assert names == {"dynamic", "kivi-4"} and result["status"] == "partial"
+
+
+def test_window_matrix_runs_a_cache_without_residual_once(tiny):
+    from kvlab.eval.runner import count_steps, plan_cells
+
+    cfg = tiny_config(candidates=("dynamic", "kivi-4", "fp8-e4m3"), window_residuals=(16, 32))
+    window = [c for c in plan_cells(cfg) if c["matrix"] == "window"]
+    assert [(c["candidate"], c["residual_length"]) for c in window] == [
+        ("dynamic", None),
+        ("kivi-4", 16),
+        ("fp8-e4m3", None),
+        ("kivi-4", 32),
+    ]
+    result = new_result(cfg, "unit", None)
+    steps = []
+    run_eval(cfg, tiny, CharTokenizer(), result, {"id_or_path": "tiny"}, advance=lambda: steps.append(1))
+    assert result["failures"] == [] and len(steps) == count_steps(cfg)
+    rows = [(r["matrix"], r["candidate"], r["residual_length"]) for r in result["rows"]]
+    assert rows.count(("window", "fp8-e4m3", None)) == 1  # no residual window: once, and no R recorded
+    assert ("window", "kivi-4", 16) in rows and ("window", "kivi-4", 32) in rows
