@@ -197,3 +197,28 @@ def test_html_report_shows_the_busy_warning_next_to_the_decision():
     assert 'class="warning"' in banner and "machine was busy" in banner
     assert "judged on:" in banner and "latency_ratio" not in banner.split("judged on:")[1].split(")")[0]
     assert 'class="untrusted"' in page  # the latency cell is neither pass nor fail
+
+
+def test_before_hook_runs_outside_the_clock_in_call_order():
+    from kvlab.runtime.timing import interleaved as _interleaved
+
+    now, seen = [0.0], []
+    calls = {"a": lambda: now.__setitem__(0, now[0] + 1.0), "b": lambda: now.__setitem__(0, now[0] + 2.0)}
+
+    def before(name, r):
+        seen.append((name, r))
+        now[0] += 100.0  # progress output is slow; it must not be timed
+
+    times, _ = _interleaved(calls, 2, clock=lambda: now[0], before=before)
+    assert seen == [("a", 0), ("b", 0), ("b", 1), ("a", 1)]
+    assert times == {"a": [1000.0, 1000.0], "b": [2000.0, 2000.0]}
+
+
+def test_busy_warnings_name_the_reading_only_when_busy():
+    from kvlab.runtime.timing import busy_warnings
+
+    assert busy_warnings({"busy": False}, "x") == []
+    (w,) = busy_warnings(
+        {"busy": True, "reason": "other processes used 1.20 cores", "threads": 2}, "the ratio"
+    )
+    assert "1.20 cores" in w and "the ratio is not trusted" in w and "--threads" in w

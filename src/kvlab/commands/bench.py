@@ -232,7 +232,7 @@ def _kwargs(args: argparse.Namespace) -> dict:
     elif b == "paging":  # --quick sizes: kvlab.bench.paging.QUICK
         kw |= _flags(args, "static_requests", "sim_requests") | {"rate_per_step": args.rate}
     elif b == "lab":  # --quick sizes: kvlab.bench.lab.QUICK
-        kw |= _flags(args, "kv_heads", "new_tokens", "repeat") | {"append": not args.no_append}
+        kw |= _flags(args, "kv_heads", "new_tokens", "repeat", "threads") | {"append": not args.no_append}
     return kw
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from kvlab.commands import fail
+from kvlab.commands import fail, progress
 
 
 def register(subparsers) -> None:
@@ -24,7 +24,20 @@ def register(subparsers) -> None:
         "--kv-heads", type=int, default=2, help="KV heads of the toy decoder (8 = MHA; default 2, GQA)"
     )
     p.add_argument("--new-tokens", type=int, default=192, help="tokens generated (default 192)")
-    p.add_argument("--repeat", type=int, default=1, help="timed runs of each generator; the fastest counts")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="timed rounds, both generators per round in a rotated order; the speed-up is the median of the "
+        "rounds' paired ratios (default 1)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="BLAS/torch threads of the timed work (default: OMP_NUM_THREADS, else usable CPUs minus one; "
+        "recorded in the result)",
+    )
     p.add_argument("--no-append", action="store_true", help="skip the append-cost measurement")
     p.add_argument(
         "--append-contexts",
@@ -164,19 +177,28 @@ def _run(args: argparse.Namespace) -> int:
             _print_real(result)
         return 0 if result["all_passed"] else 1
 
+    from rich.console import Console
+
     from kvlab.lab import ToyConfig, run_toy_lab
+    from kvlab.lab.append import measure_append_cost
+    from kvlab.lab.equivalence import toy_steps
+    from kvlab.runtime.timing import default_threads
 
     cfg = ToyConfig(kv_heads=args.kv_heads, new_tokens=args.new_tokens)
     if args.repeat < 1:  # checked before any long work starts
         raise ValueError(f"`repeat` must be >= 1, got {args.repeat!r}")
+    threads = default_threads() if args.threads is None else args.threads
+    if threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads!r}")
+    contexts = () if args.no_append else tuple(args.append_contexts)
+    if contexts and any(t < 1 for t in contexts):  # fail in milliseconds, before the toy decoder's seconds
+        raise ValueError(f"`contexts_tokens` must be positive token counts, got {contexts!r}")
     append = None
-    if not args.no_append:  # first: its settings fail in milliseconds, the toy decoder takes seconds
-        from kvlab.lab.append import measure_append_cost
-
-        with _status("append cost: torch.cat vs preallocated ...", args.json):
-            append = measure_append_cost(tuple(args.append_contexts))
-    with _status("toy decoder: full recompute and KV cache ...", args.json):
-        result = run_toy_lab(cfg, repeat=args.repeat)
+    total = len(contexts) + toy_steps(args.repeat)
+    with progress(Console(stderr=True), total, "kvlab lab") as bar:
+        if contexts:
+            append = measure_append_cost(contexts, threads=threads, progress=bar.start)
+        result = run_toy_lab(cfg, repeat=args.repeat, threads=threads, progress=bar.start)
     if append is not None:
         result["append"] = append
     if args.json:
@@ -206,7 +228,13 @@ def _print_toy(r: dict) -> None:
     table.add_row("[A3] FLOPs ratio", f"{r['flops_ratio']:.2f}x")
     table.add_row("[A4] wall clock, full recompute", f"{r['t_naive']:.3f} s")
     table.add_row("[A4] wall clock, KV cache", f"{r['t_cached']:.3f} s")
-    table.add_row("[A4] speedup", f"{r['speedup']:.2f}x")
+    sp = r.get("speedup_paired") or {}
+    spread = (
+        f" ({sp['min']:.2f}-{sp['max']:.2f}x over {r['repeat']} rounds)" if r.get("repeat", 1) > 1 else ""
+    )
+    table.add_row("[A4] speedup, paired median" if spread else "[A4] speedup", f"{r['speedup']:.2f}x{spread}")
+    if "threads" in r:
+        table.add_row("threads (BLAS)", str(r["threads"]))
     table.add_row("KV cache bytes (preallocated)", f"{r['kv_cache_bytes']:,} B")
     console = Console()
     console.print(table)
@@ -220,9 +248,14 @@ def _print_toy(r: dict) -> None:
         )
         for col in ("context T", "torch.cat (us)", "in place (us)", "cat / in place", "cat writes (MiB)"):
             t2.add_column(col, justify="right")
-        for t, c, i, b in zip(a["contexts_tokens"], a["cat_us"], a["inplace_us"], a["cat_bytes_copied"]):
-            t2.add_row(str(t), f"{c:.1f}", f"{i:.1f}", f"{c / i:.1f}x", f"{b / 2**20:.2f}")
+        # the paired median of same-step ratios where recorded (older results: ratio of the medians)
+        ratios = a.get("cat_over_inplace") or [c / i for c, i in zip(a["cat_us"], a["inplace_us"])]
+        rows = zip(a["contexts_tokens"], a["cat_us"], a["inplace_us"], ratios, a["cat_bytes_copied"])
+        for t, c, i, q, b in rows:
+            t2.add_row(str(t), f"{c:.1f}", f"{i:.1f}", f"{q:.1f}x", f"{b / 2**20:.2f}")
         console.print(t2)
+    for warning in r.get("warnings", []) + r.get("append", {}).get("warnings", []):
+        console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
 
 
 def _print_real(r: dict) -> None:

@@ -10,11 +10,19 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
+from collections.abc import Callable
 
 import torch
 
 from kvlab.runtime.dtypes import DTYPES, parse_dtype
+from kvlab.runtime.timing import (
+    Snapshot,
+    busy_warnings,
+    contention,
+    default_threads,
+    interleaved,
+    paired_ratio,
+)
 
 
 def measure_append_cost(
@@ -26,6 +34,8 @@ def measure_append_cost(
     dtype: str = "float32",
     steps: int = 8,
     seed: int = 0,
+    threads: int | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> dict:
     """Time appending one token's K and V to a cache of ``T`` tokens, for each ``T`` in ``contexts_tokens``.
 
@@ -35,9 +45,17 @@ def measure_append_cost(
     - ``cat``: ``keys = torch.cat([keys, k_new], dim=-2)`` (and the same for values), as ``DynamicLayer.update``;
     - ``inplace``: ``keys[:, :, t] = k_new`` into a buffer preallocated at ``T + steps`` tokens.
 
+    The two strategies' steps alternate (``cat, inplace, inplace, cat, ...``: the order rotated per step, as in
+    :func:`kvlab.runtime.timing.interleaved`), so a busy period slows both alike; ``cat_over_inplace`` is the
+    median of same-step ratios. ``threads`` torch threads are used (``None`` = :func:`kvlab.runtime.timing.
+    default_threads`; the caller's setting is restored after); ``progress(step)`` is called as each context
+    starts.
+
     Returns a JSON-serializable dict: ``contexts_tokens``, ``cat_us`` and ``inplace_us`` (median microseconds
     per step, K and V together), ``cat_bytes_copied`` (bytes ``torch.cat`` writes at the first step: the whole
-    K and V history plus the new token), ``inplace_bytes_written`` (the new token's K and V), the shape and dtype.
+    K and V history plus the new token), ``inplace_bytes_written`` (the new token's K and V), the shape and dtype,
+    ``cat_over_inplace`` (paired median per context), ``threads``, ``contention`` (over all timed steps, see
+    :func:`kvlab.runtime.timing.contention`) and ``warnings`` (non-empty when the machine was busy).
 
     Raises:
         ValueError: an empty or non-positive context list, ``steps`` < 1, an unknown ``dtype``, or a context whose
@@ -47,23 +65,20 @@ def measure_append_cost(
         raise ValueError(f"`contexts_tokens` must be positive token counts, got {contexts_tokens!r}")
     if steps < 1:
         raise ValueError(f"`steps` must be >= 1, got {steps!r}")
+    threads = default_threads() if threads is None else threads
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"`threads` must be an int >= 1, got {threads!r}")
     torch_dtype = parse_dtype(dtype)
     dtype = next(name for name, d in DTYPES.items() if d == torch_dtype)  # a torch.dtype given -> its name
     token_bytes = 2 * batch * kv_heads * head_dim * torch_dtype.itemsize  # K and V of one token
     _check_fits_in_memory(max(int(t) for t in contexts_tokens), steps, token_bytes)
     gen = torch.Generator().manual_seed(seed)
-    new_k = torch.randn(batch, kv_heads, 1, head_dim, generator=gen).to(torch_dtype)
-    new_v = torch.randn(batch, kv_heads, 1, head_dim, generator=gen).to(torch_dtype)
-
-    cat_us, inplace_us, cat_bytes = [], [], []
-    for context in (int(t) for t in contexts_tokens):
-        keys = torch.randn(batch, kv_heads, context, head_dim, generator=gen).to(torch_dtype)
-        values = torch.randn(batch, kv_heads, context, head_dim, generator=gen).to(torch_dtype)
-        cat_us.append(_median_cat_us(keys, values, new_k, new_v, steps))
-        cat_bytes.append((context + 1) * token_bytes)  # written by the first append at this context
-        inplace_us.append(_median_inplace_us(keys, values, new_k, new_v, steps))
-        del keys, values
-
+    report = progress or (lambda step: None)
+    start = Snapshot.now()
+    contexts, shape = [int(t) for t in contexts_tokens], (batch, kv_heads, head_dim)
+    cat_us, inplace_us, ratios = _time_contexts(contexts, shape, torch_dtype, gen, steps, threads, report)
+    cat_bytes = [(int(t) + 1) * token_bytes for t in contexts_tokens]  # written by the first append at T
+    cont = contention(start, Snapshot.now(), threads)
     return {
         "contexts_tokens": [int(t) for t in contexts_tokens],
         "cat_us": cat_us,
@@ -73,6 +88,10 @@ def measure_append_cost(
         "shape": {"batch": batch, "kv_heads": kv_heads, "head_dim": head_dim},
         "dtype": dtype,
         "steps": steps,
+        "cat_over_inplace": ratios,
+        "threads": threads,
+        "contention": cont,
+        "warnings": busy_warnings(cont, "the append-cost curve"),
     }
 
 
@@ -96,34 +115,55 @@ def _check_fits_in_memory(longest: int, steps: int, token_bytes: int) -> None:
         )
 
 
-def _median_cat_us(
-    keys: torch.Tensor, values: torch.Tensor, new_k: torch.Tensor, new_v: torch.Tensor, steps: int
-) -> float:
-    """Median microseconds of one ``torch.cat`` append of ``new_k``/``new_v`` ``[B, H, 1, D]`` to ``keys``/``values``
-    ``[B, H, T, D]``, over ``steps`` consecutive appends (the caller's tensors are not changed)."""
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter_ns()
-        keys = torch.cat([keys, new_k], dim=-2)  # [B, H, T, D] -> [B, H, T + 1, D], a full copy
-        values = torch.cat([values, new_v], dim=-2)
-        times.append(time.perf_counter_ns() - start)
-    return statistics.median(times) / 1e3
+def _time_contexts(contexts, shape, torch_dtype, gen, steps, threads, report):
+    """``(cat_us, inplace_us, cat_over_inplace)`` per context: random K/V history ``[B, H, T, D]`` of ``shape``
+    ``(B, H, D)`` from ``gen``, both strategies' ``steps`` appends interleaved at ``threads`` torch threads (the
+    caller's count restored after)."""
+    batch, kv_heads, head_dim = shape
+    new_k = torch.randn(batch, kv_heads, 1, head_dim, generator=gen).to(torch_dtype)
+    new_v = torch.randn(batch, kv_heads, 1, head_dim, generator=gen).to(torch_dtype)
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    cat_us, inplace_us, ratios = [], [], []
+    try:
+        for context in contexts:
+            report(f"append cost at {context:,} tokens")
+            keys = torch.randn(batch, kv_heads, context, head_dim, generator=gen).to(torch_dtype)
+            values = torch.randn(batch, kv_heads, context, head_dim, generator=gen).to(torch_dtype)
+            times, _ = interleaved(_append_steps(keys, values, new_k, new_v, steps), steps, threads=threads)
+            cat_us.append(statistics.median(times["cat"]) * 1e3)  # ms -> us
+            inplace_us.append(statistics.median(times["inplace"]) * 1e3)
+            ratios.append(paired_ratio(times["cat"], times["inplace"])["ratio"])
+            del keys, values
+    finally:
+        torch.set_num_threads(previous_threads)
+    return cat_us, inplace_us, ratios
 
 
-def _median_inplace_us(
+def _append_steps(
     keys: torch.Tensor, values: torch.Tensor, new_k: torch.Tensor, new_v: torch.Tensor, steps: int
-) -> float:
-    """Median microseconds of writing ``new_k``/``new_v`` ``[B, H, 1, D]`` into one slot of a buffer preallocated
-    at ``T + steps`` tokens and holding ``keys``/``values`` ``[B, H, T, D]``, over ``steps`` consecutive slots."""
+) -> dict[str, Callable[[], None]]:
+    """One append step of each strategy, as callables for :func:`kvlab.runtime.timing.interleaved`, over
+    ``keys``/``values`` ``[B, H, T, D]`` (not changed): ``cat`` grows its own tensors with ``torch.cat`` by
+    ``new_k``/``new_v`` ``[B, H, 1, D]`` per call; ``inplace`` writes the next slot of a buffer preallocated at
+    ``T + steps`` tokens. Each may be called ``steps`` times."""
     batch, kv_heads, context, head_dim = keys.shape
+    grown = {"k": keys, "v": values}
     buf_k = torch.zeros(batch, kv_heads, context + steps, head_dim, dtype=keys.dtype)
     buf_v = torch.zeros_like(buf_k)
     buf_k[:, :, :context] = keys
     buf_v[:, :, :context] = values
-    times = []
-    for pos in range(context, context + steps):
-        start = time.perf_counter_ns()
-        buf_k[:, :, pos] = new_k[:, :, 0]  # one slot written, history untouched
-        buf_v[:, :, pos] = new_v[:, :, 0]
-        times.append(time.perf_counter_ns() - start)
-    return statistics.median(times) / 1e3
+    slot = [context]
+
+    def cat() -> None:
+        grown["k"] = torch.cat([grown["k"], new_k], dim=-2)  # [B, H, T, D] -> [B, H, T + 1, D], a full copy
+        grown["v"] = torch.cat([grown["v"], new_v], dim=-2)
+
+    def inplace() -> None:
+        if slot[0] >= context + steps:
+            raise RuntimeError(f"the preallocated buffer holds {steps} appends; all are used")
+        buf_k[:, :, slot[0]] = new_k[:, :, 0]  # one slot written, history untouched
+        buf_v[:, :, slot[0]] = new_v[:, :, 0]
+        slot[0] += 1
+
+    return {"cat": cat, "inplace": inplace}

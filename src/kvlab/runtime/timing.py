@@ -142,6 +142,7 @@ def interleaved(
     warmup: int = 0,
     clock: Callable[[], float] = time.perf_counter,
     threads: int = 1,
+    before: Callable[[str, int], None] | None = None,
 ) -> tuple[dict[str, list[float]], dict]:
     """Time every call ``repeat`` times, interleaved: round ``r`` runs the calls in the order rotated by ``r``.
 
@@ -150,6 +151,8 @@ def interleaved(
         repeat: timed rounds (>= 1); ``warmup`` untimed rounds run first, also rotated.
         clock: seconds (a test may pass a fake clock).
         threads: torch threads the calls use, for :func:`contention`.
+        before: called as ``before(name, round)`` ahead of each timed call, outside its clock (progress
+            output); rounds count from 0.
 
     Returns:
         ``(timings_ms, contention)``: name -> ``repeat`` wall times in ms (round order), and the reading of
@@ -172,10 +175,23 @@ def interleaved(
     for r in range(repeat):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:  # no call always runs first (or right after a slow one)
+            if before is not None:
+                before(name, r)
             t0 = clock()
             calls[name]()
             out[name].append((clock() - t0) * 1000.0)
     return out, contention(start, Snapshot.now(), threads)
+
+
+def busy_warnings(cont: dict, what: str) -> list[str]:
+    """``[]`` on a quiet machine (``cont`` from :func:`contention`), else one sentence naming the reading and
+    ``what`` it makes suspect (e.g. "the speed-up"), for a result's ``warnings`` and the printed output."""
+    if not cont.get("busy"):
+        return []
+    fewer = " or with fewer --threads" if cont.get("threads", 1) > 1 else ""
+    return [
+        f"the machine was busy while timing ({cont['reason']}): {what} is not trusted; rerun on a quiet machine{fewer}"
+    ]
 
 
 def paired_ratio(candidate_ms: Sequence[float], baseline_ms: Sequence[float]) -> dict:
