@@ -9,10 +9,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEVICE="${DEVICE:-auto}"
-kvlab bench decode --device "$DEVICE" --steps 32 --profile-context 4096 "$@"
-kvlab bench memory --device "$DEVICE" "$@"
-kvlab bench flush --device "$DEVICE" "$@"
-kvlab bench kernel --device "$DEVICE" "$@"
-kvlab bench paging "$@"
-kvlab bench lab "$@"
+kvlab bench decode --results-dir benchmarks/results --device "$DEVICE" --steps 32 --profile-context 4096 "$@"
+kvlab bench memory --results-dir benchmarks/results --device "$DEVICE" "$@"
+kvlab bench flush --results-dir benchmarks/results --device "$DEVICE" "$@"
+kvlab bench kernel --results-dir benchmarks/results --device "$DEVICE" "$@"
+kvlab bench paging --results-dir benchmarks/results "$@"
+kvlab bench lab --results-dir benchmarks/results "$@"
 kvlab bench docs

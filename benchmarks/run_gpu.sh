@@ -16,7 +16,7 @@ if python -c "import pytest, hypothesis" 2>/dev/null; then
 else
     echo "run_gpu.sh: pytest/hypothesis not installed: GPU attention tests skipped"
 fi
-kvlab bench kernel --device cuda "$@"
-kvlab bench decode --device cuda --contexts 4096,32768,131072 --steps 32 "$@"
-kvlab bench memory --device cuda --contexts 4096,32768,131072 "$@"
+kvlab bench kernel --results-dir benchmarks/results --device cuda "$@"
+kvlab bench decode --results-dir benchmarks/results --device cuda --contexts 4096,32768,131072 --steps 32 "$@"
+kvlab bench memory --results-dir benchmarks/results --device cuda --contexts 4096,32768,131072 "$@"
 kvlab bench docs

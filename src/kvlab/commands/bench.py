@@ -1,9 +1,12 @@
 """``kvlab bench``: run a benchmark and save its result record, or regenerate ``docs/PERFORMANCE.md``.
 
 ``kvlab bench {decode,memory,flush,kernel,paging,lab} [--json] [--quick] [--device D] [options]`` runs
-``kvlab.bench.<name>.run`` and writes a record to ``benchmarks/results/<name>-<device>.json`` (``-quick`` appended
-for quick runs) atomically; an existing file is kept unless ``--force`` (or use ``--out``). ``kvlab bench docs``
-renders every record there into ``docs/PERFORMANCE.md``. Logic lives in :mod:`kvlab.bench`.
+``kvlab.bench.<name>.run`` and writes a record to ``<results-dir>/<name>-<device>.json`` (``-quick`` appended
+for quick runs) atomically; ``--results-dir`` defaults to ``./kvlab-results`` in the current directory, never a
+checkout's tracked ``benchmarks/results`` unless asked (``--results-dir benchmarks/results``, as
+``benchmarks/run_all.sh`` does). An existing file is kept unless ``--force`` (or use ``--out``). ``kvlab bench
+docs`` renders the records of ``benchmarks/results`` into ``docs/PERFORMANCE.md``. Logic lives in
+:mod:`kvlab.bench`.
 """
 
 from __future__ import annotations
@@ -13,6 +16,10 @@ import json
 import shlex
 
 from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message
+
+# records of a run go here (relative to the current directory) unless --results-dir/--out say otherwise: never into
+# the package source or a checkout's tracked benchmarks/results/ without being asked
+DEFAULT_RESULTS_DIR = "kvlab-results"
 
 # options that do not change the numbers: left out of the recorded command
 _NOT_IN_COMMAND = {"json", "force", "no_save", "out", "results_dir", "note", "func", "bench_command"}
@@ -45,7 +52,10 @@ def _common(p: argparse.ArgumentParser, device: bool = True) -> None:
         )
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before running")
     p.add_argument(
-        "--results-dir", default="benchmarks/results", help="where records go (benchmarks/results)"
+        "--results-dir",
+        default=DEFAULT_RESULTS_DIR,
+        help=f"where records go (default ./{DEFAULT_RESULTS_DIR}; a checkout's tracked records: "
+        "--results-dir benchmarks/results)",
     )
     p.add_argument("--out", default=None, help="record path (default <results-dir>/<name>-<device>.json)")
     p.add_argument("--force", action="store_true", help="replace an existing record")
@@ -74,8 +84,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "bench",
         help="benchmarks: decode speed, decode memory, flush cost, kernel bandwidth, paging, lab; PERFORMANCE.md",
-        description="Run one benchmark and save its result record under benchmarks/results/, or regenerate "
-        "docs/PERFORMANCE.md from all records (`kvlab bench docs`).",
+        description="Run one benchmark and save its result record under ./kvlab-results/ (--results-dir, --out), "
+        "or regenerate docs/PERFORMANCE.md from the records in benchmarks/results (`kvlab bench docs`).",
     )
     sub = p.add_subparsers(dest="bench_command", metavar="{decode,memory,flush,kernel,paging,lab,docs}")
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])

@@ -1,0 +1,40 @@
+"""``kvlab bench`` writes its record only where --results-dir / --out say; by default into ./kvlab-results of the
+current directory, never into the checkout's tracked benchmarks/results."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+from kvlab.cli import build_parser, main
+from kvlab.commands.bench import DEFAULT_RESULTS_DIR
+
+CHECKOUT_RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
+
+
+def _run(argv):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = main(argv)
+    return code, out.getvalue()
+
+
+def test_default_record_goes_to_kvlab_results_in_the_current_directory(tmp_path, monkeypatch):
+    before = sorted(p.name for p in CHECKOUT_RESULTS.iterdir())
+    monkeypatch.chdir(tmp_path)
+    code, out = _run(["bench", "paging", "--quick", "--json", "--threads", "1"])
+    assert code == 0, out
+    written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.json"))
+    assert written == [f"{DEFAULT_RESULTS_DIR}/paging-cpu-quick.json"]
+    assert json.loads((tmp_path / written[0]).read_text())["benchmark"] == "paging"
+    assert sorted(p.name for p in CHECKOUT_RESULTS.iterdir()) == before  # the checkout is untouched
+
+
+def test_every_run_defaults_outside_the_package_and_docs_reads_the_tracked_records():
+    parser = build_parser()
+    for bench in ("decode", "memory", "flush", "kernel", "paging", "lab"):
+        args = parser.parse_args(["bench", bench])
+        assert args.results_dir == DEFAULT_RESULTS_DIR and not Path(args.results_dir).is_absolute()
+    assert parser.parse_args(["bench", "docs"]).results_dir == "benchmarks/results"
