@@ -34,9 +34,35 @@ def _add_kv_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--residual", type=int, default=128, help="KIVI residual window R in tokens (default 128)")
 
 
+def _keep_tokens(text: str) -> int:
+    """``--keep-tokens``: a whole number of tokens >= 1 (argparse names the flag in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a whole number of tokens >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of tokens >= 1, got {text!r}")
+    return value
+
+
+def _add_keep_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--keep-tokens",
+        type=_keep_tokens,
+        default=None,
+        metavar="N",
+        help="an evicting cache that keeps at most N tokens per layer and sequence (sink: sink_tokens + "
+        "window_length; tova: its token_budget): KV bytes, fit and decode bound are those of min(context, N) "
+        "tokens in --kv-dtype's format (docs/EVICTION.md, Planning a capped cache)",
+    )
+
+
 def _kv_kwargs(args: argparse.Namespace) -> dict:
-    """The planner's KV arguments from the flags of :func:`_add_kv_flags`."""
-    return {"kv": args.kv_dtype, "group_size": args.group_size, "residual_length": args.residual}
+    """The planner's KV arguments from the flags of :func:`_add_kv_flags` (and :func:`_add_keep_flag`)."""
+    kwargs = {"kv": args.kv_dtype, "group_size": args.group_size, "residual_length": args.residual}
+    if getattr(args, "keep_tokens", None) is not None:
+        kwargs["keep_tokens"] = args.keep_tokens
+    return kwargs
 
 
 def _add_weight_flags(p: argparse.ArgumentParser) -> None:
@@ -111,6 +137,7 @@ def _register_plan(subparsers) -> None:
     p.add_argument("--context", type=int, default=8192, help="tokens per sequence (default 8192)")
     p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
     _add_kv_flags(p)
+    _add_keep_flag(p)
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
     p.add_argument(
         "--gpu-mem-gib",
@@ -164,6 +191,7 @@ def _register_roofline(subparsers) -> None:
     r.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
     r.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
     _add_kv_flags(r)
+    _add_keep_flag(r)
     _add_weight_flags(r)
     _add_device_flags(r)
     r.add_argument("--probe", action="store_true", help="measure this machine's fp32 roofs (a few seconds)")
@@ -338,8 +366,9 @@ def _print_plan(r: dict) -> None:
         else (f"{s['num_attention_heads']} q / {s['num_kv_heads']} KV heads x {s['head_dim']}")
     )
     kvd = r["kv_dtype"]
+    cap = "" if kvd["keep_tokens"] is None else f" keeping at most {kvd['keep_tokens']:,} tokens"
     t = Table(
-        title=f"{r['model']}: {s['num_layers']} layers ({kinds}), {heads}; KV {kvd['name']}, "
+        title=f"{r['model']}: {s['num_layers']} layers ({kinds}), {heads}; KV {kvd['name']}{cap}, "
         f"batch {r['batch']} x {r['context']:,} tokens, tp {r['tp']}  [GiB = 2^30 B, GB = 1e9 B]"
     )
     t.add_column("layer kind")
@@ -407,7 +436,13 @@ def _add_fit_rows(t, r: dict) -> None:
             f"{r['max_batch']:,}",
             f"engine-allocated: {r['max_batch_allocated']:,}",
         )
-        mc = "not limited by memory" if r["max_context"] is None else f"{r['max_context']:,} tokens"
+        keep = r["kv_dtype"]["keep_tokens"]
+        if r["max_context"] is not None:
+            mc = f"{r['max_context']:,} tokens"
+        elif keep is not None:
+            mc = f"not limited by KV (the cache keeps at most {keep:,} tokens)"
+        else:
+            mc = "not limited by memory"
         mca = "-" if r["max_context_allocated"] is None else f"{r['max_context_allocated']:,}"
         limit = r["spec"]["max_position_embeddings"]
         also = f"engine-allocated: {mca}" + (
@@ -495,6 +530,10 @@ def _print_roofline(r: dict) -> None:
         f"{r['decode_attention_intensity']:.2f} FLOP/B",
         f"I = 2g/p, KV {r['kv_dtype']['name']}",
     )
+    if r["kv_dtype"]["keep_tokens"] is not None:
+        t.add_row(
+            "KV kept per layer", f"{r['kv_dtype']['keep_tokens']:,} tokens", "--keep-tokens: a capped cache"
+        )
     if r["prefill"] is not None:
         p = r["prefill"]
         t.add_row(

@@ -17,7 +17,7 @@ Pure functions; no torch.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
@@ -66,8 +66,10 @@ class KVDtype:
     metadata_bytes: int | None = None  # KIVI bytes of one scale (= one zero): 2 for 16-bit caches, 4 for fp32
     value_bits: int | None = None  # KIVI value code width if not the keys' (kivi-k8v4); None = nbits
     fp8_scale: str | None = None  # FP8Cache scales: per-head | per-tensor | none; None = not an FP8Cache
+    keep_tokens: int | None = None  # an evicting cache's cap: tokens kept per layer and sequence; None = all
 
     def __post_init__(self) -> None:
+        check_keep_tokens(self.keep_tokens)
         if self.element_bytes not in (1, 2, 4):
             raise ValueError(f"`element_bytes` must be 1, 2 or 4, got {self.element_bytes!r}")
         if self.fp8_scale not in (None, "per-head", "per-tensor", "none"):
@@ -108,15 +110,20 @@ class KVDtype:
         return self.nbits if self.value_bits is None else self.value_bits
 
     def describe(self) -> str:
+        cap = "" if self.keep_tokens is None else f", at most {self.keep_tokens:,} tokens kept per layer"
         if self.fp8_scale is not None:
-            return f"{self.name} ({self.element_bytes} B/element + {self.fp8_scale} fp32 scales)"
+            return f"{self.name} ({self.element_bytes} B/element + {self.fp8_scale} fp32 scales{cap})"
         if not self.is_kivi:
-            return f"{self.name} ({self.element_bytes} B/element)"
+            return f"{self.name} ({self.element_bytes} B/element{cap})"
         bits = f"{self.nbits}" if self.value_bits is None else f"{self.nbits}/{self.value_bits} (K/V)"
         return (
             f"{self.name}: {bits}-bit codes, G={self.group_size}, R={self.residual_length}, "
-            f"{self.metadata_bytes} B scale/zero, residual {self.element_bytes} B/element"
+            f"{self.metadata_bytes} B scale/zero, residual {self.element_bytes} B/element{cap}"
         )
+
+    def kept(self, tokens: int) -> int:
+        """Tokens a layer holding ``tokens`` keeps under this cap: ``min(tokens, keep_tokens)``."""
+        return tokens if self.keep_tokens is None else min(tokens, self.keep_tokens)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -128,8 +135,19 @@ class KVDtype:
             "metadata_bytes": self.metadata_bytes,
             "value_bits": self.value_bits,
             "fp8_scale": self.fp8_scale,
+            "keep_tokens": self.keep_tokens,
             "bytes_per_element": float(self.bytes_per_element),
         }
+
+
+def check_keep_tokens(keep_tokens: Any) -> None:
+    """Raise ``ValueError`` naming ``--keep-tokens`` unless ``keep_tokens`` is None or an integer >= 1."""
+    if keep_tokens is None:
+        return
+    if isinstance(keep_tokens, bool) or not isinstance(keep_tokens, int) or keep_tokens < 1:
+        raise ValueError(
+            f"`keep_tokens` (--keep-tokens) must be a whole number of tokens >= 1, got {keep_tokens!r}"
+        )
 
 
 def kv_dtype(
@@ -138,8 +156,31 @@ def kv_dtype(
     *,
     group_size: int = 32,
     residual_length: int = 128,
+    keep_tokens: int | None = None,
 ) -> KVDtype:
-    """Build a :class:`KVDtype` from a CLI name.
+    """Build a :class:`KVDtype` from a CLI name, capped at ``keep_tokens`` tokens per layer when given.
+
+    ``keep_tokens``: the cache of an evicting method (docs/EVICTION.md) holds at most this many tokens per layer
+    and sequence (SinkCache: sinks + window; TOVA: its budget); the bytes are those of ``min(context, N)`` tokens
+    stored in ``name``'s format (KIVI: a KIVI cache of ``N`` tokens, residual window and all). ``None``: every
+    token is kept. ``name``, ``model_dtype``, ``group_size``, ``residual_length``: see :func:`_kv_dtype_uncapped`.
+
+    Raises:
+        ValueError: an unknown name, invalid KIVI settings, or ``keep_tokens`` not an integer >= 1.
+    """
+    check_keep_tokens(keep_tokens)
+    kvd = _kv_dtype_uncapped(name, model_dtype, group_size=group_size, residual_length=residual_length)
+    return kvd if keep_tokens is None else replace(kvd, keep_tokens=keep_tokens)
+
+
+def _kv_dtype_uncapped(
+    name: str | KVDtype,
+    model_dtype: str,
+    *,
+    group_size: int,
+    residual_length: int,
+) -> KVDtype:
+    """Build a :class:`KVDtype` from a CLI name (no cap).
 
     Args:
         name: ``auto`` (the model's dtype), ``bf16``, ``fp16``, ``fp32``, ``fp8`` (1 B/element, no scales), an FP8
@@ -459,7 +500,7 @@ def kv_bytes(
     total = 0
     for kind in spec.layer_kinds:
         if kind in KV_KINDS:
-            total += _layer_bytes(spec, kvd, tokens_stored(spec, kind, tokens, mode), tp)
+            total += _layer_bytes(spec, kvd, kvd.kept(tokens_stored(spec, kind, tokens, mode)), tp)
     return total * batch
 
 
@@ -479,11 +520,15 @@ def kv_bytes_peak(
     before a flush, at ``t = R + j*G - 1``. All layers flush together; while no window cap is crossed the bytes
     before successive flushes grow, so the candidates are ``tokens`` and the last pre-flush length below each
     window cap and below ``tokens`` (exact, checked against brute force in the tests).
+
+    A capped cache (``keep_tokens`` N) holds the same bytes at every length from N on, so its peak is the
+    peak at ``min(tokens, N)``.
     """
     kvd = _resolve(spec, kv)
     now = kv_bytes(spec, tokens, batch, kvd, tp=tp, mode=mode)
     if not kvd.is_kivi:
         return now
+    tokens = kvd.kept(tokens)
     g, r = kvd.group_size, kvd.residual_length
 
     def last_flush(limit: int) -> int | None:  # largest R + j*G - 1 <= limit with j >= 1
@@ -521,7 +566,7 @@ def paged_kv_bytes(
     total = 0
     for kind in spec.layer_kinds:
         if kind in KV_KINDS:
-            t = tokens_stored(spec, kind, tokens, mode)
+            t = kvd.kept(tokens_stored(spec, kind, tokens, mode))
             total += _layer_bytes(spec, kvd, -(-t // block_size_tokens) * block_size_tokens, tp)
     return total * batch
 
@@ -631,7 +676,8 @@ def build_ledger(
     *,
     tp: int = 1,
 ) -> Ledger:
-    """The :class:`Ledger` of ``spec`` for ``batch`` sequences of ``context`` tokens (mechanics chapter [B])."""
+    """The :class:`Ledger` of ``spec`` for ``batch`` sequences of ``context`` tokens (mechanics chapter [B]); with a
+    capped ``kv`` (:func:`kv_dtype` ``keep_tokens``) each layer keeps ``min(its tokens, keep_tokens)``."""
     kvd = _resolve(spec, kv)
     per_token_layer = kv_elements_per_token_per_layer(spec, tp) * kvd.bytes_per_element
     if kvd.is_kivi and spec.is_mla:
@@ -641,6 +687,7 @@ def build_ledger(
         n = spec.count(kind)
         stored = tokens_stored(spec, kind, context, "theoretical")
         allocated = tokens_stored(spec, kind, context, "allocated") if kind in KV_KINDS else 0
+        stored, allocated = kvd.kept(stored), kvd.kept(allocated)  # an evicting cache's cap (keep_tokens)
         holds = kind in KV_KINDS
         rows.append(
             LedgerRow(

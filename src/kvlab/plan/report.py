@@ -78,6 +78,7 @@ def plan_report(
     kv: str = "auto",
     group_size: int = 32,
     residual_length: int = 128,
+    keep_tokens: int | None = None,
     gpu: str | None = None,
     gpu_mem_gib: float | None = None,
     reserve_gib: float = 0.0,
@@ -97,7 +98,9 @@ def plan_report(
     Top-level keys include ``kv_bytes_per_token``, ``kv_bytes_total``, ``weight_bytes``, ``max_batch``,
     ``max_context`` and ``decode_step_lower_bound_ms``; ``*_per_gpu`` keys are one rank's. With ``emit="vllm"``,
     ``vllm`` holds the ``vllm serve`` command for the plan and the KV cache vLLM would report
-    (:func:`kvlab.plan.vllm.vllm_serve_plan`, blocks of ``block_size`` tokens).
+    (:func:`kvlab.plan.vllm.vllm_serve_plan`, blocks of ``block_size`` tokens). ``keep_tokens``: an evicting
+    cache holding at most that many tokens per layer (:func:`kvlab.plan.ledger.kv_dtype`); bytes, fit and decode
+    bound are the capped cache's, and ``max_context`` is None (not limited by memory) when the capped KV fits.
 
     Raises:
         ValueError: bad input (named), or ``emit="vllm"`` for a plan vLLM cannot run as planned.
@@ -106,12 +109,13 @@ def plan_report(
         raise ValueError(f"`emit` (--emit) must be 'vllm', got {emit!r}")
     _check_context_batch(context, batch)
     spec = _spec(model, kv_heads)
-    kvd = kv_dtype(kv, spec.dtype, group_size=group_size, residual_length=residual_length)
+    kvd = kv_dtype(
+        kv, spec.dtype, group_size=group_size, residual_length=residual_length, keep_tokens=keep_tokens
+    )
     weights = _weights(spec, weight_dtype, weights_index, weight_bytes_override)
     ledger = build_ledger(spec, context, batch, weights, kvd, tp=tp)
     hw = resolve_hardware(gpu, bandwidth_gb_s, tflops)
     out: dict[str, Any] = {"spec": spec.summary(), **ledger.to_dict()}
-
     budget = None
     if gpu_mem_gib is not None:
         budget = budget_from_gib(gpu_mem_gib, reserve_gib)
@@ -126,7 +130,6 @@ def plan_report(
         if limit is None or out["fits"] is None
         else (out["max_context"] is None or out["max_context"] > limit)
     )
-
     out["decode_attention_intensity"] = model_decode_attention_intensity(spec, kvd)
     notes = list(ledger.notes)
     if weights is None:
@@ -224,6 +227,8 @@ def _vllm(spec, kvd, model, context, batch, tp, budget, ledger, block_size) -> d
     """The ``vllm`` key of :func:`plan_report`: needs the GPU memory and the weights, as the fit does."""
     from kvlab.plan.vllm import vllm_model_argument, vllm_serve_plan
 
+    if kvd.keep_tokens is not None:
+        raise ValueError("--emit vllm plans vLLM, which keeps every token; --keep-tokens does not apply")
     if budget is None:
         raise ValueError("--emit vllm needs the GPU memory: pass --gpu-mem-gib or a --gpu from the table")
     if ledger.weights is None:
@@ -254,6 +259,7 @@ def roofline_report(
     kv: str = "auto",
     group_size: int = 32,
     residual_length: int = 128,
+    keep_tokens: int | None = None,
     tp: int = 1,
     weight_dtype: str = "auto",
     weights_index: str | None = None,
@@ -269,7 +275,9 @@ def roofline_report(
     _check_context_batch(context, batch)
     hw = resolve_hardware(gpu, bandwidth_gb_s, tflops)
     spec = load_spec(model)
-    kvd = kv_dtype(kv, spec.dtype, group_size=group_size, residual_length=residual_length)
+    kvd = kv_dtype(
+        kv, spec.dtype, group_size=group_size, residual_length=residual_length, keep_tokens=keep_tokens
+    )
     weights = _weights(spec, weight_dtype, weights_index, weight_bytes_override)
     p = float(kvd.bytes_per_element)
     ridge = hw.ridge_flop_per_byte
@@ -309,22 +317,25 @@ def roofline_report(
         out["weight_bytes"] = weights.total_bytes
         out["weight_bytes_source"] = weights.source
         out["measured"] = None if measured_step_ms is None else bound.compare(measured_step_ms)
-    out["probe"] = None
-    if run_probe:
-        from kvlab.plan.probe import probe
-
-        result = probe(**(probe_kwargs or {}))
-        local = result.to_dict()
-        # the probe is fp32: p = 4, so I = 2g/4 (half the bf16 intensity, mechanics chapter [C4])
-        local["decode_intensity_table"] = intensity_table(
-            kv_bytes_per_element=4.0, ridge=result.ridge_flop_per_byte
-        )
-        if out["prefill"] is not None:
-            i_fp32 = out["prefill"]["intensity_flop_per_byte"] / 2
-            local["prefill_intensity_fp32"] = i_fp32
-            local["prefill_bound"] = "memory" if i_fp32 < result.ridge_flop_per_byte else "compute"
-        out["probe"] = local
+    out["probe"] = _local_probe(out["prefill"], probe_kwargs) if run_probe else None
     return out
+
+
+def _local_probe(prefill: dict[str, Any] | None, probe_kwargs: dict | None) -> dict[str, Any]:
+    """The ``probe`` key of :func:`roofline_report`: this machine's measured fp32 roofs and what they bound."""
+    from kvlab.plan.probe import probe
+
+    result = probe(**(probe_kwargs or {}))
+    local = result.to_dict()
+    # the probe is fp32: p = 4, so I = 2g/4 (half the bf16 intensity, mechanics chapter [C4])
+    local["decode_intensity_table"] = intensity_table(
+        kv_bytes_per_element=4.0, ridge=result.ridge_flop_per_byte
+    )
+    if prefill is not None:
+        i_fp32 = prefill["intensity_flop_per_byte"] / 2
+        local["prefill_intensity_fp32"] = i_fp32
+        local["prefill_bound"] = "memory" if i_fp32 < result.ridge_flop_per_byte else "compute"
+    return local
 
 
 def video_report(

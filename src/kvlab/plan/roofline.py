@@ -94,7 +94,9 @@ def prefill_intensity(
     }
 
 
-def decode_flops_per_step(spec: ModelSpec, context: int, batch: int) -> float | None:
+def decode_flops_per_step(
+    spec: ModelSpec, context: int, batch: int, keep_tokens: int | None = None
+) -> float | None:
     """FLOPs of one decode step for ``batch`` sequences at ``context`` tokens.
 
     Per sequence: ``2 * N_mm`` for the weight matmuls, where ``N_mm`` (``ModelSpec.num_decode_flop_parameters``)
@@ -102,6 +104,7 @@ def decode_flops_per_step(spec: ModelSpec, context: int, batch: int) -> float | 
     (Kaplan et al., arXiv:2001.08361 Table 1: the embedding is a lookup of ~0 FLOPs, the de-embedding costs
     ``2 n_vocab d_model``); plus attention over the cached tokens (``4 n_q d t`` per KV layer: QK^T and
     AV, or the absorbed MLA count). KV-shared layers' attention is left out, so this stays a lower bound.
+    ``keep_tokens``: an evicting cache's cap, attention runs over ``min(t, keep_tokens)`` cached tokens.
     ``None`` when the parameter count is unknown.
     """
     if spec.num_decode_flop_parameters is None:
@@ -110,6 +113,7 @@ def decode_flops_per_step(spec: ModelSpec, context: int, batch: int) -> float | 
     for kind in spec.layer_kinds:
         if kind in KV_KINDS:
             t = tokens_stored(spec, kind, context)
+            t = t if keep_tokens is None else min(t, keep_tokens)
             if spec.is_mla:
                 per_token += (
                     2 * spec.num_attention_heads * (2 * spec.kv_lora_rank + spec.qk_rope_head_dim) * t
@@ -206,9 +210,10 @@ def decode_step_bound(
     tp: int = 1,
 ) -> DecodeStepBound:
     """:class:`DecodeStepBound` of ``spec`` on one of ``tp`` ranks: its weight shard plus its KV at ``context``
-    (window-capped: a sliding layer reads only its window) for ``batch`` sequences."""
+    (window-capped: a sliding layer reads only its window; a capped ``kv``, ``keep_tokens``, reads its kept
+    tokens) for ``batch`` sequences."""
     kv_read = kv_bytes(spec, context, batch, kv, tp=tp)  # validates context, batch and tp
-    flops = decode_flops_per_step(spec, context, batch)
+    flops = decode_flops_per_step(spec, context, batch, kv_dtype(kv, spec.dtype).keep_tokens)
     return DecodeStepBound(
         weight_bytes=-(-weight_bytes_read // tp),
         kv_bytes=kv_read,
