@@ -10,7 +10,7 @@ import json
 import math
 from pathlib import Path
 
-from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message
+from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, progress
 from kvlab.plan.ledger import KV_DTYPE_NAMES
 
 GIB, MIB = 1024**3, 1024**2
@@ -261,6 +261,8 @@ def _policies(args: argparse.Namespace):
 
 
 def run_simulate_cmd(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     from kvlab.paging.simulate import load_trace, poisson_trace, save_trace, simulate
 
     try:
@@ -280,22 +282,24 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
             source = f"poisson(rate={args.rate:g}/step, n={args.requests}, seed={args.seed})"
             if args.save_trace:
                 save_trace(trace, args.save_trace)
-        result = simulate(
-            trace,
-            _policies(args),
-            _budget(args),
-            max_len=args.max_len,
-            max_running=args.max_running,
-            check_every=args.check_every,
-            keep_series=args.series,
-        )
+        policies = _policies(args)
+        with progress(Console(stderr=True), len(policies), "kvlab paging simulate") as bar:
+            result = simulate(
+                trace,
+                policies,
+                _budget(args),
+                max_len=args.max_len,
+                max_running=args.max_running,
+                check_every=args.check_every,
+                keep_series=args.series,
+                progress=bar.start,
+            )
     except (ValueError, OSError) as exc:
         return fail(args, exc)
     result["config"]["trace"] = source
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
-    from rich.console import Console
     from rich.table import Table
 
     cfg = result["config"]

@@ -25,6 +25,7 @@ import math
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -587,10 +588,12 @@ def simulate(
     max_running: int | None = None,
     check_every: int = 0,
     keep_series: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> dict:
     """Every policy on the same trace and budget: ``{"config": ..., "policies": {name: result}}``.
 
     Defaults: :func:`default_policies` and the mechanics chapter's Llama-3-8B budget (61.04 GiB of KV).
+    ``progress(step)`` is called as each policy's run starts (one step per policy).
     """
     budget = budget or default_budget()
     policies = policies if policies is not None else default_policies()
@@ -613,6 +616,8 @@ def simulate(
         "policies": {},
     }
     for policy in policies:
+        if progress is not None:
+            progress(f"policy {policy.name}: {len(trace):,} requests")
         out["policies"][policy.name] = simulate_policy(
             trace, policy, budget, max_len, max_running, check_every, keep_series
         )

@@ -142,3 +142,29 @@ def test_model_and_kv_dtype_come_from_the_planner(capsys):
     assert out["config"]["kv_bytes_per_token"] == 40960  # 1280 B per 2048 K+V elements (issue 3)
     assert main(["paging", "static", "--model", "no-such-model"]) == 2
     assert "no-such-model" in capsys.readouterr().err
+
+
+def test_simulate_prints_one_progress_line_per_policy_on_stderr(capsys, tmp_path):
+    shape = [
+        "--prompt-tokens",
+        "64:512",
+        "--output-tokens",
+        "16:128",
+        "--gpu-mem-gib",
+        "40",
+        "--max-len",
+        "2048",
+    ]
+    trace = str(tmp_path / "t.csv")
+    assert main(["paging", "simulate", "--requests", "20", *shape, "--save-trace", trace, "--json"]) == 0
+    capsys.readouterr()
+    assert (
+        main(["paging", "simulate", "--trace", trace, *shape, "--policies", "paged,contiguous", "--json"])
+        == 0
+    )
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.startswith("[")]
+    steps = [line.split("s  ", 1)[1] for line in lines]
+    assert steps == ["policy paged: 20 requests", "policy contiguous: 20 requests"]
+    assert lines[0].startswith("[1/2]") and lines[1].startswith("[2/2]")
+    assert json.loads(captured.out)["policies"]  # stdout stays pure JSON
