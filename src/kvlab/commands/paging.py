@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, progress
+from kvlab.commands.plan import keep_tokens_type
 from kvlab.plan.ledger import KV_DTYPE_NAMES
 
 GIB, MIB = 1024**3, 1024**2
@@ -140,6 +141,14 @@ def _register_simulate(sub) -> None:
         default="kivi4",
         help=f"KV dtype of the quantized policy (default kivi4): {KV_DTYPE_HELP}",
     )
+    m.add_argument(
+        "--keep-tokens",
+        type=keep_tokens_type,
+        default=None,
+        metavar="N",
+        help="also run paged+keepN: an evicting cache keeping at most N tokens per request (at most ceil(N / "
+        "block size) blocks; the oldest block returns to the pool; docs/EVICTION.md)",
+    )
     m.add_argument("--max-running", type=int, default=None, help="cap on running requests (max_num_seqs)")
     m.add_argument(
         "--check-every", type=int, default=0, help="full invariant check every K steps (0: at the end)"
@@ -246,10 +255,17 @@ def run_static_cmd(args: argparse.Namespace) -> int:
 
 
 def _policies(args: argparse.Namespace):
-    from kvlab.paging.simulate import default_policies
+    from kvlab.paging.simulate import Policy, default_policies
 
     quant_bpt = _budget(args, args.quant_kv_dtype).kv_bytes_per_token
     policies = default_policies(args.block_size, quant_bpt, args.quant_kv_dtype)
+    if args.keep_tokens is not None:
+        name = f"paged+keep{args.keep_tokens}"
+        policies.append(
+            Policy(
+                name, block_size_tokens=args.block_size, kv_dtype=args.kv_dtype, keep_tokens=args.keep_tokens
+            )
+        )
     if args.policies:
         wanted = [w.strip() for w in args.policies.split(",") if w.strip()]
         known = {p.name: p for p in policies}
@@ -326,6 +342,8 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
         ("preemptions (requests)", lambda r: f"{r['preemptions']} ({r['preempted_requests']})"),
         ("recomputed tokens", lambda r: str(r["recomputed_tokens"])),
         ("prefix-hit blocks", lambda r: str(r["prefix_hit_blocks"])),
+        ("blocks / request, max", lambda r: str(r["max_blocks_per_request"])),
+        ("evicted blocks", lambda r: str(r["evicted_blocks"])),
         ("queue delay mean", lambda r: f"{r['queue_delay_steps']['mean']:.1f}"),
         ("queue delay p99", lambda r: f"{r['queue_delay_steps']['p99']:.0f}"),
         ("tokens / step", lambda r: f"{r['tokens_per_step']['mean']:.1f}"),

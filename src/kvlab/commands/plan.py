@@ -34,7 +34,7 @@ def _add_kv_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--residual", type=int, default=128, help="KIVI residual window R in tokens (default 128)")
 
 
-def _keep_tokens(text: str) -> int:
+def keep_tokens_type(text: str) -> int:
     """``--keep-tokens``: a whole number of tokens >= 1 (argparse names the flag in its error)."""
     try:
         value = int(text)
@@ -48,7 +48,7 @@ def _keep_tokens(text: str) -> int:
 def _add_keep_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--keep-tokens",
-        type=_keep_tokens,
+        type=keep_tokens_type,
         default=None,
         metavar="N",
         help="an evicting cache that keeps at most N tokens per layer and sequence (sink: sink_tokens + "

@@ -139,6 +139,29 @@ class BlockTable:
                 blocks.append(block)
         return copies
 
+    def evict_front(self, n_blocks: int = 1) -> int:
+        """Drop the ``n_blocks`` oldest blocks and their tokens (an evicting cache dropping its oldest tokens); the
+        blocks lose a holder and return to the pool at none. Storage positions shift down by the dropped tokens (after
+        eviction a token's slot is no longer its position, as in kvlab's evicting caches).
+
+        Returns:
+            ``n_blocks``.
+
+        Raises:
+            ValueError: ``n_blocks`` not in ``[0, len(blocks)]``.
+        """
+        if (
+            isinstance(n_blocks, bool)
+            or not isinstance(n_blocks, int)
+            or not 0 <= n_blocks <= len(self.blocks)
+        ):
+            raise ValueError(f"`n_blocks` must be an integer in [0, {len(self.blocks)}], got {n_blocks!r}")
+        dropped = self.blocks[:n_blocks]
+        self.pool.free(reversed(dropped))
+        del self.blocks[:n_blocks]
+        self.num_tokens -= min(self.num_tokens, n_blocks * self.pool.block_size_tokens)
+        return n_blocks
+
     def fork(self) -> BlockTable:
         """A new table sharing every block of this one (reference counts +1; no copy until a write)."""
         child = BlockTable(self.pool)

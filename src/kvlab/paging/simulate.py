@@ -14,7 +14,10 @@ scheduler (PagedAttention, arXiv:2309.06180 §4.5):
 
 The policies run side by side on the same trace: contiguous reservation (one ``max_len`` block per request),
 paged, paged with prefix sharing (full prompt blocks found by chained hash are shared, reference counted), and
-paged with a quantized cache (fewer bytes per token, so more blocks in the same bytes). Block conservation
+paged with a quantized cache (fewer bytes per token, so more blocks in the same bytes), and optionally paged
+with a capped footprint (``Policy.keep_tokens`` N: an evicting cache, docs/EVICTION.md; a request holds at most
+``ceil(N / block_size)`` blocks: when it needs a new block at that cap its oldest block's tokens are evicted and
+the block returns to the pool: at its cap a request reuses its own memory and never preempts). Block conservation
 (``free + used = total``) is asserted every step and the pool must be empty at the end.
 """
 
@@ -35,6 +38,7 @@ from kvlab.paging.block_pool import BlockPool, hash_block_tokens
 from kvlab.paging.block_table import BlockTable
 from kvlab.paging.budget import KVBudget, default_budget, default_kv_bytes_per_token
 from kvlab.paging.static import MAX_LEN_TOKENS
+from kvlab.plan.ledger import check_keep_tokens
 from kvlab.runtime.atomic import atomic_write
 
 POLICY_KINDS = ("contiguous", "paged")
@@ -208,6 +212,14 @@ class Policy:
         prefix_sharing: share full prompt blocks across requests by chained hash (paged only).
         kv_bytes_per_token: KV bytes per token; None takes the budget's (e.g. set it lower for a quantized cache).
         kv_dtype: label of the KV format, for the output.
+        keep_tokens: an evicting cache's cap N (paged, no prefix sharing): a request holds at most
+            ``ceil(N / block_size_tokens)`` blocks, evicting at block granularity (its oldest block goes back to the
+            pool when it needs a new one at the cap); a prefill keeps its newest ``min(T, cap blocks)`` tokens. None:
+            every token is kept.
+
+    Raises:
+        ValueError: a bad kind, block size or bytes per token, prefix sharing without paging, or ``keep_tokens``
+            not an integer >= 1 (named as ``--keep-tokens``) or given with contiguous reservation or prefix sharing.
     """
 
     name: str
@@ -216,8 +228,16 @@ class Policy:
     prefix_sharing: bool = False
     kv_bytes_per_token: float | None = None
     kv_dtype: str = "bf16"
+    keep_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        check_keep_tokens(self.keep_tokens)
+        if self.keep_tokens is not None and (self.kind != "paged" or self.prefix_sharing):
+            raise ValueError(
+                f"policy {self.name!r}: `keep_tokens` (--keep-tokens) models a paged cache without prefix sharing "
+                f"(evicted tokens leave shared prompt blocks undefined), got kind {self.kind!r}, "
+                f"prefix_sharing={self.prefix_sharing}"
+            )
         if self.kind not in POLICY_KINDS:
             raise ValueError(f"`kind` must be one of {list(POLICY_KINDS)}, got {self.kind!r}")
         if self.block_size_tokens < 1:
@@ -313,6 +333,8 @@ def _pool_geometry(trace: Trace, policy: Policy, budget: KVBudget, max_len: int)
     peak = trace.peak_kv_tokens
     if peak > max_len:
         raise ValueError(f"a request holding {peak} KV tokens exceeds max_len {max_len}")
+    if policy.keep_tokens is not None:  # a capped request holds at most ceil(N / bs) blocks
+        peak = min(peak, -(-policy.keep_tokens // bs) * bs)
     if -(-peak // bs) > num_blocks:
         raise ValueError(
             f"policy {policy.name!r}: a request holding {peak} KV tokens needs {-(-peak // bs)} blocks, "
@@ -325,10 +347,20 @@ class _Engine:
     """State of one :func:`simulate_policy` run: the pool, each request's block table and progress, the running
     list and the waiting queue, the counters; one method per phase of an engine step (module docstring)."""
 
-    def __init__(self, trace: Trace, pool: BlockPool, prefix_sharing: bool, max_running: int | None) -> None:
+    def __init__(
+        self,
+        trace: Trace,
+        pool: BlockPool,
+        prefix_sharing: bool,
+        max_running: int | None,
+        keep_tokens: int | None = None,
+    ) -> None:
         n = len(trace)
         self.pool = pool
         self.bs = pool.block_size_tokens
+        # blocks a request may hold: ceil(keep_tokens / block size), None without a cap
+        self.cap_blocks = None if keep_tokens is None else -(-keep_tokens // self.bs)
+        self.evicted_blocks = self.max_request_blocks = 0
         self.prefix_sharing = prefix_sharing
         self.max_running = max_running
         self.arrival = np.ceil(trace.arrival_step).astype(np.int64).tolist()
@@ -382,11 +414,16 @@ class _Engine:
             r = self.running[i]
             table = self.tables[r]
             blocks = table.blocks
+            full = table.num_tokens == len(blocks) * self.bs
+            if full and self.cap_blocks is not None and len(blocks) >= self.cap_blocks:
+                # at the cap: its oldest block's tokens are evicted and the block returns to the pool
+                self.evicted_blocks += table.evict_front(1)
             if table.num_tokens == len(blocks) * self.bs or blocks[-1].ref_cnt > 1:  # needs a new block
                 preempted_now |= self._preempt_for(r)
             if i == len(self.running):  # r itself was preempted
                 break
             table.append_tokens(1)
+            self.max_request_blocks = max(self.max_request_blocks, len(blocks))
             self.generated[r] += 1
             step_tokens += 1
             self.events += 1
@@ -407,10 +444,13 @@ class _Engine:
             )  # a preempted request recomputes its prompt and outputs
             if self.prefix_sharing and self.hashes[r] is None:
                 self.hashes[r] = _prompt_hashes(r, self.group[r], self.prefix[r], self.prompt[r], self.bs)
+            # a capped request computes its whole prefill but keeps at most its cap of blocks
+            held = known if self.cap_blocks is None else min(known, self.cap_blocks * self.bs)
             try:
-                hits = self.tables[r].allocate(known, self.hashes[r] or ())
+                hits = self.tables[r].allocate(held, self.hashes[r] or ())
             except ValueError:
                 break  # head-of-line blocking
+            self.max_request_blocks = max(self.max_request_blocks, len(self.tables[r].blocks))
             self.waiting.popleft()
             computed = known - hits * self.bs
             step_tokens += computed
@@ -492,6 +532,9 @@ def _summary(engine: _Engine, policy: Policy, bpt: float, wall_s: float, all_fre
         "kind": policy.kind,
         "kv_dtype": policy.kv_dtype,
         "prefix_sharing": policy.prefix_sharing,
+        "keep_tokens": policy.keep_tokens,
+        "max_blocks_per_request": engine.max_request_blocks,
+        "evicted_blocks": engine.evicted_blocks,
         "block_size": bs,
         "kv_bytes_per_token": bpt,
         "num_blocks": num_blocks,
@@ -564,7 +607,7 @@ def simulate_policy(
     _check_run_settings(max_len, max_running, check_every)
     bpt, bs, num_blocks = _pool_geometry(trace, policy, budget, max_len)
     pool = BlockPool(num_blocks, bs, enable_prefix_caching=policy.prefix_sharing)
-    engine = _Engine(trace, pool, policy.prefix_sharing, max_running)
+    engine = _Engine(trace, pool, policy.prefix_sharing, max_running, policy.keep_tokens)
     wall_s = engine.run(check_every)
     pool.check_invariants(engine.tables)
     all_freed = pool.num_used == 0 and pool.num_free == pool.num_blocks and pool.num_filled_slots == 0
