@@ -134,7 +134,8 @@ def _register_simulate(sub) -> None:
     m.add_argument(
         "--policies",
         default=None,
-        help="comma list among contiguous,paged,paged+prefix,paged+<quant dtype> (default: all four)",
+        help="comma list among contiguous,paged,paged+prefix,paged+<quant dtype>, paged+keepN with --keep-tokens N "
+        "(default: all of them)",
     )
     m.add_argument(
         "--quant-kv-dtype",

@@ -443,7 +443,7 @@ def _add_fit_rows(t, r: dict) -> None:
             mc = f"not limited by KV (the cache keeps at most {keep:,} tokens)"
         else:
             mc = "not limited by memory"
-        mca = "-" if r["max_context_allocated"] is None else f"{r['max_context_allocated']:,}"
+        mca = "not limited" if r["max_context_allocated"] is None else f"{r['max_context_allocated']:,}"
         limit = r["spec"]["max_position_embeddings"]
         also = f"engine-allocated: {mca}" + (
             f"; config limit {limit:,}" if r["max_context_above_model_limit"] else ""
