@@ -16,6 +16,7 @@ from kvlab.cli import main
         (["--kv-heads", "-2", "--no-append"], "kv_heads"),
         (["--new-tokens", "0", "--no-append"], "new_tokens"),
         (["--repeat", "0", "--no-append"], "repeat"),
+        (["--threads", "0", "--no-append"], "--threads"),
         (["--append-contexts", "0"], "contexts_tokens"),
         (["--append-contexts", "99999999999"], "99999999999"),  # ~400 TB: the allocation fails
         (["--real", "--tokens", "0"], "tokens"),
