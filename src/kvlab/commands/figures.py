@@ -45,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
     existing = [Path(args.out) / f for f in figure_files(result=result, append=append)]
     existing = [p for p in existing if p.exists()]
     if existing and not args.force:  # checked before any work: nothing is overwritten silently
-        more = f" (and {len(existing) - 1} more figure file(s))" if len(existing) > 1 else ""
-        return fail(args, file_exists_message(f"{existing[0]}{more}", "another --out"), EXIT_FILE_EXISTS)
+        more = f" ({len(existing) - 1} more figure files exist there too)" if len(existing) > 1 else ""
+        return fail(args, file_exists_message(existing[0], f"another --out{more}"), EXIT_FILE_EXISTS)
     total = figure_steps(result=result, append=append)
     with progress(Console(stderr=True), total, "kvlab figures") as bar:
         paths = write_figures(
