@@ -65,11 +65,11 @@ def _dispatch(argv: list[str] | None) -> int:
         os.environ["COLUMNS"] = PIPE_COLUMNS
     parser = build_parser()
     args = parser.parse_args(argv)
-    commands.quiet_third_party(args.verbose)
     if not getattr(args, "func", None):
         parser.print_help()
         return commands.EXIT_USAGE
-    return int(args.func(args) or 0)
+    with commands.quiet_third_party(args.verbose):  # other libraries' bars and warnings: only with --verbose
+        return int(args.func(args) or 0)
 
 
 def _stdout_to_devnull() -> None:

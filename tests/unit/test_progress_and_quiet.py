@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import warnings
 
 import pytest
@@ -55,13 +56,37 @@ def test_third_party_warnings_are_quiet_unless_verbose():
     def emitted(verbose: bool) -> list[str]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            quiet_third_party(verbose)
-            for module in ("torch.nn.modules.module", "transformers.utils", "kvlab.eval.runner"):
-                warnings.warn_explicit(f"from {module}", FutureWarning, "x.py", 1, module=module)
+            with quiet_third_party(verbose):
+                for module in ("torch.nn.modules.module", "transformers.utils", "kvlab.eval.runner"):
+                    warnings.warn_explicit(f"from {module}", FutureWarning, "x.py", 1, module=module)
         return [str(w.message) for w in caught]
 
     assert emitted(False) == ["from kvlab.eval.runner"]
     assert len(emitted(True)) == 3
+
+
+def test_quieting_is_undone_after_the_command(monkeypatch):
+    from transformers.utils import logging as hf_logging
+
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_VERBOSITY", raising=False)
+    hf_logging.enable_progress_bar()
+    level = hf_logging.get_verbosity()
+    with quiet_third_party(False):
+        assert not hf_logging.is_progress_bar_enabled()
+        assert hf_logging.get_verbosity() == hf_logging.ERROR
+        assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    assert hf_logging.is_progress_bar_enabled() and hf_logging.get_verbosity() == level
+    assert "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ
+
+
+def test_a_users_environment_setting_wins(monkeypatch):
+    from transformers.utils import logging as hf_logging
+
+    monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "info")
+    level = hf_logging.get_verbosity()
+    with quiet_third_party(False):
+        assert hf_logging.get_verbosity() == level and os.environ["TRANSFORMERS_VERBOSITY"] == "info"
 
 
 def test_verbose_is_a_top_level_flag():

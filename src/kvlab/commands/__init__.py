@@ -21,9 +21,11 @@ code  meaning
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 
 EXIT_OK = 0  # done, every check passed
 EXIT_FAILED = 1  # ran, and a check, target or load failed
@@ -122,33 +124,56 @@ class progress:
 THIRD_PARTY_WARNINGS = r"(transformers|torch|huggingface_hub|accelerate|hqq|optimum|matplotlib|numpy)(\.|$)"
 
 
-def quiet_third_party(verbose: bool = False) -> None:
-    """Keep other libraries' progress bars, logging and warnings out of kvlab's output (``kvlab --verbose``
-    keeps them): Hugging Face hub / transformers progress bars (e.g. "Loading weights") and info logging off, and
-    Python warnings raised inside :data:`THIRD_PARTY_WARNINGS` modules ignored. kvlab's own messages are
-    unaffected. Environment settings the user made (``HF_HUB_DISABLE_PROGRESS_BARS``, ``TRANSFORMERS_VERBOSITY``)
-    win.
+@contextlib.contextmanager
+def quiet_third_party(verbose: bool = False) -> Iterator[None]:
+    """Keep other libraries' progress bars, logging and warnings out of kvlab's output inside the ``with`` block
+    (``kvlab --verbose`` keeps them): Hugging Face hub / transformers progress bars (e.g. "Loading weights") and
+    info logging off, and Python warnings raised inside :data:`THIRD_PARTY_WARNINGS` modules ignored. kvlab's own
+    messages are unaffected. Settings the user made in the environment (``HF_HUB_DISABLE_PROGRESS_BARS``,
+    ``TRANSFORMERS_VERBOSITY``) win. Everything is restored on exit (``kvlab.cli.main`` called in-process leaves
+    no trace).
     """
     if verbose:
+        yield
         return
     import warnings
 
-    user_bars, user_level = (
-        "HF_HUB_DISABLE_PROGRESS_BARS" in os.environ,
-        "TRANSFORMERS_VERBOSITY" in os.environ,
-    )
+    keys = ("HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY", "TRANSFORMERS_NO_ADVISORY_WARNINGS")
+    saved_env = {k: os.environ.get(k) for k in keys}
+    user_bars, user_level = saved_env[keys[0]] is not None, saved_env[keys[1]] is not None
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    warnings.filterwarnings("ignore", module=THIRD_PARTY_WARNINGS)
+    restore = []
     if "transformers" in sys.modules:  # already imported: its environment was read, so set it directly
         from transformers.utils import logging as hf_logging
 
         if not user_level:
+            level = hf_logging.get_verbosity()
             hf_logging.set_verbosity_error()
-        if not user_bars:
+            restore.append(lambda: hf_logging.set_verbosity(level))
+        if not user_bars and hf_logging.is_progress_bar_enabled():
             hf_logging.disable_progress_bar()
+            restore.append(hf_logging.enable_progress_bar)
     if "huggingface_hub" in sys.modules and not user_bars:
-        from huggingface_hub.utils import disable_progress_bars
+        from huggingface_hub.utils import (
+            are_progress_bars_disabled,
+            disable_progress_bars,
+            enable_progress_bars,
+        )
 
-        disable_progress_bars()
+        if not are_progress_bars_disabled():
+            disable_progress_bars()
+            restore.append(enable_progress_bars)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=THIRD_PARTY_WARNINGS)
+            yield
+    finally:
+        for undo in reversed(restore):
+            undo()
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
