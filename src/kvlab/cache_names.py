@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
+from decimal import Decimal
 
 _NAME = re.compile(
     r"^(?P<family>[a-z][a-z0-9]*)"
@@ -67,7 +68,15 @@ class CacheName:
             out += f"-k{self.key_bits}v{self.value_bits}"
         if self.variant is not None:
             out += f"-{self.variant}"
-        return out + "".join(f":{k}={v}" for k, v in self.settings)
+        return out + "".join(f":{k}={_setting_text(v)}" for k, v in self.settings)
+
+
+def _setting_text(value: int | float) -> str:
+    """A setting's value as the grammar reads it: ``1e-07`` -> ``"0.0000001"`` (no exponent), ``0.5`` -> ``"0.5"``."""
+    if isinstance(value, int):
+        return str(value)
+    text = format(Decimal(repr(value)), "f")
+    return text if "." in text else text + ".0"
 
 
 def parse_cache_name(text: str, families: Collection[str]) -> CacheName:

@@ -417,7 +417,8 @@ def resolve(name: str | CacheName, settings: CacheSettings | None = None) -> Res
 
     Raises:
         ValueError: a name outside the grammar, an unknown family, bits/variant/setting the family does not
-            take (the message lists what it takes), or an invalid resulting setting.
+            take (the message lists what it takes), both ``compression_ratio`` and ``token_budget``, a
+            ``token_budget`` of 0, or an invalid resulting setting.
     """
     parsed = name if isinstance(name, CacheName) else parse_cache_name(name, REGISTRY)
     entry = REGISTRY[parsed.family]
@@ -455,7 +456,14 @@ def resolve(name: str | CacheName, settings: CacheSettings | None = None) -> Res
         raise ValueError(
             f"cache {text!r}: `{entry.family}` settings are {list(entry.settings) or 'none'}, got {bad}"
         )
-    merged = dataclasses.replace(settings or CacheSettings(), **dict(parsed.settings))
+    given = dict(parsed.settings)
+    if {"compression_ratio", "token_budget"} <= given.keys():  # the factories would silently drop the ratio
+        raise ValueError(f"cache {text!r}: give `compression_ratio` or `token_budget`, not both")
+    if given.get("token_budget") == 0:  # 0 is CacheSettings' "not given": written out, it is a bad budget
+        raise ValueError(
+            f"cache {text!r}: `token_budget` must be an int >= 1, got 0 (leave it out to use `compression_ratio`)"
+        )
+    merged = dataclasses.replace(settings or CacheSettings(), **given)
     return ResolvedCache(parsed, entry, merged)
 
 

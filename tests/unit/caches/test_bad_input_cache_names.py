@@ -1,0 +1,49 @@
+"""Hostile cache names for the registry (:func:`kvlab.caches.registry.resolve`): an eviction setting the name
+gives is the cache the user gets, or the name is refused naming it; the spelling ``kvlab eval`` asks for is one it
+accepts."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvlab.cache_names import parse_cache_name
+from kvlab.caches.registry import REGISTRY, resolve
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["snapkv:token_budget=0", "tova:token_budget=0", "kivi-4:token_budget=0", "kivi-k8v4:token_budget=0"],
+)
+def test_an_explicit_zero_token_budget_is_refused_not_replaced_by_the_default_ratio(name):
+    # token_budget=0 is CacheSettings' "not given"; written in a name it used to run SnapKV/TOVA at the default
+    # compression_ratio=0.5 (recorded as such) or fail only when the cache was made, per eval cell
+    with pytest.raises(ValueError, match=r"`token_budget` must be an int >= 1, got 0"):
+        resolve(name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "snapkv:compression_ratio=0.5:token_budget=10",
+        "tova:token_budget=7:compression_ratio=0.3",
+        "kivi-4:compression_ratio=0.25:token_budget=10",
+    ],
+)
+def test_a_name_with_both_ratio_and_budget_is_refused(name):
+    # the factories silently used token_budget and dropped the ratio; SnapKVCache itself refuses both
+    with pytest.raises(ValueError, match=r"`compression_ratio` or `token_budget`, not both"):
+        resolve(name)
+
+
+@pytest.mark.parametrize("value", ["0.0000001", "0.00001", "0.5", "0.25"])
+def test_the_canonical_spelling_of_a_decimal_setting_parses_back(value):
+    # 'snapkv:compression_ratio=0.0000001' was to be written '...=1e-07', which the grammar refuses
+    canonical = parse_cache_name(f"snapkv:compression_ratio={value}", REGISTRY).canonical
+    again = parse_cache_name(canonical, REGISTRY)
+    assert again.canonical == canonical and dict(again.settings)["compression_ratio"] == float(value)
+
+
+def test_budget_and_ratio_alone_still_resolve():
+    assert resolve("snapkv:token_budget=1").settings.token_budget == 1
+    assert resolve("tova:compression_ratio=0.25").describe()["compression_ratio"] == 0.25
+    assert resolve("kivi-4:token_budget=16").describe()["token_budget"] == 16
