@@ -23,7 +23,8 @@ def hub_endpoint() -> str:
 
 def hub_offline_reason() -> str | None:
     """Why the hub cannot be used right now, or None when it can: ``HF_HUB_OFFLINE`` set, or no TCP connection to
-    the endpoint within :data:`CONNECT_TIMEOUT_S` seconds (DNS failure, no route, refused). Cached per process."""
+    the endpoint within :data:`CONNECT_TIMEOUT_S` seconds (DNS failure, no route, refused), or an ``HF_ENDPOINT``
+    that is not a URL with a host (a bad port, a broken IPv6 address). Cached per process."""
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         return "HF_HUB_OFFLINE is set"
     return _probe(hub_endpoint())
@@ -31,11 +32,14 @@ def hub_offline_reason() -> str | None:
 
 @functools.lru_cache(maxsize=4)
 def _probe(endpoint: str) -> str | None:
-    url = urlparse(endpoint)
-    host = url.hostname
+    try:
+        url = urlparse(endpoint)
+        host, port = url.hostname, url.port  # .port raises for "host:99999" / "host:abc"
+    except ValueError as e:
+        return f"HF_ENDPOINT {endpoint!r} is not a URL ({e})"
     if not host:
         return f"HF_ENDPOINT {endpoint!r} names no host"
-    port = url.port or (443 if url.scheme == "https" else 80)
+    port = port or (443 if url.scheme == "https" else 80)
     try:
         with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
             return None

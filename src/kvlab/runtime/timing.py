@@ -18,6 +18,7 @@ Torch-free: the callables do the work (and any device synchronization).
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -160,6 +161,7 @@ def interleaved(
 
     Raises:
         ValueError: no calls, ``repeat`` < 1 or ``warmup`` < 0. Exceptions of a call propagate.
+        TypeError: a value of ``calls`` that is not callable (named).
     """
     if not calls:
         raise ValueError("`calls` is empty: nothing to time")
@@ -167,6 +169,9 @@ def interleaved(
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}")
     names = list(calls)
+    for name in names:
+        if not callable(calls[name]):
+            raise TypeError(f"`calls[{name!r}]` must be callable, got {type(calls[name]).__name__}")
     for r in range(warmup):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             calls[name]()
@@ -205,14 +210,14 @@ def paired_ratio(candidate_ms: Sequence[float], baseline_ms: Sequence[float]) ->
         ``unpaired`` (median(candidate) / median(baseline), the block estimate, for comparison).
 
     Raises:
-        ValueError: lengths differ, are 0, or a time is not positive.
+        ValueError: lengths differ, are 0, or a time is not positive and finite (NaN, inf).
     """
     if len(candidate_ms) != len(baseline_ms) or not candidate_ms:
         raise ValueError(
             f"paired timings need equal, non-zero lengths, got {len(candidate_ms)} and {len(baseline_ms)}"
         )
-    if min(candidate_ms) <= 0 or min(baseline_ms) <= 0:
-        raise ValueError(f"times must be positive ms, got {list(candidate_ms)} and {list(baseline_ms)}")
+    if not all(math.isfinite(t) and t > 0 for t in (*candidate_ms, *baseline_ms)):  # NaN passes `min(...) <= 0`
+        raise ValueError(f"times must be positive, finite ms, got {list(candidate_ms)} and {list(baseline_ms)}")
     ratios = [c / b for c, b in zip(candidate_ms, baseline_ms, strict=True)]
     return {
         "ratio": statistics.median(ratios),
