@@ -102,14 +102,27 @@ def _snap(wall, cpu, busy_ticks, own_ticks, steal=0):
 
 def test_contention_flags_a_busy_machine(monkeypatch):
     monkeypatch.setattr(timing, "_ticks_per_s", lambda: 100)
-    # 2 s wall; we used 0.5 s of CPU (50 ticks); the machine was busy for 350 ticks: others took 1.5 cores
-    busy = contention(_snap(0.0, 0.0, 0, 0), _snap(2.0, 0.5, 350, 50))
-    assert busy["busy"] and busy["other_cores"] == pytest.approx(1.5)
+    # 2 s wall; we used 0.5 s of CPU (50 ticks); the machine was busy for 400 ticks: others took 1.75 cores
+    busy = contention(_snap(0.0, 0.0, 0, 0), _snap(2.0, 0.5, 400, 50), cpus=2)
+    assert busy["busy"] and busy["other_cores"] == pytest.approx(1.75)
     assert busy["cpu_share"] == pytest.approx(0.25)
     assert "other processes" in busy["reason"] and "25%" in busy["reason"]
-    quiet = contention(_snap(0.0, 0.0, 0, 0), _snap(2.0, 1.9, 200, 190))
+    quiet = contention(_snap(0.0, 0.0, 0, 0), _snap(2.0, 1.9, 200, 190), cpus=2)
     assert not quiet["busy"] and quiet["reason"] is None
     assert quiet["other_cores"] == pytest.approx(0.05)
+
+
+def test_contention_counts_the_cores_a_run_leaves_free(monkeypatch):
+    monkeypatch.setattr(timing, "_ticks_per_s", lambda: 100)
+    # 2 cores, another process busy on one of them (1.0 core) for 2 s; we ran at full speed on the other
+    one_thread = contention(_snap(0.0, 0.0, 0, 0), _snap(2.0, 1.95, 395, 195), threads=1, cpus=2)
+    assert one_thread["other_cores"] == pytest.approx(1.0) and not one_thread["busy"]
+    # the same load against a 2-thread run: it wanted both cores
+    two_threads = contention(_snap(0.0, 0.0, 0, 0), _snap(2.0, 2.6, 460, 260), threads=2, cpus=2)
+    assert two_threads["busy"] and "0 of 2" in two_threads["reason"]
+    # two other processes against a 1-thread run
+    crowded = contention(_snap(0.0, 0.0, 0, 0), _snap(2.0, 1.5, 520, 150), threads=1, cpus=2)
+    assert crowded["busy"] and crowded["other_cores"] == pytest.approx(1.85)
 
 
 def test_contention_cpu_share_alone_flags_where_proc_is_missing():
