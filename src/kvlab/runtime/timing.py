@@ -25,8 +25,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-# other processes using more than this many cores (on average over the timed window) make the timings suspect:
-# on a 2-core machine, half a core taken by someone else already slows a 2-thread torch job several-fold
+# other processes using more than the cores this run leaves free plus this many (on average over the timed
+# window) make the timings suspect: then they compete with our threads. On a 2-core machine a 2-thread torch job is
+# slowed several-fold by half a core taken by someone else; a 1-thread job keeps its core while another process
+# uses the second one
 BUSY_OTHER_CORES = 0.5
 # the process received less than this share of one core per torch thread while timed: it was waiting for a CPU
 MIN_CPU_SHARE = 0.6
@@ -79,7 +81,7 @@ class Snapshot:
         return cls(time.perf_counter(), time.process_time(), _proc_stat(), _self_ticks())
 
 
-def contention(start: Snapshot, end: Snapshot, threads: int = 1) -> dict:
+def contention(start: Snapshot, end: Snapshot, threads: int = 1, cpus: int | None = None) -> dict:
     """What the machine did between two snapshots.
 
     Args:
@@ -90,7 +92,9 @@ def contention(start: Snapshot, end: Snapshot, threads: int = 1) -> dict:
         ``wall_s`` and ``cpu_s`` (seconds), ``cpu_share`` (process CPU / (wall x threads); ~1 when the process had
         its cores), ``other_cores`` (cores used by other processes on average, Linux only, else None),
         ``steal_cores`` (hypervisor steal, Linux only), ``load_avg_1m`` (None where the platform lacks it) and
-        ``busy`` (True when ``other_cores > BUSY_OTHER_CORES`` or ``cpu_share < MIN_CPU_SHARE``), with ``reason``.
+        ``busy`` (True when ``other_cores + steal_cores > cpus - threads + BUSY_OTHER_CORES``, i.e. others took
+        more than the cores this run left free, or ``cpu_share < MIN_CPU_SHARE``), with ``reason``; ``cpus``
+        (default ``os.cpu_count()``, the machine's CPUs as ``/proc/stat`` counts them) is recorded too.
 
     Raises:
         ValueError: ``threads`` < 1 or ``end`` earlier than ``start``.
@@ -120,14 +124,20 @@ def contention(start: Snapshot, end: Snapshot, threads: int = 1) -> dict:
     except (OSError, AttributeError):
         load = None
     reasons = []
-    if other is not None and other + (steal or 0.0) > BUSY_OTHER_CORES:
-        reasons.append(f"other processes used {other + (steal or 0.0):.2f} cores on average")
+    cpus = cpus if cpus is not None else (os.cpu_count() or 1)
+    free = max(0, cpus - threads)
+    if other is not None and other + (steal or 0.0) > free + BUSY_OTHER_CORES:
+        reasons.append(
+            f"other processes used {other + (steal or 0.0):.2f} cores on average, more than the {free} of {cpus} "
+            f"this run's {threads} thread(s) left free"
+        )
     if share is not None and share < MIN_CPU_SHARE:
         reasons.append(f"this process got {share:.0%} of its {threads} thread(s)' CPU time")
     return {
         "wall_s": wall,
         "cpu_s": cpu,
         "threads": threads,
+        "cpus": cpus,
         "cpu_share": share,
         "other_cores": other,
         "steal_cores": steal,
