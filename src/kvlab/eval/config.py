@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import asdict, dataclass, field
 
@@ -102,7 +103,7 @@ class EvalConfig:
         seed: torch seed and held-out offset seed.
         threads: torch threads for the run (``torch.set_num_threads``); ``None`` = :func:`kvlab.runtime.timing.
             default_threads` (``OMP_NUM_THREADS`` if set, else all usable CPUs but one: two threads on a shared
-            2-core machine slow down 10-150x whenever another process runs).
+            2-core machine slow down 10-150x whenever another process runs); at most ``os.cpu_count()``.
         hqq_group_size: group size of the HQQ/quanto candidates (the quantization chapter uses 64).
         kivi_attention: ``"fused"`` (kvlab attention reads packed codes; no float copy of the history) or
             ``"dequantize"`` (the cache returns float K/V to the model's own attention).
@@ -149,7 +150,7 @@ class EvalConfig:
     gates: Gates = field(default_factory=Gates)
 
     def _check_run_settings(self) -> None:
-        """``seed`` (torch.manual_seed's range) and ``threads`` (None or >= 1)."""
+        """``seed`` (torch.manual_seed's range) and ``threads`` (None or 1 .. ``os.cpu_count()``)."""
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64:
             raise ValueError(
                 f"`seed` must be an integer in [-2**63, 2**64) (torch.manual_seed), got {self.seed!r}"
@@ -158,6 +159,10 @@ class EvalConfig:
             isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
         ):
             raise ValueError(f"`threads` must be a positive integer or None, got {self.threads!r}")
+        cpus = os.cpu_count() or 1
+        # torch would start every thread asked for, spinning on `cpus` cores
+        if self.threads is not None and self.threads > cpus:
+            raise ValueError(f"`threads` must be at most the {cpus} CPUs of this machine, got {self.threads}")
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -1,0 +1,58 @@
+"""Hostile ``kvlab eval --candidates`` / ``--threads`` values (the caches added today: fp8, kivi-kKvV, sink, snapkv,
+tova, KIVI under SnapKV): refused before any work with ``error:`` naming the value and exit status 2, nothing
+written; a spelling the error asks for is one the run accepts."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from kvlab.cli import main
+
+
+def dry(tmp_path, *argv):
+    return main(["eval", "--dry-run", "--quick", "--no-long-context", "--out-dir", str(tmp_path), *argv])
+
+
+def err_of(capsys):
+    return " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+
+
+@pytest.mark.parametrize(
+    "candidate, fragment",
+    [
+        ("snapkv:token_budget=0", "`token_budget` must be an int >= 1, got 0"),
+        ("tova:token_budget=0", "`token_budget` must be an int >= 1, got 0"),
+        ("kivi-4:token_budget=0", "`token_budget` must be an int >= 1, got 0"),
+        ("snapkv:compression_ratio=0.5:token_budget=10", "not both"),
+        ("kivi-4:compression_ratio=0.5:token_budget=4", "not both"),
+        ("tova:compression_ratio=1.5", "`compression_ratio` must be in (0, 1), got 1.5"),
+        ("sink:window_length=0", "`window_length` must be an int >= 1, got 0"),
+        ("fp8-e4m3:compression_ratio=0.5", "`fp8` settings are none"),
+        ("fp8-e4m4", "'e4m4'"),
+        ("kivi-k3v4", "k3v4"),
+    ],
+)
+def test_bad_candidate_settings_are_refused_before_any_work(tmp_path, capsys, candidate, fragment):
+    assert dry(tmp_path, "--candidates", f"dynamic,{candidate}") == 2
+    err = err_of(capsys)
+    assert err.startswith("kvlab eval: error:") and fragment in err and candidate in err
+    assert "Traceback" not in err and list(tmp_path.iterdir()) == []
+
+
+def test_the_spelling_eval_asks_for_is_accepted(tmp_path, capsys):
+    assert dry(tmp_path, "--candidates", "dynamic,snapkv:compression_ratio=0.00000010") == 2
+    err = err_of(capsys)
+    asked = err.split("as '")[1].split("'")[0]  # "write cache candidate ... as '<canonical>'"
+    assert dry(tmp_path, "--candidates", f"dynamic,{asked}", "--label", "asked") == 0
+
+
+def test_more_threads_than_the_machine_has_cpus_is_refused(tmp_path, capsys):
+    # --threads 99999 was accepted and handed to torch.set_num_threads: tens of thousands of spinning OpenMP
+    # threads on a shared machine (the run's own default leaves a core free for that reason)
+    too_many = (os.cpu_count() or 1) * 1000
+    assert dry(tmp_path, "--threads", str(too_many)) == 2
+    err = err_of(capsys)
+    assert "`threads`" in err and str(too_many) in err and list(tmp_path.iterdir()) == []
+    assert dry(tmp_path, "--threads", "1", "--label", "one") == 0
