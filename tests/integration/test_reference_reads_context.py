@@ -22,7 +22,7 @@ from kvlab.models import heldout_text
 
 PROTECTED_TAIL = 128 + 32  # the eval's default R + G: what is probed lies outside the newest 160 tokens
 NO_CONTEXT_COPY = 0.30  # copy accuracy of the model before it was trained to read its context (0.17-0.30)
-MIN_COPY = 0.50  # floors: well above what the text alone predicts; the card records the measured values
+MIN_COPY = 0.70  # floors: well above what the text alone predicts (measured 0.80-0.88 at these contexts; the card has all)
 MIN_PASSKEY = 0.90
 
 
@@ -53,4 +53,6 @@ def test_retrieves_a_passkey_at_every_depth(reference_bf16, heldout_ids, context
     )
     pk = measure_long_context(model, DynamicCache, {"passkey": probe})["passkey"]
     worst = min(pk["depths"], key=lambda d: d["accuracy"])
-    assert pk["accuracy"] >= MIN_PASSKEY, f"passkey accuracy {pk['accuracy']:.2f} at {context} (worst {worst})"
+    assert pk["accuracy"] >= MIN_PASSKEY, (
+        f"passkey accuracy {pk['accuracy']:.2f} at {context} (worst {worst})"
+    )
