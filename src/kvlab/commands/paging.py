@@ -258,7 +258,10 @@ def run_static_cmd(args: argparse.Namespace) -> int:
 def _policies(args: argparse.Namespace):
     from kvlab.paging.simulate import Policy, default_policies
 
-    quant_bpt = _budget(args, args.quant_kv_dtype).kv_bytes_per_token
+    try:
+        quant_bpt = _budget(args, args.quant_kv_dtype).kv_bytes_per_token
+    except ValueError as e:  # the planner names `kv_dtype`; the user's --kv-dtype may be fine
+        raise ValueError(f"--quant-kv-dtype {args.quant_kv_dtype!r}: {e}") from None
     policies = default_policies(args.block_size, quant_bpt, args.quant_kv_dtype)
     if args.keep_tokens is not None:
         name = f"paged+keep{args.keep_tokens}"

@@ -126,3 +126,12 @@ def test_library_checks():
 )
 def test_device_memory_and_reserve_flags_are_named(capsys, argv, fragments):
     fails(capsys, argv, *fragments)
+
+
+@pytest.mark.parametrize(
+    "value, fragment",
+    [("fp8-e4m4", "'fp8-e4m4'"), ("kivi-4:group_size=0", "got 0"), ("kivi-k3v4", "got 3")],
+)
+def test_a_bad_quant_kv_dtype_names_its_own_flag(capsys, value, fragment):
+    # the planner's message named `kv_dtype`: the user's --kv-dtype (bf16) was fine, --quant-kv-dtype was not
+    fails(capsys, ["simulate", *SMALL, "--quant-kv-dtype", value], "--quant-kv-dtype", fragment)
