@@ -77,15 +77,22 @@ def calibrate(x: torch.Tensor, format: str, scale: str) -> torch.Tensor | None:
         fp32 scales ``amax / max`` (1.0 where ``amax`` is 0), or ``None`` for ``scale="none"``.
 
     Raises:
-        ValueError: an unknown ``format`` or ``scale``, or ``x`` not 4-D.
+        ValueError: an unknown ``format`` or ``scale``; ``x`` not a 4-D floating tensor, with no tokens or
+            channels, or holding inf/NaN.
     """
     fmax, _ = format_range(format)
     if check_scale(scale) == "none":
         return None
     if not isinstance(x, torch.Tensor) or x.ndim != 4:
         raise ValueError(f"expected [batch, kv_heads, tokens, head_dim], got {getattr(x, 'shape', x)!r}")
+    if not x.is_floating_point():
+        raise ValueError(f"FP8 scales are calibrated on a floating tensor, got {x.dtype}")
     dims = (1, 2, 3) if scale == "per-tensor" else (2, 3)
+    if any(x.shape[d] == 0 for d in dims):
+        raise ValueError(f"no tokens or channels to calibrate on: x has shape {tuple(x.shape)}")
     amax = x.detach().abs().to(SCALE_DTYPE).amax(dim=dims, keepdim=True)  # [B, 1 or H, 1, 1]
+    if not torch.isfinite(amax).all():  # NaN would give scale 1.0, inf a scale that zeroes every code
+        raise ValueError("x holds inf or NaN: FP8 scales cannot be calibrated on it")
     s = amax / fmax
     tiny = torch.finfo(SCALE_DTYPE).tiny
     return torch.where(amax > 0, s.clamp_min(tiny), torch.ones_like(s))

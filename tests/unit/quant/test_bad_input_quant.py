@@ -181,3 +181,32 @@ def test_dequantize_to_a_non_floating_dtype_is_named(dtype):
     qt = quantize_groups(torch.randn(4, 8), 4, 4)
     with pytest.raises((TypeError, ValueError), match=f"dtype.*{dtype}"):
         dequantize(qt, dtype)
+
+
+@pytest.mark.parametrize("scale", ["per-head", "per-tensor"])
+@pytest.mark.parametrize("shape", [(1, 2, 0, 8), (1, 2, 3, 0)])
+def test_fp8_calibrate_on_no_elements_is_named(scale, shape):
+    from kvlab.quant.fp8 import calibrate
+
+    # was IndexError from amax(): "Expected reduction dim 2 to have non-zero size"
+    with pytest.raises(ValueError, match=r"no tokens or channels to calibrate on"):
+        calibrate(torch.randn(shape), "e4m3", scale)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("scale", ["per-head", "per-tensor"])
+def test_fp8_calibrate_refuses_non_finite_input(scale, bad):
+    from kvlab.quant.fp8 import calibrate
+
+    x = torch.randn(1, 2, 3, 8)
+    x[0, 1, 2, 5] = bad
+    # NaN gave scale 1.0 (amax NaN is not > 0), inf gave scale inf (every code then decodes to 0): both silent
+    with pytest.raises(ValueError, match=r"inf or NaN"):
+        calibrate(x, "e4m3", scale)
+
+
+def test_fp8_calibrate_refuses_integer_input():
+    from kvlab.quant.fp8 import calibrate
+
+    with pytest.raises(ValueError, match=r"floating.*int32"):
+        calibrate(torch.ones(1, 2, 3, 8, dtype=torch.int32), "e4m3", "per-head")
