@@ -74,6 +74,8 @@ class KIVIConfig:
     value_bits: int | None = None  # bits per value code; None = nbits
 
     def __post_init__(self) -> None:
+        if self.nbits is not None:  # checked even when key_bits and value_bits are both given
+            check_nbits(self.nbits)
         for name in ("key_bits", "value_bits"):
             bits = getattr(self, name)
             if bits is None:

@@ -210,3 +210,10 @@ def test_fp8_calibrate_refuses_integer_input():
 
     with pytest.raises(ValueError, match=r"floating.*int32"):
         calibrate(torch.ones(1, 2, 3, 8, dtype=torch.int32), "e4m3", "per-head")
+
+
+@pytest.mark.parametrize("nbits", [3, "4", 4.0])
+def test_kivi_config_checks_nbits_even_when_key_and_value_bits_are_given(nbits):
+    # KIVIConfig(nbits=3, key_bits=8, value_bits=4) was accepted: nbits was never looked at
+    with pytest.raises(ValueError, match=rf"`nbits` must be one of \[2, 4, 8\], got {nbits!r}"):
+        KIVIConfig(nbits=nbits, key_bits=8, value_bits=4)
