@@ -30,8 +30,11 @@ def _add_kv_flags(p: argparse.ArgumentParser) -> None:
         "with its own key/value bits; fp8-e4m3/fp8-e5m2[-tensor|-unscaled] (fp8_e4m3 = fp8-e4m3): kvlab's FP8 cache, "
         "1 B/element plus fp32 scales (fp8: 1 B/element, no scales)",
     )
-    p.add_argument("--group-size", type=int, default=32, help="KIVI group size G (default 32)")
-    p.add_argument("--residual", type=int, default=128, help="KIVI residual window R in tokens (default 128)")
+    # None = not given: KIVI's 32 / 128; given with a --kv-dtype that is not KIVI it is refused, not ignored
+    p.add_argument("--group-size", type=int, default=None, help="KIVI group size G (default 32)")
+    p.add_argument(
+        "--residual", type=int, default=None, help="KIVI residual window R in tokens (default 128)"
+    )
 
 
 def keep_tokens_type(text: str) -> int:
@@ -58,8 +61,17 @@ def _add_keep_flag(p: argparse.ArgumentParser) -> None:
 
 
 def _kv_kwargs(args: argparse.Namespace) -> dict:
-    """The planner's KV arguments from the flags of :func:`_add_kv_flags` (and :func:`_add_keep_flag`)."""
-    kwargs = {"kv": args.kv_dtype, "group_size": args.group_size, "residual_length": args.residual}
+    """The planner's KV arguments from the flags of :func:`_add_kv_flags` (and :func:`_add_keep_flag`).
+
+    Raises:
+        ValueError: ``--group-size`` / ``--residual`` given with a ``--kv-dtype`` that is not KIVI's.
+    """
+    for flag, value in (("--group-size", args.group_size), ("--residual", args.residual)):
+        if value is not None and not args.kv_dtype.startswith("kivi"):
+            raise ValueError(f"{flag} {value} sizes a kivi --kv-dtype only; --kv-dtype is {args.kv_dtype}")
+    group_size = 32 if args.group_size is None else args.group_size
+    residual = 128 if args.residual is None else args.residual
+    kwargs = {"kv": args.kv_dtype, "group_size": group_size, "residual_length": residual}
     if getattr(args, "keep_tokens", None) is not None:
         kwargs["keep_tokens"] = args.keep_tokens
     return kwargs

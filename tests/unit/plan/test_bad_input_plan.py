@@ -246,3 +246,24 @@ def test_quantized_note_names_the_weight_source_the_user_gave():
     given = plan_report("deepseek-v3", context=4096, weight_dtype="fp8")
     notes = [n for n in given["notes"] if "checkpoint is quantized" in n]
     assert notes and hint not in notes[0] and notes[0].endswith("weights sized from --weight-dtype fp8")
+
+
+@pytest.mark.parametrize("command", [["plan", "llama-3-8b"], ["roofline", "--model", "llama-3-8b"]])
+@pytest.mark.parametrize(
+    "argv, fragments",
+    [
+        (["--kv-dtype", "fp8-e4m3", "--group-size", "64"], ("--group-size 64", "fp8-e4m3")),
+        (["--kv-dtype", "bf16", "--residual", "256"], ("--residual 256", "bf16")),
+    ],
+)
+def test_kivi_flags_with_another_kv_dtype_are_refused_not_ignored(capsys, command, argv, fragments):
+    # --group-size/--residual size only a KIVI cache; with fp8/bf16 they were silently ignored (exit 0)
+    fails(capsys, [*command, *argv], *fragments, "kivi")
+
+
+def test_kivi_flags_still_apply_to_kivi(capsys):
+    assert main(["plan", "llama-3-8b", "--kv-dtype", "kivi-k8v4", "--group-size", "64", "--json"]) == 0
+    wide = json.loads(capsys.readouterr().out)
+    assert main(["plan", "llama-3-8b", "--kv-dtype", "kivi-k8v4", "--json"]) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert wide != default  # G = 64 halves the scale/zero metadata
