@@ -13,6 +13,7 @@ import torch
 
 import kvlab.attention
 from kvlab.caches import FP8Cache
+from kvlab.caches.kivi_snapkv import KIVISnapKVCache
 from kvlab.caches.sink import SinkCache
 from kvlab.caches.snapkv import SnapKVCache, SnapKVConfig
 from kvlab.caches.tova import TOVACache
@@ -55,9 +56,16 @@ MAKERS = {
     "snapkv:token_budget=16 keeps 32 tokens under its name (kvlab eval at 64 tokens: same bytes as ratio 0.5): "
     "reported to the lead",
 )
-def test_a_snapkv_budget_below_the_observation_window_is_refused():
+@pytest.mark.parametrize("make", [SnapKVCache, KIVISnapKVCache])
+def test_a_snapkv_budget_below_the_observation_window_is_refused(make):
     with pytest.raises(ValueError, match=r"`token_budget` \(16\).*`window_size` \(32\)"):
-        SnapKVConfig(token_budget=16)
+        make(token_budget=16)
+
+
+def test_tova_keeps_a_budget_below_snapkvs_window():
+    # TOVA shares SnapKVConfig but has no observation window: a budget of 16 is 16 tokens (measured in kvlab eval)
+    assert TOVACache(token_budget=16).snapkv_config.token_budget == 16
+    assert SnapKVConfig(token_budget=40).kept_tokens(64) == 40
 
 
 @pytest.mark.xfail(
