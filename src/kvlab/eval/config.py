@@ -150,7 +150,8 @@ class EvalConfig:
     gates: Gates = field(default_factory=Gates)
 
     def _check_run_settings(self) -> None:
-        """``seed`` (torch.manual_seed's range) and ``threads`` (None or 1 .. ``os.cpu_count()``)."""
+        """``seed`` (torch.manual_seed's range) and ``threads`` (None, with a valid ``OMP_NUM_THREADS`` if set, or
+        1 .. ``os.cpu_count()``)."""
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64:
             raise ValueError(
                 f"`seed` must be an integer in [-2**63, 2**64) (torch.manual_seed), got {self.seed!r}"
@@ -159,6 +160,11 @@ class EvalConfig:
             isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
         ):
             raise ValueError(f"`threads` must be a positive integer or None, got {self.threads!r}")
+        # without threads the run reads OMP_NUM_THREADS: a bad value is named now, not after the model loaded
+        if self.threads is None:
+            from kvlab.runtime.timing import default_threads
+
+            default_threads()
         cpus = os.cpu_count() or 1
         # torch would start every thread asked for, spinning on `cpus` cores
         if self.threads is not None and self.threads > cpus:

@@ -56,3 +56,13 @@ def test_more_threads_than_the_machine_has_cpus_is_refused(tmp_path, capsys):
     err = err_of(capsys)
     assert "`threads`" in err and str(too_many) in err and list(tmp_path.iterdir()) == []
     assert dry(tmp_path, "--threads", "1", "--label", "one") == 0
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2"])
+def test_a_bad_omp_num_threads_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch, value):
+    # without --threads the run reads OMP_NUM_THREADS; 'abc' loaded the model, then failed at run (exit 1) and
+    # wrote a failed result file
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert dry(tmp_path) == 2
+    err = err_of(capsys)
+    assert "OMP_NUM_THREADS" in err and repr(value) in err and list(tmp_path.iterdir()) == []
