@@ -251,7 +251,7 @@ def default_threads(cpus: int | None = None) -> int:
         cpus: usable CPUs (default: this process's affinity mask, else ``os.cpu_count()``).
 
     Raises:
-        ValueError: ``OMP_NUM_THREADS`` set to something other than a positive integer.
+        ValueError: ``OMP_NUM_THREADS`` set to something other than a positive integer; ``cpus`` not an int >= 1.
     """
     env = os.environ.get("OMP_NUM_THREADS")
     if env:
@@ -262,6 +262,8 @@ def default_threads(cpus: int | None = None) -> int:
         if n < 1:
             raise ValueError(f"OMP_NUM_THREADS must be a positive integer, got {env!r}")
         return n
+    if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1):
+        raise ValueError(f"`cpus` must be an int >= 1, got {cpus!r}")
     if cpus is None:
         try:
             cpus = len(os.sched_getaffinity(0))

@@ -62,3 +62,13 @@ def test_plan_with_a_malformed_endpoint_exits_2_naming_it(monkeypatch, _fresh_pr
     assert main(["plan", "nobody-xyz/none"]) == 2
     err = capsys.readouterr().err
     assert "kvlab plan: error:" in err and "HF_ENDPOINT" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("cpus", [0, -3, 2.5, True, "2"])
+def test_default_threads_names_a_bad_cpu_count(monkeypatch, cpus):
+    from kvlab.runtime.timing import default_threads
+
+    # 2.5 gave 1.5 threads, 0/-3/True gave 1 silently, '2' a TypeError from `cpus - 1`
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    with pytest.raises(ValueError, match=rf"`cpus` must be an int >= 1, got {cpus!r}"):
+        default_threads(cpus)
