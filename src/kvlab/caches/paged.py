@@ -67,6 +67,25 @@ class PagedLayer(CacheLayerMixin):
             value_states.device,
         )
 
+    def _check_states(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Raise ``ValueError`` for states that are not ``[batch, kv_heads, tokens, head_dim]`` pairs agreeing in
+        batch, heads and tokens, or whose heads / head_dim differ from the tokens this layer holds (the pools are
+        written through a view of that width: another width would land in the wrong memory)."""
+        shapes = tuple(getattr(x, "shape", None) for x in (key_states, value_states))
+        if any(sh is None or len(sh) != 4 for sh in shapes) or shapes[0][:3] != shapes[1][:3]:
+            raise ValueError(
+                f"keys and values must be [batch, kv_heads, tokens, head_dim] tensors agreeing in batch, heads and "
+                f"tokens, got {shapes[0] and tuple(shapes[0])} and {shapes[1] and tuple(shapes[1])}"
+            )
+        if self.is_initialized and self.num_tokens:
+            held = (self.keys.shape[2], self.keys.shape[3], self.values.shape[3])
+            got = (key_states.shape[1], key_states.shape[3], value_states.shape[3])
+            if held != got:
+                raise ValueError(
+                    f"states with kv_heads {got[0]}, head_dim {got[1]}/{got[2]} (keys/values) do not continue this "
+                    f"layer's {self.num_tokens} tokens of kv_heads {held[0]}, head_dim {held[1]}/{held[2]}"
+                )
+
     def _grow(self, num_blocks: int) -> None:
         """Extend both pools to ``num_blocks`` blocks (existing blocks keep their ids and contents)."""
         extra = num_blocks - self.keys.shape[0]
@@ -92,6 +111,7 @@ class PagedLayer(CacheLayerMixin):
             ValueError: the batch size differs from the cache's rows, a capped pool runs out of blocks, or states
                 of another dtype/device than the tokens this layer holds.
         """
+        self._check_states(key_states, value_states)
         if not (self.is_initialized and self._holds_like(key_states, value_states)):
             if self.is_initialized and self.num_tokens:
                 raise ValueError(
@@ -172,8 +192,8 @@ class PagedCache(Cache):
         max_num_blocks: int | None = None,
         config: Any = None,
     ):
-        if block_size < 1:
-            raise ValueError(f"`block_size` must be >= 1, got {block_size!r}")
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"`block_size` must be an int >= 1, got {block_size!r}")
         if num_blocks < 0 or (max_num_blocks is not None and num_blocks > max_num_blocks):
             raise ValueError(
                 f"need 0 <= num_blocks <= max_num_blocks, got {num_blocks!r} and {max_num_blocks!r}"
@@ -288,15 +308,35 @@ class PagedCache(Cache):
 
     # ---- transformers Cache API --------------------------------------------------------------------------------
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Rows become ``beam_idx`` of the old rows: forks of their block tables, no K/V copied."""
-        self._replace_tables([self.tables[i].fork() for i in beam_idx.tolist()])
+        """Rows become ``beam_idx`` of the old rows: forks of their block tables, no K/V copied.
+
+        Raises:
+            TypeError: a non-integer index. ValueError: not 1-D, or a row outside ``0 .. rows - 1`` (nothing is
+                changed; a negative row is refused, not read from the end).
+        """
+        index = beam_idx if isinstance(beam_idx, torch.Tensor) else torch.as_tensor(beam_idx)
+        if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
+            raise TypeError(f"batch index must hold integers, got dtype {index.dtype}")
+        if index.ndim != 1:
+            raise ValueError(f"batch index must be 1-D, got shape {tuple(index.shape)}")
+        rows = index.tolist()
+        bad = [i for i in rows if not 0 <= i < len(self.tables)]
+        if bad:
+            raise ValueError(f"batch index holds {bad[0]}, outside a batch of {len(self.tables)} rows")
+        self._replace_tables([self.tables[i].fork() for i in rows])
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep only the batch rows ``indices``."""
         self.reorder_cache(indices)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        """Repeat each batch row ``repeats`` times (shared blocks, copy-on-write on the next write)."""
+        """Repeat each batch row ``repeats`` times (shared blocks, copy-on-write on the next write).
+
+        Raises:
+            ValueError: ``repeats`` not a positive int (0 would drop every row).
+        """
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise ValueError(f"`repeats` must be a positive integer, got {repeats!r}")
         self._replace_tables([t.fork() for t in self.tables for _ in range(repeats)])
 
     def crop(self, tokens_to_remove: int) -> None:
