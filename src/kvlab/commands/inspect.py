@@ -24,8 +24,9 @@ def register(subparsers) -> None:
     p.add_argument("--model", default=None, help="HF hub id or local directory (default: the bundled model)")
     p.add_argument("--dtype", default="bfloat16", help="model dtype: bfloat16 (default), float16 or float32")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    p.add_argument("--tokens", type=int, default=2048, help="prompt tokens cut from the held-out text (2048)")
-    p.add_argument("--offset", type=int, default=0, help="first held-out token of the prompt (default 0)")
+    # None = not given (2048 / 0): given together with --prompt they are refused, not ignored
+    p.add_argument("--tokens", type=int, default=None, help="prompt tokens cut from the held-out text (2048)")
+    p.add_argument("--offset", type=int, default=None, help="first held-out token of the prompt (default 0)")
     p.add_argument("--prompt", default=None, help="prompt text instead of the held-out text")
     p.add_argument(
         "--outlier-factor", type=float, default=4.0, help="outlier channel: above this x the median (4)"
@@ -50,6 +51,9 @@ def register(subparsers) -> None:
 
 
 def _check_outputs(args: argparse.Namespace) -> str | None:
+    json_path = args.json if args.json != "-" else None
+    if json_path and args.figure and Path(json_path).resolve() == Path(args.figure).resolve():
+        return f"--json and --figure name the same file {args.figure}; give each its own"
     for flag, path in (("--json", args.json if args.json != "-" else None), ("--figure", args.figure)):
         if path is None:
             continue
@@ -68,6 +72,16 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         code = EXIT_FILE_EXISTS if "already exists" in problem else 2
         return fail(args, problem, code)
+    if args.prompt is not None:
+        given = [
+            flag
+            for flag, value in (("--tokens", args.tokens), ("--offset", args.offset))
+            if value is not None
+        ]
+        if given:
+            return fail(args, f"{' and '.join(given)} only apply to the held-out text, not to --prompt")
+    args.tokens = 2048 if args.tokens is None else args.tokens
+    args.offset = 0 if args.offset is None else args.offset
     if args.tokens < 2:
         return fail(args, f"--tokens must be >= 2, got {args.tokens}")
     if args.offset < 0:

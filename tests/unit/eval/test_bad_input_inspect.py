@@ -1,8 +1,8 @@
 """Hostile input to ``kvlab inspect``: refused with exit status 2 and the flag named, before any work; never a
 flag silently ignored or one result file written over another.
 
-The xfail cases are findings of the bad-input pass reported to the lead (commands/inspect.py and eval/inspect.py
-were being changed by their owner at the time); strict, so a fix turns them into failures and the mark is removed.
+The xfail case is a finding of the bad-input pass reported to the lead (which exit status a model that cannot be
+loaded gets is the lead's call); strict, so a fix turns it into a failure and the mark is removed.
 """
 
 from __future__ import annotations
@@ -16,11 +16,6 @@ def err_of(capsys):
     return " ".join(capsys.readouterr().err.split())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kvlab inspect --prompt TEXT --tokens 4 --offset 3 ignores --tokens and --offset (the report says 12 "
-    "tokens, exit 0): reported to the lead",
-)
 @pytest.mark.parametrize("flag, value", [("--tokens", "4"), ("--offset", "3")])
 def test_held_out_flags_with_a_prompt_are_refused(tmp_path, capsys, flag, value):
     prompt = "hello world this is a long prompt with many tokens in it"
@@ -30,11 +25,6 @@ def test_held_out_flags_with_a_prompt_are_refused(tmp_path, capsys, flag, value)
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kvlab inspect --json P --figure P (same path): the PNG is written, then the JSON over it, exit 0: "
-    "reported to the lead",
-)
 def test_json_and_figure_onto_one_path_are_refused(tmp_path, capsys):
     out = tmp_path / "r.json"
     assert main(["inspect", "--tokens", "16", "--json", str(out), "--figure", str(out)]) == 2
