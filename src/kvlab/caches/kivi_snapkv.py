@@ -145,6 +145,7 @@ class KIVISnapKVCache(KIVICache):
         value_bits: int | None = None,
     ):
         self.snapkv_config = SnapKVConfig(compression_ratio, token_budget, window_size, kernel_size, pooling)
+        self.snapkv_config.check_budget_covers_window()
         super().__init__(
             nbits=nbits,
             group_size=group_size,

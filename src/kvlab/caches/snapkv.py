@@ -81,6 +81,16 @@ class SnapKVConfig:
         if self.pooling not in POOLING:
             raise ValueError(f"`pooling` must be one of {list(POOLING)}, got {self.pooling!r}")
 
+    def check_budget_covers_window(self) -> None:
+        """Raise ``ValueError`` for a ``token_budget`` below ``window_size``: SnapKV always keeps its observation
+        window, so such a budget would silently keep ``window_size`` tokens instead (TOVA, which has no window,
+        does not call this)."""
+        if self.token_budget is not None and self.token_budget < self.window_size:
+            raise ValueError(
+                f"`token_budget` ({self.token_budget}) must be at least `window_size` ({self.window_size}): SnapKV "
+                f"always keeps its observation window"
+            )
+
     def kept_tokens(self, prompt_tokens: int) -> int:
         """Prompt tokens kept per KV head: ``prompt - int(prompt * ratio)`` or the budget, never fewer than the
         observation window (nor more than the prompt)."""
@@ -155,6 +165,7 @@ class SnapKVLayer(CacheLayerMixin):
     is_sliding = False
     is_compileable = False
     is_croppable = False
+    cache_name = "SnapKVCache"  # named in errors (TOVALayer: TOVACache)
 
     def __init__(self, config: SnapKVConfig, **kwargs: Any):
         super().__init__(**kwargs)
@@ -242,7 +253,9 @@ class SnapKVLayer(CacheLayerMixin):
         if keep == self.seen_tokens or not self.is_initialized:
             return
         if self.evicted_tokens:
-            raise ValueError(f"SnapKVCache cannot crop to {keep} tokens after evicting {self.evicted_tokens}")
+            raise ValueError(
+                f"{self.cache_name} cannot crop to {keep} tokens after evicting {self.evicted_tokens}"
+            )
         self.keys, self.values = self.keys[..., :keep, :], self.values[..., :keep, :]
         self.seen_tokens = keep
 
@@ -288,6 +301,7 @@ class SnapKVCache(Cache):
     Source: SnapKV (arXiv:2404.14469) §4; layout after kvpress's ``snapkv_press.py`` (one method per file).
     """
 
+    keeps_window = True  # SnapKV always keeps the observation window: a smaller token_budget is refused
     needs_own_prefill = (
         True  # its prefill scores the prompt with the model's queries: a copied prefill cannot
     )
@@ -302,6 +316,8 @@ class SnapKVCache(Cache):
         config: Any = None,
     ):
         self.snapkv_config = SnapKVConfig(compression_ratio, token_budget, window_size, kernel_size, pooling)
+        if self.keeps_window:
+            self.snapkv_config.check_budget_covers_window()
         if config is not None:
             from kvlab.caches.sink import check_full_attention
 

@@ -48,6 +48,8 @@ def tova_scores(query: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.
 class TOVALayer(SnapKVLayer):
     """One layer of :class:`TOVACache`: ``keys``/``values`` ``[batch, kv_heads, <= cap, head_dim]`` between steps."""
 
+    cache_name = "TOVACache"
+
     def cap(self) -> int:
         """Tokens allowed after this step: the budget, or the kept share of every token seen."""
         c = self.config
@@ -108,6 +110,8 @@ class TOVACache(SnapKVCache):
 
     Source: TOVA (arXiv:2401.06104) §3; layout after kvpress (one method per file).
     """
+
+    keeps_window = False  # no observation window: any budget >= 1 is held as given
 
     def __init__(
         self, token_budget: int | None = None, compression_ratio: float | None = None, config: Any = None

@@ -50,12 +50,6 @@ MAKERS = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SnapKVConfig.kept_tokens raises a token_budget below window_size (32) to the window: "
-    "snapkv:token_budget=16 keeps 32 tokens under its name (kvlab eval at 64 tokens: same bytes as ratio 0.5): "
-    "reported to the lead",
-)
 @pytest.mark.parametrize("make", [SnapKVCache, KIVISnapKVCache])
 def test_a_snapkv_budget_below_the_observation_window_is_refused(make):
     with pytest.raises(ValueError, match=r"`token_budget` \(16\).*`window_size` \(32\)"):
@@ -125,11 +119,6 @@ def test_update_refuses_keys_and_values_of_different_token_counts(model, name):
         cache.update(torch.randn(1, 2, 8, 32), torch.randn(1, 2, 7, 32), 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="TOVACache.crop after eviction says 'SnapKVCache cannot crop ...' (the shared layer's class name): "
-    "reported to the lead",
-)
 def test_tova_crop_error_names_tova(model):
     cache = _filled(model, MAKERS["tova"], batch=1)
     with pytest.raises(ValueError, match="TOVACache cannot crop"):
