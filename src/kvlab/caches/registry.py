@@ -92,6 +92,8 @@ class CacheEntry:
     describe: Callable[[CacheName, CacheSettings], dict] | None = None  # JSON settings beyond name/family
     # whether the model must run kvlab attention (kvlab.attention.enable) for this name and settings
     kvlab_attention: Callable[[CacheName, CacheSettings], bool] = lambda name, settings: False
+    # raises ValueError for settings the cache itself would refuse when made (checked at resolve, before any work)
+    check: Callable[[CacheName, CacheSettings], None] | None = None
 
     def __post_init__(self) -> None:
         if not self.exact and not self.evicts and set(self.logit_bound) != set(self.nbits or (None,)):
@@ -187,6 +189,17 @@ def _snapkv_budget(name: CacheName, s: CacheSettings) -> dict:
     if "token_budget" in given:
         return {"token_budget": s.token_budget}
     return {"compression_ratio": s.compression_ratio} if "compression_ratio" in given else {}
+
+
+def _snapkv_check(name: CacheName, s: CacheSettings) -> None:
+    """A SnapKV ``token_budget`` (``snapkv:...``, or SnapKV under KIVI: ``kivi-4:token_budget=N``) must cover the
+    observation window SnapKV always keeps (:meth:`SnapKVConfig.check_budget_covers_window`)."""
+    if name.family == "kivi" and "token_budget" not in dict(name.settings):
+        return
+    if s.token_budget:
+        from kvlab.caches.snapkv import SnapKVConfig
+
+        SnapKVConfig(token_budget=s.token_budget).check_budget_covers_window()
 
 
 def _kivi(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
@@ -337,6 +350,7 @@ REGISTRY: dict[str, CacheEntry] = {
             kvlab_attention=lambda name, s: (
                 _kivi_attention(name, s) == "fused" or bool(_snapkv_budget(name, s))
             ),
+            check=_snapkv_check,
         ),
         CacheEntry(
             "fp8",
@@ -371,6 +385,7 @@ REGISTRY: dict[str, CacheEntry] = {
             evicts=True,
             describe=_snapkv_describe,
             kvlab_attention=lambda name, s: True,  # the prefill's queries come from kvlab attention
+            check=_snapkv_check,
         ),
         CacheEntry(
             "tova",
@@ -464,6 +479,11 @@ def resolve(name: str | CacheName, settings: CacheSettings | None = None) -> Res
             f"cache {text!r}: `token_budget` must be an int >= 1, got 0 (leave it out to use `compression_ratio`)"
         )
     merged = dataclasses.replace(settings or CacheSettings(), **given)
+    if entry.check is not None:
+        try:
+            entry.check(parsed, merged)
+        except ValueError as e:
+            raise ValueError(f"cache {text!r}: {e}") from None
     return ResolvedCache(parsed, entry, merged)
 
 

@@ -44,6 +44,21 @@ def test_the_canonical_spelling_of_a_decimal_setting_parses_back(value):
 
 
 def test_budget_and_ratio_alone_still_resolve():
-    assert resolve("snapkv:token_budget=1").settings.token_budget == 1
+    assert resolve("snapkv:token_budget=32").settings.token_budget == 32
     assert resolve("tova:compression_ratio=0.25").describe()["compression_ratio"] == 0.25
-    assert resolve("kivi-4:token_budget=16").describe()["token_budget"] == 16
+    assert resolve("kivi-4:token_budget=48").describe()["token_budget"] == 48
+
+
+@pytest.mark.parametrize(
+    "name", ["snapkv:token_budget=16", "kivi-4:token_budget=16", "kivi-k8v4:token_budget=31"]
+)
+def test_a_snapkv_budget_below_its_window_is_refused_by_name(name):
+    # SnapKVCache refuses it when made: the registry says so at resolve, so kvlab eval refuses it before any work
+    with pytest.raises(
+        ValueError, match=rf"cache '{name}': `token_budget` \(\d+\) must be at least `window_size`"
+    ):
+        resolve(name)
+
+
+def test_tova_takes_a_budget_below_snapkvs_window():
+    assert resolve("tova:token_budget=16").settings.token_budget == 16

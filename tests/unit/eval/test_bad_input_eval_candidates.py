@@ -27,6 +27,7 @@ def err_of(capsys):
         ("kivi-4:token_budget=0", "`token_budget` must be an int >= 1, got 0"),
         ("snapkv:compression_ratio=0.5:token_budget=10", "not both"),
         ("kivi-4:compression_ratio=0.5:token_budget=4", "not both"),
+        ("snapkv:token_budget=16", "must be at least `window_size` (32)"),  # failed per cell at make
         ("tova:compression_ratio=1.5", "`compression_ratio` must be in (0, 1), got 1.5"),
         ("sink:window_length=0", "`window_length` must be an int >= 1, got 0"),
         ("fp8-e4m3:compression_ratio=0.5", "`fp8` settings are none"),
