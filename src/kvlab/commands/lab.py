@@ -417,6 +417,7 @@ EVICTION_FLAGS = {
     "window_length": "--window",
     "sink_tokens": "--sinks",
     "offset": "--offset",
+    "dtype": "--dtype",
 }
 
 
