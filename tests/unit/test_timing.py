@@ -119,7 +119,7 @@ def test_contention_counts_the_cores_a_run_leaves_free(monkeypatch):
     assert one_thread["other_cores"] == pytest.approx(1.0) and not one_thread["busy"]
     # the same load against a 2-thread run: it wanted both cores
     two_threads = contention(_snap(0.0, 0.0, 0, 0), _snap(2.0, 2.6, 460, 260), threads=2, cpus=2)
-    assert two_threads["busy"] and "0 of 2" in two_threads["reason"]
+    assert two_threads["busy"] and "0 core(s) of 2" in two_threads["reason"]
     # two other processes against a 1-thread run
     crowded = contention(_snap(0.0, 0.0, 0, 0), _snap(2.0, 1.5, 520, 150), threads=1, cpus=2)
     assert crowded["busy"] and crowded["other_cores"] == pytest.approx(1.85)

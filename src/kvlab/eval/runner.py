@@ -832,7 +832,7 @@ class _Matrix:
             # a cache without a residual window runs once per cell (the window matrix varies only R)
             runs = [c for c in self.runnable if c.uses_residual or r == residuals[0]]
             for c in runs:
-                self.progress(f"{name}: context {ctx}, {c.name}, R={r}")
+                self.progress(f"{name}: context {ctx}, {c.name}" + (f", R={r}" if c.uses_residual else ""))
                 meas = self.cell.measure(
                     c, ids, new_tokens, r, group, continuation, base, name == "capacity", probes, states
                 )

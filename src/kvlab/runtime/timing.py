@@ -128,8 +128,8 @@ def contention(start: Snapshot, end: Snapshot, threads: int = 1, cpus: int | Non
     free = max(0, cpus - threads)
     if other is not None and other + (steal or 0.0) > free + BUSY_OTHER_CORES:
         reasons.append(
-            f"other processes used {other + (steal or 0.0):.2f} cores on average, more than the {free} of {cpus} "
-            f"this run's {threads} thread(s) left free"
+            f"other processes used {other + (steal or 0.0):.2f} cores on average, more than the {free} core(s) of "
+            f"{cpus} that this run's {threads} thread(s) left free"
         )
     if share is not None and share < MIN_CPU_SHARE:
         reasons.append(f"this process got {share:.0%} of its {threads} thread(s)' CPU time")
