@@ -198,9 +198,22 @@ class SinkLayer(CacheLayerMixin):
         self.seen_tokens = keep
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Reorder batch rows (beam search)."""
+        """Reorder batch rows (beam search).
+
+        Raises:
+            TypeError: a non-integer index. ValueError: not 1-D, or a row outside the batch (nothing is changed).
+        """
         if self.is_initialized:
-            idx = beam_idx.to(self.keys.device)
+            idx = beam_idx if isinstance(beam_idx, torch.Tensor) else torch.as_tensor(beam_idx)
+            if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
+                raise TypeError(f"batch index must hold integers, got dtype {idx.dtype}")
+            if idx.ndim != 1:
+                raise ValueError(f"batch index must be 1-D, got shape {tuple(idx.shape)}")
+            rows = self.keys.shape[0]
+            bad = (idx < 0) | (idx >= rows)
+            if bool(bad.any()):
+                raise ValueError(f"batch index holds {idx[bad][0].item()}, outside a batch of {rows} rows")
+            idx = idx.long().to(self.keys.device)
             self.sink_keys, self.sink_values = (
                 self.sink_keys.index_select(0, idx),
                 self.sink_values.index_select(0, idx),
@@ -212,7 +225,13 @@ class SinkLayer(CacheLayerMixin):
         self.reorder_cache(indices)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        """Repeat each batch row ``repeats`` times (contrastive search / beam expansion)."""
+        """Repeat each batch row ``repeats`` times (contrastive search / beam expansion).
+
+        Raises:
+            ValueError: ``repeats`` not a positive int (0 would drop every row).
+        """
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise ValueError(f"`repeats` must be a positive integer, got {repeats!r}")
         if self.is_initialized:
             self.reorder_cache(
                 torch.arange(self.keys.shape[0], device=self.keys.device).repeat_interleave(repeats)
