@@ -10,7 +10,11 @@ def _result(missing):
 def test_names_every_probe_that_did_not_fit():
     missing = [
         {"probe": "recall", "context_length": 300, "reason": "context 300 is too short for recall: ..."},
-        {"probe": "passkey", "context_length": 300, "reason": "context 300 is too short for the passkey: ..."},
+        {
+            "probe": "passkey",
+            "context_length": 300,
+            "reason": "context 300 is too short for the passkey: ...",
+        },
     ]
     text = not_measured_warning(_result(missing))
     assert "recall at 300" in text and "passkey at 300" in text
