@@ -33,9 +33,8 @@ class VideoClip:
     height: int = 720  # pixels
     temporal_compression: int = 4  # frames per latent frame
     spatial_compression: int = 8  # pixels per latent position, per side
-    patch_size: int = (
-        1  # latent positions per token, per side (2 = the extra 2x2 patchify in the mechanics chapter's §6.3)
-    )
+    # latent positions per token, per side (2 = the extra 2x2 patchify in the mechanics chapter's §6.3)
+    patch_size: int = 1
     causal_first_frame: bool = False  # causal VAE: the first frame is its own latent frame
 
     def __post_init__(self) -> None:
