@@ -32,11 +32,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _set_prog(parser: argparse.ArgumentParser) -> None:
-    """Give every parser's namespace ``kvlab_prog`` (``kvlab paging static``): the prefix of its error lines."""
+    """Give every parser's namespace ``kvlab_prog`` (``kvlab paging static``): the prefix of its error lines; a
+    subcommand registered with a one-line ``help`` only gets it as its ``--help`` description too."""
     parser.set_defaults(kvlab_prog=parser.prog)
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, sub in action.choices.items():
+                if not (sub.description or "").strip() and helps.get(name):
+                    text = helps[name]
+                    sub.description = text + ("" if text.endswith(".") else ".")  # "ms/token" keeps its case
                 _set_prog(sub)
 
 

@@ -30,3 +30,14 @@ def test_help_texts_cite_no_internal_jargon():
             found[name] = hits
     assert seen > 15  # every command and subcommand was visited
     assert not found, found
+
+
+def test_every_command_and_option_explains_itself():
+    missing = []
+    for name, parser in _parsers(build_parser()):
+        if not (parser.description or "").strip():
+            missing.append(f"{name}: no description")
+        for action in parser._actions:
+            if action.help is None and not isinstance(action, argparse._SubParsersAction):
+                missing.append(f"{name} {'/'.join(action.option_strings) or action.dest}: no help")
+    assert not missing, missing
