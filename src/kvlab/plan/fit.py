@@ -80,7 +80,7 @@ def budget_from_hardware(hardware, reserve_gib: float = 0.0) -> GpuBudget:
     if hardware.memory_bytes is None:
         raise ValueError(f"{hardware.name} has no memory size; pass --gpu-mem-gib")
     if not reserve_gib >= 0 or not math.isfinite(reserve_gib * GIB):
-        raise ValueError(f"`reserve_gib` must be finite and >= 0, got {reserve_gib!r}")
+        raise ValueError(f"`reserve_gib` (--reserve-gib) must be finite and >= 0, got {reserve_gib!r}")
     memory_text = f"{hardware.name}: {hardware.memory_mib:,} MiB = {hardware.memory_bytes / GIB:,.2f} GiB"
     _check_reserve(reserve_gib, hardware.memory_bytes, memory_text)
     return GpuBudget(

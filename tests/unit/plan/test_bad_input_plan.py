@@ -39,6 +39,9 @@ def fails(capsys, argv, *fragments):
     "argv, fragments",
     [
         (["plan", "llama-3-8b", "--gpu-mem-gib", "inf"], ("inf",)),
+        (["plan", "llama-3-8b", "--gpu-mem-gib", "0"], ("--gpu-mem-gib", "got 0")),
+        (["plan", "llama-3-8b", "--gpu-mem-gib", "-1"], ("--gpu-mem-gib", "got -1")),
+        (["plan", "llama-3-8b", "--reserve-gib", "-2"], ("--reserve-gib", "-2")),
         (["plan", "llama-3-8b", "--gpu-mem-gib", "1e300"], ("1e+300",)),
         (["plan", "llama-3-8b", "--reserve-gib", "inf"], ("inf",)),
         (["plan", "llama-3-8b", "--gpu", ""], ("unknown GPU ''",)),
