@@ -54,7 +54,12 @@ def matrix_table(result: dict, matrix: str) -> Table | None:
         if col not in optional or any(r.get(optional[col]) is not None for r in rows)
     ]
     for i in keep:
-        t.add_column(columns[i], justify="left" if columns[i] in ("candidate", "verdict") else "right")
+        # a long cache name folds onto a second line instead of being cut ("sink:window…")
+        t.add_column(
+            columns[i],
+            justify="left" if columns[i] in ("candidate", "verdict") else "right",
+            overflow="fold" if columns[i] == "candidate" else "ellipsis",
+        )
     for r in rows:
         base = r["candidate"] == "dynamic"
         rg = "" if base else f"{_f(r.get('residual_length'), 'd')}/{_f(r.get('group_size'), 'd')}"

@@ -227,3 +227,35 @@ def test_summary_table_hides_long_context_columns_of_an_older_result(result):
         if "candidate" in line and "ctx" in line
     )
     assert "recall" not in header and "passkey" not in header and "KL" not in header and "verdict" in header
+
+
+def test_a_long_cache_name_folds_instead_of_being_cut():
+    from rich.console import Console
+
+    from kvlab.eval.render import matrix_table
+
+    name = "sink:sink_tokens=4:window_length=256"
+    rows = [
+        {
+            "matrix": "capacity",
+            "candidate": "dynamic",
+            "context_length": 512,
+            "median_ms": 1.0,
+            "ms_per_token": 1.0,
+            "cache_bytes": 1024,
+        },
+        {
+            "matrix": "capacity",
+            "candidate": name,
+            "context_length": 512,
+            "median_ms": 1.0,
+            "ms_per_token": 1.0,
+            "cache_bytes": 512,
+        },
+    ]
+    console = Console(width=120, record=True)
+    console.print(matrix_table({"rows": rows}, "capacity"))
+    column = "".join(
+        line.split("│")[2].strip() for line in console.export_text().splitlines() if line.count("│") > 3
+    )
+    assert name in column and "…" not in column
