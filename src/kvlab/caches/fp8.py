@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from kvlab.caches._rows import batch_index, check_repeats
 from kvlab.caches.crop import crop_keep
 from kvlab.quant.fp8 import calibrate, check_scale, decode, encode, fp8_dtype
 
@@ -142,10 +143,14 @@ class FP8Layer(CacheLayerMixin):
             self.keys, self.values = self.keys[:, :, :keep], self.values[:, :, :keep]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Reorder batch rows (beam search): codes and scales move together."""
+        """Reorder batch rows (beam search): codes and scales move together.
+
+        Raises:
+            TypeError: a non-integer index. ValueError: not 1-D, or a row outside the batch (nothing is changed).
+        """
         if not self.is_initialized:
             return
-        idx = beam_idx.to(self.device)
+        idx = batch_index(beam_idx, self.keys.shape[0], self.device)
         self.keys, self.values = self.keys.index_select(0, idx), self.values.index_select(0, idx)
         if self.key_scale is not None:
             self.key_scale = self.key_scale.index_select(0, idx)
@@ -153,11 +158,16 @@ class FP8Layer(CacheLayerMixin):
         self.batch_size = self.keys.shape[0]
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.reorder_cache(torch.as_tensor(indices, dtype=torch.long))
+        """Keep only the batch rows ``indices`` (as :meth:`reorder_cache`)."""
+        self.reorder_cache(indices)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-            raise ValueError(f"`repeats` must be a positive integer, got {repeats!r}")
+        """Repeat each batch row ``repeats`` times (contrastive search / beam expansion).
+
+        Raises:
+            ValueError: ``repeats`` not a positive int.
+        """
+        check_repeats(repeats)
         if self.is_initialized:
             self.reorder_cache(torch.arange(self.batch_size).repeat_interleave(repeats))
 

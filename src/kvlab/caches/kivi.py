@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from kvlab.caches._rows import batch_index, check_repeats
 from kvlab.caches.crop import crop_keep
 from kvlab.quant.kivi import KIVIConfig, KIVIState
 
@@ -137,7 +138,7 @@ class KIVILayer(CacheLayerMixin):
             TypeError / ValueError: an index that is not 1-D integers in ``[0, batch)`` (nothing is changed).
         """
         if self.is_initialized:
-            self.state.index_select_batch(beam_idx)
+            self.state.index_select_batch(batch_index(beam_idx, self.batch_size, self.device))
             self.keys, self.values = self.state.key_residual, self.state.value_residual
             self.batch_size = self.state.key_residual.shape[0]
 
@@ -152,8 +153,7 @@ class KIVILayer(CacheLayerMixin):
         Raises:
             ValueError: ``repeats`` not a positive int.
         """
-        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-            raise ValueError(f"`repeats` must be a positive integer, got {repeats!r}")
+        check_repeats(repeats)
         if self.is_initialized:
             index = torch.arange(self.batch_size, device=self.device).repeat_interleave(repeats)
             self.reorder_cache(index)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from kvlab.caches._rows import batch_index, check_kv_pair, check_repeats
 from kvlab.caches.crop import crop_keep
 from kvlab.paging import BlockPool, BlockTable
 
@@ -71,12 +72,7 @@ class PagedLayer(CacheLayerMixin):
         """Raise ``ValueError`` for states that are not ``[batch, kv_heads, tokens, head_dim]`` pairs agreeing in
         batch, heads and tokens, or whose heads / head_dim differ from the tokens this layer holds (the pools are
         written through a view of that width: another width would land in the wrong memory)."""
-        shapes = tuple(getattr(x, "shape", None) for x in (key_states, value_states))
-        if any(sh is None or len(sh) != 4 for sh in shapes) or shapes[0][:3] != shapes[1][:3]:
-            raise ValueError(
-                f"keys and values must be [batch, kv_heads, tokens, head_dim] tensors agreeing in batch, heads and "
-                f"tokens, got {shapes[0] and tuple(shapes[0])} and {shapes[1] and tuple(shapes[1])}"
-            )
+        check_kv_pair(key_states, value_states)
         if self.is_initialized and self.num_tokens:
             held = (self.keys.shape[2], self.keys.shape[3], self.values.shape[3])
             got = (key_states.shape[1], key_states.shape[3], value_states.shape[3])
@@ -314,15 +310,7 @@ class PagedCache(Cache):
             TypeError: a non-integer index. ValueError: not 1-D, or a row outside ``0 .. rows - 1`` (nothing is
                 changed; a negative row is refused, not read from the end).
         """
-        index = beam_idx if isinstance(beam_idx, torch.Tensor) else torch.as_tensor(beam_idx)
-        if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
-            raise TypeError(f"batch index must hold integers, got dtype {index.dtype}")
-        if index.ndim != 1:
-            raise ValueError(f"batch index must be 1-D, got shape {tuple(index.shape)}")
-        rows = index.tolist()
-        bad = [i for i in rows if not 0 <= i < len(self.tables)]
-        if bad:
-            raise ValueError(f"batch index holds {bad[0]}, outside a batch of {len(self.tables)} rows")
+        rows = batch_index(beam_idx, len(self.tables)).tolist()
         self._replace_tables([self.tables[i].fork() for i in rows])
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
@@ -335,8 +323,7 @@ class PagedCache(Cache):
         Raises:
             ValueError: ``repeats`` not a positive int (0 would drop every row).
         """
-        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-            raise ValueError(f"`repeats` must be a positive integer, got {repeats!r}")
+        check_repeats(repeats)
         self._replace_tables([t.fork() for t in self.tables for _ in range(repeats)])
 
     def crop(self, tokens_to_remove: int) -> None:

@@ -52,6 +52,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from kvlab.caches._rows import batch_index, check_kv_pair, check_repeats
 from kvlab.caches.crop import crop_keep
 from kvlab.caches.rope import KeyRotation, text_config
 
@@ -123,8 +124,10 @@ class SinkLayer(CacheLayerMixin):
         (sinks, window, new tokens), then evict down to ``num_sink_tokens + window_length`` tokens.
 
         Raises:
-            ValueError: a batch, head or head_dim change between calls.
+            ValueError: keys/values that are not 4-D or differ in batch, heads or tokens (both shapes named); a
+                batch, head or head_dim change between calls.
         """
+        check_kv_pair(key_states, value_states)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         elif key_states.shape[:2] != self.keys.shape[:2] or key_states.shape[-1] != self.keys.shape[-1]:
@@ -204,16 +207,7 @@ class SinkLayer(CacheLayerMixin):
             TypeError: a non-integer index. ValueError: not 1-D, or a row outside the batch (nothing is changed).
         """
         if self.is_initialized:
-            idx = beam_idx if isinstance(beam_idx, torch.Tensor) else torch.as_tensor(beam_idx)
-            if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
-                raise TypeError(f"batch index must hold integers, got dtype {idx.dtype}")
-            if idx.ndim != 1:
-                raise ValueError(f"batch index must be 1-D, got shape {tuple(idx.shape)}")
-            rows = self.keys.shape[0]
-            bad = (idx < 0) | (idx >= rows)
-            if bool(bad.any()):
-                raise ValueError(f"batch index holds {idx[bad][0].item()}, outside a batch of {rows} rows")
-            idx = idx.long().to(self.keys.device)
+            idx = batch_index(beam_idx, self.keys.shape[0], self.keys.device)
             self.sink_keys, self.sink_values = (
                 self.sink_keys.index_select(0, idx),
                 self.sink_values.index_select(0, idx),
@@ -230,8 +224,7 @@ class SinkLayer(CacheLayerMixin):
         Raises:
             ValueError: ``repeats`` not a positive int (0 would drop every row).
         """
-        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-            raise ValueError(f"`repeats` must be a positive integer, got {repeats!r}")
+        check_repeats(repeats)
         if self.is_initialized:
             self.reorder_cache(
                 torch.arange(self.keys.shape[0], device=self.keys.device).repeat_interleave(repeats)

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from kvlab.caches._rows import batch_index, check_kv_pair, check_repeats
 from kvlab.caches.crop import crop_keep
 
 POOLING = ("max", "avg")
@@ -188,8 +189,10 @@ class SnapKVLayer(CacheLayerMixin):
         arrive (:meth:`observe`), right after this step's attention.
 
         Raises:
+            ValueError: keys/values that are not 4-D or differ in batch, heads or tokens (both shapes named).
             RuntimeError: the previous prefill's queries never arrived (the model does not run kvlab attention).
         """
+        check_kv_pair(key_states, value_states)
         if self.pending:
             raise _not_enabled()
         if not self.is_initialized:
@@ -258,6 +261,33 @@ class SnapKVLayer(CacheLayerMixin):
             )
         self.keys, self.values = self.keys[..., :keep, :], self.values[..., :keep, :]
         self.seen_tokens = keep
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Rows become ``beam_idx`` of the old rows (beam search): each row's kept tokens move with it.
+
+        Raises:
+            TypeError: a non-integer index. ValueError: not 1-D, or a row outside the batch (nothing is changed).
+        """
+        if self.is_initialized:
+            idx = batch_index(beam_idx, self.keys.shape[0], self.keys.device)
+            self.keys, self.values = self.keys.index_select(0, idx), self.values.index_select(0, idx)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep only the batch rows ``indices`` (as :meth:`reorder_cache`)."""
+        self.reorder_cache(indices)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat each batch row ``repeats`` times (beam search, ``num_return_sequences``): ``[B, H, T, D]`` ->
+        ``[B * repeats, H, T, D]``, each copy holding its row's kept tokens (token counts are shared by the rows).
+
+        Raises:
+            ValueError: ``repeats`` not a positive int.
+        """
+        check_repeats(repeats)
+        if self.is_initialized:
+            self.reorder_cache(
+                torch.arange(self.keys.shape[0], device=self.keys.device).repeat_interleave(repeats)
+            )
 
     def nbytes(self) -> int:
         """Bytes of the stored keys and values."""
@@ -358,6 +388,15 @@ class SnapKVCache(Cache):
     def nbytes(self) -> int:
         """Exact bytes of the stored keys and values, all layers."""
         return sum(layer.nbytes() for layer in self.layers)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat each batch row ``repeats`` times in every layer (see :meth:`SnapKVLayer.batch_repeat_interleave`).
+
+        Raises:
+            ValueError: ``repeats`` not a positive int (also before any layer exists).
+        """
+        check_repeats(repeats)
+        super().batch_repeat_interleave(repeats)
 
     def crop(self, tokens_to_remove: int) -> None:
         """transformers' ``crop`` (see :meth:`SnapKVLayer.crop`)."""

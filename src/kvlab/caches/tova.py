@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from kvlab.caches._rows import check_kv_pair
 from kvlab.caches.snapkv import SnapKVCache, SnapKVLayer, _not_enabled, _Observer
 
 
@@ -64,8 +65,10 @@ class TOVALayer(SnapKVLayer):
         queries when the cache will be over its cap.
 
         Raises:
+            ValueError: keys/values that are not 4-D or differ in batch, heads or tokens (both shapes named).
             RuntimeError: the previous step's queries never arrived (no kvlab attention).
         """
+        check_kv_pair(key_states, value_states)
         if self.pending:
             raise _not_enabled()
         if not self.is_initialized:

@@ -1,9 +1,6 @@
 """Hostile input to today's caches (SinkCache, SnapKVCache, TOVACache, FP8Cache): bad indices, repeats, shapes and
 budgets get a ValueError naming the value, as KIVICache does, never an IndexError/AttributeError from inside torch or
 transformers, nor a setting silently replaced.
-
-The xfail cases are findings of the bad-input pass reported to the lead (the files were being changed by their
-owners at the time); each turns into a failure (strict) once fixed, so the mark is then removed.
 """
 
 from __future__ import annotations
@@ -62,11 +59,6 @@ def test_tova_keeps_a_budget_below_snapkvs_window():
     assert SnapKVConfig(token_budget=40).kept_tokens(64) == 40
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SnapKVLayer/TOVALayer have no batch_repeat_interleave: AttributeError from transformers' Cache "
-    "(beam search / num_return_sequences): reported to the lead",
-)
 @pytest.mark.parametrize("name", ["snapkv", "tova"])
 def test_batch_repeat_interleave_of_an_evicting_cache(model, name):
     cache = _filled(model, MAKERS[name], batch=1)
@@ -82,17 +74,7 @@ def test_sink_batch_repeat_interleave_names_bad_repeats(model, repeats):
         cache.batch_repeat_interleave(repeats)
 
 
-REORDER_OPEN = pytest.mark.xfail(
-    strict=True,
-    reason="reorder_cache/batch_select_indices with a row outside the batch: IndexError 'index out of range in "
-    "self' from torch in snapkv/tova (transformers' layer) and fp8; KIVICache and SinkCache name the row: reported "
-    "to the lead",
-)
-
-
-@pytest.mark.parametrize(
-    "name", ["sink", *(pytest.param(n, marks=REORDER_OPEN) for n in ("snapkv", "tova", "fp8"))]
-)
+@pytest.mark.parametrize("name", ["sink", "snapkv", "tova", "fp8"])
 def test_reorder_cache_names_a_row_outside_the_batch(model, name):
     cache = _filled(model, MAKERS[name])
     with pytest.raises(ValueError, match=r"5.*batch of 2"):
@@ -106,11 +88,6 @@ def test_fp8_first_update_with_no_tokens_is_named():
         FP8Cache().update(torch.randn(1, 2, 0, 64), torch.randn(1, 2, 0, 64), 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SinkCache/SnapKVCache/TOVACache.update store keys and values with different token counts (or 3-d "
-    "tensors) without a word; KIVICache and FP8Cache refuse them: reported to the lead",
-)
 @pytest.mark.parametrize("name", ["sink", "snapkv", "tova"])
 def test_update_refuses_keys_and_values_of_different_token_counts(model, name):
     cache = MAKERS[name](model.config)
