@@ -88,6 +88,12 @@ def run(args: argparse.Namespace) -> int:
         return fail(args, f"--offset must be >= 0, got {args.offset}")
     if not math.isfinite(args.outlier_factor) or args.outlier_factor <= 1:
         return fail(args, f"--outlier-factor must be a finite number > 1, got {args.outlier_factor}")
+    from kvlab.models import check_local_model
+
+    try:  # a missing or invalid model directory is bad input (exit 2), as in kvlab lab / plan
+        check_local_model(args.model)
+    except OSError as exc:
+        return fail(args, exc)
     from kvlab.eval.inspect import inspect_model
 
     kwargs = dict(

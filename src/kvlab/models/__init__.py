@@ -19,6 +19,7 @@ from kvlab.runtime.dtypes import DTYPES, parse_dtype  # re-exported: part of kvl
 
 __all__ = [
     "DTYPES",
+    "check_local_model",
     "heldout_text",
     "heldout_token_ids",
     "load_model",
@@ -78,6 +79,25 @@ def _check_model_files(path: Path, model: str | os.PathLike) -> None:
         missing.append("no tokenizer files (tokenizer.json, tokenizer.model, vocab.json, vocab.txt, ...)")
     if missing:
         raise FileNotFoundError(f"model directory {str(model)!r} has config.json but {' and '.join(missing)}")
+
+
+def check_local_model(model: str | os.PathLike | None) -> None:
+    """Refuse a local model directory that ``load_model`` would refuse, without loading anything (no torch work, no
+    hub lookup): commands call it to report a bad ``--model`` as bad input before any work starts.
+
+    Args:
+        model: None (the bundled model: passes), a local directory or a hub id (passes; the hub is not asked).
+
+    Raises:
+        FileNotFoundError: a path that does not exist (and is not a hub id), or a directory without
+            ``config.json``, weights or tokenizer files (the path named).
+        NotADirectoryError: a file where a model directory was expected.
+    """
+    if model is None:
+        return
+    source = _local_model_dir(model)
+    if source is not None:
+        _check_model_files(source, model)
 
 
 def _check_hub_or_cache(name: str, revision: str | None) -> None:

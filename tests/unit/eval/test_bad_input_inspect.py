@@ -1,8 +1,5 @@
 """Hostile input to ``kvlab inspect``: refused with exit status 2 and the flag named, before any work; never a
 flag silently ignored or one result file written over another.
-
-The xfail case is a finding of the bad-input pass reported to the lead (which exit status a model that cannot be
-loaded gets is the lead's call); strict, so a fix turns it into a failure and the mark is removed.
 """
 
 from __future__ import annotations
@@ -31,11 +28,18 @@ def test_json_and_figure_onto_one_path_are_refused(tmp_path, capsys):
     assert "--figure" in err_of(capsys) and not out.exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kvlab inspect --model /nonexistent exits 1; kvlab lab eviction and kvlab plan exit 2 for the same "
-    "missing input (README: 2 = an input file missing): reported to the lead",
+@pytest.mark.parametrize(
+    "make, said",
+    [
+        (lambda p: p, "does not exist"),
+        (lambda p: p.mkdir(), "has no config.json"),
+        (lambda p: p.touch(), "is a file"),
+    ],
+    ids=["missing", "no-config", "a-file"],
 )
-def test_a_missing_model_directory_is_bad_input(tmp_path, capsys):
-    assert main(["inspect", "--model", str(tmp_path / "none"), "--tokens", "16"]) == 2
-    assert "has no config.json" in err_of(capsys)
+def test_a_missing_model_directory_is_bad_input(tmp_path, capsys, make, said):
+    model = tmp_path / "none"
+    make(model)
+    assert main(["inspect", "--model", str(model), "--tokens", "16"]) == 2
+    err = err_of(capsys)
+    assert err.startswith("kvlab inspect: error: ") and said in err
