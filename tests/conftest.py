@@ -28,6 +28,18 @@ def make_tiny_qwen2(head_dim: int, max_positions: int, dtype: torch.dtype = torc
     return Qwen2ForCausalLM(cfg).to(dtype).eval()
 
 
+def random_prompt(batch: int, tokens: int, seed: int = 0) -> torch.Tensor:
+    """``[batch, tokens]`` random ids in [1, 256) (the tiny Qwen2's vocabulary), seeded."""
+    return torch.randint(1, 256, (batch, tokens), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture
+def no_grad():
+    """Run the test under ``torch.no_grad()`` (cache tests that call the model directly)."""
+    with torch.no_grad():
+        yield
+
+
 @pytest.fixture(scope="session")
 def tiny_qwen2():
     """A tiny random Qwen2 (GQA 4/2, head_dim 32, 2 layers) in fp32 for fast cache tests."""

@@ -13,21 +13,14 @@ from kvlab.caches.registry import resolve
 from kvlab.caches.snapkv import SnapKVCache
 from kvlab.runtime.hf_api import cache_kwarg
 from tests.conftest import make_tiny_qwen2
+from tests.conftest import random_prompt as _prompt
 
-
-@pytest.fixture(autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
+pytestmark = pytest.mark.usefixtures("no_grad")
 
 
 @pytest.fixture(scope="module")
 def model():
     return kvlab.attention.enable(make_tiny_qwen2(head_dim=32, max_positions=4200))
-
-
-def _prompt(batch, tokens, seed=0):
-    return torch.randint(1, 256, (batch, tokens), generator=torch.Generator().manual_seed(seed))
 
 
 def test_kept_tokens_are_quantized_once_as_a_fresh_kivi_prefill_of_them(model):

@@ -12,21 +12,14 @@ from kvlab.caches.registry import resolve
 from kvlab.caches.snapkv import SnapKVCache, SnapKVConfig, keep_indices, snapkv_scores
 from kvlab.runtime.hf_api import cache_kwarg
 from tests.conftest import make_tiny_qwen2
+from tests.conftest import random_prompt as _prompt
 
-
-@pytest.fixture(autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
+pytestmark = pytest.mark.usefixtures("no_grad")
 
 
 @pytest.fixture(scope="module")
 def model():
     return kvlab.attention.enable(make_tiny_qwen2(head_dim=32, max_positions=512))
-
-
-def _prompt(batch, tokens, seed=0):
-    return torch.randint(1, 256, (batch, tokens), generator=torch.Generator().manual_seed(seed))
 
 
 def test_scores_are_the_window_votes_pooled_and_grouped():
