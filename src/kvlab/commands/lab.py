@@ -148,14 +148,19 @@ def run_video(args: argparse.Namespace) -> int:
 
 
 def _status(message: str, quiet: bool):
-    """A spinner on stderr while long work runs (none with --json)."""
+    """A spinner on stderr while long work runs on a terminal; off a terminal (logs, CI) one plain line saying what
+    runs, since a spinner there prints nothing; nothing with --json."""
     import contextlib
 
     if quiet:
         return contextlib.nullcontext()
     from rich.console import Console
 
-    return Console(stderr=True).status(message)
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        console.print(message, markup=False, highlight=False)
+        return contextlib.nullcontext()
+    return console.status(message)
 
 
 def run(args: argparse.Namespace) -> int:

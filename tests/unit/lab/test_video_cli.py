@@ -162,3 +162,14 @@ def test_help_shows_the_config_defaults_without_numpy_at_start_up():
     code = "import sys; from kvlab.cli import build_parser; build_parser(); print('numpy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_long_lab_runs_say_what_runs_when_stderr_is_not_a_terminal(capsys):
+    from kvlab.commands.lab import _status
+
+    with _status("decoding through each cache ...", quiet=False):
+        pass
+    assert "decoding through each cache ..." in capsys.readouterr().err  # pytest's stderr is not a terminal
+    with _status("silent under --json", quiet=True):
+        pass
+    assert capsys.readouterr().err == ""
