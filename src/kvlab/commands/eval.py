@@ -240,6 +240,14 @@ _FIELDS = {
 }
 
 
+def _with_flags(message: str) -> str:
+    """A config error names the flag beside the field: "`threads` must ..." -> "`threads` (--threads) must ..."."""
+    flags = {field: flag.replace("_", "-") for flag, field in _FIELDS.items()}
+    for field, flag in flags.items():
+        message = message.replace(f"`{field}`", f"`{field}` (--{flag})", 1)
+    return message
+
+
 def config_from_args(args: argparse.Namespace):
     """Build the EvalConfig (``--quick`` base, then every explicit flag)."""
     from kvlab.eval.config import EvalConfig, Gates, quick_config
@@ -296,7 +304,9 @@ def run(args: argparse.Namespace) -> int:
             return fail(args, f"--out-dir {args.out_dir}: cannot create the folder ({reason})")
     except FileExistsError as exc:
         return fail(args, exc, EXIT_FILE_EXISTS)
-    except (ValueError, OSError) as exc:
+    except ValueError as exc:
+        return fail(args, _with_flags(str(exc)))
+    except OSError as exc:
         return fail(args, exc)
     argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith("kvlab") else None
     result = new_result(cfg, label, argv)

@@ -107,3 +107,19 @@ def test_report_html_onto_a_directory_is_refused_even_with_force(tmp_path, capsy
     assert main(["report", str(tmp_path / "plan.json"), "--html", str(target), "--force"]) == 2
     assert "directory" in err_of(capsys)
     assert target.is_dir()
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--threads", "0"], "--threads"),
+        (["--residual", "100"], "--residual"),
+        (["--recall-span", "1"], "--recall-span"),
+    ],
+)
+def test_config_errors_name_the_flag(tmp_path, capsys, argv, flag):
+    from kvlab.cli import main
+
+    assert main(["eval", "--dry-run", "--out-dir", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"({flag})" in err and not list(tmp_path.iterdir())
