@@ -248,6 +248,49 @@ def _with_flags(message: str) -> str:
     return message
 
 
+# flag -> the registry setting a candidate must take for the flag to change anything
+_CACHE_FLAGS = {
+    "group_size": "group_size",
+    "residual": "residual_length",
+    "hqq_group_size": "hqq_group_size",
+    "kivi_attention": "group_size",  # the KIVI family: the only one with an attention path to choose
+    "window_residuals": "residual_length",  # the residual-window matrix runs caches with a residual window only
+    "window_group_size": "group_size",
+    "window_context": "residual_length",
+    "window_new_tokens": "residual_length",
+}
+
+_TAKERS = {
+    "group_size": "kivi-N",
+    "hqq_group_size": "hqq-N or quanto-N",
+    "residual_length": "kivi-N, hqq-N or quanto-N",
+}
+
+
+def _check_settings_apply(args: argparse.Namespace, candidates: tuple[str, ...]) -> None:
+    """Refuse a cache flag that no candidate takes (``--group-size 64`` with ``--candidates dynamic,hqq-4``): the
+    run would ignore it silently and record a setting that measured nothing.
+
+    Raises:
+        ValueError: naming the flag, its value and the candidates.
+    """
+    from kvlab.caches.registry import resolve
+
+    taken = set()
+    for name in candidates:
+        taken |= set(resolve(name).entry.settings)
+    for flag, setting in _CACHE_FLAGS.items():
+        value = getattr(args, flag, None)
+        if value in (None, ()) or setting in taken:  # unset, or --window-residuals "" (no window matrix)
+            continue
+        if isinstance(value, tuple):
+            value = ",".join(str(v) for v in value)
+        raise ValueError(
+            f"--{flag.replace('_', '-')} {value} applies to no candidate of {list(candidates)} (it needs a "
+            f"cache that takes `{setting}`: {_TAKERS[setting]}" + "); drop the flag or add such a candidate"
+        )
+
+
 def config_from_args(args: argparse.Namespace):
     """Build the EvalConfig (``--quick`` base, then every explicit flag)."""
     from kvlab.eval.config import EvalConfig, Gates, quick_config
@@ -276,6 +319,7 @@ def config_from_args(args: argparse.Namespace):
     elif args.retrieval_contexts is not None and args.retrieval_contexts != "all":
         overrides["retrieval_contexts"] = args.retrieval_contexts
     cfg = quick_config(**overrides) if args.quick else EvalConfig(**overrides)
+    _check_settings_apply(args, cfg.candidates)
     if args.retrieval_contexts == "all":  # every capacity context, whatever --quick or --contexts chose
         cfg = replace(cfg, retrieval_contexts=tuple(cfg.contexts))
     return cfg

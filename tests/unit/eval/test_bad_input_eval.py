@@ -123,3 +123,33 @@ def test_config_errors_name_the_flag(tmp_path, capsys, argv, flag):
     assert main(["eval", "--dry-run", "--out-dir", str(tmp_path), *argv]) == 2
     err = capsys.readouterr().err
     assert f"({flag})" in err and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "candidates, argv, flag",
+    [
+        ("dynamic,hqq-4", ["--group-size", "64"], "--group-size 64"),
+        ("dynamic,kivi-4", ["--hqq-group-size", "32"], "--hqq-group-size 32"),
+        ("dynamic,fp8-e4m3", ["--residual", "64"], "--residual 64"),
+        ("dynamic,fp8-e4m3", ["--window-residuals", "16,32"], "--window-residuals 16,32"),
+        ("dynamic,hqq-4", ["--kivi-attention", "fused"], "--kivi-attention fused"),
+    ],
+)
+def test_a_cache_flag_no_candidate_takes_is_refused(tmp_path, capsys, candidates, argv, flag):
+    """A setting that would be ignored (no candidate takes it) is an error naming the flag and its value."""
+    assert dry(tmp_path, "--candidates", candidates, *argv) == 2
+    err = err_of(capsys)
+    assert f"error: {flag} applies to no candidate" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "candidates, argv",
+    [
+        ("dynamic,kivi-4", ["--group-size", "64", "--residual", "128"]),
+        ("dynamic,hqq-4", ["--hqq-group-size", "32", "--residual", "64", "--window-residuals", "32"]),
+        ("dynamic,fp8-e4m3", ["--window-residuals", ""]),  # "" turns the window matrix off: nothing ignored
+    ],
+)
+def test_cache_flags_some_candidate_takes_are_accepted(tmp_path, candidates, argv):
+    assert dry(tmp_path, "--candidates", candidates, "--label", "ok", *argv) == 0
