@@ -131,6 +131,15 @@ def _cache_dtype(spec: ModelSpec, kvd: KVDtype) -> tuple[str, str]:
                 "per token for fp8_ds_mla), so the plan's bytes would not be vLLM's; use --kv-dtype auto"
             )
         return model_dtype, "fp8"
+    if (
+        kvd.fp8_scale is not None
+    ):  # kvlab's FP8Cache names: vLLM's fp8_e4m3 / fp8_e5m2 store the same 1 B/element
+        if spec.is_mla:
+            raise ValueError(
+                f"--kv-dtype {kvd.name} with MLA: vLLM's fp8 latent layout depends on the attention backend, so the "
+                "plan's bytes would not be vLLM's; use --kv-dtype auto"
+            )
+        return model_dtype, "fp8_" + kvd.name.split("-")[1]
     raise ValueError(
         f"vLLM stores K/V in the model dtype ({spec.dtype}, --kv-cache-dtype auto) or in fp8; --kv-dtype "
         f"{kvd.name} has no vllm flag"
@@ -154,7 +163,8 @@ def vllm_serve_plan(
 
     Args:
         spec: the model; every layer must be full attention (or MLA).
-        kvd: the plan's KV dtype (the model dtype or fp8).
+        kvd: the plan's KV dtype: the model dtype, fp8, or an FP8Cache name (``fp8-e4m3``, ``fp8_e5m2``, ``-tensor``,
+            ``-unscaled``: vLLM's ``fp8_e4m3`` / ``fp8_e5m2``; per-tensor adds ``--calculate-kv-scales``).
         model: what ``vllm serve`` loads (:func:`vllm_model_argument`).
         context: tokens per sequence: ``--max-model-len``.
         batch: sequences decoded together: ``--max-num-seqs``.
@@ -192,8 +202,11 @@ def vllm_serve_plan(
         "--tensor-parallel-size": tp,
     }
     tokens = num_blocks * block_size
+    args = ("serve", model, *(str(x) for flag, value in flags.items() for x in (flag, value)))
+    if kvd.fp8_scale == "per-tensor":  # one scale per layer, computed by vLLM from the first forward
+        args += ("--calculate-kv-scales",)
     return VllmServePlan(
-        args=("serve", model, *(str(x) for flag, value in flags.items() for x in (flag, value))),
+        args=args,
         max_model_len=context,
         max_num_seqs=batch,
         tensor_parallel_size=tp,
@@ -208,7 +221,7 @@ def vllm_serve_plan(
         num_gpu_blocks=num_blocks,
         kv_cache_tokens=tokens,
         max_concurrency=num_blocks / -(-context // block_size),
-        notes=_serve_notes(spec, context, batch, tokens),
+        notes=_serve_notes(spec, context, batch, tokens) + _fp8_notes(kvd),
     )
 
 
@@ -250,6 +263,26 @@ def _gpu_memory_utilization(memory_bytes: int, reserve_bytes: int) -> float:
             "--gpu-memory-utilization step (0.0001)"
         )
     return utilization
+
+
+def _fp8_notes(kvd: KVDtype) -> tuple[str, ...]:
+    """How vLLM's FP8 scales differ from the kvlab FP8Cache the plan names (vLLM docs, "Quantized KV Cache")."""
+    if kvd.fp8_scale == "none":
+        return (
+            "vLLM's fp8 scales are 1.0 unless the checkpoint carries calibrated ones, as kvlab's -unscaled cache",
+        )
+    if kvd.fp8_scale == "per-tensor":
+        return (
+            "--calculate-kv-scales: vLLM computes one K and one V scale per layer from the first forward it runs "
+            "and keeps them for every request; kvlab's -tensor cache calibrates on each sequence's own prefill",
+        )
+    if kvd.fp8_scale == "per-head":
+        return (
+            "per-head scales: vLLM reads them from a checkpoint calibrated with llm-compressor (Flash Attention "
+            "backend only); without such a checkpoint it runs with scale 1.0, i.e. kvlab's -unscaled cache. kvlab's "
+            "per-head cache calibrates on each sequence's prefill; measure both with kvlab eval",
+        )
+    return ()
 
 
 def _serve_notes(spec: ModelSpec, context: int, batch: int, tokens: int) -> tuple[str, ...]:

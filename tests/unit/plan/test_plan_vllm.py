@@ -29,7 +29,7 @@ def plan_json(capsys, *argv):
 def flags(command: list[str]) -> dict[str, str]:
     """``--flag value`` pairs of a ``vllm serve MODEL ...`` argv."""
     assert command[:2] == ["vllm", "serve"]
-    rest = command[3:]
+    rest = [x for x in command[3:] if x != "--calculate-kv-scales"]  # the one flag without a value
     assert len(rest) % 2 == 0 and all(k.startswith("--") for k in rest[::2])
     return dict(zip(rest[::2], rest[1::2], strict=True))
 
@@ -213,3 +213,23 @@ def test_library_refusals_and_model_argument(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     assert vllm_model_argument(tmp_path / "config.json") == str(tmp_path)
     assert vllm_model_argument(str(tmp_path)) == str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "kv, cache_dtype, calculate, note",
+    [
+        ("fp8_e4m3", "fp8_e4m3", False, "per-head scales"),
+        ("fp8-e5m2-tensor", "fp8_e5m2", True, "--calculate-kv-scales"),
+        ("fp8-e4m3-unscaled", "fp8_e4m3", False, "scales are 1.0"),
+    ],
+)
+def test_kvlab_fp8_caches_map_to_vllms_fp8_flags(capsys, kv, cache_dtype, calculate, note):
+    """kvlab's FP8Cache names (and vLLM's own spellings of them) become --kv-cache-dtype fp8_e4m3 / fp8_e5m2 at
+    1 B per element; per-tensor calibration adds --calculate-kv-scales; a note says how the scales differ."""
+    r = plan_json(capsys, "llama-3-8b", "--kv-dtype", kv, "--gpu", "h200", "--context", "8192", "--batch", "16")
+    v = r["vllm"]
+    assert ("--calculate-kv-scales" in v["command"]) is calculate
+    f = check_against_plan(r)
+    assert f["--kv-cache-dtype"] == v["kv_cache_dtype"] == cache_dtype
+    assert v["page_size_bytes"] == 16 * 2 * 8 * 128 * 1  # 8 KV heads x 128, K and V, 1 B per element
+    assert any(note in n for n in v["notes"])
