@@ -93,6 +93,14 @@ VIDEO_FLAGS = (
 )
 
 
+def _video_flags(exc: ValueError) -> str:
+    """The error with each config field named by the flag the user gave (`n_layers` -> --layers)."""
+    message = str(exc)
+    for flag, field, _ in VIDEO_FLAGS:
+        message = message.replace(f"`{field}`", flag)
+    return message
+
+
 def _register_video(subparsers) -> None:
     v = subparsers.add_parser(
         "video",
@@ -130,16 +138,13 @@ def run_video(args: argparse.Namespace) -> int:
                 if hasattr(args, VIDEO_FIELD_PREFIX + f.name)
             }
         )
-    except ValueError as exc:  # name the flag the user gave, not the field it sets (`n_layers` -> --layers)
-        message = str(exc)
-        for flag, field, _ in VIDEO_FLAGS:
-            message = message.replace(f"`{field}`", flag)
-        return fail(args, message)
+    except ValueError as exc:
+        return fail(args, _video_flags(exc))
     try:
         with _status("toy video denoiser: full recompute, frame KV cache, eviction, controls ...", args.json):
             result = run_video_lab(cfg)
     except ValueError as exc:
-        return fail(args, exc)
+        return fail(args, _video_flags(exc))
     if args.json:
         print(json.dumps(result, indent=1))
     else:

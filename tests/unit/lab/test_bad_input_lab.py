@@ -39,6 +39,10 @@ def test_bad_values_are_named(capsys, argv, fragment):
         (["--window", "0"], "--window must be an int >= 1, got 0"),
         (["--seed", "-1"], "--seed must be an int >= 0, got -1"),
         (["--noise-seed", "-1"], "--noise-seed must be an int >= 0, got -1"),
+        (  # checked when the lab runs, not by the config: still named by its flags
+            ["--frames", "4"],
+            "--frames (4) must be >= --window + 3 (6) so that frames are denoised after an eviction",
+        ),
     ],
 )
 def test_video_settings_are_named_by_their_flag(capsys, argv, message):
