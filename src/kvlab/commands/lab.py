@@ -127,7 +127,7 @@ def run_video(args: argparse.Namespace) -> int:
     """``kvlab lab video``: exit 0 when every check passes, 1 when one fails, 2 on bad settings."""
     from dataclasses import fields
 
-    from kvlab.lab.video import run_video_lab
+    from kvlab.lab.video import check_lab_config, run_video_lab
     from kvlab.lab.video_model import VideoConfig
 
     try:
@@ -138,6 +138,7 @@ def run_video(args: argparse.Namespace) -> int:
                 if hasattr(args, VIDEO_FIELD_PREFIX + f.name)
             }
         )
+        check_lab_config(cfg)
     except ValueError as exc:
         return fail(args, _video_flags(exc))
     try:

@@ -114,6 +114,20 @@ def ledger_check(cfg: VideoConfig) -> dict:
     }
 
 
+def check_lab_config(cfg: VideoConfig) -> None:
+    """Refuse a config the lab cannot check: ``frames`` < ``window_frames + 3`` leaves no frame denoised after an
+    eviction at a time that differs from the cache length, so the position control could not fail.
+
+    Raises:
+        ValueError: naming ``frames`` and ``window_frames``.
+    """
+    if cfg.frames < cfg.window_frames + 3:
+        raise ValueError(
+            f"`frames` ({cfg.frames}) must be >= `window_frames` + 3 ({cfg.window_frames + 3}) so that frames "
+            "are denoised after an eviction"
+        )
+
+
 def run_video_lab(cfg: VideoConfig | None = None) -> dict:
     """Run the experiment and return a JSON-serializable dict; every number is computed in this run.
 
@@ -136,11 +150,7 @@ def run_video_lab(cfg: VideoConfig | None = None) -> dict:
             that differs from the cache length, so the position control could not fail).
     """
     cfg = VideoConfig() if cfg is None else cfg
-    if cfg.frames < cfg.window_frames + 3:
-        raise ValueError(
-            f"`frames` ({cfg.frames}) must be >= `window_frames` + 3 ({cfg.window_frames + 3}) so that frames "
-            "are denoised after an eviction"
-        )
+    check_lab_config(cfg)
     start = time.perf_counter()
     weights, noise = make_weights(cfg), make_noise(cfg)
     counters = {name: FlopCounter() for name in ("full", "cached", "windowed", "evicting", "reencode")}
