@@ -88,7 +88,7 @@ def test_a_failed_check_gives_exit_status_1(monkeypatch):
     "argv, fragment",
     [
         (["--frames", "0"], "frames"),
-        (["--frames", "4"], "`frames` (4) must be >= `window_frames` + 3 (6)"),
+        (["--frames", "4"], "--frames (4) must be >= --window + 3 (6)"),
         (["--window", "0"], "--window must be an int >= 1, got 0"),
         (["--steps", "0"], "steps"),
         (["--height", "-1"], "height"),
