@@ -185,30 +185,28 @@ class _Scratch:
         return self.tile[: states.numel()].view(states.shape).copy_(states)
 
 
-def _key_scores(qg: torch.Tensor, seg: QuantSegmentView, scratch: _Scratch) -> torch.Tensor:
-    """Scores of fp32 rows ``qg [B, H, M, D]`` (already scaled) against a block's packed keys, group-major:
-    ``[NG, B, H, M, G]`` for ``n = NG * G`` tokens, computed ``scratch.chunk`` tokens at a time.
+def _key_scores(qg: torch.Tensor, seg: QuantSegmentView, scratch: _Scratch, out: torch.Tensor) -> None:
+    """Scores of fp32 rows ``qg [B, H, M, D]`` (already scaled) against a block's packed keys, written into
+    ``out [B, H, M, n]`` (``n = NG * G`` tokens), computed ``scratch.chunk`` tokens at a time.
 
     A byte ``x = c_0 + 2^b c_1 + ...`` holds ``k = 8 / b`` codes, so ``sum_i a_i c_i = sum_i (a_i - 2^b a_{i-1})
     (x >> i b)``: the query side absorbs the unpacking; the codes are converted to fp32 once per chunk and each
     further part is ``floor(previous / 2^b)`` in place, so there are no masks, no interleaving, and one fp32 tile.
+    The zero term ``q . z_j`` is added while the group-major scores are written back token-major.
     """
     b, h, m, d = qg.shape
     group, nbits, k = scratch.group, scratch.nbits, scratch.k
     ng = seg.tokens // group
     p, bh = d // k, b * h
     # fold the per-channel scale into the query, one row set per key group: coef[j,b,h,m,i,:] = (q * s_j) of part i
-    scale = (
-        seg.k_scale.to(F32).permute(2, 0, 1, 3).view(ng, b, h, 1, p, k).transpose(-1, -2)
-    )  # [NG,B,H,1,k,P]
-    coef = torch.mul(scale, scratch.q_parts, out=qg.new_empty(ng, b, h, m, k, p))  # [NG,B,H,M,k,P]
+    # (the bf16 scale is read as is: a mixed-dtype product is computed and stored in fp32)
+    scale = seg.k_scale.permute(2, 0, 1, 3).view(ng, b, h, 1, p, k).transpose(-1, -2)  # [NG,B,H,1,k,P]
+    coef = torch.mul(scale, scratch.q_parts[None], out=qg.new_empty(ng, b, h, m, k, p))  # [NG,B,H,M,k,P]
     for i in range(k - 1, 0, -1):  # descending: part i - 1 is still unmodified when part i reads it
         coef[..., i, :].sub_(coef[..., i - 1, :], alpha=1 << nbits)
     coef = coef.view(ng * bh, m, d)
-    # the zero term q . z_j starts every group's accumulator
     bias = torch.matmul(qg, seg.k_zero.to(F32).transpose(-1, -2))  # [B,H,M,NG]
-    bias = bias.permute(3, 0, 1, 2).reshape(ng * bh, m, 1)
-    out = torch.empty(ng * bh, m, group, device=qg.device)
+    rows = qg.new_empty(ng * bh, m, group)  # group-major scores
     codes = seg.k_codes.view(b, h, ng, group, p).permute(2, 0, 1, 3, 4)  # [NG,B,H,G,P] uint8
     step = scratch.chunk // group  # groups per chunk
     for j0 in range(0, ng, step):
@@ -216,12 +214,14 @@ def _key_scores(qg: torch.Tensor, seg: QuantSegmentView, scratch: _Scratch) -> t
         r0, r1 = j0 * bh, j1 * bh
         tile, tile_t = scratch.key_tile(j1 - j0)
         tile.copy_(codes[j0:j1])  # uint8 -> fp32, group-major
-        rows = out[r0:r1]
-        torch.baddbmm(bias[r0:r1], coef[r0:r1, :, :p], tile_t, out=rows)
+        acc, c = rows[r0:r1], coef[r0:r1]
+        torch.bmm(c[..., :p], tile_t, out=acc)
         for i in range(1, k):
             scratch.next_part(tile)
-            rows.baddbmm_(coef[r0:r1, :, i * p : (i + 1) * p], tile_t)
-    return out.view(ng, b, h, m, group)
+            acc.baddbmm_(c[..., i * p : (i + 1) * p], tile_t)
+    # [NG*B*H, M, G] -> [B,H,M,NG,G] token-major, plus each group's zero term
+    grouped = rows.view(ng, b, h, m, group).permute(1, 2, 3, 0, 4)
+    torch.add(grouped, bias[..., None], out=out.view(b, h, m, ng, group))
 
 
 class _ValueSums:
@@ -247,8 +247,8 @@ class _ValueSums:
         gp = sc.group // k  # bytes per value group
         rows = b * h * kg
         self.zero.baddbmm_(pr.reshape(b * h, m, n), seg.v_zero.to(F32).reshape(b * h, n, kg))
-        # the per-token scale folds into p: pw[b,h,kg,m,t] = p[b,h,m,t] * u[b,h,kg,t]
-        u = seg.v_scale.to(F32).transpose(-1, -2)[:, :, :, None, :]  # [B,H,KG,1,n]
+        # the per-token scale folds into p: pw[b,h,kg,m,t] = p[b,h,m,t] * u[b,h,kg,t] (bf16 scale, fp32 product)
+        u = seg.v_scale.transpose(-1, -2)[:, :, :, None, :]  # [B,H,KG,1,n]
         pw = torch.mul(pr[:, :, None], u, out=pr.new_empty(b, h, kg, m, n)).view(rows, m, n)
         codes = seg.v_codes.view(b, h, n, kg, gp).transpose(2, 3)  # [B,H,KG,n,gp] uint8
         for t0 in range(0, n, sc.chunk):
@@ -265,14 +265,12 @@ class _ValueSums:
         """``[B, H, M, D]`` fp32."""
         sc = self.scratch
         b, h, m, d, k = sc.b, sc.h, sc.m, sc.d, sc.k
-        a = self.parts
-        if k > 1:
-            a = a.clone()
-            a[:-1].sub_(self.parts[1:], alpha=1 << sc.nbits)  # sums of (x >> i b) -> sums of code i
-        # a[i, (b,h,kg), m, j] is channel kg*G + j*k + i
-        out = a.view(k, b, h, self.kg, m, sc.group // k).permute(1, 2, 4, 3, 5, 0)
-        out = out.reshape(b, h, m, self.kg, sc.group) + self.zero.view(b, h, m, self.kg, 1)
-        return out.reshape(b, h, m, d)
+        # a[b,h,m,kg,j,i] is the sum of part i (x >> i b) of channel kg*G + j*k + i
+        a = self.parts.view(k, b, h, self.kg, m, sc.group // k).permute(1, 2, 4, 3, 5, 0)
+        out = torch.add(a, self.zero.view(b, h, m, self.kg, 1, 1), out=a.new_empty(a.shape))
+        if k > 1:  # sums of (x >> i b) -> sums of code i: part i minus 2^b part i + 1
+            out[..., :-1].sub_(a[..., 1:], alpha=1 << sc.nbits)
+        return out.view(b, h, m, d)
 
 
 def _quantized_block(
@@ -288,7 +286,8 @@ def _quantized_block(
     b, h, m, d = qg.shape
     n = seg.tokens
     scratch = _Scratch(qg, n, nbits, group)
-    scores = _key_scores(qg, seg, scratch).permute(1, 2, 3, 0, 4).reshape(b, h, m, n)
+    scores = torch.empty(b, h, m, n, device=qg.device)
+    _key_scores(qg, seg, scratch, scores)
     if mask is not None:
         scores = scores.masked_fill(~mask, NEG_INF)
     p = state.probs(scores)  # [B,H,M,n]
@@ -613,12 +612,13 @@ def _two_pass(
     quantized = sum(seg.tokens for seg in segments)
     w = key_window.shape[-2]
     total = quantized + w
-    scratch = _Scratch(qg, chunk, nbits, group_size, window=w)
+    # the tile holds at most one chunk of the largest block (a tile sized for an unused chunk costs page faults)
+    longest = max((seg.tokens for seg in segments), default=0)
+    scratch = _Scratch(qg, min(chunk, longest) or group_size, nbits, group_size, window=w)
     scores = torch.empty(b, hkv, m, total, device=qg.device)
     start = 0
     for seg in segments:
-        view = scores[..., start : start + seg.tokens].view(b, hkv, m, seg.tokens // group_size, group_size)
-        view.copy_(_key_scores(qg, seg, scratch).permute(1, 2, 3, 0, 4))
+        _key_scores(qg, seg, scratch, scores[..., start : start + seg.tokens])
         start += seg.tokens
     kw = scratch.window(key_window)
     torch.matmul(qg, kw.transpose(-1, -2), out=scores[..., quantized:])
