@@ -36,11 +36,15 @@ F32 = torch.float32
 TWO_PASS_MAX_SCORES = 1 << 22
 # Codes are unpacked into one reusable fp32 tile of ``chunk`` tokens x ``head_dim / codes per byte`` channels,
 # the decode step's largest transient. The chunk is chosen so that the tile is at most 1/8 of the layer's bf16 K+V
-# bytes (``chunk <= tokens * codes_per_byte / 8``), within [MIN_CHUNK_TOKENS, MAX_CHUNK_TOKENS]. Setting
-# CHUNK_TOKENS to an int fixes it instead (tests).
+# bytes (``chunk <= tokens * codes_per_byte / 8``), within [MIN_CHUNK_TOKENS, MAX_CHUNK_TOKENS], but never below
+# MIN_TILE_BYTES: under ~100 KiB a smaller tile only adds operators (at 1024 tokens the bundled model's block
+# took 4 chunks at 4 bits, ~290 us per layer, and 2 chunks ~250 us; the step's transient stays under 9 % of the
+# bf16 cache, `kvlab bench memory`). Chunks of one block are balanced (no small remainder). Setting CHUNK_TOKENS
+# to an int fixes the largest chunk instead (tests).
 CHUNK_TOKENS: int | None = None
 MIN_CHUNK_TOKENS = 256
 MAX_CHUNK_TOKENS = 4096
+MIN_TILE_BYTES = 112 << 10
 # Decode problems whose tile is below this many floats run on one intra-op thread: their operators are too small to
 # split, and waking the other threads costs more than the work (on a 2-core VM, the bundled model's attention at
 # 1024 tokens took ~800 us with two threads and ~540 us with one; from 4096 tokens on two threads are slightly faster).
@@ -61,12 +65,14 @@ def _intra_op_threads(n: int | None):
         torch.set_num_threads(prev)
 
 
-def chunk_tokens(total_tokens: int, nbits: int, group: int) -> int:
-    """Tokens unpacked at a time for a layer holding ``total_tokens``: a positive multiple of ``group``."""
+def chunk_tokens(total_tokens: int, nbits: int, group: int, token_bytes: int = 0) -> int:
+    """Most tokens unpacked at a time for a layer holding ``total_tokens``: a positive multiple of ``group``.
+    ``token_bytes``: tile bytes per token (``B * H * head_dim / codes per byte * 4``), for the MIN_TILE_BYTES floor."""
     if CHUNK_TOKENS is not None:
         c = CHUNK_TOKENS
     else:
-        c = min(MAX_CHUNK_TOKENS, max(MIN_CHUNK_TOKENS, total_tokens * (8 // nbits) // 8))
+        floor = max(MIN_CHUNK_TOKENS, MIN_TILE_BYTES // token_bytes) if token_bytes > 0 else MIN_CHUNK_TOKENS
+        c = min(MAX_CHUNK_TOKENS, max(floor, total_tokens * (8 // nbits) // 8))
     return max(group, c // group * group)
 
 
@@ -87,6 +93,14 @@ def _chunks(seg: QuantSegmentView, group: int, chunk_tokens: int):
             v_zero=seg.v_zero[:, :, s:e],
             tokens=e - s,
         )
+
+
+def _chunk_step(tokens: int, chunk: int, group: int) -> int:
+    """Tokens per chunk when a block of ``tokens`` is cut into chunks of at most ``chunk`` tokens (multiples of
+    ``group``): as few chunks as fit, of balanced sizes, so no chunk is a small remainder."""
+    count = -(-tokens // chunk)
+    per_chunk = -(-tokens // count)
+    return -(-per_chunk // group) * group
 
 
 def _mask_rows(
@@ -208,7 +222,7 @@ def _key_scores(qg: torch.Tensor, seg: QuantSegmentView, scratch: _Scratch, out:
     bias = torch.matmul(qg, seg.k_zero.to(F32).transpose(-1, -2))  # [B,H,M,NG]
     rows = qg.new_empty(ng * bh, m, group)  # group-major scores
     codes = seg.k_codes.view(b, h, ng, group, p).permute(2, 0, 1, 3, 4)  # [NG,B,H,G,P] uint8
-    step = scratch.chunk // group  # groups per chunk
+    step = _chunk_step(seg.tokens, scratch.chunk, group) // group  # groups per chunk
     for j0 in range(0, ng, step):
         j1 = min(ng, j0 + step)
         r0, r1 = j0 * bh, j1 * bh
@@ -251,8 +265,9 @@ class _ValueSums:
         u = seg.v_scale.transpose(-1, -2)[:, :, :, None, :]  # [B,H,KG,1,n]
         pw = torch.mul(pr[:, :, None], u, out=pr.new_empty(b, h, kg, m, n)).view(rows, m, n)
         codes = seg.v_codes.view(b, h, n, kg, gp).transpose(2, 3)  # [B,H,KG,n,gp] uint8
-        for t0 in range(0, n, sc.chunk):
-            t1 = min(n, t0 + sc.chunk)
+        step = _chunk_step(n, sc.chunk, sc.group)
+        for t0 in range(0, n, step):
+            t1 = min(n, t0 + step)
             tile, tile_b = sc.value_tile(t1 - t0)
             tile.copy_(codes[..., t0:t1, :])  # uint8 -> fp32
             pc = pw[..., t0:t1]
@@ -392,7 +407,7 @@ def _attend(
             q_len,
             use_triton,
         )
-    chunk = chunk_tokens(total, nbits, group_size)
+    chunk = chunk_tokens(total, nbits, group_size, b * hkv * d * nbits // 2)
     serial = chunk * b * hkv * d // (8 // nbits) < SERIAL_MAX_TILE
     with _intra_op_threads(1 if serial else None):
         return _two_pass(
@@ -613,8 +628,8 @@ def _two_pass(
     w = key_window.shape[-2]
     total = quantized + w
     # the tile holds at most one chunk of the largest block (a tile sized for an unused chunk costs page faults)
-    longest = max((seg.tokens for seg in segments), default=0)
-    scratch = _Scratch(qg, min(chunk, longest) or group_size, nbits, group_size, window=w)
+    longest = max((_chunk_step(seg.tokens, chunk, group_size) for seg in segments), default=group_size)
+    scratch = _Scratch(qg, longest, nbits, group_size, window=w)
     scores = torch.empty(b, hkv, m, total, device=qg.device)
     start = 0
     for seg in segments:
