@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 
 from kvlab.commands import fail
 from kvlab.plan.ledger import KV_DTYPE_NAMES
@@ -14,11 +15,45 @@ GIB = 1024**3
 
 
 def _byte_count(text: str) -> int:
-    """An integer byte count; accepts ``1e9``."""
-    value = float(text)
-    if value < 0 or value != int(value):
-        raise argparse.ArgumentTypeError(f"a non-negative whole number of bytes, got {text!r}")
-    return int(value)
+    """An integer byte count; accepts ``1e9`` (a plain integer is read exactly, not through a float)."""
+    refused = argparse.ArgumentTypeError(f"a non-negative whole number of bytes, got {text!r}")
+    try:
+        value = int(text)
+    except ValueError:
+        try:
+            number = float(text)
+        except ValueError:
+            raise refused from None
+        if not math.isfinite(number) or number != int(number):
+            raise refused from None
+        value = int(number)
+    if value < 0:
+        raise refused
+    return value
+
+
+# the planner library's argument names in its errors, and the flag a CLI user typed for each: `name` -> --flag
+_FLAG_OF = {"residual_length": "residual", "num_kv_heads": "kv_heads"}
+_NAMED = re.compile(r"`([a-z][a-z0-9_]*)`(?: \((--[a-z0-9-]+)\))?")
+
+
+def _flag_message(args: argparse.Namespace, exc: Exception) -> str:
+    """``exc``'s message with each planner argument it names (`group_size`) replaced by its flag (--group-size)
+    when this command has that flag; config fields and other names are kept. Errors that already give the flag
+    (`` `reserve_gib` (--reserve-gib)``) name it once."""
+
+    def flag(m: re.Match) -> str:
+        if m.group(2):
+            return m.group(2)
+        dest = _FLAG_OF.get(m.group(1), m.group(1))
+        if dest == "model" or dest not in vars(args):  # plan's MODEL is positional; a config field stays
+            return m.group(0)
+        return "--" + dest.replace("_", "-")
+
+    message = str(exc)
+    if getattr(args, "kv_heads", None) is not None and not message.startswith("config field"):
+        message = message.replace("`num_key_value_heads` (", "--kv-heads (")  # the override, not the config
+    return _NAMED.sub(flag, message)
 
 
 def _add_kv_flags(p: argparse.ArgumentParser) -> None:
@@ -334,7 +369,7 @@ def run_plan(args: argparse.Namespace) -> int:
             block_size=16 if args.block_size is None else args.block_size,
         )
     except (ValueError, OSError) as e:
-        return fail(args, e)
+        return fail(args, _flag_message(args, e))
     if args.json:
         print(json.dumps(r, indent=1))
         return 0
@@ -510,7 +545,7 @@ def run_roofline(args: argparse.Namespace) -> int:
             **_device_kwargs(args),
         )
     except (ValueError, OSError) as e:
-        return fail(args, e)
+        return fail(args, _flag_message(args, e))
     if args.json:
         print(json.dumps(r, indent=1))
         return 0
@@ -613,7 +648,7 @@ def run_video(args: argparse.Namespace) -> int:
             **_kv_kwargs(args),
         )
     except (ValueError, OSError) as e:
-        return fail(args, e)
+        return fail(args, _flag_message(args, e))
     if args.json:
         print(json.dumps(r, indent=1))
         return 0

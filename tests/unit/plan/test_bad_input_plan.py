@@ -46,9 +46,9 @@ def fails(capsys, argv, *fragments):
         (["plan", "llama-3-8b", "--reserve-gib", "inf"], ("inf",)),
         (["plan", "llama-3-8b", "--gpu", ""], ("unknown GPU ''",)),
         (["plan", ""], ("''",)),
-        (["plan", "llama-3-8b", "--tp", "64"], ("`tp` (64)", "32")),
-        (["roofline", "--tp", "0"], ("`tp`", "0")),
-        (["roofline", "--measured-step-ms", "inf"], ("measured_step_ms", "inf")),
+        (["plan", "llama-3-8b", "--tp", "64"], ("--tp (64)", "32")),
+        (["roofline", "--tp", "0"], ("--tp", "0")),
+        (["roofline", "--measured-step-ms", "inf"], ("--measured-step-ms", "inf")),
         (["roofline", "--context", "0"], ("--context", "got 0")),
         (["roofline", "--context", "-5"], ("--context", "got -5")),
         (["roofline", "--batch", "0"], ("--batch", "got 0")),
@@ -56,7 +56,7 @@ def fails(capsys, argv, *fragments):
         (["plan", "llama-3-8b", "--context", "0"], ("--context", "got 0")),
         (["video", "--seconds", "inf"], ("seconds", "inf")),
         (["video", "--seconds", "1e308"], ("seconds",)),
-        (["video", "--seconds", "0.125"], ("3 frames", "temporal_compression")),
+        (["video", "--seconds", "0.125"], ("3 frames", "--temporal-compression 4")),
         (["video", "--batch", "0"], ("batch", "0")),
     ],
 )
@@ -270,3 +270,45 @@ def test_kivi_flags_still_apply_to_kivi(capsys):
     assert main(["plan", "llama-3-8b", "--kv-dtype", "kivi-k8v4", "--json"]) == 0
     default = json.loads(capsys.readouterr().out)
     assert wide != default  # G = 64 halves the scale/zero metadata
+
+
+@pytest.mark.parametrize(
+    "argv, flag, value",
+    [
+        (["plan", "llama-3-8b", "--kv-dtype", "kivi-4", "--group-size", "0"], "--group-size", "0"),
+        (["plan", "llama-3-8b", "--kv-dtype", "kivi-4", "--group-size", "3"], "--group-size", "3"),
+        (["plan", "llama-3-8b", "--kv-dtype", "kivi-4", "--residual", "48"], "--residual", "48"),
+        (["roofline", "--kv-dtype", "kivi-k8v4", "--residual", "-4"], "--residual", "-4"),
+        (["plan", "llama-3-8b", "--tp", "0"], "--tp", "0"),
+        (["plan", "llama-3-8b", "--kv-heads", "0"], "--kv-heads", "0"),
+        (["plan", "llama-3-8b", "--kv-heads", "3"], "--kv-heads", "3"),
+        (["plan", "deepseek-v3", "--kv-heads", "2"], "--kv-heads", "MLA"),
+        (["plan", "llama-3-8b", "--measured-step-ms", "0"], "--measured-step-ms", "0"),
+        (["plan", "llama-3-8b", "--weight-dtype", "int3"], "--weight-dtype", "int3"),
+        (["plan", "llama-3-8b", "--reserve-gib", "-1"], "--reserve-gib", "-1"),
+        (["video", "--fps", "0"], "--fps", "0"),
+        (["video", "--temporal-compression", "0"], "--temporal-compression", "0"),
+        (["video", "--kv-dtype", "kivi-4", "--group-size", "0"], "--group-size", "0"),
+    ],
+)
+def test_planner_errors_name_the_flag_not_the_library_argument(capsys, argv, flag, value):
+    """The planner library names its arguments (`group_size`); the CLI user typed a flag (--group-size)."""
+    err = fails(capsys, argv, flag, value)
+    assert err.count(flag) == 1, err  # named once, not "`reserve_gib` (--reserve-gib)" twice over
+    for name in ("`group_size`", "`residual_length`", "`tp`", "`num_kv_heads`", "`measured_step_ms`"):
+        assert name not in err, err
+
+
+@pytest.mark.parametrize("value", ["inf", "1e400", "-inf", "nan", "abc"])
+def test_weight_bytes_that_is_not_a_finite_count_is_refused_by_flag(capsys, value):
+    with pytest.raises(SystemExit) as exc:  # argparse refuses it (was an OverflowError traceback for inf)
+        main(["plan", "llama-3-8b", f"--weight-bytes={value}"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--weight-bytes" in err and repr(value) in err and "_byte_count" not in err, err
+
+
+def test_weight_bytes_keeps_an_exact_large_integer(capsys):
+    exact = "123456789012345678901"  # not representable as a float: parsed as an int, not rounded
+    assert main(["plan", "llama-3-8b", "--weight-bytes", exact, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["weight_bytes"] == int(exact)
