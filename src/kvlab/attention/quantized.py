@@ -182,12 +182,13 @@ class _Scratch:
         return v
 
     def value_tile(self, nc: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The tile as ``[B, H, KG, nc, G/k]`` (values of ``nc`` tokens) and as the bmm operand."""
+        """The tile as ``[B, H, nc, D/k]`` (values of ``nc`` tokens, the codes' layout) and as the bmm operand
+        ``[B*H, nc, D/k]``."""
         v = self._views.get(("v", nc))
         if v is None:
-            kg, gp = self.d // self.group, self.group // self.k
-            tile = self.tile[: self.b * self.h * kg * nc * gp].view(self.b, self.h, kg, nc, gp)
-            v = self._views[("v", nc)] = (tile, tile.view(-1, nc, gp))
+            p = self.d // self.k
+            tile = self.tile[: self.b * self.h * nc * p].view(self.b, self.h, nc, p)
+            v = self._views[("v", nc)] = (tile, tile.view(-1, nc, p))
         return v
 
     def next_part(self, tile: torch.Tensor) -> None:
@@ -239,17 +240,22 @@ def _key_scores(qg: torch.Tensor, seg: QuantSegmentView, scratch: _Scratch, out:
 
 
 class _ValueSums:
-    """Accumulates ``p @ V`` over packed value blocks: per-part sums ``[k, B*H*KG, M, G/k]`` and the zero term.
+    """Accumulates ``p @ V`` over packed value blocks: per-part sums ``[k, B*H, KG*M, D/k]`` and the zero term.
 
-    With per-token groups of ``G`` channels, ``sum_t p_t V_t[c] = sum_t (p_t u_t,k) code_t[c] + sum_t p_t w_t,k``;
-    the shifted parts ``x >> i b`` are summed separately and turned back into code sums once, at the end.
+    With per-token groups of ``G`` channels, ``sum_t p_t V_t[c] = sum_t (p_t u_t,g) code_t[c] + sum_t p_t w_t,g``
+    (``g``: the group of channel ``c``); the shifted parts ``x >> i b`` are summed separately and turned back into
+    code sums once, at the end. The tile keeps the codes' own layout ``[B, H, n, D/k]`` (a plain copy) and each
+    part is one matmul of the rows of every value group, ``p * u_g``, stacked (``KG * M`` rows) against all the
+    bytes; only the blocks where row group and byte group agree are used. A matmul with few rows costs what
+    reading the tile costs, so the unused blocks are nearly free, and 2-bit parts (8 bytes a group at G = 32)
+    stay one wide matmul each instead of ``KG`` narrow ones.
     """
 
     def __init__(self, scratch: _Scratch, device: torch.device):
         b, h, m, d = scratch.b, scratch.h, scratch.m, scratch.d
         self.scratch = scratch
         self.kg = d // scratch.group
-        self.parts = torch.zeros(scratch.k, b * h * self.kg, m, scratch.group // scratch.k, device=device)
+        self.parts = torch.zeros(scratch.k, b * h, self.kg * m, d // scratch.k, device=device)
         self.part_views = list(self.parts)
         self.zero = torch.zeros(b * h, m, self.kg, device=device)
 
@@ -258,18 +264,15 @@ class _ValueSums:
         sc = self.scratch
         b, h, m = sc.b, sc.h, sc.m
         n, kg, k = seg.tokens, self.kg, sc.k
-        gp = sc.group // k  # bytes per value group
-        rows = b * h * kg
         self.zero.baddbmm_(pr.reshape(b * h, m, n), seg.v_zero.to(F32).reshape(b * h, n, kg))
-        # the per-token scale folds into p: pw[b,h,kg,m,t] = p[b,h,m,t] * u[b,h,kg,t] (bf16 scale, fp32 product)
+        # the per-token scale folds into p: pw[b,h,g,m,t] = p[b,h,m,t] * u[b,h,g,t] (bf16 scale, fp32 product)
         u = seg.v_scale.transpose(-1, -2)[:, :, :, None, :]  # [B,H,KG,1,n]
-        pw = torch.mul(pr[:, :, None], u, out=pr.new_empty(b, h, kg, m, n)).view(rows, m, n)
-        codes = seg.v_codes.view(b, h, n, kg, gp).transpose(2, 3)  # [B,H,KG,n,gp] uint8
+        pw = torch.mul(pr[:, :, None], u, out=pr.new_empty(b, h, kg, m, n)).view(b * h, kg * m, n)
         step = _chunk_step(n, sc.chunk, sc.group)
         for t0 in range(0, n, step):
             t1 = min(n, t0 + step)
             tile, tile_b = sc.value_tile(t1 - t0)
-            tile.copy_(codes[..., t0:t1, :])  # uint8 -> fp32
+            tile.copy_(seg.v_codes[:, :, t0:t1])  # uint8 -> fp32, [B,H,nc,D/k]
             pc = pw[..., t0:t1]
             self.part_views[0].baddbmm_(pc, tile_b)
             for i in range(1, k):
@@ -280,8 +283,10 @@ class _ValueSums:
         """``[B, H, M, D]`` fp32."""
         sc = self.scratch
         b, h, m, d, k = sc.b, sc.h, sc.m, sc.d, sc.k
-        # a[b,h,m,kg,j,i] is the sum of part i (x >> i b) of channel kg*G + j*k + i
-        a = self.parts.view(k, b, h, self.kg, m, sc.group // k).permute(1, 2, 4, 3, 5, 0)
+        gp = sc.group // k  # bytes per value group
+        # parts[i, (b,h), (g,m), (g',j)]: keep g == g'; a[b,h,m,g,j,i] is the sum of part i of channel g*G + j*k + i
+        full = self.parts.view(k, b, h, self.kg, m, self.kg, gp)
+        a = torch.diagonal(full, dim1=3, dim2=5).permute(1, 2, 3, 5, 4, 0)  # [B,H,M,KG,G/k,k]
         out = torch.add(a, self.zero.view(b, h, m, self.kg, 1, 1), out=a.new_empty(a.shape))
         if k > 1:  # sums of (x >> i b) -> sums of code i: part i minus 2^b part i + 1
             out[..., :-1].sub_(a[..., 1:], alpha=1 << sc.nbits)
