@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, progress
-from kvlab.commands.plan import keep_tokens_type
+from kvlab.commands.plan import flag_message, keep_tokens_type
 from kvlab.plan.ledger import KV_DTYPE_NAMES
 
 GIB, MIB = 1024**3, 1024**2
@@ -61,8 +61,14 @@ def _add_budget_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _budget(args: argparse.Namespace, kv_dtype: str | None = None):
+def _budget(args: argparse.Namespace, kv_dtype: str | None = None, flag: str = "--kv-dtype"):
+    """The KV budget of ``--model`` at ``kv_dtype`` (default ``--kv-dtype``) on the device flags.
+
+    Raises:
+        ValueError: a bad device flag, or a bad KV dtype named by ``flag`` and its value.
+    """
     from kvlab.paging.budget import planner_budget
+    from kvlab.plan.ledger import kv_dtype as parse_kv_dtype
 
     kv_dtype = kv_dtype or args.kv_dtype
     gpu, reserve = args.gpu_mem_gib, args.reserve_gib
@@ -70,7 +76,15 @@ def _budget(args: argparse.Namespace, kv_dtype: str | None = None):
         raise ValueError(f"--gpu-mem-gib must be a positive number of GiB, got {gpu:g}")
     if not (math.isfinite(reserve) and reserve >= 0):
         raise ValueError(f"--reserve-gib must be a non-negative number of GiB, got {reserve:g}")
-    return planner_budget(args.model, kv_dtype, args.gpu_mem_gib, args.reserve_gib)
+    try:
+        parse_kv_dtype(kv_dtype)
+        return planner_budget(args.model, kv_dtype, args.gpu_mem_gib, args.reserve_gib)
+    except ValueError as e:  # the planner names `kv_dtype` / `group_size`: say which flag held them
+        message = str(e)
+        if not any(f"`{name}`" in message for name in ("kv_dtype", "group_size", "residual_length")):
+            raise  # the model, not the KV dtype
+        message = message.replace(f"`kv_dtype` {kv_dtype!r}: ", "").replace("`kv_dtype` ", "")
+        raise ValueError(f"{flag} {kv_dtype!r}: {message}") from None
 
 
 def register(subparsers) -> None:
@@ -199,7 +213,7 @@ def run_static_cmd(args: argparse.Namespace) -> int:
     try:
         result = _static_result(args, args.workload)
     except (ValueError, OSError) as exc:
-        return fail(args, exc)
+        return fail(args, flag_message(args, exc))
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -258,16 +272,13 @@ def run_static_cmd(args: argparse.Namespace) -> int:
 def _policies(args: argparse.Namespace):
     from kvlab.paging.simulate import Policy, default_policies
 
-    try:
-        quant_bpt = _budget(args, args.quant_kv_dtype).kv_bytes_per_token
-    except ValueError as e:  # the planner names `kv_dtype`; the user's --kv-dtype may be fine
-        raise ValueError(f"--quant-kv-dtype {args.quant_kv_dtype!r}: {e}") from None
+    quant_bpt = _budget(args, args.quant_kv_dtype, "--quant-kv-dtype").kv_bytes_per_token
     policies = default_policies(args.block_size, quant_bpt, args.quant_kv_dtype)
-    if args.keep_tokens is not None:
-        name = f"paged+keep{args.keep_tokens}"
+    keep = None if args.keep_tokens is None else f"paged+keep{args.keep_tokens}"
+    if keep:
         policies.append(
             Policy(
-                name, block_size_tokens=args.block_size, kv_dtype=args.kv_dtype, keep_tokens=args.keep_tokens
+                keep, block_size_tokens=args.block_size, kv_dtype=args.kv_dtype, keep_tokens=args.keep_tokens
             )
         )
     if args.policies:
@@ -275,33 +286,61 @@ def _policies(args: argparse.Namespace):
         known = {p.name: p for p in policies}
         unknown = [w for w in wanted if w not in known]
         if unknown:
-            raise ValueError(f"unknown policies {unknown}; choose among {list(known)}")
+            hint = "".join(
+                f"; {w} runs with --keep-tokens {w[len('paged+keep') :]}"
+                for w in unknown
+                if w.startswith("paged+keep") and w[len("paged+keep") :].isdigit()
+            )
+            raise ValueError(f"unknown policies {unknown}; choose among {list(known)}{hint}")
+        if keep and keep not in wanted:  # --keep-tokens would be silently ignored
+            raise ValueError(
+                f"--keep-tokens {args.keep_tokens} runs as policy {keep}, which --policies {args.policies} leaves "
+                f"out; add {keep} to --policies or drop --keep-tokens"
+            )
         policies = [known[w] for w in wanted]
     return policies
+
+
+def _poisson_trace(args: argparse.Namespace):
+    """The generated trace of the Poisson flags and its description; written to ``--save-trace`` when given.
+
+    Raises:
+        ValueError: a bad Poisson flag, or a ``--save-trace`` folder that does not exist.
+        OSError: ``--save-trace`` exists or cannot be written.
+    """
+    from kvlab.paging.simulate import poisson_trace, save_trace
+
+    trace = poisson_trace(
+        args.requests,
+        args.rate,
+        args.prompt_tokens,
+        args.output_tokens,
+        args.prefix_groups,
+        args.prefix_tokens if args.prefix_groups else 0,
+        args.seed,
+    )
+    if args.save_trace:
+        folder = Path(args.save_trace).parent
+        if not folder.is_dir():
+            raise ValueError(f"--save-trace {args.save_trace}: folder {folder} does not exist")
+        save_trace(trace, args.save_trace)
+    return trace, f"poisson(rate={args.rate:g}/step, n={args.requests}, seed={args.seed})"
 
 
 def run_simulate_cmd(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from kvlab.paging.simulate import load_trace, poisson_trace, save_trace, simulate
+    from kvlab.paging.simulate import load_trace, simulate
 
-    try:
-        if args.trace:
+    if args.trace:
+        try:  # a trace file's errors name its rows and CSV columns (`prompt_tokens`), not flags
             trace = load_trace(args.trace)
-            source = str(args.trace)
-        else:
-            trace = poisson_trace(
-                args.requests,
-                args.rate,
-                args.prompt_tokens,
-                args.output_tokens,
-                args.prefix_groups,
-                args.prefix_tokens if args.prefix_groups else 0,
-                args.seed,
-            )
-            source = f"poisson(rate={args.rate:g}/step, n={args.requests}, seed={args.seed})"
-            if args.save_trace:
-                save_trace(trace, args.save_trace)
+        except (ValueError, OSError) as exc:
+            return fail(args, exc)
+        source = str(args.trace)
+    try:
+        if not args.trace:
+            trace, source = _poisson_trace(args)
         policies = _policies(args)
         with progress(Console(stderr=True), len(policies), "kvlab paging simulate") as bar:
             result = simulate(
@@ -315,7 +354,7 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
                 progress=bar.start,
             )
     except (ValueError, OSError) as exc:
-        return fail(args, exc)
+        return fail(args, flag_message(args, exc))
     result["config"]["trace"] = source
     if args.json:
         print(json.dumps(result, indent=1))
@@ -369,7 +408,7 @@ def run_figure_cmd(args: argparse.Namespace) -> int:
         result = _static_result(args)
         path = plot_paged_layout(result, args.out, overwrite=args.force)
     except (ValueError, OSError) as exc:
-        return fail(args, exc)
+        return fail(args, flag_message(args, exc))
     if args.json:
         a = result["A"]
         print(

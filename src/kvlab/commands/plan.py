@@ -33,11 +33,17 @@ def _byte_count(text: str) -> int:
 
 
 # the planner library's argument names in its errors, and the flag a CLI user typed for each: `name` -> --flag
-_FLAG_OF = {"residual_length": "residual", "num_kv_heads": "kv_heads"}
+_FLAG_OF = {
+    "residual_length": "residual",
+    "num_kv_heads": "kv_heads",
+    "block_size_tokens": "block_size",
+    "rate_per_step": "rate",
+    "n_requests": "requests",
+}
 _NAMED = re.compile(r"`([a-z][a-z0-9_]*)`(?: \((--[a-z0-9-]+)\))?")
 
 
-def _flag_message(args: argparse.Namespace, exc: Exception) -> str:
+def flag_message(args: argparse.Namespace, exc: Exception) -> str:
     """``exc``'s message with each planner argument it names (`group_size`) replaced by its flag (--group-size)
     when this command has that flag; config fields and other names are kept. Errors that already give the flag
     (`` `reserve_gib` (--reserve-gib)``) name it once."""
@@ -369,7 +375,7 @@ def run_plan(args: argparse.Namespace) -> int:
             block_size=16 if args.block_size is None else args.block_size,
         )
     except (ValueError, OSError) as e:
-        return fail(args, _flag_message(args, e))
+        return fail(args, flag_message(args, e))
     if args.json:
         print(json.dumps(r, indent=1))
         return 0
@@ -545,7 +551,7 @@ def run_roofline(args: argparse.Namespace) -> int:
             **_device_kwargs(args),
         )
     except (ValueError, OSError) as e:
-        return fail(args, _flag_message(args, e))
+        return fail(args, flag_message(args, e))
     if args.json:
         print(json.dumps(r, indent=1))
         return 0
@@ -648,7 +654,7 @@ def run_video(args: argparse.Namespace) -> int:
             **_kv_kwargs(args),
         )
     except (ValueError, OSError) as e:
-        return fail(args, _flag_message(args, e))
+        return fail(args, flag_message(args, e))
     if args.json:
         print(json.dumps(r, indent=1))
         return 0

@@ -34,19 +34,19 @@ def trace_file(tmp_path, text, name="t.csv"):
 @pytest.mark.parametrize(
     "argv, fragments",
     [
-        (["simulate", *SMALL, "--max-running", "0"], ("max_running", "0")),  # used to loop forever
-        (["simulate", *SMALL, "--max-running", "-1"], ("max_running", "-1")),
-        (["simulate", *SMALL, "--check-every", "-1"], ("check_every", "-1")),
-        (["simulate", *SMALL, "--max-len", "0"], ("max_len", "0")),
-        (["simulate", *SMALL, "--rate", "inf"], ("rate_per_step", "inf")),
+        (["simulate", *SMALL, "--max-running", "0"], ("--max-running", "0")),  # used to loop forever
+        (["simulate", *SMALL, "--max-running", "-1"], ("--max-running", "-1")),
+        (["simulate", *SMALL, "--check-every", "-1"], ("--check-every", "-1")),
+        (["simulate", *SMALL, "--max-len", "0"], ("--max-len", "0")),
+        (["simulate", *SMALL, "--rate", "inf"], ("--rate", "inf")),
         (["simulate", *SMALL, "--policies", ",,,"], ("policies",)),
         (["simulate", *SMALL, "--gpu-mem-gib", "inf"], ("--gpu-mem-gib", "inf")),
         (["simulate", *SMALL, "--gpu-mem-gib", "nan"], ("--gpu-mem-gib", "nan")),
         (["simulate", "--trace", "/no/such/trace.csv"], ("/no/such/trace.csv",)),
-        (["static", "--max-len", "0"], ("max_len", "0")),
-        (["static", "--max-len", "1024", "--workload", "heavy"], ("max_len", "1024", "heavy")),
+        (["static", "--max-len", "0"], ("--max-len", "0")),
+        (["static", "--max-len", "1024", "--workload", "heavy"], ("--max-len", "1024", "heavy")),
         (["static", "--gpu-mem-gib", "inf"], ("--gpu-mem-gib", "inf")),
-        (["static", "--block-size", "0"], ("block_size_tokens", "0")),
+        (["static", "--block-size", "0"], ("--block-size", "0")),
         (["figure", "--out", "/no/such/dir/fig"], ("suffix",)),
     ],
 )
@@ -55,7 +55,13 @@ def test_cli_bad_values_are_named(capsys, argv, fragments):
 
 
 def test_save_trace_into_a_missing_directory_is_an_error_not_a_traceback(capsys, tmp_path):
-    fails(capsys, ["simulate", *SMALL, "--save-trace", str(tmp_path / "no" / "dir" / "t.csv")], "t.csv")
+    fails(
+        capsys,
+        ["simulate", *SMALL, "--save-trace", str(tmp_path / "no" / "dir" / "t.csv")],
+        "--save-trace",
+        "folder",
+    )
+    assert not (tmp_path / "no").exists()
 
 
 def test_trace_is_a_directory(capsys, tmp_path):
@@ -135,3 +141,64 @@ def test_device_memory_and_reserve_flags_are_named(capsys, argv, fragments):
 def test_a_bad_quant_kv_dtype_names_its_own_flag(capsys, value, fragment):
     # the planner's message named `kv_dtype`: the user's --kv-dtype (bf16) was fine, --quant-kv-dtype was not
     fails(capsys, ["simulate", *SMALL, "--quant-kv-dtype", value], "--quant-kv-dtype", fragment)
+
+
+@pytest.mark.parametrize(
+    "argv, flag, value",
+    [
+        (["simulate", *SMALL, "--rate", "0"], "--rate", "0"),
+        (["simulate", "--requests", "0"], "--requests", "0"),
+        (["simulate", *SMALL, "--prompt-tokens", "64:16"], "--prompt-tokens", "(64, 16)"),
+        (["simulate", *SMALL, "--output-tokens", "0:0"], "--output-tokens", "(0, 0)"),
+        (["simulate", *SMALL, "--prefix-groups", "-1"], "--prefix-groups", "-1"),
+        (["simulate", *SMALL, "--max-running", "0"], "--max-running", "0"),
+        (["simulate", *SMALL, "--block-size", "0"], "--block-size", "0"),
+        (["static", "--block-size", "0"], "--block-size", "0"),
+        (
+            ["simulate", *SMALL, "--kv-dtype", "kivi-4:residual_length=-32"],
+            "--kv-dtype",
+            "residual_length=-32",
+        ),
+        (["simulate", *SMALL, "--kv-dtype", "kivi-4:group_size=0"], "--kv-dtype", "got 0"),
+        (["simulate", *SMALL, "--kv-dtype", "kivi-4:group_size=3"], "--kv-dtype", "(3)"),
+        (["static", "--kv-dtype", "fp8-e4m4"], "--kv-dtype", "'fp8-e4m4'"),
+    ],
+)
+def test_simulate_and_static_errors_name_the_flag(capsys, argv, flag, value):
+    """The library names its arguments (`rate_per_step`, `kv_dtype`); the user typed a flag."""
+    assert main(["paging", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and flag in err and value in err, err
+    for name in ("`rate_per_step`", "`n_requests`", "`block_size_tokens`", "`kv_dtype`", "`max_running`"):
+        assert name not in err, err
+
+
+def test_trace_file_columns_keep_their_csv_names(capsys, tmp_path):
+    # `prompt_tokens` in a trace row is the CSV column, not --prompt-tokens
+    path = trace_file(tmp_path, HEADER + "0,abc,3\n")
+    fails(capsys, ["simulate", "--trace", path], "row 2", "`prompt_tokens`", "'abc'")
+
+
+@pytest.mark.parametrize("policies", ["contiguous", "paged,paged+prefix"])
+def test_keep_tokens_left_out_of_the_policies_is_refused_not_ignored(capsys, policies):
+    fails(
+        capsys,
+        ["simulate", *SMALL, "--keep-tokens", "8", "--policies", policies],
+        "--keep-tokens 8",
+        "paged+keep8",
+    )
+
+
+@pytest.mark.parametrize("extra", [[], ["--keep-tokens", "17"]])
+def test_a_keep_policy_without_its_keep_tokens_says_which_flag_it_needs(capsys, extra):
+    fails(
+        capsys, ["simulate", *SMALL, *extra, "--policies", "paged+keep16"], "paged+keep16", "--keep-tokens 16"
+    )
+
+
+def test_a_bad_kv_dtype_setting_is_named_once(capsys):
+    assert main(["paging", "simulate", *SMALL, "--quant-kv-dtype", "kivi-4:foo=1"]) == 2
+    err = capsys.readouterr().err
+    assert "--quant-kv-dtype 'kivi-4:foo=1'" in err and "['foo']" in err and err.count("kivi-4:foo=1") == 1, (
+        err
+    )
