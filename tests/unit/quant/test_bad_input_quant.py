@@ -131,6 +131,15 @@ def test_kivi_state_rejects_non_finite_first_append():
     assert state.total_tokens == 0 and state.key_residual is None
 
 
+def test_kivi_state_accepts_finite_tokens_whose_sum_overflows():
+    """The append guard sums the new tokens in fp32; huge finite values overflow that sum to inf, and the exact
+    search that follows must then find nothing and accept them (bf16 keeps values up to ~3.4e38)."""
+    state = KIVIState(KIVIConfig(nbits=4, group_size=4, residual_length=8))
+    k = torch.full((1, 1, 3, 8), 3e38, dtype=torch.bfloat16)
+    state.append(k, -k)
+    assert state.total_tokens == 3 and torch.equal(state.key_residual, k)
+
+
 def test_kivi_state_rejects_a_device_change():
     state = KIVIState(KIVIConfig(nbits=4, group_size=4, residual_length=8))
     state.append(torch.randn(1, 1, 3, 8), torch.randn(1, 1, 3, 8))
