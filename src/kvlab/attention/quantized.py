@@ -641,7 +641,10 @@ def _two_pass(
         _key_scores(qg, seg, scratch, scores[..., start : start + seg.tokens])
         start += seg.tokens
     kw = scratch.window(key_window)
-    torch.matmul(qg, kw.transpose(-1, -2), out=scores[..., quantized:])
+    bh = b * hkv  # 3-D views: bmm writes the window's scores in place (a 4-D matmul would go through a copy)
+    torch.bmm(
+        qg.view(bh, m, d), kw.view(bh, w, d).transpose(1, 2), out=scores.view(bh, m, total)[..., quantized:]
+    )
     if attention_mask is not None:
         scores.masked_fill_(~_mask_rows(attention_mask, g, q_len, 0, total), NEG_INF)
     elif causal is not None:
@@ -655,5 +658,7 @@ def _two_pass(
         values.add(p[..., start : start + seg.tokens], seg)
         start += seg.tokens
     out = values.result()
-    out += torch.matmul(p[..., quantized:], scratch.window(value_window))
+    out.view(bh, m, d).baddbmm_(
+        p.view(bh, m, total)[..., quantized:], scratch.window(value_window).view(bh, w, d)
+    )
     return out
