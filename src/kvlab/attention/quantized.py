@@ -170,15 +170,20 @@ class _Scratch:
         self.tile = torch.empty(max(chunk * b * h * d // self.k, window * b * h * d), device=qg.device)
         # query channels by part: q_parts[..., i, j] is channel j*k + i (the order of the shifted parts)
         self.q_parts = qg.view(b, h, m, d // self.k, self.k).transpose(-1, -2)  # [B,H,M,k,P]
+        # key groups of two heads share one item of the batched key matmul (rows of both heads against the tokens of
+        # both; the cross blocks are dropped): half as many items, each twice as wide, which costs less than the
+        # items it saves (at M = 2 rows, G = 32: ~20% less at 4 bits, ~30% at 2 bits)
+        self.heads_per_item = 2 if b * h % 2 == 0 else 1
         self._views: dict = {}
 
     def key_tile(self, nj: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The tile as ``[nj, B, H, G, P]`` (keys of ``nj`` groups) and as the bmm operand ``[nj*B*H, P, G]``."""
+        """The tile as ``[nj, B, H, G, P]`` (keys of ``nj`` groups) and as the bmm operand ``[nj*B*H/hp, P, hp*G]``
+        (``hp``: :attr:`heads_per_item`)."""
         v = self._views.get(("k", nj))
         if v is None:
-            rows, g, p = nj * self.b * self.h, self.group, self.d // self.k
+            rows, g, p, hp = nj * self.b * self.h, self.group, self.d // self.k, self.heads_per_item
             tile = self.tile[: rows * g * p].view(nj, self.b, self.h, g, p)
-            v = self._views[("k", nj)] = (tile, tile.view(rows, g, p).transpose(1, 2))
+            v = self._views[("k", nj)] = (tile, tile.view(rows // hp, hp * g, p).transpose(1, 2))
         return v
 
     def value_tile(self, nc: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,14 +224,15 @@ def _key_scores(qg: torch.Tensor, seg: QuantSegmentView, scratch: _Scratch, out:
     coef = torch.mul(scale, scratch.q_parts[None], out=qg.new_empty(ng, b, h, m, k, p))  # [NG,B,H,M,k,P]
     for i in range(k - 1, 0, -1):  # descending: part i - 1 is still unmodified when part i reads it
         coef[..., i, :].sub_(coef[..., i - 1, :], alpha=1 << nbits)
-    coef = coef.view(ng * bh, m, d)
+    hp = scratch.heads_per_item
+    coef = coef.view(ng * bh // hp, hp * m, d)
     bias = torch.matmul(qg, seg.k_zero.to(F32).transpose(-1, -2))  # [B,H,M,NG]
-    rows = qg.new_empty(ng * bh, m, group)  # group-major scores
+    rows = qg.new_empty(ng * bh // hp, hp * m, hp * group)  # group-major scores of head pairs
     codes = seg.k_codes.view(b, h, ng, group, p).permute(2, 0, 1, 3, 4)  # [NG,B,H,G,P] uint8
     step = _chunk_step(seg.tokens, scratch.chunk, group) // group  # groups per chunk
     for j0 in range(0, ng, step):
         j1 = min(ng, j0 + step)
-        r0, r1 = j0 * bh, j1 * bh
+        r0, r1 = j0 * bh // hp, j1 * bh // hp
         tile, tile_t = scratch.key_tile(j1 - j0)
         tile.copy_(codes[j0:j1])  # uint8 -> fp32, group-major
         acc, c = rows[r0:r1], coef[r0:r1]
@@ -234,9 +240,11 @@ def _key_scores(qg: torch.Tensor, seg: QuantSegmentView, scratch: _Scratch, out:
         for i in range(1, k):
             scratch.next_part(tile)
             acc.baddbmm_(c[..., i * p : (i + 1) * p], tile_t)
-    # [NG*B*H, M, G] -> [B,H,M,NG,G] token-major, plus each group's zero term
-    grouped = rows.view(ng, b, h, m, group).permute(1, 2, 3, 0, 4)
-    torch.add(grouped, bias[..., None], out=out.view(b, h, m, ng, group))
+    # [NG*BH/hp, hp*M, hp*G] -> keep each head's own block -> [BH/hp, hp, M, NG, G] token-major, plus the zero term
+    pairs = rows.view(ng, bh // hp, hp, m, hp, group)
+    grouped = torch.diagonal(pairs, dim1=2, dim2=4).permute(1, 4, 2, 0, 3)
+    bias = bias.view(bh // hp, hp, m, ng, 1)
+    torch.add(grouped, bias, out=out.view(bh // hp, hp, m, ng, group))
 
 
 class _ValueSums:
