@@ -56,7 +56,8 @@ def _resolve_one(name: Any) -> ResolvedCache:
 def check_candidate_names(names: tuple[str, ...]) -> None:
     """Raise ``ValueError`` naming any unknown candidate, one not written in the registry's canonical spelling
     (``kivi4`` for ``kivi-4``: the same cache could otherwise run twice, or ``Dynamic`` miss the baseline), a
-    duplicate, or a list without ``dynamic``."""
+    duplicate (also one cache under two names: ``sink`` and ``sink:window_length=256``, its default), or a list
+    without ``dynamic``."""
     if not names:
         raise ValueError("`candidates` must not be empty")
     for name in names:
@@ -65,6 +66,16 @@ def check_candidate_names(names: tuple[str, ...]) -> None:
             raise ValueError(f"write cache candidate {name!r} as {canonical!r}")
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate cache candidates in {list(names)}")
+    seen: dict[tuple, str] = {}
+    # a setting written out at its default (sink:window_length=256 = sink) names the same cache
+    for name in names:
+        cache = _resolve_one(name)
+        key = (cache.family, cache.name.bits, cache.name.nbits, cache.name.variant, cache.settings)
+        if key in seen:
+            raise ValueError(
+                f"cache candidates {seen[key]!r} and {name!r} are the same cache (same settings); keep one"
+            )
+        seen[key] = name
     if "dynamic" not in names:
         raise ValueError(f"`candidates` must include the baseline 'dynamic', got {list(names)}")
 

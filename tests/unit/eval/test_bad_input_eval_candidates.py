@@ -67,3 +67,34 @@ def test_a_bad_omp_num_threads_is_refused_before_the_model_loads(tmp_path, capsy
     assert dry(tmp_path) == 2
     err = err_of(capsys)
     assert "OMP_NUM_THREADS" in err and repr(value) in err and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "candidates, first, second",
+    [
+        ("dynamic,sink,sink:window_length=256", "'sink'", "'sink:window_length=256'"),  # 256: sink's default
+        (
+            "dynamic,sink:sink_tokens=4,sink:window_length=256",
+            "'sink:sink_tokens=4'",
+            "'sink:window_length=256'",
+        ),
+        ("dynamic,snapkv,snapkv:compression_ratio=0.5", "'snapkv'", "'snapkv:compression_ratio=0.5'"),
+    ],
+)
+def test_one_cache_under_two_spellings_is_a_duplicate(tmp_path, capsys, candidates, first, second):
+    """A setting written out at its default names the same cache: it would run (and be judged) twice."""
+    assert dry(tmp_path, "--candidates", candidates) == 2
+    err = err_of(capsys)
+    assert "same cache" in err and first in err and second in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_different_settings_are_not_duplicates(tmp_path):
+    assert (
+        dry(
+            tmp_path,
+            "--candidates",
+            "dynamic,sink,sink:window_length=128,snapkv,snapkv:compression_ratio=0.25",
+        )
+        == 0
+    )
