@@ -10,7 +10,11 @@ Unpacking also moves to the small side: a byte ``x = c_0 + 2^b c_1 + ...`` holds
 ``Σ_i a_i c_i = Σ_i (a_i - 2^b a_{i-1}) floor(x / 2^{ib})``, so the packed bytes are converted to fp32 once per
 chunk and each further part is an exact in-place ``floor(tile / 2^b)``: no masks, no interleaving, one fp32 tile of
 ``chunk x D·b/8`` per KV head, reused for every chunk and block (the chunk is sized to at most 1/8 of the layer's
-bf16 K+V, :func:`chunk_tokens`). Decode-sized problems take every score at once (``M x T`` floats), one softmax,
+bf16 K+V and at least MIN_TILE_BYTES, :func:`chunk_tokens`). On the CPU the cost is the number of operators and
+the bytes each matmul reads, so each part is one batched matmul over all key groups (two heads per item) and one
+matmul over all value groups (their rows stacked, the codes in their own layout): a 2-bit block takes 4 matmuls
+per chunk for keys and 4 for values, a 4-bit block 2 and 2. Decode-sized problems take every score at once
+(``M x T`` floats), one softmax,
 then ``p @ V`` block by block; larger ones (long prefill chunks over a quantized prefix) use the online softmax
 (running max, running sum, rescaled accumulator) across chunks and the full-precision residual window. Query heads
 of one KV head are stacked as rows (GQA without repeating K/V).
