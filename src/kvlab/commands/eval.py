@@ -29,7 +29,10 @@ def _contexts_or_word(text: str) -> tuple[int, ...] | str:
     """``all`` / ``none`` or comma-separated integers (``--retrieval-contexts``)."""
     if text.strip().lower() in ("all", "none"):
         return text.strip().lower()
-    return _ints(text)
+    values = _ints(text)
+    if not values:  # "" is not 'none': say which the user meant
+        raise argparse.ArgumentTypeError(f"expected 'all', 'none' or comma-separated contexts, got {text!r}")
+    return values
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -243,6 +246,7 @@ _FIELDS = {
 def _with_flags(message: str) -> str:
     """A config error names the flag beside the field: "`threads` must ..." -> "`threads` (--threads) must ..."."""
     flags = {field: flag.replace("_", "-") for flag, field in _FIELDS.items()}
+    flags["retrieval_contexts"] = "retrieval-contexts"  # set outside _FIELDS ('all' / 'none')
     for field, flag in flags.items():
         message = message.replace(f"`{field}`", f"`{field}` (--{flag})", 1)
     return message
@@ -291,6 +295,44 @@ def _check_settings_apply(args: argparse.Namespace, candidates: tuple[str, ...])
         )
 
 
+# the flags of the recall and passkey probes, which --no-long-context skips
+_LONG_CONTEXT_FLAGS = (
+    "retrieval_contexts",
+    "passkey_trials",
+    "passkey_depths",
+    "recall_rows",
+    "recall_fractions",
+    "recall_span",
+    "max_recall_drop",
+    "max_passkey_drop",
+)
+
+
+def _check_long_context_flags(args: argparse.Namespace, cfg) -> None:
+    """Refuse a recall/passkey flag given with ``--no-long-context`` (it would be silently ignored), and a
+    ``--recall-span`` no capacity context can hold (the recall probe would measure nothing in every cell).
+
+    Raises:
+        ValueError: naming the flag and its value.
+    """
+    for flag in _LONG_CONTEXT_FLAGS:
+        value = getattr(args, flag, None)
+        if not args.no_long_context or value is None or value == "none":
+            continue
+        if isinstance(value, tuple):
+            value = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+        raise ValueError(
+            f"--{flag.replace('_', '-')} {value} sets a recall/passkey probe, which --no-long-context skips; "
+            f"drop one of them"
+        )
+    if cfg.long_context and cfg.recall_span_tokens > max(cfg.contexts) - 1:
+        raise ValueError(
+            f"--recall-span {cfg.recall_span_tokens} does not fit the largest capacity context "
+            f"({max(cfg.contexts)} tokens, the span starting at token >= 1): the recall probe would measure "
+            f"nothing; use a shorter span or a longer --contexts"
+        )
+
+
 def config_from_args(args: argparse.Namespace):
     """Build the EvalConfig (``--quick`` base, then every explicit flag)."""
     from kvlab.eval.config import EvalConfig, Gates, quick_config
@@ -320,6 +362,7 @@ def config_from_args(args: argparse.Namespace):
         overrides["retrieval_contexts"] = args.retrieval_contexts
     cfg = quick_config(**overrides) if args.quick else EvalConfig(**overrides)
     _check_settings_apply(args, cfg.candidates)
+    _check_long_context_flags(args, cfg)
     if args.retrieval_contexts == "all":  # every capacity context, whatever --quick or --contexts chose
         cfg = replace(cfg, retrieval_contexts=tuple(cfg.contexts))
     return cfg

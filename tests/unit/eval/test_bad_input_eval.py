@@ -153,3 +153,50 @@ def test_a_cache_flag_no_candidate_takes_is_refused(tmp_path, capsys, candidates
 )
 def test_cache_flags_some_candidate_takes_are_accepted(tmp_path, candidates, argv):
     assert dry(tmp_path, "--candidates", candidates, "--label", "ok", *argv) == 0
+
+
+@pytest.mark.parametrize("value", ["0", "3", "512,512"])
+def test_retrieval_contexts_errors_name_the_flag(tmp_path, capsys, value):
+    assert dry(tmp_path, "--retrieval-contexts", value) == 2
+    err = err_of(capsys)
+    assert "--retrieval-contexts" in err and value.split(",")[0] in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["", ",", " "])
+def test_an_empty_retrieval_contexts_is_refused_not_read_as_none(tmp_path, capsys, value):
+    with pytest.raises(SystemExit) as exc:  # argparse: "" is neither 'all', 'none' nor a list of contexts
+        dry(tmp_path, "--retrieval-contexts", value)
+    assert exc.value.code == 2
+    err = err_of(capsys)
+    assert "--retrieval-contexts" in err and "'none'" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--passkey-trials", "5"],
+        ["--passkey-depths", "0.5"],
+        ["--recall-rows", "3"],
+        ["--recall-fractions", "0.5"],
+        ["--recall-span", "16"],
+        ["--retrieval-contexts", "all"],
+        ["--max-recall-drop", "0.1"],
+        ["--max-passkey-drop", "0.1"],
+    ],
+)
+def test_long_context_flags_with_no_long_context_are_refused_not_ignored(tmp_path, capsys, argv):
+    assert dry(tmp_path, "--no-long-context", *argv) == 2
+    err = err_of(capsys)
+    assert argv[0] in err and argv[1] in err and "--no-long-context" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_recall_span_no_context_can_hold_is_refused(tmp_path, capsys):
+    # --quick's largest capacity context is 1024: a 1024-token span leaves no copy distance in any prompt
+    assert dry(tmp_path, "--recall-span", "1024") == 2
+    err = err_of(capsys)
+    assert "--recall-span 1024" in err and "1024" in err, err
+    assert list(tmp_path.iterdir()) == []
+    assert dry(tmp_path, "--recall-span", "64") == 0  # one that fits is still accepted
