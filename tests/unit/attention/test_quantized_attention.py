@@ -219,3 +219,26 @@ def test_fused_matches_reference_at_real_head_dims(nbits, head_dim, groups):
     scale = head_dim**-0.5
     got = kivi_attention(query, segments, kw, vw, nbits, 32, scale, attention_mask=mask)
     torch.testing.assert_close(got, reference(query, keys, values, scale, mask), rtol=5e-4, atol=5e-4)
+
+
+@pytest.mark.parametrize("tokens", [32, 96, 896, 4064, 4096, 16384])
+@pytest.mark.parametrize("chunk", [32, 256, 448, 1024, 4096])
+def test_chunks_are_few_balanced_and_cover_the_block(tokens, chunk):
+    """A block is cut into as few chunks as the largest chunk allows, of balanced sizes (multiples of G)."""
+    step = quantized_mod._chunk_step(tokens, chunk, 32)
+    count = -(-tokens // step)
+    assert step % 32 == 0 and 0 < step <= chunk
+    assert count == -(-tokens // chunk)  # no more chunks than needed
+    last = tokens - (count - 1) * step
+    assert 0 < last and step - last < count * 32  # balanced: only whole-group rounding, no small remainder
+    if (tokens, chunk) == (896, 256):
+        assert step == 224  # 4 x 224, not 256 + 256 + 256 + 128
+
+
+def test_chunk_never_below_the_tile_floor_nor_above_the_cap():
+    """The tile is at least MIN_TILE_BYTES (fewer operators at short contexts) and at most MAX_CHUNK_TOKENS."""
+    token_bytes = 2 * 64 * 4 // 2  # B*H = 2, head_dim 64, 4 bits: 32 bytes a head, fp32
+    c = quantized_mod.chunk_tokens(1024, 4, 32, token_bytes)
+    assert c * token_bytes >= quantized_mod.MIN_TILE_BYTES - 32 * token_bytes
+    assert c > quantized_mod.chunk_tokens(1024, 4, 32)  # without the floor: 1/8 of the layer
+    assert quantized_mod.chunk_tokens(1 << 20, 4, 32, token_bytes) == quantized_mod.MAX_CHUNK_TOKENS
