@@ -67,6 +67,16 @@ def _check_outputs(args: argparse.Namespace) -> str | None:
     return None
 
 
+# kvlab.eval.inspect / kvlab.models argument -> its `kvlab inspect` flag
+_FLAGS = {
+    "calibrate_tokens": "--calibrate-tokens",
+    "dtype": "--dtype",
+    "device": "--device",
+    "offset": "--offset",
+    "n_tokens": "--tokens",
+}
+
+
 def run(args: argparse.Namespace) -> int:
     problem = _check_outputs(args)
     if problem:
@@ -114,8 +124,10 @@ def run(args: argparse.Namespace) -> int:
             with Console(stderr=True).status("loading the model and inspecting its K/V ..."):
                 report = inspect_model(args.model, **kwargs)
     except ValueError as exc:
-        msg = str(exc).replace("`calibrate_tokens`", "--calibrate-tokens").replace("`dtype`", "--dtype")
-        return fail(args, msg.replace("`device`", "--device"))
+        msg = str(exc)
+        for name, flag in _FLAGS.items():  # the library names its arguments; the user typed flags
+            msg = msg.replace(f"`{name}`", flag)
+        return fail(args, msg)
     except (FileNotFoundError, OSError) as exc:
         return fail(args, exc, 1)
     if args.figure:

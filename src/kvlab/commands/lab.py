@@ -428,6 +428,7 @@ EVICTION_FLAGS = {
     "window_length": "--window",
     "sink_tokens": "--sinks",
     "offset": "--offset",
+    "n_tokens": "--tokens",  # kvlab.models.heldout_token_ids
     "dtype": "--dtype",
 }
 

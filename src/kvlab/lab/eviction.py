@@ -68,8 +68,8 @@ class EvictionConfig:
             raise ValueError(f"`tolerance` must be a finite number >= 0, got {self.tolerance!r}")
         if self.tokens <= self.window_length + max(sinks):
             raise ValueError(
-                f"`tokens` ({self.tokens}) must exceed window_length + sinks ({self.window_length + max(sinks)}): "
-                f"nothing would be evicted"
+                f"`tokens` ({self.tokens}) must exceed `window_length` + the largest of `sink_tokens` "
+                f"({self.window_length} + {max(sinks)} = {self.window_length + max(sinks)}): nothing would be evicted"
             )
         object.__setattr__(self, "sink_tokens", sinks)
 

@@ -43,3 +43,11 @@ def test_a_missing_model_directory_is_bad_input(tmp_path, capsys, make, said):
     assert main(["inspect", "--model", str(model), "--tokens", "16"]) == 2
     err = err_of(capsys)
     assert err.startswith("kvlab inspect: error: ") and said in err
+
+
+def test_a_cut_past_the_held_out_text_names_the_flags(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(["inspect", "--offset", "99999999", "--tokens", "16", "--json", str(out)]) == 2
+    err = err_of(capsys)
+    assert "--offset 99999999" in err and "--tokens 16" in err and "n_tokens" not in err, err
+    assert not out.exists()

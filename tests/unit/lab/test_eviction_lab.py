@@ -58,7 +58,10 @@ def test_sink_cache_bytes_stay_flat_while_streaming(model, ids):
         (["--window", "0"], "--window must be an int >= 1, got 0"),
         (["--sinks", "-1"], "--sinks values must be ints >= 0, got -1"),
         (["--sinks", "4", "4"], "--sinks must be distinct values, got [4, 4]"),
-        (["--tokens", "100", "--window", "96"], "--tokens (100) must exceed window_length + sinks (100)"),
+        (
+            ["--tokens", "100", "--window", "96"],
+            "--tokens (100) must exceed --window + the largest of --sinks (96 + 4 = 100)",
+        ),
         (["--offset", "-3"], "--offset must be an int >= 0, got -3"),
     ],
 )
