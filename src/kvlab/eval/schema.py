@@ -262,11 +262,19 @@ def validate_result(result: object) -> list[str]:
     content: every field ``kvlab report`` (text or HTML) reads is type-checked here first."""
     if not isinstance(result, dict):
         return [f"result must be a JSON object, got {type(result).__name__}"]
+    version = result.get("schema_version")
+    # another kind of file (kvlab bench's, kvlab inspect --json): say so, not its missing fields
+    if version is not None and version != SCHEMA_VERSION:
+        return [f"schema_version {version!r} is not {SCHEMA_VERSION!r} (not a kvlab eval result)"]
     problems = [f"missing field {k!r}" for k in _TOP if k not in result]
+    if version is None and len(problems) > len(_TOP) // 2:
+        keys = ", ".join(sorted(map(str, result))[:6]) or "none"
+        return [
+            f"no schema_version and {len(problems)} of the {len(_TOP)} fields of a {SCHEMA_VERSION!r} result "
+            f"missing (not a kvlab eval result; its keys: {keys})"
+        ]
     if problems:
         return problems
-    if result["schema_version"] != SCHEMA_VERSION:
-        problems.append(f"schema_version: {_show(result['schema_version'])} is not {SCHEMA_VERSION!r}")
     if result["status"] not in STATUSES:
         problems.append(f"status: {_show(result['status'])} not in {list(STATUSES)}")
     for key, kind in (

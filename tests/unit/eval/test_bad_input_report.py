@@ -165,3 +165,20 @@ def test_report_html_over_its_own_input_is_refused(tmp_path, capsys):
         err = capsys.readouterr().err
         assert "kvlab report: error:" in err and "its own input" in err, err
     assert file.read_text() == text
+
+
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        ({"schema_version": "kvlab.bench/1", "what": "a bench record"}, "'kvlab.bench/1'"),
+        ({"model": {"id_or_path": "x"}, "layers": [], "fp8": {}}, "no schema_version"),  # inspect --json
+    ],
+    ids=["another-schema", "no-schema"],
+)
+def test_another_kind_of_json_file_says_so_first(tmp_path, capsys, body, fragment):
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(body))
+    assert main(["report", str(path)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "not a kvlab eval result" in err and fragment in err and "kvlab.eval/1" in err, err
+    assert "missing field" not in err, err  # not eight missing fields of a file of another kind

@@ -191,6 +191,9 @@ def test_read_result_names_problems(tmp_path):
     with pytest.raises(ValueError, match="not valid JSON"):
         read_result(bad)
     bad.write_text(json.dumps({"schema_version": "x"}))
+    with pytest.raises(ValueError, match="schema_version 'x' is not 'kvlab.eval/1'"):
+        read_result(bad)
+    bad.write_text(json.dumps({"schema_version": "kvlab.eval/1"}))
     with pytest.raises(ValueError, match="missing field 'label'"):
         read_result(bad)
     with pytest.raises(FileNotFoundError):
