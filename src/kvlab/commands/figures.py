@@ -35,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
 
     result = None
     try:
+        if not args.out.strip():
+            raise ValueError(f"--out must name a folder, got {args.out!r}")
         if Path(args.out).exists() and not Path(args.out).is_dir():
             raise ValueError(f"--out {args.out} is a file; pass a folder")
         if args.result:
@@ -47,6 +49,11 @@ def run(args: argparse.Namespace) -> int:
     if existing and not args.force:  # checked before any work: nothing is overwritten silently
         more = f" ({len(existing) - 1} more figure files exist there too)" if len(existing) > 1 else ""
         return fail(args, file_exists_message(existing[0], f"another --out{more}"), EXIT_FILE_EXISTS)
+    try:  # fail now, not after the first figure's numbers are computed
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file where a parent folder should be, no permission, ...
+        reason = "a file is in the way" if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc
+        return fail(args, f"--out {args.out}: cannot create the folder ({reason})")
     total = figure_steps(result=result, append=append)
     with progress(Console(stderr=True), total, "kvlab figures") as bar:
         paths = write_figures(

@@ -33,3 +33,27 @@ def test_out_that_is_a_file(tmp_path, capsys):
     assert main(["figures", "--out", str(afile), "--no-probe", "--no-append"]) == 2
     assert "error:" in capsys.readouterr().err
     assert afile.read_text() == "keep me"
+
+
+def test_out_under_a_file_is_named_before_any_work(tmp_path, capsys, monkeypatch):
+    import kvlab.figures
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("figures computed before the folder was checked")
+
+    monkeypatch.setattr(kvlab.figures, "write_figures", no_work)
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    out = afile / "sub"  # was a NotADirectoryError traceback after the first figure's numbers
+    assert main(["figures", "--out", str(out), "--no-probe", "--no-append"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith("kvlab figures: error: --out") and str(out) in err, err
+    assert afile.read_text() == "keep me"
+
+
+def test_an_empty_out_is_refused(capsys, monkeypatch):
+    import kvlab.figures
+
+    monkeypatch.setattr(kvlab.figures, "write_figures", lambda *a, **k: pytest.fail("ran"))
+    assert main(["figures", "--out", "", "--no-probe", "--no-append"]) == 2
+    assert "--out" in capsys.readouterr().err
