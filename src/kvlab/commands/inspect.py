@@ -60,6 +60,8 @@ def _check_outputs(args: argparse.Namespace) -> str | None:
         path = Path(path)
         if path.is_dir():
             return f"{flag} {path} is a folder; pass a file"
+        if flag == "--figure" and path.suffix.lower() != ".png":  # the figure is PNG whatever the name says
+            return f"--figure {path} must end in .png (the figure is a PNG), got {path.suffix or 'no suffix'}"
         if not path.parent.is_dir():
             return f"{flag} {path}: folder {path.parent} does not exist"
         if path.exists() and not args.force:

@@ -51,3 +51,13 @@ def test_a_cut_past_the_held_out_text_names_the_flags(tmp_path, capsys):
     err = err_of(capsys)
     assert "--offset 99999999" in err and "--tokens 16" in err and "n_tokens" not in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("name", ["k.pdf", "k.svg", "k.jpg", "k"])
+def test_a_figure_path_that_is_not_png_is_refused_before_any_work(tmp_path, capsys, name):
+    # the figure is always PNG: k.pdf used to get PNG bytes under a .pdf name
+    out = tmp_path / name
+    assert main(["inspect", "--tokens", "16", "--figure", str(out)]) == 2
+    err = err_of(capsys)
+    assert "--figure" in err and name in err and ".png" in err, err
+    assert list(tmp_path.iterdir()) == []
