@@ -202,6 +202,16 @@ def _snapkv_check(name: CacheName, s: CacheSettings) -> None:
         SnapKVConfig(token_budget=s.token_budget).check_budget_covers_window()
 
 
+def _kivi_check(name: CacheName, s: CacheSettings) -> None:
+    """KIVI's residual window holds whole groups: ``residual_length`` a multiple of ``group_size`` (as
+    :class:`kvlab.caches.kivi.KIVIConfig` requires when the cache is made); then :func:`_snapkv_check`."""
+    if s.residual_length % s.group_size:
+        raise ValueError(
+            f"`residual_length` ({s.residual_length}) must be a multiple of `group_size` ({s.group_size})"
+        )
+    _snapkv_check(name, s)
+
+
 def _kivi(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
     from kvlab.caches.kivi import KIVICache
 
@@ -350,7 +360,7 @@ REGISTRY: dict[str, CacheEntry] = {
             kvlab_attention=lambda name, s: (
                 _kivi_attention(name, s) == "fused" or bool(_snapkv_budget(name, s))
             ),
-            check=_snapkv_check,
+            check=_kivi_check,
         ),
         CacheEntry(
             "fp8",

@@ -62,3 +62,24 @@ def test_a_snapkv_budget_below_its_window_is_refused_by_name(name):
 
 def test_tova_takes_a_budget_below_snapkvs_window():
     assert resolve("tova:token_budget=16").settings.token_budget == 16
+
+
+@pytest.mark.parametrize(
+    "name, fragment",
+    [
+        ("kivi-4:group_size=32:residual_length=48", "(48)"),
+        ("kivi-k8v4:group_size=32:residual_length=48", "(48)"),
+        ("kivi-4:group_size=3", "(3)"),  # against the default residual window 128
+        ("kivi-4:compression_ratio=0.5:group_size=32:residual_length=48", "(48)"),
+    ],
+)
+def test_a_kivi_residual_window_not_a_multiple_of_its_group_is_refused_at_resolve(name, fragment):
+    # resolve used to accept it; the cache then failed only when made (per bench cell, after the model loaded)
+    with pytest.raises(ValueError, match=r"`residual_length`.*multiple of `group_size`") as exc:
+        resolve(name)
+    assert name in str(exc.value) and fragment in str(exc.value)
+
+
+def test_kivi_settings_that_fit_still_resolve():
+    assert resolve("kivi-4:group_size=32:residual_length=96").settings.residual_length == 96
+    assert resolve("kivi-k8v4:group_size=64:residual_length=0").settings.group_size == 64
