@@ -222,7 +222,9 @@ class KIVICache(Cache):
             c = self.kivi_config
             check_fused_settings(c.key_bits, group_size, value_bits=c.value_bits)
         if config is not None:
-            text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+            from kvlab.caches.rope import model_text_config
+
+            text = model_text_config(config)
             layer_types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
             bad = sorted(set(layer_types) - {"full_attention"})
             if bad:

@@ -205,7 +205,9 @@ class PagedCache(Cache):
         self._tables: dict[torch.device, tuple[int, torch.Tensor]] = {}
         self._slots: dict[torch.device, tuple[tuple[int, int, int], torch.Tensor]] = {}
         if config is not None:
-            text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+            from kvlab.caches.rope import model_text_config
+
+            text = model_text_config(config)
             layer_types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
             bad = sorted(set(layer_types) - {"full_attention"})
             if bad:

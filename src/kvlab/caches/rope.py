@@ -28,6 +28,23 @@ def text_config(config: Any) -> Any:
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
 
+def model_text_config(config: Any) -> Any:
+    """:func:`text_config` of ``config``, checked to be a model's config (``model.config``): a cache reads its
+    layers from ``num_hidden_layers``.
+
+    Raises:
+        ValueError: ``config`` has no integer ``num_hidden_layers`` >= 1 (a string, a dict, a number), named.
+    """
+    text = text_config(config)
+    n = getattr(text, "num_hidden_layers", None)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(
+            f"`config` must be the model's config (model.config, with num_hidden_layers >= 1), got "
+            f"{repr(config)[:80]}"
+        )
+    return text
+
+
 def rope_parameters(config: Any) -> dict:
     """``config.rope_parameters`` (transformers 5), else the 4.x fields (``rope_theta`` + ``rope_scaling``).
 

@@ -54,7 +54,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvlab.caches._rows import batch_index, check_kv_pair, check_repeats
 from kvlab.caches.crop import crop_keep
-from kvlab.caches.rope import KeyRotation, text_config
+from kvlab.caches.rope import KeyRotation, model_text_config
 
 
 def _check_count(name: str, value: Any, low: int) -> None:
@@ -66,9 +66,10 @@ def check_full_attention(config: Any, cache_name: str) -> int:
     """Refuse a model with any layer that is not full attention; return its number of layers.
 
     Raises:
-        ValueError: a sliding-window (or other non-full-attention) layer type, named with the cache.
+        ValueError: a sliding-window (or other non-full-attention) layer type, named with the cache; ``config``
+            not a model config (:func:`kvlab.caches.rope.model_text_config`).
     """
-    text = text_config(config)
+    text = model_text_config(config)
     layer_types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
     bad = sorted(set(layer_types) - {"full_attention"})
     if not bad and getattr(text, "use_sliding_window", False) and getattr(text, "sliding_window", None):

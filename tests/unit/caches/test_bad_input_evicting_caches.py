@@ -92,3 +92,27 @@ def test_tova_crop_error_names_tova(model):
     cache = _filled(model, MAKERS["tova"], batch=1)
     with pytest.raises(ValueError, match="TOVACache cannot crop"):
         cache.crop(-1)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda cfg: __import__("kvlab.caches.sink", fromlist=["SinkCache"]).SinkCache(4, 8, config=cfg),
+        lambda cfg: __import__("kvlab.caches.snapkv", fromlist=["x"]).SnapKVCache(
+            token_budget=64, config=cfg
+        ),
+        lambda cfg: __import__("kvlab.caches.tova", fromlist=["x"]).TOVACache(token_budget=64, config=cfg),
+        lambda cfg: __import__("kvlab.caches.kivi_snapkv", fromlist=["x"]).KIVISnapKVCache(
+            compression_ratio=0.5, config=cfg
+        ),
+        lambda cfg: __import__("kvlab.caches.kivi", fromlist=["x"]).KIVICache(config=cfg),
+        lambda cfg: __import__("kvlab.caches.paged", fromlist=["x"]).PagedCache(config=cfg),
+    ],
+    ids=["sink", "snapkv", "tova", "kivi-snapkv", "kivi", "paged"],
+)
+@pytest.mark.parametrize("config", ["x", 12, {"num_hidden_layers": 2}])
+def test_a_config_that_is_not_a_model_config_is_named(make, config):
+    # was AttributeError: 'str' object has no attribute 'num_hidden_layers'
+    with pytest.raises(ValueError, match=r"`config` must be the model's config") as exc:
+        make(config)
+    assert repr(config) in str(exc.value)
