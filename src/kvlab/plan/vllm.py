@@ -176,8 +176,9 @@ def vllm_serve_plan(
         block_size: tokens per KV block, one of :data:`VLLM_BLOCK_SIZES` (vLLM's CUDA default is 16).
 
     Raises:
-        ValueError: a layer kind, KV dtype or block size vLLM would size differently, or nothing left for KV;
-            the message names the flag or the value.
+        ValueError: a layer kind, KV dtype or block size vLLM would size differently, nothing left for KV, or a
+            KV cache that cannot hold one ``context``-token request (vLLM refuses to start); the message names the
+            flag or the value.
     """
     _check_serve_inputs(spec, context, batch, tp, memory_bytes, reserve_bytes, block_size)
     dtype, cache_dtype = _cache_dtype(spec, kvd)
@@ -202,6 +203,7 @@ def vllm_serve_plan(
         "--tensor-parallel-size": tp,
     }
     tokens = num_blocks * block_size
+    _check_one_request_fits(context, num_blocks, block_size)
     args = ("serve", model, *(str(x) for flag, value in flags.items() for x in (flag, value)))
     if kvd.fp8_scale == "per-tensor":  # one scale per layer, computed by vLLM from the first forward
         args += ("--calculate-kv-scales",)
@@ -283,6 +285,21 @@ def _fp8_notes(kvd: KVDtype) -> tuple[str, ...]:
             "per-head cache calibrates on each sequence's prefill; measure both with kvlab eval",
         )
     return ()
+
+
+def _check_one_request_fits(context: int, num_blocks: int, block_size: int) -> None:
+    """vLLM checks that one ``--max-model-len`` request fits in its KV cache before it serves anything.
+
+    Raises:
+        ValueError: ``num_blocks`` blocks of ``block_size`` tokens hold fewer than ``context`` tokens.
+    """
+    if num_blocks < -(-context // block_size):
+        raise ValueError(
+            f"--context {context:,} tokens of KV per request are more than the {num_blocks * block_size:,} the KV "
+            f"cache holds per GPU ({num_blocks:,} blocks of {block_size}): vLLM refuses to start (max_model_len "
+            f"larger than the KV cache); lower --context, or give the KV more memory (--gpu-mem-gib, --tp, "
+            f"--kv-dtype fp8)"
+        )
 
 
 def _serve_notes(spec: ModelSpec, context: int, batch: int, tokens: int) -> tuple[str, ...]:

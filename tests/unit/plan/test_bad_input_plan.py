@@ -312,3 +312,18 @@ def test_weight_bytes_keeps_an_exact_large_integer(capsys):
     exact = "123456789012345678901"  # not representable as a float: parsed as an int, not rounded
     assert main(["plan", "llama-3-8b", "--weight-bytes", exact, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["weight_bytes"] == int(exact)
+
+
+def test_emit_vllm_refuses_a_context_one_request_cannot_hold(capsys):
+    # 500,048 tokens of KV fit on one A100-80GB: vLLM refuses to start with --max-model-len 1,000,000 (its KV cache
+    # cannot hold one request); the note used to say it would "run fewer sequences at a time"
+    err = fails(
+        capsys, ["plan", "llama-3-8b", "--emit", "vllm", "--context", "1000000"], "--context", "1,000,000"
+    )
+    assert "500,048" in err and "refuses to start" in err, err
+    assert capsys.readouterr().out == ""  # no command printed that cannot run
+
+
+def test_emit_vllm_still_plans_a_context_that_fits_once(capsys):
+    assert main(["plan", "llama-3-8b", "--emit", "vllm", "--context", "500000", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["vllm"]["max_concurrency"] >= 1
