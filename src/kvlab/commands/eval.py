@@ -243,10 +243,21 @@ _FIELDS = {
 }
 
 
+_GATE_FLAGS = (
+    "max_nll_delta",
+    "min_topk_overlap",
+    "max_latency_ratio",
+    "max_recall_drop",
+    "max_passkey_drop",
+    "max_kl_mean",
+)
+
+
 def _with_flags(message: str) -> str:
     """A config error names the flag beside the field: "`threads` must ..." -> "`threads` (--threads) must ..."."""
     flags = {field: flag.replace("_", "-") for flag, field in _FIELDS.items()}
     flags["retrieval_contexts"] = "retrieval-contexts"  # set outside _FIELDS ('all' / 'none')
+    flags.update({gate: gate.replace("_", "-") for gate in _GATE_FLAGS})  # Gates' fields are their flags
     for field, flag in flags.items():
         message = message.replace(f"`{field}`", f"`{field}` (--{flag})", 1)
     return message
@@ -340,22 +351,15 @@ def config_from_args(args: argparse.Namespace):
     overrides = {
         field: getattr(args, flag) for flag, field in _FIELDS.items() if getattr(args, flag) is not None
     }
-    gates = {
-        k: v
-        for k, v in (
-            ("max_nll_delta", args.max_nll_delta),
-            ("min_topk_overlap", args.min_topk_overlap),
-            ("max_latency_ratio", args.max_latency_ratio),
-            ("max_recall_drop", args.max_recall_drop),
-            ("max_passkey_drop", args.max_passkey_drop),
-            ("max_kl_mean", args.max_kl_mean),
-        )
-        if v is not None
-    }
+    gates = {k: getattr(args, k) for k in _GATE_FLAGS if getattr(args, k) is not None}
     if gates:
         overrides["gates"] = Gates(**gates)
     if args.no_long_context:
         overrides["long_context"] = False
+    if args.prompt is not None and args.prompt_mode != "repeat":  # held-out prompts never read it
+        raise ValueError(
+            f"--prompt {args.prompt!r} applies to --prompt-mode repeat only (the held-out text is the prompt)"
+        )
     if args.retrieval_contexts == "none":
         overrides["retrieval_contexts"] = ()
     elif args.retrieval_contexts is not None and args.retrieval_contexts != "all":

@@ -200,3 +200,30 @@ def test_a_recall_span_no_context_can_hold_is_refused(tmp_path, capsys):
     assert "--recall-span 1024" in err and "1024" in err, err
     assert list(tmp_path.iterdir()) == []
     assert dry(tmp_path, "--recall-span", "64") == 0  # one that fits is still accepted
+
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--max-nll-delta", "nan"),
+        ("--min-topk-overlap", "1.5"),
+        ("--max-latency-ratio", "0"),
+        ("--max-recall-drop", "2"),
+        ("--max-passkey-drop", "-1"),
+        ("--max-kl-mean", "inf"),
+    ],
+)
+def test_gate_errors_name_the_flag(tmp_path, capsys, flag, value):
+    assert dry(tmp_path, f"{flag}={value}") == 2
+    err = err_of(capsys)
+    assert f"({flag})" in err and value in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_prompt_without_repeat_mode_is_refused_not_ignored(tmp_path, capsys):
+    # the held-out mode (the default) never reads --prompt
+    assert dry(tmp_path, "--prompt", "hi there") == 2
+    err = err_of(capsys)
+    assert "--prompt" in err and "--prompt-mode repeat" in err, err
+    assert list(tmp_path.iterdir()) == []
+    assert dry(tmp_path, "--prompt-mode", "repeat", "--prompt", "hi there") == 0
