@@ -25,6 +25,8 @@ def run(args: argparse.Namespace) -> int:
     from kvlab.eval.io import read_result
 
     err = Console(stderr=True)
+    if args.html is not None and not args.html.strip():  # '' is not "no --html"
+        return fail(args, f"--html must name a file, got {args.html!r}")
     try:
         result = read_result(args.result)
     except (FileNotFoundError, ValueError) as exc:

@@ -182,3 +182,12 @@ def test_another_kind_of_json_file_says_so_first(tmp_path, capsys, body, fragmen
     err = " ".join(capsys.readouterr().err.split())
     assert "not a kvlab eval result" in err and fragment in err and "kvlab.eval/1" in err, err
     assert "missing field" not in err, err  # not eight missing fields of a file of another kind
+
+
+def test_an_empty_html_path_is_refused_not_read_as_no_html(tmp_path, capsys):
+    # --html '' used to print the text report as if --html had not been given
+    result = tmp_path / "r.json"
+    result.write_text(json.dumps(_valid()))
+    assert main(["report", str(result), "--html", ""]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--html" in err and "''" in err, err
