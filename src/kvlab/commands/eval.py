@@ -382,6 +382,8 @@ def run(args: argparse.Namespace) -> int:
     label = args.label
     if label is None:
         label = "eval-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    if not args.out_dir.strip():  # '' would be the current folder
+        return fail(args, f"--out-dir must name a folder, got {args.out_dir!r}")
     try:
         cfg = config_from_args(args)
         path = result_path(args.out_dir, label)

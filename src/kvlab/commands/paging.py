@@ -327,11 +327,23 @@ def _poisson_trace(args: argparse.Namespace):
     return trace, f"poisson(rate={args.rate:g}/step, n={args.requests}, seed={args.seed})"
 
 
+def _empty_path_flag(args: argparse.Namespace, *flags: str) -> str | None:
+    """The first of ``flags`` given as an empty path ('' would silently mean "not given" or the current folder)."""
+    for flag in flags:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+        if value is not None and not str(value).strip():
+            return f"{flag} must name a file, got {value!r}"
+    return None
+
+
 def run_simulate_cmd(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from kvlab.paging.simulate import load_trace, simulate
 
+    problem = _empty_path_flag(args, "--trace", "--save-trace")
+    if problem:
+        return fail(args, problem)
     if args.trace:
         try:  # a trace file's errors name its rows and CSV columns (`prompt_tokens`), not flags
             trace = load_trace(args.trace)
@@ -402,6 +414,9 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
 def run_figure_cmd(args: argparse.Namespace) -> int:
     from kvlab.paging.figure import plot_paged_layout
 
+    problem = _empty_path_flag(args, "--out")
+    if problem:
+        return fail(args, problem)
     if Path(args.out).exists() and not args.force:
         return fail(args, file_exists_message(args.out), EXIT_FILE_EXISTS)
     try:

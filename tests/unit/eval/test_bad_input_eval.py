@@ -227,3 +227,10 @@ def test_a_prompt_without_repeat_mode_is_refused_not_ignored(tmp_path, capsys):
     assert "--prompt" in err and "--prompt-mode repeat" in err, err
     assert list(tmp_path.iterdir()) == []
     assert dry(tmp_path, "--prompt-mode", "repeat", "--prompt", "hi there") == 0
+
+
+def test_an_empty_out_dir_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # '' used to mean the current folder
+    assert main(["eval", "--dry-run", "--quick", "--out-dir", "", "--label", "q"]) == 2
+    assert "--out-dir must name a folder, got ''" in err_of(capsys)
+    assert list(tmp_path.iterdir()) == []

@@ -202,3 +202,15 @@ def test_a_bad_kv_dtype_setting_is_named_once(capsys):
     assert "--quant-kv-dtype 'kivi-4:foo=1'" in err and "['foo']" in err and err.count("kivi-4:foo=1") == 1, (
         err
     )
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["simulate", *SMALL, "--trace", ""], "--trace"),  # was: a Poisson trace generated instead
+        (["simulate", *SMALL, "--save-trace", ""], "--save-trace"),  # was: nothing saved, no word
+        (["figure", "--out", ""], "--out"),  # was: "error:  already exists" (the current folder)
+    ],
+)
+def test_an_empty_path_is_refused_naming_its_flag(capsys, argv, flag):
+    fails(capsys, argv, f"{flag} must name a file, got ''")
