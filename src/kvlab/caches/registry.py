@@ -252,6 +252,14 @@ def _hf_axis(family: str) -> int:
 def _hf_quantized(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
     from transformers import QuantizedCache
 
+    from kvlab.caches.rope import model_text_config
+
+    if model_config is None:  # transformers reads it without a check (AttributeError on None)
+        raise ValueError(
+            f"{name.canonical} needs the model config (model.config): transformers' QuantizedCache sizes its "
+            f"layers from it"
+        )
+    model_text_config(model_config)  # a config that is not one is named
     axis = _hf_axis(name.family)
     return QuantizedCache(
         backend=name.family,
@@ -444,6 +452,7 @@ def resolve(name: str | CacheName, settings: CacheSettings | None = None) -> Res
         ValueError: a name outside the grammar, an unknown family, bits/variant/setting the family does not
             take (the message lists what it takes), both ``compression_ratio`` and ``token_budget``, a
             ``token_budget`` of 0, or an invalid resulting setting.
+        TypeError: ``settings`` is not a :class:`CacheSettings` (or None).
     """
     parsed = name if isinstance(name, CacheName) else parse_cache_name(name, REGISTRY)
     entry = REGISTRY[parsed.family]
@@ -488,6 +497,8 @@ def resolve(name: str | CacheName, settings: CacheSettings | None = None) -> Res
         raise ValueError(
             f"cache {text!r}: `token_budget` must be an int >= 1, got 0 (leave it out to use `compression_ratio`)"
         )
+    if settings is not None and not isinstance(settings, CacheSettings):
+        raise TypeError(f"`settings` must be a CacheSettings or None, got {settings!r}")
     merged = dataclasses.replace(settings or CacheSettings(), **given)
     if entry.check is not None:
         try:

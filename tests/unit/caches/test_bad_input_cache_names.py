@@ -83,3 +83,20 @@ def test_a_kivi_residual_window_not_a_multiple_of_its_group_is_refused_at_resolv
 def test_kivi_settings_that_fit_still_resolve():
     assert resolve("kivi-4:group_size=32:residual_length=96").settings.residual_length == 96
     assert resolve("kivi-k8v4:group_size=64:residual_length=0").settings.group_size == 64
+
+
+@pytest.mark.parametrize("settings", [{"group_size": 64}, "x", 4])
+def test_settings_that_are_not_cache_settings_are_named(settings):
+    # was TypeError: replace() should be called on dataclass instances
+    with pytest.raises(TypeError, match=r"`settings` must be a CacheSettings") as exc:
+        resolve("kivi-4", settings)
+    assert repr(settings) in str(exc.value)
+
+
+@pytest.mark.parametrize("name", ["hqq-4", "quanto-2"])
+def test_transformers_quantized_caches_without_a_model_config_are_named(name):
+    from kvlab.caches.registry import make_cache
+
+    # was AttributeError: 'NoneType' object has no attribute 'get_text_config' (inside transformers)
+    with pytest.raises(ValueError, match=rf"{name} needs the model config"):
+        make_cache(name, None)
