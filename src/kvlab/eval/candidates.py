@@ -34,6 +34,15 @@ def _resolve_one(name: Any) -> ResolvedCache:
     try:
         cache = resolve(name)
     except ValueError as exc:
+        head, colon, tail = str(name).partition(":")
+        if "_" in head:  # vLLM's fp8_e4m3 (kvlab plan takes it): name the registry's spelling
+            dashed = head.replace("_", "-") + colon + tail
+            try:
+                canonical = resolve(dashed).name.canonical
+            except ValueError:
+                pass
+            else:
+                raise ValueError(f"write cache candidate {name!r} as {canonical!r}") from None
         raise ValueError(f"unknown cache candidate(s) [{name!r}]: {exc}") from None
     # a variant that names the cache itself (fp8-e4m3: the format) is part of the candidate, as are an evicting
     # cache's settings (sink:window_length=128: what it keeps); KIVI's variant (the attention path) and settings are

@@ -98,3 +98,14 @@ def test_different_settings_are_not_duplicates(tmp_path):
         )
         == 0
     )
+
+
+@pytest.mark.parametrize(
+    "name, spelling", [("fp8_e4m3", "fp8-e4m3"), ("fp8_e5m2", "fp8-e5m2"), ("kivi_4", "kivi-4")]
+)
+def test_an_underscore_spelling_is_told_the_registry_spelling(tmp_path, capsys, name, spelling):
+    # kvlab plan takes vLLM's fp8_e4m3; as an eval candidate it got only the generic grammar error
+    assert dry(tmp_path, "--candidates", f"dynamic,{name}") == 2
+    err = err_of(capsys)
+    assert f"'{name}'" in err and f"'{spelling}'" in err, err
+    assert dry(tmp_path, "--candidates", f"dynamic,{spelling}") == 0
