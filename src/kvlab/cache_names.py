@@ -79,6 +79,23 @@ def _setting_text(value: int | float) -> str:
     return text if "." in text else text + ".0"
 
 
+_PAIR = re.compile(r"^[a-z_]+=[0-9]+(?:\.[0-9]+)?$")
+
+
+def _check_setting_pairs(text: str) -> None:
+    """Raise ``ValueError`` naming the first ``:setting=value`` of ``text`` outside the grammar (a value that is
+    not plain digits, such as ``-1``, ``nan``, ``.5`` or ``5e-1``; an empty setting); return if they all fit."""
+    _, colon, tail = text.strip().lower().partition(":")
+    if not colon:
+        return
+    for pair in tail.split(":"):
+        if not _PAIR.match(pair):
+            raise ValueError(
+                f"cache name {text!r}: setting {pair!r} must be name=value with a non-negative value in plain "
+                f"digits, e.g. window_length=64 or compression_ratio=0.5"
+            )
+
+
 def parse_cache_name(text: str, families: Collection[str]) -> CacheName:
     """Parse ``text`` against the grammar of this module, ``families`` being the known first words.
 
@@ -97,6 +114,7 @@ def parse_cache_name(text: str, families: Collection[str]) -> CacheName:
         raise ValueError(f"a cache name must be a string, got {text!r}")
     m = _NAME.match(text.strip().lower())
     if m is None:
+        _check_setting_pairs(text)  # name the bad `:setting=value`, when that is what fails
         raise ValueError(
             f"cache name {text!r} is not family[-bits][-variant][:setting=value]..., e.g. kivi-4 or "
             f"kivi-4-fused:group_size=64"

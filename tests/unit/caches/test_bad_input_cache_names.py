@@ -100,3 +100,23 @@ def test_transformers_quantized_caches_without_a_model_config_are_named(name):
     # was AttributeError: 'NoneType' object has no attribute 'get_text_config' (inside transformers)
     with pytest.raises(ValueError, match=rf"{name} needs the model config"):
         make_cache(name, None)
+
+
+@pytest.mark.parametrize(
+    "name, bad",
+    [
+        ("sink:sink_tokens=-1:window_length=64", "sink_tokens=-1"),  # the pair as written
+        ("snapkv:token_budget=-5", "token_budget=-5"),
+        ("snapkv:compression_ratio=nan", "compression_ratio=nan"),
+        ("snapkv:compression_ratio=.5", "compression_ratio=.5"),
+        ("snapkv:compression_ratio=5e-1", "compression_ratio=5e-1"),
+        ("sink:window_length=", "window_length="),
+        ("sink::window_length=64", ""),
+        ("kivi-4:", ""),
+    ],
+)
+def test_a_malformed_setting_is_named_not_only_the_grammar(name, bad):
+    # was only "cache name ... is not family[-bits][-variant][:setting=value]..."
+    with pytest.raises(ValueError) as exc:
+        resolve(name)
+    assert f"setting {bad!r}" in str(exc.value) and repr(name) in str(exc.value), str(exc.value)
