@@ -584,8 +584,11 @@ def _print_roofline(r: dict) -> None:
         f"I = 2g/p, KV {r['kv_dtype']['name']}",
     )
     if r["kv_dtype"]["keep_tokens"] is not None:
+        kept = min(r["context"], r["kv_dtype"]["keep_tokens"])  # a cap above the context keeps every token
         t.add_row(
-            "KV kept per layer", f"{r['kv_dtype']['keep_tokens']:,} tokens", "--keep-tokens: a capped cache"
+            "KV kept per layer",
+            f"{kept:,} tokens",
+            f"--keep-tokens {r['kv_dtype']['keep_tokens']:,}: a capped cache at --context {r['context']:,}",
         )
     if r["prefill"] is not None:
         p = r["prefill"]

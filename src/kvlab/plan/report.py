@@ -144,7 +144,7 @@ def plan_report(
         out["measured"] = None if measured_step_ms is None else bound.compare(measured_step_ms)
     out["notes"] = _weight_source_notes(
         notes + _model_notes(spec, tp), weight_dtype, weights_index, weight_bytes_override
-    )
+    ) + _keep_notes(kvd, context)
     out["vllm"] = None
     if emit == "vllm":
         out["vllm"] = _vllm(spec, kvd, model, context, batch, tp, budget, ledger, block_size)
@@ -191,6 +191,17 @@ def _weight_source_notes(
     else:
         return notes
     return [n.replace(QUANTIZED_WEIGHTS_HINT, f"; weights sized from {used}") for n in notes]
+
+
+def _keep_notes(kvd: Any, context: int) -> list[str]:
+    """A cap (``--keep-tokens`` N) not below ``context``: nothing is evicted at this context (the cap only bounds
+    longer ones: ``max_context``)."""
+    if kvd.keep_tokens is None or kvd.keep_tokens < context:
+        return []
+    return [
+        f"--keep-tokens {kvd.keep_tokens:,} is not below --context {context:,}: the capped cache evicts nothing "
+        f"at this context (bytes and bound are those of all {context:,} tokens; the cap only bounds longer contexts)"
+    ]
 
 
 def _model_notes(spec: ModelSpec, tp: int) -> list[str]:
@@ -305,6 +316,7 @@ def roofline_report(
         )
     )
     out["notes"] = _weight_source_notes(list(spec.notes), weight_dtype, weights_index, weight_bytes_override)
+    out["notes"] += _keep_notes(kvd, context)
     if weights is None:
         out.update({k: None for k in _BOUND_KEYS})
         out.update(weight_bytes=None, weight_bytes_source=None, measured=None)

@@ -327,3 +327,22 @@ def test_emit_vllm_refuses_a_context_one_request_cannot_hold(capsys):
 def test_emit_vllm_still_plans_a_context_that_fits_once(capsys):
     assert main(["plan", "llama-3-8b", "--emit", "vllm", "--context", "500000", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["vllm"]["max_concurrency"] >= 1
+
+
+@pytest.mark.parametrize("command", [["plan", "llama-3-8b"], ["roofline"]])
+def test_keep_tokens_not_below_the_context_says_nothing_is_evicted(capsys, command):
+    # --keep-tokens 99,999,999 at --context 8192: the cache keeps all 8,192 tokens (roofline's table said
+    # "KV kept per layer: 99,999,999 tokens", no word that the cap changes nothing at this context)
+    assert main([*command, "--keep-tokens", "99999999", "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any("--keep-tokens 99,999,999" in n and "8,192" in n and "evicts nothing" in n for n in notes), (
+        notes
+    )
+    assert main([*command, "--keep-tokens", "4096", "--json"]) == 0
+    assert not any("evicts nothing" in n for n in json.loads(capsys.readouterr().out)["notes"])
+
+
+def test_roofline_shows_the_tokens_a_capped_cache_keeps_at_this_context(capsys):
+    assert main(["roofline", "--keep-tokens", "99999999"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "KV kept per layer │ 8,192 tokens" in out and "99,999,999 tokens" not in out.split("note:")[0], out
