@@ -344,6 +344,36 @@ def _check_long_context_flags(args: argparse.Namespace, cfg) -> None:
         )
 
 
+def _check_candidates_evict(cfg) -> None:
+    """Refuse an evicting candidate whose cap is at least every cell's tokens (``sink:window_length=4096`` with
+    contexts up to 1024): it keeps every token, is measured as DynamicCache and judged a pass.
+
+    Raises:
+        ValueError: naming the candidate, what it keeps and the longest cell.
+    """
+    from kvlab.caches.registry import resolve
+
+    longest = max(cfg.contexts)
+    decoded = max(cfg.new_tokens, cfg.recall_span_tokens if cfg.long_context else 0)
+    for name in cfg.candidates:
+        cache = resolve(name)
+        s, given = cache.settings, dict(cache.name.settings)
+        if cache.family == "sink":  # sinks + window, over the prompt and every decoded token
+            kept, seen = s.sink_tokens + s.window_length, longest + decoded
+        elif cache.family == "tova" and "token_budget" in given:  # TOVA evicts while decoding too
+            kept, seen = s.token_budget, longest + decoded
+        elif "token_budget" in given:  # SnapKV (alone or under KIVI) compresses the prompt only
+            kept, seen = s.token_budget, longest
+        else:
+            continue
+        if kept >= seen:
+            raise ValueError(
+                f"cache candidate {name!r} keeps {kept:,} tokens, not fewer than the {seen:,} of the longest cell "
+                f"(--contexts up to {longest:,}): it would evict nothing and measure DynamicCache; give it a "
+                f"smaller budget or window, or longer --contexts"
+            )
+
+
 def config_from_args(args: argparse.Namespace):
     """Build the EvalConfig (``--quick`` base, then every explicit flag)."""
     from kvlab.eval.config import EvalConfig, Gates, quick_config
@@ -367,6 +397,7 @@ def config_from_args(args: argparse.Namespace):
     cfg = quick_config(**overrides) if args.quick else EvalConfig(**overrides)
     _check_settings_apply(args, cfg.candidates)
     _check_long_context_flags(args, cfg)
+    _check_candidates_evict(cfg)
     if args.retrieval_contexts == "all":  # every capacity context, whatever --quick or --contexts chose
         cfg = replace(cfg, retrieval_contexts=tuple(cfg.contexts))
     return cfg

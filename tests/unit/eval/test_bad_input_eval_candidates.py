@@ -109,3 +109,27 @@ def test_an_underscore_spelling_is_told_the_registry_spelling(tmp_path, capsys, 
     err = err_of(capsys)
     assert f"'{name}'" in err and f"'{spelling}'" in err, err
     assert dry(tmp_path, "--candidates", f"dynamic,{spelling}") == 0
+
+
+@pytest.mark.parametrize(
+    "candidate, kept",
+    [
+        ("sink:sink_tokens=4:window_length=4096", "4,100"),  # --quick: contexts 256,1024
+        ("snapkv:token_budget=1024", "1,024"),
+        ("tova:token_budget=2048", "2,048"),
+        ("kivi-4:token_budget=4096", "4,096"),
+    ],
+)
+def test_an_evicting_candidate_that_evicts_in_no_cell_is_refused(tmp_path, capsys, candidate, kept):
+    # it would keep every token of every cell: measured as DynamicCache and judged a pass
+    assert dry(tmp_path, "--candidates", f"dynamic,{candidate}") == 2
+    err = err_of(capsys)
+    assert repr(candidate) in err and kept in err and "evict" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_evicting_candidates_that_evict_somewhere_are_accepted(tmp_path):
+    names = (
+        "dynamic,sink,sink:sink_tokens=4:window_length=1000,snapkv:token_budget=1000,tova:token_budget=1000"
+    )
+    assert dry(tmp_path, "--candidates", names) == 0
