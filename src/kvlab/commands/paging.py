@@ -336,6 +336,23 @@ def _empty_path_flag(args: argparse.Namespace, *flags: str) -> str | None:
     return None
 
 
+def _check_keep_evicts(args: argparse.Namespace, trace, policies) -> None:
+    """Refuse ``--keep-tokens N`` when no request of the trace grows past N tokens: ``paged+keepN`` would evict
+    nothing and repeat ``paged``.
+
+    Raises:
+        ValueError: naming the flag, its value and the longest request.
+    """
+    if args.keep_tokens is None or not any(p.keep_tokens for p in policies):
+        return
+    longest = int((trace.prompt_tokens + trace.output_tokens).max())
+    if args.keep_tokens >= longest:
+        raise ValueError(
+            f"--keep-tokens {args.keep_tokens} is not below the longest request ({longest} tokens, prompt + "
+            f"output): paged+keep{args.keep_tokens} would evict nothing and repeat paged; use a smaller N"
+        )
+
+
 def run_simulate_cmd(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -354,6 +371,7 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
         if not args.trace:
             trace, source = _poisson_trace(args)
         policies = _policies(args)
+        _check_keep_evicts(args, trace, policies)
         with progress(Console(stderr=True), len(policies), "kvlab paging simulate") as bar:
             result = simulate(
                 trace,

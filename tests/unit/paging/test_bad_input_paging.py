@@ -214,3 +214,15 @@ def test_a_bad_kv_dtype_setting_is_named_once(capsys):
 )
 def test_an_empty_path_is_refused_naming_its_flag(capsys, argv, flag):
     fails(capsys, argv, f"{flag} must name a file, got ''")
+
+
+def test_keep_tokens_not_below_the_longest_request_is_refused(capsys, tmp_path):
+    # every request of the trace fits under the cap: paged+keepN evicted nothing and equalled paged
+    path = trace_file(tmp_path, HEADER + "0,20,10\n1,30,5\n")  # the longest request holds 35 tokens
+    fails(
+        capsys, ["simulate", "--trace", path, "--keep-tokens", "35"], "--keep-tokens 35", "35 tokens", "evict"
+    )
+    assert (
+        main(["paging", "simulate", "--trace", path, "--keep-tokens", "34", "--policies", "paged+keep34"])
+        == 0
+    )
