@@ -135,7 +135,16 @@ def _add_weight_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _weight_kwargs(args: argparse.Namespace) -> dict:
-    """The planner's weight arguments from the flags of :func:`_add_weight_flags`."""
+    """The planner's weight arguments from the flags of :func:`_add_weight_flags`.
+
+    Raises:
+        ValueError: both ``--weight-bytes`` and ``--weights-index`` (one would be silently ignored).
+    """
+    if args.weight_bytes is not None and args.weights_index is not None:
+        raise ValueError(
+            f"--weight-bytes {args.weight_bytes} and --weights-index {args.weights_index} both give the weight "
+            f"bytes; pass one"
+        )
     return {
         "weight_dtype": args.weight_dtype,
         "weights_index": args.weights_index,

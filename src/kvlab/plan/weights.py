@@ -302,24 +302,49 @@ _ST_DTYPE_BYTES = {
 
 
 def safetensors_header_bytes(path: str | Path) -> int:
-    """Bytes of tensor data in one ``.safetensors`` file, from its JSON header (shapes x dtype sizes)."""
+    """Bytes of tensor data in one ``.safetensors`` file, from its JSON header (shapes x dtype sizes).
+
+    Raises:
+        ValueError: not a safetensors file: shorter than 8 bytes, a header length past the end of the file, a
+            header that is not a JSON object of ``{tensor: {"data_offsets": [begin, end]}}`` with
+            ``0 <= begin <= end`` (the tensor and its offsets named).
+    """
     path = Path(path)
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) != 8:
             raise ValueError(f"{path} is not a safetensors file (shorter than 8 bytes)")
         (n,) = struct.unpack("<Q", head)
+        size = path.stat().st_size
+        if n > size - 8:
+            raise ValueError(
+                f"{path} is not a safetensors file: header length {n} exceeds the file ({size} B)"
+            )
         try:
             header = json.loads(f.read(n))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"{path} has no valid safetensors header: {e}") from e
-    total = 0
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = info["data_offsets"]
-        total += end - begin
-    return total
+    if not isinstance(header, dict):
+        raise ValueError(
+            f"{path} has no valid safetensors header: a JSON {type(header).__name__}, not an object"
+        )
+    return sum(_tensor_bytes(path, name, info) for name, info in header.items() if name != "__metadata__")
+
+
+def _tensor_bytes(path: Path, name: str, info: Any) -> int:
+    """``end - begin`` of one header entry's ``data_offsets``; ValueError naming the tensor when malformed."""
+    offsets = info.get("data_offsets") if isinstance(info, dict) else None
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(x, int) and not isinstance(x, bool) for x in offsets)
+        or not 0 <= offsets[0] <= offsets[1]
+    ):
+        raise ValueError(
+            f"{path}: tensor {name!r} has no valid `data_offsets` [begin, end] (0 <= begin <= end), got "
+            f"{offsets if offsets is not None else info!r}"
+        )
+    return offsets[1] - offsets[0]
 
 
 def read_safetensors_bytes(path: str | Path) -> tuple[int, str] | None:
@@ -329,7 +354,8 @@ def read_safetensors_bytes(path: str | Path) -> tuple[int, str] | None:
     directory holding either.
 
     Raises:
-        ValueError: an index without ``metadata.total_size`` or an unreadable header.
+        ValueError: an index that is not JSON or without a finite ``metadata.total_size``, or an unreadable
+            safetensors header (:func:`safetensors_header_bytes`).
     """
     path = Path(path)
     if path.is_dir():
@@ -341,11 +367,15 @@ def read_safetensors_bytes(path: str | Path) -> tuple[int, str] | None:
             return None
         return sum(safetensors_header_bytes(f) for f in files), ", ".join(f.name for f in files)
     if path.name.endswith(".json"):
-        with open(path, encoding="utf-8") as f:
-            data: Any = json.load(f)
-        size = data.get("metadata", {}).get("total_size") if isinstance(data, dict) else None
-        if not isinstance(size, int | float) or size < 0:
-            raise ValueError(f"{path} has no `metadata.total_size`, got {size!r}")
+        try:
+            with open(path, encoding="utf-8") as f:
+                data: Any = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from e
+        meta = data.get("metadata") if isinstance(data, dict) else None
+        size = meta.get("total_size") if isinstance(meta, dict) else None
+        if isinstance(size, bool) or not isinstance(size, int | float) or not 0 <= size < math.inf:
+            raise ValueError(f"{path} has no `metadata.total_size` (a finite byte count >= 0), got {size!r}")
         return int(size), path.name
     if path.suffix == ".safetensors":
         return safetensors_header_bytes(path), path.name

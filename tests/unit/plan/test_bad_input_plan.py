@@ -346,3 +346,60 @@ def test_roofline_shows_the_tokens_a_capped_cache_keeps_at_this_context(capsys):
     assert main(["roofline", "--keep-tokens", "99999999"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "KV kept per layer │ 8,192 tokens" in out and "99,999,999 tokens" not in out.split("note:")[0], out
+
+
+def _safetensors(path, header: bytes) -> str:
+    import struct
+
+    path.write_bytes(struct.pack("<Q", len(header)) + header)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "header, fragment",
+    [
+        (b'{"a": 1}', "'a'"),  # was TypeError: 'int' object is not subscriptable
+        (b'{"a": {"dtype": "F16"}}', "'a'"),  # no data_offsets: was KeyError
+        (b'{"a": {"data_offsets": [10, 2]}}', "[10, 2]"),  # a negative size
+        (b"[1, 2]", "header"),  # not an object
+    ],
+)
+def test_a_malformed_safetensors_header_is_named(tmp_path, capsys, header, fragment):
+    path = _safetensors(tmp_path / "w.safetensors", header)
+    fails(capsys, ["plan", "llama-3-8b", "--weights-index", path], "w.safetensors", fragment)
+
+
+def test_a_safetensors_header_longer_than_the_file_is_named(tmp_path, capsys):
+    import struct
+
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(struct.pack("<Q", 2**63) + b"{}")
+    fails(capsys, ["plan", "llama-3-8b", "--weights-index", str(path)], "w.safetensors", str(2**63))
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("{bad", "not valid JSON"),  # was only json's "Expecting property name ..." with no file named
+        ('{"metadata": {"total_size": Infinity}}', "inf"),  # was OverflowError
+        ('{"metadata": {"total_size": NaN}}', "nan"),
+    ],
+)
+def test_a_bad_index_json_names_the_file(tmp_path, capsys, text, fragment):
+    path = tmp_path / "model.safetensors.index.json"
+    path.write_text(text)
+    fails(
+        capsys, ["plan", "llama-3-8b", "--weights-index", str(path)], "model.safetensors.index.json", fragment
+    )
+
+
+def test_weight_bytes_and_weights_index_together_are_refused(tmp_path, capsys):
+    path = tmp_path / "model.safetensors.index.json"
+    path.write_text('{"metadata": {"total_size": 1000}}')
+    # --weight-bytes silently won over --weights-index
+    fails(
+        capsys,
+        ["plan", "llama-3-8b", "--weights-index", str(path), "--weight-bytes", "5"],
+        "--weight-bytes",
+        "--weights-index",
+    )
