@@ -19,12 +19,28 @@ GIB, MIB = 1024**3, 1024**2
 KV_DTYPE_HELP = f"{', '.join(KV_DTYPE_NAMES)}; a KIVI name may add :group_size=G and :residual_length=R (kivi-4:group_size=64)"
 
 
+INT_LIMIT = 2**62  # the simulator's arrays are numpy int64: a larger count overflowed inside numpy
+
+
+def _int(text: str) -> int:
+    """An integer flag of ``kvlab paging``: a whole number of magnitude below 2**62 (argparse names the flag)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if abs(value) >= INT_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be below 2**62 (numpy int64 arrays), got {text}")
+    return value
+
+
 def _range(text: str) -> tuple[int, int]:
     lo, sep, hi = text.partition(":")
     try:
         pair = (int(lo), int(hi if sep else lo))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected LO:HI tokens, got {text!r}") from None
+    if max(abs(pair[0]), abs(pair[1])) >= INT_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be below 2**62 (numpy int64 arrays), got {text}")
     return pair
 
 
@@ -57,7 +73,7 @@ def _add_budget_args(p: argparse.ArgumentParser) -> None:
         help=f"activation/framework reserve in GiB (default {DEFAULT_RESERVE_GIB:g})",
     )
     g.add_argument(
-        "--max-len", type=int, default=4096, help="contiguous reservation per request (default 4096)"
+        "--max-len", type=_int, default=4096, help="contiguous reservation per request (default 4096)"
     )
 
 
@@ -115,9 +131,11 @@ def _register_static(sub) -> None:
         help="uniform, heavy, or a FILE of lengths (one per line, or CSV with tokens/length or "
         "prompt_tokens+output_tokens); default: uniform and heavy",
     )
-    s.add_argument("--block-size", type=int, default=16, help="paging block size in tokens (default 16)")
-    s.add_argument("--requests", type=int, default=4000, help="requests per built-in workload (default 4000)")
-    s.add_argument("--seed", type=int, default=11, help="RNG seed of the built-in workloads (default 11)")
+    s.add_argument("--block-size", type=_int, default=16, help="paging block size in tokens (default 16)")
+    s.add_argument(
+        "--requests", type=_int, default=4000, help="requests per built-in workload (default 4000)"
+    )
+    s.add_argument("--seed", type=_int, default=11, help="RNG seed of the built-in workloads (default 11)")
     _add_budget_args(s)
     s.add_argument(
         "--json", action="store_true", help="print machine-readable JSON (sections A, B, C as above)"
@@ -136,15 +154,15 @@ def _register_simulate(sub) -> None:
     )
     m.add_argument("--trace", default=None, help="trace CSV (otherwise a Poisson trace is generated)")
     m.add_argument("--rate", type=float, default=2.0, help="Poisson arrivals per engine step (default 2.0)")
-    m.add_argument("--requests", type=int, default=500, help="requests in the Poisson trace (default 500)")
+    m.add_argument("--requests", type=_int, default=500, help="requests in the Poisson trace (default 500)")
     m.add_argument("--prompt-tokens", type=_range, default=(256, 2048), help="prompt range LO:HI (256:2048)")
     m.add_argument("--output-tokens", type=_range, default=(64, 1024), help="output range LO:HI (64:1024)")
-    m.add_argument("--prefix-groups", type=int, default=4, help="shared system prompts (default 4; 0: none)")
+    m.add_argument("--prefix-groups", type=_int, default=4, help="shared system prompts (default 4; 0: none)")
     m.add_argument(
-        "--prefix-tokens", type=int, default=512, help="length of each shared prefix (default 512)"
+        "--prefix-tokens", type=_int, default=512, help="length of each shared prefix (default 512)"
     )
-    m.add_argument("--seed", type=int, default=0, help="RNG seed of the Poisson trace (default 0)")
-    m.add_argument("--block-size", type=int, default=16, help="paging block size in tokens (default 16)")
+    m.add_argument("--seed", type=_int, default=0, help="RNG seed of the Poisson trace (default 0)")
+    m.add_argument("--block-size", type=_int, default=16, help="paging block size in tokens (default 16)")
     m.add_argument(
         "--policies",
         default=None,
@@ -164,9 +182,9 @@ def _register_simulate(sub) -> None:
         help="also run paged+keepN: an evicting cache keeping at most N tokens per request (at most ceil(N / "
         "block size) blocks; the oldest block returns to the pool; docs/EVICTION.md)",
     )
-    m.add_argument("--max-running", type=int, default=None, help="cap on running requests (max_num_seqs)")
+    m.add_argument("--max-running", type=_int, default=None, help="cap on running requests (max_num_seqs)")
     m.add_argument(
-        "--check-every", type=int, default=0, help="full invariant check every K steps (0: at the end)"
+        "--check-every", type=_int, default=0, help="full invariant check every K steps (0: at the end)"
     )
     m.add_argument("--save-trace", default=None, help="also write the generated trace to this CSV")
     m.add_argument("--series", action="store_true", help="--json: include per-step and per-request series")
@@ -184,7 +202,7 @@ def _register_figure(sub) -> None:
     )
     f.add_argument("--out", required=True, help="output image (.png, .svg, .pdf)")
     f.add_argument("--force", action="store_true", help="replace an existing file")
-    f.add_argument("--block-size", type=int, default=16, help="paging block size in tokens (default 16)")
+    f.add_argument("--block-size", type=_int, default=16, help="paging block size in tokens (default 16)")
     _add_budget_args(f)
     f.add_argument("--json", action="store_true", help="print the written path and numbers as JSON")
     f.set_defaults(func=run_figure_cmd)

@@ -226,3 +226,25 @@ def test_keep_tokens_not_below_the_longest_request_is_refused(capsys, tmp_path):
         main(["paging", "simulate", "--trace", path, "--keep-tokens", "34", "--policies", "paged+keep34"])
         == 0
     )
+
+
+HUGE = str(10**30)
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["static", "--block-size", HUGE], "--block-size"),  # was OverflowError: Python int too large ...
+        (["static", "--max-len", HUGE], "--max-len"),  # was numpy's "high is out of bounds for int64"
+        (["simulate", *SMALL, "--prefix-tokens", HUGE], "--prefix-tokens"),  # was OverflowError
+        (["simulate", "--requests", "3", "--prompt-tokens", f"16:{HUGE}"], "--prompt-tokens"),
+        (["simulate", *SMALL, "--max-running", HUGE], "--max-running"),
+        (["figure", "--out", "f.png", "--block-size", HUGE], "--block-size"),
+    ],
+)
+def test_an_integer_past_int64_is_refused_by_its_flag(capsys, argv, flag):
+    with pytest.raises(SystemExit) as exc:
+        main(["paging", *argv])
+    assert exc.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"argument {flag}" in err and "2**62" in err, err
