@@ -453,6 +453,8 @@ def run_figure_cmd(args: argparse.Namespace) -> int:
     problem = _empty_path_flag(args, "--out")
     if problem:
         return fail(args, problem)
+    if Path(args.out).is_dir():  # --force would not replace a folder: say so, not "pass --force"
+        return fail(args, f"--out {args.out} is a folder; pass a file name (.png, .svg or .pdf)")
     if Path(args.out).exists() and not args.force:
         return fail(args, file_exists_message(args.out), EXIT_FILE_EXISTS)
     try:

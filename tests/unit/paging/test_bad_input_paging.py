@@ -248,3 +248,10 @@ def test_an_integer_past_int64_is_refused_by_its_flag(capsys, argv, flag):
     assert exc.value.code == 2
     err = " ".join(capsys.readouterr().err.split())
     assert f"argument {flag}" in err and "2**62" in err, err
+
+
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_figure_out_that_is_a_folder_is_refused_even_with_force(capsys, tmp_path, force):
+    # was "<folder> already exists; pass --force to replace it"
+    fails(capsys, ["figure", "--out", str(tmp_path), *force], "--out", str(tmp_path), "folder")
+    assert tmp_path.is_dir()
