@@ -226,7 +226,9 @@ def test_library_refusals_and_model_argument(tmp_path):
 def test_kvlab_fp8_caches_map_to_vllms_fp8_flags(capsys, kv, cache_dtype, calculate, note):
     """kvlab's FP8Cache names (and vLLM's own spellings of them) become --kv-cache-dtype fp8_e4m3 / fp8_e5m2 at
     1 B per element; per-tensor calibration adds --calculate-kv-scales; a note says how the scales differ."""
-    r = plan_json(capsys, "llama-3-8b", "--kv-dtype", kv, "--gpu", "h200", "--context", "8192", "--batch", "16")
+    r = plan_json(
+        capsys, "llama-3-8b", "--kv-dtype", kv, "--gpu", "h200", "--context", "8192", "--batch", "16"
+    )
     v = r["vllm"]
     assert ("--calculate-kv-scales" in v["command"]) is calculate
     f = check_against_plan(r)
