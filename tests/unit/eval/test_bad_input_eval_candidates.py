@@ -98,6 +98,17 @@ def test_different_settings_are_not_duplicates(tmp_path):
         )
         == 0
     )
+    # KIVI with and without SnapKV in front of it are different caches (docs/EVICTION.md runs exactly this list)
+    assert (
+        dry(
+            tmp_path,
+            "--candidates",
+            "dynamic,kivi-4,kivi-4:compression_ratio=0.5,kivi-4:token_budget=64",
+            "--label",
+            "kivi-snapkv",
+        )
+        == 0
+    )
 
 
 @pytest.mark.parametrize(
