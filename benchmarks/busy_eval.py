@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         for k in sorted(q.keys() & b.keys())
     }
     record = {
+        "format": "kvlab-busy-eval/1",  # kvlab bench docs skips it (kvlab.bench.results.OTHER_FORMATS)
         "what": "kvlab eval --quick quiet vs next to CPU-bound processes (benchmarks/busy_eval.py)",
         "hogs": a.hogs,
         "extra_flags": a.extra,

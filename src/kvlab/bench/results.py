@@ -16,6 +16,8 @@ from pathlib import Path
 from kvlab.runtime.atomic import atomic_write_json
 
 FORMAT = "kvlab-bench/1"
+# records of kvlab's other benchmark scripts that live in the same folder (benchmarks/busy_eval.py): not rendered
+OTHER_FORMATS = ("kvlab-busy-eval/1",)
 BENCHMARKS = ("decode", "memory", "flush", "kernel", "paging", "lab")
 
 
@@ -80,7 +82,7 @@ def write_record(path: str | Path, record: dict, force: bool = False) -> Path:
 
 def read_records(results_dir: str | Path, include_quick: bool = False) -> list[tuple[Path, dict]]:
     """Every result record in ``results_dir`` (``*.json`` with this module's ``format``), sorted by file name;
-    quick runs only with ``include_quick``.
+    quick runs only with ``include_quick``; records of :data:`OTHER_FORMATS` are skipped.
 
     Raises:
         ValueError: a ``*.json`` file that is not valid JSON or not a kvlab bench record (named in the message).
@@ -91,6 +93,8 @@ def read_records(results_dir: str | Path, include_quick: bool = False) -> list[t
             record = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not valid JSON: {e}") from e
+        if isinstance(record, dict) and record.get("format") in OTHER_FORMATS:
+            continue
         if (
             not isinstance(record, dict)
             or record.get("format") != FORMAT

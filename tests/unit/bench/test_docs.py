@@ -150,6 +150,13 @@ def test_quick_records_are_left_out_unless_asked(tmp_path):
     assert len(results.read_records(tmp_path, include_quick=True)) == 1
 
 
+def test_records_of_other_kvlab_scripts_are_skipped(tmp_path):
+    """benchmarks/busy_eval.py keeps its record next to the bench records; `kvlab bench docs` must still run."""
+    _write(tmp_path, "decode-cpu.json", _record("decode", _decode_result(1.0)))
+    (tmp_path / "busy-eval-cpu.json").write_text('{"format": "kvlab-busy-eval/1", "wall_ratio": 2.2}')
+    assert [p.name for p, _ in results.read_records(tmp_path)] == ["decode-cpu.json"]
+
+
 def test_foreign_files_are_refused(tmp_path):
     (tmp_path / "x.json").write_text('{"hello": 1}')
     with pytest.raises(ValueError, match="not a kvlab bench record"):
