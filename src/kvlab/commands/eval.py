@@ -243,21 +243,20 @@ _FIELDS = {
 }
 
 
-_GATE_FLAGS = (
-    "max_nll_delta",
-    "min_topk_overlap",
-    "max_latency_ratio",
-    "max_recall_drop",
-    "max_passkey_drop",
-    "max_kl_mean",
-)
+def _gate_flags() -> tuple[str, ...]:
+    """The gate settings, each also the name of its flag (``max_kl_mean`` is ``--max-kl-mean``)."""
+    from dataclasses import fields
+
+    from kvlab.eval.config import Gates
+
+    return tuple(f.name for f in fields(Gates))
 
 
 def _with_flags(message: str) -> str:
     """A config error names the flag beside the field: "`threads` must ..." -> "`threads` (--threads) must ..."."""
     flags = {field: flag.replace("_", "-") for flag, field in _FIELDS.items()}
     flags["retrieval_contexts"] = "retrieval-contexts"  # set outside _FIELDS ('all' / 'none')
-    flags.update({gate: gate.replace("_", "-") for gate in _GATE_FLAGS})  # Gates' fields are their flags
+    flags.update({gate: gate.replace("_", "-") for gate in _gate_flags()})  # Gates' fields are their flags
     for field, flag in flags.items():
         message = message.replace(f"`{field}`", f"`{field}` (--{flag})", 1)
     return message
@@ -381,7 +380,7 @@ def config_from_args(args: argparse.Namespace):
     overrides = {
         field: getattr(args, flag) for flag, field in _FIELDS.items() if getattr(args, flag) is not None
     }
-    gates = {k: getattr(args, k) for k in _GATE_FLAGS if getattr(args, k) is not None}
+    gates = {k: getattr(args, k) for k in _gate_flags() if getattr(args, k) is not None}
     if gates:
         overrides["gates"] = Gates(**gates)
     if args.no_long_context:
