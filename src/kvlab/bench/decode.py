@@ -43,6 +43,10 @@ TARGET_CPU_CONTEXT = 4096
 TARGET_GPU_RATIO = 1.0  # kivi4-fused / dynamic at >= TARGET_GPU_MIN_CONTEXT tokens, H200
 TARGET_GPU_MIN_CONTEXT = 32768
 TARGET_CANDIDATE = "kivi4-fused"
+# CPU lead targets (issue 18): kivi4-fused <= 1.00x dynamic at every context and <= 0.50x at 16384 tokens;
+# kivi2-fused / kivi4-fused <= 0.9 from 4096 tokens on; both fused caches faster than hqq4 at every context
+LEAD_MAX_RATIO, LEAD_LONG_CONTEXT, LEAD_LONG_RATIO = 1.00, 16384, 0.50
+LEAD_BITS_MIN_CONTEXT, LEAD_BITS_RATIO = 4096, 0.9
 
 
 @dataclass(frozen=True)
@@ -493,3 +497,61 @@ def evaluate_target(result: dict) -> dict:
         "detail": f"{ratio:.3f}x",
         "ratio": ratio,
     }
+
+
+def _ratios(result: dict, candidate: str) -> dict[int, float]:
+    """``{context: median / dynamic's median}`` of ``candidate``'s measured cells."""
+    return {
+        r["context"]: r["ratio_to_dynamic"]
+        for r in result["rows"]
+        if r["candidate"] == candidate and "ratio_to_dynamic" in r
+    }
+
+
+def _verdict(desc: str, checks: dict[int, bool], detail: str) -> dict:
+    if not checks:
+        return {"description": desc, "status": "not measured", "detail": "no such cell measured"}
+    bad = [c for c, ok in sorted(checks.items()) if not ok]
+    miss = f"; misses at {', '.join(str(c) for c in bad)}" if bad else ""
+    return {"description": desc, "status": "not met" if bad else "met", "detail": detail + miss}
+
+
+def evaluate_lead_targets(result: dict) -> list[dict]:
+    """The CPU decode targets of issue 18 on ``result["rows"]`` (one interleaved ``kvlab bench decode`` run):
+
+    1. ``kivi4-fused`` <= :data:`LEAD_MAX_RATIO` x dynamic at every context, <= :data:`LEAD_LONG_RATIO` x at
+       :data:`LEAD_LONG_CONTEXT`;
+    2. ``kivi2-fused`` / ``kivi4-fused`` <= :data:`LEAD_BITS_RATIO` at every context >= :data:`LEAD_BITS_MIN_CONTEXT`
+       (2-bit codes read half the bytes, so they should cost less);
+    3. both fused caches faster than ``hqq4`` at every context.
+
+    Returns:
+        three ``{"description", "status", "detail"}`` dicts; ``status`` is ``met``, ``not met`` or ``not measured``
+        (a cache or context missing). CUDA records get none (an empty list).
+    """
+    if result.get("device_type") == "cuda":
+        return []
+    k4, k2, hqq = (_ratios(result, c) for c in ("kivi4-fused", "kivi2-fused", "hqq4"))
+    lead = {c: v <= (LEAD_LONG_RATIO if c == LEAD_LONG_CONTEXT else LEAD_MAX_RATIO) for c, v in k4.items()}
+    if LEAD_LONG_CONTEXT not in k4:
+        lead = {}
+    bits = {c: k2[c] / k4[c] <= LEAD_BITS_RATIO for c in k4 if c in k2 and c >= LEAD_BITS_MIN_CONTEXT}
+    peers = {c: max(k4[c], k2[c]) < hqq[c] for c in k4 if c in k2 and c in hqq}
+    return [
+        _verdict(
+            f"kivi4-fused <= {LEAD_MAX_RATIO:.2f}x dynamic at every context, <= {LEAD_LONG_RATIO:.2f}x at "
+            f"{LEAD_LONG_CONTEXT} (CPU)",
+            lead,
+            ", ".join(f"{v:.2f}x at {c}" for c, v in sorted(k4.items())),
+        ),
+        _verdict(
+            f"kivi2-fused / kivi4-fused <= {LEAD_BITS_RATIO} at >= {LEAD_BITS_MIN_CONTEXT} tokens (CPU)",
+            bits,
+            ", ".join(f"{k2[c] / k4[c]:.2f} at {c}" for c in sorted(bits)),
+        ),
+        _verdict(
+            "kivi4-fused and kivi2-fused faster than hqq4 at every context (CPU)",
+            peers,
+            ", ".join(f"{max(k4[c], k2[c]) / hqq[c]:.2f}x hqq4 at {c}" for c in sorted(peers)),
+        ),
+    ]

@@ -386,6 +386,10 @@ def targets(records: list[tuple[Path, dict]]) -> list[dict]:
             if result.get("device_type") == "cuda":
                 gpu_seen.add(bench)
         out.append(t | {"device": device, "file": path.name})
+        if bench == "decode":
+            from kvlab.bench.decode import evaluate_lead_targets
+
+            out += [v | {"device": device, "file": path.name} for v in evaluate_lead_targets(result)]
     for bench, desc in GPU_TARGETS.items():
         if bench not in gpu_seen:
             out.append(

@@ -169,3 +169,62 @@ def test_foreign_files_are_refused(tmp_path):
         docs.write_page(tmp_path, page)
     docs.write_page(tmp_path, page, force=True)
     assert docs.MARKER in page.read_text()
+
+
+def _lead_result(k4: dict, k2: dict, hqq: dict) -> dict:
+    rows = []
+    for name, ratios in (
+        ("dynamic", dict.fromkeys(k4, 1.0)),
+        ("kivi4-fused", k4),
+        ("kivi2-fused", k2),
+        ("hqq4", hqq),
+    ):
+        rows += [
+            {"candidate": name, "context": c, "status": "ok", "ratio_to_dynamic": r}
+            for c, r in ratios.items()
+        ]
+    return {"device_type": "cpu", "rows": rows}
+
+
+def test_lead_targets_met_when_every_ratio_is_inside():
+    from kvlab.bench.decode import evaluate_lead_targets
+
+    k4 = {1024: 0.95, 4096: 0.7, 16384: 0.45}
+    k2 = {1024: 0.95, 4096: 0.6, 16384: 0.4}  # 0.86 and 0.89 of kivi4 from 4096 on
+    hqq = {1024: 1.2, 4096: 1.2, 16384: 1.3}
+    assert [v["status"] for v in evaluate_lead_targets(_lead_result(k4, k2, hqq))] == ["met"] * 3
+
+
+@pytest.mark.parametrize(
+    "k4, k2, hqq, failing",
+    [
+        ({1024: 1.01, 4096: 0.7, 16384: 0.45}, {1024: 0.9, 4096: 0.6, 16384: 0.4}, None, 0),  # 1.01x at 1024
+        ({1024: 0.9, 4096: 0.7, 16384: 0.51}, {1024: 0.9, 4096: 0.6, 16384: 0.4}, None, 0),  # 0.51x at 16384
+        (
+            {1024: 0.9, 4096: 0.7, 16384: 0.45},
+            {1024: 0.9, 4096: 0.7, 16384: 0.4},
+            None,
+            1,
+        ),  # 2-bit = 4-bit at 4096
+        (
+            {1024: 0.9, 4096: 0.7, 16384: 0.45},
+            {1024: 1.3, 4096: 0.6, 16384: 0.4},
+            None,
+            2,
+        ),  # kivi2 slower than hqq4
+    ],
+)
+def test_each_lead_target_fails_on_its_own(k4, k2, hqq, failing):
+    from kvlab.bench.decode import evaluate_lead_targets
+
+    hqq = hqq or {1024: 1.2, 4096: 1.2, 16384: 1.3}
+    statuses = [v["status"] for v in evaluate_lead_targets(_lead_result(k4, k2, hqq))]
+    assert statuses == ["not met" if i == failing else "met" for i in range(3)], statuses
+
+
+def test_lead_targets_not_measured_without_the_long_context_or_the_peers():
+    from kvlab.bench.decode import evaluate_lead_targets
+
+    k4 = {1024: 0.9, 4096: 0.7}
+    statuses = [v["status"] for v in evaluate_lead_targets(_lead_result(k4, {}, {}))]
+    assert statuses == ["not measured"] * 3
