@@ -131,9 +131,38 @@ def encode(x: torch.Tensor, format: str, scale: torch.Tensor | None = None) -> E
     return Encoded(codes, over.sum(), flushed.sum())
 
 
+def e4m3_to_float32(codes: torch.Tensor) -> torch.Tensor:
+    """``float8_e4m3fn`` codes to fp32 exactly, through float16 bit patterns (torch's CPU cast converts element by
+    element, ~3x slower on this path).
+
+    The code ``s eeee mmm`` (bias 7) shifted left by 7 bits is the float16 pattern ``s 0eeee mmm0000000`` (bias 15),
+    whose value is the e4m3 value times ``2^-8`` — for normal codes and, through float16's subnormals, for e4m3's
+    subnormals too — so one multiplication by 256 (exact) restores it. The NaN codes (``0x7F``, ``0xFF``) would
+    come out as 480; :func:`encode` never writes them (it clamps to +-448).
+
+    Args:
+        codes: any shape, ``torch.float8_e4m3fn``.
+
+    Returns:
+        fp32 tensor of the same shape, equal to ``codes.to(torch.float32)`` for every non-NaN code.
+
+    Raises:
+        ValueError: ``codes`` of another dtype.
+    """
+    if codes.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"expected float8_e4m3fn codes, got {codes.dtype}")
+    u = codes.view(torch.uint8).to(torch.int16)
+    bits = ((u & 0x7F) << 7) | ((u & 0x80) << 8)  # sign to bit 15, exponent and mantissa to bits 7-14
+    return bits.view(torch.float16).to(SCALE_DTYPE) * 256.0
+
+
 def decode(codes: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """``codes * scale`` in ``dtype`` (the scale multiplied in fp32, then one rounding to ``dtype``)."""
-    y = codes.to(SCALE_DTYPE)
+    """``codes * scale`` in ``dtype`` (the scale multiplied in fp32, then one rounding to ``dtype``); e4m3 codes on
+    the CPU go through :func:`e4m3_to_float32` (exact, faster than torch's cast)."""
+    if codes.dtype == torch.float8_e4m3fn and codes.device.type == "cpu":
+        y = e4m3_to_float32(codes)
+    else:
+        y = codes.to(SCALE_DTYPE)
     if scale is not None:
         y = y * scale
     return y.to(dtype)

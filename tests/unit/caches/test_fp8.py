@@ -155,3 +155,20 @@ def test_registry_names_pick_format_and_scale():
         resolve("fp8")
     with pytest.raises(ValueError, match="got 'e4m4'"):
         resolve("fp8-e4m4")
+
+
+def test_e4m3_bit_path_equals_torchs_cast_for_every_code():
+    """kvlab's float16-bit-pattern decode of e4m3 must equal torch's cast for all 254 non-NaN codes (and -0.0)."""
+    from kvlab.quant.fp8 import e4m3_to_float32
+
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    ref, got = codes.to(torch.float32), e4m3_to_float32(codes)
+    finite = ~torch.isnan(ref)
+    assert int(finite.sum()) == 254
+    assert torch.equal(got[finite], ref[finite])
+    assert torch.equal(torch.signbit(got[finite]), torch.signbit(ref[finite]))  # -0.0 stays negative
+    x = torch.randn(2, 3, 50, 8) * 40
+    enc = encode(x, "e4m3", None)
+    assert torch.equal(decode(enc.codes, None, torch.float32), enc.codes.to(torch.float32))
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        e4m3_to_float32(torch.zeros(3, dtype=torch.float8_e5m2))
