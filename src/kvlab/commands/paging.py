@@ -457,6 +457,9 @@ def run_figure_cmd(args: argparse.Namespace) -> int:
         return fail(args, f"--out {args.out} is a folder; pass a file name (.png, .svg or .pdf)")
     if Path(args.out).exists() and not args.force:
         return fail(args, file_exists_message(args.out), EXIT_FILE_EXISTS)
+    blocked = next((p for p in Path(args.out).parents if p.exists() and not p.is_dir()), None)
+    if blocked is not None:  # the folder cannot be made: say which file is in the way (was a bare Errno 17)
+        return fail(args, f"--out {args.out}: {blocked} is a file, not a folder")
     try:
         result = _static_result(args)
         path = plot_paged_layout(result, args.out, overwrite=args.force)

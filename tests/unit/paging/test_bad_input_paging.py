@@ -255,3 +255,11 @@ def test_figure_out_that_is_a_folder_is_refused_even_with_force(capsys, tmp_path
     # was "<folder> already exists; pass --force to replace it"
     fails(capsys, ["figure", "--out", str(tmp_path), *force], "--out", str(tmp_path), "folder")
     assert tmp_path.is_dir()
+
+
+def test_figure_out_under_a_file_names_the_file(capsys, tmp_path):
+    # was a bare "[Errno 17] File exists: '<file>'"
+    afile = tmp_path / "file.json"
+    afile.write_text("{}")
+    fails(capsys, ["figure", "--out", str(afile / "f.png")], "--out", str(afile), "is a file, not a folder")
+    assert afile.read_text() == "{}"
