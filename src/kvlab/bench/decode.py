@@ -43,7 +43,7 @@ TARGET_CPU_CONTEXT = 4096
 TARGET_GPU_RATIO = 1.0  # kivi4-fused / dynamic at >= TARGET_GPU_MIN_CONTEXT tokens, H200
 TARGET_GPU_MIN_CONTEXT = 32768
 TARGET_CANDIDATE = "kivi4-fused"
-# CPU lead targets (issue 18): kivi4-fused <= 1.00x dynamic at every context and <= 0.50x at 16384 tokens;
+# CPU lead targets (quantized decode ahead of every peer at every context): kivi4-fused <= 1.00x dynamic at every context and <= 0.50x at 16384 tokens;
 # kivi2-fused / kivi4-fused <= 0.9 from 4096 tokens on; both fused caches faster than hqq4 at every context
 LEAD_MAX_RATIO, LEAD_LONG_CONTEXT, LEAD_LONG_RATIO = 1.00, 16384, 0.50
 LEAD_BITS_MIN_CONTEXT, LEAD_BITS_RATIO = 4096, 0.9
@@ -517,7 +517,7 @@ def _verdict(desc: str, checks: dict[int, bool], detail: str) -> dict:
 
 
 def evaluate_lead_targets(result: dict) -> list[dict]:
-    """The CPU decode targets of issue 18 on ``result["rows"]`` (one interleaved ``kvlab bench decode`` run):
+    """The CPU lead targets of quantized decode on ``result["rows"]`` (one interleaved ``kvlab bench decode`` run):
 
     1. ``kivi4-fused`` <= :data:`LEAD_MAX_RATIO` x dynamic at every context, <= :data:`LEAD_LONG_RATIO` x at
        :data:`LEAD_LONG_CONTEXT`;
