@@ -112,6 +112,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="skip training: evaluate and package the final checkpoint a run left (DIR/train_run.json)",
     )
+    g.add_argument(
+        "--grow-layers",
+        type=int,
+        default=0,
+        help="with --init-from: insert this many new decoder layers (block expansion: copies of existing layers whose "
+        "output projections start at zero, so the grown model computes exactly what the old one did)",
+    )
     g.add_argument("--task-weight", type=float, default=1.0, help="loss weight of task answer tokens")
     g.add_argument("--copies-per-tokens", type=int, default=768, help="one copy task per this many tokens")
     g.add_argument("--random-span-p", type=float, default=0.5, help="share of copy spans of random tokens")
@@ -184,6 +191,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.span_range = (lo, hi)
     if args.init_from is not None and not (args.init_from / "config.json").is_file():
         p.error(f"--init-from {args.init_from} holds no config.json")
+    if args.grow_layers < 0 or (args.grow_layers and args.init_from is None):
+        p.error(f"--grow-layers must be >= 0 and needs --init-from, got {args.grow_layers!r}")
     return args
 
 
@@ -418,6 +427,56 @@ def build_config(args: argparse.Namespace, vocab_size: int, eos_id: int) -> tran
         eos_token_id=eos_id,
         pad_token_id=eos_id,
     )
+
+
+def expand_layers(model, n_new: int) -> list[int]:
+    """Grow a Qwen2-style decoder by ``n_new`` layers without changing what it computes (block expansion, LLaMA
+    Pro, arXiv:2401.02415 §2): after each chosen layer ``i`` (evenly spaced, the last layer always among them) a
+    deep copy of it is inserted with its attention output projection and MLP down projection set to zero, so the
+    new block adds exactly 0 to the residual stream until training moves those weights. Layer indices (the cache
+    slots) and ``config.num_hidden_layers`` / ``layer_types`` are updated in place.
+
+    Returns:
+        The indices (in the old numbering) of the layers that were copied, ascending.
+
+    Raises:
+        ValueError: ``n_new`` < 1 or more than the model's layer count, or a model without
+            ``model.model.layers`` / ``self_attn.o_proj`` / ``mlp.down_proj``.
+    """
+    import copy
+
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__} has no model.layers to grow")
+    n_old = len(layers)
+    if not 1 <= n_new <= n_old:
+        raise ValueError(f"can insert 1..{n_old} layers into a {n_old}-layer model, got {n_new!r}")
+    copied = sorted({round((i + 1) * n_old / n_new) - 1 for i in range(n_new)})
+    config = model.config
+    old_types = getattr(config, "layer_types", None)
+    grown, types = [], []
+    for i, layer in enumerate(layers):
+        grown.append(layer)
+        types.append(old_types[i] if old_types is not None else None)
+        if i in copied:
+            types.append(types[-1])
+            new = copy.deepcopy(layer)
+            try:
+                torch.nn.init.zeros_(new.self_attn.o_proj.weight)
+                torch.nn.init.zeros_(new.mlp.down_proj.weight)
+            except AttributeError as e:
+                raise ValueError(f"layer {i} has no self_attn.o_proj / mlp.down_proj to zero: {e}") from None
+            for bias in (new.self_attn.o_proj.bias, new.mlp.down_proj.bias):
+                if bias is not None:
+                    torch.nn.init.zeros_(bias)
+            grown.append(new)
+    model.model.layers = torch.nn.ModuleList(grown)
+    for idx, layer in enumerate(grown):
+        layer.self_attn.layer_idx = idx
+    config.num_hidden_layers = len(grown)
+    if old_types is not None:
+        config.layer_types = types
+    return copied
 
 
 def lr_at(step: int, progress: float, args: argparse.Namespace) -> float:
@@ -1106,6 +1165,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             config = model.config
             prior = json.loads((args.init_from / "provenance.json").read_text(encoding="utf-8"))
+            grown = expand_layers(model, args.grow_layers) if args.grow_layers else None
+            if grown:
+                print(f"grown: copies of layers {grown} inserted after them (block expansion)", flush=True)
         else:
             config = build_config(args, vocab_size, eos_id)
             model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
@@ -1113,6 +1175,14 @@ def main(argv: list[str] | None = None) -> int:
         n_params = sum(p.numel() for p in model.parameters())  # tied weights counted once
         print(f"model: {n_params:,} parameters", flush=True)
         run = train(model, tokenizer, train_stream, heldout_stream, args)
+        if args.init_from is not None and args.grow_layers:
+            run["grown"] = {
+                "method": "block expansion (LLaMA Pro, arXiv:2401.02415 §2): a copy of layer i inserted after it, "
+                "o_proj and down_proj zeroed",
+                "copied_layers": grown,
+                "layers_before": config.num_hidden_layers - len(grown),
+                "layers_after": config.num_hidden_layers,
+            }
         saved_argv = argv
         targs = args
         final = args.data_dir / "final"  # the trained weights survive a failure while packaging
