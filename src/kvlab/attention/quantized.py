@@ -31,9 +31,11 @@ from contextlib import contextmanager
 
 import torch
 
+from kvlab.attention import cpu_kernel
 from kvlab.quant.codec import check_group_size, check_nbits
 from kvlab.quant.kivi import QuantSegmentView
 
+BACKENDS = ("auto", "torch", "cpu-kernel", "triton")
 NEG_INF = float("-inf")
 F32 = torch.float32
 # decode-sized problems (query rows x keys) take the two-pass path; larger ones the online softmax
@@ -353,8 +355,12 @@ def kivi_attention(
         attention_mask: ``None`` (causal), or ``[batch, 1, q_len, Q + w]`` bool (True = attend) or additive float.
         window_offset: ignored unless ``attention_mask`` is None; tokens of the window before the first query
             (default ``w - q_len``), used for the causal rule inside the window.
-        backend: ``"torch"``, ``"triton"`` (the kernel of :mod:`kvlab.attention.triton_kivi` for the quantized
-            blocks; CUDA, or CPU under ``TRITON_INTERPRET=1``) or ``"auto"`` (Triton on CUDA when it can run).
+        backend: ``"torch"`` (the pure-torch path of this module), ``"cpu-kernel"`` (the compiled C kernel of
+            :mod:`kvlab.attention.cpu_kernel`: CPU decode-sized calls, bf16/fp32 windows and metadata),
+            ``"triton"`` (the kernel of :mod:`kvlab.attention.triton_kivi` for the quantized blocks; CUDA, or CPU
+            under ``TRITON_INTERPRET=1``) or ``"auto"``: Triton on CUDA when it can run; on the CPU the C kernel
+            for decode-sized calls when it builds (:func:`kvlab.attention.cpu_kernel.unavailable_reason` says why
+            not), else torch.
 
     Returns:
         ``[batch, q_heads, q_len, head_dim]`` in ``query.dtype``.
@@ -367,10 +373,10 @@ def kivi_attention(
             ``q_len`` larger than the window or a ``window_offset`` outside ``[0, w - q_len]`` for the causal rule,
             an unknown backend.
         TypeError: ``scaling`` not a real number, ``window_offset`` not an int.
-        RuntimeError: ``backend="triton"`` where the kernel cannot run.
+        RuntimeError: ``backend="triton"`` or ``"cpu-kernel"`` where that kernel cannot run (the reason is named).
     """
-    if backend not in ("auto", "torch", "triton"):
-        raise ValueError(f"`backend` must be 'auto', 'torch' or 'triton', got {backend!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"`backend` must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
     segments = _check_inputs(
         query, segments, key_window, value_window, nbits, group_size, scaling, attention_mask, window_offset
     )
@@ -381,6 +387,13 @@ def kivi_attention(
     # [B, Hq, q, D] -> [B, Hkv, g*q, D]: query heads sharing a KV head become rows (GQA without repeat_kv); the
     # softmax scale is folded into the rows once
     qg = query.to(F32).reshape(b, hkv, m, d) * scaling
+    if _use_cpu_kernel(qg, segments, key_window, value_window, attention_mask, backend, q_len):
+        valid = None if attention_mask is None else _valid_tokens(attention_mask)
+        offset = key_window.shape[2] - q_len if window_offset is None else window_offset
+        out = cpu_kernel.decode_attention(
+            qg, segments, key_window, value_window, nbits, group_size, valid, q_len, offset
+        )
+        return out.reshape(b, hq, q_len, d).to(query.dtype)
     use_triton = _use_triton(query, backend, nbits, group_size)
     out = _attend(
         qg,
@@ -430,6 +443,29 @@ def _attend(
         return _two_pass(
             qg, segments, key_window, value_window, nbits, group_size, chunk, attention_mask, causal, g, q_len
         )
+
+
+def _valid_tokens(attention_mask: torch.Tensor) -> torch.Tensor:
+    """A checked ``[1|B, 1, q, T]`` bool or additive float mask as ``[1|B, q, T]`` bool (True = attend)."""
+    m = attention_mask[:, 0]
+    return m if m.dtype == torch.bool else m == 0
+
+
+def _use_cpu_kernel(qg, segments, key_window, value_window, attention_mask, backend: str, q_len: int) -> bool:
+    """Whether the compiled CPU kernel (:mod:`kvlab.attention.cpu_kernel`) takes this call: ``backend="cpu-kernel"``
+    (a ``RuntimeError`` naming the reason where it cannot), or ``"auto"`` for decode-sized CPU problems (at most
+    ``cpu_kernel.MAX_ROWS`` query rows per KV head and ``TWO_PASS_MAX_SCORES`` scores) when it builds and loads."""
+    if backend not in ("auto", "cpu-kernel") or (backend == "auto" and qg.device.type != "cpu"):
+        return False
+    total = sum(seg.tokens for seg in segments) + key_window.shape[2]
+    why = cpu_kernel.unsupported(qg, segments, key_window, value_window, attention_mask)
+    if why is None and qg.shape[2] * total > TWO_PASS_MAX_SCORES:
+        why = f"{qg.shape[2]} rows x {total} keys is above the decode size ({TWO_PASS_MAX_SCORES} scores)"
+    if why is None:
+        why = cpu_kernel.unavailable_reason()
+    if why is not None and backend == "cpu-kernel":
+        raise RuntimeError(f"backend='cpu-kernel' cannot run this call: {why}")
+    return why is None
 
 
 def _use_triton(query: torch.Tensor, backend: str, nbits: int, group_size: int) -> bool:

@@ -354,10 +354,9 @@ def run(
     Returns:
         ``{"device", "model", "settings", "contexts", "candidates", "prompt_source", "rows", "ratios", "target",
         "profile"}``. ``rows``: one per (candidate, context) with ``status`` (``ok``/``skipped``/``failed``),
-        ``median_ms``, ``mean_ms``, ``min_ms``, ``times_ms``, ``prefill_s`` (the shared exact prefill),
-        ``fill_s`` (writing it into this cache), ``cache_bytes``,
-        ``ratio_to_dynamic`` (median / dynamic's median at that context) or ``error``. ``target``: the
-        decode target evaluated on these rows.
+        ``median_ms``, ``mean_ms``, ``min_ms``, ``times_ms``, ``prefill_s`` (the shared exact prefill), ``fill_s``
+        (writing it into this cache), ``cache_bytes``, ``ratio_to_dynamic`` (median / dynamic's at that context) or
+        ``error``. ``target``: the decode target. ``settings["kivi_cpu_path"]``: :func:`kivi_cpu_path`.
 
     Raises:
         ValueError: bad candidates, contexts, steps, or device.
@@ -391,6 +390,7 @@ def run(
             "prefill_chunk_tokens": prefill_chunk_tokens,
             "dtype": dtype,
             "timing": TIMING,
+            "kivi_cpu_path": kivi_cpu_path(dev),
         },
         "contexts": list(contexts),
         "candidates": [c.describe(settings) for c in cands],
@@ -401,6 +401,16 @@ def run(
     }
     result["target"] = evaluate_target(result)
     return result
+
+
+def kivi_cpu_path(dev: torch.device) -> str | None:
+    """Which path the fused KIVI caches' decode steps take on ``dev``'s CPU (the compiled kernel of
+    :mod:`kvlab.attention.cpu_kernel`, or torch and why), for the record; ``None`` on other devices."""
+    if dev.type != "cpu":
+        return None
+    from kvlab.attention import cpu_kernel
+
+    return cpu_kernel.describe()
 
 
 def _decode_rows(

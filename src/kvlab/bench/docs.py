@@ -77,7 +77,8 @@ def render_decode(result: dict) -> str:
         _model_line(result),
         f"One exact prefill per context (DynamicCache, SDPA, {s['prefill_chunk_tokens']}-token chunks) written into "
         f"every cache; then {s['warmup']} warm-up and {s['steps']} timed rounds, each decoding the same next token "
-        "through every cache in rotated order. Median ms per token (ratio to `dynamic` at the same context).",
+        "through every cache in rotated order. Median ms per token (ratio to `dynamic` at the same context)."
+        + (f" Fused KIVI attention on the CPU: {s['kivi_cpu_path']}." if s.get("kivi_cpu_path") else ""),
         "",
         _table(["context"] + [f"`{n}`" for n in names], rows),
     ]
@@ -234,7 +235,9 @@ def render_kernel(result: dict) -> str:
     parts = [
         f"One decode query over one layer: batch {sh['batch']}, {sh['q_heads']} query / {sh['kv_heads']} KV heads, "
         f"head_dim {sh['head_dim']}, {sh['dtype']}; KIVI {st['nbits']}-bit, G={st['group_size']}, "
-        f"R={st['residual_length']}, backend `{st.get('backend', 'auto')}`, {st.get('threads', '?')} torch threads. "
+        f"R={st['residual_length']}, backend `{st.get('backend', 'auto')}`"
+        + (f" ({st['kivi_cpu_path']})" if st.get("kivi_cpu_path") else "")
+        + f", {st.get('threads', '?')} torch threads. "
         f"Copy bandwidth of {result['device_name']}: {cp['best_gb_s']:.2f} GB/s "
         f"(best; median {cp['median_gb_s']:.2f}) over {_mib(cp['bytes'])} MiB. Medians of {st['reps']} samples.",
         "",

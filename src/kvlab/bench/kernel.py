@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlab.bench.cells import bench_contexts, failed_cell
+from kvlab.bench.decode import kivi_cpu_path
 from kvlab.runtime.device import resolve_device, synchronize
 from kvlab.runtime.dtypes import parse_dtype
 
@@ -164,8 +165,8 @@ def run(
         batch / q_heads / kv_heads / head_dim / dtype: one attention layer, default Llama-3-8B's (GQA 32/8, 128).
         nbits / group_size / residual_length: the KIVI settings.
         reps: timed samples per kernel (``quick``: 3); CUDA samples average 10 calls each.
-        backend: :func:`kivi_attention`'s ``backend``: ``auto`` (Triton on CUDA when it can run, torch
-            otherwise), ``torch`` or ``triton``.
+        backend: :func:`kivi_attention`'s ``backend``: ``auto`` (Triton on CUDA when it can run; on the CPU the
+            compiled kernel when it builds, torch otherwise), ``torch``, ``cpu-kernel`` or ``triton``.
         copy_bytes: bytes of the copy probe (default 256 MiB on CPU, 1 GiB on CUDA; ``quick``: 32 MiB).
         progress: optional ``callable(str)`` told about each cell before it runs.
 
@@ -173,8 +174,7 @@ def run(
         ``{"device", "shape", "settings", "copy", "rows", "target"}``; each row has ``kivi_bytes``, ``kivi_us``,
         ``kivi_gb_s``, ``sdpa_bytes``, ``sdpa_us``, ``sdpa_gb_s``, ``kivi_time_over_sdpa``, and the fractions
         ``kivi_fraction_of_copy`` / ``sdpa_fraction_of_copy`` (GB/s over ``copy["best_gb_s"]``), or ``status``
-        ``failed`` with ``error``.
-
+        ``failed`` with ``error``; ``settings["kivi_cpu_path"]``: the CPU path ``auto`` took.
     Raises:
         ValueError: bad contexts, reps, device or dtype.
     """
@@ -211,6 +211,7 @@ def run(
             "calls_per_sample": inner,
             "backend": backend,
             "threads": torch.get_num_threads(),
+            "kivi_cpu_path": kivi_cpu_path(dev) if backend in ("auto", "cpu-kernel") else None,
         },
         "copy": copy,
         "contexts": list(contexts),

@@ -142,7 +142,9 @@ def _add_layer_benchmarks(sub) -> tuple[argparse.ArgumentParser, ...]:
     k.add_argument("--nbits", type=int, default=4, help="KIVI bits (default 4)")
     k.add_argument("--reps", type=int, default=11, help="timed samples per kernel (default 11)")
     k.add_argument(
-        "--backend", default="auto", help="kivi_attention backend: auto, torch or triton (default auto)"
+        "--backend",
+        default="auto",
+        help="kivi_attention backend: auto, torch, cpu-kernel or triton (default auto)",
     )
     k.add_argument(
         "--copy-mib", type=int, default=None, help="copy-probe size in MiB (default 256 CPU, 1024 CUDA)"

@@ -40,6 +40,9 @@ def reference(query, keys, values, scaling, mask):
     seed=st.integers(0, 999),
     online=st.booleans(),
     chunk=st.sampled_from([4, 8, 1024]),
+    backend=st.sampled_from(
+        ["auto", "torch"]
+    ),  # auto: the compiled CPU kernel for decode sizes when it builds
 )
 @settings(max_examples=60, deadline=None)
 def test_fused_equals_dequantize_then_attention(
@@ -57,6 +60,7 @@ def test_fused_equals_dequantize_then_attention(
     seed,
     online,
     chunk,
+    backend,
 ):
     torch.manual_seed(seed)
     cfg = KIVIConfig(
@@ -94,10 +98,14 @@ def test_fused_equals_dequantize_then_attention(
     quantized_mod.TWO_PASS_MAX_SCORES = 0 if online else saved  # both the online-softmax and two-pass paths
     quantized_mod.CHUNK_TOKENS = chunk  # blocks unpacked whole or in chunks
     try:
-        got = kivi_attention(query, segments, kw, vw, nbits, group, scale, attention_mask=mask)
+        got = kivi_attention(
+            query, segments, kw, vw, nbits, group, scale, attention_mask=mask, backend=backend
+        )
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
         if not padded:  # mask=None must apply the same causal rule inside the window
-            got_none = kivi_attention(query, segments, kw, vw, nbits, group, scale, attention_mask=None)
+            got_none = kivi_attention(
+                query, segments, kw, vw, nbits, group, scale, attention_mask=None, backend=backend
+            )
             torch.testing.assert_close(got_none, ref, rtol=1e-4, atol=1e-4)
     finally:
         quantized_mod.TWO_PASS_MAX_SCORES, quantized_mod.CHUNK_TOKENS = saved, saved_chunk
@@ -201,9 +209,10 @@ def test_attention_leaves_the_thread_count_as_it_found_it(threads):
         torch.set_num_threads(saved)
 
 
+@pytest.mark.parametrize("backend", ["auto", "torch"])
 @pytest.mark.parametrize("nbits", [2, 4, 8])
 @pytest.mark.parametrize("head_dim,groups", [(64, 2), (128, 4), (256, 8)])
-def test_fused_matches_reference_at_real_head_dims(nbits, head_dim, groups):
+def test_fused_matches_reference_at_real_head_dims(nbits, head_dim, groups, backend):
     """Head dims and GQA ratios of real models (the hypothesis test stays small). The shift-free unpacking
     rescales the query side by up to 2^b per part, so fp32 round-off grows a little with head_dim: 5e-4."""
     torch.manual_seed(nbits * head_dim)
@@ -217,7 +226,7 @@ def test_fused_matches_reference_at_real_head_dims(nbits, head_dim, groups):
     mask = torch.ones(2, 1, 1, keys.shape[-2], dtype=torch.bool)
     mask[1, ..., :5] = False  # left padding of row 1
     scale = head_dim**-0.5
-    got = kivi_attention(query, segments, kw, vw, nbits, 32, scale, attention_mask=mask)
+    got = kivi_attention(query, segments, kw, vw, nbits, 32, scale, attention_mask=mask, backend=backend)
     torch.testing.assert_close(got, reference(query, keys, values, scale, mask), rtol=5e-4, atol=5e-4)
 
 

@@ -1,0 +1,470 @@
+/* One decode step of KIVI attention over packed codes, on the CPU (kvlab.attention.cpu_kernel builds and loads it).
+ *
+ * Per (batch row, KV head) item, with M query rows (GQA heads x query tokens, already scaled) of D channels:
+ *   keys   (per-channel groups of G tokens, scale s_j / zero z_j per channel):
+ *          score_t = (q * s_j) . code_t + q . z_j          -- the scale folds into the query once per key group
+ *   softmax over quantized tokens + full-precision window (fp32, masked entries excluded, fully masked row -> 0)
+ *   values (per-token groups of G channels, scale u / zero w per group):
+ *          out += p_t * (u_t * code_t + w_t)              -- one token dequantized in registers, fp32
+ * Codes: byte x holds k = 8 / nbits codes; code i of byte jb is channel jb * k + i at bits [i * nbits, (i+1) * nbits).
+ * Codes are decoded "part-major" (all code 0 of every byte, then code 1, ...): contiguous, vectorizable loops; the
+ * query and the value accumulator use the same channel order, so no shuffles are needed.
+ * Items are split across OpenMP threads (the caller passes the thread count). Accumulation is fp32, IEEE (no
+ * fast-math); reductions are vectorized with `omp simd` (a reordered sum, as any BLAS does).
+ * Source: KIVI (arXiv:2402.02750) section 3.3 (dequantization fused into attention).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#define SEG_FIELDS 19
+
+static inline float bf16_to_f32(uint16_t x) {
+    uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float ld(const void *p, int64_t i, int bf16) {
+    return bf16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* exp(x) for x <= 0 (and -inf -> 0): Cephes expf polynomial, ~1 ulp, vectorizable */
+static inline float exp_nonpos(float x) {
+    float xc = x < -87.0f ? -87.0f : x;
+    float fx = floorf(xc * 1.44269504088896341f + 0.5f);
+    float r = xc - fx * 0.693359375f + fx * 2.12194440e-4f;
+    float z = r * r;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * z + r + 1.0f;
+    int32_t e = ((int32_t)fx + 127) << 23;
+    float s;
+    memcpy(&s, &e, 4);
+    return x < -87.0f ? 0.0f : y * s;
+}
+
+/* a . b with 16 partial sums and a tree at the end (vector registers, no serial lane-by-lane sum) */
+static inline __attribute__((always_inline)) float dot(const float *a, const float *b, int64_t n) {
+    float acc[16] = {0.0f};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) acc[l] += a[i + l] * b[i + l];
+    for (int w = 8; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+    for (; i < n; i++) acc[0] += a[i] * b[i];
+    return acc[0];
+}
+
+/* codes of one token, part-major: cf[i * P + jb] = code i of byte jb */
+static inline __attribute__((always_inline)) void decode(const uint8_t *x, float *cf, int64_t P, const int NB) {
+    const int K = 8 / NB;
+    const unsigned MASK = (1u << NB) - 1u;
+    for (int i = 0; i < K; i++) {
+        float *c = cf + i * P;
+#pragma omp simd
+        for (int64_t jb = 0; jb < P; jb++) c[jb] = (float)(((unsigned)x[jb] >> (i * NB)) & MASK);
+    }
+}
+
+/* one window token's D channels as fp32 */
+static inline void window_row(const void *x, int64_t off, int64_t D, int bf16, float *buf) {
+    if (bf16) {
+        const uint16_t *p = (const uint16_t *)x + off;
+#pragma omp simd
+        for (int64_t c = 0; c < D; c++) buf[c] = bf16_to_f32(p[c]);
+    } else {
+        memcpy(buf, (const float *)x + off, D * sizeof(float));
+    }
+}
+
+/* ---- vector path (GCC/Clang vector extensions: 8 floats, lowered to whatever SIMD the CPU has) ----------------
+ * used when every 8 bytes of codes stay within one value group and key groups hold whole blocks of 8 tokens
+ * (head_dim * nbits and group_size * nbits multiples of 64, group_size a multiple of 8); the scalar loops above
+ * serve the other shapes. */
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef uint8_t v8b __attribute__((vector_size(8)));
+#if defined(__clang__)
+#define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define SHUF(a, b, ...) __builtin_shuffle(a, b, (v8i){__VA_ARGS__})
+#endif
+#define AI static inline __attribute__((always_inline))
+
+AI v8f loadv(const float *p) {
+    v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+AI void storev(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+
+AI v8f splat(float x) { return (v8f){x, x, x, x, x, x, x, x}; }
+
+/* [sum(a[0]), ..., sum(a[7])]: a transposing tree of shuffles and adds */
+AI v8f sum8(const v8f *a) {
+    v8f s[4], t[2];
+    for (int k = 0; k < 4; k++)
+        s[k] = SHUF(a[2 * k], a[2 * k + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
+               SHUF(a[2 * k], a[2 * k + 1], 1, 9, 3, 11, 5, 13, 7, 15);
+    for (int k = 0; k < 2; k++)
+        t[k] = SHUF(s[2 * k], s[2 * k + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+               SHUF(s[2 * k], s[2 * k + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    return SHUF(t[0], t[1], 0, 1, 2, 3, 8, 9, 10, 11) + SHUF(t[0], t[1], 4, 5, 6, 7, 12, 13, 14, 15);
+}
+
+/* 8 bytes -> 8 int32 (one instruction with AVX2; gcc's generic conversion goes lane by lane) */
+AI v8i widen8(const uint8_t *x) {
+#if defined(__AVX2__)
+    return (v8i)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)x));
+#else
+    v8b b;
+    memcpy(&b, x, 8);
+    return __builtin_convertvector(b, v8i);
+#endif
+}
+
+/* the codes of one token as D/8 vectors, part-major (vector i * P/8 + c: code i of bytes 8c..8c+7) */
+AI void decode_v(const uint8_t *x, v8f *cf, const int64_t P, const int NB) {
+    const int K = 8 / NB;
+    const int64_t NV = P / 8;
+    for (int64_t c = 0; c < NV; c++) {
+        v8i w = widen8(x + 8 * c);
+        for (int i = 0; i < K; i++) cf[i * NV + c] = __builtin_convertvector((w >> (i * NB)) & ((1 << NB) - 1), v8f);
+    }
+}
+
+typedef struct {
+    const uint8_t *kc, *vc;
+    const void *ks, *kz, *vs, *vz;
+    int64_t tokens;
+} seg_item;
+
+static seg_item seg_at(const int64_t *a, int64_t b, int64_t h, int bf16) {
+    int64_t es = bf16 ? 2 : 4; /* metadata element size */
+    seg_item s;
+    s.kc = (const uint8_t *)(intptr_t)a[0] + b * a[1] + h * a[2];
+    s.ks = (const char *)(intptr_t)a[3] + (b * a[4] + h * a[5]) * es;
+    s.kz = (const char *)(intptr_t)a[6] + (b * a[7] + h * a[8]) * es;
+    s.vc = (const uint8_t *)(intptr_t)a[9] + b * a[10] + h * a[11];
+    s.vs = (const char *)(intptr_t)a[12] + (b * a[13] + h * a[14]) * es;
+    s.vz = (const char *)(intptr_t)a[15] + (b * a[16] + h * a[17]) * es;
+    s.tokens = a[18];
+    return s;
+}
+
+/* scores of the M rows against one segment's keys: sc[r * total + t] (t from 0 in the segment) */
+static inline __attribute__((always_inline)) void key_scores(const seg_item *s, const float *q, const float *qp,
+                                                             float *sc, int64_t total, int64_t M, int64_t D,
+                                                             int64_t G, int bf16, float *wk, const int NB) {
+    const int64_t K = 8 / NB, P = D / K, ng = s->tokens / G;
+    float *sp = wk, *qs = wk + D, *cf = qs + M * D, *bias = cf + D;
+    for (int64_t j = 0; j < ng; j++) {
+        const int64_t row = j * D;
+        for (int64_t i = 0; i < K; i++)
+            for (int64_t jb = 0; jb < P; jb++) sp[i * P + jb] = ld(s->ks, row + jb * K + i, bf16);
+        for (int64_t r = 0; r < M; r++) {
+            float b = 0.0f;
+            for (int64_t c = 0; c < D; c++) b += q[r * D + c] * ld(s->kz, row + c, bf16);
+            bias[r] = b;
+#pragma omp simd
+            for (int64_t c = 0; c < D; c++) qs[r * D + c] = qp[r * D + c] * sp[c];
+        }
+        for (int64_t t = j * G; t < (j + 1) * G; t++) {
+            decode(s->kc + t * P, cf, P, NB);
+            for (int64_t r = 0; r < M; r++) sc[r * total + t] = bias[r] + dot(qs + r * D, cf, D);
+        }
+    }
+}
+
+/* the scores of key_scores, 8 tokens at a time: no horizontal sum per token */
+AI void key_scores_v(const seg_item *s, const float *q, const float *qp, float *sc, int64_t total, int64_t M,
+                     const int64_t D, int64_t G, int bf16, float *wk, const int NB) {
+    const int64_t K = 8 / NB, P = D / K, ng = s->tokens / G, NV = D / 8;
+    float *sp = wk, *qs = wk + D, *bias = qs + M * D;
+    float sn[D], zn[D];
+    v8f cf[8][NV], acc[8];
+    for (int64_t j = 0; j < ng; j++) {
+        const int64_t row = j * D;
+        window_row(s->ks, row, D, bf16, sn); /* the group's scale and zero rows as fp32 */
+        window_row(s->kz, row, D, bf16, zn);
+        for (int64_t i = 0; i < K; i++)
+            for (int64_t jb = 0; jb < P; jb++) sp[i * P + jb] = sn[jb * K + i];
+        for (int64_t r = 0; r < M; r++) {
+            v8f b = loadv(q + r * D) * loadv(zn);
+            for (int64_t v = 1; v < NV; v++) b += loadv(q + r * D + 8 * v) * loadv(zn + 8 * v);
+            bias[r] = b[0] + b[1] + b[2] + b[3] + b[4] + b[5] + b[6] + b[7];
+            for (int64_t v = 0; v < NV; v++) storev(qs + r * D + 8 * v, loadv(qp + r * D + 8 * v) * loadv(sp + 8 * v));
+        }
+        for (int64_t t0 = j * G; t0 < (j + 1) * G; t0 += 8) {
+            for (int tt = 0; tt < 8; tt++) decode_v(s->kc + (t0 + tt) * P, cf[tt], P, NB);
+            for (int64_t r = 0; r < M; r++) {
+                const float *qr = qs + r * D;
+                for (int tt = 0; tt < 8; tt++) {
+                    v8f a = cf[tt][0] * loadv(qr);
+                    for (int64_t v = 1; v < NV; v++) a += cf[tt][v] * loadv(qr + 8 * v);
+                    acc[tt] = a;
+                }
+                storev(sc + r * total + t0, sum8(acc) + splat(bias[r]));
+            }
+        }
+    }
+}
+
+/* value_sums with vectors: a block of VB tokens is dequantized once into `buf` (8 channels a vector), then each row
+ * adds p_t * value_t with its accumulator in registers */
+#define VB 16
+AI void value_sums_v(const seg_item *s, const float *p, float *acc, int64_t total, int64_t M, const int64_t D,
+                     int64_t G, int bf16, const int NB) {
+    const int64_t K = 8 / NB, P = D / K, KG = D / G, GB = G / K, NV = P / 8;
+    v8f buf[VB][D / 8], a[D / 8];
+    int64_t gidx[NV];
+    float u[KG], w[KG];
+    for (int64_t c = 0; c < NV; c++) gidx[c] = 8 * c / GB;
+    for (int64_t t0 = 0; t0 < s->tokens; t0 += VB) {
+        const int64_t nt = s->tokens - t0 < VB ? s->tokens - t0 : VB;
+        for (int64_t tt = 0; tt < nt; tt++) {
+            const int64_t t = t0 + tt;
+            decode_v(s->vc + t * P, buf[tt], P, NB);
+            for (int64_t g = 0; g < KG; g++) {
+                u[g] = ld(s->vs, t * KG + g, bf16);
+                w[g] = ld(s->vz, t * KG + g, bf16);
+            }
+            for (int64_t c = 0; c < NV; c++) {
+                const v8f uc = splat(u[gidx[c]]), wc = splat(w[gidx[c]]);
+                for (int64_t i = 0; i < K; i++) buf[tt][i * NV + c] = buf[tt][i * NV + c] * uc + wc;
+            }
+        }
+        for (int64_t r = 0; r < M; r++) {
+            const float *pr = p + r * total + t0;
+            float *ar = acc + r * D;
+            for (int64_t v = 0; v < D / 8; v++) a[v] = loadv(ar + 8 * v);
+            for (int64_t tt = 0; tt < nt; tt++) {
+                const v8f pt = splat(pr[tt]);
+                for (int64_t v = 0; v < D / 8; v++) a[v] += pt * buf[tt][v];
+            }
+            for (int64_t v = 0; v < D / 8; v++) storev(ar + 8 * v, a[v]);
+        }
+    }
+}
+
+/* acc[r] (part-major channels) += p[r, t] * value_t over one segment's tokens */
+static inline __attribute__((always_inline)) void value_sums(const seg_item *s, const float *p, float *acc,
+                                                             int64_t total, int64_t M, int64_t D, int64_t G,
+                                                             int bf16, float *wk, const int NB) {
+    const int64_t K = 8 / NB, P = D / K, KG = D / G, GB = G / K;
+    float *cf = wk;
+    for (int64_t t = 0; t < s->tokens; t++) {
+        int any = 0;
+        for (int64_t r = 0; r < M; r++) any |= p[r * total + t] != 0.0f;
+        if (!any) continue;
+        decode(s->vc + t * P, cf, P, NB);
+        for (int64_t g = 0; g < KG; g++) {
+            const float u = ld(s->vs, t * KG + g, bf16), w = ld(s->vz, t * KG + g, bf16);
+            for (int64_t i = 0; i < K; i++) {
+                float *c = cf + i * P + g * GB;
+#pragma omp simd
+                for (int64_t jb = 0; jb < GB; jb++) c[jb] = c[jb] * u + w;
+            }
+        }
+        for (int64_t r = 0; r < M; r++) {
+            const float pr = p[r * total + t];
+            float *a = acc + r * D;
+#pragma omp simd
+            for (int64_t c = 0; c < D; c++) a[c] += pr * cf[c];
+        }
+    }
+}
+
+typedef struct {
+    const float *q;
+    int64_t B, H, M, D, nbits, G, nseg;
+    const int64_t *segs;
+    int64_t meta_bf16;
+    const void *kw, *vw;
+    int64_t w, kw_sb, kw_sh, kw_st, vw_sb, vw_sh, vw_st, win_bf16;
+    const uint8_t *valid;
+    int64_t valid_sb, valid_sq, q_len, offset;
+    float *scores, *work, *out;
+    int64_t work_floats;
+} args_t;
+
+/* the window's scores (quantized tokens first: columns [Q, Q + w)) and the masks */
+static inline __attribute__((always_inline)) void window_and_mask(const args_t *a, int64_t b, int64_t h, const float *q, float *sc, int64_t Q,
+                            int64_t total, float *buf, const int64_t D) {
+    const int64_t M = a->M;
+    const void *kw = (const char *)a->kw + (b * a->kw_sb + h * a->kw_sh) * (a->win_bf16 ? 2 : 4);
+    for (int64_t j = 0; j < a->w; j++) {
+        window_row(kw, j * a->kw_st, D, (int)a->win_bf16, buf);
+        for (int64_t r = 0; r < M; r++) sc[r * total + Q + j] = dot(q + r * D, buf, D);
+    }
+    for (int64_t r = 0; r < M; r++) {
+        const int64_t qi = r % a->q_len;
+        float *row = sc + r * total;
+        if (a->valid) {
+            const uint8_t *v = a->valid + b * a->valid_sb + qi * a->valid_sq;
+            for (int64_t t = 0; t < total; t++)
+                if (!v[t]) row[t] = -INFINITY;
+        } else {
+            for (int64_t j = qi + a->offset + 1; j < a->w; j++) row[Q + j] = -INFINITY;
+        }
+    }
+}
+
+/* exp(x) of 8 lanes, x <= 0 or -inf (-> 0): the polynomial of exp_nonpos, round-to-nearest by the 1.5 * 2^23 trick */
+AI v8f exp8_nonpos(v8f x) {
+    const v8i low = x < splat(-87.0f);
+    const v8f xc = (v8f)(((v8i)x & ~low) | ((v8i)splat(-87.0f) & low));
+    const v8f fx = (xc * splat(1.44269504088896341f) + splat(12582912.0f)) - splat(12582912.0f);
+    const v8f r = xc - fx * splat(0.693359375f) + fx * splat(2.12194440e-4f);
+    const v8f z = r * r;
+    v8f y = splat(1.9875691500e-4f);
+    y = y * r + splat(1.3981999507e-3f);
+    y = y * r + splat(8.3334519073e-3f);
+    y = y * r + splat(4.1665795894e-2f);
+    y = y * r + splat(1.6666665459e-1f);
+    y = y * r + splat(5.0000001201e-1f);
+    y = y * z + r + splat(1.0f);
+    const v8i e = (__builtin_convertvector(fx, v8i) + 127) << 23;
+    return (v8f)((v8i)(y * (v8f)e) & ~low);
+}
+
+/* softmax of each row in place (unnormalised: exp(s - max)); returns 1 / sum in inv[r] (0 for a masked row) */
+static void softmax_rows(float *sc, int64_t M, int64_t total, float *inv) {
+    for (int64_t r = 0; r < M; r++) {
+        float *row = sc + r * total;
+        const int64_t nv = total / 8 * 8;
+        v8f m8 = splat(-INFINITY);
+        for (int64_t t = 0; t < nv; t += 8) {
+            const v8f x = loadv(row + t);
+            const v8i gt = x > m8;
+            m8 = (v8f)(((v8i)x & gt) | ((v8i)m8 & ~gt));
+        }
+        float mx = -INFINITY;
+        for (int l = 0; l < 8; l++) mx = m8[l] > mx ? m8[l] : mx;
+        for (int64_t t = nv; t < total; t++) mx = row[t] > mx ? row[t] : mx;
+        if (mx == -INFINITY) {
+            memset(row, 0, total * sizeof(float));
+            inv[r] = 0.0f;
+            continue;
+        }
+        v8f l8 = splat(0.0f);
+        for (int64_t t = 0; t < nv; t += 8) {
+            const v8f e = exp8_nonpos(loadv(row + t) - splat(mx));
+            storev(row + t, e);
+            l8 += e;
+        }
+        float l = 0.0f;
+        for (int k = 0; k < 8; k++) l += l8[k];
+        for (int64_t t = nv; t < total; t++) {
+            row[t] = exp_nonpos(row[t] - mx);
+            l += row[t];
+        }
+        inv[r] = 1.0f / l;
+    }
+}
+
+static inline __attribute__((always_inline)) void item(const args_t *a, int64_t b, int64_t h, const int NB,
+                                                       const int64_t D) {
+    const int64_t M = a->M, K = 8 / NB, P = D / K, it = b * a->H + h;
+    const int bf16 = (int)a->meta_bf16;
+    const int vec = D * NB % 64 == 0 && a->G * NB % 64 == 0 && a->G % 8 == 0;
+    const float *q = a->q + it * M * D;
+    float *wk = a->work + it * a->work_floats;
+    float *qp = wk, *acc = qp + M * D, *inv = acc + M * D, *tmp = inv + M;
+    int64_t Q = 0;
+    for (int64_t n = 0; n < a->nseg; n++) Q += a->segs[n * SEG_FIELDS + 18];
+    const int64_t total = Q + a->w;
+    float *sc = a->scores + it * M * total;
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t i = 0; i < K; i++)
+            for (int64_t jb = 0; jb < P; jb++) qp[r * D + i * P + jb] = q[r * D + jb * K + i];
+    int64_t start = 0;
+    for (int64_t n = 0; n < a->nseg; n++) {
+        seg_item s = seg_at(a->segs + n * SEG_FIELDS, b, h, bf16);
+        if (vec)
+            key_scores_v(&s, q, qp, sc + start, total, M, D, a->G, bf16, tmp, NB);
+        else
+            key_scores(&s, q, qp, sc + start, total, M, D, a->G, bf16, tmp, NB);
+        start += s.tokens;
+    }
+    window_and_mask(a, b, h, q, sc, Q, total, tmp, D);
+    softmax_rows(sc, M, total, inv);
+    memset(acc, 0, M * D * sizeof(float));
+    start = 0;
+    for (int64_t n = 0; n < a->nseg; n++) {
+        seg_item s = seg_at(a->segs + n * SEG_FIELDS, b, h, bf16);
+        if (vec)
+            value_sums_v(&s, sc + start, acc, total, M, D, a->G, bf16, NB);
+        else
+            value_sums(&s, sc + start, acc, total, M, D, a->G, bf16, tmp, NB);
+        start += s.tokens;
+    }
+    const void *vw = (const char *)a->vw + (b * a->vw_sb + h * a->vw_sh) * (a->win_bf16 ? 2 : 4);
+    float *o = a->out + it * M * D;
+    for (int64_t r = 0; r < M; r++) {
+        float *orow = o + r * D;
+        for (int64_t i = 0; i < K; i++)
+            for (int64_t jb = 0; jb < P; jb++) orow[jb * K + i] = acc[r * D + i * P + jb];
+        for (int64_t j = 0; j < a->w; j++) {
+            const float pr = sc[r * total + Q + j];
+            if (pr == 0.0f) continue;
+            window_row(vw, j * a->vw_st, D, (int)a->win_bf16, tmp);
+#pragma omp simd
+            for (int64_t c = 0; c < D; c++) orow[c] += pr * tmp[c];
+        }
+#pragma omp simd
+        for (int64_t c = 0; c < D; c++) orow[c] *= inv[r];
+    }
+}
+
+static void run_item(const args_t *a, int64_t idx) {
+    const int64_t b = idx / a->H, h = idx % a->H;
+    /* head_dim 64 and 128 get their own code (constant trip counts: unrolled, no loop set-up per token) */
+#define KIVI_DISPATCH(NB)                               \
+    if (a->D == 64)                                     \
+        item(a, b, h, NB, 64);                          \
+    else if (a->D == 128)                               \
+        item(a, b, h, NB, 128);                         \
+    else                                                \
+        item(a, b, h, NB, a->D);
+    switch (a->nbits) {
+        case 2: KIVI_DISPATCH(2) break;
+        case 4: KIVI_DISPATCH(4) break;
+        default: KIVI_DISPATCH(8) break;
+    }
+#undef KIVI_DISPATCH
+}
+
+/* floats of `work` one item needs */
+int64_t kivi_work_floats(int64_t M, int64_t D) { return 2 * M * D + M + (2 + M) * D + M + 16; }
+
+int kivi_decode_step(const float *q, int64_t B, int64_t H, int64_t M, int64_t D, int64_t nbits, int64_t G,
+                     int64_t nseg, const int64_t *segs, int64_t meta_bf16, const void *kw, const void *vw, int64_t w,
+                     int64_t kw_sb, int64_t kw_sh, int64_t kw_st, int64_t vw_sb, int64_t vw_sh, int64_t vw_st,
+                     int64_t win_bf16, const uint8_t *valid, int64_t valid_sb, int64_t valid_sq, int64_t q_len,
+                     int64_t offset, float *scores, float *work, float *out, int64_t nthreads) {
+    if (nbits != 2 && nbits != 4 && nbits != 8) return 1;
+    if (D % G || G * nbits % 8 || D * nbits % 8 || q_len < 1 || M % q_len) return 2;
+    args_t a = {q,     B,     H,      M,      D,      nbits,  G,       nseg,     segs,     meta_bf16,
+                kw,    vw,    w,      kw_sb,  kw_sh,  kw_st,  vw_sb,   vw_sh,    vw_st,    win_bf16,
+                valid, valid_sb, valid_sq, q_len, offset, scores, work, out, kivi_work_floats(M, D)};
+    const int64_t items = B * H;
+    if (nthreads > 1 && items > 1) {
+        int nt = (int)(nthreads < items ? nthreads : items);
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t i = 0; i < items; i++) run_item(&a, i);
+    } else {
+        for (int64_t i = 0; i < items; i++) run_item(&a, i);
+    }
+    return 0;
+}

@@ -1,0 +1,259 @@
+"""A compiled C kernel for one KIVI decode step on the CPU, built at first use, loaded with ctypes.
+
+The pure-torch fused path (:mod:`kvlab.attention.quantized`) spends most of a short-context decode step on operator
+overhead (~30 operators per layer); this kernel does a layer's attention over the packed blocks and the
+full-precision window in one call: scores with the key scale folded into the query once per key group, softmax,
+and ``p @ V`` with each value token dequantized in registers (fp32 accumulation, IEEE arithmetic: no fast-math).
+The (batch row, KV head) items are split over OpenMP threads, as many as ``torch.get_num_threads()``; the kernel
+links the ``libgomp.so.1`` torch has already loaded, so both share one thread pool.
+
+Build: the C source ships with the package (``_kivi_cpu.c``); the first call that needs it runs the system C
+compiler (``cc``, or ``$KVLAB_CC``) with ``-O3 -march=native -fPIC -shared -fopenmp`` into
+``$KVLAB_KERNEL_DIR`` or ``$XDG_CACHE_HOME/kvlab/kernels`` (default ``~/.cache/kvlab/kernels``), named by a hash of
+the source, the flags, the compiler's version and the CPU (``-march=native`` code runs only where it was built).
+It is written to a temporary name and moved into place, so concurrent processes are safe. Nothing is compiled on
+``import kvlab``. Where it cannot be built or loaded (no compiler, a failed build) or ``KVLAB_CPU_KERNEL=0``,
+:func:`unavailable_reason` says why and ``kivi_attention(backend="auto")`` keeps the torch path.
+
+Source: KIVI (arXiv:2402.02750) §3.3 (dequantization fused into the attention kernel).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("_kivi_cpu.c")
+COMPILER = os.environ.get("KVLAB_CC", "cc")
+CFLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fopenmp")
+COMPILE_TIMEOUT_S = 120
+# query rows (GQA heads x query tokens) one item may have: decode and short speculative steps; longer queries
+# (prefill chunks) keep the torch path
+MAX_ROWS = 64
+SEG_FIELDS = 19  # int64 entries per segment in the kernel's argument array (see _kivi_cpu.c)
+_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
+
+_lib: ctypes.CDLL | None = None
+_failure: str | None = None  # why the last build/load failed (cached for the process)
+
+
+def cache_dir() -> Path:
+    """Where built kernels are kept: ``$KVLAB_KERNEL_DIR``, else ``$XDG_CACHE_HOME/kvlab/kernels``, else
+    ``~/.cache/kvlab/kernels``."""
+    env = os.environ.get("KVLAB_KERNEL_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "kvlab" / "kernels"
+
+
+def _machine_key() -> str:
+    """The CPU the kernel is built for (``-march=native``): architecture, model name and feature flags."""
+    parts = [platform.machine(), platform.system()]
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("model name", "flags", "Features", "CPU part")):
+                    parts.append(line.strip())
+                if not line.strip():  # first processor only
+                    break
+    except OSError:
+        parts.append(platform.processor())
+    return "\n".join(parts)
+
+
+def _compiler_version() -> str:
+    """``$COMPILER --version``'s first line; raises ``OSError`` when there is no such compiler."""
+    done = subprocess.run([COMPILER, "--version"], capture_output=True, text=True, timeout=30, check=False)
+    return (done.stdout or done.stderr).splitlines()[0] if (done.stdout or done.stderr) else ""
+
+
+def library_path() -> Path:
+    """The path the kernel for this source, compiler, flags and CPU is built to (it may not exist yet).
+
+    Raises:
+        OSError: the compiler cannot be run.
+    """
+    h = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(CFLAGS).encode(), _compiler_version().encode()):
+        h.update(part)
+        h.update(b"\0")
+    h.update(_machine_key().encode())
+    return cache_dir() / f"kivi_cpu-{h.hexdigest()[:20]}.so"
+
+
+def _build(target: Path) -> None:
+    """Compile :data:`SOURCE` to ``target`` (a temporary name in the same folder, then ``os.replace``).
+
+    Raises:
+        RuntimeError: the compiler failed (its message's tail is included). OSError: it could not be run.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [COMPILER, *CFLAGS, str(SOURCE), "-o", tmp],
+            capture_output=True,
+            text=True,
+            timeout=COMPILE_TIMEOUT_S,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"{COMPILER} exited with {done.returncode}: {(done.stderr or done.stdout).strip()[-400:]}"
+            )
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _load() -> ctypes.CDLL:
+    """Build (if needed) and load the kernel; raises on failure."""
+    path = library_path()
+    if not path.exists():
+        _build(path)
+    lib = ctypes.CDLL(str(path))
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.kivi_decode_step.restype = ctypes.c_int
+    lib.kivi_decode_step.argtypes = [ptr, *[i64] * 6, i64, ptr, i64, ptr, ptr, *[i64] * 8, ptr, *[i64] * 4]
+    lib.kivi_decode_step.argtypes += [ptr, ptr, ptr, i64]
+    lib.kivi_work_floats.restype = i64
+    lib.kivi_work_floats.argtypes = [i64, i64]
+    return lib
+
+
+def unavailable_reason() -> str | None:
+    """``None`` when the kernel is loaded (building it now if needed), else why it cannot run here: disabled by
+    ``KVLAB_CPU_KERNEL=0``, no compiler, a failed build or load. A failure is remembered for the process."""
+    global _lib, _failure
+    if os.environ.get("KVLAB_CPU_KERNEL", "1").strip() == "0":
+        return "disabled by KVLAB_CPU_KERNEL=0"
+    if _lib is not None:
+        return None
+    if _failure is not None:
+        return _failure
+    try:
+        _lib = _load()
+    except FileNotFoundError:
+        _failure = f"no C compiler: {COMPILER!r} not found (set KVLAB_CC to one)"
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        _failure = f"the CPU kernel could not be built or loaded: {type(e).__name__}: {e}"
+    return _failure
+
+
+def reset() -> None:
+    """Forget the loaded kernel and any remembered failure (tests; a changed ``COMPILER`` or cache dir)."""
+    global _lib, _failure
+    _lib, _failure = None, None
+
+
+def describe() -> str:
+    """One line for benchmark records: which path CPU ``kivi_attention(backend="auto")`` decode steps take."""
+    reason = unavailable_reason()
+    if reason is None:
+        return f"compiled C kernel ({library_path().name}, {' '.join(CFLAGS)})"
+    return f"torch ({reason})"
+
+
+def unsupported(qg, segments, key_window, value_window, attention_mask) -> str | None:
+    """Why this problem does not fit the kernel (``None`` when it does): not on the CPU, too many query rows,
+    metadata or window dtypes other than bf16/fp32, tensors whose inner dims are not contiguous, autograd."""
+    b, h, m, d = qg.shape
+    if qg.device.type != "cpu":
+        return f"the CPU kernel runs on the CPU, got {qg.device}"
+    if m > MAX_ROWS:
+        return f"{m} query rows per KV head (the kernel takes at most {MAX_ROWS})"
+    if torch.is_grad_enabled() and (qg.requires_grad or key_window.requires_grad):
+        return "autograd is recording"
+    if key_window.dtype not in _DTYPE_CODE or value_window.dtype != key_window.dtype:
+        return f"window dtype {key_window.dtype}/{value_window.dtype} (the kernel reads bf16 or fp32)"
+    for w in (key_window, value_window):
+        if w.stride(-1) != 1:
+            return "a window whose channels are not contiguous"
+    meta = {seg.k_scale.dtype for seg in segments} | {
+        t.dtype for s in segments for t in (s.k_zero, s.v_scale, s.v_zero)
+    }
+    if len(meta) > 1 or (meta and next(iter(meta)) not in _DTYPE_CODE):
+        return f"scale/zero dtypes {sorted(map(str, meta))} (the kernel reads one of bf16 or fp32)"
+    for seg in segments:
+        for t in (seg.k_codes, seg.k_scale, seg.k_zero, seg.v_codes, seg.v_scale, seg.v_zero):
+            if t.stride(-1) != 1 or (t.shape[-2] > 1 and t.stride(-2) != t.shape[-1]):
+                return "segment tensors whose last two dims are not contiguous"
+    return None
+
+
+def _segment_args(segments) -> ctypes.Array:
+    """Pointers and (batch, head) strides of every segment tensor, and its token count (see _kivi_cpu.c)."""
+    vals: list[int] = []
+    for seg in segments:
+        for t in (seg.k_codes, seg.k_scale, seg.k_zero, seg.v_codes, seg.v_scale, seg.v_zero):
+            vals += (t.data_ptr(), t.stride(0), t.stride(1))
+        vals.append(seg.tokens)
+    return (ctypes.c_int64 * max(1, len(vals)))(*vals)
+
+
+def decode_attention(
+    qg: torch.Tensor,
+    segments: list,
+    key_window: torch.Tensor,
+    value_window: torch.Tensor,
+    nbits: int,
+    group_size: int,
+    valid: torch.Tensor | None,
+    q_len: int,
+    window_offset: int,
+) -> torch.Tensor:
+    """Attention of the scaled fp32 rows ``qg [B, Hkv, M, D]`` (``M = g * q_len``: the query heads of a KV head
+    stacked, head-major) over ``segments`` (:class:`kvlab.quant.kivi.QuantSegmentView`, oldest first) and the window
+    ``[B, Hkv, w, D]``; returns ``[B, Hkv, M, D]`` fp32.
+
+    ``valid``: ``None`` (all quantized tokens attended; inside the window, row of query ``i`` sees window tokens
+    ``<= i + window_offset``) or a bool ``[1 or B, q_len, Q + w]`` (True = attend). A row with every key masked
+    comes out 0. The caller checks the problem first (:func:`unsupported`, ``kivi_attention``'s input checks).
+
+    Raises:
+        RuntimeError: the kernel is not available (the reason is named) or rejected the sizes.
+    """
+    reason = unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"the KIVI CPU kernel cannot run: {reason}")
+    lib = _lib
+    b, h, m, d = qg.shape
+    qg = qg.contiguous()
+    w = key_window.shape[2]
+    total = sum(seg.tokens for seg in segments) + w
+    scores = torch.empty(b * h * m * total + b * h * lib.kivi_work_floats(m, d), dtype=torch.float32)
+    work = scores[b * h * m * total :]
+    out = torch.empty(b, h, m, d, dtype=torch.float32)
+    meta_bf16 = int(bool(segments) and segments[0].k_scale.dtype == torch.bfloat16)
+    kw, vw = key_window, value_window
+    if valid is not None:
+        valid = valid if valid.stride(-1) == 1 else valid.contiguous()
+        vb = 0 if valid.shape[0] == 1 else valid.stride(0)
+        vptr, vq = valid.data_ptr(), valid.stride(1)
+    else:
+        vptr, vb, vq = None, 0, 0
+    rc = lib.kivi_decode_step(
+        qg.data_ptr(), b, h, m, d, nbits, group_size,
+        len(segments), _segment_args(segments), meta_bf16,
+        kw.data_ptr(), vw.data_ptr(), w, kw.stride(0), kw.stride(1), kw.stride(2),
+        vw.stride(0), vw.stride(1), vw.stride(2), _DTYPE_CODE[kw.dtype],
+        vptr, vb, vq, q_len, window_offset,
+        scores.data_ptr(), work.data_ptr(), out.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise RuntimeError(
+            f"the KIVI CPU kernel rejected nbits {nbits}, group_size {group_size}, head_dim {d}, q_len {q_len} "
+            f"(code {rc})"
+        )
+    return out
