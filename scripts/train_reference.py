@@ -953,6 +953,12 @@ def _stage_line(i: int, t: dict) -> str:
         tasks = "; documentation text only"
     note = f" ({t['note']})" if t.get("note") else ""
     start = "from scratch" if i == 1 else f"continued from stage {i - 1}"
+    grown = t.get("grown")
+    if grown:
+        start += (
+            f", grown from {grown['layers_before']} to {grown['layers_after']} layers (copies of layers "
+            f"{', '.join(map(str, grown['copied_layers']))} with zeroed output projections: block expansion)"
+        )
     return (
         f"{i}. {start}: {t['steps_done']} steps ({shape} tokens), {t['tokens_seen']:,} tokens{tasks}; peak lr "
         f"{t['lr']:g}, seed {t['seed']}; {t['threads']} CPU thread(s), {t['train_wall_s'] / 60:.1f} minutes"
