@@ -139,7 +139,8 @@ AI void decode_v(const uint8_t *x, v8f *cf, const int64_t P, const int NB) {
     const int64_t NV = P / 8;
     for (int64_t c = 0; c < NV; c++) {
         v8i w = widen8(x + 8 * c);
-        for (int i = 0; i < K; i++) cf[i * NV + c] = __builtin_convertvector((w >> (i * NB)) & ((1 << NB) - 1), v8f);
+        for (int i = 0; i < K - 1; i++) cf[i * NV + c] = __builtin_convertvector((w >> (i * NB)) & ((1 << NB) - 1), v8f);
+        cf[(K - 1) * NV + c] = __builtin_convertvector(w >> ((K - 1) * NB), v8f); /* the top code needs no mask */
     }
 }
 

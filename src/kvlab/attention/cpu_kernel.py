@@ -37,6 +37,8 @@ COMPILE_TIMEOUT_S = 120
 # query rows (GQA heads x query tokens) one item may have: decode and short speculative steps; longer queries
 # (prefill chunks) keep the torch path
 MAX_ROWS = 64
+# below this many keys a call runs on one thread (items are split over threads, one (batch row, KV head) each)
+PARALLEL_MIN_TOKENS = 256
 SEG_FIELDS = 19  # int64 entries per segment in the kernel's argument array (see _kivi_cpu.c)
 _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
 
@@ -167,7 +169,7 @@ def describe() -> str:
 
 def unsupported(qg, segments, key_window, value_window, attention_mask) -> str | None:
     """Why this problem does not fit the kernel (``None`` when it does): not on the CPU, too many query rows,
-    metadata or window dtypes other than bf16/fp32, tensors whose inner dims are not contiguous, autograd."""
+    metadata or window dtypes other than bf16/fp32, window channels not contiguous, autograd."""
     b, h, m, d = qg.shape
     if qg.device.type != "cpu":
         return f"the CPU kernel runs on the CPU, got {qg.device}"
@@ -180,26 +182,35 @@ def unsupported(qg, segments, key_window, value_window, attention_mask) -> str |
     for w in (key_window, value_window):
         if w.stride(-1) != 1:
             return "a window whose channels are not contiguous"
-    meta = {seg.k_scale.dtype for seg in segments} | {
-        t.dtype for s in segments for t in (s.k_zero, s.v_scale, s.v_zero)
-    }
+    meta = {t.dtype for s in segments for t in (s.k_scale, s.k_zero, s.v_scale, s.v_zero)}
     if len(meta) > 1 or (meta and next(iter(meta)) not in _DTYPE_CODE):
         return f"scale/zero dtypes {sorted(map(str, meta))} (the kernel reads one of bf16 or fp32)"
-    for seg in segments:
-        for t in (seg.k_codes, seg.k_scale, seg.k_zero, seg.v_codes, seg.v_scale, seg.v_zero):
-            if t.stride(-1) != 1 or (t.shape[-2] > 1 and t.stride(-2) != t.shape[-1]):
-                return "segment tensors whose last two dims are not contiguous"
     return None
 
 
+def threads(total_tokens: int) -> int:
+    """OpenMP threads for a call over ``total_tokens`` keys: ``torch.get_num_threads()``, or 1 below
+    :data:`PARALLEL_MIN_TOKENS` (too little work per item to pay for waking another thread)."""
+    return 1 if total_tokens < PARALLEL_MIN_TOKENS else torch.get_num_threads()
+
+
 def _segment_args(segments) -> ctypes.Array:
-    """Pointers and (batch, head) strides of every segment tensor, and its token count (see _kivi_cpu.c)."""
+    """Pointers and (batch, head) strides of every segment tensor, and its token count (see _kivi_cpu.c); a
+    tensor whose last two dims are not contiguous is copied first (block views never are)."""
     vals: list[int] = []
+    keep = []  # copies must live until the call returns
     for seg in segments:
         for t in (seg.k_codes, seg.k_scale, seg.k_zero, seg.v_codes, seg.v_scale, seg.v_zero):
-            vals += (t.data_ptr(), t.stride(0), t.stride(1))
+            st = t.stride()
+            if st[3] != 1 or (t.shape[2] > 1 and st[2] != t.shape[3]):
+                t = t.contiguous()
+                keep.append(t)
+                st = t.stride()
+            vals += (t.data_ptr(), st[0], st[1])
         vals.append(seg.tokens)
-    return (ctypes.c_int64 * max(1, len(vals)))(*vals)
+    args = (ctypes.c_int64 * max(1, len(vals)))(*vals)
+    args._keep = keep
+    return args
 
 
 def decode_attention(
@@ -249,7 +260,7 @@ def decode_attention(
         kw.data_ptr(), vw.data_ptr(), w, kw.stride(0), kw.stride(1), kw.stride(2),
         vw.stride(0), vw.stride(1), vw.stride(2), _DTYPE_CODE[kw.dtype],
         vptr, vb, vq, q_len, window_offset,
-        scores.data_ptr(), work.data_ptr(), out.data_ptr(), torch.get_num_threads(),
+        scores.data_ptr(), work.data_ptr(), out.data_ptr(), threads(total),
     )  # fmt: skip
     if rc != 0:
         raise RuntimeError(

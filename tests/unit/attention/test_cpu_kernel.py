@@ -211,3 +211,26 @@ def test_unsupported_problems_keep_torch_or_name_the_reason():
     assert torch.equal(got, kivi_attention(query, segments, kw, vw, 4, 32, 0.125, backend="torch"))
     with pytest.raises(RuntimeError, match="float16"):
         kivi_attention(query, segments, kw, vw, 4, 32, 0.125, backend="cpu-kernel")
+
+
+@needs_kernel
+def test_segment_tensors_in_another_layout_are_read_right():
+    """A segment whose tensors are not row-major in their last two dims (not what a cache hands over) is copied."""
+    segments, kw, vw, _, _, query = _problem(4, 32, 64, 300, 32, 128)
+
+    def column_major(t):
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+    odd = [
+        type(s)(
+            *(
+                column_major(getattr(s, f))
+                for f in ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero")
+            ),
+            s.tokens,
+        )
+        for s in segments
+    ]
+    assert odd[0].k_codes.stride(-1) != 1
+    got = kivi_attention(query, odd, kw, vw, 4, 32, 0.125, backend="cpu-kernel")
+    assert torch.equal(got, kivi_attention(query, segments, kw, vw, 4, 32, 0.125, backend="cpu-kernel"))
