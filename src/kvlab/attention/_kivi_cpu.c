@@ -304,7 +304,23 @@ static inline __attribute__((always_inline)) void window_and_mask(const args_t *
                             int64_t total, float *buf, const int64_t D) {
     const int64_t M = a->M;
     const void *kw = (const char *)a->kw + (b * a->kw_sb + h * a->kw_sh) * (a->win_bf16 ? 2 : 4);
-    for (int64_t j = 0; j < a->w; j++) {
+    int64_t j = 0;
+    if (D % 8 == 0) { /* 8 window keys at a time, as in key_scores_v */
+        float rows[8][D];
+        v8f acc[8];
+        for (; j + 8 <= a->w; j += 8) {
+            for (int tt = 0; tt < 8; tt++) window_row(kw, (j + tt) * a->kw_st, D, (int)a->win_bf16, rows[tt]);
+            for (int64_t r = 0; r < M; r++) {
+                for (int tt = 0; tt < 8; tt++) {
+                    v8f x = loadv(rows[tt]) * loadv(q + r * D);
+                    for (int64_t v = 1; v < D / 8; v++) x += loadv(rows[tt] + 8 * v) * loadv(q + r * D + 8 * v);
+                    acc[tt] = x;
+                }
+                storev(sc + r * total + Q + j, sum8(acc));
+            }
+        }
+    }
+    for (; j < a->w; j++) {
         window_row(kw, j * a->kw_st, D, (int)a->win_bf16, buf);
         for (int64_t r = 0; r < M; r++) sc[r * total + Q + j] = dot(q + r * D, buf, D);
     }
