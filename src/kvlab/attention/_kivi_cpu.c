@@ -235,14 +235,16 @@ AI void value_sums_v(const seg_item *s, const float *p, float *acc, int64_t tota
         const int64_t nt = s->tokens - t0 < VB ? s->tokens - t0 : VB;
         for (int64_t tt = 0; tt < nt; tt++) {
             const int64_t t = t0 + tt;
-            decode_v(s->vc + t * P, buf[tt], P, NB);
             for (int64_t g = 0; g < KG; g++) {
                 u[g] = ld(s->vs, t * KG + g, bf16);
                 w[g] = ld(s->vz, t * KG + g, bf16);
             }
-            for (int64_t c = 0; c < NV; c++) {
+            for (int64_t c = 0; c < NV; c++) { /* decode and dequantize 8 bytes: one store per vector */
                 const v8f uc = splat(u[gidx[c]]), wc = splat(w[gidx[c]]);
-                for (int64_t i = 0; i < K; i++) buf[tt][i * NV + c] = buf[tt][i * NV + c] * uc + wc;
+                const v8i x = widen8(s->vc + t * P + 8 * c);
+                for (int i = 0; i < K - 1; i++)
+                    buf[tt][i * NV + c] = __builtin_convertvector((x >> (i * NB)) & ((1 << NB) - 1), v8f) * uc + wc;
+                buf[tt][(K - 1) * NV + c] = __builtin_convertvector(x >> ((K - 1) * NB), v8f) * uc + wc;
             }
         }
         for (int64_t r = 0; r < M; r++) {

@@ -19,6 +19,12 @@ then ``p @ V`` block by block; larger ones (long prefill chunks over a quantized
 (running max, running sum, rescaled accumulator) across chunks and the full-precision residual window. Query heads
 of one KV head are stacked as rows (GQA without repeating K/V).
 
+Backends: this module's pure-torch path runs anywhere; on the CPU, decode-sized calls (at most
+``cpu_kernel.MAX_ROWS`` query rows per KV head) go by default to a compiled C kernel
+(:mod:`kvlab.attention.cpu_kernel`: the same two folds, one call per layer instead of ~30 torch operators, built at
+first use, torch when it cannot be built); on CUDA, the quantized blocks go to the Triton kernel
+(:mod:`kvlab.attention.triton_kivi`) when it can run. ``kivi_attention(backend=...)`` picks one explicitly.
+
 Sources: KIVI (arXiv:2402.02750) §3.3 (fused dequantization into the matmul), FlashAttention/FlashDecoding online
 softmax (arXiv:2205.14135 §3.1).
 """
