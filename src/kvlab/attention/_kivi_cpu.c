@@ -289,7 +289,9 @@ static inline __attribute__((always_inline)) void value_sums(const seg_item *s, 
 }
 
 typedef struct {
-    const float *q;
+    const void *q; /* [B, H, M, D] query rows, fp32 or bf16 (q_bf16), multiplied by `scale` here */
+    int64_t q_bf16;
+    float scale;
     int64_t B, H, M, D, nbits, G, nseg;
     const int64_t *segs;
     int64_t meta_bf16;
@@ -297,9 +299,18 @@ typedef struct {
     int64_t w, kw_sb, kw_sh, kw_st, vw_sb, vw_sh, vw_st, win_bf16;
     const uint8_t *valid;
     int64_t valid_sb, valid_sq, q_len, offset;
-    float *scores, *work, *out;
-    int64_t work_floats;
+    float *scores, *work;
+    void *out; /* [B, H, M, D], fp32 or bf16 (out_bf16, rounded to nearest even) */
+    int64_t out_bf16, work_floats;
 } args_t;
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
 
 /* the window's scores (quantized tokens first: columns [Q, Q + w)) and the masks */
 static inline __attribute__((always_inline)) void window_and_mask(const args_t *a, int64_t b, int64_t h, const float *q, float *sc, int64_t Q,
@@ -397,9 +408,10 @@ static inline __attribute__((always_inline)) void item(const args_t *a, int64_t 
     const int64_t M = a->M, K = 8 / NB, P = D / K, it = b * a->H + h;
     const int bf16 = (int)a->meta_bf16;
     const int vec = D * NB % 64 == 0 && a->G * NB % 64 == 0 && a->G % 8 == 0;
-    const float *q = a->q + it * M * D;
     float *wk = a->work + it * a->work_floats;
-    float *qp = wk, *acc = qp + M * D, *inv = acc + M * D, *tmp = inv + M;
+    float *qf = wk, *qp = qf + M * D, *acc = qp + M * D, *inv = acc + M * D, *orow = inv + M, *tmp = orow + D;
+    for (int64_t x = 0; x < M * D; x++) qf[x] = ld(a->q, it * M * D + x, (int)a->q_bf16) * a->scale;
+    const float *q = qf;
     int64_t Q = 0;
     for (int64_t n = 0; n < a->nseg; n++) Q += a->segs[n * SEG_FIELDS + 18];
     const int64_t total = Q + a->w;
@@ -429,9 +441,7 @@ static inline __attribute__((always_inline)) void item(const args_t *a, int64_t 
         start += s.tokens;
     }
     const void *vw = (const char *)a->vw + (b * a->vw_sb + h * a->vw_sh) * (a->win_bf16 ? 2 : 4);
-    float *o = a->out + it * M * D;
     for (int64_t r = 0; r < M; r++) {
-        float *orow = o + r * D;
         for (int64_t i = 0; i < K; i++)
             for (int64_t jb = 0; jb < P; jb++) orow[jb * K + i] = acc[r * D + i * P + jb];
         for (int64_t j = 0; j < a->w; j++) {
@@ -441,8 +451,11 @@ static inline __attribute__((always_inline)) void item(const args_t *a, int64_t 
 #pragma omp simd
             for (int64_t c = 0; c < D; c++) orow[c] += pr * tmp[c];
         }
-#pragma omp simd
-        for (int64_t c = 0; c < D; c++) orow[c] *= inv[r];
+        const int64_t o = (it * M + r) * D;
+        if (a->out_bf16)
+            for (int64_t c = 0; c < D; c++) ((uint16_t *)a->out)[o + c] = f32_to_bf16(orow[c] * inv[r]);
+        else
+            for (int64_t c = 0; c < D; c++) ((float *)a->out)[o + c] = orow[c] * inv[r];
     }
 }
 
@@ -465,18 +478,19 @@ static void run_item(const args_t *a, int64_t idx) {
 }
 
 /* floats of `work` one item needs */
-int64_t kivi_work_floats(int64_t M, int64_t D) { return 2 * M * D + M + (2 + M) * D + M + 16; }
+int64_t kivi_work_floats(int64_t M, int64_t D) { return 3 * M * D + M + D + (2 + M) * D + M + 16; }
 
-int kivi_decode_step(const float *q, int64_t B, int64_t H, int64_t M, int64_t D, int64_t nbits, int64_t G,
+int kivi_decode_step(const void *q, int64_t q_bf16, double scale, int64_t B, int64_t H, int64_t M, int64_t D, int64_t nbits, int64_t G,
                      int64_t nseg, const int64_t *segs, int64_t meta_bf16, const void *kw, const void *vw, int64_t w,
                      int64_t kw_sb, int64_t kw_sh, int64_t kw_st, int64_t vw_sb, int64_t vw_sh, int64_t vw_st,
                      int64_t win_bf16, const uint8_t *valid, int64_t valid_sb, int64_t valid_sq, int64_t q_len,
-                     int64_t offset, float *scores, float *work, float *out, int64_t nthreads) {
+                     int64_t offset, float *scores, float *work, void *out, int64_t out_bf16, int64_t nthreads) {
     if (nbits != 2 && nbits != 4 && nbits != 8) return 1;
     if (D % G || G * nbits % 8 || D * nbits % 8 || q_len < 1 || M % q_len) return 2;
-    args_t a = {q,     B,     H,      M,      D,      nbits,  G,       nseg,     segs,     meta_bf16,
-                kw,    vw,    w,      kw_sb,  kw_sh,  kw_st,  vw_sb,   vw_sh,    vw_st,    win_bf16,
-                valid, valid_sb, valid_sq, q_len, offset, scores, work, out, kivi_work_floats(M, D)};
+    args_t a = {q,      q_bf16, (float)scale, B,        H,        M,      D,        nbits,  G,
+                nseg,   segs,   meta_bf16,    kw,       vw,       w,      kw_sb,    kw_sh,  kw_st,
+                vw_sb,  vw_sh,  vw_st,        win_bf16, valid,    valid_sb, valid_sq, q_len, offset,
+                scores, work,   out,          out_bf16, kivi_work_floats(M, D)};
     const int64_t items = B * H;
     if (nthreads > 1 && items > 1) {
         int nt = (int)(nthreads < items ? nthreads : items);

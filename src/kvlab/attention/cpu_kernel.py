@@ -127,8 +127,19 @@ def _load() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.kivi_decode_step.restype = ctypes.c_int
-    lib.kivi_decode_step.argtypes = [ptr, *[i64] * 6, i64, ptr, i64, ptr, ptr, *[i64] * 8, ptr, *[i64] * 4]
-    lib.kivi_decode_step.argtypes += [ptr, ptr, ptr, i64]
+    lib.kivi_decode_step.argtypes = [
+        ptr,
+        i64,
+        ctypes.c_double,
+        *[i64] * 6,
+        i64,
+        ptr,
+        i64,
+        ptr,
+        ptr,
+        *[i64] * 8,
+    ]
+    lib.kivi_decode_step.argtypes += [ptr, *[i64] * 4, ptr, ptr, ptr, i64, i64]
     lib.kivi_work_floats.restype = i64
     lib.kivi_work_floats.argtypes = [i64, i64]
     return lib
@@ -167,18 +178,21 @@ def describe() -> str:
     return f"torch ({reason})"
 
 
-def unsupported(qg, segments, key_window, value_window, attention_mask) -> str | None:
-    """Why this problem does not fit the kernel (``None`` when it does): not on the CPU, too many query rows,
-    metadata or window dtypes other than bf16/fp32, window channels not contiguous, autograd."""
-    b, h, m, d = qg.shape
-    if qg.device.type != "cpu":
-        return f"the CPU kernel runs on the CPU, got {qg.device}"
+def unsupported(query, segments, key_window, value_window) -> str | None:
+    """Why this problem (``query [B, Hq, q, D]``, the window ``[B, Hkv, w, D]``) does not fit the kernel (``None``
+    when it does): not on the CPU, more than :data:`MAX_ROWS` query rows per KV head, query, window or metadata
+    dtypes other than bf16/fp32, window channels not contiguous, autograd recording."""
+    m = query.shape[1] // key_window.shape[1] * query.shape[2]
+    if query.device.type != "cpu":
+        return f"the CPU kernel runs on the CPU, got {query.device}"
     if m > MAX_ROWS:
         return f"{m} query rows per KV head (the kernel takes at most {MAX_ROWS})"
-    if torch.is_grad_enabled() and (qg.requires_grad or key_window.requires_grad):
+    if torch.is_grad_enabled() and (query.requires_grad or key_window.requires_grad):
         return "autograd is recording"
     if key_window.dtype not in _DTYPE_CODE or value_window.dtype != key_window.dtype:
         return f"window dtype {key_window.dtype}/{value_window.dtype} (the kernel reads bf16 or fp32)"
+    if query.dtype not in _DTYPE_CODE:
+        return f"query dtype {query.dtype} (the kernel reads bf16 or fp32)"
     for w in (key_window, value_window):
         if w.stride(-1) != 1:
             return "a window whose channels are not contiguous"
@@ -214,21 +228,22 @@ def _segment_args(segments) -> ctypes.Array:
 
 
 def decode_attention(
-    qg: torch.Tensor,
+    query: torch.Tensor,
     segments: list,
     key_window: torch.Tensor,
     value_window: torch.Tensor,
     nbits: int,
     group_size: int,
+    scaling: float,
     valid: torch.Tensor | None,
-    q_len: int,
     window_offset: int,
 ) -> torch.Tensor:
-    """Attention of the scaled fp32 rows ``qg [B, Hkv, M, D]`` (``M = g * q_len``: the query heads of a KV head
-    stacked, head-major) over ``segments`` (:class:`kvlab.quant.kivi.QuantSegmentView`, oldest first) and the window
-    ``[B, Hkv, w, D]``; returns ``[B, Hkv, M, D]`` fp32.
+    """Attention of ``query [B, Hq, q_len, D]`` (bf16 or fp32; the query heads of a KV head become the rows of one
+    item, GQA without repeating K/V) over ``segments`` (:class:`kvlab.quant.kivi.QuantSegmentView`, oldest first)
+    and the window ``[B, Hkv, w, D]``, softmax scale ``scaling``; returns ``[B, Hq, q_len, D]`` in ``query.dtype``
+    (fp32 accumulation, rounded once at the end).
 
-    ``valid``: ``None`` (all quantized tokens attended; inside the window, row of query ``i`` sees window tokens
+    ``valid``: ``None`` (all quantized tokens attended; inside the window, query ``i`` sees window tokens
     ``<= i + window_offset``) or a bool ``[1 or B, q_len, Q + w]`` (True = attend). A row with every key masked
     comes out 0. The caller checks the problem first (:func:`unsupported`, ``kivi_attention``'s input checks).
 
@@ -239,13 +254,14 @@ def decode_attention(
     if reason is not None:
         raise RuntimeError(f"the KIVI CPU kernel cannot run: {reason}")
     lib = _lib
-    b, h, m, d = qg.shape
-    qg = qg.contiguous()
+    b, hq, q_len, d = query.shape
+    h = key_window.shape[1]
+    m = hq // h * q_len
+    query = query.contiguous()  # [B, Hq, q, D] is [B, Hkv, M, D] row for row
     w = key_window.shape[2]
     total = sum(seg.tokens for seg in segments) + w
-    scores = torch.empty(b * h * m * total + b * h * lib.kivi_work_floats(m, d), dtype=torch.float32)
-    work = scores[b * h * m * total :]
-    out = torch.empty(b, h, m, d, dtype=torch.float32)
+    scratch = torch.empty(b * h * (m * total + lib.kivi_work_floats(m, d)), dtype=torch.float32)
+    out = torch.empty(b, hq, q_len, d, dtype=query.dtype)
     meta_bf16 = int(bool(segments) and segments[0].k_scale.dtype == torch.bfloat16)
     kw, vw = key_window, value_window
     if valid is not None:
@@ -254,13 +270,14 @@ def decode_attention(
         vptr, vq = valid.data_ptr(), valid.stride(1)
     else:
         vptr, vb, vq = None, 0, 0
+    bf16 = _DTYPE_CODE[query.dtype]
     rc = lib.kivi_decode_step(
-        qg.data_ptr(), b, h, m, d, nbits, group_size,
+        query.data_ptr(), bf16, scaling, b, h, m, d, nbits, group_size,
         len(segments), _segment_args(segments), meta_bf16,
         kw.data_ptr(), vw.data_ptr(), w, kw.stride(0), kw.stride(1), kw.stride(2),
         vw.stride(0), vw.stride(1), vw.stride(2), _DTYPE_CODE[kw.dtype],
         vptr, vb, vq, q_len, window_offset,
-        scores.data_ptr(), work.data_ptr(), out.data_ptr(), threads(total),
+        scratch.data_ptr(), scratch.data_ptr() + 4 * b * h * m * total, out.data_ptr(), bf16, threads(total),
     )  # fmt: skip
     if rc != 0:
         raise RuntimeError(

@@ -390,16 +390,15 @@ def kivi_attention(
     hkv = key_window.shape[1]
     g = hq // hkv
     m = g * q_len
+    if _use_cpu_kernel(query, segments, key_window, value_window, backend):
+        valid = None if attention_mask is None else _valid_tokens(attention_mask)
+        offset = key_window.shape[2] - q_len if window_offset is None else window_offset
+        return cpu_kernel.decode_attention(
+            query, segments, key_window, value_window, nbits, group_size, scaling, valid, offset
+        )
     # [B, Hq, q, D] -> [B, Hkv, g*q, D]: query heads sharing a KV head become rows (GQA without repeat_kv); the
     # softmax scale is folded into the rows once
     qg = query.to(F32).reshape(b, hkv, m, d) * scaling
-    if _use_cpu_kernel(qg, segments, key_window, value_window, attention_mask, backend, q_len):
-        valid = None if attention_mask is None else _valid_tokens(attention_mask)
-        offset = key_window.shape[2] - q_len if window_offset is None else window_offset
-        out = cpu_kernel.decode_attention(
-            qg, segments, key_window, value_window, nbits, group_size, valid, q_len, offset
-        )
-        return out.reshape(b, hq, q_len, d).to(query.dtype)
     use_triton = _use_triton(query, backend, nbits, group_size)
     out = _attend(
         qg,
@@ -457,16 +456,17 @@ def _valid_tokens(attention_mask: torch.Tensor) -> torch.Tensor:
     return m if m.dtype == torch.bool else m == 0
 
 
-def _use_cpu_kernel(qg, segments, key_window, value_window, attention_mask, backend: str, q_len: int) -> bool:
+def _use_cpu_kernel(query, segments, key_window, value_window, backend: str) -> bool:
     """Whether the compiled CPU kernel (:mod:`kvlab.attention.cpu_kernel`) takes this call: ``backend="cpu-kernel"``
     (a ``RuntimeError`` naming the reason where it cannot), or ``"auto"`` for decode-sized CPU problems (at most
     ``cpu_kernel.MAX_ROWS`` query rows per KV head and ``TWO_PASS_MAX_SCORES`` scores) when it builds and loads."""
-    if backend not in ("auto", "cpu-kernel") or (backend == "auto" and qg.device.type != "cpu"):
+    if backend not in ("auto", "cpu-kernel") or (backend == "auto" and query.device.type != "cpu"):
         return False
     total = sum(seg.tokens for seg in segments) + key_window.shape[2]
-    why = cpu_kernel.unsupported(qg, segments, key_window, value_window, attention_mask)
-    if why is None and qg.shape[2] * total > TWO_PASS_MAX_SCORES:
-        why = f"{qg.shape[2]} rows x {total} keys is above the decode size ({TWO_PASS_MAX_SCORES} scores)"
+    rows = query.shape[1] // key_window.shape[1] * query.shape[2]
+    why = cpu_kernel.unsupported(query, segments, key_window, value_window)
+    if why is None and rows * total > TWO_PASS_MAX_SCORES:
+        why = f"{rows} rows x {total} keys is above the decode size ({TWO_PASS_MAX_SCORES} scores)"
     if why is None:
         why = cpu_kernel.unavailable_reason()
     if why is not None and backend == "cpu-kernel":
