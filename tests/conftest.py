@@ -12,13 +12,13 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
-def make_tiny_qwen2(head_dim: int, max_positions: int, dtype: torch.dtype = torch.float32):
-    """A tiny random Qwen2 (vocab 256, hidden 128, 2 layers, GQA 4/2), seeded, in eval mode."""
+def make_tiny_qwen2(head_dim: int, max_positions: int, dtype: torch.dtype = torch.float32, layers: int = 2):
+    """A tiny random Qwen2 (vocab 256, hidden 128, ``layers`` layers, GQA 4/2), seeded, in eval mode."""
     torch.manual_seed(0)
     cfg = Qwen2Config(
         vocab_size=256,
         hidden_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=head_dim,

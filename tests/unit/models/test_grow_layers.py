@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kvlab.runtime.hf_api import cache_kwarg
+from tests.conftest import make_tiny_qwen2
 
 transformers = pytest.importorskip("transformers")
 
@@ -25,22 +26,10 @@ def tr():
 
 
 def tiny(layers: int = 4):
-    torch.manual_seed(0)
-    config = transformers.Qwen2Config(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    )
-    return transformers.Qwen2ForCausalLM(config).eval()
+    return make_tiny_qwen2(head_dim=32, max_positions=64, layers=layers)
 
 
-IDS = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
+IDS = torch.randint(1, 256, (2, 12), generator=torch.Generator().manual_seed(1))
 
 
 @pytest.mark.parametrize("n_new,copied", [(1, [3]), (2, [1, 3]), (3, [0, 2, 3]), (4, [0, 1, 2, 3])])
