@@ -10,7 +10,7 @@ KV-cache experiments (issue 2, point 4). This script is the whole recipe, end to
    2**64, fall below ``--heldout-fraction``; held-out files are seen by neither the tokenizer nor the model;
 3. tokenizer: byte-level BPE trained with ``tokenizers`` on the training files only;
 4. model: ``transformers.Qwen2Config`` (GQA, RoPE, tied embeddings), AdamW with linear warm-up and cosine decay,
-   bf16 autocast on the CPU, ``torch.set_num_threads(--threads)``; random windows of ``--seq-len`` tokens, then a
+   bf16 autocast on the CPU (``torch.set_num_threads(--threads)``) or on ``--device cuda``; random windows of ``--seq-len`` tokens, then a
    final phase of ``--long-seq-len`` windows so that every position the evaluation uses has been trained;
 5. evaluation of the saved bf16 model, reloaded with ``AutoModelForCausalLM.from_pretrained``: held-out
    perplexity next to the add-one-smoothed unigram perplexity (estimated on the training tokens) of the same
@@ -150,6 +150,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--grad-clip", type=float, default=1.0)
     g.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     g.add_argument("--autocast-bf16", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument(
+        "--device",
+        default="cpu",
+        help="where the training loop runs (cpu, cuda, cuda:N); the packaged bf16 model is evaluated on the CPU",
+    )
     g.add_argument("--log-every", type=int, default=10)
     g.add_argument("--monitor-every", type=int, default=100, help="held-out loss for the log only (0: never)")
     g = p.add_argument_group("evaluation and output")
@@ -191,6 +196,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.span_range = (lo, hi)
     if args.init_from is not None and not (args.init_from / "config.json").is_file():
         p.error(f"--init-from {args.init_from} holds no config.json")
+    try:
+        dev = torch.device(args.device)
+    except RuntimeError:
+        p.error(f"--device must be a torch device such as cpu or cuda:0, got {args.device!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: this torch build or machine has no CUDA device")
     if args.grow_layers < 0 or (args.grow_layers and args.init_from is None):
         p.error(f"--grow-layers must be >= 0 and needs --init-from, got {args.grow_layers!r}")
     return args
@@ -667,7 +678,7 @@ def probe_abilities(model, tokenizer, heldout: torch.Tensor, seq_len: int, gen: 
                 w[seq_len - L - dist : seq_len - dist] = span
                 w[seq_len - L :] = span
                 rows.append(w)
-            ids = torch.stack(rows)
+            ids = torch.stack(rows).to(model.device)
             pred = model(input_ids=ids).logits.argmax(-1)  # [8, T]
             out[name] = round(
                 float((pred[:, seq_len - L : -1] == ids[:, seq_len - L + 1 :]).float().mean()), 3
@@ -680,7 +691,9 @@ def probe_abilities(model, tokenizer, heldout: torch.Tensor, seq_len: int, gen: 
             n_fill = seq_len - len(needle) - len(ask) - len(ans)
             s = int(torch.randint(0, heldout.numel() - n_fill, (1,), generator=gen))
             fill = heldout[s : s + n_fill].tolist()
-            ids = torch.tensor(fill[: n_fill // 2] + needle + fill[n_fill // 2 :] + ask + ans)[None]
+            ids = torch.tensor(fill[: n_fill // 2] + needle + fill[n_fill // 2 :] + ask + ans)[None].to(
+                model.device
+            )
             pred = model(input_ids=ids).logits.argmax(-1)[0]
             ok += bool((pred[-len(ans) - 1 : -1] == ids[0, -len(ans) :]).all())
         out["passkey_mid"] = ok / 8
@@ -786,7 +799,7 @@ def window_nll(model, stream: torch.Tensor, seq_len: int, max_windows: int | Non
     model.eval()
     with torch.inference_mode():
         for w in range(n_windows):
-            ids = stream[w * seq_len : (w + 1) * seq_len].unsqueeze(0)  # [1, T]
+            ids = stream[w * seq_len : (w + 1) * seq_len].unsqueeze(0).to(model.device)  # [1, T]
             logits = model(input_ids=ids).logits.float()  # [1, T, vocab]
             logp = torch.log_softmax(logits[0, :-1], dim=-1)  # [T-1, vocab]
             nll = -logp.gather(1, ids[0, 1:].unsqueeze(1)).squeeze(1)  # [T-1]
@@ -808,7 +821,8 @@ def unigram_nll(train_stream: torch.Tensor, targets: torch.Tensor, vocab_size: i
 
 
 def train(model, tokenizer, train_stream, heldout_stream, args) -> dict:
-    """The training loop; returns what provenance records about it."""
+    """The training loop on ``args.device`` (the model is already there); returns what provenance records."""
+    device = torch.device(args.device)
     gen = torch.Generator().manual_seed(args.seed)
     probe_gen = torch.Generator().manual_seed(args.seed + 1)
     mixer = TaskMixer(
@@ -860,7 +874,8 @@ def train(model, tokenizer, train_stream, heldout_stream, args) -> dict:
         for group in opt.param_groups:
             group["lr"] = lr
         model.train()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast_bf16):
+        ids, labels, weights = ids.to(device), labels.to(device), weights.to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.autocast_bf16):
             loss = weighted_lm_loss(model(input_ids=ids).logits, labels, weights)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
@@ -882,7 +897,7 @@ def train(model, tokenizer, train_stream, heldout_stream, args) -> dict:
             )
         if args.monitor_every and step > 0 and step % args.monitor_every == 0:
             # Held-out loss and abilities for the log only: no checkpoint selection, no early stopping.
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast_bf16):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.autocast_bf16):
                 mon = window_nll(model, heldout_stream, 512, max_windows=8).mean().item()
                 abilities = probe_abilities(model, tokenizer, heldout_stream, max(512, seq_len), probe_gen)
             monitor_curve.append({"step": step, "heldout_loss": round(mon, 4), **abilities})
@@ -953,6 +968,8 @@ def _stage_line(i: int, t: dict) -> str:
         tasks = "; documentation text only"
     note = f" ({t['note']})" if t.get("note") else ""
     start = "from scratch" if i == 1 else f"continued from stage {i - 1}"
+    device = t.get("device", "cpu")
+    where = f"{t['threads']} CPU thread(s)" if device == "cpu" else f"on {device}"
     grown = t.get("grown")
     if grown:
         start += (
@@ -961,7 +978,7 @@ def _stage_line(i: int, t: dict) -> str:
         )
     return (
         f"{i}. {start}: {t['steps_done']} steps ({shape} tokens), {t['tokens_seen']:,} tokens{tasks}; peak lr "
-        f"{t['lr']:g}, seed {t['seed']}; {t['threads']} CPU thread(s), {t['train_wall_s'] / 60:.1f} minutes"
+        f"{t['lr']:g}, seed {t['seed']}; {where}, {t['train_wall_s'] / 60:.1f} minutes"
         f"{' (wall-clock bound)' if t['time_bound'] else ''}{note}; `python scripts/{t.get('command', '?')}`"
     )
 
@@ -1180,6 +1197,7 @@ def main(argv: list[str] | None = None) -> int:
             prior = None
         n_params = sum(p.numel() for p in model.parameters())  # tied weights counted once
         print(f"model: {n_params:,} parameters", flush=True)
+        model.to(args.device)
         run = train(model, tokenizer, train_stream, heldout_stream, args)
         if args.init_from is not None and args.grow_layers:
             run["grown"] = {
@@ -1189,6 +1207,7 @@ def main(argv: list[str] | None = None) -> int:
                 "layers_before": config.num_hidden_layers - len(grown),
                 "layers_after": config.num_hidden_layers,
             }
+        model.to("cpu")  # what ships is saved, reloaded and evaluated on the CPU
         saved_argv = argv
         targs = args
         final = args.data_dir / "final"  # the trained weights survive a failure while packaging
@@ -1297,6 +1316,7 @@ def main(argv: list[str] | None = None) -> int:
             "training": {
                 "seed": targs.seed,
                 "threads": targs.threads,
+                "device": getattr(targs, "device", "cpu"),
                 "autocast_bf16": targs.autocast_bf16,
                 "optimizer": "AdamW(betas=(0.9, 0.95), eps=1e-8), no decay on norms and biases",
                 "lr": targs.lr,
