@@ -114,13 +114,26 @@ def ledger_check(cfg: VideoConfig) -> dict:
     }
 
 
+# The lab recomputes every frame from scratch as its reference (attention cost grows with the square of the video's
+# tokens): a toy's size. 16,384 tokens is 1,024 frames of the default 4 x 4 tokens.
+LAB_MAX_TOKENS = 16_384
+
+
 def check_lab_config(cfg: VideoConfig) -> None:
     """Refuse a config the lab cannot check: ``frames`` < ``window_frames + 3`` leaves no frame denoised after an
-    eviction at a time that differs from the cache length, so the position control could not fail.
+    eviction at a time that differs from the cache length, so the position control could not fail; and a video of
+    more than :data:`LAB_MAX_TOKENS` tokens (``frames * height * width``), which the full-recompute reference
+    cannot hold.
 
     Raises:
-        ValueError: naming ``frames`` and ``window_frames``.
+        ValueError: naming ``frames`` and ``window_frames``, or ``frames``, ``height`` and ``width``.
     """
+    tokens = cfg.frames * cfg.tokens_per_frame
+    if tokens > LAB_MAX_TOKENS:
+        raise ValueError(
+            f"`frames` x `height` x `width` ({cfg.frames} x {cfg.height} x {cfg.width} = {tokens:,} tokens) must "
+            f"be at most {LAB_MAX_TOKENS:,}: the lab recomputes the whole video for every frame as its reference"
+        )
     if cfg.frames < cfg.window_frames + 3:
         raise ValueError(
             f"`frames` ({cfg.frames}) must be >= `window_frames` + 3 ({cfg.window_frames + 3}) so that frames "

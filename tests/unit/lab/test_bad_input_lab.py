@@ -43,6 +43,16 @@ def test_bad_values_are_named(capsys, argv, fragment):
             ["--frames", "4"],
             "--frames (4) must be >= --window + 3 (6) so that frames are denoised after an eviction",
         ),
+        (  # checked before anything is allocated: a torch size error named nothing
+            ["--frames", str(10**30)],
+            f"--frames x --height x --width ({10**30} x 4 x 4 = {16 * 10**30:,} tokens) must be at most 16,384: "
+            "the lab recomputes the whole video for every frame as its reference",
+        ),
+        (
+            ["--frames", "1025"],
+            "--frames x --height x --width (1025 x 4 x 4 = 16,400 tokens) must be at most 16,384: "
+            "the lab recomputes the whole video for every frame as its reference",
+        ),
     ],
 )
 def test_video_settings_are_named_by_their_flag(capsys, argv, message):
