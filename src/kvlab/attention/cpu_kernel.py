@@ -10,7 +10,8 @@ links the ``libgomp.so.1`` torch has already loaded, so both share one thread po
 Build: the C source ships with the package (``_kivi_cpu.c``); the first call that needs it runs the system C
 compiler (``cc``, or ``$KVLAB_CC``) with ``-O3 -march=native -fPIC -shared -fopenmp`` into
 ``$KVLAB_KERNEL_DIR`` or ``$XDG_CACHE_HOME/kvlab/kernels`` (default ``~/.cache/kvlab/kernels``), named by a hash of
-the source, the flags, the compiler's version and the CPU (``-march=native`` code runs only where it was built).
+the source, the flags and the CPU (``-march=native`` code runs only where it was built) and one of the compiler's
+version; where no compiler can run, a build for the same source, flags and CPU by an earlier compiler is loaded.
 It is written to a temporary name and moved into place, so concurrent processes are safe. Nothing is compiled on
 ``import kvlab``. Where it cannot be built or loaded (no compiler, a failed build) or ``KVLAB_CPU_KERNEL=0``,
 :func:`unavailable_reason` says why and ``kivi_attention(backend="auto")`` keeps the torch path.
@@ -44,6 +45,7 @@ _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
 
 _lib: ctypes.CDLL | None = None
 _failure: str | None = None  # why the last build/load failed (cached for the process)
+_path: Path | None = None  # the file the loaded kernel came from
 
 
 def cache_dir() -> Path:
@@ -78,18 +80,30 @@ def _compiler_version() -> str:
     return (done.stdout or done.stderr).splitlines()[0] if (done.stdout or done.stderr) else ""
 
 
+def _build_key() -> str:
+    """Hash of what the binary depends on besides the compiler: the source, the flags and the CPU."""
+    h = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(CFLAGS).encode(), _machine_key().encode()):
+        h.update(part)
+        h.update(b"\0")
+    return h.hexdigest()[:20]
+
+
 def library_path() -> Path:
-    """The path the kernel for this source, compiler, flags and CPU is built to (it may not exist yet).
+    """The path the kernel for this source, flags, CPU and compiler is built to (it may not exist yet):
+    ``kivi_cpu-<source, flags, CPU>-<compiler version>.so``.
 
     Raises:
         OSError: the compiler cannot be run.
     """
-    h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(CFLAGS).encode(), _compiler_version().encode()):
-        h.update(part)
-        h.update(b"\0")
-    h.update(_machine_key().encode())
-    return cache_dir() / f"kivi_cpu-{h.hexdigest()[:20]}.so"
+    cc = hashlib.sha256(_compiler_version().encode()).hexdigest()[:8]
+    return cache_dir() / f"kivi_cpu-{_build_key()}-{cc}.so"
+
+
+def _prebuilt() -> Path | None:
+    """The newest kernel already built for this source, flags and CPU by any compiler (used when none can run)."""
+    found = sorted(cache_dir().glob(f"kivi_cpu-{_build_key()}-*.so"), key=lambda q: q.stat().st_mtime)
+    return found[-1] if found else None
 
 
 def _build(target: Path) -> None:
@@ -121,10 +135,17 @@ def _build(target: Path) -> None:
 
 def _load() -> ctypes.CDLL:
     """Build (if needed) and load the kernel; raises on failure."""
-    path = library_path()
+    global _path
+    try:
+        path = library_path()
+    except OSError:  # no compiler: a kernel built earlier for this source and CPU still runs
+        path = _prebuilt()
+        if path is None:
+            raise
     if not path.exists():
         _build(path)
     lib = ctypes.CDLL(str(path))
+    _path = path
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.kivi_decode_step.restype = ctypes.c_int
     lib.kivi_decode_step.argtypes = [
@@ -174,7 +195,7 @@ def describe() -> str:
     """One line for benchmark records: which path CPU ``kivi_attention(backend="auto")`` decode steps take."""
     reason = unavailable_reason()
     if reason is None:
-        return f"compiled C kernel ({library_path().name}, {' '.join(CFLAGS)})"
+        return f"compiled C kernel ({_path.name}, {' '.join(CFLAGS)})"
     return f"torch ({reason})"
 
 

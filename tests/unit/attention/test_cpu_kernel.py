@@ -189,6 +189,24 @@ def test_build_goes_to_the_cache_dir_once(monkeypatch, tmp_path):
         cpu_kernel.reset()
 
 
+@needs_kernel
+def test_a_built_kernel_still_loads_when_the_compiler_is_gone(monkeypatch, tmp_path):
+    monkeypatch.setenv("KVLAB_KERNEL_DIR", str(tmp_path))
+    cpu_kernel.reset()
+    try:
+        assert cpu_kernel.unavailable_reason() is None  # built with the real compiler
+        built = list(tmp_path.iterdir())
+        monkeypatch.setattr(cpu_kernel, "COMPILER", "kvlab-no-such-compiler")
+        cpu_kernel.reset()
+        assert cpu_kernel.unavailable_reason() is None  # the cached build, found by source, flags and CPU
+        assert list(tmp_path.iterdir()) == built and built[0].name in cpu_kernel.describe()
+        monkeypatch.setattr(cpu_kernel, "CFLAGS", (*cpu_kernel.CFLAGS, "-DKVLAB_OTHER_BUILD"))
+        cpu_kernel.reset()  # other flags: nothing cached matches, and nothing can build it
+        assert "no C compiler" in cpu_kernel.unavailable_reason()
+    finally:
+        cpu_kernel.reset()
+
+
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("KVLAB_KERNEL_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
