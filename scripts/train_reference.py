@@ -1344,7 +1344,11 @@ def main(argv: list[str] | None = None) -> int:
             },
             "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
             "total_wall_s": None,  # filled below
-            "package": {"directory_bytes": 0},  # filled below
+            "package": {
+                "directory_bytes": 0,  # filled below
+                # ties the abilities above to these weights (tests compare it with the shipped file)
+                "weights_sha256": sha256_file(tmp / "model.safetensors"),
+            },
         }
         # The card and provenance state the directory's size, which includes them: iterate to a fixed point.
         provenance["total_wall_s"] = round(time.perf_counter() - t_start, 1)
