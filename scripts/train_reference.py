@@ -142,6 +142,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="share of copy tasks whose distance is drawn from [span, NEAR_COPY_TOKENS] instead of the whole window "
         "(short distances, which uniform placement over a long window makes rare)",
     )
+    g.add_argument(
+        "--mid-copy-p",
+        type=float,
+        default=0.0,
+        help="share of copy tasks whose distance is drawn from [MID_COPY_RANGE[0] x T, MID_COPY_RANGE[1] x T] of the "
+        "window T (the middle distances, where kvlab eval's copy probes were weakest); with --near-copy-p, at most 1",
+    )
     g.add_argument("--checkpoint-every-min", type=float, default=10.0, help="save to --data-dir/checkpoint")
     g.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
     g.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr as a fraction of the peak")
@@ -187,6 +194,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--far-passkey-p must be in [0, 1], got {args.far_passkey_p!r}")
     if not 0.0 <= args.near_copy_p <= 1.0:
         p.error(f"--near-copy-p must be in [0, 1], got {args.near_copy_p!r}")
+    if not 0.0 <= args.mid_copy_p <= 1.0 - args.near_copy_p:
+        p.error(
+            f"--mid-copy-p must be in [0, 1 - --near-copy-p], got {args.mid_copy_p!r} with --near-copy-p {args.near_copy_p!r}"
+        )
     try:
         lo, hi = (int(x) for x in args.span_tokens.split(":"))
     except ValueError:
@@ -514,6 +525,8 @@ IGNORE = -100  # label of a position that carries no loss
 
 # --near-copy-p draws copy distances up to this (kvlab eval's near probes: 192-471 tokens at a 512-token context)
 NEAR_COPY_TOKENS = 512
+# --mid-copy-p draws copy distances in this share of the window (eval probes at 25 %-50 % of 4,352 and 2,048 tokens)
+MID_COPY_RANGE = (0.2, 0.6)
 
 
 class TaskMixer:
@@ -524,7 +537,7 @@ class TaskMixer:
     stream, written twice at a distance drawn uniformly up to the window) and, with probability 0.5, a passkey (a random 5-digit
     key stated once at a random depth, queried at a random later point; with probability ``far_passkey_p`` stated in
     the window's first 10 % and asked in its last 10 %; with probability ``near_copy_p`` a copy's distance is drawn
-    up to :data:`NEAR_COPY_TOKENS` only). The unpredictable first copy of a random
+    up to :data:`NEAR_COPY_TOKENS` only, with probability ``mid_copy_p`` from :data:`MID_COPY_RANGE` of the window). The unpredictable first copy of a random
     span and the key digits of the needle carry no loss; the text around them keeps its ordinary loss, so most
     tokens of every step stay natural text.
     """
@@ -542,11 +555,13 @@ class TaskMixer:
         span_range: tuple[int, int] = (8, 48),
         far_passkey_p: float = 0.0,
         near_copy_p: float = 0.0,
+        mid_copy_p: float = 0.0,
     ):
         self.encode = lambda text: tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
         self.stream, self.task_fraction, self.gen = stream, task_fraction, gen
         self.min_copies = min_copies
         self.span_range, self.far_passkey_p, self.near_copy_p = span_range, far_passkey_p, near_copy_p
+        self.mid_copy_p = mid_copy_p
         self.task_weight, self.copies_per_tokens, self.random_span_p = (
             task_weight,
             copies_per_tokens,
@@ -574,10 +589,15 @@ class TaskMixer:
         """Two free spans of ``length`` whose distance ``b - a`` is uniform over [length, T - length - 1]
         (then ``a`` uniform where it fits): every distance up to the window is trained equally often, where
         two independent starts would make far copies rare. None after 20 tries."""
-        near = float(torch.rand((), generator=self.gen)) < self.near_copy_p if self.near_copy_p else False
-        longest = min(T - length - 1, NEAR_COPY_TOKENS) if near else T - length - 1
+        u = float(torch.rand((), generator=self.gen)) if (self.near_copy_p or self.mid_copy_p) else 1.0
+        shortest, longest = length, T - length - 1
+        if u < self.near_copy_p:
+            longest = min(longest, NEAR_COPY_TOKENS)
+        elif u < self.near_copy_p + self.mid_copy_p:
+            shortest = max(length, int(MID_COPY_RANGE[0] * T))
+            longest = max(shortest, min(longest, int(MID_COPY_RANGE[1] * T)))
         for _ in range(20):
-            d = self._randint(length, max(length, longest))
+            d = self._randint(shortest, max(shortest, longest))
             a = self._randint(1, T - length - d)
             b = a + d
             if bool(free[a : a + length].all()) and bool(free[b : b + length].all()):
@@ -837,6 +857,7 @@ def train(model, tokenizer, train_stream, heldout_stream, args) -> dict:
         span_range=args.span_range,
         far_passkey_p=args.far_passkey_p,
         near_copy_p=args.near_copy_p,
+        mid_copy_p=args.mid_copy_p,
     )
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]  # norms and biases
@@ -931,6 +952,7 @@ def train(model, tokenizer, train_stream, heldout_stream, args) -> dict:
         "span_tokens": list(args.span_range),
         "far_passkey_p": args.far_passkey_p,
         "near_copy_p": args.near_copy_p,
+        "mid_copy_p": args.mid_copy_p,
         "min_copies": args.min_copies,
         "task_counts": mixer.counts,
         "max_position_trained": max_position_trained,
