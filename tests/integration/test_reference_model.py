@@ -3,6 +3,7 @@ is a trained model: held-out perplexity, measured here, below the unigram perple
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 
@@ -122,3 +123,10 @@ def test_local_load_prints_no_progress_bar_and_restores_the_setting(capfd):
     models.load_model(None, dtype="float32", device="cpu")
     assert "Loading weights" not in capfd.readouterr().err
     assert hf_logging.is_progress_bar_enabled()  # the caller's setting is left as it was
+
+
+def test_provenance_names_the_weights_that_ship(provenance):
+    """The card's ability figures were measured on these weights: the file's sha256 is the one the training script
+    recorded when it packaged and evaluated them."""
+    path = models.reference_model_path() / "model.safetensors"
+    assert provenance["package"]["weights_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
