@@ -19,7 +19,7 @@ from kvlab.cli import build_parser, main
 from kvlab.commands import EXIT_FILE_EXISTS, EXIT_USAGE
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE_RESULT = ROOT / "docs" / "examples" / "eval-default-cpu-2026-11-30.json"
+EXAMPLE_RESULT = ROOT / "docs" / "examples" / "eval-default-cpu-2026-12-01.json"
 
 # command -> arguments that are wrong in a way the command (or the library under it) refuses
 BAD_INPUT = {

@@ -1,10 +1,6 @@
 """Block expansion in scripts/train_reference.py: a grown model computes exactly what the old one did, and the new
 layers can learn (LLaMA Pro, arXiv:2401.02415 §2)."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -12,17 +8,6 @@ from kvlab.runtime.hf_api import cache_kwarg
 from tests.conftest import make_tiny_qwen2
 
 transformers = pytest.importorskip("transformers")
-
-SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "train_reference.py"
-
-
-@pytest.fixture(scope="module")
-def tr():
-    spec = importlib.util.spec_from_file_location("train_reference_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def tiny(layers: int = 4):

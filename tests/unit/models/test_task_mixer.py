@@ -1,8 +1,6 @@
 """Copy-task placement in scripts/train_reference.py's TaskMixer: where --near-copy-p and --mid-copy-p put the
 distance between the two copies of a span (the distances kvlab eval's copy probes score)."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,17 +9,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[3]
-SCRIPT = ROOT / "scripts" / "train_reference.py"
 T, L = 4352, 32
-
-
-@pytest.fixture(scope="module")
-def tr():
-    spec = importlib.util.spec_from_file_location("train_reference_mixer_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
