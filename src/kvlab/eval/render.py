@@ -221,5 +221,7 @@ def _print_decision(result: dict, s: dict, console: Console) -> None:
         console.print(f"[yellow]warning: {s['latency_warning']}[/]")
     if s.get("long_context_warning"):
         console.print(f"[yellow]warning: {s['long_context_warning']}[/]")
+    if s.get("eviction_warning"):
+        console.print(f"[yellow]warning: {s['eviction_warning']}[/]")
     if s.get("long_context_not_measured"):
         console.print(f"[yellow]warning: {s['long_context_not_measured']}[/]")

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from kvlab.caches import cache_nbytes
-from kvlab.caches.registry import resolve
+from kvlab.caches.registry import REGISTRY, resolve
 from kvlab.eval.candidates import Candidate
 from kvlab.eval.config import EvalConfig, Gates
 from kvlab.eval.divergence import kl_divergence, kl_summary
@@ -598,6 +598,7 @@ def summarize(result: dict) -> dict:
         "latency_warning": latency_warning(result["rows"]),
         "long_context_warning": long_context_warning(result["rows"]),
         "long_context_not_measured": not_measured_warning(result),
+        "eviction_warning": eviction_warning(selected),
     }
 
 
@@ -611,6 +612,32 @@ def not_measured_warning(result: dict) -> str | None:
     return (
         f"long-context probes not measured ({where}): their gates do not apply to those rows; the first reason: "
         f"{missing[0]['reason']}"
+    )
+
+
+# an evicting cache holding at least this share of the float cache's bytes dropped (almost) nothing in that cell
+EVICTION_UNTESTED_RATIO = 0.9
+
+
+def eviction_warning(selected: dict | None) -> str | None:
+    """A warning when the selected row is an evicting cache (registry ``evicts``: sink, SnapKV, TOVA) that kept at
+    least :data:`EVICTION_UNTESTED_RATIO` of the float cache's bytes (``cache_bytes_ratio``) in its cell: its budget
+    held (almost) the whole prompt there, so the gates saw nothing of what it drops at longer prompts; else None.
+
+    Args:
+        selected: the capacity row :func:`decide` selected (``candidate``, ``family``, ``context_length`` in
+            tokens, ``cache_bytes_ratio``), or None.
+    """
+    if selected is None:
+        return None
+    entry = REGISTRY.get(selected.get("family", ""))
+    ratio = selected.get("cache_bytes_ratio")
+    if entry is None or not entry.evicts or ratio is None or ratio < EVICTION_UNTESTED_RATIO:
+        return None
+    return (
+        f"the selected {selected['candidate']} is an evicting cache that kept {ratio:.2f}x the float cache's bytes "
+        f"at {selected['context_length']} tokens: its budget held (almost) the whole prompt, so the gates did not "
+        f"see what it drops; judge it at a context longer than its budget (--contexts)"
     )
 
 

@@ -34,7 +34,8 @@ A result is one JSON object::
                       decision_gates (the gates the selected row was judged on), latency_trusted,
                       latency_warning (None, or why the timings are not to be trusted), long_context_warning (None,
                       or where the float cache itself does not recall/retrieve), long_context_not_measured
-                      (None, or which probes did not fit which context: their gates do not apply there), ...}
+                      (None, or which probes did not fit which context: their gates do not apply there), eviction_warning
+                      (None, or why the selected evicting cache was not tested: its budget held the prompt), ...}
 """
 
 from __future__ import annotations
@@ -228,6 +229,7 @@ def _summary_problems(summary: dict) -> list[str]:
         ("decision_gates", "list or null"),
         ("long_context_warning", "string or null"),
         ("long_context_not_measured", "string or null"),
+        ("eviction_warning", "string or null"),
     ):
         if key in summary:
             _check(problems, f"summary.{key}", summary[key], kind)
