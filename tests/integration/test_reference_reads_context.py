@@ -22,7 +22,8 @@ from kvlab.models import heldout_text
 
 PROTECTED_TAIL = 128 + 32  # the eval's default R + G: what is probed lies outside the newest 160 tokens
 NO_CONTEXT_COPY = 0.30  # copy accuracy of the model before it was trained to read its context (0.17-0.30)
-# the bar for a model that reads its whole context (copy >= 0.90 at every distance); these probes measure 0.98 at 512 and 0.96 at 2,048 (stage 8; the card has all 14)
+# the bar for a model that reads its whole context (copy >= 0.90 at every distance); these probes measure
+# 0.98 at 512 and 0.96 at 2,048 (stage 8; the model card has all 14 distances)
 MIN_COPY = 0.90
 MIN_PASSKEY = 0.95  # measured 1.00 (10 trials x 5 depths) at 512 and 2,048
 
