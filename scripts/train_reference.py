@@ -168,6 +168,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--eval-seq-len", type=int, default=512, help="window of the reported held-out perplexity")
     g.add_argument("--eval-long-seq-len", type=int, default=4352, help="window of the per-position report")
     g.add_argument(
+        "--ability-copy-rows",
+        type=int,
+        default=24,
+        help="rows (copied spans) per distance in the model card's copy probe; each row scores up to 31 tokens",
+    )
+    g.add_argument(
         "--heldout-min-tokens", type=int, default=40_000, help="fail if the held-out text is shorter"
     )
     g.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -215,6 +221,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--device {args.device}: this torch build or machine has no CUDA device")
     if args.grow_layers < 0 or (args.grow_layers and args.init_from is None):
         p.error(f"--grow-layers must be >= 0 and needs --init-from, got {args.grow_layers!r}")
+    if args.ability_copy_rows < 1:
+        p.error(f"--ability-copy-rows must be >= 1, got {args.ability_copy_rows!r}")
     return args
 
 
@@ -727,7 +735,7 @@ ABILITY_PROTECTED_TAIL = 160  # what kvlab eval keeps probes out of by default: 
 
 
 def measure_abilities(
-    model, tokenizer, heldout_text: str, passkey_trials: int = 20, copy_rows: int = 8
+    model, tokenizer, heldout_text: str, passkey_trials: int = 20, copy_rows: int = 24
 ) -> dict:
     """Copy and passkey abilities of ``model`` through a float ``DynamicCache``, with kvlab eval's own probes.
 
@@ -800,6 +808,7 @@ def measure_abilities(
         "protected_tail": ABILITY_PROTECTED_TAIL,
         "copy_span_tokens": RECALL_SPAN_TOKENS,
         "passkey_trials": passkey_trials,
+        "copy_rows": copy_rows,
         "copy": copy,
         "passkey": passkey,
     }
@@ -1268,7 +1277,7 @@ def main(argv: list[str] | None = None) -> int:
                 by_pos.append(
                     {"positions": f"{lo + 1}-{hi}", "nll": round(value, 4), "ppl": round(math.exp(value), 2)}
                 )
-        abilities = measure_abilities(saved, tokenizer, heldout_text)
+        abilities = measure_abilities(saved, tokenizer, heldout_text, copy_rows=args.ability_copy_rows)
         evaluation = {
             "abilities": abilities,
             "seq_len": args.eval_seq_len,
