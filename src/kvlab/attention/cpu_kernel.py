@@ -12,7 +12,9 @@ compiler (``cc``, or ``$KVLAB_CC``) with ``-O3 -march=native -fPIC -shared -fope
 ``$KVLAB_KERNEL_DIR`` or ``$XDG_CACHE_HOME/kvlab/kernels`` (default ``~/.cache/kvlab/kernels``), named by a hash of
 the source, the flags and the CPU (``-march=native`` code runs only where it was built) and one of the compiler's
 version; where no compiler can run, a build for the same source, flags and CPU by an earlier compiler is loaded.
-It is written to a temporary name and moved into place, so concurrent processes are safe. Nothing is compiled on
+It is written to a temporary name and moved into place, so concurrent processes are safe; after a build, all but the
+:data:`KEEP_BUILDS` most recently written kernels of the folder are deleted (old sources, compilers, CPUs). Nothing
+is compiled on
 ``import kvlab``. Where it cannot be built or loaded (no compiler, a failed build) or ``KVLAB_CPU_KERNEL=0``,
 :func:`unavailable_reason` says why and ``kivi_attention(backend="auto")`` keeps the torch path.
 
@@ -35,6 +37,8 @@ SOURCE = Path(__file__).with_name("_kivi_cpu.c")
 COMPILER = os.environ.get("KVLAB_CC", "cc")
 CFLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fopenmp")
 COMPILE_TIMEOUT_S = 120
+# kernels kept in cache_dir() after a build, the new one among them (other installs' builds stay usable)
+KEEP_BUILDS = 4
 # query rows (GQA heads x query tokens) one item may have: decode and short speculative steps; longer queries
 # (prefill chunks) keep the torch path
 MAX_ROWS = 64
@@ -133,6 +137,33 @@ def _build(target: Path) -> None:
             os.unlink(tmp)
 
 
+def prune_builds(keep: Path, limit: int = KEEP_BUILDS) -> list[Path]:
+    """Delete all but the ``limit`` most recently written ``kivi_cpu-*.so`` files in ``keep``'s folder; ``keep``
+    itself (the kernel just built) always stays. A file that cannot be deleted (another user's, already gone) is
+    left alone. Returns the deleted paths.
+
+    Raises:
+        ValueError: ``limit < 1``.
+    """
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1 (the kernel just built stays), got {limit!r}")
+    found = []
+    for q in keep.parent.glob("kivi_cpu-*.so"):
+        try:
+            found.append((q.stat().st_mtime, q))
+        except OSError:
+            continue
+    others = [q for _, q in sorted(found, reverse=True) if q != keep]
+    removed = []
+    for q in others[limit - 1 :]:
+        try:
+            q.unlink()
+            removed.append(q)
+        except OSError:
+            continue
+    return removed
+
+
 def _load() -> ctypes.CDLL:
     """Build (if needed) and load the kernel; raises on failure."""
     global _path
@@ -144,6 +175,7 @@ def _load() -> ctypes.CDLL:
             raise
     if not path.exists():
         _build(path)
+        prune_builds(path)
     lib = ctypes.CDLL(str(path))
     _path = path
     i64, ptr = ctypes.c_int64, ctypes.c_void_p

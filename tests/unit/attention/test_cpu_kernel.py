@@ -207,6 +207,45 @@ def test_a_built_kernel_still_loads_when_the_compiler_is_gone(monkeypatch, tmp_p
         cpu_kernel.reset()
 
 
+def test_prune_keeps_the_newest_builds_and_the_new_one(tmp_path):
+    old = []
+    for i in range(6):  # kivi_cpu-0.so is the oldest
+        q = tmp_path / f"kivi_cpu-{i}.so"
+        q.write_bytes(b"x")
+        os.utime(q, (1000 + i, 1000 + i))
+        old.append(q)
+    other = tmp_path / "notes.txt"  # not a kernel: never touched
+    other.write_text("keep")
+    new = tmp_path / "kivi_cpu-new.so"
+    new.write_bytes(b"x")
+    os.utime(new, (10, 10))  # even with an old mtime, the kernel just built stays
+    removed = cpu_kernel.prune_builds(new, limit=3)
+    assert sorted(removed) == sorted(old[:4])
+    assert sorted(tmp_path.iterdir()) == sorted([new, old[4], old[5], other])
+    assert cpu_kernel.prune_builds(new, limit=3) == []  # nothing more to delete
+    with pytest.raises(ValueError, match="limit must be >= 1.*0"):
+        cpu_kernel.prune_builds(new, limit=0)
+
+
+@needs_kernel
+def test_a_build_prunes_stale_kernels(monkeypatch, tmp_path):
+    monkeypatch.setenv("KVLAB_KERNEL_DIR", str(tmp_path))
+    stale = []
+    for i in range(cpu_kernel.KEEP_BUILDS + 2):
+        q = tmp_path / f"kivi_cpu-stale{i}.so"
+        q.write_bytes(b"x")
+        os.utime(q, (1000 + i, 1000 + i))
+        stale.append(q)
+    cpu_kernel.reset()
+    try:
+        assert cpu_kernel.unavailable_reason() is None  # built now
+        left = sorted(tmp_path.glob("kivi_cpu-*.so"))
+        assert len(left) == cpu_kernel.KEEP_BUILDS and cpu_kernel.library_path() in left
+        assert set(left) - {cpu_kernel.library_path()} == set(stale[-(cpu_kernel.KEEP_BUILDS - 1) :])
+    finally:
+        cpu_kernel.reset()
+
+
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("KVLAB_KERNEL_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
