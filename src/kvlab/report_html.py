@@ -258,7 +258,13 @@ def _passkey_table(rows: list[Mapping[str, Any]]) -> str:
 
 
 # summary fields holding a warning the reader must see next to the decision, not in a table row under it
-WARNING_KEYS = ("latency_warning", "long_context_warning", "long_context_not_measured", "eviction_warning")
+WARNING_KEYS = (
+    "latency_warning",
+    "long_context_warning",
+    "long_context_not_measured",
+    "eviction_warning",
+    "dtype_warning",
+)
 
 
 def _decision_block(summary: Any) -> str:

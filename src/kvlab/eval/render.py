@@ -225,3 +225,5 @@ def _print_decision(result: dict, s: dict, console: Console) -> None:
         console.print(f"[yellow]warning: {s['eviction_warning']}[/]")
     if s.get("long_context_not_measured"):
         console.print(f"[yellow]warning: {s['long_context_not_measured']}[/]")
+    if s.get("dtype_warning"):
+        console.print(f"[yellow]warning: {s['dtype_warning']}[/]")

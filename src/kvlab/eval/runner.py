@@ -45,6 +45,7 @@ from kvlab.eval.metrics import (
 )
 from kvlab.eval.schema import SCHEMA_VERSION
 from kvlab.runtime.device import resolve_device, synchronize  # resolve_device re-exported: kvlab eval uses it
+from kvlab.runtime.dtypes import matmul_time_ratio
 from kvlab.runtime.provenance import hardware_info, software_info  # re-exported: provenance of a run
 from kvlab.runtime.timing import default_threads, interleaved, paired_ratio
 
@@ -564,7 +565,8 @@ def summarize(result: dict) -> dict:
         ``eligible_contexts``), ``selected_candidate`` (the :data:`SELECTED_KEYS` of :func:`decide`'s row, or None),
         ``decision``, ``decision_gates`` (the gates the selected row was judged on: the latency gate is left out
         where the machine was busy while timing), ``latency_trusted`` (no capacity cell was timed on a busy
-        machine) and ``latency_warning``.
+        machine) and the warnings shown next to the decision (``latency_warning``, ``long_context_warning``,
+        ``long_context_not_measured``, ``eviction_warning``, ``dtype_warning``; each None when it does not apply).
 
     Raises:
         ValueError: from :func:`decide`, a capacity candidate row that was never gated.
@@ -599,7 +601,39 @@ def summarize(result: dict) -> dict:
         "long_context_warning": long_context_warning(result["rows"]),
         "long_context_not_measured": not_measured_warning(result),
         "eviction_warning": eviction_warning(selected),
+        "dtype_warning": dtype_warning(result),
     }
+
+
+# a model-dtype matmul taking more than this many times the float32 one means the CPU emulates the dtype
+SLOW_DTYPE_RATIO = 2.0
+
+
+def dtype_warning(result: dict) -> str | None:
+    """A warning when the run's model dtype was emulated on its CPU: ``provenance.hardware.
+    matmul_time_ratio_vs_float32`` (measured at the start of the run by :func:`kvlab.runtime.dtypes.
+    matmul_time_ratio`) above :data:`SLOW_DTYPE_RATIO`; else None (float32, a GPU, a native bf16 CPU, or an older
+    result without the measurement).
+
+    On such a CPU prefill and the long-context probes dominate the run's time, and every latency ratio describes
+    the emulated dtype rather than a CPU that serves it natively.
+    """
+    provenance = result.get("provenance") or {}
+    hardware = provenance.get("hardware") or {}
+    ratio = hardware.get("matmul_time_ratio_vs_float32")
+    if ratio is None or ratio <= SLOW_DTYPE_RATIO:
+        return None
+    dtype = (
+        (provenance.get("model") or {}).get("dtype") or (result.get("settings") or {}).get("dtype") or "model"
+    )
+    capability = hardware.get("cpu_capability")
+    where = f" (torch's CPU capability: {capability})" if capability else ""
+    return (
+        f"on this CPU a {dtype} matmul took {ratio:.1f}x the time of a float32 one{where}: it has no native {dtype} "
+        f"matrix instructions, so prefill and the long-context probes set the run time, and latencies describe "
+        f"emulated {dtype}; --dtype float32 runs faster here (its float cache holds 4-byte elements, so the "
+        f"quantized caches' byte savings read twice as large)"
+    )
 
 
 def not_measured_warning(result: dict) -> str | None:
@@ -803,6 +837,14 @@ def _run_matrices(cfg, model, tokenizer, result, model_info, progress, advance) 
     result["provenance"].update(
         {"hardware": hardware_info(device), "model": model_info, "seed": cfg.seed, "argv": sys.argv}
     )
+    # on a CPU without native bf16/fp16 matrix instructions the model dtype itself sets the run's pace: say so now
+    ratio = matmul_time_ratio(next(model.parameters()).dtype, device)
+    result["provenance"]["hardware"]["matmul_time_ratio_vs_float32"] = (
+        None if ratio is None else round(ratio, 2)
+    )
+    warning = dtype_warning(result)
+    if warning:
+        progress(f"[yellow]warning: {warning}")
     result["provenance"]["prompts"] = []
     fused = cfg.kivi_attention == "fused" and any(n.startswith("kivi") for n in cfg.candidates)
     # fused KIVI reads packed codes, SnapKV the prefill's queries; every other cache falls back to SDPA unchanged

@@ -8,7 +8,7 @@ A result is one JSON object::
                     max_recall_drop, max_passkey_drop, max_kl_mean}  (the last three absent in older files)
     candidates      [{name, family, nbits?, group_size?, residual_length?, available, skip_reason}]
     plan            [{matrix, candidate, context_length, new_tokens, residual_length, group_size}]
-    provenance      {software, hardware, model {id_or_path, fingerprint, dtype, device, ...}, prompts, seed,
+    provenance      {software, hardware {..., cpu_capability, matmul_time_ratio_vs_float32}, model {id_or_path, fingerprint, dtype, device, ...}, prompts, seed,
                      long_context {protected_tail_tokens, passkey_contexts, not_measured [{probe, context_length,
                      reason}]}}; prompts holds one entry per capacity/window prompt and per probe
                      (mode "recall" / "passkey": context_length, placement, seed, ids_sha256, sequence_sha256)
@@ -35,7 +35,9 @@ A result is one JSON object::
                       latency_warning (None, or why the timings are not to be trusted), long_context_warning (None,
                       or where the float cache itself does not recall/retrieve), long_context_not_measured
                       (None, or which probes did not fit which context: their gates do not apply there), eviction_warning
-                      (None, or why the selected evicting cache was not tested: its budget held the prompt), ...}
+                      (None, or why the selected evicting cache was not tested: its budget held the prompt),
+                      dtype_warning (None, or the model dtype was emulated on this CPU: provenance.hardware.
+                      matmul_time_ratio_vs_float32 above 2), ...}
 """
 
 from __future__ import annotations
@@ -230,6 +232,7 @@ def _summary_problems(summary: dict) -> list[str]:
         ("long_context_warning", "string or null"),
         ("long_context_not_measured", "string or null"),
         ("eviction_warning", "string or null"),
+        ("dtype_warning", "string or null"),
     ):
         if key in summary:
             _check(problems, f"summary.{key}", summary[key], kind)

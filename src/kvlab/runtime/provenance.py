@@ -94,8 +94,9 @@ def software_info() -> dict[str, str | None]:
 
 
 def hardware_info(device: torch.device) -> dict[str, Any]:
-    """Machine facts for a run on ``device``: platform, CPU count, torch threads, CUDA, and for a CUDA
-    ``device`` its name, total memory (bytes), compute capability and the CUDA version."""
+    """Machine facts for a run on ``device``: platform, CPU count, torch threads, torch's CPU capability (the
+    widest vector instruction set its kernels use: ``"AVX2"``, ``"AVX512"``, ...), CUDA, and for a CUDA ``device``
+    its name, total memory (bytes), compute capability and the CUDA version."""
     info: dict[str, Any] = {
         "device": str(device),
         "platform": platform.platform(),
@@ -103,6 +104,7 @@ def hardware_info(device: torch.device) -> dict[str, Any]:
         "processor": platform.processor() or None,
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cuda_available": torch.cuda.is_available(),
     }
     if device.type == "cuda":
