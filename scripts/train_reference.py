@@ -176,6 +176,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument(
         "--heldout-min-tokens", type=int, default=40_000, help="fail if the held-out text is shorter"
     )
+    g.add_argument(
+        "--remeasure-abilities",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="skip training: measure the abilities of the packaged model in DIR again (its weights unchanged; with "
+        "--ability-copy-rows) and rewrite DIR's provenance.json and MODEL_CARD.md; needs no corpus",
+    )
+    g.add_argument(
+        "--remeasure-parts",
+        default="copy,passkey",
+        help="with --remeasure-abilities: which probes to run again, a comma list of copy and passkey (the others "
+        "keep their recorded figures)",
+    )
     g.add_argument("--out", type=Path, default=DEFAULT_OUT)
     g.add_argument("--force", action="store_true", help="replace an existing model in --out")
     args = p.parse_args(argv)
@@ -223,6 +237,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--grow-layers must be >= 0 and needs --init-from, got {args.grow_layers!r}")
     if args.ability_copy_rows < 1:
         p.error(f"--ability-copy-rows must be >= 1, got {args.ability_copy_rows!r}")
+    parts = tuple(x.strip() for x in args.remeasure_parts.split(","))
+    if not parts or len(set(parts)) != len(parts) or not set(parts) <= set(ABILITY_PARTS):
+        p.error(
+            f"--remeasure-parts must be a comma list of {', '.join(ABILITY_PARTS)}, got {args.remeasure_parts!r}"
+        )
+    args.remeasure_parts = parts
+    if args.remeasure_abilities is not None:
+        missing = [
+            f
+            for f in ("model.safetensors", "provenance.json", "heldout.txt")
+            if not (args.remeasure_abilities / f).is_file()
+        ]
+        if missing:
+            p.error(
+                f"--remeasure-abilities {args.remeasure_abilities} is not a packaged model: no {', '.join(missing)}"
+            )
     return args
 
 
@@ -731,16 +761,23 @@ def probe_abilities(model, tokenizer, heldout: torch.Tensor, seq_len: int, gen: 
 ABILITY_COPY_CONTEXTS = (512, 2048, 4352)
 ABILITY_COPY_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 0.92)  # at 4352 tokens the far distance is 4004
 ABILITY_PASSKEY_CONTEXTS = (512, 2048, 4096)
+ABILITY_PARTS = ("copy", "passkey")  # the probes of measure_abilities, in its order
 ABILITY_PROTECTED_TAIL = 160  # what kvlab eval keeps probes out of by default: R = 128 plus G = 32
 
 
 def measure_abilities(
-    model, tokenizer, heldout_text: str, passkey_trials: int = 20, copy_rows: int = 24
+    model,
+    tokenizer,
+    heldout_text: str,
+    passkey_trials: int = 20,
+    copy_rows: int = 24,
+    parts: tuple[str, ...] = ABILITY_PARTS,
 ) -> dict:
     """Copy and passkey abilities of ``model`` through a float ``DynamicCache``, with kvlab eval's own probes.
 
     The probes are :mod:`kvlab.eval.longctx`'s (the same code and templates ``kvlab eval`` measures caches
     with), on the held-out text; placement keeps what is probed out of the newest 160 tokens, as the eval does.
+    ``parts`` (a subset of :data:`ABILITY_PARTS`) names the probes run; a probe left out gets an empty list.
     Returns the ``abilities`` block of provenance (read by the model card).
     """
     from transformers import DynamicCache
@@ -755,7 +792,7 @@ def measure_abilities(
 
     ids = encode_heldout(tokenizer, heldout_text)
     copy, passkey = [], []
-    for ctx in ABILITY_COPY_CONTEXTS:
+    for ctx in ABILITY_COPY_CONTEXTS if "copy" in parts else ():
         probe = build_recall_probe(
             ids,
             ctx,
@@ -777,7 +814,7 @@ def measure_abilities(
                 }
             )
         print(f"abilities: copy at {ctx}: {[(c['distance'], c['accuracy']) for c in copy[-5:]]}", flush=True)
-    for ctx in ABILITY_PASSKEY_CONTEXTS:
+    for ctx in ABILITY_PASSKEY_CONTEXTS if "passkey" in parts else ():
         probe = build_passkey_probe(
             tokenizer,
             ids,
@@ -1034,8 +1071,16 @@ def _ability_tables(ab: dict) -> str:
         + " |"
         for c in contexts
     )
+    again = ab.get("remeasured")
+    remeasured = (
+        f"\n{' and '.join(again['parts']).capitalize()} figures measured again on {again['utc'][:10]} with the "
+        f"weights unchanged (`{again['command']}`); the figures they replaced are kept in `provenance.json` "
+        f"(`evaluation.abilities_history`).\n"
+        if again
+        else ""
+    )
     return f"""Measured with `{ab["method"]}` ({ab["cache"]}, {ab["dtype"]} weights), on held-out text.
-
+{remeasured}
 Copy (induction): a {ab["copy_span_tokens"]}-token held-out span written once at `distance` tokens before the
 end of the prompt and repeated as the continuation, decoded through the cache; accuracy of the greedy (argmax)
 token on span tokens 2..{ab["copy_span_tokens"]}, and their mean NLL.
@@ -1171,8 +1216,121 @@ def write_json(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
+def finish_package(tmp: Path, provenance: dict, out: Path) -> None:
+    """Write ``provenance.json`` and ``MODEL_CARD.md`` into the package folder ``tmp``, then move it to ``out``
+    (replacing a model there; ``tmp`` must be a sibling of ``out`` so that the moves are renames).
+
+    The card and provenance state the folder's size, which includes them, so both are written until the size
+    settles (``provenance["package"]["directory_bytes"]`` is updated in place).
+
+    Raises:
+        RuntimeError: the size did not settle in 10 rounds.
+    """
+    for _ in range(10):
+        write_json(tmp / "provenance.json", provenance)
+        card = write_model_card(json.loads((tmp / "provenance.json").read_text(encoding="utf-8")))
+        (tmp / "MODEL_CARD.md").write_text(card, encoding="utf-8")
+        size = directory_bytes(tmp)
+        if size == provenance["package"]["directory_bytes"]:
+            break
+        provenance["package"]["directory_bytes"] = size
+    else:
+        raise RuntimeError("directory size did not settle")  # the size's digit count oscillates: never seen
+    os.chmod(tmp, 0o755)  # mkdtemp makes 0700 and safetensors writes 0600: make the package readable
+    for f in tmp.iterdir():
+        os.chmod(f, 0o644)
+    if out.exists():
+        old = out.with_name(f".{out.name}-old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, out)
+
+
+def remeasure_abilities(model_dir: Path, copy_rows: int, parts: tuple[str, ...], argv: list[str]) -> dict:
+    """Measure the abilities of the packaged model in ``model_dir`` again and rewrite its provenance and card.
+
+    The weights are not touched: they must be the ones provenance names (``package.weights_sha256``). The probes
+    in ``parts`` are run (:func:`measure_abilities`, bf16 weights, on the package's own ``heldout.txt``) and
+    replace their figures; the others keep theirs. The replaced block is kept under
+    ``evaluation.abilities_history`` with when and by which command it was replaced, so no figure is lost. The
+    package is rewritten in a sibling folder and swapped in (:func:`finish_package`).
+
+    Returns:
+        The new ``abilities`` block.
+
+    Raises:
+        ValueError: the weights differ from those provenance names, or provenance has no abilities to keep for
+            a probe not re-measured.
+    """
+    prov = json.loads((model_dir / "provenance.json").read_text(encoding="utf-8"))
+    digest = sha256_file(model_dir / "model.safetensors")
+    if digest != prov["package"]["weights_sha256"]:
+        raise ValueError(
+            f"{model_dir}/model.safetensors has sha256 {digest}, provenance names {prov['package']['weights_sha256']}"
+        )
+    old = prov["evaluation"].get("abilities")
+    kept = [part for part in ABILITY_PARTS if part not in parts]
+    if kept and not (old and all(old.get(part) for part in kept)):
+        raise ValueError(f"provenance holds no {' / '.join(kept)} figures to keep: re-measure all parts")
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    heldout_text = (model_dir / "heldout.txt").read_text(encoding="utf-8")
+    t0 = time.perf_counter()
+    new = measure_abilities(model, tokenizer, heldout_text, copy_rows=copy_rows, parts=parts)
+    for part in kept:
+        new[part] = old[part]
+        for key in ("copy_rows",) if part == "copy" else ("passkey_trials",):
+            if key in old:
+                new[key] = old[key]
+            else:
+                new.pop(key, None)
+    new["remeasured"] = {
+        "parts": list(parts),
+        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "command": " ".join([Path(sys.argv[0]).name, *argv]),
+        "environment": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }
+    if old is not None:
+        replaced = {
+            k: v for k, v in old.items() if k in ("copy_rows", "passkey_trials", "remeasured", *parts)
+        }
+        prov["evaluation"].setdefault("abilities_history", []).append(
+            {"replaced_utc": new["remeasured"]["utc"], **replaced}
+        )
+    prov["evaluation"]["abilities"] = new
+    tmp = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}-", dir=model_dir.parent))
+    try:
+        for f in model_dir.iterdir():
+            if f.is_file() and f.name not in ("provenance.json", "MODEL_CARD.md"):
+                shutil.copy2(f, tmp / f.name)
+        finish_package(tmp, prov, model_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return new
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if (
+        args.remeasure_abilities is not None
+    ):  # a packaged model's card, measured again: no corpus, no training
+        torch.set_num_threads(args.threads)
+        ab = remeasure_abilities(
+            args.remeasure_abilities.resolve(),
+            args.ability_copy_rows,
+            args.remeasure_parts,
+            argv if argv is not None else sys.argv[1:],
+        )
+        print(
+            f"rewrote {args.remeasure_abilities}: abilities re-measured ({ab['remeasured']['wall_s']} s)",
+            flush=True,
+        )
+        return 0
     out = args.out.resolve()
     if (out / "model.safetensors").exists() and not args.force:
         print(f"error: {out} already holds a model; pass --force to replace it", file=sys.stderr)
@@ -1381,35 +1539,8 @@ def main(argv: list[str] | None = None) -> int:
                 "weights_sha256": sha256_file(tmp / "model.safetensors"),
             },
         }
-        # The card and provenance state the directory's size, which includes them: iterate to a fixed point.
         provenance["total_wall_s"] = round(time.perf_counter() - t_start, 1)
-        for _ in range(10):
-            write_json(tmp / "provenance.json", provenance)
-            card = write_model_card(json.loads((tmp / "provenance.json").read_text(encoding="utf-8")))
-            (tmp / "MODEL_CARD.md").write_text(card, encoding="utf-8")
-            size = directory_bytes(tmp)
-            if size == provenance["package"]["directory_bytes"]:
-                break
-            provenance["package"]["directory_bytes"] = size
-        else:
-            raise RuntimeError(
-                "directory size did not settle"
-            )  # the size's digit count oscillates: never seen
-        assert json.loads((tmp / "provenance.json").read_text())["package"][
-            "directory_bytes"
-        ] == directory_bytes(tmp)
-
-        os.chmod(tmp, 0o755)  # mkdtemp makes 0700 and safetensors writes 0600: make the package readable
-        for f in tmp.iterdir():
-            os.chmod(f, 0o644)
-        if out.exists():
-            old = out.with_name(f".{out.name}-old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, out)
+        finish_package(tmp, provenance, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
