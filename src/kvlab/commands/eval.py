@@ -435,9 +435,18 @@ def run(args: argparse.Namespace) -> int:
     result = new_result(cfg, label, argv)
     if args.dry_run:
         result["status"] = "dry_run"
+    try:  # the plan (a dry run's whole result): a folder that takes no file fails now, not after the model loads
         write_json_atomic(path, result)
+    except OSError as exc:  # names `path`, not the hidden temporary file (kvlab.runtime.atomic)
+        return fail(args, f"--out-dir {args.out_dir}: cannot write {path} ({exc.strerror or exc})")
+    if args.dry_run:
         return _finish(args, result, path, err)
-    return _run_real(args, cfg, result, path, err)
+    try:
+        return _run_real(args, cfg, result, path, err)
+    except OSError as exc:
+        if exc.filename != str(path):  # not the result file: not an output-path problem
+            raise
+        return fail(args, f"could not write the result {path} ({exc.strerror or exc})", EXIT_FAILED)
 
 
 class _Terminated(BaseException):  # not an Exception: cells must not swallow it
@@ -460,10 +469,11 @@ def _run_real(args, cfg, result, path, err) -> int:
         err.print(f"loading model {cfg.model or '(bundled reference model)'} in {cfg.dtype} on {device} ...")
         model, tokenizer = load_model(cfg.model, dtype=cfg.dtype, device=str(device))
         model_info = describe_model(model, cfg.model, cfg.dtype, str(device))
-    except Exception as exc:  # recorded, not lost
+    except (Exception, KeyboardInterrupt) as exc:  # recorded, not lost (nor left as "planned")
         result["status"] = "failed"
+        message = "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else str(exc)
         result["failures"].append(
-            {"candidate": None, "stage": "load_model", "type": type(exc).__name__, "message": str(exc)}
+            {"candidate": None, "stage": "load_model", "type": type(exc).__name__, "message": message}
         )
         write_json_atomic(path, result)
         return fail(

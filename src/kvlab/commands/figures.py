@@ -55,10 +55,15 @@ def run(args: argparse.Namespace) -> int:
         reason = "a file is in the way" if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc
         return fail(args, f"--out {args.out}: cannot create the folder ({reason})")
     total = figure_steps(result=result, append=append)
-    with progress(Console(stderr=True), total, "kvlab figures") as bar:
-        paths = write_figures(
-            args.out, result=result, run_probe=not args.no_probe, append=append, progress=bar.start
-        )
+    try:
+        with progress(Console(stderr=True), total, "kvlab figures") as bar:
+            paths = write_figures(
+                args.out, result=result, run_probe=not args.no_probe, append=append, progress=bar.start
+            )
+    except OSError as exc:  # a folder that takes no files (/proc), a full disk: the writer names the file
+        if exc.filename is None or Path(exc.filename).parent != Path(args.out):
+            raise
+        return fail(args, f"--out {args.out}: cannot write {exc.filename} ({exc.strerror or exc})")
     if args.json:
         print(json.dumps({name: str(path) for name, path in paths.items()}, indent=1))
         return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from kvlab.eval.config import check_label
@@ -33,12 +34,72 @@ def write_json_atomic(path: str | Path, obj: object) -> Path:
     return atomic_write_json(path, obj, indent=1)
 
 
+# a result nests 7 levels deep; far deeper JSON is not one, and would overflow the recursion of the JSON parser
+# (RecursionError near 1,000 levels) or of the encoders and the HTML report that walk it
+MAX_NESTING = 64
+
+
+def _nesting(obj: object) -> int:
+    """How many lists/objects deep ``obj`` nests (0 for a scalar); iterative, so any depth is measured."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, list):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in value)
+    return deepest
+
+
+class _LongInteger(ValueError):
+    """An integer literal too long to convert; ``args[0]`` its number of digits."""
+
+
+def _load_json(path: Path, text: str) -> object:
+    """``text`` parsed, or a ValueError naming ``path``: not JSON, nested deeper than :data:`MAX_NESTING`, or an
+    integer longer than Python converts (``sys.get_int_max_str_digits()``, 4300 digits by default).
+
+    Raises:
+        ValueError: naming ``path`` and what is wrong with its JSON.
+    """
+    limit = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0
+
+    def parse_int(digits: str) -> int:
+        if limit and len(digits.lstrip("-")) > limit:
+            raise _LongInteger(len(digits.lstrip("-")))
+        return int(digits)
+
+    try:
+        obj = json.loads(text, parse_int=parse_int)
+    except _LongInteger as exc:
+        raise ValueError(
+            f"{path} is not a kvlab eval result: it holds an integer of {exc.args[0]:,} digits (more than "
+            f"{limit:,}; no field of a result is that long)"
+        ) from None
+    except RecursionError:
+        raise ValueError(
+            f"{path} is not a kvlab eval result: its JSON nests too deeply to read (a result nests "
+            f"{MAX_NESTING} levels at most)"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+    depth = _nesting(obj)
+    if depth > MAX_NESTING:
+        raise ValueError(
+            f"{path} is not a kvlab eval result: its JSON nests {depth:,} levels deep (a result nests "
+            f"{MAX_NESTING} at most)"
+        )
+    return obj
+
+
 def read_result(path: str | Path) -> dict:
     """Load and validate a result file.
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: not JSON, or not a valid kvlab eval result (the problems are listed).
+        ValueError: not UTF-8 JSON, JSON nested deeper than :data:`MAX_NESTING` or holding an integer too long
+            to convert, or not a valid kvlab eval result (the problems are listed); each names the file.
     """
     path = Path(path)
     if path.is_dir():
@@ -46,9 +107,10 @@ def read_result(path: str | Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"no result file at {path}")
     try:
-        result = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
         raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+    result = _load_json(path, text)
     problems = validate_result(result)
     if problems:
         raise ValueError(f"{path} is not a valid kvlab eval result: " + "; ".join(problems[:8]))

@@ -62,31 +62,54 @@ _TOP = (
     "summary",
 )
 _ROW = ("matrix", "candidate", "context_length", "median_ms", "ms_per_token", "cache_bytes")
+# every number checked is finite (NaN and Infinity read as numbers, then print as "nan ✓" / "inf ✓"):
+# the kind of each one the renderers read, required first, then those that may be null (not measured)
 _PAIRED = ("cache_bytes_ratio", "latency_ratio", "nll_delta", "topk_overlap", "eligible")
 _GATES = ("max_nll_delta", "min_topk_overlap", "max_latency_ratio")  # every result has these three
 _LONG_GATES = ("max_recall_drop", "max_passkey_drop", "max_kl_mean")  # absent in files older than the probes
-# row fields the renderers read: a number (the first three required), or null where it was not measured
-_ROW_NUMBERS = ("median_ms", "ms_per_token", "cache_bytes")
-_ROW_OPTIONAL_NUMBERS = (
-    "min_ms",
-    "mean_nll",
-    "cache_bytes_ratio",
-    "cache_bytes_saved",
-    "latency_ratio",
-    "nll_delta",
-    "nll_ratio",
-    "topk_overlap",
-    "token_agreement_rate",
-    "incremental_peak_bytes",
-    "recall_nll",
-    "recall_nll_delta",
-    "long_context_ms",
-    "latency_ratio_min",
-    "latency_ratio_max",
-    "latency_ratio_unpaired",
-)
-_ROW_OPTIONAL_INTS = ("residual_length", "group_size", "first_divergence_index")
-_DROPS = ("recall_drop", "passkey_drop")  # gated: NaN would pass no gate and fail none
+_ROW_NUMBERS = {
+    "context_length": "int >= 1",
+    "median_ms": "number >= 0",
+    "ms_per_token": "number >= 0",
+    "cache_bytes": "number >= 0",
+}
+_ROW_OPTIONAL_NUMBERS = {
+    "new_tokens": "int >= 1",
+    "residual_length": "int >= 0",
+    "group_size": "int >= 1",
+    "first_divergence_index": "int >= 0",
+    "min_ms": "number >= 0",
+    "mean_nll": "number",
+    "cache_bytes_ratio": "number >= 0",
+    "cache_bytes_saved": "number",  # negative when the candidate's cache is the larger
+    "latency_ratio": "number >= 0",
+    "nll_delta": "number",
+    "nll_ratio": "number >= 0",
+    "topk_overlap": "fraction",
+    "token_agreement_rate": "fraction",
+    "incremental_peak_bytes": "number >= 0",
+    "recall_accuracy": "fraction",
+    "passkey_accuracy": "fraction",
+    "recall_nll": "number",
+    "recall_nll_delta": "number",
+    "recall_drop": "number",  # gated: NaN would pass no gate and fail none
+    "passkey_drop": "number",
+    "kl_mean": "number >= 0",
+    "kl_p99": "number >= 0",
+    "kl_max": "number >= 0",
+    "long_context_ms": "number >= 0",
+    "latency_ratio_min": "number >= 0",
+    "latency_ratio_max": "number >= 0",
+    "latency_ratio_unpaired": "number >= 0",
+}
+_GATE_KINDS = {
+    "max_nll_delta": "number >= 0",
+    "min_topk_overlap": "fraction",
+    "max_latency_ratio": "number > 0",
+    "max_recall_drop": "fraction",
+    "max_passkey_drop": "fraction",
+    "max_kl_mean": "number >= 0",
+}
 
 
 def _is_number(value: object) -> bool:
@@ -106,27 +129,39 @@ def _show(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _is_finite(value: object) -> bool:
+    return _is_number(value) and math.isfinite(value)
+
+
+# kind -> (test, what the problem says it must be). Every number kind is finite: NaN and Infinity are numbers
+# to Python's json module, and a NaN passes no `<=` gate and fails none.
+_KINDS = {
+    "object": (lambda v: isinstance(v, dict), "an object"),
+    "list": (lambda v: isinstance(v, list), "a list"),
+    "string": (lambda v: isinstance(v, str), "a string"),
+    "bool": (lambda v: isinstance(v, bool), "a bool"),
+    "int": (_is_int, "an int"),
+    "int >= 0": (lambda v: _is_int(v) and v >= 0, "an int >= 0"),
+    "int >= 1": (lambda v: _is_int(v) and v >= 1, "an int >= 1"),
+    "number": (_is_finite, "a finite number"),
+    "number >= 0": (lambda v: _is_finite(v) and v >= 0, "a finite number >= 0"),
+    "number > 0": (lambda v: _is_finite(v) and v > 0, "a finite number > 0"),
+    "fraction": (lambda v: _is_finite(v) and 0 <= v <= 1, "a fraction in [0, 1]"),
+}
+
+
 def _type_problem(where: str, value: object, kind: str) -> str | None:
-    """``"<where>: must be <kind>, got <value>"`` when ``value`` is not of ``kind``, else None. Kinds: object,
-    list, string, bool, int, number, fraction (a number in [0, 1]), and each with ``" or null"``."""
+    """``"<where>: must be <what>, got <value>"`` when ``value`` is not of ``kind``, else None. Kinds: the keys
+    of :data:`_KINDS` (every number kind finite; ``fraction`` a number in [0, 1]), each also with
+    ``" or null"``."""
     if kind.endswith(" or null"):
         if value is None:
             return None
         kind = kind[: -len(" or null")]
-    ok = {
-        "object": isinstance(value, dict),
-        "list": isinstance(value, list),
-        "string": isinstance(value, str),
-        "bool": isinstance(value, bool),
-        "int": _is_int(value),
-        "number": _is_number(value),
-        "finite number": _is_number(value) and math.isfinite(value),
-        "fraction": _is_number(value) and 0 <= value <= 1,
-    }[kind]
-    if ok:
+    test, what = _KINDS[kind]
+    if test(value):
         return None
-    article = "an" if kind[0] in "aeiou" else "a"
-    return f"{where}: must be {article} {kind}, got {_show(value)}"
+    return f"{where}: must be {what}, got {_show(value)}"
 
 
 def _check(problems: list[str], where: str, value: object, kind: str) -> bool:
@@ -137,11 +172,44 @@ def _check(problems: list[str], where: str, value: object, kind: str) -> bool:
     return problem is None
 
 
+def _ci_problems(problems: list[str], where: str, ci: object) -> None:
+    """A Wilson interval: null, or ``[low, high]`` with ``0 <= low <= high <= 1``."""
+    if ci is None:
+        return
+    if not (isinstance(ci, list) and len(ci) == 2):
+        problems.append(f"{where}: must be a [low, high] pair of fractions, got {_show(ci)}")
+    elif _check(problems, f"{where}[0]", ci[0], "fraction") & _check(
+        problems, f"{where}[1]", ci[1], "fraction"
+    ):
+        if ci[0] > ci[1]:
+            problems.append(f"{where}: low {_show(ci[0])} is above high {_show(ci[1])}")
+
+
+def _counts_problems(problems: list[str], where: str, block: dict) -> None:
+    """``correct`` and ``trials`` of a passkey block or depth, where present: ``0 <= correct <= trials``,
+    ``trials >= 1`` (the report prints ``correct/trials``)."""
+    ok = True
+    for key, kind in (("trials", "int >= 1"), ("correct", "int >= 0")):
+        if key in block:
+            ok &= _check(problems, f"{where}.{key}", block[key], kind)
+    if ok and "trials" in block and "correct" in block and block["correct"] > block["trials"]:
+        problems.append(
+            f"{where}.correct: {_show(block['correct'])} is more than {where}.trials {_show(block['trials'])}"
+        )
+
+
 def _points_problems(where: str, block: object, points: str) -> list[str]:
-    """The recall/passkey block of a row: an object whose ``points`` list holds one object per distance/depth."""
+    """The recall/passkey block of a row: an object whose ``points`` list holds one object per distance/depth
+    (at least one depth: the passkey heatmap cannot draw none)."""
     problems: list[str] = []
     if not isinstance(block, dict) or not isinstance(block.get(points), list):
         return [f"{where}: must be an object with a {points!r} list"]
+    if points == "depths":
+        if not block["depths"]:
+            problems.append(f"{where}.depths: must hold at least one depth, got []")
+        _check(problems, f"{where}.accuracy", block.get("accuracy"), "fraction or null")
+        _counts_problems(problems, where, block)
+        _ci_problems(problems, f"{where}.ci95", block.get("ci95"))
     for j, p in enumerate(block[points]):
         at = f"{where}.{points}[{j}]"
         if not isinstance(p, dict) or "accuracy" not in p:
@@ -149,34 +217,11 @@ def _points_problems(where: str, block: object, points: str) -> list[str]:
             continue
         _check(problems, f"{at}.accuracy", p["accuracy"], "fraction or null")
         if points == "depths":  # the passkey tables and heatmap read depth, trials and correct of every depth
-            for key, kind in (("depth", "fraction"), ("trials", "int"), ("correct", "int")):
-                if key not in p:
-                    problems.append(f"{at}: lacks {key!r}")
-                else:
-                    _check(problems, f"{at}.{key}", p[key], kind)
-    if points == "depths" and block.get("ci95") is not None:
-        ci = block["ci95"]
-        if not (isinstance(ci, list) and len(ci) == 2 and all(_is_number(x) for x in ci)):
-            problems.append(f"{where}.ci95: must be a [low, high] pair of numbers, got {_show(ci)}")
-    return problems
-
-
-def _long_context_problems(i: int, row: dict) -> list[str]:
-    """Accuracies must be fractions, KL values non-negative numbers, the per-point lists lists of objects."""
-    problems = []
-    for key in ("recall_accuracy", "passkey_accuracy"):
-        value = row.get(key)
-        if value is not None and not (_is_number(value) and 0 <= value <= 1):
-            problems.append(f"rows[{i}].{key}: {_show(value)} is not a fraction in [0, 1]")
-    for key in ("kl_mean", "kl_p99", "kl_max"):
-        value = row.get(key)
-        if value is not None and not (_is_number(value) and value >= 0):
-            problems.append(f"rows[{i}].{key}: {_show(value)} is not a number >= 0")
-    for key in _DROPS:
-        _check(problems, f"rows[{i}].{key}", row.get(key), "finite number or null")
-    for key, points in (("recall", "distances"), ("passkey", "depths")):
-        if row.get(key) is not None:
-            problems += _points_problems(f"rows[{i}].{key}", row[key], points)
+            problems += [f"{at}: lacks {key!r}" for key in ("depth", "trials", "correct") if key not in p]
+            if "depth" in p:
+                _check(problems, f"{at}.depth", p["depth"], "fraction")
+            _counts_problems(problems, at, p)
+            _ci_problems(problems, f"{at}.ci95", p.get("ci95"))
     return problems
 
 
@@ -192,21 +237,21 @@ def _row_problems(i: int, row: object) -> list[str]:
         return problems
     if row["candidate"] != "dynamic":
         problems += [f"rows[{i}] ({row['candidate']}): lacks {k!r}" for k in _PAIRED if k not in row]
-    _check(problems, f"rows[{i}].context_length", row.get("context_length"), "int")
-    for key in _ROW_NUMBERS:
+    for key, kind in _ROW_NUMBERS.items():
         if key in row:
-            _check(problems, f"rows[{i}].{key}", row[key], "number")
-    for key in _ROW_OPTIONAL_NUMBERS:
-        _check(problems, f"rows[{i}].{key}", row.get(key), "number or null")
-    for key in _ROW_OPTIONAL_INTS:
-        _check(problems, f"rows[{i}].{key}", row.get(key), "int or null")
+            _check(problems, f"rows[{i}].{key}", row[key], kind)
+    for key, kind in _ROW_OPTIONAL_NUMBERS.items():
+        _check(problems, f"rows[{i}].{key}", row.get(key), f"{kind} or null")
     _check(problems, f"rows[{i}].eligible", row.get("eligible"), "bool or null")
     _check(problems, f"rows[{i}].latency_trusted", row.get("latency_trusted"), "bool or null")
     _check(problems, f"rows[{i}].timing_contention", row.get("timing_contention"), "object or null")
     if "gates" in row and _check(problems, f"rows[{i}].gates", row["gates"], "object"):
         for name, verdict in row["gates"].items():
             _check(problems, f"rows[{i}].gates.{name}", verdict, "bool or null")
-    return problems + _long_context_problems(i, row)
+    for key, points in (("recall", "distances"), ("passkey", "depths")):
+        if row.get(key) is not None:
+            problems += _points_problems(f"rows[{i}].{key}", row[key], points)
+    return problems
 
 
 def _summary_problems(summary: dict) -> list[str]:
@@ -222,9 +267,9 @@ def _summary_problems(summary: dict) -> list[str]:
         if k not in summary
     ]
     for key, kind in (
-        ("memory_reduction_onset_context", "int or null"),
-        ("eligible_crossover_context", "int or null"),
-        ("eligible_candidate_count", "int"),
+        ("memory_reduction_onset_context", "int >= 1 or null"),
+        ("eligible_crossover_context", "int >= 1 or null"),
+        ("eligible_candidate_count", "int >= 0"),
         ("decision", "string"),
         ("latency_warning", "string or null"),
         ("latency_trusted", "bool or null"),
@@ -238,13 +283,14 @@ def _summary_problems(summary: dict) -> list[str]:
             _check(problems, f"summary.{key}", summary[key], kind)
     sel = summary.get("selected_candidate")
     if _check(problems, "summary.selected_candidate", sel, "object or null") and sel is not None:
-        for key, kind in (("candidate", "string"), ("context_length", "int")):
+        for key, kind in (("candidate", "string"), ("context_length", "int >= 1")):
             if key not in sel:
                 problems.append(f"summary.selected_candidate: lacks {key!r}")
             else:
                 _check(problems, f"summary.selected_candidate.{key}", sel[key], kind)
         for key in ("cache_bytes_ratio", "nll_delta", "topk_overlap", "latency_ratio"):
-            _check(problems, f"summary.selected_candidate.{key}", sel.get(key), "number or null")
+            kind = _ROW_OPTIONAL_NUMBERS[key]
+            _check(problems, f"summary.selected_candidate.{key}", sel.get(key), f"{kind} or null")
     return problems
 
 
@@ -258,13 +304,15 @@ def _gates_problems(gates: dict) -> list[str]:
         ]
     for key in (*_GATES, *_LONG_GATES):
         if key in gates:
-            _check(problems, f"gates.{key}", gates[key], "number")
+            _check(problems, f"gates.{key}", gates[key], _GATE_KINDS[key])
     return problems
 
 
 def validate_result(result: object) -> list[str]:
-    """Problems found in a result object (empty list = valid), each ``"<where>: <what>"``. Never raises on bad
-    content: every field ``kvlab report`` (text or HTML) reads is type-checked here first."""
+    """Problems found in a result object (empty list = valid), each ``"<where>: <what>"`` naming the field's
+    path and its value. Never raises on bad content: every field ``kvlab report`` (text or HTML) and ``kvlab
+    figures --result`` read is type-checked here first; every number must be finite (no NaN, no Infinity), and
+    fractions, counts, byte counts, times and context lengths must be in range."""
     if not isinstance(result, dict):
         return [f"result must be a JSON object, got {type(result).__name__}"]
     version = result.get("schema_version")
@@ -289,7 +337,7 @@ def validate_result(result: object) -> list[str]:
         ("summary", "object or null"),
     ):
         _check(problems, key, result[key], kind)
-    _check(problems, "elapsed_s", result.get("elapsed_s"), "number or null")
+    _check(problems, "elapsed_s", result.get("elapsed_s"), "number >= 0 or null")
     if isinstance(result["provenance"], dict):
         for key in ("model", "software", "hardware"):
             if key in result["provenance"]:

@@ -28,9 +28,18 @@ def atomic_write(
 
     ``f`` is opened in binary mode with ``binary``, else as UTF-8 text with ``newline`` (``""`` for ``csv``).
     The parent folder must exist. On any error the temporary file is removed and ``path`` is left as it was.
+
+    Raises:
+        OSError: the temporary file cannot be created, written or moved onto ``path`` (a folder that does not
+            exist or takes no files, no permission, a full disk, ``path`` a directory): the same error class and
+            errno, with ``filename`` ``path`` (never the hidden temporary file, which the user never named).
+        Exception: whatever ``write`` raises, unchanged.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _naming(exc, path) from exc
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would make the file private to its writer
         text_kwargs = {} if binary else {"encoding": "utf-8", "newline": newline}
@@ -39,13 +48,20 @@ def atomic_write(
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename in (tmp, None):
+            raise _naming(exc, path) from exc
         raise
     return path
+
+
+def _naming(exc: OSError, path: Path) -> OSError:
+    """``exc`` (its class, errno and reason) about ``path``: ``[Errno 2] No such file or directory: '<path>'``."""
+    return type(exc)(exc.errno, exc.strerror or os.strerror(exc.errno), str(path))
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

@@ -166,8 +166,8 @@ def test_schema_checks_long_context_fields(result):
     result["rows"][1]["kl_mean"] = -0.1
     result["rows"][0]["recall"] = {"distances": "not a list"}
     problems = validate_result(result)
-    assert "rows[1].passkey_accuracy: 1.5 is not a fraction in [0, 1]" in problems
-    assert "rows[1].kl_mean: -0.1 is not a number >= 0" in problems
+    assert "rows[1].passkey_accuracy: must be a fraction in [0, 1], got 1.5" in problems
+    assert "rows[1].kl_mean: must be a finite number >= 0, got -0.1" in problems
     assert "rows[0].recall: must be an object with a 'distances' list" in problems
 
 

@@ -11,6 +11,7 @@ from kvlab.runtime import provenance
 # The keys result files already carry (eval result files, bench records); readers and reports depend on them.
 EVAL_HARDWARE_KEYS = {
     "device",
+    "cpu_capability",
     "platform",
     "machine",
     "processor",
