@@ -171,6 +171,10 @@ class EvalConfig:
             raise ValueError(f"`threads` must be at most the {cpus} CPUs of this machine, got {self.threads}")
 
     def __post_init__(self) -> None:
+        if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
+            raise ValueError(
+                f"`model` must name a hub id or a folder (or be None: the bundled model), got {self.model!r}"
+            )
         if self.dtype not in DTYPES:
             raise ValueError(f"`dtype` must be one of {list(DTYPES)}, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):

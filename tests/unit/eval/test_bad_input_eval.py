@@ -27,6 +27,8 @@ def err_of(capsys):
         (["--contexts", "256,256"], "contexts"),
         (["--window-residuals", "16,16"], "window_residuals"),
         (["--seed", "99999999999999999999"], "seed"),
+        (["--model", ""], "--model) must name a hub id or a folder (or be None: the bundled model), got ''"),
+        (["--model", "   "], "got ' '"),
     ],
 )
 def test_dry_run_bad_values_are_named(tmp_path, capsys, argv, fragment):
