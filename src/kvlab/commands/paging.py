@@ -153,15 +153,21 @@ def _register_simulate(sub) -> None:
         "runs on the same trace and budget.",
     )
     m.add_argument("--trace", default=None, help="trace CSV (otherwise a Poisson trace is generated)")
-    m.add_argument("--rate", type=float, default=2.0, help="Poisson arrivals per engine step (default 2.0)")
-    m.add_argument("--requests", type=_int, default=500, help="requests in the Poisson trace (default 500)")
-    m.add_argument("--prompt-tokens", type=_range, default=(256, 2048), help="prompt range LO:HI (256:2048)")
-    m.add_argument("--output-tokens", type=_range, default=(64, 1024), help="output range LO:HI (64:1024)")
-    m.add_argument("--prefix-groups", type=_int, default=4, help="shared system prompts (default 4; 0: none)")
+    # the Poisson flags default to None, so that one given with --trace is refused, not ignored: POISSON_DEFAULTS
+    m.add_argument("--rate", type=float, default=None, help="Poisson arrivals per engine step (default 2.0)")
+    m.add_argument("--requests", type=_int, default=None, help="requests in the Poisson trace (default 500)")
+    m.add_argument("--prompt-tokens", type=_range, default=None, help="prompt range LO:HI (256:2048)")
+    m.add_argument("--output-tokens", type=_range, default=None, help="output range LO:HI (64:1024)")
     m.add_argument(
-        "--prefix-tokens", type=_int, default=512, help="length of each shared prefix (default 512)"
+        "--prefix-groups", type=_int, default=None, help="shared system prompts (default 4; 0: none)"
     )
-    m.add_argument("--seed", type=_int, default=0, help="RNG seed of the Poisson trace (default 0)")
+    m.add_argument(
+        "--prefix-tokens",
+        type=_int,
+        default=None,
+        help="length of each shared prefix (default 512; 0 with --prefix-groups 0)",
+    )
+    m.add_argument("--seed", type=_int, default=None, help="RNG seed of the Poisson trace (default 0)")
     m.add_argument("--block-size", type=_int, default=16, help="paging block size in tokens (default 16)")
     m.add_argument(
         "--policies",
@@ -299,9 +305,11 @@ def _policies(args: argparse.Namespace):
                 keep, block_size_tokens=args.block_size, kv_dtype=args.kv_dtype, keep_tokens=args.keep_tokens
             )
         )
-    if args.policies:
+    if args.policies is not None:
         wanted = [w.strip() for w in args.policies.split(",") if w.strip()]
         known = {p.name: p for p in policies}
+        if not wanted:  # '' once ran every policy
+            raise ValueError(f"--policies {args.policies!r} names no policy; choose among {list(known)}")
         unknown = [w for w in wanted if w not in known]
         if unknown:
             hint = "".join(
@@ -319,22 +327,61 @@ def _policies(args: argparse.Namespace):
     return policies
 
 
+# the Poisson trace flags of `paging simulate` (dest: default); None in the parser means "not given"
+POISSON_DEFAULTS = {
+    "rate": 2.0,
+    "requests": 500,
+    "prompt_tokens": (256, 2048),
+    "output_tokens": (64, 1024),
+    "prefix_groups": 4,
+    "prefix_tokens": 512,
+    "seed": 0,
+    "save_trace": None,
+}
+
+
+def _poisson_flags_given(args: argparse.Namespace) -> list[str]:
+    """The Poisson trace flags given on the command line (as ``--flag value``)."""
+    given = []
+    for dest in POISSON_DEFAULTS:
+        value = getattr(args, dest)
+        if value is None:
+            continue
+        if isinstance(value, tuple):  # --prompt-tokens LO:HI
+            value = ":".join(map(str, value))
+        elif isinstance(value, float):  # --rate
+            value = f"{value:g}"
+        given.append(f"--{dest.replace('_', '-')} {value}")
+    return given
+
+
 def _poisson_trace(args: argparse.Namespace):
     """The generated trace of the Poisson flags and its description; written to ``--save-trace`` when given.
 
     Raises:
-        ValueError: a bad Poisson flag, or a ``--save-trace`` folder that does not exist.
+        ValueError: a bad Poisson flag, ``--prefix-tokens`` > 0 given with ``--prefix-groups 0`` (the prefix would
+            be silently dropped), or a ``--save-trace`` folder that does not exist.
         OSError: ``--save-trace`` exists or cannot be written.
     """
     from kvlab.paging.simulate import poisson_trace, save_trace
 
+    if args.prefix_groups == 0 and args.prefix_tokens:
+        raise ValueError(
+            f"--prefix-tokens {args.prefix_tokens} sizes a shared prefix, but --prefix-groups 0 means none; "
+            "pass both > 0 or drop --prefix-tokens"
+        )
+    prefix_tokens_given = args.prefix_tokens is not None
+    for dest, default in POISSON_DEFAULTS.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, default)
     trace = poisson_trace(
         args.requests,
         args.rate,
         args.prompt_tokens,
         args.output_tokens,
         args.prefix_groups,
-        args.prefix_tokens if args.prefix_groups else 0,
+        # the default 512 goes with the default groups: --prefix-groups 0 alone means no prefix
+        args.prefix_tokens if args.prefix_groups or prefix_tokens_given else 0,
         args.seed,
     )
     if args.save_trace:
@@ -380,6 +427,13 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
     if problem:
         return fail(args, problem)
     if args.trace:
+        given = _poisson_flags_given(args)
+        if given:  # they would be silently ignored
+            return fail(
+                args,
+                f"{', '.join(given)}: {'a flag' if len(given) == 1 else 'flags'} of the generated Poisson trace, "
+                f"which --trace {args.trace} replaces; drop {'it' if len(given) == 1 else 'them'} or --trace",
+            )
         try:  # a trace file's errors name its rows and CSV columns (`prompt_tokens`), not flags
             trace = load_trace(args.trace)
         except (ValueError, OSError) as exc:

@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import re
+import sys
 
 from kvlab.commands import fail
 from kvlab.plan.ledger import KV_DTYPE_NAMES
@@ -173,11 +174,32 @@ def _device_kwargs(args: argparse.Namespace) -> dict:
 
 
 def _device_flag_problem(args: argparse.Namespace) -> str | None:
-    """The custom-device flags named as given (``--bandwidth-gb-s inf``), before the planner names its fields."""
-    for flag, value in (("--bandwidth-gb-s", args.bandwidth_gb_s), ("--tflops", args.tflops)):
-        if value is not None and not 0 < value < math.inf:
+    """The custom-device flags named as given (``--bandwidth-gb-s inf``), before the planner names its fields: not
+    a finite number > 0, or 0 or inf once counted in whole B/s or FLOP/s (:func:`kvlab.plan.hardware.check_rate`)."""
+    from kvlab.plan.hardware import TERA, check_rate
+
+    for flag, value, scale, unit in (
+        ("--bandwidth-gb-s", args.bandwidth_gb_s, 1e9, "GB/s"),
+        ("--tflops", args.tflops, TERA, "TFLOP/s"),
+    ):
+        if value is None:
+            continue
+        if not 0 < value < math.inf:
             return f"{flag} must be a finite number > 0, got {value:g}"
+        try:
+            check_rate(flag, value, scale, unit)
+        except ValueError as e:
+            return str(e).replace(f"`{flag}`", flag)
     return None
+
+
+def _warn_measured(args: argparse.Namespace, r: dict) -> None:
+    """``--measured-step-ms`` faster than the decode step lower bound: say on stderr that it cannot be (the
+    report's ``measured.warning``, also in --json)."""
+    warning = (r.get("measured") or {}).get("warning")
+    if warning:
+        prog = getattr(args, "kvlab_prog", None) or "kvlab"
+        print(f"{prog}: warning: {warning}", file=sys.stderr)
 
 
 def register(subparsers) -> None:
@@ -385,6 +407,7 @@ def run_plan(args: argparse.Namespace) -> int:
         )
     except (ValueError, OSError) as e:
         return fail(args, flag_message(args, e))
+    _warn_measured(args, r)
     if args.json:
         print(json.dumps(r, indent=1))
         return 0
@@ -536,7 +559,8 @@ def _add_bound_rows(t, r: dict) -> None:
         t.add_row(
             "measured step",
             f"{m['measured_step_ms']:.3f} ms",
-            f"{m['fraction_of_bound']:.1%} of bound; {m['achieved_bandwidth_gb_s']:,.1f} GB/s achieved",
+            f"{m['fraction_of_bound']:.1%} of bound; {m['achieved_bandwidth_gb_s']:,.1f} GB/s achieved"
+            + ("; FASTER THAN THE BOUND: see the warning" if m["faster_than_bound"] else ""),
         )
 
 
@@ -561,6 +585,7 @@ def run_roofline(args: argparse.Namespace) -> int:
         )
     except (ValueError, OSError) as e:
         return fail(args, flag_message(args, e))
+    _warn_measured(args, r)
     if args.json:
         print(json.dumps(r, indent=1))
         return 0
@@ -618,7 +643,8 @@ def _print_roofline(r: dict) -> None:
         t.add_row(
             "measured step",
             f"{m['measured_step_ms']:.3f} ms",
-            f"{m['fraction_of_bound']:.1%} of bound; {m['achieved_bandwidth_gb_s']:,.1f} GB/s achieved",
+            f"{m['fraction_of_bound']:.1%} of bound; {m['achieved_bandwidth_gb_s']:,.1f} GB/s achieved"
+            + ("; FASTER THAN THE BOUND: see the warning" if m["faster_than_bound"] else ""),
         )
     console.print(t)
 

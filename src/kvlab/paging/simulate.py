@@ -37,11 +37,15 @@ import numpy as np
 from kvlab.paging.block_pool import BlockPool, hash_block_tokens
 from kvlab.paging.block_table import BlockTable
 from kvlab.paging.budget import KVBudget, default_budget, default_kv_bytes_per_token
-from kvlab.paging.static import MAX_LEN_TOKENS
+from kvlab.paging.static import MAX_LEN_TOKENS, check_seed
 from kvlab.plan.ledger import check_keep_tokens
 from kvlab.runtime.atomic import atomic_write
 
 POLICY_KINDS = ("contiguous", "paged")
+# Arrivals must come before engine step 2**53: arrival times are float64, which from 2**53 on cannot tell
+# consecutive steps apart (2**53 + 1 reads as 2**53). Steps are counted in int64 arrays; beyond 2**63
+# ceil(arrival) overflowed (an arrival at 1e20 read as a negative step and the makespan came out wrong, no error).
+ARRIVAL_STEP_LIMIT = 2**53
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,10 @@ class Trace:
         output_tokens: ``[n]`` int >= 1, tokens to generate.
         prefix_group: ``[n]`` int, which shared prompt prefix the request starts with (-1: none).
         prefix_tokens: ``[n]`` int, length of that shared prefix (<= prompt_tokens).
+
+    Raises:
+        ValueError: columns of different lengths, no request, arrivals not finite, negative, unsorted or beyond
+            :data:`ARRIVAL_STEP_LIMIT` (the request named), a prompt or output < 1 token, or a bad prefix length.
     """
 
     arrival_step: np.ndarray
@@ -73,6 +81,12 @@ class Trace:
             raise ValueError("`arrival_step` must be finite, got NaN or inf")
         if np.any(np.diff(self.arrival_step) < 0) or self.arrival_step[0] < 0:
             raise ValueError("`arrival_step` must be >= 0 and sorted")
+        if self.arrival_step[-1] >= ARRIVAL_STEP_LIMIT:
+            i = int(np.argmax(self.arrival_step >= ARRIVAL_STEP_LIMIT))
+            raise ValueError(
+                f"request {i}: `arrival_step` {float(self.arrival_step[i]):g} must be below step 2**53 "
+                f"({ARRIVAL_STEP_LIMIT:,}), from which float64 times cannot tell consecutive steps apart"
+            )
         if self.prompt_tokens.min() < 1 or self.output_tokens.min() < 1:
             raise ValueError(
                 f"prompt and output must be >= 1 token, got min prompt {int(self.prompt_tokens.min())}, "
@@ -108,6 +122,10 @@ def poisson_trace(
     Prompt and output lengths are uniform on the inclusive ranges. With ``prefix_groups > 0`` every request
     starts with one of that many shared prefixes of ``prefix_tokens`` tokens (a system prompt), followed by its own
     prompt of the drawn length.
+
+    Raises:
+        ValueError: a bad count, rate, range, prefix pair or seed (named), or a rate so low that the last arrival
+            falls at or past :data:`ARRIVAL_STEP_LIMIT` (``rate_per_step`` named).
     """
     if n_requests < 1:
         raise ValueError(f"`n_requests` must be >= 1, got {n_requests!r}")
@@ -120,8 +138,15 @@ def poisson_trace(
         raise ValueError(
             f"`prefix_groups` and `prefix_tokens` must both be > 0 or both 0, got {prefix_groups!r}, {prefix_tokens!r}"
         )
+    check_seed(seed)
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1.0 / rate_per_step, n_requests))
+    if not arrivals[-1] < ARRIVAL_STEP_LIMIT:  # also inf: 1 / rate overflows for a subnormal rate
+        raise ValueError(
+            f"`rate_per_step` {rate_per_step!r} is too low: the last of {n_requests:,} arrivals falls "
+            f"{'' if math.isinf(arrivals[-1]) else f'at step {arrivals[-1]:.3g}, '}past step 2**53 "
+            f"({ARRIVAL_STEP_LIMIT:,}), from which float64 times cannot tell consecutive steps apart"
+        )
     prompts = rng.integers(prompt_tokens[0], prompt_tokens[1] + 1, n_requests)
     outputs = rng.integers(output_tokens[0], output_tokens[1] + 1, n_requests)
     if prefix_groups:
@@ -141,6 +166,11 @@ def load_trace(path: str | os.PathLike) -> Trace:
     """A trace from CSV: ``arrival_step,prompt_tokens,output_tokens[,prefix_group,prefix_tokens]`` with a header.
 
     Rows are sorted by arrival. Arrival times are in engine steps.
+
+    Raises:
+        ValueError: an empty or undecodable file, missing columns, a row with the wrong number of fields, a value
+            that is not a number, or an arrival at or past :data:`ARRIVAL_STEP_LIMIT` (each with the file and row), or a
+            trace :class:`Trace` refuses.
     """
     path = Path(path)
     try:
@@ -171,6 +201,12 @@ def load_trace(path: str | os.PathLike) -> Trace:
         return np.array(values)
 
     arrival = column("arrival_step", float).astype(np.float64)
+    late = np.flatnonzero((arrival >= ARRIVAL_STEP_LIMIT) & np.isfinite(arrival))
+    if len(late):
+        raise ValueError(
+            f"{path}: row {int(late[0]) + 2}: `arrival_step` {rows[late[0]]['arrival_step']!r} must be below step "
+            f"2**53 ({ARRIVAL_STEP_LIMIT:,}), from which float64 times cannot tell consecutive steps apart"
+        )
     prompt = column("prompt_tokens", int).astype(np.int64)
     output = column("output_tokens", int).astype(np.int64)
     group = column("prefix_group", int, -1).astype(np.int64)

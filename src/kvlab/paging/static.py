@@ -33,6 +33,16 @@ DEMO_LENGTHS = (37, 21, 45)  # the mechanics chapter's figure: three requests cu
 WORKLOADS = ("uniform", "heavy")
 
 
+def check_seed(seed: object) -> None:
+    """Refuse an RNG seed numpy does not take (it said only "expected non-negative integer").
+
+    Raises:
+        ValueError: ``seed`` not an integer >= 0, named with its value.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(f"`seed` must be an integer >= 0, got {seed!r}")
+
+
 def workload(
     kind: str, n: int = N_REQUESTS, seed: int = WORKLOAD_SEED, max_len: int = MAX_LEN_TOKENS
 ) -> np.ndarray:
@@ -40,9 +50,14 @@ def workload(
 
     ``uniform``: uniform on 512..max_len (batch jobs). ``heavy``: 80 % uniform on 256..1024 and 20 % on
     3072..max_len, shuffled (online chat).
+
+    Raises:
+        ValueError: ``n`` < 1, a ``seed`` that is not an integer >= 0, ``max_len`` too short for ``kind``, or an
+            unknown ``kind`` (each named).
     """
     if n < 1:
         raise ValueError(f"`n` must be >= 1, got {n!r}")
+    check_seed(seed)
     shortest = {"uniform": 512, "heavy": 3072}.get(kind, 1)  # the lower end of the longest draw
     if max_len < shortest:
         raise ValueError(f"`max_len` must be >= {shortest} for the {kind} workload, got {max_len!r}")
@@ -274,9 +289,16 @@ def run_static(
 
     Returns:
         ``{"config", "A": {<workload>: {...}, "cap_tokens", "budget_bytes"}, "B", "C", "demo"}``.
+
+    Raises:
+        ValueError: ``n_requests`` < 1 or a ``seed`` that is not an integer >= 0 (named; only without
+            ``lengths``), or a bad workload, block size or ``max_len``.
     """
     budget = budget or default_budget()
     if lengths is None:
+        if n_requests < 1:  # named here: workload() calls it `n`
+            raise ValueError(f"`n_requests` must be >= 1, got {n_requests!r}")
+        check_seed(seed)
         lengths = {kind: workload(kind, n_requests, seed, max_len) for kind in workloads}
     if not lengths:
         raise ValueError("no workload to evaluate")

@@ -14,9 +14,12 @@ ignoring spaces and underscores.
 
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import dataclass
 
 MIB = 1024**2
+TERA = 1e12  # the table's TFLOP/s and TB/s in FLOP/s and B/s
 
 _NVIDIA_A100 = "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
 _NVIDIA_H100 = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
@@ -45,6 +48,37 @@ _SMI_H100_PCIE = (
 _ROCMINFO_MI300X = "rocminfo GPU pool of 201,310,208 KiB in https://github.com/ROCm/rocm-examples/issues/187"
 
 
+def _per_second(value: float, scale: float) -> float:
+    """``value`` (a rate in units of ``scale`` per second) as a whole number per second, as the table counts FLOP/s
+    and B/s; inf when it does not fit in a float."""
+    per_s = value * scale
+    return float(round(per_s)) if math.isfinite(per_s) else math.inf
+
+
+def check_rate(name: str, value: object, scale: float, unit: str) -> None:
+    """Refuse a device rate ``value`` in ``unit`` (``scale`` FLOP/s or B/s per unit: 1e12 for TFLOP/s and TB/s,
+    1e9 for GB/s) that is not a finite number > 0, or that is 0 or infinite once counted in whole FLOP/s or B/s
+    as :class:`Hardware` counts them (a ridge point or a decode bound would divide by 0 or be inf).
+
+    Raises:
+        ValueError: naming ``name`` and ``value``, with the range of ``unit`` that is representable.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValueError(f"`{name}` must be a finite number > 0, got {value!r}")
+    per_s = _per_second(value, scale)
+    base = "FLOP/s" if "FLOP" in unit else "B/s"
+    if per_s < 1:
+        raise ValueError(
+            f"`{name}` must be at least {1 / scale:g} {unit} (1 {base}: rates are counted in whole {base}), "
+            f"got {value:g} {unit}"
+        )
+    if per_s == math.inf:
+        raise ValueError(
+            f"`{name}` must be below {sys.float_info.max / scale:.4g} {unit} (the largest float in {base}), "
+            f"got {value:g} {unit}"
+        )
+
+
 @dataclass(frozen=True)
 class Hardware:
     """One accelerator: datasheet compute and bandwidth, memory as the device reports it."""
@@ -65,6 +99,10 @@ class Hardware:
                 isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < float("inf")
             ):
                 raise ValueError(f"`{name}` must be > 0, got {value!r}")
+        for name, unit in (("tflops_16bit", "TFLOP/s"), ("bandwidth_tb_s", "TB/s")):
+            value = getattr(self, name)
+            if value is not None:
+                check_rate(name, value, TERA, unit)
         m = self.memory_mib
         if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 1):
             raise ValueError(f"`memory_mib` must be a positive integer, got {m!r}")
@@ -72,12 +110,12 @@ class Hardware:
     @property
     def peak_flops(self) -> float | None:
         """FLOP/s (None when unknown)."""
-        return None if self.tflops_16bit is None else float(round(self.tflops_16bit * 1e12))
+        return None if self.tflops_16bit is None else _per_second(self.tflops_16bit, TERA)
 
     @property
     def bandwidth_bytes_s(self) -> float:
         """Bytes/s."""
-        return float(round(self.bandwidth_tb_s * 1e12))
+        return _per_second(self.bandwidth_tb_s, TERA)
 
     @property
     def memory_bytes(self) -> int | None:
@@ -205,14 +243,13 @@ def custom_hardware(
     ``None`` and bound nothing.
 
     Raises:
-        ValueError: a bandwidth that is not a positive number (named), or an invalid TFLOP/s or memory.
+        ValueError: a bandwidth or TFLOP/s that is not a finite number > 0, or that is below 1 B/s or 1 FLOP/s or
+            too large for a float once counted in B/s or FLOP/s (:func:`check_rate`; named ``bandwidth_gb_s`` /
+            ``tflops``), or an invalid memory.
     """
-    if (
-        isinstance(bandwidth_gb_s, bool)
-        or not isinstance(bandwidth_gb_s, int | float)
-        or not 0 < bandwidth_gb_s < float("inf")
-    ):
-        raise ValueError(f"`bandwidth_gb_s` must be a finite number > 0, got {bandwidth_gb_s!r}")
+    check_rate("bandwidth_gb_s", bandwidth_gb_s, 1e9, "GB/s")
+    if tflops is not None:
+        check_rate("tflops", tflops, TERA, "TFLOP/s")
     return Hardware(
         name="custom",
         tflops_16bit=tflops,

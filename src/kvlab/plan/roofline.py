@@ -12,6 +12,7 @@ These are upper bounds on speed under stated assumptions, not measurements. Pure
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,12 +21,30 @@ from kvlab.plan.spec import KV_KINDS, ModelSpec
 
 
 def ridge_point_flop_per_byte(peak_flops: float, bandwidth_bytes_s: float) -> float:
-    """``peak / bandwidth``: below this intensity a kernel is bandwidth-bound (mechanics chapter §3.4)."""
-    if not peak_flops > 0 or not bandwidth_bytes_s > 0:
+    """``peak / bandwidth``: below this intensity a kernel is bandwidth-bound (mechanics chapter §3.4).
+
+    Raises:
+        ValueError: ``peak_flops`` or ``bandwidth_bytes_s`` not a finite number > 0 (named), or a ratio that is
+            not finite.
+    """
+    _check_positive("peak_flops", peak_flops)
+    _check_positive("bandwidth_bytes_s", bandwidth_bytes_s)
+    ridge = peak_flops / bandwidth_bytes_s
+    if not 0 < ridge < math.inf:
         raise ValueError(
-            f"peak FLOP/s and bandwidth must be > 0, got {peak_flops!r} and {bandwidth_bytes_s!r}"
+            f"`peak_flops` / `bandwidth_bytes_s` = {peak_flops!r} / {bandwidth_bytes_s!r} is not a finite number > 0"
         )
-    return peak_flops / bandwidth_bytes_s
+    return ridge
+
+
+def _check_positive(name: str, value: object) -> None:
+    """Refuse ``value`` unless it is a finite number > 0 (a divisor of a bound).
+
+    Raises:
+        ValueError: naming ``name`` and ``value``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValueError(f"`{name}` must be a finite number > 0, got {value!r}")
 
 
 def attainable_flops(intensity_flop_per_byte: float, peak_flops: float, bandwidth_bytes_s: float) -> float:
@@ -135,12 +154,24 @@ class DecodeStepBound:
     peak_flops: float | None = None  # peak FLOP/s, when known
 
     def __post_init__(self) -> None:
+        """Raises ValueError naming a negative byte count, a batch < 1, a bandwidth or peak FLOP/s that is not a
+        finite number > 0 (a bound would divide by 0), FLOPs that are negative or not finite, or a bound that is 0
+        (nothing to read or compute) or overflows (too many bytes or FLOPs for a float at this bandwidth or peak)."""
         if self.weight_bytes < 0 or self.kv_bytes < 0:
             raise ValueError(f"bytes must be >= 0, got {self.weight_bytes!r} and {self.kv_bytes!r}")
-        if not self.bandwidth_bytes_s > 0:
-            raise ValueError(f"`bandwidth_bytes_s` must be > 0, got {self.bandwidth_bytes_s!r}")
+        _check_positive("bandwidth_bytes_s", self.bandwidth_bytes_s)
+        if self.peak_flops is not None:
+            _check_positive("peak_flops", self.peak_flops)
+        if self.flops_per_step is not None and not 0 <= self.flops_per_step < math.inf:
+            raise ValueError(f"`flops_per_step` must be a finite number >= 0, got {self.flops_per_step!r}")
         if not isinstance(self.batch, int) or self.batch < 1:
             raise ValueError(f"`batch` must be a positive integer, got {self.batch!r}")
+        if not 0 < self.lower_bound_s < math.inf:
+            raise ValueError(
+                f"the decode step bound of {self.bytes_per_step!r} bytes at `bandwidth_bytes_s` "
+                f"{self.bandwidth_bytes_s!r} (`peak_flops` {self.peak_flops!r}) is {self.lower_bound_s!r} s, "
+                "not a finite number > 0"
+            )
 
     @property
     def bytes_per_step(self) -> int:
@@ -170,17 +201,60 @@ class DecodeStepBound:
     def tokens_per_s_upper_bound(self) -> float:
         return self.batch / self.lower_bound_s
 
-    def compare(self, measured_step_ms: float) -> dict[str, float]:
-        """How a measured step compares: bound/measured and the bandwidth the step achieved."""
-        if not 0 < measured_step_ms < float("inf"):
+    def compare(self, measured_step_ms: float) -> dict[str, Any]:
+        """How a measured step compares: bound/measured and the bandwidth the step achieved.
+
+        ``faster_than_bound`` is True (and ``warning`` says why that is impossible) when the measured step beats
+        the lower bound: the bandwidth or peak FLOP/s given is too low for the device that ran it, or the
+        measurement is wrong (it timed less than a whole step). ``warning`` is None otherwise.
+
+        Raises:
+            ValueError: ``measured_step_ms`` not a finite number > 0, or so small or large that a ratio it gives
+                (fraction of the bound, GB/s achieved, tokens/s) is not a finite number (named, with the value).
+        """
+        if (
+            isinstance(measured_step_ms, bool)
+            or not isinstance(measured_step_ms, int | float)
+            or not 0 < measured_step_ms < math.inf
+        ):
             raise ValueError(f"`measured_step_ms` must be finite and > 0, got {measured_step_ms!r}")
-        seconds = measured_step_ms / 1e3
-        return {
+        seconds = measured_step_ms / 1e3  # 0.0 for the smallest subnormal ms
+        if seconds == 0:
+            seconds = math.ulp(0.0)  # a ratio over it overflows below and is named there
+        out = {
             "measured_step_ms": measured_step_ms,
             "fraction_of_bound": self.lower_bound_s / seconds,
             "achieved_bandwidth_gb_s": self.bytes_per_step / seconds / 1e9,
             "measured_tokens_per_s": self.batch / seconds,
         }
+        words = {
+            "fraction_of_bound": "the fraction of the bound",
+            "achieved_bandwidth_gb_s": "the GB/s achieved",
+            "measured_tokens_per_s": "the tokens/s",
+        }
+        bad = [words[k] for k, v in out.items() if not math.isfinite(v)]
+        if bad:
+            raise ValueError(
+                f"`measured_step_ms` {measured_step_ms!r} is out of range: {' and '.join(bad)} would be infinite "
+                f"(the decode step lower bound is {self.lower_bound_s * 1e3:.6g} ms)"
+            )
+        faster = seconds < self.lower_bound_s
+        out["faster_than_bound"] = faster
+        out["warning"] = self._faster_warning(measured_step_ms) if faster else None
+        return out
+
+    def _faster_warning(self, measured_step_ms: float) -> str:
+        """Why a step measured below the lower bound cannot be: the rate the bound is limited by is too low."""
+        if self.limiter == "compute":
+            rate = f"peak {self.peak_flops / 1e12:g} TFLOP/s ({self.flops_per_step:.4g} FLOP per step)"
+        else:
+            rate = f"bandwidth {self.bandwidth_bytes_s / 1e9:g} GB/s ({self.bytes_per_step:,} B per step)"
+        return (
+            f"measured step {measured_step_ms:g} ms is faster than the decode step lower bound "
+            f"{self.lower_bound_s * 1e3:.4g} ms ({self.limiter}-bound), which no step on this device can beat: the "
+            f"{rate} the bound assumes is below the device that ran it (check --gpu, --bandwidth-gb-s, --tflops), "
+            "or the measurement is wrong (it did not time a whole decode step)"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         compute = self.compute_bound_s

@@ -551,14 +551,31 @@ def spec_from_config(config: Mapping, name: str = "config") -> ModelSpec:
     )
 
 
+# Most decoder layers a config may have. Published decoders have ~12 to ~130 (GPT-3 96, PaLM 118, Llama-3.1-405B
+# 126); the planner keeps one entry per layer in Python lists, so 1e5 layers (~1,000x the deepest model) still plans
+# in about a second, while 1e8 took minutes and 1e30 overflowed inside `[kind] * n`.
+MAX_LAYERS = 100_000
+
+
 def _num_layers(cfg: Mapping) -> int:
-    """The layer count (every name of LAYER_NAMES), or the length of a per-layer list (Nemotron-H)."""
-    num_layers = _field(cfg, LAYER_NAMES, required=False)
-    if num_layers is None:  # Nemotron-H: the layer count is the length of its per-layer list
-        listed = next(
-            (cfg[k] for k in ("layers_block_type", "layer_types") if isinstance(cfg.get(k), list)), None
+    """The layer count (every name of LAYER_NAMES), or the length of a per-layer list (Nemotron-H).
+
+    Raises:
+        ValueError: no layer count, one that is not an integer >= 1, or one above :data:`MAX_LAYERS` (the field
+            and its value named).
+    """
+    got = _read(cfg, LAYER_NAMES)
+    if got is not None:
+        num_layers, field = got[0], f"config field `{got[1]}`"
+    else:  # Nemotron-H: the layer count is the length of its per-layer list
+        key = next((k for k in ("layers_block_type", "layer_types") if isinstance(cfg.get(k), list)), None)
+        if key is None or not cfg[key]:
+            return _field(cfg, LAYER_NAMES)  # raises: no layer count
+        num_layers, field = len(cfg[key]), f"the length of config field `{key}`"
+    if num_layers > MAX_LAYERS:
+        raise ValueError(
+            f"{field} must be at most {MAX_LAYERS:,} layers, got {num_layers:,} (published models have under 200)"
         )
-        num_layers = len(listed) if listed else _field(cfg, LAYER_NAMES)
     return num_layers
 
 

@@ -263,3 +263,69 @@ def test_figure_out_under_a_file_names_the_file(capsys, tmp_path):
     afile.write_text("{}")
     fails(capsys, ["figure", "--out", str(afile / "f.png")], "--out", str(afile), "is a file, not a folder")
     assert afile.read_text() == "{}"
+
+
+@pytest.mark.parametrize("late", ["1e20", "9007199254740993", "9007199254740992", "1e300"])
+def test_an_arrival_past_2_53_steps_is_refused_naming_its_row(capsys, tmp_path, late):
+    # 1e20 overflowed int64 in ceil(arrival): the run reported makespan_steps 20, as if it had arrived at step 0
+    path = trace_file(tmp_path, HEADER + f"0,100,20\n{late},100,20\n")
+    fails(capsys, ["simulate", "--trace", path], "row 3", "`arrival_step`", repr(late), "2**53")
+    with pytest.raises(ValueError, match="request 1: `arrival_step`"):
+        Trace(*(np.array(c) for c in ([0.0, float(late)], [100, 100], [20, 20], [-1, -1], [0, 0])))
+
+
+def test_an_arrival_just_below_2_53_steps_still_runs(capsys, tmp_path):
+    path = trace_file(tmp_path, HEADER + f"0,100,20\n{2**53 - 1},100,20\n")
+    assert main(["paging", "simulate", "--trace", path, "--policies", "paged", "--json"]) == 0
+    assert f'"makespan_steps": {2**53 - 1 + 20}' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("rate", ["1e-300", "1e-14", "5e-324"])
+def test_a_rate_whose_arrivals_pass_2_53_steps_is_refused_by_flag(capsys, rate):
+    # --rate 1e-300 reported last_arrival_step 2.27e300 and a makespan of ~1,000 steps
+    fails(capsys, ["simulate", "--rate", rate, "--requests", "500"], f"--rate {rate} is too low", "2**53")
+    with pytest.raises(ValueError, match="`rate_per_step`"):
+        poisson_trace(500, float(rate))
+
+
+@pytest.mark.parametrize(
+    "argv, fragments",
+    [
+        (["static", "--seed", "-1"], ("--seed", "got -1")),  # was numpy's "expected non-negative integer"
+        (["simulate", *SMALL[2:], "--requests", "5", "--seed", "-1"], ("--seed", "got -1")),
+        (["static", "--requests", "0"], ("--requests", "got 0")),  # was "`n` must be >= 1"
+        # --prefix-tokens was dropped without a word when --prefix-groups was 0
+        (["simulate", *SMALL, "--prefix-groups", "0", "--prefix-tokens", "100"], ("--prefix-tokens 100",)),
+        (["simulate", *SMALL, "--prefix-tokens", "0"], ("--prefix-groups", "--prefix-tokens")),
+        (["simulate", *SMALL, "--policies", ""], ("--policies ''", "no policy")),  # ran every policy
+    ],
+)
+def test_seed_requests_prefix_and_policies_are_named(capsys, argv, fragments):
+    fails(capsys, argv, *fragments)
+    for name in ("`n`", "`seed`", "`n_requests`", "non-negative integer"):
+        assert name not in capsys.readouterr().err
+
+
+def test_library_seed_and_request_count_are_named():
+    with pytest.raises(ValueError, match="`seed` must be an integer >= 0, got -1"):
+        workload("uniform", 10, seed=-1)
+    with pytest.raises(ValueError, match="`seed`"):
+        poisson_trace(5, 1.0, seed=-1)
+
+
+@pytest.mark.parametrize(
+    "extra, fragments",
+    [
+        (["--rate", "5"], ("--rate 5", "--trace")),  # was silently ignored
+        (["--requests", "9", "--prompt-tokens", "8:9"], ("--requests 9", "--prompt-tokens 8:9", "--trace")),
+        (["--save-trace", "out.csv"], ("--save-trace out.csv",)),
+    ],
+)
+def test_poisson_flags_with_a_trace_are_refused_not_ignored(capsys, tmp_path, extra, fragments):
+    path = trace_file(tmp_path, HEADER + "0,20,10\n1,30,5\n")
+    fails(capsys, ["simulate", "--trace", path, *extra], *fragments)
+
+
+def test_prefix_groups_zero_alone_still_means_no_prefix(capsys):
+    assert main(["paging", "simulate", *SMALL, "--prefix-groups", "0", "--policies", "paged", "--json"]) == 0
+    assert '"prefix_requests": 0' in capsys.readouterr().out

@@ -145,19 +145,12 @@ def test_model_and_kv_dtype_come_from_the_planner(capsys):
 
 
 def test_simulate_prints_one_progress_line_per_policy_on_stderr(capsys, tmp_path):
-    shape = [
-        "--prompt-tokens",
-        "64:512",
-        "--output-tokens",
-        "16:128",
-        "--gpu-mem-gib",
-        "40",
-        "--max-len",
-        "2048",
-    ]
+    shape = ["--gpu-mem-gib", "40", "--max-len", "2048"]
+    poisson = ["--requests", "20", "--prompt-tokens", "64:512", "--output-tokens", "16:128"]
     trace = str(tmp_path / "t.csv")
-    assert main(["paging", "simulate", "--requests", "20", *shape, "--save-trace", trace, "--json"]) == 0
+    assert main(["paging", "simulate", *poisson, *shape, "--save-trace", trace, "--json"]) == 0
     capsys.readouterr()
+    # the Poisson flags are not repeated: with --trace they are refused, not ignored
     assert (
         main(["paging", "simulate", "--trace", trace, *shape, "--policies", "paged,contiguous", "--json"])
         == 0

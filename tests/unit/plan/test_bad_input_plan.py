@@ -403,3 +403,99 @@ def test_weight_bytes_and_weights_index_together_are_refused(tmp_path, capsys):
         "--weight-bytes",
         "--weights-index",
     )
+
+
+@pytest.mark.parametrize(
+    "argv, flag, value",
+    [
+        # each was a ZeroDivisionError: the rate rounds to 0 whole B/s or FLOP/s
+        (["plan", "llama-3-8b", "--bandwidth-gb-s", "1e-10", "--tflops", "100"], "--bandwidth-gb-s", "1e-10"),
+        (["roofline", "--bandwidth-gb-s", "1e-300", "--tflops", "1e-300"], "--bandwidth-gb-s", "1e-300"),
+        (["plan", "llama-3-8b", "--bandwidth-gb-s", "100", "--tflops", "1e-13"], "--tflops", "1e-13"),
+        (["roofline", "--bandwidth-gb-s", "100", "--tflops", "1e-13"], "--tflops", "1e-13"),
+        # was "`bandwidth_bytes_s` must be > 0, got 0.0"
+        (["plan", "llama-3-8b", "--bandwidth-gb-s", "1e-10"], "--bandwidth-gb-s", "1e-10"),
+        # inf once in B/s or FLOP/s: was an OverflowError in round()
+        (["plan", "llama-3-8b", "--bandwidth-gb-s", "1e300"], "--bandwidth-gb-s", "1e+300"),
+        (["roofline", "--bandwidth-gb-s", "100", "--tflops", "1e297"], "--tflops", "1e+297"),
+    ],
+)
+def test_a_device_rate_that_rounds_to_zero_or_overflows_is_named_by_flag(capsys, argv, flag, value):
+    err = fails(capsys, argv, flag, f"got {value}")
+    assert "`" not in err and "Traceback" not in err, err
+
+
+def test_the_smallest_device_rates_still_plan(capsys):
+    argv = ["plan", "llama-3-8b", "--bandwidth-gb-s", "1e-9", "--tflops", "1e-12", "--json"]
+    assert main(argv) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["gpu"]["ridge_flop_per_byte"] == 1.0 and r["bandwidth_bytes_s"] == 1.0
+
+
+def test_library_rates_that_would_divide_by_zero_are_named():
+    from kvlab.plan.hardware import Hardware, custom_hardware
+    from kvlab.plan.roofline import DecodeStepBound, ridge_point_flop_per_byte
+
+    with pytest.raises(ValueError, match="`bandwidth_gb_s` must be at least 1e-09 GB/s.*got 1e-10"):
+        custom_hardware(1e-10, 100)
+    with pytest.raises(ValueError, match="`tflops` must be at least 1e-12 TFLOP/s.*got 1e-13"):
+        custom_hardware(100, 1e-13)
+    with pytest.raises(ValueError, match="`tflops_16bit`"):
+        Hardware("x", 1e-300, 1.0, None, "")
+    with pytest.raises(ValueError, match="`bandwidth_tb_s`"):
+        Hardware("x", 1.0, 1e-300, None, "")
+    with pytest.raises(ValueError, match="`peak_flops` must be a finite number > 0, got 0.0"):
+        DecodeStepBound(10, 10, 1, 1e12, flops_per_step=1e9, peak_flops=0.0)
+    with pytest.raises(ValueError, match="`bandwidth_bytes_s`"):
+        ridge_point_flop_per_byte(1e12, float("inf"))
+
+
+@pytest.mark.parametrize("command", [["plan", "llama-3-8b"], ["roofline"]])
+@pytest.mark.parametrize("ms", ["1e-300", "5e-324"])
+def test_a_measured_step_giving_infinite_ratios_is_refused(capsys, command, ms):
+    # was a 300-digit percentage, "inf GB/s" and, with --json, `Infinity` (not JSON)
+    err = fails(
+        capsys, [*command, "--measured-step-ms", ms, "--json"], f"--measured-step-ms {ms}", "infinite"
+    )
+    assert capsys.readouterr().out == "" and "`" not in err
+
+
+@pytest.mark.parametrize("command", [["plan", "llama-3-8b"], ["roofline"]])
+def test_a_measured_step_faster_than_the_bound_is_warned_about(capsys, command):
+    # --measured-step-ms 1 printed "840.3% of bound; 17,134.3 GB/s achieved" and nothing else
+    assert main([*command, "--measured-step-ms", "1", "--json"]) == 0
+    captured = capsys.readouterr()
+    m = json.loads(captured.out)["measured"]
+    assert m["faster_than_bound"] is True and "faster than the decode step lower bound" in m["warning"]
+    assert "warning: measured step 1 ms is faster than the decode step lower bound" in captured.err
+    assert "2039 GB/s" in captured.err  # the A100-80GB bandwidth the bound assumes
+    assert main([*command, "--measured-step-ms", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "FASTER THAN THE BOUND" in captured.out and "warning:" in captured.err
+
+
+def test_a_measured_step_slower_than_the_bound_has_no_warning(capsys):
+    assert main(["roofline", "--measured-step-ms", "10", "--json"]) == 0
+    captured = capsys.readouterr()
+    m = json.loads(captured.out)["measured"]
+    assert m["faster_than_bound"] is False and m["warning"] is None and "warning" not in captured.err
+
+
+@pytest.mark.parametrize("layers", [10**30, 10**8, 100_001])
+def test_an_absurd_layer_count_is_refused_naming_the_field(tmp_path, capsys, layers):
+    # 10**30 was an OverflowError in _layer_kinds; 10**8 ran for minutes
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(BASE | {"num_hidden_layers": layers}))
+    fails(capsys, ["plan", str(path)], "`num_hidden_layers`", f"got {layers:,}", "100,000")
+
+
+def test_a_per_layer_list_longer_than_the_bound_is_named(tmp_path):
+    cfg = {k: v for k, v in BASE.items() if k != "num_hidden_layers"} | {
+        "layer_types": ["full_attention"] * 100_001
+    }
+    with pytest.raises(ValueError, match="length of config field `layer_types`.*100,001"):
+        spec_from_config(cfg)
+
+
+def test_the_largest_layer_count_still_plans():
+    assert spec_from_config(BASE | {"num_hidden_layers": 100_000}).num_layers == 100_000
