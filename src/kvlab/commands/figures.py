@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--out must name a folder, got {args.out!r}")
         if Path(args.out).exists() and not Path(args.out).is_dir():
             raise ValueError(f"--out {args.out} is a file; pass a folder")
-        if args.result:
+        if args.result is not None:  # "" is refused by read_result, not taken for "no result"
             result = read_result(args.result)  # validated, or a message naming the problem
     except (ValueError, OSError) as exc:
         return fail(args, exc)

@@ -99,8 +99,11 @@ def read_result(path: str | Path) -> dict:
     Raises:
         FileNotFoundError: no such file.
         ValueError: not UTF-8 JSON, JSON nested deeper than :data:`MAX_NESTING` or holding an integer too long
-            to convert, or not a valid kvlab eval result (the problems are listed); each names the file.
+            to convert, or not a valid kvlab eval result (the problems are listed); each names the file; an empty
+            path (``Path("")`` would be the current folder).
     """
+    if not str(path).strip():
+        raise ValueError(f"a result file path is needed, got {str(path)!r}")
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{path} is a directory, not a result file")

@@ -366,9 +366,19 @@ def video_report(
     residual_length: int = 128,
     batch: int = 1,
 ) -> dict[str, Any]:
-    """Tokens and KV bytes of clips of each length in ``seconds`` (mechanics chapter §01 [B4], §6.3)."""
+    """Tokens and KV bytes of clips of each length in ``seconds`` (mechanics chapter §01 [B4], §6.3).
+
+    Raises:
+        ValueError: a bad ``batch``, a clip length given twice (one row each would repeat), or what
+            :class:`VideoClip`, :func:`load_spec` and :func:`kv_dtype` refuse.
+    """
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"`batch` must be a positive integer, got {batch!r}")
+    repeated = sorted({s for s in seconds if list(seconds).count(s) > 1}, key=str)
+    if repeated:
+        raise ValueError(
+            f"`seconds` lists {', '.join(map(repr, repeated))} more than once, got {list(seconds)!r}"
+        )
     spec = load_spec(model)
     kvd = kv_dtype(kv, spec.dtype, group_size=group_size, residual_length=residual_length)
     rows = []

@@ -251,3 +251,13 @@ def test_figures_out_folder_that_takes_no_file_is_a_clean_error(tmp_path, capsys
     err = capsys.readouterr().err.splitlines()[-1]
     assert err.startswith(f"kvlab figures: error: --out {out}: cannot write {out}/"), err
     assert err.endswith(".png (No such file or directory)") and ".tmp" not in err, err
+
+
+@pytest.mark.parametrize(
+    "argv", [["report", ""], ["figures", "--out", "{out}", "--no-probe", "--no-append", "--result", ""]]
+)
+def test_an_empty_result_path_is_refused_not_read_as_the_current_folder(tmp_path, capsys, argv):
+    out = tmp_path / "figs"
+    assert main([a.replace("{out}", str(out)) for a in argv]) == 2
+    assert "a result file path is needed, got ''" in " ".join(capsys.readouterr().err.split())
+    assert not out.exists()  # figures refused before drawing anything

@@ -499,3 +499,9 @@ def test_a_per_layer_list_longer_than_the_bound_is_named(tmp_path):
 
 def test_the_largest_layer_count_still_plans():
     assert spec_from_config(BASE | {"num_hidden_layers": 100_000}).num_layers == 100_000
+
+
+def test_a_clip_length_given_twice_is_named(capsys):
+    assert main(["video", "--seconds", "5", "5", "10"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--seconds lists 5.0 more than once, got [5.0, 5.0, 10.0]" in err
