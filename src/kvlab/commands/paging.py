@@ -360,7 +360,7 @@ def _poisson_trace(args: argparse.Namespace):
 
     Raises:
         ValueError: a bad Poisson flag, ``--prefix-tokens`` > 0 given with ``--prefix-groups 0`` (the prefix would
-            be silently dropped), or a ``--save-trace`` folder that does not exist.
+            be silently dropped), or a ``--save-trace`` folder that does not exist or is a file.
         OSError: ``--save-trace`` exists or cannot be written.
     """
     from kvlab.paging.simulate import poisson_trace, save_trace
@@ -385,9 +385,9 @@ def _poisson_trace(args: argparse.Namespace):
         args.seed,
     )
     if args.save_trace:
-        folder = Path(args.save_trace).parent
-        if not folder.is_dir():
-            raise ValueError(f"--save-trace {args.save_trace}: folder {folder} does not exist")
+        problem = _parent_folder_problem("--save-trace", args.save_trace)
+        if problem:
+            raise ValueError(problem)
         save_trace(trace, args.save_trace)
     return trace, f"poisson(rate={args.rate:g}/step, n={args.requests}, seed={args.seed})"
 
@@ -399,6 +399,18 @@ def _empty_path_flag(args: argparse.Namespace, *flags: str) -> str | None:
         if value is not None and not str(value).strip():
             return f"{flag} must name a file, got {value!r}"
     return None
+
+
+def _parent_folder_problem(flag: str, value: str) -> str | None:
+    """``flag value``'s folder as a problem: a file in the way (``ok.txt/x.csv``), or a folder that does not exist
+    (an output flag of ``kvlab paging`` writes into an existing folder, it creates none); None when it is a folder."""
+    path = Path(value)
+    if path.parent.is_dir():
+        return None
+    blocked = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        return f"{flag} {value}: {blocked} is a file, not a folder"
+    return f"{flag} {value}: folder {path.parent} does not exist; create it first"
 
 
 def _check_keep_evicts(args: argparse.Namespace, trace, policies) -> None:
@@ -426,6 +438,10 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
     problem = _empty_path_flag(args, "--trace", "--save-trace")
     if problem:
         return fail(args, problem)
+    if args.series and not args.json:  # the series go into the JSON only: it would be silently ignored
+        return fail(
+            args, "--series adds per-step and per-request series to the --json output; pass --json too"
+        )
     if args.trace:
         given = _poisson_flags_given(args)
         if given:  # they would be silently ignored
@@ -502,7 +518,7 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
 
 
 def run_figure_cmd(args: argparse.Namespace) -> int:
-    from kvlab.paging.figure import plot_paged_layout
+    from kvlab.paging.figure import FIGURE_SUFFIXES, plot_paged_layout
 
     problem = _empty_path_flag(args, "--out")
     if problem:
@@ -511,9 +527,11 @@ def run_figure_cmd(args: argparse.Namespace) -> int:
         return fail(args, f"--out {args.out} is a folder; pass a file name (.png, .svg or .pdf)")
     if Path(args.out).exists() and not args.force:
         return fail(args, file_exists_message(args.out), EXIT_FILE_EXISTS)
-    blocked = next((p for p in Path(args.out).parents if p.exists() and not p.is_dir()), None)
-    if blocked is not None:  # the folder cannot be made: say which file is in the way (was a bare Errno 17)
-        return fail(args, f"--out {args.out}: {blocked} is a file, not a folder")
+    if Path(args.out).suffix.lower() not in FIGURE_SUFFIXES:
+        return fail(args, f"--out {args.out}: the figure's suffix must be .png, .svg or .pdf")
+    problem = _parent_folder_problem("--out", args.out)  # a missing folder is refused, as --save-trace's
+    if problem:
+        return fail(args, problem)
     try:
         result = _static_result(args)
         path = plot_paged_layout(result, args.out, overwrite=args.force)

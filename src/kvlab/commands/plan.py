@@ -193,13 +193,14 @@ def _device_flag_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _warn_measured(args: argparse.Namespace, r: dict) -> None:
-    """``--measured-step-ms`` faster than the decode step lower bound: say on stderr that it cannot be (the
-    report's ``measured.warning``, also in --json)."""
-    warning = (r.get("measured") or {}).get("warning")
-    if warning:
-        prog = getattr(args, "kvlab_prog", None) or "kvlab"
-        print(f"{prog}: warning: {warning}", file=sys.stderr)
+def _warn(args: argparse.Namespace, r: dict) -> None:
+    """The report's warnings on stderr, one line each (also in --json): ``--measured-step-ms`` faster than the
+    decode step lower bound (``measured.warning``: it cannot be), and a context beyond the model's
+    max_position_embeddings (``warnings``)."""
+    prog = getattr(args, "kvlab_prog", None) or "kvlab"
+    for warning in [(r.get("measured") or {}).get("warning"), *r.get("warnings", [])]:
+        if warning:
+            print(f"{prog}: warning: {warning}", file=sys.stderr)
 
 
 def register(subparsers) -> None:
@@ -381,6 +382,15 @@ def _print_lists(args: argparse.Namespace) -> bool:
 def run_plan(args: argparse.Namespace) -> int:
     from kvlab.plan.report import plan_report
 
+    listing = [
+        flag for flag, on in (("--list-presets", args.list_presets), ("--list-gpus", args.list_gpus)) if on
+    ]
+    if listing and args.model is not None:  # the table would silently ignore MODEL
+        return fail(
+            args,
+            f"{listing[0]} prints a table and exits; it takes no MODEL, got {args.model!r} (drop {listing[0]} to "
+            f"plan {args.model})",
+        )
     if _print_lists(args):
         return 0
     if args.model is None:
@@ -407,7 +417,7 @@ def run_plan(args: argparse.Namespace) -> int:
         )
     except (ValueError, OSError) as e:
         return fail(args, flag_message(args, e))
-    _warn_measured(args, r)
+    _warn(args, r)
     if args.json:
         print(json.dumps(r, indent=1))
         return 0
@@ -585,7 +595,7 @@ def run_roofline(args: argparse.Namespace) -> int:
         )
     except (ValueError, OSError) as e:
         return fail(args, flag_message(args, e))
-    _warn_measured(args, r)
+    _warn(args, r)
     if args.json:
         print(json.dumps(r, indent=1))
         return 0
@@ -693,6 +703,7 @@ def run_video(args: argparse.Namespace) -> int:
         )
     except (ValueError, OSError) as e:
         return fail(args, flag_message(args, e))
+    _warn(args, r)
     if args.json:
         print(json.dumps(r, indent=1))
         return 0

@@ -22,6 +22,7 @@ C_RED = "#b71c1c"  # gain labels
 SEQ_COLORS = (C_MAIN, C_ALT, C_GREEN, C_PURPLE, C_GRAY)
 WORKLOAD_LABELS = {"uniform": "uniform\n512-4096 tokens", "heavy": "heavy tail\n80% short"}
 GIB = 1024**3
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf")  # the formats plot_paged_layout writes, picked by the suffix
 
 
 def _draw_layout(ax, demo: dict) -> None:
@@ -140,14 +141,24 @@ def plot_paged_layout(static_result: dict, path: str | os.PathLike, overwrite: b
 
     Returns:
         The written path.
+
+    Raises:
+        ValueError: a suffix other than .png, .svg or .pdf, a ``path`` that is a folder or exists (without
+            ``overwrite``), a folder of ``path`` that does not exist (it is not created, as
+            :func:`kvlab.paging.simulate.save_trace`) or is a file, or a ``static_result`` lacking a key.
     """
     path = Path(path)
-    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+    if path.suffix.lower() not in FIGURE_SUFFIXES:
         raise ValueError(f"the figure's suffix must be .png, .svg or .pdf, got {path.name!r}")
     if path.is_dir():
         raise ValueError(f"{path} is a directory; pass a file name")
     if path.exists() and not overwrite:
         raise ValueError(f"{path} exists; pass overwrite=True to replace it")
+    if not path.parent.is_dir():
+        blocked = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+        if blocked is not None:
+            raise ValueError(f"{path}: {blocked} is a file, not a folder")
+        raise ValueError(f"{path}: folder {path.parent} does not exist; create it first")
     for key in ("demo", "A", "config"):
         if key not in static_result:
             raise ValueError(f"`static_result` lacks {key!r}: pass the dict returned by run_static()")
@@ -161,7 +172,6 @@ def plot_paged_layout(static_result: dict, path: str | os.PathLike, overwrite: b
     _draw_layout(fig.add_subplot(grid[0, 0]), static_result["demo"])
     _draw_concurrency(fig.add_subplot(grid[0, 1]), static_result["A"], static_result["config"])
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         atomic_write(
             path, lambda f: fig.savefig(f, format=path.suffix[1:] or "png", bbox_inches="tight"), binary=True

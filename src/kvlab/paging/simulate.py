@@ -167,10 +167,13 @@ def load_trace(path: str | os.PathLike) -> Trace:
 
     Rows are sorted by arrival. Arrival times are in engine steps.
 
+    A ``prefix_group`` is one shared prefix: every row of a group gives the same ``prefix_tokens``.
+
     Raises:
-        ValueError: an empty or undecodable file, missing columns, a row with the wrong number of fields, a value
-            that is not a number, or an arrival at or past :data:`ARRIVAL_STEP_LIMIT` (each with the file and row), or a
-            trace :class:`Trace` refuses.
+        ValueError: an empty or undecodable file, a column named twice in the header (only the last would be
+            read), missing columns, a row with the wrong number of fields, a value that is not a number, an arrival
+            at or past :data:`ARRIVAL_STEP_LIMIT` (each with the file and row), two rows of one ``prefix_group``
+            with different ``prefix_tokens`` (both rows named), or a trace :class:`Trace` refuses.
     """
     path = Path(path)
     try:
@@ -179,6 +182,14 @@ def load_trace(path: str | os.PathLike) -> Trace:
             rows = list(reader)
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not a text file: {exc}") from exc
+    names = list(reader.fieldnames or [])
+    twice = next((name for i, name in enumerate(names) if name and name in names[:i]), None)
+    if twice is not None:  # csv.DictReader keeps the last of them: one column would be silently dropped
+        where = [i for i, name in enumerate(names, start=1) if name == twice]
+        raise ValueError(
+            f"{path}: the header names column `{twice}` {len(where)} times (columns "
+            f"{', '.join(map(str, where))}); name each column once"
+        )
     if not rows:
         raise ValueError(f"{path}: no requests")
     missing = [c for c in TRACE_COLUMNS if c not in rows[0]]
@@ -212,8 +223,28 @@ def load_trace(path: str | os.PathLike) -> Trace:
     group = column("prefix_group", int, -1).astype(np.int64)
     prefix = column("prefix_tokens", int, 0).astype(np.int64)
     prefix[group < 0] = 0
+    _check_prefix_groups(path, group, prefix)
     order = np.argsort(arrival, kind="stable")
     return Trace(arrival[order], prompt[order], output[order], group[order], prefix[order])
+
+
+def _check_prefix_groups(path: Path, group: np.ndarray, prefix: np.ndarray) -> None:
+    """Refuse a ``prefix_group`` whose rows give different ``prefix_tokens`` (a group is one shared prefix, of one
+    length), naming the group's first row and the first row that differs (file rows: the header is row 1).
+
+    Raises:
+        ValueError: naming both rows, the group and both lengths.
+    """
+    first: dict[int, int] = {}
+    for i, (g, n) in enumerate(zip(group.tolist(), prefix.tolist())):
+        if g < 0:
+            continue
+        j = first.setdefault(g, i)
+        if prefix[j] != n:
+            raise ValueError(
+                f"{path}: rows {j + 2} and {i + 2}: `prefix_group` {g} has `prefix_tokens` {int(prefix[j])} and "
+                f"{n}; a prefix group is one shared prefix, give every row of it the same prefix_tokens"
+            )
 
 
 def save_trace(trace: Trace, path: str | os.PathLike) -> Path:

@@ -78,19 +78,34 @@ def load_lengths(path: str | os.PathLike) -> np.ndarray:
     """Request lengths from a file: one integer per line, or a CSV with a header.
 
     A CSV column ``tokens`` or ``length`` is used as is; otherwise ``prompt_tokens + output_tokens`` (the
-    :mod:`kvlab.paging.simulate` trace format), the final KV length of each request.
+    :mod:`kvlab.paging.simulate` trace format), the final KV length of each request. A file whose first line is a
+    number (``100``, also ``2.5`` or ``nan``) is a list of lengths, not a CSV whose header is that number.
+
+    Raises:
+        ValueError: not a text file, no lengths, a line of a list that is not a whole number >= 0 (naming its line
+            number and text), a CSV value that is not (naming its row and column), or a CSV without the columns.
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8").strip().splitlines()
+        raw = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not a text file: {exc}") from exc
-    if not text:
+    numbered = [(i, line.strip()) for i, line in enumerate(raw.splitlines(), start=1) if line.strip()]
+    if not numbered:
         raise ValueError(f"{path}: no request lengths")
-    try:
-        return np.array([int(line) for line in text if line.strip()], dtype=np.int64)
-    except ValueError:
-        pass
+    if _is_number(numbered[0][1]):  # one length per line: name the line that is not a whole number of tokens
+        values = []
+        for i, line in numbered:
+            try:
+                values.append(int(line))
+            except ValueError:
+                raise ValueError(
+                    f"{path}: line {i}: expected a whole number of tokens (one per line), got {line!r}"
+                ) from None
+            if values[-1] < 0:
+                raise ValueError(f"{path}: line {i}: a request length must be >= 0 tokens, got {line!r}")
+        return np.array(values, dtype=np.int64)
+    text = raw.strip().splitlines()
     rows = list(csv.DictReader(text))
     cols = set(rows[0]) if rows else set()
 
@@ -114,6 +129,15 @@ def load_lengths(path: str | os.PathLike) -> np.ndarray:
         f"{path}: expected one integer per line or a CSV with `tokens`, `length` or "
         f"`prompt_tokens`+`output_tokens`, got columns {sorted(cols)}"
     )
+
+
+def _is_number(text: str) -> bool:
+    """``text`` reads as a number (``100``, ``2.5``, ``nan``, ``1e3``): a line of a lengths list, not a header."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _bytes(tokens: np.ndarray, kv_bytes_per_token: float) -> np.ndarray:

@@ -27,7 +27,23 @@ from kvlab.plan.weights import UnknownWeightsError, WeightBytes, weight_bytes
 def resolve_hardware(
     gpu: str | None, bandwidth_gb_s: float | None = None, tflops: float | None = None
 ) -> Hardware:
-    """A table row by name, or a custom device when ``bandwidth_gb_s`` is given (``tflops`` optional)."""
+    """A table row by name, or a custom device when ``bandwidth_gb_s`` is given (``tflops`` optional).
+
+    Raises:
+        ValueError: ``gpu`` together with ``bandwidth_gb_s`` or ``tflops`` (a table row and a custom device: one
+            would be silently dropped), naming both flags; ``tflops`` without ``bandwidth_gb_s``; an unknown
+            ``gpu`` or a bad rate (:func:`kvlab.plan.hardware.get_hardware`, :func:`custom_hardware`).
+    """
+    custom = [
+        f"{flag} {value:g}" if isinstance(value, int | float) else f"{flag} {value!r}"
+        for flag, value in (("--bandwidth-gb-s", bandwidth_gb_s), ("--tflops", tflops))
+        if value is not None
+    ]
+    if gpu is not None and custom:
+        raise ValueError(
+            f"--gpu {gpu} picks a datasheet row and {' and '.join(custom)} describe{'' if len(custom) > 1 else 's'} a custom device; pass one "
+            f"(--gpu for a device in the table, see --list-gpus; --bandwidth-gb-s [--tflops] for one that is not)"
+        )
     if bandwidth_gb_s is not None:
         return custom_hardware(bandwidth_gb_s, tflops)
     if tflops is not None:
@@ -70,6 +86,22 @@ def _check_context_batch(context: int, batch: int) -> None:
             raise ValueError(f"`{name}` (--{name}) must be a positive integer, got {value!r}")
 
 
+def context_warnings(spec: ModelSpec, contexts: dict[str, int]) -> list[str]:
+    """One warning when any of ``contexts`` (``{"--context 100,000": 100000}``: how the output names each, and its
+    tokens) goes beyond the config's ``max_position_embeddings``, the window the model was trained for. Planned as
+    asked, not refused (RoPE scaling can serve longer), but said. [] when all are within it or the config states
+    no limit."""
+    limit = spec.max_position_embeddings
+    over = [name for name, tokens in contexts.items() if limit is not None and tokens > limit]
+    if not over:
+        return []
+    return [
+        f"{', '.join(over)} {'is' if len(over) == 1 else 'are'} beyond {spec.name}'s max_position_embeddings "
+        f"{limit:,} (the config's context limit): counted as asked, but the model may not serve that many tokens "
+        f"without RoPE scaling or another context extension"
+    ]
+
+
 def plan_report(
     model: str | ModelSpec,
     *,
@@ -101,6 +133,8 @@ def plan_report(
     (:func:`kvlab.plan.vllm.vllm_serve_plan`, blocks of ``block_size`` tokens). ``keep_tokens``: an evicting
     cache holding at most that many tokens per layer (:func:`kvlab.plan.ledger.kv_dtype`); bytes, fit and decode
     bound are the capped cache's, and ``max_context`` is None (not limited by memory) when the capped KV fits.
+    ``warnings``: a ``context`` beyond the config's ``max_position_embeddings`` (:func:`context_warnings`; planned,
+    not refused).
 
     Raises:
         ValueError: bad input (named), or ``emit="vllm"`` for a plan vLLM cannot run as planned.
@@ -145,6 +179,7 @@ def plan_report(
     out["notes"] = _weight_source_notes(
         notes + _model_notes(spec, tp), weight_dtype, weights_index, weight_bytes_override
     ) + _keep_notes(kvd, context)
+    out["warnings"] = context_warnings(spec, {f"--context {context}": context})
     out["vllm"] = None
     if emit == "vllm":
         out["vllm"] = _vllm(spec, kvd, model, context, batch, tp, budget, ledger, block_size)
@@ -282,7 +317,12 @@ def roofline_report(
     probe_kwargs: dict | None = None,
 ) -> dict[str, Any]:
     """Ridge point, decode and prefill intensities, the decode step lower bound, and (``run_probe``) this
-    machine's measured fp32 roofs (mechanics chapter §3.4 and appendix [C])."""
+    machine's measured fp32 roofs (mechanics chapter §3.4 and appendix [C]). ``warnings``: a ``context`` beyond
+    the config's ``max_position_embeddings`` (:func:`context_warnings`; not refused).
+
+    Raises:
+        ValueError: bad input (named), e.g. a ``gpu`` together with a custom device (:func:`resolve_hardware`).
+    """
     _check_context_batch(context, batch)
     hw = resolve_hardware(gpu, bandwidth_gb_s, tflops)
     spec = load_spec(model)
@@ -329,6 +369,7 @@ def roofline_report(
         out["weight_bytes"] = weights.total_bytes
         out["weight_bytes_source"] = weights.source
         out["measured"] = None if measured_step_ms is None else bound.compare(measured_step_ms)
+    out["warnings"] = context_warnings(spec, {f"--context {context}": context})
     out["probe"] = _local_probe(out["prefill"], probe_kwargs) if run_probe else None
     return out
 
@@ -367,6 +408,7 @@ def video_report(
     batch: int = 1,
 ) -> dict[str, Any]:
     """Tokens and KV bytes of clips of each length in ``seconds`` (mechanics chapter §01 [B4], §6.3).
+    ``warnings``: the clips whose tokens go beyond the config's ``max_position_embeddings`` (not refused).
 
     Raises:
         ValueError: a bad ``batch``, a clip length given twice (one row each would repeat), or what
@@ -393,4 +435,7 @@ def video_report(
         "batch": batch,
         "clips": rows,
         "notes": list(spec.notes),
+        "warnings": context_warnings(
+            spec, {f"the {row['seconds']:g} s clip ({row['tokens']:,} tokens)": row["tokens"] for row in rows}
+        ),
     }

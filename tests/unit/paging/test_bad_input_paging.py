@@ -329,3 +329,63 @@ def test_poisson_flags_with_a_trace_are_refused_not_ignored(capsys, tmp_path, ex
 def test_prefix_groups_zero_alone_still_means_no_prefix(capsys):
     assert main(["paging", "simulate", *SMALL, "--prefix-groups", "0", "--policies", "paged", "--json"]) == 0
     assert '"prefix_requests": 0' in capsys.readouterr().out
+
+
+def test_series_without_json_is_refused_not_ignored(capsys):
+    fails(capsys, ["simulate", *SMALL, "--series"], "--series", "--json")
+    assert main(["paging", "simulate", *SMALL, "--series", "--json", "--policies", "paged"]) == 0
+
+
+@pytest.mark.parametrize(
+    "body, line, text",
+    [
+        ("100\nnan\n200\n", 2, "'nan'"),
+        ("100\n\n2.5\n", 3, "'2.5'"),  # blank lines keep their number
+        ("nan\n100\n", 1, "'nan'"),
+        ("100\n-3\n", 2, "'-3'"),
+    ],
+)
+def test_a_bad_line_of_a_lengths_file_is_named(capsys, tmp_path, body, line, text):
+    # was: "got columns ['100']" (the first line read as a CSV header)
+    path = trace_file(tmp_path, body, "lens.txt")
+    fails(capsys, ["static", "--workload", path], f"lens.txt: line {line}", text)
+    assert "columns" not in capsys.readouterr().err
+
+
+def test_save_trace_under_a_file_says_it_is_a_file(capsys, tmp_path):
+    afile = tmp_path / "ok.txt"
+    afile.write_text("x")
+    fails(
+        capsys,
+        ["simulate", *SMALL, "--save-trace", str(afile / "x.csv")],
+        "--save-trace",
+        f"{afile} is a file, not a folder",
+    )
+
+
+def test_figure_into_a_missing_folder_is_refused_as_save_trace(capsys, tmp_path):
+    out = tmp_path / "no" / "dir" / "x.png"
+    fails(capsys, ["figure", "--out", str(out)], "--out", f"folder {out.parent} does not exist")
+    assert not (tmp_path / "no").exists()  # was: created
+
+
+def test_figure_library_refuses_a_missing_folder(tmp_path):
+    from kvlab.paging.figure import plot_paged_layout
+
+    with pytest.raises(ValueError, match="does not exist"):
+        plot_paged_layout({}, tmp_path / "no" / "x.png")
+    assert not (tmp_path / "no").exists()
+
+
+def test_a_trace_column_named_twice_is_refused(capsys, tmp_path):
+    # was: csv.DictReader silently kept the last `arrival_step`
+    path = trace_file(tmp_path, "arrival_step,prompt_tokens,output_tokens,arrival_step\n0,100,10,5\n")
+    fails(capsys, ["simulate", "--trace", path], "`arrival_step` 2 times", "columns 1, 4")
+
+
+def test_a_prefix_group_with_two_lengths_is_refused_naming_both_rows(capsys, tmp_path):
+    header = "arrival_step,prompt_tokens,output_tokens,prefix_group,prefix_tokens\n"
+    path = trace_file(tmp_path, header + "0,100,10,1,50\n1,100,10,2,20\n2,100,10,1,60\n")
+    fails(capsys, ["simulate", "--trace", path], "rows 2 and 4", "`prefix_group` 1", "50 and 60")
+    same = trace_file(tmp_path, header + "0,100,10,1,50\n1,100,10,2,20\n2,100,10,1,50\n", "same.csv")
+    assert len(load_trace(same)) == 3

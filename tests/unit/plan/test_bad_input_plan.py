@@ -505,3 +505,60 @@ def test_a_clip_length_given_twice_is_named(capsys):
     assert main(["video", "--seconds", "5", "5", "10"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "--seconds lists 5.0 more than once, got [5.0, 5.0, 10.0]" in err
+
+
+@pytest.mark.parametrize("command", [["plan", "llama-3-8b"], ["roofline"]])
+@pytest.mark.parametrize(
+    "custom, named",
+    [
+        (["--bandwidth-gb-s", "100"], ("--bandwidth-gb-s 100",)),
+        (["--tflops", "5"], ("--tflops 5",)),
+        (["--bandwidth-gb-s", "100", "--tflops", "5"], ("--bandwidth-gb-s 100", "--tflops 5")),
+    ],
+)
+def test_a_gpu_with_custom_device_flags_is_refused_naming_both(capsys, command, custom, named):
+    # was: --gpu silently dropped for a "custom" device without memory
+    fails(capsys, [*command, "--gpu", "h100", *custom], "--gpu h100", *named, "pass one")
+
+
+@pytest.mark.parametrize("listing", ["--list-presets", "--list-gpus"])
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_a_model_with_a_list_flag_is_refused_naming_it(capsys, listing, json_flag):
+    # was: the table printed, the model silently ignored
+    err = fails(capsys, ["plan", listing, *json_flag, "llama-3-8b"], listing, "'llama-3-8b'")
+    assert "┏" not in capsys.readouterr().out + err
+    assert main(["plan", listing]) == 0  # alone it still prints the table
+
+
+CONTEXT_WARNING = "--context 100000 is beyond llama-3-8b's max_position_embeddings 8,192"
+
+
+@pytest.mark.parametrize("argv", [["plan", "llama-3-8b"], ["roofline"]])
+def test_a_context_beyond_the_model_limit_is_planned_with_a_warning(capsys, argv):
+    assert main([*argv, "--context", "100000", "--json"]) == 0
+    captured = capsys.readouterr()
+    r = json.loads(captured.out)
+    assert r["context"] == 100_000 and len(r["warnings"]) == 1 and CONTEXT_WARNING in r["warnings"][0]
+    assert f"warning: {CONTEXT_WARNING}" in captured.err
+    assert main([*argv, "--context", "8192", "--json"]) == 0  # at the limit: no warning
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["warnings"] == [] and "warning" not in captured.err
+
+
+def test_video_clips_beyond_the_model_limit_are_warned_about(capsys):
+    # 64x64 at 8x: 64 tokens per latent frame; 24 fps / 4: 6 latent frames per second
+    argv = ["video", "--width", "64", "--height", "64", "--seconds", "1", "30", "60"]
+    assert main([*argv, "--json"]) == 0
+    captured = capsys.readouterr()
+    r = json.loads(captured.out)
+    assert [c["tokens"] for c in r["clips"]] == [384, 11_520, 23_040]
+    (warning,) = r["warnings"]
+    assert "30 s clip (11,520 tokens), the 60 s clip (23,040 tokens) are beyond" in warning
+    assert "1 s clip" not in warning and "max_position_embeddings 8,192" in warning
+    err = " ".join(captured.err.split())
+    assert (
+        "kvlab video: warning: the 30 s clip (11,520 tokens)" in err
+        and "max_position_embeddings 8,192" in err
+    )
+    assert main([*argv[:-2], "--json"]) == 0  # 1 s only: within the limit
+    assert json.loads(capsys.readouterr().out)["warnings"] == []
