@@ -489,7 +489,16 @@ def _run_real(args, cfg, result, path, err) -> int:
                 bar.advance()
                 write_json_atomic(path, result)  # every finished cell is on disk, even if the run dies later
 
-            run_eval(cfg, model, tokenizer, result, model_info, progress=bar.describe, advance=step)
+            run_eval(
+                cfg,
+                model,
+                tokenizer,
+                result,
+                model_info,
+                progress=bar.describe,
+                advance=step,
+                notify=lambda msg: err.print(f"[yellow]warning: {msg}[/]"),
+            )
     except (KeyboardInterrupt, _Terminated) as exc:
         result["status"] = "failed"
         message = "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else str(exc)

@@ -477,6 +477,13 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
+    _print_simulation(result, source)
+    return 0
+
+
+def _print_simulation(result: dict, source: str) -> None:
+    """The table of ``kvlab paging simulate``: the trace's summary line, then one column per policy."""
+    from rich.console import Console
     from rich.table import Table
 
     cfg = result["config"]
@@ -514,7 +521,6 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
     for label, fmt in rows:
         t.add_row(label, *(fmt(r) for r in policies.values()))
     console.print(t)
-    return 0
 
 
 def run_figure_cmd(args: argparse.Namespace) -> int:

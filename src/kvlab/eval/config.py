@@ -171,32 +171,7 @@ class EvalConfig:
             raise ValueError(f"`threads` must be at most the {cpus} CPUs of this machine, got {self.threads}")
 
     def __post_init__(self) -> None:
-        if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
-            raise ValueError(
-                f"`model` must name a hub id or a folder (or be None: the bundled model), got {self.model!r}"
-            )
-        if self.dtype not in DTYPES:
-            raise ValueError(f"`dtype` must be one of {list(DTYPES)}, got {self.dtype!r}")
-        if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
-            raise ValueError(f"`device` must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
-        if self.kivi_attention not in ("fused", "dequantize"):
-            raise ValueError(f"`kivi_attention` must be 'fused' or 'dequantize', got {self.kivi_attention!r}")
-        if self.prompt_mode not in PROMPT_MODES:
-            raise ValueError(f"`prompt_mode` must be one of {list(PROMPT_MODES)}, got {self.prompt_mode!r}")
-        from kvlab.eval.candidates import check_candidate_names  # local: candidates imports torch
-
-        check_candidate_names(self.candidates)
-        # fused KIVI (and its Triton kernel) reads K and V codes at one width
-        if self.kivi_attention == "fused":
-            from kvlab.caches.registry import resolve
-
-            split = [n for n in self.candidates if resolve(n).name.key_bits is not None]
-            if split:
-                raise ValueError(
-                    f"`kivi_attention` 'fused' (--kivi-attention fused, the default) reads keys and values at one "
-                    f"width; candidates {split} give them their own bits: use 'dequantize' (--kivi-attention "
-                    f"dequantize)"
-                )
+        self._check_names()
         _positive_ints("contexts", self.contexts)
         _positive_ints("window_residuals", self.window_residuals, allow_empty=True)
         for name in (
@@ -251,6 +226,40 @@ class EvalConfig:
             )
         if self.prompt_mode == "repeat" and not self.prompt.strip():
             raise ValueError("`prompt` must not be empty in repeat mode")
+
+    def _check_names(self) -> None:
+        """The settings given by name: model, dtype, device, attention path, prompt mode and candidates.
+
+        Raises:
+            ValueError: an empty model, an unknown dtype/device/attention/prompt mode, a bad candidate name, or
+                split-width KIVI candidates with fused attention (each named).
+        """
+        if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
+            raise ValueError(
+                f"`model` must name a hub id or a folder (or be None: the bundled model), got {self.model!r}"
+            )
+        if self.dtype not in DTYPES:
+            raise ValueError(f"`dtype` must be one of {list(DTYPES)}, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
+            raise ValueError(f"`device` must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.kivi_attention not in ("fused", "dequantize"):
+            raise ValueError(f"`kivi_attention` must be 'fused' or 'dequantize', got {self.kivi_attention!r}")
+        if self.prompt_mode not in PROMPT_MODES:
+            raise ValueError(f"`prompt_mode` must be one of {list(PROMPT_MODES)}, got {self.prompt_mode!r}")
+        from kvlab.eval.candidates import check_candidate_names  # local: candidates imports torch
+
+        check_candidate_names(self.candidates)
+        # fused KIVI (and its Triton kernel) reads K and V codes at one width
+        if self.kivi_attention == "fused":
+            from kvlab.caches.registry import resolve
+
+            split = [n for n in self.candidates if resolve(n).name.key_bits is not None]
+            if split:
+                raise ValueError(
+                    f"`kivi_attention` 'fused' (--kivi-attention fused, the default) reads keys and values at one "
+                    f"width; candidates {split} give them their own bits: use 'dequantize' (--kivi-attention "
+                    f"dequantize)"
+                )
 
     def to_dict(self) -> dict:
         """JSON-ready settings."""

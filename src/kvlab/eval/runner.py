@@ -812,24 +812,27 @@ def run_eval(
     model_info: dict,
     progress: Progress = lambda msg: None,
     advance: Callable[[], None] = lambda: None,
+    notify: Callable[[str], None] = lambda msg: None,
 ) -> dict:
     """Run both matrices and fill ``result`` (from :func:`new_result`) in place; returns it.
 
     ``model`` must already be on its device in ``cfg.dtype``. Rows hold JSON-ready numbers only. Torch runs with
     ``cfg.threads`` threads (recorded as ``provenance.torch_threads``); the caller's setting is restored after.
     Each cell's caches are timed together, interleaved (:meth:`_Cell.time_paired`), after their quality runs.
+    ``progress`` names the step starting, ``advance`` marks it done, ``notify`` gets a warning the user should see
+    before the run's minutes are spent (today: :func:`dtype_warning`; it is in the summary too).
     """
     threads = cfg.threads if cfg.threads is not None else default_threads()
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     result["provenance"]["torch_threads"] = threads
     try:
-        return _run_matrices(cfg, model, tokenizer, result, model_info, progress, advance)
+        return _run_matrices(cfg, model, tokenizer, result, model_info, progress, advance, notify)
     finally:
         torch.set_num_threads(previous)  # the caller's process keeps its own setting
 
 
-def _run_matrices(cfg, model, tokenizer, result, model_info, progress, advance) -> dict:
+def _run_matrices(cfg, model, tokenizer, result, model_info, progress, advance, notify) -> dict:
     """The body of :func:`run_eval`, with its thread count set."""
     t0 = time.perf_counter()
     device = next(model.parameters()).device
@@ -844,7 +847,7 @@ def _run_matrices(cfg, model, tokenizer, result, model_info, progress, advance) 
     )
     warning = dtype_warning(result)
     if warning:
-        progress(f"[yellow]warning: {warning}")
+        notify(warning)
     result["provenance"]["prompts"] = []
     fused = cfg.kivi_attention == "fused" and any(n.startswith("kivi") for n in cfg.candidates)
     # fused KIVI reads packed codes, SnapKV the prefill's queries; every other cache falls back to SDPA unchanged

@@ -150,11 +150,7 @@ def plan_report(
     ledger = build_ledger(spec, context, batch, weights, kvd, tp=tp)
     hw = resolve_hardware(gpu, bandwidth_gb_s, tflops)
     out: dict[str, Any] = {"spec": spec.summary(), **ledger.to_dict()}
-    budget = None
-    if gpu_mem_gib is not None:
-        budget = budget_from_gib(gpu_mem_gib, reserve_gib)
-    elif hw.memory_bytes is not None:
-        budget = budget_from_hardware(hw, reserve_gib)
+    budget = _memory_budget(gpu_mem_gib, reserve_gib, hw)
     out["gpu"] = hw.to_dict()
     out["budget"] = None if budget is None else budget.to_dict()
     out.update(_fit(spec, context, batch, kvd, tp, budget, weights, ledger))
@@ -184,6 +180,16 @@ def plan_report(
     if emit == "vllm":
         out["vllm"] = _vllm(spec, kvd, model, context, batch, tp, budget, ledger, block_size)
     return out
+
+
+def _memory_budget(gpu_mem_gib: float | None, reserve_gib: float, hw: Any):
+    """The memory the plan fits into: ``gpu_mem_gib`` when given, else the device's reported memory, else None
+    (a custom device without memory: no fit is computed)."""
+    if gpu_mem_gib is not None:
+        return budget_from_gib(gpu_mem_gib, reserve_gib)
+    if hw.memory_bytes is not None:
+        return budget_from_hardware(hw, reserve_gib)
+    return None
 
 
 _FIT_KEYS = (

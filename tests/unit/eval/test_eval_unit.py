@@ -306,3 +306,26 @@ def test_window_matrix_runs_a_cache_without_residual_once(tiny):
     rows = [(r["matrix"], r["candidate"], r["residual_length"]) for r in result["rows"]]
     assert rows.count(("window", "fp8-e4m3", None)) == 1  # no residual window: once, and no R recorded
     assert ("window", "kivi-4", 16) in rows and ("window", "kivi-4", 32) in rows
+
+
+def test_an_emulated_dtype_is_announced_before_the_cells_and_kept_in_the_summary(tiny, monkeypatch):
+    from kvlab.eval import runner
+
+    monkeypatch.setattr(runner, "matmul_time_ratio", lambda dtype, device: 9.0)
+    cfg = tiny_config(candidates=("dynamic", "kivi-8"), window_residuals=())
+    result = new_result(cfg, "unit", None)
+    events = []
+    run_eval(
+        cfg,
+        tiny,
+        CharTokenizer(),
+        result,
+        {"id_or_path": "tiny"},
+        progress=lambda msg: events.append(("step", msg)),
+        notify=lambda msg: events.append(("warning", msg)),
+    )
+    warnings = [m for kind, m in events if kind == "warning"]
+    assert len(warnings) == 1 and "9.0x the time of a float32 one" in warnings[0]
+    assert events[0][0] == "warning", "the warning comes before the first cell"
+    assert result["provenance"]["hardware"]["matmul_time_ratio_vs_float32"] == 9.0
+    assert result["summary"]["dtype_warning"] == warnings[0]

@@ -73,7 +73,8 @@ def test_copy_is_replaced_passkey_kept_history_and_card_written(tr, package, mon
     assert ab["copy"][0]["trials"] == 5 and ab["copy_rows"] == 5
     assert ab["passkey"] == old["passkey"] and ab["passkey_trials"] == old["passkey_trials"]
     assert ab["remeasured"]["parts"] == ["copy"] and "--remeasure-abilities" in ab["remeasured"]["command"]
-    (history,) = after["evaluation"]["abilities_history"]
+    *kept, history = after["evaluation"]["abilities_history"]  # one entry more, the replaced block last
+    assert kept == before["evaluation"].get("abilities_history", [])
     assert history["copy"] == old["copy"] and "passkey" not in history
     assert (package / "model.safetensors").read_bytes() == weights
     card = (package / "MODEL_CARD.md").read_text(encoding="utf-8")
