@@ -259,3 +259,23 @@ def test_a_long_cache_name_folds_instead_of_being_cut():
         line.split("│")[2].strip() for line in console.export_text().splitlines() if line.count("│") > 3
     )
     assert name in column and "…" not in column
+
+
+def test_print_summary_states_the_selection_rule_when_several_rows_pass():
+    import json
+    from pathlib import Path
+
+    record = (
+        Path(__file__).resolve().parents[3] / "docs" / "examples" / "eval-default-cpu-avx2-2026-12-01.json"
+    )
+    result = json.loads(record.read_text(encoding="utf-8"))
+    buf = io.StringIO()
+    print_summary(result, Console(file=buf, width=160, color_system=None))
+    eligible = sum(1 for r in result["rows"] if r["matrix"] == "capacity" and r.get("eligible"))
+    assert (
+        f"of the {eligible} rows that pass every gate, the one saving the most cache bytes" in buf.getvalue()
+    )
+    result["summary"]["eligible_candidate_count"] = 1  # one row passing: nothing was chosen between
+    buf = io.StringIO()
+    print_summary(result, Console(file=buf, width=160, color_system=None))
+    assert "the one saving the most" not in buf.getvalue()
