@@ -339,22 +339,36 @@ def _bytes(n: float | int | None) -> str:
 
 
 def _print_lists(args: argparse.Namespace) -> bool:
+    """Print what ``--list-presets`` / ``--list-gpus`` ask for (both when both are given), as tables or, with
+    ``--json``, as one JSON object (``presets``, ``gpus``); True when anything was listed."""
     from rich.console import Console
     from rich.table import Table
 
-    if getattr(args, "list_presets", False):
-        from kvlab.plan import presets
+    want_presets, want_gpus = getattr(args, "list_presets", False), getattr(args, "list_gpus", False)
+    if not (want_presets or want_gpus):
+        return False
+    from kvlab.plan import presets
+    from kvlab.plan.hardware import HARDWARE
 
+    if getattr(args, "json", False):
+        listing = {}
+        if want_presets:
+            listing["presets"] = [
+                {"name": p.name, "hub_id": p.hub_id, "exercises": p.why, "config_url": p.source_url}
+                for p in presets.PRESETS.values()
+            ]
+        if want_gpus:
+            listing["gpus"] = [h.to_dict() for h in HARDWARE]
+        print(json.dumps(listing, indent=1))
+        return True
+    if want_presets:
         t = Table(title="Built-in presets (fields from each hub config.json)")
         for col in ("name", "hub id", "exercises"):
             t.add_column(col)
         for preset in presets.PRESETS.values():
             t.add_row(preset.name, preset.hub_id, preset.why)
         Console().print(t)
-        return True
-    if getattr(args, "list_gpus", False):
-        from kvlab.plan.hardware import HARDWARE
-
+    if want_gpus:
         t = Table(
             title="Hardware table (datasheets: dense 16-bit tensor FLOP/s, TB/s = 1e12 B/s; memory as the device "
             "reports it, MiB = 2^20 B)"
@@ -375,8 +389,7 @@ def _print_lists(args: argparse.Namespace) -> bool:
                 h.memory_source,
             )
         Console().print(t)
-        return True
-    return False
+    return True
 
 
 def run_plan(args: argparse.Namespace) -> int:

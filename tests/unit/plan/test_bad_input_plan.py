@@ -562,3 +562,31 @@ def test_video_clips_beyond_the_model_limit_are_warned_about(capsys):
     )
     assert main([*argv[:-2], "--json"]) == 0  # 1 s only: within the limit
     assert json.loads(capsys.readouterr().out)["warnings"] == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "keys"),
+    [
+        (["plan", "--list-presets", "--json"], ["presets"]),
+        (["plan", "--list-gpus", "--json"], ["gpus"]),
+        (["plan", "--list-presets", "--list-gpus", "--json"], ["presets", "gpus"]),
+        (["roofline", "--list-gpus", "--json"], ["gpus"]),
+    ],
+)
+def test_lists_honour_json_and_both_flags(capsys, argv, keys):
+    from kvlab.plan import presets
+    from kvlab.plan.hardware import HARDWARE
+
+    assert main(argv) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert list(listing) == keys
+    if "presets" in listing:
+        assert [p["name"] for p in listing["presets"]] == [p.name for p in presets.PRESETS.values()]
+    if "gpus" in listing:
+        assert [g["name"] for g in listing["gpus"]] == [h.name for h in HARDWARE]
+
+
+def test_both_lists_print_both_tables(capsys):
+    assert main(["plan", "--list-presets", "--list-gpus"]) == 0
+    out = capsys.readouterr().out
+    assert "Built-in presets" in out and "Hardware table" in out
