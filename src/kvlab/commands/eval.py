@@ -98,6 +98,13 @@ def _add_matrix_flags(p) -> None:
         help="fused (default): kvlab attention reads packed codes; dequantize: float K/V to the model's attention",
     )
     p.add_argument(
+        "--cpu-matmul",
+        choices=("auto", "native", "float32"),
+        default=None,
+        help="CPU only: how a bf16/fp16 model's Linear layers multiply: float32 GEMMs on its values (outputs "
+        "rounded back), torch's native kernels, or auto (default): float32 where the CPU emulates the dtype",
+    )
+    p.add_argument(
         "--window-context", type=int, default=None, help="residual-window matrix context (default 512)"
     )
     p.add_argument(
@@ -107,7 +114,13 @@ def _add_matrix_flags(p) -> None:
     p.add_argument(
         "--window-group-size", type=int, default=None, help="KIVI G in the window matrix (default 16)"
     )
-    p.add_argument("--warmup", type=int, default=None, help="untimed generate() calls per cell (default 1)")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="untimed generate() calls per cache before the timed rounds, counting the one that records its "
+        "outputs and bytes, which always runs (default 1)",
+    )
     p.add_argument(
         "--repeat",
         type=int,
@@ -222,6 +235,7 @@ _FIELDS = {
     "group_size": "group_size",
     "hqq_group_size": "hqq_group_size",
     "kivi_attention": "kivi_attention",
+    "cpu_matmul": "cpu_matmul",
     "window_context": "window_context",
     "window_new_tokens": "window_new_tokens",
     "window_residuals": "window_residuals",

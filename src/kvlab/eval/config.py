@@ -9,6 +9,9 @@ from dataclasses import asdict, dataclass, field
 
 DTYPES = ("bfloat16", "float16", "float32")
 PROMPT_MODES = ("heldout", "repeat")
+# how a CPU run's Linear layers multiply: "float32" GEMMs on the model dtype's values (kvlab.runtime.dtypes.
+# float32_gemms), torch's "native" kernels for the dtype, or "auto": float32 where the dtype is emulated
+CPU_MATMUL_MODES = ("auto", "native", "float32")
 # the quantization chapter's prompt, which its repeated-prompt mode tiles to the target length
 SEED_PROMPT = "Explain why KV Cache grows with context length."
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -95,8 +98,10 @@ class EvalConfig:
         residual_length / group_size: KIVI ``R`` and ``G`` of the capacity matrix.
         window_context / window_new_tokens / window_residuals / window_group_size: the residual-window matrix
             (``window_group_size`` must divide every residual; the quantization chapter's R=16 needs G <= 16).
-        warmup / repeat: untimed ``generate()`` calls per cache, and timed rounds per cell (each round times every
-            cache of the cell once, in an order rotated per round; ratios come from same-round pairs).
+        warmup / repeat: untimed ``generate()`` calls per cache before the timed rounds, counting the one that
+            records its outputs, bytes and peak memory, which always runs (so 0 and 1 are the same: one call, the
+            quantization chapter's WARMUP_STEPS), and timed rounds per cell (each round times every cache of the
+            cell once, in an order rotated per round; ratios come from same-round pairs).
         quality_tokens / top_k: fixed-continuation length and the k of top-k overlap.
         prompt_mode: ``"heldout"`` (held-out text cut to exact lengths) or ``"repeat"`` (the quantization chapter tiles one prompt).
         batch: prompts per generate call (each row a different held-out slice).
@@ -107,6 +112,11 @@ class EvalConfig:
         hqq_group_size: group size of the HQQ/quanto candidates (the quantization chapter uses 64).
         kivi_attention: ``"fused"`` (kvlab attention reads packed codes; no float copy of the history) or
             ``"dequantize"`` (the cache returns float K/V to the model's own attention).
+        cpu_matmul: how a bf16/fp16 model's Linear layers multiply on a CPU: ``"float32"`` (float32 GEMMs on the
+            dtype's values, outputs rounded back: :func:`kvlab.runtime.dtypes.float32_gemms`), ``"native"``
+            (torch's kernels for the dtype) or ``"auto"``: float32 when the run's first measurement finds the dtype
+            emulated (:func:`kvlab.runtime.dtypes.matmul_time_ratio` above ``SLOW_DTYPE_RATIO``), else native.
+            A GPU run always uses its native kernels (``"float32"`` there is an error).
         long_context: measure recall (every capacity and window cell) and passkey retrieval
             (``retrieval_contexts``); see :mod:`kvlab.eval.longctx`. The KL divergence is always measured.
         recall_span_tokens / recall_fractions / recall_rows: copy span length L, copy distances as fractions of
@@ -140,6 +150,7 @@ class EvalConfig:
     threads: int | None = None
     hqq_group_size: int = 64
     kivi_attention: str = "fused"
+    cpu_matmul: str = "auto"
     long_context: bool = True
     recall_span_tokens: int = 32
     recall_fractions: tuple[float, ...] = (0.25, 0.5, 0.9)
@@ -244,6 +255,13 @@ class EvalConfig:
             raise ValueError(f"`device` must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.kivi_attention not in ("fused", "dequantize"):
             raise ValueError(f"`kivi_attention` must be 'fused' or 'dequantize', got {self.kivi_attention!r}")
+        if self.cpu_matmul not in CPU_MATMUL_MODES:
+            raise ValueError(f"`cpu_matmul` must be one of {list(CPU_MATMUL_MODES)}, got {self.cpu_matmul!r}")
+        if self.cpu_matmul == "float32" and str(self.device).startswith("cuda"):
+            raise ValueError(
+                f"`cpu_matmul` 'float32' applies to a CPU run, got device {self.device!r} (a GPU multiplies "
+                f"bf16/fp16 natively): use 'auto' or 'native'"
+            )
         if self.prompt_mode not in PROMPT_MODES:
             raise ValueError(f"`prompt_mode` must be one of {list(PROMPT_MODES)}, got {self.prompt_mode!r}")
         from kvlab.eval.candidates import check_candidate_names  # local: candidates imports torch
@@ -283,7 +301,6 @@ def quick_config(**overrides) -> EvalConfig:
         window_context=256,
         window_new_tokens=48,
         window_residuals=(16, 32),
-        warmup=1,
         repeat=1,
         quality_tokens=8,
     )

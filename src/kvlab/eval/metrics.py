@@ -115,14 +115,25 @@ def run_generate(
         input_ids: ``[batch, context]`` prompt.
         make_cache: returns a new cache object for each call.
         new_tokens: exact number of tokens to generate (min = max).
+        warmup / repeat: untimed calls first, then timed ones (``repeat`` >= 0; with 0 nothing is timed: the call
+            that yields the outputs is the memory call, or one plain call, and ``perf``'s timing fields are None;
+            ``kvlab eval`` times its caches later, interleaved).
         measure_cpu_memory: on CPU, run one extra untimed call under exact tensor accounting (slow); when False the
-            peak is None there. On CUDA the allocator's peak is always read over the timed calls.
+            peak is None there. On CUDA the allocator's peak is always read over the timed calls (over one untimed
+            call when ``repeat`` is 0).
 
     Returns:
         ``(perf, last_cache, generated)``: ``perf`` has ``median_ms``, ``min_ms``, ``timings_ms``,
-        ``ms_per_token``, ``incremental_peak_bytes`` and ``peak_memory_method``; ``last_cache`` is the cache of the
-        last timed call (for byte counting); ``generated`` is ``[batch, new_tokens]``.
+        ``ms_per_token`` (milliseconds), ``generated_tokens``, ``incremental_peak_bytes`` and
+        ``peak_memory_method``; ``last_cache`` is the cache of the last call (for byte counting); ``generated`` is
+        ``[batch, new_tokens]``.
+
+    Raises:
+        ValueError: ``warmup`` or ``repeat`` not a non-negative integer.
     """
+    for name, value in (("warmup", warmup), ("repeat", repeat)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"`{name}` must be a non-negative integer, got {value!r}")
     device = input_ids.device
 
     def once():
@@ -142,6 +153,8 @@ def run_generate(
                     cache, out = once()
                     synchronize(device)
                     timings.append((time.perf_counter() - start) * 1000.0)
+                if not repeat:
+                    cache, out = once()
         else:  # CPU accounting slows every operator: one extra, untimed call
             for _ in range(repeat):
                 cache = out = None
@@ -157,14 +170,16 @@ def run_generate(
                 peak.method = (
                     "not measured for this matrix on CPU (exact accounting is slow); see the capacity matrix"
                 )
+                if not repeat:
+                    cache, out = once()
     generated = out[:, input_ids.shape[1] :].detach().cpu()
-    median = statistics.median(timings)
+    median = statistics.median(timings) if timings else None
     perf = {
         "median_ms": median,
-        "min_ms": min(timings),
+        "min_ms": min(timings) if timings else None,
         "timings_ms": timings,
         "generated_tokens": int(generated.shape[1]),
-        "ms_per_token": median / max(1, generated.shape[1]),
+        "ms_per_token": None if median is None else median / max(1, generated.shape[1]),
         "incremental_peak_bytes": peak.incremental_peak_bytes,
         "peak_memory_method": peak.method,
     }

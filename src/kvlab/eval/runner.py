@@ -45,7 +45,7 @@ from kvlab.eval.metrics import (
 )
 from kvlab.eval.schema import SCHEMA_VERSION
 from kvlab.runtime.device import resolve_device, synchronize  # resolve_device re-exported: kvlab eval uses it
-from kvlab.runtime.dtypes import matmul_time_ratio
+from kvlab.runtime.dtypes import float32_gemms, matmul_time_ratio
 from kvlab.runtime.provenance import hardware_info, software_info  # re-exported: provenance of a run
 from kvlab.runtime.timing import default_threads, interleaved, paired_ratio
 
@@ -211,10 +211,10 @@ class _Cell:
 
             make()
             stage = "generate"
-            # one call for the outputs, bytes and peak memory; the timed calls come later, interleaved with the
-            # other caches of the cell (time_paired)
+            # one call for the outputs, bytes and peak memory (it also warms this cache up for the timed rounds);
+            # the timed calls come later, interleaved with the other caches of the cell (time_paired)
             perf, cache, generated = run_generate(
-                self.model, ids, make, new_tokens, cfg.warmup, 1, self.pad_id, cpu_memory
+                self.model, ids, make, new_tokens, max(0, cfg.warmup - 1), 0, self.pad_id, cpu_memory
             )
             stage = "cache_bytes"
             row = {
@@ -615,8 +615,9 @@ def dtype_warning(result: dict) -> str | None:
     matmul_time_ratio`) above :data:`SLOW_DTYPE_RATIO`; else None (float32, a GPU, a native bf16 CPU, or an older
     result without the measurement).
 
-    On such a CPU prefill and the long-context probes dominate the run's time, and every latency ratio describes
-    the emulated dtype rather than a CPU that serves it natively.
+    With ``provenance.hardware.cpu_matmul`` ``"float32"`` (``--cpu-matmul auto``'s choice there) it says the Linear
+    layers ran as float32 GEMMs on the dtype's values; otherwise (``native``, or an older result) that prefill and
+    the long-context probes set the run time and latencies describe torch's emulation of the dtype.
     """
     provenance = result.get("provenance") or {}
     hardware = provenance.get("hardware") or {}
@@ -628,11 +629,21 @@ def dtype_warning(result: dict) -> str | None:
     )
     capability = hardware.get("cpu_capability")
     where = f" (torch's CPU capability: {capability})" if capability else ""
-    return (
+    head = (
         f"on this CPU a {dtype} matmul took {ratio:.1f}x the time of a float32 one{where}: it has no native {dtype} "
-        f"matrix instructions, so prefill and the long-context probes set the run time, and latencies describe "
-        f"emulated {dtype}; --dtype float32 runs faster here (its float cache holds 4-byte elements, so the "
-        f"quantized caches' byte savings read twice as large)"
+        f"matrix instructions"
+    )
+    if hardware.get("cpu_matmul") == "float32":
+        return (
+            f"{head}, so this run multiplied the model's Linear layers as float32 GEMMs on {dtype} values, outputs "
+            f"rounded to {dtype} (--cpu-matmul native: torch's own {dtype} kernels); latencies describe that path, "
+            f"not a CPU that serves {dtype} natively"
+        )
+    return (
+        f"{head}, so prefill and the long-context probes set the run time, and latencies describe emulated "
+        f"{dtype}; --cpu-matmul auto (float32 GEMMs on {dtype} values) or --dtype float32 runs faster here (a "
+        f"float32 model's float cache holds 4-byte elements, so the quantized caches' byte savings read twice as "
+        f"large)"
     )
 
 
@@ -842,12 +853,44 @@ def _run_matrices(cfg, model, tokenizer, result, model_info, progress, advance, 
     )
     # on a CPU without native bf16/fp16 matrix instructions the model dtype itself sets the run's pace: say so now
     ratio = matmul_time_ratio(next(model.parameters()).dtype, device)
-    result["provenance"]["hardware"]["matmul_time_ratio_vs_float32"] = (
-        None if ratio is None else round(ratio, 2)
-    )
+    hardware = result["provenance"]["hardware"]
+    hardware["matmul_time_ratio_vs_float32"] = None if ratio is None else round(ratio, 2)
+    hardware["cpu_matmul"] = cpu_matmul_mode(cfg.cpu_matmul, ratio, device)
     warning = dtype_warning(result)
     if warning:
         notify(warning)
+    if hardware["cpu_matmul"] != "float32":
+        return _run_cells(cfg, model, tokenizer, result, progress, advance, t0)
+    with float32_gemms(model):
+        return _run_cells(cfg, model, tokenizer, result, progress, advance, t0)
+
+
+def cpu_matmul_mode(requested: str, ratio: float | None, device: torch.device) -> str:
+    """What a run's Linear layers go through: ``"float32"`` (:func:`kvlab.runtime.dtypes.float32_gemms`),
+    ``"native"`` (torch's kernels for the model dtype) or ``"not applicable"`` (a GPU, or a float32 model).
+
+    Args:
+        requested: ``EvalConfig.cpu_matmul``: ``"auto"`` picks float32 when ``ratio`` (the dtype's matmul time over
+            float32's, :func:`kvlab.runtime.dtypes.matmul_time_ratio`) is above :data:`SLOW_DTYPE_RATIO`.
+        ratio: None for float32 models and non-CPU devices.
+
+    Raises:
+        ValueError: ``"float32"`` requested for a non-CPU device.
+    """
+    if device.type != "cpu":
+        if requested == "float32":
+            raise ValueError(f"`cpu_matmul` 'float32' applies to a CPU run, got device {str(device)!r}")
+        return "not applicable"
+    if ratio is None:  # a float32 model multiplies in float32 whatever was asked
+        return "not applicable"
+    if requested == "auto":
+        return "float32" if ratio > SLOW_DTYPE_RATIO else "native"
+    return requested
+
+
+def _run_cells(cfg, model, tokenizer, result, progress, advance, t0: float) -> dict:
+    """Both matrices, after the run's hardware checks (:func:`_run_matrices`)."""
+    device = next(model.parameters()).device
     result["provenance"]["prompts"] = []
     fused = cfg.kivi_attention == "fused" and any(n.startswith("kivi") for n in cfg.candidates)
     # fused KIVI reads packed codes, SnapKV the prefill's queries; every other cache falls back to SDPA unchanged

@@ -1,6 +1,9 @@
-"""Model dtypes by name: the three kvlab runs models in."""
+"""Model dtypes by name (the three kvlab runs models in), and how their GEMMs run on a CPU."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 
@@ -74,3 +77,53 @@ def matmul_time_ratio(
                 times.append(time.perf_counter() - t0)
             best[d] = min(times)
     return best[dt] / max(best[torch.float32], 1e-9)
+
+
+@contextlib.contextmanager
+def float32_gemms(model: torch.nn.Module) -> Iterator[int]:
+    """Run every ``nn.Linear`` of a bfloat16/float16 ``model`` as a float32 GEMM: inputs and weights widened to
+    float32 (exact), the product accumulated in float32, the output rounded back to the layer's dtype.
+
+    Why: a CPU without bfloat16 matrix instructions (an AVX2-only x86) runs torch's bfloat16 GEMMs 4-10x slower than
+    float32 ones (:func:`matmul_time_ratio`), so a bf16 model spends most of its prefill in the emulation. A bf16
+    GEMM as serving hardware runs it (cuBLAS, oneDNN with AVX512-BF16/AMX) also multiplies bf16 operands with float32
+    accumulation and rounds the output to bf16; this path computes the same product and differs only in summation
+    order (outputs within one bf16 ulp; on the bundled model at 4,096 tokens, logits within 0.25 of 36.5). Measured
+    on a 2-core AVX2 EPYC: a 4,096-token prefill of the bundled model in 1.22 s against 3.79 s. Activations, the KV
+    cache and attention stay in the model dtype; only the Linear layers change. Float32 copies of their weights
+    are held while the context is open (4 bytes per weight element), and each call allocates its widened input
+    and float32 output (counted by the CPU peak-memory accounting).
+
+    Args:
+        model: a module whose Linear weights are bfloat16 or float16 (other Linear layers are left as they are).
+
+    Yields:
+        the number of Linear layers rerouted (0 when none is bf16/fp16: the context then changes nothing).
+
+    Raises:
+        ValueError: ``model`` is not a ``torch.nn.Module``.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"`model` must be a torch.nn.Module, got {type(model).__name__}")
+    patched: list[torch.nn.Linear] = []
+    try:
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module.weight.dtype in (torch.bfloat16, torch.float16):
+                _reroute(module)
+                patched.append(module)
+        yield len(patched)
+    finally:
+        for module in patched:
+            del module.forward  # the class's forward again
+            del module._kvlab_w32, module._kvlab_b32
+
+
+def _reroute(module: torch.nn.Linear) -> None:
+    """Give one Linear layer a float32-GEMM ``forward`` with float32 copies of its weight and bias."""
+    module._kvlab_w32 = module.weight.detach().float()
+    module._kvlab_b32 = None if module.bias is None else module.bias.detach().float()
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x.float(), module._kvlab_w32, module._kvlab_b32).to(x.dtype)
+
+    module.forward = forward

@@ -329,3 +329,31 @@ def test_an_emulated_dtype_is_announced_before_the_cells_and_kept_in_the_summary
     assert events[0][0] == "warning", "the warning comes before the first cell"
     assert result["provenance"]["hardware"]["matmul_time_ratio_vs_float32"] == 9.0
     assert result["summary"]["dtype_warning"] == warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("requested", "ratio", "mode"),
+    [("auto", 9.0, "float32"), ("auto", 1.5, "native"), ("native", 9.0, "native"), ("float32", 1.5, "float32")],
+)
+def test_the_run_multiplies_as_its_cpu_matmul_mode_says(tiny, monkeypatch, requested, ratio, mode):
+    import contextlib
+
+    from kvlab.eval import runner
+
+    entered = []
+    real = runner.float32_gemms
+
+    @contextlib.contextmanager
+    def spy(model):
+        with real(model) as n:
+            entered.append(model)
+            yield n
+
+    monkeypatch.setattr(runner, "matmul_time_ratio", lambda dtype, device: ratio)
+    monkeypatch.setattr(runner, "float32_gemms", spy)
+    cfg = tiny_config(candidates=("dynamic", "kivi-8"), window_residuals=(), contexts=(40,), cpu_matmul=requested)
+    result = new_result(cfg, "unit", None)
+    run_eval(cfg, tiny, CharTokenizer(), result, {"id_or_path": "tiny"})
+    assert result["provenance"]["hardware"]["cpu_matmul"] == mode
+    assert entered == ([tiny] if mode == "float32" else [])
+    assert result["status"] == "complete"

@@ -1,0 +1,120 @@
+"""A bf16/fp16 model's Linear layers run as float32 GEMMs on a CPU that emulates the dtype (``--cpu-matmul``)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kvlab.eval.config import EvalConfig
+from kvlab.eval.metrics import run_generate
+from kvlab.eval.runner import SLOW_DTYPE_RATIO, cpu_matmul_mode, dtype_warning
+from kvlab.runtime.dtypes import float32_gemms
+from tests.conftest import make_tiny_qwen2
+
+
+def _net(dtype=torch.bfloat16):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(48, 96), torch.nn.GELU(), torch.nn.Linear(96, 32, bias=False)
+    ).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_each_layer_is_the_float32_product_of_its_values_rounded_back(dtype):
+    net = _net(dtype)
+    x = torch.randn(5, 7, 48).to(dtype)
+    first, second = net[0], net[2]
+    h = F.gelu(F.linear(x.float(), first.weight.float(), first.bias.float()).to(dtype))
+    expected = F.linear(h.float(), second.weight.float()).to(dtype)  # [5, 7, 32]
+    with float32_gemms(net) as rerouted:
+        got = net(x)
+    assert rerouted == 2
+    assert got.dtype == dtype and got.shape == (5, 7, 32)
+    assert torch.equal(got, expected), "each layer must be exactly float32 GEMM + rounding to the layer dtype"
+    # and the same product as the dtype's own kernel up to its rounding: one ulp of the output's magnitude
+    native = net(x)
+    ulp = torch.finfo(dtype).eps * native.float().abs().clamp_min(1e-3)
+    assert ((got.float() - native.float()).abs() <= 2 * ulp).all()
+
+
+def test_the_layers_are_restored_on_exit_and_after_an_error():
+    net = _net()
+    with float32_gemms(net):
+        assert "forward" in vars(net[0]), "the layer's forward is rerouted inside the context"
+    assert "forward" not in vars(net[0]) and not hasattr(net[0], "_kvlab_w32")
+    with pytest.raises(RuntimeError, match="boom"):
+        with float32_gemms(net):
+            raise RuntimeError("boom")
+    assert "forward" not in vars(net[0]) and "forward" not in vars(net[2])
+
+
+def test_float32_layers_are_left_alone_and_a_non_module_is_named():
+    net = _net(torch.float32)
+    with float32_gemms(net) as rerouted:
+        assert rerouted == 0 and "forward" not in vars(net[0])
+    with pytest.raises(ValueError, match="list"):
+        with float32_gemms([net]):
+            pass
+
+
+def test_a_bf16_model_generates_the_same_tokens_through_either_path():
+    model = make_tiny_qwen2(head_dim=32, max_positions=256).to(torch.bfloat16)
+    ids = torch.randint(3, 200, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        native = model(input_ids=ids).logits.float()
+        with float32_gemms(model) as rerouted:
+            rerouted_logits = model(input_ids=ids).logits.float()
+    assert rerouted >= 7 * 2  # q, k, v, o, gate, up, down in each of 2 layers (and the head)
+    assert (rerouted_logits - native).abs().max() <= 4 * torch.finfo(torch.bfloat16).eps * native.abs().max()
+
+
+@pytest.mark.parametrize(
+    ("requested", "ratio", "device", "mode"),
+    [
+        ("auto", 9.0, "cpu", "float32"),
+        ("auto", SLOW_DTYPE_RATIO, "cpu", "native"),
+        ("auto", 1.1, "cpu", "native"),
+        ("native", 9.0, "cpu", "native"),
+        ("float32", 1.1, "cpu", "float32"),
+        ("auto", None, "cpu", "not applicable"),  # a float32 model
+        ("float32", None, "cpu", "not applicable"),
+        ("auto", None, "cuda", "not applicable"),
+        ("native", None, "cuda", "not applicable"),
+    ],
+)
+def test_the_mode_a_run_uses(requested, ratio, device, mode):
+    assert cpu_matmul_mode(requested, ratio, torch.device(device)) == mode
+
+
+def test_float32_gemms_on_a_gpu_are_refused():
+    with pytest.raises(ValueError, match="cuda"):
+        cpu_matmul_mode("float32", None, torch.device("cuda"))
+    with pytest.raises(ValueError, match="cpu_matmul"):
+        EvalConfig(cpu_matmul="float32", device="cuda")
+    with pytest.raises(ValueError, match="'fp32'"):
+        EvalConfig(cpu_matmul="fp32")
+
+
+def _result(mode):
+    hardware = {"device": "cpu", "cpu_capability": "AVX2", "matmul_time_ratio_vs_float32": 8.0, "cpu_matmul": mode}
+    return {"provenance": {"hardware": hardware, "model": {"dtype": "bfloat16"}}, "rows": []}
+
+
+def test_the_warning_says_which_path_the_run_took():
+    rerouted = dtype_warning(_result("float32"))
+    assert "float32 GEMMs on bfloat16 values" in rerouted and "--cpu-matmul native" in rerouted
+    native = dtype_warning(_result("native"))
+    assert "emulated bfloat16" in native and "--cpu-matmul auto" in native and "--dtype float32" in native
+
+
+def test_run_generate_without_timed_calls_still_yields_outputs_and_memory():
+    model = make_tiny_qwen2(head_dim=32, max_positions=256)
+    ids = torch.randint(3, 200, (1, 24), generator=torch.Generator().manual_seed(2))
+    from transformers import DynamicCache
+
+    perf, cache, generated = run_generate(model, ids, DynamicCache, 5, 0, 0, 0, True)
+    assert generated.shape == (1, 5) and cache.get_seq_length() == 24 + 4
+    assert perf["median_ms"] is None and perf["timings_ms"] == [] and perf["incremental_peak_bytes"] > 0
+    perf, _, generated = run_generate(model, ids, DynamicCache, 5, 0, 0, 0, False)
+    assert generated.shape == (1, 5) and perf["incremental_peak_bytes"] is None
+    with pytest.raises(ValueError, match="repeat"):
+        run_generate(model, ids, DynamicCache, 5, 0, -1, 0)
