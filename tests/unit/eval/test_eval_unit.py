@@ -333,7 +333,12 @@ def test_an_emulated_dtype_is_announced_before_the_cells_and_kept_in_the_summary
 
 @pytest.mark.parametrize(
     ("requested", "ratio", "mode"),
-    [("auto", 9.0, "float32"), ("auto", 1.5, "native"), ("native", 9.0, "native"), ("float32", 1.5, "float32")],
+    [
+        ("auto", 9.0, "float32"),
+        ("auto", 1.5, "native"),
+        ("native", 9.0, "native"),
+        ("float32", 1.5, "float32"),
+    ],
 )
 def test_the_run_multiplies_as_its_cpu_matmul_mode_says(tiny, monkeypatch, requested, ratio, mode):
     import contextlib
@@ -351,7 +356,9 @@ def test_the_run_multiplies_as_its_cpu_matmul_mode_says(tiny, monkeypatch, reque
 
     monkeypatch.setattr(runner, "matmul_time_ratio", lambda dtype, device: ratio)
     monkeypatch.setattr(runner, "float32_gemms", spy)
-    cfg = tiny_config(candidates=("dynamic", "kivi-8"), window_residuals=(), contexts=(40,), cpu_matmul=requested)
+    cfg = tiny_config(
+        candidates=("dynamic", "kivi-8"), window_residuals=(), contexts=(40,), cpu_matmul=requested
+    )
     result = new_result(cfg, "unit", None)
     run_eval(cfg, tiny, CharTokenizer(), result, {"id_or_path": "tiny"})
     assert result["provenance"]["hardware"]["cpu_matmul"] == mode

@@ -95,7 +95,12 @@ def test_float32_gemms_on_a_gpu_are_refused():
 
 
 def _result(mode):
-    hardware = {"device": "cpu", "cpu_capability": "AVX2", "matmul_time_ratio_vs_float32": 8.0, "cpu_matmul": mode}
+    hardware = {
+        "device": "cpu",
+        "cpu_capability": "AVX2",
+        "matmul_time_ratio_vs_float32": 8.0,
+        "cpu_matmul": mode,
+    }
     return {"provenance": {"hardware": hardware, "model": {"dtype": "bfloat16"}}, "rows": []}
 
 
