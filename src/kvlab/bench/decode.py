@@ -33,6 +33,7 @@ import torch
 from kvlab.bench.cells import bench_contexts, failed_cell
 from kvlab.caches.registry import CacheSettings, resolve
 from kvlab.runtime.device import resolve_device, synchronize  # re-exported: bench modules use them
+from kvlab.runtime.dtypes import cpu_matmul_mode, cpu_matmul_policy
 
 DEFAULT_CANDIDATES = ("dynamic", "kivi4-fused", "kivi4-dequant", "kivi2-fused", "hqq4", "quanto4")
 CPU_CONTEXTS = (1024, 2048, 4096, 8192, 16384)
@@ -336,6 +337,7 @@ def run(
     profile_context: int | None = None,
     quick: bool = False,
     progress: Any = None,
+    cpu_matmul: str = "auto",
     **_: object,
 ) -> dict:
     """Decode ms/token for every cache at every context, in one run.
@@ -350,16 +352,20 @@ def run(
         profile_context: when set, also profile 8 decode steps of ``dynamic`` and the target cache at this
             context (``torch.profiler``, top operators by self CPU time per step).
         progress: optional ``callable(str)`` told about each cell before it runs.
+        cpu_matmul: ``auto`` / ``native`` / ``float32``: how a bf16/fp16 model's Linear layers multiply on a CPU
+            (:func:`kvlab.runtime.dtypes.cpu_matmul_policy`, as in ``kvlab eval``; on a CPU that emulates bf16,
+            native kernels make the Linear layers most of every step and push every ratio towards 1).
 
     Returns:
         ``{"device", "model", "settings", "contexts", "candidates", "prompt_source", "rows", "ratios", "target",
         "profile"}``. ``rows``: one per (candidate, context) with ``status`` (``ok``/``skipped``/``failed``),
         ``median_ms``, ``mean_ms``, ``min_ms``, ``times_ms``, ``prefill_s`` (the shared exact prefill), ``fill_s``
         (writing it into this cache), ``cache_bytes``, ``ratio_to_dynamic`` (median / dynamic's at that context) or
-        ``error``. ``target``: the decode target. ``settings["kivi_cpu_path"]``: :func:`kivi_cpu_path`.
+        ``error``. ``target``: the decode target. ``settings["kivi_cpu_path"]``: :func:`kivi_cpu_path`;
+        ``settings["cpu_matmul"]`` and ``settings["matmul_time_ratio_vs_float32"]``: the GEMM path and why.
 
     Raises:
-        ValueError: bad candidates, contexts, steps, or device.
+        ValueError: bad candidates, contexts, steps, device or ``cpu_matmul``.
     """
     dev = resolve_device(device)
     contexts = bench_contexts(contexts, quick, dev.type, (QUICK_CONTEXTS, CPU_CONTEXTS, CUDA_CONTEXTS))
@@ -369,17 +375,19 @@ def run(
         raise ValueError(f"`steps` must be >= 1 and `warmup` >= 0, got steps={steps!r}, warmup={warmup!r}")
     cands = parse_candidates(tuple(candidates))
     settings = CacheSettings(group_size, residual_length, hqq_group_size)
+    cpu_matmul_mode(cpu_matmul, None, torch.device("cpu"))  # a bad value is named before the model loads
     lm, model_desc, ids, source = load_prompted_model(model, dtype, dev, max(contexts) + warmup + steps + 2)
-
-    rows = _decode_rows(
-        lm, cands, settings, ids, contexts, steps, warmup, prefill_chunk_tokens, dev, progress
-    )
-    _add_ratios(rows)
-    profile = (
-        None
-        if profile_context is None
-        else _profiles(lm, settings, ids, profile_context, prefill_chunk_tokens)
-    )
+    gemm_record, gemms = cpu_matmul_policy(lm, cpu_matmul, dev)
+    with gemms:
+        rows = _decode_rows(
+            lm, cands, settings, ids, contexts, steps, warmup, prefill_chunk_tokens, dev, progress
+        )
+        _add_ratios(rows)
+        profile = (
+            None
+            if profile_context is None
+            else _profiles(lm, settings, ids, profile_context, prefill_chunk_tokens)
+        )
     result = {
         "device": str(dev),
         "device_type": dev.type,
@@ -391,6 +399,7 @@ def run(
             "dtype": dtype,
             "timing": TIMING,
             "kivi_cpu_path": kivi_cpu_path(dev),
+            **gemm_record,
         },
         "contexts": list(contexts),
         "candidates": [c.describe(settings) for c in cands],

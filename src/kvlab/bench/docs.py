@@ -78,7 +78,8 @@ def render_decode(result: dict) -> str:
         f"One exact prefill per context (DynamicCache, SDPA, {s['prefill_chunk_tokens']}-token chunks) written into "
         f"every cache; then {s['warmup']} warm-up and {s['steps']} timed rounds, each decoding the same next token "
         "through every cache in rotated order. Median ms per token (ratio to `dynamic` at the same context)."
-        + (f" Fused KIVI attention on the CPU: {s['kivi_cpu_path']}." if s.get("kivi_cpu_path") else ""),
+        + (f" Fused KIVI attention on the CPU: {s['kivi_cpu_path']}." if s.get("kivi_cpu_path") else "")
+        + _gemm_note(s),
         "",
         _table(["context"] + [f"`{n}`" for n in names], rows),
     ]
@@ -480,3 +481,16 @@ def write_page(
     text = render_page(read_records(results_dir, include_quick=include_quick), results_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_text(out, text)
+
+
+def _gemm_note(settings: dict) -> str:
+    """The GEMM path of a decode record (``settings["cpu_matmul"]``, absent in records before it existed)."""
+    mode, ratio = settings.get("cpu_matmul"), settings.get("matmul_time_ratio_vs_float32")
+    if mode is None or mode == "not applicable":
+        return ""
+    measured = (
+        f" (a {settings.get('dtype', 'model-dtype')} matmul took {ratio:.1f}x float32 here)" if ratio else ""
+    )
+    if mode == "float32":
+        return f" Linear layers ran as float32 GEMMs on the model's values{measured}."
+    return f" Linear layers ran on torch's own {settings.get('dtype', 'model-dtype')} kernels{measured}."

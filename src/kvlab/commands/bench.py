@@ -104,6 +104,13 @@ def _add_model_benchmarks(sub) -> tuple[argparse.ArgumentParser, ...]:
     d.add_argument(
         "--profile-context", type=int, default=None, help="also profile one decode step at T tokens"
     )
+    d.add_argument(
+        "--cpu-matmul",
+        choices=("auto", "native", "float32"),
+        default="auto",
+        help="CPU only: a bf16/fp16 model's Linear layers as float32 GEMMs on its values (float32), torch's own "
+        "kernels (native), or float32 where the CPU emulates the dtype (auto, default; as kvlab eval)",
+    )
     _common(d)
     d.set_defaults(func=_run, bench="decode")
 
@@ -229,7 +236,7 @@ def _kwargs(args: argparse.Namespace) -> dict:
         if args.candidates:
             kw["candidates"] = tuple(args.candidates)
     if b == "decode":
-        kw |= _flags(args, "steps", "profile_context")
+        kw |= _flags(args, "steps", "profile_context", "cpu_matmul")
     elif b == "memory":
         kw["flush_step"] = not args.no_flush_step
     elif b == "flush":

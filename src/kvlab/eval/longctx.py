@@ -52,7 +52,9 @@ RECALL_SPAN_TOKENS = 32
 # rows x context of one prefill forward: bounds the attention's working memory on a CPU
 PREFILL_TOKENS_PER_CHUNK = 16384
 # rows x context held by one candidate cache at a time (see run_probe: HQQ's quantizer is superlinear in size)
-FILL_TOKENS_PER_CHUNK = 4096  # HQQ-4 passkey fill at 512 / 256 tokens: 12.3 / 5.6 s against 13.2 / 6.5 s at 8,192 (AVX2 VM)
+FILL_TOKENS_PER_CHUNK = (
+    4096  # HQQ-4 passkey fill at 512 / 256 tokens: 12.3 / 5.6 s against 13.2 / 6.5 s at 8,192 (AVX2 VM)
+)
 
 
 class NotMeasurable(ValueError):

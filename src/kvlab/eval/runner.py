@@ -45,7 +45,7 @@ from kvlab.eval.metrics import (
 )
 from kvlab.eval.schema import SCHEMA_VERSION
 from kvlab.runtime.device import resolve_device, synchronize  # resolve_device re-exported: kvlab eval uses it
-from kvlab.runtime.dtypes import float32_gemms, matmul_time_ratio
+from kvlab.runtime.dtypes import SLOW_DTYPE_RATIO, cpu_matmul_policy
 from kvlab.runtime.provenance import hardware_info, software_info  # re-exported: provenance of a run
 from kvlab.runtime.timing import default_threads, interleaved, paired_ratio
 
@@ -605,10 +605,6 @@ def summarize(result: dict) -> dict:
     }
 
 
-# a model-dtype matmul taking more than this many times the float32 one means the CPU emulates the dtype
-SLOW_DTYPE_RATIO = 2.0
-
-
 def dtype_warning(result: dict) -> str | None:
     """A warning when the run's model dtype was emulated on its CPU: ``provenance.hardware.
     matmul_time_ratio_vs_float32`` (measured at the start of the run by :func:`kvlab.runtime.dtypes.
@@ -851,41 +847,15 @@ def _run_matrices(cfg, model, tokenizer, result, model_info, progress, advance, 
     result["provenance"].update(
         {"hardware": hardware_info(device), "model": model_info, "seed": cfg.seed, "argv": sys.argv}
     )
-    # on a CPU without native bf16/fp16 matrix instructions the model dtype itself sets the run's pace: say so now
-    ratio = matmul_time_ratio(next(model.parameters()).dtype, device)
-    hardware = result["provenance"]["hardware"]
-    hardware["matmul_time_ratio_vs_float32"] = None if ratio is None else round(ratio, 2)
-    hardware["cpu_matmul"] = cpu_matmul_mode(cfg.cpu_matmul, ratio, device)
+    # on a CPU without native bf16/fp16 matrix instructions the model dtype itself sets the run's pace: measure it,
+    # multiply in float32 GEMMs there (--cpu-matmul auto), and say so before the first cell
+    record, gemms = cpu_matmul_policy(model, cfg.cpu_matmul, device)
+    result["provenance"]["hardware"].update(record)
     warning = dtype_warning(result)
     if warning:
         notify(warning)
-    if hardware["cpu_matmul"] != "float32":
+    with gemms:
         return _run_cells(cfg, model, tokenizer, result, progress, advance, t0)
-    with float32_gemms(model):
-        return _run_cells(cfg, model, tokenizer, result, progress, advance, t0)
-
-
-def cpu_matmul_mode(requested: str, ratio: float | None, device: torch.device) -> str:
-    """What a run's Linear layers go through: ``"float32"`` (:func:`kvlab.runtime.dtypes.float32_gemms`),
-    ``"native"`` (torch's kernels for the model dtype) or ``"not applicable"`` (a GPU, or a float32 model).
-
-    Args:
-        requested: ``EvalConfig.cpu_matmul``: ``"auto"`` picks float32 when ``ratio`` (the dtype's matmul time over
-            float32's, :func:`kvlab.runtime.dtypes.matmul_time_ratio`) is above :data:`SLOW_DTYPE_RATIO`.
-        ratio: None for float32 models and non-CPU devices.
-
-    Raises:
-        ValueError: ``"float32"`` requested for a non-CPU device.
-    """
-    if device.type != "cpu":
-        if requested == "float32":
-            raise ValueError(f"`cpu_matmul` 'float32' applies to a CPU run, got device {str(device)!r}")
-        return "not applicable"
-    if ratio is None:  # a float32 model multiplies in float32 whatever was asked
-        return "not applicable"
-    if requested == "auto":
-        return "float32" if ratio > SLOW_DTYPE_RATIO else "native"
-    return requested
 
 
 def _run_cells(cfg, model, tokenizer, result, progress, advance, t0: float) -> dict:

@@ -28,6 +28,9 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     raise ValueError(f"`dtype` must be one of {sorted(DTYPES)}, got {dtype!r}")
 
 
+# a model-dtype matmul taking more than this many times the float32 one means the CPU emulates the dtype
+SLOW_DTYPE_RATIO = 2.0
+
 # the GEMM timed by matmul_time_ratio: a prefill-like [tokens, hidden] x [hidden, out] product
 _RATIO_SHAPE = (512, 256, 1024)
 
@@ -127,3 +130,49 @@ def _reroute(module: torch.nn.Linear) -> None:
         return torch.nn.functional.linear(x.float(), module._kvlab_w32, module._kvlab_b32).to(x.dtype)
 
     module.forward = forward
+
+
+def cpu_matmul_mode(requested: str, ratio: float | None, device: torch.device) -> str:
+    """What a run's Linear layers go through: ``"float32"`` (:func:`float32_gemms`), ``"native"`` (torch's kernels
+    for the model dtype) or ``"not applicable"`` (a GPU, or a float32 model). Used by ``kvlab eval`` and
+    ``kvlab bench decode`` (``--cpu-matmul``).
+
+    Args:
+        requested: ``"auto"``, ``"native"`` or ``"float32"``; ``"auto"`` picks float32 when ``ratio`` (the dtype's
+            matmul time over float32's, :func:`matmul_time_ratio`) is above :data:`SLOW_DTYPE_RATIO`.
+        ratio: None for float32 models and non-CPU devices.
+        device: where the model runs.
+
+    Raises:
+        ValueError: an unknown ``requested``, or ``"float32"`` for a non-CPU device (each named).
+    """
+    if requested not in ("auto", "native", "float32"):
+        raise ValueError(f"`cpu_matmul` must be 'auto', 'native' or 'float32', got {requested!r}")
+    if device.type != "cpu":
+        if requested == "float32":
+            raise ValueError(f"`cpu_matmul` 'float32' applies to a CPU run, got device {str(device)!r}")
+        return "not applicable"
+    if ratio is None:  # a float32 model multiplies in float32 whatever was asked
+        return "not applicable"
+    if requested == "auto":
+        return "float32" if ratio > SLOW_DTYPE_RATIO else "native"
+    return requested
+
+
+def cpu_matmul_policy(
+    model: torch.nn.Module, requested: str, device: torch.device
+) -> tuple[dict, contextlib.AbstractContextManager]:
+    """Measure this CPU's matmul ratio for ``model``'s dtype and decide the GEMM path, as a run records it.
+
+    Returns:
+        ``(record, context)``: ``record`` is ``{"matmul_time_ratio_vs_float32": float | None, "cpu_matmul": mode}``
+        (:func:`matmul_time_ratio` rounded to 0.01, :func:`cpu_matmul_mode`); ``context`` is :func:`float32_gemms`
+        on ``model`` when the mode is float32, else a context that changes nothing. Run the measured work inside it.
+
+    Raises:
+        ValueError: from :func:`cpu_matmul_mode`.
+    """
+    ratio = matmul_time_ratio(next(model.parameters()).dtype, device)
+    mode = cpu_matmul_mode(requested, ratio, device)
+    record = {"matmul_time_ratio_vs_float32": None if ratio is None else round(ratio, 2), "cpu_matmul": mode}
+    return record, (float32_gemms(model) if mode == "float32" else contextlib.nullcontext())

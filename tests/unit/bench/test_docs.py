@@ -228,3 +228,12 @@ def test_lead_targets_not_measured_without_the_long_context_or_the_peers():
     k4 = {1024: 0.9, 4096: 0.7}
     statuses = [v["status"] for v in evaluate_lead_targets(_lead_result(k4, {}, {}))]
     assert statuses == ["not measured"] * 3
+
+
+def test_the_decode_section_names_the_gemm_path_when_recorded():
+    from kvlab.bench.docs import _gemm_note
+
+    assert _gemm_note({}) == "" and _gemm_note({"cpu_matmul": "not applicable"}) == ""
+    note = _gemm_note({"cpu_matmul": "float32", "matmul_time_ratio_vs_float32": 10.96, "dtype": "bfloat16"})
+    assert "float32 GEMMs" in note and "11.0x" in note and "bfloat16" in note
+    assert "torch's own bfloat16 kernels" in _gemm_note({"cpu_matmul": "native", "dtype": "bfloat16"})

@@ -35,6 +35,9 @@ def test_decode_quick_keys_and_ratios(decode_result):
         assert row["cache_bytes"] > 0
         assert row["attention"] == ("kvlab" if row["candidate"].endswith("-fused") else "sdpa")
     assert r["target"]["status"] == "not measured"  # no 4096-token cell in a quick run
+    # the bf16 tiny model: the GEMM path was decided from this CPU's measured ratio and recorded
+    ratio = r["settings"]["matmul_time_ratio_vs_float32"]
+    assert ratio > 0 and r["settings"]["cpu_matmul"] == ("float32" if ratio > 2.0 else "native")
     assert set(r["profile"]) == {"dynamic", "kivi4-fused"}
     assert all(op["self_cpu_ms"] >= 0 for op in r["profile"]["kivi4-fused"])
 
@@ -68,6 +71,30 @@ def test_decode_rejects_bad_settings(tiny_lm):
         decode.run(model=tiny_lm, quick=True, candidates=("dynamic", "kivi3-fused"))
     with pytest.raises(ValueError, match="contexts"):
         decode.run(model=tiny_lm, quick=True, contexts=(0,))
+    with pytest.raises(ValueError, match="'fp32'"):
+        decode.run(model=tiny_lm, quick=True, cpu_matmul="fp32")
+
+
+def test_decode_runs_the_layers_as_float32_gemms_when_asked(tiny_lm, monkeypatch):
+    import contextlib
+
+    from kvlab.runtime import dtypes
+
+    inside = []
+    real = dtypes.float32_gemms
+
+    @contextlib.contextmanager
+    def spy(model):
+        with real(model) as n:
+            inside.append(n)
+            yield n
+
+    monkeypatch.setattr(dtypes, "float32_gemms", spy)
+    r = decode.run(model=tiny_lm, quick=True, contexts=(64,), cpu_matmul="float32", candidates=("dynamic",))
+    assert r["settings"]["cpu_matmul"] == "float32" and inside and inside[0] > 0
+    assert all("forward" not in vars(m) for m in tiny_lm.modules()), "the layers are restored after the run"
+    r = decode.run(model=tiny_lm, quick=True, contexts=(64,), cpu_matmul="native", candidates=("dynamic",))
+    assert r["settings"]["cpu_matmul"] == "native" and len(inside) == 1
 
 
 @pytest.mark.parametrize(

@@ -309,9 +309,9 @@ def test_window_matrix_runs_a_cache_without_residual_once(tiny):
 
 
 def test_an_emulated_dtype_is_announced_before_the_cells_and_kept_in_the_summary(tiny, monkeypatch):
-    from kvlab.eval import runner
+    from kvlab.runtime import dtypes
 
-    monkeypatch.setattr(runner, "matmul_time_ratio", lambda dtype, device: 9.0)
+    monkeypatch.setattr(dtypes, "matmul_time_ratio", lambda dtype, device: 9.0)
     cfg = tiny_config(candidates=("dynamic", "kivi-8"), window_residuals=())
     result = new_result(cfg, "unit", None)
     events = []
@@ -343,10 +343,10 @@ def test_an_emulated_dtype_is_announced_before_the_cells_and_kept_in_the_summary
 def test_the_run_multiplies_as_its_cpu_matmul_mode_says(tiny, monkeypatch, requested, ratio, mode):
     import contextlib
 
-    from kvlab.eval import runner
+    from kvlab.runtime import dtypes
 
     entered = []
-    real = runner.float32_gemms
+    real = dtypes.float32_gemms
 
     @contextlib.contextmanager
     def spy(model):
@@ -354,8 +354,8 @@ def test_the_run_multiplies_as_its_cpu_matmul_mode_says(tiny, monkeypatch, reque
             entered.append(model)
             yield n
 
-    monkeypatch.setattr(runner, "matmul_time_ratio", lambda dtype, device: ratio)
-    monkeypatch.setattr(runner, "float32_gemms", spy)
+    monkeypatch.setattr(dtypes, "matmul_time_ratio", lambda dtype, device: ratio)
+    monkeypatch.setattr(dtypes, "float32_gemms", spy)
     cfg = tiny_config(
         candidates=("dynamic", "kivi-8"), window_residuals=(), contexts=(40,), cpu_matmul=requested
     )

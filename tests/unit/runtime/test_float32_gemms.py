@@ -6,8 +6,8 @@ import torch.nn.functional as F
 
 from kvlab.eval.config import EvalConfig
 from kvlab.eval.metrics import run_generate
-from kvlab.eval.runner import SLOW_DTYPE_RATIO, cpu_matmul_mode, dtype_warning
-from kvlab.runtime.dtypes import float32_gemms
+from kvlab.eval.runner import dtype_warning
+from kvlab.runtime.dtypes import SLOW_DTYPE_RATIO, cpu_matmul_mode, float32_gemms
 from tests.conftest import make_tiny_qwen2
 
 
@@ -92,6 +92,8 @@ def test_float32_gemms_on_a_gpu_are_refused():
         EvalConfig(cpu_matmul="float32", device="cuda")
     with pytest.raises(ValueError, match="'fp32'"):
         EvalConfig(cpu_matmul="fp32")
+    with pytest.raises(ValueError, match="'fp32'"):
+        cpu_matmul_mode("fp32", 9.0, torch.device("cpu"))
 
 
 def _result(mode):
