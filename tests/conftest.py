@@ -46,6 +46,27 @@ def tiny_qwen2():
     return make_tiny_qwen2(head_dim=32, max_positions=2048)
 
 
+@pytest.fixture
+def gemm_spy(monkeypatch):
+    """``entered``: one ``(model, layers rerouted)`` per entry into :func:`kvlab.runtime.dtypes.float32_gemms`
+    during the test (the real context runs; the spy only records)."""
+    import contextlib
+
+    from kvlab.runtime import dtypes
+
+    entered = []
+    real = dtypes.float32_gemms
+
+    @contextlib.contextmanager
+    def spy(model):
+        with real(model) as n:
+            entered.append((model, n))
+            yield n
+
+    monkeypatch.setattr(dtypes, "float32_gemms", spy)
+    return entered
+
+
 def _chromium_binary():
     import shutil
 

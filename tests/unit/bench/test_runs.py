@@ -75,26 +75,12 @@ def test_decode_rejects_bad_settings(tiny_lm):
         decode.run(model=tiny_lm, quick=True, cpu_matmul="fp32")
 
 
-def test_decode_runs_the_layers_as_float32_gemms_when_asked(tiny_lm, monkeypatch):
-    import contextlib
-
-    from kvlab.runtime import dtypes
-
-    inside = []
-    real = dtypes.float32_gemms
-
-    @contextlib.contextmanager
-    def spy(model):
-        with real(model) as n:
-            inside.append(n)
-            yield n
-
-    monkeypatch.setattr(dtypes, "float32_gemms", spy)
+def test_decode_runs_the_layers_as_float32_gemms_when_asked(tiny_lm, gemm_spy):
     r = decode.run(model=tiny_lm, quick=True, contexts=(64,), cpu_matmul="float32", candidates=("dynamic",))
-    assert r["settings"]["cpu_matmul"] == "float32" and inside and inside[0] > 0
+    assert r["settings"]["cpu_matmul"] == "float32" and gemm_spy and gemm_spy[0][1] > 0
     assert all("forward" not in vars(m) for m in tiny_lm.modules()), "the layers are restored after the run"
     r = decode.run(model=tiny_lm, quick=True, contexts=(64,), cpu_matmul="native", candidates=("dynamic",))
-    assert r["settings"]["cpu_matmul"] == "native" and len(inside) == 1
+    assert r["settings"]["cpu_matmul"] == "native" and len(gemm_spy) == 1
 
 
 @pytest.mark.parametrize(

@@ -340,27 +340,15 @@ def test_an_emulated_dtype_is_announced_before_the_cells_and_kept_in_the_summary
         ("float32", 1.5, "float32"),
     ],
 )
-def test_the_run_multiplies_as_its_cpu_matmul_mode_says(tiny, monkeypatch, requested, ratio, mode):
-    import contextlib
-
+def test_the_run_multiplies_as_its_cpu_matmul_mode_says(tiny, monkeypatch, gemm_spy, requested, ratio, mode):
     from kvlab.runtime import dtypes
 
-    entered = []
-    real = dtypes.float32_gemms
-
-    @contextlib.contextmanager
-    def spy(model):
-        with real(model) as n:
-            entered.append(model)
-            yield n
-
     monkeypatch.setattr(dtypes, "matmul_time_ratio", lambda dtype, device: ratio)
-    monkeypatch.setattr(dtypes, "float32_gemms", spy)
     cfg = tiny_config(
         candidates=("dynamic", "kivi-8"), window_residuals=(), contexts=(40,), cpu_matmul=requested
     )
     result = new_result(cfg, "unit", None)
     run_eval(cfg, tiny, CharTokenizer(), result, {"id_or_path": "tiny"})
     assert result["provenance"]["hardware"]["cpu_matmul"] == mode
-    assert entered == ([tiny] if mode == "float32" else [])
+    assert [model for model, _ in gemm_spy] == ([tiny] if mode == "float32" else [])
     assert result["status"] == "complete"
