@@ -635,6 +635,11 @@ def dtype_warning(result: dict) -> str | None:
             f"rounded to {dtype} (--cpu-matmul native: torch's own {dtype} kernels); latencies describe that path, "
             f"not a CPU that serves {dtype} natively"
         )
+    if hardware.get("cpu_matmul_note"):  # auto kept the native kernels: the float32 copies would not fit
+        return (
+            f"{head}, so prefill and the long-context probes set the run time, and latencies describe emulated "
+            f"{dtype}; {hardware['cpu_matmul_note']}"
+        )
     return (
         f"{head}, so prefill and the long-context probes set the run time, and latencies describe emulated "
         f"{dtype}; --cpu-matmul auto (float32 GEMMs on {dtype} values) or --dtype float32 runs faster here (a "

@@ -8,7 +8,9 @@ A result is one JSON object::
                     max_recall_drop, max_passkey_drop, max_kl_mean}  (the last three absent in older files)
     candidates      [{name, family, nbits?, group_size?, residual_length?, available, skip_reason}]
     plan            [{matrix, candidate, context_length, new_tokens, residual_length, group_size}]
-    provenance      {software, hardware {..., cpu_capability, matmul_time_ratio_vs_float32}, model {id_or_path, fingerprint, dtype, device, ...}, prompts, seed,
+    provenance      {software, hardware {..., cpu_capability, matmul_time_ratio_vs_float32, cpu_matmul (float32 |
+                     native | not applicable), cpu_matmul_note?}, model {id_or_path, fingerprint, dtype, device, ...},
+                     prompts, seed,
                      long_context {protected_tail_tokens, passkey_contexts, not_measured [{probe, context_length,
                      reason}]}}; prompts holds one entry per capacity/window prompt and per probe
                      (mode "recall" / "passkey": context_length, placement, seed, ids_sha256, sequence_sha256)

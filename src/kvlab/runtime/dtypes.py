@@ -159,20 +159,55 @@ def cpu_matmul_mode(requested: str, ratio: float | None, device: torch.device) -
     return requested
 
 
+def float32_copy_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the float32 weight and bias copies :func:`float32_gemms` would hold for ``model`` (4 per element of
+    every bf16/fp16 ``nn.Linear``)."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and module.weight.dtype in (torch.bfloat16, torch.float16):
+            total += 4 * (module.weight.numel() + (0 if module.bias is None else module.bias.numel()))
+    return total
+
+
 def cpu_matmul_policy(
-    model: torch.nn.Module, requested: str, device: torch.device
+    model: torch.nn.Module, requested: str, device: torch.device, available_bytes: int | None = -1
 ) -> tuple[dict, contextlib.AbstractContextManager]:
     """Measure this CPU's matmul ratio for ``model``'s dtype and decide the GEMM path, as a run records it.
 
+    The float32 path holds float32 copies of the Linear weights (:func:`float32_copy_bytes`); when they would take
+    more than half the available memory, ``"auto"`` keeps torch's own kernels (and says why in ``cpu_matmul_note``)
+    and an explicit ``"float32"`` is refused.
+
+    Args:
+        available_bytes: memory free for the copies; ``-1`` (default) reads it
+            (:func:`kvlab.runtime.provenance.available_memory_bytes`), None = unknown (no check).
+
     Returns:
         ``(record, context)``: ``record`` is ``{"matmul_time_ratio_vs_float32": float | None, "cpu_matmul": mode}``
-        (:func:`matmul_time_ratio` rounded to 0.01, :func:`cpu_matmul_mode`); ``context`` is :func:`float32_gemms`
-        on ``model`` when the mode is float32, else a context that changes nothing. Run the measured work inside it.
+        (:func:`matmul_time_ratio` rounded to 0.01, :func:`cpu_matmul_mode`), plus ``cpu_matmul_note`` when
+        ``"auto"`` fell back for lack of memory; ``context`` is :func:`float32_gemms` on ``model`` when the mode is
+        float32, else a context that changes nothing. Run the measured work inside it.
 
     Raises:
-        ValueError: from :func:`cpu_matmul_mode`.
+        ValueError: from :func:`cpu_matmul_mode`, or ``"float32"`` requested when the copies would not fit (the
+            bytes needed and available named).
     """
     ratio = matmul_time_ratio(next(model.parameters()).dtype, device)
     mode = cpu_matmul_mode(requested, ratio, device)
     record = {"matmul_time_ratio_vs_float32": None if ratio is None else round(ratio, 2), "cpu_matmul": mode}
-    return record, (float32_gemms(model) if mode == "float32" else contextlib.nullcontext())
+    if mode == "float32":
+        if available_bytes == -1:
+            from kvlab.runtime.provenance import available_memory_bytes
+
+            available_bytes = available_memory_bytes()
+        need = float32_copy_bytes(model)
+        if available_bytes is not None and need > available_bytes / 2:
+            why = (
+                f"float32 copies of the Linear weights ({need / 2**30:.2f} GiB) would take more than half the "
+                f"available memory ({available_bytes / 2**30:.2f} GiB)"
+            )
+            if requested == "float32":
+                raise ValueError(f"`cpu_matmul` 'float32': {why}; use 'native'")
+            record.update(cpu_matmul="native", cpu_matmul_note=f"{why}: torch's own kernels were used")
+    gemms = float32_gemms(model) if record["cpu_matmul"] == "float32" else contextlib.nullcontext()
+    return record, gemms

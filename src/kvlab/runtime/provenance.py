@@ -55,6 +55,22 @@ def memory_gib() -> float | None:
         return None
 
 
+def available_memory_bytes() -> int | None:
+    """Memory a new allocation can take without swapping, in bytes: ``MemAvailable`` of ``/proc/meminfo`` (Linux),
+    else the OS's free physical pages, else None where the OS does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") or None
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def git_commit() -> str | None:
     """Short commit of the checkout kvlab is imported from (``+dirty`` if its ``src/`` has changes), or None
     (not a git checkout, no git, or git did not answer within 5 s)."""

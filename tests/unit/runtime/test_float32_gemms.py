@@ -125,3 +125,48 @@ def test_run_generate_without_timed_calls_still_yields_outputs_and_memory():
     assert generated.shape == (1, 5) and perf["incremental_peak_bytes"] is None
     with pytest.raises(ValueError, match="repeat"):
         run_generate(model, ids, DynamicCache, 5, 0, -1, 0)
+
+
+def test_the_float32_copies_must_fit_in_memory(monkeypatch):
+    from kvlab.runtime import dtypes
+
+    net = _net()
+    need = dtypes.float32_copy_bytes(net)
+    assert need == 4 * (48 * 96 + 96 + 96 * 32)
+    monkeypatch.setattr(dtypes, "matmul_time_ratio", lambda dtype, device: 9.0)
+    cpu = torch.device("cpu")
+    record, gemms = dtypes.cpu_matmul_policy(net, "auto", cpu, available_bytes=2 * need)
+    assert record["cpu_matmul"] == "float32" and "cpu_matmul_note" not in record
+    record, gemms = dtypes.cpu_matmul_policy(net, "auto", cpu, available_bytes=2 * need - 1)
+    assert (
+        record["cpu_matmul"] == "native"
+        and "more than half the available memory" in record["cpu_matmul_note"]
+    )
+    with gemms:
+        assert "forward" not in vars(net[0]), "the fallback changes nothing"
+    with pytest.raises(ValueError, match="float32 copies of the Linear weights"):
+        dtypes.cpu_matmul_policy(net, "float32", cpu, available_bytes=need)
+    record, _ = dtypes.cpu_matmul_policy(net, "auto", cpu, available_bytes=None)  # unknown: no check
+    assert record["cpu_matmul"] == "float32"
+    warning = dtype_warning(
+        {
+            "provenance": {
+                "hardware": {
+                    "matmul_time_ratio_vs_float32": 9.0,
+                    "cpu_matmul": "native",
+                    "cpu_matmul_note": "copies too big: torch's own kernels were used",
+                }
+            }
+        }
+    )
+    assert (
+        warning.endswith("copies too big: torch's own kernels were used")
+        and "--cpu-matmul auto" not in warning
+    )
+
+
+def test_available_memory_is_read_from_the_os():
+    from kvlab.runtime.provenance import available_memory_bytes
+
+    free = available_memory_bytes()
+    assert free is None or free > 0
