@@ -352,30 +352,23 @@ def run(
         profile_context: when set, also profile 8 decode steps of ``dynamic`` and the target cache at this
             context (``torch.profiler``, top operators by self CPU time per step).
         progress: optional ``callable(str)`` told about each cell before it runs.
-        cpu_matmul: ``auto`` / ``native`` / ``float32``: how a bf16/fp16 model's Linear layers multiply on a CPU
-            (:func:`kvlab.runtime.dtypes.cpu_matmul_policy`, as in ``kvlab eval``; on a CPU that emulates bf16,
-            native kernels make the Linear layers most of every step and push every ratio towards 1).
+        cpu_matmul: ``auto`` / ``native`` / ``float32``: the Linear layers' GEMM path on a CPU, as in ``kvlab eval``
+            (:func:`kvlab.runtime.dtypes.cpu_matmul_policy`; emulated bf16 pushes every ratio towards 1).
 
     Returns:
         ``{"device", "model", "settings", "contexts", "candidates", "prompt_source", "rows", "ratios", "target",
         "profile"}``. ``rows``: one per (candidate, context) with ``status`` (``ok``/``skipped``/``failed``),
         ``median_ms``, ``mean_ms``, ``min_ms``, ``times_ms``, ``prefill_s`` (the shared exact prefill), ``fill_s``
         (writing it into this cache), ``cache_bytes``, ``ratio_to_dynamic`` (median / dynamic's at that context) or
-        ``error``. ``target``: the decode target. ``settings["kivi_cpu_path"]``: :func:`kivi_cpu_path`;
-        ``settings["cpu_matmul"]`` and ``settings["matmul_time_ratio_vs_float32"]``: the GEMM path and why.
+        ``error``. ``target``: the decode target. ``settings``: also ``kivi_cpu_path`` (:func:`kivi_cpu_path`),
+        ``cpu_matmul`` and ``matmul_time_ratio_vs_float32`` (the GEMM path and why).
 
     Raises:
         ValueError: bad candidates, contexts, steps, device or ``cpu_matmul``.
     """
-    dev = resolve_device(device)
-    contexts = bench_contexts(contexts, quick, dev.type, (QUICK_CONTEXTS, CPU_CONTEXTS, CUDA_CONTEXTS))
-    if quick:
-        steps, warmup = min(steps, 3), min(warmup, 1)
-    if steps < 1 or warmup < 0:
-        raise ValueError(f"`steps` must be >= 1 and `warmup` >= 0, got steps={steps!r}, warmup={warmup!r}")
+    dev, contexts, steps, warmup = _run_plan(device, contexts, quick, steps, warmup, cpu_matmul)
     cands = parse_candidates(tuple(candidates))
     settings = CacheSettings(group_size, residual_length, hqq_group_size)
-    cpu_matmul_mode(cpu_matmul, None, torch.device("cpu"))  # a bad value is named before the model loads
     lm, model_desc, ids, source = load_prompted_model(model, dtype, dev, max(contexts) + warmup + steps + 2)
     gemm_record, gemms = cpu_matmul_policy(lm, cpu_matmul, dev)
     with gemms:
@@ -383,11 +376,9 @@ def run(
             lm, cands, settings, ids, contexts, steps, warmup, prefill_chunk_tokens, dev, progress
         )
         _add_ratios(rows)
-        profile = (
-            None
-            if profile_context is None
-            else _profiles(lm, settings, ids, profile_context, prefill_chunk_tokens)
-        )
+        profile = None
+        if profile_context is not None:
+            profile = _profiles(lm, settings, ids, profile_context, prefill_chunk_tokens)
     result = {
         "device": str(dev),
         "device_type": dev.type,
@@ -410,6 +401,22 @@ def run(
     }
     result["target"] = evaluate_target(result)
     return result
+
+
+def _run_plan(device, contexts, quick: bool, steps: int, warmup: int, cpu_matmul: str):
+    """``(device, contexts, steps, warmup)`` of a :func:`run`, checked before any model loads.
+
+    Raises:
+        ValueError: a bad device, context, ``steps`` < 1, ``warmup`` < 0 or ``cpu_matmul`` (each named).
+    """
+    dev = resolve_device(device)
+    contexts = bench_contexts(contexts, quick, dev.type, (QUICK_CONTEXTS, CPU_CONTEXTS, CUDA_CONTEXTS))
+    if quick:
+        steps, warmup = min(steps, 3), min(warmup, 1)
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"`steps` must be >= 1 and `warmup` >= 0, got steps={steps!r}, warmup={warmup!r}")
+    cpu_matmul_mode(cpu_matmul, None, torch.device("cpu"))  # a bad value is named before the model loads
+    return dev, contexts, steps, warmup
 
 
 def kivi_cpu_path(dev: torch.device) -> str | None:

@@ -139,28 +139,16 @@ def run_generate(
     def once():
         return generate_once(model, input_ids, make_cache, new_tokens, pad_token_id)
 
-    timings = []
     with torch.inference_mode():
         for _ in range(warmup):
             once()
-        cache = out = None
         if device.type == "cuda":  # the allocator's peak costs nothing: measure it over the timed calls
             with PeakMemory(device) as peak:
-                for _ in range(repeat):
-                    cache = out = None
-                    synchronize(device)
-                    start = time.perf_counter()
-                    cache, out = once()
-                    synchronize(device)
-                    timings.append((time.perf_counter() - start) * 1000.0)
+                timings, cache, out = _timed_calls(once, repeat, device)
                 if not repeat:
                     cache, out = once()
         else:  # CPU accounting slows every operator: one extra, untimed call
-            for _ in range(repeat):
-                cache = out = None
-                start = time.perf_counter()
-                cache, out = once()
-                timings.append((time.perf_counter() - start) * 1000.0)
+            timings, cache, out = _timed_calls(once, repeat, device)
             peak = PeakMemory(device)
             if measure_cpu_memory:
                 cache = out = None
@@ -184,6 +172,21 @@ def run_generate(
         "peak_memory_method": peak.method,
     }
     return perf, cache, generated
+
+
+def _timed_calls(
+    once: Callable[[], tuple], repeat: int, device: torch.device
+) -> tuple[list[float], Any, Any]:
+    """``repeat`` synchronized calls of ``once``: ``(timings_ms, cache, out)`` of the last (None, None if 0)."""
+    timings, cache, out = [], None, None
+    for _ in range(repeat):
+        cache = out = None  # the previous call's cache is freed before the next one runs
+        synchronize(device)
+        start = time.perf_counter()
+        cache, out = once()
+        synchronize(device)
+        timings.append((time.perf_counter() - start) * 1000.0)
+    return timings, cache, out
 
 
 def fixed_continuation(
