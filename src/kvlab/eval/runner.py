@@ -938,6 +938,7 @@ class _Matrix:
             [("dynamic", "dynamic", None, base)]
             + [(f"{c.name}|R={r}", c.name, r, meas) for c, r, meas in measured],
         )
+        self.advance()  # the timing is a step of its own: in the window matrix it is the longest one
         if base.get("failed"):
             return
         rows = self.result["rows"]
@@ -967,6 +968,7 @@ class _Matrix:
                         }
                     )
                     self.advance()
+            self.advance()  # the cell's timing step, not run
             return None, {}, {}
         continuation = base["generated"][:, : self.cfg.quality_tokens].to(self.device)
         base["quality"] = fixed_continuation(
@@ -987,14 +989,14 @@ class _Matrix:
 
 
 def count_steps(cfg: EvalConfig) -> int:
-    """Progress steps of :func:`run_eval` (one per measured cell)."""
+    """Progress steps of :func:`run_eval`: one per measured cache of a cell, and one per cell for its timing."""
     runnable = [
         n for n in cfg.candidates if n != "dynamic" and Candidate.parse(n).unavailable_reason() is None
     ]
-    steps = len(cfg.contexts) * (1 + len(runnable))
+    steps = len(cfg.contexts) * (2 + len(runnable))
     if cfg.window_residuals:
         with_r = sum(1 for n in runnable if Candidate.parse(n).uses_residual)
-        steps += 1 + len(runnable) + (len(cfg.window_residuals) - 1) * with_r
+        steps += 2 + len(runnable) + (len(cfg.window_residuals) - 1) * with_r
     return steps
 
 

@@ -352,3 +352,23 @@ def test_the_run_multiplies_as_its_cpu_matmul_mode_says(tiny, monkeypatch, gemm_
     assert result["provenance"]["hardware"]["cpu_matmul"] == mode
     assert [model for model, _ in gemm_spy] == ([tiny] if mode == "float32" else [])
     assert result["status"] == "complete"
+
+
+def test_a_failed_baseline_still_counts_every_step_of_its_cell(tiny, monkeypatch):
+    from kvlab.eval import runner
+
+    real = runner._Cell.measure
+
+    def measure(self, cand, ids, *args, **kwargs):
+        if cand.family == "dynamic" and ids.shape[1] == 40:  # the baseline of the 40-token cell fails
+            return None
+        return real(self, cand, ids, *args, **kwargs)
+
+    monkeypatch.setattr(runner._Cell, "measure", measure)
+    cfg = tiny_config(candidates=("dynamic", "kivi-8"), window_residuals=(), contexts=(40, 72))
+    result = new_result(cfg, "unit", None)
+    steps = []
+    run_eval(cfg, tiny, CharTokenizer(), result, {"id_or_path": "tiny"}, advance=lambda: steps.append(1))
+    assert len(steps) == runner.count_steps(cfg) == 2 * (2 + 1)
+    assert [(f["candidate"], f["type"]) for f in result["failures"]] == [("kivi-8", "BaselineFailed")]
+    assert {r["context_length"] for r in result["rows"]} == {72}
