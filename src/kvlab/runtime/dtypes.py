@@ -98,7 +98,8 @@ def float32_gemms(model: torch.nn.Module) -> Iterator[int]:
     and float32 output (counted by the CPU peak-memory accounting).
 
     Args:
-        model: a module whose Linear weights are bfloat16 or float16 (other Linear layers are left as they are).
+        model: a module whose Linear weights are bfloat16 or float16 (other Linear layers, and layers whose
+            ``forward`` is already replaced on the instance, e.g. by accelerate's hooks, are left as they are).
 
     Yields:
         the number of Linear layers rerouted (0 when none is bf16/fp16: the context then changes nothing).
@@ -111,7 +112,11 @@ def float32_gemms(model: torch.nn.Module) -> Iterator[int]:
     patched: list[torch.nn.Linear] = []
     try:
         for module in model.modules():
-            if isinstance(module, torch.nn.Linear) and module.weight.dtype in (torch.bfloat16, torch.float16):
+            if (
+                isinstance(module, torch.nn.Linear)
+                and module.weight.dtype in (torch.bfloat16, torch.float16)
+                and "forward" not in vars(module)  # a forward set on the instance (accelerate's hooks) stays
+            ):
                 _reroute(module)
                 patched.append(module)
         yield len(patched)

@@ -170,3 +170,16 @@ def test_available_memory_is_read_from_the_os():
 
     free = available_memory_bytes()
     assert free is None or free > 0
+
+
+def test_a_layer_with_its_own_instance_forward_is_left_alone():
+    net = _net()
+    hooked = net[0].forward  # what accelerate's add_hook_to_module does: a forward on the instance
+
+    def hook(x):
+        return hooked(x)
+
+    net[0].forward = hook
+    with float32_gemms(net) as rerouted:
+        assert rerouted == 1 and net[0].forward is hook
+    assert net[0].forward is hook, "the hook survives the context"
