@@ -52,9 +52,9 @@ RECALL_SPAN_TOKENS = 32
 # rows x context of one prefill forward: bounds the attention's working memory on a CPU
 PREFILL_TOKENS_PER_CHUNK = 16384
 # rows x context held by one candidate cache at a time (see run_probe: HQQ's quantizer is superlinear in size)
-FILL_TOKENS_PER_CHUNK = (
-    4096  # HQQ-4 passkey fill at 512 / 256 tokens: 12.3 / 5.6 s against 13.2 / 6.5 s at 8,192 (AVX2 VM)
-)
+# 4,096 vs 8,192 on the AVX2 VM: HQQ-4's passkey fill at 512 / 256 tokens 12.3 / 5.6 s against 13.2 / 6.5 s, but the
+# other caches' batched decode is slower in smaller chunks: a whole --quick run's probes cost the same either way
+FILL_TOKENS_PER_CHUNK = 4096
 
 
 class NotMeasurable(ValueError):
