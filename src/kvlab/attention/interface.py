@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from kvlab.attention.quantized import kivi_attention
+from kvlab.runtime.dtypes import float32_attention
 
 NAME = "kvlab"
 _local = threading.local()
@@ -75,6 +76,30 @@ def kvlab_attention_forward(
     return out
 
 
+def sdpa(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention (``query [B, Hq, q, D]``, ``key/value [B, Hkv, kv, D]`` ->
+    ``([B, q, Hq, D], None)``), in float32 on bf16/fp16 CPU tensors while
+    :func:`kvlab.runtime.dtypes.float32_attention` holds (inputs and a float mask widened exactly, the output
+    rounded back to the query's dtype); otherwise transformers' function unchanged."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16) and float32_attention():
+        if attention_mask is not None and attention_mask.dtype.is_floating_point:
+            attention_mask = attention_mask.float()
+        out, weights = sdpa_attention_forward(
+            module, query.float(), key.float(), value.float(), attention_mask, **kwargs
+        )
+        return out.to(query.dtype), weights
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
 def _attend(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -87,17 +112,13 @@ def _attend(
 ) -> tuple[torch.Tensor, None]:
     """transformers attention signature: ``query [B, Hq, q, D]``, ``key/value [B, Hkv, kv, D]`` ->
     ``([B, q, Hq, D], None)``."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     layer_idx = getattr(module, "layer_idx", None)
     table = pending()
     entry = table.get(layer_idx)
     # an entry is read only with the key window it was handed off with: one left behind by a forward that failed
     # between the cache update and the attention is never applied to another cache's keys
     if entry is None or entry.consumed or not entry.matches(key):
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
+        return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     if kwargs.get("sliding_window") is not None:
         raise ValueError(
             f"fused KIVI attention supports full attention only, got sliding_window={kwargs['sliding_window']}"
@@ -107,9 +128,7 @@ def _attend(
     entry.consumed = True
     del table[layer_idx]  # read once; the table must not keep the cache's blocks alive after the step
     if not entry.segments:  # nothing quantized yet (prefill): the window is the whole history, SDPA is exact
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
+        return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     out = kivi_attention(
         query, entry.segments, key, value, entry.nbits, entry.group_size, scale, attention_mask

@@ -33,7 +33,7 @@ import torch
 from kvlab.bench.cells import bench_contexts, failed_cell
 from kvlab.caches.registry import CacheSettings, resolve
 from kvlab.runtime.device import resolve_device, synchronize  # re-exported: bench modules use them
-from kvlab.runtime.dtypes import cpu_matmul_mode, cpu_matmul_policy
+from kvlab.runtime.dtypes import cpu_matmul_mode, cpu_matmul_policy, float32_attention
 
 DEFAULT_CANDIDATES = ("dynamic", "kivi4-fused", "kivi4-dequant", "kivi2-fused", "hqq4", "quanto4")
 CPU_CONTEXTS = (1024, 2048, 4096, 8192, 16384)
@@ -178,8 +178,10 @@ def load_prompted_model(model: Any, dtype: str, device: torch.device, tokens: in
 
 
 def set_attention(model: Any, candidate: BenchCandidate) -> str:
-    """Switch ``model`` to kvlab attention for fused KIVI, to plain SDPA otherwise; return the name used."""
-    if candidate.uses_kvlab_attention:
+    """Switch ``model`` to kvlab attention for fused KIVI, and for every cache while float32 GEMMs run (its SDPA is
+    then float32 too: :func:`kvlab.runtime.dtypes.float32_attention`), to plain SDPA otherwise; return the name
+    used."""
+    if candidate.uses_kvlab_attention or float32_attention():
         from kvlab.attention import enable
 
         enable(model)

@@ -108,7 +108,7 @@ def _add_model_benchmarks(sub) -> tuple[argparse.ArgumentParser, ...]:
         "--cpu-matmul",
         choices=("auto", "native", "float32"),
         default="auto",
-        help="CPU only: a bf16/fp16 model's Linear layers as float32 GEMMs on its values (float32), torch's own "
+        help="CPU only: a bf16/fp16 model's Linear layers and SDPA in float32 on its values (float32), torch's own "
         "kernels (native), or float32 where the CPU emulates the dtype (auto, default; as kvlab eval)",
     )
     _common(d)

@@ -101,8 +101,9 @@ def _add_matrix_flags(p) -> None:
         "--cpu-matmul",
         choices=("auto", "native", "float32"),
         default=None,
-        help="CPU only: how a bf16/fp16 model's Linear layers multiply: float32 GEMMs on its values (outputs "
-        "rounded back), torch's native kernels, or auto (default): float32 where the CPU emulates the dtype",
+        help="CPU only: how a bf16/fp16 model's Linear layers and attention compute: float32 GEMMs and SDPA on "
+        "its values (outputs rounded back), torch's native kernels, or auto (default): float32 where the CPU "
+        "emulates the dtype",
     )
     p.add_argument(
         "--window-context", type=int, default=None, help="residual-window matrix context (default 512)"
@@ -132,6 +133,13 @@ def _add_matrix_flags(p) -> None:
         type=int,
         default=None,
         help="torch threads (default: OMP_NUM_THREADS, else usable CPUs minus one; recorded in the result)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="processes for the untimed long-context probes: this one plus forked helpers on spare CPUs, all done "
+        "before any timed round (default: 2 on a Linux CPU run with a spare CPU, else 1; results do not change)",
     )
     p.add_argument("--quality-tokens", type=int, default=None, help="fixed-continuation length (default 16)")
     p.add_argument("--top-k", type=int, default=None, help="k of the top-k overlap (default 5)")
@@ -249,6 +257,7 @@ _FIELDS = {
     "batch": "batch",
     "seed": "seed",
     "threads": "threads",
+    "workers": "workers",
     "passkey_trials": "passkey_trials",
     "passkey_depths": "passkey_depths",
     "recall_rows": "recall_rows",

@@ -112,11 +112,16 @@ class EvalConfig:
         hqq_group_size: group size of the HQQ/quanto candidates (the quantization chapter uses 64).
         kivi_attention: ``"fused"`` (kvlab attention reads packed codes; no float copy of the history) or
             ``"dequantize"`` (the cache returns float K/V to the model's own attention).
-        cpu_matmul: how a bf16/fp16 model's Linear layers multiply on a CPU: ``"float32"`` (float32 GEMMs on the
-            dtype's values, outputs rounded back: :func:`kvlab.runtime.dtypes.float32_gemms`), ``"native"``
+        cpu_matmul: how a bf16/fp16 model's Linear layers and attention compute on a CPU: ``"float32"`` (float32
+            GEMMs and SDPA on the dtype's values, outputs rounded back: :func:`kvlab.runtime.dtypes.float32_gemms`,
+            :func:`kvlab.runtime.dtypes.float32_attention`), ``"native"``
             (torch's kernels for the dtype) or ``"auto"``: float32 when the run's first measurement finds the dtype
             emulated (:func:`kvlab.runtime.dtypes.matmul_time_ratio` above ``SLOW_DTYPE_RATIO``), else native.
             A GPU run always uses its native kernels (``"float32"`` there is an error).
+        workers: processes for the untimed long-context probes (:class:`kvlab.runtime.workers.SplitJobs`): the
+            run's own plus ``workers - 1`` forked helpers, each on a spare CPU, that run the probes while this
+            process records its caches; every timed round runs after them, on a quiet machine. ``None`` (auto): 2
+            on a Linux CPU run with a CPU spare beside ``threads``, else 1. Results do not depend on it.
         long_context: measure recall (every capacity and window cell) and passkey retrieval
             (``retrieval_contexts``); see :mod:`kvlab.eval.longctx`. The KL divergence is always measured.
         recall_span_tokens / recall_fractions / recall_rows: copy span length L, copy distances as fractions of
@@ -151,6 +156,7 @@ class EvalConfig:
     hqq_group_size: int = 64
     kivi_attention: str = "fused"
     cpu_matmul: str = "auto"
+    workers: int | None = None
     long_context: bool = True
     recall_span_tokens: int = 32
     recall_fractions: tuple[float, ...] = (0.25, 0.5, 0.9)
@@ -180,6 +186,14 @@ class EvalConfig:
         # torch would start every thread asked for, spinning on `cpus` cores
         if self.threads is not None and self.threads > cpus:
             raise ValueError(f"`threads` must be at most the {cpus} CPUs of this machine, got {self.threads}")
+        if self.workers is not None:
+            from kvlab.runtime.timing import default_threads
+            from kvlab.runtime.workers import resolve_workers
+
+            device = (
+                "cpu" if self.device == "auto" else self.device.split(":")[0]
+            )  # cuda is refused at run start
+            resolve_workers(self.workers, self.threads or default_threads(), device)
 
     def __post_init__(self) -> None:
         self._check_names()

@@ -17,6 +17,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -45,9 +46,10 @@ from kvlab.eval.metrics import (
 )
 from kvlab.eval.schema import SCHEMA_VERSION
 from kvlab.runtime.device import resolve_device, synchronize  # resolve_device re-exported: kvlab eval uses it
-from kvlab.runtime.dtypes import SLOW_DTYPE_RATIO, cpu_matmul_policy
+from kvlab.runtime.dtypes import SLOW_DTYPE_RATIO, cpu_matmul_policy, float32_attention
 from kvlab.runtime.provenance import hardware_info, software_info  # re-exported: provenance of a run
 from kvlab.runtime.timing import default_threads, interleaved, paired_ratio
+from kvlab.runtime.workers import SplitJobs, resolve_workers, spare_cpus
 
 Progress = Callable[[str], None]
 
@@ -200,8 +202,6 @@ class _Cell:
         continuation,
         base,
         cpu_memory: bool = True,
-        probes: dict | None = None,
-        states: dict | None = None,
     ) -> dict | None:
         cfg, stage = self.cfg, "construct"
         try:
@@ -230,9 +230,6 @@ class _Cell:
                 stage = "quality"
                 q = fixed_continuation(self.model, ids, continuation, make(), cfg.top_k)
                 row["quality"] = q
-            if probes:
-                stage = "long_context"
-                row["long_context"] = measure_long_context(self.model, make, probes, states)
             row["generated"] = generated
             return row
         except Exception as exc:  # a failed candidate is recorded and the run goes on
@@ -631,8 +628,9 @@ def dtype_warning(result: dict) -> str | None:
     )
     if hardware.get("cpu_matmul") == "float32":
         return (
-            f"{head}, so this run multiplied the model's Linear layers as float32 GEMMs on {dtype} values, outputs "
-            f"rounded to {dtype} (--cpu-matmul native: torch's own {dtype} kernels); latencies describe that path, "
+            f"{head}, so this run multiplied the model's Linear layers as float32 GEMMs on {dtype} values and ran "
+            f"its attention (SDPA) in float32, outputs rounded to {dtype} (--cpu-matmul native: torch's own {dtype} "
+            f"kernels); latencies describe that path, "
             f"not a CPU that serves {dtype} natively"
         )
     if hardware.get("cpu_matmul_note"):  # auto kept the native kernels: the float32 copies would not fit
@@ -711,27 +709,26 @@ def long_context_warning(rows: list[dict]) -> str | None:
 
 
 class _LongContext:
-    """Builds the recall / passkey probes of each context once, with their shared float prefill.
+    """The recall / passkey probes of each context (built once, cheaply) and their shared float prefill (computed
+    where a probe job first needs it: this process or a helper).
 
     The probed text is kept out of the newest ``protected_tail`` tokens, the largest residual window plus group
     size of either matrix (a KIVI cache holds up to ``R + G - 1`` newest tokens in the model dtype), so the same
     probe serves both matrices at a shared context.
     """
 
-    def __init__(self, cfg: EvalConfig, model: Any, tokenizer: Any, result: dict, progress: Progress):
-        self.cfg, self.model, self.tokenizer, self.result, self.progress = (
-            cfg,
-            model,
-            tokenizer,
-            result,
-            progress,
-        )
+    def __init__(self, cfg: EvalConfig, model: Any, tokenizer: Any, result: dict):
+        self.cfg, self.model, self.tokenizer, self.result = cfg, model, tokenizer, result
         tails = [cfg.residual_length + cfg.group_size]
         if cfg.window_residuals:
             tails.append(max(cfg.window_residuals) + cfg.window_group_size)
         self.protected_tail = max(tails)
         self._heldout: list[int] | None = None
-        self._built: dict[tuple[str, int], tuple] = {}  # (kind, context) -> (probe, states) or (None, reason)
+        self._probes: dict[tuple[str, int], Any] = {}  # (kind, context) -> Probe, or None when not measurable
+        self._states: tuple[tuple[str, int], Any] | None = (
+            None  # the latest prefill only (its memory is large)
+        )
+        self._prompt_info: dict[tuple[str, int], dict] = {}
         self.info = {
             "protected_tail_tokens": self.protected_tail,
             "passkey_contexts": list(cfg.passkey_contexts()),
@@ -746,9 +743,17 @@ class _LongContext:
             self._heldout = encode_heldout(self.tokenizer, heldout_text())
         return self._heldout
 
-    def _build(self, kind: str, ctx: int):
-        if (kind, ctx) in self._built:
-            return self._built[(kind, ctx)]
+    def kinds(self, matrix: str, ctx: int) -> list[str]:
+        """The probes of one cell: recall always, passkey in the capacity matrix at the passkey contexts."""
+        return ["recall"] + (
+            ["passkey"] if matrix == "capacity" and ctx in self.cfg.passkey_contexts() else []
+        )
+
+    def probe(self, kind: str, ctx: int):
+        """The probe of ``kind`` at ``ctx`` (built on first use), or None when the context is too short for it (then
+        recorded in ``provenance.long_context.not_measured``, not a failure)."""
+        if (kind, ctx) in self._probes:
+            return self._probes[(kind, ctx)]
         cfg = self.cfg
         try:
             if kind == "recall":
@@ -771,36 +776,37 @@ class _LongContext:
                     depths=cfg.passkey_depths,
                     seed=cfg.seed,
                 )
-        except NotMeasurable as exc:  # a context too short for the probe: recorded, not a failure
+        except NotMeasurable as exc:
             self.info["not_measured"].append({"probe": kind, "context_length": ctx, "reason": str(exc)})
-            self._built[(kind, ctx)] = (None, str(exc))
-            return self._built[(kind, ctx)]
-        device = next(self.model.parameters()).device
-        self.progress(f"context {ctx}: {kind} prefill ({probe.prompt_ids.shape[0]} prompts)")
+            probe = None
+        else:
+            self._prompt_info[(kind, ctx)] = {"mode": kind, **probe.info, "prefill_ms": None}
+            self.result["provenance"]["prompts"].append(self._prompt_info[(kind, ctx)])
+        self._probes[(kind, ctx)] = probe
+        return probe
+
+    def states(self, kind: str, ctx: int) -> tuple[Any, float | None]:
+        """``(states, prefill_ms)``: the float prefill of the probe's prompts (:func:`prefill_states`); computed
+        here unless it is the one this process computed last (then ``prefill_ms`` is None)."""
+        if self._states is not None and self._states[0] == (kind, ctx):
+            return self._states[1], None
+        self._states = None  # free the previous prefill before computing the next one
+        probe = self._probes[(kind, ctx)]
         start = time.perf_counter()
-        states = prefill_states(self.model, probe.prompt_ids.to(device))
-        prefill_ms = (time.perf_counter() - start) * 1000.0
-        self.result["provenance"]["prompts"].append({"mode": kind, **probe.info, "prefill_ms": prefill_ms})
-        self._built[(kind, ctx)] = (probe, states)
-        return self._built[(kind, ctx)]
+        states = prefill_states(self.model, probe.prompt_ids.to(next(self.model.parameters()).device))
+        self._states = ((kind, ctx), states)
+        return states, (time.perf_counter() - start) * 1000.0
 
-    def probes(self, matrix: str, ctx: int) -> tuple[dict, dict]:
-        """``(probes, states)`` for one matrix at one context: recall always, passkey in the capacity matrix at
-        the passkey contexts; probes that do not fit the context are left out (and recorded)."""
-        kinds = ["recall"]
-        if matrix == "capacity" and ctx in self.cfg.passkey_contexts():
-            kinds.append("passkey")
-        probes, states = {}, {}
-        for kind in kinds:
-            probe, extra = self._build(kind, ctx)
-            if probe is not None:
-                probes[kind], states[kind] = probe, extra
-        for (kind, c), (probe, _) in list(self._built.items()):  # free the passkey prefill once used
-            if kind == "passkey" and c != ctx and probe is not None:
-                self._built[(kind, c)] = (probe, None)
-        return probes, states
+    def prefill_done(self, kind: str, ctx: int, prefill_ms: float) -> None:
+        """Record a prefill's time in the probe's prompt entry (the first process to compute it)."""
+        entry = self._prompt_info[(kind, ctx)]
+        if entry["prefill_ms"] is None:
+            entry["prefill_ms"] = prefill_ms
 
-    def failed(self, ctx: int, exc: Exception) -> None:
+    def drop_states(self) -> None:
+        self._states = None
+
+    def failed(self, ctx: int, error: dict) -> None:
         """Record that the float cache's probes failed at ``ctx`` (the candidates there skip them)."""
         self.result["failures"].append(
             {
@@ -808,12 +814,22 @@ class _LongContext:
                 "context_length": ctx,
                 "residual_length": None,
                 "stage": "long_context",
-                "type": type(exc).__name__,
-                "message": str(exc),
-                "traceback_tail": traceback.format_exc().splitlines()[-3:],
+                **error,
             }
         )
-        self.progress(f"[red]dynamic failed at long_context: {type(exc).__name__}: {exc}")
+
+
+@dataclass(frozen=True)
+class _ProbeJob:
+    """One cache's probe of one kind at one context; ``key`` is shared by identical jobs of both matrices (the
+    float cache at a context both use)."""
+
+    kind: str
+    ctx: int
+    cand: Candidate
+    residual: int
+    group: int
+    key: tuple
 
 
 def run_eval(
@@ -830,9 +846,14 @@ def run_eval(
 
     ``model`` must already be on its device in ``cfg.dtype``. Rows hold JSON-ready numbers only. Torch runs with
     ``cfg.threads`` threads (recorded as ``provenance.torch_threads``); the caller's setting is restored after.
-    Each cell's caches are timed together, interleaved (:meth:`_Cell.time_paired`), after their quality runs.
+    The run has two phases: every cell's untimed measurements (outputs, bytes, peak memory, quality here; the
+    long-context probes shared with ``cfg.workers - 1`` forked helpers, :class:`kvlab.runtime.workers.SplitJobs`),
+    then every cell's caches timed together, interleaved (:meth:`_Cell.time_paired`), with the helpers gone.
     ``progress`` names the step starting, ``advance`` marks it done, ``notify`` gets a warning the user should see
     before the run's minutes are spent (today: :func:`dtype_warning`; it is in the summary too).
+
+    Raises:
+        ValueError: ``cfg.workers`` > 1 on a GPU run.
     """
     threads = cfg.threads if cfg.threads is not None else default_threads()
     previous = torch.get_num_threads()
@@ -848,6 +869,7 @@ def _run_matrices(cfg, model, tokenizer, result, model_info, progress, advance, 
     """The body of :func:`run_eval`, with its thread count set."""
     t0 = time.perf_counter()
     device = next(model.parameters()).device
+    workers = resolve_workers(cfg.workers, torch.get_num_threads(), device.type)
     torch.manual_seed(cfg.seed)
     result["provenance"].update(
         {"hardware": hardware_info(device), "model": model_info, "seed": cfg.seed, "argv": sys.argv}
@@ -860,16 +882,39 @@ def _run_matrices(cfg, model, tokenizer, result, model_info, progress, advance, 
     if warning:
         notify(warning)
     with gemms:
-        return _run_cells(cfg, model, tokenizer, result, progress, advance, t0)
+        return _run_cells(cfg, model, tokenizer, result, progress, advance, t0, workers)
 
 
-def _run_cells(cfg, model, tokenizer, result, progress, advance, t0: float) -> dict:
+def _cells(cfg: EvalConfig) -> list[tuple[str, int, int, list[int], int]]:
+    """``(matrix, context, new_tokens, residuals, group)`` of every cell, in run order."""
+    cells = [("capacity", ctx, cfg.new_tokens, [cfg.residual_length], cfg.group_size) for ctx in cfg.contexts]
+    if cfg.window_residuals:
+        cells.append(
+            (
+                "window",
+                cfg.window_context,
+                cfg.window_new_tokens,
+                list(cfg.window_residuals),
+                cfg.window_group_size,
+            )
+        )
+    return cells
+
+
+def _cell_caches(runnable: list[Candidate], residuals: list[int]) -> list[tuple[Candidate, int]]:
+    """The candidates a cell measures with their residual: a cache without a residual window runs once per cell
+    (the window matrix varies only R)."""
+    return [(c, r) for r in residuals for c in runnable if c.uses_residual or r == residuals[0]]
+
+
+def _run_cells(cfg, model, tokenizer, result, progress, advance, t0: float, workers: int = 1) -> dict:
     """Both matrices, after the run's hardware checks (:func:`_run_matrices`)."""
     device = next(model.parameters()).device
     result["provenance"]["prompts"] = []
     fused = cfg.kivi_attention == "fused" and any(n.startswith("kivi") for n in cfg.candidates)
-    # fused KIVI reads packed codes, SnapKV the prefill's queries; every other cache falls back to SDPA unchanged
-    if fused or any(resolve(n).uses_kvlab_attention for n in cfg.candidates):
+    # fused KIVI reads packed codes, SnapKV the prefill's queries; every other cache falls back to SDPA, unchanged
+    # except that with float32 GEMMs it runs in float32 too (kvlab.runtime.dtypes.float32_attention)
+    if fused or float32_attention() or any(resolve(n).uses_kvlab_attention for n in cfg.candidates):
         from kvlab.attention import enable
 
         enable(model)
@@ -880,16 +925,27 @@ def _run_cells(cfg, model, tokenizer, result, progress, advance, t0: float) -> d
     dynamic = Candidate.parse("dynamic")
     run_generate(model, warm_ids, lambda: dynamic.make(model.config, 0, 1), 4, 0, 1, _pad_id(tokenizer))
     run = _Matrix(cfg, model, tokenizer, result, progress, advance)
-    for ctx in cfg.contexts:
-        run("capacity", ctx, cfg.new_tokens, [cfg.residual_length], cfg.group_size)
-    if cfg.window_residuals:
-        run(
-            "window",
-            cfg.window_context,
-            cfg.window_new_tokens,
-            list(cfg.window_residuals),
-            cfg.window_group_size,
+    cells = _cells(cfg)
+    jobs = run.probe_jobs(cells)
+    helper_threads = max(1, spare_cpus(torch.get_num_threads()) // max(1, workers - 1))
+    with SplitJobs([run.job(j) for j in jobs], workers, helper_threads, run.probe_done(jobs)) as split:
+        measured = []
+        for cell in cells:
+            measured.append(run.measure(*cell, split.poll))
+        if jobs:
+            progress(f"long-context probes: {len(jobs) - len(split.outcomes)} of {len(jobs)} left")
+        outcomes = split.finish()
+    run.long_ctx_states_free()
+    if run.long_ctx is not None:
+        run.long_ctx.info.update(
+            {"workers": workers, "helper_threads": helper_threads if workers > 1 else None}
         )
+        if split.helper_failures:
+            run.long_ctx.info["helper_failures"] = split.helper_failures
+    run.attach_probes(measured, jobs, outcomes)
+    for cell in measured:  # every timed round after the helpers are gone
+        if cell is not None:
+            run.time(cell)
     result["summary"] = summarize(result)
     result["status"] = "complete" if not result["failures"] else "partial"
     result["elapsed_s"] = time.perf_counter() - t0
@@ -897,8 +953,9 @@ def _run_cells(cfg, model, tokenizer, result, progress, advance, t0: float) -> d
 
 
 class _Matrix:
-    """Measures one cell (a context of a matrix): the float baseline, every runnable candidate (outputs, bytes,
-    quality, long-context probes), then every cache of the cell timed interleaved; rows go to ``result``."""
+    """Measures the cells of both matrices: :meth:`measure` the float baseline and every runnable candidate of a
+    cell (outputs, bytes, quality), :meth:`probe_jobs` their long-context probes, :meth:`time` every cache of a
+    cell timed interleaved; rows go to ``result``."""
 
     def __init__(self, cfg, model, tokenizer, result, progress, advance):
         self.cfg, self.model, self.tokenizer, self.result = cfg, model, tokenizer, result
@@ -907,33 +964,155 @@ class _Matrix:
         self.cell = _Cell(cfg, model, _pad_id(tokenizer), result, progress)
         cands = [Candidate.parse(n) for n in cfg.candidates]
         self.runnable = [c for c in cands if c.family != "dynamic" and c.unavailable_reason() is None]
-        self.long_ctx = _LongContext(cfg, model, tokenizer, result, progress) if cfg.long_context else None
+        self.long_ctx = _LongContext(cfg, model, tokenizer, result) if cfg.long_context else None
         self.base_cand = Candidate.parse("dynamic")
 
-    def __call__(self, name: str, ctx: int, new_tokens: int, residuals: list[int], group: int) -> None:
+    # ── long-context probes ────────────────────────────────────────────────────────────────────────────────────
+    def probe_jobs(self, cells) -> list[_ProbeJob]:
+        """Every cache's probe jobs over ``cells`` (identical ones once), those sharing a prefill adjacent: passkey
+        contexts first (a helper starts there), recall by context (this process takes the last ones). A probe too
+        long for its context is recorded and its steps counted done."""
+        if self.long_ctx is None:
+            return []
+        self.progress("planning the long-context probes")
+        jobs: dict[tuple, _ProbeJob] = {}
+        for name, ctx, _, residuals, group in cells:
+            caches = [(self.base_cand, 0)] + _cell_caches(self.runnable, residuals)
+            for kind in self.long_ctx.kinds(name, ctx):
+                measurable = self.long_ctx.probe(kind, ctx) is not None
+                for cand, r in caches:
+                    key = _probe_key(kind, ctx, cand, r, group, self.cfg)
+                    if not measurable:
+                        self.advance()  # its step (count_steps) is done: nothing to run
+                    elif key not in jobs:
+                        jobs[key] = _ProbeJob(kind, ctx, cand, r, group, key)
+                    else:
+                        self.advance()  # the same job in the other matrix: one run serves both
+        order = {"passkey": 0, "recall": 1}
+        return sorted(jobs.values(), key=lambda j: (order[j.kind], j.ctx))  # stable: the float cache first
+
+    def job(self, job: _ProbeJob) -> Callable[[], dict]:
+        """The probe job as a zero-argument callable (it runs in this process or a forked helper)."""
+
+        def run() -> dict:
+            states, prefill_ms = self.long_ctx.states(job.kind, job.ctx)
+            if job.cand.family == "dynamic":
+                make = lambda: self.base_cand.make(self.model.config, 0, job.group)  # noqa: E731
+            else:
+                cfg = self.cfg
+                make = lambda: job.cand.make(  # noqa: E731
+                    self.model.config, job.residual, job.group, cfg.hqq_group_size, cfg.kivi_attention
+                )
+            probe = self.long_ctx.probe(job.kind, job.ctx)
+            out = measure_long_context(self.model, make, {job.kind: probe}, {job.kind: states})[job.kind]
+            return {"probe": out, "prefill_ms": prefill_ms}
+
+        return run
+
+    def probe_done(self, jobs: list[_ProbeJob]) -> Callable[[int, tuple], None]:
+        """The progress step of each finished probe job (whichever process ran it)."""
+
+        def done(i: int, outcome: tuple) -> None:
+            j = jobs[i]
+            where = f"{j.kind}, context {j.ctx}, {j.cand.name}" + (
+                f", R={j.residual}" if j.cand.uses_residual else ""
+            )
+            if outcome[0] == "ok":
+                if outcome[1]["prefill_ms"] is not None:
+                    self.long_ctx.prefill_done(j.kind, j.ctx, outcome[1]["prefill_ms"])
+                self.progress(f"long context: {where}")
+            else:
+                self.progress(
+                    f"[red]long context failed: {where}: {outcome[1]['type']}: {outcome[1]['message']}"
+                )
+            self.advance()
+
+        return done
+
+    def long_ctx_states_free(self) -> None:
+        if self.long_ctx is not None:
+            self.long_ctx.drop_states()
+
+    def attach_probes(self, measured: list, jobs: list[_ProbeJob], outcomes: list[tuple]) -> None:
+        """Put each cache's probe results into its measurement; a failed float-cache probe drops the cell's
+        probes (recorded once per cell), a failed candidate probe fails that candidate (recorded, not timed)."""
+        if self.long_ctx is None:
+            return
+        by_key = {j.key: o for j, o in zip(jobs, outcomes)}
+        for cell in measured:
+            if cell is None:
+                continue
+            ctx, group = cell["ctx"], cell["group"]
+            kinds = [
+                k for k in self.long_ctx.kinds(cell["name"], ctx) if self.long_ctx.probe(k, ctx) is not None
+            ]
+            base_out = {k: by_key[_probe_key(k, ctx, self.base_cand, 0, group, self.cfg)] for k in kinds}
+            bad = next((o[1] for o in base_out.values() if o[0] != "ok"), None)
+            if bad is not None:
+                self.long_ctx.failed(ctx, bad)
+                continue
+            if kinds:
+                cell["base"]["long_context"] = {k: o[1]["probe"] for k, o in base_out.items()}
+            kept = []
+            for c, r, meas in cell["measured"]:
+                outs = {k: by_key[_probe_key(k, ctx, c, r, group, self.cfg)] for k in kinds}
+                bad = next((o[1] for o in outs.values() if o[0] != "ok"), None)
+                if bad is not None:
+                    self.result["failures"].append(
+                        {
+                            "candidate": c.name,
+                            "context_length": ctx,
+                            "residual_length": r,
+                            "stage": "long_context",
+                            **bad,
+                        }
+                    )
+                    continue
+                if kinds:
+                    meas["long_context"] = {k: o[1]["probe"] for k, o in outs.items()}
+                kept.append((c, r, meas))
+            cell["measured"] = kept
+
+    # ── one cell ───────────────────────────────────────────────────────────────────────────────────────────────
+    def measure(
+        self, name: str, ctx: int, new_tokens: int, residuals: list[int], group: int, poll
+    ) -> dict | None:
+        """The cell's untimed measurements: ``{"name", "ctx", "new_tokens", "group", "ids", "base", "measured"}``,
+        or None when its baseline failed. ``poll`` delivers the helpers' finished probes between caches."""
         ids, prompt_info = build_prompts(self.cfg, self.tokenizer, ctx, self.device)
         self.result["provenance"]["prompts"].append(prompt_info)
-        base, probes, states = self.baseline(name, ids, ctx, new_tokens, residuals, group)
+        base = self.baseline(name, ids, ctx, new_tokens, residuals, group)
+        poll()
         if base is None:
-            return
+            return None
         continuation = base["generated"][:, : self.cfg.quality_tokens].to(self.device)
         measured = []
-        for r in residuals:
-            # a cache without a residual window runs once per cell (the window matrix varies only R)
-            runs = [c for c in self.runnable if c.uses_residual or r == residuals[0]]
-            for c in runs:
-                self.progress(f"{name}: context {ctx}, {c.name}" + (f", R={r}" if c.uses_residual else ""))
-                meas = self.cell.measure(
-                    c, ids, new_tokens, r, group, continuation, base, name == "capacity", probes, states
-                )
-                if meas is not None:
-                    measured.append((c, r, meas))
-                self.advance()
+        for c, r in _cell_caches(self.runnable, residuals):
+            self.progress(f"{name}: context {ctx}, {c.name}" + (f", R={r}" if c.uses_residual else ""))
+            meas = self.cell.measure(c, ids, new_tokens, r, group, continuation, base, name == "capacity")
+            if meas is not None:
+                measured.append((c, r, meas))
+            self.advance()
+            poll()
+        return {
+            "name": name,
+            "ctx": ctx,
+            "new_tokens": new_tokens,
+            "group": group,
+            "ids": ids,
+            "base": base,
+            "measured": measured,
+        }
+
+    def time(self, cell: dict) -> None:
+        """Time the cell's caches interleaved and add its rows."""
+        name, ctx, new_tokens, group = cell["name"], cell["ctx"], cell["new_tokens"], cell["group"]
+        base, measured = cell["base"], cell["measured"]
         self.progress(
             f"{name}: context {ctx}, timing {1 + len(measured)} caches interleaved x {self.cfg.repeat}"
         )
         self.cell.time_paired(
-            ids,
+            cell["ids"],
             new_tokens,
             [("dynamic", "dynamic", None, base)]
             + [(f"{c.name}|R={r}", c.name, r, meas) for c, r, meas in measured],
@@ -947,49 +1126,65 @@ class _Matrix:
             if not meas.get("failed"):
                 rows.append(_row(name, c, ctx, new_tokens, r, group, meas, base, self.cfg))
 
-    def baseline(self, name, ids, ctx, new_tokens, residuals, group) -> tuple[dict | None, dict, dict]:
-        """``(base, probes, states)``: the float cache's measurement with its quality and probes; ``base`` None
-        (and a ``BaselineFailed`` failure per candidate and residual) when it failed."""
+    def baseline(self, name, ids, ctx, new_tokens, residuals, group) -> dict | None:
+        """The float cache's measurement with its quality; None (and a ``BaselineFailed`` failure per candidate
+        and residual, their steps and the cell's timing step counted done) when it failed."""
         self.progress(f"{name}: context {ctx}, dynamic baseline")
         make = self.base_cand.make
         base = self.cell.measure(self.base_cand, ids, new_tokens, 0, group, None, None, name == "capacity")
         self.advance()
         if base is None:
-            for r in residuals:
-                for c in [c for c in self.runnable if c.uses_residual or r == residuals[0]]:
-                    self.result["failures"].append(
-                        {
-                            "candidate": c.name,
-                            "context_length": ctx,
-                            "residual_length": r,
-                            "stage": "baseline",
-                            "type": "BaselineFailed",
-                            "message": "the dynamic baseline failed for this prompt",
-                        }
-                    )
-                    self.advance()
+            for c, r in _cell_caches(self.runnable, residuals):
+                self.result["failures"].append(
+                    {
+                        "candidate": c.name,
+                        "context_length": ctx,
+                        "residual_length": r,
+                        "stage": "baseline",
+                        "type": "BaselineFailed",
+                        "message": "the dynamic baseline failed for this prompt",
+                    }
+                )
+                self.advance()
             self.advance()  # the cell's timing step, not run
-            return None, {}, {}
+            return None
         continuation = base["generated"][:, : self.cfg.quality_tokens].to(self.device)
         base["quality"] = fixed_continuation(
             self.model, ids, continuation, make(self.model.config, 0, group), self.cfg.top_k
         )
-        long_ctx = self.long_ctx
-        probes, states = long_ctx.probes(name, ctx) if long_ctx is not None else ({}, {})
-        if probes:
-            self.progress(f"{name}: context {ctx}, dynamic baseline, long context")
-            try:
-                base["long_context"] = measure_long_context(
-                    self.model, lambda: make(self.model.config, 0, group), probes, states
-                )
-            except Exception as exc:  # recorded; the candidates of this context then skip the probes
-                long_ctx.failed(ctx, exc)
-                probes, states = {}, {}
-        return base, probes, states
+        return base
+
+
+def _probe_key(kind: str, ctx: int, cand: Candidate, residual: int, group: int, cfg: EvalConfig) -> tuple:
+    """What makes two probe jobs the same: the probe, the cache and the settings it quantizes with."""
+    if cand.family == "dynamic":
+        return (kind, ctx, "dynamic")
+    return (
+        kind,
+        ctx,
+        cand.name,
+        residual if cand.uses_residual else None,
+        _group_size(cand, residual, group, cfg),
+    )
+
+
+def _probe_job_count(cfg: EvalConfig) -> int:
+    """Probe jobs of a run before deduplication (each a progress step; a duplicate's step is counted done when it
+    is planned)."""
+    if not cfg.long_context:
+        return 0
+    runnable = [Candidate.parse(n) for n in cfg.candidates if n != "dynamic"]
+    runnable = [c for c in runnable if c.unavailable_reason() is None]
+    n = 0
+    for name, ctx, _, residuals, _ in _cells(cfg):
+        kinds = 1 + (1 if name == "capacity" and ctx in cfg.passkey_contexts() else 0)
+        n += kinds * (1 + len(_cell_caches(runnable, residuals)))
+    return n
 
 
 def count_steps(cfg: EvalConfig) -> int:
-    """Progress steps of :func:`run_eval`: one per measured cache of a cell, and one per cell for its timing."""
+    """Progress steps of :func:`run_eval`: one per measured cache of a cell, one per cell for its timing, and one
+    per cache and long-context probe of a cell."""
     runnable = [
         n for n in cfg.candidates if n != "dynamic" and Candidate.parse(n).unavailable_reason() is None
     ]
@@ -997,7 +1192,7 @@ def count_steps(cfg: EvalConfig) -> int:
     if cfg.window_residuals:
         with_r = sum(1 for n in runnable if Candidate.parse(n).uses_residual)
         steps += 2 + len(runnable) + (len(cfg.window_residuals) - 1) * with_r
-    return steps
+    return steps + _probe_job_count(cfg)
 
 
 __all__ = [

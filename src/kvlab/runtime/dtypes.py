@@ -92,10 +92,17 @@ def float32_gemms(model: torch.nn.Module) -> Iterator[int]:
     GEMM as serving hardware runs it (cuBLAS, oneDNN with AVX512-BF16/AMX) also multiplies bf16 operands with float32
     accumulation and rounds the output to bf16; this path computes the same product and differs only in summation
     order (outputs within one bf16 ulp; on the bundled model at 4,096 tokens, logits within 0.25 of 36.5). Measured
-    on a 2-core AVX2 EPYC: a 4,096-token prefill of the bundled model in 1.22 s against 3.79 s. Activations, the KV
-    cache and attention stay in the model dtype; only the Linear layers change. Float32 copies of their weights
-    are held while the context is open (4 bytes per weight element), and each call allocates its widened input
-    and float32 output (counted by the CPU peak-memory accounting).
+    on a 2-core AVX2 EPYC: a 4,096-token prefill of the bundled model in 1.22 s against 3.79 s. Activations and the
+    KV cache stay in the model dtype. Float32 copies of the Linear weights are held while the context is open (4
+    bytes per weight element), and each call allocates its widened input and float32 output (counted by the CPU
+    peak-memory accounting).
+
+    While the context is open :func:`float32_attention` is also true: kvlab attention
+    (:func:`kvlab.attention.enable`) then runs the SDPA of bf16/fp16 queries and K/V on the CPU in float32 and
+    rounds its output back (a decode step's bf16 SDPA took 6-7x the float32 time on that EPYC, more than all the
+    step's GEMMs at 4,096 tokens). That is the arithmetic of kvlab's fused KIVI attention (float32 scores,
+    probabilities and accumulation); a bf16 flash kernel also rounds the softmax probabilities to bf16 before
+    ``P @ V``.
 
     Args:
         model: a module whose Linear weights are bfloat16 or float16 (other Linear layers, and layers whose
@@ -110,6 +117,7 @@ def float32_gemms(model: torch.nn.Module) -> Iterator[int]:
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"`model` must be a torch.nn.Module, got {type(model).__name__}")
     patched: list[torch.nn.Linear] = []
+    _FLOAT32_ATTENTION[0] += 1
     try:
         for module in model.modules():
             if (
@@ -121,9 +129,20 @@ def float32_gemms(model: torch.nn.Module) -> Iterator[int]:
                 patched.append(module)
         yield len(patched)
     finally:
+        _FLOAT32_ATTENTION[0] -= 1
         for module in patched:
             del module.forward  # the class's forward again
             del module._kvlab_w32, module._kvlab_b32
+
+
+# open float32_gemms contexts (a list: one mutable cell shared by every importer)
+_FLOAT32_ATTENTION = [0]
+
+
+def float32_attention() -> bool:
+    """True while a :func:`float32_gemms` context is open: kvlab attention then computes bf16/fp16 SDPA on the CPU
+    in float32 (inputs widened exactly, output rounded back to their dtype)."""
+    return _FLOAT32_ATTENTION[0] > 0
 
 
 def _reroute(module: torch.nn.Linear) -> None:

@@ -369,6 +369,94 @@ def test_a_failed_baseline_still_counts_every_step_of_its_cell(tiny, monkeypatch
     result = new_result(cfg, "unit", None)
     steps = []
     run_eval(cfg, tiny, CharTokenizer(), result, {"id_or_path": "tiny"}, advance=lambda: steps.append(1))
-    assert len(steps) == runner.count_steps(cfg) == 2 * (2 + 1)
+    # per cell: baseline, kivi-8, timing; probes: recall and passkey at 40 (the passkey context), recall at 72,
+    # each for both caches (the failed cell's probes still run: they are planned before any cell)
+    assert len(steps) == runner.count_steps(cfg) == 2 * (2 + 1) + (2 + 1) * 2
     assert [(f["candidate"], f["type"]) for f in result["failures"]] == [("kivi-8", "BaselineFailed")]
     assert {r["context_length"] for r in result["rows"]} == {72}
+
+
+def _probe_numbers(result):
+    """Every row's long-context and quality numbers (the timings left out)."""
+    keep = ("recall", "recall_accuracy", "recall_nll", "passkey", "passkey_accuracy", "mean_nll", "kl_mean")
+    return [
+        (r["matrix"], r["context_length"], r["candidate"], r["residual_length"], {k: r.get(k) for k in keep})
+        for r in result["rows"]
+    ]
+
+
+def _strip_ms(value):
+    if isinstance(value, dict):
+        return {k: _strip_ms(v) for k, v in value.items() if not k.endswith("_ms")}
+    if isinstance(value, list):
+        return [_strip_ms(v) for v in value]
+    return value
+
+
+@pytest.mark.skipif(
+    not __import__("kvlab.runtime.workers", fromlist=["x"]).fork_available(), reason="helpers are forked"
+)
+def test_the_probes_give_the_same_numbers_with_a_helper_process(tiny):
+    from kvlab.eval.runner import count_steps
+
+    results = {}
+    for workers in (1, 2):
+        cfg = tiny_config(
+            candidates=("dynamic", "kivi-8", "kivi-2"),
+            contexts=(96, 160),
+            window_context=96,
+            threads=1,
+            workers=workers,
+        )
+        result = new_result(cfg, "unit", None)
+        steps = []
+        run_eval(
+            cfg, tiny, CharTokenizer(), result, {"id_or_path": "tiny"}, advance=lambda s=steps: s.append(1)
+        )
+        assert result["failures"] == [] and len(steps) == count_steps(cfg)
+        assert result["provenance"]["long_context"]["workers"] == workers
+        results[workers] = result
+    one, two = (_strip_ms(_probe_numbers(results[w])) for w in (1, 2))
+    assert any(r[4]["passkey_accuracy"] is not None for r in one), "the passkey probe ran"
+    assert any(r[4]["recall_accuracy"] is not None for r in one), "the recall probe ran"
+    assert one == two
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failed_probe_fails_its_candidate_and_a_failed_float_probe_drops_the_cells_probes(
+    tiny, monkeypatch, workers
+):
+    from kvlab.eval import runner
+    from kvlab.runtime.workers import fork_available
+
+    if workers > 1 and not fork_available():
+        pytest.skip("helpers are forked")
+    real = runner.measure_long_context
+
+    def measure(model, make, probes, states=None):
+        name = type(make()).__name__
+        ctx = next(iter(probes.values())).prompt_ids.shape[1]
+        if name == "KIVICache" and ctx == 160:
+            raise RuntimeError("kivi probe broke")
+        if name == "DynamicCache" and ctx == 96 and "passkey" in probes:
+            raise RuntimeError("float probe broke")
+        return real(model, make, probes, states)
+
+    monkeypatch.setattr(runner, "measure_long_context", measure)
+    cfg = tiny_config(
+        candidates=("dynamic", "kivi-8"), contexts=(96, 160), window_residuals=(), threads=1, workers=workers
+    )
+    result = new_result(cfg, "unit", None)
+    run_eval(cfg, tiny, CharTokenizer(), result, {"id_or_path": "tiny"})
+    got = sorted((f["candidate"], f["context_length"], f["stage"], f["message"]) for f in result["failures"])
+    assert got == [
+        ("dynamic", 96, "long_context", "float probe broke"),
+        ("kivi-8", 160, "long_context", "kivi probe broke"),
+    ]
+    rows = {(r["context_length"], r["candidate"]): r for r in result["rows"]}
+    assert (160, "kivi-8") not in rows, "a candidate whose probe failed is not timed or reported"
+    assert rows[(96, "kivi-8")].get("recall_accuracy") is None, (
+        "the float probe failed: no probes in its cell"
+    )
+    assert rows[(160, "dynamic")]["recall_accuracy"] is not None
+    assert result["status"] == "partial"

@@ -183,3 +183,56 @@ def test_a_layer_with_its_own_instance_forward_is_left_alone():
     with float32_gemms(net) as rerouted:
         assert rerouted == 1 and net[0].forward is hook
     assert net[0].forward is hook, "the hook survives the context"
+
+
+def test_attention_is_float32_sdpa_rounded_back_only_inside_the_context():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from kvlab.attention.interface import sdpa
+    from kvlab.runtime.dtypes import float32_attention
+
+    gen = torch.Generator().manual_seed(3)
+    module = torch.nn.Module()
+    module.is_causal, module.num_key_value_groups = True, 2
+    q = torch.randn(2, 4, 6, 16, generator=gen).to(torch.bfloat16)  # [B, Hq, q, D]
+    k = torch.randn(2, 2, 9, 16, generator=gen).to(torch.bfloat16)  # [B, Hkv, kv, D]
+    v = torch.randn(2, 2, 9, 16, generator=gen).to(torch.bfloat16)
+    mask = torch.ones(2, 1, 6, 9, dtype=torch.bool).tril(3)
+    expected32, _ = sdpa_attention_forward(module, q.float(), k.float(), v.float(), mask)
+    native, _ = sdpa_attention_forward(module, q, k, v, mask)
+    assert not float32_attention()
+    assert torch.equal(sdpa(module, q, k, v, mask)[0], native), (
+        "outside the context: transformers' SDPA as is"
+    )
+    with float32_gemms(_net()):
+        assert float32_attention()
+        got, _ = sdpa(module, q, k, v, mask)
+    assert not float32_attention(), "the flag ends with the context"
+    assert got.dtype == torch.bfloat16 and got.shape == (2, 6, 4, 16)
+    assert torch.equal(got, expected32.to(torch.bfloat16))
+    fp32 = torch.randn(2, 4, 6, 16, generator=gen)  # a float32 model is never touched
+    with float32_gemms(_net()):
+        assert torch.equal(
+            sdpa(module, fp32, k.float(), v.float(), mask)[0],
+            sdpa_attention_forward(module, fp32, k.float(), v.float(), mask)[0],
+        )
+
+
+def test_the_eval_routes_every_cache_through_float32_attention_with_float32_gemms(monkeypatch):
+    from kvlab.attention import interface
+
+    model = make_tiny_qwen2(head_dim=32, max_positions=256).to(torch.bfloat16)
+    calls = []
+    real = interface.sdpa
+
+    def spy(module, query, *args, **kwargs):
+        out = real(module, query, *args, **kwargs)
+        calls.append(interface.float32_attention())
+        return out
+
+    monkeypatch.setattr(interface, "sdpa", spy)
+    interface.enable(model)
+    ids = torch.randint(3, 200, (1, 12), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode(), float32_gemms(model):
+        model(input_ids=ids)
+    assert calls and all(calls), "a dynamic cache's attention goes through the float32 SDPA"
