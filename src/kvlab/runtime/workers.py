@@ -167,18 +167,28 @@ class SplitJobs:
             return hi - 1
 
     def _helper_main(self) -> None:
-        """A helper's life: take from the front until the ends meet, send each outcome, exit."""
-        signal.signal(
-            signal.SIGINT, signal.SIG_IGN
-        )  # Ctrl-C is the parent's to handle; it terminates helpers
-        try:
-            import torch
+        """A helper's life: take from the front until the ends meet, send each outcome, exit.
 
-            torch.set_num_threads(self.threads)
-        except ImportError:  # a torch-free job list
-            pass
-        while (i := self._take(front=True)) is not None:
-            self._results.put((i, _run(self.jobs[i])))
+        It leaves through ``os._exit`` once its outcomes are in the pipe: a normal exit would flush the standard
+        streams, whose locks another thread of the parent (a progress display) may have held at the fork, and run
+        the parent's exit handlers."""
+        code = 1
+        try:
+            # Ctrl-C is the parent's to handle; leaving the `with` block ends the helpers
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                import torch
+
+                torch.set_num_threads(self.threads)
+            except ImportError:  # a torch-free job list
+                pass
+            while (i := self._take(front=True)) is not None:
+                self._results.put((i, _run(self.jobs[i])))
+            self._results.close()
+            self._results.join_thread()  # every outcome written to the pipe
+            code = 0
+        finally:
+            os._exit(code)
 
     # ── lifecycle ──────────────────────────────────────────────────────────────────────────────────────────────
     def __enter__(self) -> SplitJobs:
