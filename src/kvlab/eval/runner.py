@@ -785,6 +785,10 @@ class _LongContext:
         self._probes[(kind, ctx)] = probe
         return probe
 
+    def built(self) -> dict[tuple[str, int], Any]:
+        """``{(kind, context): Probe}`` of the probes built so far (the measurable ones)."""
+        return {k: p for k, p in self._probes.items() if p is not None}
+
     def states(self, kind: str, ctx: int) -> tuple[Any, float | None]:
         """``(states, prefill_ms)``: the float prefill of the probe's prompts (:func:`prefill_states`); computed
         here unless it is the one this process computed last (then ``prefill_ms`` is None)."""
@@ -969,9 +973,9 @@ class _Matrix:
 
     # ── long-context probes ────────────────────────────────────────────────────────────────────────────────────
     def probe_jobs(self, cells) -> list[_ProbeJob]:
-        """Every cache's probe jobs over ``cells`` (identical ones once), those sharing a prefill adjacent: passkey
-        contexts first (a helper starts there), recall by context (this process takes the last ones). A probe too
-        long for its context is recorded and its steps counted done."""
+        """Every cache's probe jobs over ``cells`` (identical ones once), those sharing a prefill adjacent, the
+        largest prefill first (a helper starts there; this process takes the last, cheapest ones). A probe too long
+        for its context is recorded and its steps counted done."""
         if self.long_ctx is None:
             return []
         self.progress("planning the long-context probes")
@@ -988,8 +992,10 @@ class _Matrix:
                         jobs[key] = _ProbeJob(kind, ctx, cand, r, group, key)
                     else:
                         self.advance()  # the same job in the other matrix: one run serves both
-        order = {"passkey": 0, "recall": 1}
-        return sorted(jobs.values(), key=lambda j: (order[j.kind], j.ctx))  # stable: the float cache first
+        # groups by their prefill's prompt tokens, largest first: a helper starts there, and where the two ends meet
+        # (the one group both sides may prefill) the prefill is the cheapest; within a group the float cache first
+        size = {k: p.prompt_ids.numel() for k, p in self.long_ctx.built().items()}
+        return sorted(jobs.values(), key=lambda j: (-size[(j.kind, j.ctx)], j.kind, j.ctx))
 
     def job(self, job: _ProbeJob) -> Callable[[], dict]:
         """The probe job as a zero-argument callable (it runs in this process or a forked helper)."""

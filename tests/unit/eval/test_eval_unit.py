@@ -460,3 +460,28 @@ def test_a_failed_probe_fails_its_candidate_and_a_failed_float_probe_drops_the_c
     )
     assert rows[(160, "dynamic")]["recall_accuracy"] is not None
     assert result["status"] == "partial"
+
+
+def test_probe_jobs_are_grouped_by_prefill_largest_first_float_cache_leading(tiny):
+    from kvlab.eval.runner import _cells, _Matrix
+
+    cfg = tiny_config(
+        candidates=("dynamic", "kivi-8", "kivi-2"), contexts=(96, 160), window_context=96, threads=1
+    )
+    result = new_result(cfg, "unit", None)
+    result["provenance"]["prompts"] = []
+    run = _Matrix(cfg, tiny, CharTokenizer(), result, lambda m: None, lambda: None)
+    jobs = run.probe_jobs(_cells(cfg))
+    groups = [(j.kind, j.ctx) for j in jobs]
+    order = list(dict.fromkeys(groups))
+    assert groups == sorted(groups, key=order.index), "each prefill group is one contiguous run of jobs"
+    sizes = [run.long_ctx.probe(*g).prompt_ids.numel() for g in order]
+    assert sizes == sorted(sizes, reverse=True), (
+        "the largest prefill first, the cheapest where this process starts"
+    )
+    for g in order:
+        first = next(j for j in jobs if (j.kind, j.ctx) == g)
+        assert first.cand.name == "dynamic"
+    # the float cache's recall at 96 serves both matrices: one job; the window's KIVI R=16 jobs are their own
+    assert sum(1 for j in jobs if j.key == ("recall", 96, "dynamic")) == 1
+    assert len({j.key for j in jobs}) == len(jobs)
