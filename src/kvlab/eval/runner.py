@@ -931,6 +931,7 @@ def _run_cells(cfg, model, tokenizer, result, progress, advance, t0: float, work
     run = _Matrix(cfg, model, tokenizer, result, progress, advance)
     cells = _cells(cfg)
     jobs = run.probe_jobs(cells)
+    workers, memory_note = _fit_workers(cfg, model, run.long_ctx, workers)
     helper_threads = max(1, spare_cpus(torch.get_num_threads()) // max(1, workers - 1))
     with SplitJobs([run.job(j) for j in jobs], workers, helper_threads, run.probe_done(jobs)) as split:
         measured = []
@@ -944,6 +945,8 @@ def _run_cells(cfg, model, tokenizer, result, progress, advance, t0: float, work
         run.long_ctx.info.update(
             {"workers": workers, "helper_threads": helper_threads if workers > 1 else None}
         )
+        if memory_note:
+            run.long_ctx.info["workers_note"] = memory_note
         if split.helper_failures:
             run.long_ctx.info["helper_failures"] = split.helper_failures
     run.attach_probes(measured, jobs, outcomes)
@@ -954,6 +957,36 @@ def _run_cells(cfg, model, tokenizer, result, progress, advance, t0: float, work
     result["status"] = "complete" if not result["failures"] else "partial"
     result["elapsed_s"] = time.perf_counter() - t0
     return result
+
+
+def _fit_workers(
+    cfg: EvalConfig, model: Any, long_ctx: _LongContext | None, workers: int
+) -> tuple[int, str | None]:
+    """``(workers, note)``: with helpers, every process may hold one probe prefill at once (each group's float K/V,
+    ``rows x context`` tokens); auto mode keeps to one process when ``workers`` times the largest would take more
+    than half the available memory (a 7B model's 100-prompt passkey prefill at 512 tokens is ~6.7 GB), and says so
+    in ``note``. An explicit ``cfg.workers`` is kept as asked."""
+    if workers == 1 or cfg.workers is not None or long_ctx is None or not long_ctx.built():
+        return workers, None
+    try:
+        from kvlab.plan.spec import spec_from_config
+
+        spec = spec_from_config(model.config.to_dict())
+        per_token = (
+            spec.kv_elements_per_token_per_layer * spec.kv_layers * next(model.parameters()).element_size()
+        )
+    except ValueError:  # an architecture the planner cannot read: no estimate, no limit
+        return workers, None
+    largest = max(p.prompt_ids.numel() for p in long_ctx.built().values()) * per_token
+    from kvlab.runtime.provenance import available_memory_bytes
+
+    available = available_memory_bytes()
+    if available is None or workers * largest <= available / 2:
+        return workers, None
+    return 1, (
+        f"one process: {workers} probe prefills of up to {largest / 2**30:.2f} GiB at once would take more than half "
+        f"the available memory ({available / 2**30:.2f} GiB)"
+    )
 
 
 class _Matrix:

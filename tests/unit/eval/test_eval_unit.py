@@ -485,3 +485,23 @@ def test_probe_jobs_are_grouped_by_prefill_largest_first_float_cache_leading(tin
     # the float cache's recall at 96 serves both matrices: one job; the window's KIVI R=16 jobs are their own
     assert sum(1 for j in jobs if j.key == ("recall", 96, "dynamic")) == 1
     assert len({j.key for j in jobs}) == len(jobs)
+
+
+def test_auto_workers_fall_back_to_one_process_when_two_prefills_would_not_fit(tiny, monkeypatch):
+    from kvlab.eval.runner import _cells, _fit_workers, _Matrix
+    from kvlab.runtime import provenance
+
+    cfg = tiny_config(contexts=(96, 160), window_context=96, threads=1)
+    result = new_result(cfg, "unit", None)
+    result["provenance"]["prompts"] = []
+    run = _Matrix(cfg, tiny, CharTokenizer(), result, lambda m: None, lambda: None)
+    run.probe_jobs(_cells(cfg))
+    # the tiny model: 2 layers x 2 (K, V) x 2 KV heads x 16 dims x 4 bytes (float32) per token
+    largest = max(p.prompt_ids.numel() for p in run.long_ctx.built().values()) * 2 * 2 * 2 * 16 * 4
+    monkeypatch.setattr(provenance, "available_memory_bytes", lambda: 4 * largest)
+    assert _fit_workers(cfg, tiny, run.long_ctx, 2) == (2, None), "2 x largest is half of what is free: fits"
+    monkeypatch.setattr(provenance, "available_memory_bytes", lambda: 4 * largest - 1)
+    workers, note = _fit_workers(cfg, tiny, run.long_ctx, 2)
+    assert workers == 1 and "more than half the available memory" in note
+    explicit = tiny_config(contexts=(96, 160), window_context=96, threads=1, workers=2)
+    assert _fit_workers(explicit, tiny, run.long_ctx, 2) == (2, None), "an explicit --workers is kept"
