@@ -13,7 +13,7 @@ from kvlab.cli import build_parser
 from kvlab.commands import progress, quiet_third_party
 
 
-def test_plain_output_is_one_line_per_finished_step():
+def test_plain_output_is_one_line_per_step_as_it_starts():
     out = io.StringIO()
     with progress(Console(file=out, force_terminal=False, width=120), 3, "test") as bar:
         bar.start("first")
@@ -35,8 +35,9 @@ def test_the_last_started_step_is_finished_on_exit_but_not_after_an_error():
     out = io.StringIO()
     with pytest.raises(RuntimeError), progress(Console(file=out, force_terminal=False), 2) as bar:
         bar.start("a")
+        assert out.getvalue().splitlines()[-1].endswith("s  a"), "the line names the step while it runs"
         raise RuntimeError("boom")
-    assert out.getvalue() == ""
+    assert out.getvalue().count("\n") == 1, "a failed step is not followed by another line"
 
 
 def test_a_terminal_gets_a_bar_not_lines():

@@ -51,8 +51,8 @@ def file_exists_message(path: object, alternative: str = "") -> str:
 
 class progress:
     """Progress of a run longer than a couple of seconds, on ``console`` (a rich Console, normally stderr): a rich
-    progress bar on a terminal; one plain line per finished step otherwise (logs, CI, pipes):
-    ``[done/total] <elapsed> s  <step>``.
+    progress bar on a terminal; otherwise (logs, CI, pipes) one plain line as each step starts, so the last line
+    always names what is running: ``[k/total] <elapsed> s  <step>`` (step k, started at that many seconds).
 
     Two ways to drive it, inside ``with progress(console, total, title) as p:``
 
@@ -94,6 +94,10 @@ class progress:
         self.last = msg
         if self.bar is not None:
             self.bar.update(self.task, description=msg)
+        else:
+            elapsed = time.perf_counter() - self.start_s
+            step = min(self.done + 1, self.total)
+            self.console.print(f"[{step}/{self.total}] {elapsed:6.0f} s  {msg}", highlight=False)
 
     def advance(self) -> None:
         """Mark the step named last as finished."""
@@ -101,9 +105,6 @@ class progress:
         self.open = False
         if self.bar is not None:
             self.bar.advance(self.task)
-        else:
-            elapsed = time.perf_counter() - self.start_s
-            self.console.print(f"[{self.done}/{self.total}] {elapsed:6.0f} s  {self.last}", highlight=False)
 
     def start(self, msg: str) -> None:
         """Finish the running step (if any) and start ``msg``."""

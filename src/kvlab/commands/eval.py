@@ -139,7 +139,8 @@ def _add_matrix_flags(p) -> None:
         type=int,
         default=None,
         help="processes for the untimed long-context probes: this one plus forked helpers on spare CPUs, all done "
-        "before any timed round (default: 2 on a Linux CPU run with a spare CPU, else 1; results do not change)",
+        "before any timed round; 1 = no helper (default: 2 on a Linux CPU run with a spare CPU, else 1; the probe "
+        "results do not depend on it, only the run time)",
     )
     p.add_argument("--quality-tokens", type=int, default=None, help="fixed-continuation length (default 16)")
     p.add_argument("--top-k", type=int, default=None, help="k of the top-k overlap (default 5)")

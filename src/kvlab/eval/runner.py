@@ -938,7 +938,11 @@ def _run_cells(cfg, model, tokenizer, result, progress, advance, t0: float, work
         for cell in cells:
             measured.append(run.measure(*cell, split.poll))
         if jobs:
-            progress(f"long-context probes: {len(jobs) - len(split.outcomes)} of {len(jobs)} left")
+            split.poll()
+            helped = (
+                " (this process takes them from the back, the helper from the front)" if workers > 1 else ""
+            )
+            progress(f"long-context probes: {len(jobs) - len(split.outcomes)} of {len(jobs)} left{helped}")
         outcomes = split.finish()
     run.long_ctx_states_free()
     if run.long_ctx is not None:

@@ -72,7 +72,7 @@ def resolve_workers(requested: int | None, threads: int, device_type: str, cpus:
     if requested is None:
         return 2 if usable and spare >= 1 else 1
     if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
-        raise ValueError(f"`workers` must be a positive integer or None (auto), got {requested!r}")
+        raise ValueError(f"`workers` must be a positive integer (leave it unset for auto), got {requested!r}")
     if requested == 1:
         return 1
     if device_type != "cpu":
@@ -85,8 +85,8 @@ def resolve_workers(requested: int | None, threads: int, device_type: str, cpus:
         )
     if requested - 1 > spare:
         raise ValueError(
-            f"`workers` {requested} needs {requested - 1} spare CPUs beside the run's {threads} torch threads; "
-            f"this machine has {spare}"
+            f"`workers` {requested} needs {requested - 1} spare CPUs beside the run's {threads} torch "
+            f"thread{'s' if threads > 1 else ''}; this machine has {spare} spare"
         )
     return requested
 

@@ -107,7 +107,7 @@ def test_how_many_workers_a_run_gets(monkeypatch):
     assert resolve_workers(1, threads=2, device_type="cuda", cpus=2) == 1
     assert resolve_workers(3, threads=1, device_type="cpu", cpus=4) == 3
     with pytest.raises(
-        ValueError, match="needs 2 spare CPUs beside the run's 1 torch threads; this machine has 1"
+        ValueError, match="needs 2 spare CPUs beside the run's 1 torch thread; this machine has 1 spare"
     ):
         resolve_workers(3, threads=1, device_type="cpu", cpus=2)
     with pytest.raises(ValueError, match="must be 1 on a cuda run"):
