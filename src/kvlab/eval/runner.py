@@ -49,7 +49,7 @@ from kvlab.runtime.device import resolve_device, synchronize  # resolve_device r
 from kvlab.runtime.dtypes import SLOW_DTYPE_RATIO, cpu_matmul_policy, float32_attention
 from kvlab.runtime.provenance import hardware_info, software_info  # re-exported: provenance of a run
 from kvlab.runtime.timing import default_threads, interleaved, paired_ratio
-from kvlab.runtime.workers import SplitJobs, resolve_workers, spare_cpus
+from kvlab.runtime.workers import SplitJobs, resolve_workers
 
 Progress = Callable[[str], None]
 
@@ -932,8 +932,7 @@ def _run_cells(cfg, model, tokenizer, result, progress, advance, t0: float, work
     cells = _cells(cfg)
     jobs = run.probe_jobs(cells)
     workers, memory_note = _fit_workers(cfg, model, run.long_ctx, workers)
-    helper_threads = max(1, spare_cpus(torch.get_num_threads()) // max(1, workers - 1))
-    with SplitJobs([run.job(j) for j in jobs], workers, helper_threads, run.probe_done(jobs)) as split:
+    with SplitJobs([run.job(j) for j in jobs], workers, run.probe_done(jobs)) as split:
         measured = []
         for cell in cells:
             measured.append(run.measure(*cell, split.poll))
@@ -946,13 +945,17 @@ def _run_cells(cfg, model, tokenizer, result, progress, advance, t0: float, work
         outcomes = split.finish()
     run.long_ctx_states_free()
     if run.long_ctx is not None:
-        run.long_ctx.info.update(
-            {"workers": workers, "helper_threads": helper_threads if workers > 1 else None}
-        )
+        run.long_ctx.info["workers"] = workers  # each helper computes with one torch thread
         if memory_note:
             run.long_ctx.info["workers_note"] = memory_note
         if split.helper_failures:
             run.long_ctx.info["helper_failures"] = split.helper_failures
+            progress(
+                f"[yellow]a helper process exited early (exit codes {split.helper_failures}); "
+                "its probes ran in this process"
+            )
+        if split.reran:
+            run.long_ctx.info["probes_rerun_here"] = len(split.reran)
     run.attach_probes(measured, jobs, outcomes)
     for cell in measured:  # every timed round after the helpers are gone
         if cell is not None:

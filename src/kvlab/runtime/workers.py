@@ -8,7 +8,7 @@ process does its own untimed work; when that is done, this process takes jobs fr
 until the two ends meet. Nothing timed may run while helpers are alive: leave the ``with`` block first.
 
 Each job is a zero-argument callable returning a picklable value. Results do not depend on which process ran a
-job (same model, same inputs, one torch thread each by default); a helper that dies leaves its unfinished jobs to
+job (same model, same inputs; helpers compute with one torch thread); a helper that dies leaves its unfinished jobs to
 this process, which runs them itself. Helpers exist only where ``fork`` is safe and useful: Linux, a CPU run
 (CUDA state does not survive a fork) and a spare core.
 """
@@ -16,6 +16,7 @@ this process, which runs them itself. Helpers exist only where ``fork`` is safe 
 from __future__ import annotations
 
 import os
+import pickle
 import queue
 import signal
 import sys
@@ -85,10 +86,24 @@ def resolve_workers(requested: int | None, threads: int, device_type: str, cpus:
         )
     if requested - 1 > spare:
         raise ValueError(
-            f"`workers` {requested} needs {requested - 1} spare CPUs beside the run's {threads} torch "
+            f"`workers` {requested} needs {requested - 1} spare CPU{'s' if requested > 2 else ''} beside the run's "
+            f"{threads} torch "
             f"thread{'s' if threads > 1 else ''}; this machine has {spare} spare"
         )
     return requested
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel kill this process when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)``), so that
+    a parent killed by the OOM killer leaves no helper behind; exit now if the parent is already gone."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the parent's exit handlers terminate the helper
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _error(exc: BaseException) -> dict:
@@ -112,45 +127,53 @@ class SplitJobs:
 
     Usage::
 
-        with SplitJobs(jobs, workers=2, threads=1) as split:
+        with SplitJobs(jobs, workers=2) as split:
             ...                            # this process's own untimed work; split.poll() delivers results
             outcomes = split.finish()      # takes jobs from the back, waits for the helpers
         # timed work only after the block: the helpers are gone
 
+    Each helper computes with one torch thread: libgomp's thread pool does not survive a fork, and a helper that
+    starts a team of 2+ OpenMP threads after its parent used 2+ hangs in a barrier for ever. A helper dies with its
+    parent (``PR_SET_PDEATHSIG``), and inside a helper a nested ``SplitJobs`` runs its jobs in that process.
+
     Args:
-        jobs: zero-argument callables; each returns a picklable value (a helper sends it through a pipe).
-            Order them so that jobs sharing an expensive setup are adjacent: each end then meets the setup once.
+        jobs: zero-argument callables; each returns a picklable value (a helper pickles it, tensors by value, and
+            sends it through a pipe; a value that cannot be pickled is computed again here). Order them so that
+            jobs sharing an expensive setup are adjacent: each end then meets the setup once.
         workers: processes in all (>= 1; 1 runs everything here, in :meth:`finish`).
-        threads: torch threads in each helper (set right after the fork).
         on_done: called in this process as ``on_done(index, outcome)`` once per job, in completion order.
 
     Outcomes are ``("ok", value)`` or ``("error", {"type", "message", "traceback_tail"})``; a job's exception
     never escapes. ``helper_failures`` lists helpers that exited without finishing their jobs (exit codes), whose
-    jobs ran here instead.
+    jobs ran here instead; ``reran`` lists jobs run here again because a helper could not send their value.
 
     Raises:
-        ValueError: ``workers`` not an int >= 1, or ``threads`` not an int >= 1.
+        ValueError: ``workers`` not an int >= 1.
     """
 
     def __init__(
         self,
         jobs: Sequence[Callable[[], Any]],
         workers: int = 1,
-        threads: int = 1,
         on_done: Callable[[int, Outcome], None] = lambda i, o: None,
     ) -> None:
-        for name, value in (("workers", workers), ("threads", threads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{name}` must be an int >= 1, got {value!r}")
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"`workers` must be an int >= 1, got {workers!r}")
+        import multiprocessing
+
+        if multiprocessing.current_process().daemon:  # a helper cannot fork helpers of its own
+            workers = 1
         self.jobs = list(jobs)
-        self.workers, self.threads, self.on_done = workers, threads, on_done
+        self.workers, self.on_done = workers, on_done
         self.outcomes: dict[int, Outcome] = {}
         self.helper_failures: list[int | None] = []
+        self.reran: list[int] = []
         self._helpers: list[Any] = []
         self._results: Any = None
         self._ends: Any = None  # shared [front, back): the next front index and the end of the untaken range
         self._lock: Any = None
         self._local_front = 0  # without helpers
+        self._parent = os.getpid()
 
     # ── the shared ends ────────────────────────────────────────────────────────────────────────────────────────
     def _take(self, front: bool) -> int | None:
@@ -169,21 +192,28 @@ class SplitJobs:
     def _helper_main(self) -> None:
         """A helper's life: take from the front until the ends meet, send each outcome, exit.
 
-        It leaves through ``os._exit`` once its outcomes are in the pipe: a normal exit would flush the standard
-        streams, whose locks another thread of the parent (a progress display) may have held at the fork, and run
-        the parent's exit handlers."""
+        Outcomes travel as plain pickles (``pickle.dumps``: tensors by value, not as shared memory that would
+        vanish with this process). It leaves through ``os._exit`` once its outcomes are in the pipe: a normal exit
+        would flush the standard streams, whose locks another thread of the parent (a progress display) may have
+        held at the fork, and run the parent's exit handlers."""
         code = 1
         try:
             # Ctrl-C is the parent's to handle; leaving the `with` block ends the helpers
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+            _die_with_parent(self._parent)
             try:
                 import torch
 
-                torch.set_num_threads(self.threads)
+                torch.set_num_threads(1)
             except ImportError:  # a torch-free job list
                 pass
             while (i := self._take(front=True)) is not None:
-                self._results.put((i, _run(self.jobs[i])))
+                outcome = _run(self.jobs[i])
+                try:
+                    message = pickle.dumps((i, outcome))
+                except Exception as exc:  # the parent computes this one itself
+                    message = pickle.dumps((i, ("rerun", f"{type(exc).__name__}: {exc}")))
+                self._results.put(message)
             self._results.close()
             self._results.join_thread()  # every outcome written to the pipe
             code = 0
@@ -218,18 +248,25 @@ class SplitJobs:
     def _deliver(self, i: int, outcome: Outcome) -> None:
         if i in self.outcomes:  # ran again here after its helper died while sending it
             return
+        if outcome[0] == "rerun":  # the helper could not pickle the value: compute it here
+            self.reran.append(i)
+            outcome = _run(self.jobs[i])
         self.outcomes[i] = outcome
         self.on_done(i, outcome)
+
+    def _receive(self, message: bytes) -> None:
+        i, outcome = pickle.loads(message)
+        self._deliver(i, outcome)
 
     def poll(self) -> int:
         """Deliver the helpers' finished outcomes without waiting; returns how many arrived."""
         n = 0
         while self._results is not None:
             try:
-                i, outcome = self._results.get_nowait()
+                message = self._results.get_nowait()
             except queue.Empty:
                 break
-            self._deliver(i, outcome)
+            self._receive(message)
             n += 1
         return n
 
@@ -254,8 +291,7 @@ class SplitJobs:
             self.poll()
         while len(self.outcomes) < len(self.jobs):
             try:
-                i, outcome = self._results.get(timeout=_POLL_S)
-                self._deliver(i, outcome)
+                self._receive(self._results.get(timeout=_POLL_S))
                 continue
             except queue.Empty:
                 pass

@@ -91,7 +91,7 @@ def test_without_helpers_the_jobs_run_in_finish_in_order():
     assert order == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize(("kw", "match"), [({"workers": 0}, "workers"), ({"threads": True}, "threads")])
+@pytest.mark.parametrize(("kw", "match"), [({"workers": 0}, "workers"), ({"workers": True}, "workers")])
 def test_bad_settings_are_named(kw, match):
     with pytest.raises(ValueError, match=match):
         SplitJobs([], **kw)
@@ -121,3 +121,92 @@ def test_how_many_workers_a_run_gets(monkeypatch):
     assert spare_cpus(3, cpus=2) == 0
     with pytest.raises(ValueError, match="`threads`"):
         spare_cpus(0)
+
+
+@needs_fork
+def test_a_helper_computes_with_one_thread_after_a_parent_that_used_two():
+    import subprocess
+    import sys
+
+    # a parent with a 2-thread OpenMP team: a helper starting a 2-thread team would hang in libgomp's barrier, so
+    # the scenario runs in a subprocess with a timeout (a hang fails this test instead of the suite)
+    script = (
+        "import os, time, torch\n"
+        "from kvlab.runtime.workers import SplitJobs\n"
+        "torch.set_num_threads(2)\n"
+        "a = torch.randn(256, 256)\n"
+        "[a @ a for _ in range(5)]\n"
+        "job = lambda: (float((a @ a).sum()), torch.get_num_threads(), os.getpid())\n"
+        "with SplitJobs([job] * 4, workers=2) as s:\n"
+        "    time.sleep(1.0)\n"
+        "    out = s.finish()\n"
+        "print(sorted({(o[1][1], o[1][2] == os.getpid()) for o in out}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "(1, False)" in proc.stdout, "the helper ran jobs, with one thread"
+
+
+@needs_fork
+def test_tensors_come_back_by_value_and_unpicklable_values_are_computed_here():
+    import torch
+
+    parent = os.getpid()
+    jobs = [lambda i=i: torch.full((3, 4), float(i)) for i in range(6)]
+    jobs.append(lambda: (lambda: "made here") if os.getpid() != parent else "computed here")
+    with SplitJobs(jobs, workers=2) as split:
+        import time
+
+        time.sleep(1.0)  # the helper takes every job from the front
+        outcomes = split.finish()
+    for i in range(6):
+        assert outcomes[i][0] == "ok" and torch.equal(outcomes[i][1], torch.full((3, 4), float(i)))
+    assert outcomes[6] == ("ok", "computed here")
+    assert split.reran == [6] and split.helper_failures == []
+
+
+@needs_fork
+def test_a_nested_split_inside_a_helper_runs_its_jobs_there():
+    def nested():
+        with SplitJobs(_jobs(3), workers=2) as inner:
+            return [o[1]["pid"] for o in inner.finish()]
+
+    with SplitJobs([nested], workers=2) as split:
+        import time
+
+        time.sleep(0.3)
+        ((kind, pids),) = split.finish()
+    assert kind == "ok" and len(set(pids)) == 1
+
+
+@needs_fork
+def test_a_helper_dies_with_its_parent():
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "import os, time\n"
+        "from kvlab.runtime.workers import SplitJobs\n"
+        "jobs = [lambda: time.sleep(30)] * 4\n"
+        "with SplitJobs(jobs, workers=2) as s:\n"
+        "    print(s._helpers[0].pid, flush=True)\n"
+        "    os.kill(os.getpid(), 9)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    helper = int(proc.stdout.split()[0])
+
+    def gone() -> bool:  # no such process, or a zombie waiting to be reaped
+        try:
+            with open(f"/proc/{helper}/status") as f:
+                return any(line.startswith("State:") and "Z" in line for line in f)
+        except FileNotFoundError:
+            return True
+
+    for _ in range(50):
+        if gone():
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(helper, 9)
+        pytest.fail("the helper outlived its SIGKILLed parent")
