@@ -265,8 +265,13 @@ def default_threads(cpus: int | None = None) -> int:
     if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1):
         raise ValueError(f"`cpus` must be an int >= 1, got {cpus!r}")
     if cpus is None:
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cpus = os.cpu_count() or 1
+        cpus = usable_cpus()
     return max(1, cpus - 1)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask where the OS has one, else ``os.cpu_count()`` (>= 1)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

@@ -47,10 +47,9 @@ def spare_cpus(threads: int, cpus: int | None = None) -> int:
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"`threads` must be an int >= 1, got {threads!r}")
     if cpus is None:
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cpus = os.cpu_count() or 1
+        from kvlab.runtime.timing import usable_cpus
+
+        cpus = usable_cpus()
     if isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1:
         raise ValueError(f"`cpus` must be an int >= 1, got {cpus!r}")
     return max(0, cpus - threads)
