@@ -627,11 +627,15 @@ def dtype_warning(result: dict) -> str | None:
         f"matrix instructions"
     )
     if hardware.get("cpu_matmul") == "float32":
+        attention = (
+            " and ran its attention (SDPA) in float32"
+            if hardware.get("float32_attention", True)
+            else f" (its attention stayed {dtype}: {hardware.get('float32_attention_note')})"
+        )
         return (
-            f"{head}, so this run multiplied the model's Linear layers as float32 GEMMs on {dtype} values and ran "
-            f"its attention (SDPA) in float32, outputs rounded to {dtype} (--cpu-matmul native: torch's own {dtype} "
-            f"kernels); latencies describe that path, "
-            f"not a CPU that serves {dtype} natively"
+            f"{head}, so this run multiplied the model's Linear layers as float32 GEMMs on {dtype} values{attention}, "
+            f"outputs rounded to {dtype} (--cpu-matmul native: torch's own {dtype} kernels); latencies describe that "
+            f"path, not a CPU that serves {dtype} natively"
         )
     if hardware.get("cpu_matmul_note"):  # auto kept the native kernels: the float32 copies would not fit
         return (
@@ -918,10 +922,20 @@ def _run_cells(cfg, model, tokenizer, result, progress, advance, t0: float, work
     fused = cfg.kivi_attention == "fused" and any(n.startswith("kivi") for n in cfg.candidates)
     # fused KIVI reads packed codes, SnapKV the prefill's queries; every other cache falls back to SDPA, unchanged
     # except that with float32 GEMMs it runs in float32 too (kvlab.runtime.dtypes.float32_attention)
-    if fused or float32_attention() or any(resolve(n).uses_kvlab_attention for n in cfg.candidates):
+    needed = fused or any(resolve(n).uses_kvlab_attention for n in cfg.candidates)
+    if needed or float32_attention():
         from kvlab.attention import enable
 
-        enable(model)
+        try:
+            enable(model)
+        except Exception as exc:  # only float32 attention wanted it: the model keeps its own attention
+            if needed:
+                raise
+            result["provenance"]["hardware"]["float32_attention"] = False
+            result["provenance"]["hardware"]["float32_attention_note"] = (
+                f"kvlab attention could not be enabled on this model ({type(exc).__name__}: {exc}): its attention "
+                f"ran in the model dtype"
+            )
     result["provenance"]["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
     result["status"] = "running"
     # one untimed generate so that one-time costs (kernels, allocator) do not land on the first timed cell

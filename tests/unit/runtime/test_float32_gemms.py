@@ -111,6 +111,12 @@ def test_the_warning_says_which_path_the_run_took():
     assert "float32 GEMMs on bfloat16 values" in rerouted and "--cpu-matmul native" in rerouted
     native = dtype_warning(_result("native"))
     assert "emulated bfloat16" in native and "--cpu-matmul auto" in native and "--dtype float32" in native
+    assert "ran its attention (SDPA) in float32" in rerouted
+    kept = _result("float32")
+    kept["provenance"]["hardware"].update(
+        float32_attention=False, float32_attention_note="no custom attention"
+    )
+    assert "its attention stayed bfloat16: no custom attention" in dtype_warning(kept)
 
 
 def test_run_generate_without_timed_calls_still_yields_outputs_and_memory():
@@ -236,3 +242,34 @@ def test_the_eval_routes_every_cache_through_float32_attention_with_float32_gemm
     with torch.inference_mode(), float32_gemms(model):
         model(input_ids=ids)
     assert calls and all(calls), "a dynamic cache's attention goes through the float32 SDPA"
+
+
+def test_a_model_without_custom_attention_still_runs_with_float32_gemms(monkeypatch):
+    from kvlab.attention import interface
+    from kvlab.eval.runner import new_result, run_eval
+    from kvlab.runtime import dtypes
+    from tests.unit.eval.test_eval_unit import CharTokenizer, tiny_config
+
+    def refuse(model):
+        raise ValueError("this model does not support custom attention")
+
+    monkeypatch.setattr(interface, "enable", refuse)
+    monkeypatch.setattr("kvlab.attention.enable", refuse)
+    monkeypatch.setattr(dtypes, "matmul_time_ratio", lambda dtype, device: 9.0)
+    model = make_tiny_qwen2(head_dim=32, max_positions=256).to(torch.bfloat16)
+    cfg = tiny_config(
+        candidates=("dynamic", "kivi-8"),
+        kivi_attention="dequantize",
+        window_residuals=(),
+        contexts=(40,),
+        threads=1,
+    )
+    result = new_result(cfg, "unit", None)
+    run_eval(cfg, model, CharTokenizer(), result, {"id_or_path": "tiny"})
+    hardware = result["provenance"]["hardware"]
+    assert result["status"] == "complete" and hardware["cpu_matmul"] == "float32"
+    assert (
+        hardware["float32_attention"] is False
+        and "does not support custom attention" in hardware["float32_attention_note"]
+    )
+    assert "its attention stayed bfloat16" in result["summary"]["dtype_warning"]
