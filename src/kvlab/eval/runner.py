@@ -748,10 +748,8 @@ class _LongContext:
         return self._heldout
 
     def kinds(self, matrix: str, ctx: int) -> list[str]:
-        """The probes of one cell: recall always, passkey in the capacity matrix at the passkey contexts."""
-        return ["recall"] + (
-            ["passkey"] if matrix == "capacity" and ctx in self.cfg.passkey_contexts() else []
-        )
+        """The probes of one cell (:func:`_probe_kinds`)."""
+        return _probe_kinds(self.cfg, matrix, ctx)
 
     def probe(self, kind: str, ctx: int):
         """The probe of ``kind`` at ``ctx`` (built on first use), or None when the context is too short for it (then
@@ -812,6 +810,7 @@ class _LongContext:
             entry["prefill_ms"] = prefill_ms
 
     def drop_states(self) -> None:
+        """Free the float prefill this process computed last."""
         self._states = None
 
     def failed(self, ctx: int, error: dict) -> None:
@@ -957,8 +956,8 @@ def _run_cells(cfg, model, tokenizer, result, progress, advance, t0: float, work
             )
             progress(f"long-context probes: {len(jobs) - len(split.outcomes)} of {len(jobs)} left{helped}")
         outcomes = split.finish()
-    run.long_ctx_states_free()
     if run.long_ctx is not None:
+        run.long_ctx.drop_states()  # the last prefill computed here
         run.long_ctx.info["workers"] = workers  # each helper computes with one torch thread
         if memory_note:
             run.long_ctx.info["workers_note"] = memory_note
@@ -1089,10 +1088,6 @@ class _Matrix:
 
         return done
 
-    def long_ctx_states_free(self) -> None:
-        if self.long_ctx is not None:
-            self.long_ctx.drop_states()
-
     def attach_probes(self, measured: list, jobs: list[_ProbeJob], outcomes: list[tuple]) -> None:
         """Put each cache's probe results into its measurement; a failed float-cache probe drops the cell's
         probes (recorded once per cell), a failed candidate probe fails that candidate (recorded, not timed)."""
@@ -1215,6 +1210,11 @@ class _Matrix:
         return base
 
 
+def _probe_kinds(cfg: EvalConfig, matrix: str, ctx: int) -> list[str]:
+    """The probes of one cell: recall always, passkey in the capacity matrix at the passkey contexts."""
+    return ["recall"] + (["passkey"] if matrix == "capacity" and ctx in cfg.passkey_contexts() else [])
+
+
 def _probe_key(kind: str, ctx: int, cand: Candidate, residual: int, group: int, cfg: EvalConfig) -> tuple:
     """What makes two probe jobs the same: the probe, the cache and the settings it quantizes with."""
     if cand.family == "dynamic":
@@ -1237,8 +1237,7 @@ def _probe_job_count(cfg: EvalConfig) -> int:
     runnable = [c for c in runnable if c.unavailable_reason() is None]
     n = 0
     for name, ctx, _, residuals, _ in _cells(cfg):
-        kinds = 1 + (1 if name == "capacity" and ctx in cfg.passkey_contexts() else 0)
-        n += kinds * (1 + len(_cell_caches(runnable, residuals)))
+        n += len(_probe_kinds(cfg, name, ctx)) * (1 + len(_cell_caches(runnable, residuals)))
     return n
 
 
