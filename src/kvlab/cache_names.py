@@ -9,6 +9,7 @@ A cache name is ``family[-bits][-variant][:setting=value]...``::
     kivi-k8v4                    KIVI with 8-bit keys and 4-bit values
     fp8-e4m3                     FP8 cache, float8 e4m3, per-head scales calibrated on the prefill
     fp8-e5m2-unscaled            FP8 cache, float8 e5m2, scale 1.0 (an engine without calibration)
+    fp8-e4m3-hadamard            FP8 cache, float8 e4m3 of Hadamard-rotated K/V, per-head scales
 
 * ``family``: lower-case letters and digits (``kivi``, ``hqq``, ``fp8``); which families exist is the registry's
   business (:mod:`kvlab.caches.registry`), or the planner's for ``--kv-dtype``.

@@ -29,31 +29,47 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from kvlab.caches._rows import batch_index, check_repeats
 from kvlab.caches.crop import crop_keep
 from kvlab.quant.fp8 import calibrate, check_scale, decode, encode, fp8_dtype
+from kvlab.quant.rotation import check_rotation, hadamard
 
 COUNTS = ("key_saturated", "key_underflow", "value_saturated", "value_underflow", "elements")
 
 
 class FP8Layer(CacheLayerMixin):
     """One layer: ``keys``/``values`` ``[batch, kv_heads, tokens, head_dim]`` in FP8, ``key_scale``/``value_scale``
-    ``[batch, kv_heads or 1, 1, 1]`` fp32 (``None`` for ``scale="none"``)."""
+    ``[batch, kv_heads or 1, 1, 1]`` fp32 (``None`` for ``scale="none"``); with ``rotation="hadamard"`` the codes
+    hold ``K R`` and ``V R`` (``R``: :func:`kvlab.quant.rotation.hadamard` of the head_dim, ``key_rotation`` /
+    ``value_rotation`` ``[head_dim, head_dim]`` fp32, a constant of the head_dim: not sequence state, not counted in
+    the bytes) and the scales are calibrated on the rotated prefill."""
 
     is_sliding = False
     is_compileable = False
     is_croppable = True
 
-    def __init__(self, format: str = "e4m3", scale: str = "per-head", **kwargs: Any):
+    def __init__(self, format: str = "e4m3", scale: str = "per-head", rotation: str = "none", **kwargs: Any):
         super().__init__(**kwargs)
-        self.format, self.scale = format, scale
+        self.format, self.scale, self.rotation = format, scale, rotation
         self.key_scale: torch.Tensor | None = None
         self.value_scale: torch.Tensor | None = None
+        self.key_rotation: torch.Tensor | None = None
+        self.value_rotation: torch.Tensor | None = None
         self._counts: dict[str, torch.Tensor | int] = dict.fromkeys(COUNTS, 0)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """Calibrate the scales on the first (prefill) states and start empty FP8 storage."""
+        """Calibrate the scales on the first (prefill) states (rotated first with ``rotation="hadamard"``) and start
+        empty FP8 storage.
+
+        Raises:
+            ValueError: ``rotation="hadamard"`` with a head_dim that is not a power of two (nothing is stored).
+        """
+        if self.rotation == "hadamard":
+            self.key_rotation = hadamard(key_states.shape[-1], key_states.device)
+            self.value_rotation = hadamard(value_states.shape[-1], value_states.device)
         self.dtype, self.device = key_states.dtype, key_states.device
         self.batch_size = key_states.shape[0]
-        self.key_scale = calibrate(key_states, self.format, self.scale)
-        self.value_scale = calibrate(value_states, self.format, self.scale)
+        self.key_scale = calibrate(self._rotated(key_states, self.key_rotation), self.format, self.scale)
+        self.value_scale = calibrate(
+            self._rotated(value_states, self.value_rotation), self.format, self.scale
+        )
         codes = fp8_dtype(self.format)
         b, h, _, d = key_states.shape
         self.keys = torch.empty(b, h, 0, d, dtype=codes, device=self.device)
@@ -100,12 +116,11 @@ class FP8Layer(CacheLayerMixin):
         self._check(key_states, value_states)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        held_k = decode(
-            self.keys, self.key_scale, key_states.dtype
-        )  # [B, H, T, D]: read back before the append
-        held_v = decode(self.values, self.value_scale, value_states.dtype)
-        k = encode(key_states, self.format, self.key_scale)
-        v = encode(value_states, self.format, self.value_scale)
+        # [B, H, T, D]: read back before the append
+        held_k = self._read(self.keys, self.key_scale, self.key_rotation)
+        held_v = self._read(self.values, self.value_scale, self.value_rotation)
+        k = encode(self._rotated(key_states, self.key_rotation), self.format, self.key_scale)
+        v = encode(self._rotated(value_states, self.value_rotation), self.format, self.value_scale)
         self.keys = torch.cat((self.keys, k.codes), dim=-2)  # [B, H, T + t, D]
         self.values = torch.cat((self.values, v.codes), dim=-2)
         c = self._counts
@@ -115,6 +130,19 @@ class FP8Layer(CacheLayerMixin):
         c["value_underflow"] += v.underflow
         c["elements"] += key_states.numel()
         return torch.cat((held_k, key_states), dim=-2), torch.cat((held_v, value_states), dim=-2)
+
+    @staticmethod
+    def _rotated(x: torch.Tensor, rotation: torch.Tensor | None) -> torch.Tensor:
+        """``x @ R`` in fp32 (``x`` itself without a rotation)."""
+        return x if rotation is None else x.to(torch.float32) @ rotation
+
+    def _read(
+        self, codes: torch.Tensor, scale: torch.Tensor | None, rotation: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Stored codes back in the model dtype: ``codes * scale``, rotated back (``@ R.T``, in fp32) if rotated."""
+        if rotation is None:
+            return decode(codes, scale, self.dtype)
+        return (decode(codes, scale, torch.float32) @ rotation.T).to(self.dtype)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         """``(kv_length, kv_offset)`` for mask creation: every stored token is attended to."""
@@ -129,6 +157,7 @@ class FP8Layer(CacheLayerMixin):
     def reset(self) -> None:
         """Drop the tokens, the scales and the counts (the next sequence calibrates its own)."""
         self.keys = self.values = self.key_scale = self.value_scale = None
+        self.key_rotation = self.value_rotation = None
         self._counts = dict.fromkeys(COUNTS, 0)
         self.is_initialized = False
 
@@ -202,23 +231,31 @@ class FP8Cache(Cache):
         scale: ``"per-head"`` (default: one fp32 scale per sequence, layer, KV head and K/V, calibrated on the
             prefill: ``amax / max``), ``"per-tensor"`` (one per sequence, layer and K/V) or ``"none"`` (scale 1.0,
             nothing stored: an engine without calibration).
+        rotation: ``"none"`` (default: what serving engines store) or ``"hadamard"``: K and V rotated along the
+            head dimension by an orthonormal randomized Hadamard matrix before rounding and rotated back on read
+            (:mod:`kvlab.quant.rotation`: attention scores and outputs are unchanged by the rotation itself, and the
+            rounding error of an outlier channel is spread over all channels; same bytes; one ``[T, D] @ [D, D]``
+            product per layer, K and V, per step). Needs a power-of-two head_dim.
 
     Raises:
-        ValueError: an unknown ``format`` or ``scale``, a format this torch build lacks; at ``update``, what
-            :meth:`FP8Layer.update` raises.
+        ValueError: an unknown ``format``, ``scale`` or ``rotation``, a format this torch build lacks; at
+            ``update``, what :meth:`FP8Layer.update` raises, and a head_dim that is not a power of two for
+            ``rotation="hadamard"``.
 
     Source: the mechanics chapter's FP8 section (e4m3 vs e5m2 range and precision); vLLM's FP8 KV cache
-    (``k_scale``/``v_scale``, 1.0 unless calibrated); OCP 8-bit floating point specification (the two formats).
+    (``k_scale``/``v_scale``, 1.0 unless calibrated); OCP 8-bit floating point specification (the two formats);
+    QuaRot (arXiv:2404.00456, §4.2) for the rotation.
     """
 
-    def __init__(self, format: str = "e4m3", scale: str = "per-head") -> None:
+    def __init__(self, format: str = "e4m3", scale: str = "per-head", rotation: str = "none") -> None:
         fp8_dtype(format)  # raise for an unknown format or a torch without it, before any layer exists
         check_scale(scale)
-        self.format, self.scale = format, scale
-        super().__init__(layer_class_to_replicate=partial(FP8Layer, format, scale))
+        check_rotation(rotation)
+        self.format, self.scale, self.rotation = format, scale, rotation
+        super().__init__(layer_class_to_replicate=partial(FP8Layer, format, scale, rotation))
 
     def __repr__(self) -> str:
-        return f"FP8Cache(format={self.format!r}, scale={self.scale!r})"
+        return f"FP8Cache(format={self.format!r}, scale={self.scale!r}, rotation={self.rotation!r})"
 
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the newest tokens of every layer (transformers' ``Cache.crop``; see :mod:`kvlab.caches.crop`).

@@ -283,29 +283,40 @@ def _hf_describe(name: CacheName, s: CacheSettings) -> dict:
     }
 
 
-# fp8 variants: format[-scale]; no scale word = per-head scales calibrated on the prefill
+# fp8 variants: format[-word]; no word = per-head scales calibrated on the prefill
 FP8_FORMATS = ("e4m3", "e5m2")
-# variant word after the format -> FP8Cache scale
-_FP8_SCALE_WORDS = {None: "per-head", "tensor": "per-tensor", "unscaled": "none"}
+# variant word after the format -> FP8Cache (scale, rotation); -hadamard: per-head scales on Hadamard-rotated K/V
+_FP8_WORDS = {
+    None: ("per-head", "none"),
+    "tensor": ("per-tensor", "none"),
+    "unscaled": ("none", "none"),
+    "hadamard": ("per-head", "hadamard"),
+}
 
 
-def _fp8_settings(name: CacheName) -> tuple[str, str]:
-    """``(format, scale)`` of an fp8 name: ``fp8-e4m3`` -> ``("e4m3", "per-head")``, ``fp8-e5m2-unscaled`` ->
-    ``("e5m2", "none")``."""
+def _fp8_settings(name: CacheName) -> tuple[str, str, str]:
+    """``(format, scale, rotation)`` of an fp8 name: ``fp8-e4m3`` -> ``("e4m3", "per-head", "none")``,
+    ``fp8-e5m2-unscaled`` -> ``("e5m2", "none", "none")``, ``fp8-e4m3-hadamard`` -> ``("e4m3", "per-head",
+    "hadamard")``."""
     fmt, _, word = name.variant.partition("-")
-    return fmt, _FP8_SCALE_WORDS[word or None]
+    return (fmt, *_FP8_WORDS[word or None])
 
 
 def _fp8(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
     from kvlab.caches.fp8 import FP8Cache
 
-    fmt, scale = _fp8_settings(name)
-    return FP8Cache(format=fmt, scale=scale)
+    fmt, scale, rotation = _fp8_settings(name)
+    return FP8Cache(format=fmt, scale=scale, rotation=rotation)
 
 
 def _fp8_describe(name: CacheName, s: CacheSettings) -> dict:
-    fmt, scale = _fp8_settings(name)
-    return {"format": fmt, "scale": scale, "scale_source": "prefill" if scale != "none" else "1.0"}
+    fmt, scale, rotation = _fp8_settings(name)
+    return {
+        "format": fmt,
+        "scale": scale,
+        "scale_source": "prefill" if scale != "none" else "1.0",
+        "rotation": rotation,
+    }
 
 
 def _sink(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
@@ -372,11 +383,10 @@ REGISTRY: dict[str, CacheEntry] = {
         ),
         CacheEntry(
             "fp8",
-            "kvlab FP8Cache: K/V in float8 e4m3 or e5m2, scales per head (default), per tensor or 1.0 (unscaled)",
+            "kvlab FP8Cache: K/V in float8 e4m3 or e5m2, scales per head (default), per tensor or 1.0 (unscaled); "
+            "-hadamard: K/V rotated before rounding (QuaRot, arXiv:2404.00456)",
             _fp8,
-            variants=tuple(
-                f"{fmt}-{word}" if word else fmt for fmt in FP8_FORMATS for word in _FP8_SCALE_WORDS
-            ),
+            variants=tuple(f"{fmt}-{word}" if word else fmt for fmt in FP8_FORMATS for word in _FP8_WORDS),
             variant_required=True,
             exact=False,
             # measured in the registry test: 0.0085-0.0097 (e4m3, any scale), 0.016-0.019 (e5m2: a mantissa bit less)

@@ -4,8 +4,9 @@
 * ``kivi-N`` (N in 2, 4, 8) — :class:`kvlab.caches.KIVICache`: keys per-channel, values per-token;
   ``kivi-kKvV`` (``kivi-k8v4``) gives keys and values their own widths (dequantize path: ``--kivi-attention
   dequantize``).
-* ``fp8-e4m3`` / ``fp8-e5m2`` [``-tensor`` | ``-unscaled``] — :class:`kvlab.caches.fp8.FP8Cache`: float8 K/V,
-  per-head scales calibrated on the prefill (default), one per tensor, or 1.0.
+* ``fp8-e4m3`` / ``fp8-e5m2`` [``-tensor`` | ``-unscaled`` | ``-hadamard``] — :class:`kvlab.caches.fp8.FP8Cache`:
+  float8 K/V, per-head scales calibrated on the prefill (default), one per tensor, or 1.0; ``-hadamard``: per-head
+  scales on K/V rotated by a randomized Hadamard matrix (:mod:`kvlab.quant.rotation`).
 * ``hqq-N`` / ``quanto-N`` — transformers ``QuantizedCache`` with the HQQ backend (axis 1, as in the quantization
   chapter §5.1) or quanto (axis 0), when the ``hf`` extra is installed; otherwise the candidate is recorded as
   skipped with the reason.

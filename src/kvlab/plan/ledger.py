@@ -29,10 +29,16 @@ MODES = ("theoretical", "allocated")
 KIVI_NBITS = (2, 4, 8)
 FP8_SCALE_BYTES = 4  # kvlab.caches.fp8 keeps its scales in fp32
 # FP8Cache names (the registry's fp8 family; vLLM's fp8_e4m3 / fp8_e5m2 spell its default) -> scale granularity
+# (-hadamard: per-head scales of rotated K/V; the rotation is a constant of the head_dim and adds no bytes)
 FP8_CACHES = {
     f"fp8-{fmt}{suffix}": scale
     for fmt in ("e4m3", "e5m2")
-    for suffix, scale in (("", "per-head"), ("-tensor", "per-tensor"), ("-unscaled", "none"))
+    for suffix, scale in (
+        ("", "per-head"),
+        ("-tensor", "per-tensor"),
+        ("-unscaled", "none"),
+        ("-hadamard", "per-head"),
+    )
 }
 _FP8_ALIASES = {"fp8_e4m3": "fp8-e4m3", "fp8_e5m2": "fp8-e5m2"}
 _PLAIN = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4, "fp8": 1}
@@ -184,7 +190,7 @@ def _kv_dtype_uncapped(
 
     Args:
         name: ``auto`` (the model's dtype), ``bf16``, ``fp16``, ``fp32``, ``fp8`` (1 B/element, no scales), an FP8
-            cache name (``fp8-e4m3``, ``fp8-e5m2-tensor``, ``fp8-e4m3-unscaled``; vLLM's ``fp8_e4m3`` / ``fp8_e5m2``
+            cache name (``fp8-e4m3``, ``fp8-e5m2-tensor``, ``fp8-e4m3-unscaled``, ``fp8-e4m3-hadamard``; vLLM's ``fp8_e4m3`` / ``fp8_e5m2``
             = ``fp8-e4m3`` / ``fp8-e5m2``: kvlab's FP8Cache with per-head scales), or a KIVI cache name of the
             cache registry's grammar (:mod:`kvlab.cache_names`): ``kivi-4`` (= ``kivi4``), ``kivi-k8v4``,
             ``kivi-2:group_size=64`` (a ``:group_size`` / ``:residual_length`` in the name overrides the arguments).

@@ -139,6 +139,11 @@ def _cache_dtype(spec: ModelSpec, kvd: KVDtype) -> tuple[str, str]:
                 f"--kv-dtype {kvd.name} with MLA: vLLM's fp8 latent layout depends on the attention backend, so the "
                 "plan's bytes would not be vLLM's; use --kv-dtype auto"
             )
+        if kvd.name.endswith("-hadamard"):
+            raise ValueError(
+                f"--kv-dtype {kvd.name}: vLLM does not rotate K/V before its fp8 cache, so no vllm flag stores "
+                f"what this cache stores; --kv-dtype {kvd.name.removesuffix('-hadamard')} has the same bytes"
+            )
         return model_dtype, "fp8_" + kvd.name.split("-")[1]
     raise ValueError(
         f"vLLM stores K/V in the model dtype ({spec.dtype}, --kv-cache-dtype auto) or in fp8; --kv-dtype "

@@ -119,6 +119,7 @@ def test_beam_reorder_moves_codes_and_scales_together(tiny_qwen2):
             {"scale": "per-channel"},
             r"`scale` must be one of \['none', 'per-tensor', 'per-head'\], got 'per-channel'",
         ),
+        ({"rotation": "walsh"}, r"`rotation` must be one of \['none', 'hadamard'\], got 'walsh'"),
     ],
 )
 def test_bad_settings_are_named(kwargs, match):
@@ -148,9 +149,11 @@ def test_registry_names_pick_format_and_scale():
         ("fp8-e4m3", "e4m3", "per-head"),
         ("fp8-e5m2-tensor", "e5m2", "per-tensor"),
         ("fp8-e4m3-unscaled", "e4m3", "none"),
+        ("fp8-e5m2-hadamard", "e5m2", "per-head"),
     ]:
         cache = resolve(name).make(None)
         assert (cache.format, cache.scale) == (fmt, scale), name
+        assert cache.rotation == ("hadamard" if name.endswith("hadamard") else "none"), name
     with pytest.raises(ValueError, match="`fp8` needs a variant"):
         resolve("fp8")
     with pytest.raises(ValueError, match="got 'e4m4'"):
@@ -172,3 +175,70 @@ def test_e4m3_bit_path_equals_torchs_cast_for_every_code():
     assert torch.equal(decode(enc.codes, None, torch.float32), enc.codes.to(torch.float32))
     with pytest.raises(ValueError, match="float8_e4m3fn"):
         e4m3_to_float32(torch.zeros(3, dtype=torch.float8_e5m2))
+
+
+# --- Hadamard rotation (fp8-*-hadamard) ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2, 64, 128])
+def test_hadamard_is_orthonormal_and_fixed(n):
+    from kvlab.quant.rotation import hadamard
+
+    r = hadamard(n)
+    assert r.shape == (n, n) and r.dtype == torch.float32
+    torch.testing.assert_close(r @ r.T, torch.eye(n), atol=1e-6, rtol=0)
+    assert torch.equal(r, hadamard(n))  # the sign draw is seeded: every cache rotates the same way
+    assert torch.equal(r.abs(), torch.full((n, n), n**-0.5))  # every channel spread over all of them
+
+
+@pytest.mark.parametrize("n", [0, 3, 80, -64, 64.0, True])
+def test_hadamard_names_a_head_dim_that_is_not_a_power_of_two(n):
+    from kvlab.quant.rotation import hadamard
+
+    with pytest.raises(ValueError, match=f"power-of-two head_dim .*got {n!r}"):
+        hadamard(n)
+
+
+def test_a_head_dim_that_is_not_a_power_of_two_is_refused_before_anything_is_stored():
+    layer = FP8Layer("e4m3", "per-head", "hadamard")
+    with pytest.raises(ValueError, match="power-of-two head_dim .*got 80"):
+        layer.update(torch.ones(1, 2, 3, 80), torch.ones(1, 2, 3, 80))
+    assert not layer.is_initialized
+
+
+def _stored_then_read(rotation, keys):
+    """Write ``keys`` as a prefill, then read them back with one more token: the first T rows of the step's keys."""
+    layer = FP8Layer("e4m3", "per-head", rotation)
+    layer.update(keys, keys)
+    k, _ = layer.update(keys[:, :, :1], keys[:, :, :1])
+    return layer, k[:, :, : keys.shape[2]]
+
+
+def test_rotation_spreads_an_outlier_channel_and_keeps_scores_closer():
+    """Keys whose score is carried by one outlier channel (KIVI §3's per-channel structure): plain e4m3 moves each
+    score by e4m3's relative error of that channel's product; the rotated cache spreads that product over 64
+    channels (expected RMS score error ~0.38x here; measured 0.44x). The read-back keys are the stored ones rotated
+    back (a rotation not undone would put them off by O(1))."""
+    g = torch.Generator().manual_seed(0)
+    keys = torch.randn(1, 2, 256, 64, generator=g)
+    keys[..., 7] = 20.0 + torch.randn(1, 2, 256, generator=g)  # a large, slowly varying channel
+    q = torch.randn(1, 2, 1, 64, generator=g)
+    q[..., 7] = 3.0
+    exact = q @ keys.transpose(-1, -2)  # [1, 2, 1, 256] scores
+    err = {}
+    for rotation in ("none", "hadamard"):
+        layer, read = _stored_then_read(rotation, keys)
+        assert float((read - keys).norm() / keys.norm()) < 0.04  # e4m3's ~2.6 % RMS, rotated back
+        err[rotation] = float((q @ read.transpose(-1, -2) - exact).pow(2).mean().sqrt())
+        assert (layer.key_rotation is None) is (rotation == "none")
+    assert err["hadamard"] < 0.6 * err["none"], err
+
+
+def test_rotated_cache_bytes_equal_the_plain_cache_and_reset_drops_the_rotation(bf16_model):
+    plain = _prefill(bf16_model, FP8Cache("e4m3", "per-head"))
+    rotated = _prefill(bf16_model, FP8Cache("e4m3", "per-head", "hadamard"))
+    assert rotated.nbytes_breakdown() == plain.nbytes_breakdown()
+    assert not torch.equal(rotated.layers[0].keys.view(torch.uint8), plain.layers[0].keys.view(torch.uint8))
+    layer = rotated.layers[0]
+    layer.reset()
+    assert layer.key_rotation is None and layer.value_rotation is None and not layer.is_initialized

@@ -193,6 +193,8 @@ def test_human_output_states_the_kv_cache_tokens(capsys):
         (["llama-3-8b", "--bandwidth-gb-s", "1000"], "--gpu-mem-gib"),  # a custom device has no memory
         (["llama-3-8b", "--gpu-mem-gib", "12"], "nothing is left for the KV cache"),
         (["deepseek-v3", "--tp", "8", "--gpu", "h200", "--weight-dtype", "fp8", "--kv-dtype", "fp8"], "MLA"),
+        # vLLM has no rotation: the same bytes, but not what kvlab's -hadamard cache stores
+        (["llama-3-8b", "--kv-dtype", "fp8-e4m3-hadamard"], "--kv-dtype fp8-e4m3 has the same bytes"),
     ],
 )
 def test_plans_vllm_would_size_differently_are_refused(capsys, argv, fragment):

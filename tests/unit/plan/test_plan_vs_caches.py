@@ -68,7 +68,9 @@ def test_dynamic_and_paged_cache_bytes_match_planner(tiny_qwen2, tokens):
     assert paged.nbytes() == paged_kv_bytes(spec, tokens, 3, block_size_tokens=16)
 
 
-@pytest.mark.parametrize("name", ["fp8-e4m3", "fp8_e5m2", "fp8-e4m3-tensor", "fp8-e5m2-unscaled"])
+@pytest.mark.parametrize(
+    "name", ["fp8-e4m3", "fp8_e5m2", "fp8-e4m3-tensor", "fp8-e5m2-unscaled", "fp8-e4m3-hadamard"]
+)
 @pytest.mark.parametrize("tokens, batch", [(1, 1), (37, 3)])
 def test_fp8_cache_bytes_match_planner(tiny_qwen2, name, tokens, batch):
     """FP8Cache: half of the bf16 cache plus its fp32 scales, as the planner predicts for --kv-dtype <name>."""
