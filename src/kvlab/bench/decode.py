@@ -62,7 +62,8 @@ class BenchCandidate:
 
     @classmethod
     def parse(cls, name: str) -> BenchCandidate:
-        """``"kivi4-fused"`` (or ``"kivi-4-fused"``) -> ``BenchCandidate("kivi4-fused", "kivi", 4, "fused")``.
+        """``"kivi4-fused"`` (or ``"kivi-4-fused"``) -> ``BenchCandidate("kivi4-fused", "kivi", 4, "fused")``: the
+        registry's ``family-N`` is written ``familyN``, the spelling the targets and records use.
 
         Raises:
             ValueError: a name the cache registry does not know (the message says why).
@@ -71,6 +72,9 @@ class BenchCandidate:
             cache = resolve(name)
         except ValueError as exc:
             raise ValueError(f"unknown cache {name!r}: {exc}") from None
+        hyphened = f"{cache.family}-{cache.nbits}"
+        if cache.nbits is not None and name.startswith(hyphened):
+            name = f"{cache.family}{cache.nbits}{name[len(hyphened) :]}"
         return cls(name, cache.family, cache.nbits, cache.describe().get("attention"))
 
     @property

@@ -28,8 +28,11 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvlab.caches._rows import batch_index, check_repeats
 from kvlab.caches.crop import crop_keep
-from kvlab.quant.fp8 import calibrate, check_scale, decode, encode, fp8_dtype
+from kvlab.quant.fp8 import Encoded, calibrate, check_scale, decode, encode, fp8_dtype
 from kvlab.quant.rotation import check_rotation, hadamard
+from kvlab.runtime.dtypes import float32_attention
+
+ATTENTION_PATHS = ("dequantize", "fused")
 
 COUNTS = ("key_saturated", "key_underflow", "value_saturated", "value_underflow", "elements")
 
@@ -45,9 +48,16 @@ class FP8Layer(CacheLayerMixin):
     is_compileable = False
     is_croppable = True
 
-    def __init__(self, format: str = "e4m3", scale: str = "per-head", rotation: str = "none", **kwargs: Any):
+    def __init__(
+        self,
+        format: str = "e4m3",
+        scale: str = "per-head",
+        rotation: str = "none",
+        attention: str = "dequantize",
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
-        self.format, self.scale, self.rotation = format, scale, rotation
+        self.format, self.scale, self.rotation, self.attention = format, scale, rotation, attention
         self.key_scale: torch.Tensor | None = None
         self.value_scale: torch.Tensor | None = None
         self.key_rotation: torch.Tensor | None = None
@@ -116,11 +126,51 @@ class FP8Layer(CacheLayerMixin):
         self._check(key_states, value_states)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if self.attention == "fused":
+            return self._update_fused(key_states, value_states, kwargs.get("kvlab_layer_idx"))
         # [B, H, T, D]: read back before the append
         held_k = self._read(self.keys, self.key_scale, self.key_rotation)
         held_v = self._read(self.values, self.value_scale, self.value_rotation)
-        k = encode(self._rotated(key_states, self.key_rotation), self.format, self.key_scale)
-        v = encode(self._rotated(value_states, self.value_rotation), self.format, self.value_scale)
+        self._append(
+            encode(self._rotated(key_states, self.key_rotation), self.format, self.key_scale),
+            encode(self._rotated(value_states, self.value_rotation), self.format, self.value_scale),
+        )
+        return torch.cat((held_k, key_states), dim=-2), torch.cat((held_v, value_states), dim=-2)
+
+    def _update_fused(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fused path of a rotated cache: return ``K R`` and ``V R`` (the stored codes decoded, no ``@ R.T`` over
+        the history; this step's tokens rotated) and hand the rotations to kvlab attention, which rotates the query
+        and the output instead (:class:`kvlab.attention.interface.PendingRotation`). A prefill (nothing stored yet)
+        returns the states as given and hands nothing off. The returned K/V are float32 while
+        :func:`kvlab.runtime.dtypes.float32_attention` holds on the CPU (the attention would widen them anyway),
+        else the model dtype (this step's rotated tokens then rounded to it once)."""
+        from kvlab.attention.interface import PendingRotation, check_handoff, pending
+
+        check_handoff(layer_idx, self, "FP8Cache(attention='fused')", "rotation")  # the previous step's
+        held = self.get_seq_length()
+        kr = self._rotated(key_states, self.key_rotation)  # [B, H, t, D] fp32
+        vr = self._rotated(value_states, self.value_rotation)
+        wide = (
+            float32_attention()
+            and self.device.type == "cpu"
+            and self.dtype in (torch.bfloat16, torch.float16)
+        )
+        dtype = torch.float32 if wide else self.dtype
+        if held:
+            keys = torch.cat((decode(self.keys, self.key_scale, dtype), kr.to(dtype)), dim=-2)
+            values = torch.cat((decode(self.values, self.value_scale, dtype), vr.to(dtype)), dim=-2)
+        self._append(encode(kr, self.format, self.key_scale), encode(vr, self.format, self.value_scale))
+        if not held:
+            return key_states, value_states
+        pending()[layer_idx] = PendingRotation(
+            key_rotation=self.key_rotation, value_rotation=self.value_rotation, owner=self, key=keys
+        )
+        return keys, values
+
+    def _append(self, k: Encoded, v: Encoded) -> None:
+        """Append encoded ``[B, H, t, D]`` keys and values and count what they lost."""
         self.keys = torch.cat((self.keys, k.codes), dim=-2)  # [B, H, T + t, D]
         self.values = torch.cat((self.values, v.codes), dim=-2)
         c = self._counts
@@ -128,8 +178,7 @@ class FP8Layer(CacheLayerMixin):
         c["key_underflow"] += k.underflow
         c["value_saturated"] += v.saturated
         c["value_underflow"] += v.underflow
-        c["elements"] += key_states.numel()
-        return torch.cat((held_k, key_states), dim=-2), torch.cat((held_v, value_states), dim=-2)
+        c["elements"] += k.codes.numel()
 
     @staticmethod
     def _rotated(x: torch.Tensor, rotation: torch.Tensor | None) -> torch.Tensor:
@@ -236,9 +285,14 @@ class FP8Cache(Cache):
             (:mod:`kvlab.quant.rotation`: attention scores and outputs are unchanged by the rotation itself, and the
             rounding error of an outlier channel is spread over all channels; same bytes; one ``[T, D] @ [D, D]``
             product per layer, K and V, per step). Needs a power-of-two head_dim.
+        attention: ``"dequantize"`` (default: ``update`` returns K/V in the model's basis, any attention reads
+            them) or ``"fused"`` (with ``rotation="hadamard"`` only: ``update`` returns ``K R`` / ``V R`` and kvlab
+            attention rotates the ``q`` query rows and the output instead of the ``T`` stored tokens; the model
+            must run kvlab attention: :func:`kvlab.attention.enable`).
 
     Raises:
-        ValueError: an unknown ``format``, ``scale`` or ``rotation``, a format this torch build lacks; at
+        ValueError: an unknown ``format``, ``scale``, ``rotation`` or ``attention``, ``attention="fused"`` without
+            the rotation, a format this torch build lacks; at
             ``update``, what :meth:`FP8Layer.update` raises, and a head_dim that is not a power of two for
             ``rotation="hadamard"``.
 
@@ -247,15 +301,48 @@ class FP8Cache(Cache):
     QuaRot (arXiv:2404.00456, §4.2) for the rotation.
     """
 
-    def __init__(self, format: str = "e4m3", scale: str = "per-head", rotation: str = "none") -> None:
+    def __init__(
+        self,
+        format: str = "e4m3",
+        scale: str = "per-head",
+        rotation: str = "none",
+        attention: str = "dequantize",
+    ) -> None:
         fp8_dtype(format)  # raise for an unknown format or a torch without it, before any layer exists
         check_scale(scale)
         check_rotation(rotation)
-        self.format, self.scale, self.rotation = format, scale, rotation
-        super().__init__(layer_class_to_replicate=partial(FP8Layer, format, scale, rotation))
+        if attention not in ATTENTION_PATHS:
+            raise ValueError(f"`attention` must be one of {list(ATTENTION_PATHS)}, got {attention!r}")
+        if attention == "fused" and rotation != "hadamard":
+            raise ValueError(
+                f"attention='fused' hands kvlab attention K/V in their rotated basis: it needs "
+                f"rotation='hadamard', got rotation={rotation!r}"
+            )
+        self.format, self.scale, self.rotation, self.attention = format, scale, rotation, attention
+        super().__init__(layer_class_to_replicate=partial(FP8Layer, format, scale, rotation, attention))
 
     def __repr__(self) -> str:
-        return f"FP8Cache(format={self.format!r}, scale={self.scale!r}, rotation={self.rotation!r})"
+        return (
+            f"FP8Cache(format={self.format!r}, scale={self.scale!r}, rotation={self.rotation!r}, "
+            f"attention={self.attention!r})"
+        )
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``Cache.update``; in fused mode it passes ``layer_idx`` down (the layer files its rotation for that
+        layer's attention) and first checks that the previous layer's attention read its own.
+
+        Raises:
+            ValueError: as :meth:`FP8Layer.update`.
+            RuntimeError: fused mode on a model that does not run kvlab attention.
+        """
+        if self.attention == "fused":
+            from kvlab.attention.interface import check_previous_layer
+
+            kwargs["kvlab_layer_idx"] = layer_idx
+            check_previous_layer(self.layers, layer_idx, "FP8Cache(attention='fused')", "rotation")
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the newest tokens of every layer (transformers' ``Cache.crop``; see :mod:`kvlab.caches.crop`).

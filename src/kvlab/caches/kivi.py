@@ -80,23 +80,23 @@ class KIVILayer(CacheLayerMixin):
 
     def _update_fused(self, key_states, value_states, layer_idx):
         """Fused path: hand the quantized prefix to kvlab attention; return only the full-precision window."""
-        from kvlab.attention.interface import PendingPrefix, pending
+        from kvlab.attention.interface import PendingPrefix, check_handoff, pending
 
+        check_handoff(
+            layer_idx, self, "KIVICache(attention='fused')", "quantized prefix"
+        )  # the previous step's
         table = pending()
-        previous = table.get(layer_idx)
-        if previous is not None and previous.owner is self and not previous.consumed:
-            del table[layer_idx]
-            raise RuntimeError(
-                "KIVICache(attention='fused') needs kvlab attention on the model: call "
-                "kvlab.attention.enable(model) first (the previous step's quantized prefix was never read)"
-            )
         segments = list(
             self.state.segments()
         )  # views of blocks as they stand; the flush below writes beyond them
         key_window, value_window = self.state.append(key_states, value_states)
         self.keys, self.values = self.state.key_residual, self.state.value_residual
         table[layer_idx] = PendingPrefix(
-            segments, self.config.key_bits, self.config.group_size, owner=self, key=key_window
+            segments=segments,
+            nbits=self.config.key_bits,
+            group_size=self.config.group_size,
+            owner=self,
+            key=key_window,
         )
         return key_window, value_window
 
@@ -256,26 +256,12 @@ class KIVICache(Cache):
                         f"than the model has?)"
                     )
         if self.attention == "fused":
+            from kvlab.attention.interface import check_previous_layer
+
             kwargs["kvlab_layer_idx"] = layer_idx
-            self._check_handoff(layer_idx)
+            # the previous layer's prefix unread: the model does not run kvlab attention, its output so far is wrong
+            check_previous_layer(self.layers, layer_idx, "KIVICache(attention='fused')", "quantized prefix")
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
-
-    def _check_handoff(self, layer_idx: int) -> None:
-        """Raise if the previous layer of this forward handed off a quantized prefix that its attention never read:
-        the model does not run kvlab attention, and its output so far is wrong (an O(1) check per layer)."""
-        from kvlab.attention.interface import pending
-
-        if not 0 < layer_idx <= len(self.layers):
-            return
-        table = pending()
-        entry = table.get(layer_idx - 1)
-        if entry is not None and entry.owner is self.layers[layer_idx - 1] and not entry.consumed:
-            for idx in [i for i, e in table.items() if any(e.owner is layer for layer in self.layers)]:
-                del table[idx]
-            raise RuntimeError(
-                "KIVICache(attention='fused') needs kvlab attention on the model: call "
-                f"kvlab.attention.enable(model) first (layer {layer_idx - 1}'s quantized prefix was never read)"
-            )
 
     def load(self, states) -> None:
         """Write per-layer ``(keys, values)`` into the empty cache outside a forward pass, one append per layer (as

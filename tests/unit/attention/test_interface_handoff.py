@@ -85,3 +85,65 @@ def test_fused_attention_refuses_dropout(model):
     kw, vw = cache.update(k, k, 0)
     with pytest.raises(ValueError, match="dropout=0.1"):
         kvlab_attention_forward(layer, q, kw, vw, None, dropout=0.1, scaling=32**-0.5)
+
+
+# --- FP8Cache(rotation="hadamard", attention="fused"): K/V read in their rotated basis ------------------------------
+
+
+def _decode_logits(model, cache, ids, steps):
+    """Prefill ``ids[:, :-steps]`` then feed the last ``steps`` tokens one at a time: ``[steps, vocab]`` logits."""
+    kw = cache_kwarg(model)
+    out = []
+    with torch.no_grad():
+        model(input_ids=ids[:, :-steps], use_cache=True, **{kw: cache})
+        for i in range(ids.shape[1] - steps, ids.shape[1]):
+            out.append(model(input_ids=ids[:, i : i + 1], use_cache=True, **{kw: cache}).logits[0, -1])
+    return torch.stack(out)
+
+
+def test_fused_rotated_fp8_equals_the_dequantize_path(model):
+    """Rotating the query and the output instead of every stored token is the same arithmetic (orthonormal R):
+    the fused FP8 path matches the path that rotates the history back, to float32 rounding, at every step; the
+    rotations are read once per layer and step and nothing is left behind."""
+    from kvlab.caches.fp8 import FP8Cache
+
+    ids = torch.randint(1, 256, (1, 70), generator=torch.Generator().manual_seed(3))
+    kvlab.attention.enable(model)
+    plain = _decode_logits(model, FP8Cache("e4m3", "per-head", "hadamard"), ids, 6)
+    cache = FP8Cache("e4m3", "per-head", "hadamard", attention="fused")
+    fused = _decode_logits(model, cache, ids, 6)
+    torch.testing.assert_close(fused, plain, rtol=1e-4, atol=1e-4)
+    assert not pending()
+    dynamic = _decode_logits(model, DynamicCache(), ids, 6)
+    assert float((fused - dynamic).abs().max()) > 1e-4  # the FP8 rounding is really there (not a float copy)
+
+
+def test_fused_rotated_fp8_read_by_sdpa_raises(model):
+    from kvlab.caches.fp8 import FP8Cache
+
+    ids = torch.randint(1, 256, (1, 40), generator=torch.Generator().manual_seed(4))
+    model.set_attn_implementation("sdpa")
+    cache = FP8Cache("e4m3", "per-head", "hadamard", attention="fused")
+    with torch.no_grad():
+        model(
+            input_ids=ids[:, :-1], use_cache=True, **{cache_kwarg(model): cache}
+        )  # a prefill hands nothing off
+        with pytest.raises(
+            RuntimeError, match=r"FP8Cache\(attention='fused'\) needs kvlab attention .*rotation"
+        ):
+            model(input_ids=ids[:, -1:], use_cache=True, **{cache_kwarg(model): cache})
+    assert not pending()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"attention": "fused"}, "needs rotation='hadamard', got rotation='none'"),
+        ({"rotation": "hadamard", "attention": "flash"}, r"`attention` must be one of .*got 'flash'"),
+    ],
+)
+def test_fp8_attention_settings_are_checked(kwargs, match):
+    from kvlab.caches.fp8 import FP8Cache
+
+    with pytest.raises(ValueError, match=match):
+        FP8Cache(**kwargs)

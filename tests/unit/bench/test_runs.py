@@ -100,6 +100,23 @@ def test_candidate_names(text, parsed):
     assert (c.family, c.nbits, c.attention) == parsed
 
 
+@pytest.mark.parametrize(
+    "text, name",
+    [
+        ("kivi-4-fused", "kivi4-fused"),
+        ("hqq-4", "hqq4"),
+        ("kivi-2-dequant", "kivi2-dequant"),
+        ("dynamic", "dynamic"),
+    ],
+)
+def test_registry_spellings_take_the_bench_spelling_the_targets_look_for(text, name):
+    """``kivi-4-fused`` (the registry's grammar) once kept its hyphen, so the targets reported 'not measured' for a
+    cell that was measured."""
+    assert decode.BenchCandidate.parse(text).name == name
+    with pytest.raises(ValueError):
+        decode.parse_candidates(["dynamic", name, text] if text != name else ["dynamic", "dynamic"])
+
+
 def test_memory_quick_keys_and_ratios(tiny_lm):
     r = memory.run(
         model=tiny_lm, quick=True, contexts=(96,), candidates=("dynamic", "kivi4-fused", "kivi4-dequant")
