@@ -148,6 +148,11 @@ class FP8Layer(CacheLayerMixin):
         else the model dtype (this step's rotated tokens then rounded to it once)."""
         from kvlab.attention.interface import PendingRotation, check_handoff, pending
 
+        if layer_idx is None:
+            raise ValueError(
+                "an FP8Layer with attention='fused' files its rotation under its layer index: update it through "
+                "FP8Cache.update (which passes kvlab_layer_idx), not directly"
+            )
         check_handoff(layer_idx, self, "FP8Cache(attention='fused')", "rotation")  # the previous step's
         held = self.get_seq_length()
         kr = self._rotated(key_states, self.key_rotation)  # [B, H, t, D] fp32

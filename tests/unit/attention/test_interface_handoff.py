@@ -147,3 +147,11 @@ def test_fp8_attention_settings_are_checked(kwargs, match):
 
     with pytest.raises(ValueError, match=match):
         FP8Cache(**kwargs)
+
+
+def test_a_fused_fp8_layer_updated_without_its_layer_index_is_refused():
+    from kvlab.caches.fp8 import FP8Layer
+
+    layer = FP8Layer("e4m3", "per-head", "hadamard", "fused")
+    with pytest.raises(ValueError, match="through FP8Cache.update"):
+        layer.update(torch.ones(1, 2, 3, 32), torch.ones(1, 2, 3, 32))
