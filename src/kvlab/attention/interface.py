@@ -60,8 +60,11 @@ def check_handoff(
     layer_idx: int | None, owner: Any, cache: str, what: str, siblings: tuple | list = ()
 ) -> None:
     """Raise if ``owner`` (a cache layer) handed the attention of ``layer_idx`` something it never read: the model
-    does not run kvlab attention and the output computed from it is wrong. ``owner``'s entries (and its
-    ``siblings``', the other layers of its cache) are dropped first. O(1) unless it raises.
+    does not run kvlab attention (or changed the returned K/V before its attention: the entry matches only the
+    tensor the cache returned) and the output computed from it is wrong. ``owner``'s entries (and its
+    ``siblings``', the other layers of its cache) are dropped first. O(1) unless it raises. What it cannot see: the
+    last layer of a forward is checked only by the next forward, so a one-layer model decoding a single step after
+    its prefill without kvlab attention returns wrong logits unchecked.
 
     Args:
         layer_idx: the layer whose entry is checked (the same layer of the previous step).
@@ -81,7 +84,8 @@ def check_handoff(
         del table[idx]
     raise RuntimeError(
         f"{cache} needs kvlab attention on the model: call kvlab.attention.enable(model) first (layer {layer_idx}'s "
-        f"{what} was never read)"
+        f"{what} was never read; if kvlab attention is enabled, the model changed the K/V the cache returned before "
+        f"its attention read them, e.g. repeated them per expert, and this cache cannot run on it)"
     )
 
 

@@ -62,8 +62,9 @@ class BenchCandidate:
 
     @classmethod
     def parse(cls, name: str) -> BenchCandidate:
-        """``"kivi4-fused"`` (or ``"kivi-4-fused"``) -> ``BenchCandidate("kivi4-fused", "kivi", 4, "fused")``: the
-        registry's ``family-N`` is written ``familyN``, the spelling the targets and records use.
+        """``"kivi4-fused"`` (or ``"kivi-4-fused"``, ``"KIVI-4-fused"``) -> ``BenchCandidate("kivi4-fused", "kivi",
+        4, "fused")``: the registry's canonical name with ``family-N`` written ``familyN``, the spelling the targets
+        and records use (so one cache has one name: duplicates and the baseline are matched by it).
 
         Raises:
             ValueError: a name the cache registry does not know (the message says why).
@@ -72,6 +73,7 @@ class BenchCandidate:
             cache = resolve(name)
         except ValueError as exc:
             raise ValueError(f"unknown cache {name!r}: {exc}") from None
+        name = cache.name.canonical
         hyphened = f"{cache.family}-{cache.nbits}"
         if cache.nbits is not None and name.startswith(hyphened):
             name = f"{cache.family}{cache.nbits}{name[len(hyphened) :]}"

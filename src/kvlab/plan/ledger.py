@@ -472,7 +472,16 @@ def fp8_scale_bytes(spec: ModelSpec, kvd: KVDtype, tokens: int, tp: int = 1) -> 
 
 
 def _resolve(spec: ModelSpec, kv: str | KVDtype) -> KVDtype:
-    return kv_dtype(kv, spec.dtype)
+    """``kv`` for ``spec``; a rotated FP8 cache (``-hadamard``) needs a power-of-two head_dim, as the cache does
+    (``kvlab.quant.rotation``: Sylvester's construction), so a plan the cache could not run is refused here too."""
+    kvd = kv_dtype(kv, spec.dtype)
+    d = spec.head_dim
+    if kvd.name.endswith("-hadamard") and not spec.is_mla and (d <= 0 or d & (d - 1)):
+        raise ValueError(
+            f"--kv-dtype {kvd.name}: a Hadamard rotation needs a power-of-two head_dim (Sylvester's construction), "
+            f"the model's is {d}"
+        )
+    return kvd
 
 
 def kv_bytes_per_token(spec: ModelSpec, kv: str | KVDtype = "auto", tp: int = 1) -> float | int:

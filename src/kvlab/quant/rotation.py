@@ -16,6 +16,8 @@ quantizing the cache); QuIP# (Tseng et al., 2024, arXiv:2402.04396, §3, the ran
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 ROTATIONS: tuple[str, ...] = ("none", "hadamard")
@@ -41,7 +43,9 @@ def hadamard(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     Raises:
         ValueError: ``n`` not a positive power of two (the message names it).
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n <= 0 or n & (n - 1):
+    if isinstance(n, numbers.Integral) and not isinstance(n, bool):
+        n = int(n)  # numpy and torch integers too
+    if not isinstance(n, int) or isinstance(n, bool) or n <= 0 or n & (n - 1):
         raise ValueError(
             f"a Hadamard rotation needs a power-of-two head_dim (Sylvester's construction), got {n!r}"
         )

@@ -104,14 +104,17 @@ def test_candidate_names(text, parsed):
     "text, name",
     [
         ("kivi-4-fused", "kivi4-fused"),
+        ("KIVI-4-fused", "kivi4-fused"),
         ("hqq-4", "hqq4"),
         ("kivi-2-dequant", "kivi2-dequant"),
+        ("FP8-E4M3-Hadamard", "fp8-e4m3-hadamard"),
+        ("DYNAMIC", "dynamic"),
         ("dynamic", "dynamic"),
     ],
 )
 def test_registry_spellings_take_the_bench_spelling_the_targets_look_for(text, name):
-    """``kivi-4-fused`` (the registry's grammar) once kept its hyphen, so the targets reported 'not measured' for a
-    cell that was measured."""
+    """``kivi-4-fused`` (the registry's grammar) or ``KIVI-4-fused`` once kept its spelling, so the targets reported
+    'not measured' for a cell that was measured and the same cache could run twice."""
     assert decode.BenchCandidate.parse(text).name == name
     with pytest.raises(ValueError):
         decode.parse_candidates(["dynamic", name, text] if text != name else ["dynamic", "dynamic"])

@@ -1,5 +1,6 @@
 """FP8Cache: bytes (half of bf16 plus the scales), calibrated scales, saturation/underflow counts, crop, bad input."""
 
+import numpy as np
 import pytest
 import torch
 from transformers import DynamicCache
@@ -189,6 +190,7 @@ def test_hadamard_is_orthonormal_and_fixed(n):
     torch.testing.assert_close(r @ r.T, torch.eye(n), atol=1e-6, rtol=0)
     assert torch.equal(r, hadamard(n))  # the sign draw is seeded: every cache rotates the same way
     assert torch.equal(r.abs(), torch.full((n, n), n**-0.5))  # every channel spread over all of them
+    assert torch.equal(hadamard(np.int64(n)), r)  # a numpy integer head_dim is an integer too
 
 
 @pytest.mark.parametrize("n", [0, 3, 80, -64, 64.0, True])

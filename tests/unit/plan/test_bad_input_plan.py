@@ -590,3 +590,13 @@ def test_both_lists_print_both_tables(capsys):
     assert main(["plan", "--list-presets", "--list-gpus"]) == 0
     out = capsys.readouterr().out
     assert "Built-in presets" in out and "Hardware table" in out
+
+
+def test_a_rotated_fp8_cache_on_a_head_dim_it_cannot_rotate_is_refused(tmp_path, capsys):
+    """``fp8-e4m3-hadamard`` needs a power-of-two head_dim (the cache refuses 48; the plan once sized it anyway)."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**BASE, "head_dim": 48}))
+    fails(capsys, ["plan", str(config), "--kv-dtype", "fp8-e4m3-hadamard"], "power-of-two head_dim", "is 48")
+    assert main(["plan", str(config), "--kv-dtype", "fp8-e4m3"]) == 0  # the plain cache has no such limit
+    spec = spec_from_config({**BASE, "head_dim": 64})
+    assert kv_bytes_per_token(spec, "fp8-e4m3-hadamard") == kv_bytes_per_token(spec, "fp8-e4m3")
