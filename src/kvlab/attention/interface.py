@@ -62,9 +62,9 @@ def check_handoff(
     """Raise if ``owner`` (a cache layer) handed the attention of ``layer_idx`` something it never read: the model
     does not run kvlab attention (or changed the returned K/V before its attention: the entry matches only the
     tensor the cache returned) and the output computed from it is wrong. ``owner``'s entries (and its
-    ``siblings``', the other layers of its cache) are dropped first. O(1) unless it raises. What it cannot see: the
-    last layer of a forward is checked only by the next forward, so a one-layer model decoding a single step after
-    its prefill without kvlab attention returns wrong logits unchecked.
+    ``siblings``', the other layers of its cache) are dropped first. O(1) unless it raises. The last layer of a forward is
+    checked only by the next forward, so the caches hand nothing off on a one-layer model (its only layer would go
+    unchecked for a step): they run their dequantize path there.
 
     Args:
         layer_idx: the layer whose entry is checked (the same layer of the previous step).

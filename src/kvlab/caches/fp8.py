@@ -126,9 +126,10 @@ class FP8Layer(CacheLayerMixin):
         self._check(key_states, value_states)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        if self.attention == "fused":
-            return self._update_fused(key_states, value_states, kwargs.get("kvlab_layer_idx"))
-        # [B, H, T, D]: read back before the append
+        layer_idx = kwargs.get("kvlab_layer_idx")
+        if self.attention == "fused" and layer_idx is not None:
+            return self._update_fused(key_states, value_states, layer_idx)
+        # [B, H, T, D]: read back before the append (also fused mode without a layer index: nothing to hand off)
         held_k = self._read(self.keys, self.key_scale, self.key_rotation)
         held_v = self._read(self.values, self.value_scale, self.value_rotation)
         self._append(
@@ -148,11 +149,6 @@ class FP8Layer(CacheLayerMixin):
         else the model dtype (this step's rotated tokens then rounded to it once)."""
         from kvlab.attention.interface import PendingRotation, check_handoff, pending
 
-        if layer_idx is None:
-            raise ValueError(
-                "an FP8Layer with attention='fused' files its rotation under its layer index: update it through "
-                "FP8Cache.update (which passes kvlab_layer_idx), not directly"
-            )
         check_handoff(layer_idx, self, "FP8Cache(attention='fused')", "rotation")  # the previous step's
         held = self.get_seq_length()
         kr = self._rotated(key_states, self.key_rotation)  # [B, H, t, D] fp32
@@ -336,15 +332,18 @@ class FP8Cache(Cache):
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``Cache.update``; in fused mode it passes ``layer_idx`` down (the layer files its rotation for that
-        layer's attention) and first checks that the previous layer's attention read its own.
+        layer's attention) and first checks that the previous layer's attention read its own. A model with one layer
+        (no next layer to check its hand-off in the same forward) gets the dequantize path instead.
 
         Raises:
             ValueError: as :meth:`FP8Layer.update`.
             RuntimeError: fused mode on a model that does not run kvlab attention.
         """
-        if self.attention == "fused":
+        if self.attention == "fused" and len(self.layers) > 1:
             from kvlab.attention.interface import check_previous_layer
 
+            # a hand-off is checked by the next layer's update in the same forward; a one-layer model has none, so
+            # its only layer reads the rotation back itself (the dequantize path: right with any attention)
             kwargs["kvlab_layer_idx"] = layer_idx
             check_previous_layer(self.layers, layer_idx, "FP8Cache(attention='fused')", "rotation")
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)

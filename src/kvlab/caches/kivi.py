@@ -69,8 +69,9 @@ class KIVILayer(CacheLayerMixin):
         if not self.is_initialized:
             self.state._check(key_states, value_states)  # fail before touching anything
             self.lazy_initialization(key_states, value_states)
-        if self.attention == "fused":
-            return self._update_fused(key_states, value_states, kwargs.get("kvlab_layer_idx"))
+        layer_idx = kwargs.get("kvlab_layer_idx")
+        if self.attention == "fused" and layer_idx is not None:
+            return self._update_fused(key_states, value_states, layer_idx)
         prefix = self.state.dequantize_prefix()  # quantized tokens as they stand before this call
         key_window, value_window = self.state.append(key_states, value_states)
         self.keys, self.values = self.state.key_residual, self.state.value_residual
@@ -255,7 +256,9 @@ class KIVICache(Cache):
                         f"{held}: every layer must hold the same tokens (was the cache loaded with fewer layers "
                         f"than the model has?)"
                     )
-        if self.attention == "fused":
+        # a hand-off is checked by the next layer's update in the same forward; a one-layer model has none, so its
+        # only layer runs the dequantize path (right with any attention; a fused layer without an index does that)
+        if self.attention == "fused" and len(self.layers) > 1:
             from kvlab.attention.interface import check_previous_layer
 
             kwargs["kvlab_layer_idx"] = layer_idx

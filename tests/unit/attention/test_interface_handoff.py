@@ -149,9 +149,36 @@ def test_fp8_attention_settings_are_checked(kwargs, match):
         FP8Cache(**kwargs)
 
 
-def test_a_fused_fp8_layer_updated_without_its_layer_index_is_refused():
+@pytest.mark.parametrize("family", ["fp8", "kivi"])
+def test_a_one_layer_model_without_kvlab_attention_gets_right_logits_from_a_fused_cache(family):
+    """A hand-off is checked by the next layer's update in the same forward; a one-layer model has no next layer,
+    so one decode step after the prefill once returned wrong logits (0.4-0.8 off) with no error. Its only layer now
+    runs the dequantize path itself."""
+    from kvlab.caches.fp8 import FP8Cache
+    from tests.conftest import make_tiny_qwen2
+
+    def make(attention):
+        if family == "fp8":
+            return FP8Cache("e4m3", "per-head", "hadamard", attention=attention)
+        return KIVICache(nbits=2, group_size=16, residual_length=16, attention=attention)
+
+    one = make_tiny_qwen2(head_dim=32, max_positions=256, layers=1)
+    one.set_attn_implementation("sdpa")
+    ids = torch.randint(1, 256, (1, 60), generator=torch.Generator().manual_seed(5))
+    fused = _decode_logits(one, make("fused"), ids, 1)
+    plain = _decode_logits(one, make("dequantize"), ids, 1)
+    torch.testing.assert_close(fused, plain, rtol=0, atol=1e-5)
+    assert not pending()
+
+
+def test_a_fused_fp8_layer_updated_without_a_layer_index_reads_the_rotation_back():
     from kvlab.caches.fp8 import FP8Layer
 
-    layer = FP8Layer("e4m3", "per-head", "hadamard", "fused")
-    with pytest.raises(ValueError, match="through FP8Cache.update"):
-        layer.update(torch.ones(1, 2, 3, 32), torch.ones(1, 2, 3, 32))
+    g = torch.Generator().manual_seed(6)
+    first, second = torch.randn(1, 2, 5, 32, generator=g), torch.randn(1, 2, 1, 32, generator=g)
+    out = []
+    for attention in ("fused", "dequantize"):
+        layer = FP8Layer("e4m3", "per-head", "hadamard", attention)
+        layer.update(first, first)
+        out.append(layer.update(second, second)[0])
+    assert torch.equal(out[0], out[1]) and not pending()
