@@ -200,6 +200,39 @@ def _print_tables(report: dict, args: argparse.Namespace) -> None:
         for scale, cell in per.items():
             summary.add_row(fmt, scale, _pct(cell["saturated_fraction"]), _pct(cell["underflow_fraction"]))
     console.print(summary)
+    _print_attention_kl(console, report)
     for flag, path in (("--json", args.json), ("--figure", args.figure)):
         if path:
             console.print(f"{flag}: wrote {path}")
+
+
+def _print_attention_kl(console, report: dict) -> None:
+    """The FP8 key-side attention KL per layer (worst KV head) and over the model, or why it was not measured."""
+    from rich.table import Table
+
+    kl = report.get("fp8_key_attention_kl") or {}
+    if not kl.get("measured"):
+        console.print(f"FP8 key-side attention KL: not measured ({kl.get('note', 'no queries observed')})")
+        return
+    n = report["settings"]["attention_queries"]
+    t = Table(
+        title=f"FP8 keys, attention KL: the last {n} queries over the keys before them, exact vs FP8-rounded keys "
+        f"(per-head scales; hadamard: rotated first, as fp8-*-hadamard); worst KV head per layer"
+    )
+    t.add_column("layer", justify="right")
+    cols = [(fmt, v) for fmt in ("e4m3", "e5m2") for v in ("per-head", "hadamard") if kl.get(fmt)]
+    for fmt, v in cols:
+        t.add_column(f"{fmt} {v}", justify="right")
+
+    def fmt_kl(x) -> str:
+        return "-" if x is None else f"{x:.2e}"
+
+    for layer in report["layers"]:
+        cells = [h["fp8_key_attention_kl"] for h in layer["heads"] if "fp8_key_attention_kl" in h]
+        row = [str(layer["layer"])]
+        for fmt, v in cols:
+            values = [c[fmt][v] for c in cells if c[fmt][v] is not None]
+            row.append(fmt_kl(max(values) if values else None))
+        t.add_row(*row)
+    t.add_row("mean", *[fmt_kl(kl[fmt][v]["mean"] if kl[fmt][v] else None) for fmt, v in cols])
+    console.print(t)

@@ -14,7 +14,13 @@ For each layer ``l`` and KV head ``h`` of the K/V a ``DynamicCache`` holds after
   error of the round trip, with scale 1.0 (an engine without calibration), a per-tensor scale (one per layer)
   and per-head scales. Calibrated scales are computed on the first ``calibrate_tokens`` tokens of the prompt
   (as :class:`kvlab.caches.fp8.FP8Cache` calibrates on its prefill) and applied to every token, so a later token
-  beyond the calibrated range shows up as saturation.
+  beyond the calibrated range shows up as saturation;
+* **FP8 key-side attention KL** — what the rounding of the keys does to attention itself: the prompt's last
+  ``n`` queries (captured from the same prefill through kvlab attention's observers) attend over the keys before
+  them, exactly and with the keys FP8-rounded (per-head scales, plain or Hadamard-rotated first:
+  :mod:`kvlab.quant.rotation`), and the mean ``KL(softmax(q K^T s) || softmax(q K_fp8^T s))`` over the queries of
+  each KV head's group is reported. A relative RMS error says nothing of this: a rotation keeps every element's
+  relative error and still moves the scores far less when a few channels carry them.
 
 Every number is computed here from the tensors of this run. The mechanics chapter's FP8 section motivates the
 report: check the outliers before trusting "half the bytes".
@@ -22,14 +28,18 @@ report: check the outliers before trusting "half the bytes".
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from kvlab.quant.fp8 import FORMATS, calibrate, decode, encode
+from kvlab.quant.rotation import hadamard
 
 PERCENTILES = (50.0, 99.0, 99.9)
+ATTENTION_QUERIES = 64  # the prompt's last queries whose attention over the earlier keys is compared
+KEY_VARIANTS = ("per-head", "hadamard")  # FP8Cache(scale="per-head") and FP8Cache(..., rotation="hadamard")
 FP8_SCALES = ("1.0", "per-tensor", "per-head")  # report keys; "1.0" is FP8Cache(scale="none")
 _CACHE_SCALE = {"1.0": "none", "per-tensor": "per-tensor", "per-head": "per-head"}
 
@@ -111,8 +121,10 @@ def inspect_kv(
     from kvlab.runtime.hf_api import cache_kwarg
 
     cache = DynamicCache()
-    with torch.no_grad():
-        model(input_ids, use_cache=True, **{cache_kwarg(model): cache})
+    n_queries = min(ATTENTION_QUERIES, tokens // 2)
+    with _observed_queries(model, n_queries) as (queries, note):
+        with torch.no_grad():
+            model(input_ids, use_cache=True, **{cache_kwarg(model): cache})
     layers = []
     for idx, layer in enumerate(cache.layers):
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
@@ -123,6 +135,11 @@ def inspect_kv(
         layers.append(
             _layer_report(idx, keys.float(), values.float(), outlier_factor, percentiles, calibrate_tokens)
         )
+        if idx in queries:
+            q, scale = queries[idx]
+            kls = _key_attention_kl(q, scale, keys.float(), calibrate_tokens)
+            for head, kl in zip(layers[-1]["heads"], kls):
+                head["fp8_key_attention_kl"] = kl
     return {
         "tokens": tokens,
         "settings": {
@@ -131,10 +148,95 @@ def inspect_kv(
             "calibrate_tokens": calibrate_tokens,
             "fp8_scales": list(FP8_SCALES),
             "scale_dtype": "float32",
+            "attention_queries": n_queries,
         },
         "layers": layers,
         "fp8": _model_fp8(layers),
+        "fp8_key_attention_kl": _model_attention_kl(layers, note),
     }
+
+
+@contextlib.contextmanager
+def _observed_queries(model: Any, n: int):
+    """Yield ``(queries, note)`` around one forward: ``queries[layer] = ([Hq, n, D] fp32 last ``n`` query rows,
+    softmax scale)`` filled by kvlab attention's observers (:func:`kvlab.attention.interface.observers`), the model
+    switched to kvlab attention for the forward and back after; ``note`` says why nothing is captured when the model
+    cannot run it (the attention KL is then not measured)."""
+    from kvlab.attention import interface
+
+    queries: dict[int, tuple[torch.Tensor, float]] = {}
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    previous = getattr(model.config, "_attn_implementation", None)
+    try:
+        interface.enable(model)
+    except Exception as exc:  # the ranges and FP8 fractions need no queries: report them without the KL
+        yield queries, f"kvlab attention could not be enabled on this model ({type(exc).__name__}: {exc})"
+        return
+
+    def keep(idx: int):
+        def observe(query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:
+            scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+            queries[idx] = (query[0, :, -n:].detach().float(), float(scale))
+
+        return observe
+
+    table = interface.observers()
+    for idx in range(int(getattr(config, "num_hidden_layers", 0) or 0)):
+        table[idx] = keep(idx)
+    try:
+        yield queries, None
+    finally:
+        table.clear()
+        if previous is not None:
+            model.set_attn_implementation(previous)
+
+
+def _key_attention_kl(q: torch.Tensor, scale: float, k: torch.Tensor, calibrate_tokens: int) -> list[dict]:
+    """Per KV head of one layer: ``{format: {variant: mean KL}}`` of the attention of the last queries ``q``
+    ``[Hq, n, D]`` over the keys before them (``k`` ``[1, H, T, D]`` fp32, the first ``T - n``), exact against
+    FP8-rounded keys with per-head scales calibrated on the first ``calibrate_tokens`` (capped to those keys)."""
+    heads, n = k.shape[1], q.shape[1]
+    history = k[0, :, : k.shape[2] - n]  # [H, T - n, D]
+    group = q.shape[0] // heads  # query heads per KV head (GQA)
+    cal = max(1, min(calibrate_tokens, history.shape[1]))
+    d = k.shape[-1]
+    rotation = hadamard(d) if d & (d - 1) == 0 else None
+    out = []
+    for h in range(heads):
+        qh = q[h * group : (h + 1) * group]  # [g, n, D]
+        exact = torch.log_softmax(qh @ history[h].T * scale, dim=-1)  # [g, n, T - n]
+        cells: dict[str, dict[str, float | None]] = {}
+        for fmt in FORMATS:
+            cells[fmt] = {}
+            for variant in KEY_VARIANTS:
+                r = rotation if variant == "hadamard" else None
+                if variant == "hadamard" and r is None:
+                    cells[fmt][variant] = None  # not a power-of-two head_dim: the cache refuses it too
+                    continue
+                x = history[h] if r is None else history[h] @ r
+                s = calibrate(x[None, None, :cal], fmt, "per-head")[0, 0]
+                back = decode(encode(x, fmt, s).codes, s, torch.float32)
+                back = back if r is None else back @ r.T
+                approx = torch.log_softmax(qh @ back.T * scale, dim=-1)
+                cells[fmt][variant] = float((exact.exp() * (exact - approx)).sum(-1).mean())
+        out.append(cells)
+    return out
+
+
+def _model_attention_kl(layers: list[dict], note: str | None) -> dict:
+    """Mean and max over every KV head of :func:`_key_attention_kl`, per format and variant (``note`` when none)."""
+    cells = [
+        h["fp8_key_attention_kl"] for layer in layers for h in layer["heads"] if "fp8_key_attention_kl" in h
+    ]
+    if not cells:
+        return {"measured": False, "note": note or "no layer's queries were observed"}
+    out: dict[str, Any] = {"measured": True}
+    for fmt in FORMATS:
+        out[fmt] = {}
+        for variant in KEY_VARIANTS:
+            values = [c[fmt][variant] for c in cells if c[fmt][variant] is not None]
+            out[fmt][variant] = {"mean": sum(values) / len(values), "max": max(values)} if values else None
+    return out
 
 
 def _check_settings(input_ids, outlier_factor, percentiles, calibrate_tokens) -> tuple[int, tuple, int]:

@@ -120,3 +120,56 @@ def test_eval_rows_record_the_group_size_the_cache_uses(name, group):
     cfg = EvalConfig(top_k=2, hqq_group_size=64, kivi_attention="dequantize")
     row = _row("capacity", Candidate.parse(name), 16, 4, 128, 32, meas, BASE, cfg)
     assert row["group_size"] == group
+
+
+def test_attention_kl_is_measured_per_head_and_the_attention_is_switched_back(tiny_qwen2, report):
+    """The queries come from the same prefill through kvlab attention's observers; the model runs its own attention
+    again afterwards (inspect must not leave a user's model switched)."""
+    assert tiny_qwen2.config._attn_implementation != "kvlab"
+    kl = report["fp8_key_attention_kl"]
+    assert kl["measured"] and report["settings"]["attention_queries"] == 20  # min(64, 40 tokens // 2)
+    cells = [h["fp8_key_attention_kl"] for layer in report["layers"] for h in layer["heads"]]
+    assert len(cells) == 4  # 2 layers x 2 KV heads
+    for fmt in ("e4m3", "e5m2"):
+        for variant in ("per-head", "hadamard"):
+            values = [c[fmt][variant] for c in cells]
+            assert all(v >= 0 for v in values) and max(values) > 0  # FP8 moves the attention, a little
+            assert kl[fmt][variant]["mean"] == pytest.approx(sum(values) / len(values))
+    # e5m2 (2 mantissa bits) moves it more than e4m3 (3) on average
+    assert kl["e5m2"]["per-head"]["mean"] > kl["e4m3"]["per-head"]["mean"]
+
+
+def test_attention_kl_of_planted_keys_shows_what_the_rotation_buys():
+    """Scores carried by one outlier key channel: plain e4m3 moves them by its relative error of that channel; the
+    rotated keys spread it over 64 channels. The exact attention is recomputed here: the KL is against it."""
+    from kvlab.eval.inspect import _key_attention_kl
+
+    g = torch.Generator().manual_seed(1)
+    k = torch.randn(1, 1, 200, 64, generator=g)
+    k[..., 7] = 12.0 + torch.randn(1, 1, 200, generator=g)  # [1, H, T, D]
+    q = torch.randn(2, 8, 64, generator=g)  # 2 query heads share the KV head, last 8 queries
+    q[..., 7] = 4.0
+    (cells,) = _key_attention_kl(q, 0.125, k, calibrate_tokens=100)
+    assert cells["e4m3"]["hadamard"] < 0.5 * cells["e4m3"]["per-head"], cells
+    assert cells["e5m2"]["hadamard"] < 0.5 * cells["e5m2"]["per-head"], cells
+    assert cells["e4m3"]["per-head"] > 1e-4  # not a zero by construction
+    odd = _key_attention_kl(q[..., :48], 0.125, k[..., :48], calibrate_tokens=100)[0]
+    assert odd["e4m3"]["hadamard"] is None and odd["e4m3"]["per-head"] > 0  # head_dim 48: no rotation
+
+
+def test_a_model_that_cannot_run_kvlab_attention_gets_the_rest_of_the_report(tiny_qwen2, monkeypatch):
+    from kvlab.attention import interface
+
+    def refuse(model):
+        raise ValueError("this model has no attention interface")
+
+    monkeypatch.setattr(interface, "enable", refuse)
+    ids = torch.randint(1, 256, (1, 30), generator=torch.Generator().manual_seed(6))
+    r = inspect_kv(tiny_qwen2, ids)
+    assert r["fp8_key_attention_kl"] == {
+        "measured": False,
+        "note": "kvlab attention could not be enabled on this model (ValueError: this model has no attention "
+        "interface)",
+    }
+    assert r["fp8"]["e4m3"]["per-head"]["saturated_fraction"] >= 0  # ranges and FP8 fractions are still there
+    assert not any("fp8_key_attention_kl" in h for layer in r["layers"] for h in layer["heads"])
