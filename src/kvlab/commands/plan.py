@@ -270,7 +270,7 @@ def _register_roofline(subparsers) -> None:
         "bandwidth. --probe measures fp32 matmul FLOP/s and streaming GB/s here with numpy.",
     )
     r.add_argument(
-        "--model", default="llama-3-8b", help="preset, config.json, directory or hub id (default llama-3-8b)"
+        "--model", default=None, help="preset, config.json, directory or hub id (default llama-3-8b)"
     )
     r.add_argument("--context", type=int, default=8192, help="tokens per sequence (default 8192)")
     r.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
@@ -590,8 +590,11 @@ def _add_bound_rows(t, r: dict) -> None:
 def run_roofline(args: argparse.Namespace) -> int:
     from kvlab.plan.report import roofline_report
 
+    if args.list_gpus and args.model is not None:  # the table would silently ignore --model
+        return fail(args, f"--list-gpus prints a table and exits; it takes no --model, got {args.model!r}")
     if _print_lists(args):
         return 0
+    args.model = args.model or "llama-3-8b"
     problem = _device_flag_problem(args)
     if problem:
         return fail(args, problem)

@@ -53,6 +53,8 @@ def fails(capsys, argv, *fragments):
         (["roofline", "--context", "-5"], ("--context", "got -5")),
         (["roofline", "--batch", "0"], ("--batch", "got 0")),
         (["roofline", "--batch", "-1"], ("--batch", "got -1")),
+        # the GPU table once printed and silently ignored the model
+        (["roofline", "--list-gpus", "--model", "mistral-7b"], ("takes no --model", "'mistral-7b'")),
         (["plan", "llama-3-8b", "--context", "0"], ("--context", "got 0")),
         (["video", "--seconds", "inf"], ("seconds", "inf")),
         (["video", "--seconds", "1e308"], ("seconds",)),
