@@ -459,6 +459,9 @@ def long_context_gates(row: dict, gates: Gates) -> dict[str, bool]:
 # timed calls of one cell differing by more than this (max / min) make its latency, and a decision resting on the
 # latency gate, untrustworthy: the machine was busy with something else
 UNSTABLE_TIMING_SPREAD = 1.5
+NEAR_GATE = (
+    0.10  # a latency ratio this close (relative) to its gate, timed once, can land on either side of it
+)
 
 
 def _spread(timings: list[float]) -> float | None:
@@ -468,12 +471,33 @@ def _spread(timings: list[float]) -> float | None:
     return max(timings) / min(timings)
 
 
-def latency_warning(rows: list[dict]) -> str | None:
+def latency_warning(rows: list[dict], max_latency_ratio: float | None = None) -> str | None:
     """A warning when the machine was busy while capacity cells were timed (``latency_trusted`` false: their
-    latency gate was not used) or when a cell's timed calls disagree by more than :data:`UNSTABLE_TIMING_SPREAD`;
-    else None."""
+    latency gate was not used), when a cell's timed calls disagree by more than :data:`UNSTABLE_TIMING_SPREAD`, or
+    when a candidate cell timed only once (``--repeat 1``, ``--quick``'s default) has a latency ratio within
+    :data:`NEAR_GATE` of ``max_latency_ratio`` (its verdict, and so the decision, can change between runs); else
+    None."""
     cap = [r for r in rows if r["matrix"] == "capacity"]
     parts = []
+    near = [
+        r
+        for r in cap
+        if max_latency_ratio
+        and r["candidate"] != "dynamic"
+        and len(r.get("timings_ms") or ()) == 1
+        and r.get("latency_ratio") is not None
+        and (r.get("gates") or {}).get("latency_ratio") is not None
+        and abs(r["latency_ratio"] / max_latency_ratio - 1) <= NEAR_GATE
+    ]
+    if near:
+        cells = ", ".join(
+            f"{r['candidate']} at {r['context_length']} ({r['latency_ratio']:.2f}x)" for r in near
+        )
+        parts.append(
+            f"timed once (--repeat 1), {cells} {'is' if len(near) == 1 else 'are'} within {NEAR_GATE:.0%} of the "
+            f"latency gate ({max_latency_ratio:g}x): that verdict, and the decision, can change from run to run; "
+            f"use --repeat 3 or more to decide on latency"
+        )
     busy = sorted({r["context_length"] for r in cap if r.get("latency_trusted") is False})
     if busy:
         reason = next(
@@ -594,7 +618,9 @@ def summarize(result: dict) -> dict:
         if selected is None
         else [k for k, v in selected["gates"].items() if v is not None],
         "latency_trusted": all(r.get("latency_trusted", True) for r in rows),
-        "latency_warning": latency_warning(result["rows"]),
+        "latency_warning": latency_warning(
+            result["rows"], (result.get("gates") or {}).get("max_latency_ratio")
+        ),
         "long_context_warning": long_context_warning(result["rows"]),
         "long_context_not_measured": not_measured_warning(result),
         "eviction_warning": eviction_warning(selected),

@@ -505,3 +505,31 @@ def test_auto_workers_fall_back_to_one_process_when_two_prefills_would_not_fit(t
     assert workers == 1 and "more than half the available memory" in note
     explicit = tiny_config(contexts=(96, 160), window_context=96, threads=1, workers=2)
     assert _fit_workers(explicit, tiny, run.long_ctx, 2) == (2, None), "an explicit --workers is kept"
+
+
+def test_latency_warning_names_a_single_timing_near_the_gate():
+    """--quick times each cache once: a ratio of 1.90 against the 2.0 gate passed in one run and failed in the next
+    (the decision flipped between kivi-4 and hqq-4). Such a verdict is now flagged; a ratio far from the gate, or
+    one timed three times, is not."""
+    from kvlab.eval.runner import latency_warning
+
+    def row(name, ratio, timings):
+        return {
+            "matrix": "capacity",
+            "candidate": name,
+            "context_length": 1024,
+            "timings_ms": timings,
+            "timing_spread": None,
+            "latency_ratio": ratio,
+            "gates": {"latency_ratio": ratio <= 2.0},
+        }
+
+    rows = [row("dynamic", 1.0, [10.0]), row("hqq-4", 1.90, [19.0]), row("kivi-4", 1.2, [12.0])]
+    w = latency_warning(rows, 2.0)
+    assert w.startswith(
+        "timed once (--repeat 1), hqq-4 at 1024 (1.90x) is within 10% of the latency gate (2x)"
+    )
+    assert "kivi-4" not in w
+    assert latency_warning(rows) is None  # no gate given: nothing to be near
+    three = [row("dynamic", 1.0, [10.0] * 3), row("hqq-4", 2.1, [21.0, 20.0, 22.0])]
+    assert latency_warning(three, 2.0) is None
