@@ -343,8 +343,9 @@ _LONG_CONTEXT_FLAGS = (
 
 
 def _check_long_context_flags(args: argparse.Namespace, cfg) -> None:
-    """Refuse a recall/passkey flag given with ``--no-long-context`` (it would be silently ignored), and a
-    ``--recall-span`` no capacity context can hold (the recall probe would measure nothing in every cell).
+    """Refuse a recall/passkey flag (or ``--workers`` above 1) given with ``--no-long-context`` (it would be silently
+    ignored), and a ``--recall-span`` no capacity context can hold (the recall probe would measure nothing in every
+    cell).
 
     Raises:
         ValueError: naming the flag and its value.
@@ -358,6 +359,12 @@ def _check_long_context_flags(args: argparse.Namespace, cfg) -> None:
         raise ValueError(
             f"--{flag.replace('_', '-')} {value} sets a recall/passkey probe, which --no-long-context skips; "
             f"drop one of them"
+        )
+    workers = getattr(args, "workers", None)
+    if args.no_long_context and isinstance(workers, int) and workers > 1:
+        raise ValueError(
+            f"--workers {workers} shares the long-context probes with helper processes, which --no-long-context "
+            f"skips (nothing else is untimed work to share); drop one of them"
         )
     if cfg.long_context and cfg.recall_span_tokens > max(cfg.contexts) - 1:
         raise ValueError(

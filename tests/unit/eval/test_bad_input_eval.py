@@ -186,6 +186,7 @@ def test_an_empty_retrieval_contexts_is_refused_not_read_as_none(tmp_path, capsy
         ["--retrieval-contexts", "all"],
         ["--max-recall-drop", "0.1"],
         ["--max-passkey-drop", "0.1"],
+        ["--workers", "2"],  # helpers only share the probes
     ],
 )
 def test_long_context_flags_with_no_long_context_are_refused_not_ignored(tmp_path, capsys, argv):
