@@ -1,4 +1,5 @@
-"""kvlab's attention function for transformers' ``AttentionInterface``: fused KIVI attention, else SDPA.
+"""kvlab's attention function for transformers' ``AttentionInterface``: fused KIVI attention, rotated FP8 reads,
+else SDPA.
 
 ``enable(model)`` registers the function under the name ``"kvlab"`` (with SDPA's mask builder) and switches the
 model to it. For every layer it then checks whether a cache in ``attention="fused"`` mode left something for it
@@ -62,9 +63,9 @@ def check_handoff(
     """Raise if ``owner`` (a cache layer) handed the attention of ``layer_idx`` something it never read: the model
     does not run kvlab attention (or changed the returned K/V before its attention: the entry matches only the
     tensor the cache returned) and the output computed from it is wrong. ``owner``'s entries (and its
-    ``siblings``', the other layers of its cache) are dropped first. O(1) unless it raises. The last layer of a forward is
-    checked only by the next forward, so the caches hand nothing off on a one-layer model (its only layer would go
-    unchecked for a step): they run their dequantize path there.
+    ``siblings``', the other layers of its cache) are dropped first. O(1) unless it raises. The last layer of a
+    forward is checked only by the next forward, so the caches hand nothing off on a one-layer model (its only
+    layer would go unchecked for a step): they run their dequantize path there.
 
     Args:
         layer_idx: the layer whose entry is checked (the same layer of the previous step).
@@ -96,8 +97,8 @@ def check_previous_layer(layers: list, layer_idx: int, cache: str, what: str) ->
         check_handoff(layer_idx - 1, layers[layer_idx - 1], cache, what, siblings=layers)
 
 
-def pending() -> dict[int, PendingPrefix]:
-    """This thread's hand-off table: layer index -> :class:`PendingPrefix`."""
+def pending() -> dict[int, Handoff]:
+    """This thread's hand-off table: layer index -> :class:`PendingPrefix` or :class:`PendingRotation`."""
     table = getattr(_local, "table", None)
     if table is None:
         table = _local.table = {}
