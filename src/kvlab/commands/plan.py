@@ -69,7 +69,8 @@ def _add_kv_flags(p: argparse.ArgumentParser) -> None:
         default="auto",
         choices=KV_DTYPE_NAMES,  # every name the planner reads
         help="KV cache dtype (default auto: the config's dtype); kivi-N (= kiviN): kvlab's KIVI cache, kivi-kKvV "
-        "with its own key/value bits; fp8-e4m3/fp8-e5m2[-tensor|-unscaled|-hadamard] (fp8_e4m3 = fp8-e4m3): kvlab's FP8 cache, "
+        "with its own key/value bits; fp8-e4m3/fp8-e5m2[-tensor|-unscaled|-hadamard] (fp8_e4m3 = fp8-e4m3): "
+        "kvlab's FP8 cache, "
         "1 B/element plus fp32 scales (fp8: 1 B/element, no scales)",
     )
     # None = not given: KIVI's 32 / 128; given with a --kv-dtype that is not KIVI it is refused, not ignored

@@ -190,8 +190,9 @@ def _kv_dtype_uncapped(
 
     Args:
         name: ``auto`` (the model's dtype), ``bf16``, ``fp16``, ``fp32``, ``fp8`` (1 B/element, no scales), an FP8
-            cache name (``fp8-e4m3``, ``fp8-e5m2-tensor``, ``fp8-e4m3-unscaled``, ``fp8-e4m3-hadamard``; vLLM's ``fp8_e4m3`` / ``fp8_e5m2``
-            = ``fp8-e4m3`` / ``fp8-e5m2``: kvlab's FP8Cache with per-head scales), or a KIVI cache name of the
+            cache name (``fp8-e4m3``, ``fp8-e5m2-tensor``, ``fp8-e4m3-unscaled``, ``fp8-e4m3-hadamard``; vLLM's
+            ``fp8_e4m3`` / ``fp8_e5m2`` = ``fp8-e4m3`` / ``fp8-e5m2``: kvlab's FP8Cache with per-head scales), or a
+            KIVI cache name of the
             cache registry's grammar (:mod:`kvlab.cache_names`): ``kivi-4`` (= ``kivi4``), ``kivi-k8v4``,
             ``kivi-2:group_size=64`` (a ``:group_size`` / ``:residual_length`` in the name overrides the arguments).
         model_dtype: the model's dtype name (``ModelSpec.dtype``): ``auto``'s dtype and KIVI's residual dtype.
