@@ -218,7 +218,7 @@ def _print_decision(result: dict, s: dict, console: Console) -> None:
     if s.get("eligible_candidate_count", 0) > 1 and s.get("selected_candidate"):
         console.print(
             f"  (the rule: of the {s['eligible_candidate_count']} rows that pass every gate, the one saving the most "
-            f"cache bytes; a tie goes to the lower latency ratio)"
+            f"cache bytes; a tie goes to the lower KL mean, then to the lower latency ratio)"
         )
     if s.get("latency_trusted") is False:
         console.print("[yellow]latency: not trusted (the machine was busy while timing; see the warning)[/]")

@@ -526,7 +526,9 @@ def decide(rows: list[dict]) -> tuple[dict | None, str]:
     """The decision of the quantization chapter §5.4 over gated candidate rows.
 
     Among the rows with ``eligible`` true (every gate of :func:`apply_gates` passed), select the one that saves
-    the most cache bytes; a tie goes to the lower latency ratio, a further tie to the earlier row.
+    the most cache bytes; a tie goes to the lower mean KL to the float cache (``kl_mean``, nats: caches of the same
+    size, e.g. ``fp8-e4m3`` and ``fp8-e4m3-hadamard``, differ in quality, and one timed round's latency noise once
+    picked the one 4.6x further from the float model), then to the lower latency ratio, then to the earlier row.
 
     Args:
         rows: candidate rows (the baseline and window-matrix rows are the caller's to leave out), each with
@@ -546,10 +548,18 @@ def decide(rows: list[dict]) -> tuple[dict | None, str]:
             f"rows at positions {ungated} have no 'eligible' field: gate them with apply_gates first"
         )
     eligible = [r for r in rows if r["eligible"]]
-    selected = max(eligible, key=lambda r: (r["cache_bytes_saved"], -r["latency_ratio"]), default=None)
+    selected = max(
+        eligible, key=lambda r: (r["cache_bytes_saved"], -_kl_or_inf(r), -r["latency_ratio"]), default=None
+    )
     if selected is None:
         return None, "tune_cache_policy"
     return selected, f"accept {selected['candidate']} at context {selected['context_length']}"
+
+
+def _kl_or_inf(row: dict) -> float:
+    """``row["kl_mean"]``, or +inf where it was not measured (a row with a KL wins a byte tie over one without)."""
+    kl = row.get("kl_mean")
+    return kl if isinstance(kl, (int, float)) and kl == kl else float("inf")
 
 
 # the fields of the selected row that the summary carries

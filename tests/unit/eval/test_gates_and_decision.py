@@ -179,6 +179,19 @@ def test_decide_selects_most_bytes_saved_then_lower_latency():
     assert selected is rows[3] and decision == "accept kivi-8 at context 512"
 
 
+def test_decide_breaks_a_byte_tie_on_kl_before_latency():
+    """fp8-e4m3 and fp8-e4m3-hadamard store the same bytes: a 1,024-position run once accepted the plain one (KL
+    9.9e-3) over the rotated one (2.2e-3) on one timed round's latency (1.69x vs 1.88x)."""
+    plain, rotated = cap_row("fp8-e4m3", 4096, 50, lat=1.69), cap_row("fp8-e4m3-hadamard", 4096, 50, lat=1.88)
+    plain["kl_mean"], rotated["kl_mean"] = 9.9e-3, 2.2e-3
+    assert decide([plain, rotated])[0] is rotated
+    unmeasured = cap_row("hqq-4", 4096, 50, lat=1.0)  # no KL: loses the tie to a measured one
+    assert decide([unmeasured, plain])[0] is plain
+    smaller = cap_row("kivi-4", 4096, 60, lat=1.9)
+    smaller["kl_mean"] = 5e-2
+    assert decide([plain, rotated, smaller])[0] is smaller  # bytes first
+
+
 def test_decide_first_row_wins_a_full_tie():
     rows = [cap_row("kivi-4", 1024, 50), cap_row("hqq-4", 1024, 50)]
     assert decide(rows)[0] is rows[0]
