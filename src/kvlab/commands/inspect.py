@@ -14,12 +14,16 @@ from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "inspect",
-        help="K/V ranges, per-channel key outliers and FP8 saturation/underflow per layer and head",
+        help="K/V ranges, per-channel key outliers, FP8 saturation/underflow and FP8 keys' attention KL per layer "
+        "and head",
         description="Prefill a prompt (default: the bundled model on its held-out text) and report, per layer and "
         "KV head, the key/value abs-max and percentiles, per-channel outliers (largest channel magnitude over the "
         "median; channels above --outlier-factor x median) and the fraction of K/V elements FP8 e4m3 / e5m2 "
         "would saturate or flush to zero with scale 1.0, a per-tensor and per-head scales calibrated on the first "
-        "--calibrate-tokens tokens. Every number is computed in this run.",
+        "--calibrate-tokens tokens, and how far FP8-rounded keys (per-head scales, plain or Hadamard-rotated as "
+        "fp8-*-hadamard) move each KV head's attention: the mean KL of the prompt's last 64 queries over the keys "
+        "before them, exact vs rounded. The tables show each layer's worst head; --json has every head. Every number "
+        "is computed in this run.",
     )
     p.add_argument("--model", default=None, help="HF hub id or local directory (default: the bundled model)")
     p.add_argument("--dtype", default="bfloat16", help="model dtype: bfloat16 (default), float16 or float32")
@@ -217,7 +221,8 @@ def _print_attention_kl(console, report: dict) -> None:
     n = report["settings"]["attention_queries"]
     t = Table(
         title=f"FP8 keys, attention KL: the last {n} queries over the keys before them, exact vs FP8-rounded keys "
-        f"(per-head scales; hadamard: rotated first, as fp8-*-hadamard); worst KV head per layer"
+        f"(per-head scales; hadamard: rotated first, as fp8-*-hadamard); per layer the worst KV head (hN), every "
+        f"head in --json"
     )
     t.add_column("layer", justify="right")
     cols = [(fmt, v) for fmt in ("e4m3", "e5m2") for v in ("per-head", "hadamard") if kl.get(fmt)]
@@ -227,12 +232,19 @@ def _print_attention_kl(console, report: dict) -> None:
     def fmt_kl(x) -> str:
         return "-" if x is None else f"{x:.2e}"
 
+    heads = 0
     for layer in report["layers"]:
-        cells = [h["fp8_key_attention_kl"] for h in layer["heads"] if "fp8_key_attention_kl" in h]
+        cells = [
+            (h["head"], h["fp8_key_attention_kl"]) for h in layer["heads"] if "fp8_key_attention_kl" in h
+        ]
+        heads += len(cells)
         row = [str(layer["layer"])]
         for fmt, v in cols:
-            values = [c[fmt][v] for c in cells if c[fmt][v] is not None]
-            row.append(fmt_kl(max(values) if values else None))
+            values = [(c[fmt][v], head) for head, c in cells if c[fmt][v] is not None]
+            worst = max(values, default=None)
+            row.append("-" if worst is None else f"{fmt_kl(worst[0])} (h{worst[1]})")
         t.add_row(*row)
-    t.add_row("mean", *[fmt_kl(kl[fmt][v]["mean"] if kl[fmt][v] else None) for fmt, v in cols])
+    t.add_row(
+        f"mean of {heads} heads", *[fmt_kl(kl[fmt][v]["mean"] if kl[fmt][v] else None) for fmt, v in cols]
+    )
     console.print(t)
