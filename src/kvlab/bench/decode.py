@@ -519,11 +519,8 @@ def evaluate_target(result: dict) -> dict:
         f"{TARGET_CANDIDATE} decode <= {TARGET_CPU_RATIO:.2f}x dynamic at {TARGET_CPU_CONTEXT} tokens (CPU)"
     )
     if TARGET_CPU_CONTEXT not in ratios:
-        return {
-            "description": desc,
-            "status": "not measured",
-            "detail": f"no {TARGET_CPU_CONTEXT}-token cell",
-        }
+        missing = f"no {TARGET_CPU_CONTEXT}-token cell" if ratios else f"no {TARGET_CANDIDATE} cell"
+        return {"description": desc, "status": "not measured", "detail": missing}
     ratio = ratios[TARGET_CPU_CONTEXT]
     return {
         "description": desc,

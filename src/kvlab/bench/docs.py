@@ -374,11 +374,16 @@ GPU_TARGETS = {
 
 def targets(records: list[tuple[Path, dict]]) -> list[dict]:
     """Every target verdict: ``[{"description", "status", "detail", "device", "file"}]``; GPU targets with no CUDA
-    record are listed as ``not measured``."""
+    record are listed as ``not measured``; a decode or memory record without a ``kivi4-fused`` row (the targets'
+    cache) gets none."""
     out = []
     gpu_seen = set()
     for path, rec in records:
         bench, result = rec["benchmark"], rec["result"]
+        if bench in ("decode", "memory") and not any(
+            r.get("candidate") == "kivi4-fused" for r in result.get("rows", [])
+        ):
+            continue  # a record of other caches (e.g. FP8 only): the KIVI targets do not concern it
         machine = rec.get("machine") or {}
         device = f"cpu, torch threads: {machine.get('torch_threads')}"
         if result.get("device_type") == "cuda":

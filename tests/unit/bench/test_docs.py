@@ -237,3 +237,20 @@ def test_the_decode_section_names_the_gemm_path_when_recorded():
     note = _gemm_note({"cpu_matmul": "float32", "matmul_time_ratio_vs_float32": 10.96, "dtype": "bfloat16"})
     assert "float32 GEMMs" in note and "11.0x" in note and "bfloat16" in note
     assert "torch's own bfloat16 kernels" in _gemm_note({"cpu_matmul": "native", "dtype": "bfloat16"})
+
+
+def test_a_decode_record_without_kivi_gets_no_kivi_targets(tmp_path):
+    """An FP8-only `bench decode` record (benchmarks/results/decode-fp8-cpu.json) once put four KIVI target rows in
+    PERFORMANCE.md, "not measured: no 4096-token cell" although it had one."""
+    from kvlab.bench.decode import evaluate_target
+
+    fp8 = _decode_result(1.0)
+    fp8["rows"] = [
+        dict(r, candidate="fp8-e4m3") if r["candidate"] == "kivi4-fused" else r for r in fp8["rows"]
+    ]
+    _write(tmp_path, "decode-fp8-cpu.json", _record("decode", fp8))
+    _write(tmp_path, "decode-cpu.json", _record("decode", _decode_result(1.05)))
+    verdicts = docs.targets(results.read_records(tmp_path))
+    assert not [v for v in verdicts if v["file"] == "decode-fp8-cpu.json"]
+    assert _verdict(verdicts, "kivi4-fused decode")["file"] == "decode-cpu.json"
+    assert evaluate_target(fp8)["detail"] == "no kivi4-fused cell"
