@@ -225,6 +225,10 @@ class _Cell:
             }
             if hasattr(cache, "nbytes_breakdown"):
                 row["cache_bytes_breakdown"] = cache.nbytes_breakdown()
+            if callable(
+                getattr(cache, "counts", None)
+            ):  # FP8: elements saturated / flushed to zero when stored
+                row["cache_counts"] = cache.counts()
             del cache
             if continuation is not None:
                 stage = "quality"
@@ -340,6 +344,7 @@ def _row(matrix, cand, ctx, new_tokens, residual, group, meas, base, cfg) -> dic
         "cache_tokens": meas["cache_tokens"],
         "cache_bytes": meas["cache_bytes"],
         "cache_bytes_breakdown": meas.get("cache_bytes_breakdown"),
+        "cache_counts": meas.get("cache_counts"),
         "timing_contention": meas.get("contention"),
         "latency_trusted": not (meas.get("contention") or {}).get("busy", False),
     }

@@ -533,3 +533,22 @@ def test_latency_warning_names_a_single_timing_near_the_gate():
     assert latency_warning(rows) is None  # no gate given: nothing to be near
     three = [row("dynamic", 1.0, [10.0] * 3), row("hqq-4", 2.1, [21.0, 20.0, 22.0])]
     assert latency_warning(three, 2.0) is None
+
+
+def test_fp8_rows_carry_what_the_cache_saturated_or_flushed(tiny):
+    """FP8Cache counts the elements it clamps or flushes to zero; the eval row records them (they were in the cache
+    only), next to rows of caches without counts (None)."""
+    cfg = tiny_config(candidates=("dynamic", "fp8-e4m3-unscaled", "fp8-e4m3-hadamard"), window_residuals=())
+    result = new_result(cfg, "unit", None)
+    run_eval(cfg, tiny, CharTokenizer(), result, {"id_or_path": "tiny"})
+    assert result["status"] == "complete", result["failures"]
+    rows = [r for r in result["rows"] if r["matrix"] == "capacity"]
+    for r in rows:
+        counts = r["cache_counts"]
+        if r["candidate"] == "dynamic":
+            assert counts is None
+            continue
+        # every K (or V) element the generate() call stored: [batch 1, 2 KV heads, tokens, 16] per layer, 2 layers
+        assert counts["elements"] == 2 * 2 * r["cache_tokens"] * 16
+        assert 0 <= counts["saturated_fraction"] <= 1 and 0 <= counts["underflow_fraction"] <= 1
+    assert validate_result(json.loads(json.dumps(result))) == []
