@@ -397,7 +397,10 @@ def run(
             "prefill_chunk_tokens": prefill_chunk_tokens,
             "dtype": dtype,
             "timing": TIMING,
-            "kivi_cpu_path": kivi_cpu_path(dev),
+            # the fused KIVI kernel's path, for a run that has a fused KIVI cache (None otherwise: nothing used it)
+            "kivi_cpu_path": kivi_cpu_path(dev)
+            if any(c.family == "kivi" and c.attention == "fused" for c in cands)
+            else None,
             **gemm_record,
         },
         "contexts": list(contexts),

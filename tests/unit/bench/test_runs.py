@@ -64,6 +64,7 @@ def test_decode_records_a_failing_cell_and_goes_on(tiny_lm):
     assert status["dynamic"]["status"] == "ok"
     assert status["kivi4-fused"]["status"] == "failed" and "group_size" in status["kivi4-fused"]["error"]
     assert "ratio_to_dynamic" not in status["kivi4-fused"]
+    assert r["settings"]["kivi_cpu_path"]  # a fused KIVI cache was in the run: its kernel path is named
 
 
 def test_decode_rejects_bad_settings(tiny_lm):
@@ -80,6 +81,8 @@ def test_decode_rejects_bad_settings(tiny_lm):
 def test_decode_runs_the_layers_as_float32_gemms_when_asked(tiny_lm, gemm_spy):
     r = decode.run(model=tiny_lm, quick=True, contexts=(64,), cpu_matmul="float32", candidates=("dynamic",))
     assert r["settings"]["cpu_matmul"] == "float32" and gemm_spy and gemm_spy[0][1] > 0
+    # no fused KIVI cache ran: the record names no KIVI kernel path (an FP8-only record once described one)
+    assert r["settings"]["kivi_cpu_path"] is None
     assert all("forward" not in vars(m) for m in tiny_lm.modules()), "the layers are restored after the run"
     r = decode.run(model=tiny_lm, quick=True, contexts=(64,), cpu_matmul="native", candidates=("dynamic",))
     assert r["settings"]["cpu_matmul"] == "native" and len(gemm_spy) == 1
