@@ -397,10 +397,7 @@ def run(
             "prefill_chunk_tokens": prefill_chunk_tokens,
             "dtype": dtype,
             "timing": TIMING,
-            # the fused KIVI kernel's path, for a run that has a fused KIVI cache (None otherwise: nothing used it)
-            "kivi_cpu_path": kivi_cpu_path(dev)
-            if any(c.family == "kivi" and c.attention == "fused" for c in cands)
-            else None,
+            "kivi_cpu_path": kivi_cpu_path(dev, cands),
             **gemm_record,
         },
         "contexts": list(contexts),
@@ -430,10 +427,13 @@ def _run_plan(device, contexts, quick: bool, steps: int, warmup: int, cpu_matmul
     return dev, contexts, steps, warmup
 
 
-def kivi_cpu_path(dev: torch.device) -> str | None:
+def kivi_cpu_path(dev: torch.device, cands: list[BenchCandidate] | None = None) -> str | None:
     """Which path the fused KIVI caches' decode steps take on ``dev``'s CPU (the compiled kernel of
-    :mod:`kvlab.attention.cpu_kernel`, or torch and why), for the record; ``None`` on other devices."""
+    :mod:`kvlab.attention.cpu_kernel`, or torch and why), for the record; ``None`` on other devices, and when
+    ``cands`` (the run's caches) holds no fused KIVI cache: nothing took that path."""
     if dev.type != "cpu":
+        return None
+    if cands is not None and not any(c.family == "kivi" and c.attention == "fused" for c in cands):
         return None
     from kvlab.attention import cpu_kernel
 
