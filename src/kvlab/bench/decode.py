@@ -323,6 +323,9 @@ def profile_step(
     ]
 
 
+# Decode steps profile_step times (after two warm-up steps) when run() profiles.
+PROFILE_STEPS = 8
+
 # How run() times a cell, recorded in its result's settings.
 TIMING = (
     "one exact prefill per context (DynamicCache, SDPA) written into every cache; then `warmup` + `steps` rounds, "
@@ -372,12 +375,15 @@ def run(
         ``cpu_matmul`` and ``matmul_time_ratio_vs_float32`` (the GEMM path and why).
 
     Raises:
-        ValueError: bad candidates, contexts, steps, device or ``cpu_matmul``.
+        ValueError: bad candidates, contexts, steps, device, ``cpu_matmul`` or ``profile_context``.
     """
     dev, contexts, steps, warmup = _run_plan(device, contexts, quick, steps, warmup, cpu_matmul)
+    if profile_context is not None and (isinstance(profile_context, bool) or profile_context < 1):
+        raise ValueError(f"`profile_context` must be a positive number of tokens, got {profile_context!r}")
     cands = parse_candidates(tuple(candidates))
     settings = CacheSettings(group_size, residual_length, hqq_group_size)
-    lm, model_desc, ids, source = load_prompted_model(model, dtype, dev, max(contexts) + warmup + steps + 2)
+    needed = max(max(contexts) + warmup + steps, (profile_context or 0) + 2 + PROFILE_STEPS) + 2
+    lm, model_desc, ids, source = load_prompted_model(model, dtype, dev, needed)
     gemm_record, gemms = cpu_matmul_policy(lm, cpu_matmul, dev)
     with gemms:
         rows = _decode_rows(
@@ -478,7 +484,9 @@ def _profiles(lm, settings, ids, profile_context: int, prefill_chunk_tokens: int
     for name in ("dynamic", TARGET_CANDIDATE):
         cand = BenchCandidate.parse(name)
         try:
-            profile[name] = profile_step(lm, cand, settings, ids, profile_context, prefill_chunk_tokens)
+            profile[name] = profile_step(
+                lm, cand, settings, ids, profile_context, prefill_chunk_tokens, PROFILE_STEPS
+            )
         except Exception as e:  # noqa: BLE001
             profile[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
     return profile
