@@ -519,6 +519,7 @@ def _ledger_table(r: dict):
     for scope, suffix in scopes:
         total = r["kv_bytes_total" + suffix]
         t.add_row(f"KV total, theoretical{scope}", _gib(total), _gb(total))
+    _add_metadata_row(t, r)
     for scope, suffix in scopes:
         allocated = r["kv_bytes_allocated_per_gpu" if suffix else "kv_bytes_total_allocated"]
         t.add_row(f"KV total, engine-allocated{scope}", _gib(allocated), _gb(allocated))
@@ -528,6 +529,22 @@ def _ledger_table(r: dict):
     _add_fit_rows(t, r)
     _add_bound_rows(t, r)
     return t
+
+
+def _add_metadata_row(t, r: dict) -> None:
+    """The quantization metadata inside the theoretical total: KIVI scale/zero pairs or FP8 scales (none for a
+    plain dtype or unscaled FP8)."""
+    kvd, meta = r["kv_dtype"], r["kv_metadata_bytes_total"]
+    if kvd["nbits"] is not None:
+        label = f"of which scales/zeros ({kvd['metadata_bytes']} B each)"
+    elif kvd["fp8_scale"] not in (None, "none"):
+        label = f"of which FP8 scales ({kvd['fp8_scale']}, fp32)"
+    else:
+        return
+    pct = 100.0 * meta / r["kv_bytes_total"] if r["kv_bytes_total"] else 0.0
+    share = f"{pct:.2f}%" if pct >= 0.01 or pct == 0 else f"{pct:.1e}%"
+    scope = "" if r["tp"] == 1 else ", all GPUs"
+    t.add_row(label, _bytes(meta), f"{_gib(meta)}; {share} of the KV total{scope}")
 
 
 def _add_fit_rows(t, r: dict) -> None:

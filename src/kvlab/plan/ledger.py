@@ -433,27 +433,58 @@ def kivi_kv_bytes(model: ModelSpec | Mapping | str, tokens: int, batch: int = 1,
     return kivi_kv_bytes_breakdown(model, tokens, batch, **kwargs)["total"]
 
 
+def _kivi_head_bytes(spec: ModelSpec, kvd: KVDtype, tokens: int) -> dict[str, int]:
+    """:func:`kivi_bytes_per_head` of one KV head of ``spec`` holding ``tokens`` tokens under the KIVI ``kvd``."""
+    if spec.is_mla:
+        raise ValueError("KIVI quantizes K per-channel and V per-token; an MLA latent has no K and V heads")
+    return kivi_bytes_per_head(
+        tokens,
+        spec.head_dim,
+        kvd.nbits,
+        kvd.group_size,
+        kvd.residual_length,
+        kvd.element_bytes,
+        kvd.metadata_bytes,
+        kvd.value_bits,
+    )
+
+
 def _layer_bytes(spec: ModelSpec, kvd: KVDtype, tokens: int, tp: int) -> int:
     """Bytes one sequence stores in one KV-holding layer with ``tokens`` tokens, on one rank."""
     if kvd.is_kivi:
-        if spec.is_mla:
-            raise ValueError(
-                "KIVI quantizes K per-channel and V per-token; an MLA latent has no K and V heads"
-            )
-        per_head = kivi_bytes_per_head(
-            tokens,
-            spec.head_dim,
-            kvd.nbits,
-            kvd.group_size,
-            kvd.residual_length,
-            kvd.element_bytes,
-            kvd.metadata_bytes,
-            kvd.value_bits,
-        )
-        return per_head["total"] * kv_heads_per_rank(spec, tp)
+        return _kivi_head_bytes(spec, kvd, tokens)["total"] * kv_heads_per_rank(spec, tp)
     return tokens * kv_elements_per_token_per_layer(spec, tp) * kvd.element_bytes + fp8_scale_bytes(
         spec, kvd, tokens, tp
     )
+
+
+def _layer_metadata_bytes(spec: ModelSpec, kvd: KVDtype, tokens: int, tp: int) -> int:
+    """The part of :func:`_layer_bytes` that is quantization metadata: KIVI's scales and zeros
+    (:func:`kivi_bytes_per_head` ``scales_zeros``), an FP8 cache's scales (:func:`fp8_scale_bytes`), 0 otherwise."""
+    if kvd.is_kivi:
+        return _kivi_head_bytes(spec, kvd, tokens)["scales_zeros"] * kv_heads_per_rank(spec, tp)
+    return fp8_scale_bytes(spec, kvd, tokens, tp)
+
+
+def kv_metadata_bytes(
+    spec: ModelSpec, tokens: int, batch: int = 1, kv: str | KVDtype = "auto", *, tp: int = 1
+) -> int:
+    """Bytes of quantization metadata inside :func:`kv_bytes` (theoretical): KIVI scale/zero pairs or FP8 scales of
+    ``batch`` sequences of ``tokens`` tokens on one rank, summed over layers; 0 for a plain dtype.
+
+    Raises:
+        ValueError: as :func:`kv_bytes` (a bad ``batch``, KIVI or scaled FP8 on an MLA model).
+    """
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 0:
+        raise ValueError(f"`batch` must be a non-negative integer, got {batch!r}")
+    kvd = _resolve(spec, kv)
+    total = 0
+    for kind in spec.layer_kinds:
+        if kind in KV_KINDS:
+            total += _layer_metadata_bytes(
+                spec, kvd, kvd.kept(tokens_stored(spec, kind, tokens, "theoretical")), tp
+            )
+    return total * batch
 
 
 def fp8_scale_bytes(spec: ModelSpec, kvd: KVDtype, tokens: int, tp: int = 1) -> int:
@@ -618,6 +649,7 @@ class Ledger:
     kv_bytes_total_per_gpu: int  # theoretical (window-capped)
     kv_bytes_allocated_per_gpu: int  # sliding/chunked layers at full length
     kv_bytes_peak_per_gpu: int  # most held at any length <= context (differs from total only for KIVI)
+    kv_metadata_bytes_per_gpu: int  # of the theoretical total: KIVI scales/zeros or FP8 scales (0 for plain)
     weights: WeightBytes | None  # None when the config gives no parameter count and none was given
     notes: tuple[str, ...] = field(default=())
 
@@ -658,6 +690,8 @@ class Ledger:
             "kv_bytes_total_per_gpu": self.kv_bytes_total_per_gpu,
             "kv_bytes_allocated_per_gpu": self.kv_bytes_allocated_per_gpu,
             "kv_bytes_peak_per_gpu": self.kv_bytes_peak_per_gpu,
+            "kv_metadata_bytes_per_gpu": self.kv_metadata_bytes_per_gpu,
+            "kv_metadata_bytes_total": self.kv_metadata_bytes_per_gpu * self.tp,
             "weight_bytes": None if self.weights is None else self.weights.total_bytes,
             "weight_bytes_per_gpu": self.weight_bytes_per_gpu,
             "weight_bytes_active": None if self.weights is None else self.weights.active_bytes,
@@ -729,6 +763,7 @@ def build_ledger(
         kv_bytes_total_per_gpu=total,
         kv_bytes_allocated_per_gpu=kv_bytes(spec, context, batch, kvd, tp=tp, mode="allocated"),
         kv_bytes_peak_per_gpu=kv_bytes_peak(spec, context, batch, kvd, tp=tp),
+        kv_metadata_bytes_per_gpu=kv_metadata_bytes(spec, context, batch, kvd, tp=tp),
         weights=weights,
         notes=spec.notes,
     )

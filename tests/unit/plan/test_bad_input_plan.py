@@ -240,6 +240,11 @@ def test_fp8_kv_dtype_bytes_in_the_plan_cli(capsys):
     scales = 2 * spec.kv_layers * 2 * spec.num_kv_heads * 4  # batch x layers x (K, V) x heads x fp32
     assert 2 * total["fp8-e4m3-unscaled"] == total["bf16"]
     assert total["fp8_e4m3"] == total["fp8-e4m3-unscaled"] + scales
+    meta = {kv: r["kv_metadata_bytes_total"] for kv, r in reports.items()}
+    assert meta == {"bf16": 0, "fp8_e4m3": scales, "fp8-e4m3-unscaled": 0}
+    assert main(["plan", cfg, "--context", "4096", "--batch", "2", "--kv-dtype", "fp8_e4m3"]) == 0
+    shown = capsys.readouterr().out
+    assert "of which FP8 scales (per-head, fp32)" in shown and f"{scales:,} B" in shown
 
 
 def test_quantized_note_names_the_weight_source_the_user_gave():

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from kvlab.plan import kivi_kv_bytes_breakdown, kv_bytes, load_spec, paged_kv_bytes  # noqa: E402
+from kvlab.plan.ledger import kv_metadata_bytes  # noqa: E402
 from kvlab.runtime.hf_api import cache_kwarg  # noqa: E402
 
 
@@ -54,6 +55,8 @@ def test_kivi_cache_bytes_match_planner(tiny_qwen2, dtype, p, tokens):
     )
     measured = cache.nbytes_breakdown()
     assert {k: measured[k] for k in predicted} == predicted
+    spec = load_spec({**tiny_qwen2.config.to_dict(), "torch_dtype": "float32" if p == 4 else "bfloat16"})
+    assert kv_metadata_bytes(spec, tokens, 2, "kivi4") == measured["scales_zeros"]  # the plan's "of which" row
 
 
 @pytest.mark.parametrize("tokens", [5, 16, 17, 100])
@@ -82,6 +85,7 @@ def test_fp8_cache_bytes_match_planner(tiny_qwen2, name, tokens, batch):
     assert cache.nbytes() == kv_bytes(spec, tokens, batch, name)
     scales = fp8_scale_bytes(spec, kv_dtype(name), tokens) * spec.kv_layers * batch
     assert cache.nbytes_breakdown()["scales"] == scales
+    assert kv_metadata_bytes(spec, tokens, batch, name) == scales  # the plan's "of which FP8 scales" row
     assert 2 * (cache.nbytes() - scales) == kv_bytes(spec, tokens, batch, "bf16")  # exactly half of bf16
 
 
@@ -99,3 +103,4 @@ def test_asymmetric_kivi_cache_bytes_match_planner(tiny_qwen2, key_bits, value_b
     assert {k: measured[k] for k in predicted} == predicted
     spec = load_spec({**tiny_qwen2.config.to_dict(), "torch_dtype": "bfloat16"})
     assert cache.nbytes() == kv_bytes(spec, tokens, 2, f"kivi-k{key_bits}v{value_bits}")
+    assert kv_metadata_bytes(spec, tokens, 2, f"kivi-k{key_bits}v{value_bits}") == measured["scales_zeros"]
