@@ -377,9 +377,9 @@ def run(
     Raises:
         ValueError: bad candidates, contexts, steps, device, ``cpu_matmul`` or ``profile_context``.
     """
-    dev, contexts, steps, warmup = _run_plan(device, contexts, quick, steps, warmup, cpu_matmul)
-    if profile_context is not None and (isinstance(profile_context, bool) or profile_context < 1):
-        raise ValueError(f"`profile_context` must be a positive number of tokens, got {profile_context!r}")
+    dev, contexts, steps, warmup = _run_plan(
+        device, contexts, quick, steps, warmup, cpu_matmul, profile_context
+    )
     cands = parse_candidates(tuple(candidates))
     settings = CacheSettings(group_size, residual_length, hqq_group_size)
     needed = max(max(contexts) + warmup + steps, (profile_context or 0) + 2 + PROFILE_STEPS) + 2
@@ -417,12 +417,17 @@ def run(
     return result
 
 
-def _run_plan(device, contexts, quick: bool, steps: int, warmup: int, cpu_matmul: str):
+def _run_plan(device, contexts, quick: bool, steps: int, warmup: int, cpu_matmul: str, profile_context=None):
     """``(device, contexts, steps, warmup)`` of a :func:`run`, checked before any model loads.
 
     Raises:
-        ValueError: a bad device, context, ``steps`` < 1, ``warmup`` < 0 or ``cpu_matmul`` (each named).
+        ValueError: a bad device, context, ``steps`` < 1, ``warmup`` < 0, ``cpu_matmul`` or ``profile_context``
+            (each named).
     """
+    if profile_context is not None and (
+        isinstance(profile_context, bool) or not isinstance(profile_context, int) or profile_context < 1
+    ):
+        raise ValueError(f"`profile_context` must be a positive number of tokens, got {profile_context!r}")
     dev = resolve_device(device)
     contexts = bench_contexts(contexts, quick, dev.type, (QUICK_CONTEXTS, CPU_CONTEXTS, CUDA_CONTEXTS))
     if quick:

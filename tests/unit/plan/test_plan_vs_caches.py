@@ -56,7 +56,9 @@ def test_kivi_cache_bytes_match_planner(tiny_qwen2, dtype, p, tokens):
     measured = cache.nbytes_breakdown()
     assert {k: measured[k] for k in predicted} == predicted
     spec = load_spec({**tiny_qwen2.config.to_dict(), "torch_dtype": "float32" if p == 4 else "bfloat16"})
-    assert kv_metadata_bytes(spec, tokens, 2, "kivi4") == measured["scales_zeros"]  # the plan's "of which" row
+    assert (
+        kv_metadata_bytes(spec, tokens, 2, "kivi4") == measured["scales_zeros"]
+    )  # the plan's "of which" row
 
 
 @pytest.mark.parametrize("tokens", [5, 16, 17, 100])
