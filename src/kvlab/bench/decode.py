@@ -382,8 +382,9 @@ def run(
     )
     cands = parse_candidates(tuple(candidates))
     settings = CacheSettings(group_size, residual_length, hqq_group_size)
-    needed = max(max(contexts) + warmup + steps, (profile_context or 0) + 2 + PROFILE_STEPS) + 2
-    lm, model_desc, ids, source = load_prompted_model(model, dtype, dev, needed)
+    lm, model_desc, ids, source = load_prompted_model(
+        model, dtype, dev, _prompt_tokens(contexts, warmup + steps, profile_context)
+    )
     gemm_record, gemms = cpu_matmul_policy(lm, cpu_matmul, dev)
     with gemms:
         rows = _decode_rows(
@@ -415,6 +416,12 @@ def run(
     }
     result["target"] = evaluate_target(result)
     return result
+
+
+def _prompt_tokens(contexts: tuple[int, ...], rounds: int, profile_context: int | None) -> int:
+    """Prompt tokens a run reads: each context plus its decoded tokens, and the profiled context plus the two
+    warm-up and :data:`PROFILE_STEPS` profiled steps (it may lie beyond the timed contexts)."""
+    return max(max(contexts) + rounds, (profile_context or 0) + 2 + PROFILE_STEPS) + 2
 
 
 def _run_plan(device, contexts, quick: bool, steps: int, warmup: int, cpu_matmul: str, profile_context=None):
