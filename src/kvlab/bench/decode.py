@@ -360,8 +360,8 @@ def run(
         steps / warmup: timed and untimed rounds of single-token forwards (``quick``: 3 and 1).
         device: ``cpu``, ``cuda[:N]`` or ``auto``.
         prefill_chunk_tokens: the exact prefill runs in chunks of this many tokens (bounds its memory).
-        profile_context: when set, also profile 8 decode steps of ``dynamic`` and the target cache at this
-            context (``torch.profiler``, top operators by self CPU time per step).
+        profile_context: when set, also profile 8 decode steps of ``dynamic`` and the target cache at this context
+            (``torch.profiler``, top operators by self CPU time per step; it may exceed ``contexts``).
         progress: optional ``callable(str)`` told about each cell before it runs.
         cpu_matmul: ``auto`` / ``native`` / ``float32``: the Linear layers' GEMM path on a CPU, as in ``kvlab eval``
             (:func:`kvlab.runtime.dtypes.cpu_matmul_policy`; emulated bf16 pushes every ratio towards 1).
@@ -377,23 +377,20 @@ def run(
     Raises:
         ValueError: bad candidates, contexts, steps, device, ``cpu_matmul`` or ``profile_context``.
     """
+    cands = parse_candidates(tuple(candidates))
     dev, contexts, steps, warmup = _run_plan(
         device, contexts, quick, steps, warmup, cpu_matmul, profile_context
     )
-    cands = parse_candidates(tuple(candidates))
     settings = CacheSettings(group_size, residual_length, hqq_group_size)
-    lm, model_desc, ids, source = load_prompted_model(
-        model, dtype, dev, _prompt_tokens(contexts, warmup + steps, profile_context)
-    )
+    n_ids = _prompt_tokens(contexts, warmup + steps, profile_context)
+    lm, model_desc, ids, source = load_prompted_model(model, dtype, dev, n_ids)
     gemm_record, gemms = cpu_matmul_policy(lm, cpu_matmul, dev)
     with gemms:
         rows = _decode_rows(
             lm, cands, settings, ids, contexts, steps, warmup, prefill_chunk_tokens, dev, progress
         )
         _add_ratios(rows)
-        profile = None
-        if profile_context is not None:
-            profile = _profiles(lm, settings, ids, profile_context, prefill_chunk_tokens)
+        profile = _profiles(lm, settings, ids, profile_context, prefill_chunk_tokens)
     result = {
         "device": str(dev),
         "device_type": dev.type,
@@ -424,7 +421,7 @@ def _prompt_tokens(contexts: tuple[int, ...], rounds: int, profile_context: int 
     return max(max(contexts) + rounds, (profile_context or 0) + 2 + PROFILE_STEPS) + 2
 
 
-def _run_plan(device, contexts, quick: bool, steps: int, warmup: int, cpu_matmul: str, profile_context=None):
+def _run_plan(device, contexts, quick: bool, steps: int, warmup: int, cpu_matmul: str, profile_context):
     """``(device, contexts, steps, warmup)`` of a :func:`run`, checked before any model loads.
 
     Raises:
@@ -489,9 +486,13 @@ def _decode_rows(
     return rows
 
 
-def _profiles(lm, settings, ids, profile_context: int, prefill_chunk_tokens: int) -> dict[str, dict]:
-    """:func:`profile_step` of ``dynamic`` and the target cache at ``profile_context``; a failure is recorded
-    as ``{"error": ...}`` for that cache."""
+def _profiles(
+    lm, settings, ids, profile_context: int | None, prefill_chunk_tokens: int
+) -> dict[str, dict] | None:
+    """:func:`profile_step` of ``dynamic`` and the target cache at ``profile_context`` (None: no profile); a failure
+    is recorded as ``{"error": ...}`` for that cache."""
+    if profile_context is None:
+        return None
     profile = {}
     for name in ("dynamic", TARGET_CANDIDATE):
         cand = BenchCandidate.parse(name)
