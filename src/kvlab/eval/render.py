@@ -115,6 +115,32 @@ def passkey_table(result: dict) -> Table | None:
     return t
 
 
+def fp8_range_lines(result: dict) -> list[str]:
+    """One line per FP8 candidate of the capacity matrix: K/V elements clamped at the format's range and non-zero
+    ones stored as zero (the rows' ``cache_counts``, :meth:`kvlab.caches.fp8.FP8Cache.counts`), summed over its
+    contexts."""
+    totals: dict[str, dict[str, int]] = {}
+    for row in result.get("rows", []):
+        counts = row.get("cache_counts") if row.get("matrix") == "capacity" else None
+        if not counts or "elements" not in counts:
+            continue
+        t = totals.setdefault(row["candidate"], {})
+        for key in ("key_saturated", "value_saturated", "key_underflow", "value_underflow", "elements"):
+            t[key] = t.get(key, 0) + int(counts.get(key, 0))
+    lines = []
+    for name, t in totals.items():
+        n = 2 * t["elements"]
+        if not n:
+            continue
+        sat = t["key_saturated"] + t["value_saturated"]
+        under = t["key_underflow"] + t["value_underflow"]
+        lines.append(
+            f"{name} range: {sat:,} of {n:,} K/V elements saturated ({sat / n:.4%}), {under:,} flushed to zero "
+            f"({under / n:.4%}) as stored, all contexts"
+        )
+    return lines
+
+
 def print_summary(result: dict, console: Console | None = None) -> None:
     """Print provenance, gates, both matrices, failures and the decision."""
     if console is None:
@@ -129,6 +155,8 @@ def print_summary(result: dict, console: Console | None = None) -> None:
     table = passkey_table(result)
     if table is not None:
         console.print(table)
+    for line in fp8_range_lines(result):
+        console.print(line)
     for f in result["failures"]:
         where = [
             text
@@ -218,7 +246,8 @@ def _print_decision(result: dict, s: dict, console: Console) -> None:
     if s.get("eligible_candidate_count", 0) > 1 and s.get("selected_candidate"):
         console.print(
             f"  (the rule: of the {s['eligible_candidate_count']} rows that pass every gate, the one saving the most "
-            f"cache bytes; a tie goes to the lower KL mean, then to the lower latency ratio)"
+            f"cache bytes; rows within 1% of those bytes tie, and a tie goes to the lower KL mean, then to the lower "
+            "latency ratio)"
         )
     if s.get("latency_trusted") is False:
         console.print("[yellow]latency: not trusted (the machine was busy while timing; see the warning)[/]")

@@ -552,3 +552,13 @@ def test_fp8_rows_carry_what_the_cache_saturated_or_flushed(tiny):
         assert counts["elements"] == 2 * 2 * r["cache_tokens"] * 16
         assert 0 <= counts["saturated_fraction"] <= 1 and 0 <= counts["underflow_fraction"] <= 1
     assert validate_result(json.loads(json.dumps(result))) == []
+    # the text report says it per FP8 cache, summed over the capacity contexts (it was in the JSON only)
+    from kvlab.eval.render import fp8_range_lines
+
+    lines = fp8_range_lines(result)
+    assert [line.split(" range:")[0] for line in lines] == ["fp8-e4m3-unscaled", "fp8-e4m3-hadamard"]
+    for name, line in zip(["fp8-e4m3-unscaled", "fp8-e4m3-hadamard"], lines):
+        mine = [r["cache_counts"] for r in rows if r["candidate"] == name]
+        n = 2 * sum(c["elements"] for c in mine)
+        sat = sum(c["key_saturated"] + c["value_saturated"] for c in mine)
+        assert f"{sat:,} of {n:,} K/V elements saturated" in line

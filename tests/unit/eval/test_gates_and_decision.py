@@ -192,6 +192,24 @@ def test_decide_breaks_a_byte_tie_on_kl_before_latency():
     assert decide([plain, rotated, smaller])[0] is smaller  # bytes first
 
 
+def test_decide_counts_bytes_within_one_percent_as_a_tie():
+    """fp8-e5m2-unscaled saves an FP8 cache's scales (64 B) more than fp8-e4m3: a quick run accepted it with KL
+    0.036 over fp8-e4m3's 0.0026. Within 1 % of the most bytes saved is a tie; beyond it, bytes decide."""
+    scaled = cap_row("fp8-e4m3", 1024, 600_000, lat=1.3)
+    unscaled = cap_row("fp8-e5m2-unscaled", 1024, 600_064, lat=1.2)
+    for row in (scaled, unscaled):
+        row["cache_bytes"] = 1_200_000 - row["cache_bytes_saved"]
+    scaled["kl_mean"], unscaled["kl_mean"] = 2.6e-3, 3.6e-2
+    assert decide([unscaled, scaled])[0] is scaled
+    unscaled["cache_bytes_saved"] = 600_000 * 1.011  # 1.1 % more: no longer a tie
+    assert decide([unscaled, scaled])[0] is unscaled
+    # in a tie without KL difference the latency decides, then the bytes
+    a, b = cap_row("kivi-4", 1024, 1000, lat=1.5), cap_row("hqq-4", 1024, 995, lat=1.1)
+    assert decide([a, b])[0] is b
+    b["latency_ratio"] = 1.5
+    assert decide([b, a])[0] is a
+
+
 def test_decide_first_row_wins_a_full_tie():
     rows = [cap_row("kivi-4", 1024, 50), cap_row("hqq-4", 1024, 50)]
     assert decide(rows)[0] is rows[0]
