@@ -475,16 +475,7 @@ def kv_metadata_bytes(
     Raises:
         ValueError: as :func:`kv_bytes` (a bad ``batch``, KIVI or scaled FP8 on an MLA model).
     """
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 0:
-        raise ValueError(f"`batch` must be a non-negative integer, got {batch!r}")
-    kvd = _resolve(spec, kv)
-    total = 0
-    for kind in spec.layer_kinds:
-        if kind in KV_KINDS:
-            total += _layer_metadata_bytes(
-                spec, kvd, kvd.kept(tokens_stored(spec, kind, tokens, "theoretical")), tp
-            )
-    return total * batch
+    return _over_layers(spec, tokens, batch, kv, tp, "theoretical", _layer_metadata_bytes)
 
 
 def fp8_scale_bytes(spec: ModelSpec, kvd: KVDtype, tokens: int, tp: int = 1) -> int:
@@ -541,13 +532,20 @@ def kv_bytes(
 ) -> int:
     """Exact bytes of ``batch`` sequences of ``tokens`` tokens on one rank, summed over layers
     (``B_kv = B_tok * S * batch`` of the mechanics chapter's §3.3 for a plain full-attention model)."""
+    return _over_layers(spec, tokens, batch, kv, tp, mode, _layer_bytes)
+
+
+def _over_layers(
+    spec: ModelSpec, tokens: int, batch: int, kv: str | KVDtype, tp: int, mode: str, per_layer
+) -> int:
+    """``per_layer(spec, kvd, tokens kept, tp)`` summed over the KV-holding layers, times ``batch`` (checked)."""
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 0:
         raise ValueError(f"`batch` must be a non-negative integer, got {batch!r}")
     kvd = _resolve(spec, kv)
     total = 0
     for kind in spec.layer_kinds:
         if kind in KV_KINDS:
-            total += _layer_bytes(spec, kvd, kvd.kept(tokens_stored(spec, kind, tokens, mode)), tp)
+            total += per_layer(spec, kvd, kvd.kept(tokens_stored(spec, kind, tokens, mode)), tp)
     return total * batch
 
 
