@@ -501,3 +501,153 @@ int kivi_decode_step(const void *q, int64_t q_bf16, double scale, int64_t B, int
     }
     return 0;
 }
+
+/* ---- FP8 (e4m3 / e5m2) decode step: the same item structure over float8 codes ----------------------------------
+ * Keys and values [B, H, T, D] are float8 codes with one fp32 scale per (batch row, KV head) (stride 0 for a
+ * per-tensor or absent scale). A code becomes fp32 exactly with integer ops: its 7 magnitude bits shifted into the
+ * fp32 exponent/mantissa fields (e4m3: << 20, e5m2: << 21) read as a float equal the code's value times 2^-120
+ * (e4m3) or 2^-112 (e5m2), subnormal codes included (they land on fp32 subnormals), and the sign bit moved to bit
+ * 31; the power of two is folded into the key scale (scores) and the value scale (output). Scores and output in
+ * fp32; softmax, window and masks as for KIVI. Source: vLLM's fp8 KV cache (scaled float8 K/V dequantized inside
+ * the attention kernel), Micikevicius et al., "FP8 Formats for Deep Learning" (arXiv:2209.05433) for the formats. */
+
+AI v8f fp8x8(const uint8_t *x, const int E5) {
+    const v8i w = widen8(x);
+    return (v8f)(((w & 0x7F) << (E5 ? 21 : 20)) | ((w & 0x80) << 24));
+}
+
+typedef struct {
+    const uint8_t *kc, *vc;
+    int64_t T, k_sb, k_sh, k_st, v_sb, v_sh, v_st;
+    const float *ks, *vs;
+    int64_t ks_sb, ks_sh, vs_sb, vs_sh, e5;
+} fp8_t;
+
+/* scores of the M rows (already multiplied by the key scale) against the T codes: sc[r * total + t] */
+AI void fp8_key_scores(const uint8_t *kc, int64_t T, int64_t st, const float *qs, float *sc, int64_t total,
+                       int64_t M, const int64_t D, const int E5) {
+    const int64_t NV = D / 8;
+    v8f cf[8][NV], acc[8];
+    int64_t t0 = 0;
+    for (; t0 + 8 <= T; t0 += 8) {
+        for (int tt = 0; tt < 8; tt++)
+            for (int64_t v = 0; v < NV; v++) cf[tt][v] = fp8x8(kc + (t0 + tt) * st + 8 * v, E5);
+        for (int64_t r = 0; r < M; r++) {
+            const float *qr = qs + r * D;
+            for (int tt = 0; tt < 8; tt++) {
+                v8f x = cf[tt][0] * loadv(qr);
+                for (int64_t v = 1; v < NV; v++) x += cf[tt][v] * loadv(qr + 8 * v);
+                acc[tt] = x;
+            }
+            storev(sc + r * total + t0, sum8(acc));
+        }
+    }
+    for (; t0 < T; t0++) {
+        for (int64_t v = 0; v < NV; v++) cf[0][v] = fp8x8(kc + t0 * st + 8 * v, E5);
+        for (int64_t r = 0; r < M; r++) {
+            v8f x = cf[0][0] * loadv(qs + r * D);
+            for (int64_t v = 1; v < NV; v++) x += cf[0][v] * loadv(qs + r * D + 8 * v);
+            sc[r * total + t0] = x[0] + x[1] + x[2] + x[3] + x[4] + x[5] + x[6] + x[7];
+        }
+    }
+}
+
+/* acc[r] += sum_t p[r, t] * code_t over the T value codes (unscaled: the caller multiplies by the value scale) */
+AI void fp8_value_sums(const uint8_t *vc, int64_t T, int64_t st, const float *p, float *acc, int64_t total,
+                       int64_t M, const int64_t D, const int E5) {
+    const int64_t NV = D / 8;
+    v8f buf[VB][NV], a[NV];
+    for (int64_t t0 = 0; t0 < T; t0 += VB) {
+        const int64_t nt = T - t0 < VB ? T - t0 : VB;
+        for (int64_t tt = 0; tt < nt; tt++)
+            for (int64_t v = 0; v < NV; v++) buf[tt][v] = fp8x8(vc + (t0 + tt) * st + 8 * v, E5);
+        for (int64_t r = 0; r < M; r++) {
+            const float *pr = p + r * total + t0;
+            float *ar = acc + r * D;
+            for (int64_t v = 0; v < NV; v++) a[v] = loadv(ar + 8 * v);
+            for (int64_t tt = 0; tt < nt; tt++) {
+                const v8f pt = splat(pr[tt]);
+                for (int64_t v = 0; v < NV; v++) a[v] += pt * buf[tt][v];
+            }
+            for (int64_t v = 0; v < NV; v++) storev(ar + 8 * v, a[v]);
+        }
+    }
+}
+
+AI void fp8_item(const args_t *a, const fp8_t *f, int64_t b, int64_t h, const int64_t D, const int E5) {
+    const int64_t M = a->M, it = b * a->H + h, T = f->T, total = T + a->w;
+    const float pw = E5 ? 0x1p112f : 0x1p120f; /* the power of two the bit move leaves out */
+    const float ks = f->ks[b * f->ks_sb + h * f->ks_sh] * pw, vs = f->vs[b * f->vs_sb + h * f->vs_sh] * pw;
+    float *wk = a->work + it * a->work_floats;
+    float *qf = wk, *qs = qf + M * D, *acc = qs + M * D, *inv = acc + M * D, *orow = inv + M, *tmp = orow + D;
+    for (int64_t x = 0; x < M * D; x++) {
+        qf[x] = ld(a->q, it * M * D + x, (int)a->q_bf16) * a->scale;
+        qs[x] = qf[x] * ks;
+    }
+    float *sc = a->scores + it * M * total;
+    fp8_key_scores(f->kc + b * f->k_sb + h * f->k_sh, T, f->k_st, qs, sc, total, M, D, E5);
+    window_and_mask(a, b, h, qf, sc, T, total, tmp, D);
+    softmax_rows(sc, M, total, inv);
+    memset(acc, 0, M * D * sizeof(float));
+    fp8_value_sums(f->vc + b * f->v_sb + h * f->v_sh, T, f->v_st, sc, acc, total, M, D, E5);
+    const void *vw = (const char *)a->vw + (b * a->vw_sb + h * a->vw_sh) * (a->win_bf16 ? 2 : 4);
+    for (int64_t r = 0; r < M; r++) {
+        for (int64_t c = 0; c < D; c++) orow[c] = acc[r * D + c] * vs;
+        for (int64_t j = 0; j < a->w; j++) {
+            const float pr = sc[r * total + T + j];
+            if (pr == 0.0f) continue;
+            window_row(vw, j * a->vw_st, D, (int)a->win_bf16, tmp);
+#pragma omp simd
+            for (int64_t c = 0; c < D; c++) orow[c] += pr * tmp[c];
+        }
+        const int64_t o = (it * M + r) * D;
+        if (a->out_bf16)
+            for (int64_t c = 0; c < D; c++) ((uint16_t *)a->out)[o + c] = f32_to_bf16(orow[c] * inv[r]);
+        else
+            for (int64_t c = 0; c < D; c++) ((float *)a->out)[o + c] = orow[c] * inv[r];
+    }
+}
+
+static void fp8_run_item(const args_t *a, const fp8_t *f, int64_t idx) {
+    const int64_t b = idx / a->H, h = idx % a->H;
+#define FP8_DISPATCH(E5)                    \
+    if (a->D == 64)                         \
+        fp8_item(a, f, b, h, 64, E5);       \
+    else if (a->D == 128)                   \
+        fp8_item(a, f, b, h, 128, E5);      \
+    else                                    \
+        fp8_item(a, f, b, h, a->D, E5);
+    if (f->e5) {
+        FP8_DISPATCH(1)
+    } else {
+        FP8_DISPATCH(0)
+    }
+#undef FP8_DISPATCH
+}
+
+/* codes: k/v pointers and cs = their (batch, head, token) strides in bytes (K then V); scales: fp32 pointers and
+ * ss = their (batch, head) strides in elements (K then V; 0 broadcasts); the window, mask and outputs as kivi_decode_step. Returns 0, or 2 for sizes it does not
+ * take (head_dim not a multiple of 8, q_len < 1 or not dividing M). */
+int fp8_decode_step(const void *q, int64_t q_bf16, double scale, int64_t B, int64_t H, int64_t M, int64_t D,
+                    int64_t e5, const uint8_t *kc, const uint8_t *vc, int64_t T, const int64_t *cs,
+                    const float *ks, const float *vs, const int64_t *ss, const void *kw, const void *vw,
+                    int64_t w, int64_t kw_sb, int64_t kw_sh, int64_t kw_st, int64_t vw_sb, int64_t vw_sh,
+                    int64_t vw_st, int64_t win_bf16, const uint8_t *valid, int64_t valid_sb, int64_t valid_sq,
+                    int64_t q_len, int64_t offset, float *scores, float *work, void *out, int64_t out_bf16,
+                    int64_t nthreads) {
+    if (D % 8 || D < 8 || q_len < 1 || M % q_len) return 2;
+    args_t a = {q,      q_bf16, (float)scale, B,        H,        M,      D,        8,      8,
+                0,      NULL,   0,            kw,       vw,       w,      kw_sb,    kw_sh,  kw_st,
+                vw_sb,  vw_sh,  vw_st,        win_bf16, valid,    valid_sb, valid_sq, q_len, offset,
+                scores, work,   out,          out_bf16, kivi_work_floats(M, D)};
+    fp8_t f = {kc, vc, T, cs[0], cs[1], cs[2], cs[3], cs[4], cs[5], ks, vs, ss[0], ss[1], ss[2], ss[3], e5};
+    const int64_t items = B * H;
+    if (nthreads > 1 && items > 1) {
+        int nt = (int)(nthreads < items ? nthreads : items);
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t i = 0; i < items; i++) fp8_run_item(&a, &f, i);
+    } else {
+        for (int64_t i = 0; i < items; i++) fp8_run_item(&a, &f, i);
+    }
+    return 0;
+}

@@ -1,4 +1,4 @@
-"""A compiled C kernel for one KIVI decode step on the CPU, built at first use, loaded with ctypes.
+"""A compiled C kernel for one KIVI or FP8 decode step on the CPU, built at first use, loaded with ctypes.
 
 The pure-torch fused path (:mod:`kvlab.attention.quantized`) spends most of a short-context decode step on operator
 overhead (~30 operators per layer); this kernel does a layer's attention over the packed blocks and the
@@ -6,6 +6,11 @@ full-precision window in one call: scores with the key scale folded into the que
 and ``p @ V`` with each value token dequantized in registers (fp32 accumulation, IEEE arithmetic: no fast-math).
 The (batch row, KV head) items are split over OpenMP threads, as many as ``torch.get_num_threads()``; the kernel
 links the ``libgomp.so.1`` torch has already loaded, so both share one thread pool.
+
+The same library reads an FP8 cache's float8 codes in place (:func:`fp8_decode_attention`, for
+``FP8Cache(attention="fused")``): each e4m3/e5m2 code becomes fp32 with integer ops in registers (exact, subnormals
+included), the per-head scales fold into the query and the output, so a decode step never widens the history to a
+float copy.
 
 Build: the C source ships with the package (``_kivi_cpu.c``); the first call that needs it runs the system C
 compiler (``cc``, or ``$KVLAB_CC``) with ``-O3 -march=native -fPIC -shared -fopenmp`` into
@@ -195,6 +200,9 @@ def _load() -> ctypes.CDLL:
     lib.kivi_decode_step.argtypes += [ptr, *[i64] * 4, ptr, ptr, ptr, i64, i64]
     lib.kivi_work_floats.restype = i64
     lib.kivi_work_floats.argtypes = [i64, i64]
+    lib.fp8_decode_step.restype = ctypes.c_int
+    lib.fp8_decode_step.argtypes = [ptr, i64, ctypes.c_double, *[i64] * 5, ptr, ptr, i64, ptr, ptr, ptr, ptr]
+    lib.fp8_decode_step.argtypes += [ptr, ptr, *[i64] * 8, ptr, *[i64] * 4, ptr, ptr, ptr, i64, i64]
     return lib
 
 
@@ -337,4 +345,91 @@ def decode_attention(
             f"the KIVI CPU kernel rejected nbits {nbits}, group_size {group_size}, head_dim {d}, q_len {q_len} "
             f"(code {rc})"
         )
+    return out
+
+
+FP8_FORMATS = {torch.float8_e4m3fn: 0, torch.float8_e5m2: 1}
+
+
+def fp8_unsupported(query: torch.Tensor, key_codes: torch.Tensor, key_window: torch.Tensor) -> str | None:
+    """Why :func:`fp8_decode_attention` cannot take this problem (``None`` when it can): :func:`unsupported`'s
+    reasons for the query and window, codes not float8 e4m3fn/e5m2 on the CPU, a head_dim not a multiple of 8."""
+    if key_codes.dtype not in FP8_FORMATS:
+        return f"codes of dtype {key_codes.dtype} (the kernel reads float8_e4m3fn or float8_e5m2)"
+    if key_codes.shape[-1] % 8:
+        return f"head_dim {key_codes.shape[-1]} (the kernel takes multiples of 8)"
+    return unsupported(query, (), key_window, key_window)
+
+
+def _scale_arg(scale: torch.Tensor | None, b: int, h: int) -> tuple[torch.Tensor, int, int]:
+    """An FP8 scale (``[B, H or 1, 1, 1]`` fp32, or None = 1.0) as ``(fp32 tensor, batch stride, head stride)``;
+    stride 0 broadcasts."""
+    if scale is None:
+        return torch.ones(1, dtype=torch.float32), 0, 0
+    s = scale.to(torch.float32).reshape(scale.shape[0], scale.shape[1]).contiguous()
+    return s, (s.stride(0) if s.shape[0] == b else 0), (s.stride(1) if s.shape[1] == h else 0)
+
+
+def fp8_decode_attention(
+    query: torch.Tensor,
+    key_codes: torch.Tensor,
+    value_codes: torch.Tensor,
+    key_scale: torch.Tensor | None,
+    value_scale: torch.Tensor | None,
+    key_window: torch.Tensor,
+    value_window: torch.Tensor,
+    scaling: float,
+    valid: torch.Tensor | None,
+    window_offset: int,
+) -> torch.Tensor:
+    """Attention of ``query [B, Hq, q_len, D]`` (bf16 or fp32) over ``T`` float8 tokens ``key_codes`` /
+    ``value_codes [B, Hkv, T, D]`` (``float8_e4m3fn`` or ``float8_e5m2``, values ``code * scale``; scales
+    ``[B, Hkv or 1, 1, 1]`` fp32 or None for 1.0) followed by the full-precision window ``[B, Hkv, w, D]`` (bf16 or
+    fp32), softmax scale ``scaling``; returns ``[B, Hq, q_len, D]`` in ``query.dtype`` (fp32 accumulation, rounded
+    once). ``valid`` and ``window_offset`` as :func:`decode_attention` (``Q = T``). The codes are read in place
+    (never widened to a float copy of the history): vLLM's fp8 KV cache, dequantized inside the attention.
+
+    Raises:
+        RuntimeError: the kernel is not available (the reason is named) or rejected the sizes.
+    """
+    reason = unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"the CPU kernel cannot run: {reason}")
+    lib = _lib
+    b, hq, q_len, d = query.shape
+    h, t = key_codes.shape[1], key_codes.shape[2]
+    m = hq // h * q_len
+    query = query.contiguous()
+    codes = []
+    for c in (key_codes, value_codes):
+        if c.stride(-1) != 1:
+            c = c.contiguous()
+        codes.append(c)
+    kc, vc = codes
+    strides = (ctypes.c_int64 * 6)(*kc.stride()[:3], *vc.stride()[:3])
+    ks, k_sb, k_sh = _scale_arg(key_scale, b, h)
+    vs, v_sb, v_sh = _scale_arg(value_scale, b, h)
+    scale_strides = (ctypes.c_int64 * 4)(k_sb, k_sh, v_sb, v_sh)
+    w = key_window.shape[2]
+    total = t + w
+    scratch = torch.empty(b * h * (m * total + lib.kivi_work_floats(m, d)), dtype=torch.float32)
+    out = torch.empty(b, hq, q_len, d, dtype=query.dtype)
+    if valid is not None:
+        valid = valid if valid.stride(-1) == 1 else valid.contiguous()
+        vb = 0 if valid.shape[0] == 1 else valid.stride(0)
+        vptr, vq = valid.data_ptr(), valid.stride(1)
+    else:
+        vptr, vb, vq = None, 0, 0
+    kw, vw = key_window, value_window
+    bf16 = _DTYPE_CODE[query.dtype]
+    rc = lib.fp8_decode_step(
+        query.data_ptr(), bf16, scaling, b, h, m, d, FP8_FORMATS[kc.dtype],
+        kc.data_ptr(), vc.data_ptr(), t, strides, ks.data_ptr(), vs.data_ptr(), scale_strides,
+        kw.data_ptr(), vw.data_ptr(), w, kw.stride(0), kw.stride(1), kw.stride(2),
+        vw.stride(0), vw.stride(1), vw.stride(2), _DTYPE_CODE[kw.dtype],
+        vptr, vb, vq, q_len, window_offset,
+        scratch.data_ptr(), scratch.data_ptr() + 4 * b * h * m * total, out.data_ptr(), bf16, threads(total),
+    )  # fmt: skip
+    if rc != 0:
+        raise RuntimeError(f"the FP8 CPU kernel rejected head_dim {d}, q_len {q_len} (code {rc})")
     return out

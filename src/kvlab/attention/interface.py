@@ -1,12 +1,13 @@
-"""kvlab's attention function for transformers' ``AttentionInterface``: fused KIVI attention, rotated FP8 reads,
+"""kvlab's attention function for transformers' ``AttentionInterface``: fused KIVI attention, fused FP8 reads,
 else SDPA.
 
 ``enable(model)`` registers the function under the name ``"kvlab"`` (with SDPA's mask builder) and switches the
 model to it. For every layer it then checks whether a cache in ``attention="fused"`` mode left something for it
 (:func:`pending`): a :class:`kvlab.caches.KIVICache` its quantized prefix (:class:`PendingPrefix`: it runs
 :func:`kvlab.attention.quantized.kivi_attention`, no float copy of the quantized history), an
-:class:`kvlab.caches.fp8.FP8Cache` with a Hadamard rotation the rotation its K/V are stored in
-(:class:`PendingRotation`: the query is rotated instead of every stored key, and the output rotated back);
+:class:`kvlab.caches.fp8.FP8Cache` its float8 history (:class:`PendingFP8`: read in place by the CPU kernel of
+:mod:`kvlab.attention.cpu_kernel`; with a Hadamard rotation the query is rotated instead of every stored key, and
+the output rotated back);
 otherwise it is exactly transformers' SDPA attention, so any other cache keeps working unchanged.
 """
 
@@ -50,11 +51,17 @@ class PendingPrefix(Handoff):
 
 
 @dataclass
-class PendingRotation(Handoff):
-    """A fused-mode FP8 layer's rotations: the keys and values it returned are ``K R_k`` and ``V R_v``."""
+class PendingFP8(Handoff):
+    """A fused-mode FP8 layer's history: the ``T`` tokens stored before this step as codes (the key and value it
+    returned are this step's tokens only, the window); with a rotation, all of them are in the rotated basis
+    (``K R_k``, ``V R_v``)."""
 
-    key_rotation: torch.Tensor  # [head_dim, head_dim] fp32, orthonormal
-    value_rotation: torch.Tensor  # [head_dim_v, head_dim_v] fp32, orthonormal
+    key_codes: torch.Tensor  # [B, Hkv, T, D] float8 (e4m3fn or e5m2)
+    value_codes: torch.Tensor  # [B, Hkv, T, D] float8
+    key_scale: torch.Tensor | None  # [B, Hkv or 1, 1, 1] fp32, None = 1.0
+    value_scale: torch.Tensor | None
+    key_rotation: torch.Tensor | None = None  # [D, D] fp32 orthonormal, None = not rotated
+    value_rotation: torch.Tensor | None = None
 
 
 def check_handoff(
@@ -98,7 +105,7 @@ def check_previous_layer(layers: list, layer_idx: int, cache: str, what: str) ->
 
 
 def pending() -> dict[int, Handoff]:
-    """This thread's hand-off table: layer index -> :class:`PendingPrefix` or :class:`PendingRotation`."""
+    """This thread's hand-off table: layer index -> :class:`PendingPrefix` or :class:`PendingFP8`."""
     table = getattr(_local, "table", None)
     if table is None:
         table = _local.table = {}
@@ -176,10 +183,10 @@ def _attend(
     # between the cache update and the attention is never applied to another cache's keys
     if entry is None or entry.consumed or not entry.matches(key):
         return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    if isinstance(entry, PendingRotation):
+    if isinstance(entry, PendingFP8):
         entry.consumed = True
         del table[layer_idx]
-        return _rotated(
+        return _fp8(
             module, query, key, value, attention_mask, entry, dropout=dropout, scaling=scaling, **kwargs
         )
     if kwargs.get("sliding_window") is not None:
@@ -199,23 +206,58 @@ def _attend(
     return out.transpose(1, 2).contiguous(), None
 
 
-def _rotated(
+def _fp8(
     module: torch.nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    entry: PendingRotation,
+    entry: PendingFP8,
+    dropout: float = 0.0,
+    scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """SDPA over keys and values stored rotated (``K R_k``, ``V R_v``): ``softmax((q R_k)(K R_k)^T) (V R_v) R_v^T``
-    equals ``softmax(q K^T) V`` for orthonormal ``R``, at the cost of rotating the ``q`` query rows and the output
-    instead of every stored token. ``query [B, Hq, q, D]``, ``key/value [B, Hkv, kv, D]`` -> ``([B, q, Hq, D],
-    None)``; the rotations run in float32, the query is then cast to the keys' dtype (float32 when the cache
-    returns float32 K/V) and the output to the query's."""
-    q = (query.to(torch.float32) @ entry.key_rotation).to(key.dtype)
-    out, _ = sdpa(module, q, key, value, attention_mask, **kwargs)
-    return (out.to(torch.float32) @ entry.value_rotation.T).to(query.dtype), None
+    """Attention over an FP8 history (``entry``: ``T`` tokens of codes) followed by the window ``key/value
+    [B, Hkv, t, D]`` (this step's tokens): ``query [B, Hq, q, D]`` -> ``([B, q, Hq, D], None)``.
+
+    Decode-sized CPU calls (:func:`kvlab.attention.cpu_kernel.fp8_unsupported`) run the compiled kernel, which reads
+    the codes in place; anything else (a GPU, a prefill chunk after the first, dropout, a sliding window) decodes
+    the codes once here and runs :func:`sdpa`. With a rotation, ``softmax((q R_k)(K R_k)^T) (V R_v) R_v^T`` equals
+    ``softmax(q K^T) V`` for orthonormal ``R``: the query rows and the output are rotated (fp32), not the history.
+
+    Raises:
+        ValueError: a mask that does not cover ``[1 or B, 1, q, T + t]`` keys (the kernel path checks it as
+            :func:`kvlab.attention.quantized.kivi_attention` does).
+    """
+    from kvlab.attention import cpu_kernel
+    from kvlab.attention.quantized import _check_mask, _valid_tokens
+    from kvlab.quant.fp8 import decode
+
+    q = query if entry.key_rotation is None else query.to(torch.float32) @ entry.key_rotation
+    rows = query.shape[1] // key.shape[1] * query.shape[2]
+    kernel = (
+        not dropout
+        and kwargs.get("sliding_window") is None
+        and rows <= cpu_kernel.MAX_ROWS
+        and cpu_kernel.fp8_unsupported(q, entry.key_codes, key) is None
+        and cpu_kernel.unavailable_reason() is None
+    )
+    if kernel:
+        t = entry.key_codes.shape[2]
+        _check_mask(q, key, attention_mask, None, t + key.shape[2])
+        valid = None if attention_mask is None else _valid_tokens(attention_mask)
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        out = cpu_kernel.fp8_decode_attention(
+            q, entry.key_codes, entry.value_codes, entry.key_scale, entry.value_scale, key, value, scale, valid,
+            key.shape[2] - query.shape[2],
+        ).transpose(1, 2)  # fmt: skip
+    else:
+        k = torch.cat((decode(entry.key_codes, entry.key_scale, key.dtype), key), dim=-2)
+        v = torch.cat((decode(entry.value_codes, entry.value_scale, value.dtype), value), dim=-2)
+        out, _ = sdpa(module, q.to(k.dtype), k, v, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    if entry.value_rotation is not None:
+        out = out.to(torch.float32) @ entry.value_rotation.T
+    return out.to(query.dtype).contiguous(), None
 
 
 def register() -> None:

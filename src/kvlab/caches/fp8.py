@@ -30,7 +30,6 @@ from kvlab.caches._rows import batch_index, check_repeats
 from kvlab.caches.crop import crop_keep
 from kvlab.quant.fp8 import Encoded, calibrate, check_scale, decode, encode, fp8_dtype
 from kvlab.quant.rotation import check_rotation, hadamard
-from kvlab.runtime.dtypes import float32_attention
 
 ATTENTION_PATHS = ("dequantize", "fused")
 
@@ -141,34 +140,32 @@ class FP8Layer(CacheLayerMixin):
     def _update_fused(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fused path of a rotated cache: return ``K R`` and ``V R`` (the stored codes decoded, no ``@ R.T`` over
-        the history; this step's tokens rotated) and hand the rotations to kvlab attention, which rotates the query
-        and the output instead (:class:`kvlab.attention.interface.PendingRotation`). A prefill (nothing stored yet)
-        returns the states as given and hands nothing off. The returned K/V are float32 while
-        :func:`kvlab.runtime.dtypes.float32_attention` holds on the CPU (the attention would widen them anyway),
-        else the model dtype (this step's rotated tokens then rounded to it once)."""
-        from kvlab.attention.interface import PendingRotation, check_handoff, pending
+        """Fused path: append this step's tokens as FP8 and return only them (``[B, H, t, D]``, in the stored basis:
+        ``K R`` / ``V R`` when rotated, float32 then) as the window; the ``T`` tokens stored before go to kvlab
+        attention as codes (:class:`kvlab.attention.interface.PendingFP8`), which reads them in place (the CPU kernel
+        of :mod:`kvlab.attention.cpu_kernel`, or decoded once in the attention elsewhere) and, when rotated, rotates
+        the query rows and the output instead of the stored tokens. A prefill (nothing stored yet) returns the
+        states as given and hands nothing off."""
+        from kvlab.attention.interface import PendingFP8, check_handoff, pending
 
-        check_handoff(layer_idx, self, "FP8Cache(attention='fused')", "rotation")  # the previous step's
-        held = self.get_seq_length()
-        kr = self._rotated(key_states, self.key_rotation)  # [B, H, t, D] fp32
+        check_handoff(layer_idx, self, "FP8Cache(attention='fused')", "FP8 history")  # the previous step's
+        held_k, held_v = self.keys, self.values  # [B, H, T, D] codes before this step
+        kr = self._rotated(key_states, self.key_rotation)  # [B, H, t, D]; fp32 when rotated
         vr = self._rotated(value_states, self.value_rotation)
-        wide = (
-            float32_attention()
-            and self.device.type == "cpu"
-            and self.dtype in (torch.bfloat16, torch.float16)
-        )
-        dtype = torch.float32 if wide else self.dtype
-        if held:
-            keys = torch.cat((decode(self.keys, self.key_scale, dtype), kr.to(dtype)), dim=-2)
-            values = torch.cat((decode(self.values, self.value_scale, dtype), vr.to(dtype)), dim=-2)
         self._append(encode(kr, self.format, self.key_scale), encode(vr, self.format, self.value_scale))
-        if not held:
+        if not held_k.shape[-2]:
             return key_states, value_states
-        pending()[layer_idx] = PendingRotation(
-            key_rotation=self.key_rotation, value_rotation=self.value_rotation, owner=self, key=keys
+        pending()[layer_idx] = PendingFP8(
+            key_codes=held_k,
+            value_codes=held_v,
+            key_scale=self.key_scale,
+            value_scale=self.value_scale,
+            key_rotation=self.key_rotation,
+            value_rotation=self.value_rotation,
+            owner=self,
+            key=kr,
         )
-        return keys, values
+        return kr, vr
 
     def _append(self, k: Encoded, v: Encoded) -> None:
         """Append encoded ``[B, H, t, D]`` keys and values and count what they lost."""
@@ -286,14 +283,16 @@ class FP8Cache(Cache):
             (:mod:`kvlab.quant.rotation`: attention scores and outputs are unchanged by the rotation itself, and the
             rounding error of an outlier channel is spread over all channels; same bytes; one ``[T, D] @ [D, D]``
             product per layer, K and V, per step). Needs a power-of-two head_dim.
-        attention: ``"dequantize"`` (default: ``update`` returns K/V in the model's basis, any attention reads
-            them) or ``"fused"`` (with ``rotation="hadamard"`` only: ``update`` returns ``K R`` / ``V R`` and kvlab
-            attention rotates the ``q`` query rows and the output instead of the ``T`` stored tokens; the model
-            must run kvlab attention: :func:`kvlab.attention.enable`).
+        attention: ``"dequantize"`` (default: ``update`` returns the whole history decoded to the model dtype, any
+            attention reads it) or ``"fused"`` (``update`` returns only this step's tokens and hands the stored codes
+            to kvlab attention, which reads them in place: on the CPU a compiled kernel converts each code in
+            registers, no decoded copy of the history; with ``rotation="hadamard"`` it rotates the ``q`` query rows
+            and the output instead of the ``T`` stored tokens; the model must run kvlab attention:
+            :func:`kvlab.attention.enable`).
 
     Raises:
-        ValueError: an unknown ``format``, ``scale``, ``rotation`` or ``attention``, ``attention="fused"`` without
-            the rotation, a format this torch build lacks; at
+        ValueError: an unknown ``format``, ``scale``, ``rotation`` or ``attention``, a format this torch build
+            lacks; at
             ``update``, what :meth:`FP8Layer.update` raises, and a head_dim that is not a power of two for
             ``rotation="hadamard"``.
 
@@ -314,11 +313,6 @@ class FP8Cache(Cache):
         check_rotation(rotation)
         if attention not in ATTENTION_PATHS:
             raise ValueError(f"`attention` must be one of {list(ATTENTION_PATHS)}, got {attention!r}")
-        if attention == "fused" and rotation != "hadamard":
-            raise ValueError(
-                f"attention='fused' hands kvlab attention K/V in their rotated basis: it needs "
-                f"rotation='hadamard', got rotation={rotation!r}"
-            )
         self.format, self.scale, self.rotation, self.attention = format, scale, rotation, attention
         super().__init__(layer_class_to_replicate=partial(FP8Layer, format, scale, rotation, attention))
 
@@ -331,7 +325,7 @@ class FP8Cache(Cache):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``Cache.update``; in fused mode it passes ``layer_idx`` down (the layer files its rotation for that
+        """``Cache.update``; in fused mode it passes ``layer_idx`` down (the layer files its codes for that
         layer's attention) and first checks that the previous layer's attention read its own. A model with one layer
         (no next layer to check its hand-off in the same forward) gets the dequantize path instead.
 
@@ -343,9 +337,9 @@ class FP8Cache(Cache):
             from kvlab.attention.interface import check_previous_layer
 
             # a hand-off is checked by the next layer's update in the same forward; a one-layer model has none, so
-            # its only layer reads the rotation back itself (the dequantize path: right with any attention)
+            # its only layer reads its codes back itself (the dequantize path: right with any attention)
             kwargs["kvlab_layer_idx"] = layer_idx
-            check_previous_layer(self.layers, layer_idx, "FP8Cache(attention='fused')", "rotation")
+            check_previous_layer(self.layers, layer_idx, "FP8Cache(attention='fused')", "FP8 history")
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     def crop(self, tokens_to_remove: int) -> None:

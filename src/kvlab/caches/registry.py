@@ -306,12 +306,8 @@ def _fp8(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
     from kvlab.caches.fp8 import FP8Cache
 
     fmt, scale, rotation = _fp8_settings(name)
-    # a rotated cache is read by kvlab attention in its rotated basis (the query rotated, not every stored token)
-    return FP8Cache(format=fmt, scale=scale, rotation=rotation, attention=_fp8_attention(rotation))
-
-
-def _fp8_attention(rotation: str) -> str:
-    return "fused" if rotation == "hadamard" else "dequantize"
+    # kvlab attention reads the codes in place (a rotated cache in its rotated basis: the query rotated instead)
+    return FP8Cache(format=fmt, scale=scale, rotation=rotation, attention="fused")
 
 
 def _fp8_describe(name: CacheName, s: CacheSettings) -> dict:
@@ -321,7 +317,7 @@ def _fp8_describe(name: CacheName, s: CacheSettings) -> dict:
         "scale": scale,
         "scale_source": "prefill" if scale != "none" else "1.0",
         "rotation": rotation,
-        "attention": _fp8_attention(rotation),
+        "attention": "fused",
     }
 
 
@@ -399,7 +395,7 @@ REGISTRY: dict[str, CacheEntry] = {
             logit_bound={None: 0.05},
             planner=True,
             describe=_fp8_describe,
-            kvlab_attention=lambda name, s: _fp8_settings(name)[2] == "hadamard",
+            kvlab_attention=lambda name, s: True,  # it reads the codes the cache hands off
         ),
         CacheEntry(
             "sink",

@@ -87,7 +87,7 @@ def test_fused_attention_refuses_dropout(model):
         kvlab_attention_forward(layer, q, kw, vw, None, dropout=0.1, scaling=32**-0.5)
 
 
-# --- FP8Cache(rotation="hadamard", attention="fused"): K/V read in their rotated basis ------------------------------
+# --- FP8Cache(attention="fused"): codes read by kvlab attention (rotated: in their rotated basis) ------------------------------
 
 
 def _decode_logits(model, cache, ids, steps):
@@ -118,18 +118,19 @@ def test_fused_rotated_fp8_equals_the_dequantize_path(model):
     assert float((fused - dynamic).abs().max()) > 1e-4  # the FP8 rounding is really there (not a float copy)
 
 
-def test_fused_rotated_fp8_read_by_sdpa_raises(model):
+@pytest.mark.parametrize("rotation", ["none", "hadamard"])
+def test_fused_fp8_read_by_sdpa_raises(model, rotation):
     from kvlab.caches.fp8 import FP8Cache
 
     ids = torch.randint(1, 256, (1, 40), generator=torch.Generator().manual_seed(4))
     model.set_attn_implementation("sdpa")
-    cache = FP8Cache("e4m3", "per-head", "hadamard", attention="fused")
+    cache = FP8Cache("e4m3", "per-head", rotation, attention="fused")
     with torch.no_grad():
         model(
             input_ids=ids[:, :-1], use_cache=True, **{cache_kwarg(model): cache}
         )  # a prefill hands nothing off
         with pytest.raises(
-            RuntimeError, match=r"FP8Cache\(attention='fused'\) needs kvlab attention .*rotation"
+            RuntimeError, match=r"FP8Cache\(attention='fused'\) needs kvlab attention .*FP8 history"
         ):
             model(input_ids=ids[:, -1:], use_cache=True, **{cache_kwarg(model): cache})
     assert not pending()
@@ -138,7 +139,7 @@ def test_fused_rotated_fp8_read_by_sdpa_raises(model):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"attention": "fused"}, "needs rotation='hadamard', got rotation='none'"),
+        ({"attention": "dense"}, r"`attention` must be one of .*got 'dense'"),
         ({"rotation": "hadamard", "attention": "flash"}, r"`attention` must be one of .*got 'flash'"),
     ],
 )
