@@ -177,7 +177,7 @@ def _register_simulate(sub) -> None:
     )
     m.add_argument(
         "--quant-kv-dtype",
-        default="kivi4",
+        default=None,
         help=f"KV dtype of the quantized policy (default kivi4): {KV_DTYPE_HELP}",
     )
     m.add_argument(
@@ -296,8 +296,9 @@ def run_static_cmd(args: argparse.Namespace) -> int:
 def _policies(args: argparse.Namespace):
     from kvlab.paging.simulate import Policy, default_policies
 
-    quant_bpt = _budget(args, args.quant_kv_dtype, "--quant-kv-dtype").kv_bytes_per_token
-    policies = default_policies(args.block_size, quant_bpt, args.quant_kv_dtype)
+    quant = args.quant_kv_dtype or "kivi4"
+    quant_bpt = _budget(args, quant, "--quant-kv-dtype").kv_bytes_per_token
+    policies = default_policies(args.block_size, quant_bpt, quant)
     keep = None if args.keep_tokens is None else f"paged+keep{args.keep_tokens}"
     if keep:
         policies.append(
@@ -322,6 +323,11 @@ def _policies(args: argparse.Namespace):
             raise ValueError(
                 f"--keep-tokens {args.keep_tokens} runs as policy {keep}, which --policies {args.policies} leaves "
                 f"out; add {keep} to --policies or drop --keep-tokens"
+            )
+        if args.quant_kv_dtype is not None and not any(known[w].kv_dtype == quant for w in wanted):
+            raise ValueError(  # --quant-kv-dtype would be silently ignored
+                f"--quant-kv-dtype {args.quant_kv_dtype} sets policy paged+{quant}, which --policies "
+                f"{args.policies} leaves out; add paged+{quant} to --policies or drop --quant-kv-dtype"
             )
         policies = [known[w] for w in wanted]
     return policies

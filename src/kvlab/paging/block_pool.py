@@ -100,6 +100,12 @@ class FreeBlockQueue:
             block = block.next_free
 
 
+def _check_count(name: str, value: object, least: int) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is an integer (not a bool) >= ``least``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"`{name}` must be an integer >= {least}, got {value!r}")
+
+
 class BlockPool:
     """A fixed set of KV blocks with reference counts, a free queue and an optional prefix cache.
 
@@ -113,10 +119,8 @@ class BlockPool:
     """
 
     def __init__(self, num_blocks: int, block_size_tokens: int, enable_prefix_caching: bool = False) -> None:
-        if num_blocks < 0:
-            raise ValueError(f"`num_blocks` must be >= 0, got {num_blocks!r}")
-        if block_size_tokens < 1:
-            raise ValueError(f"`block_size_tokens` must be >= 1, got {block_size_tokens!r}")
+        _check_count("num_blocks", num_blocks, 0)
+        _check_count("block_size_tokens", block_size_tokens, 1)
         self.block_size_tokens = block_size_tokens
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
@@ -141,9 +145,12 @@ class BlockPool:
         return self.num_used / self.num_blocks if self.blocks else 0.0
 
     def add_blocks(self, n: int) -> None:
-        """Grow the pool by ``n`` free blocks (ids continue from the current size)."""
-        if n < 0:
-            raise ValueError(f"`n` must be >= 0, got {n!r}")
+        """Grow the pool by ``n`` free blocks (ids continue from the current size).
+
+        Raises:
+            ValueError: ``n`` not an integer >= 0.
+        """
+        _check_count("n", n, 0)
         for block_id in range(len(self.blocks), len(self.blocks) + n):
             block = KVBlock(block_id)
             self.blocks.append(block)
@@ -153,8 +160,10 @@ class BlockPool:
         """Take ``n`` empty blocks from the head of the free queue (ref_cnt 1, num_tokens 0).
 
         Raises:
-            ValueError: ``need n blocks, f free`` when the pool cannot provide them (nothing is taken then).
+            ValueError: ``n`` not an integer >= 0; ``need n blocks, f free`` when the pool cannot provide them
+                (nothing is taken then).
         """
+        _check_count("n", n, 0)
         if n > self.free_queue.num_free:
             raise ValueError(
                 f"need {n} blocks, {self.free_queue.num_free} free (pool of {len(self.blocks)} blocks "
@@ -175,7 +184,12 @@ class BlockPool:
         return out
 
     def touch(self, blocks: Iterable[KVBlock]) -> None:
-        """Add a holder to each block (a fork, or a prefix-cache hit); free blocks leave the free queue."""
+        """Add a holder to each block (a fork, or a prefix-cache hit); free blocks leave the free queue.
+
+        Raises:
+            ValueError: a block of another pool (nothing is changed).
+        """
+        blocks = self._own(blocks)
         for block in blocks:
             if block.ref_cnt == 0:
                 self.free_queue.remove(block)
@@ -188,9 +202,20 @@ class BlockPool:
 
         Pass a sequence's blocks in reverse order (as :class:`BlockTable` does) so that its tail blocks, the least
         likely to be shared, are reallocated first (vLLM's eviction order).
+
+        Raises:
+            ValueError: a block of another pool, or one without a holder (a double free; nothing is changed).
         """
+        blocks = self._own(blocks)
+        holders: dict[int, int] = {}
         for block in blocks:
-            assert block.ref_cnt > 0, f"double free of block {block.block_id}"
+            holders[block.block_id] = holders.get(block.block_id, 0) + 1
+            if holders[block.block_id] > block.ref_cnt:
+                raise ValueError(
+                    f"double free of block {block.block_id}: {block.ref_cnt} holder(s), freed "
+                    f"{holders[block.block_id]} time(s) (nothing was freed)"
+                )
+        for block in blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 self.free_queue.append(block)
@@ -201,14 +226,31 @@ class BlockPool:
         """Replace a shared ``block`` by a private copy holding its first ``num_tokens`` slots.
 
         The caller copies the slot contents (``block.block_id`` -> returned block's ``block_id``).
+
+        Raises:
+            ValueError: a block of another pool, or one with a single holder (nothing to copy it away from).
         """
-        assert block.ref_cnt > 1, f"copy-on-write of unshared block {block.block_id}"
+        (block,) = self._own([block])
+        if block.ref_cnt <= 1:
+            raise ValueError(f"copy-on-write of unshared block {block.block_id} ({block.ref_cnt} holder(s))")
         (new,) = self.allocate(1)
         new.num_tokens = num_tokens
         self.num_filled_slots += num_tokens
         self.free([block])
         self.cow_copies += 1
         return new
+
+    def _own(self, blocks: Iterable[KVBlock]) -> list[KVBlock]:
+        """``blocks`` as a list, each checked to be this pool's (its id indexes this very block)."""
+        blocks = list(blocks)
+        for block in blocks:
+            bid = getattr(block, "block_id", None)
+            if not isinstance(bid, int) or not 0 <= bid < len(self.blocks) or self.blocks[bid] is not block:
+                raise ValueError(
+                    f"block {bid!r} is not a block of this pool ({len(self.blocks)} blocks): it came from another "
+                    "pool or is not a KVBlock"
+                )
+        return blocks
 
     def lookup(self, block_hash: int) -> KVBlock | None:
         """The cached block holding the tokens behind ``block_hash``, or None."""

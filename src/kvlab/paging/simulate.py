@@ -176,6 +176,9 @@ def load_trace(path: str | os.PathLike) -> Trace:
             with different ``prefix_tokens`` (both rows named), or a trace :class:`Trace` refuses.
     """
     path = Path(path)
+    if not path.is_file():
+        what = "a folder" if path.is_dir() else "no such file"
+        raise ValueError(f"trace {path}: {what} (write one with `kvlab paging simulate --save-trace {path}`)")
     try:
         with path.open(newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)

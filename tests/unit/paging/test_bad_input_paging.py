@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from kvlab.cli import main
+from kvlab.paging import BlockPool
 from kvlab.paging.budget import GIB, KVBudget
 from kvlab.paging.simulate import Trace, load_trace, poisson_trace, simulate
 from kvlab.paging.static import load_lengths, workload
@@ -389,3 +390,55 @@ def test_a_prefix_group_with_two_lengths_is_refused_naming_both_rows(capsys, tmp
     fails(capsys, ["simulate", "--trace", path], "rows 2 and 4", "`prefix_group` 1", "50 and 60")
     same = trace_file(tmp_path, header + "0,100,10,1,50\n1,100,10,2,20\n2,100,10,1,50\n", "same.csv")
     assert len(load_trace(same)) == 3
+
+
+def test_block_pool_refuses_foreign_blocks_and_double_frees():
+    """A block of another pool once entered this pool's free queue (a 4-block pool then handed out 5); a double
+    free was a bare assert (gone under python -O). Both are ValueErrors now, and nothing is changed."""
+    pool, other = BlockPool(4, 16), BlockPool(4, 16)
+    foreign = other.allocate(1)
+    with pytest.raises(ValueError, match="block 0 is not a block of this pool"):
+        pool.free(foreign)
+    with pytest.raises(ValueError, match="not a block of this pool"):
+        pool.touch(foreign)
+    assert pool.num_free == 4 and len(pool.allocate(4)) == 4
+    with pytest.raises(ValueError, match="need 1 blocks, 0 free"):
+        pool.allocate(1)
+    pool = BlockPool(4, 16)
+    (block,) = pool.allocate(1)
+    with pytest.raises(ValueError, match="double free of block 0: 1 holder"):
+        pool.free([block, block])
+    assert block.ref_cnt == 1 and pool.num_free == 3  # the refused call freed nothing
+    pool.free([block])
+    with pytest.raises(ValueError, match="double free of block 0: 0 holder"):
+        pool.free([block])
+    with pytest.raises(ValueError, match="copy-on-write of unshared block"):
+        pool.copy_on_write(pool.allocate(1)[0], 0)
+    pool.check_invariants()
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: BlockPool(True, 16), "num_blocks"),
+        (lambda: BlockPool(4, 2.5), "block_size_tokens"),
+        (lambda: BlockPool(4, 16).allocate(-1), "`n`"),
+        (lambda: BlockPool(4, 16).add_blocks(1.5), "`n`"),
+    ],
+)
+def test_block_pool_sizes_are_integers(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
+def test_a_missing_trace_file_names_it_and_the_way_to_write_one(capsys, tmp_path):
+    fails(capsys, ["simulate", "--trace", str(tmp_path / "t.csv")], "no such file", "--save-trace")
+
+
+def test_quant_kv_dtype_without_its_policy_is_refused(capsys):
+    """--policies paged with --quant-kv-dtype kivi-2 ran paged alone and dropped the flag without a word."""
+    fails(capsys, ["simulate", *SMALL, "--quant-kv-dtype", "kivi-2", "--policies", "paged"], "paged+kivi-2")
+    assert (
+        main(["paging", "simulate", *SMALL, "--quant-kv-dtype", "kivi-2", "--policies", "paged,paged+kivi-2"])
+        == 0
+    )
