@@ -53,12 +53,12 @@ LEAD_BITS_MIN_CONTEXT, LEAD_BITS_RATIO = 4096, 0.9
 @dataclass(frozen=True)
 class BenchCandidate:
     """One cache of the benchmark, by its cache-registry name (:mod:`kvlab.caches.registry`): ``family`` in
-    {dynamic, kivi, hqq, quanto, paged, ...}; ``attention`` (``"fused"``/``"dequantize"``) for KIVI only."""
+    {dynamic, kivi, hqq, quanto, paged, fp8, ...}; ``attention`` (``"fused"``/``"dequantize"``) for KIVI and FP8."""
 
     name: str
     family: str
     nbits: int | None = None
-    attention: str | None = None  # "fused" or "dequantize" for KIVI
+    attention: str | None = None  # "fused" or "dequantize" for KIVI and FP8
 
     @classmethod
     def parse(cls, name: str) -> BenchCandidate:
@@ -443,12 +443,12 @@ def _run_plan(device, contexts, quick: bool, steps: int, warmup: int, cpu_matmul
 
 
 def kivi_cpu_path(dev: torch.device, cands: list[BenchCandidate] | None = None) -> str | None:
-    """Which path the fused KIVI caches' decode steps take on ``dev``'s CPU (the compiled kernel of
+    """Which path the fused caches' (KIVI, FP8) decode steps take on ``dev``'s CPU (the compiled kernel of
     :mod:`kvlab.attention.cpu_kernel`, or torch and why), for the record; ``None`` on other devices, and when
-    ``cands`` (the run's caches) holds no fused KIVI cache: nothing took that path."""
+    ``cands`` (the run's caches) holds no fused cache: nothing took that path."""
     if dev.type != "cpu":
         return None
-    if cands is not None and not any(c.family == "kivi" and c.attention == "fused" for c in cands):
+    if cands is not None and not any(c.attention == "fused" for c in cands):
         return None
     from kvlab.attention import cpu_kernel
 

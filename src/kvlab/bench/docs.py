@@ -78,7 +78,7 @@ def render_decode(result: dict) -> str:
         f"One exact prefill per context (DynamicCache, SDPA, {s['prefill_chunk_tokens']}-token chunks) written into "
         f"every cache; then {s['warmup']} warm-up and {s['steps']} timed rounds, each decoding the same next token "
         "through every cache in rotated order. Median ms per token (ratio to `dynamic` at the same context)."
-        + (f" Fused KIVI attention on the CPU: {s['kivi_cpu_path']}." if s.get("kivi_cpu_path") else "")
+        + (f" Fused KIVI/FP8 attention on the CPU: {s['kivi_cpu_path']}." if s.get("kivi_cpu_path") else "")
         + _gemm_note(s),
         "",
         _table(["context"] + [f"`{n}`" for n in names], rows),

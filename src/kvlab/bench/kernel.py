@@ -176,7 +176,8 @@ def run(
         ``kivi_fraction_of_copy`` / ``sdpa_fraction_of_copy`` (GB/s over ``copy["best_gb_s"]``), or ``status``
         ``failed`` with ``error``; ``settings["kivi_cpu_path"]``: the CPU path ``auto`` took.
     Raises:
-        ValueError: bad contexts, reps, device or dtype.
+        ValueError: bad contexts, reps, device or dtype, or a layer shape, KIVI setting, copy size or backend
+            that could not run (each named before anything is measured).
     """
     dev = resolve_device(device)
     contexts = bench_contexts(contexts, quick, dev.type, (QUICK_CONTEXTS, CPU_CONTEXTS, CUDA_CONTEXTS))
@@ -188,8 +189,7 @@ def run(
         copy_bytes = 32 * 2**20 if quick else (2**30 if dev.type == "cuda" else 256 * 2**20)
     torch_dtype = parse_dtype(dtype)
     shape = dict(batch=batch, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype)
-    if q_heads % kv_heads:
-        raise ValueError(f"`q_heads` ({q_heads}) must be a multiple of `kv_heads` ({kv_heads})")
+    _check_problem(shape, nbits, group_size, residual_length, copy_bytes, backend)
     copy = copy_bandwidth(dev, copy_bytes, reps=max(3, min(reps, 7)))
     gen = torch.Generator().manual_seed(seed)
     inner = 10 if dev.type == "cuda" else 1
@@ -219,6 +219,38 @@ def run(
     }
     result["target"] = evaluate_target(result)
     return result
+
+
+def _check_problem(shape: dict, nbits, group_size, residual_length, copy_bytes, backend) -> None:
+    """Raise ``ValueError`` naming the flag of a layer shape, KIVI setting, copy-probe size or backend that could not
+    run (a zero head count divided by zero, a negative copy size crashed inside torch, an impossible nbits ran every
+    cell to a failed row and exited 0)."""
+    from kvlab.attention.quantized import BACKENDS
+    from kvlab.quant import KIVIConfig
+
+    for name in ("batch", "q_heads", "kv_heads", "head_dim"):
+        value = shape[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"`{name}` (--{name.replace('_', '-')}) must be a positive integer, got {value!r}"
+            )
+    if shape["q_heads"] % shape["kv_heads"]:
+        raise ValueError(
+            f"`q_heads` ({shape['q_heads']}) must be a multiple of `kv_heads` ({shape['kv_heads']})"
+        )
+    KIVIConfig(nbits, group_size, residual_length)  # nbits, group_size, residual_length, each named
+    head_dim = shape["head_dim"]
+    if head_dim % group_size or head_dim * nbits % 8:
+        raise ValueError(
+            f"--group-size {group_size} must divide --head-dim {head_dim} (values are grouped per token along "
+            f"channels) and head_dim x nbits ({head_dim} x {nbits}) must fill whole bytes"
+        )
+    if copy_bytes is not None and (
+        isinstance(copy_bytes, bool) or not isinstance(copy_bytes, int) or copy_bytes < 1
+    ):
+        raise ValueError(f"the copy probe (--copy-mib) must be a positive size, got {copy_bytes!r} bytes")
+    if backend not in BACKENDS:
+        raise ValueError(f"`backend` (--backend) must be one of {list(BACKENDS)}, got {backend!r}")
 
 
 def _row(context, shape, kivi, torch_dtype, dev, reps, inner, gen, copy_gb_s: float, progress) -> dict:

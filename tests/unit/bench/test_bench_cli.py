@@ -84,3 +84,30 @@ def test_bench_docs_renders_the_records(tmp_path):
     assert any(v["file"] == "flush-cpu.json" for v in verdicts)
     text = page.read_text()
     assert "## `flush` on cpu (quick)" in text and "kvlab bench flush" in text
+
+
+def test_bench_kernel_names_a_bad_setting_before_measuring(tmp_path, monkeypatch, capsys):
+    """A zero head count divided by zero, a negative copy size crashed inside torch, and an impossible nbits or
+    backend ran every cell to a failed row, exited 0 and saved the record: each is refused up front now."""
+    import pytest
+
+    from kvlab.bench import kernel
+
+    monkeypatch.setattr(kernel, "copy_bandwidth", lambda *a, **k: pytest.fail("measured before checking"))
+    base = ["bench", "kernel", "--contexts", "256", "--reps", "1", "--results-dir", str(tmp_path)]
+    names = {"--nbits": "nbits", "--group-size": "group_size", "--residual-length": "residual_length"}
+    for flag, value in [
+        ("--kv-heads", "0"),
+        ("--q-heads", "0"),
+        ("--head-dim", "48"),
+        ("--copy-mib", "-1"),
+        ("--copy-mib", "0"),
+        ("--nbits", "3"),
+        ("--group-size", "0"),
+        ("--residual-length", "100"),
+        ("--backend", "foo"),
+    ]:
+        assert main([*base, flag, value]) == 2, flag
+        err = capsys.readouterr().err
+        assert "error:" in err and names.get(flag, flag) in err, (flag, err)
+    assert list(tmp_path.iterdir()) == []  # nothing saved

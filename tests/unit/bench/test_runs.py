@@ -88,10 +88,18 @@ def test_decode_rejects_bad_settings(tiny_lm):
         decode.run(model=tiny_lm, quick=True, cpu_matmul="fp32")
 
 
+def test_an_fp8_run_names_the_kernel_path_it_took(tiny_lm):
+    """Fused FP8 caches read their codes through the CPU kernel too: the record says which path ran."""
+    r = decode.run(model=tiny_lm, quick=True, contexts=(64,), candidates=("dynamic", "fp8-e4m3"))
+    assert {row["candidate"]: row["status"] for row in r["rows"]} == {"dynamic": "ok", "fp8-e4m3": "ok"}
+    assert r["settings"]["kivi_cpu_path"] == decode.kivi_cpu_path(torch.device("cpu"))
+    assert r["candidates"][1]["attention"] == "fused"
+
+
 def test_decode_runs_the_layers_as_float32_gemms_when_asked(tiny_lm, gemm_spy):
     r = decode.run(model=tiny_lm, quick=True, contexts=(64,), cpu_matmul="float32", candidates=("dynamic",))
     assert r["settings"]["cpu_matmul"] == "float32" and gemm_spy and gemm_spy[0][1] > 0
-    # no fused KIVI cache ran: the record names no KIVI kernel path (an FP8-only record once described one)
+    # no fused cache ran: the record names no kernel path
     assert r["settings"]["kivi_cpu_path"] is None
     assert all("forward" not in vars(m) for m in tiny_lm.modules()), "the layers are restored after the run"
     r = decode.run(model=tiny_lm, quick=True, contexts=(64,), cpu_matmul="native", candidates=("dynamic",))
