@@ -494,7 +494,7 @@ def _run_real(args, cfg, result, path, err) -> int:
     import signal
 
     from kvlab.eval.io import write_json_atomic
-    from kvlab.eval.runner import count_steps, describe_model, resolve_device, run_eval
+    from kvlab.eval.runner import check_against_model, count_steps, describe_model, resolve_device, run_eval
     from kvlab.models import load_model
 
     try:
@@ -512,6 +512,17 @@ def _run_real(args, cfg, result, path, err) -> int:
         return fail(
             args, f"could not load the model: {type(exc).__name__}: {exc} (recorded in {path})", EXIT_FAILED
         )
+    try:
+        check_against_model(cfg, model)
+    except (
+        ValueError
+    ) as exc:  # a setting only the loaded model can refute: recorded, exit 2 as for other settings
+        result["status"] = "failed"
+        result["failures"].append(
+            {"candidate": None, "stage": "settings", "type": "ValueError", "message": str(exc)}
+        )
+        write_json_atomic(path, result)
+        return fail(args, f"{exc} (recorded in {path})")
     result["status"] = "running"
     write_json_atomic(path, result)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)

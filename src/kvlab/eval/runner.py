@@ -886,6 +886,19 @@ class _ProbeJob:
     key: tuple
 
 
+def check_against_model(cfg: EvalConfig, model: Any) -> None:
+    """Settings only the loaded model can refute, checked before any cell runs.
+
+    Raises:
+        ValueError: ``top_k`` (--top-k) larger than the model's vocabulary (the top-k overlap would fail in the
+            first cell, after the model load, as ``selected index k out of range``).
+    """
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int) and cfg.top_k > vocab:
+        raise ValueError(f"`top_k` (--top-k) {cfg.top_k} exceeds the model's vocabulary ({vocab:,} tokens)")
+
+
 def run_eval(
     cfg: EvalConfig,
     model: Any,

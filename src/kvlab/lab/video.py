@@ -121,12 +121,13 @@ LAB_MAX_TOKENS = 16_384
 
 def check_lab_config(cfg: VideoConfig) -> None:
     """Refuse a config the lab cannot check: ``frames`` < ``window_frames + 3`` leaves no frame denoised after an
-    eviction at a time that differs from the cache length, so the position control could not fail; and a video of
+    eviction at a time that differs from the cache length, so the position control could not fail; ``steps`` < 2
+    leaves the first-step K/V control equal to the right run; and a video of
     more than :data:`LAB_MAX_TOKENS` tokens (``frames * height * width``), which the full-recompute reference
     cannot hold.
 
     Raises:
-        ValueError: naming ``frames`` and ``window_frames``, or ``frames``, ``height`` and ``width``.
+        ValueError: naming ``frames`` and ``window_frames``, ``steps``, or ``frames``, ``height`` and ``width``.
     """
     tokens = cfg.frames * cfg.tokens_per_frame
     if tokens > LAB_MAX_TOKENS:
@@ -138,6 +139,11 @@ def check_lab_config(cfg: VideoConfig) -> None:
         raise ValueError(
             f"`frames` ({cfg.frames}) must be >= `window_frames` + 3 ({cfg.window_frames + 3}) so that frames "
             "are denoised after an eviction"
+        )
+    if cfg.steps < 2:
+        raise ValueError(
+            f"`steps` ({cfg.steps}) must be >= 2: with one denoising step the control that reuses the K/V of the "
+            "first step equals the right run and could not fail"
         )
 
 

@@ -237,3 +237,14 @@ def test_an_empty_out_dir_is_refused(tmp_path, capsys, monkeypatch):
     assert main(["eval", "--dry-run", "--quick", "--out-dir", "", "--label", "q"]) == 2
     assert "--out-dir must name a folder, got ''" in err_of(capsys)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_top_k_beyond_the_vocabulary_is_refused_before_any_cell(tiny_qwen2):
+    """--top-k 100000 on an 8,192-token vocabulary failed in the first cell ('selected index k out of range')."""
+    from kvlab.eval.config import EvalConfig
+    from kvlab.eval.runner import check_against_model
+
+    vocab = tiny_qwen2.config.vocab_size
+    check_against_model(EvalConfig(top_k=vocab), tiny_qwen2)
+    with pytest.raises(ValueError, match=rf"--top-k\) {vocab + 1} exceeds the model's vocabulary \({vocab}"):
+        check_against_model(EvalConfig(top_k=vocab + 1), tiny_qwen2)

@@ -43,6 +43,11 @@ def test_bad_values_are_named(capsys, argv, fragment):
             ["--frames", "4"],
             "--frames (4) must be >= --window + 3 (6) so that frames are denoised after an eviction",
         ),
+        (  # one step: the first-step K/V control equals the right run (it exited 1, "every_control_fails")
+            ["--frames", "6", "--window", "1", "--steps", "1"],
+            "--steps (1) must be >= 2: with one denoising step the control that reuses the K/V of the first step "
+            "equals the right run and could not fail",
+        ),
         (  # checked before anything is allocated: a torch size error named nothing
             ["--frames", str(10**30)],
             f"--frames x --height x --width ({10**30} x 4 x 4 = {16 * 10**30:,} tokens) must be at most 16,384: "
