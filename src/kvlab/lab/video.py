@@ -27,6 +27,7 @@ import numpy as np
 from kvlab.lab.video_cache import generate_cached, generate_full, visible_frames
 from kvlab.lab.video_flops import cached_generation_flops, full_generation_flops
 from kvlab.lab.video_model import FlopCounter, VideoConfig, make_noise, make_weights
+from kvlab.runtime.blas import blas_threads
 
 TOLERANCE = 1e-5  # max relative error of an exact path: fp32 rounding
 CONTROL_FACTOR = 100  # a negative control must miss by at least this many tolerances
@@ -162,14 +163,27 @@ def run_video_lab(cfg: VideoConfig | None = None) -> dict:
         ``kv_bytes_per_frame``, ``kv_bytes_after_frame`` (``full_history`` and ``evicting``, bytes held after
         frame ``f`` was stored), ``evicted_frame_t``, ``cache_frame_t``, ``visible_frames`` (``[frames, frames]``
         of the evicting run); ``ledger`` (:func:`ledger_check`); ``seconds`` per run; ``checks`` and
-        ``all_passed``.
+        ``all_passed``; ``blas_threads`` (numpy's OpenBLAS threads during the run, None where none was found).
 
     Raises:
-        ValueError: ``frames`` < ``window_frames + 3`` (no frame would be denoised after an eviction at a time
-            that differs from the cache length, so the position control could not fail).
+        ValueError: a config :func:`check_lab_config` refuses.
     """
     cfg = VideoConfig() if cfg is None else cfg
     check_lab_config(cfg)
+    # its matrices are a few frames of 16 tokens: numpy's OpenBLAS threads only spin-wait, and with another process
+    # on a 2-core machine the run took 80-88 s instead of 10 (a new user's measurement); one thread, restored after
+    with blas_threads(BLAS_THREADS) as set_to:
+        result = _run(cfg)
+    result["blas_threads"] = set_to
+    return result
+
+
+# numpy BLAS threads of the video lab (kvlab.runtime.blas.blas_threads)
+BLAS_THREADS = 1
+
+
+def _run(cfg: VideoConfig) -> dict:
+    """The body of :func:`run_video_lab` (checked config, BLAS threads set)."""
     start = time.perf_counter()
     weights, noise = make_weights(cfg), make_noise(cfg)
     counters = {name: FlopCounter() for name in ("full", "cached", "windowed", "evicting", "reencode")}

@@ -127,13 +127,23 @@ def test_generated_frames_differ_from_each_other(setup):
     assert min(np.max(np.abs(full[i] - full[i + 1])) for i in range(CFG.frames - 1)) > 0.1
 
 
-def test_a_control_that_cannot_fail_is_reported_as_such():
-    # one denoising step: reusing the first step's K/V reuses nothing, so that control agrees with recompute;
-    # the lab must say so (failed_as_expected False, all_passed False) instead of passing it
+def test_a_control_that_cannot_fail_is_reported_as_such(monkeypatch):
+    # one denoising step: reusing the first step's K/V reuses nothing, so that control agrees with recompute.
+    # The config check refuses it up front; past that check (the safety net for any config it misses) the lab must
+    # say so (failed_as_expected False, all_passed False) instead of passing it
+    import kvlab.lab.video as video
+
+    with pytest.raises(ValueError, match=r"`steps` \(1\) must be >= 2"):
+        run_video_lab(VideoConfig(steps=1, frames=5, window_frames=1))
+    monkeypatch.setattr(video, "check_lab_config", lambda cfg: None)
     r = run_video_lab(VideoConfig(steps=1, frames=5, window_frames=1))
     reuse = next(c for c in r["controls"] if c["name"] == "current_block_reused")
     assert reuse["rel_err"] <= TOLERANCE and reuse["failed_as_expected"] is False
     assert not r["checks"]["every_control_fails"] and r["all_passed"] is False
+    assert r["blas_threads"] in (
+        video.BLAS_THREADS,
+        None,
+    )  # numpy's OpenBLAS held to one thread (None: not found)
 
 
 def test_a_cache_that_does_not_evict_fails_the_byte_check(monkeypatch):
