@@ -166,11 +166,23 @@ class KIVILayer(CacheLayerMixin):
         raise NotImplementedError("KIVICache does not support offloading")
 
 
+def _width(nbits: int | None, key_bits: int | None, value_bits: int | None) -> int:
+    """``nbits`` of a :class:`KIVICache` (4 when not given); an explicit ``nbits`` that both explicit widths
+    override is refused (``nbits=2, key_bits=8, value_bits=8`` once became an 8-bit cache without a word)."""
+    given = {n: b for n, b in (("key_bits", key_bits), ("value_bits", value_bits)) if b is not None}
+    if nbits is not None and len(given) == 2 and any(b != nbits for b in given.values()):
+        raise ValueError(
+            f"`nbits`={nbits!r} conflicts with key_bits={key_bits!r}, value_bits={value_bits!r}: give `nbits` "
+            "(both halves) or `key_bits` and `value_bits`, not all three"
+        )
+    return 4 if nbits is None else nbits
+
+
 class KIVICache(Cache):
     """KIVI-quantized KV cache for any transformers decoder with full attention.
 
     Args:
-        nbits: bits per code: 2, 4 or 8 (keys and values).
+        nbits: bits per code: 2, 4 or 8 (keys and values); default 4.
         key_bits, value_bits: bits per key / value code, 2, 4 or 8, each defaulting to ``nbits``: keys are the more
             sensitive half (per-channel outliers), so e.g. ``key_bits=8, value_bits=4``. The fused attention path
             (and its Triton kernel) reads one width for both and refuses different ones; use ``"dequantize"``.
@@ -186,8 +198,8 @@ class KIVICache(Cache):
             quantized history is ever built).
 
     Raises:
-        ValueError: unsupported ``nbits``/``key_bits``/``value_bits`` (named), fused attention with
-            ``key_bits != value_bits``, ``residual_length`` not a multiple of ``group_size``, a model whose
+        ValueError: unsupported ``nbits``/``key_bits``/``value_bits`` (named), an ``nbits`` that ``key_bits`` and
+            ``value_bits`` both contradict, fused attention with ``key_bits != value_bits``, ``residual_length`` not a multiple of ``group_size``, a model whose
             layers are not all full attention (with ``config``), ``attention="fused"`` with ``group_size * nbits``
             not a multiple of 8; at the first update, a head_dim that ``group_size`` does not divide (e.g.
             head_dim 96 with G 64).
@@ -197,7 +209,7 @@ class KIVICache(Cache):
 
     def __init__(
         self,
-        nbits: int = 4,
+        nbits: int | None = None,
         group_size: int = 32,
         residual_length: int = 128,
         block_tokens: int | None = None,
@@ -206,6 +218,7 @@ class KIVICache(Cache):
         key_bits: int | None = None,
         value_bits: int | None = None,
     ):
+        nbits = _width(nbits, key_bits, value_bits)
         if attention not in ATTENTION_PATHS:
             raise ValueError(f"`attention` must be one of {list(ATTENTION_PATHS)}, got {attention!r}")
         self.attention = attention

@@ -93,3 +93,13 @@ def test_bad_bits_are_named(kwargs, match):
 def test_bad_names_are_named(name, match):
     with pytest.raises(ValueError, match=match):
         resolve(name).make(None)
+
+
+def test_an_nbits_both_widths_contradict_is_refused():
+    """KIVICache(nbits=2, key_bits=8, value_bits=8) was an 8-bit cache, nbits dropped without a word."""
+    with pytest.raises(ValueError, match=r"`nbits`=2 conflicts with key_bits=8, value_bits=8"):
+        KIVICache(nbits=2, key_bits=8, value_bits=8)
+    assert KIVICache(nbits=8, key_bits=8, value_bits=8).kivi_config.nbits == 8  # consistent: fine
+    assert KIVICache(key_bits=8).kivi_config.value_bits == 4  # one width given: the other takes nbits (4)
+    assert KIVICache(nbits=2, key_bits=8).kivi_config.value_bits == 2
+    assert KIVICache().kivi_config.nbits == 4
