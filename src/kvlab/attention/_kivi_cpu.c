@@ -403,6 +403,25 @@ static void softmax_rows(float *sc, int64_t M, int64_t total, float *inv) {
     }
 }
 
+/* row r of item (b, h): add the window's values weighted by its probabilities pw[0..w) to orow (the quantized
+ * history's sum, fp32, channel order), then write orow * inv to the output (fp32, or bf16 rounded to nearest even) */
+AI void finish_row(const args_t *a, int64_t b, int64_t h, int64_t r, const float *pw, float *orow, float inv,
+                   float *tmp, const int64_t D) {
+    const void *vw = (const char *)a->vw + (b * a->vw_sb + h * a->vw_sh) * (a->win_bf16 ? 2 : 4);
+    for (int64_t j = 0; j < a->w; j++) {
+        const float pr = pw[j];
+        if (pr == 0.0f) continue;
+        window_row(vw, j * a->vw_st, D, (int)a->win_bf16, tmp);
+#pragma omp simd
+        for (int64_t c = 0; c < D; c++) orow[c] += pr * tmp[c];
+    }
+    const int64_t o = ((b * a->H + h) * a->M + r) * D;
+    if (a->out_bf16)
+        for (int64_t c = 0; c < D; c++) ((uint16_t *)a->out)[o + c] = f32_to_bf16(orow[c] * inv);
+    else
+        for (int64_t c = 0; c < D; c++) ((float *)a->out)[o + c] = orow[c] * inv;
+}
+
 static inline __attribute__((always_inline)) void item(const args_t *a, int64_t b, int64_t h, const int NB,
                                                        const int64_t D) {
     const int64_t M = a->M, K = 8 / NB, P = D / K, it = b * a->H + h;
@@ -440,22 +459,10 @@ static inline __attribute__((always_inline)) void item(const args_t *a, int64_t 
             value_sums(&s, sc + start, acc, total, M, D, a->G, bf16, tmp, NB);
         start += s.tokens;
     }
-    const void *vw = (const char *)a->vw + (b * a->vw_sb + h * a->vw_sh) * (a->win_bf16 ? 2 : 4);
     for (int64_t r = 0; r < M; r++) {
         for (int64_t i = 0; i < K; i++)
             for (int64_t jb = 0; jb < P; jb++) orow[jb * K + i] = acc[r * D + i * P + jb];
-        for (int64_t j = 0; j < a->w; j++) {
-            const float pr = sc[r * total + Q + j];
-            if (pr == 0.0f) continue;
-            window_row(vw, j * a->vw_st, D, (int)a->win_bf16, tmp);
-#pragma omp simd
-            for (int64_t c = 0; c < D; c++) orow[c] += pr * tmp[c];
-        }
-        const int64_t o = (it * M + r) * D;
-        if (a->out_bf16)
-            for (int64_t c = 0; c < D; c++) ((uint16_t *)a->out)[o + c] = f32_to_bf16(orow[c] * inv[r]);
-        else
-            for (int64_t c = 0; c < D; c++) ((float *)a->out)[o + c] = orow[c] * inv[r];
+        finish_row(a, b, h, r, sc + r * total + Q, orow, inv[r], tmp, D);
     }
 }
 
@@ -590,21 +597,9 @@ AI void fp8_item(const args_t *a, const fp8_t *f, int64_t b, int64_t h, const in
     softmax_rows(sc, M, total, inv);
     memset(acc, 0, M * D * sizeof(float));
     fp8_value_sums(f->vc + b * f->v_sb + h * f->v_sh, T, f->v_st, sc, acc, total, M, D, E5);
-    const void *vw = (const char *)a->vw + (b * a->vw_sb + h * a->vw_sh) * (a->win_bf16 ? 2 : 4);
     for (int64_t r = 0; r < M; r++) {
         for (int64_t c = 0; c < D; c++) orow[c] = acc[r * D + c] * vs;
-        for (int64_t j = 0; j < a->w; j++) {
-            const float pr = sc[r * total + T + j];
-            if (pr == 0.0f) continue;
-            window_row(vw, j * a->vw_st, D, (int)a->win_bf16, tmp);
-#pragma omp simd
-            for (int64_t c = 0; c < D; c++) orow[c] += pr * tmp[c];
-        }
-        const int64_t o = (it * M + r) * D;
-        if (a->out_bf16)
-            for (int64_t c = 0; c < D; c++) ((uint16_t *)a->out)[o + c] = f32_to_bf16(orow[c] * inv[r]);
-        else
-            for (int64_t c = 0; c < D; c++) ((float *)a->out)[o + c] = orow[c] * inv[r];
+        finish_row(a, b, h, r, sc + r * total + T, orow, inv[r], tmp, D);
     }
 }
 

@@ -263,6 +263,41 @@ def unsupported(query, segments, key_window, value_window) -> str | None:
     return None
 
 
+def _loaded(what: str) -> ctypes.CDLL:
+    """The loaded library (built now if needed).
+
+    Raises:
+        RuntimeError: ``what`` cannot run here, with :func:`unavailable_reason`'s reason.
+    """
+    reason = unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"{what} cannot run: {reason}")
+    return _lib
+
+
+def _window_and_output_args(
+    kw, vw, valid_args, q_len, window_offset, scratch, n_scores, out, nthreads
+) -> tuple:
+    """The arguments both kernels end with: the window ``kw``/``vw`` ``[B, Hkv, w, D]`` (pointers, length, (batch,
+    head, token) strides, dtype code), the mask (:func:`_valid_args`), ``q_len`` and the window offset, the scratch
+    buffer (``n_scores`` floats of scores, then the work area), the output and its dtype code, the thread count."""
+    return (
+        kw.data_ptr(), vw.data_ptr(), kw.shape[2], *kw.stride()[:3], *vw.stride()[:3], _DTYPE_CODE[kw.dtype],
+        *valid_args, q_len, window_offset,
+        scratch.data_ptr(), scratch.data_ptr() + 4 * n_scores, out.data_ptr(), _DTYPE_CODE[out.dtype], nthreads,
+    )  # fmt: skip
+
+
+def _valid_args(valid: torch.Tensor | None) -> tuple[torch.Tensor | None, tuple[int | None, int, int]]:
+    """``valid`` (bool ``[1 or B, q_len, kv]``, or None) with contiguous keys, and the kernel's ``(pointer, batch
+    stride, query stride)`` of it (batch stride 0 broadcasts one row; ``(None, 0, 0)`` without a mask). Keep the
+    returned tensor alive until the call returns."""
+    if valid is None:
+        return None, (None, 0, 0)
+    valid = valid if valid.stride(-1) == 1 else valid.contiguous()
+    return valid, (valid.data_ptr(), 0 if valid.shape[0] == 1 else valid.stride(0), valid.stride(1))
+
+
 def threads(total_tokens: int) -> int:
     """OpenMP threads for a call over ``total_tokens`` keys: ``torch.get_num_threads()``, or 1 below
     :data:`PARALLEL_MIN_TOKENS` (too little work per item to pay for waking another thread)."""
@@ -311,10 +346,7 @@ def decode_attention(
     Raises:
         RuntimeError: the kernel is not available (the reason is named) or rejected the sizes.
     """
-    reason = unavailable_reason()
-    if reason is not None:
-        raise RuntimeError(f"the KIVI CPU kernel cannot run: {reason}")
-    lib = _lib
+    lib = _loaded("the KIVI CPU kernel")
     b, hq, q_len, d = query.shape
     h = key_window.shape[1]
     m = hq // h * q_len
@@ -325,20 +357,14 @@ def decode_attention(
     out = torch.empty(b, hq, q_len, d, dtype=query.dtype)
     meta_bf16 = int(bool(segments) and segments[0].k_scale.dtype == torch.bfloat16)
     kw, vw = key_window, value_window
-    if valid is not None:
-        valid = valid if valid.stride(-1) == 1 else valid.contiguous()
-        vb = 0 if valid.shape[0] == 1 else valid.stride(0)
-        vptr, vq = valid.data_ptr(), valid.stride(1)
-    else:
-        vptr, vb, vq = None, 0, 0
+    valid, (vptr, vb, vq) = _valid_args(valid)
     bf16 = _DTYPE_CODE[query.dtype]
     rc = lib.kivi_decode_step(
         query.data_ptr(), bf16, scaling, b, h, m, d, nbits, group_size,
         len(segments), _segment_args(segments), meta_bf16,
-        kw.data_ptr(), vw.data_ptr(), w, kw.stride(0), kw.stride(1), kw.stride(2),
-        vw.stride(0), vw.stride(1), vw.stride(2), _DTYPE_CODE[kw.dtype],
-        vptr, vb, vq, q_len, window_offset,
-        scratch.data_ptr(), scratch.data_ptr() + 4 * b * h * m * total, out.data_ptr(), bf16, threads(total),
+        *_window_and_output_args(
+            kw, vw, (vptr, vb, vq), q_len, window_offset, scratch, b * h * m * total, out, threads(total)
+        ),
     )  # fmt: skip
     if rc != 0:
         raise RuntimeError(
@@ -392,10 +418,7 @@ def fp8_decode_attention(
     Raises:
         RuntimeError: the kernel is not available (the reason is named) or rejected the sizes.
     """
-    reason = unavailable_reason()
-    if reason is not None:
-        raise RuntimeError(f"the CPU kernel cannot run: {reason}")
-    lib = _lib
+    lib = _loaded("the FP8 CPU kernel")
     b, hq, q_len, d = query.shape
     h, t = key_codes.shape[1], key_codes.shape[2]
     m = hq // h * q_len
@@ -414,21 +437,15 @@ def fp8_decode_attention(
     total = t + w
     scratch = torch.empty(b * h * (m * total + lib.kivi_work_floats(m, d)), dtype=torch.float32)
     out = torch.empty(b, hq, q_len, d, dtype=query.dtype)
-    if valid is not None:
-        valid = valid if valid.stride(-1) == 1 else valid.contiguous()
-        vb = 0 if valid.shape[0] == 1 else valid.stride(0)
-        vptr, vq = valid.data_ptr(), valid.stride(1)
-    else:
-        vptr, vb, vq = None, 0, 0
+    valid, (vptr, vb, vq) = _valid_args(valid)
     kw, vw = key_window, value_window
     bf16 = _DTYPE_CODE[query.dtype]
     rc = lib.fp8_decode_step(
         query.data_ptr(), bf16, scaling, b, h, m, d, FP8_FORMATS[kc.dtype],
         kc.data_ptr(), vc.data_ptr(), t, strides, ks.data_ptr(), vs.data_ptr(), scale_strides,
-        kw.data_ptr(), vw.data_ptr(), w, kw.stride(0), kw.stride(1), kw.stride(2),
-        vw.stride(0), vw.stride(1), vw.stride(2), _DTYPE_CODE[kw.dtype],
-        vptr, vb, vq, q_len, window_offset,
-        scratch.data_ptr(), scratch.data_ptr() + 4 * b * h * m * total, out.data_ptr(), bf16, threads(total),
+        *_window_and_output_args(
+            kw, vw, (vptr, vb, vq), q_len, window_offset, scratch, b * h * m * total, out, threads(total)
+        ),
     )  # fmt: skip
     if rc != 0:
         raise RuntimeError(f"the FP8 CPU kernel rejected head_dim {d}, q_len {q_len} (code {rc})")

@@ -101,6 +101,12 @@ def read_records(results_dir: str | Path, include_quick: bool = False) -> list[t
             or record.get("benchmark") not in BENCHMARKS
         ):
             raise ValueError(f"{path} is not a kvlab bench record (expected format {FORMAT!r})")
+        missing = [key for key in ("result", "command") if key not in record]
+        if missing or not isinstance(record.get("result"), dict):
+            raise ValueError(
+                f"{path} is a kvlab bench record without {', '.join(missing) or 'a result object'} (truncated or "
+                "edited by hand?): re-run the command that wrote it"
+            )
         if record.get("quick") and not include_quick:
             continue
         out.append((path, record))

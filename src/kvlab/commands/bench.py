@@ -16,6 +16,7 @@ import json
 import shlex
 
 from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message
+from kvlab.runtime.atomic import output_problem
 
 # records of a run go here (relative to the current directory) unless --results-dir/--out say otherwise: never into
 # the package source or a checkout's tracked benchmarks/results/ without being asked
@@ -270,6 +271,10 @@ def _run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     device = getattr(args, "device", "cpu")
     path = None
+    if args.no_save and (args.out or args.force):  # both only steer the record --no-save does not write
+        return fail(
+            args, f"{'--out' if args.out else '--force'} has no effect with --no-save, which writes no record"
+        )
     if not args.no_save:
         try:
             path = results.default_path(args.results_dir, args.bench, device, args.quick)
@@ -279,8 +284,11 @@ def _run(args: argparse.Namespace) -> int:
             from pathlib import Path
 
             path = Path(args.out)
-        if path.exists() and not args.force:  # fail before spending minutes measuring
+        if path.exists() and not path.is_dir() and not args.force:  # fail before spending minutes measuring
             return fail(args, file_exists_message(path, "--out to choose another file"), EXIT_FILE_EXISTS)
+        problem = output_problem(path, "--out" if args.out else "--results-dir")
+        if problem:
+            return fail(args, problem)
     module = importlib.import_module(f"kvlab.bench.{args.bench}")
     kw = _kwargs(args)
     if args.bench in ("decode", "memory", "flush", "kernel"):
@@ -290,14 +298,23 @@ def _run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as e:
         return fail(args, e)
     record = results.make_record(args.bench, result, command_line(args), args.quick, args.note)
+    code = 0
     if path is not None:
-        results.write_record(path, record, force=args.force)
-        err.print(f"wrote {path}")
+        try:
+            results.write_record(path, record, force=args.force)
+            err.print(f"wrote {path}")
+        except (
+            OSError
+        ) as exc:  # measured, then the folder refused the file: print the result, say what failed
+            err.print(
+                f"[red]error: could not write the record {path} ({exc.strerror or exc}); the result follows[/]"
+            )
+            path, code = None, 1
     if args.json:
         print(json.dumps(record, indent=1))
     else:
         _print(record, path)
-    return 0
+    return code
 
 
 def _print(record: dict, path) -> None:
@@ -323,6 +340,9 @@ def _docs(args: argparse.Namespace) -> int:
     from kvlab.bench.results import read_records
 
     err = Console(stderr=True)
+    problem = output_problem(args.out, "--out")
+    if problem:
+        return fail(args, problem)
     try:
         out = docs.write_page(args.results_dir, args.out, include_quick=args.include_quick, force=args.force)
         verdicts = docs.targets(read_records(args.results_dir, include_quick=args.include_quick))

@@ -77,3 +77,20 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int = 2, **dumps_kwargs: Any) -> Path:
     """Write ``obj`` as JSON (``indent`` 2, a final newline) to ``path`` atomically."""
     return atomic_write_text(path, json.dumps(obj, indent=indent, **dumps_kwargs) + "\n")
+
+
+def output_problem(path: str | os.PathLike, flag: str) -> str | None:
+    """Why ``path`` cannot take an output file, as far as can be told before writing (``None`` when it can): it is a
+    folder, a file stands where a folder of it should be, or its nearest existing folder is not writable. Commands
+    call it before spending minutes measuring; ``flag`` names the option in the message."""
+    p = Path(path)
+    if p.is_dir():
+        return f"{flag} {p} is a folder; pass a file"
+    ancestor = p.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"{flag} {p}: {ancestor} is a file, not a folder"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"{flag} {p}: folder {ancestor} is not writable"
+    return None

@@ -111,3 +111,53 @@ def test_bench_kernel_names_a_bad_setting_before_measuring(tmp_path, monkeypatch
         err = capsys.readouterr().err
         assert "error:" in err and names.get(flag, flag) in err, (flag, err)
     assert list(tmp_path.iterdir()) == []  # nothing saved
+
+
+def test_bench_output_paths_are_checked_before_measuring(tmp_path, capsys, monkeypatch):
+    """A record path under a file, a folder as --out, and --out/--force with --no-save were tracebacks after the
+    run or silently ignored; a folder that refuses the file after the run prints the result and exits 1."""
+    from kvlab.bench import paging
+
+    blocker = tmp_path / "precious.json"
+    blocker.write_text("{}")
+    small = ["bench", "paging", "--quick", "--sim-requests", "20", "--static-requests", "100"]
+    ran = []
+    real = paging.run
+    monkeypatch.setattr(paging, "run", lambda **kw: ran.append(1) or real(**kw))
+    for argv, fragment in [
+        ([*small, "--out", str(blocker / "x.json")], "is a file, not a folder"),
+        ([*small, "--out", str(tmp_path)], "is a folder; pass a file"),
+        ([*small, "--no-save", "--out", str(tmp_path / "r.json")], "--out has no effect with --no-save"),
+        ([*small, "--no-save", "--force"], "--force has no effect with --no-save"),
+        (
+            ["bench", "docs", "--results-dir", str(tmp_path), "--out", str(tmp_path)],
+            "is a folder; pass a file",
+        ),
+    ]:
+        assert main(argv) == 2, argv
+        assert fragment in capsys.readouterr().err
+    assert not ran and blocker.read_text() == "{}"
+    monkeypatch.setattr("kvlab.bench.results.atomic_write_json", _refuse)
+    assert main([*small, "--out", str(tmp_path / "r.json")]) == 1
+    captured = capsys.readouterr()
+    assert "could not write the record" in captured.err and "the result follows" in captured.err
+    assert "events" in captured.out and ran  # the measurement is shown, not lost
+
+
+def _refuse(path, *a, **k):
+    raise PermissionError(13, "Permission denied", str(path))
+
+
+def test_a_record_without_its_result_is_named(tmp_path, capsys):
+    (tmp_path / "decode-cpu.json").write_text(json.dumps({"format": "kvlab-bench/1", "benchmark": "decode"}))
+    argv = [
+        "bench",
+        "docs",
+        "--results-dir",
+        str(tmp_path),
+        "--out",
+        str(tmp_path / "P.md"),
+        "--include-quick",
+    ]
+    assert main(argv) == 2
+    assert "decode-cpu.json is a kvlab bench record without result, command" in capsys.readouterr().err
