@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kvlab.eval.render import decision_rule
 from kvlab.figures import gate_bounds, plot_eval_figures
 from kvlab.runtime.atomic import atomic_write_text
 
@@ -284,6 +285,8 @@ def _decision_block(summary: Any) -> str:
         f' <span class="muted">(judged on: {html.escape(", ".join(map(str, gates)))})</span>' if gates else ""
     )
     notes = "".join(f'<div class="warning">warning: {html.escape(w)}</div>' for w in warnings)
+    rule = decision_rule(summary) if isinstance(summary, Mapping) else None
+    notes += f'<p class="muted">({html.escape(rule)})</p>' if rule else ""
     return f'<div class="{css}">Decision: <b>{html.escape(_fmt(name))}</b>{rests}</div>{notes}{detail}'
 
 

@@ -115,6 +115,21 @@ def passkey_table(result: dict) -> Table | None:
     return t
 
 
+# bytes saved within this fraction of the most an eligible row saves count as a tie (kvlab.eval.runner.decide)
+BYTE_TIE = 0.01
+
+
+def decision_rule(summary: dict) -> str | None:
+    """How :func:`kvlab.eval.runner.decide` chose among several eligible rows, in words (None for one or none)."""
+    n = summary.get("eligible_candidate_count", 0) if isinstance(summary, dict) else 0
+    if n <= 1 or not summary.get("selected_candidate"):
+        return None
+    return (
+        f"the rule: of the {n} rows that pass every gate, the one saving the most cache bytes; rows within "
+        f"{BYTE_TIE:.0%} of those bytes tie, and a tie goes to the lower KL mean, then to the lower latency ratio"
+    )
+
+
 def fp8_range_lines(result: dict) -> list[str]:
     """One line per FP8 candidate of the capacity matrix: K/V elements clamped at the format's range and non-zero
     ones stored as zero (the rows' ``cache_counts``, :meth:`kvlab.caches.fp8.FP8Cache.counts`), summed over its
@@ -243,12 +258,9 @@ def _print_decision(result: dict, s: dict, console: Console) -> None:
             console.print("          " + ", ".join(extra))
     judged = f" (judged on: {', '.join(s['decision_gates'])})" if s.get("decision_gates") else ""
     console.print(f"[bold]decision: {s['decision']}[/]{judged}")
-    if s.get("eligible_candidate_count", 0) > 1 and s.get("selected_candidate"):
-        console.print(
-            f"  (the rule: of the {s['eligible_candidate_count']} rows that pass every gate, the one saving the most "
-            f"cache bytes; rows within 1% of those bytes tie, and a tie goes to the lower KL mean, then to the lower "
-            "latency ratio)"
-        )
+    rule = decision_rule(s)
+    if rule:
+        console.print(f"  ({rule})")
     if s.get("latency_trusted") is False:
         console.print("[yellow]latency: not trusted (the machine was busy while timing; see the warning)[/]")
     if s.get("latency_warning"):

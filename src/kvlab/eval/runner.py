@@ -44,6 +44,7 @@ from kvlab.eval.metrics import (
     run_generate,
     topk_overlap,
 )
+from kvlab.eval.render import BYTE_TIE
 from kvlab.eval.schema import SCHEMA_VERSION
 from kvlab.runtime.device import resolve_device, synchronize  # resolve_device re-exported: kvlab eval uses it
 from kvlab.runtime.dtypes import SLOW_DTYPE_RATIO, cpu_matmul_policy, float32_attention
@@ -561,10 +562,6 @@ def decide(rows: list[dict]) -> tuple[dict | None, str]:
     tied = [r for r in eligible if r["cache_bytes_saved"] >= most - BYTE_TIE * abs(most)]
     selected = max(tied, key=lambda r: (-_kl_or_inf(r), -r["latency_ratio"], r["cache_bytes_saved"]))
     return selected, f"accept {selected['candidate']} at context {selected['context_length']}"
-
-
-# bytes saved within this fraction of the most an eligible row saves count as a tie in decide()
-BYTE_TIE = 0.01
 
 
 def _kl_or_inf(row: dict) -> float:

@@ -36,6 +36,19 @@ def test_page_has_every_section(eval_result):
     assert "optional extra &#x27;hf&#x27; not installed" in page  # the failure is shown, escaped
 
 
+def test_decision_says_the_rule_that_chose_it(eval_result):
+    """The text report printed how the decision chose among several eligible rows; the HTML page did not."""
+    from kvlab.eval.render import decision_rule
+
+    summary = dict(eval_result["summary"], eligible_candidate_count=3, selected_candidate="kivi-4")
+    page = render_html(dict(eval_result, summary=summary))
+    rule = decision_rule(summary)
+    assert rule.startswith("the rule: of the 3 rows that pass every gate") and "within 1%" in rule
+    assert rule in page
+    single = dict(eval_result, summary=dict(summary, eligible_candidate_count=1))
+    assert "the rule:" not in render_html(single)  # one eligible row: nothing was chosen among
+
+
 def test_page_is_self_contained(eval_result):
     page = render_html(eval_result)
     assert not re.search(r"""(src|href)=["'](https?:|//|file:)""", page)
