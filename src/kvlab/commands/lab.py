@@ -53,10 +53,13 @@ def register(subparsers) -> None:
     p.add_argument("--tokens", type=int, default=96, help="--real: sequence length (default 96)")
     p.add_argument("--batch", type=int, default=1, help="--real: batch rows (default 1)")
     p.set_defaults(func=run)
+    LAB_DEFAULTS.update({dest: p.get_default(dest) for dest in (*TOY_FLAGS, *REAL_FLAGS)})
     sub = p.add_subparsers(dest="lab_command", metavar="{video,eviction}", parser_class=_VideoParser)
     _register_video(sub)
     _register_eviction(sub)
 
+
+LAB_DEFAULTS: dict = {}  # the `kvlab lab` parser's defaults of TOY_FLAGS and REAL_FLAGS, filled at registration
 
 VIDEO_FIELD_PREFIX = "video_"  # argparse dest of a `kvlab lab video` flag = prefix + VideoConfig field
 
@@ -176,7 +179,35 @@ def run(args: argparse.Namespace) -> int:
         return fail(args, exc)
 
 
+# flags of one mode of `kvlab lab` (dest -> flag): given to the other mode they were silently ignored
+TOY_FLAGS = {
+    "kv_heads": "--kv-heads",
+    "new_tokens": "--new-tokens",
+    "repeat": "--repeat",
+    "threads": "--threads",
+    "no_append": "--no-append",
+    "append_contexts": "--append-contexts",
+}
+REAL_FLAGS = {"model": "--model", "dtype": "--dtype", "tokens": "--tokens", "batch": "--batch"}
+
+
+def _ignored_flags(args: argparse.Namespace, parser_defaults: dict) -> str | None:
+    """Why a flag would be ignored (``None`` when none would): one of the other mode's flags changed from its
+    default, or --append-contexts with --no-append."""
+    other = TOY_FLAGS if args.real else REAL_FLAGS
+    given = [flag for dest, flag in other.items() if getattr(args, dest) != parser_defaults.get(dest)]
+    if given:
+        mode = "--real (a real model's exact caches)" if args.real else "the toy decoder (no --real)"
+        return f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to {mode}"
+    if args.no_append and args.append_contexts != parser_defaults.get("append_contexts"):
+        return "--append-contexts sets the append-cost measurement, which --no-append skips"
+    return None
+
+
 def _run(args: argparse.Namespace) -> int:
+    problem = _ignored_flags(args, LAB_DEFAULTS)
+    if problem:
+        raise ValueError(problem)
     if args.real:
         from kvlab.lab.exactness import run_real_check
 

@@ -23,6 +23,11 @@ from kvlab.cli import main
         (["--real", "--batch", "0"], "batch"),
         (["--real", "--dtype", "int8"], "dtype"),
         (["--real", "--model", "/no/such/model"], "/no/such/model"),
+        # one mode's flags given to the other were silently ignored
+        (["--real", "--new-tokens", "8"], "--new-tokens does not apply to --real"),
+        (["--real", "--no-append", "--repeat", "3"], "--repeat, --no-append do not apply to --real"),
+        (["--model", "x", "--tokens", "5"], "--model, --tokens do not apply to the toy decoder"),
+        (["--no-append", "--append-contexts", "64"], "--append-contexts sets the append-cost measurement"),
     ],
 )
 def test_bad_values_are_named(capsys, argv, fragment):
