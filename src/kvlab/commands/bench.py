@@ -256,6 +256,26 @@ def _kwargs(args: argparse.Namespace) -> dict:
     return kw
 
 
+# the sizes each benchmark's run(quick=True) replaces with its smoke-run values (argparse dests)
+QUICK_SIZES = {
+    "decode": ("steps", "warmup"),
+    "memory": ("warmup",),
+    "flush": ("reps", "hf_reps"),
+    "kernel": ("reps",),
+    "paging": ("static_requests", "sim_requests"),
+    "lab": ("new_tokens", "repeat", "no_append"),
+}
+
+
+def _quick_overrides(args: argparse.Namespace) -> list[str]:
+    """The size flags given (changed from their defaults) that ``--quick`` would silently replace."""
+    if not args.quick:
+        return []
+    parser = args._parser
+    flags = {a.dest: a.option_strings[-1] for a in parser._actions if a.option_strings}
+    return [flags[d] for d in QUICK_SIZES.get(args.bench, ()) if getattr(args, d) != parser.get_default(d)]
+
+
 def _run(args: argparse.Namespace) -> int:
     import importlib
 
@@ -271,6 +291,13 @@ def _run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     device = getattr(args, "device", "cpu")
     path = None
+    overridden = _quick_overrides(args)
+    if overridden:
+        return fail(
+            args,
+            f"--quick sets its own sizes, so {', '.join(overridden)} would be ignored: drop --quick to choose "
+            f"{'it' if len(overridden) == 1 else 'them'}",
+        )
     if args.no_save and (args.out or args.force):  # both only steer the record --no-save does not write
         return fail(
             args, f"{'--out' if args.out else '--force'} has no effect with --no-save, which writes no record"

@@ -120,7 +120,7 @@ def test_bench_output_paths_are_checked_before_measuring(tmp_path, capsys, monke
 
     blocker = tmp_path / "precious.json"
     blocker.write_text("{}")
-    small = ["bench", "paging", "--quick", "--sim-requests", "20", "--static-requests", "100"]
+    small = ["bench", "paging", "--sim-requests", "20", "--static-requests", "100"]
     ran = []
     real = paging.run
     monkeypatch.setattr(paging, "run", lambda **kw: ran.append(1) or real(**kw))
@@ -161,3 +161,16 @@ def test_a_record_without_its_result_is_named(tmp_path, capsys):
     ]
     assert main(argv) == 2
     assert "decode-cpu.json is a kvlab bench record without result, command" in capsys.readouterr().err
+
+
+def test_quick_refuses_the_sizes_it_would_replace(capsys):
+    """--quick replaced --new-tokens/--repeat (lab), --sim-requests (paging), --steps (decode) without a word,
+    while the record's command still listed them."""
+    for argv, named in [
+        (["bench", "lab", "--quick", "--new-tokens", "8", "--repeat", "2"], "--new-tokens, --repeat"),
+        (["bench", "paging", "--quick", "--sim-requests", "50"], "--sim-requests"),
+        (["bench", "decode", "--quick", "--steps", "8"], "--steps"),
+        (["bench", "flush", "--quick", "--hf-reps", "1"], "--hf-reps"),
+    ]:
+        assert main([*argv, "--no-save"]) == 2
+        assert f"--quick sets its own sizes, so {named} would be ignored" in capsys.readouterr().err
