@@ -50,7 +50,7 @@ class KIVISnapKVLayer(KIVILayer):
             RuntimeError: the previous prefill's queries never arrived. ValueError: as :meth:`KIVILayer.update`.
         """
         if self.pending:
-            raise _not_enabled()
+            raise _not_enabled(self)
         tokens = key_states.shape[-2]
         if not self.compressed:
             self.compressed = True
@@ -131,7 +131,7 @@ class KIVISnapKVCache(KIVICache):
 
     def __init__(
         self,
-        nbits: int = 4,
+        nbits: int | None = None,
         group_size: int = 32,
         residual_length: int = 128,
         compression_ratio: float | None = None,
@@ -174,7 +174,7 @@ class KIVISnapKVCache(KIVICache):
             from kvlab.attention.interface import observers
 
             observers().pop(layer_idx - 1, None)
-            raise _not_enabled()
+            raise _not_enabled(self)
         kwargs["kvlab_layer_idx"] = layer_idx
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 

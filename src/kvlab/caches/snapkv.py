@@ -194,7 +194,7 @@ class SnapKVLayer(CacheLayerMixin):
         """
         check_kv_pair(key_states, value_states)
         if self.pending:
-            raise _not_enabled()
+            raise _not_enabled(self)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self.keys = torch.cat((self.keys, key_states), dim=-2)
@@ -308,10 +308,12 @@ class _Observer:
             self.layer.observe(query, scale if scale is not None else query.shape[-1] ** -0.5)
 
 
-def _not_enabled() -> RuntimeError:
+def _not_enabled(owner: object) -> RuntimeError:
+    """The error of a query-scored cache (``owner``: the cache or one of its layers) whose queries never came."""
+    name = type(owner).__name__.replace("Layer", "Cache")
     return RuntimeError(
-        "SnapKVCache needs kvlab attention on the model (kvlab.attention.enable(model)): the prefill's queries "
-        "never reached the cache, so the prompt was not compressed"
+        f"{name} needs kvlab attention on the model (kvlab.attention.enable(model)): the queries it scores tokens "
+        "with never reached the cache, so nothing was evicted"
     )
 
 
@@ -364,7 +366,7 @@ class SnapKVCache(Cache):
             from kvlab.attention.interface import observers
 
             observers().pop(layer_idx - 1, None)
-            raise _not_enabled()
+            raise _not_enabled(self)
         kwargs["kvlab_layer_idx"] = layer_idx
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 

@@ -70,7 +70,7 @@ class TOVALayer(SnapKVLayer):
         """
         check_kv_pair(key_states, value_states)
         if self.pending:
-            raise _not_enabled()
+            raise _not_enabled(self)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self.keys = torch.cat((self.keys, key_states), dim=-2)

@@ -104,3 +104,19 @@ def test_registry_name(model):
     cache = resolve("tova:token_budget=32").make(model.config)
     assert isinstance(cache, TOVACache) and cache.snapkv_config.token_budget == 32
     assert resolve("tova").uses_kvlab_attention and resolve("tova").entry.evicts
+
+
+def test_a_model_without_kvlab_attention_names_tova():
+    """The refusal named SnapKVCache, the class TOVA borrows it from."""
+    from tests.conftest import make_tiny_qwen2
+
+    plain = make_tiny_qwen2(head_dim=32, max_positions=512)
+    ids = torch.randint(1, 256, (1, 40), generator=torch.Generator().manual_seed(0))
+    cache = TOVACache(token_budget=16)
+    with pytest.raises(RuntimeError, match=r"^TOVACache needs kvlab attention"), torch.no_grad():
+        for i in range(3):  # the prefill asks for queries; a later step finds they never came
+            plain(
+                ids[:, : 38 + i] if i == 0 else ids[:, 37 + i : 38 + i],
+                **{cache_kwarg(plain): cache},
+                use_cache=True,
+            )
