@@ -156,6 +156,18 @@ def fp8_range_lines(result: dict) -> list[str]:
     return lines
 
 
+# what each matrix column holds (printed once under the tables): a new user could not make ms/tok and lat × agree
+COLUMN_LEGEND = (
+    "columns: × dyn = cache bytes / dynamic's; ms/tok = one whole generate() call (prefill + decode) / new tokens, "
+    "median of the timed calls; lat × = median of the per-round paired ratios to dynamic (so not ms/tok / ms/tok); "
+    "NLL / Δ = mean NLL of the fixed continuation, nats/token (dynamic) or its change; top-k = top-k overlap with "
+    "dynamic's logits; agree = share of greedy tokens equal to dynamic's (noisy: one flip changes the rest); "
+    "recall / passkey = accuracy (recall's ✓ judges the drop at its worst distance, passkey's the overall drop); "
+    "KL = mean KL(dynamic || cache), "
+    "nats; ✓/✗ = the gate of that column"
+)
+
+
 def print_summary(result: dict, console: Console | None = None) -> None:
     """Print provenance, gates, both matrices, failures and the decision."""
     if console is None:
@@ -170,6 +182,8 @@ def print_summary(result: dict, console: Console | None = None) -> None:
     table = passkey_table(result)
     if table is not None:
         console.print(table)
+    if any(r.get("matrix") in ("capacity", "window") for r in result.get("rows", [])):
+        console.print(f"[dim]{COLUMN_LEGEND}[/]")
     for line in fp8_range_lines(result):
         console.print(line)
     for f in result["failures"]:
@@ -225,8 +239,9 @@ def _print_header(result: dict, console: Console) -> None:
 def _print_decision(result: dict, s: dict, console: Console) -> None:
     """Onset, crossover, the selected row with its long-context figures, the decision and its warnings."""
     console.print(
-        f"memory-reduction onset: {s['memory_reduction_onset_context']}; eligible crossover: "
-        f"{s['eligible_crossover_context']}; eligible capacity rows: {s['eligible_candidate_count']}"
+        f"memory-reduction onset (first context saving bytes): {s['memory_reduction_onset_context']}; eligible "
+        f"crossover (first context passing every gate): {s['eligible_crossover_context']}; eligible capacity rows: "
+        f"{s['eligible_candidate_count']}"
     )
     sel = s.get("selected_candidate")
     if sel:

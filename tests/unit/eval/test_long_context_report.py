@@ -261,6 +261,17 @@ def test_a_long_cache_name_folds_instead_of_being_cut():
     assert name in column and "…" not in column
 
 
+def test_print_summary_explains_its_columns(result):
+    """ms/tok (a whole generate() call / new tokens) and lat × (median paired ratio) do not divide into each other;
+    a new user read them as the same thing. One legend line under the tables says what each column holds."""
+    buf = io.StringIO()
+    print_summary(result, Console(file=buf, width=400, color_system=None))
+    text = buf.getvalue()
+    assert "ms/tok = one whole generate() call (prefill + decode) / new tokens" in text
+    assert "lat × = median of the per-round paired ratios to dynamic" in text
+    assert "eligible crossover (first context passing every gate)" in text
+
+
 def test_print_summary_states_the_selection_rule_when_several_rows_pass():
     import json
     from pathlib import Path
