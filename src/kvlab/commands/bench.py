@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 
 from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message
@@ -26,18 +27,31 @@ DEFAULT_RESULTS_DIR = "kvlab-results"
 _NOT_IN_COMMAND = {"json", "force", "no_save", "out", "results_dir", "note", "func", "bench_command"}
 
 
+def _items(text: str) -> list[str]:
+    """Comma- (or space-) separated items; an empty item (``256,,512``), none at all, or one twice is refused (a
+    context or cache named twice was measured twice; ``--candidates ""`` silently ran the defaults)."""
+    parts = re.split(r"\s*,\s*|\s+", text.strip())
+    if not any(parts) or (len(parts) > 1 and not all(parts)):
+        raise argparse.ArgumentTypeError(f"expected items separated by single commas, got {text!r}")
+    seen = [x for i, x in enumerate(parts) if x in parts[:i]]
+    if seen:
+        raise argparse.ArgumentTypeError(f"{seen[0]!r} is given twice in {text!r}")
+    return parts
+
+
 def _ints(text: str) -> list[int]:
+    items = _items(text)
     try:
-        values = [int(x) for x in text.replace(",", " ").split()]
+        values = [int(x) for x in items]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
+    if any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
 
 
 def _names(text: str) -> list[str]:
-    return [x for x in text.replace(",", " ").split() if x]
+    return _items(text)
 
 
 def _common(p: argparse.ArgumentParser, device: bool = True) -> None:

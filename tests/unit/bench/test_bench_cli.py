@@ -4,6 +4,8 @@ import contextlib
 import io
 import json
 
+import pytest
+
 from kvlab.cli import main
 from kvlab.commands import EXIT_FILE_EXISTS
 
@@ -174,3 +176,20 @@ def test_quick_refuses_the_sizes_it_would_replace(capsys):
     ]:
         assert main([*argv, "--no-save"]) == 2
         assert f"--quick sets its own sizes, so {named} would be ignored" in capsys.readouterr().err
+
+
+def test_lists_refuse_empty_and_repeated_items(capsys):
+    """--contexts 64,64 measured the context twice, 256,,512 was accepted, --candidates "" ran the defaults."""
+    for argv, fragment in [
+        (["bench", "memory", "--contexts", "64,64"], "'64' is given twice"),
+        (["bench", "memory", "--contexts", "256,,512"], "expected items separated by single commas"),
+        (["bench", "memory", "--candidates", ""], "expected items separated by single commas"),
+        (["bench", "flush", "--caches", "kivi4,kivi4"], "'kivi4' is given twice"),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:  # an argparse type error
+            main([*argv, "--no-save"])
+        assert exit_info.value.code == 2
+        assert fragment in capsys.readouterr().err
+    from kvlab.commands.bench import _ints
+
+    assert _ints("256, 512") == [256, 512] and _ints("256 512") == [256, 512]
