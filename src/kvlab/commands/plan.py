@@ -702,7 +702,9 @@ def _print_roofline(r: dict) -> None:
     if probe:
         t.add_column("this machine, fp32", justify="right")
     for i, row in enumerate(r["decode_intensity_table"]):
-        cells = [str(row["g"]), f"{row['intensity_flop_per_byte']:.1f}", f"{row['bound'] or '-'}-bound"]
+        # no ridge point without a compute peak (--bandwidth-gb-s alone): nothing to compare with ("--bound" once)
+        verdict = f"{row['bound']}-bound" if row["bound"] else "- (no peak FLOP/s: no ridge)"
+        cells = [str(row["g"]), f"{row['intensity_flop_per_byte']:.1f}", verdict]
         if probe:
             local = probe["decode_intensity_table"][i]
             cells.append(f"I = {local['intensity_flop_per_byte']:.1f}: {local['bound']}-bound")

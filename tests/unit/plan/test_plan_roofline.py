@@ -271,3 +271,14 @@ def test_kvlab_plan_imports_no_torch():
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_roofline_without_a_compute_peak_says_there_is_no_ridge(capsys):
+    """--bandwidth-gb-s alone gives no ridge point: the intensity table printed '--bound' in every row."""
+    from kvlab.cli import main
+
+    assert main(["roofline", "--bandwidth-gb-s", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "--bound" not in out and "no peak FLOP/s: no ridge" in out
+    assert main(["roofline", "--bandwidth-gb-s", "100", "--tflops", "50"]) == 0
+    assert "memory-bound" in capsys.readouterr().out
