@@ -290,6 +290,25 @@ def _decision_block(summary: Any) -> str:
     return f'<div class="{css}">Decision: <b>{html.escape(_fmt(name))}</b>{rests}</div>{notes}{detail}'
 
 
+def _settings_shown(result: Mapping) -> Any:
+    """The settings as requested, with what an automatic one resolved to in this run beside it (``threads: -`` and
+    ``device: auto`` read as unknown while the provenance had the values) and the prompt marked unused in held-out
+    mode."""
+    settings = result.get("settings")
+    if not isinstance(settings, Mapping):
+        return settings
+    shown = dict(settings)
+    prov = result.get("provenance") if isinstance(result.get("provenance"), Mapping) else {}
+    hardware = prov.get("hardware") if isinstance(prov.get("hardware"), Mapping) else {}
+    if shown.get("threads") is None and prov.get("torch_threads") is not None:
+        shown["threads"] = f"auto ({prov['torch_threads']} in this run)"
+    if shown.get("device") == "auto" and hardware.get("device"):
+        shown["device"] = f"auto ({hardware['device']} in this run)"
+    if shown.get("prompt_mode") == "heldout" and shown.get("prompt"):
+        shown["prompt"] = f"{shown['prompt']} (unused: prompt_mode heldout cuts the held-out text)"
+    return shown
+
+
 def _gates_table(gates: Any) -> str:
     bounds = gate_bounds(gates if isinstance(gates, Mapping) else None)
     if not bounds:
@@ -367,7 +386,7 @@ def render_html(result: Mapping[str, Any], figure_dir: str | os.PathLike | None 
 
     parts.append("<h2>Provenance</h2>" + _kv_table(result.get("provenance", {})))
     if "settings" in result:
-        parts.append("<h2>Settings</h2>" + _kv_table(result["settings"]))
+        parts.append("<h2>Settings</h2>" + _kv_table(_settings_shown(result)))
     other = {k: v for k, v in result.items() if k not in _SECTIONS_SHOWN}
     if other:
         parts.append("<h2>Other fields</h2>" + _kv_table(other))

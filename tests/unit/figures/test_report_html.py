@@ -49,6 +49,20 @@ def test_decision_says_the_rule_that_chose_it(eval_result):
     assert "the rule:" not in render_html(single)  # one eligible row: nothing was chosen among
 
 
+def test_settings_show_what_auto_resolved_to(eval_result):
+    """The Settings table showed `threads: -` and `device: auto` while the provenance had 1 and cpu."""
+    result = dict(eval_result)
+    result["settings"] = dict(
+        eval_result["settings"], threads=None, device="auto", prompt_mode="heldout", prompt="Hi"
+    )
+    result["provenance"] = dict(eval_result["provenance"], torch_threads=1)
+    result["provenance"]["hardware"] = dict(eval_result["provenance"].get("hardware") or {}, device="cpu")
+    page = render_html(result)
+    settings = page[page.index("<h2>Settings</h2>") :]
+    assert "auto (1 in this run)" in settings and "auto (cpu in this run)" in settings
+    assert "Hi (unused: prompt_mode heldout cuts the held-out text)" in settings
+
+
 def test_page_is_self_contained(eval_result):
     page = render_html(eval_result)
     assert not re.search(r"""(src|href)=["'](https?:|//|file:)""", page)
