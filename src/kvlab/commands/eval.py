@@ -494,7 +494,14 @@ def _run_real(args, cfg, result, path, err) -> int:
     import signal
 
     from kvlab.eval.io import write_json_atomic
-    from kvlab.eval.runner import check_against_model, count_steps, describe_model, resolve_device, run_eval
+    from kvlab.eval.runner import (
+        check_against_model,
+        context_limit_warnings,
+        count_steps,
+        describe_model,
+        resolve_device,
+        run_eval,
+    )
     from kvlab.models import load_model
 
     try:
@@ -512,11 +519,13 @@ def _run_real(args, cfg, result, path, err) -> int:
         return fail(
             args, f"could not load the model: {type(exc).__name__}: {exc} (recorded in {path})", EXIT_FAILED
         )
+    for warning in context_limit_warnings(cfg, model):
+        err.print(f"[yellow]warning: {warning}[/]")
     try:
         check_against_model(cfg, model)
     except (
         ValueError
-    ) as exc:  # a setting only the loaded model can refute: recorded, exit 2 as for other settings
+    ) as exc:  # a setting only the loaded model can refute: recorded, exit 2 as for the others
         result["status"] = "failed"
         result["failures"].append(
             {"candidate": None, "stage": "settings", "type": "ValueError", "message": str(exc)}

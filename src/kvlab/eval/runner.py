@@ -896,6 +896,25 @@ def check_against_model(cfg: EvalConfig, model: Any) -> None:
         raise ValueError(f"`top_k` (--top-k) {cfg.top_k} exceeds the model's vocabulary ({vocab:,} tokens)")
 
 
+def context_limit_warnings(cfg: EvalConfig, model: Any) -> list[str]:
+    """Warnings for cells whose prompt + new tokens pass the model's ``max_position_embeddings`` (run, not refused:
+    a RoPE model extrapolates, but its quality numbers there describe positions it was never trained on)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    limit = getattr(config, "max_position_embeddings", None)
+    if not isinstance(limit, int):
+        return []
+    cells = [(c, cfg.new_tokens) for c in cfg.contexts]
+    if cfg.window_residuals:
+        cells.append((cfg.window_context, cfg.window_new_tokens))
+    over = sorted({c + n for c, n in cells if c + n > limit})
+    if not over:
+        return []
+    return [
+        f"{len(over)} cell length(s) (prompt + new tokens: {', '.join(f'{t:,}' for t in over)}) pass the model's "
+        f"max_position_embeddings ({limit:,}): those rows measure positions it was not trained on"
+    ]
+
+
 def run_eval(
     cfg: EvalConfig,
     model: Any,
