@@ -637,6 +637,12 @@ def run_roofline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bound_cell(bound: str | None) -> str:
+    """``memory-bound`` / ``compute-bound``, or why there is no verdict: no ridge point without a compute peak
+    (``--bandwidth-gb-s`` alone; the table printed ``--bound`` once)."""
+    return f"{bound}-bound" if bound else "- (no peak FLOP/s: no ridge)"
+
+
 def _print_roofline(r: dict) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -702,9 +708,7 @@ def _print_roofline(r: dict) -> None:
     if probe:
         t.add_column("this machine, fp32", justify="right")
     for i, row in enumerate(r["decode_intensity_table"]):
-        # no ridge point without a compute peak (--bandwidth-gb-s alone): nothing to compare with ("--bound" once)
-        verdict = f"{row['bound']}-bound" if row["bound"] else "- (no peak FLOP/s: no ridge)"
-        cells = [str(row["g"]), f"{row['intensity_flop_per_byte']:.1f}", verdict]
+        cells = [str(row["g"]), f"{row['intensity_flop_per_byte']:.1f}", _bound_cell(row["bound"])]
         if probe:
             local = probe["decode_intensity_table"][i]
             cells.append(f"I = {local['intensity_flop_per_byte']:.1f}: {local['bound']}-bound")
