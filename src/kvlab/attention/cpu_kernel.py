@@ -38,6 +38,8 @@ from pathlib import Path
 
 import torch
 
+from kvlab.runtime.cache_dirs import cache_dir as runtime_cache_dir
+
 SOURCE = Path(__file__).with_name("_kivi_cpu.c")
 COMPILER = os.environ.get("KVLAB_CC", "cc")
 CFLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fopenmp")
@@ -60,12 +62,7 @@ _path: Path | None = None  # the file the loaded kernel came from
 def cache_dir() -> Path:
     """Where built kernels are kept: ``$KVLAB_KERNEL_DIR``, else ``$XDG_CACHE_HOME/kvlab/kernels``, else
     ``~/.cache/kvlab/kernels``."""
-    env = os.environ.get("KVLAB_KERNEL_DIR")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "kvlab" / "kernels"
+    return runtime_cache_dir("kernels", "KVLAB_KERNEL_DIR")
 
 
 def _machine_key() -> str:

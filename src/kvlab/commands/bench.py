@@ -86,7 +86,11 @@ def _cache_settings(p: argparse.ArgumentParser) -> None:
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="model directory or HF id (default: the bundled model)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model directory, GGUF file, named model (kvlab models) or HF id (default: the bundled model)",
+    )
     p.add_argument("--dtype", default="bfloat16", help="model dtype (default bfloat16)")
     p.add_argument("--candidates", type=_names, default=None, help="caches, comma-separated (default: all)")
     p.add_argument("--contexts", type=_ints, default=None, help="context lengths, comma-separated")

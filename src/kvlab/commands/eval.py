@@ -64,7 +64,10 @@ def _registered() -> list[str]:
 def _add_model_flags(p) -> None:
     """Model, dtype, device and the candidate caches."""
     p.add_argument(
-        "--model", default=None, help="HF hub id or local directory (default: the bundled reference model)"
+        "--model",
+        default=None,
+        help="local directory, GGUF file, named model (smollm2-135m; see kvlab models) or HF hub id "
+        "(default: the bundled reference model, a small test model)",
     )
     p.add_argument("--dtype", default="bfloat16", help="model dtype: bfloat16 (default), float16 or float32")
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda")

@@ -25,7 +25,11 @@ def register(subparsers) -> None:
         "before them, exact vs rounded. The tables show each layer's worst head; --json has every head. Every number "
         "is computed in this run.",
     )
-    p.add_argument("--model", default=None, help="HF hub id or local directory (default: the bundled model)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="local directory, GGUF file, named model (kvlab models) or HF hub id (default: the bundled model)",
+    )
     p.add_argument("--dtype", default="bfloat16", help="model dtype: bfloat16 (default), float16 or float32")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     # None = not given (2048 / 0): given together with --prompt they are refused, not ignored
@@ -108,7 +112,10 @@ def run(args: argparse.Namespace) -> int:
 
     try:  # a missing or invalid model directory is bad input (exit 2), as in kvlab lab / plan
         check_local_model(args.model)
-    except OSError as exc:
+    except (
+        OSError,
+        ValueError,
+    ) as exc:  # ValueError: a file that is not GGUF, a named model failing its sha256
         return fail(args, exc)
     from kvlab.eval.inspect import inspect_model
 

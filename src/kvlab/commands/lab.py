@@ -48,7 +48,11 @@ def register(subparsers) -> None:
         help="context lengths of the append-cost measurement",
     )
     p.add_argument("--real", action="store_true", help="check exact caches on a real model instead")
-    p.add_argument("--model", default=None, help="--real: HF id or local dir (default: the bundled model)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="--real: local dir, GGUF file, named model (kvlab models) or HF id (default: the bundled model)",
+    )
     p.add_argument("--dtype", default="float32", help="--real: model dtype (default float32)")
     p.add_argument("--tokens", type=int, default=96, help="--real: sequence length (default 96)")
     p.add_argument("--batch", type=int, default=1, help="--real: batch rows (default 1)")
@@ -442,7 +446,11 @@ def _register_eviction(subparsers) -> None:
     e.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="print machine-readable JSON"
     )
-    e.add_argument("--model", default=None, help="HF id or local dir (default: the bundled model)")
+    e.add_argument(
+        "--model",
+        default=None,
+        help="local dir, GGUF file, named model (kvlab models) or HF id (default: the bundled model)",
+    )
     e.add_argument("--dtype", default="float32", help="model dtype (default float32)")
     e.add_argument("--tokens", type=int, default=2048, help="held-out tokens scored (default 2048)")
     e.add_argument("--window", type=int, default=256, help="W: newest tokens kept (default 256)")

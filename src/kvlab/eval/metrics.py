@@ -190,7 +190,12 @@ def _timed_calls(
 
 
 def fixed_continuation(
-    model: Any, input_ids: torch.Tensor, continuation: torch.Tensor, cache: Any, top_k: int
+    model: Any,
+    input_ids: torch.Tensor,
+    continuation: torch.Tensor,
+    cache: Any,
+    top_k: int,
+    prefilled: dict | None = None,
 ) -> dict:
     """Mean NLL of ``continuation`` after ``input_ids``, decoding one token at a time through ``cache``.
 
@@ -201,20 +206,67 @@ def fixed_continuation(
     Args:
         input_ids: ``[batch, context]`` prompt ids.
         continuation: ``[batch, n]`` token ids (the baseline's greedy tokens), ``n >= 1``.
-        cache: a fresh cache object.
+        cache: a fresh cache object, or one already holding the prompt's float prefill when ``prefilled`` is
+            given (:func:`kvlab.eval.longctx.fill_cache`).
         top_k: how many of the highest logits to record per step (the k of :func:`topk_overlap`).
+        prefilled: ``{"logits": [batch, vocab], "prefill_ms": float}`` of a float prefill of ``input_ids`` that
+            ``cache`` was filled from: the prompt forward is skipped and those logits score ``continuation[:, 0]``
+            (every cache whose prefill attends with float K/V computes the same prefill, so it runs once per prompt).
 
     Returns:
         ``mean_nll`` (nats per token, the mean over all ``batch * n`` scored tokens), ``topk_ids``
         (``[n][batch][k]`` lists), ``prefill_ms`` (the prompt forward), ``decode_ms`` (median single-token
         forward: a TPOT measure without generate's overhead; None when ``n == 1``) and ``logits``
         (``[batch, n, vocab]`` float32 on the CPU: the distributions that scored each token, for
-        :func:`kvlab.eval.divergence.kl_divergence`; not JSON).
+        :func:`kvlab.eval.divergence.kl_divergence`; not JSON), ``prefill_shared`` (True when ``prefilled`` was
+        used; ``prefill_ms`` is then the shared prefill's) and ``prefill_states`` (``[(keys, values)]`` per layer
+        after the prompt, ``[batch, kv_heads, context, head_dim]``, for a ``DynamicCache`` only: what the other
+        caches of the prompt are filled from; not JSON).
 
     Raises:
         ValueError: ``input_ids`` or ``continuation`` not 2-D, their batch sizes differ, ``n == 0``, or ``top_k``
             not a positive integer.
     """
+    _check_continuation_args(input_ids, continuation, top_k)
+    device = input_ids.device
+    kw = cache_kwarg(model)
+    n = continuation.shape[1]
+    nll_sum = 0.0
+    topk_ids = []
+    step_logits = []  # n x [batch, vocab]: the KL against the float cache needs whole distributions
+    decode_ms = []
+    with torch.inference_mode():
+        if prefilled is not None:
+            first_logits, prefill_ms, states = prefilled["logits"], prefilled["prefill_ms"], None
+        else:
+            first_logits, prefill_ms, states = _prompt_forward(model, input_ids, cache)
+        last = first_logits
+        for step in range(n):
+            logits = last.float()  # [batch, vocab]
+            target = continuation[:, step]
+            nll_sum += float(F.cross_entropy(logits, target, reduction="sum"))
+            topk_ids.append(logits.topk(top_k, dim=-1).indices.tolist())
+            step_logits.append(logits.cpu())
+            if step + 1 < n:
+                synchronize(device)
+                start = time.perf_counter()
+                last = model(input_ids=target[:, None], use_cache=True, **{kw: cache}).logits[:, -1, :]
+                synchronize(device)
+                decode_ms.append((time.perf_counter() - start) * 1000.0)
+    return {
+        "mean_nll": nll_sum / (n * continuation.shape[0]),
+        "topk_ids": topk_ids,
+        "prefill_ms": prefill_ms,
+        "prefill_shared": prefilled is not None,
+        "decode_ms": statistics.median(decode_ms) if decode_ms else None,
+        "logits": torch.stack(step_logits, dim=1),  # [batch, n, vocab] float32, on the CPU
+        "prefill_states": states,
+        "prefill_logits": first_logits if states is not None else None,
+    }
+
+
+def _check_continuation_args(input_ids: torch.Tensor, continuation: torch.Tensor, top_k: int) -> None:
+    """The ``ValueError`` cases of :func:`fixed_continuation`."""
     if input_ids.dim() != 2 or continuation.dim() != 2:
         raise ValueError(
             f"`input_ids` and `continuation` must be [batch, tokens], got shapes {tuple(input_ids.shape)} and "
@@ -228,38 +280,21 @@ def fixed_continuation(
         raise ValueError("`continuation` must hold at least one token per row, got shape (batch, 0)")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0:
         raise ValueError(f"`top_k` must be a positive integer, got {top_k!r}")
+
+
+def _prompt_forward(model: Any, input_ids: torch.Tensor, cache: Any) -> tuple:
+    """``(last logits [batch, vocab], prefill ms, states)`` of the prompt forward through ``cache``; ``states`` are a
+    ``DynamicCache``'s K/V per layer (its layers replace, never modify, their tensors), else None."""
     device = input_ids.device
-    kw = cache_kwarg(model)
-    n = continuation.shape[1]
-    nll_sum = 0.0
-    topk_ids = []
-    step_logits = []  # n x [batch, vocab]: the KL against the float cache needs whole distributions
-    decode_ms = []
-    with torch.inference_mode():
-        synchronize(device)
-        start = time.perf_counter()
-        out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **{kw: cache})
-        synchronize(device)
-        prefill_ms = (time.perf_counter() - start) * 1000.0
-        for step in range(n):
-            logits = out.logits[:, -1, :].float()  # [batch, vocab]
-            target = continuation[:, step]
-            nll_sum += float(F.cross_entropy(logits, target, reduction="sum"))
-            topk_ids.append(logits.topk(top_k, dim=-1).indices.tolist())
-            step_logits.append(logits.cpu())
-            if step + 1 < n:
-                synchronize(device)
-                start = time.perf_counter()
-                out = model(input_ids=target[:, None], use_cache=True, **{kw: cache})
-                synchronize(device)
-                decode_ms.append((time.perf_counter() - start) * 1000.0)
-    return {
-        "mean_nll": nll_sum / (n * continuation.shape[0]),
-        "topk_ids": topk_ids,
-        "prefill_ms": prefill_ms,
-        "decode_ms": statistics.median(decode_ms) if decode_ms else None,
-        "logits": torch.stack(step_logits, dim=1),  # [batch, n, vocab] float32, on the CPU
-    }
+    synchronize(device)
+    start = time.perf_counter()
+    out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **{cache_kwarg(model): cache})
+    synchronize(device)
+    prefill_ms = (time.perf_counter() - start) * 1000.0
+    states = None
+    if type(cache).__name__ == "DynamicCache":
+        states = [(layer.keys, layer.values) for layer in cache.layers]
+    return out.logits[:, -1, :], prefill_ms, states
 
 
 def topk_overlap(base: list, cand: list, k: int) -> float:

