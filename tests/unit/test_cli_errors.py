@@ -36,6 +36,7 @@ BAD_INPUT = {
     "kvlab lab": ["--repeat", "0", "--no-append"],
     "kvlab lab video": ["--frames", "0"],
     "kvlab lab eviction": ["--window", "0"],
+    "kvlab models": ["get", "no-such-model"],
     "kvlab paging static": ["--block-size", "0"],
     "kvlab paging simulate": ["--policies", "no-such-policy"],
     "kvlab paging figure": ["--out", "{file}"],  # exists: refused without --force

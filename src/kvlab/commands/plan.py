@@ -213,13 +213,16 @@ def register(subparsers) -> None:
 def _register_plan(subparsers) -> None:
     p = subparsers.add_parser(
         "plan",
-        help="KV memory ledger, fit and decode bound of a model from its config.json (no torch)",
+        help="KV memory ledger, fit and decode bound of a model from its config.json or GGUF header (no torch)",
         description="Read MODEL's config.json (a preset name, a config.json path, a model directory or a hub "
-        "id) and report KV bytes per token and in total, weight bytes, the largest batch and context that fit "
-        "in a GPU, and the decode step lower bound: the bytes one step must read (weights, then every "
-        "sequence's KV) over the memory bandwidth.",
+        "id) or a llama.cpp GGUF file's header (a .gguf path; needs the gguf package) and report KV bytes per "
+        "token and in total, weight bytes, the largest batch and context that fit in a GPU, and the decode "
+        "step lower bound: the bytes one step must read (weights, then every sequence's KV) over the memory "
+        "bandwidth.",
     )
-    p.add_argument("model", nargs="?", metavar="MODEL", help="preset, config.json, directory or hub id")
+    p.add_argument(
+        "model", nargs="?", metavar="MODEL", help="preset, config.json, .gguf file, directory or hub id"
+    )
     p.add_argument("--context", type=int, default=8192, help="tokens per sequence (default 8192)")
     p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
     _add_kv_flags(p)
@@ -271,7 +274,9 @@ def _register_roofline(subparsers) -> None:
         "bandwidth. --probe measures fp32 matmul FLOP/s and streaming GB/s here with numpy.",
     )
     r.add_argument(
-        "--model", default=None, help="preset, config.json, directory or hub id (default llama-3-8b)"
+        "--model",
+        default=None,
+        help="preset, config.json, .gguf file, directory or hub id (default llama-3-8b)",
     )
     r.add_argument("--context", type=int, default=8192, help="tokens per sequence (default 8192)")
     r.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
@@ -293,7 +298,9 @@ def _register_video(subparsers) -> None:
         "compression and a patch size, and size their KV cache on a model (whole history kept).",
     )
     v.add_argument(
-        "--model", default="llama-3-8b", help="preset, config.json, directory or hub id (default llama-3-8b)"
+        "--model",
+        default="llama-3-8b",
+        help="preset, config.json, .gguf file, directory or hub id (default llama-3-8b)",
     )
     v.add_argument(
         "--seconds", type=float, nargs="+", default=[5, 10, 30], help="clip lengths (default 5 10 30)"
@@ -408,7 +415,10 @@ def run_plan(args: argparse.Namespace) -> int:
     if _print_lists(args):
         return 0
     if args.model is None:
-        return fail(args, "plan needs MODEL (a preset, config.json, directory or hub id); see --list-presets")
+        return fail(
+            args,
+            "plan needs MODEL (a preset, config.json, .gguf file, directory or hub id); see --list-presets",
+        )
     if args.block_size is not None and args.emit != "vllm":
         return fail(args, f"--block-size {args.block_size} only applies with --emit vllm")
     problem = _device_flag_problem(args)

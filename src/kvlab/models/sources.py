@@ -297,10 +297,13 @@ def prepare_source(
 
 
 def _check_gguf_header(gguf: Path) -> dict:
-    """The GGUF's config as the planner reads it; one ValueError naming the file for a truncated/corrupt one."""
-    from kvlab.plan.gguf import read_gguf_config
+    """``{"model_type": <GGUF architecture>}`` after the header walk (:func:`kvlab.plan.gguf.read_gguf_header`):
+    one ValueError naming the file for a truncated or corrupt one, before transformers spends ~20 s on it. The
+    architecture is not checked against the planner's table: transformers decides what it can load."""
+    from kvlab.plan.gguf import read_gguf_header
 
-    return read_gguf_config(gguf)
+    header = read_gguf_header(gguf)
+    return {"model_type": header.metadata.get("general.architecture")}
 
 
 def convert_gguf(gguf: Path, target: Path, provenance: dict) -> Path:

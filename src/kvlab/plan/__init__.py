@@ -1,9 +1,11 @@
-"""Planner: KV memory ledger, fit, roofline and video accounting from a model's ``config.json`` (no torch).
+"""Planner: KV memory ledger, fit, roofline and video accounting from a model's ``config.json`` or GGUF header
+(no torch).
 
 Modules
 -------
-spec       ModelSpec from config.json (file, directory, dict, hub id, preset); head_dim, MQA/GQA/MLA, sliding,
-           hybrid and KV-shared layers
+spec       ModelSpec from config.json (file, directory, dict, hub id, preset) or a GGUF file; head_dim,
+           MQA/GQA/MLA, sliding, hybrid and KV-shared layers
+gguf       a config dict from a llama.cpp GGUF file's header (metadata and tensor infos; needs ``gguf``)
 presets    public models' configs, written from their hub config.json
 weights    parameter count from the config; exact bytes from safetensors headers
 ledger     KV bytes per token / per layer kind / total; plain dtypes and KIVI; tensor parallel

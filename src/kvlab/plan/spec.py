@@ -1,7 +1,8 @@
 """Model spec: the few numbers of a transformers ``config.json`` that size the KV cache.
 
 A :class:`ModelSpec` is read from the model's own config (a file, a directory, a dict, a hub id, or a built-in
-preset) so that the traps of hand-typed calculators do not apply:
+preset), or from a llama.cpp GGUF file's header (:mod:`kvlab.plan.gguf` turns its metadata into the same config
+keys), so that the traps of hand-typed calculators do not apply:
 
 * Every quantity is read under every name the transformers config classes and vLLM's ``ModelConfig`` read it
   by (``LAYER_NAMES``, ``HIDDEN_NAMES``, ``HEAD_NAMES``, ``KV_HEAD_NAMES``, ``HEAD_DIM_NAMES``: GPT-2, MPT/DBRX,
@@ -53,6 +54,7 @@ from kvlab.plan.config_fields import (  # re-exported: the spec's public names
     SLIDING,
     decoder_config,
 )
+from kvlab.plan.gguf import GGUF_DTYPE, is_gguf_file, read_gguf_config
 from kvlab.plan.weights import estimate_parameters, read_safetensors_bytes
 
 # Values of `layer_types` / `layers_block_type` and the kind they mean.
@@ -106,8 +108,10 @@ class ModelSpec:
     num_active_parameters: int | None = None  # parameters used per token (MoE: routed experts only)
     num_decode_flop_parameters: int | None = None  # parameters a decode token multiplies by (2 FLOP each):
     #   active less the embedding lookups, the LM head once whether tied or not; None if unknown
-    checkpoint_bytes: int | None = None  # bytes of the safetensors weights next to the config, when read
+    checkpoint_bytes: int | None = None  # bytes of the safetensors weights next to the config (or of a GGUF's
+    #   tensor data), when read
     checkpoint_source: str | None = None  # the file(s) checkpoint_bytes was read from
+    checkpoint_format: str = "safetensors"  # "safetensors" or "GGUF": what checkpoint_source is
     notes: tuple[str, ...] = field(default=())  # what the reader assumed or ignored, for the user
 
     def __post_init__(self) -> None:
@@ -707,22 +711,78 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def _looks_like_path(text: str) -> bool:
-    """``./x``, ``../x``, ``/x``, ``~/x``, ``x/`` or ``*.json``: meant as a local path, never a preset or hub id."""
-    return text.startswith(("./", "../", "/", "~", ".\\", "..\\")) or text.endswith(("/", "\\", ".json"))
+    """``./x``, ``../x``, ``/x``, ``~/x``, ``x/``, ``*.json`` or ``*.gguf``: meant as a local path, never a preset or
+    hub id."""
+    return text.startswith(("./", "../", "/", "~", ".\\", "..\\")) or text.lower().endswith(
+        ("/", "\\", ".json", ".gguf")
+    )
+
+
+# GGUF file types whose weights are plain floats (the rest are quantized)
+_GGUF_PLAIN_TYPES = ("F32", "F16", "BF16", "F64")
+
+
+def _gguf_spec(path: Path) -> ModelSpec:
+    """The :class:`ModelSpec` of a GGUF file: its header read by :func:`kvlab.plan.gguf.read_gguf_config`, then
+    :func:`spec_from_config`; ``checkpoint_bytes`` is the file's tensor data (the weights as llama.cpp holds
+    them, quantized or not; None for a shard of a split GGUF), with notes on the KV dtype assumed and on the
+    quantized weights.
+
+    Raises:
+        ValueError: see :func:`kvlab.plan.gguf.read_gguf_config` (each names the file); a config field the spec
+            refuses is named with the file.
+    """
+    cfg = read_gguf_config(path)
+    info = cfg["_gguf"]
+    try:
+        spec = spec_from_config(cfg, name=str(path))
+    except ValueError as e:
+        raise ValueError(f"{path} (GGUF header read as a config): {e}") from None
+    notes = list(spec.notes)
+    notes.append(
+        f"GGUF states no torch dtype: the KV cache is sized in {GGUF_DTYPE}, the dtype of the dequantized model "
+        "(llama.cpp's default f16 KV cache takes the same 2 B per value; pass --kv-dtype for another)"
+    )
+    if info["split_count"] > 1 or info["tensor_bytes"] is None:
+        why = (
+            f"shard of a {info['split_count']}-file split GGUF"
+            if info["split_count"] > 1
+            else f"its tensor types include one unknown to this gguf package ({info['tensor_types']})"
+        )
+        notes.append(
+            f"GGUF weights are {info['file_type']}; the file's tensor bytes are not the model's ({why}), so weight "
+            f"bytes come from the parameter count{QUANTIZED_WEIGHTS_HINT}"
+        )
+        return replace(spec, notes=tuple(notes))
+    if info["file_type"] not in _GGUF_PLAIN_TYPES:
+        notes.append(
+            f"GGUF weights are {info['file_type']}: weight bytes default to the file's {info['tensor_bytes']:,} B "
+            f"of tensor data (quantized, as llama.cpp holds them), not a dequantized copy{QUANTIZED_WEIGHTS_HINT}"
+        )
+    return replace(
+        spec,
+        checkpoint_bytes=info["tensor_bytes"],
+        checkpoint_source=f"{path.name} ({info['file_type']})",
+        checkpoint_format="GGUF",
+        notes=tuple(notes),
+    )
 
 
 def load_spec(model: str | os.PathLike | Mapping | ModelSpec) -> ModelSpec:
     """Resolve ``model`` to a :class:`ModelSpec`.
 
     ``model`` may be a :class:`ModelSpec`, a config dict, a preset name or its hub id (case-insensitive, see
-    :mod:`kvlab.plan.presets`), a ``config.json`` path, a model directory (its safetensors weights, when present,
-    set :attr:`ModelSpec.checkpoint_bytes`), or a hub id (``org/name``) whose ``config.json`` is fetched with
-    ``huggingface_hub`` when that package is importable (cached copy first; online only when allowed).
+    :mod:`kvlab.plan.presets`), a ``config.json`` path, a GGUF file (a ``.gguf`` path, or any file that starts
+    with the GGUF magic: its header is read by :func:`kvlab.plan.gguf.read_gguf_config`, torch-free, and its
+    tensor data bytes set :attr:`ModelSpec.checkpoint_bytes`), a model directory (its safetensors weights, when
+    present, set :attr:`ModelSpec.checkpoint_bytes`), or a hub id (``org/name``) whose ``config.json`` is fetched
+    with ``huggingface_hub`` when that package is importable (cached copy first; online only when allowed).
 
     Raises:
         ValueError: nothing matches ``model`` (a path-like ``model``, see :func:`_looks_like_path`, that does not
-            exist is reported as a missing directory or config file, never looked up on the hub), or the config
-            is malformed (the message names the field).
+            exist is reported as a missing directory, config or GGUF file, never looked up on the hub), the config
+            is malformed (the message names the field), or a GGUF file that is not one, is cut short, lacks a key
+            or needs the ``gguf`` package (the message names the file).
     """
     from kvlab.plan import presets
 
@@ -732,7 +792,9 @@ def load_spec(model: str | os.PathLike | Mapping | ModelSpec) -> ModelSpec:
         return spec_from_config(model, name=str(model.get("_name_or_path") or "config"))
     text = os.fspath(model)
     if not text.strip():
-        raise ValueError(f"`model` must name a preset, a config.json, a directory or a hub id, got {text!r}")
+        raise ValueError(
+            f"`model` must name a preset, a config.json, a GGUF file, a directory or a hub id, got {text!r}"
+        )
     preset = presets.find(text)
     if preset is not None:
         return spec_from_config(preset.config, name=preset.name)
@@ -740,21 +802,31 @@ def load_spec(model: str | os.PathLike | Mapping | ModelSpec) -> ModelSpec:
     if path.is_dir():
         config_path = path / "config.json"
         if not config_path.is_file():
-            raise ValueError(f"directory {path} has no config.json")
+            ggufs = sorted(p.name for p in path.glob("*.gguf"))
+            hint = (
+                f" (it holds {', '.join(ggufs[:3])}{', ...' if len(ggufs) > 3 else ''}: pass the file)"
+                if ggufs
+                else ""
+            )
+            raise ValueError(f"directory {path} has no config.json{hint}")
         spec = spec_from_config(_read_json(config_path), name=str(path))
         found = read_safetensors_bytes(path)
         if found is not None:
             spec = replace(spec, checkpoint_bytes=found[0], checkpoint_source=found[1])
         return spec
     if path.is_file():
+        if path.suffix.lower() == ".gguf" or is_gguf_file(path):
+            return _gguf_spec(path)
         return spec_from_config(_read_json(path), name=str(path))
     if _looks_like_path(text):
-        kind = "config file" if text.lower().endswith(".json") else "model directory"
+        kinds = {".json": "config file", ".gguf": "GGUF file"}
+        kind = next((k for end, k in kinds.items() if text.lower().endswith(end)), "model directory")
         raise ValueError(f"{kind} {text!r} does not exist (looked for {path.resolve()})")
     if _HUB_ID.match(text):
         return spec_from_config(_hub_config(text), name=text)
     raise ValueError(
-        f"model {text!r} is not a preset, a config.json, a directory or a hub id; presets: {', '.join(presets.names())}"
+        f"model {text!r} is not a preset, a config.json, a GGUF file, a directory or a hub id; presets: "
+        f"{', '.join(presets.names())}"
     )
 
 

