@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvlab.eval.render import decision_rule
+from kvlab.eval.render import decision_rule, bundled_model_note
 from kvlab.figures import gate_bounds, plot_eval_figures
 from kvlab.runtime.atomic import atomic_write_text
 
@@ -357,6 +357,9 @@ def render_html(result: Mapping[str, Any], figure_dir: str | os.PathLike | None 
     if header:
         parts.append(_kv_table(header))
     parts.append("<h2>Decision</h2>" + _decision_block(result.get("summary", result.get("decision"))))
+    note = bundled_model_note(result) if isinstance(result, Mapping) else None
+    if note:
+        parts.append(f'<div class="warning">note: {html.escape(note)}</div>')
     parts.append("<h2>Gates</h2>" + _gates_table(result.get("gates")))
     if result.get("candidates"):
         parts.append("<h2>Candidates</h2>" + _candidates_table(result["candidates"]))

@@ -69,16 +69,17 @@ def test_it_reads_its_context(smollm2):
 
 
 @pytest.mark.parametrize("name", ["kivi-4", "kivi-2", "fp8-e4m3"])
-@pytest.mark.parametrize("source_kind", ["gguf", "config"])
+@pytest.mark.parametrize("source_kind", ["gguf", "config", "preset"])
 def test_planner_bytes_equal_measured_bytes(smollm2, name, source_kind):
     """kvlab plan's bytes for 300 tokens x 2 rows equal ``cache.nbytes()`` after a real prefill of that size, with
-    the spec read from the GGUF header or from the converted directory's config.json."""
+    the spec read from the GGUF header, the converted directory's config.json or the planner's preset of the same
+    name."""
     from kvlab.caches.registry import resolve
     from kvlab.plan import kv_bytes, load_spec
     from kvlab.runtime.hf_api import cache_kwarg
 
     model, _, source = smollm2
-    spec = load_spec(str(source.gguf) if source_kind == "gguf" else source.load_from)
+    spec = load_spec({"gguf": str(source.gguf), "config": source.load_from, "preset": NAME}[source_kind])
     assert (spec.num_layers, spec.num_kv_heads, spec.head_dim) == (30, 3, 64)
     cache = resolve(name).make(model.config)
     ids = torch.randint(0, 49152, (2, 300), generator=torch.Generator().manual_seed(0))

@@ -199,8 +199,28 @@ def print_summary(result: dict, console: Console | None = None) -> None:
         console.print(f"[red]failed[/] {' '.join(where + [''])}at {f['stage']}: {f['type']}: {f['message']}")
     if result.get("summary"):
         _print_decision(result, result["summary"], console)
+        note = bundled_model_note(result)
+        if note:
+            console.print(f"[yellow]note:[/] {note}")
     if result.get("elapsed_s") is not None:
         console.print(f"elapsed {result['elapsed_s']:.1f} s")
+
+
+BUNDLED_ID = "kvlab-reference (bundled)"
+REAL_MODEL_COMMAND = "kvlab eval --model smollm2-135m"
+
+
+def bundled_model_note(result: dict) -> str | None:
+    """For a run on the bundled model: that its decision is a test result, not advice for a served model (its
+    verdicts differ from a real LLM's, docs/EVAL.md), and the command that runs a real one; else None."""
+    model = result.get("provenance", {}).get("model", {})
+    if model.get("id_or_path") != BUNDLED_ID:
+        return None
+    return (
+        "this ran on the bundled 5 M-parameter test model, whose verdicts differ from a real LLM's (docs/EVAL.md); "
+        f"for a decision about a served model run a real one: {REAL_MODEL_COMMAND} (offline, after "
+        "`kvlab models get smollm2-135m`), or --model with your own"
+    )
 
 
 def _print_header(result: dict, console: Console) -> None:

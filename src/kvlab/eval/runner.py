@@ -45,7 +45,7 @@ from kvlab.eval.metrics import (
     run_generate,
     topk_overlap,
 )
-from kvlab.eval.render import BYTE_TIE
+from kvlab.eval.render import BUNDLED_ID, BYTE_TIE
 from kvlab.eval.schema import SCHEMA_VERSION
 from kvlab.runtime.device import resolve_device, synchronize  # resolve_device re-exported: kvlab eval uses it
 from kvlab.runtime.dtypes import SLOW_DTYPE_RATIO, cpu_matmul_policy, float32_attention
@@ -66,7 +66,7 @@ def describe_model(model: Any, model_arg: str | None, dtype: str, device: str) -
     heads = text.num_attention_heads
     source = model_source(model_arg)
     return {
-        "id_or_path": "kvlab-reference (bundled)" if model_arg is None else model_arg,
+        "id_or_path": BUNDLED_ID if model_arg is None else model_arg,
         "path": path,
         "fingerprint": model_fingerprint(path),
         "source": {"kind": source.kind, **source.provenance},

