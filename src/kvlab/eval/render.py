@@ -206,6 +206,13 @@ def print_summary(result: dict, console: Console | None = None) -> None:
         console.print(f"elapsed {result['elapsed_s']:.1f} s")
 
 
+def _short_fingerprint(fingerprint: object) -> str:
+    """``sha256:af191d224`` / ``gguf-sha256:b179c9523`` / ``hf:<id>@<commit>``: the kind and 9 hex digits."""
+    text = str(fingerprint)
+    kind, _, digest = text.rpartition(":")
+    return f"{kind}:{digest[:9]}" if kind and "@" not in text else text[:60]
+
+
 BUNDLED_ID = "kvlab-reference (bundled)"
 REAL_MODEL_COMMAND = "kvlab eval --model smollm2-135m"
 
@@ -233,8 +240,16 @@ def _print_header(result: dict, console: Console) -> None:
     if model:
         console.print(
             f"model {model.get('id_or_path')} ({model.get('dtype')}, {model.get('device')}), "
-            f"fingerprint {str(model.get('fingerprint'))[:16]}"
+            f"fingerprint {_short_fingerprint(model.get('fingerprint'))}"
         )
+        source = model.get("source") or {}
+        if source.get("package"):  # a GGUF shipped in a package: which one, and what its weights are
+            console.print(
+                f"  from {source['package']} {source.get('package_version')}: {source.get('weights')}, "
+                f"GGUF sha256 {str(source.get('gguf_sha256'))[:16]}"
+            )
+        elif source.get("gguf_sha256"):
+            console.print(f"  from {source.get('gguf_file')}: {source.get('weights')}")
     threads = f", {prov['torch_threads']} torch thread(s)" if prov.get("torch_threads") else ""
     console.print(
         f"torch {sw.get('torch')}, transformers {sw.get('transformers')}, "
