@@ -91,5 +91,5 @@ def test_eviction_candidates_are_eval_names():
     )
     check_candidate_names(names)
     assert Candidate.parse("snapkv:compression_ratio=0.25").family == "snapkv"
-    with pytest.raises(ValueError, match="name no variant or setting"):
+    with pytest.raises(ValueError, match="name no setting the run sets"):
         Candidate.parse("kivi-4:group_size=64")  # KIVI's settings stay the run's

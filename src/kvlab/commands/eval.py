@@ -81,7 +81,9 @@ def _add_matrix_flags(p) -> None:
         default=None,
         help="comma list of registered cache names, family[-bits][-variant][:setting=value] (see CONTRIBUTING.md), "
         f"e.g. kivi-4,kivi-k8v4,fp8-e4m3,hqq-4,sink:window_length=256; every name: {', '.join(_registered())} "
-        "(default: dynamic,kivi-4,kivi-2,hqq-4)",
+        "(default: dynamic,kivi-4,kivi-2,hqq-4); kivi-N-fused / kivi-N-dequant choose their own attention path, "
+        "kivi-k8v4 and kivi-k4v2 always run dequantized; settings other than an evicting cache's are the run's "
+        "flags (--group-size, --residual, --hqq-group-size)",
     )
     p.add_argument(
         "--contexts", type=_ints, default=None, help="capacity matrix contexts (default 512,2048,4096)"
@@ -98,7 +100,8 @@ def _add_matrix_flags(p) -> None:
         "--kivi-attention",
         choices=("fused", "dequantize"),
         default=None,
-        help="fused (default): kvlab attention reads packed codes; dequantize: float K/V to the model's attention",
+        help="fused (default): kvlab attention reads packed codes; dequantize: float K/V to the model's attention "
+        "(for each KIVI candidate that names no path of its own)",
     )
     p.add_argument(
         "--cpu-matmul",
@@ -467,6 +470,8 @@ def run(args: argparse.Namespace) -> int:
         return fail(args, _with_flags(str(exc)))
     except OSError as exc:
         return fail(args, exc)
+    for note in _attention_notes(cfg):
+        err.print(f"[yellow]note:[/] {note}")
     argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith("kvlab") else None
     result = new_result(cfg, label, argv)
     if args.dry_run:
@@ -483,6 +488,21 @@ def run(args: argparse.Namespace) -> int:
         if exc.filename != str(path):  # not the result file: not an output-path problem
             raise
         return fail(args, f"could not write the result {path} ({exc.strerror or exc})", EXIT_FAILED)
+
+
+def _attention_notes(cfg) -> list[str]:
+    """A note when a KIVI candidate runs another attention path than the run's (``kivi-k8v4`` in a fused run)."""
+    from kvlab.eval.candidates import run_attention
+
+    if cfg.kivi_attention != "fused":
+        return []
+    own = [n for n in cfg.candidates if n.startswith("kivi") and run_attention(n, "fused") == "dequantize"]
+    if not own:
+        return []
+    return [
+        f"{', '.join(own)} run(s) the dequantize attention path: fused KIVI attention (--kivi-attention fused) reads "
+        f"keys and values at one width"
+    ]
 
 
 class _Terminated(BaseException):  # not an Exception: cells must not swallow it

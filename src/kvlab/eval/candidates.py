@@ -2,8 +2,9 @@
 
 * ``dynamic`` — transformers ``DynamicCache`` (the float baseline).
 * ``kivi-N`` (N in 2, 4, 8) — :class:`kvlab.caches.KIVICache`: keys per-channel, values per-token;
-  ``kivi-kKvV`` (``kivi-k8v4``) gives keys and values their own widths (dequantize path: ``--kivi-attention
-  dequantize``).
+  ``kivi-N-fused`` / ``kivi-N-dequant`` name the attention path themselves (otherwise ``--kivi-attention``);
+  ``kivi-kKvV`` (``kivi-k8v4``) gives keys and values their own widths and always runs the dequantize path (the
+  fused path reads both at one width).
 * ``fp8-e4m3`` / ``fp8-e5m2`` [``-tensor`` | ``-unscaled`` | ``-hadamard``] — :class:`kvlab.caches.fp8.FP8Cache`:
   float8 K/V, per-head scales calibrated on the prefill (default), one per tensor, or 1.0; ``-hadamard``: per-head
   scales on K/V rotated by a randomized Hadamard matrix (:mod:`kvlab.quant.rotation`).
@@ -16,9 +17,9 @@
   settings are part of its name, as is SnapKV under KIVI: ``kivi-4:compression_ratio=0.5``.
 * any other registered family (``paged``, and caches added later) by its registry name.
 
-The experiment sets KIVI's attention path (``--kivi-attention``), group size and residual window per matrix cell,
-so an eval candidate names neither a variant nor ``:setting=value`` (``kvlab bench`` takes both) — except a
-variant that names the cache itself (FP8's format and scale).
+The experiment sets KIVI's group size and residual window per matrix cell, so an eval candidate names no
+``:setting=value`` (``kvlab bench`` takes them) except an evicting cache's; its variant may name the cache itself
+(FP8's format and scale) or KIVI's attention path (``kivi-4-fused`` is ``kivi-4`` with ``--kivi-attention fused``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from typing import Any
 from kvlab.caches.registry import CacheSettings, ResolvedCache, resolve
 
 EVICTION_SETTINGS = {"compression_ratio", "token_budget"}  # kivi-4:compression_ratio=0.5: SnapKV under KIVI
+# variants that choose a cache's attention path, not the cache: eval takes them as the run's --kivi-attention would
+ATTENTION_VARIANTS = {"kivi": ("fused", "dequant")}
 
 
 def _resolve_one(name: Any) -> ResolvedCache:
@@ -45,29 +48,32 @@ def _resolve_one(name: Any) -> ResolvedCache:
             else:
                 raise ValueError(f"write cache candidate {name!r} as {canonical!r}") from None
         raise ValueError(f"unknown cache candidate(s) [{name!r}]: {exc}") from None
-    # a variant that names the cache itself (fp8-e4m3: the format) is part of the candidate, as are an evicting
-    # cache's settings (sink:window_length=128: what it keeps); KIVI's variant (the attention path) and settings are
-    # the run's
+    # a variant that names the cache itself (fp8-e4m3: the format) or KIVI's attention path (kivi-4-fused) is part
+    # of the candidate, as are an evicting cache's settings (sink:window_length=128: what it keeps) and SnapKV's
+    # under KIVI; KIVI's and HQQ's other settings (group size, residual window) are the run's
     own_settings = cache.entry.evicts or {k for k, _ in cache.name.settings} <= EVICTION_SETTINGS
-    if (cache.name.variant is not None and not cache.entry.variant_required) or (
-        cache.name.settings and not own_settings
-    ):
-        bits = cache.name.bits
+    attention_variants = ATTENTION_VARIANTS.get(cache.family, ())
+    own_variant = cache.entry.variant_required or cache.name.variant in attention_variants
+    if cache.name.variant == "fused" and cache.name.key_bits is not None:  # kivi-k8v4-fused
         raise ValueError(
-            f"unknown cache candidate(s) [{name!r}]: eval candidates name no variant or setting (the run sets "
-            f"--kivi-attention, --group-size and --residual); use {cache.family}"
-            + (f"-{cache.nbits}" if cache.nbits is not None else "")
-            + (f"-k{bits[0]}v{bits[1]}" if bits is not None and cache.nbits is None else "")
-            + (f"-{cache.name.variant}" if cache.entry.variant_required else "")
+            f"unknown cache candidate(s) [{name!r}]: fused KIVI attention reads keys and values at one width; use "
+            f"{cache.family}-k{cache.name.key_bits}v{cache.name.value_bits} (it runs the dequantize path)"
+        )
+    if (cache.name.variant is not None and not own_variant) or (cache.name.settings and not own_settings):
+        head = resolve(str(name).partition(":")[0]).name.canonical
+        kept = "".join(f":{k}={v}" for k, v in cache.name.settings if k in EVICTION_SETTINGS)
+        raise ValueError(
+            f"unknown cache candidate(s) [{name!r}]: eval candidates name no setting the run sets "
+            f"(--group-size, --residual, --hqq-group-size); use {head}{kept}"
         )
     return cache
 
 
-def check_candidate_names(names: tuple[str, ...]) -> None:
+def check_candidate_names(names: tuple[str, ...], kivi_attention: str = "dequantize") -> None:
     """Raise ``ValueError`` naming any unknown candidate, one not written in the registry's canonical spelling
     (``kivi4`` for ``kivi-4``: the same cache could otherwise run twice, or ``Dynamic`` miss the baseline), a
-    duplicate (also one cache under two names: ``sink`` and ``sink:window_length=256``, its default), or a list
-    without ``dynamic``."""
+    duplicate (also one cache under two names: ``sink`` and ``sink:window_length=256``, its default; ``kivi-4`` and
+    ``kivi-4-fused`` in a run whose ``kivi_attention`` is ``"fused"``), or a list without ``dynamic``."""
     if not names:
         raise ValueError("`candidates` must not be empty")
     for name in names:
@@ -81,7 +87,9 @@ def check_candidate_names(names: tuple[str, ...]) -> None:
     for name in names:
         # what the registry says the cache is, minus its name: kivi-4 and kivi-4:compression_ratio=0.5 differ
         # (SnapKV under KIVI), sink and sink:window_length=256 do not
-        key = tuple(sorted((k, repr(v)) for k, v in _resolve_one(name).describe().items() if k != "name"))
+        settings = CacheSettings(kivi_attention=run_attention(name, kivi_attention))
+        described = resolve(name, settings).describe()
+        key = tuple(sorted((k, repr(v)) for k, v in described.items() if k != "name"))
         if key in seen:
             raise ValueError(
                 f"cache candidates {seen[key]!r} and {name!r} are the same cache (same settings); keep one"
@@ -89,6 +97,16 @@ def check_candidate_names(names: tuple[str, ...]) -> None:
         seen[key] = name
     if "dynamic" not in names:
         raise ValueError(f"`candidates` must include the baseline 'dynamic', got {list(names)}")
+
+
+def run_attention(name: str, kivi_attention: str) -> str:
+    """The KIVI attention path ``name`` runs with in a run whose ``--kivi-attention`` is ``kivi_attention``: the run's,
+    except ``"dequantize"`` for a name with its own key and value bits (``kivi-k8v4``: the fused path reads both
+    at one width). A ``-fused``/``-dequant`` variant wins over either (the registry reads it first)."""
+    cache = resolve(name)
+    if cache.family == "kivi" and cache.name.key_bits is not None and cache.name.variant is None:
+        return "dequantize"
+    return kivi_attention
 
 
 def _settings(
@@ -116,7 +134,8 @@ class Candidate:
         """``"kivi-4"`` -> ``Candidate("kivi-4", "kivi", 4)``.
 
         Raises:
-            ValueError: a name the registry does not know, or one with a variant or setting.
+            ValueError: a name the registry does not know, or one with a setting the run sets (or ``-fused`` with
+                key and value bits of their own).
         """
         cache = _resolve_one(name)
         return cls(name, cache.family, cache.nbits)
@@ -126,6 +145,12 @@ class Candidate:
         """Whether the cache keeps a full-precision residual window (its registry entry takes ``residual_length``:
         KIVI, HQQ, quanto); the residual-window matrix varies R, so only these caches run there."""
         return "residual_length" in _resolve_one(self.name).entry.settings
+
+    def uses_kvlab_attention(self, kivi_attention: str = "dequantize") -> bool:
+        """Whether the model must run kvlab attention for this candidate in a run whose ``--kivi-attention`` is
+        ``kivi_attention`` (fused KIVI reads packed codes, FP8 its float8 history, SnapKV and TOVA the queries)."""
+        settings = CacheSettings(kivi_attention=run_attention(self.name, kivi_attention))
+        return resolve(self.name, settings).uses_kvlab_attention
 
     def unavailable_reason(self) -> str | None:
         """Why this candidate cannot run here (a missing optional package), or ``None``."""
@@ -140,12 +165,15 @@ class Candidate:
         kivi_attention: str = "dequantize",
     ):
         """A fresh cache for one run. ``group_size`` applies to KIVI, ``hqq_group_size`` to HQQ/quanto."""
-        settings = _settings(residual_length, group_size, hqq_group_size, kivi_attention)
+        attention = run_attention(self.name, kivi_attention)
+        settings = _settings(residual_length, group_size, hqq_group_size, attention)
         return resolve(self.name, settings).make(model_config)
 
     def describe(
         self, residual_length: int, group_size: int, hqq_group_size: int, kivi_attention: str = "dequantize"
     ) -> dict:
         """JSON description of the candidate's settings (the registry's ``describe``)."""
-        settings = _settings(residual_length, group_size, hqq_group_size, kivi_attention)
+        attention = run_attention(self.name, kivi_attention)
+        settings = _settings(residual_length, group_size, hqq_group_size, attention)
         return resolve(self.name, settings).describe()
+

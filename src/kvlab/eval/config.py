@@ -111,7 +111,9 @@ class EvalConfig:
             2-core machine slow down 10-150x whenever another process runs); at most ``os.cpu_count()``.
         hqq_group_size: group size of the HQQ/quanto candidates (the quantization chapter uses 64).
         kivi_attention: ``"fused"`` (kvlab attention reads packed codes; no float copy of the history) or
-            ``"dequantize"`` (the cache returns float K/V to the model's own attention).
+            ``"dequantize"`` (the cache returns float K/V to the model's own attention), for every KIVI candidate
+            that does not name its own (``kivi-4-fused``, ``kivi-4-dequant``); ``kivi-k8v4`` (own key and value
+            bits) always runs the dequantize path (:func:`kvlab.eval.candidates.run_attention`).
         cpu_matmul: how a bf16/fp16 model's Linear layers and attention compute on a CPU: ``"float32"`` (float32
             GEMMs and SDPA on the dtype's values, outputs rounded back: :func:`kvlab.runtime.dtypes.float32_gemms`,
             :func:`kvlab.runtime.dtypes.float32_attention`), ``"native"``
@@ -256,8 +258,8 @@ class EvalConfig:
         """The settings given by name: model, dtype, device, attention path, prompt mode and candidates.
 
         Raises:
-            ValueError: an empty model, an unknown dtype/device/attention/prompt mode, a bad candidate name, or
-                split-width KIVI candidates with fused attention (each named).
+            ValueError: an empty model, an unknown dtype/device/attention/prompt mode or a bad candidate name (each
+                named).
         """
         if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
             raise ValueError(
@@ -280,18 +282,9 @@ class EvalConfig:
             raise ValueError(f"`prompt_mode` must be one of {list(PROMPT_MODES)}, got {self.prompt_mode!r}")
         from kvlab.eval.candidates import check_candidate_names  # local: candidates imports torch
 
-        check_candidate_names(self.candidates)
-        # fused KIVI (and its Triton kernel) reads K and V codes at one width
-        if self.kivi_attention == "fused":
-            from kvlab.caches.registry import resolve
-
-            split = [n for n in self.candidates if resolve(n).name.key_bits is not None]
-            if split:
-                raise ValueError(
-                    f"`kivi_attention` 'fused' (--kivi-attention fused, the default) reads keys and values at one "
-                    f"width; candidates {split} give them their own bits: use 'dequantize' (--kivi-attention "
-                    f"dequantize)"
-                )
+        # kivi-k8v4 runs dequantized whatever the run's path (the fused one reads K and V at one width):
+        # kvlab.eval.candidates.run_attention; kivi-4 and kivi-4-fused are one cache in a fused run
+        check_candidate_names(self.candidates, self.kivi_attention)
 
     def to_dict(self) -> dict:
         """JSON-ready settings."""

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from kvlab.caches import cache_nbytes
-from kvlab.caches.registry import REGISTRY, resolve
+from kvlab.caches.registry import REGISTRY
 from kvlab.eval.candidates import Candidate
 from kvlab.eval.config import EvalConfig, Gates
 from kvlab.eval.divergence import kl_divergence, kl_summary
@@ -1023,10 +1023,9 @@ def _run_cells(cfg, model, tokenizer, result, progress, advance, t0: float, work
     """Both matrices, after the run's hardware checks (:func:`_run_matrices`)."""
     device = next(model.parameters()).device
     result["provenance"]["prompts"] = []
-    fused = cfg.kivi_attention == "fused" and any(n.startswith("kivi") for n in cfg.candidates)
     # fused KIVI reads packed codes, SnapKV the prefill's queries; every other cache falls back to SDPA, unchanged
     # except that with float32 GEMMs it runs in float32 too (kvlab.runtime.dtypes.float32_attention)
-    needed = fused or any(resolve(n).uses_kvlab_attention for n in cfg.candidates)
+    needed = any(Candidate.parse(n).uses_kvlab_attention(cfg.kivi_attention) for n in cfg.candidates)
     if needed or float32_attention():
         from kvlab.attention import enable
 

@@ -5,6 +5,9 @@
 * :mod:`kvlab.lab.equivalence` — :func:`run_toy_lab`, the experiment behind ``kvlab lab``.
 * :mod:`kvlab.lab.append` — per-step append cost, growing ``torch.cat`` vs preallocated in place (torch).
 * :mod:`kvlab.lab.exactness` — a real transformers model decoded through each exact cache (torch).
+* :mod:`kvlab.lab.eviction` — ``kvlab lab eviction``: attention sinks + window against recomputing the window.
+* :mod:`kvlab.lab.longrun` — what the real-model runs check before their work (the model's positions, the
+  machine's memory) and the progress steps their long loops are cut into.
 * :mod:`kvlab.lab.video` — ``kvlab lab video``: a toy block-autoregressive video denoiser, its frame KV cache
   against full recompute, sink + window eviction with logical (t, h, w) positions, negative controls (§6);
   :mod:`kvlab.lab.video_model`, :mod:`kvlab.lab.video_cache`, :mod:`kvlab.lab.video_flops` hold its parts.

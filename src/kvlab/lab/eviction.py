@@ -25,6 +25,7 @@ import torch
 
 from kvlab.caches.measure import cache_nbytes
 from kvlab.caches.sink import SinkCache
+from kvlab.lab.longrun import STEP_TOKENS, Progress, spans
 from kvlab.runtime.hf_api import cache_kwarg
 
 
@@ -90,45 +91,82 @@ def full_context_nll(model: Any, ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     return _nll(logits, ids[1:]), cache_nbytes(cache)
 
 
+def _window_spans(tokens: int, window: int, batch_windows: int) -> list[tuple[int, int]]:
+    """The recompute baseline's window starts ``[1, tokens - window)`` (window ``[s, s + W)`` predicts token
+    ``s + W``) in spans of about :data:`~kvlab.lab.longrun.STEP_TOKENS`, a multiple of ``batch_windows`` (the
+    forwards batch the same windows as one loop over every start would)."""
+    size = max(batch_windows, STEP_TOKENS // batch_windows * batch_windows)
+    return spans(1, max(tokens - window, 1), size)
+
+
 @torch.no_grad()
-def recompute_window_nll(model: Any, ids: torch.Tensor, window: int, batch_windows: int = 32) -> torch.Tensor:
+def recompute_window_nll(
+    model: Any, ids: torch.Tensor, window: int, batch_windows: int = 32, progress: Progress | None = None
+) -> torch.Tensor:
     """NLL of ``ids[1:]`` with each token predicted from the last ``window`` tokens only, recomputed from scratch at
     positions ``0..window-1`` (StreamingLLM's "sliding window with re-computation"): ``[tokens - 1]``.
 
     Predictions with at most ``window`` tokens before them see their whole prefix (one forward gives them all).
+    ``progress`` is called as each span of about :data:`~kvlab.lab.longrun.STEP_TOKENS` windows starts (the
+    first with that forward).
     """
+    report = progress or (lambda step: None)
     tokens = ids.shape[0]
     head = min(window, tokens - 1)
-    out = [full_context_nll(model, ids[: head + 1])[0]]  # targets 1..head
-    starts = torch.arange(1, max(tokens - window, 1))  # window [s, s + W) predicts token s + W
-    for chunk in starts.split(batch_windows) if starts.numel() else ():
-        windows = torch.stack([ids[s : s + window] for s in chunk.tolist()])  # [n, W]
-        hidden = model.model(windows).last_hidden_state[
-            :, -1
-        ]  # [n, hidden]: only the last position is scored
-        out.append(_nll(model.lm_head(hidden), ids[chunk + window]))
+    out = []
+    for i, (a, b) in enumerate(_window_spans(tokens, window, batch_windows)):
+        scored = f"windows {a:,}-{b - 1:,} of {tokens - window - 1:,}" if b > a else "no window"
+        report(f"recompute last {window}: {'prefix, ' if i == 0 else ''}{scored}")
+        if i == 0:
+            out.append(full_context_nll(model, ids[: head + 1])[0])  # targets 1..head
+        for chunk in torch.arange(a, b).split(batch_windows) if b > a else ():
+            windows = torch.stack([ids[s : s + window] for s in chunk.tolist()])  # [n, W]
+            hidden = model.model(windows).last_hidden_state[:, -1]  # [n, hidden]: the last position is scored
+            out.append(_nll(model.lm_head(hidden), ids[chunk + window]))
     return torch.cat(out)
 
 
 @torch.no_grad()
 def streaming_nll(
-    model: Any, ids: torch.Tensor, cache: Any, prefill_tokens: int
+    model: Any,
+    ids: torch.Tensor,
+    cache: Any,
+    prefill_tokens: int,
+    progress: Progress | None = None,
+    label: str = "streaming",
 ) -> tuple[torch.Tensor, dict]:
     """NLL of ``ids[1:]`` decoded through ``cache``: one prefill of ``prefill_tokens`` tokens (choose at most what
     the cache holds, so that nothing is evicted before streaming starts), then one token per forward.
+    ``progress`` is called as each span of :data:`~kvlab.lab.longrun.STEP_TOKENS` streamed tokens starts (the
+    first with the prefill), named after ``label``.
 
     Returns:
         ``([tokens - 1] NLL, {"nbytes": bytes after the last token, "nbytes_max": the largest after any step})``.
     """
-    kw = cache_kwarg(model)
-    out = model(ids[None, :prefill_tokens], **{kw: cache}, use_cache=True)
-    nll = [_nll(out.logits[0, :-1], ids[1:prefill_tokens])]
-    last, peak = out.logits[0, -1:], cache_nbytes(cache)
-    for t in range(prefill_tokens, ids.shape[0]):
-        nll.append(_nll(last, ids[t : t + 1]))
-        last = model(ids[None, t : t + 1], **{kw: cache}, use_cache=True).logits[0, -1:]
-        peak = max(peak, cache_nbytes(cache))
+    report = progress or (lambda step: None)
+    kw, tokens = cache_kwarg(model), ids.shape[0]
+    nll, last, peak = [], None, 0
+    for i, (a, b) in enumerate(spans(prefill_tokens, tokens)):
+        report(
+            f"{label}: tokens {1 if i == 0 else a + 1:,}-{b:,} of {tokens:,}"
+        )  # the first span: prefill + stream
+        if i == 0:
+            out = model(ids[None, :prefill_tokens], **{kw: cache}, use_cache=True)
+            nll.append(_nll(out.logits[0, :-1], ids[1:prefill_tokens]))
+            last, peak = out.logits[0, -1:], cache_nbytes(cache)
+        for t in range(a, b):
+            nll.append(_nll(last, ids[t : t + 1]))
+            last = model(ids[None, t : t + 1], **{kw: cache}, use_cache=True).logits[0, -1:]
+            peak = max(peak, cache_nbytes(cache))
     return torch.cat(nll), {"nbytes": cache_nbytes(cache), "nbytes_max": peak}
+
+
+def eviction_steps(config: EvictionConfig) -> int:
+    """Steps :func:`measure_eviction` reports to ``progress``: the full-context forward, the recompute baseline's
+    spans of windows, each sink run's spans of streamed tokens (:func:`~kvlab.lab.longrun.spans`)."""
+    recompute = len(_window_spans(config.tokens, config.window_length, config.batch_windows))
+    sinks = sum(len(spans(s + config.window_length, config.tokens)) for s in config.sink_tokens)
+    return 1 + recompute + sinks
 
 
 def _summary(nll: torch.Tensor, evict_from: int) -> dict:
@@ -143,13 +181,16 @@ def _summary(nll: torch.Tensor, evict_from: int) -> dict:
     }
 
 
-def measure_eviction(model: Any, tokenizer: Any, config: EvictionConfig = EvictionConfig()) -> dict:
+def measure_eviction(
+    model: Any, tokenizer: Any, config: EvictionConfig = EvictionConfig(), progress: Progress | None = None
+) -> dict:
     """Run the full-context, recompute-window and sink + window measurements (see the module docstring).
 
     Args:
         model: a transformers causal LM with full-attention RoPE layers (``model.model``, ``model.lm_head``).
         tokenizer: its tokenizer (the held-out text is tokenized with it).
         config: :class:`EvictionConfig`.
+        progress: called with a step's name as it starts (:func:`eviction_steps` steps).
 
     Returns:
         A JSON-ready dict: ``config``, ``model`` dtype, ``full_context``, ``recompute_window`` and ``sink`` rows
@@ -167,17 +208,19 @@ def measure_eviction(model: Any, tokenizer: Any, config: EvictionConfig = Evicti
     W = config.window_length
     evict_from = W + max(config.sink_tokens) + 1  # first target predicted after any cache evicted
     rows: dict[str, Any] = {}
+    report = progress or (lambda step: None)
+    report(f"full context: one forward of {config.tokens:,} tokens (DynamicCache)")
     t0 = time.perf_counter()
     full, dynamic_nbytes = full_context_nll(model, ids)
     rows["full_context"] = _summary(full, evict_from) | {"wall_s": time.perf_counter() - t0}
     t0 = time.perf_counter()
-    base = recompute_window_nll(model, ids, W, config.batch_windows)
+    base = recompute_window_nll(model, ids, W, config.batch_windows, report)
     rows["recompute_window"] = _summary(base, evict_from) | {"wall_s": time.perf_counter() - t0}
     sinks = []
     for s in config.sink_tokens:
         t0 = time.perf_counter()
         cache = SinkCache(s, W, config=model.config)
-        nll, sizes = streaming_nll(model, ids, cache, prefill_tokens=s + W)
+        nll, sizes = streaming_nll(model, ids, cache, s + W, report, f"SinkCache {s} sinks + {W}")
         row = {"sink_tokens": s, **_summary(nll, evict_from), **sizes, "held_tokens": cache.held_tokens()}
         row["nll_ratio_vs_recompute"] = row["nll_after_window"] / rows["recompute_window"]["nll_after_window"]
         row["wall_s"] = time.perf_counter() - t0

@@ -76,7 +76,7 @@ def test_eval_candidates_take_fp8_formats_and_asymmetric_kivi():
     assert Candidate.parse("fp8-e4m3").family == "fp8"
     with pytest.raises(ValueError, match="write cache candidate 'kivi-k4v4' as 'kivi-4'"):
         check_candidate_names(("dynamic", "kivi-k4v4"))
-    with pytest.raises(ValueError, match="name no variant or setting.*use kivi-k8v4"):
+    with pytest.raises(ValueError, match="reads keys and values at one width; use kivi-k8v4"):
         Candidate.parse("kivi-k8v4-fused")
     with pytest.raises(ValueError, match="`fp8` needs a variant"):
         Candidate.parse("fp8")
@@ -95,15 +95,16 @@ def test_command_refuses_bad_flags_and_existing_files(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_eval_refuses_asymmetric_kivi_on_the_fused_path_before_any_work():
+def test_eval_runs_asymmetric_kivi_on_the_dequantize_path_in_a_fused_run():
+    """The fused path reads keys and values at one width: kivi-k8v4 takes the dequantize path by itself (the whole
+    run was refused), and says so in its description."""
     from kvlab.eval.config import EvalConfig
+    from kvlab.eval.runner import new_result
 
-    with pytest.raises(ValueError, match=r"candidates \['kivi-k8v4'\] give them their own bits.*dequantize"):
-        EvalConfig(candidates=("dynamic", "kivi-k8v4"))
-    assert (
-        EvalConfig(candidates=("dynamic", "kivi-k8v4"), kivi_attention="dequantize").kivi_attention
-        == "dequantize"
-    )
+    cfg = EvalConfig(candidates=("dynamic", "kivi-4", "kivi-k8v4"))
+    assert cfg.kivi_attention == "fused"
+    attention = {c["name"]: c.get("attention") for c in new_result(cfg, "x", None)["candidates"]}
+    assert attention == {"dynamic": None, "kivi-4": "fused", "kivi-k8v4": "dequantize"}
 
 
 @pytest.mark.parametrize(

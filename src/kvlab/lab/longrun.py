@@ -1,0 +1,143 @@
+"""What the lab's real-model runs (``kvlab lab --real``, ``kvlab lab eviction``) and ``kvlab inspect`` check before
+their work starts, and how they cut long loops into reported steps.
+
+* **positions**: a ``--tokens`` past the model's ``max_position_embeddings`` is warned about, not refused, as
+  ``kvlab eval`` does (:func:`kvlab.eval.runner.context_limit_warnings`): a RoPE model still runs there, but the
+  numbers describe positions it was never trained on. :func:`position_warning` words it, :func:`max_positions`
+  reads the limit from a loaded model's config, :func:`configured_max_positions` from the files, before loading.
+* **memory**: :func:`available_memory_bytes` (``MemAvailable`` of ``/proc/meminfo``) against a run's estimate;
+  :func:`memory_refusal` words the refusal.
+* **steps**: :func:`spans` cuts a loop of ``n`` forwards into spans of :data:`STEP_TOKENS`, each reported as one
+  progress step (``kvlab.commands.progress``), so no step of a long run is silent for more than seconds.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+STEP_TOKENS = 128  # forwards (decoded tokens, scored windows) per reported progress step
+
+# Step names stay under ~60 characters: off a terminal a progress line is "[k/total] <elapsed> s  <step>" and
+# rich wraps what passes 80 columns onto a second line.
+
+Progress = Callable[[str], None]  # called with a step's name as it starts
+
+
+def spans(start: int, stop: int, size: int = STEP_TOKENS) -> list[tuple[int, int]]:
+    """``[start, stop)`` cut into consecutive ``(a, b)`` of at most ``size`` items; ``[(start, start)]`` when the
+    range is empty (a loop with nothing to do is still one step, so step counts never reach zero).
+
+    Raises:
+        ValueError: ``size`` < 1.
+    """
+    if size < 1:
+        raise ValueError(f"`size` must be >= 1, got {size!r}")
+    if stop <= start:
+        return [(start, start)]
+    return [(a, min(a + size, stop)) for a in range(start, stop, size)]
+
+
+def model_label(model: str | os.PathLike | None) -> str:
+    """A short name of a ``--model`` value for a progress step: ``the bundled model``, else its last path part
+    (a directory's or GGUF file's name, a hub id's repository name, a named model as given)."""
+    if model is None:
+        return "the bundled model"
+    text = os.fspath(model).rstrip("/")
+    return os.path.basename(text) or text
+
+
+def text_config(config: Any) -> Any:
+    """The text part of a transformers config (``get_text_config()`` of a multimodal one), else ``config``."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def max_positions(config: Any) -> int | None:
+    """A loaded model's ``max_position_embeddings`` (of its text config), or None when it states none."""
+    limit = getattr(text_config(config), "max_position_embeddings", None)
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+
+
+def configured_max_positions(model: str | os.PathLike | None) -> int | None:
+    """``max_position_embeddings`` of ``model`` (a ``--model`` value; None: the bundled model) read from its files,
+    without loading it: the ``config.json`` of a local or converted directory or of the local Hugging Face cache,
+    or the header of a GGUF not yet converted (:func:`kvlab.plan.gguf.read_gguf_config`). None when no file says
+    (a hub id not cached, a config the planner cannot read: the command's own load reports those).
+
+    Raises:
+        as :func:`kvlab.models.model_source` (a missing path, a named model not installed, a file not GGUF).
+    """
+    import json
+
+    from kvlab.models import model_source
+    from kvlab.plan.gguf import read_gguf_config
+    from kvlab.plan.spec import spec_from_config
+
+    source = model_source(model)
+    try:
+        if source.gguf is not None and not source.ready:
+            config = read_gguf_config(source.gguf)
+        else:
+            path = _config_file(source.load_from)
+            if path is None:
+                return None
+            config = json.loads(path.read_text(encoding="utf-8"))
+        return spec_from_config(config, name=str(model)).max_position_embeddings
+    except (OSError, ValueError, TypeError, KeyError):  # unreadable: the command's load reports the problem
+        return None
+
+
+def _config_file(load_from: str) -> Path | None:
+    """``config.json`` of a local directory, else of a hub id in the local Hugging Face cache (no network), else
+    None."""
+    local = Path(load_from).expanduser() / "config.json"
+    if local.is_file():
+        return local
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(load_from, "config.json")
+    except (ImportError, ValueError):  # not a hub id either
+        return None
+    return Path(cached) if isinstance(cached, str) else None
+
+
+def position_warning(flag: str, tokens: int, limit: int | None, consequence: str) -> str | None:
+    """``"<flag> <tokens> passes the model's max_position_embeddings (<limit>): <consequence>"``, or None when
+    ``tokens`` is within ``limit`` or the model states no limit."""
+    if limit is None or tokens <= limit:
+        return None
+    return f"{flag} {tokens:,} passes the model's max_position_embeddings ({limit:,}): {consequence}"
+
+
+def available_memory_bytes(meminfo: str | os.PathLike = "/proc/meminfo") -> int | None:
+    """Memory the machine can give a new allocation without swapping: ``MemAvailable`` of ``meminfo`` (Linux),
+    else free physical pages (``os.sysconf``), else None (unknown: no check is made)."""
+    try:
+        with open(meminfo, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    value, unit = line.split()[1:3]
+                    return int(value) * (1024 if unit.lower() == "kb" else 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def gib(n: float) -> str:
+    """Bytes as GiB with two decimals (``"13.60 GiB"``)."""
+    return f"{n / 2**30:.2f} GiB"
+
+
+def memory_refusal(what: str, need: int, available: int | None, hint: str = "") -> str | None:
+    """Why ``what`` cannot run (``None`` when it fits, or when the available memory is unknown): it needs about
+    ``need`` bytes above what is loaded and the machine has ``available``; ``hint`` says what would fit."""
+    if available is None or need <= available:
+        return None
+    more = f"; {hint}" if hint else ""
+    return f"{what} needs about {gib(need)} of memory, the machine has {gib(available)} available{more}"
