@@ -213,15 +213,7 @@ def _run(args: argparse.Namespace) -> int:
     if problem:
         raise ValueError(problem)
     if args.real:
-        from kvlab.lab.exactness import run_real_check
-
-        with _status("decoding the model through each exact cache ...", args.json):
-            result = run_real_check(args.model, dtype=args.dtype, tokens=args.tokens, batch=args.batch)
-        if args.json:
-            print(json.dumps(result, indent=1))
-        else:
-            _print_real(result)
-        return 0 if result["all_passed"] else 1
+        return _run_real(args)
 
     from rich.console import Console
 
@@ -251,6 +243,63 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=1))
     else:
         _print_toy(result)
+    return 0 if result["all_passed"] else 1
+
+
+def _flags(message: object, flags: dict[str, str]) -> str:
+    """``message`` with each library argument (`` `tokens` ``) named by the flag the user typed (``--tokens``)."""
+    text = str(message)
+    for field, flag in flags.items():
+        text = text.replace(f"`{field}`", flag)
+    return text
+
+
+def _warn(console, message: str) -> None:
+    """One ``warning: ...`` line on ``console`` (stderr), printed as it comes, before the work it is about."""
+    console.print(f"warning: {message}", style="yellow", markup=False, highlight=False, soft_wrap=True)
+
+
+def _check_model_flags(args: argparse.Namespace) -> None:
+    """Refuse a bad --dtype or --model before the first progress line (the library names them `dtype`, its path).
+
+    Raises:
+        ValueError / OSError: as :func:`kvlab.models.parse_dtype` and :func:`kvlab.models.check_local_model`.
+    """
+    from kvlab.models import check_local_model, parse_dtype
+
+    parse_dtype(args.dtype)
+    check_local_model(args.model)
+
+
+def _run_real(args: argparse.Namespace) -> int:
+    """``kvlab lab --real``: one progress step per load, reference forward and span of decoded tokens; a warning
+    for --tokens past the model's positions and a refusal (exit 2) for a size the available memory cannot hold,
+    both before any decoding."""
+    from rich.console import Console
+
+    from kvlab.lab.exactness import check_steps, run_real_check
+
+    err = Console(stderr=True)
+    try:
+        if args.tokens < 1 or args.batch < 1:
+            raise ValueError(f"`tokens` and `batch` must be >= 1, got {args.tokens!r} and {args.batch!r}")
+        _check_model_flags(args)
+        with progress(err, 1 + check_steps(args.tokens), "kvlab lab --real") as bar:
+            result = run_real_check(
+                args.model,
+                dtype=args.dtype,
+                tokens=args.tokens,
+                batch=args.batch,
+                progress=bar.start,
+                notify=lambda msg: _warn(err, _flags(msg, REAL_FLAGS)),
+            )
+    except (ValueError, OSError) as exc:
+        return fail(args, _flags(exc, REAL_FLAGS))
+    result["warnings"] = [_flags(w, REAL_FLAGS) for w in result["warnings"]]
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        _print_real(result)
     return 0 if result["all_passed"] else 1
 
 
@@ -328,7 +377,10 @@ def _print_real(r: dict) -> None:
             )
         else:
             table.add_row(row["cache"], row["status"], "-", "-", "-", "-", row.get("error", ""))
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    for warning in r.get("warnings", []):
+        console.print(f"warning: {warning}", style="yellow", markup=False, highlight=False)
 
 
 def _print_video(r: dict) -> None:
@@ -473,24 +525,39 @@ EVICTION_FLAGS = {
 
 
 def run_eviction(args: argparse.Namespace) -> int:
-    """``kvlab lab eviction``: exit 0 when runs with sinks are within 5 % of the baseline, 1 if not, 2 on bad input."""
-    from kvlab.lab.eviction import EvictionConfig, measure_eviction
+    """``kvlab lab eviction``: exit 0 when runs with sinks are within 5 % of the baseline, 1 if not, 2 on bad input.
+
+    One progress step per model load, full-context forward and span of scored windows or streamed tokens on
+    stderr; --tokens past the model's max_position_embeddings is warned about there before the first forward."""
+    from rich.console import Console
+
+    from kvlab.lab.eviction import EvictionConfig, eviction_steps, measure_eviction
+    from kvlab.lab.longrun import max_positions, model_label, position_warning
     from kvlab.models import load_model
 
-    quiet = getattr(args, "json", False)
+    err = Console(stderr=True)
     try:
         cfg = EvictionConfig(
             tokens=args.tokens, window_length=args.window, sink_tokens=tuple(args.sinks), offset=args.offset
         )
-        model, tokenizer = load_model(args.model, dtype=args.dtype)
-        with _status("recompute baseline and sink caches over the held-out text ...", quiet):
-            result = measure_eviction(model, tokenizer, cfg)
+        _check_model_flags(args)
+        with progress(err, 1 + eviction_steps(cfg), "kvlab lab eviction") as bar:
+            bar.start(f"loading {model_label(args.model)} in {args.dtype}")
+            model, tokenizer = load_model(args.model, dtype=args.dtype)
+            warning = position_warning(
+                "--tokens",
+                cfg.tokens,
+                max_positions(model.config),
+                "the full-context row scores positions the model was not trained on (the recompute baseline "
+                "and the sink caches use at most --window + the largest --sinks positions)",
+            )
+            if warning:
+                _warn(err, warning)
+            result = measure_eviction(model, tokenizer, cfg, progress=bar.start)
     except (ValueError, OSError) as exc:
-        message = str(exc)
-        for field, flag in EVICTION_FLAGS.items():  # name the flag the user gave
-            message = message.replace(f"`{field}`", flag)
-        return fail(args, message)
-    if quiet:
+        return fail(args, _flags(exc, EVICTION_FLAGS))
+    result["warnings"] = [warning] if warning else []
+    if getattr(args, "json", False):
         print(json.dumps(result, indent=1))
     else:
         _print_eviction(result)
@@ -535,3 +602,5 @@ def _print_eviction(r: dict) -> None:
     console.print(table)
     failed = [name for name, ok in r["checks"].items() if not ok]
     console.print("all checks passed" if not failed else f"FAILED: {', '.join(failed)}")
+    for warning in r.get("warnings", []):
+        console.print(f"warning: {warning}", style="yellow", markup=False, highlight=False)
