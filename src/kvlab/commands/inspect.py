@@ -8,7 +8,7 @@ import json
 import math
 from pathlib import Path
 
-from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message
+from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, progress
 
 
 def register(subparsers) -> None:
@@ -117,8 +117,15 @@ def run(args: argparse.Namespace) -> int:
         ValueError,
     ) as exc:  # ValueError: a file that is not GGUF, a named model failing its sha256
         return fail(args, exc)
-    from kvlab.eval.inspect import inspect_model
+    from rich.console import Console
 
+    from kvlab.eval.inspect import inspect_model
+    from kvlab.lab.longrun import model_label
+
+    err = Console(stderr=True)
+    warning = _position_warning(args)
+    if warning:
+        err.print(f"warning: {warning}", style="yellow", markup=False, highlight=False, soft_wrap=True)
     kwargs = dict(
         tokens=args.tokens,
         offset=args.offset,
@@ -128,14 +135,11 @@ def run(args: argparse.Namespace) -> int:
         outlier_factor=args.outlier_factor,
         calibrate_tokens=args.calibrate_tokens,
     )
+    prompt = "the --prompt text" if args.prompt is not None else f"{args.tokens:,} tokens"
     try:
-        if args.json == "-":
+        with progress(err, 1, "kvlab inspect") as bar:  # one step: kvlab.eval.inspect reports none inside
+            bar.start(f"loading {model_label(args.model)} and inspecting its K/V ({prompt})")
             report = inspect_model(args.model, **kwargs)
-        else:
-            from rich.console import Console
-
-            with Console(stderr=True).status("loading the model and inspecting its K/V ..."):
-                report = inspect_model(args.model, **kwargs)
     except ValueError as exc:
         msg = str(exc)
         for name, flag in _FLAGS.items():  # the library names its arguments; the user typed flags
@@ -156,6 +160,23 @@ def run(args: argparse.Namespace) -> int:
         atomic_write_json(args.json, report)
     _print_tables(report, args)
     return 0
+
+
+def _position_warning(args: argparse.Namespace) -> str | None:
+    """The warning for a held-out prompt (--tokens) past the model's max_position_embeddings, read from its files
+    before it is loaded (inspected, not refused: as ``kvlab eval``, the statistics then include positions the
+    model was never trained on); None within the limit, for --prompt, or when no file states a limit."""
+    if args.prompt is not None:
+        return None
+    from kvlab.lab.longrun import configured_max_positions, position_warning
+
+    try:
+        limit = configured_max_positions(args.model)
+    except (OSError, ValueError):  # the load reports it
+        return None
+    return position_warning(
+        "--tokens", args.tokens, limit, "the K/V statistics include positions the model was not trained on"
+    )
 
 
 def _pct(x: float) -> str:
