@@ -590,7 +590,8 @@ def _run_real(args, cfg, result, path, err) -> int:
         signal.signal(signal.SIGTERM, previous)
     write_json_atomic(path, result)
     code = _finish(args, result, path, err)
-    return code if result["status"] != "failed" else 1
+    failed_everywhere = (result.get("summary") or {}).get("failed_candidates")
+    return 1 if result["status"] == "failed" or failed_everywhere else code
 
 
 def _finish(args, result, path, err) -> int:

@@ -177,3 +177,65 @@ class Candidate:
         settings = _settings(residual_length, group_size, hqq_group_size, attention)
         return resolve(self.name, settings).describe()
 
+
+def _divisors_dividing(n: int, others: tuple[int, ...], count: int = 3) -> list[int]:
+    """The ``count`` largest divisors of ``n`` (>= 2) that also divide every one of ``others``."""
+    return [d for d in range(n, 1, -1) if n % d == 0 and all(o % d == 0 for o in others)][:count]
+
+
+def check_model_shape(
+    names: tuple[str, ...],
+    head_dim: int,
+    kv_heads: int,
+    kivi_groups: list[tuple[str, int, tuple[int, ...]]],
+    hqq_group_size: int,
+    prompt_tokens: tuple[int, ...],
+) -> None:
+    """Refuse run settings that a model of this shape makes fail in every cell of the candidates they apply to.
+
+    Args:
+        names: the run's candidates (those not installed here are skipped by the run and not checked).
+        head_dim, kv_heads: the model's (per layer; one value for every layer).
+        kivi_groups: ``(setting, G, residuals)`` of each matrix: ``("group_size", 32, (128,))`` for the capacity
+            matrix, ``("window_group_size", 16, (16, 32))`` for the residual-window one.
+        hqq_group_size: the HQQ/quanto group size.
+        prompt_tokens: the prompt lengths the caches first quantize (capacity contexts, window context).
+
+    Raises:
+        ValueError: naming the setting with its flag, the value and the model's shape: a KIVI ``G`` that does not
+            divide head_dim (values are grouped per token over ``G`` channels) or a head_dim whose codes do not
+            fill whole bytes at a KIVI candidate's bits; an HQQ/quanto group size that does not divide one
+            sequence's K/V values of a prompt (``kv_heads x tokens x head_dim``, grouped across them).
+    """
+    runnable = [Candidate.parse(n) for n in names if resolve(n).unavailable_reason() is None]
+    kivi = [c for c in runnable if c.family == "kivi"]
+    for setting, group, residuals in kivi_groups if kivi else ():
+        if head_dim % group:
+            flag = "--" + setting.replace("_", "-")
+            fits, hint = [str(d) for d in _divisors_dividing(head_dim, residuals)], ""
+            if fits:
+                listed = f"{', '.join(fits[:-1])} or {fits[-1]}" if len(fits) > 1 else fits[0]
+                window = "residual window" + ("s" if len(residuals) > 1 else "")
+                hint = f" that also divides the {window} ({', '.join(map(str, residuals))}): {listed}"
+            raise ValueError(
+                f"`{setting}` ({flag}) {group} does not divide the model's head_dim ({head_dim}): KIVI quantizes "
+                f"values per token in groups of G channels, so {[c.name for c in kivi]} would fail in every cell; "
+                f"use a divisor of {head_dim}{hint}"
+            )
+    for c in kivi:
+        for bits in sorted(set(resolve(c.name).name.bits)):
+            if head_dim * bits % 8:
+                raise ValueError(
+                    f"cache candidate {c.name!r}: the model's head_dim ({head_dim}) times {bits} bits is not whole "
+                    f"bytes, so KIVI cannot pack a token's codes; it would fail in every cell"
+                )
+    hf = [c.name for c in runnable if c.family in ("hqq", "quanto")]
+    per_token = kv_heads * head_dim
+    for tokens in sorted(set(prompt_tokens)) if hf else ():
+        if per_token * tokens % hqq_group_size:
+            raise ValueError(
+                f"`hqq_group_size` (--hqq-group-size) {hqq_group_size} does not divide the K/V values of one "
+                f"{tokens:,}-token prompt on this model ({kv_heads} KV heads x {tokens:,} tokens x head_dim "
+                f"{head_dim} = {per_token * tokens:,}), which HQQ/quanto quantize in groups of that size: {hf} "
+                f"would fail at context {tokens:,}; use a divisor of {per_token} (KV heads x head_dim)"
+            )

@@ -306,6 +306,11 @@ def _print_decision(result: dict, s: dict, console: Console) -> None:
         ]
         if extra:
             console.print("          " + ", ".join(extra))
+    for f in s.get("failed_candidates") or []:  # requested, yet absent from the decision: say so next to it
+        console.print(
+            f"[red]not judged:[/] {f['candidate']} failed in every capacity cell (first at {f['stage']}: "
+            f"{f['type']}: {f['message']}); the decision leaves it out"
+        )
     judged = f" (judged on: {', '.join(s['decision_gates'])})" if s.get("decision_gates") else ""
     console.print(f"[bold]decision: {s['decision']}[/]{judged}")
     rule = decision_rule(s)

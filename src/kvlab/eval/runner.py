@@ -25,7 +25,7 @@ import torch
 
 from kvlab.caches import cache_nbytes
 from kvlab.caches.registry import REGISTRY
-from kvlab.eval.candidates import Candidate
+from kvlab.eval.candidates import Candidate, check_model_shape
 from kvlab.eval.config import EvalConfig, Gates
 from kvlab.eval.divergence import kl_divergence, kl_summary
 from kvlab.eval.longctx import (
@@ -634,7 +634,8 @@ def summarize(result: dict) -> dict:
         ``decision``, ``decision_gates`` (the gates the selected row was judged on: the latency gate is left out
         where the machine was busy while timing), ``latency_trusted`` (no capacity cell was timed on a busy
         machine) and the warnings shown next to the decision (``latency_warning``, ``long_context_warning``,
-        ``long_context_not_measured``, ``eviction_warning``, ``dtype_warning``; each None when it does not apply).
+        ``long_context_not_measured``, ``eviction_warning``, ``dtype_warning``; each None when it does not apply),
+        and ``failed_candidates`` (:func:`failed_everywhere`: requested candidates the decision could not judge).
 
     Raises:
         ValueError: from :func:`decide`, a capacity candidate row that was never gated.
@@ -672,7 +673,24 @@ def summarize(result: dict) -> dict:
         "long_context_not_measured": not_measured_warning(result),
         "eviction_warning": eviction_warning(selected),
         "dtype_warning": dtype_warning(result),
+        "failed_candidates": failed_everywhere(result),
     }
+
+
+def failed_everywhere(result: dict) -> list[dict]:
+    """The candidates that ran (not skipped as unavailable) but failed in every capacity cell, so that the decision,
+    which reads capacity rows only, left them out: ``[{"candidate", "stage", "type", "message"}]``, the first
+    failure of each. A run with any is not a clean result (``kvlab eval`` exits 1)."""
+    measured = {r["candidate"] for r in result.get("rows", []) if r.get("matrix") == "capacity"}
+    out = []
+    for cand in result.get("candidates", []):
+        name = cand.get("name")
+        if name in measured or not cand.get("available", True):
+            continue
+        first = next((f for f in result.get("failures", []) if f.get("candidate") == name), None)
+        if first is not None:
+            out.append({"candidate": name, **{k: first.get(k) for k in ("stage", "type", "message")}})
+    return out
 
 
 def dtype_warning(result: dict) -> str | None:
@@ -917,12 +935,28 @@ def check_against_model(cfg: EvalConfig, model: Any) -> None:
 
     Raises:
         ValueError: ``top_k`` (--top-k) larger than the model's vocabulary (the top-k overlap would fail in the
-            first cell, after the model load, as ``selected index k out of range``).
+            first cell, after the model load, as ``selected index k out of range``); a KIVI group size
+            (--group-size, --window-group-size) or HQQ/quanto group size (--hqq-group-size) the model's head_dim
+            and KV heads refute (:func:`kvlab.eval.candidates.check_model_shape`: every cell of those candidates
+            would fail at generate).
     """
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     vocab = getattr(config, "vocab_size", None)
     if isinstance(vocab, int) and cfg.top_k > vocab:
         raise ValueError(f"`top_k` (--top-k) {cfg.top_k} exceeds the model's vocabulary ({vocab:,} tokens)")
+    heads = getattr(config, "num_attention_heads", None)
+    head_dim = getattr(config, "head_dim", None)
+    if not isinstance(head_dim, int) and isinstance(heads, int) and heads > 0:
+        head_dim = getattr(config, "hidden_size", 0) // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    if not (isinstance(head_dim, int) and isinstance(kv_heads, int) and head_dim > 0 and kv_heads > 0):
+        return  # not a decoder config this check can read: the cells say what fails
+    groups = [("group_size", cfg.group_size, (cfg.residual_length,))]
+    prompts = tuple(cfg.contexts)
+    if cfg.window_residuals:
+        groups.append(("window_group_size", cfg.window_group_size, tuple(cfg.window_residuals)))
+        prompts += (cfg.window_context,)
+    check_model_shape(cfg.candidates, head_dim, kv_heads, groups, cfg.hqq_group_size, prompts)
 
 
 def context_limit_warnings(cfg: EvalConfig, model: Any) -> list[str]:

@@ -1,0 +1,133 @@
+"""Settings the loaded model refutes are refused right after loading, before any cell (``kvlab eval --group-size
+48`` on head_dim 64 failed in every KIVI cell and exited 0), and a candidate that failed in every cell fails the
+run (exit 1, named next to the decision) instead of being silently left out of it (issue 33)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvlab.cli import main
+from kvlab.eval import candidates as cand_mod
+from kvlab.eval.config import EvalConfig
+from kvlab.eval.runner import check_against_model
+from kvlab.eval.schema import validate_result
+from tests.conftest import make_tiny_qwen2
+from tests.unit.eval.test_eval_unit import CharTokenizer
+
+
+def err_of(capsys) -> str:
+    return " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+
+
+@pytest.fixture(scope="module")
+def head64():
+    """A tiny Qwen2 with the bundled model's head_dim (64) and KV heads (2)."""
+    return make_tiny_qwen2(head_dim=64, max_positions=2048)
+
+
+# ── settings the loaded model refutes ─────────────────────────────────────────────────────────────────────────────
+
+
+def test_a_kivi_group_size_that_does_not_divide_head_dim_is_refused(head64):
+    """--group-size 48 --residual 96 on head_dim 64: every KIVI cell failed at generate, and the run exited 0."""
+    cfg = EvalConfig(group_size=48, residual_length=96, window_residuals=())
+    with pytest.raises(ValueError) as info:
+        check_against_model(cfg, head64)
+    message = str(info.value)
+    assert "`group_size` (--group-size) 48 does not divide the model's head_dim (64)" in message
+    assert "['kivi-4', 'kivi-2']" in message and "32, 16 or 8" in message  # divisors of 64 that divide 96
+    check_against_model(EvalConfig(group_size=32, residual_length=96, window_residuals=()), head64)
+
+
+def test_a_window_group_size_is_checked_with_its_own_flag(head64):
+    cfg = EvalConfig(window_residuals=(24, 48), window_group_size=24)
+    with pytest.raises(ValueError, match=r"`window_group_size` \(--window-group-size\) 24 does not divide"):
+        check_against_model(cfg, head64)
+    check_against_model(
+        EvalConfig(window_residuals=(24, 48), window_group_size=24, candidates=("dynamic", "fp8-e4m3")),
+        head64,
+    )
+
+
+def test_an_hqq_group_size_the_kv_shape_refutes_is_refused(head64):
+    pytest.importorskip("hqq")
+    cfg = EvalConfig(candidates=("dynamic", "hqq-4"), hqq_group_size=48, window_residuals=())
+    with pytest.raises(ValueError, match=r"`hqq_group_size` \(--hqq-group-size\) 48 does not divide") as info:
+        check_against_model(cfg, head64)
+    assert "2 KV heads x 512 tokens x head_dim 64" in str(info.value)
+    check_against_model(EvalConfig(candidates=("dynamic", "hqq-4"), hqq_group_size=128), head64)
+
+
+def test_eval_refuses_a_refuted_group_size_right_after_loading(tmp_path, capsys):
+    """The bundled model (head_dim 64) loads, and the run stops with exit 2 before any cell."""
+    argv = ["eval", "--quick", "--group-size", "48", "--residual", "96", "--threads", "1"]
+    assert main([*argv, "--out-dir", str(tmp_path), "--label", "g48"]) == 2
+    err = err_of(capsys)
+    assert "error: `group_size` (--group-size) 48 does not divide the model's head_dim (64)" in err, err
+    result = json.loads((tmp_path / "g48.json").read_text())
+    assert result["status"] == "failed" and result["rows"] == []
+    assert result["failures"][0]["stage"] == "settings"
+
+
+# ── a candidate that failed in every cell ─────────────────────────────────────────────────────────────────────────
+
+TINY_RUN = [
+    "eval",
+    "--candidates",
+    "dynamic,kivi-8,kivi-2",
+    "--contexts",
+    "40,72",
+    "--new-tokens",
+    "6",
+    "--residual",
+    "16",
+    "--group-size",
+    "16",
+    "--window-residuals",
+    "",
+    "--warmup",
+    "0",
+    "--repeat",
+    "1",
+    "--quality-tokens",
+    "4",
+    "--prompt-mode",
+    "repeat",
+    "--device",
+    "cpu",
+    "--dtype",
+    "float32",
+    "--no-long-context",
+    "--threads",
+    "1",
+]
+
+
+def test_a_candidate_that_failed_in_every_cell_fails_the_run(tmp_path, capsys, monkeypatch):
+    """kivi-2 failing in every cell left a decision about the others and exit 0."""
+    model = make_tiny_qwen2(head_dim=16, max_positions=512)
+    monkeypatch.setattr("kvlab.models.load_model", lambda *a, **k: (model, CharTokenizer()))
+    real_make = cand_mod.Candidate.make
+
+    def make(self, *a, **k):
+        if self.name == "kivi-2":
+            raise RuntimeError("boom from kivi-2")
+        return real_make(self, *a, **k)
+
+    monkeypatch.setattr(cand_mod.Candidate, "make", make)
+    assert main([*TINY_RUN, "--out-dir", str(tmp_path), "--label", "f"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert (
+        "not judged: kivi-2 failed in every capacity cell (first at construct: RuntimeError: boom from kivi-2)"
+        in out
+    )
+    result = json.loads((tmp_path / "f.json").read_text())
+    assert result["status"] == "partial" and validate_result(result) == []
+    assert result["summary"]["failed_candidates"] == [
+        {"candidate": "kivi-2", "stage": "construct", "type": "RuntimeError", "message": "boom from kivi-2"}
+    ]
+    monkeypatch.setattr(cand_mod.Candidate, "make", real_make)  # nothing fails: exit 0, no failed candidate
+    assert main([*TINY_RUN, "--out-dir", str(tmp_path), "--label", "ok"]) == 0
+    assert json.loads((tmp_path / "ok.json").read_text())["summary"]["failed_candidates"] == []
