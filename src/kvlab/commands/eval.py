@@ -456,7 +456,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
         path = result_path(args.out_dir, label)
-        ensure_writable(path, args.force)
+        try:
+            ensure_writable(path, args.force)
+        except FileExistsError as exc:
+            raise FileExistsError(_exists_message(path, exc)) from None
+        problem = None if args.dry_run else _model_problem(cfg.model)
+        if problem:  # a path that is not there is bad input (exit 2), as in kvlab lab / inspect / bench
+            return fail(args, problem)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)  # fail now, not after loading the model
         except OSError as exc:  # a file where the folder (or a parent of it) should be, no permission, ...
@@ -488,6 +494,35 @@ def run(args: argparse.Namespace) -> int:
         if exc.filename != str(path):  # not the result file: not an output-path problem
             raise
         return fail(args, f"could not write the result {path} ({exc.strerror or exc})", EXIT_FAILED)
+
+
+def _model_problem(model: str | None) -> str | None:
+    """Why ``--model`` cannot be loaded, found without loading it (:func:`kvlab.models.check_local_model`: a path
+    that does not exist, a file where a folder should be, a folder without its files, a file that is not GGUF, a
+    named model not installed), or None; a hub id passes (its failure to load is recorded in the result, exit 1)."""
+    from kvlab.models import check_local_model
+
+    try:
+        check_local_model(model)
+    except (OSError, ValueError) as exc:
+        return str(exc)
+    return None
+
+
+def _exists_message(path, exc: FileExistsError) -> str:
+    """The refusal of an existing result file; it says when that file is a run that failed or never finished
+    (status ``failed``, or ``planned``/``running`` left by a run that died), the usual reason to retry a label."""
+    try:
+        status = json.loads(path.read_text(encoding="utf-8")).get("status")
+    except (OSError, ValueError, AttributeError):  # a directory, not JSON, not an object: the plain message
+        return str(exc)
+    if status == "failed":
+        why = "the earlier run with this label failed (status failed)"
+    elif status in ("planned", "running"):
+        why = f"the earlier run with this label did not finish (status {status}: stopped, or still running)"
+    else:
+        return str(exc)
+    return f"{path} already exists: {why}; pass --force to replace it or choose another --label"
 
 
 def _attention_notes(cfg) -> list[str]:

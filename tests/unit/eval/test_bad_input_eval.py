@@ -62,11 +62,24 @@ def test_seed_range_matches_torch():
             EvalConfig(seed=seed)
 
 
-def test_model_without_weights_fails_clearly_and_is_recorded(tmp_path, capsys):
+def test_model_without_weights_is_refused_before_any_file(tmp_path, capsys):
+    """A model folder that cannot be loaded is bad input, found before the result file (exit 2, as in kvlab lab,
+    inspect and bench); it was exit 1 with a result recording the load failure."""
     model_dir = tmp_path / "empty-model"
     model_dir.mkdir()
     out = tmp_path / "res"
-    assert main(["eval", "--quick", "--model", str(model_dir), "--label", "m", "--out-dir", str(out)]) == 1
+    assert main(["eval", "--quick", "--model", str(model_dir), "--label", "m", "--out-dir", str(out)]) == 2
+    assert f"error: model directory '{model_dir}' has no config.json" in err_of(capsys)
+    assert not out.exists()
+
+
+def test_a_load_failure_is_recorded_and_reported(tmp_path, capsys, monkeypatch):
+    def fail_to_load(*a, **k):
+        raise OSError("weights could not be read")
+
+    monkeypatch.setattr("kvlab.models.load_model", fail_to_load)
+    out = tmp_path / "res"
+    assert main(["eval", "--quick", "--label", "m", "--out-dir", str(out)]) == 1
     assert "could not load the model" in err_of(capsys)
     result = json.loads((out / "m.json").read_text())
     assert result["status"] == "failed" and result["failures"][0]["stage"] == "load_model"
@@ -82,12 +95,11 @@ def test_model_with_config_but_no_weights_names_the_directory_and_what_is_missin
     model_dir.mkdir()
     (model_dir / "config.json").write_text((reference_model_path() / "config.json").read_text())
     out = tmp_path / "res"
-    assert main(["eval", "--quick", "--model", str(model_dir), "--label", "m", "--out-dir", str(out)]) == 1
+    assert main(["eval", "--quick", "--model", str(model_dir), "--label", "m", "--out-dir", str(out)]) == 2
     err = err_of(capsys)
     assert str(model_dir) in err and "no weights (*.safetensors or pytorch_model.bin)" in err, err
     assert "no tokenizer files" in err and "sentencepiece" not in err and "backend tokenizer" not in err
-    message = json.loads((out / "m.json").read_text())["failures"][0]["message"]
-    assert str(model_dir) in message and "no weights" in message
+    assert not out.exists()
 
 
 def test_report_on_a_directory_or_undecodable_file(tmp_path, capsys):
