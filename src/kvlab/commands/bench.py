@@ -4,8 +4,9 @@
 ``kvlab.bench.<name>.run`` and writes a record to ``<results-dir>/<name>-<device>.json`` (``-quick`` appended
 for quick runs) atomically; ``--results-dir`` defaults to ``./kvlab-results`` in the current directory, never a
 checkout's tracked ``benchmarks/results`` unless asked (``--results-dir benchmarks/results``, as
-``benchmarks/run_all.sh`` does). An existing file is kept unless ``--force`` (or use ``--out``). ``kvlab bench
-docs`` renders the records of ``benchmarks/results`` into ``docs/PERFORMANCE.md``. Logic lives in
+``benchmarks/run_all.sh`` does). An existing file is kept unless ``--force`` (or use ``--out``). A run whose
+target is not met exits 1 (the exit table of :mod:`kvlab.commands`), after printing and saving its record.
+``kvlab bench docs`` renders the records of ``benchmarks/results`` into ``docs/PERFORMANCE.md``. Logic lives in
 :mod:`kvlab.bench`.
 """
 
@@ -359,23 +360,38 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(record, indent=1))
     else:
         _print(record, path)
-    return code
+    unmet = unmet_targets(record)
+    for t in unmet:  # the exit table: 1 = the command ran and a target was not met
+        fail(args, f"target not met: {t['description']} ({t['detail']})")
+    return 1 if unmet else code
+
+
+def _verdicts(record: dict, path) -> list[dict]:
+    """The target verdicts of this record (:func:`kvlab.bench.docs.targets`), without the GPU targets listed as not
+    measured for want of a CUDA record elsewhere."""
+    from pathlib import Path
+
+    from kvlab.bench import docs
+
+    name = Path(path).name if path else "(not saved)"
+    return [t for t in docs.targets([(Path(name), record)]) if t["file"] != "-"]
+
+
+def unmet_targets(record: dict) -> list[dict]:
+    """The verdicts of ``record`` whose status is ``not met`` (each makes ``kvlab bench`` exit 1)."""
+    return [t for t in _verdicts(record, None) if t["status"] == "not met"]
 
 
 def _print(record: dict, path) -> None:
-    from pathlib import Path
-
     from rich.console import Console
     from rich.markdown import Markdown
 
     from kvlab.bench import docs
 
     console = Console()
-    name = Path(path).name if path else "(not saved)"
     console.print(Markdown(docs.RENDER[record["benchmark"]](record["result"])))
-    for t in docs.targets([(Path(name), record)]):
-        if t["file"] != "-":
-            console.print(f"target: {t['description']}: [bold]{t['status']}[/bold] ({t['detail']})")
+    for t in _verdicts(record, path):
+        console.print(f"target: {t['description']}: [bold]{t['status']}[/bold] ({t['detail']})")
 
 
 def _docs(args: argparse.Namespace) -> int:
