@@ -1,9 +1,10 @@
 """Result files of ``kvlab bench``: a JSON record per run, written atomically, never silently overwritten.
 
 A record is ``{"format", "benchmark", "command", "quick", "created_utc", "machine", "note", "result"}``;
-``result`` is the benchmark's ``run()`` dict. The default file is ``<results_dir>/<benchmark>-<device>.json``
-(``-quick`` appended for ``--quick`` runs), ``<device>`` being ``cpu`` or the CUDA device name as a slug
-(``nvidia-h200``). An existing file is replaced only with ``force``.
+``result`` is the benchmark's ``run()`` dict. The default file is ``<results_dir>/<benchmark>-<device>.json``,
+``<device>`` being ``cpu`` or the CUDA device name as a slug (``nvidia-h200``), with what sets a run apart from the
+default one before ``.json``: the caches asked for (``-dynamic+fp8-e4m3``), the torch threads asked for
+(``-1thread``, ``-2threads``) and ``-quick`` (:func:`run_tags`). An existing file is replaced only with ``force``.
 """
 
 from __future__ import annotations
@@ -37,15 +38,40 @@ def device_label(device: str | None) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "cuda"
 
 
-def default_path(results_dir: str | Path, benchmark: str, device: str, quick: bool) -> Path:
-    """``<results_dir>/<benchmark>-<device label>[-quick].json``.
+# a tag longer than this is shortened to its head and a hash (file names stay well under 255 bytes)
+MAX_TAG = 64
+
+
+def run_tags(candidates: list[str] | tuple[str, ...] | None = None, threads: int | None = None) -> list[str]:
+    """The parts of a default record name that tell runs of one benchmark apart: the caches asked for, joined by
+    ``+`` (``dynamic+fp8-e4m3``; a ``:`` of a setting becomes ``_``), and the torch threads asked for
+    (``1thread``, ``2threads``); none for what was left at its default."""
+    import hashlib
+
+    tags = []
+    if candidates:
+        tag = re.sub(r"[^A-Za-z0-9.+=_-]+", "_", "+".join(candidates))
+        if len(tag) > MAX_TAG:
+            digest = hashlib.sha1(tag.encode()).hexdigest()[:8]
+            tag = f"{tag[: MAX_TAG - 9]}-{digest}"
+        tags.append(tag)
+    if threads is not None:
+        tags.append(f"{threads}thread{'s' if threads != 1 else ''}")
+    return tags
+
+
+def default_path(
+    results_dir: str | Path, benchmark: str, device: str, quick: bool, tags: list[str] | tuple[str, ...] = ()
+) -> Path:
+    """``<results_dir>/<benchmark>-<device label>[-<tag>...][-quick].json`` (``tags`` from :func:`run_tags`).
 
     Raises:
         ValueError: an unknown benchmark name.
     """
     if benchmark not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {benchmark!r}; expected one of {list(BENCHMARKS)}")
-    return Path(results_dir) / f"{benchmark}-{device_label(device)}{'-quick' if quick else ''}.json"
+    parts = [benchmark, device_label(device), *tags] + (["quick"] if quick else [])
+    return Path(results_dir) / f"{'-'.join(parts)}.json"
 
 
 def make_record(benchmark: str, result: dict, command: str, quick: bool, note: str | None = None) -> dict:

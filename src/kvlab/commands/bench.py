@@ -1,13 +1,14 @@
 """``kvlab bench``: run a benchmark and save its result record, or regenerate ``docs/PERFORMANCE.md``.
 
 ``kvlab bench {decode,memory,flush,kernel,paging,lab} [--json] [--quick] [--device D] [options]`` runs
-``kvlab.bench.<name>.run`` and writes a record to ``<results-dir>/<name>-<device>.json`` (``-quick`` appended
-for quick runs) atomically; ``--results-dir`` defaults to ``./kvlab-results`` in the current directory, never a
-checkout's tracked ``benchmarks/results`` unless asked (``--results-dir benchmarks/results``, as
-``benchmarks/run_all.sh`` does). An existing file is kept unless ``--force`` (or use ``--out``). A run whose
-target is not met exits 1 (the exit table of :mod:`kvlab.commands`), after printing and saving its record.
-``kvlab bench docs`` renders the records of ``benchmarks/results`` into ``docs/PERFORMANCE.md``. Logic lives in
-:mod:`kvlab.bench`.
+``kvlab.bench.<name>.run`` and writes a record to ``<results-dir>/<name>-<device>.json`` atomically, the name
+carrying what sets the run apart (``--candidates``, ``--threads``, ``--quick``:
+``decode-cpu-dynamic+fp8-e4m3-1thread.json``, :func:`kvlab.bench.results.run_tags`); ``--results-dir`` defaults
+to ``./kvlab-results`` in the current directory, never a checkout's tracked ``benchmarks/results`` unless asked
+(``--results-dir benchmarks/results``, as ``benchmarks/run_all.sh`` does). An existing file is kept unless
+``--force`` (or use ``--out``). A run whose target is not met exits 1 (the exit table of :mod:`kvlab.commands`),
+after printing and saving its record. ``kvlab bench docs`` renders the records of ``benchmarks/results`` into
+``docs/PERFORMANCE.md``. Logic lives in :mod:`kvlab.bench`.
 """
 
 from __future__ import annotations
@@ -73,7 +74,12 @@ def _common(p: argparse.ArgumentParser, device: bool = True) -> None:
         help=f"where records go (default ./{DEFAULT_RESULTS_DIR}; a checkout's tracked records: "
         "--results-dir benchmarks/results)",
     )
-    p.add_argument("--out", default=None, help="record path (default <results-dir>/<name>-<device>.json)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="record path (default <results-dir>/<name>-<device>[-<candidates>][-<N>threads][-quick].json, each "
+        "part only when its flag is given)",
+    )
     p.add_argument("--force", action="store_true", help="replace an existing record")
     p.add_argument("--no-save", action="store_true", help="print only, write no record")
     p.add_argument("--note", default=None, help="free text stored in the record (e.g. 'shared 2-core VM')")
@@ -323,7 +329,8 @@ def _run(args: argparse.Namespace) -> int:
         )
     if not args.no_save:
         try:
-            path = results.default_path(args.results_dir, args.bench, device, args.quick)
+            tags = results.run_tags(getattr(args, "candidates", None), args.threads)
+            path = results.default_path(args.results_dir, args.bench, device, args.quick, tags)
         except (ValueError, RuntimeError) as e:
             return fail(args, e)
         if args.out:

@@ -28,7 +28,7 @@ def test_default_record_goes_to_kvlab_results_in_the_current_directory(tmp_path,
     code, out = _run(["bench", "paging", "--quick", "--json", "--threads", "1"])
     assert code == 0, out
     written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.json"))
-    assert written == [f"{DEFAULT_RESULTS_DIR}/paging-cpu-quick.json"]
+    assert written == [f"{DEFAULT_RESULTS_DIR}/paging-cpu-1thread-quick.json"]  # --threads 1 names the run
     assert json.loads((tmp_path / written[0]).read_text())["benchmark"] == "paging"
     assert sorted(p.name for p in CHECKOUT_RESULTS.iterdir()) == before  # the checkout is untouched
 
