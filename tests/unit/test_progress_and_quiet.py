@@ -93,3 +93,32 @@ def test_a_users_environment_setting_wins(monkeypatch):
 def test_verbose_is_a_top_level_flag():
     assert build_parser().parse_args(["--verbose", "plan", "llama-3-8b"]).verbose is True
     assert build_parser().parse_args(["plan", "llama-3-8b"]).verbose is False
+
+
+PROFILE = """
+from kvlab.commands import quiet_third_party
+import torch
+from torch.profiler import ProfilerActivity, profile
+with quiet_third_party({verbose}):
+    with profile(activities=[ProfilerActivity.CPU]):
+        torch.ones(3) + 1
+"""
+
+
+def test_the_torch_profiler_native_log_lines_are_quiet_unless_verbose(monkeypatch):
+    """kvlab bench decode --profile-context printed kineto's "USDT: ... profiler_start" / "profiler_stop" lines on
+    stderr (native code: only a process of its own shows what reaches file descriptor 2)."""
+    import subprocess
+    import sys
+
+    monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
+    quiet = subprocess.run(
+        [sys.executable, "-c", PROFILE.format(verbose=False)], capture_output=True, text=True
+    )
+    assert quiet.returncode == 0 and "profiler_start" not in quiet.stderr + quiet.stdout, quiet.stderr
+    with quiet_third_party(False):
+        assert os.environ["KINETO_LOG_LEVEL"] == "6"
+    assert "KINETO_LOG_LEVEL" not in os.environ
+    monkeypatch.setenv("KINETO_LOG_LEVEL", "3")  # the user's own setting wins
+    with quiet_third_party(False):
+        assert os.environ["KINETO_LOG_LEVEL"] == "3"

@@ -121,6 +121,10 @@ class progress:
         return False
 
 
+# kineto's (the torch profiler's) lowest level shown: its levels run VERBOSE 0 .. ERROR 4, USDT 5, so 6 shows none
+# (at its default it prints "USDT: ... profiler_start" / "profiler_stop" on stderr around every profile)
+KINETO_QUIET = "6"
+
 # third-party modules whose warnings (deprecations, advice) are not kvlab's output unless --verbose
 THIRD_PARTY_WARNINGS = r"(transformers|torch|huggingface_hub|accelerate|hqq|optimum|matplotlib|numpy)(\.|$)"
 
@@ -129,22 +133,31 @@ THIRD_PARTY_WARNINGS = r"(transformers|torch|huggingface_hub|accelerate|hqq|opti
 def quiet_third_party(verbose: bool = False) -> Iterator[None]:
     """Keep other libraries' progress bars, logging and warnings out of kvlab's output inside the ``with`` block
     (``kvlab --verbose`` keeps them): Hugging Face hub / transformers progress bars (e.g. "Loading weights") and
-    info logging off, and Python warnings raised inside :data:`THIRD_PARTY_WARNINGS` modules ignored. kvlab's own
-    messages are unaffected. Settings the user made in the environment (``HF_HUB_DISABLE_PROGRESS_BARS``,
-    ``TRANSFORMERS_VERBOSITY``) win. Everything is restored on exit (``kvlab.cli.main`` called in-process leaves
-    no trace).
+    info logging off, the torch profiler's native log lines off (kineto writes ``USDT: ... profiler_start`` /
+    ``profiler_stop`` to stderr around every ``torch.profiler.profile``, e.g. ``kvlab bench decode
+    --profile-context``; :data:`KINETO_QUIET` also hides its error lines, whose failures still raise), and Python
+    warnings raised inside :data:`THIRD_PARTY_WARNINGS` modules ignored. kvlab's own messages are unaffected.
+    Settings the user made in the environment (``HF_HUB_DISABLE_PROGRESS_BARS``, ``TRANSFORMERS_VERBOSITY``,
+    ``KINETO_LOG_LEVEL``) win. Everything is restored on exit (``kvlab.cli.main`` called in-process leaves no
+    trace; kineto reads its level when a process first profiles and keeps it).
     """
     if verbose:
         yield
         return
     import warnings
 
-    keys = ("HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY", "TRANSFORMERS_NO_ADVISORY_WARNINGS")
+    keys = (
+        "HF_HUB_DISABLE_PROGRESS_BARS",
+        "TRANSFORMERS_VERBOSITY",
+        "TRANSFORMERS_NO_ADVISORY_WARNINGS",
+        "KINETO_LOG_LEVEL",
+    )
     saved_env = {k: os.environ.get(k) for k in keys}
     user_bars, user_level = saved_env[keys[0]] is not None, saved_env[keys[1]] is not None
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)
     restore = []
     if "transformers" in sys.modules:  # already imported: its environment was read, so set it directly
         from transformers.utils import logging as hf_logging
