@@ -357,6 +357,11 @@ def render_html(result: Mapping[str, Any], figure_dir: str | os.PathLike | None 
     if header:
         parts.append(_kv_table(header))
     parts.append("<h2>Decision</h2>" + _decision_block(result.get("summary", result.get("decision"))))
+    from kvlab.eval.margins import margin_warning
+
+    close = margin_warning(result) if isinstance(result, Mapping) else None
+    if close:
+        parts.append(f'<div class="warning">warning: {html.escape(close)}</div>')
     note = bundled_model_note(result) if isinstance(result, Mapping) else None
     if note:
         parts.append(f'<div class="warning">note: {html.escape(note)}</div>')

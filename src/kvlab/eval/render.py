@@ -199,6 +199,11 @@ def print_summary(result: dict, console: Console | None = None) -> None:
         console.print(f"[red]failed[/] {' '.join(where + [''])}at {f['stage']}: {f['type']}: {f['message']}")
     if result.get("summary"):
         _print_decision(result, result["summary"], console)
+        from kvlab.eval.margins import margin_warning
+
+        close = margin_warning(result)
+        if close:
+            console.print(f"[yellow]warning:[/] {close}")
         note = bundled_model_note(result)
         if note:
             console.print(f"[yellow]note:[/] {note}")
