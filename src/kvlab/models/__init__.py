@@ -310,13 +310,11 @@ def model_fingerprint(model: str | os.PathLike | None = None, revision: str | No
         if p.is_file()
         and not any(part.startswith(".") or part == "__pycache__" for part in p.relative_to(source).parts)
     )
+    from kvlab.models.sources import file_sha256
+
     for path in files:
-        file_digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                file_digest.update(chunk)
         digest.update(path.relative_to(source).as_posix().encode("utf-8") + b"\0")
-        digest.update(file_digest.digest())
+        digest.update(bytes.fromhex(file_sha256(path)))
     return f"sha256:{digest.hexdigest()}"
 
 

@@ -36,7 +36,7 @@ __all__ = [
     "ModelSource",
     "NamedModel",
     "find_source",
-    "gguf_sha256",
+    "file_sha256",
     "models_dir",
     "prepare_source",
 ]
@@ -138,7 +138,7 @@ def models_dir() -> Path:
     return cache_dir("models", "KVLAB_MODEL_DIR")
 
 
-def gguf_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     """Hex sha256 of a file's bytes (read in 1 MiB chunks)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -252,7 +252,7 @@ def _gguf_source(
         head = f.read(4)
     if head != b"GGUF":
         raise ValueError(f"{gguf} is not a GGUF file (it starts with {head!r}, a GGUF file with b'GGUF')")
-    sha = gguf_sha256(gguf)
+    sha = file_sha256(gguf)
     if expected_sha is not None and sha != expected_sha:
         raise ValueError(
             f"{gguf} has sha256 {sha[:16]}..., not the {expected_sha[:16]}... of {named.package} {named.version}: "

@@ -11,7 +11,7 @@ import pytest
 
 from kvlab.cli import main
 from kvlab.models import check_local_model, load_model, model_fingerprint, sources
-from kvlab.models.sources import NAMED_MODELS, NamedModel, find_source, gguf_sha256, prepare_source
+from kvlab.models.sources import NAMED_MODELS, NamedModel, file_sha256, find_source, prepare_source
 from tests.unit.plan.test_gguf import write_gguf
 
 gguf = pytest.importorskip("gguf")
@@ -46,7 +46,7 @@ def fake_package(tmp_path, monkeypatch):
         version="9.9",
         module="tiny_named_pkg",
         gguf_file="tiny.gguf",
-        gguf_sha256=gguf_sha256(path),
+        gguf_sha256=file_sha256(path),
     )
     monkeypatch.setitem(NAMED_MODELS, named.name, named)
     return named, path
@@ -55,7 +55,7 @@ def fake_package(tmp_path, monkeypatch):
 def test_a_gguf_path_resolves_to_a_cache_dir_named_by_its_sha256(tmp_path, model_dir):
     path = write_gguf(tmp_path / "m.gguf")
     found = find_source(str(path))
-    sha = gguf_sha256(path)
+    sha = file_sha256(path)
     assert found.kind == "gguf" and not found.ready
     assert found.load_from == str(model_dir / f"m-{sha[:16]}")
     assert found.fingerprint == f"gguf-sha256:{sha}"
