@@ -21,17 +21,6 @@ from kvlab.runtime.hf_api import cache_kwarg  # re-exported: the one helper live
 from kvlab.runtime.tensor_bytes import TensorBytesTracker
 
 
-def _read_status_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
 class PeakMemory:
     """Incremental peak memory of a code block, in bytes.
 

@@ -47,11 +47,6 @@ def _check_positive(name: str, value: object) -> None:
         raise ValueError(f"`{name}` must be a finite number > 0, got {value!r}")
 
 
-def attainable_flops(intensity_flop_per_byte: float, peak_flops: float, bandwidth_bytes_s: float) -> float:
-    """Roofline ceiling ``min(peak, I * BW)`` in FLOP/s."""
-    return min(peak_flops, intensity_flop_per_byte * bandwidth_bytes_s)
-
-
 def decode_attention_intensity(gqa_group: float, kv_bytes_per_element: float = 2.0) -> float:
     """``I_dec = 2g/p`` FLOP/byte of ideal fused single-query attention (mechanics chapter §3.4).
 

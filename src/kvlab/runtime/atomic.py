@@ -69,11 +69,6 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write(path, lambda f: f.write(text))
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically."""
-    return atomic_write(path, lambda f: f.write(data), binary=True)
-
-
 def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int = 2, **dumps_kwargs: Any) -> Path:
     """Write ``obj`` as JSON (``indent`` 2, a final newline) to ``path`` atomically."""
     return atomic_write_text(path, json.dumps(obj, indent=indent, **dumps_kwargs) + "\n")
