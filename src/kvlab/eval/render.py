@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 MIB = 1024**2
 
@@ -20,99 +23,185 @@ def _mark(row: dict, gate: str) -> str:
     return " [green]✓[/]" if g else " [red]✗[/]"
 
 
-def matrix_table(result: dict, matrix: str) -> Table | None:
-    """One table per matrix: a row per cell, the baseline first at each context."""
+# the matrix columns: (header, the row key whose presence in some row shows it, or None for always shown)
+MATRIX_COLUMNS = (
+    ("ctx", None),
+    ("candidate", None),
+    ("R/G", None),
+    ("cache MiB", None),
+    ("× dyn", None),
+    ("ms/tok", None),
+    ("lat ×", None),
+    ("NLL / Δ", None),
+    ("top-k", None),
+    ("agree", None),
+    # long-context columns only when some row has them (results written before them, or --no-long-context)
+    ("recall", "recall_accuracy"),
+    ("passkey", "passkey_accuracy"),
+    ("KL", "kl_mean"),
+    ("peak MiB", None),
+    ("verdict", None),
+)
+MATRIX_TITLES = {"capacity": "Capacity matrix (contexts x candidates)", "window": "Residual-window matrix"}
+KEY_COLUMNS = 2  # ctx and candidate: repeated in every part of a table split to fit the width
+_LEFT = ("candidate", "verdict")
+
+
+def _matrix_cells(r: dict) -> tuple[str, ...]:
+    """One row's cells, in :data:`MATRIX_COLUMNS` order (rich markup for the gate marks)."""
+    base = r["candidate"] == "dynamic"
+    rg = "" if base else f"{_f(r.get('residual_length'), 'd')}/{_f(r.get('group_size'), 'd')}"
+    peak = r.get("incremental_peak_bytes")
+    return (
+        str(r["context_length"]),
+        r["candidate"],
+        rg,
+        _f(r["cache_bytes"] / MIB, ".3f"),
+        "1" if base else _f(r.get("cache_bytes_ratio"), ".3f") + _mark(r, "saves_memory"),
+        _f(r["ms_per_token"], ".1f"),
+        "1" if base else _f(r.get("latency_ratio"), ".2f") + _mark(r, "latency_ratio"),
+        _f(r.get("mean_nll"), ".3f") if base else _f(r.get("nll_delta"), "+.3f") + _mark(r, "nll_delta"),
+        "" if base else _f(r.get("topk_overlap"), ".2f") + _mark(r, "topk_overlap"),
+        "" if base else _f(r.get("token_agreement_rate"), ".2f"),
+        _f(r.get("recall_accuracy"), ".3f") + _mark(r, "recall_drop"),
+        _f(r.get("passkey_accuracy"), ".2f") + _mark(r, "passkey_drop"),
+        "" if base else _f(r.get("kl_mean"), ".4f") + _mark(r, "kl_mean"),
+        _f(None if peak is None else peak / MIB, ".1f"),
+        "baseline" if base else ("[green]eligible[/]" if r.get("eligible") else "[red]rejected[/]"),
+    )
+
+
+def _matrix_grid(result: dict, matrix: str) -> tuple[str, list[str], list[list[str]]] | None:
+    """``(title, headers, rows of cells)`` of one matrix, a row per cell and the baseline first at each context;
+    None when the matrix has no row."""
     rows = [r for r in result["rows"] if r["matrix"] == matrix]
     if not rows:
         return None
-    title = {"capacity": "Capacity matrix (contexts x candidates)", "window": "Residual-window matrix"}[
-        matrix
-    ]
-    t = Table(title=title, show_lines=False)
-    # long-context columns only when some row has them (results written before them, or --no-long-context)
-    optional = {"recall": "recall_accuracy", "passkey": "passkey_accuracy", "KL": "kl_mean"}
-    columns = [
-        "ctx",
-        "candidate",
-        "R/G",
-        "cache MiB",
-        "× dyn",
-        "ms/tok",
-        "lat ×",
-        "NLL / Δ",
-        "top-k",
-        "agree",
-        "recall",
-        "passkey",
-        "KL",
-        "peak MiB",
-        "verdict",
-    ]
     keep = [
         i
-        for i, col in enumerate(columns)
-        if col not in optional or any(r.get(optional[col]) is not None for r in rows)
+        for i, (_, key) in enumerate(MATRIX_COLUMNS)
+        if key is None or any(r.get(key) is not None for r in rows)
     ]
-    for i in keep:
-        # a long cache name folds onto a second line instead of being cut ("sink:window…")
+    cells = [_matrix_cells(r) for r in rows]
+    return (
+        MATRIX_TITLES[matrix],
+        [MATRIX_COLUMNS[i][0] for i in keep],
+        [[c[i] for i in keep] for c in cells],
+    )
+
+
+def _cell_width(text: str) -> int:
+    return max((Text.from_markup(line).cell_len for line in text.split("\n")), default=0)
+
+
+def _table(title: str, headers: list[str], rows: list[list[str]], columns: list[int]) -> Table:
+    """A rich table of ``columns`` of the grid. The candidate column never wraps (a cache name folded over lines
+    read as cut: "sink:sink_to"), and its width is its longest name."""
+    t = Table(title=title)
+    for i in columns:
+        h = headers[i]
+        width = max(_cell_width(h), *(_cell_width(r[i]) for r in rows)) if rows else _cell_width(h)
         t.add_column(
-            columns[i],
-            justify="left" if columns[i] in ("candidate", "verdict") else "right",
-            overflow="fold" if columns[i] == "candidate" else "ellipsis",
+            h,
+            justify="left" if h in _LEFT else "right",
+            no_wrap=h == "candidate",
+            min_width=width if h == "candidate" else None,
         )
     for r in rows:
-        base = r["candidate"] == "dynamic"
-        rg = "" if base else f"{_f(r.get('residual_length'), 'd')}/{_f(r.get('group_size'), 'd')}"
-        peak = r.get("incremental_peak_bytes")
-        cells = (
-            str(r["context_length"]),
-            r["candidate"],
-            rg,
-            _f(r["cache_bytes"] / MIB, ".3f"),
-            "1" if base else _f(r.get("cache_bytes_ratio"), ".3f") + _mark(r, "saves_memory"),
-            _f(r["ms_per_token"], ".1f"),
-            "1" if base else _f(r.get("latency_ratio"), ".2f") + _mark(r, "latency_ratio"),
-            _f(r.get("mean_nll"), ".3f") if base else _f(r.get("nll_delta"), "+.3f") + _mark(r, "nll_delta"),
-            "" if base else _f(r.get("topk_overlap"), ".2f") + _mark(r, "topk_overlap"),
-            "" if base else _f(r.get("token_agreement_rate"), ".2f"),
-            _f(r.get("recall_accuracy"), ".3f") + _mark(r, "recall_drop"),
-            _f(r.get("passkey_accuracy"), ".2f") + _mark(r, "passkey_drop"),
-            "" if base else _f(r.get("kl_mean"), ".4f") + _mark(r, "kl_mean"),
-            _f(None if peak is None else peak / MIB, ".1f"),
-            "baseline" if base else ("[green]eligible[/]" if r.get("eligible") else "[red]rejected[/]"),
-        )
-        t.add_row(*[cells[i] for i in keep])
+        t.add_row(*[r[i] for i in columns])
     return t
 
 
-def passkey_table(result: dict) -> Table | None:
+def _greedy(widths: list[int], fixed: int, limit: int) -> list[list[int]]:
+    """Columns (indices into ``widths``) in order, a new part whenever the next would pass ``limit`` characters with
+    the ``fixed`` ones of the key columns; each part holds at least one column."""
+    parts: list[list[int]] = [[]]
+    used = fixed
+    for i, w in enumerate(widths):
+        if parts[-1] and used + w > limit:
+            parts.append([])
+            used = fixed
+        parts[-1].append(i)
+        used += w
+    return parts
+
+
+def _fit(grid: tuple[str, list[str], list[list[str]]], width: int | None) -> list[Table]:
+    """The grid as one table, or, where it is wider than ``width`` unwrapped, as the fewest tables that each fit,
+    their widths as even as the order allows: the data columns split in order, ctx and candidate repeated in every
+    part, so that no cell is cut or wrapped. A part is never left without a data column (at a width too small
+    even for that, rich shrinks the part)."""
+    title, headers, rows = grid
+    # a column's width unwrapped: its widest cell, one space each side and a border (rich's default box)
+    span = [3 + max([_cell_width(h)] + [_cell_width(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    fixed = 1 + sum(span[:KEY_COLUMNS])  # the key columns and the closing border
+    keys, data = list(range(KEY_COLUMNS)), span[KEY_COLUMNS:]
+    if width is None or fixed + sum(data) <= width:
+        return [_table(title, headers, rows, keys + list(range(KEY_COLUMNS, len(headers))))]
+    parts = _greedy(data, fixed, width)
+    for limit in range(width - 1, 0, -1):  # the narrowest limit that still needs no more parts: even widths
+        tighter = _greedy(data, fixed, limit)
+        if len(tighter) > len(parts):
+            break
+        parts = tighter
+    return [
+        _table(f"{title}, part {n} of {len(parts)}", headers, rows, keys + [KEY_COLUMNS + i for i in part])
+        for n, part in enumerate(parts, 1)
+    ]
+
+
+def matrix_table(result: dict, matrix: str) -> Table | None:
+    """One table per matrix: a row per cell, the baseline first at each context (None when it has no row)."""
+    grid = _matrix_grid(result, matrix)
+    return None if grid is None else _fit(grid, None)[0]
+
+
+def matrix_tables(result: dict, matrix: str, width: int | None) -> list[Table]:
+    """:func:`matrix_table` split into parts that each fit ``width`` characters unwrapped (:func:`_fit`)."""
+    grid = _matrix_grid(result, matrix)
+    return [] if grid is None else _fit(grid, width)
+
+
+def _passkey_grid(result: dict) -> tuple[str, list[str], list[list[str]]] | None:
     """Passkey retrieval per depth: correct / trials for every capacity row with the grid, and the mean accuracy
     with its Wilson 95 % interval over all trials; None when no row has it."""
     rows = [r for r in result["rows"] if r["matrix"] == "capacity" and isinstance(r.get("passkey"), dict)]
     if not rows:
         return None
     depths = sorted({d["depth"] for r in rows for d in r["passkey"]["depths"]})
-    t = Table(title="Passkey retrieval (correct / trials per needle depth)")
-    for col in ("ctx", "candidate", *[f"{100 * d:g} %" for d in depths], "mean", "95 % CI", "verdict"):
-        t.add_column(col, justify="left" if col in ("candidate", "verdict") else "right")
+    headers = ["ctx", "candidate", *[f"{100 * d:g} %" for d in depths], "mean", "95 % CI", "verdict"]
+    cells = []
     for r in rows:
         by_depth = {d["depth"]: d for d in r["passkey"]["depths"]}
-        cells = [
+        counts = [
             f"{by_depth[d]['correct']}/{by_depth[d]['trials']}" if d in by_depth else "-" for d in depths
         ]
         lo, hi = r["passkey"].get("ci95") or (None, None)
         gate = r.get("gates", {}).get("passkey_drop")
-        t.add_row(
-            str(r["context_length"]),
-            r["candidate"],
-            *cells,
-            _f(r.get("passkey_accuracy"), ".2f"),
-            f"{_f(lo, '.2f')}-{_f(hi, '.2f')}",
-            "baseline"
-            if r["candidate"] == "dynamic"
-            else ("" if gate is None else ("pass" if gate else "[red]fail[/]")),
+        verdict = "" if gate is None else ("pass" if gate else "[red]fail[/]")
+        cells.append(
+            [
+                str(r["context_length"]),
+                r["candidate"],
+                *counts,
+                _f(r.get("passkey_accuracy"), ".2f"),
+                f"{_f(lo, '.2f')}-{_f(hi, '.2f')}",
+                "baseline" if r["candidate"] == "dynamic" else verdict,
+            ]
         )
-    return t
+    return "Passkey retrieval (correct / trials per needle depth)", headers, cells
+
+
+def passkey_table(result: dict) -> Table | None:
+    """The passkey grid as one table (:func:`_passkey_grid`); None when no row has it."""
+    grid = _passkey_grid(result)
+    return None if grid is None else _fit(grid, None)[0]
+
+
+def passkey_tables(result: dict, width: int | None) -> list[Table]:
+    """:func:`passkey_table` split into parts that each fit ``width`` characters unwrapped (:func:`_fit`)."""
+    grid = _passkey_grid(result)
+    return [] if grid is None else _fit(grid, width)
 
 
 # bytes saved within this fraction of the most an eligible row saves count as a tie (kvlab.eval.runner.decide)
@@ -172,15 +261,13 @@ def print_summary(result: dict, console: Console | None = None) -> None:
     """Print provenance, gates, both matrices, failures and the decision."""
     if console is None:
         console = Console()
-        if not console.is_terminal:
+        if not console.is_terminal and "COLUMNS" not in os.environ:  # a pipe: rich's 80 columns cut tables
             console = Console(width=150)
     _print_header(result, console)
     for matrix in ("capacity", "window"):
-        table = matrix_table(result, matrix)
-        if table is not None:
+        for table in matrix_tables(result, matrix, console.width):
             console.print(table)
-    table = passkey_table(result)
-    if table is not None:
+    for table in passkey_tables(result, console.width):
         console.print(table)
     if any(r.get("matrix") in ("capacity", "window") for r in result.get("rows", [])):
         console.print(f"[dim]{COLUMN_LEGEND}[/]")

@@ -1,0 +1,70 @@
+"""Issue 33 point 7, "words a newcomer cannot read": what the eval and inspect reports print, checked on the
+recorded examples in docs/examples."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from kvlab.eval.render import print_summary
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "docs" / "examples"
+EVICTION = "eval-quick-eviction-2026-12-01.json"  # sink:sink_tokens=0:window_length=256 in every matrix
+# kivi-4:compression_ratio=0.5 and the passkey grid at 512 only
+MORE_CACHES = "eval-smollm2-more-caches-cpu-2026-12-02.json"
+TOVA = "eval-quick-tova-2026-12-01.json"  # no row eligible: decision tune_cache_policy
+
+
+def _record(name: str) -> dict:
+    return json.loads((EXAMPLES / name).read_text(encoding="utf-8"))
+
+
+def _text(result: dict, width: int = 160) -> str:
+    console = Console(file=io.StringIO(), width=width, color_system=None, record=True)
+    print_summary(result, console)
+    return console.export_text()
+
+
+def _html_text(page: str) -> str:
+    """The page's visible text, cells separated by ' | '."""
+    page = re.sub(r"<(style|details)[^>]*>.*?</\1>", "", page, flags=re.S)
+    return re.sub(r"\s*(<[^>]+>\s*)+", " | ", page)
+
+
+def _candidate_cells(text: str) -> list[str]:
+    """The candidate column of every table body line (the second cell between │)."""
+    return [line.split("│")[2].strip() for line in text.splitlines() if line.count("│") > 3]
+
+
+@pytest.mark.parametrize("record", [EVICTION, MORE_CACHES])
+@pytest.mark.parametrize("width", [80, 160])
+def test_tables_never_cut_a_cache_name(record, width):
+    result = _record(record)
+    text = _text(result, width=width)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width
+    assert "…" not in text  # rich's ellipsis: a cut cell
+    names = {r["candidate"] for r in result["rows"]}
+    cells = _candidate_cells(text)
+    assert set(cells) <= names | {"candidate"}, set(cells) - names  # every cell a whole name, none folded
+    titles = [line.strip() for line in lines if "matrix" in line or "Passkey retrieval" in line]
+    for matrix, title in (("capacity", "Capacity matrix"), ("window", "Residual-window matrix")):
+        if any(r["matrix"] == matrix for r in result["rows"]):
+            assert any(t.startswith(title) for t in titles), (matrix, titles)
+    assert any(t.startswith("Passkey retrieval") for t in titles)
+    long = max(names, key=len)
+    assert cells.count(long) >= 3  # capacity, window (or its parts) and passkey tables each name it whole
+
+
+def test_a_table_too_wide_for_the_terminal_is_split_and_keeps_every_column():
+    result = _record(MORE_CACHES)
+    narrow, wide = _text(result, width=80), _text(result, width=400)
+    assert "part 1 of" in narrow and "part 1 of" not in wide
+    header = next(line for line in wide.splitlines() if "┃" in line and "R/G" in line)
+    for column in [c.strip() for c in header.split("┃") if c.strip()]:
+        assert column in narrow, column
