@@ -247,13 +247,16 @@ def fp8_range_lines(result: dict) -> list[str]:
 
 # what each matrix column holds (printed once under the tables): a new user could not make ms/tok and lat × agree
 COLUMN_LEGEND = (
-    "columns: × dyn = cache bytes / dynamic's; ms/tok = one whole generate() call (prefill + decode) / new tokens, "
-    "median of the timed calls; lat × = median of the per-round paired ratios to dynamic (so not ms/tok / ms/tok); "
-    "NLL / Δ = mean NLL of the fixed continuation, nats/token (dynamic) or its change; top-k = top-k overlap with "
-    "dynamic's logits; agree = share of greedy tokens equal to dynamic's (noisy: one flip changes the rest); "
-    "recall / passkey = accuracy (recall's ✓ judges the drop at its worst distance, passkey's the overall drop); "
-    "KL = mean KL(dynamic || cache), "
-    "nats; ✓/✗ = the gate of that column"
+    "columns: R/G = residual window R (newest tokens kept unquantized) / group size G (KIVI's or HQQ's quantization "
+    "group), - for a cache without one; × dyn = cache bytes / dynamic's; ms/tok = one whole generate() call "
+    "(prefill + decode) / new tokens, median of the timed calls; lat × = median of the per-round paired ratios to "
+    "dynamic (so not ms/tok / ms/tok); NLL / Δ = mean NLL of the fixed continuation, nats/token (dynamic) or its "
+    "change; top-k = top-k overlap with dynamic's logits; agree = share of greedy tokens equal to dynamic's (noisy: "
+    "one flip changes the rest); recall / passkey = accuracy (recall's ✓ judges the drop at its worst distance, "
+    "passkey's the overall drop); passkey - = no passkey grid at that context (it runs at --retrieval-contexts, by "
+    "default the smallest context only); KL = mean KL(dynamic || cache), nats; peak MiB = peak of the tensor bytes "
+    "one generate() call creates (cache, activations, logits; the weights not counted), - where not measured; "
+    "✓/✗ = the gate of that column"
 )
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from kvlab.eval.render import print_summary
+from kvlab.eval.render import COLUMN_LEGEND, print_summary
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "docs" / "examples"
 EVICTION = "eval-quick-eviction-2026-12-01.json"  # sink:sink_tokens=0:window_length=256 in every matrix
@@ -34,6 +34,15 @@ def _html_text(page: str) -> str:
     """The page's visible text, cells separated by ' | '."""
     page = re.sub(r"<(style|details)[^>]*>.*?</\1>", "", page, flags=re.S)
     return re.sub(r"\s*(<[^>]+>\s*)+", " | ", page)
+
+
+def test_column_key_explains_rg_peak_and_the_missing_passkey():
+    text = " ".join(_text(_record(MORE_CACHES), width=400).split())
+    assert "R/G = residual window R" in text and "group size G (KIVI's or HQQ's quantization group)" in text
+    assert "peak MiB = peak of the tensor bytes one generate() call creates" in text
+    assert "the weights not counted" in text and "- where not measured" in text
+    assert "passkey - = no passkey grid at that context (it runs at --retrieval-contexts" in text
+    assert "default the smallest context only" in COLUMN_LEGEND
 
 
 def _candidate_cells(text: str) -> list[str]:
