@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvlab.eval.render import bundled_model_note, decision_rule
+from kvlab.eval.render import GATE_NAMES, bundled_model_note, decision_rule, gate_names
 from kvlab.figures import gate_bounds, plot_eval_figures
 from kvlab.runtime.atomic import atomic_write_text
 
@@ -282,7 +282,9 @@ def _decision_block(summary: Any) -> str:
         css = "decision caveat" if warnings else "decision accept"
     gates = summary.get("decision_gates") if isinstance(summary, Mapping) else None
     rests = (
-        f' <span class="muted">(judged on: {html.escape(", ".join(map(str, gates)))})</span>' if gates else ""
+        f' <span class="muted">(judged on: {html.escape(", ".join(gate_names(gates)))})</span>'
+        if gates
+        else ""
     )
     notes = "".join(f'<div class="warning">warning: {html.escape(w)}</div>' for w in warnings)
     rule = decision_rule(summary) if isinstance(summary, Mapping) else None
@@ -314,7 +316,7 @@ def _gates_table(gates: Any) -> str:
     if not bounds:
         return _kv_table(gates) if gates else "<p>No gates recorded.</p>"
     body = [
-        [(m, ""), ("<=" if side == "max" else ">=", ""), (f"{threshold:g}", "")]
+        [(GATE_NAMES.get(m, m), ""), ("<=" if side == "max" else ">=", ""), (f"{threshold:g}", "")]
         for m, (side, threshold) in bounds.items()
     ]
     return _table(["metric", "passes if", "threshold"], body, {0}) + (

@@ -259,6 +259,23 @@ COLUMN_LEGEND = (
     "✓/✗ = the gate of that column"
 )
 
+# the gates by their names in the reports; the result file keeps the field names (summary.decision_gates)
+GATE_NAMES = {
+    "nll_delta": "ΔNLL",
+    "topk_overlap": "top-k overlap",
+    "latency_ratio": "latency ratio",
+    "saves_memory": "memory saved",
+    "recall_drop": "recall drop",
+    "passkey_drop": "passkey drop",
+    "kl_mean": "KL mean",
+}
+
+
+def gate_names(gates) -> list[str]:
+    """The reports' names of gate fields (``["nll_delta", "kl_mean"]`` -> ``["ΔNLL", "KL mean"]``); a field this
+    module does not know is shown as it is."""
+    return [GATE_NAMES.get(str(g), str(g)) for g in gates or ()]
+
 
 def print_summary(result: dict, console: Console | None = None) -> None:
     """Print provenance, gates, both matrices, failures and the decision."""
@@ -406,7 +423,7 @@ def _print_decision(result: dict, s: dict, console: Console) -> None:
             f"[red]not judged:[/] {f['candidate']} failed in every capacity cell (first at {f['stage']}: "
             f"{f['type']}: {f['message']}); the decision leaves it out"
         )
-    judged = f" (judged on: {', '.join(s['decision_gates'])})" if s.get("decision_gates") else ""
+    judged = f" (judged on: {', '.join(gate_names(s['decision_gates']))})" if s.get("decision_gates") else ""
     console.print(f"[bold]decision: {s['decision']}[/]{judged}")
     rule = decision_rule(s)
     if rule:

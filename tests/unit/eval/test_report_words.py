@@ -12,6 +12,7 @@ import pytest
 from rich.console import Console
 
 from kvlab.eval.render import COLUMN_LEGEND, print_summary
+from kvlab.report_html import render_html
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "docs" / "examples"
 EVICTION = "eval-quick-eviction-2026-12-01.json"  # sink:sink_tokens=0:window_length=256 in every matrix
@@ -43,6 +44,31 @@ def test_column_key_explains_rg_peak_and_the_missing_passkey():
     assert "the weights not counted" in text and "- where not measured" in text
     assert "passkey - = no passkey grid at that context (it runs at --retrieval-contexts" in text
     assert "default the smallest context only" in COLUMN_LEGEND
+
+
+def test_gates_are_named_in_the_reports_and_the_json_keeps_the_fields(tmp_path, capsys):
+    result = _record(EVICTION)
+    fields = [
+        "nll_delta",
+        "topk_overlap",
+        "latency_ratio",
+        "saves_memory",
+        "recall_drop",
+        "passkey_drop",
+        "kl_mean",
+    ]
+    assert result["summary"]["decision_gates"] == fields
+    names = "ΔNLL, top-k overlap, latency ratio, memory saved, recall drop, passkey drop, KL mean"
+    text = " ".join(_text(result, width=400).split())
+    assert f"(judged on: {names})" in text and "nll_delta" not in text
+    page = render_html(result)
+    assert f"(judged on: {names})" in page
+    gates = _html_text(page[page.index("<h2>Gates</h2>") : page.index("<h2>Candidates</h2>")])
+    assert "| ΔNLL |" in gates and "| KL mean |" in gates and "nll_delta" not in gates
+    from kvlab.cli import main
+
+    assert main(["report", str(EXAMPLES / EVICTION), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["summary"]["decision_gates"] == fields
 
 
 def _candidate_cells(text: str) -> list[str]:
