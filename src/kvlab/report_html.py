@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvlab.eval.render import GATE_NAMES, bundled_model_note, decision_rule, gate_names
+from kvlab.eval.render import GATE_NAMES, bundled_model_note, decision_rule, gate_names, no_candidate_advice
 from kvlab.figures import gate_bounds, plot_eval_figures
 from kvlab.runtime.atomic import atomic_write_text
 
@@ -268,9 +268,9 @@ WARNING_KEYS = (
 )
 
 
-def _decision_block(summary: Any) -> str:
+def _decision_block(summary: Any, result: Mapping[str, Any] | None = None) -> str:
     """The decision banner (green: accepted with no warning; amber: accepted with warnings, shown under it; red:
-    no candidate accepted) and the summary's fields."""
+    no candidate accepted, with what that means and what to try) and the summary's fields."""
     warnings: list[str] = []
     if isinstance(summary, Mapping):
         name, detail = summary.get("decision"), _kv_table(summary)
@@ -286,7 +286,9 @@ def _decision_block(summary: Any) -> str:
         if gates
         else ""
     )
-    notes = "".join(f'<div class="warning">warning: {html.escape(w)}</div>' for w in warnings)
+    advice = no_candidate_advice(dict(result, summary=summary)) if isinstance(result, Mapping) else None
+    notes = f"<p>{html.escape(advice)}</p>" if advice else ""
+    notes += "".join(f'<div class="warning">warning: {html.escape(w)}</div>' for w in warnings)
     rule = decision_rule(summary) if isinstance(summary, Mapping) else None
     notes += f'<p class="muted">({html.escape(rule)})</p>' if rule else ""
     return f'<div class="{css}">Decision: <b>{html.escape(_fmt(name))}</b>{rests}</div>{notes}{detail}'
@@ -358,7 +360,7 @@ def render_html(result: Mapping[str, Any], figure_dir: str | os.PathLike | None 
         header["command"] = " ".join(str(a) for a in result["command"])
     if header:
         parts.append(_kv_table(header))
-    parts.append("<h2>Decision</h2>" + _decision_block(result.get("summary", result.get("decision"))))
+    parts.append("<h2>Decision</h2>" + _decision_block(result.get("summary", result.get("decision")), result))
     from kvlab.eval.margins import margin_warning
 
     close = margin_warning(result) if isinstance(result, Mapping) else None

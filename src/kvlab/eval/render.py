@@ -269,12 +269,67 @@ GATE_NAMES = {
     "passkey_drop": "passkey drop",
     "kl_mean": "KL mean",
 }
+# the kvlab eval flag that sets each gate's threshold (saves_memory has none: a cache saves bytes or it does not)
+GATE_FLAGS = {
+    "nll_delta": "--max-nll-delta",
+    "topk_overlap": "--min-topk-overlap",
+    "latency_ratio": "--max-latency-ratio",
+    "recall_drop": "--max-recall-drop",
+    "passkey_drop": "--max-passkey-drop",
+    "kl_mean": "--max-kl-mean",
+}
 
 
 def gate_names(gates) -> list[str]:
     """The reports' names of gate fields (``["nll_delta", "kl_mean"]`` -> ``["ΔNLL", "KL mean"]``); a field this
     module does not know is shown as it is."""
     return [GATE_NAMES.get(str(g), str(g)) for g in gates or ()]
+
+
+# the decision of kvlab.eval.runner.decide when no capacity row passed every gate
+NO_CANDIDATE = "tune_cache_policy"
+
+
+def no_candidate_advice(result: dict) -> str | None:
+    """For the decision ``tune_cache_policy`` (:func:`kvlab.eval.runner.decide`: no candidate row of the capacity
+    matrix passed every gate): what it means, the gates the rows failed on with their counts, and what to try;
+    None for any other decision."""
+    summary = result.get("summary") if isinstance(result, dict) else None
+    if not isinstance(summary, dict) or summary.get("decision") != NO_CANDIDATE:
+        return None
+    rows = [
+        r
+        for r in result.get("rows") or []
+        if r.get("matrix") == "capacity" and r.get("candidate") != "dynamic"
+    ]
+    if not rows:
+        return (
+            "no candidate cache was measured in the capacity matrix (see the failures), so kvlab recommends "
+            "none: keep DynamicCache"
+        )
+    failed: dict[str, int] = {}
+    for r in rows:
+        for gate, passed in (r.get("gates") or {}).items():
+            if passed is False:
+                failed[gate] = failed.get(gate, 0) + 1
+    order = sorted(failed, key=lambda g: -failed[g])
+    counts = ", ".join(f"{GATE_NAMES.get(g, g)}: {failed[g]} of {len(rows)} rows" for g in order)
+    tries = [
+        "candidates that lose less (more bits, a larger --residual or a smaller --group-size / --hqq-group-size; "
+        "for an evicting cache a larger token_budget or window_length, e.g. tova:token_budget=512)"
+    ]
+    if "saves_memory" in failed:
+        tries.append(
+            "longer --contexts (a cache with a residual window or a budget saves bytes only past it)"
+        )
+    flags = [GATE_FLAGS[g] for g in order if g in GATE_FLAGS]
+    if flags:
+        tries.append(f"a looser gate if your use tolerates the loss ({', '.join(flags)})")
+    return (
+        f"{NO_CANDIDATE} = no candidate passed every gate at any context of the capacity matrix, so kvlab "
+        f"recommends none: keep DynamicCache (the rows failed on {counts or 'no gate; see the failures'}). To find "
+        f"a cache that passes, rerun kvlab eval with {'; or '.join(tries)}."
+    )
 
 
 def print_summary(result: dict, console: Console | None = None) -> None:
@@ -425,6 +480,9 @@ def _print_decision(result: dict, s: dict, console: Console) -> None:
         )
     judged = f" (judged on: {', '.join(gate_names(s['decision_gates']))})" if s.get("decision_gates") else ""
     console.print(f"[bold]decision: {s['decision']}[/]{judged}")
+    advice = no_candidate_advice(result)
+    if advice:
+        console.print(f"  {advice}", markup=False)
     rule = decision_rule(s)
     if rule:
         console.print(f"  ({rule})")

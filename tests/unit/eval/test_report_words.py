@@ -46,6 +46,31 @@ def test_column_key_explains_rg_peak_and_the_missing_passkey():
     assert "default the smallest context only" in COLUMN_LEGEND
 
 
+def test_tune_cache_policy_says_what_it_means_and_what_to_do():
+    result = _record(TOVA)
+    assert result["summary"]["decision"] == "tune_cache_policy"
+    text = " ".join(_text(result, width=400).split())
+    decision = text[text.index("decision: tune_cache_policy") :]
+    assert (
+        "tune_cache_policy = no candidate passed every gate at any context of the capacity matrix" in decision
+    )
+    assert "keep DynamicCache" in decision
+    assert "recall drop: 2 of 2 rows, passkey drop: 1 of 2 rows" in decision  # the gates the rows failed
+    assert "--max-recall-drop, --max-passkey-drop" in decision and "a larger --residual" in decision
+    page = _html_text(render_html(result))
+    banner = page[page.index("Decision:") : page.index("Gates")]
+    assert "tune_cache_policy = no candidate passed every gate" in banner and "keep DynamicCache" in banner
+    accepted = _text(_record(EVICTION), width=400)
+    assert "tune_cache_policy" not in accepted and "keep DynamicCache" not in accepted
+    from kvlab.eval.render import no_candidate_advice
+
+    nothing = {"summary": {"decision": "tune_cache_policy"}, "rows": []}
+    assert "no candidate cache was measured in the capacity matrix" in no_candidate_advice(nothing)
+    for row in result["rows"]:
+        row.get("gates", {}).update(saves_memory=False)
+    assert "longer --contexts" in no_candidate_advice(result)
+
+
 def test_gates_are_named_in_the_reports_and_the_json_keeps_the_fields(tmp_path, capsys):
     result = _record(EVICTION)
     fields = [
