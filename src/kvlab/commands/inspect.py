@@ -183,6 +183,22 @@ def _pct(x: float) -> str:
     return "0" if x == 0 else f"{100 * x:.3g} %"
 
 
+def fp8_legend(report: dict) -> str:
+    """What the per-layer table's ``sat / flush`` cells count (:func:`kvlab.eval.inspect._fp8_cell`, from
+    :func:`kvlab.quant.fp8.encode`), with each format's largest value."""
+    from kvlab.quant.fp8 import format_range
+
+    maxima = " and ".join(f"{format_range(fmt)[0]:g} for {fmt}" for fmt in report["fp8"])
+    calibrated = report["settings"]["calibrate_tokens"]
+    return (
+        f"sat / flush = share of the layer's K and V elements (all its KV heads) that FP8 stores saturated "
+        f"(|x / s| above the format's largest value, {maxima}: clamped to it) / flushed to zero (non-zero, stored "
+        f"as 0); s = the scale x is divided by before the cast: 1.0 = none (an uncalibrated engine), per-head = one "
+        f"per KV head, calibrated on the first {calibrated} prompt tokens (a later token beyond that range "
+        f"saturates)"
+    )
+
+
 def _print_tables(report: dict, args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -225,6 +241,7 @@ def _print_tables(report: dict, args: argparse.Namespace) -> None:
                 row.append(f"{_pct(sat)} / {_pct(flush)}")
         t.add_row(*row)
     console.print(t)
+    console.print(fp8_legend(report), markup=False)
     summary = Table(title="FP8 over the whole model: share of K/V elements")
     for col in ("format", "scale", "saturated", "flushed to zero"):
         summary.add_column(col, justify="right")

@@ -128,3 +128,16 @@ def test_a_table_too_wide_for_the_terminal_is_split_and_keeps_every_column():
     header = next(line for line in wide.splitlines() if "┃" in line and "R/G" in line)
     for column in [c.strip() for c in header.split("┃") if c.strip()]:
         assert column in narrow, column
+
+
+def test_inspect_legend_says_what_sat_and_flush_count(capsys):
+    import argparse
+
+    from kvlab.commands.inspect import _print_tables
+
+    report = json.loads((EXAMPLES / "inspect-reference-4096.json").read_text(encoding="utf-8"))
+    _print_tables(report, argparse.Namespace(json=None, figure=None))
+    out = " ".join(capsys.readouterr().out.split())
+    assert "sat / flush = share of the layer's K and V elements (all its KV heads)" in out
+    assert "448 for e4m3 and 57344 for e5m2: clamped to it) / flushed to zero (non-zero, stored as 0)" in out
+    assert f"calibrated on the first {report['settings']['calibrate_tokens']} prompt tokens" in out
