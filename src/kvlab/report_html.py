@@ -123,6 +123,27 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _num(value: Any) -> str:
+    """A measured value's text: floats to 3 significant digits, trailing zeros kept so that a column reads at one
+    precision ("2.20" next to "1.32"; "1.00e-05" for tiny ones), whole numbers with separators from 1000 and an
+    exact zero as "0"; anything else as :func:`_fmt`."""
+    if isinstance(value, bool) or not isinstance(value, float) or not math.isfinite(value):
+        return _fmt(value)
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if value == 0:
+        return "0"
+    text = f"{value:#.3g}"
+    return text if "e" in text else text.rstrip(".")
+
+
+def _interval(ci: Any) -> str:
+    """A 95 % interval ``[lo, hi]`` of a fraction as ``0.96-1.00`` (the text report's form); ``-`` for none."""
+    if not isinstance(ci, list | tuple) or len(ci) != 2 or not all(isinstance(v, int | float) for v in ci):
+        return "-"
+    return f"{ci[0]:.2f}-{ci[1]:.2f}"
+
+
 def _flatten(data: Any, prefix: str = "") -> list[tuple[str, Any]]:
     """Nested mappings as ``(dotted.key, leaf)`` pairs; lists stay leaves."""
     if isinstance(data, Mapping):
@@ -187,7 +208,7 @@ def _rows_table(rows: list[Mapping[str, Any]], bounds: Mapping[str, tuple[str, f
     for r in rows:
         cells = []
         for k, _ in columns:
-            cells.append(_verdict(r) if k == "eligible" else (_fmt(r.get(k)), _cell_class(r, k, bounds)))
+            cells.append(_verdict(r) if k == "eligible" else (_num(r.get(k)), _cell_class(r, k, bounds)))
         body.append(cells)
     return _table(
         [h for _, h in columns], body, {0, len(columns) - 1} if columns[-1][0] == "eligible" else {0}
@@ -241,14 +262,17 @@ def _passkey_table(rows: list[Mapping[str, Any]]) -> str:
             (f"{by_depth[p]['correct']}/{by_depth[p]['trials']}", "") if p in by_depth else ("-", "")
             for p in depths
         ]
-        ci = r["passkey"].get("ci95") or [None, None]
+        acc, drop = r.get("passkey_accuracy"), r.get("passkey_drop")
         body.append(
             [(_fmt(r.get("context_length")), ""), (_fmt(r.get("candidate")), "")]
             + cells
-            + [
-                (_fmt(r.get("passkey_accuracy")), ""),
-                (f"{_fmt(ci[0])} - {_fmt(ci[1])}", ""),
-                (_fmt(r.get("passkey_drop")), _cell_class(r, "passkey_drop", {})),
+            + [  # two decimals, as in the text report
+                ("-" if not isinstance(acc, int | float) else f"{acc:.2f}", ""),
+                (_interval(r["passkey"].get("ci95")), ""),
+                (
+                    "-" if not isinstance(drop, int | float) else f"{drop:+.2f}",
+                    _cell_class(r, "passkey_drop", {}),
+                ),
             ]
         )
     header = ["context", "candidate", *[f"depth {100 * p:g} %" for p in depths], "mean", "95 % CI", "drop"]
@@ -268,12 +292,100 @@ WARNING_KEYS = (
 )
 
 
+# what the summary's fields are called on the page (kvlab.eval.runner.summarize writes them); a field not named
+# here is shown under its key, so nothing in the file is hidden
+SUMMARY_LABELS = {
+    "decision": "decision",
+    "decision_gates": "judged on",
+    "memory_reduction_onset_context": "memory-reduction onset (first context saving bytes)",
+    "eligible_crossover_context": "eligible crossover (first context passing every gate)",
+    "eligible_candidate_count": "eligible capacity rows",
+    "latency_trusted": "latency trusted (no capacity cell timed on a busy machine)",
+    "failed_candidates": "not judged (failed in every capacity cell)",
+    "latency_warning": "latency warning",
+    "long_context_warning": "long-context warning",
+    "long_context_not_measured": "long context not measured",
+    "eviction_warning": "eviction warning",
+    "dtype_warning": "dtype warning",
+}
+SELECTED_LABELS = {
+    "candidate": "candidate",
+    "context_length": "context (tokens)",
+    "residual_length": "residual window R",
+    "group_size": "group size G",
+    "cache_bytes": "cache bytes",
+    "cache_bytes_ratio": "cache bytes / dynamic",
+    "cache_bytes_saved": "cache bytes saved",
+    "nll_delta": "ΔNLL (nats/token)",
+    "nll_ratio": "NLL / dynamic",
+    "topk_overlap": "top-k overlap",
+    "latency_ratio": "latency / dynamic",
+    "incremental_peak_saved_bytes": "peak bytes saved",
+}
+PER_CANDIDATE_COLUMNS = (
+    ("memory_reduction_onset_context", "memory-reduction onset"),
+    ("eligible_crossover_context", "eligible crossover"),
+    ("eligible_contexts", "eligible contexts"),
+)
+
+
+def _summary_value(key: str, value: Any) -> str:
+    """A summary field's text: gate names for ``decision_gates``, each failed candidate with its first failure,
+    contexts without separators in a list (``512, 2048``), measured numbers by :func:`_num`."""
+    if key == "decision_gates" and isinstance(value, list):
+        return ", ".join(gate_names(value))
+    if key == "failed_candidates" and isinstance(value, list):
+        return (
+            "; ".join(
+                f"{f.get('candidate')} (first at {f.get('stage')}: {f.get('type')}: {f.get('message')})"
+                if isinstance(f, Mapping)
+                else _fmt(f)
+                for f in value
+            )
+            or "none"
+        )
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return ", ".join(map(str, value)) or "none"
+    return _num(value)
+
+
+def _summary_tables(summary: Mapping[str, Any]) -> str:
+    """The summary's fields under readable names: the decision, the selected row and the other fields, then the
+    per-candidate onsets and crossovers as a table."""
+    head = [k for k in ("decision", "decision_gates") if k in summary]
+    rows = [(SUMMARY_LABELS[k], _summary_value(k, summary[k])) for k in head]
+    selected = summary.get("selected_candidate")
+    if isinstance(selected, Mapping):
+        rows += [
+            (f"selected: {SELECTED_LABELS.get(k, k)}", _summary_value(k, v)) for k, v in selected.items()
+        ]
+    elif "selected_candidate" in summary:
+        rows.append(("selected", _fmt(selected)))
+    for key, value in summary.items():
+        if key not in ("per_candidate", "selected_candidate", *head):
+            rows.append((SUMMARY_LABELS.get(key, key), _summary_value(key, value)))
+    body = [[(label, ""), (text, "")] for label, text in rows]
+    out = _table(["field", "value"], body, {0, 1})
+    per = summary.get("per_candidate")
+    if isinstance(per, Mapping) and per:
+        table = [
+            [(str(name), "")]
+            + [
+                (_summary_value(k, p.get(k)) if isinstance(p, Mapping) else "-", "")
+                for k, _ in PER_CANDIDATE_COLUMNS
+            ]
+            for name, p in per.items()
+        ]
+        out += _table(["candidate", *[h for _, h in PER_CANDIDATE_COLUMNS]], table, {0, 3})
+    return out
+
+
 def _decision_block(summary: Any, result: Mapping[str, Any] | None = None) -> str:
     """The decision banner (green: accepted with no warning; amber: accepted with warnings, shown under it; red:
     no candidate accepted, with what that means and what to try) and the summary's fields."""
     warnings: list[str] = []
     if isinstance(summary, Mapping):
-        name, detail = summary.get("decision"), _kv_table(summary)
+        name, detail = summary.get("decision"), _summary_tables(summary)
         warnings = [str(summary[k]) for k in WARNING_KEYS if summary.get(k)]
     else:
         name, detail = summary, ""

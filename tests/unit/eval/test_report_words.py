@@ -3,6 +3,7 @@ recorded examples in docs/examples."""
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import re
@@ -141,3 +142,27 @@ def test_inspect_legend_says_what_sat_and_flush_count(capsys):
     assert "sat / flush = share of the layer's K and V elements (all its KV heads)" in out
     assert "448 for e4m3 and 57344 for e5m2: clamped to it) / flushed to zero (non-zero, stored as 0)" in out
     assert f"calibrated on the first {report['settings']['calibrate_tokens']} prompt tokens" in out
+
+
+def test_html_summary_has_readable_labels_and_one_precision():
+    result = _record(MORE_CACHES)
+    page = render_html(result)
+    summary = _html_text(page[page.index("<h2>Decision</h2>") : page.index("<h2>Gates</h2>")])
+    assert "per_candidate" not in summary and "memory_reduction_onset_context" not in summary
+    assert "| memory-reduction onset (first context saving bytes) | 512 |" in summary
+    assert "| selected: ΔNLL (nats/token) | 0.00107 |" in summary  # 3 significant digits, not 0.001073
+    assert "| selected: top-k overlap | 0.988 |" in summary
+    assert "| kivi-k8v4 | 512 | 512 | 512, 2048, 4096 |" in summary  # the per-candidate table
+    assert "| judged on | ΔNLL, top-k overlap" in summary
+    passkey = _html_text(page[page.index("<h2>Passkey retrieval</h2>") : page.index("<h2>Figures</h2>")])
+    assert "| 0.70 | 0.60-0.78 |" in passkey and not re.search(r"\d - \d", passkey)  # was "0.6042 - 0.7811"
+    rows = _html_text(page[page.index("<h2>Table: capacity") : page.index("<h2>Passkey retrieval</h2>")])
+    assert "| -0.0151 |" in rows and "| 0.963 |" in rows and "-0.01510" not in rows
+    assert "0.9625" not in rows and "0.003604" not in rows  # 4 significant digits before
+
+
+def test_html_summary_keeps_a_field_it_does_not_know():
+    result = copy.deepcopy(_record(TOVA))
+    result["summary"]["a_new_field"] = 0.123456
+    summary = _html_text(render_html(result).split("<h2>Gates</h2>")[0])
+    assert "| a_new_field | 0.123 |" in summary

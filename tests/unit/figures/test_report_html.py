@@ -74,8 +74,8 @@ def test_page_is_self_contained(eval_result):
 
 def test_gate_cells_and_verdicts_are_marked(eval_result):
     page = render_html(eval_result)
-    assert '<td class="fail">2.2</td>' in page  # kivi-4 and kivi-2 at 4096: latency ratio 2.2 > 2.0
-    assert '<td class="pass">1.325</td>' in page  # at 512: 1.325 <= 2.0
+    assert '<td class="fail">2.20</td>' in page  # kivi-4 and kivi-2 at 4096: latency ratio 2.2 > 2.0
+    assert '<td class="pass">1.32</td>' in page  # at 512: 1.325 <= 2.0 (3 significant digits)
     assert (
         '<td class="key fail verdict">rejected</td>' in page
         and '<td class="key pass verdict">eligible</td>' in page
@@ -88,7 +88,7 @@ def test_row_gate_verdicts_take_precedence(eval_result):
     row = next(r for r in eval_result["rows"] if r["candidate"] == "kivi-4" and r["context_length"] == 512)
     row["latency_ratio"] = 1.234
     row["gates"]["latency_ratio"] = False
-    assert '<td class="fail">1.234</td>' in render_html(eval_result)
+    assert '<td class="fail">1.23</td>' in render_html(eval_result)
 
 
 def test_strings_are_escaped(eval_result):
