@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 DTYPES = ("bfloat16", "float16", "float32")
 PROMPT_MODES = ("heldout", "repeat")
@@ -289,6 +289,33 @@ class EvalConfig:
     def to_dict(self) -> dict:
         """JSON-ready settings."""
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, settings: object) -> EvalConfig:
+        """The config whose :meth:`to_dict` is ``settings`` (a result's ``settings``, read back from JSON: lists
+        become tuples again, ``gates`` a :class:`Gates`); every setting must be there, and no other key.
+
+        Raises:
+            ValueError: ``settings`` is not an object, lacks a setting or holds a key that is none (a file of
+                another kvlab version), or holds a value :class:`EvalConfig` or :class:`Gates` refuses.
+        """
+        if not isinstance(settings, dict) or not isinstance(settings.get("gates"), dict):
+            raise ValueError("settings must be an object with a `gates` object")
+        for kind, names, given in (
+            ("settings", [f.name for f in fields(cls)], settings),
+            ("gates", [f.name for f in fields(Gates)], settings["gates"]),
+        ):
+            missing = [n for n in names if n not in given]
+            unknown = [k for k in given if k not in names]
+            if missing or unknown:
+                parts = [
+                    f"{what} {names}"
+                    for what, names in (("lacks", missing), ("has unknown", unknown))
+                    if names
+                ]
+                raise ValueError(f"its {kind} {' and '.join(parts)}: written by another kvlab version")
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in settings.items() if k != "gates"}
+        return cls(**values, gates=Gates(**settings["gates"]))
 
     def passkey_contexts(self) -> tuple[int, ...]:
         """The capacity contexts that get the passkey grid: ``retrieval_contexts``, or the smallest context when it

@@ -11,6 +11,7 @@ fails is recorded with its stage, exception type and message, and the rest still
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import statistics
 import sys
@@ -144,6 +145,7 @@ def new_result(cfg: EvalConfig, label: str, argv: list[str] | None) -> dict:
         "candidates": cands,
         "plan": plan_cells(cfg),
         "provenance": {"software": software_info()},
+        "cells_done": [],  # {matrix, context_length} of each finished cell, in the order they finished
         "rows": [],
         "failures": [],
         "summary": None,
@@ -207,7 +209,10 @@ class _Cell:
         continuation,
         base,
         cpu_memory: bool = True,
+        matrix: str | None = None,
     ) -> dict | None:
+        """The untimed measurement of one cache (outputs, bytes, peak memory, quality), or None when it failed
+        (recorded in ``failures`` with ``matrix``, the cell's matrix)."""
         cfg, stage = self.cfg, "construct"
         try:
 
@@ -243,6 +248,7 @@ class _Cell:
         except Exception as exc:  # a failed candidate is recorded and the run goes on
             self.result["failures"].append(
                 {
+                    "matrix": matrix,
                     "candidate": cand.name,
                     "context_length": int(ids.shape[1]),
                     "residual_length": residual,
@@ -274,12 +280,19 @@ class _Cell:
         q.pop("prefill_logits", None)
         return q
 
-    def time_paired(self, ids, new_tokens: int, entries: list[tuple[str, str, int | None, dict]]) -> None:
+    def time_paired(
+        self,
+        ids,
+        new_tokens: int,
+        entries: list[tuple[str, str, int | None, dict]],
+        matrix: str | None = None,
+    ) -> None:
         """Time every measured cache of one cell interleaved (:func:`kvlab.runtime.timing.interleaved`,
         ``cfg.repeat`` rounds, order rotated per round) and write the timings into each ``meas["perf"]``; each
         candidate also gets ``meas["paired"]`` (its ratio to the baseline from same-round pairs) and every entry
         ``meas["contention"]``. ``entries``: ``(key, candidate name, residual, meas)``, the baseline first. A cache
-        that fails here is recorded in ``failures`` and dropped from the cell (its ``meas`` gets ``"failed"``).
+        that fails here is recorded in ``failures`` (with ``matrix``, the cell's) and dropped from the cell (its
+        ``meas`` gets ``"failed"``).
         """
         device = ids.device
         live = list(entries)
@@ -305,6 +318,7 @@ class _Cell:
                 bad = next(e for e in live if e[0] == failed[-1]) if failed else live[0]
                 self.result["failures"].append(
                     {
+                        "matrix": matrix,
                         "candidate": bad[1],
                         "context_length": int(ids.shape[1]),
                         "residual_length": bad[2],
@@ -904,10 +918,11 @@ class _LongContext:
         """Free the float prefill this process computed last."""
         self._states = None
 
-    def failed(self, ctx: int, error: dict) -> None:
-        """Record that the float cache's probes failed at ``ctx`` (the candidates there skip them)."""
+    def failed(self, matrix: str, ctx: int, error: dict) -> None:
+        """Record that the float cache's probes failed in the ``matrix`` cell at ``ctx`` (its candidates skip them)."""
         self.result["failures"].append(
             {
+                "matrix": matrix,
                 "candidate": "dynamic",
                 "context_length": ctx,
                 "residual_length": None,
@@ -995,6 +1010,14 @@ def run_eval(
     The run has two phases: every cell's untimed measurements (outputs, bytes, peak memory, quality here; the
     long-context probes shared with ``cfg.workers - 1`` forked helpers, :class:`kvlab.runtime.workers.SplitJobs`),
     then every cell's caches timed together, interleaved (:meth:`_Cell.time_paired`), with the helpers gone.
+
+    A cell is finished once it is timed and its rows are in ``result["rows"]`` (or once its baseline failed):
+    then it is listed in ``result["cells_done"]``, and ``advance`` is called, where ``kvlab eval`` saves the file.
+    A cell already listed there when the run starts (a run resumed by :func:`kvlab.eval.resume.prepare_resume`)
+    is kept as it is, rows and failures, and not measured again; every other cell is measured from the start
+    (its untimed measurements hold tensors that are not saved). Rows come out in cell order and the summary is
+    computed over all of them, as in an uninterrupted run.
+
     ``progress`` names the step starting, ``advance`` marks it done, ``notify`` gets a warning the user should see
     before the run's minutes are spent (today: :func:`dtype_warning`; it is in the summary too).
 
@@ -1047,6 +1070,17 @@ def _cells(cfg: EvalConfig) -> list[tuple[str, int, int, list[int], int]]:
     return cells
 
 
+def cell_keys(cfg: EvalConfig) -> list[tuple[str, int]]:
+    """``(matrix, context)`` of every cell, in run order: what names a cell in ``result["cells_done"]``."""
+    return [cell[:2] for cell in _cells(cfg)]
+
+
+def kept_cells(result: dict) -> frozenset[tuple[str, int]]:
+    """The cells ``result["cells_done"]`` lists as finished, ``(matrix, context)``: :func:`run_eval` keeps their rows
+    and failures and measures them no more (empty for a new result; an older result without the list)."""
+    return frozenset((c["matrix"], c["context_length"]) for c in result.get("cells_done") or ())
+
+
 def _cell_caches(runnable: list[Candidate], residuals: list[int]) -> list[tuple[Candidate, int]]:
     """The candidates a cell measures with their residual: a cache without a residual window runs once per cell
     (the window matrix varies only R)."""
@@ -1056,7 +1090,54 @@ def _cell_caches(runnable: list[Candidate], residuals: list[int]) -> list[tuple[
 def _run_cells(cfg, model, tokenizer, result, progress, advance, t0: float, workers: int = 1) -> dict:
     """Both matrices, after the run's hardware checks (:func:`_run_matrices`)."""
     device = next(model.parameters()).device
+    earlier_prompts = result["provenance"].get("prompts") or []  # a resumed run's, from its earlier session
     result["provenance"]["prompts"] = []
+    result.setdefault("cells_done", [])
+    _enable_attention(cfg, model, result)
+    result["status"] = "running"
+    # one untimed generate so that one-time costs (kernels, allocator) do not land on the first timed cell
+    warm_ids, _ = build_prompts(cfg, tokenizer, min(64, min(cfg.contexts)), device)
+    dynamic = Candidate.parse("dynamic")
+    run_generate(model, warm_ids, lambda: dynamic.make(model.config, 0, 1), 4, 0, 1, _pad_id(tokenizer))
+    run = _Matrix(cfg, model, tokenizer, result, progress, advance)
+    cells = _cells(cfg)
+    kept = kept_cells(result)
+    jobs = run.probe_jobs(cells, kept)
+    workers, memory_note = _fit_workers(cfg, model, run.long_ctx, workers)
+    with SplitJobs([run.job(j) for j in jobs], workers, run.probe_done(jobs)) as split:
+        measured = []
+        for cell in cells:
+            if cell[:2] in kept:  # finished in an earlier session: its rows and failures are in `result`
+                run.keep(*cell)
+                measured.append(None)
+            else:
+                measured.append(run.measure(*cell, split.poll))
+        if jobs:
+            split.poll()
+            helped = (
+                " (this process takes them from the back, the helper from the front)" if workers > 1 else ""
+            )
+            progress(f"long-context probes: {len(jobs) - len(split.outcomes)} of {len(jobs)} left{helped}")
+        outcomes = split.finish()
+    if run.long_ctx is not None:
+        run.long_ctx.drop_states()  # the last prefill computed here
+        _record_workers(run.long_ctx.info, split, workers, memory_note, progress)
+        _carry_prefill_ms(earlier_prompts, result["provenance"]["prompts"])
+    run.attach_probes(measured, jobs, outcomes)
+    for cell in measured:  # every timed round after the helpers are gone
+        if cell is not None:
+            run.time(cell)
+    # a resumed run's rows in an uninterrupted run's order (the kept cells' first, then the others')
+    order = {cell[:2]: i for i, cell in enumerate(cells)}
+    result["rows"].sort(key=lambda r: order.get((r["matrix"], r["context_length"]), len(order)))
+    result["summary"] = summarize(result)
+    result["status"] = "complete" if not result["failures"] else "partial"
+    result["elapsed_s"] = time.perf_counter() - t0
+    return result
+
+
+def _enable_attention(cfg: EvalConfig, model: Any, result: dict) -> None:
+    """kvlab attention on ``model`` where a candidate or float32 attention needs it (recorded in provenance)."""
     # fused KIVI reads packed codes, SnapKV the prefill's queries; every other cache falls back to SDPA, unchanged
     # except that with float32 GEMMs it runs in float32 too (kvlab.runtime.dtypes.float32_attention)
     needed = any(Candidate.parse(n).uses_kvlab_attention(cfg.kivi_attention) for n in cfg.candidates)
@@ -1074,47 +1155,36 @@ def _run_cells(cfg, model, tokenizer, result, progress, advance, t0: float, work
                 f"ran in the model dtype"
             )
     result["provenance"]["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
-    result["status"] = "running"
-    # one untimed generate so that one-time costs (kernels, allocator) do not land on the first timed cell
-    warm_ids, _ = build_prompts(cfg, tokenizer, min(64, min(cfg.contexts)), device)
-    dynamic = Candidate.parse("dynamic")
-    run_generate(model, warm_ids, lambda: dynamic.make(model.config, 0, 1), 4, 0, 1, _pad_id(tokenizer))
-    run = _Matrix(cfg, model, tokenizer, result, progress, advance)
-    cells = _cells(cfg)
-    jobs = run.probe_jobs(cells)
-    workers, memory_note = _fit_workers(cfg, model, run.long_ctx, workers)
-    with SplitJobs([run.job(j) for j in jobs], workers, run.probe_done(jobs)) as split:
-        measured = []
-        for cell in cells:
-            measured.append(run.measure(*cell, split.poll))
-        if jobs:
-            split.poll()
-            helped = (
-                " (this process takes them from the back, the helper from the front)" if workers > 1 else ""
-            )
-            progress(f"long-context probes: {len(jobs) - len(split.outcomes)} of {len(jobs)} left{helped}")
-        outcomes = split.finish()
-    if run.long_ctx is not None:
-        run.long_ctx.drop_states()  # the last prefill computed here
-        run.long_ctx.info["workers"] = workers  # each helper computes with one torch thread
-        if memory_note:
-            run.long_ctx.info["workers_note"] = memory_note
-        if split.helper_failures:
-            run.long_ctx.info["helper_failures"] = split.helper_failures
-            progress(
-                f"[yellow]a helper process exited early (exit codes {split.helper_failures}); "
-                "its probes ran in this process"
-            )
-        if split.reran:
-            run.long_ctx.info["probes_rerun_here"] = len(split.reran)
-    run.attach_probes(measured, jobs, outcomes)
-    for cell in measured:  # every timed round after the helpers are gone
-        if cell is not None:
-            run.time(cell)
-    result["summary"] = summarize(result)
-    result["status"] = "complete" if not result["failures"] else "partial"
-    result["elapsed_s"] = time.perf_counter() - t0
-    return result
+
+
+def _record_workers(info: dict, split: SplitJobs, workers: int, memory_note: str | None, progress) -> None:
+    """How the probes were shared out, in ``provenance.long_context`` (``info``)."""
+    info["workers"] = workers  # each helper computes with one torch thread
+    if memory_note:
+        info["workers_note"] = memory_note
+    if split.helper_failures:
+        info["helper_failures"] = split.helper_failures
+        progress(
+            f"[yellow]a helper process exited early (exit codes {split.helper_failures}); "
+            "its probes ran in this process"
+        )
+    if split.reran:
+        info["probes_rerun_here"] = len(split.reran)
+
+
+def _carry_prefill_ms(earlier: list[dict], prompts: list[dict]) -> None:
+    """A resumed run computes no probe prefill for the cells it kept: their prompt entries take ``prefill_ms``
+    from the same entry of the earlier session (``earlier``), where there is one."""
+
+    def key(entry: dict) -> str:  # the entry but its time, as JSON (the earlier one was read back from JSON)
+        return json.dumps({k: v for k, v in entry.items() if k != "prefill_ms"}, sort_keys=True, default=str)
+
+    times = {
+        key(e): e["prefill_ms"] for e in earlier if isinstance(e, dict) and e.get("prefill_ms") is not None
+    }
+    for entry in prompts:
+        if "prefill_ms" in entry and entry["prefill_ms"] is None:
+            entry["prefill_ms"] = times.get(key(entry))
 
 
 def _fit_workers(
@@ -1163,10 +1233,12 @@ class _Matrix:
         self.base_cand = Candidate.parse("dynamic")
 
     # ── long-context probes ────────────────────────────────────────────────────────────────────────────────────
-    def probe_jobs(self, cells) -> list[_ProbeJob]:
+    def probe_jobs(self, cells, kept: frozenset = frozenset()) -> list[_ProbeJob]:
         """Every cache's probe jobs over ``cells`` (identical ones once), those sharing a prefill adjacent, the
         largest prefill first (a helper starts there; this process takes the last, cheapest ones). A probe too long
-        for its context is recorded and its steps counted done."""
+        for its context is recorded and its steps counted done. The cells in ``kept`` (``(matrix, context)``,
+        finished in an earlier session of a resumed run) get no job, their steps counted done; their probes are
+        still built, so that the provenance (prompts, ``not_measured``) is the same as an uninterrupted run's."""
         if self.long_ctx is None:
             return []
         self.progress("planning the long-context probes")
@@ -1177,7 +1249,7 @@ class _Matrix:
                 measurable = self.long_ctx.probe(kind, ctx) is not None
                 for cand, r in caches:
                     key = _probe_key(kind, ctx, cand, r, group, self.cfg)
-                    if not measurable:
+                    if not measurable or (name, ctx) in kept:
                         self.advance()  # its step (count_steps) is done: nothing to run
                     elif key not in jobs:
                         jobs[key] = _ProbeJob(kind, ctx, cand, r, group, key)
@@ -1242,7 +1314,7 @@ class _Matrix:
             base_out = {k: by_key[_probe_key(k, ctx, self.base_cand, 0, group, self.cfg)] for k in kinds}
             bad = next((o[1] for o in base_out.values() if o[0] != "ok"), None)
             if bad is not None:
-                self.long_ctx.failed(ctx, bad)
+                self.long_ctx.failed(cell["name"], ctx, bad)
                 continue
             if kinds:
                 cell["base"]["long_context"] = {k: o[1]["probe"] for k, o in base_out.items()}
@@ -1253,6 +1325,7 @@ class _Matrix:
                 if bad is not None:
                     self.result["failures"].append(
                         {
+                            "matrix": cell["name"],
                             "candidate": c.name,
                             "context_length": ctx,
                             "residual_length": r,
@@ -1282,7 +1355,9 @@ class _Matrix:
         measured = []
         for c, r in _cell_caches(self.runnable, residuals):
             self.progress(f"{name}: context {ctx}, {c.name}" + (f", R={r}" if c.uses_residual else ""))
-            meas = self.cell.measure(c, ids, new_tokens, r, group, continuation, base, name == "capacity")
+            meas = self.cell.measure(
+                c, ids, new_tokens, r, group, continuation, base, name == "capacity", matrix=name
+            )
             if meas is not None:
                 measured.append((c, r, meas))
             self.advance()
@@ -1300,7 +1375,7 @@ class _Matrix:
         }
 
     def time(self, cell: dict) -> None:
-        """Time the cell's caches interleaved and add its rows."""
+        """Time the cell's caches interleaved, add its rows and mark the cell finished (:meth:`finished`)."""
         name, ctx, new_tokens, group = cell["name"], cell["ctx"], cell["new_tokens"], cell["group"]
         base, measured = cell["base"], cell["measured"]
         self.progress(
@@ -1311,27 +1386,45 @@ class _Matrix:
             new_tokens,
             [("dynamic", "dynamic", None, base)]
             + [(f"{c.name}|R={r}", c.name, r, meas) for c, r, meas in measured],
+            matrix=name,
         )
-        self.advance()  # the timing is a step of its own: in the window matrix it is the longest one
-        if base.get("failed"):
-            return
-        rows = self.result["rows"]
-        rows.append(_row(name, self.base_cand, ctx, new_tokens, None, None, base, None, self.cfg))
-        for c, r, meas in measured:
-            if not meas.get("failed"):
-                rows.append(_row(name, c, ctx, new_tokens, r, group, meas, base, self.cfg))
+        if not base.get("failed"):
+            rows = self.result["rows"]
+            rows.append(_row(name, self.base_cand, ctx, new_tokens, None, None, base, None, self.cfg))
+            for c, r, meas in measured:
+                if not meas.get("failed"):
+                    rows.append(_row(name, c, ctx, new_tokens, r, group, meas, base, self.cfg))
+        self.finished(name, ctx)
+        self.advance()  # the timing is a step of its own (in the window matrix the longest); the CLI saves here
+
+    def finished(self, name: str, ctx: int) -> None:
+        """Record the ``name`` cell at ``ctx`` as finished in ``result["cells_done"]``: its rows and failures are
+        all in ``result`` (a resumed run keeps them and measures the cell no more)."""
+        self.result["cells_done"].append({"matrix": name, "context_length": ctx})
+
+    def keep(self, name: str, ctx: int, new_tokens: int, residuals: list[int], group: int) -> None:
+        """A cell finished in an earlier session of a resumed run: its prompt recorded again (cheap; the
+        provenance lists every cell's), its measurement and timing steps counted done."""
+        _, prompt_info = build_prompts(self.cfg, self.tokenizer, ctx, self.device)
+        self.result["provenance"]["prompts"].append(prompt_info)
+        for _ in range(2 + len(_cell_caches(self.runnable, residuals))):  # baseline, candidates, timing
+            self.advance()
 
     def baseline(self, name, ids, ctx, new_tokens, residuals, group) -> dict | None:
         """The float cache's measurement with its quality; None (and a ``BaselineFailed`` failure per candidate
         and residual, their steps and the cell's timing step counted done) when it failed."""
         self.progress(f"{name}: context {ctx}, dynamic baseline")
         make = self.base_cand.make
-        base = self.cell.measure(self.base_cand, ids, new_tokens, 0, group, None, None, name == "capacity")
+        base = self.cell.measure(
+            self.base_cand, ids, new_tokens, 0, group, None, None, name == "capacity", matrix=name
+        )
         self.advance()
         if base is None:
-            for c, r in _cell_caches(self.runnable, residuals):
+            caches = _cell_caches(self.runnable, residuals)
+            for c, r in caches:
                 self.result["failures"].append(
                     {
+                        "matrix": name,
                         "candidate": c.name,
                         "context_length": ctx,
                         "residual_length": r,
@@ -1340,8 +1433,9 @@ class _Matrix:
                         "message": "the dynamic baseline failed for this prompt",
                     }
                 )
+            self.finished(name, ctx)  # nothing left to measure or time in it
+            for _ in range(len(caches) + 1):  # each candidate's step and the cell's timing step, not run
                 self.advance()
-            self.advance()  # the cell's timing step, not run
             return None
         continuation = base["generated"][:, : self.cfg.quality_tokens].to(self.device)
         base["quality"] = fixed_continuation(

@@ -13,7 +13,12 @@ A result is one JSON object::
                      prompts, seed,
                      long_context {protected_tail_tokens, passkey_contexts, not_measured [{probe, context_length,
                      reason}]}}; prompts holds one entry per capacity/window prompt and per probe
-                     (mode "recall" / "passkey": context_length, placement, seed, ids_sha256, sequence_sha256)
+                     (mode "recall" / "passkey": context_length, placement, seed, ids_sha256, sequence_sha256);
+                     provenance.resumed? [{resumed_utc, command, status_before, cells_kept, rows_kept,
+                     cells_to_measure, failures_dropped, stopped_by, earlier_hardware, earlier_torch_threads}], one
+                     entry per session of kvlab eval --resume (kvlab.eval.resume.prepare_resume)
+    cells_done?     [{matrix, context_length}] of each finished cell (timed and its rows written, or its baseline
+                     failed), in the order they finished; absent in files older than kvlab eval --resume
     rows            [{matrix in {"capacity", "window"}, candidate, context_length, residual_length, group_size,
                       median_ms, min_ms, timings_ms (the cell's caches timed interleaved, order rotated per
                       round), timing_spread (max/min of the timed calls), ms_per_token, timing_contention
@@ -31,7 +36,8 @@ A result is one JSON object::
                       recall_nll_delta, passkey {accuracy, correct, trials, ci95, depths [{depth, trials, correct,
                       accuracy, ci95 [low, high], accuracy_drop?}]}, passkey_accuracy, passkey_drop,
                       long_context_ms}]
-    failures        [{candidate, context_length, residual_length, stage, type, message}]
+    failures        [{matrix?, candidate, context_length, residual_length, stage, type, message}]; a failure of the run
+                     itself (the model load, an interrupt) has candidate, context and matrix null or absent
     summary         {memory_reduction_onset_context, eligible_crossover_context, selected_candidate, decision,
                       decision_gates (the gates the selected row was judged on), latency_trusted,
                       latency_warning (None, or why the timings are not to be trusted), long_context_warning (None,

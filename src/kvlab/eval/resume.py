@@ -1,0 +1,162 @@
+"""Resuming an interrupted ``kvlab eval`` run (``kvlab eval --resume FILE``): which result files can be resumed,
+and what of them is kept.
+
+A run saves its result file after every step; a cell (one matrix at one context: the float baseline and every
+candidate) is *finished* once it is timed and its rows are written, and is then listed in ``cells_done``
+(:func:`kvlab.eval.runner.run_eval`). The untimed measurements of a cell that is not finished (generated ids,
+logits for the KL divergence, probe states: tensors) are not saved, so a resumed run keeps the finished cells,
+rows and failures, and measures every other cell from the start, probes and timing included. Every untimed
+measurement still runs before any timing (docs/EVAL.md, "Time budget"): an interrupt during the timing phase keeps
+the cells timed so far; one during the untimed phase keeps no cell, and the resume measures them all.
+
+A resumed run takes every setting from the file, and the torch thread count its first session used (a CPU GEMM's
+rounding may depend on it). It refuses a file that is not a kvlab eval result, one that is finished (status
+``complete`` or ``partial``) or a dry run's plan, one written before ``cells_done`` existed, one whose settings or
+plan this kvlab cannot read back, one written by other software versions (:func:`check_software`) and, once the
+model is loaded, one whose model or device differ (:func:`check_same_model`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from kvlab.eval.config import EvalConfig
+from kvlab.eval.io import read_result
+from kvlab.eval.runner import cell_keys, plan_cells
+from kvlab.runtime.provenance import software_info
+
+FINISHED = ("complete", "partial")  # a run that reached its summary: nothing to resume
+
+
+def load_resumable(path: str | Path) -> tuple[dict, EvalConfig]:
+    """``(result, cfg)``: the result file at ``path`` and the config to resume it with (its settings; ``threads``
+    the count its earlier session ran with when the settings left it to the machine).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: naming ``path`` and why it cannot be resumed (see the module docstring).
+    """
+    result = read_result(path)  # names the file: missing, not JSON, not a kvlab eval result
+    status = result["status"]
+    if status in FINISHED:
+        raise ValueError(f"{path} is a finished run (status {status}): nothing to resume")
+    if status == "dry_run":
+        raise ValueError(
+            f"{path} is a dry run's plan (status dry_run), not an interrupted run: nothing to resume"
+        )
+    if not isinstance(result.get("cells_done"), list):
+        raise ValueError(
+            f"{path} records no finished cells (no `cells_done`: written by a kvlab without --resume); run it again "
+            f"with --force"
+        )
+    try:
+        cfg = EvalConfig.from_dict(result["settings"])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: its settings cannot be resumed: {exc}") from None
+    if result["plan"] != plan_cells(cfg):
+        raise ValueError(f"{path}: its plan is not the one its settings give (was the file edited?)")
+    keys = set(cell_keys(cfg))
+    for cell in result["cells_done"]:
+        if not isinstance(cell, dict) or (cell.get("matrix"), cell.get("context_length")) not in keys:
+            raise ValueError(f"{path}: `cells_done` lists {cell!r}, not a cell of its settings")
+    check_software(path, (result["provenance"] or {}).get("software"))
+    threads = result["provenance"].get("torch_threads")
+    if cfg.threads is None and isinstance(threads, int):
+        try:
+            cfg = replace(cfg, threads=threads)
+        except ValueError as exc:  # more threads than this machine has CPUs
+            raise ValueError(f"{path}: its run used {threads} torch threads: {exc}") from None
+    return result, cfg
+
+
+def check_software(path: str | Path, recorded: Any) -> None:
+    """Refuse to resume a run whose kept rows were measured with other versions of kvlab, torch, transformers,
+    tokenizers or a quantization back-end (:func:`kvlab.runtime.provenance.software_info`; the Python version may
+    differ): the rows of one result come from one code.
+
+    Raises:
+        ValueError: naming ``path`` and each version that differs.
+    """
+    now = software_info()
+    recorded = recorded if isinstance(recorded, dict) else {}
+    changed = [
+        f"{name} {recorded.get(name)} then, {version} now"
+        for name, version in now.items()
+        if name != "python" and recorded.get(name) != version
+    ]
+    if changed:
+        raise ValueError(
+            f"{path} was measured with other software ({'; '.join(changed)}): its rows and new ones would come "
+            f"from different code; run it again with --force"
+        )
+
+
+def check_same_model(path: str | Path, result: dict, model_info: dict) -> None:
+    """Refuse to resume onto another model or device: ``model_info`` (:func:`kvlab.eval.runner.describe_model` of
+    the model now loaded) must have the ``fingerprint`` and ``device`` the earlier session recorded (a run
+    interrupted before its model loaded recorded none: nothing to compare).
+
+    Raises:
+        ValueError: naming ``path``, what the run measured and what is loaded now.
+    """
+    before = (result.get("provenance") or {}).get("model")
+    if not isinstance(before, dict):
+        return
+    for key in ("fingerprint", "device"):
+        if before.get(key) != model_info.get(key):
+            raise ValueError(
+                f"{path} measured a model with {key} {before.get(key)}, the one loaded now has {model_info.get(key)}: "
+                f"its rows and new ones would not describe one model"
+            )
+
+
+def prepare_resume(result: dict, cfg: EvalConfig, command: list[str] | None) -> dict:
+    """Make ``result`` (from :func:`load_resumable`) ready for :func:`kvlab.eval.runner.run_eval` to continue, in
+    place, and return the record appended to ``provenance.resumed``.
+
+    Kept: the rows and failures of the cells in ``cells_done``. Dropped: the rows and failures of every other cell
+    (measured again) and the run's own failures (``candidate`` None: the interrupt, a load failure), which the record
+    keeps as ``stopped_by``. The summary and ``elapsed_s`` are cleared (``elapsed_s`` will be this session's).
+
+    The record: ``resumed_utc``, ``command``, ``status_before``, ``cells_kept``, ``rows_kept``,
+    ``cells_to_measure``, ``failures_dropped`` (the unfinished cells'), ``stopped_by`` ``[{stage, type, message}]``,
+    ``earlier_hardware`` and ``earlier_torch_threads`` (the machine of the earlier session, which the kept rows were
+    measured on; ``provenance.hardware`` becomes this session's).
+    """
+    keys = cell_keys(cfg)
+    done = []
+    for cell in result["cells_done"]:
+        key = (cell["matrix"], cell["context_length"])
+        if key not in done:
+            done.append(key)
+    failures = result["failures"]
+    kept_failures = [f for f in failures if (f.get("matrix"), f.get("context_length")) in done]
+    stopped_by = [
+        {k: f.get(k) for k in ("stage", "type", "message")} for f in failures if f.get("candidate") is None
+    ]
+    rows = [r for r in result["rows"] if (r.get("matrix"), r.get("context_length")) in done]
+    provenance = result["provenance"]
+    record = {
+        "resumed_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "status_before": result["status"],
+        "cells_kept": len(done),
+        "rows_kept": len(rows),
+        "cells_to_measure": len(keys) - len(done),
+        "failures_dropped": len(failures) - len(kept_failures) - len(stopped_by),
+        "stopped_by": stopped_by,
+        "earlier_hardware": provenance.get("hardware"),
+        "earlier_torch_threads": provenance.get("torch_threads"),
+    }
+    provenance.setdefault("resumed", []).append(record)
+    result.update(
+        cells_done=[{"matrix": m, "context_length": c} for m, c in done],
+        rows=rows,
+        failures=kept_failures,
+        summary=None,
+        elapsed_s=None,
+    )
+    return record
