@@ -53,6 +53,18 @@ def register(sub) -> None:
     _add_long_context_flags(p)
     _add_prompt_and_output_flags(p)
     p.set_defaults(func=run)
+    RESUME_IGNORES.update(
+        {
+            dest: default
+            for dest, default in vars(p.parse_args([])).items()
+            if dest not in ("func", "resume", "json")
+        }
+    )
+
+
+# the `kvlab eval` parser's defaults of every flag that --resume refuses (dest -> default), filled at registration:
+# a resumed run takes its settings, label and folder from its result file
+RESUME_IGNORES: dict = {}
 
 
 def _registered() -> list[str]:
@@ -238,6 +250,16 @@ def _add_prompt_and_output_flags(p) -> None:
     p.add_argument("--out-dir", default="results", help="directory for <label>.json (default results/)")
     p.add_argument("--force", action="store_true", help="overwrite an existing result with the same label")
     p.add_argument("--dry-run", action="store_true", help="write the plan only; load no model")
+    p.add_argument(
+        "--resume",
+        metavar="RESULT",
+        default=None,
+        help="continue the interrupted run whose result file is RESULT (status running or failed: Ctrl-C, a kill, "
+        "an error) and rewrite that file: its settings come from the file (no other flag but --json; same model, "
+        "device, software and thread count), the cells it finished (timed, rows written) are kept, every other "
+        "cell is measured and timed from the start, and the summary covers all rows. An interrupt during the "
+        "untimed phase (before any timing) keeps no cell. Stop a run still running before resuming it",
+    )
     p.add_argument("--json", action="store_true", help="print the result JSON instead of tables")
 
 
@@ -445,6 +467,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     err = Console(stderr=True)
+    if args.resume is not None:
+        return _resume(args, err)
     from kvlab.eval.io import ensure_writable, result_path, write_json_atomic
     from kvlab.eval.runner import new_result
 
@@ -478,8 +502,7 @@ def run(args: argparse.Namespace) -> int:
         return fail(args, exc)
     for note in _attention_notes(cfg):
         err.print(f"[yellow]note:[/] {note}")
-    argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith("kvlab") else None
-    result = new_result(cfg, label, argv)
+    result = new_result(cfg, label, _argv())
     if args.dry_run:
         result["status"] = "dry_run"
     try:  # the plan (a dry run's whole result): a folder that takes no file fails now, not after the model loads
@@ -492,6 +515,44 @@ def run(args: argparse.Namespace) -> int:
         return _run_real(args, cfg, result, path, err)
     except OSError as exc:
         if exc.filename != str(path):  # not the result file: not an output-path problem
+            raise
+        return fail(args, f"could not write the result {path} ({exc.strerror or exc})", EXIT_FAILED)
+
+
+def _resume(args: argparse.Namespace, err) -> int:
+    """``kvlab eval --resume RESULT``: continue the run RESULT records (:mod:`kvlab.eval.resume`), in place.
+
+    Refused (exit 2, the file unchanged): another setting flag beside it, a file that is not an interrupted kvlab
+    eval run (:func:`kvlab.eval.resume.load_resumable`), a model that is not there, or (after loading it) another
+    model or device than the file's."""
+    from pathlib import Path
+
+    from kvlab.eval.resume import load_resumable
+
+    given = [
+        "--" + dest.replace("_", "-")
+        for dest, default in RESUME_IGNORES.items()
+        if getattr(args, dest) != default
+    ]
+    if given:
+        return fail(
+            args,
+            f"--resume {args.resume} takes its settings, label and folder from the file; drop {', '.join(given)}",
+        )
+    path = Path(args.resume)
+    try:
+        result, cfg = load_resumable(path)
+    except (OSError, ValueError) as exc:
+        return fail(args, f"cannot resume: {exc}")
+    problem = _model_problem(cfg.model)
+    if problem:
+        return fail(args, f"cannot resume {path}: {problem}")
+    for note in _attention_notes(cfg):
+        err.print(f"[yellow]note:[/] {note}")
+    try:
+        return _run_real(args, cfg, result, path, err, resumed=True)
+    except OSError as exc:
+        if exc.filename != str(path):
             raise
         return fail(args, f"could not write the result {path} ({exc.strerror or exc})", EXIT_FAILED)
 
@@ -511,9 +572,11 @@ def _model_problem(model: str | None) -> str | None:
 
 def _exists_message(path, exc: FileExistsError) -> str:
     """The refusal of an existing result file; it says when that file is a run that failed or never finished
-    (status ``failed``, or ``planned``/``running`` left by a run that died), the usual reason to retry a label."""
+    (status ``failed``, or ``planned``/``running`` left by a run that died), the usual reason to retry a label,
+    and names ``--resume`` when the file records its finished cells (``cells_done``)."""
     try:
-        status = json.loads(path.read_text(encoding="utf-8")).get("status")
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+        status = earlier.get("status")
     except (OSError, ValueError, AttributeError):  # a directory, not JSON, not an object: the plain message
         return str(exc)
     if status == "failed":
@@ -522,6 +585,8 @@ def _exists_message(path, exc: FileExistsError) -> str:
         why = f"the earlier run with this label did not finish (status {status}: stopped, or still running)"
     else:
         return str(exc)
+    if isinstance(earlier.get("cells_done"), list):
+        return f"{path} already exists: {why}; pass --resume {path} to continue it, --force to replace it"
     return f"{path} already exists: {why}; pass --force to replace it or choose another --label"
 
 
@@ -548,18 +613,13 @@ def _on_sigterm(signum, frame):
     raise _Terminated(f"terminated by signal {signum}")
 
 
-def _run_real(args, cfg, result, path, err) -> int:
-    import signal
-
+def _load(args, cfg, result, path, err, resumed: bool):
+    """``(model, tokenizer, model_info)`` loaded and checked against the settings, or the exit code of a failure:
+    a load failure and a setting the model refutes are recorded in ``path``; a resumed run (``resumed``) onto
+    another model or device is refused, the file left as it was. A resumed ``result`` is then made ready to
+    continue (:func:`kvlab.eval.resume.prepare_resume`)."""
     from kvlab.eval.io import write_json_atomic
-    from kvlab.eval.runner import (
-        check_against_model,
-        context_limit_warnings,
-        count_steps,
-        describe_model,
-        resolve_device,
-        run_eval,
-    )
+    from kvlab.eval.runner import check_against_model, context_limit_warnings, describe_model, resolve_device
     from kvlab.models import load_model
 
     try:
@@ -577,6 +637,13 @@ def _run_real(args, cfg, result, path, err) -> int:
         return fail(
             args, f"could not load the model: {type(exc).__name__}: {exc} (recorded in {path})", EXIT_FAILED
         )
+    if resumed:
+        from kvlab.eval.resume import check_same_model
+
+        try:
+            check_same_model(path, result, model_info)
+        except ValueError as exc:
+            return fail(args, f"cannot resume: {exc}")
     for warning in context_limit_warnings(cfg, model):
         err.print(f"[yellow]warning: {warning}[/]")
     try:
@@ -590,6 +657,39 @@ def _run_real(args, cfg, result, path, err) -> int:
         )
         write_json_atomic(path, result)
         return fail(args, f"{exc} (recorded in {path})")
+    if resumed:
+        _prepare_resume(result, cfg, err)
+    return model, tokenizer, model_info
+
+
+def _prepare_resume(result, cfg, err) -> None:
+    """Keep the finished cells of a resumed ``result`` and say what is kept and what is measured again."""
+    from kvlab.eval.resume import prepare_resume
+
+    argv = _argv()
+    record = prepare_resume(result, cfg, None if argv is None else ["kvlab", *argv])
+    total = record["cells_kept"] + record["cells_to_measure"]
+    err.print(
+        f"resuming {result['label']}: {record['cells_kept']} of {total} cells finished and kept "
+        f"({record['rows_kept']} rows); measuring the other {record['cells_to_measure']} from the start"
+    )
+
+
+def _argv() -> list[str] | None:
+    """The command line, without the program, when kvlab runs as the ``kvlab`` script (None in-process)."""
+    return sys.argv[1:] if sys.argv and sys.argv[0].endswith("kvlab") else None
+
+
+def _run_real(args, cfg, result, path, err, resumed: bool = False) -> int:
+    import signal
+
+    from kvlab.eval.io import write_json_atomic
+    from kvlab.eval.runner import count_steps, run_eval
+
+    loaded = _load(args, cfg, result, path, err, resumed)
+    if isinstance(loaded, int):
+        return loaded
+    model, tokenizer, model_info = loaded
     result["status"] = "running"
     write_json_atomic(path, result)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)

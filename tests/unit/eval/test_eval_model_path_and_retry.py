@@ -50,7 +50,7 @@ def test_a_load_failure_after_the_path_check_is_recorded_as_exit_1(tmp_path, cap
 @pytest.mark.parametrize(
     "status, words",
     [
-        ("failed", "the earlier run with this label failed (status failed); pass --force to replace it"),
+        ("failed", "the earlier run with this label failed (status failed); pass --resume "),
         (
             "running",
             "the earlier run with this label did not finish (status running: stopped, or still running)",
@@ -68,3 +68,20 @@ def test_an_existing_result_says_whether_its_run_failed(tmp_path, capsys, status
     assert (
         main(["eval", "--dry-run", "--quick", "--out-dir", str(tmp_path), "--label", "again", "--force"]) == 0
     )
+
+
+def test_an_existing_result_names_resume_only_when_it_records_its_finished_cells(tmp_path, capsys):
+    """A file of a failed run names ``--resume <file>``, unless it is older than --resume (no ``cells_done``)."""
+    result = new_result(EvalConfig(), "again", None)
+    result["status"] = "failed"
+    path = tmp_path / "again.json"
+    path.write_text(json.dumps(result))
+    argv = ["eval", "--dry-run", "--quick", "--out-dir", str(tmp_path), "--label", "again"]
+    assert main(argv) == 2
+    assert f"pass --resume {path} to continue it, --force to replace it" in err_of(capsys)
+    del result["cells_done"]
+    path.write_text(json.dumps(result))
+    assert main(argv) == 2
+    err = err_of(capsys)
+    assert "failed (status failed); pass --force to replace it or choose another --label" in err
+    assert "--resume" not in err
