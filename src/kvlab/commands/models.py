@@ -20,6 +20,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("action", nargs="?", choices=("list", "get"), default="list", help="list (default) or get")
     p.add_argument("name", nargs="?", help="with get: the model to install and convert (e.g. smollm2-135m)")
+    p.add_argument("--json", action="store_true", help="print the list (or what get prepared) as JSON")
     p.set_defaults(func=run_models)
 
 
@@ -31,7 +32,7 @@ def run_models(args: argparse.Namespace) -> int:
             return fail(
                 args, f"`kvlab models list` takes no name (got {args.name!r}); use `kvlab models get NAME`"
             )
-        return _list()
+        return _list(args.json)
     if not args.name:
         return fail(args, f"`kvlab models get` needs a NAME: one of {', '.join(NAMED_MODELS)}")
     named = NAMED_MODELS.get(args.name.lower())
@@ -44,31 +45,53 @@ def run_models(args: argparse.Namespace) -> int:
     return _get(args, named)
 
 
-def _status(name: str) -> str:
+def _status(name: str) -> dict:
+    """``{"status": missing | hub | installed | ready, "detail", "gguf", "converted_dir"}`` of one named model."""
     from kvlab.models.sources import find_source
 
     try:
         source = find_source(name)
     except (FileNotFoundError, ValueError) as exc:
-        return f"missing: {exc}"
-    if source.kind == "named" and source.gguf is None:
-        return f"from the hub: {source.load_from}"
-    return (
-        f"ready: {source.load_from}"
-        if source.ready
-        else f"installed; converted on first use into {source.load_from}"
-    )
+        return {"status": "missing", "detail": str(exc), "gguf": None, "converted_dir": None}
+    if source.gguf is None:
+        return {"status": "hub", "detail": source.load_from, "gguf": None, "converted_dir": None}
+    state = "ready" if source.ready else "installed"
+    return {"status": state, "detail": None, "gguf": str(source.gguf), "converted_dir": source.load_from}
 
 
-def _list() -> int:
+def _list(as_json: bool) -> int:
+    import json
+
     from kvlab.models.sources import NAMED_MODELS, models_dir
 
+    entries = [
+        {
+            "name": n.name,
+            "description": n.description,
+            "weights": n.weights,
+            "package": n.package,
+            "version": n.version,
+            "hub_id": n.hub_id,
+            **_status(n.name),
+        }
+        for n in NAMED_MODELS.values()
+    ]
+    if as_json:
+        print(json.dumps({"models_dir": str(models_dir()), "models": entries}, indent=1))
+        return 0
     print(f"named models (converted copies in {models_dir()}):")
-    for named in NAMED_MODELS.values():
-        origin = f"{named.package} {named.version}" if named.package else f"hub {named.hub_id}"
-        print(f"  {named.name:<17} {named.description}")
-        print(f"  {'':<17} weights: {named.weights}; from {origin}")
-        print(f"  {'':<17} {_status(named.name)}")
+    for e in entries:
+        origin = f"{e['package']} {e['version']}" if e["package"] else f"hub {e['hub_id']}"
+        print(f"  {e['name']:<17} {e['description']}")
+        print(f"  {'':<17} weights: {e['weights']}; from {origin}")
+        if e["status"] == "missing":
+            print(f"  {'':<17} missing: {e['detail']}")
+        elif e["status"] == "hub":
+            print(f"  {'':<17} from the hub: {e['detail']}")
+        else:
+            print(f"  {'':<17} GGUF: {e['gguf']}")
+            done = "converted: " if e["status"] == "ready" else "converted on first use into "
+            print(f"  {'':<17} {done}{e['converted_dir']}")
     return 0
 
 
@@ -89,5 +112,12 @@ def _get(args: argparse.Namespace, named) -> int:
         source = prepare_source(named.name)
     except (FileNotFoundError, ValueError, ImportError, OSError) as exc:
         return fail(args, exc, EXIT_FAILED)
-    print(f"{named.name}: ready in {source.load_from} (GGUF sha256 {source.provenance['gguf_sha256']})")
+    if args.json:
+        import json
+
+        print(json.dumps({"name": named.name, **source.provenance}, indent=1))
+    else:
+        print(
+            f"{named.name}: ready in {source.load_from} (GGUF {source.gguf}, sha256 {source.provenance['gguf_sha256']})"
+        )
     return 0

@@ -100,7 +100,14 @@ def check_local_model(model: str | os.PathLike | None) -> None:
     """
     if model is None:
         return
-    if model_source(model).kind in ("gguf", "named"):  # found, its file checked; converted when loaded
+    found = model_source(model)
+    if found.kind in ("gguf", "named"):  # found, its sha256 checked; converted when loaded
+        if (
+            found.gguf is not None and not found.ready
+        ):  # a truncated or corrupt file: refused now, not mid-load
+            from kvlab.plan.gguf import read_gguf_header
+
+            read_gguf_header(found.gguf)
         return
     source = _local_model_dir(model)
     if source is not None:

@@ -207,6 +207,7 @@ def find_source(model: str | os.PathLike | None) -> ModelSource:
         raise FileNotFoundError(f"GGUF file {text!r} does not exist (looked for {path.resolve()})")
     named = NAMED_MODELS.get(text.lower())
     if named is None:
+        _refuse_near_miss(text)
         return ModelSource(text, "hub", text)
     if named.hub_id is not None:
         return ModelSource(
@@ -223,6 +224,20 @@ def find_source(model: str | os.PathLike | None) -> ModelSource:
         "weights": named.weights,
     }
     return _gguf_source(text, gguf, provenance=provenance, expected_sha=named.gguf_sha256, named=named)
+
+
+def _refuse_near_miss(text: str) -> None:
+    """A name without an owner that is one or two letters off a named model is a typo, not a hub id (the hub's
+    single-name ids are a few old models such as ``gpt2``): FileNotFoundError with the name it resembles."""
+    import difflib
+
+    if "/" in text:
+        return
+    close = difflib.get_close_matches(text.lower(), list(NAMED_MODELS), n=1, cutoff=0.85)
+    if close:
+        raise FileNotFoundError(
+            f"model {text!r} is not a local path or a named model; did you mean {close[0]!r}? (kvlab models lists them)"
+        )
 
 
 def _installed_version(distribution: str) -> str | None:
@@ -288,6 +303,7 @@ def prepare_source(
     source = find_source(model)
     if source.gguf is None or source.ready:
         return source
+    _check_gguf_header(source.gguf)  # a truncated or corrupt file: one error before the "converting" line
     say = notify or (lambda line: print(line, file=sys.stderr, flush=True))
     say(
         f"converting {source.gguf} once into {source.load_from} (dequantize to bf16; ~20-30 s on one CPU core) ..."

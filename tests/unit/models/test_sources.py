@@ -174,3 +174,28 @@ def test_models_lists_every_named_model(capsys):
     for name in NAMED_MODELS:
         assert name in out
     assert os.environ["KVLAB_MODEL_DIR"] in out
+
+
+def test_a_near_miss_of_a_named_model_suggests_it_and_a_plain_hub_name_passes():
+    with pytest.raises(FileNotFoundError, match="did you mean 'smollm2-135m'"):
+        find_source("smollm2-135")
+    assert find_source("gpt2").kind == "hub"  # an owner-less hub id far from every name
+    assert find_source("someone/smollm2-135").kind == "hub"  # an owner: a hub id, never a typo
+
+
+def test_check_local_model_refuses_a_truncated_gguf_before_any_conversion(tmp_path, model_dir):
+    whole = write_gguf(tmp_path / "whole.gguf")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole.read_bytes()[:200])
+    with pytest.raises(ValueError, match=r"cut\.gguf"):
+        check_local_model(str(cut))
+    assert _leftovers(model_dir) == []
+
+
+def test_models_json_lists_each_named_model_with_its_state(capsys):
+    import json
+
+    assert main(["models", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [m["name"] for m in listed["models"]] == list(NAMED_MODELS)
+    assert {m["status"] for m in listed["models"]} <= {"missing", "hub", "installed", "ready"}
