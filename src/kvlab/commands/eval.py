@@ -484,7 +484,7 @@ def run(args: argparse.Namespace) -> int:
             ensure_writable(path, args.force)
         except FileExistsError as exc:
             raise FileExistsError(_exists_message(path, exc)) from None
-        problem = None if args.dry_run else _model_problem(cfg.model)
+        problem = None if args.dry_run else (_device_problem(cfg.device) or _model_problem(cfg.model))
         if problem:  # a path that is not there is bad input (exit 2), as in kvlab lab / inspect / bench
             return fail(args, problem)
         try:
@@ -555,6 +555,18 @@ def _resume(args: argparse.Namespace, err) -> int:
         if exc.filename != str(path):
             raise
         return fail(args, f"could not write the result {path} ({exc.strerror or exc})", EXIT_FAILED)
+
+
+def _device_problem(device: str) -> str | None:
+    """Why ``--device`` cannot run here (CUDA asked on a machine without it, a name torch does not parse), or None:
+    bad input, refused before a result file is written."""
+    from kvlab.runtime.device import resolve_device
+
+    try:
+        resolve_device(device)
+    except ValueError as exc:
+        return f"--device {device}: {exc}"
+    return None
 
 
 def _model_problem(model: str | None) -> str | None:

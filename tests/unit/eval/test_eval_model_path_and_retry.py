@@ -85,3 +85,18 @@ def test_an_existing_result_names_resume_only_when_it_records_its_finished_cells
     err = err_of(capsys)
     assert "failed (status failed); pass --force to replace it or choose another --label" in err
     assert "--resume" not in err
+
+
+def test_a_device_this_machine_lacks_is_bad_input_before_any_result_file(tmp_path, capsys):
+    import torch
+
+    from kvlab.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: --device cuda is valid here")
+    assert (
+        main(["eval", "--device", "cuda", "--quick", "--out-dir", str(tmp_path / "r"), "--label", "x"]) == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--device cuda" in err[0] and "CUDA is not available" in err[0]
+    assert not (tmp_path / "r").exists()
