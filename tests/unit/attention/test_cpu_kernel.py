@@ -181,16 +181,20 @@ def test_failed_build_is_reported(monkeypatch, tmp_path, quick_build):
 
 
 @needs_kernel
-def test_build_goes_to_the_cache_dir_once(monkeypatch, tmp_path, quick_build):
+def test_build_goes_to_the_cache_dir_once(monkeypatch, tmp_path, quick_build, capsys):
     monkeypatch.setenv("KVLAB_KERNEL_DIR", str(tmp_path / "k"))
     cpu_kernel.reset()
     try:
         assert cpu_kernel.unavailable_reason() is None
+        assert (
+            "building kvlab's CPU decode kernel once" in capsys.readouterr().err
+        )  # the one-time wait is said
         built = list((tmp_path / "k").iterdir())
         assert [p.suffix for p in built] == [".so"] and built[0] == cpu_kernel.library_path()
         mtime = built[0].stat().st_mtime_ns
         cpu_kernel.reset()
         assert cpu_kernel.unavailable_reason() is None  # loaded from the cache, not rebuilt
+        assert "building" not in capsys.readouterr().err
         assert built[0].stat().st_mtime_ns == mtime and list((tmp_path / "k").iterdir()) == built
     finally:
         cpu_kernel.reset()
