@@ -34,6 +34,7 @@ NOT_RUN = {
         "minutes; test_eval_reference.py covers the path"
     ),
     "kvlab report results/qwen05b.json": "reads the result of the Qwen example above",
+    "kvlab eval --resume results/<label>.json": "needs an interrupted run; tests/unit/eval/test_eval_resume*.py",
     "kvlab report results/qwen05b.json --html report.html": "reads the result of the Qwen example above",
     "kvlab lab eviction": "5 minutes; tests/unit/lab and test_eviction_reference.py cover it",
     "kvlab lab eviction --json": "5 minutes; tests/unit/lab and test_eviction_reference.py cover it",
