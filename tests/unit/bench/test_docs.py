@@ -254,3 +254,14 @@ def test_a_decode_record_without_kivi_gets_no_kivi_targets(tmp_path):
     assert not [v for v in verdicts if v["file"] == "decode-fp8-cpu.json"]
     assert _verdict(verdicts, "kivi4-fused decode")["file"] == "decode-cpu.json"
     assert evaluate_target(fp8)["detail"] == "no kivi4-fused cell"
+
+
+def test_the_committed_page_is_what_the_committed_records_render(tmp_path, monkeypatch):
+    """docs/PERFORMANCE.md is generated: a clean checkout's `kvlab bench docs` must leave it unchanged (a stale
+    page made a user's checkout dirty the first time they rendered the records)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    monkeypatch.chdir(root)  # the page names the records' folder as given, as `kvlab bench docs` run here does
+    page = docs.write_page("benchmarks/results", tmp_path / "PERFORMANCE.md")
+    assert Path(page).read_text(encoding="utf-8") == (root / "docs" / "PERFORMANCE.md").read_text(encoding="utf-8")
