@@ -262,6 +262,10 @@ def test_the_committed_page_is_what_the_committed_records_render(tmp_path, monke
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[3]
-    monkeypatch.chdir(root)  # the page names the records' folder as given, as `kvlab bench docs` run here does
+    monkeypatch.chdir(
+        root
+    )  # the page names the records' folder as given, as `kvlab bench docs` run here does
     page = docs.write_page("benchmarks/results", tmp_path / "PERFORMANCE.md")
-    assert Path(page).read_text(encoding="utf-8") == (root / "docs" / "PERFORMANCE.md").read_text(encoding="utf-8")
+    assert Path(page).read_text(encoding="utf-8") == (root / "docs" / "PERFORMANCE.md").read_text(
+        encoding="utf-8"
+    )
