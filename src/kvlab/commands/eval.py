@@ -244,7 +244,7 @@ def _add_prompt_and_output_flags(p) -> None:
         action="store_true",
         help="small matrix: contexts 256,1024, 16 new tokens, residual windows 16,32, 8 scored continuation tokens "
         "(NLL delta and KL), one timed round (--repeat 1), 8 passkey trials a depth; about half a minute on the bundled "
-        "model and 2-3 minutes on smollm2-135m on a 2-core CPU. A smoke test: decide with the defaults",
+        "model and about 3.5 minutes on smollm2-135m on a busy 2-core CPU. A smoke test: decide with the defaults",
     )
     p.add_argument("--label", default=None, help="result name (default eval-<UTC timestamp>)")
     p.add_argument("--out-dir", default="results", help="directory for <label>.json (default results/)")

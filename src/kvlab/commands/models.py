@@ -87,7 +87,7 @@ def _list(as_json: bool) -> int:
         if e["status"] == "missing":
             print(f"  {'':<17} missing: {e['detail']}")
         elif e["status"] == "hub":
-            print(f"  {'':<17} from the hub: {e['detail']}")
+            print(f"  {'':<17} needs network access once (not converted: the hub's own weights)")
         else:
             print(f"  {'':<17} GGUF: {e['gguf']}")
             done = "converted: " if e["status"] == "ready" else "converted on first use into "

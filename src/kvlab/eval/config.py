@@ -330,7 +330,7 @@ class EvalConfig:
 def quick_config(**overrides) -> EvalConfig:
     """The ``--quick`` matrix, a smoke test: short contexts, few tokens, one timed repeat, 8 passkey trials a depth
     (the passkey grid's 5 x 8 prompts instead of 5 x 20 are most of a real model's probe prefill). About half a
-    minute on the bundled model and two to three on SmolLM2-135M on a 2-core CPU (docs/EVAL.md)."""
+    minute on the bundled model and about 3.5 on SmolLM2-135M on a busy 2-core CPU (docs/EVAL.md)."""
     base = dict(
         contexts=(256, 1024),
         new_tokens=16,

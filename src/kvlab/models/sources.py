@@ -379,10 +379,24 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _dequantize_into(gguf: Path, out: Path, header: dict) -> None:
+    """Load ``gguf`` with transformers (dequantized to bf16) and save it as a plain checkpoint in ``out``;
+    transformers' loading and saving bars are hidden (kvlab printed one line for the step; the GGUF reader's own
+    per-tensor bar is not under that switch and still shows)."""
+    from transformers.utils import logging as hf_logging
+
+    bar_was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        _convert(gguf, out, header.get("model_type") or "?")
+    finally:
+        if bar_was_on:
+            hf_logging.enable_progress_bar()
+
+
+def _convert(gguf: Path, out: Path, arch: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    arch = header.get("model_type") or "?"
     folder, name = str(gguf.parent), gguf.name
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
