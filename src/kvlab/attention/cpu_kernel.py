@@ -122,7 +122,7 @@ def _build(target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     # a one-time step of ~45 s that would otherwise look like a hang between two progress lines
     print(
-        f"building kvlab's CPU decode kernel once ({COMPILER} {CFLAGS[0]}: ~45 s on one core at -O3; kept in "
+        f"building kvlab's CPU decode kernel once ({COMPILER} {CFLAGS[0]}; -O3 takes ~45 s of one core; kept in "
         f"{target.parent}) ...",
         file=sys.stderr,
         flush=True,
