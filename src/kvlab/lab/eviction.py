@@ -80,15 +80,35 @@ def _nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
 
 
+SCORE_ROWS = (
+    1024  # full-context positions whose logits exist at once: [SCORE_ROWS, vocab] float32, not [T, vocab]
+)
+
+
 @torch.no_grad()
-def full_context_nll(model: Any, ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+def full_context_nll(model: Any, ids: torch.Tensor, rows: int = SCORE_ROWS) -> tuple[torch.Tensor, int]:
     """NLL of ``ids[1:]`` (``ids: [tokens]``) from one forward over the whole sequence, through a
-    ``DynamicCache``: ``([tokens - 1] NLL, bytes the DynamicCache holds)``."""
+    ``DynamicCache``: ``([tokens - 1] NLL, bytes the DynamicCache holds)``.
+
+    The forward stops at the last hidden states ``[T, hidden]``; ``model.lm_head`` and the cross-entropy run on
+    ``rows`` positions at a time, so the logits ``[T, vocab]`` (and cross_entropy's float32 copy, 4 GB at 10k
+    tokens of a 49,152-token vocabulary) never exist whole. The chunks are balanced (``rows / 2`` to ``rows`` each,
+    one chunk below ``rows``): a matmul of that many rows gives the same rows as the whole one (a handful of rows
+    can take another BLAS path and differ in the last bit).
+    """
     from transformers import DynamicCache
 
     cache = DynamicCache()
-    logits = model(ids[None], **{cache_kwarg(model): cache}, use_cache=True).logits[0, :-1]  # [T - 1, vocab]
-    return _nll(logits, ids[1:]), cache_nbytes(cache)
+    hidden = model.model(ids[None], **{cache_kwarg(model.model): cache}, use_cache=True).last_hidden_state[
+        0, :-1
+    ]
+    pieces = -(
+        -hidden.shape[0] // rows
+    )  # balanced chunks of rows/2..rows: no small tail taking another BLAS path
+    chunks = zip(hidden.tensor_split(pieces), ids[1:].tensor_split(pieces))
+    return torch.cat([_nll(model.lm_head(h), t) for h, t in chunks]), cache_nbytes(
+        cache
+    )  # [<= rows, vocab] each
 
 
 def _window_spans(tokens: int, window: int, batch_windows: int) -> list[tuple[int, int]]:

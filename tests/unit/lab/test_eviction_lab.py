@@ -10,9 +10,11 @@ import json
 import pytest
 import torch
 
+from kvlab.caches.measure import cache_nbytes
 from kvlab.caches.sink import SinkCache
 from kvlab.cli import main
 from kvlab.lab.eviction import full_context_nll, recompute_window_nll, streaming_nll
+from kvlab.runtime.hf_api import cache_kwarg
 from tests.conftest import make_tiny_qwen2
 
 
@@ -33,6 +35,25 @@ def test_nothing_evicted_equals_the_full_context(model, ids):
     torch.testing.assert_close(streamed, full, rtol=1e-4, atol=1e-4)
     assert sizes["nbytes"] == dynamic_nbytes  # everything held
     torch.testing.assert_close(recompute_window_nll(model, ids, window=100), full, rtol=1e-4, atol=1e-4)
+
+
+@torch.no_grad()
+def test_chunked_scoring_equals_one_forward_of_logits():
+    """The full-context NLL scored ``rows`` positions at a time (no [T, vocab] logits) is the NLL of the whole
+    forward's logits, bit for bit, for chunks of several sizes and a single chunk."""
+    from transformers import DynamicCache
+
+    model = make_tiny_qwen2(head_dim=32, max_positions=512)
+    ids = torch.randint(1, 256, (300,), generator=torch.Generator().manual_seed(5))
+    cache = DynamicCache()
+    logits = model(ids[None], **{cache_kwarg(model): cache}, use_cache=True).logits[
+        0, :-1
+    ]  # [299, vocab]: the unchunked path
+    whole = torch.nn.functional.cross_entropy(logits.float(), ids[1:], reduction="none")
+    for rows in (128, 150, 299, 1024):  # 3, 2, 1, 1 chunks
+        nll, nbytes = full_context_nll(model, ids, rows=rows)
+        assert torch.equal(nll, whole), rows
+        assert nbytes == cache_nbytes(cache)
 
 
 @torch.no_grad()
