@@ -134,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         prompt=args.prompt,
         outlier_factor=args.outlier_factor,
         calibrate_tokens=args.calibrate_tokens,
+        before_forward=_memory_check(args.prompt is not None),
     )
     prompt = "the --prompt text" if args.prompt is not None else f"{args.tokens:,} tokens"
     try:
@@ -160,6 +161,39 @@ def run(args: argparse.Namespace) -> int:
         atomic_write_json(args.json, report)
     _print_tables(report, args)
     return 0
+
+
+def _memory_check(prompt_given: bool):
+    """``before_forward`` of :func:`kvlab.eval.inspect.inspect_model`: refuses (ValueError) a prompt whose
+    :func:`~kvlab.eval.inspect.peak_bytes` pass :func:`kvlab.lab.longrun.available_memory_bytes`, saying what
+    would fit (issue 33 point 5: say what a size needs before starting)."""
+
+    def check(lm, tokens: int) -> None:
+        from kvlab.eval.inspect import peak_bytes
+        from kvlab.lab import longrun
+
+        dtype = next(lm.parameters()).dtype
+        available = longrun.available_memory_bytes()
+        need = peak_bytes(lm.config, tokens=tokens, dtype=dtype)
+        if available is None or need <= available:
+            return
+        low, high = 0, tokens  # the largest prompt that fits: peak_bytes grows with tokens
+        while low < high:
+            mid = (low + high + 1) // 2
+            fits = peak_bytes(lm.config, tokens=mid, dtype=dtype) <= available
+            low, high = (mid, high) if fits else (low, mid - 1)
+        what = f"the --prompt text's {tokens:,} tokens" if prompt_given else f"--tokens {tokens:,}"
+        raise ValueError(
+            longrun.memory_refusal(
+                f"{what} (the prefill's activations, every layer's K/V in {str(dtype).removeprefix('torch.')} "
+                "and one layer's statistics)",
+                need,
+                available,
+                f"at most about {low:,} tokens fit" if low else "not even 1 token fits",
+            )
+        )
+
+    return check
 
 
 def _position_warning(args: argparse.Namespace) -> str | None:

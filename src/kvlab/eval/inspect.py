@@ -29,7 +29,7 @@ report: check the outliers before trusting "half the bytes".
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -124,7 +124,8 @@ def inspect_kv(
     n_queries = min(ATTENTION_QUERIES, tokens // 2)
     with _observed_queries(model, n_queries) as (queries, note):
         with torch.no_grad():
-            model(input_ids, use_cache=True, **{cache_kwarg(model): cache})
+            body = _model_body(model)  # no logits: inspect reads only the cache and the queries
+            body(input_ids, use_cache=True, **{cache_kwarg(body): cache})
     layers = []
     for idx, layer in enumerate(cache.layers):
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
@@ -321,6 +322,31 @@ def _model_fp8(layers: list[dict]) -> dict:
     return out
 
 
+def peak_bytes(config: Any, *, tokens: int, dtype: torch.dtype) -> int:
+    """Bytes :func:`inspect_kv` allocates above the loaded model at its peak for a ``tokens`` prompt, from
+    ``config``'s shapes: the prefill's activations (``[tokens, 32 hidden + 8 intermediate]`` float32, as
+    :func:`kvlab.lab.exactness.peak_bytes` counts them), the ``DynamicCache``'s K/V in ``dtype`` (every layer's, kept
+    to the end) and one layer's K/V in float32 eight times over (the copies, FP8 codes and round trips of the
+    per-layer statistics). No logits: the prefill stops at the last hidden states. The attention KL's scores are
+    ``[queries, tokens]`` per head with 64 queries, which the activations' term covers."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hidden, layers = int(cfg.hidden_size), int(cfg.num_hidden_layers)
+    inter = int(getattr(cfg, "intermediate_size", None) or 4 * hidden)
+    heads = int(getattr(cfg, "num_attention_heads", None) or 1)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or hidden // heads)
+    item = torch.empty((), dtype=dtype).element_size()
+    layer_kv = 2 * kv_heads * head_dim * tokens  # elements of one layer's K and V
+    return tokens * (32 * hidden + 8 * inter) * 4 + layers * layer_kv * item + 8 * layer_kv * 4
+
+
+def _model_body(lm: Any) -> Any:
+    """The decoder without its LM head (``lm.model``) when it has one, so that no ``[tokens, vocab]`` logits are
+    made: the K/V and the observed queries are the same; else ``lm`` itself."""
+    body = getattr(lm, "model", None)
+    return body if isinstance(body, torch.nn.Module) and hasattr(lm, "lm_head") else lm
+
+
 def inspect_model(
     model: str | None = None,
     *,
@@ -329,6 +355,7 @@ def inspect_model(
     dtype: str = "bfloat16",
     device: str = "cpu",
     prompt: str | None = None,
+    before_forward: Callable[[Any, int], None] | None = None,
     **kwargs: Any,
 ) -> dict:
     """Load ``model`` as ``kvlab eval`` does (:func:`kvlab.models.load_model`; None = the bundled model), cut the
@@ -338,12 +365,14 @@ def inspect_model(
         model: None (bundled), a local directory or a hub id.
         tokens: prompt length in tokens, cut from the bundled held-out text at ``offset`` (ignored with ``prompt``).
         prompt: text to use instead of the held-out text (tokenized without special tokens).
+        before_forward: called with the loaded model and the prompt's length once the prompt is cut, before any
+            forward (``kvlab inspect``'s memory check: it raises ValueError to refuse).
         dtype, device: as ``kvlab eval``'s ``--dtype`` / ``--device``.
         kwargs: passed to :func:`inspect_kv`.
 
     Raises:
         ValueError / FileNotFoundError / OSError: as :func:`kvlab.models.load_model`,
-            :func:`kvlab.models.heldout_token_ids` and :func:`inspect_kv`.
+            :func:`kvlab.models.heldout_token_ids`, ``before_forward`` and :func:`inspect_kv`.
     """
     from kvlab.eval.runner import describe_model
     from kvlab.models import heldout_token_ids, load_model
@@ -355,6 +384,8 @@ def inspect_model(
     else:
         ids = heldout_token_ids(tokenizer, tokens, offset=offset)
         source = {"source": "kvlab.models.heldout_text()", "tokens": tokens, "offset": offset}
+    if before_forward is not None:
+        before_forward(lm, len(ids))
     input_ids = torch.tensor([ids], device=lm.device)
     out = inspect_kv(lm, input_ids, **kwargs)
     return {"model": describe_model(lm, model, dtype, device), "prompt": source, **out}
