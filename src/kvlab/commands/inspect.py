@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
 def _memory_check(prompt_given: bool):
     """``before_forward`` of :func:`kvlab.eval.inspect.inspect_model`: refuses (ValueError) a prompt whose
     :func:`~kvlab.eval.inspect.peak_bytes` pass :func:`kvlab.lab.longrun.available_memory_bytes`, saying what
-    would fit (issue 33 point 5: say what a size needs before starting)."""
+    would fit: a size is refused with what it needs before any work starts."""
 
     def check(lm, tokens: int) -> None:
         from kvlab.eval.inspect import peak_bytes
