@@ -105,9 +105,9 @@ def check_local_model(model: str | os.PathLike | None) -> None:
         if (
             found.gguf is not None and not found.ready
         ):  # a truncated or corrupt file: refused now, not mid-load
-            from kvlab.plan.gguf import read_gguf_header
+            from kvlab.models.sources import check_gguf_file
 
-            read_gguf_header(found.gguf)
+            check_gguf_file(found.gguf)  # corrupt, or its layers lack tensors
         return
     source = _local_model_dir(model)
     if source is not None:

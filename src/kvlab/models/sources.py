@@ -36,6 +36,7 @@ __all__ = [
     "ModelSource",
     "NamedModel",
     "find_source",
+    "check_gguf_file",
     "file_sha256",
     "models_dir",
     "prepare_source",
@@ -303,7 +304,7 @@ def prepare_source(
     source = find_source(model)
     if source.gguf is None or source.ready:
         return source
-    _check_gguf_header(source.gguf)  # a truncated or corrupt file: one error before the "converting" line
+    check_gguf_file(source.gguf)  # a truncated or corrupt file: one error before the "converting" line
     say = notify or (lambda line: print(line, file=sys.stderr, flush=True))
     say(
         f"converting {source.gguf} once into {source.load_from} (dequantize to bf16; ~20-30 s on one CPU core) ..."
@@ -312,14 +313,46 @@ def prepare_source(
     return ModelSource(source.arg, source.kind, source.load_from, source.gguf, source.provenance, ready=True)
 
 
-def _check_gguf_header(gguf: Path) -> dict:
-    """``{"model_type": <GGUF architecture>}`` after the header walk (:func:`kvlab.plan.gguf.read_gguf_header`):
-    one ValueError naming the file for a truncated or corrupt one, before transformers spends ~20 s on it. The
-    architecture is not checked against the planner's table: transformers decides what it can load."""
-    from kvlab.plan.gguf import read_gguf_header
+def check_gguf_file(gguf: Path) -> dict:
+    """``{"model_type": <GGUF architecture>}`` after checks that refuse, before transformers spends ~20 s on it (one
+    ValueError naming the file each):
+
+    - a truncated or corrupt file (the header walk, :func:`kvlab.plan.gguf.read_gguf_header`);
+    - for an architecture the planner maps, the planner's own checks of its keys (:func:`config_from_gguf_header`:
+      zero or absurd head, KV-head or layer counts, a per-layer array of the wrong length ...); another
+      architecture is left to transformers, which decides what it can load;
+    - a tensor table that does not hold the layers the metadata claims: no ``blk.<i>.`` tensor for some layer
+      ``i < block_count``, a ``blk.<i>.`` tensor at or past it, or no ``token_embd.weight`` — transformers would
+      load such a file with randomly initialised weights where tensors are missing, and report nothing.
+    """
+    from kvlab.plan.gguf import MODEL_TYPES, config_from_gguf_header, read_gguf_header
 
     header = read_gguf_header(gguf)
-    return {"model_type": header.metadata.get("general.architecture")}
+    meta = header.metadata
+    arch = meta.get("general.architecture")
+    if arch in MODEL_TYPES:
+        config_from_gguf_header(header)
+    names = {t.name for t in header.tensors}
+    if meta.get("split.count", 1) in (None, 1):  # a shard of a split GGUF holds only some of the tensors
+        _check_layers_have_tensors(gguf, meta.get(f"{arch}.block_count"), names)
+    return {"model_type": arch}
+
+
+def _check_layers_have_tensors(gguf: Path, blocks: object, names: set[str]) -> None:
+    if "token_embd.weight" not in names:
+        raise ValueError(f"{gguf}: the GGUF has no token_embd.weight tensor: its weights are missing")
+    layers = {int(n.split(".")[1]) for n in names if n.startswith("blk.") and n.split(".")[1].isdigit()}
+    if not isinstance(blocks, int) or isinstance(blocks, bool):
+        return  # no block count to check against (transformers reads the architecture's own keys)
+    missing = sorted(set(range(blocks)) - layers)
+    extra = sorted(i for i in layers if i >= blocks)
+    if missing or extra:
+        found = f"tensors for {len(layers)} layers" if layers else "no blk.* tensors"
+        raise ValueError(
+            f"{gguf}: its metadata says {blocks} layers (block_count) but the file has {found}"
+            + (f" (none for layer {missing[0]})" if missing else f" (one for layer {extra[0]})")
+            + ": refused, it would load with made-up weights"
+        )
 
 
 def convert_gguf(gguf: Path, target: Path, provenance: dict) -> Path:
@@ -340,7 +373,7 @@ def convert_gguf(gguf: Path, target: Path, provenance: dict) -> Path:
             raise ImportError(
                 f"reading {gguf.name} needs the {package!r} package: pip install gguf accelerate"
             )
-    header = _check_gguf_header(gguf)
+    header = check_gguf_file(gguf)
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_builds(target)
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"

@@ -12,9 +12,34 @@ import pytest
 from kvlab.cli import main
 from kvlab.models import check_local_model, load_model, model_fingerprint, sources
 from kvlab.models.sources import NAMED_MODELS, NamedModel, file_sha256, find_source, prepare_source
-from tests.unit.plan.test_gguf import write_gguf
 
 gguf = pytest.importorskip("gguf")
+
+
+def write_model_gguf(
+    path: Path, arch: str = "llama", layers: int = 2, tensor_layers: int | None = None
+) -> Path:
+    """A small GGUF whose tensor table holds what its metadata claims: ``token_embd.weight`` and one
+    ``blk.<i>.attn_q.weight`` per layer (``tensor_layers`` of them, default ``layers``)."""
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(layers)
+    w.add_embedding_length(64)
+    w.add_context_length(4096)
+    w.add_feed_forward_length(128)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_vocab_size(32)
+    w.add_tensor("token_embd.weight", np.zeros((32, 64), dtype=np.float32))
+    for i in range(layers if tensor_layers is None else tensor_layers):
+        w.add_tensor(f"blk.{i}.attn_q.weight", np.zeros((64, 64), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
 
 
 @pytest.fixture(autouse=True)
@@ -36,7 +61,7 @@ def fake_package(tmp_path, monkeypatch):
     package = root / "tiny_named_pkg"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("raise ImportError('never imported')\n")
-    path = write_gguf(package / "tiny.gguf")
+    path = write_model_gguf(package / "tiny.gguf")
     monkeypatch.syspath_prepend(str(root))
     named = NamedModel(
         name="tiny-named",
@@ -53,7 +78,7 @@ def fake_package(tmp_path, monkeypatch):
 
 
 def test_a_gguf_path_resolves_to_a_cache_dir_named_by_its_sha256(tmp_path, model_dir):
-    path = write_gguf(tmp_path / "m.gguf")
+    path = write_model_gguf(tmp_path / "m.gguf")
     found = find_source(str(path))
     sha = file_sha256(path)
     assert found.kind == "gguf" and not found.ready
@@ -112,7 +137,7 @@ def test_a_file_that_is_not_gguf_is_one_line_naming_it(tmp_path, capsys, model_d
 
 
 def test_a_truncated_gguf_is_refused_before_transformers_and_leaves_nothing(tmp_path, model_dir):
-    whole = write_gguf(tmp_path / "whole.gguf")
+    whole = write_model_gguf(tmp_path / "whole.gguf")
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(whole.read_bytes()[:200])
     with pytest.raises(ValueError, match=r"cut\.gguf"):
@@ -121,7 +146,7 @@ def test_a_truncated_gguf_is_refused_before_transformers_and_leaves_nothing(tmp_
 
 
 def test_an_architecture_transformers_cannot_load_names_the_file_and_leaves_nothing(tmp_path, model_dir):
-    path = write_gguf(tmp_path / "odd.gguf", arch="nosucharch")
+    path = write_model_gguf(tmp_path / "odd.gguf", arch="nosucharch")
     with pytest.raises(
         ValueError, match=r"odd\.gguf: transformers cannot load this GGUF \(architecture 'nosucharch'\)"
     ):
@@ -132,7 +157,7 @@ def test_an_architecture_transformers_cannot_load_names_the_file_and_leaves_noth
 def test_an_interrupted_conversion_leaves_nothing_and_a_killed_one_is_cleaned_up(
     tmp_path, model_dir, monkeypatch
 ):
-    path = write_gguf(tmp_path / "m.gguf")
+    path = write_model_gguf(tmp_path / "m.gguf")
 
     def interrupted(gguf_path, out, header):
         out.mkdir(parents=True)
@@ -184,7 +209,7 @@ def test_a_near_miss_of_a_named_model_suggests_it_and_a_plain_hub_name_passes():
 
 
 def test_check_local_model_refuses_a_truncated_gguf_before_any_conversion(tmp_path, model_dir):
-    whole = write_gguf(tmp_path / "whole.gguf")
+    whole = write_model_gguf(tmp_path / "whole.gguf")
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(whole.read_bytes()[:200])
     with pytest.raises(ValueError, match=r"cut\.gguf"):
@@ -199,3 +224,38 @@ def test_models_json_lists_each_named_model_with_its_state(capsys):
     listed = json.loads(capsys.readouterr().out)
     assert [m["name"] for m in listed["models"]] == list(NAMED_MODELS)
     assert {m["status"] for m in listed["models"]} <= {"missing", "hub", "installed", "ready"}
+
+
+def test_a_gguf_whose_tensors_miss_layers_is_refused_before_converting(tmp_path, model_dir):
+    """transformers would fill missing layers with random weights and say nothing: kvlab refuses the file."""
+    short = write_model_gguf(tmp_path / "short.gguf", layers=3, tensor_layers=2)
+    with pytest.raises(ValueError, match=r"short\.gguf: its metadata says 3 layers .*none for layer 2"):
+        prepare_source(str(short))
+    with pytest.raises(ValueError, match="metadata says 3 layers"):
+        check_local_model(str(short))
+    assert _leftovers(model_dir) == []
+
+
+def test_a_gguf_with_no_kv_heads_is_refused_with_the_planners_check(tmp_path, model_dir):
+    import numpy as np
+
+    path = tmp_path / "kv0.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    for add, value in (
+        (w.add_block_count, 1),
+        (w.add_embedding_length, 64),
+        (w.add_head_count, 4),
+        (w.add_head_count_kv, 0),
+        (w.add_context_length, 64),
+        (w.add_vocab_size, 32),
+    ):
+        add(value)
+    w.add_tensor("token_embd.weight", np.zeros((32, 64), dtype=np.float32))
+    w.add_tensor("blk.0.attn_q.weight", np.zeros((64, 64), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match=r"kv0\.gguf"):
+        prepare_source(str(path))
+    assert _leftovers(model_dir) == []
