@@ -8,7 +8,7 @@ import sys
 from dataclasses import replace
 from datetime import datetime, timezone
 
-from kvlab.commands import EXIT_FAILED, EXIT_FILE_EXISTS, fail, progress
+from kvlab.commands import EXIT_FAILED, EXIT_FILE_EXISTS, EXIT_USAGE, fail, progress
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -550,11 +550,31 @@ def _resume(args: argparse.Namespace, err) -> int:
     for note in _attention_notes(cfg):
         err.print(f"[yellow]note:[/] {note}")
     try:
-        return _run_real(args, cfg, result, path, err, resumed=True)
+        original = path.read_bytes()
+        _claim(path, result)  # at once: a second --resume started while this one loads the model refuses
+        code = _run_real(args, cfg, result, path, err, resumed=True)
+        if code == EXIT_USAGE:  # refused after loading (another model): the file is left as it was
+            from kvlab.runtime.atomic import atomic_write
+
+            atomic_write(path, lambda f: f.write(original), binary=True)
+        return code
     except OSError as exc:
         if exc.filename != str(path):
             raise
         return fail(args, f"could not write the result {path} ({exc.strerror or exc})", EXIT_FAILED)
+
+
+def _claim(path, result: dict) -> None:
+    """Mark ``path`` as being written by this process (``provenance.running_in``), status ``running``."""
+    from kvlab.eval.io import write_json_atomic
+    from kvlab.eval.resume import running_in
+
+    claimed = {
+        **result,
+        "status": "running",
+        "provenance": {**result["provenance"], "running_in": running_in()},
+    }
+    write_json_atomic(path, claimed)  # the result in memory keeps its status: the resume records it
 
 
 def _device_problem(device: str) -> str | None:
@@ -696,6 +716,7 @@ def _run_real(args, cfg, result, path, err, resumed: bool = False) -> int:
     import signal
 
     from kvlab.eval.io import write_json_atomic
+    from kvlab.eval.resume import running_in
     from kvlab.eval.runner import count_steps, run_eval
 
     loaded = _load(args, cfg, result, path, err, resumed)
@@ -703,6 +724,7 @@ def _run_real(args, cfg, result, path, err, resumed: bool = False) -> int:
         return loaded
     model, tokenizer, model_info = loaded
     result["status"] = "running"
+    result["provenance"]["running_in"] = running_in()  # a second --resume of this file refuses while it lives
     write_json_atomic(path, result)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:

@@ -31,6 +31,41 @@ from kvlab.runtime.provenance import software_info
 FINISHED = ("complete", "partial")  # a run that reached its summary: nothing to resume
 
 
+def running_in() -> dict:
+    """``{"pid", "host"}`` of this process: recorded in ``provenance.running_in`` while a run writes its file."""
+    import os
+    import socket
+
+    return {"pid": os.getpid(), "host": socket.gethostname()}
+
+
+def _refuse_live_run(path: str | Path, result: dict) -> None:
+    """A file whose status is ``running`` and whose writer (``provenance.running_in``) is a live process on this
+    machine is being measured now: two runs would write it in turn, the last one winning."""
+    import os
+
+    if result.get("status") != "running":
+        return
+    owner = (result.get("provenance") or {}).get("running_in") or {}
+    pid, host = owner.get("pid"), owner.get("host")
+    if (
+        not isinstance(pid, int)
+        or isinstance(pid, bool)
+        or host != running_in()["host"]
+        or pid == os.getpid()
+    ):
+        return
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return  # its writer is gone: an interrupted or killed run, resumable
+    except PermissionError:
+        pass  # alive, another user's
+    raise ValueError(
+        f"{path} is being written by a running kvlab eval (pid {pid}): stop it first, or wait for it"
+    )
+
+
 def load_resumable(path: str | Path) -> tuple[dict, EvalConfig]:
     """``(result, cfg)``: the result file at ``path`` and the config to resume it with (its settings; ``threads``
     the count its earlier session ran with when the settings left it to the machine).
@@ -47,6 +82,7 @@ def load_resumable(path: str | Path) -> tuple[dict, EvalConfig]:
         raise ValueError(
             f"{path} is a dry run's plan (status dry_run), not an interrupted run: nothing to resume"
         )
+    _refuse_live_run(path, result)
     if not isinstance(result.get("cells_done"), list):
         raise ValueError(
             f"{path} records no finished cells (no `cells_done`: written by a kvlab without --resume); run it again "

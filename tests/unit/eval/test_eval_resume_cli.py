@@ -236,3 +236,31 @@ def test_resume_refuses_another_model(tmp_path, capsys, loaded):
     provenance["model"] = {"fingerprint": fingerprint, "device": "cpu"}
     path = interrupted_file(tmp_path, provenance=provenance)
     refused(capsys, ["eval", "--resume", path], path, f"measured a model with fingerprint {fingerprint}")
+
+
+def test_resume_refuses_a_file_a_live_run_is_writing_and_takes_one_whose_writer_is_gone(tmp_path, capsys):
+    """Two resumes of one file would measure it twice and the last writer would win: a file whose writer
+    (provenance.running_in) is alive on this machine is refused; one whose writer died is resumable."""
+    import socket
+    import subprocess
+    import sys
+
+    from kvlab.eval.resume import load_resumable
+
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        result = json.loads(open(interrupted_file(tmp_path)).read())
+        result["status"] = "running"
+        result["provenance"]["running_in"] = {"pid": live.pid, "host": socket.gethostname()}
+        path = tmp_path / "busy.json"
+        path.write_text(json.dumps(result))
+        refused(
+            capsys,
+            ["eval", "--resume", str(path)],
+            str(path),
+            f"being written by a running kvlab eval (pid {live.pid})",
+        )
+    finally:
+        live.kill()
+        live.wait()
+    load_resumable(path)  # its writer is gone now: resumable
