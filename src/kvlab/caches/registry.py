@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvlab.cache_names import CacheName, parse_cache_name
+from kvlab.plan import mixed as _mixed
 
 
 @dataclass(frozen=True)
@@ -349,6 +350,13 @@ def _tova(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
     return TOVACache(compression_ratio=s.compression_ratio, config=model_config)
 
 
+def _mixed_cache(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
+    from kvlab.caches.mixed import MixedCache
+
+    plan, _ = _mixed.find_plan(name.variant)
+    return MixedCache(plan, model_config, group_size=s.group_size, residual_length=s.residual_length)
+
+
 # --- the registry: one entry per family ---------------------------------------------------------------------
 
 REGISTRY: dict[str, CacheEntry] = {
@@ -449,6 +457,19 @@ REGISTRY: dict[str, CacheEntry] = {
             logit_bound={4: 0.1, 2: 0.4},
             requires="optimum.quanto",
             describe=_hf_describe,
+        ),
+        CacheEntry(
+            "mixed",
+            "kvlab MixedCache: each layer's K and V in the formats of a named plan (KIVI bits, FP8, float), "
+            "mixed-<plan> (kvlab.plan.mixed)",
+            _mixed_cache,
+            variants=_mixed.plan_names(),
+            variant_required=True,
+            settings=("group_size", "residual_length"),
+            exact=False,
+            logit_bound={None: 0.4},  # its narrowest layers may be KIVI-2 (kivi-2's bound)
+            describe=lambda name, s: _mixed.describe(name.variant, s.group_size, s.residual_length),
+            check=lambda name, s: _mixed.find_plan(name.variant),
         ),
     )
 }
