@@ -32,6 +32,7 @@ import torch
 
 from kvlab.bench.cells import bench_contexts, failed_cell
 from kvlab.caches.registry import CacheSettings, resolve
+from kvlab.runtime.checks import check_int
 from kvlab.runtime.device import resolve_device, synchronize  # re-exported: bench modules use them
 from kvlab.runtime.dtypes import cpu_matmul_mode, cpu_matmul_policy, float32_attention
 
@@ -428,10 +429,8 @@ def _run_plan(device, contexts, quick: bool, steps: int, warmup: int, cpu_matmul
         ValueError: a bad device, context, ``steps`` < 1, ``warmup`` < 0, ``cpu_matmul`` or ``profile_context``
             (each named).
     """
-    if profile_context is not None and (
-        isinstance(profile_context, bool) or not isinstance(profile_context, int) or profile_context < 1
-    ):
-        raise ValueError(f"`profile_context` must be a positive number of tokens, got {profile_context!r}")
+    if profile_context is not None:
+        check_int("profile_context", profile_context, 1)
     dev = resolve_device(device)
     contexts = bench_contexts(contexts, quick, dev.type, (QUICK_CONTEXTS, CPU_CONTEXTS, CUDA_CONTEXTS))
     if quick:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from kvlab.bench.cells import bench_contexts, failed_cell
 from kvlab.bench.decode import kivi_cpu_path
+from kvlab.runtime.checks import check_int
 from kvlab.runtime.device import resolve_device, synchronize
 from kvlab.runtime.dtypes import parse_dtype
 
@@ -229,11 +230,7 @@ def _check_problem(shape: dict, nbits, group_size, residual_length, copy_bytes, 
     from kvlab.quant import KIVIConfig
 
     for name in ("batch", "q_heads", "kv_heads", "head_dim"):
-        value = shape[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(
-                f"`{name}` (--{name.replace('_', '-')}) must be a positive integer, got {value!r}"
-            )
+        check_int(name, shape[name], 1, flag="--" + name.replace("_", "-"))
     if shape["q_heads"] % shape["kv_heads"]:
         raise ValueError(
             f"`q_heads` ({shape['q_heads']}) must be a multiple of `kv_heads` ({shape['kv_heads']})"
@@ -245,10 +242,8 @@ def _check_problem(shape: dict, nbits, group_size, residual_length, copy_bytes, 
             f"--group-size {group_size} must divide --head-dim {head_dim} (values are grouped per token along "
             f"channels) and head_dim x nbits ({head_dim} x {nbits}) must fill whole bytes"
         )
-    if copy_bytes is not None and (
-        isinstance(copy_bytes, bool) or not isinstance(copy_bytes, int) or copy_bytes < 1
-    ):
-        raise ValueError(f"the copy probe (--copy-mib) must be a positive size, got {copy_bytes!r} bytes")
+    if copy_bytes is not None:
+        check_int("copy_bytes", copy_bytes, 1, flag="--copy-mib")
     if backend not in BACKENDS:
         raise ValueError(f"`backend` (--backend) must be one of {list(BACKENDS)}, got {backend!r}")
 

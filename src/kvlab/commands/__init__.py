@@ -27,6 +27,8 @@ import sys
 import time
 from collections.abc import Iterator
 
+from kvlab.runtime.checks import check_int
+
 EXIT_OK = 0  # done, every check passed
 EXIT_FAILED = 1  # ran, and a check, target or load failed
 EXIT_USAGE = 2  # bad input (flags, settings, input files) or an output file that exists; nothing done
@@ -68,8 +70,7 @@ class progress:
     """
 
     def __init__(self, console, total: int, title: str = "kvlab"):
-        if isinstance(total, bool) or not isinstance(total, int) or total < 0:
-            raise ValueError(f"`total` must be an int >= 0, got {total!r}")
+        check_int("total", total, 0)
         self.console, self.total, self.title = console, total, title
         self.done, self.last, self.open, self.bar, self.task = 0, "", False, None, None
 

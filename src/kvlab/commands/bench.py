@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shlex
 
 from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message
 from kvlab.runtime.atomic import output_problem
+from kvlab.runtime.checks import int_list, parse_list
 
 # records of a run go here (relative to the current directory) unless --results-dir/--out say otherwise: never into
 # the package source or a checkout's tracked benchmarks/results/ without being asked
@@ -27,33 +27,6 @@ DEFAULT_RESULTS_DIR = "kvlab-results"
 
 # options that do not change the numbers: left out of the recorded command
 _NOT_IN_COMMAND = {"json", "force", "no_save", "out", "results_dir", "note", "func", "bench_command"}
-
-
-def _items(text: str) -> list[str]:
-    """Comma- (or space-) separated items; an empty item (``256,,512``), none at all, or one twice is refused (a
-    context or cache named twice was measured twice; ``--candidates ""`` silently ran the defaults)."""
-    parts = re.split(r"\s*,\s*|\s+", text.strip())
-    if not any(parts) or (len(parts) > 1 and not all(parts)):
-        raise argparse.ArgumentTypeError(f"expected items separated by single commas, got {text!r}")
-    seen = [x for i, x in enumerate(parts) if x in parts[:i]]
-    if seen:
-        raise argparse.ArgumentTypeError(f"{seen[0]!r} is given twice in {text!r}")
-    return parts
-
-
-def _ints(text: str) -> list[int]:
-    items = _items(text)
-    try:
-        values = [int(x) for x in items]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
-    if any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
-def _names(text: str) -> list[str]:
-    return _items(text)
 
 
 def _common(p: argparse.ArgumentParser, device: bool = True) -> None:
@@ -99,8 +72,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         help="model directory, GGUF file, named model (kvlab models) or HF id (default: the bundled model)",
     )
     p.add_argument("--dtype", default="bfloat16", help="model dtype (default bfloat16)")
-    p.add_argument("--candidates", type=_names, default=None, help="caches, comma-separated (default: all)")
-    p.add_argument("--contexts", type=_ints, default=None, help="context lengths, comma-separated")
+    p.add_argument("--candidates", type=parse_list, default=None, help="caches, comma-separated (default: all)")
+    p.add_argument("--contexts", type=int_list, default=None, help="context lengths, comma-separated")
     p.add_argument("--prefill-chunk", type=int, default=1024, help="prefill chunk in tokens (default 1024)")
     p.add_argument("--hqq-group-size", type=int, default=64, help="HQQ/quanto group size (default 64)")
     _cache_settings(p)
@@ -154,8 +127,8 @@ def _add_model_benchmarks(sub) -> tuple[argparse.ArgumentParser, ...]:
 def _add_layer_benchmarks(sub) -> tuple[argparse.ArgumentParser, ...]:
     """``flush`` and ``kernel``: benchmarks of one attention layer's cache or kernel on random tensors."""
     f = sub.add_parser("flush", help="time of a flushing append against history length (KIVI vs HF)")
-    f.add_argument("--contexts", type=_ints, default=None, help="history lengths, comma-separated")
-    f.add_argument("--caches", type=_names, default=None, help="kivi4,kivi2,hqq4,quanto4 (default)")
+    f.add_argument("--contexts", type=int_list, default=None, help="history lengths, comma-separated")
+    f.add_argument("--caches", type=parse_list, default=None, help="kivi4,kivi2,hqq4,quanto4 (default)")
     f.add_argument("--kv-heads", type=int, default=8, help="KV heads of the layer (default 8)")
     f.add_argument("--head-dim", type=int, default=128, help="head_dim (default 128)")
     f.add_argument("--dtype", default="bfloat16", help="state dtype (default bfloat16)")
@@ -167,7 +140,7 @@ def _add_layer_benchmarks(sub) -> tuple[argparse.ArgumentParser, ...]:
     f.set_defaults(func=_run, bench="flush")
 
     k = sub.add_parser("kernel", help="GB/s of the KIVI decode attention and SDPA vs copy bandwidth")
-    k.add_argument("--contexts", type=_ints, default=None, help="tokens of the layer, comma-separated")
+    k.add_argument("--contexts", type=int_list, default=None, help="tokens of the layer, comma-separated")
     k.add_argument("--q-heads", type=int, default=32, help="query heads (default 32)")
     k.add_argument("--kv-heads", type=int, default=8, help="KV heads (default 8)")
     k.add_argument("--head-dim", type=int, default=128, help="head_dim (default 128)")

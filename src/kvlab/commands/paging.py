@@ -13,6 +13,7 @@ from pathlib import Path
 from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, progress
 from kvlab.commands.plan import flag_message, keep_tokens_type
 from kvlab.plan.ledger import KV_DTYPE_NAMES
+from kvlab.runtime.checks import parse_list
 
 GIB, MIB = 1024**3, 1024**2
 # The KV dtype names the planner reads (kvlab.plan.ledger), for --kv-dtype's help; the planner checks the value.
@@ -307,10 +308,11 @@ def _policies(args: argparse.Namespace):
             )
         )
     if args.policies is not None:
-        wanted = [w.strip() for w in args.policies.split(",") if w.strip()]
         known = {p.name: p for p in policies}
-        if not wanted:  # '' once ran every policy
-            raise ValueError(f"--policies {args.policies!r} names no policy; choose among {list(known)}")
+        try:
+            wanted = parse_list(args.policies, what="a policy")
+        except ValueError as exc:  # '' once ran every policy
+            raise ValueError(f"--policies: {exc}; choose among {list(known)}") from None
         unknown = [w for w in wanted if w not in known]
         if unknown:
             hint = "".join(

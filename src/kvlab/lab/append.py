@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from kvlab.runtime.checks import check_int
 from kvlab.runtime.dtypes import DTYPES, parse_dtype
 from kvlab.runtime.timing import (
     Snapshot,
@@ -66,8 +67,7 @@ def measure_append_cost(
     if steps < 1:
         raise ValueError(f"`steps` must be >= 1, got {steps!r}")
     threads = default_threads() if threads is None else threads
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"`threads` must be an int >= 1, got {threads!r}")
+    check_int("threads", threads, 1)
     torch_dtype = parse_dtype(dtype)
     dtype = next(name for name, d in DTYPES.items() if d == torch_dtype)  # a torch.dtype given -> its name
     token_bytes = 2 * batch * kv_heads * head_dim * torch_dtype.itemsize  # K and V of one token

@@ -22,6 +22,7 @@ from kvlab.lab.toy import (
     make_weights,
 )
 from kvlab.runtime.blas import blas_threads
+from kvlab.runtime.checks import check_int
 from kvlab.runtime.timing import busy_warnings, default_threads, interleaved, paired_ratio
 
 REL_ERR_TOLERANCE = 1e-5  # max relative error of cached vs full-forward logits: fp32 rounding, not a bug
@@ -73,8 +74,7 @@ def run_toy_lab(
         ValueError: ``repeat`` < 1 or ``threads`` < 1.
     """
     cfg = ToyConfig() if cfg is None else cfg
-    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
-        raise ValueError(f"`repeat` must be >= 1, got {repeat!r}")
+    check_int("repeat", repeat, 1)
     threads = default_threads() if threads is None else threads
     report = progress or (lambda step: None)
     weights, prompt = make_weights(cfg), make_prompt(cfg)

@@ -26,6 +26,7 @@ import torch
 from kvlab.caches.measure import cache_nbytes
 from kvlab.caches.sink import SinkCache
 from kvlab.lab.longrun import STEP_TOKENS, Progress, spans
+from kvlab.runtime.checks import check_int
 from kvlab.runtime.hf_api import cache_kwarg
 
 
@@ -52,15 +53,12 @@ class EvictionConfig:
 
     def __post_init__(self) -> None:
         for name, low in (("tokens", 2), ("window_length", 1), ("offset", 0), ("batch_windows", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}")
+            check_int(name, getattr(self, name), low)
         sinks = tuple(self.sink_tokens)
         if not sinks or len(set(sinks)) != len(sinks):
             raise ValueError(f"`sink_tokens` must be distinct values, got {list(sinks)}")
         for s in sinks:
-            if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-                raise ValueError(f"`sink_tokens` values must be ints >= 0, got {s!r}")
+            check_int("sink_tokens", s, 0)  # each sink count
         if (
             isinstance(self.tolerance, bool)
             or not isinstance(self.tolerance, (int, float))

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvlab.runtime.checks import is_int
+
 STEP_TOKENS = 128  # forwards (decoded tokens, scored windows) per reported progress step
 
 # Step names stay under ~60 characters: off a terminal a progress line is "[k/total] <elapsed> s  <step>" and
@@ -57,7 +59,7 @@ def text_config(config: Any) -> Any:
 def max_positions(config: Any) -> int | None:
     """A loaded model's ``max_position_embeddings`` (of its text config), or None when it states none."""
     limit = getattr(text_config(config), "max_position_embeddings", None)
-    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+    return limit if is_int(limit) and limit > 0 else None
 
 
 def configured_max_positions(model: str | os.PathLike | None) -> int | None:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvlab.runtime.checks import check_int
+
 
 @dataclass(frozen=True)
 class ToyConfig:
@@ -48,9 +50,7 @@ class ToyConfig:
             "new_tokens",
             "vocab_size",
         ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"`{name}` must be a positive int, got {value!r}")
+            check_int(name, getattr(self, name), 1)
         if self.q_heads % self.kv_heads:
             raise ValueError(
                 f"`q_heads` ({self.q_heads}) must be a multiple of `kv_heads`, got {self.kv_heads!r}"

@@ -43,6 +43,7 @@ from kvlab.lab.video_model import (
     renoise,
     rope_angles,
 )
+from kvlab.runtime.checks import check_int
 
 HISTORY_MODES = ("clean", "noisy")
 POSITION_MODES = ("logical", "from_length")
@@ -58,13 +59,11 @@ def visible_frames(frames: int, window_frames: int | None = None) -> np.ndarray:
     Raises:
         ValueError: ``frames`` < 1 or ``window_frames`` < 1.
     """
-    if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
-        raise ValueError(f"`frames` must be an int >= 1, got {frames!r}")
+    check_int("frames", frames, 1)
     i, j = np.arange(frames)[:, None], np.arange(frames)[None, :]
     visible = j <= i
     if window_frames is not None:
-        if isinstance(window_frames, bool) or not isinstance(window_frames, int) or window_frames < 1:
-            raise ValueError(f"`window_frames` must be an int >= 1 or None, got {window_frames!r}")
+        check_int("window_frames", window_frames, 1)
         visible &= (j == 0) | (j >= i - window_frames)
     return visible
 
@@ -102,8 +101,8 @@ class FrameKVCache:
 
     def __post_init__(self) -> None:
         w = self.window_frames
-        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
-            raise ValueError(f"`window_frames` must be an int >= 1 or None, got {w!r}")
+        if w is not None:
+            check_int("window_frames", w, 1)
 
     def append(self, entry: FrameEntry) -> list[int]:
         """Store ``entry`` after the newest frame, then evict down to the window; returns the evicted times.

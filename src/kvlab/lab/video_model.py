@@ -25,10 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"`{name}` must be an int >= {minimum}, got {value!r}")
+from kvlab.runtime.checks import check_int
 
 
 @dataclass(frozen=True)
@@ -70,9 +67,9 @@ class VideoConfig:
             "ffn_mult",
             "window_frames",
         ):
-            _check_int(name, getattr(self, name), 1)
-        _check_int("weight_seed", self.weight_seed, 0)
-        _check_int("noise_seed", self.noise_seed, 0)
+            check_int(name, getattr(self, name), 1)
+        check_int("weight_seed", self.weight_seed, 0)
+        check_int("noise_seed", self.noise_seed, 0)
         if self.q_heads % self.kv_heads:
             raise ValueError(
                 f"`q_heads` ({self.q_heads}) must be a multiple of `kv_heads`, got {self.kv_heads!r}"
@@ -208,7 +205,7 @@ def frame_coords(cfg: VideoConfig, t: int) -> np.ndarray:
     Raises:
         ValueError: ``t`` is not an int >= 0.
     """
-    _check_int("t", t, 0)
+    check_int("t", t, 0)
     h, w = np.meshgrid(np.arange(cfg.height), np.arange(cfg.width), indexing="ij")
     coords = np.empty((cfg.tokens_per_frame, 3), np.int64)
     coords[:, 0], coords[:, 1], coords[:, 2] = t, h.ravel(), w.ravel()

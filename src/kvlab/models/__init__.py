@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from kvlab.runtime.checks import check_int
 from kvlab.runtime.dtypes import DTYPES, parse_dtype  # re-exported: part of kvlab.models' API
 
 __all__ = [
@@ -251,10 +252,8 @@ def heldout_token_ids(tokenizer, n_tokens: int, offset: int = 0) -> list[int]:
     Raises:
         ValueError: ``n_tokens`` < 1, ``offset`` < 0, or the text has fewer than ``offset + n_tokens`` tokens.
     """
-    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 1:
-        raise ValueError(f"`n_tokens` must be a positive int, got {n_tokens!r}")
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise ValueError(f"`offset` must be a non-negative int, got {offset!r}")
+    check_int("n_tokens", n_tokens, 1)
+    check_int("offset", offset, 0)
     ids = _heldout_ids(tokenizer)
     if offset + n_tokens > len(ids):
         raise ValueError(

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from kvlab.runtime.checks import check_int
+
 
 @dataclass(slots=True, eq=False)
 class KVBlock:
@@ -100,12 +102,6 @@ class FreeBlockQueue:
             block = block.next_free
 
 
-def _check_count(name: str, value: object, least: int) -> None:
-    """Raise ``ValueError`` naming ``name`` unless ``value`` is an integer (not a bool) >= ``least``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"`{name}` must be an integer >= {least}, got {value!r}")
-
-
 class BlockPool:
     """A fixed set of KV blocks with reference counts, a free queue and an optional prefix cache.
 
@@ -119,8 +115,8 @@ class BlockPool:
     """
 
     def __init__(self, num_blocks: int, block_size_tokens: int, enable_prefix_caching: bool = False) -> None:
-        _check_count("num_blocks", num_blocks, 0)
-        _check_count("block_size_tokens", block_size_tokens, 1)
+        check_int("num_blocks", num_blocks, 0)
+        check_int("block_size_tokens", block_size_tokens, 1)
         self.block_size_tokens = block_size_tokens
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
@@ -150,7 +146,7 @@ class BlockPool:
         Raises:
             ValueError: ``n`` not an integer >= 0.
         """
-        _check_count("n", n, 0)
+        check_int("n", n, 0)
         for block_id in range(len(self.blocks), len(self.blocks) + n):
             block = KVBlock(block_id)
             self.blocks.append(block)
@@ -163,7 +159,7 @@ class BlockPool:
             ValueError: ``n`` not an integer >= 0; ``need n blocks, f free`` when the pool cannot provide them
                 (nothing is taken then).
         """
-        _check_count("n", n, 0)
+        check_int("n", n, 0)
         if n > self.free_queue.num_free:
             raise ValueError(
                 f"need {n} blocks, {self.free_queue.num_free} free (pool of {len(self.blocks)} blocks "

@@ -40,6 +40,7 @@ from kvlab.paging.budget import KVBudget, default_budget, default_kv_bytes_per_t
 from kvlab.paging.static import MAX_LEN_TOKENS, check_seed
 from kvlab.plan.ledger import check_keep_tokens
 from kvlab.runtime.atomic import atomic_write
+from kvlab.runtime.checks import check_int
 
 POLICY_KINDS = ("contiguous", "paged")
 # Arrivals must come before engine step 2**53: arrival times are float64, which from 2**53 on cannot tell
@@ -383,11 +384,10 @@ def _prompt_hashes(request: int, group: int, prefix: int, prompt: int, block_siz
 
 def _check_run_settings(max_len: int, max_running: int | None, check_every: int) -> None:
     """Raise ValueError naming ``max_len`` < 1, ``check_every`` < 0 or ``max_running`` < 1 (or a non-integer)."""
-    for name, value, least in (("max_len", max_len, 1), ("check_every", check_every, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ValueError(f"`{name}` must be an integer >= {least}, got {value!r}")
-    if max_running is not None and (not isinstance(max_running, int) or max_running < 1):
-        raise ValueError(f"`max_running` must be None or an integer >= 1, got {max_running!r}")
+    check_int("max_len", max_len, 1)
+    check_int("check_every", check_every, 0)
+    if max_running is not None:
+        check_int("max_running", max_running, 1)
 
 
 def _pool_geometry(trace: Trace, policy: Policy, budget: KVBudget, max_len: int) -> tuple[float, int, int]:

@@ -23,6 +23,7 @@ import numpy as np
 from kvlab.paging.block_pool import BlockPool
 from kvlab.paging.block_table import BlockTable
 from kvlab.paging.budget import KVBudget, default_budget
+from kvlab.runtime.checks import check_int
 
 # The mechanics chapter's appendix (paged_alloc.py) workloads:
 MAX_LEN_TOKENS = 4096  # longest request and the contiguous reservation, tokens
@@ -39,8 +40,7 @@ def check_seed(seed: object) -> None:
     Raises:
         ValueError: ``seed`` not an integer >= 0, named with its value.
     """
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise ValueError(f"`seed` must be an integer >= 0, got {seed!r}")
+    check_int("seed", seed, 0)
 
 
 def workload(

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kvlab.runtime.checks import check_int
+
 SUPPORTED_NBITS = (2, 4, 8)
 
 
@@ -33,9 +35,7 @@ def check_nbits(nbits: int) -> int:
 
 def check_group_size(group_size: int) -> int:
     """Return ``group_size`` if it is a positive int; raise ``ValueError`` naming it otherwise."""
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
-        raise ValueError(f"`group_size` must be a positive integer, got {group_size!r}")
-    return group_size
+    return check_int("group_size", group_size, 1)
 
 
 def metadata_dtypes(dtype: torch.dtype) -> tuple[torch.dtype, torch.dtype]:

@@ -44,6 +44,7 @@ from kvlab.quant.codec import (
     metadata_dtypes,
     quantize_groups,
 )
+from kvlab.runtime.checks import check_int
 
 DEFAULT_BLOCK_TOKENS = 4096
 
@@ -89,8 +90,7 @@ class KIVIConfig:
         object.__setattr__(self, "nbits", self.key_bits if self.key_bits == self.value_bits else None)
         check_group_size(self.group_size)
         r, g = self.residual_length, self.group_size
-        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
-            raise ValueError(f"`residual_length` must be a non-negative integer, got {r!r}")
+        check_int("residual_length", r, 0)
         if r % g:
             raise ValueError(f"`residual_length` ({r}) must be a multiple of `group_size` ({g})")
         if self.block_tokens is None:

@@ -16,6 +16,8 @@ import glob
 import os
 from collections.abc import Iterator
 
+from kvlab.runtime.checks import check_int
+
 # entry points of OpenBLAS builds: plain, 64-bit-int symbol suffixes, and scipy-openblas' prefixed names
 _SET = (
     "openblas_set_num_threads",
@@ -83,8 +85,7 @@ def blas_threads(n: int) -> Iterator[int | None]:
     Raises:
         ValueError: ``n`` is not an int >= 1.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"BLAS threads must be an int >= 1, got {n!r}")
+    check_int("BLAS threads", n, 1)
     points = _entry_points()
     previous = [int(get()) for _, get in points]
     for setter, _ in points:

@@ -25,20 +25,22 @@ def is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def check_int(name: str, value: object, minimum: int = 0) -> int:
+def check_int(name: str, value: object, minimum: int = 0, *, flag: str | None = None) -> int:
     """``value`` as an ``int`` when it is an integer (not a bool, Python or NumPy) and at least ``minimum``.
 
     Args:
         name: what the caller calls the value (its parameter or flag), named in the error.
         value: the value to check.
         minimum: the least value accepted (0: a count; 1: a size).
+        flag: the command-line flag that set it, named after ``name`` (``"--copy-mib"``).
 
     Raises:
         ValueError: ``value`` is a bool, not an integer (``1.0``, ``"4"``, ``None``) or below ``minimum``; the message
             names ``name``, ``minimum`` and the value.
     """
     if not is_int(value) or value < minimum:  # type: ignore[operator]
-        raise ValueError(f"`{name}` must be an int >= {minimum}, got {value!r}")
+        where = f"`{name}`" + (f" ({flag})" if flag else "")
+        raise ValueError(f"{where} must be an int >= {minimum}, got {value!r}")
     return int(value)  # type: ignore[call-overload]
 
 

@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 import torch
 
+from kvlab.runtime.checks import check_int
+
 DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,  # the quantization chapter's model dtype
     "float16": torch.float16,
@@ -60,8 +62,7 @@ def matmul_time_ratio(
     import time
 
     dt = parse_dtype(dtype)
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"`rounds` must be a positive integer, got {rounds!r}")
+    check_int("rounds", rounds, 1)
     if dt == torch.float32 or torch.device(device).type != "cpu":
         return None
     tokens, hidden, out = _RATIO_SHAPE

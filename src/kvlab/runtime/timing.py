@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from kvlab.runtime.checks import check_int
+
 # other processes using more than the cores this run leaves free plus this many (on average over the timed
 # window) make the timings suspect: then they compete with our threads. On a 2-core machine a 2-thread torch job is
 # slowed several-fold by half a core taken by someone else; a 1-thread job keeps its core while another process
@@ -99,8 +101,7 @@ def contention(start: Snapshot, end: Snapshot, threads: int = 1, cpus: int | Non
     Raises:
         ValueError: ``threads`` < 1 or ``end`` earlier than ``start``.
     """
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"`threads` must be an int >= 1, got {threads!r}")
+    check_int("threads", threads, 1)
     wall = end.wall_s - start.wall_s
     if wall < 0:
         raise ValueError(f"`end` is {-wall:.3f} s before `start`")
@@ -175,9 +176,8 @@ def interleaved(
     """
     if not calls:
         raise ValueError("`calls` is empty: nothing to time")
-    for name, value, low in (("repeat", repeat, 1), ("warmup", warmup, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}")
+    check_int("repeat", repeat, 1)
+    check_int("warmup", warmup, 0)
     names = list(calls)
     for name in names:
         if not callable(calls[name]):
@@ -262,10 +262,7 @@ def default_threads(cpus: int | None = None) -> int:
         if n < 1:
             raise ValueError(f"OMP_NUM_THREADS must be a positive integer, got {env!r}")
         return n
-    if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1):
-        raise ValueError(f"`cpus` must be an int >= 1, got {cpus!r}")
-    if cpus is None:
-        cpus = usable_cpus()
+    cpus = usable_cpus() if cpus is None else check_int("cpus", cpus, 1)
     return max(1, cpus - 1)
 
 

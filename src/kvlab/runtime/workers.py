@@ -24,6 +24,8 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvlab.runtime.checks import check_int
+
 Outcome = tuple[str, Any]  # ("ok", value) or ("error", {"type", "message", "traceback_tail"})
 
 # seconds between checks that the helpers are still alive while waiting for their results
@@ -44,14 +46,12 @@ def spare_cpus(threads: int, cpus: int | None = None) -> int:
     Raises:
         ValueError: ``threads`` not an int >= 1, or ``cpus`` given and not an int >= 1.
     """
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"`threads` must be an int >= 1, got {threads!r}")
+    check_int("threads", threads, 1)
     if cpus is None:
         from kvlab.runtime.timing import usable_cpus
 
         cpus = usable_cpus()
-    if isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1:
-        raise ValueError(f"`cpus` must be an int >= 1, got {cpus!r}")
+    check_int("cpus", cpus, 1)
     return max(0, cpus - threads)
 
 
@@ -156,8 +156,7 @@ class SplitJobs:
         workers: int = 1,
         on_done: Callable[[int, Outcome], None] = lambda i, o: None,
     ) -> None:
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"`workers` must be an int >= 1, got {workers!r}")
+        check_int("workers", workers, 1)
         import multiprocessing
 
         if multiprocessing.current_process().daemon:  # a helper cannot fork helpers of its own

@@ -182,14 +182,15 @@ def test_lists_refuse_empty_and_repeated_items(capsys):
     """--contexts 64,64 measured the context twice, 256,,512 was accepted, --candidates "" ran the defaults."""
     for argv, fragment in [
         (["bench", "memory", "--contexts", "64,64"], "'64' is given twice"),
-        (["bench", "memory", "--contexts", "256,,512"], "expected items separated by single commas"),
-        (["bench", "memory", "--candidates", ""], "expected items separated by single commas"),
+        (["bench", "memory", "--contexts", "256,,512"], "empty item in '256,,512'"),
+        (["bench", "memory", "--contexts", "256,0"], "'0' in '256,0' is not an integer >= 1"),
+        (["bench", "memory", "--candidates", ""], "expected a comma-separated list, got ''"),
         (["bench", "flush", "--caches", "kivi4,kivi4"], "'kivi4' is given twice"),
     ]:
         with pytest.raises(SystemExit) as exit_info:  # an argparse type error
             main([*argv, "--no-save"])
         assert exit_info.value.code == 2
         assert fragment in capsys.readouterr().err
-    from kvlab.commands.bench import _ints
+    from kvlab.runtime.checks import int_list
 
-    assert _ints("256, 512") == [256, 512] and _ints("256 512") == [256, 512]
+    assert int_list("256, 512") == [256, 512] and int_list("256 512") == [256, 512]

@@ -77,7 +77,7 @@ def test_sink_cache_bytes_stay_flat_while_streaming(model, ids):
     ("argv", "fragment"),
     [
         (["--window", "0"], "--window must be an int >= 1, got 0"),
-        (["--sinks", "-1"], "--sinks values must be ints >= 0, got -1"),
+        (["--sinks", "-1"], "--sinks must be an int >= 0, got -1"),
         (["--sinks", "4", "4"], "--sinks must be distinct values, got [4, 4]"),
         (
             ["--tokens", "100", "--window", "96"],

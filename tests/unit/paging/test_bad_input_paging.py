@@ -298,7 +298,9 @@ def test_a_rate_whose_arrivals_pass_2_53_steps_is_refused_by_flag(capsys, rate):
         # --prefix-tokens was dropped without a word when --prefix-groups was 0
         (["simulate", *SMALL, "--prefix-groups", "0", "--prefix-tokens", "100"], ("--prefix-tokens 100",)),
         (["simulate", *SMALL, "--prefix-tokens", "0"], ("--prefix-groups", "--prefix-tokens")),
-        (["simulate", *SMALL, "--policies", ""], ("--policies ''", "no policy")),  # ran every policy
+        # '' ran every policy; an empty item was dropped
+        (["simulate", *SMALL, "--policies", ""], ("--policies", "expected a comma-separated list, got ''")),
+        (["simulate", *SMALL, "--policies", "paged,,contiguous"], ("--policies", "empty item")),
     ],
 )
 def test_seed_requests_prefix_and_policies_are_named(capsys, argv, fragments):
@@ -308,7 +310,7 @@ def test_seed_requests_prefix_and_policies_are_named(capsys, argv, fragments):
 
 
 def test_library_seed_and_request_count_are_named():
-    with pytest.raises(ValueError, match="`seed` must be an integer >= 0, got -1"):
+    with pytest.raises(ValueError, match="`seed` must be an int >= 0, got -1"):
         workload("uniform", 10, seed=-1)
     with pytest.raises(ValueError, match="`seed`"):
         poisson_trace(5, 1.0, seed=-1)
