@@ -3,8 +3,8 @@ curves, and the figures of a ``kvlab eval`` result.
 
 Two layers. ``plot_*`` functions draw plain dicts (documented on each) into a PNG and know nothing of where the
 numbers come from. ``*_data`` functions compute those dicts with :mod:`kvlab.plan`, :mod:`kvlab.paging` and
-:mod:`kvlab.lab` in the same run, so every number on a figure was computed by kvlab when it was drawn (style
-habit 9). :func:`write_figures` does both for ``kvlab figures``.
+:mod:`kvlab.lab` in the same run, so every number on a figure was computed by kvlab when it was
+drawn. :func:`write_figures` does both for ``kvlab figures``.
 
 Matplotlib is used through its object API (``Figure`` + Agg canvas): no pyplot state, no display needed.
 """
@@ -61,7 +61,8 @@ def save_png(fig, out_path: str | os.PathLike) -> Path:
 # ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
 def plot_memory_ledger(data: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
     """Left: stacked weights / KV / overhead bytes per batch size against a GPU budget; right: KV bytes against
-    context (log-log) for each curve, with the KV budget left after weights and overhead (mechanics chapter §3.3).
+    context (log-log) for each curve, with the KV budget left after weights and overhead
+    (docs/plan.md, "Ledger and fit").
 
     ``data``: ``model``, ``context_tokens``, ``weight_bytes``, ``overhead_bytes``, ``budget_bytes``,
     ``budget_label``, ``batches`` ``[n]``, ``kv_bytes`` ``[n]`` (KV at ``context_tokens`` per batch),
@@ -166,7 +167,7 @@ def _kv_per_context(ax2, data: Mapping[str, Any]) -> None:
 # ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
 def plot_roofline(data: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
     """One roofline panel per machine: ``min(peak, I * bandwidth)`` with its ridge point and the workload points
-    placed on the roof (upper bounds, not measured kernel performance; mechanics chapter §3.4).
+    placed on the roof (upper bounds, not measured kernel performance; docs/plan.md, "Roofline").
 
     ``data``: ``panels``: ``[{"title", "peak_flops", "bandwidth_bytes_s", "points": [{"label", "intensity"}]}]``
     (intensities in FLOP/byte for that panel's dtype), optional ``suptitle``.
@@ -232,7 +233,8 @@ def plot_roofline(data: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
 # ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
 def block_causal_mask(frames: int, tokens_per_frame: int) -> np.ndarray:
     """``[n, n]`` boolean mask, ``n = frames * tokens_per_frame``: a query attends to every token of its own frame
-    (bidirectional inside the block) and of earlier frames (causal across blocks), mechanics chapter §6.3."""
+    (bidirectional inside the block) and of earlier frames (causal across blocks);
+    docs/lab.md, "kvlab lab video"."""
     if frames < 1 or tokens_per_frame < 1:
         raise ValueError(
             f"`frames` and `tokens_per_frame` must be >= 1, got {frames!r} and {tokens_per_frame!r}"
@@ -306,7 +308,7 @@ def plot_video(data: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
 # ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
 def plot_append_cost(data: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
     """Per-step append time of a growing ``torch.cat`` cache and of a preallocated in-place cache against context
-    (mechanics chapter §05). ``data``: the dict of :func:`kvlab.lab.append.measure_append_cost`."""
+    (docs/lab.md, "Append cost"). ``data``: the dict of :func:`kvlab.lab.append.measure_append_cost`."""
     fig = _figure(7.2, 4.6)
     ax = fig.subplots()
     contexts = data["contexts_tokens"]
@@ -334,7 +336,7 @@ def plot_append_cost(data: Mapping[str, Any], out_path: str | os.PathLike) -> Pa
 def plot_video_cache(data: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
     """Left: which frames a query frame reads under block-causal attention, split into those the sink + window
     cache keeps and those it evicted; right: KV bytes held after each frame, every frame kept vs sink + window
-    (the mechanics chapter §6.3).
+    (docs/lab.md, "kvlab lab video").
 
     ``data`` (:func:`video_cache_data`): ``frames``, ``tokens_per_frame``, ``window_frames``, ``visible_frames``
     (``[frames, frames]`` 0/1 of the evicting run), ``kv_bytes_after_frame`` (``full_history``, ``evicting``),
@@ -646,7 +648,7 @@ def memory_ledger_data(
 ) -> dict:
     """Numbers of :func:`plot_memory_ledger` from the planner: weights (``kvlab.plan.weight_bytes``) and KV bytes
     (``kvlab.plan.kv_bytes``) of ``model`` per batch and per context, plus the same model with one KV head per
-    query head (MHA) for comparison (mechanics chapter §3.3)."""
+    query head (MHA) for comparison (docs/plan.md, "Ledger and fit")."""
     import dataclasses
 
     from kvlab.plan import kv_bytes, weight_bytes
@@ -695,7 +697,7 @@ def roofline_data(
 ) -> dict:
     """Numbers of :func:`plot_roofline`: the table GPU's datasheet roofs with bf16 intensities, and (``run_probe``)
     this machine's measured fp32 roofs (``kvlab.plan.probe``) with fp32 intensities, i.e. half the bf16 ones
-    (mechanics chapter §3.4, appendix [C4]). Points: ideal decode attention ``I = 2g/p`` for each ``g`` in ``groups`` and
+    (docs/plan.md, "Roofline"). Points: ideal decode attention ``I = 2g/p`` for each ``g`` in ``groups`` and
     the mechanics chapter's prefill model of ``model`` at ``context_tokens``."""
     from kvlab.plan import decode_attention_intensity, get_hardware, prefill_intensity
 
@@ -763,7 +765,7 @@ def video_data(
     mask_tokens_per_frame: int = 12,
 ) -> dict:
     """Numbers of :func:`plot_video` from ``kvlab.plan.video_kv``: tokens and KV bytes of one clip per duration
-    with the whole history cached (mechanics chapter §01, §6.3: 52.73 / 105.47 / 316.41 GiB for Llama-3-8B at 720p)."""
+    with the whole history cached (docs/plan.md, "Video": 52.73 / 105.47 / 316.41 GiB for Llama-3-8B at 720p)."""
     from kvlab.plan import VideoClip, video_kv, weight_bytes
 
     spec = _spec(model)

@@ -1,4 +1,4 @@
-"""The bundled reference model (issue 2 §4): loads through from_pretrained, has the promised shape and size, and
+"""The bundled reference model (src/kvlab/models/reference): loads through from_pretrained, has the promised shape and size, and
 is a trained model: held-out perplexity, measured here, below the unigram perplexity its provenance records."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 
 from kvlab import models
 
-MAX_PACKAGE_BYTES = 25 * 10**6  # issue 2 §4: at most 25 MB in the package
-MIN_MAX_POSITIONS = 4352  # issue 2 §4: max positions >= 4352 (4096-token prompts + new tokens)
+MAX_PACKAGE_BYTES = 25 * 10**6  # the bundled model's budget: at most 25 MB in the package
+MIN_MAX_POSITIONS = 4352  # max positions >= 4352 (4096-token prompts + new tokens)
 
 
 @pytest.fixture(scope="session")
@@ -132,7 +132,7 @@ def test_provenance_names_the_weights_that_ship(provenance):
     assert provenance["package"]["weights_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-# Issue 10's bar for the bundled model (DynamicCache, bf16 weights, held-out text): it reads its whole context.
+# The bar for the bundled model (DynamicCache, bf16 weights, held-out text): it reads its whole context.
 COPY_FLOOR = (
     0.90  # greedy copy accuracy at every distance of the card, up to the far point of the 4,352 window
 )
@@ -142,12 +142,12 @@ PASSKEY_CONTEXTS = (512, 2048, 4096)
 PASSKEY_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 PPL_CEILING = (
     72.78 * 1.10
-)  # held-out perplexity on 512-token windows: at most 10 % above the model of issue 10's filing
+)  # held-out perplexity on 512-token windows: at most 10 % above the model first bundled (72.78)
 
 
 def test_the_model_reads_its_whole_context(provenance):
     """The card's figures, measured by scripts/train_reference.py with kvlab eval's own probes on the weights that
-    ship (test_provenance_names_the_weights_that_ship ties the two), clear issue 10's bar."""
+    ship (test_provenance_names_the_weights_that_ship ties the two), clear the bar above."""
     evaluation = provenance["evaluation"]
     ab = evaluation["abilities"]
     assert (ab["cache"], ab["dtype"]) == ("DynamicCache", "bfloat16")

@@ -1,6 +1,6 @@
 """Benchmark ``kernel``: achieved bandwidth of the quantized decode attention.
 
-Decode attention is bandwidth-bound (mechanics chapter §3.4: arithmetic intensity ``g`` FLOP/byte for a GQA group of
+Decode attention is bandwidth-bound (docs/plan.md, "Roofline": arithmetic intensity ``g`` FLOP/byte for a GQA group of
 ``g``), so its figure of merit is bytes read per second against the device's measured copy bandwidth:
 
 * ``kivi``: :func:`kvlab.attention.quantized.kivi_attention` of one query token over a KIVI layer of ``T`` tokens;

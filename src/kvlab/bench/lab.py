@@ -1,5 +1,5 @@
 """Benchmark ``lab``: cached-vs-full wall-clock ratio of the mechanics chapter's toy decoder (target: >= 16x;
-the mechanics chapter §01 measured 10.29x on its machine), plus the append-cost curves."""
+docs/PERFORMANCE.md, "lab"), plus the append-cost curves."""
 
 from __future__ import annotations
 

@@ -94,7 +94,7 @@ def steps_to_flush(cache: Any) -> int | None:
 
 def bf16_cache_bytes(model_desc: dict, tokens: int, batch: int = 1) -> int:
     """Bytes of a bf16 ``DynamicCache`` holding ``tokens`` tokens: ``2 (K, V) * layers * kv_heads * head_dim *
-    tokens * batch * 2 bytes`` (the per-token KV bytes of mechanics chapter §3.1)."""
+    tokens * batch * 2 bytes`` (docs/plan.md, "Ledger and fit")."""
     return 2 * model_desc["layers"] * model_desc["kv_heads"] * model_desc["head_dim"] * tokens * batch * 2
 
 

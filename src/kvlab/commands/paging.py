@@ -1,4 +1,4 @@
-"""``kvlab paging``: static capacity (mechanics chapter §05), dynamic serving simulation, and the paged-layout figure.
+"""``kvlab paging``: static capacity (docs/paging.md), dynamic serving simulation, and the paged-layout figure.
 
 Logic lives in :mod:`kvlab.paging`; this module parses arguments and prints.
 """

@@ -1,7 +1,7 @@
-"""The mechanics chapter's labs (§4, §5, §6): cached decoding vs full recompute, FLOPs, append cost, AR video.
+"""kvlab's labs (docs/lab.md): cached decoding vs full recompute, FLOPs, append cost, AR video.
 
 * :mod:`kvlab.lab.toy` — the numpy toy decoder (GQA, fp32) and its two greedy generators.
-* :mod:`kvlab.lab.flops` — analytic matmul FLOPs of both generators (the mechanics chapter, §3.2).
+* :mod:`kvlab.lab.flops` — analytic matmul FLOPs of both generators (docs/lab.md).
 * :mod:`kvlab.lab.equivalence` — :func:`run_toy_lab`, the experiment behind ``kvlab lab``.
 * :mod:`kvlab.lab.append` — per-step append cost, growing ``torch.cat`` vs preallocated in place (torch).
 * :mod:`kvlab.lab.exactness` — a real transformers model decoded through each exact cache (torch).
@@ -9,7 +9,7 @@
 * :mod:`kvlab.lab.longrun` — what the real-model runs check before their work (the model's positions, the
   machine's memory) and the progress steps their long loops are cut into.
 * :mod:`kvlab.lab.video` — ``kvlab lab video``: a toy block-autoregressive video denoiser, its frame KV cache
-  against full recompute, sink + window eviction with logical (t, h, w) positions, negative controls (§6);
+  against full recompute, sink + window eviction with logical (t, h, w) positions, negative controls;
   :mod:`kvlab.lab.video_model`, :mod:`kvlab.lab.video_cache`, :mod:`kvlab.lab.video_flops` hold its parts.
 """
 

@@ -1,4 +1,5 @@
-"""Per-step append cost of a growing ``torch.cat`` cache vs a preallocated cache written in place (mechanics chapter §05).
+"""Per-step append cost of a growing ``torch.cat`` cache vs a preallocated cache written in place (docs/lab.md,
+"Append cost").
 
 ``transformers``' ``DynamicLayer.update`` appends with ``torch.cat``: every step allocates a new tensor and
 copies the whole history, so one append costs O(context). A static cache (``StaticLayer``, gpt-fast) allocates

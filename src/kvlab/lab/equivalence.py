@@ -1,4 +1,4 @@
-"""Cached decoding vs full recompute on the toy decoder: the mechanics chapter's experiment [A] (§04, §09).
+"""Cached decoding vs full recompute on the toy decoder (docs/lab.md).
 
 Four answers, all computed in the run: do both generators emit the same tokens ([A1]); do the cached path's
 last logits match one full forward over the right tokens ([A2]); how many matmul FLOPs does each spend ([A3]);
@@ -68,7 +68,7 @@ def run_toy_lab(
 
     The reference is one full forward over ``prompt + generated[:-1]``: the last logits were computed at the
     second-to-last token (they chose the last one), so feeding the last token too compares the next step's
-    logits instead — the mechanics chapter's off-by-one (§09 item 1).
+    logits instead (an off-by-one that makes a correct cache look wrong).
 
     Raises:
         ValueError: ``repeat`` < 1 or ``threads`` < 1.

@@ -1,6 +1,6 @@
 """``kvlab lab eviction``: attention sinks + window (StreamingLLM) against recomputing the window from scratch.
 
-StreamingLLM (arXiv:2309.17453 §3, Figure 3 and Table 1) compares, on text several times longer than the cache:
+StreamingLLM (arXiv:2309.17453 section 3, Figure 3 and Table 1) compares, on text several times longer than the cache:
 
 * **sliding window with re-computation**: every token is predicted from the last ``W`` tokens, their K/V
   recomputed from scratch (positions ``0..W-1``): quality of a window, cost ``O(W^2)`` per token;

@@ -1,6 +1,6 @@
 """Real-model check: incremental decoding with each cache that should be exact gives the full forward's logits.
 
-The mechanics chapter (§3.1) proves on a toy that cached K/V equal recomputed ones; this check asks the same of a real
+``kvlab lab`` shows on a toy (docs/lab.md) that cached K/V equal recomputed ones; this check asks the same of a real
 transformers model and of every cache the registry (:mod:`kvlab.caches.registry`) marks exact: ``DynamicCache`` (the
 reference), ``kvlab.caches.PagedCache`` (K/V in physical blocks) and ``kvlab.caches.KIVICache`` at 8 bits with a
 residual window longer than the sequence (nothing is ever quantized, so it must be exact too).

@@ -1,4 +1,4 @@
-"""Analytic matmul FLOPs of the toy decoder (mechanics chapter §3.2 and appendix ``flops_full`` / ``flops_step``).
+"""Analytic matmul FLOPs of the toy decoder (docs/lab.md; 2 FLOPs per multiply-add).
 
 Conventions (the mechanics chapter's, after its corrections): 2 FLOPs per multiply-add; only matrix products count (norms,
 softmax and other elementwise work are omitted); attention is counted dense, ``t x t`` scores then masking, as
@@ -32,7 +32,7 @@ def full_forward_flops(cfg: ToyConfig, tokens: int) -> int:
 
 def decode_step_flops(cfg: ToyConfig, context_tokens: int) -> int:
     """FLOPs of one decode step whose query attends to ``context_tokens`` cached positions (itself included):
-    ``4 * q_heads * head_dim * context_tokens`` attention FLOPs per layer (mechanics chapter §3.4)."""
+    ``4 * q_heads * head_dim * context_tokens`` attention FLOPs per layer."""
     if context_tokens < 1:
         raise ValueError(f"`context_tokens` must be >= 1, got {context_tokens!r}")
     attention = cfg.n_layers * 4 * cfg.q_heads * cfg.head_dim * context_tokens

@@ -1,10 +1,10 @@
-"""The mechanics chapter's toy decoder (§04, appendix ``kv_cache_lab.py`` [A]) in numpy, fp32.
+"""The toy decoder of ``kvlab lab`` (docs/lab.md) in numpy, fp32.
 
 A pre-norm decoder without positional encoding: per layer ``x += Attn(rmsnorm(x))`` then
 ``x += relu(x @ w1) @ w2``; grouped-query attention (``q_heads`` query heads share ``kv_heads`` KV heads);
 an embedding table in, one output head out. It exists to show one fact: decoding with a KV cache (prefill,
 then one token per step against cached K/V) computes the same thing as recomputing the whole prefix at every
-step (mechanics chapter §3.1). Two generators do exactly that, :func:`generate_naive` and :func:`generate_cached`.
+step. Two generators do exactly that, :func:`generate_naive` and :func:`generate_cached`.
 
 GQA is computed by reshaping the queries into ``[kv_heads, group, ...]`` against the shared K/V, so no KV
 head is copied (the mechanics chapter's ``np.repeat`` copies them; the FLOPs are the same).
@@ -68,7 +68,7 @@ class ToyConfig:
 
     @property
     def group_size(self) -> int:
-        """GQA group ``g = q_heads / kv_heads`` (mechanics chapter §3.4)."""
+        """GQA group ``g = q_heads / kv_heads``."""
         return self.q_heads // self.kv_heads
 
     @property
@@ -78,7 +78,7 @@ class ToyConfig:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """Cached bytes per token, all layers, fp32: ``2 * n_layers * kv_heads * head_dim * 4`` (mechanics chapter §3.3)."""
+        """Cached bytes per token, all layers, fp32: ``2 * n_layers * kv_heads * head_dim * 4``."""
         return 2 * self.n_layers * self.kv_heads * self.head_dim * 4
 
 
@@ -144,7 +144,7 @@ def attention_full(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 
 def attention_step(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """One decode query against the cache (mechanics chapter §3.1: only ``q_t`` is new).
+    """One decode query against the cache (only ``q_t`` is new: earlier keys and values are read from the cache).
 
     ``q: [q_heads, head_dim]``, ``k, v: [kv_heads, tokens, head_dim]`` -> ``[q_heads * head_dim]``.
     """
@@ -205,7 +205,7 @@ def full_forward_logits(weights: ToyWeights, cfg: ToyConfig, tokens: list[int]) 
 
 
 def generate_naive(weights: ToyWeights, cfg: ToyConfig, prompt: list[int]) -> tuple[list[int], np.ndarray]:
-    """Greedy decoding by full recompute: every step runs the whole prefix again (mechanics chapter §3.2, O(S^3)).
+    """Greedy decoding by full recompute: every step runs the whole prefix again (O(S^3) work for S tokens).
 
     Returns the ``cfg.new_tokens`` generated ids and the logits ``[vocab]`` that chose the last one.
     """
@@ -220,10 +220,10 @@ def generate_naive(weights: ToyWeights, cfg: ToyConfig, prompt: list[int]) -> tu
 
 
 def generate_cached(weights: ToyWeights, cfg: ToyConfig, prompt: list[int]) -> tuple[list[int], np.ndarray]:
-    """Greedy decoding with a preallocated KV cache: one prefill, then one token per step (mechanics chapter §3.1).
+    """Greedy decoding with a preallocated KV cache: one prefill, then one token per step.
 
     The prefill already predicts the first new token, so ``new_tokens`` outputs need ``new_tokens - 1`` decode
-    steps (mechanics chapter §3.2). Returns the generated ids and the logits ``[vocab]`` that chose the last one.
+    steps. Returns the generated ids and the logits ``[vocab]`` that chose the last one.
     """
     if not prompt:
         raise ValueError(f"`prompt` must hold at least one token, got {prompt!r}")

@@ -1,4 +1,4 @@
-"""The autoregressive video KV cache experiment behind ``kvlab lab video`` (the mechanics chapter §6.3).
+"""The autoregressive video KV cache experiment behind ``kvlab lab video`` (docs/lab.md).
 
 The chapter argues, and says it did not implement, that a block-causal video denoiser can cache its history only
 when the history's input, position, noise condition and weights are fixed; that the current block must be

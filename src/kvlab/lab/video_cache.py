@@ -1,5 +1,5 @@
-"""Generate a video with the toy denoiser two ways: full recompute, and a frame KV cache (the mechanics chapter
-§6.3, made executable).
+"""Generate a video with the toy denoiser two ways: full recompute, and a frame KV cache (docs/lab.md,
+"kvlab lab video").
 
 Full recompute (:func:`generate_full`): at every denoising step of frame ``f`` the model runs over every frame
 ``0..f`` — the history from its final clean latents at noise level 0, the current frame from its noisy latent —
@@ -19,7 +19,7 @@ the mask in which every frame sees the sink and its ``window_frames`` predecesso
 frame's K/V were computed when it could see the frames it saw then, so re-encoding only the frames now kept
 (``reencode=True``) is a different computation.
 
-The deliberate mistakes of the mechanics chapter §6.3 are options of :func:`generate_cached` so they run through
+Deliberate mistakes (negative controls) are options of :func:`generate_cached` so they run through
 the same code as the correct path: ``history="noisy"`` stores the K/V of a frame's last noisy step instead of the
 clean pass, ``positions="from_length"`` takes the new frame's time from the number of frames cached, and
 ``current_block="reuse"`` keeps the current block's K/V of its first step for all later steps.
@@ -53,8 +53,8 @@ CURRENT_BLOCK_MODES = ("recompute", "reuse")
 def visible_frames(frames: int, window_frames: int | None = None) -> np.ndarray:
     """``[frames, frames]`` bool: may a query of frame ``i`` (row) read frame ``j`` (column)?
 
-    Block-causal (``j <= i``: the own frame bidirectionally, earlier frames causally; the mechanics chapter
-    §6.3); with ``window_frames`` only the sink ``j == 0`` and the newest ``i - window_frames <= j`` of those.
+    Block-causal (``j <= i``: the own frame bidirectionally, earlier frames causally); with
+    ``window_frames`` only the sink ``j == 0`` and the newest ``i - window_frames <= j`` of those.
 
     Raises:
         ValueError: ``frames`` < 1 or ``window_frames`` < 1.

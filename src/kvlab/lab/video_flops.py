@@ -1,4 +1,4 @@
-"""Analytic matmul FLOPs of the toy video denoiser's generators (the mechanics chapter §3.2 conventions).
+"""Analytic matmul FLOPs of the toy video denoiser's generators (2 FLOPs per multiply-add, as :mod:`kvlab.lab.flops`).
 
 2 FLOPs per multiply-add; only matrix products count; attention is dense, ``q_tokens x k_tokens`` scores then a
 mask, as :func:`kvlab.lab.video_model.attend` computes it. ``T`` is ``tokens_per_frame``, ``S`` the denoising

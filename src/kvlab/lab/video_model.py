@@ -1,4 +1,4 @@
-"""A toy block-autoregressive video denoiser in numpy, fp32 (the mechanics chapter §6.3).
+"""A toy block-autoregressive video denoiser in numpy, fp32 (docs/lab.md, "kvlab lab video").
 
 Frames of ``height x width`` latent tokens with ``channels`` values each are generated one frame (one block) at a
 time. Inside a frame attention is bidirectional, across frames it is causal; each frame is denoised in ``steps``
@@ -122,8 +122,7 @@ class VideoConfig:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """Cached bytes per token, all layers, fp32: ``2 * n_layers * kv_heads * head_dim * 4`` (the mechanics
-        chapter §3.3)."""
+        """Cached bytes per token, all layers, fp32: ``2 * n_layers * kv_heads * head_dim * 4``."""
         return 2 * self.n_layers * self.kv_heads * self.head_dim * 4
 
     @property
@@ -150,7 +149,7 @@ class VideoConfig:
 
 class FlopCounter:
     """Runs matrix products and counts their FLOPs: 2 per multiply-add, ``2 * out.size * a.shape[-1]``
-    (the mechanics chapter §3.2 convention; elementwise work, norms and softmax are not counted)."""
+    (as :mod:`kvlab.lab.flops`; elementwise work, norms and softmax are not counted)."""
 
     def __init__(self) -> None:
         self.flops = 0  # FLOPs of every product run so far
@@ -199,8 +198,8 @@ def make_noise(cfg: VideoConfig) -> np.ndarray:
 
 def frame_coords(cfg: VideoConfig, t: int) -> np.ndarray:
     """``(t, h, w)`` of every token of the frame at logical time ``t``, ``[tokens_per_frame, 3]`` int64, raster
-    order (``h`` major). ``t`` is the frame's index in the whole video, kept after eviction (the mechanics
-    chapter §6.3: 3D RoPE needs time/height/width coordinates that the cache length cannot supply).
+    order (``h`` major). ``t`` is the frame's index in the whole video, kept after eviction (3D RoPE needs
+    time/height/width coordinates that the cache length cannot supply).
 
     Raises:
         ValueError: ``t`` is not an int >= 0.

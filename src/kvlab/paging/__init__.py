@@ -3,7 +3,7 @@
 block_pool   blocks with reference counts, an O(1) free queue, chained full-block prefix hashes
 block_table  per-sequence logical -> physical block map and slot mapping (copy-on-write on append)
 budget       KV bytes a device can hold (the mechanics chapter's Llama-3-8B account, or the planner's numbers)
-static       mechanics chapter §05 / §6.2: concurrency and waste of contiguous reservation vs paging
+static       concurrency and waste of contiguous reservation vs paging
 simulate     discrete-event serving simulation: arrivals, growth, preemption by recompute, prefix sharing
 figure       the paged-layout figure (imports matplotlib lazily)
 """

@@ -1,7 +1,7 @@
 """Block pool: fixed-size KV blocks, an O(1) free queue, reference counts and full-block prefix hashing.
 
 Pure bookkeeping (no torch), in the style of vLLM v1 ``block_pool.py`` / ``kv_cache_utils.py``; the design is
-PagedAttention (Kwon et al., arXiv:2309.06180, §4.2 block tables, §4.4 sharing with reference counts and
+PagedAttention (Kwon et al., arXiv:2309.06180, section 4.2 block tables, section 4.4 sharing with reference counts and
 copy-on-write). A *block* holds ``block_size_tokens`` KV slots of one sequence position range; the physical
 storage (a tensor per layer) lives elsewhere and is indexed by ``block_id``.
 

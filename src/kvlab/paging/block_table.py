@@ -3,7 +3,7 @@
 Token ``pos`` of a sequence lives in logical block ``pos // block_size`` at offset ``pos % block_size``; the block
 table maps the logical block to a physical ``block_id``, and the *slot mapping* flattens that to
 ``block_id * block_size + offset``, the row a kernel writes the token's K/V to (PagedAttention, arXiv:2309.06180
-§4.2; vLLM's ``slot_mapping``). A table always holds exactly ``ceil(num_tokens / block_size)`` blocks, all full
+section 4.2; vLLM's ``slot_mapping``). A table always holds exactly ``ceil(num_tokens / block_size)`` blocks, all full
 but the last.
 """
 

@@ -4,7 +4,7 @@ Every number comes from the planner (:mod:`kvlab.plan`): KV bytes per token and 
 the KV dtype, the device's memory from the hardware table. The default is the planner's default scenario
 (:mod:`kvlab.plan.scenario`): Llama-3-8B in BF16 on an A100-80GB (81,920 MiB = 80 GiB as the device reports
 it), 8,030,261,248 parameters x 2 bytes of weights, a 4 GiB reserve and 131,072 KV bytes per token, which leaves
-500,059 tokens (61.04 GiB): the mechanics chapter's account (§01, §05, appendix ``paged_alloc.py``).
+500,059 tokens (61.04 GiB): the account of docs/paging.md ("Static capacity").
 ``--gpu-mem-gib`` sets another device, ``model`` and ``kv_dtype`` another model and cache (KIVI included).
 """
 

@@ -1,8 +1,8 @@
 """Dynamic KV-cache simulation: requests arrive, prefill, grow one token per step, finish or get preempted.
 
-The mechanics chapter (§05) stops at a static snapshot and names what it leaves out: arrivals, release, dynamic growth and
-scheduling. This module adds them with a discrete-event loop over engine steps, in the manner of vLLM's v1
-scheduler (PagedAttention, arXiv:2309.06180 §4.5):
+Static capacity (:mod:`kvlab.paging.static`) is a snapshot: it leaves out arrivals, release, dynamic
+growth and scheduling. This module adds them with a discrete-event loop over engine steps, in the manner of vLLM's v1
+scheduler (PagedAttention, arXiv:2309.06180 section 4.5):
 
 * a *step* is one model forward: every running request decodes one token (its previous token's K/V takes a slot),
   then waiting requests are admitted first-come-first-served while their prefill fits (head-of-line blocking);

@@ -1,6 +1,6 @@
 """Static capacity: how many requests fit at once under contiguous reservation vs paging.
 
-Reproduces the mechanics chapter's §05 / §6.2 and its appendix ``paged_alloc.py`` exactly (same workloads, seed 11, same
+The workloads and numbers of docs/paging.md ("Static capacity": seed 11, the
 61 GiB budget): requests are admitted greedily in arrival order until the next one does not fit. Contiguous
 reservation charges every request ``max_len`` tokens (the output length is unknown up front); paging charges
 ``ceil(len / block) * block`` tokens. Admission is vectorised (``cumsum`` + ``searchsorted``), so a million

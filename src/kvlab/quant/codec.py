@@ -5,7 +5,7 @@ A tensor is cut into groups of ``group_size`` consecutive elements along one axi
 
     code = round(x / scale - zero / scale)          x_hat = zero + code * scale
 
-This is the asymmetric quantizer of KIVI (arXiv:2402.02750, §3.1, eq. 1). Codes are packed into ``uint8`` along
+This is the asymmetric quantizer of KIVI (arXiv:2402.02750, section 3.1, eq. 1). Codes are packed into ``uint8`` along
 the **last** axis whatever the quantization axis is (4-bit: two codes a byte, 2-bit: four, 8-bit: one), so a
 ``[batch, kv_heads, tokens, head_dim]`` tensor stores ``[batch, kv_heads, tokens, head_dim * nbits // 8]`` bytes.
 
@@ -177,7 +177,7 @@ def _group_view(x: torch.Tensor, axis: int, group_size: int) -> torch.Tensor:
 def quantize_groups(x: torch.Tensor, nbits: int, group_size: int, axis: int = -1) -> QuantizedTensor:
     """Quantize ``x`` in groups of ``group_size`` consecutive elements along ``axis``.
 
-    KIVI (arXiv:2402.02750) §3.1-3.2: keys per-channel are ``axis=-2`` of ``[batch, kv_heads, tokens, head_dim]``
+    KIVI (arXiv:2402.02750) section 3.1-3.2: keys per-channel are ``axis=-2`` of ``[batch, kv_heads, tokens, head_dim]``
     (a group is ``group_size`` tokens of one channel), values per-token are ``axis=-1`` (a group is
     ``group_size`` channels of one token).
 

@@ -1,6 +1,6 @@
 """The KIVI state of one attention layer: keys per-channel, values per-token, a full-precision residual window.
 
-KIVI (Liu et al., arXiv:2402.02750) §3.2-3.3 and Algorithm 1:
+KIVI (Liu et al., arXiv:2402.02750) section 3.2-3.3 and Algorithm 1:
 
 * **keys per-channel** — a group is ``G`` consecutive tokens of one channel (outlier channels get their own range);
 * **values per-token** — a group is ``G`` consecutive channels of one token;
@@ -430,7 +430,7 @@ class KIVIState:
         Raises:
             TypeError: ``tokens`` not an int. ValueError: ``tokens`` outside ``[0, total_tokens]`` (nothing changes).
 
-        Source: transformers ``DynamicLayer.crop`` (keep a prefix of the sequence axis); KIVI (arXiv:2402.02750) §3.2
+        Source: transformers ``DynamicLayer.crop`` (keep a prefix of the sequence axis); KIVI (arXiv:2402.02750) section 3.2
         for the group layout that decides what survives a cut.
         """
         if isinstance(tokens, bool) or not isinstance(tokens, int):

@@ -10,8 +10,8 @@ of ``k R`` moves the score by about ``eps / sqrt(D)`` of it. The cache stores ``
 
 ``R = H_D diag(s) / sqrt(D)``: Sylvester's Hadamard matrix of order ``D`` (a power of two) with its columns'
 signs flipped by a fixed seeded draw ``s`` (a random sign keeps one input channel from landing on a structured
-output pattern). Source: QuaRot (Ashkboos et al., 2024, arXiv:2404.00456, §3 and §4.2, rotating K/V before
-quantizing the cache); QuIP# (Tseng et al., 2024, arXiv:2402.04396, §3, the randomized Hadamard transform).
+output pattern). Source: QuaRot (Ashkboos et al., 2024, arXiv:2404.00456, section 3 and section 4.2, rotating K/V before
+quantizing the cache); QuIP# (Tseng et al., 2024, arXiv:2402.04396, section 3, the randomized Hadamard transform).
 """
 
 from __future__ import annotations

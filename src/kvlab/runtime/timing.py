@@ -5,7 +5,7 @@ the machine is busier during one block than the other: the slow period lands on 
 alternate in an order rotated per round (A B C, B C A, C A B, ...), and each ratio is computed from calls of the
 *same round*, adjacent in time, so a slow period inflates both sides of a pair alike; the median over rounds then
 drops the rounds a burst hit unevenly. This is the paired design of benchmarking practice (e.g. pyperf's
-"interleaved" runs; Georges et al., "Statistically rigorous Java performance evaluation", OOPSLA 2007, §4), and
+"interleaved" runs; Georges et al., "Statistically rigorous Java performance evaluation", OOPSLA 2007, section 4), and
 what ``kvlab bench decode`` already does per token.
 
 Contention is read, not guessed: on Linux, ``/proc/stat`` gives the busy CPU time of the whole machine and

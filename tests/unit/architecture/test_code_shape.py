@@ -1,4 +1,4 @@
-"""No function in src/kvlab longer than 80 lines: a mechanism fits on one screen (docs/STYLE: "nanoGPT / gpt-fast").
+"""No function in src/kvlab longer than 80 lines: a mechanism fits on one screen (as in nanoGPT and gpt-fast).
 
 A small AST walk; a function's length runs from its first decorator to its last line, docstring and comments
 included. Nested functions count on their own and inside their parent.

@@ -1,4 +1,4 @@
-"""``kvlab bench lab`` as a new user met it (issue 33): "full recompute 4.901 s / KV cache 0.264 s / speedup
+"""``kvlab bench lab`` as a new user met it: "full recompute 4.901 s / KV cache 0.264 s / speedup
 154.17x" printed the fastest runs beside the median of the per-round ratios, unlabelled; each speedup line now says
 what it divides, a busy machine is named on screen, and a target not met is exit 1."""
 

@@ -1,4 +1,4 @@
-"""Default record names tell the runs of one benchmark apart (issue 33): the documented ``kvlab bench decode`` runs
+"""Default record names tell the runs of one benchmark apart: the documented ``kvlab bench decode`` runs
 wrote the same ``decode-cpu.json``, so the second failed "already exists"."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ GIB = 1024**3
 
 def test_memory_ledger_numbers_are_the_seeds():
     d = figures.memory_ledger_data()
-    assert round(d["weight_bytes"] / GIB, 2) == 14.96  # mechanics chapter §01
+    assert round(d["weight_bytes"] / GIB, 2) == 14.96  # Llama-3-8B in BF16
     kv = dict(zip(d["batches"], d["kv_bytes"]))
     assert kv[1] == 1 * GIB and kv[32] == 32 * GIB  # 131072 B/token x 8192 tokens
     assert round(kv[32] / d["weight_bytes"], 2) == 2.14
@@ -32,7 +32,7 @@ def test_video_numbers_are_the_seeds():
 def test_roofline_without_probe_is_the_table_gpu():
     d = figures.roofline_data(run_probe=False)
     (panel,) = d["panels"]
-    # A100 ridge, mechanics chapter §3.4
+    # A100 ridge (docs/plan.md, "Roofline")
     assert round(panel["peak_flops"] / panel["bandwidth_bytes_s"]) == 153
     points = {p["label"]: p["intensity"] for p in panel["points"]}
     assert points["decode g=1"] == 1 and points["decode g=4"] == 4
@@ -57,7 +57,7 @@ def test_cli_writes_the_four_seed_figures(tmp_path, capsys):
         assert written[name] == str(path)
         assert path.read_bytes().startswith(b"\x89PNG") and path.stat().st_size > 20_000
     data = json.loads((tmp_path / "figures.json").read_text())
-    # mechanics chapter §05, drawn from this run
+    # docs/paging.md, drawn from this run
     assert data["paged_layout"]["A"]["uniform"]["k_paged"] == 214
 
 

@@ -1,4 +1,4 @@
-"""``kvlab lab --real`` and ``kvlab lab eviction`` are not silent (issue 33 point 5): one progress line per step on
+"""``kvlab lab --real`` and ``kvlab lab eviction`` are not silent: one progress line per step on
 stderr off a terminal, a warning before the first forward when --tokens passes the model's
 max_position_embeddings, and ``--real`` refuses (exit 2) a size the machine's available memory cannot hold."""
 

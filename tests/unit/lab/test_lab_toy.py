@@ -35,7 +35,7 @@ def test_seed_run_last_logits_match_full_forward(seed_lab_result):
 
 
 def test_seed_flop_figures(seed_lab_result):
-    # mechanics chapter §04: 1.3005e+11 vs 1.2314e+09 = 105.61x
+    # docs/lab.md: 1.3005e+11 vs 1.2314e+09 = 105.61x
     assert f"{seed_lab_result['flops_naive']:.4e}" == "1.3005e+11"
     assert f"{seed_lab_result['flops_cached']:.4e}" == "1.2314e+09"
     assert round(seed_lab_result["flops_ratio"], 2) == 105.61

@@ -1,4 +1,4 @@
-"""The autoregressive video KV cache lab (the mechanics chapter §6.3): a frame KV cache equals full recompute, the
+"""The autoregressive video KV cache lab (docs/lab.md): a frame KV cache equals full recompute, the
 evicting cache equals recompute under its own visibility, and each known mistake does not."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Block expansion in scripts/train_reference.py: a grown model computes exactly what the old one did, and the new
-layers can learn (LLaMA Pro, arXiv:2401.02415 §2)."""
+layers can learn (LLaMA Pro, arXiv:2401.02415 section 2)."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Block pool and block tables: issue 4's figures, sharing, copy-on-write, prefix reuse, invariants."""
+"""Block pool and block tables: docs/paging.md's figures, sharing, copy-on-write, prefix reuse, invariants."""
 
 import re
 

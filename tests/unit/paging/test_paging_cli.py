@@ -139,7 +139,7 @@ def test_model_and_kv_dtype_come_from_the_planner(capsys):
         405,
     )
     out = run_json(capsys, "static", "--model", "llama-3-8b", "--kv-dtype", "kivi4", "--workload", "heavy")
-    assert out["config"]["kv_bytes_per_token"] == 40960  # 1280 B per 2048 K+V elements (issue 3)
+    assert out["config"]["kv_bytes_per_token"] == 40960  # 1280 B per 2048 K+V elements
     assert main(["paging", "static", "--model", "no-such-model"]) == 2
     assert "no-such-model" in capsys.readouterr().err
 

@@ -1,4 +1,4 @@
-"""Static capacity: every figure of the mechanics chapter §05 / §6.2, from its workloads and budget."""
+"""Static capacity: every figure of docs/paging.md ("Static capacity"), from its workloads and budget."""
 
 import numpy as np
 import pytest
@@ -53,13 +53,13 @@ def test_block_size_sweep(seed_result):
     rows = {r["bs"]: r for r in seed_result["C"]["rows"]}
     assert sorted(rows) == [1, 4, 8, 16, 32, 64, 128, 256]
     assert rows[1]["frag"] == 0 and rows[1]["util"] == 1
-    # mechanics chapter §6.2: empty slots are about 0.32 % / 0.67 % of the length
+    # empty slots are about 0.32 % / 0.67 % of the length
     mean_len = seed_result["C"]["mean_len"]
     assert f"{rows[16]['frag'] / mean_len:.2%}" == "0.32%" and f"{rows[32]['frag'] / mean_len:.2%}" == "0.67%"
     frags = [rows[bs]["frag"] for bs in sorted(rows)]
     tables = [rows[bs]["nblk"] for bs in sorted(rows)]
     assert frags == sorted(frags) and tables == sorted(tables, reverse=True)
-    # empty slots near (bs - 1) / 2 when remainders are uniform (mechanics chapter §6.2)
+    # empty slots near (bs - 1) / 2 when remainders are uniform
     for bs, row in rows.items():
         assert abs(row["frag"] - (bs - 1) / 2) <= max(1.0, 0.05 * bs)
 
