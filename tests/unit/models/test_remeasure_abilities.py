@@ -58,7 +58,7 @@ def test_copy_is_replaced_passkey_kept_history_and_card_written(tr, package, mon
     before = json.loads((package / "provenance.json").read_text(encoding="utf-8"))
     weights = (package / "model.safetensors").read_bytes()
     calls = []
-    monkeypatch.setattr(tr, "measure_abilities", fake_copy(calls))
+    monkeypatch.setattr(tr.abilities, "measure_abilities", fake_copy(calls))
     assert (
         tr.main(
             ["--remeasure-abilities", str(package), "--remeasure-parts", "copy", "--ability-copy-rows", "5"]
@@ -85,7 +85,7 @@ def test_copy_is_replaced_passkey_kept_history_and_card_written(tr, package, mon
 
 
 def test_other_weights_are_refused(tr, package, monkeypatch):
-    monkeypatch.setattr(tr, "measure_abilities", fake_copy([]))
+    monkeypatch.setattr(tr.abilities, "measure_abilities", fake_copy([]))
     prov = json.loads((package / "provenance.json").read_text(encoding="utf-8"))
     prov["package"]["weights_sha256"] = "0" * 64
     (package / "provenance.json").write_text(json.dumps(prov), encoding="utf-8")
