@@ -1,6 +1,6 @@
-"""Imports flow one way: cli -> commands -> eval / bench / lab -> caches / attention -> quant; plan and paging are
-torch-free leaves; run-time helpers (kvlab.runtime) import no other kvlab code. A small AST walk over src/kvlab,
-every import counted (module level or inside a function), ``if TYPE_CHECKING:`` blocks excepted."""
+"""Imports flow one way: cli -> commands -> eval / bench / lab -> caches / attention -> quant; plan, paging and the
+task generators (tasks) are torch-free leaves; run-time helpers (kvlab.runtime) import no other kvlab code. A small
+AST walk over src/kvlab, every import counted (module level or inside a function), ``if TYPE_CHECKING:`` blocks excepted."""
 
 from __future__ import annotations
 
@@ -24,14 +24,15 @@ ALLOWED: dict[str, set[str]] = {
     "cache_names": set(),
     "quant": set(),
     "plan": set(),
+    "tasks": set(),
     "paging": {"plan"},
     "attention": {"quant"},
     "caches": {"attention", "quant", "paging", "plan"},
     "models": {"plan"},
     "lab": {"caches", "attention", "quant", "models", "plan", "paging"},
-    "eval": {"caches", "attention", "quant", "models", "plan"},
-    "bench": {"eval", "lab", "caches", "attention", "quant", "models", "plan", "paging"},
-    "figures": {"lab", "paging", "plan", "eval"},
+    "eval": {"caches", "attention", "quant", "models", "plan", "tasks"},
+    "bench": {"eval", "lab", "caches", "attention", "quant", "models", "plan", "paging", "tasks"},
+    "figures": {"lab", "paging", "plan", "eval", "tasks"},
     "report_html": {"figures", "eval"},
     "commands": {
         "eval",
@@ -43,6 +44,7 @@ ALLOWED: dict[str, set[str]] = {
         "models",
         "plan",
         "paging",
+        "tasks",
         "figures",
         "report_html",
     },
@@ -51,7 +53,7 @@ ALLOWED: dict[str, set[str]] = {
 for _part_name, _allowed in ALLOWED.items():
     if _part_name not in LEAVES:
         _allowed |= LEAVES
-TORCH_FREE = ("kvlab.plan", "kvlab.paging")
+TORCH_FREE = ("kvlab.plan", "kvlab.paging", "kvlab.tasks")
 
 
 def _module_name(path: Path) -> str:
