@@ -44,6 +44,16 @@ BAD_INPUT = {
     "kvlab roofline": ["--gpu", "no-such-gpu"],
     "kvlab video": ["--seconds", "-1"],
     "kvlab report": ["{tmp}/no-such-result.json"],
+    "kvlab sensitivity sweep": ["--context", "0", "--out", "{tmp}/sweep.json"],
+    "kvlab sensitivity allocate": [
+        "{tmp}/no-such.json",
+        "--budget",
+        "kivi-4",
+        "--name",
+        "p",
+        "--out-dir",
+        "{tmp}",
+    ],
 }
 
 # command -> arguments that would write onto {file}, an existing file
@@ -54,11 +64,12 @@ FILE_EXISTS = {
     "kvlab inspect": ["--json", "{file}"],
     "kvlab paging figure": ["--out", "{file}"],
     "kvlab report": [str(EXAMPLE_RESULT), "--html", "{file}"],
+    "kvlab sensitivity sweep": ["--out", "{file}"],
 }
 
 
 # groups that, without a subcommand, print their help and return 2
-HELP_ONLY = ("kvlab bench", "kvlab paging")
+HELP_ONLY = ("kvlab bench", "kvlab paging", "kvlab sensitivity")
 
 
 def _runnable_commands() -> list[str]:

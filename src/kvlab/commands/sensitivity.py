@@ -1,0 +1,258 @@
+"""``kvlab sensitivity sweep`` / ``kvlab sensitivity allocate``: per-layer KV precision chosen by measurement.
+
+``sweep`` measures, for a model and held-out prompts, the KL of a teacher-forced continuation when one layer's keys
+(or values) are compressed in one format, all else float (:mod:`kvlab.bench.sensitivity`), with the bytes each
+choice saves; ``allocate`` turns a sweep file into a plan file for a byte budget (:mod:`kvlab.plan.allocate`), which
+``kvlab eval --candidates mixed-<name>`` runs (``$KVLAB_PLAN_DIR``; docs/MIXED.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, progress
+
+SWEEP_KIND = "kvlab-sensitivity"
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "sensitivity", help="per-layer KV sensitivity sweep and bit allocation (docs/MIXED.md)"
+    )
+    modes = p.add_subparsers(dest="mode", metavar="{sweep,allocate}")
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+    s = modes.add_parser("sweep", help="KL of a continuation with one layer's K or V compressed, per format")
+    s.add_argument(
+        "--model", default=None, help="as kvlab eval --model (default: the bundled reference model)"
+    )
+    s.add_argument("--dtype", default="bfloat16", help="model dtype (default bfloat16)")
+    s.add_argument("--context", type=int, default=1024, help="prompt tokens (default 1024)")
+    s.add_argument("--continuation", type=int, default=16, help="teacher-forced tokens scored (default 16)")
+    s.add_argument("--prompts", type=int, default=2, help="held-out prompts (default 2)")
+    s.add_argument(
+        "--offset", type=int, default=0, help="held-out token offset of the first prompt (default 0)"
+    )
+    s.add_argument(
+        "--formats",
+        default="kivi-2,kivi-4,kivi-8,fp8-e4m3",
+        help="comma list (default kivi-2,kivi-4,kivi-8,fp8-e4m3)",
+    )
+    s.add_argument("--group-size", type=int, default=32, help="KIVI G (default 32)")
+    s.add_argument("--residual", type=int, default=128, help="KIVI residual window R (default 128)")
+    s.add_argument(
+        "--rows", type=int, default=8, help="batch rows per forward, one of them float (default 8)"
+    )
+    s.add_argument("--out", required=True, help="sweep result file (JSON)")
+    s.add_argument("--force", action="store_true", help="overwrite an existing --out")
+    s.add_argument("--json", action="store_true", help="print the result JSON")
+    s.set_defaults(func=run_sweep)
+    a = modes.add_parser("allocate", help="a plan file of least predicted KL within a byte budget")
+    a.add_argument("sweep", help="a file written by kvlab sensitivity sweep")
+    a.add_argument(
+        "--budget",
+        required=True,
+        help="a fraction of the float cache (0.3) or a uniform cache whose bytes to match: kivi-4, kivi-k4v2 "
+        "(3 code bits on average), fp8-e4m3",
+    )
+    a.add_argument(
+        "--tokens", type=int, default=None, help="context the budget holds at (default: the sweep's)"
+    )
+    a.add_argument("--name", required=True, help="plan name: kvlab eval runs it as mixed-<name>")
+    a.add_argument("--out-dir", default=None, help="folder of the plan file (default $KVLAB_PLAN_DIR)")
+    a.add_argument("--force", action="store_true", help="overwrite an existing plan file")
+    a.add_argument("--json", action="store_true", help="print the plan JSON")
+    a.set_defaults(func=run_allocate)
+
+
+def _check_sweep_args(args) -> str | None:
+    for flag, value, low in (
+        ("--context", args.context, 1),
+        ("--continuation", args.continuation, 1),
+        ("--prompts", args.prompts, 1),
+        ("--offset", args.offset, 0),
+        ("--rows", args.rows, 2),
+    ):
+        if value < low:
+            return f"{flag} must be >= {low}, got {value}"
+    from kvlab.plan.mixed import FORMATS
+
+    formats = [f.strip() for f in args.formats.split(",")]
+    bad = [f for f in formats if f not in FORMATS or f == "float"]
+    if bad or len(set(formats)) != len(formats):
+        return f"--formats {args.formats!r}: each of kivi-2, kivi-4, kivi-8, fp8-e4m3 at most once, got {bad or formats}"
+    if args.residual % args.group_size or args.group_size < 1 or args.residual < 0:
+        return f"--residual ({args.residual}) must be a non-negative multiple of --group-size ({args.group_size})"
+    return None
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from kvlab.runtime.atomic import atomic_write_json, output_problem
+
+    problem = _check_sweep_args(args) or output_problem(args.out, "--out")
+    if problem:
+        return fail(args, problem)
+    if Path(args.out).exists() and not args.force:
+        return fail(args, file_exists_message(args.out), EXIT_FILE_EXISTS)
+    err = Console(stderr=True)
+    try:
+        result = _measure(args, err)
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        return fail(args, exc)
+    atomic_write_json(args.out, result)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        _print_sweep(result)
+    err.print(f"sweep written to {args.out}")
+    return 0
+
+
+def _measure(args, err) -> dict:
+    """Load the model, cut the prompts, run the sweep; the result file's object."""
+    import torch
+
+    from kvlab.bench.sensitivity import sweep
+    from kvlab.models import heldout_token_ids, load_model
+    from kvlab.runtime.dtypes import cpu_matmul_policy
+
+    model, tokenizer = load_model(args.model, dtype=args.dtype)
+    n = args.context + args.continuation
+    offsets = [
+        args.offset + i * n for i in range(args.prompts)
+    ]  # consecutive, non-overlapping held-out windows
+    prompts = torch.tensor([heldout_token_ids(tokenizer, n, offset=o) for o in offsets])
+    formats = [f.strip() for f in args.formats.split(",")]
+    layers = model.config.get_text_config().num_hidden_layers
+    total = args.prompts * -(-(layers * 2 * len(formats)) // (args.rows - 1))
+    matmul, gemms = cpu_matmul_policy(model, "auto", torch.device("cpu"))
+    with progress(err, total, "sensitivity") as bar, gemms:
+        out = sweep(
+            model,
+            prompts,
+            args.context,
+            formats,
+            group_size=args.group_size,
+            residual_length=args.residual,
+            rows=args.rows,
+            on_step=bar.start,
+        )
+    config = {**model.config.to_dict(), "torch_dtype": args.dtype}
+    return {
+        "kind": SWEEP_KIND,
+        "model": args.model,
+        "model_config": config,
+        "dtype": args.dtype,
+        "prompts": {"source": "kvlab.models.heldout_text()", "offsets": offsets, "tokens": n},
+        "group_size": args.group_size,
+        "residual_length": args.residual,
+        "cpu": matmul,
+        **out,
+        "bytes": _half_bytes(config, formats, args.context, args.group_size, args.residual),
+    }
+
+
+def _half_bytes(config: dict, formats: list[str], tokens: int, group_size: int, residual: int) -> dict:
+    """Bytes one layer's keys (= its values) hold at ``tokens`` in each format and float, and what each saves."""
+    from kvlab.plan.mixed import plan_layer_bytes
+    from kvlab.plan.spec import load_spec
+
+    spec = load_spec(config)
+    n = len(spec.layer_kinds)
+    half = {
+        f: plan_layer_bytes(spec, [(f, f)] * n, tokens, group_size=group_size, residual_length=residual)[0]
+        // 2
+        for f in [*formats, "float"]
+    }
+    return {
+        "tokens": tokens,
+        "per_half": half,
+        "saved_per_half": {f: half["float"] - half[f] for f in formats},
+    }
+
+
+def _print_sweep(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from kvlab.bench.sensitivity import ranking
+
+    table = Table(
+        title=f"most sensitive layer halves (KL nats, {result['cost']['continuation']} tokens scored)"
+    )
+    table.add_column("format")
+    table.add_column("top 5: layer.half KL", overflow="fold")
+    table.add_column("bytes saved per half")
+    for fmt in result["formats"]:
+        top = ", ".join(f"{layer}.{half} {kl:.2e}" for layer, half, kl in ranking(result["kl"], fmt)[:5])
+        table.add_row(fmt, top, f"{result['bytes']['saved_per_half'][fmt]:,}")
+    console = Console()
+    console.print(table)
+    c = result["cost"]
+    console.print(
+        f"cost: {c['prefills']} float prefills of {c['context']} tokens, {c['forwards']} forwards of "
+        f"{c['continuation']} tokens x {c['rows']} rows, {c['seconds']:.0f} s"
+    )
+
+
+def run_allocate(args: argparse.Namespace) -> int:
+    from kvlab.plan.allocate import allocate, budget_bytes
+    from kvlab.plan.mixed import PLAN_DIR_ENV, check_plan_name, read_plan
+    from kvlab.plan.spec import load_spec
+    from kvlab.runtime.atomic import atomic_write_json
+
+    try:
+        check_plan_name(args.name)
+        sweep = read_plan(args.sweep)  # any JSON object file, named on error
+        if sweep.get("kind") != SWEEP_KIND:
+            raise ValueError(f"{args.sweep} is not a kvlab sensitivity sweep (kind {sweep.get('kind')!r})")
+        spec = load_spec(sweep["model_config"])
+        tokens = sweep["cost"]["context"] if args.tokens is None else args.tokens
+        if tokens < 1:
+            raise ValueError(f"--tokens must be >= 1, got {tokens}")
+        kivi = {"group_size": sweep["group_size"], "residual_length": sweep["residual_length"]}
+        budget = budget_bytes(spec, args.budget, tokens, **kivi)
+        out = allocate(spec, sweep["kl"], budget, tokens, **kivi)
+    except ValueError as exc:
+        return fail(args, exc)
+    folder = args.out_dir or os.environ.get(PLAN_DIR_ENV)
+    if not folder:
+        return fail(args, f"give --out-dir or set ${PLAN_DIR_ENV} (the folder kvlab eval reads plans from)")
+    path = Path(folder) / f"{args.name}.json"
+    if path.exists() and not args.force:
+        return fail(args, file_exists_message(path), EXIT_FILE_EXISTS)
+    plan = {
+        "kvlab_plan": 1,
+        "layers": out.pop("layers"),
+        "allocation": {"budget": args.budget, "sweep": str(args.sweep), "model": sweep.get("model"), **out},
+    }
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, plan)
+    if args.json:
+        print(json.dumps(plan, indent=1))
+    else:
+        _print_allocation(plan, path)
+    return 0
+
+
+def _print_allocation(plan: dict, path: Path) -> None:
+    from rich.console import Console
+
+    from kvlab.plan.mixed import plan_summary
+
+    a = plan["allocation"]
+    formats = [(e["k"], e["v"]) for _, e in sorted(plan["layers"].items(), key=lambda kv: int(kv[0]))]
+    console = Console()
+    console.print(
+        f"plan {path.stem}: {a['plan_bytes']:,} B of a {a['budget_bytes']:,} B budget ({a['budget']}) at "
+        f"{a['tokens']:,} tokens; predicted KL {a['predicted_kl']:.4g} (sum of single-layer KLs)"
+    )
+    console.print(f"layers holding each format: {plan_summary(formats)}")
+    fits = {n: u for n, u in a["uniform"].items() if u["bytes"] <= a["budget_bytes"]}
+    for name, u in sorted(fits.items(), key=lambda kv: kv[1]["bytes"]):
+        console.print(f"  uniform {name}: {u['bytes']:,} B, predicted KL {u['predicted_kl']:.4g}")
+    console.print(f"plan written to {path}; run it as mixed-{path.stem} (with $KVLAB_PLAN_DIR={path.parent})")

@@ -1,0 +1,151 @@
+"""The sensitivity sweep and the allocator: a layer made fragile on purpose (huge outlier channels in its keys) is
+ranked first and gets the most bits; the sweep's round trip is what the caches read back; budgets are kept."""
+
+import pytest
+import torch
+
+from kvlab.bench.sensitivity import ranking, roundtrip, sweep
+from kvlab.caches.fp8 import FP8Cache
+from kvlab.caches.kivi import KIVICache
+from kvlab.plan.allocate import allocate, budget_bytes
+from kvlab.plan.mixed import FORMATS, plan_kv_bytes
+from kvlab.plan.spec import load_spec
+from tests.conftest import make_tiny_qwen2, random_prompt
+
+G, R = 32, 0  # no residual window: at this short context every token is quantized, as at a long one
+CONTEXT, NEW = 96, 8
+FRAGILE = 2
+
+
+@pytest.fixture(scope="module")
+def fragile():
+    """A tiny 4-layer Qwen2 whose layer 2 keys carry outlier channels 40x the others, which its queries read
+    (x20): KVQuant's failure case, in a random model whose attention is otherwise nearly uniform."""
+    model = make_tiny_qwen2(head_dim=32, max_positions=512, layers=4)
+    attn = model.model.layers[FRAGILE].self_attn
+    with torch.no_grad():
+        attn.k_proj.weight[:4] *= 40.0  # channels 0-3 of KV head 0: [out, in] rows
+        attn.k_proj.bias[:4] *= 40.0
+        for head in (0, 1):  # the query heads of KV head 0 (GQA 4/2), the same channels
+            attn.q_proj.weight[32 * head : 32 * head + 4] *= 20.0
+            attn.q_proj.bias[32 * head : 32 * head + 4] *= 20.0
+    return model
+
+
+@pytest.fixture(scope="module")
+def result(fragile):
+    return sweep(fragile, random_prompt(2, CONTEXT + NEW), CONTEXT, group_size=G, residual_length=R, rows=6)
+
+
+def _spec(model):
+    return load_spec({**model.config.to_dict(), "torch_dtype": "float32"})
+
+
+def test_the_fragile_layer_is_ranked_first(result):
+    for fmt in ("kivi-2", "kivi-4", "fp8-e4m3"):
+        assert ranking(result["kl"], fmt)[0][:2] == (FRAGILE, "k"), fmt
+    kl = result["kl"]
+    assert all(
+        kl["kivi-2"][h][i] >= kl["kivi-8"][h][i] for h in "kv" for i in range(4)
+    )  # fewer bits, more KL
+    assert result["cost"]["forwards"] == 2 * -(-4 * 2 * 4 // 5)  # 2 prompts, 32 choices in rows of 5 + float
+
+
+BITS = {"kivi-2": 2, "kivi-4": 4, "kivi-8": 8, "fp8-e4m3": 8, "float": 16}  # code bits per element
+
+
+def test_the_allocator_gives_the_fragile_layer_the_most_bits(fragile, result):
+    """A budget a little above uniform KIVI-2 (a third of the way to 4-bit keys): the bits go to the
+    fragile keys first."""
+    spec = _spec(fragile)
+    low, high = (
+        budget_bytes(spec, n, CONTEXT, group_size=G, residual_length=R) for n in ("kivi-2", "kivi-k4v2")
+    )
+    budget = low + (high - low) // 3  # room for one half two bits wider (each half is a quarter of it)
+    out = allocate(spec, result["kl"], budget, CONTEXT, group_size=G, residual_length=R)
+    fragile_k = BITS[out["layers"][str(FRAGILE)]["k"]]
+    others = [BITS[e[h]] for i, e in out["layers"].items() for h in "kv" if (int(i), h) != (FRAGILE, "k")]
+    assert fragile_k > max(others), out["layers"]
+    formats = [(e["k"], e["v"]) for _, e in sorted(out["layers"].items(), key=lambda kv: int(kv[0]))]
+    assert (
+        out["plan_bytes"] == plan_kv_bytes(spec, formats, CONTEXT, group_size=G, residual_length=R) <= budget
+    )
+    assert out["predicted_kl"] < out["uniform"]["kivi-2"]["predicted_kl"]
+    at4 = allocate(
+        spec,
+        result["kl"],
+        budget_bytes(spec, "kivi-4", CONTEXT, group_size=G, residual_length=R),
+        CONTEXT,
+        group_size=G,
+        residual_length=R,
+    )
+    assert (
+        at4["predicted_kl"] <= at4["uniform"]["kivi-4"]["predicted_kl"]
+    )  # uniform kivi-4 fits its own bytes
+
+
+def test_a_larger_budget_never_predicts_more_damage(fragile, result):
+    spec = _spec(fragile)
+    last = float("inf")
+    for fraction in ("0.2", "0.3", "0.5", "1"):
+        budget = budget_bytes(spec, fraction, CONTEXT, group_size=G, residual_length=R)
+        out = allocate(spec, result["kl"], budget, CONTEXT, group_size=G, residual_length=R)
+        assert out["plan_bytes"] <= budget and out["predicted_kl"] <= last
+        last = out["predicted_kl"]
+    assert last == 0.0  # the whole float cache fits: every layer float
+
+
+def test_a_budget_below_the_smallest_plan_is_refused_in_one_line(fragile, result):
+    spec = _spec(fragile)
+    smallest = budget_bytes(spec, "kivi-2", CONTEXT, group_size=G, residual_length=R)
+    allocate(spec, result["kl"], smallest, CONTEXT, group_size=G, residual_length=R)  # exactly fits
+    with pytest.raises(
+        ValueError, match=rf"budget {smallest - 1:,} B is below the smallest plan: every layer "
+    ):
+        allocate(spec, result["kl"], smallest - 1, CONTEXT, group_size=G, residual_length=R)
+    for bad, match in (("0", r"must be in \(0, 1\]"), ("kivi-3", "neither a fraction")):
+        with pytest.raises(ValueError, match=match):
+            budget_bytes(spec, bad, CONTEXT)
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "float"])
+def test_the_round_trip_is_what_the_cache_reads_back(fmt):
+    """After a prefill, the next step's attention reads exactly ``roundtrip`` of the prefill's K and V."""
+    torch.manual_seed(0)
+    keys, values = torch.randn(2, 2, 100, 32), torch.randn(2, 2, 100, 32)
+    if fmt.startswith("kivi"):
+        cache = KIVICache(nbits=int(fmt[-1]), group_size=G, residual_length=R)
+    else:
+        cache = FP8Cache(attention="dequantize")
+    cache.update(keys, values, 0)
+    got_k, got_v = cache.update(torch.zeros(2, 2, 1, 32), torch.zeros(2, 2, 1, 32), 0)
+    assert torch.equal(got_k[..., :100, :], roundtrip(keys, fmt, "k", G, R))
+    assert torch.equal(got_v[..., :100, :], roundtrip(values, fmt, "v", G, R))
+
+
+def test_allocate_writes_a_plan_the_mixed_cache_runs(fragile, result, tmp_path, capsys):
+    """``kvlab sensitivity allocate`` on a sweep file: a plan file named for ``mixed-<name>``, which MixedCache
+    builds for the model; a budget below the smallest plan is one error line, status 2."""
+    import json
+
+    from kvlab.caches.mixed import MixedCache
+    from kvlab.cli import main
+    from kvlab.commands.sensitivity import SWEEP_KIND
+
+    sweep_file = tmp_path / "sweep.json"
+    config = {**fragile.config.to_dict(), "torch_dtype": "float32"}
+    sweep_file.write_text(
+        json.dumps(
+            {"kind": SWEEP_KIND, "model_config": config, "group_size": G, "residual_length": R, **result}
+        )
+    )
+    args = ["sensitivity", "allocate", str(sweep_file), "--name", "tiny-b3", "--out-dir", str(tmp_path)]
+    assert main([*args, "--budget", "kivi-k4v2"]) == 0
+    plan = json.loads((tmp_path / "tiny-b3.json").read_text())
+    assert plan["allocation"]["plan_bytes"] <= plan["allocation"]["budget_bytes"]
+    cache = MixedCache(plan, fragile.config, group_size=G, residual_length=R)
+    assert len(cache.layers) == 4
+    capsys.readouterr()
+    assert main([*args, "--budget", "0.01", "--force"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "below the smallest plan" in err[0], err
