@@ -5,7 +5,7 @@ For each held-out prompt of ``context`` tokens followed by ``n`` continuation to
 1. one float prefill of the prompt (a ``DynamicCache``): its K/V per layer, ``[1, kv_heads, context, head_dim]``;
 2. for every choice ``(layer, half, format)`` (``half`` is ``"k"`` or ``"v"``) a copy of those states in which only
    that layer's keys or values went through the format's round trip, exactly what the cache stores and reads back
-   after the prefill: KIVI (arXiv:2402.02750 §3) quantizes the ``Q(context)`` oldest tokens (keys per-channel in
+   after the prefill: KIVI (arXiv:2402.02750, section 3) quantizes the ``Q(context)`` oldest tokens (keys per-channel in
    groups of ``G`` tokens, values per-token in groups of ``G`` channels) and keeps the newest in full precision;
    FP8 e4m3 scales per head, calibrated on the prefill (:mod:`kvlab.quant.fp8`);
 3. the ``n`` continuation tokens teacher-forced in one forward over each copy (rows of one batch: row 0 the float

@@ -122,7 +122,7 @@ class MixedCache(Cache):
             model whose layers are not all full attention; no ``config``; KIVI settings ``KIVIConfig`` refuses, or
             a head_dim that ``group_size`` does not divide.
 
-    Source: KIVI (arXiv:2402.02750) §3 and the mechanics chapter's FP8 section for the formats; KVQuant
+    Source: KIVI (arXiv:2402.02750, section 3) and the mechanics chapter's FP8 section for the formats; KVQuant
     (arXiv:2401.18079) and KVTuner for precision chosen per layer; docs/MIXED.md for how kvlab chooses it.
     """
 

@@ -11,7 +11,7 @@ A plan file is JSON::
 the plan does not name (so "all FP8 except layers 0 and 1 in float", vLLM's ``--kv-cache-dtype-skip-layers``, is
 three lines). Formats (:data:`FORMATS`):
 
-* ``kivi-2`` / ``kivi-4`` / ``kivi-8``: KIVI codes (arXiv:2402.02750 §3: keys per-channel, values per-token, the
+* ``kivi-2`` / ``kivi-4`` / ``kivi-8``: KIVI codes (arXiv:2402.02750, section 3: keys per-channel, values per-token, the
   newest tokens in a full-precision residual window); a layer's keys and values may take different widths;
 * ``fp8-e4m3``: float8 e4m3 with per-head scales calibrated on the prefill (kvlab's ``FP8Cache``);
 * ``float``: unquantized, in the model's dtype (bf16 for a bf16 model).
