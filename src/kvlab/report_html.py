@@ -292,7 +292,7 @@ WARNING_KEYS = (
 )
 
 
-# what the summary's fields are called on the page (kvlab.eval.runner.summarize writes them); a field not named
+# what the summary's fields are called on the page (kvlab.eval.decision.summarize writes them); a field not named
 # here is shown under its key, so nothing in the file is hidden
 SUMMARY_LABELS = {
     "decision": "decision",

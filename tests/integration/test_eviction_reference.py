@@ -11,8 +11,8 @@ from kvlab.caches.sink import SinkCache
 from kvlab.caches.snapkv import SnapKVCache
 from kvlab.eval.candidates import Candidate, check_candidate_names
 from kvlab.eval.config import Gates
+from kvlab.eval.decision import apply_gates
 from kvlab.eval.longctx import heldout_probes, long_context_fields, measure_long_context, prefill_states
-from kvlab.eval.runner import apply_gates
 
 CONTEXT = 512
 PROTECTED_TAIL = 128 + 32  # the eval's default R + G: needles lie before the newest 160 tokens

@@ -13,8 +13,8 @@ from transformers import DynamicCache
 
 from kvlab.caches import KIVICache
 from kvlab.eval.config import Gates
+from kvlab.eval.decision import apply_gates, decide
 from kvlab.eval.longctx import heldout_probes, long_context_fields, measure_long_context, prefill_states
-from kvlab.eval.runner import apply_gates, decide
 from tests.damaged_caches import NewestTokensCache
 
 CONTEXT = 512

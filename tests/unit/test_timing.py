@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from kvlab.eval.config import Gates
-from kvlab.eval.runner import decide, latency_warning, summarize
+from kvlab.eval.decision import decide, latency_warning, summarize
 from kvlab.report_html import render_html
 from kvlab.runtime import timing
 from kvlab.runtime.timing import Snapshot, contention, default_threads, interleaved, paired_ratio
@@ -177,7 +177,7 @@ def _row(candidate, ctx, trusted, saved=100, latency=3.0):
         "latency_trusted": trusted,
     }
     if candidate != "dynamic":
-        from kvlab.eval.runner import apply_gates
+        from kvlab.eval.decision import apply_gates
 
         row["gates"] = apply_gates(row, Gates())
         if not trusted:

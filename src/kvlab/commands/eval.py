@@ -470,6 +470,7 @@ def run(args: argparse.Namespace) -> int:
     if args.resume is not None:
         return _resume(args, err)
     from kvlab.eval.io import ensure_writable, result_path, write_json_atomic
+    from kvlab.eval.records import set_status
     from kvlab.eval.runner import new_result
 
     label = args.label
@@ -504,7 +505,7 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"[yellow]note:[/] {note}")
     result = new_result(cfg, label, _argv())
     if args.dry_run:
-        result["status"] = "dry_run"
+        set_status(result, "dry_run")
     try:  # the plan (a dry run's whole result): a folder that takes no file fails now, not after the model loads
         write_json_atomic(path, result)
     except OSError as exc:  # names `path`, not the hidden temporary file (kvlab.runtime.atomic)
@@ -567,13 +568,12 @@ def _resume(args: argparse.Namespace, err) -> int:
 def _claim(path, result: dict) -> None:
     """Mark ``path`` as being written by this process (``provenance.running_in``), status ``running``."""
     from kvlab.eval.io import write_json_atomic
+    from kvlab.eval.records import set_status
     from kvlab.eval.resume import running_in
 
-    claimed = {
-        **result,
-        "status": "running",
-        "provenance": {**result["provenance"], "running_in": running_in()},
-    }
+    claimed = set_status(
+        {**result, "provenance": {**result["provenance"], "running_in": running_in()}}, "running"
+    )
     write_json_atomic(path, claimed)  # the result in memory keeps its status: the resume records it
 
 
@@ -651,8 +651,10 @@ def _load(args, cfg, result, path, err, resumed: bool):
     another model or device is refused, the file left as it was. A resumed ``result`` is then made ready to
     continue (:func:`kvlab.eval.resume.prepare_resume`)."""
     from kvlab.eval.io import write_json_atomic
-    from kvlab.eval.runner import check_against_model, context_limit_warnings, describe_model, resolve_device
+    from kvlab.eval.model_info import check_against_model, context_limit_warnings, describe_model
+    from kvlab.eval.records import fail_run
     from kvlab.models import load_model
+    from kvlab.runtime.device import resolve_device
 
     try:
         device = resolve_device(cfg.device)
@@ -660,10 +662,11 @@ def _load(args, cfg, result, path, err, resumed: bool):
         model, tokenizer = load_model(cfg.model, dtype=cfg.dtype, device=str(device))
         model_info = describe_model(model, cfg.model, cfg.dtype, str(device))
     except (Exception, KeyboardInterrupt) as exc:  # recorded, not lost (nor left as "planned")
-        result["status"] = "failed"
-        message = "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else str(exc)
-        result["failures"].append(
-            {"candidate": None, "stage": "load_model", "type": type(exc).__name__, "message": message}
+        fail_run(
+            result,
+            "load_model",
+            exc,
+            "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else None,
         )
         write_json_atomic(path, result)
         return fail(
@@ -683,10 +686,7 @@ def _load(args, cfg, result, path, err, resumed: bool):
     except (
         ValueError
     ) as exc:  # a setting only the loaded model can refute: recorded, exit 2 as for the others
-        result["status"] = "failed"
-        result["failures"].append(
-            {"candidate": None, "stage": "settings", "type": "ValueError", "message": str(exc)}
-        )
+        fail_run(result, "settings", exc)
         write_json_atomic(path, result)
         return fail(args, f"{exc} (recorded in {path})")
     if resumed:
@@ -715,15 +715,17 @@ def _argv() -> list[str] | None:
 def _run_real(args, cfg, result, path, err, resumed: bool = False) -> int:
     import signal
 
+    from kvlab.eval.cells import count_steps
     from kvlab.eval.io import write_json_atomic
+    from kvlab.eval.records import fail_run, set_status
     from kvlab.eval.resume import running_in
-    from kvlab.eval.runner import count_steps, run_eval
+    from kvlab.eval.runner import run_eval
 
     loaded = _load(args, cfg, result, path, err, resumed)
     if isinstance(loaded, int):
         return loaded
     model, tokenizer, model_info = loaded
-    result["status"] = "running"
+    set_status(result, "running")
     result["provenance"]["running_in"] = running_in()  # a second --resume of this file refuses while it lives
     write_json_atomic(path, result)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
@@ -745,16 +747,11 @@ def _run_real(args, cfg, result, path, err, resumed: bool = False) -> int:
                 notify=lambda msg: err.print(f"[yellow]warning: {msg}[/]"),
             )
     except (KeyboardInterrupt, _Terminated) as exc:
-        result["status"] = "failed"
-        message = "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else str(exc)
-        result["failures"].append(
-            {"candidate": None, "stage": "run", "type": type(exc).__name__, "message": message}
+        fail_run(
+            result, "run", exc, "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else None
         )
     except Exception as exc:
-        result["status"] = "failed"
-        result["failures"].append(
-            {"candidate": None, "stage": "run", "type": type(exc).__name__, "message": str(exc)}
-        )
+        fail_run(result, "run", exc)
     finally:
         signal.signal(signal.SIGTERM, previous)
     write_json_atomic(path, result)

@@ -374,7 +374,7 @@ def inspect_model(
         ValueError / FileNotFoundError / OSError: as :func:`kvlab.models.load_model`,
             :func:`kvlab.models.heldout_token_ids`, ``before_forward`` and :func:`inspect_kv`.
     """
-    from kvlab.eval.runner import describe_model
+    from kvlab.eval.model_info import describe_model
     from kvlab.models import heldout_token_ids, load_model
 
     lm, tokenizer = load_model(model, dtype=dtype, device=device)

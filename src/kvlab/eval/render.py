@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from kvlab.eval.decision import BYTE_TIE
+
 MIB = 1024**2
 
 
@@ -204,12 +206,8 @@ def passkey_tables(result: dict, width: int | None) -> list[Table]:
     return [] if grid is None else _fit(grid, width)
 
 
-# bytes saved within this fraction of the most an eligible row saves count as a tie (kvlab.eval.runner.decide)
-BYTE_TIE = 0.01
-
-
 def decision_rule(summary: dict) -> str | None:
-    """How :func:`kvlab.eval.runner.decide` chose among several eligible rows, in words (None for one or none)."""
+    """How :func:`kvlab.eval.decision.decide` chose among several eligible rows, in words (None for one or none)."""
     n = summary.get("eligible_candidate_count", 0) if isinstance(summary, dict) else 0
     if n <= 1 or not summary.get("selected_candidate"):
         return None
@@ -286,12 +284,12 @@ def gate_names(gates) -> list[str]:
     return [GATE_NAMES.get(str(g), str(g)) for g in gates or ()]
 
 
-# the decision of kvlab.eval.runner.decide when no capacity row passed every gate
+# the decision of kvlab.eval.decision.decide when no capacity row passed every gate
 NO_CANDIDATE = "tune_cache_policy"
 
 
 def no_candidate_advice(result: dict) -> str | None:
-    """For the decision ``tune_cache_policy`` (:func:`kvlab.eval.runner.decide`: no candidate row of the capacity
+    """For the decision ``tune_cache_policy`` (:func:`kvlab.eval.decision.decide`: no candidate row of the capacity
     matrix passed every gate): what it means, the gates the rows failed on with their counts, and what to try;
     None for any other decision."""
     summary = result.get("summary") if isinstance(result, dict) else None

@@ -23,9 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from kvlab.eval.cells import cell_keys, plan_cells
 from kvlab.eval.config import EvalConfig
 from kvlab.eval.io import read_result
-from kvlab.eval.runner import cell_keys, plan_cells
 from kvlab.runtime.provenance import software_info
 
 FINISHED = ("complete", "partial")  # a run that reached its summary: nothing to resume
@@ -131,7 +131,7 @@ def check_software(path: str | Path, recorded: Any) -> None:
 
 
 def check_same_model(path: str | Path, result: dict, model_info: dict) -> None:
-    """Refuse to resume onto another model or device: ``model_info`` (:func:`kvlab.eval.runner.describe_model` of
+    """Refuse to resume onto another model or device: ``model_info`` (:func:`kvlab.eval.model_info.describe_model` of
     the model now loaded) must have the ``fingerprint`` and ``device`` the earlier session recorded (a run
     interrupted before its model loaded recorded none: nothing to compare).
 

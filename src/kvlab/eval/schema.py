@@ -19,24 +19,28 @@ A result is one JSON object::
                      entry per session of kvlab eval --resume (kvlab.eval.resume.prepare_resume)
     cells_done?     [{matrix, context_length}] of each finished cell (timed and its rows written, or its baseline
                      failed), in the order they finished; absent in files older than kvlab eval --resume
-    rows            [{matrix in {"capacity", "window"}, candidate, context_length, residual_length, group_size,
-                      median_ms, min_ms, timings_ms (the cell's caches timed interleaved, order rotated per
-                      round), timing_spread (max/min of the timed calls), ms_per_token, timing_contention
-                      {wall_s, cpu_s, threads, cpu_share, other_cores, steal_cores, load_avg_1m, busy, reason},
+    rows            [kvlab.eval.records.Row.to_json(): {matrix in {"capacity", "window"}, candidate, family, nbits,
+                      context_length, new_tokens, residual_length, group_size, median_ms, min_ms, timings_ms (the
+                      cell's caches timed interleaved, order rotated per round), timing_spread (max/min of the timed
+                      calls), ms_per_token, timing_contention {wall_s, cpu_s, threads, cpu_share, other_cores,
+                      steal_cores, load_avg_1m, busy, reason},
                       latency_trusted (false: the machine was busy; the latency gate is then null, not used),
-                      incremental_peak_bytes, cache_bytes, mean_nll,
-                      and for non-baseline rows: cache_bytes_ratio, cache_bytes_saved, nll_delta, nll_ratio,
-                      topk_overlap, latency_ratio (median of same-round ratios), latency_ratio_min/_max,
-                      latency_ratio_unpaired (median / median, for comparison), greedy_exact_match, token_agreement_rate,
-                      first_divergence_index, gates {...: bool}, eligible,
-                      kl_mean, kl_p99, kl_max (nats; KL(float || candidate) per continuation position),
+                      incremental_peak_bytes, peak_memory_method, cache_tokens, cache_bytes, cache_bytes_breakdown,
+                      cache_counts (FP8: elements saturated / flushed), mean_nll, prefill_ms, prefill_shared, decode_ms,
+                      and for non-baseline rows: dynamic_cache_bytes, cache_bytes_ratio, cache_bytes_saved, nll_delta,
+                      nll_ratio, topk_overlap, latency_ratio (median of same-round ratios), latency_ratio_min,
+                      latency_ratio_max, latency_ratio_unpaired (median / median, for comparison),
+                      incremental_peak_saved_bytes, incremental_peak_reduction_ratio, decode_latency_ratio,
+                      greedy_exact_match, token_agreement_rate, first_divergence_index, gates {...: bool}, eligible,
+                      kl_mean, kl_p99, kl_max, kl_positions (nats; KL(float || candidate) per continuation position),
                       and where the probes ran (kvlab.eval.longctx):
                       recall {accuracy, mean_nll, scored_tokens, distances [{distance_tokens, rows, scored_tokens,
                       accuracy, mean_nll, accuracy_drop?}]}, recall_accuracy, recall_nll, recall_drop,
                       recall_nll_delta, passkey {accuracy, correct, trials, ci95, depths [{depth, trials, correct,
                       accuracy, ci95 [low, high], accuracy_drop?}]}, passkey_accuracy, passkey_drop,
                       long_context_ms}]
-    failures        [{matrix?, candidate, context_length, residual_length, stage, type, message}]; a failure of the run
+    failures        [kvlab.eval.records.Failure.to_json(): {matrix?, candidate, context_length, residual_length, stage,
+                     type, message, traceback_tail?}]; a failure of the run
                      itself (the model load, an interrupt) has candidate, context and matrix null or absent
     summary         {memory_reduction_onset_context, eligible_crossover_context, selected_candidate, decision,
                       decision_gates (the gates the selected row was judged on), latency_trusted,

@@ -2,7 +2,7 @@
 their work starts, and how they cut long loops into reported steps.
 
 * **positions**: a ``--tokens`` past the model's ``max_position_embeddings`` is warned about, not refused, as
-  ``kvlab eval`` does (:func:`kvlab.eval.runner.context_limit_warnings`): a RoPE model still runs there, but the
+  ``kvlab eval`` does (:func:`kvlab.eval.model_info.context_limit_warnings`): a RoPE model still runs there, but the
   numbers describe positions it was never trained on. :func:`position_warning` words it, :func:`max_positions`
   reads the limit from a loaded model's config, :func:`configured_max_positions` from the files, before loading.
 * **memory**: :func:`available_memory_bytes` (``MemAvailable`` of ``/proc/meminfo``) against a run's estimate;

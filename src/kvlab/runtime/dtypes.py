@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import torch
 
 from kvlab.runtime.checks import check_int
+from kvlab.runtime.dtype_speed import SLOW_DTYPE_RATIO
 
 DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,  # the quantization chapter's model dtype
@@ -29,9 +30,6 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
         return DTYPES[dtype]
     raise ValueError(f"`dtype` must be one of {sorted(DTYPES)}, got {dtype!r}")
 
-
-# a model-dtype matmul taking more than this many times the float32 one means the CPU emulates the dtype
-SLOW_DTYPE_RATIO = 2.0
 
 # the GEMM timed by matmul_time_ratio: a prefill-like [tokens, hidden] x [hidden, out] product
 _RATIO_SHAPE = (512, 256, 1024)

@@ -254,7 +254,7 @@ def test_an_empty_out_dir_is_refused(tmp_path, capsys, monkeypatch):
 def test_top_k_beyond_the_vocabulary_is_refused_before_any_cell(tiny_qwen2):
     """--top-k 100000 on an 8,192-token vocabulary failed in the first cell ('selected index k out of range')."""
     from kvlab.eval.config import EvalConfig
-    from kvlab.eval.runner import check_against_model
+    from kvlab.eval.model_info import check_against_model
 
     vocab = tiny_qwen2.config.vocab_size
     check_against_model(EvalConfig(top_k=vocab), tiny_qwen2)
@@ -264,7 +264,7 @@ def test_top_k_beyond_the_vocabulary_is_refused_before_any_cell(tiny_qwen2):
 
 def test_cells_past_the_model_position_limit_are_warned(tiny_qwen2):
     """--contexts 99999 planned and ran without a word on a model trained to 2,048 positions."""
-    from kvlab.eval.runner import context_limit_warnings
+    from kvlab.eval.model_info import context_limit_warnings
 
     limit = tiny_qwen2.config.max_position_embeddings
     assert (

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvlab.eval.runner import SLOW_DTYPE_RATIO, dtype_warning, summarize
+from kvlab.eval.decision import dtype_warning, summarize
 from kvlab.eval.schema import validate_result
+from kvlab.runtime.dtype_speed import SLOW_DTYPE_RATIO
 from kvlab.runtime.dtypes import matmul_time_ratio
 from kvlab.runtime.provenance import hardware_info
 

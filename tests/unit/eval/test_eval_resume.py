@@ -10,9 +10,10 @@ import json
 import pytest
 
 from kvlab.eval import runner
+from kvlab.eval.cells import count_steps
 from kvlab.eval.config import EvalConfig, Gates
 from kvlab.eval.resume import load_resumable, prepare_resume
-from kvlab.eval.runner import count_steps, new_result, run_eval
+from kvlab.eval.runner import new_result, run_eval
 from kvlab.eval.schema import validate_result
 from tests.conftest import make_tiny_qwen2
 from tests.unit.eval.test_eval_unit import CharTokenizer, tiny_config
@@ -96,9 +97,9 @@ def cfg_of(**kw) -> EvalConfig:
 
 
 def interrupt_after(monkeypatch, method: str, calls: int) -> None:
-    """A Ctrl-C right after the ``calls``-th call of ``_Matrix.<method>`` returns (``time``: that cell's rows are
+    """A Ctrl-C right after the ``calls``-th call of ``_Run.<method>`` returns (``time``: that cell's rows are
     written; ``measure``: still in the untimed phase)."""
-    real = getattr(runner._Matrix, method)
+    real = getattr(runner._Run, method)
     seen = []
 
     def wrapped(self, *args, **kwargs):
@@ -108,7 +109,7 @@ def interrupt_after(monkeypatch, method: str, calls: int) -> None:
             raise KeyboardInterrupt
         return out
 
-    monkeypatch.setattr(runner._Matrix, method, wrapped)
+    monkeypatch.setattr(runner._Run, method, wrapped)
 
 
 @pytest.mark.parametrize("method, kept", [("time", 1), ("measure", 0)])

@@ -9,7 +9,8 @@ import pytest
 
 from kvlab.cli import main
 from kvlab.eval import runner
-from kvlab.eval.runner import new_result, summarize
+from kvlab.eval.decision import summarize
+from kvlab.eval.runner import new_result
 from kvlab.eval.schema import validate_result
 from tests.conftest import make_tiny_qwen2
 from tests.unit.eval.test_eval_resume import interrupt_after, same_rows
@@ -81,11 +82,11 @@ def test_eval_resume_continues_an_interrupted_run_in_place(tmp_path, capsys, mon
     without a word, its file left ``running``) keeps it, measures the others and ends as an uninterrupted run."""
     assert main([*TINY, "--out-dir", str(tmp_path), "--label", "whole"]) == 0
     whole = json.loads((tmp_path / "whole.json").read_text())
-    real_time = runner._Matrix.time
+    real_time = runner._Run.time
     interrupt_after(monkeypatch, "time", 1)
     path = tmp_path / "cut.json"
     assert main([*TINY, "--out-dir", str(tmp_path), "--label", "cut"]) == 1
-    monkeypatch.setattr(runner._Matrix, "time", real_time)
+    monkeypatch.setattr(runner._Run, "time", real_time)
     cut = json.loads(path.read_text())
     assert cut["status"] == "failed" and cut["cells_done"] == [{"matrix": "capacity", "context_length": 96}]
     assert len(cut["rows"]) == 4 and cut["failures"][-1]["type"] == "KeyboardInterrupt"
@@ -117,14 +118,14 @@ def test_eval_resume_continues_an_interrupted_run_in_place(tmp_path, capsys, mon
 def test_a_resume_interrupted_again_can_be_resumed(tmp_path, capsys, monkeypatch, loaded):
     """Interrupted in the first session after one cell, in the resumed one after one more: the second resume keeps
     both and measures the last."""
-    real_time = runner._Matrix.time
+    real_time = runner._Run.time
     interrupt_after(monkeypatch, "time", 1)
     path = tmp_path / "twice.json"
     assert main([*TINY, "--out-dir", str(tmp_path), "--label", "twice"]) == 1
-    monkeypatch.setattr(runner._Matrix, "time", real_time)
+    monkeypatch.setattr(runner._Run, "time", real_time)
     interrupt_after(monkeypatch, "time", 1)
     assert main(["eval", "--resume", str(path)]) == 1
-    monkeypatch.setattr(runner._Matrix, "time", real_time)
+    monkeypatch.setattr(runner._Run, "time", real_time)
     assert len(json.loads(path.read_text())["cells_done"]) == 2
     assert main(["eval", "--resume", str(path)]) == 0
     result = json.loads(path.read_text())

@@ -9,8 +9,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from kvlab.cli import main
 from kvlab.eval import candidates as cand_mod
 from kvlab.eval.config import EvalConfig, Gates
+from kvlab.eval.decision import apply_gates, summarize
 from kvlab.eval.io import ensure_writable, read_result, write_json_atomic
-from kvlab.eval.runner import apply_gates, new_result, run_eval, summarize
+from kvlab.eval.runner import new_result, run_eval
 from kvlab.eval.schema import validate_result
 
 
@@ -213,10 +214,11 @@ def test_cli_dry_run_then_report(tmp_path, capsys):
 
 
 def test_latency_warning_names_the_noisiest_capacity_cell():
-    from kvlab.eval.runner import UNSTABLE_TIMING_SPREAD, _spread, latency_warning
+    from kvlab.eval.decision import UNSTABLE_TIMING_SPREAD, latency_warning
+    from kvlab.eval.rows import timing_spread
 
-    assert _spread([10.0, 12.0, 11.0]) == pytest.approx(1.2)
-    assert _spread([5.0]) is None
+    assert timing_spread([10.0, 12.0, 11.0]) == pytest.approx(1.2)
+    assert timing_spread([5.0]) is None
     calm = [
         {"matrix": "capacity", "candidate": "dynamic", "context_length": 512, "timing_spread": 1.1},
         {
@@ -241,7 +243,7 @@ def test_latency_warning_names_the_noisiest_capacity_cell():
 
 
 def test_runner_times_caches_interleaved_and_pairs_the_ratio(tiny, monkeypatch):
-    import kvlab.eval.runner as runner_mod
+    import kvlab.eval.measure as runner_mod
 
     seen = []
     real = runner_mod.interleaved
@@ -266,7 +268,7 @@ def test_runner_times_caches_interleaved_and_pairs_the_ratio(tiny, monkeypatch):
 
 
 def test_runner_records_a_failure_while_timing_and_keeps_the_others(tiny, monkeypatch):
-    import kvlab.eval.runner as runner_mod
+    import kvlab.eval.measure as runner_mod
 
     real = runner_mod.generate_once
     calls = {"n": 0}
@@ -289,7 +291,7 @@ def test_runner_records_a_failure_while_timing_and_keeps_the_others(tiny, monkey
 
 
 def test_window_matrix_runs_a_cache_without_residual_once(tiny):
-    from kvlab.eval.runner import count_steps, plan_cells
+    from kvlab.eval.cells import count_steps, plan_cells
 
     cfg = tiny_config(candidates=("dynamic", "kivi-4", "fp8-e4m3"), window_residuals=(16, 32))
     window = [c for c in plan_cells(cfg) if c["matrix"] == "window"]
@@ -355,23 +357,24 @@ def test_the_run_multiplies_as_its_cpu_matmul_mode_says(tiny, monkeypatch, gemm_
 
 
 def test_a_failed_baseline_still_counts_every_step_of_its_cell(tiny, monkeypatch):
-    from kvlab.eval import runner
+    from kvlab.eval import cells
+    from kvlab.eval.measure import CellMeasurer
 
-    real = runner._Cell.measure
+    real = CellMeasurer.measure
 
     def measure(self, cand, ids, *args, **kwargs):
         if cand.family == "dynamic" and ids.shape[1] == 40:  # the baseline of the 40-token cell fails
             return None
         return real(self, cand, ids, *args, **kwargs)
 
-    monkeypatch.setattr(runner._Cell, "measure", measure)
+    monkeypatch.setattr(CellMeasurer, "measure", measure)
     cfg = tiny_config(candidates=("dynamic", "kivi-8"), window_residuals=(), contexts=(40, 72))
     result = new_result(cfg, "unit", None)
     steps = []
     run_eval(cfg, tiny, CharTokenizer(), result, {"id_or_path": "tiny"}, advance=lambda: steps.append(1))
     # per cell: baseline, kivi-8, timing; probes: recall and passkey at 40 (the passkey context), recall at 72,
     # each for both caches (the failed cell's probes still run: they are planned before any cell)
-    assert len(steps) == runner.count_steps(cfg) == 2 * (2 + 1) + (2 + 1) * 2
+    assert len(steps) == cells.count_steps(cfg) == 2 * (2 + 1) + (2 + 1) * 2
     assert [(f["candidate"], f["type"]) for f in result["failures"]] == [("kivi-8", "BaselineFailed")]
     assert {r["context_length"] for r in result["rows"]} == {72}
 
@@ -397,7 +400,7 @@ def _strip_ms(value):
     not __import__("kvlab.runtime.workers", fromlist=["x"]).fork_available(), reason="helpers are forked"
 )
 def test_the_probes_give_the_same_numbers_with_a_helper_process(tiny):
-    from kvlab.eval.runner import count_steps
+    from kvlab.eval.cells import count_steps
 
     results = {}
     for workers in (1, 2):
@@ -426,12 +429,12 @@ def test_the_probes_give_the_same_numbers_with_a_helper_process(tiny):
 def test_a_failed_probe_fails_its_candidate_and_a_failed_float_probe_drops_the_cells_probes(
     tiny, monkeypatch, workers
 ):
-    from kvlab.eval import runner
+    from kvlab.eval import probes as probes_mod
     from kvlab.runtime.workers import fork_available
 
     if workers > 1 and not fork_available():
         pytest.skip("helpers are forked")
-    real = runner.measure_long_context
+    real = probes_mod.measure_long_context
 
     def measure(model, make, probes, states=None):
         name = type(make()).__name__
@@ -442,7 +445,7 @@ def test_a_failed_probe_fails_its_candidate_and_a_failed_float_probe_drops_the_c
             raise RuntimeError("float probe broke")
         return real(model, make, probes, states)
 
-    monkeypatch.setattr(runner, "measure_long_context", measure)
+    monkeypatch.setattr(probes_mod, "measure_long_context", measure)
     cfg = tiny_config(
         candidates=("dynamic", "kivi-8"), contexts=(96, 160), window_residuals=(), threads=1, workers=workers
     )
@@ -463,19 +466,20 @@ def test_a_failed_probe_fails_its_candidate_and_a_failed_float_probe_drops_the_c
 
 
 def test_probe_jobs_are_grouped_by_prefill_largest_first_float_cache_leading(tiny):
-    from kvlab.eval.runner import _cells, _Matrix
+    from kvlab.eval.cells import run_cells, runnable
+    from kvlab.eval.probes import LongContextProbes
 
     cfg = tiny_config(
         candidates=("dynamic", "kivi-8", "kivi-2"), contexts=(96, 160), window_context=96, threads=1
     )
     result = new_result(cfg, "unit", None)
     result["provenance"]["prompts"] = []
-    run = _Matrix(cfg, tiny, CharTokenizer(), result, lambda m: None, lambda: None)
-    jobs = run.probe_jobs(_cells(cfg))
+    probes = LongContextProbes(cfg, tiny, CharTokenizer(), result, runnable(cfg))
+    jobs = probes.plan(run_cells(cfg), frozenset(), lambda m: None, lambda: None)
     groups = [(j.kind, j.ctx) for j in jobs]
     order = list(dict.fromkeys(groups))
     assert groups == sorted(groups, key=order.index), "each prefill group is one contiguous run of jobs"
-    sizes = [run.long_ctx.probe(*g).prompt_ids.numel() for g in order]
+    sizes = [probes.probe(*g).prompt_ids.numel() for g in order]
     assert sizes == sorted(sizes, reverse=True), (
         "the largest prefill first, the cheapest where this process starts"
     )
@@ -488,30 +492,32 @@ def test_probe_jobs_are_grouped_by_prefill_largest_first_float_cache_leading(tin
 
 
 def test_auto_workers_fall_back_to_one_process_when_two_prefills_would_not_fit(tiny, monkeypatch):
-    from kvlab.eval.runner import _cells, _fit_workers, _Matrix
+    from kvlab.eval.cells import run_cells, runnable
+    from kvlab.eval.probes import LongContextProbes
+    from kvlab.eval.probes import fit_workers as _fit_workers
     from kvlab.runtime import provenance
 
     cfg = tiny_config(contexts=(96, 160), window_context=96, threads=1)
     result = new_result(cfg, "unit", None)
     result["provenance"]["prompts"] = []
-    run = _Matrix(cfg, tiny, CharTokenizer(), result, lambda m: None, lambda: None)
-    run.probe_jobs(_cells(cfg))
+    probes = LongContextProbes(cfg, tiny, CharTokenizer(), result, runnable(cfg))
+    probes.plan(run_cells(cfg), frozenset(), lambda m: None, lambda: None)
     # the tiny model: 2 layers x 2 (K, V) x 2 KV heads x 16 dims x 4 bytes (float32) per token
-    largest = max(p.prompt_ids.numel() for p in run.long_ctx.built().values()) * 2 * 2 * 2 * 16 * 4
+    largest = max(p.prompt_ids.numel() for p in probes.built().values()) * 2 * 2 * 2 * 16 * 4
     monkeypatch.setattr(provenance, "available_memory_bytes", lambda: 4 * largest)
-    assert _fit_workers(cfg, tiny, run.long_ctx, 2) == (2, None), "2 x largest is half of what is free: fits"
+    assert _fit_workers(cfg, tiny, probes, 2) == (2, None), "2 x largest is half of what is free: fits"
     monkeypatch.setattr(provenance, "available_memory_bytes", lambda: 4 * largest - 1)
-    workers, note = _fit_workers(cfg, tiny, run.long_ctx, 2)
+    workers, note = _fit_workers(cfg, tiny, probes, 2)
     assert workers == 1 and "more than half the available memory" in note
     explicit = tiny_config(contexts=(96, 160), window_context=96, threads=1, workers=2)
-    assert _fit_workers(explicit, tiny, run.long_ctx, 2) == (2, None), "an explicit --workers is kept"
+    assert _fit_workers(explicit, tiny, probes, 2) == (2, None), "an explicit --workers is kept"
 
 
 def test_latency_warning_names_a_single_timing_near_the_gate():
     """--quick times each cache once: a ratio of 1.90 against the 2.0 gate passed in one run and failed in the next
     (the decision flipped between kivi-4 and hqq-4). Such a verdict is now flagged; a ratio far from the gate, or
     one timed three times, is not."""
-    from kvlab.eval.runner import latency_warning
+    from kvlab.eval.decision import latency_warning
 
     def row(name, ratio, timings):
         return {

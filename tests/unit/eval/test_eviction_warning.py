@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.eval.runner import EVICTION_UNTESTED_RATIO, eviction_warning, summarize
+from kvlab.eval.decision import EVICTION_UNTESTED_RATIO, eviction_warning, summarize
 
 RECORD = Path(__file__).resolve().parents[3] / "docs" / "examples" / "eval-quick-eviction-2026-12-01.json"
 

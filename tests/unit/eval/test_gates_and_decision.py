@@ -1,4 +1,4 @@
-"""The runner's own gate and decision code (quantization chapter §5.4) on hand-made rows: boundaries, selection,
+"""The eval's own gate and decision code (docs/EVAL.md) on hand-made rows: boundaries, selection,
 'tune_cache_policy'. Every expected value is written out here; nothing is re-computed with the code under test."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from kvlab.eval.candidates import Candidate
 from kvlab.eval.config import EvalConfig, Gates
-from kvlab.eval.runner import _row, apply_gates, decide, summarize
+from kvlab.eval.decision import apply_gates, decide, summarize
 
 GATES = Gates(max_nll_delta=0.5, min_topk_overlap=0.6, max_latency_ratio=2.0)
 PASSING = {"nll_delta": 0.1, "topk_overlap": 0.9, "latency_ratio": 1.0, "cache_bytes_saved": 10}
@@ -78,7 +78,29 @@ def test_apply_gates_bad_input_is_named():
         apply_gates(baseline, GATES)
 
 
-# ---- _row: the runner pairs a measurement with the baseline and gates it with apply_gates -------------------------
+# ---- build_row: a measurement paired with the baseline and gated with apply_gates --------------------------------
+
+
+def row_of(matrix, cand, ctx, new_tokens, residual, group, meas, base, cfg):
+    """The JSON row :func:`kvlab.eval.rows.build_row` makes of the hand-made measurement ``meas`` (a dict of
+    :class:`~kvlab.eval.measure.Measurement` fields), paired with ``base`` (None: ``meas`` is the baseline)."""
+    from kvlab.eval.cells import Cell
+    from kvlab.eval.measure import CellMeasurement, Measurement, compare
+    from kvlab.eval.rows import build_row
+
+    def of(d, c, r):
+        return Measurement(
+            c, r, lambda: None, d["perf"], d["cache_bytes"], d["cache_tokens"], d["generated"],
+            quality=d.get("quality"), long_context=d.get("long_context"),
+        )  # fmt: skip
+
+    cell = Cell(matrix, ctx, new_tokens, (residual or 0,), group or 1)
+    if base is None:
+        bm = of(meas, Candidate.parse("dynamic"), None)
+        return build_row(CellMeasurement(cell, None, bm, []), bm, cfg).to_json()
+    bm, cm = of(base, Candidate.parse("dynamic"), None), of(meas, cand, residual)
+    cm.compared = compare(bm, cm, cfg.top_k)
+    return build_row(CellMeasurement(cell, None, bm, [cm]), cm, cfg).to_json()
 
 
 def measurement(mean_nll, topk_ids, median_ms, cache_bytes, generated):
@@ -104,7 +126,7 @@ BASE = measurement(2.0, BASE_TOPK, 100.0, 1000, [[1, 2, 3, 4], [5, 6, 7, 8]])
 def paired_row(mean_nll, topk_ids, median_ms=150.0, cache_bytes=400, gates=GATES):
     cfg = EvalConfig(top_k=2, gates=gates)
     meas = measurement(mean_nll, topk_ids, median_ms, cache_bytes, [[1, 2, 3, 4], [5, 6, 0, 8]])
-    return _row("capacity", Candidate.parse("kivi-4"), 16, 4, 128, 32, meas, BASE, cfg)
+    return row_of("capacity", Candidate.parse("kivi-4"), 16, 4, 128, 32, meas, BASE, cfg)
 
 
 def test_row_pairs_a_candidate_with_the_baseline():
@@ -139,7 +161,7 @@ def test_row_latency_and_memory_gates():
 
 def test_baseline_row_is_not_gated():
     cfg = EvalConfig(top_k=2)
-    row = _row("capacity", Candidate.parse("dynamic"), 16, 4, None, None, BASE, None, cfg)
+    row = row_of("capacity", Candidate.parse("dynamic"), 16, 4, None, None, BASE, None, cfg)
     assert "gates" not in row and "eligible" not in row and row["mean_nll"] == 2.0
 
 

@@ -114,8 +114,8 @@ def test_eval_rows_record_the_group_size_the_cache_uses(name, group):
     """An FP8 row has no group size (it was recorded as HQQ's 64); KIVI rows carry G, HQQ rows their own."""
     from kvlab.eval.candidates import Candidate
     from kvlab.eval.config import EvalConfig
-    from kvlab.eval.runner import _row
     from tests.unit.eval.test_gates_and_decision import BASE, BASE_TOPK, measurement
+    from tests.unit.eval.test_gates_and_decision import row_of as _row
 
     meas = measurement(2.0, BASE_TOPK, 100.0, 500, [[1, 2, 3, 4], [5, 6, 7, 8]])
     cfg = EvalConfig(top_k=2, hqq_group_size=64, kivi_attention="dequantize")

@@ -12,6 +12,7 @@ from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
 from kvlab.caches import KIVICache
 from kvlab.eval.config import EvalConfig, Gates
+from kvlab.eval.decision import apply_gates, decide, long_context_gates, long_context_warning
 from kvlab.eval.divergence import kl_divergence, kl_summary, percentile
 from kvlab.eval.longctx import (
     PASSKEY_NEEDLE,
@@ -31,7 +32,6 @@ from kvlab.eval.longctx import (
     recall_metrics,
     token_scores,
 )
-from kvlab.eval.runner import apply_gates, decide, long_context_gates, long_context_warning
 from kvlab.eval.stats import wilson_interval
 from kvlab.runtime.hf_api import cache_kwarg
 from tests.damaged_caches import NewestTokensCache
@@ -458,7 +458,7 @@ def test_long_context_warning_names_a_baseline_that_does_not_retrieve():
     assert long_context_warning(rows) is None
 
 
-# ── the runner's _row: KL and long-context fields wired into a paired row ──────────────────────────────────────
+# ── build_row: KL and long-context fields wired into a paired row ──────────────────────────────────────
 def _measurement(logits: torch.Tensor, long_context: dict | None) -> dict:
     meas = {
         "perf": {"median_ms": 100.0, "min_ms": 100.0, "timings_ms": [100.0], "ms_per_token": 25.0,
@@ -476,7 +476,7 @@ def _measurement(logits: torch.Tensor, long_context: dict | None) -> dict:
 
 def test_row_carries_kl_from_base_to_candidate_and_the_long_context_gates():
     from kvlab.eval.candidates import Candidate
-    from kvlab.eval.runner import _row
+    from tests.unit.eval.test_gates_and_decision import row_of as _row
 
     # batch 2, one step: row 0 P=(1/2,1/2) vs Q=(1/4,3/4); row 1 identical
     base_logits = torch.stack([torch.stack([_log(0.5, 0.5)]), torch.stack([_log(0.1, 0.9)])]).float()

@@ -11,7 +11,7 @@ import pytest
 from kvlab.cli import main
 from kvlab.eval import candidates as cand_mod
 from kvlab.eval.config import EvalConfig
-from kvlab.eval.runner import check_against_model
+from kvlab.eval.model_info import check_against_model
 from kvlab.eval.schema import validate_result
 from tests.conftest import make_tiny_qwen2
 from tests.unit.eval.test_eval_unit import CharTokenizer

@@ -1,6 +1,6 @@
 """A probe that does not fit a context leaves that context's rows without its gate: the summary must say so."""
 
-from kvlab.eval.runner import not_measured_warning
+from kvlab.eval.decision import not_measured_warning
 
 
 def _result(missing):

@@ -10,8 +10,8 @@ from transformers import DynamicCache
 
 from kvlab.caches.registry import resolve
 from kvlab.eval.config import EvalConfig
+from kvlab.eval.measure import CellMeasurer
 from kvlab.eval.metrics import fixed_continuation
-from kvlab.eval.runner import _Cell
 from tests.conftest import make_tiny_qwen2, random_prompt
 
 
@@ -26,7 +26,7 @@ def tiny():
 
 
 def _baseline(model, ids, continuation):
-    return {"quality": fixed_continuation(model, ids, continuation, DynamicCache(), 5)}
+    return fixed_continuation(model, ids, continuation, DynamicCache(), 5)
 
 
 @pytest.mark.parametrize("name", ["dynamic", "kivi-4", "kivi-2", "fp8-e4m3", "fp8-e4m3-hadamard", "sink"])
@@ -37,7 +37,7 @@ def test_shared_prefill_scores_equal_the_caches_own(tiny, name):
     def make():
         return entry.make(tiny.config)
 
-    cell = _Cell(EvalConfig(top_k=5), tiny, 0, {"failures": []}, print)
+    cell = CellMeasurer(EvalConfig(top_k=5), tiny, 0, {"failures": []}, print)
     shared = cell.quality(make, ids, continuation, _baseline(tiny, ids, continuation))
     own = fixed_continuation(tiny, ids, continuation, make(), 5)
     assert shared["prefill_shared"] is True
@@ -54,7 +54,7 @@ def test_a_cache_that_refuses_the_fill_runs_its_own_prefill(tiny):
             return super().update(key_states * 0.5, value_states * 0.5, layer_idx, *args, **kwargs)
 
     ids, continuation = random_prompt(1, 64, seed=3), random_prompt(1, 4, seed=4)
-    cell = _Cell(EvalConfig(top_k=5), tiny, 0, {"failures": []}, print)
+    cell = CellMeasurer(EvalConfig(top_k=5), tiny, 0, {"failures": []}, print)
     q = cell.quality(Halving, ids, continuation, _baseline(tiny, ids, continuation))
     own = fixed_continuation(tiny, ids, continuation, Halving(), 5)
     assert q["prefill_shared"] is False

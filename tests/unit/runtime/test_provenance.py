@@ -48,7 +48,7 @@ def test_callers_use_the_runtime_helpers():
     from kvlab.bench import results
     from kvlab.eval import runner
 
-    assert runner.hardware_info is provenance.hardware_info
+    assert runner.hardware_info is provenance.hardware_info  # the driver records the machine with these
     assert runner.software_info is provenance.software_info
     assert results.make_record("decode", {}, "kvlab bench decode", True)["machine"].keys() == (
         provenance.machine_info().keys()

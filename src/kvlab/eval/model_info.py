@@ -1,0 +1,105 @@
+"""What a ``kvlab eval`` run records and checks about its loaded model before any cell: its provenance, the
+settings only the model can refute, the cells past its trained positions, and the attention it runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvlab.eval.candidates import Candidate, check_model_shape
+from kvlab.eval.config import EvalConfig
+from kvlab.eval.render import BUNDLED_ID
+from kvlab.runtime.dtypes import float32_attention
+
+
+def describe_model(model: Any, model_arg: str | None, dtype: str, device: str) -> dict:
+    """Provenance of the model: id or path, content fingerprint (or resolved commit), source (kind; for a GGUF or
+    named model the package, its version, the GGUF sha256 and what the weights are), architecture summary."""
+    from kvlab.models import model_fingerprint, model_source, reference_model_path
+
+    path = str(reference_model_path()) if model_arg is None else model_arg
+    text = model.config.get_text_config(decoder=True)
+    heads = text.num_attention_heads
+    source = model_source(model_arg)
+    return {
+        "id_or_path": BUNDLED_ID if model_arg is None else model_arg,
+        "path": path,
+        "fingerprint": model_fingerprint(path),
+        "source": {"kind": source.kind, **source.provenance},
+        "dtype": dtype,
+        "device": device,
+        "architecture": type(model).__name__,
+        "num_layers": text.num_hidden_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": getattr(text, "num_key_value_heads", None) or heads,
+        "head_dim": getattr(text, "head_dim", None) or text.hidden_size // heads,
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def check_against_model(cfg: EvalConfig, model: Any) -> None:
+    """Settings only the loaded model can refute, checked before any cell runs.
+
+    Raises:
+        ValueError: ``top_k`` (--top-k) larger than the model's vocabulary (the top-k overlap would fail in the
+            first cell, after the model load, as ``selected index k out of range``); a KIVI group size
+            (--group-size, --window-group-size) or HQQ/quanto group size (--hqq-group-size) the model's head_dim
+            and KV heads refute (:func:`kvlab.eval.candidates.check_model_shape`: every cell of those candidates
+            would fail at generate).
+    """
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int) and cfg.top_k > vocab:
+        raise ValueError(f"`top_k` (--top-k) {cfg.top_k} exceeds the model's vocabulary ({vocab:,} tokens)")
+    heads = getattr(config, "num_attention_heads", None)
+    head_dim = getattr(config, "head_dim", None)
+    if not isinstance(head_dim, int) and isinstance(heads, int) and heads > 0:
+        head_dim = getattr(config, "hidden_size", 0) // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    if not (isinstance(head_dim, int) and isinstance(kv_heads, int) and head_dim > 0 and kv_heads > 0):
+        return  # not a decoder config this check can read: the cells say what fails
+    groups = [("group_size", cfg.group_size, (cfg.residual_length,))]
+    prompts = tuple(cfg.contexts)
+    if cfg.window_residuals:
+        groups.append(("window_group_size", cfg.window_group_size, tuple(cfg.window_residuals)))
+        prompts += (cfg.window_context,)
+    check_model_shape(cfg.candidates, head_dim, kv_heads, groups, cfg.hqq_group_size, prompts)
+
+
+def context_limit_warnings(cfg: EvalConfig, model: Any) -> list[str]:
+    """Warnings for cells whose prompt + new tokens pass the model's ``max_position_embeddings`` (run, not refused:
+    a RoPE model extrapolates, but its quality numbers there describe positions it was never trained on)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    limit = getattr(config, "max_position_embeddings", None)
+    if not isinstance(limit, int):
+        return []
+    cells = [(c, cfg.new_tokens) for c in cfg.contexts]
+    if cfg.window_residuals:
+        cells.append((cfg.window_context, cfg.window_new_tokens))
+    over = sorted({c + n for c, n in cells if c + n > limit})
+    if not over:
+        return []
+    return [
+        f"{len(over)} cell length(s) (prompt + new tokens: {', '.join(f'{t:,}' for t in over)}) pass the model's "
+        f"max_position_embeddings ({limit:,}): those rows measure positions it was not trained on"
+    ]
+
+
+def enable_attention(cfg: EvalConfig, model: Any, result: dict) -> None:
+    """kvlab attention on ``model`` where a candidate or float32 attention needs it (recorded in provenance)."""
+    # fused KIVI reads packed codes, SnapKV the prefill's queries; every other cache falls back to SDPA, unchanged
+    # except that with float32 GEMMs it runs in float32 too (kvlab.runtime.dtypes.float32_attention)
+    needed = any(Candidate.parse(n).uses_kvlab_attention(cfg.kivi_attention) for n in cfg.candidates)
+    if needed or float32_attention():
+        from kvlab.attention import enable
+
+        try:
+            enable(model)
+        except Exception as exc:  # only float32 attention wanted it: the model keeps its own attention
+            if needed:
+                raise
+            result["provenance"]["hardware"]["float32_attention"] = False
+            result["provenance"]["hardware"]["float32_attention_note"] = (
+                f"kvlab attention could not be enabled on this model ({type(exc).__name__}: {exc}): its attention "
+                f"ran in the model dtype"
+            )
+    result["provenance"]["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
