@@ -41,6 +41,8 @@ TIMING_KEYS = {
 }
 # the run's identity and the machine's state: never equal between two runs
 RUN_KEYS = {"label", "created_utc", "command", "argv", "running_in", "hardware"}
+# where the checkout that ran it lies (the bundled model's folder)
+IGNORED_PATHS = {"provenance.model.path"}
 # verdicts that can rest on a latency ratio
 LATENCY_VERDICTS = re.compile(r"(gates\.latency_ratio|\.eligible|eligible_|decision|selected_candidate|per_candidate)")
 
@@ -49,10 +51,11 @@ def differences(before: object, after: object, path: str = "") -> list[str]:
     """``"<path>: <before> != <after>"`` for every value that differs, timing and run keys left out."""
     if isinstance(before, dict) and isinstance(after, dict):
         out = []
+        verdicts = path.endswith("gates")  # a gate's verdict is compared even where its metric is a time
         for key in sorted(set(before) | set(after), key=str):
-            if key in TIMING_KEYS or key in RUN_KEYS:
-                continue
             where = f"{path}.{key}" if path else str(key)
+            if (key in TIMING_KEYS and not verdicts) or key in RUN_KEYS or where in IGNORED_PATHS:
+                continue
             if key not in before or key not in after:
                 out.append(f"{where}: only in {'after' if key not in before else 'before'}")
             else:

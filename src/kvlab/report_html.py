@@ -20,7 +20,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvlab.eval.render import GATE_NAMES, bundled_model_note, decision_rule, gate_names, no_candidate_advice
+from kvlab.eval.decision_words import (
+    GATE_NAMES,
+    bundled_model_note,
+    decision_rule,
+    gate_names,
+    no_candidate_advice,
+)
 from kvlab.figures import gate_bounds, plot_eval_figures
 from kvlab.runtime.atomic import atomic_write_text
 

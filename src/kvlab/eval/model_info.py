@@ -7,7 +7,7 @@ from typing import Any
 
 from kvlab.eval.candidates import Candidate, check_model_shape
 from kvlab.eval.config import EvalConfig
-from kvlab.eval.render import BUNDLED_ID
+from kvlab.eval.decision_words import BUNDLED_ID
 from kvlab.runtime.dtypes import float32_attention
 
 

@@ -8,7 +8,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from kvlab.eval.decision import BYTE_TIE
+from kvlab.eval.decision_words import (
+    bundled_model_note,
+    decision_rule,
+    fp8_range_lines,
+    gate_names,
+    no_candidate_advice,
+)
 
 MIB = 1024**2
 
@@ -206,43 +212,6 @@ def passkey_tables(result: dict, width: int | None) -> list[Table]:
     return [] if grid is None else _fit(grid, width)
 
 
-def decision_rule(summary: dict) -> str | None:
-    """How :func:`kvlab.eval.decision.decide` chose among several eligible rows, in words (None for one or none)."""
-    n = summary.get("eligible_candidate_count", 0) if isinstance(summary, dict) else 0
-    if n <= 1 or not summary.get("selected_candidate"):
-        return None
-    return (
-        f"the rule: of the {n} rows that pass every gate, the one saving the most cache bytes; rows within "
-        f"{BYTE_TIE:.0%} of those bytes tie, and a tie goes to the lower KL mean, then to the lower latency ratio"
-    )
-
-
-def fp8_range_lines(result: dict) -> list[str]:
-    """One line per FP8 candidate of the capacity matrix: K/V elements clamped at the format's range and non-zero
-    ones stored as zero (the rows' ``cache_counts``, :meth:`kvlab.caches.fp8.FP8Cache.counts`), summed over its
-    contexts."""
-    totals: dict[str, dict[str, int]] = {}
-    for row in result.get("rows", []):
-        counts = row.get("cache_counts") if row.get("matrix") == "capacity" else None
-        if not counts or "elements" not in counts:
-            continue
-        t = totals.setdefault(row["candidate"], {})
-        for key in ("key_saturated", "value_saturated", "key_underflow", "value_underflow", "elements"):
-            t[key] = t.get(key, 0) + int(counts.get(key, 0))
-    lines = []
-    for name, t in totals.items():
-        n = 2 * t["elements"]
-        if not n:
-            continue
-        sat = t["key_saturated"] + t["value_saturated"]
-        under = t["key_underflow"] + t["value_underflow"]
-        lines.append(
-            f"{name} range: {sat:,} of {n:,} K/V elements saturated ({sat / n:.4%}), {under:,} flushed to zero "
-            f"({under / n:.4%}) as stored, all contexts"
-        )
-    return lines
-
-
 # what each matrix column holds (printed once under the tables): a new user could not make ms/tok and lat × agree
 COLUMN_LEGEND = (
     "columns: R/G = residual window R (newest tokens kept unquantized) / group size G (KIVI's or HQQ's quantization "
@@ -256,78 +225,6 @@ COLUMN_LEGEND = (
     "one generate() call creates (cache, activations, logits; the weights not counted), - where not measured; "
     "✓/✗ = the gate of that column"
 )
-
-# the gates by their names in the reports; the result file keeps the field names (summary.decision_gates)
-GATE_NAMES = {
-    "nll_delta": "ΔNLL",
-    "topk_overlap": "top-k overlap",
-    "latency_ratio": "latency ratio",
-    "saves_memory": "memory saved",
-    "recall_drop": "recall drop",
-    "passkey_drop": "passkey drop",
-    "kl_mean": "KL mean",
-}
-# the kvlab eval flag that sets each gate's threshold (saves_memory has none: a cache saves bytes or it does not)
-GATE_FLAGS = {
-    "nll_delta": "--max-nll-delta",
-    "topk_overlap": "--min-topk-overlap",
-    "latency_ratio": "--max-latency-ratio",
-    "recall_drop": "--max-recall-drop",
-    "passkey_drop": "--max-passkey-drop",
-    "kl_mean": "--max-kl-mean",
-}
-
-
-def gate_names(gates) -> list[str]:
-    """The reports' names of gate fields (``["nll_delta", "kl_mean"]`` -> ``["ΔNLL", "KL mean"]``); a field this
-    module does not know is shown as it is."""
-    return [GATE_NAMES.get(str(g), str(g)) for g in gates or ()]
-
-
-# the decision of kvlab.eval.decision.decide when no capacity row passed every gate
-NO_CANDIDATE = "tune_cache_policy"
-
-
-def no_candidate_advice(result: dict) -> str | None:
-    """For the decision ``tune_cache_policy`` (:func:`kvlab.eval.decision.decide`: no candidate row of the capacity
-    matrix passed every gate): what it means, the gates the rows failed on with their counts, and what to try;
-    None for any other decision."""
-    summary = result.get("summary") if isinstance(result, dict) else None
-    if not isinstance(summary, dict) or summary.get("decision") != NO_CANDIDATE:
-        return None
-    rows = [
-        r
-        for r in result.get("rows") or []
-        if r.get("matrix") == "capacity" and r.get("candidate") != "dynamic"
-    ]
-    if not rows:
-        return (
-            "no candidate cache was measured in the capacity matrix (see the failures), so kvlab recommends "
-            "none: keep DynamicCache"
-        )
-    failed: dict[str, int] = {}
-    for r in rows:
-        for gate, passed in (r.get("gates") or {}).items():
-            if passed is False:
-                failed[gate] = failed.get(gate, 0) + 1
-    order = sorted(failed, key=lambda g: -failed[g])
-    counts = ", ".join(f"{GATE_NAMES.get(g, g)}: {failed[g]} of {len(rows)} rows" for g in order)
-    tries = [
-        "candidates that lose less (more bits, a larger --residual or a smaller --group-size / --hqq-group-size; "
-        "for an evicting cache a larger token_budget or window_length, e.g. tova:token_budget=512)"
-    ]
-    if "saves_memory" in failed:
-        tries.append(
-            "longer --contexts (a cache with a residual window or a budget saves bytes only past it)"
-        )
-    flags = [GATE_FLAGS[g] for g in order if g in GATE_FLAGS]
-    if flags:
-        tries.append(f"a looser gate if your use tolerates the loss ({', '.join(flags)})")
-    return (
-        f"{NO_CANDIDATE} = no candidate passed every gate at any context of the capacity matrix, so kvlab "
-        f"recommends none: keep DynamicCache (the rows failed on {counts or 'no gate; see the failures'}). To find "
-        f"a cache that passes, rerun kvlab eval with {'; or '.join(tries)}."
-    )
 
 
 def print_summary(result: dict, console: Console | None = None) -> None:
@@ -376,23 +273,6 @@ def _short_fingerprint(fingerprint: object) -> str:
     text = str(fingerprint)
     kind, _, digest = text.rpartition(":")
     return f"{kind}:{digest[:9]}" if kind and "@" not in text else text[:60]
-
-
-BUNDLED_ID = "kvlab-reference (bundled)"
-REAL_MODEL_COMMAND = "kvlab eval --model smollm2-135m"
-
-
-def bundled_model_note(result: dict) -> str | None:
-    """For a run on the bundled model: that its decision is a test result, not advice for a served model (its
-    verdicts differ from a real LLM's, docs/EVAL.md), and the command that runs a real one; else None."""
-    model = result.get("provenance", {}).get("model", {})
-    if model.get("id_or_path") != BUNDLED_ID:
-        return None
-    return (
-        "this ran on the bundled 5 M-parameter test model, whose verdicts differ from a real LLM's (docs/EVAL.md); "
-        f"for a decision about a served model run a real one: {REAL_MODEL_COMMAND} (offline, after "
-        "`kvlab models get smollm2-135m`), or --model with your own"
-    )
 
 
 def _print_header(result: dict, console: Console) -> None:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from kvlab.cli import main
-from kvlab.eval.render import REAL_MODEL_COMMAND, bundled_model_note
+from kvlab.eval.decision_words import REAL_MODEL_COMMAND, bundled_model_note
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "docs" / "examples" / "eval-default-cpu-2026-12-01.json"
 

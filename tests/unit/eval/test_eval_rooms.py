@@ -184,3 +184,21 @@ def test_the_run_measures_the_caches_cell_caches_names(monkeypatch):
     assert [caches for m, caches in seen if m == "window"] == [[("kivi-8", 32)]]
     assert {r["candidate"] for r in result["rows"]} == {"dynamic", "kivi-8"}
     json.dumps(result)
+
+
+def test_the_comparison_of_two_runs_ignores_timings_and_finds_any_other_change():
+    """tests/eval_compare.py, the check that a redesign changed no number of ``kvlab eval``: on a committed
+    result, a timing and a latency verdict may move (reported apart), a quality number may not."""
+    from tests.eval_compare import LATENCY_VERDICTS, differences
+
+    before = json.loads(EXAMPLES[0].read_text())
+    after = json.loads(EXAMPLES[0].read_text())
+    cand = next(r for r in after["rows"] if r["candidate"] != "dynamic")
+    cand["median_ms"] *= 2
+    cand["timing_contention"] = {"busy": True}
+    cand["gates"]["latency_ratio"] = None
+    after["elapsed_s"], after["label"] = 1.0, "another"
+    found = differences(before, after)
+    assert found and all(LATENCY_VERDICTS.search(d.split(":")[0]) for d in found), found
+    cand["nll_delta"] += 1e-12
+    assert [d for d in differences(before, after) if "nll_delta" in d and "gates" not in d]

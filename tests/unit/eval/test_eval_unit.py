@@ -559,7 +559,7 @@ def test_fp8_rows_carry_what_the_cache_saturated_or_flushed(tiny):
         assert 0 <= counts["saturated_fraction"] <= 1 and 0 <= counts["underflow_fraction"] <= 1
     assert validate_result(json.loads(json.dumps(result))) == []
     # the text report says it per FP8 cache, summed over the capacity contexts (it was in the JSON only)
-    from kvlab.eval.render import fp8_range_lines
+    from kvlab.eval.decision_words import fp8_range_lines
 
     lines = fp8_range_lines(result)
     assert [line.split(" range:")[0] for line in lines] == ["fp8-e4m3-unscaled", "fp8-e4m3-hadamard"]

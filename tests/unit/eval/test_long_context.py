@@ -496,7 +496,7 @@ def test_row_carries_kl_from_base_to_candidate_and_the_long_context_gates():
 
 
 def test_chunked_rows_score_the_same_as_one_batch(tiny, monkeypatch):
-    import kvlab.eval.longctx as longctx
+    import kvlab.eval.longctx.scoring as longctx
 
     probe = build_recall_probe(HELDOUT, 160, protected_tail=32, rows_per_distance=2, span_tokens=8, seed=4)
     states = prefill_states(tiny, probe.prompt_ids)

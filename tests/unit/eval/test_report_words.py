@@ -63,7 +63,7 @@ def test_tune_cache_policy_says_what_it_means_and_what_to_do():
     assert "tune_cache_policy = no candidate passed every gate" in banner and "keep DynamicCache" in banner
     accepted = _text(_record(EVICTION), width=400)
     assert "tune_cache_policy" not in accepted and "keep DynamicCache" not in accepted
-    from kvlab.eval.render import no_candidate_advice
+    from kvlab.eval.decision_words import no_candidate_advice
 
     nothing = {"summary": {"decision": "tune_cache_policy"}, "rows": []}
     assert "no candidate cache was measured in the capacity matrix" in no_candidate_advice(nothing)

@@ -38,7 +38,7 @@ def test_page_has_every_section(eval_result):
 
 def test_decision_says_the_rule_that_chose_it(eval_result):
     """The text report printed how the decision chose among several eligible rows; the HTML page did not."""
-    from kvlab.eval.render import decision_rule
+    from kvlab.eval.decision_words import decision_rule
 
     summary = dict(eval_result["summary"], eligible_candidate_count=3, selected_candidate="kivi-4")
     page = render_html(dict(eval_result, summary=summary))
