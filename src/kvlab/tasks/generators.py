@@ -212,7 +212,7 @@ def _niah(
     else:
         text = f"\nWhat are all the special magic {kind} for {about} mentioned in the provided text?"
         text += f" The special magic {kind} for {about} mentioned in the provided text are:"
-    per_value = 30 if value == "uuid" else 12
+    per_value = 48 if value == "uuid" else 12  # a UUID is 36 characters, 20-45 tokens
     q = Question(tuple(c.enc(text)), tuple(refs), "all", per_value * len(refs))
     return Sample(
         c.task,
@@ -323,7 +323,7 @@ def _kv(c: Ctx, rng: random.Random, depths: Sequence[float]) -> Sample:
     ids = _pad_front(c, rng, header, body)
     key, value = pairs[asked]
     text = f'\n\nKey: "{key}"\nThe value associated with the specified key is: "'
-    q = Question(tuple(c.enc(text)), (value,), "all", 30)
+    q = Question(tuple(c.enc(text)), (value,), "all", 48)
     spans = ((offset + span[0], offset + span[1]),)
     return Sample(c.task, tuple(ids), (q,), spans, (depths[0],), {"pairs": len(pairs), "asked_index": asked})
 
