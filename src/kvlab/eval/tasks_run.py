@@ -231,11 +231,11 @@ def run_task_cell(
     Args:
         samples: one task at one context length (:func:`kvlab.tasks.generate`): contexts of one token length.
         stop_id: a token that ends an answer (the model's EOS), or None.
-        keep_outputs: keep each answer's text in ``trials``.
+        keep_outputs: keep each answer (text, score) in ``answers``.
 
     Returns:
         ``{"prefill_ms", "context_tokens", "samples", "caches": {name: {**summarize(...), "bytes",
-        "float_bytes", "bytes_ratio", "ms", "trials"?}}}``: bytes are those each cache holds after its fill (the
+        "float_bytes", "bytes_ratio", "ms", "answers"?}}}``: bytes are those each cache holds after its fill (the
         compressed context), ``bytes_ratio`` = float bytes / cache bytes (> 1: smaller than the float cache).
 
     Raises:
@@ -268,7 +268,7 @@ def run_task_cell(
         row.update({"bytes": nbytes, "float_bytes": float_bytes, "bytes_ratio": float_bytes / max(nbytes, 1)})
         row["ms"] = (time.perf_counter() - t0) * 1000.0
         if keep_outputs:
-            row["trials"] = trials
+            row["answers"] = trials
         out["caches"][name] = row
     return out
 

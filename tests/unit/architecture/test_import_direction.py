@@ -33,6 +33,7 @@ ALLOWED: dict[str, set[str]] = {
     "eval": {"caches", "attention", "quant", "models", "plan", "tasks"},
     "bench": {"eval", "lab", "caches", "attention", "quant", "models", "plan", "paging", "tasks"},
     "figures": {"lab", "paging", "plan", "eval", "tasks"},
+    "task_figures": {"figures"},
     "report_html": {"figures", "eval"},
     "commands": {
         "eval",
@@ -46,6 +47,7 @@ ALLOWED: dict[str, set[str]] = {
         "paging",
         "tasks",
         "figures",
+        "task_figures",
         "report_html",
     },
     "cli": {"commands"},

@@ -1,0 +1,89 @@
+"""``kvlab tasks``: bad input refused with exit 2 before a model loads; a small run on the bundled model writes a
+result with intervals, gates and a decision, and the score-vs-bytes figure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvlab.cli import main
+from kvlab.task_figures import task_figure_data
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--tasks", "niah_single_9"], "unknown task 'niah_single_9'"),
+        (["--candidates", "kivi-3"], "`kivi` needs bits in [2, 4, 8], got 3"),
+        (["--contexts", "512,x"], "--contexts must be comma-separated integers, got '512,x'"),
+        (["--contexts", "64"], "contexts must be integers >= 128, got 64"),
+        (["--n", "0"], "`n` must be an integer >= 1, got 0"),
+        (["--max-drop", "1.5"], "`max_drop` must be in [0, 1], got 1.5"),
+        (["--tasks", "vt,vt"], "task names repeated: ['vt']"),
+    ],
+)
+def test_bad_input_exit_2(argv, message, capsys, tmp_path):
+    assert main(["tasks", *argv, "--out", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err and err.startswith("kvlab tasks: error:")
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_existing_result_is_kept(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    out.write_text("{}")
+    assert main(["tasks", "--out", str(out)]) == 2
+    assert "already exists; pass --force" in capsys.readouterr().err
+    assert out.read_text() == "{}"
+    assert main(["tasks", "--out", str(tmp_path / "s.json"), "--figure", str(tmp_path / "f.svg")]) == 2
+
+
+def test_small_run_on_the_bundled_model(tmp_path, capsys):
+    out, fig = tmp_path / "r.json", tmp_path / "f.png"
+    argv = [
+        "tasks",
+        "--tasks",
+        "niah_single_2,cwe",
+        "--contexts",
+        "256",
+        "--candidates",
+        "dynamic,kivi-2,snapkv",
+    ]
+    assert main([*argv, "--n", "3", "--out", str(out), "--figure", str(fig), "--dtype", "float32"]) == 0
+    result = json.loads(out.read_text())
+    assert result["kind"] == "kvlab-tasks" and fig.stat().st_size > 0
+    assert [c["task"] for c in result["cells"]] == ["niah_single_2"]  # cwe does not fit in 256 tokens
+    assert result["not_measured"][0]["task"] == "cwe" and "too short" in result["not_measured"][0]["reason"]
+    rows = result["cells"][0]["caches"]
+    assert list(rows) == ["dynamic", "kivi-2", "snapkv"]
+    for row in rows.values():
+        assert row["trials"] == 3
+        lo, hi = row["ci95"]
+        assert 0 <= lo <= row["correct"] / 3 <= hi <= 1
+    assert rows["snapkv"]["bytes_ratio"] == pytest.approx(2.0, rel=0.02)
+    gates = {g["cache"]: g["status"] for g in result["gates"]}
+    assert set(gates) == {"kivi-2", "snapkv"}
+    informative = rows["dynamic"]["score"] >= 0.5
+    assert all((s == "not informative") != informative for s in gates.values())
+    assert set(result["decision"]) == {"kivi-2", "snapkv"}
+    assert "kvlab tasks" in capsys.readouterr().out
+
+
+def test_figure_data_marks_uninformative_cells():
+    result = {
+        "min_float_score": 0.5,
+        "candidates": {"kivi-4": {"line": "kivi"}, "kivi-2": {"line": "kivi"}},
+        "cells": [
+            {"task": "vt", "context": 512, "caches": {
+                "dynamic": {"score": 0.2, "bytes_ratio": 1.0},
+                "kivi-2": {"score": 0.0, "bytes_ratio": 6.0},
+                "kivi-4": {"score": 0.1, "bytes_ratio": 3.5}}},
+        ],
+    }  # fmt: skip
+    data = task_figure_data(result)
+    cell = data["vt"]["contexts"][512]
+    assert not cell["informative"] and cell["float"] == 0.2
+    assert cell["lines"]["kivi"] == [(3.5, 0.1, "kivi-4"), (6.0, 0.0, "kivi-2")]
+    with pytest.raises(ValueError, match="no measured cells"):
+        task_figure_data({"cells": []})
