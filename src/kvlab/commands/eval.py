@@ -256,9 +256,9 @@ def _add_prompt_and_output_flags(p) -> None:
         default=None,
         help="continue the interrupted run whose result file is RESULT (status running or failed: Ctrl-C, a kill, "
         "an error) and rewrite that file: its settings come from the file (no other flag but --json; same model, "
-        "device, software and thread count), the cells it finished (timed, rows written) are kept, every other "
-        "cell is measured and timed from the start, and the summary covers all rows. An interrupt during the "
-        "untimed phase (before any timing) keeps no cell. Stop a run still running before resuming it",
+        "device, software and thread count), the cells it finished (timed, rows written) are kept, so are the cells "
+        "and probes it measured but did not time yet (they are only timed), every other cell is measured and timed "
+        "from the start, and the summary covers all rows. Stop a run still running before resuming it",
     )
     p.add_argument("--json", action="store_true", help="print the result JSON instead of tables")
 
@@ -700,11 +700,14 @@ def _prepare_resume(result, cfg, err) -> None:
 
     argv = _argv()
     record = prepare_resume(result, cfg, None if argv is None else ["kvlab", *argv])
-    total = record["cells_kept"] + record["cells_to_measure"]
-    err.print(
-        f"resuming {result['label']}: {record['cells_kept']} of {total} cells finished and kept "
-        f"({record['rows_kept']} rows); measuring the other {record['cells_to_measure']} from the start"
-    )
+    total = record["cells_kept"] + record["cells_measured_kept"] + record["cells_to_measure"]
+    untimed, rest = record["cells_measured_kept"], record["cells_to_measure"]
+    parts = [f"{record['cells_kept']} of {total} cells finished and kept ({record['rows_kept']} rows)"]
+    if untimed:
+        parts.append(f"{untimed} measured and kept, to be timed")
+    if rest or not untimed:
+        parts.append(f"measuring the other {rest} from the start")
+    err.print(f"resuming {result['label']}: {'; '.join(parts)}")
 
 
 def _argv() -> list[str] | None:

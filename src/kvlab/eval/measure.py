@@ -42,11 +42,11 @@ class Measurement:
     perf: dict  # run_generate's: generated_tokens, incremental_peak_bytes, peak_memory_method; timings later
     cache_bytes: int  # exact bytes of the cache after one generate()
     cache_tokens: int  # tokens that cache holds: prompt + new tokens - 1
-    generated: torch.Tensor  # [batch, new_tokens] greedy ids
+    generated: torch.Tensor | None  # [batch, new_tokens] greedy ids (None once read back: compared already)
     cache_bytes_breakdown: dict | None = None
     cache_counts: dict | None = None  # FP8: elements saturated / flushed to zero when stored
     quality: dict | None = (
-        None  # fixed_continuation's (the baseline keeps its tensors until the cell is measured)
+        None  # fixed_continuation's (the baseline keeps its tensors until its cell is measured)
     )
     compared: dict | None = None  # the quality and output comparison with the baseline (candidates)
     long_context: dict | None = None  # {probe kind: measure_long_context output}
@@ -59,6 +59,35 @@ class Measurement:
         """The cache's name in the cell's interleaved timing."""
         return "dynamic" if self.residual is None else f"{self.candidate.name}|R={self.residual}"
 
+    # what of an untimed measurement its row needs later: kept in the result file until the cell is timed
+    _KEPT = (
+        "perf",
+        "cache_bytes",
+        "cache_tokens",
+        "cache_bytes_breakdown",
+        "cache_counts",
+        "quality",
+        "compared",
+    )
+
+    def to_json(self) -> dict:
+        """The untimed measurement as JSON, once its cell is measured (the tensors compared and dropped): the
+        candidate, its R, and every field its row reads; :meth:`from_json` reads it back."""
+        assert self.long_context is None and self.paired is None, (
+            "saved between the cell's measurement and probes"
+        )
+        return {
+            "candidate": self.candidate.name,
+            "residual": self.residual,
+            **{k: getattr(self, k) for k in self._KEPT},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict, make: Callable[[], Any]) -> Measurement:
+        """A measurement read back from :meth:`to_json` (``make``: the fresh caches it is timed with)."""
+        fields = {k: data[k] for k in cls._KEPT}
+        return cls(Candidate.parse(data["candidate"]), data["residual"], make, generated=None, **fields)
+
 
 @dataclass
 class CellMeasurement:
@@ -68,6 +97,16 @@ class CellMeasurement:
     ids: torch.Tensor  # [batch, context] prompt ids
     base: Measurement
     measured: list[Measurement]
+
+    def to_json(self) -> dict:
+        """``{matrix, context_length, base, measured}``: the cell's measurements as the result keeps them until the
+        cell is timed (``result["cells_measured"]``), so that an interrupted run keeps what it measured."""
+        return {
+            "matrix": self.cell.matrix,
+            "context_length": self.cell.context,
+            "base": self.base.to_json(),
+            "measured": [m.to_json() for m in self.measured],
+        }
 
 
 def build_prompts(
@@ -261,6 +300,16 @@ class CellMeasurer:
         for key in ("prefill_states", "prefill_logits", "logits", "topk_ids"):  # compared: free the tensors
             base.quality.pop(key, None)
         return CellMeasurement(cell, ids, base, measured)
+
+    def restore(self, cell: Cell, ids, data: dict) -> CellMeasurement:
+        """The cell an earlier session of a resumed run measured (:meth:`CellMeasurement.to_json`), its caches made
+        afresh for the timing."""
+
+        def read(d: dict) -> Measurement:
+            make = self.maker(Candidate.parse(d["candidate"]), d["residual"] or 0, cell.group)
+            return Measurement.from_json(d, make)
+
+        return CellMeasurement(cell, ids, read(data["base"]), [read(d) for d in data["measured"]])
 
     def time_cell(self, ids, new_tokens: int, matrix: str, entries: list[Measurement]) -> None:
         """Time every measured cache of one cell interleaved (:func:`kvlab.runtime.timing.interleaved`,

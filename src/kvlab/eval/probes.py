@@ -77,6 +77,9 @@ class LongContextProbes:
             "not_measured": [],
         }
         result["provenance"]["long_context"] = self.info
+        # the jobs that ran to the end, kept in the file until the run's summary: a resumed run does not run them again
+        self.saved = result.setdefault("probes_done", [])
+        self.done = {tuple(d["key"]): tuple(d["outcome"]) for d in self.saved}
 
     def _heldout_ids(self) -> list[int]:
         if self._heldout is None:
@@ -156,6 +159,10 @@ class LongContextProbes:
                     key = probe_key(kind, cell.context, cand, r, cell.group, self.cfg)
                     if not measurable or cell.key in kept:
                         advance()  # its step (count_steps) is done: nothing to run
+                    elif key in self.done and key not in jobs:  # ran in an earlier session of a resumed run
+                        jobs[key] = None
+                        self._first_prefill(kind, cell.context, self.done[key])
+                        advance()
                     elif key not in jobs:
                         jobs[key] = ProbeJob(kind, cell.context, cand, r, cell.group, key)
                     else:
@@ -163,7 +170,14 @@ class LongContextProbes:
         # groups by their prefill's prompt tokens, largest first: a helper starts there, and where the two ends meet
         # (the one group both sides may prefill) the prefill is the cheapest; within a group the float cache first
         size = {k: p.prompt_ids.numel() for k, p in self.built().items()}
-        return sorted(jobs.values(), key=lambda j: (-size[(j.kind, j.ctx)], j.kind, j.ctx))
+        todo = [j for j in jobs.values() if j is not None]
+        return sorted(todo, key=lambda j: (-size[(j.kind, j.ctx)], j.kind, j.ctx))
+
+    def _first_prefill(self, kind: str, ctx: int, outcome: tuple) -> None:
+        """The first prefill time of a probe goes into its prompt entry."""
+        entry = self._prompt_info[(kind, ctx)]
+        if outcome[0] == "ok" and outcome[1]["prefill_ms"] is not None and entry["prefill_ms"] is None:
+            entry["prefill_ms"] = outcome[1]["prefill_ms"]
 
     def job(self, job: ProbeJob) -> Callable[[], dict]:
         """The probe job as a zero-argument callable (it runs in this process or a forked helper)."""
@@ -193,9 +207,9 @@ class LongContextProbes:
                 f", R={j.residual}" if j.cand.uses_residual else ""
             )
             if outcome[0] == "ok":
-                entry = self._prompt_info[(j.kind, j.ctx)]
-                if outcome[1]["prefill_ms"] is not None and entry["prefill_ms"] is None:
-                    entry["prefill_ms"] = outcome[1]["prefill_ms"]
+                self._first_prefill(j.kind, j.ctx, outcome)
+                self.done[j.key] = outcome
+                self.saved.append({"key": list(j.key), "outcome": list(outcome)})
                 progress(f"long context: {where}")
             else:
                 progress(f"[red]long context failed: {where}: {outcome[1]['type']}: {outcome[1]['message']}")
@@ -208,7 +222,7 @@ class LongContextProbes:
     ) -> None:
         """Put each cache's probe results into its measurement; a failed float-cache probe drops the cell's
         probes (recorded once per cell), a failed candidate probe fails that candidate (recorded, not timed)."""
-        by_key = {j.key: o for j, o in zip(jobs, outcomes)}
+        by_key = {**self.done, **{j.key: o for j, o in zip(jobs, outcomes)}}
         for cm in measured:
             if cm is None:
                 continue

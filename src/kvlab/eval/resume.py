@@ -3,11 +3,13 @@ and what of them is kept.
 
 A run saves its result file after every step; a cell (one matrix at one context: the float baseline and every
 candidate) is *finished* once it is timed and its rows are written, and is then listed in ``cells_done``
-(:func:`kvlab.eval.runner.run_eval`). The untimed measurements of a cell that is not finished (generated ids,
-logits for the KL divergence, probe states: tensors) are not saved, so a resumed run keeps the finished cells,
-rows and failures, and measures every other cell from the start, probes and timing included. Every untimed
-measurement still runs before any timing (docs/EVAL.md, "Time budget"): an interrupt during the timing phase keeps
-the cells timed so far; one during the untimed phase keeps no cell, and the resume measures them all.
+(:func:`kvlab.eval.runner.run_eval`). Before that, once every cache of a cell is measured (untimed: outputs,
+bytes, quality against the baseline), the cell's measurements are kept in ``cells_measured``, and each finished
+long-context probe job in ``probes_done``, until the run's summary. A resumed run keeps the finished cells' rows
+and failures, the measured cells (it only times them) and the finished probe jobs, and measures every other cell
+from the start. Every untimed measurement still runs before any timing (docs/EVAL.md, "Time budget"), so an
+interrupt during the untimed phase keeps the cells and probes measured so far, one during the timing phase the
+cells timed so far as well.
 
 A resumed run takes every setting from the file, and the torch thread count its first session used (a CPU GEMM's
 rounding may depend on it). It refuses a file that is not a kvlab eval result, one that is finished (status
@@ -98,6 +100,7 @@ def load_resumable(path: str | Path) -> tuple[dict, EvalConfig]:
     for cell in result["cells_done"]:
         if not isinstance(cell, dict) or (cell.get("matrix"), cell.get("context_length")) not in keys:
             raise ValueError(f"{path}: `cells_done` lists {cell!r}, not a cell of its settings")
+    _check_untimed(path, result, keys)
     check_software(path, (result["provenance"] or {}).get("software"))
     threads = result["provenance"].get("torch_threads")
     if cfg.threads is None and isinstance(threads, int):
@@ -106,6 +109,31 @@ def load_resumable(path: str | Path) -> tuple[dict, EvalConfig]:
         except ValueError as exc:  # more threads than this machine has CPUs
             raise ValueError(f"{path}: its run used {threads} torch threads: {exc}") from None
     return result, cfg
+
+
+def _check_untimed(path: str | Path, result: dict, keys: set) -> None:
+    """``cells_measured`` and ``probes_done``, where the file has them: lists of what a run writes there."""
+    measured = result.get("cells_measured", [])
+    probes = result.get("probes_done", [])
+    if not isinstance(measured, list) or not isinstance(probes, list):
+        raise ValueError(f"{path}: `cells_measured` and `probes_done` must be lists (was the file edited?)")
+    for cell in measured:
+        where = (cell.get("matrix"), cell.get("context_length")) if isinstance(cell, dict) else None
+        if (
+            where not in keys
+            or not isinstance(cell.get("base"), dict)
+            or not isinstance(cell.get("measured"), list)
+        ):
+            raise ValueError(
+                f"{path}: `cells_measured` holds {str(cell)[:80]!r}, not a measured cell of its settings"
+            )
+    for job in probes:
+        if not (
+            isinstance(job, dict)
+            and isinstance(job.get("key"), list)
+            and isinstance(job.get("outcome"), list)
+        ):
+            raise ValueError(f"{path}: `probes_done` holds {str(job)[:80]!r}, not a finished probe job")
 
 
 def check_software(path: str | Path, recorded: Any) -> None:
@@ -153,12 +181,15 @@ def prepare_resume(result: dict, cfg: EvalConfig, command: list[str] | None) -> 
     """Make ``result`` (from :func:`load_resumable`) ready for :func:`kvlab.eval.runner.run_eval` to continue, in
     place, and return the record appended to ``provenance.resumed``.
 
-    Kept: the rows and failures of the cells in ``cells_done``. Dropped: the rows and failures of every other cell
-    (measured again) and the run's own failures (``candidate`` None: the interrupt, a load failure), which the record
-    keeps as ``stopped_by``. The summary and ``elapsed_s`` are cleared (``elapsed_s`` will be this session's).
+    Kept: the rows and failures of the cells in ``cells_done``; the measurements of the cells in ``cells_measured``
+    (not finished) and their failures but the long-context ones (the probes are attached again); ``probes_done``.
+    Dropped: the rows and failures of every other cell (measured again) and the run's own failures (``candidate``
+    None: the interrupt, a load failure), which the record keeps as ``stopped_by``. The summary and ``elapsed_s``
+    are cleared (``elapsed_s`` will be this session's).
 
     The record: ``resumed_utc``, ``command``, ``status_before``, ``cells_kept``, ``rows_kept``,
-    ``cells_to_measure``, ``failures_dropped`` (the unfinished cells'), ``stopped_by`` ``[{stage, type, message}]``,
+    ``cells_measured_kept`` (measured, to be timed), ``cells_to_measure``, ``failures_dropped`` (the unfinished
+    cells'), ``stopped_by`` ``[{stage, type, message}]``,
     ``earlier_hardware`` and ``earlier_torch_threads`` (the machine of the earlier session, which the kept rows were
     measured on; ``provenance.hardware`` becomes this session's).
     """
@@ -168,8 +199,15 @@ def prepare_resume(result: dict, cfg: EvalConfig, command: list[str] | None) -> 
         key = (cell["matrix"], cell["context_length"])
         if key not in done:
             done.append(key)
+    measured = [c for c in result.get("cells_measured", []) if (c["matrix"], c["context_length"]) not in done]
+    untimed = {(c["matrix"], c["context_length"]) for c in measured}
     failures = result["failures"]
-    kept_failures = [f for f in failures if (f.get("matrix"), f.get("context_length")) in done]
+    kept_failures = [
+        f
+        for f in failures
+        if (f.get("matrix"), f.get("context_length")) in done
+        or ((f.get("matrix"), f.get("context_length")) in untimed and f.get("stage") != "long_context")
+    ]
     stopped_by = [
         {k: f.get(k) for k in ("stage", "type", "message")} for f in failures if f.get("candidate") is None
     ]
@@ -181,7 +219,8 @@ def prepare_resume(result: dict, cfg: EvalConfig, command: list[str] | None) -> 
         "status_before": result["status"],
         "cells_kept": len(done),
         "rows_kept": len(rows),
-        "cells_to_measure": len(keys) - len(done),
+        "cells_measured_kept": len(measured),
+        "cells_to_measure": len(keys) - len(done) - len(measured),
         "failures_dropped": len(failures) - len(kept_failures) - len(stopped_by),
         "stopped_by": stopped_by,
         "earlier_hardware": provenance.get("hardware"),
@@ -192,6 +231,7 @@ def prepare_resume(result: dict, cfg: EvalConfig, command: list[str] | None) -> 
         cells_done=[{"matrix": m, "context_length": c} for m, c in done],
         rows=rows,
         failures=kept_failures,
+        cells_measured=measured,
         summary=None,
         elapsed_s=None,
     )

@@ -136,6 +136,8 @@ def run_eval(
             for cm in measured:  # every timed round after the helpers are gone
                 if cm is not None:
                     run.time(cm)
+    for key in ("cells_measured", "probes_done"):  # every cell is timed: nothing of the untimed phase to keep
+        result.pop(key, None)
     # a resumed run's rows in an uninterrupted run's order (the kept cells' first, then the others')
     order = {cell.key: i for i, cell in enumerate(run.cells)}
     result["rows"].sort(key=lambda r: order.get((r["matrix"], r["context_length"]), len(order)))
@@ -166,6 +168,10 @@ class _Run:
         )
         self.cells = run_cells(cfg)
         self.kept = kept_cells(result)
+        # cells an earlier session measured but did not time (a resumed run): timed here, not measured again
+        self.restored = {
+            (c["matrix"], c["context_length"]): c for c in result.setdefault("cells_measured", [])
+        }
 
     def untimed_phase(self, workers: int) -> list[CellMeasurement | None]:
         """Every cell's untimed measurements, the probe jobs shared with ``workers - 1`` forked helpers; None for
@@ -203,11 +209,17 @@ class _Run:
             for _ in range(2 + len(caches)):  # baseline, candidates, timing
                 self.advance()
             return None
+        if cell.key in self.restored:  # measured in an earlier session: its failures are in `result`
+            for _ in range(1 + len(caches)):  # baseline, candidates
+                self.advance()
+            return self.measurer.restore(cell, ids, self.restored[cell.key])
         cm = self.measurer.measure_cell(cell, ids, caches, self.advance, poll)
         if cm is None:  # the baseline failed: nothing left to measure or time in the cell
             self.finished(cell)
             for _ in range(len(caches) + 1):  # each candidate's step and the cell's timing step, not run
                 self.advance()
+        else:  # kept in the file until the cell is timed: an interrupt before then loses none of it
+            self.result["cells_measured"].append(cm.to_json())
         return cm
 
     def time(self, cm: CellMeasurement) -> None:
@@ -218,6 +230,8 @@ class _Run:
         )
         self.measurer.time_cell(cm.ids, cell.new_tokens, cell.matrix, [cm.base, *cm.measured])
         self.result["rows"].extend(cell_rows(cm, self.cfg))
+        measured = self.result["cells_measured"]
+        measured[:] = [c for c in measured if (c["matrix"], c["context_length"]) != cell.key]
         self.finished(cell)
         self.advance()  # the timing is a step of its own (in the window matrix the longest); the CLI saves here
 

@@ -19,6 +19,9 @@ A result is one JSON object::
                      entry per session of kvlab eval --resume (kvlab.eval.resume.prepare_resume)
     cells_done?     [{matrix, context_length}] of each finished cell (timed and its rows written, or its baseline
                      failed), in the order they finished; absent in files older than kvlab eval --resume
+    cells_measured? [kvlab.eval.measure.CellMeasurement.to_json(): {matrix, context_length, base, measured}] of each
+                     cell measured but not yet timed, and probes_done? [{key, outcome}] of each finished probe job:
+                     only in a run stopped before its summary (what kvlab eval --resume keeps), gone once it ends
     rows            [kvlab.eval.records.Row.to_json(): {matrix in {"capacity", "window"}, candidate, family, nbits,
                       context_length, new_tokens, residual_length, group_size, median_ms, min_ms, timings_ms (the
                       cell's caches timed interleaved, order rotated per round), timing_spread (max/min of the timed

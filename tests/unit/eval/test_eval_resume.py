@@ -112,27 +112,43 @@ def interrupt_after(monkeypatch, method: str, calls: int) -> None:
     monkeypatch.setattr(runner._Run, method, wrapped)
 
 
-@pytest.mark.parametrize("method, kept", [("time", 1), ("measure", 0)])
-def test_a_resumed_run_has_the_rows_of_an_uninterrupted_one(tiny, monkeypatch, method, kept):
-    """Interrupted after the first cell's rows (the timing phase) or during the untimed phase (no cell kept), then
-    resumed: the same rows, probes and summary as a run that was never interrupted."""
+@pytest.mark.parametrize(
+    "method, calls, kept, measured",
+    [("time", 1, 1, 2), ("measure", 1, 0, 1), ("measure", 2, 0, 2)],
+)
+def test_a_resumed_run_has_the_rows_of_an_uninterrupted_one(tiny, monkeypatch, method, calls, kept, measured):
+    """Interrupted after the first cell's rows (the timing phase: the other two cells measured, not timed) or in the
+    untimed phase after one or two cells, then resumed: the cells measured before are only timed, the others
+    measured, and the rows, probes and summary are those of a run that was never interrupted."""
+    from kvlab.eval.measure import CellMeasurer
+
     cfg = cfg_of()
     whole = run_eval(cfg, tiny, CharTokenizer(), new_result(cfg, "whole", None), {"id_or_path": "tiny"})
     assert whole["status"] == "complete" and len(whole["cells_done"]) == 3
-    interrupt_after(monkeypatch, method, 1)
+    assert (
+        "cells_measured" not in whole and "probes_done" not in whole
+    )  # an uninterrupted run's file is unchanged
+    interrupt_after(monkeypatch, method, calls)
     result = new_result(cfg, "cut", None)
     with pytest.raises(KeyboardInterrupt):
         run_eval(cfg, tiny, CharTokenizer(), result, {"id_or_path": "tiny"})
     monkeypatch.undo()
     result = json.loads(json.dumps(result))  # as the file holds it
-    assert len(result["cells_done"]) == kept
+    assert len(result["cells_done"]) == kept and len(result["cells_measured"]) == measured
     assert len(result["rows"]) == (4 if kept else 0)  # the first cell: the float cache and three candidates
     record = prepare_resume(result, cfg, None)
-    assert record["cells_kept"] == kept and record["cells_to_measure"] == 3 - kept
-    steps = []
+    assert record["cells_kept"] == kept and record["cells_measured_kept"] == measured
+    assert record["cells_to_measure"] == 3 - kept - measured
+    steps, cells = [], []
+    real = CellMeasurer.measure_cell
+    monkeypatch.setattr(
+        CellMeasurer, "measure_cell", lambda self, cell, *a: cells.append(cell) or real(self, cell, *a)
+    )
     run_eval(cfg, tiny, CharTokenizer(), result, {"id_or_path": "tiny"}, advance=lambda: steps.append(1))
+    assert len(cells) == 3 - kept - measured, "a cell measured before the interrupt is not measured again"
     assert len(steps) == count_steps(cfg)  # the kept cells' steps counted done
     assert result["status"] == "complete" and validate_result(result) == []
+    assert "cells_measured" not in result and "probes_done" not in result
     same_rows(whole, result)
     for key in ("decision", "per_candidate", "failed_candidates", "long_context_not_measured"):
         assert result["summary"][key] == whole["summary"][key]
@@ -189,3 +205,36 @@ def test_prepare_resume_keeps_only_the_finished_cells_rows_and_failures():
         {"stage": "run", "type": "KeyboardInterrupt", "message": "interrupted by the user"}
     ]
     assert record["status_before"] == "failed" and record["command"][-2:] == ["--resume", "r.json"]
+
+
+def test_prepare_resume_keeps_a_measured_cell_and_its_failures_but_the_probes():
+    """A cell measured but not timed keeps its measurements and the failures of its measurement; its long-context
+    failures go (the probes are attached to it again), as does the record of a cell timed already."""
+    cfg = cfg_of()
+    result = new_result(cfg, "m", None)
+    measured = {"matrix": "capacity", "context_length": 160, "base": {}, "measured": []}
+    done = {"matrix": "capacity", "context_length": 96, "base": {}, "measured": []}
+    result["cells_measured"] = [done, measured]
+    result["cells_done"] = [{"matrix": "capacity", "context_length": 96}]
+    failure = {
+        "candidate": "kivi-2",
+        "residual_length": 128,
+        "type": "E",
+        "message": "m",
+        "matrix": "capacity",
+    }
+    result["failures"] = [
+        {**failure, "context_length": 160, "stage": "generate"},
+        {**failure, "context_length": 160, "stage": "long_context"},
+        {**failure, "context_length": 96, "stage": "timing"},
+        {**failure, "matrix": "window", "context_length": 96, "stage": "generate"},
+    ]
+    result["status"] = "failed"
+    record = prepare_resume(result, cfg, None)
+    assert result["cells_measured"] == [measured]
+    assert [(f["context_length"], f["stage"]) for f in result["failures"]] == [
+        (160, "generate"),
+        (96, "timing"),
+    ]
+    assert (record["cells_kept"], record["cells_measured_kept"], record["cells_to_measure"]) == (1, 1, 1)
+    assert record["failures_dropped"] == 2

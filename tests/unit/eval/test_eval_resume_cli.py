@@ -95,7 +95,9 @@ def test_eval_resume_continues_an_interrupted_run_in_place(tmp_path, capsys, mon
         path.write_text(json.dumps(cut))
     capsys.readouterr()
     assert main(["eval", "--resume", str(path)]) == 0
-    assert "resuming cut: 1 of 3 cells finished and kept (4 rows); measuring the other 2" in err_of(capsys)
+    said = err_of(capsys)
+    assert "resuming cut: 1 of 3 cells finished and kept (4 rows); 2 measured and kept, to be timed" in said
+    assert "measuring the other" not in said  # nothing left to measure: the interrupt came while timing
     result = json.loads(path.read_text())
     assert result["status"] == "complete" and result["failures"] == [] and validate_result(result) == []
     assert result["label"] == "cut" and result["settings"] == cut["settings"]
@@ -103,7 +105,8 @@ def test_eval_resume_continues_an_interrupted_run_in_place(tmp_path, capsys, mon
     assert result["rows"][:4] == cut["rows"]  # the kept rows, timings and all
     assert result["summary"]["decision"] == whole["summary"]["decision"]
     (record,) = result["provenance"]["resumed"]
-    assert record["cells_kept"] == 1 and record["rows_kept"] == 4 and record["cells_to_measure"] == 2
+    assert record["cells_kept"] == 1 and record["rows_kept"] == 4 and record["cells_measured_kept"] == 2
+    assert record["cells_to_measure"] == 0  # the interrupt came in the timing phase: every cell was measured
     assert record["status_before"] == ("running" if killed else "failed")
     stopped = (
         []
