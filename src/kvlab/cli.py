@@ -45,6 +45,19 @@ def _set_prog(parser: argparse.ArgumentParser) -> None:
                 _set_prog(sub)
 
 
+def _parser_of(parser: argparse.ArgumentParser, prog: str) -> argparse.ArgumentParser:
+    """The parser (``parser`` or one of its subcommands, at any depth) whose ``prog`` is ``prog``; else ``parser``."""
+    if parser.prog == prog:
+        return parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found = _parser_of(sub, prog)
+                if found is not sub or sub.prog == prog:
+                    return found
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``kvlab`` console script; returns the process exit status.
 
@@ -69,12 +82,20 @@ def _dispatch(argv: list[str] | None) -> int:
     if "COLUMNS" not in os.environ and not sys.stdout.isatty():
         os.environ["COLUMNS"] = PIPE_COLUMNS
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # argparse reports a subcommand's unknown flag as the top parser's ("kvlab: error:", its usage)
+        _parser_of(parser, getattr(args, "kvlab_prog", parser.prog)).error(
+            f"unrecognized arguments: {' '.join(extra)}"
+        )
     if not getattr(args, "func", None):
         parser.print_help()
         return commands.EXIT_USAGE
-    with commands.quiet_third_party(args.verbose):  # other libraries' bars and warnings: only with --verbose
-        return int(args.func(args) or 0)
+    try:
+        with commands.quiet_third_party(args.verbose):  # other libraries' bars and warnings: only with --verbose
+            return int(args.func(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C where the command does not record it itself: one line, not a traceback
+        print(f"\n{getattr(args, 'kvlab_prog', 'kvlab')}: interrupted", file=sys.stderr)
+        return commands.EXIT_INTERRUPTED
 
 
 def _stdout_to_devnull() -> None:

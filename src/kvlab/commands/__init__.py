@@ -15,6 +15,8 @@ code  meaning
       result file records it), stdout closed early by the reader
 2     bad input, nothing done: a flag value or setting refused, an input file missing or invalid, or an output
       file that exists (results are never overwritten without ``--force``)
+130   interrupted (Ctrl-C) where the command keeps nothing of the run (128 + SIGINT, as a shell reports it);
+      ``kvlab eval`` records the interrupt in its result file instead and exits 1
 ====  =======================================================================================================
 """
 
@@ -33,6 +35,7 @@ EXIT_OK = 0  # done, every check passed
 EXIT_FAILED = 1  # ran, and a check, target or load failed
 EXIT_USAGE = 2  # bad input (flags, settings, input files) or an output file that exists; nothing done
 EXIT_FILE_EXISTS = EXIT_USAGE  # an output file exists and --force was not given: a bad input like any other
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, the status a shell gives a process SIGINT ended
 
 
 def fail(args: argparse.Namespace | None, message: object, code: int = EXIT_USAGE) -> int:

@@ -274,6 +274,30 @@ def _quick_overrides(args: argparse.Namespace) -> list[str]:
     return [flags[d] for d in QUICK_SIZES.get(args.bench, ()) if getattr(args, d) != parser.get_default(d)]
 
 
+def _flag_problem(args: argparse.Namespace) -> str | None:
+    """Why the flags cannot run (bad input, exit 2), found before any work: --threads < 1, a size --quick would
+    ignore, --out/--force with --no-save, a --model that cannot be loaded (a path that is not there, a hub id
+    offline and not cached: :func:`kvlab.models.check_local_model`); None when they can."""
+    if args.threads is not None and args.threads < 1:
+        return f"--threads must be >= 1, got {args.threads}"
+    overridden = _quick_overrides(args)
+    if overridden:
+        return (
+            f"--quick sets its own sizes, so {', '.join(overridden)} would be ignored: drop --quick to choose "
+            f"{'it' if len(overridden) == 1 else 'them'}"
+        )
+    if args.no_save and (args.out or args.force):  # both only steer the record --no-save does not write
+        return f"{'--out' if args.out else '--force'} has no effect with --no-save, which writes no record"
+    if getattr(args, "model", None) is not None:
+        from kvlab.models import check_local_model
+
+        try:
+            check_local_model(args.model)
+        except (OSError, ValueError) as exc:
+            return str(exc)
+    return None
+
+
 def _run(args: argparse.Namespace) -> int:
     import importlib
 
@@ -283,23 +307,13 @@ def _run(args: argparse.Namespace) -> int:
     from kvlab.bench import results
 
     err = Console(stderr=True)
+    problem = _flag_problem(args)
+    if problem:
+        return fail(args, problem)
     if args.threads is not None:
-        if args.threads < 1:
-            return fail(args, f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     device = getattr(args, "device", "cpu")
     path = None
-    overridden = _quick_overrides(args)
-    if overridden:
-        return fail(
-            args,
-            f"--quick sets its own sizes, so {', '.join(overridden)} would be ignored: drop --quick to choose "
-            f"{'it' if len(overridden) == 1 else 'them'}",
-        )
-    if args.no_save and (args.out or args.force):  # both only steer the record --no-save does not write
-        return fail(
-            args, f"{'--out' if args.out else '--force'} has no effect with --no-save, which writes no record"
-        )
     if not args.no_save:
         try:
             tags = results.run_tags(getattr(args, "candidates", None), args.threads)

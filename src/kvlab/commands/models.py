@@ -7,7 +7,7 @@ import argparse
 import subprocess
 import sys
 
-from kvlab.commands import EXIT_FAILED, fail
+from kvlab.commands import EXIT_FAILED, EXIT_INTERRUPTED, fail
 
 
 def register(subparsers) -> None:
@@ -96,6 +96,18 @@ def _list(as_json: bool) -> int:
 
 
 def _get(args: argparse.Namespace, named) -> int:
+    try:
+        return _install_and_convert(args, named)
+    except KeyboardInterrupt:  # the conversion removes its temporary folder itself: nothing half-written stays
+        return fail(
+            args,
+            f"interrupted: {named.name} is not ready (nothing half-converted is left); run `kvlab models get "
+            f"{named.name}` again",
+            EXIT_INTERRUPTED,
+        )
+
+
+def _install_and_convert(args: argparse.Namespace, named) -> int:
     from kvlab.models.sources import find_source, prepare_source
 
     try:

@@ -84,35 +84,41 @@ def _check_model_files(path: Path, model: str | os.PathLike) -> None:
         raise FileNotFoundError(f"model directory {str(model)!r} has config.json but {' and '.join(missing)}")
 
 
-def check_local_model(model: str | os.PathLike | None) -> None:
-    """Refuse a local model directory that ``load_model`` would refuse, without loading anything (no torch work, no
-    hub lookup): commands call it to report a bad ``--model`` as bad input before any work starts.
+def check_local_model(model: str | os.PathLike | None, revision: str | None = None) -> None:
+    """Refuse a ``--model`` that ``load_model`` would refuse, without loading anything (no torch work; for a hub id
+    one look in the local cache and, on a miss, one short TCP connect): commands call it to report a bad
+    ``--model`` as bad input (exit 2) before any work starts.
 
     Args:
         model: None (the bundled model: passes), a local directory, a GGUF file, a named model
-            (:data:`kvlab.models.sources.NAMED_MODELS`) or a hub id (passes; the hub is not asked).
+            (:data:`kvlab.models.sources.NAMED_MODELS`) or a hub id (passes when the local Hugging Face cache
+            holds it or the hub can be reached).
+        revision: the hub revision a hub id is loaded at (its cache entry is looked for).
 
     Raises:
         FileNotFoundError: a path that does not exist (and is not a hub id), or a directory without
             ``config.json``, weights or tokenizer files (the path named); a named model not installed (the
             message names the command that gets it).
         NotADirectoryError: a file where a model directory was expected.
-        ValueError: a file that is not GGUF, a named model's file that fails its sha256 check.
+        OSError: a hub id that is not in the local cache while the hub cannot be reached (offline).
+        ValueError: an empty ``model``, a file that is not GGUF, a named model's file that fails its sha256
+            check.
     """
     if model is None:
         return
     found = model_source(model)
-    if found.kind in ("gguf", "named"):  # found, its sha256 checked; converted when loaded
-        if (
-            found.gguf is not None and not found.ready
-        ):  # a truncated or corrupt file: refused now, not mid-load
+    if found.gguf is not None:  # found, its sha256 checked; converted when loaded
+        if not found.ready:  # a truncated or corrupt file: refused now, not mid-load
             from kvlab.models.sources import check_gguf_file
 
             check_gguf_file(found.gguf)  # corrupt, or its layers lack tensors
         return
-    source = _local_model_dir(model)
+    name = found.load_from if found.kind == "named" else model  # a named model without a GGUF: its hub id
+    source = _local_model_dir(name)
     if source is not None:
-        _check_model_files(source, model)
+        _check_model_files(source, name)
+    else:  # a hub id: in the local cache, or the hub reachable
+        _check_hub_or_cache(os.fspath(name), revision)
 
 
 def _check_hub_or_cache(name: str, revision: str | None) -> None:
@@ -123,7 +129,7 @@ def _check_hub_or_cache(name: str, revision: str | None) -> None:
     from kvlab.runtime.hub import hub_offline_reason
 
     cached = try_to_load_from_cache(name, "config.json", revision=revision)
-    if isinstance(cached, str):
+    if isinstance(cached, str) or _in_hub_cache(name):  # a snapshot at another revision: the loader decides
         return
     offline = hub_offline_reason()
     if offline is not None:
@@ -131,6 +137,13 @@ def _check_hub_or_cache(name: str, revision: str | None) -> None:
             f"{name!r} is not a local directory, not in the local Hugging Face cache, and the hub cannot be "
             f"reached ({offline}); pass a local model directory"
         )
+
+
+def _in_hub_cache(name: str) -> bool:
+    """Whether the local Hugging Face cache holds any snapshot of the model ``name`` (``owner/name``)."""
+    from huggingface_hub import constants
+
+    return any((Path(constants.HF_HUB_CACHE) / f"models--{name.replace('/', '--')}" / "snapshots").glob("*"))
 
 
 def _resolve_for_loading(model: str | os.PathLike | None) -> tuple[str | os.PathLike | None, Path | None]:

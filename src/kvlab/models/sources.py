@@ -172,12 +172,66 @@ def _package_file(named: NamedModel) -> Path:
 
 
 def _converted_dir(gguf: Path, sha: str) -> Path:
+    """The folder holding (or to hold) the conversion of the file with sha256 ``sha``: the file's contents are its
+    identity, so a copy under another name finds the folder the first name made (``<stem>-<sha[:16]>``)."""
+    for folder in sorted(models_dir().glob(f"*-{sha[:16]}")):
+        try:
+            recorded = json.loads((folder / SOURCE_FILE).read_text(encoding="utf-8")).get("gguf_sha256")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if recorded == sha and _converted_problem(folder) is None:
+            return folder
     stem = gguf.name[: -len(".gguf")] if _is_gguf_path(gguf.name) else gguf.name
     return models_dir() / f"{stem}-{sha[:16]}"
 
 
+def _safetensors_problem(path: Path) -> str | None:
+    """Why the safetensors file ``path`` cannot be whole (missing, a header that does not parse, shorter than its
+    header says: a copy cut short), or None. Reads the header only."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 2 <= n <= size - 8:
+                return f"{path.name} has no safetensors header"
+            header = json.loads(f.read(n))
+    except FileNotFoundError:
+        return f"{path.name} is missing"
+    except (OSError, ValueError) as exc:
+        return f"{path.name} cannot be read ({exc})"
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)]
+    need = 8 + n + max(ends, default=0)
+    return f"{path.name} is {size:,} bytes, its header needs {need:,}" if size < need else None
+
+
+def _converted_problem(path: Path) -> str | None:
+    """Why the converted folder ``path`` is not whole, or None: a missing or unreadable :data:`SOURCE_FILE` or
+    ``config.json``, weights missing or cut short (every shard of a sharded checkpoint), no tokenizer file."""
+    if not path.is_dir():
+        return "it does not exist"
+    for name in (SOURCE_FILE, "config.json"):
+        try:
+            json.loads((path / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return f"{name} is missing or unreadable"
+    index = path / "model.safetensors.index.json"
+    try:
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+    except FileNotFoundError:
+        shards = ["model.safetensors"]
+    except (OSError, ValueError, KeyError, AttributeError):
+        return f"{index.name} is unreadable"
+    for shard in shards:
+        problem = _safetensors_problem(path / shard)
+        if problem:
+            return problem
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        return "it has no tokenizer file"
+    return None
+
+
 def _is_converted(path: Path) -> bool:
-    return (path / SOURCE_FILE).is_file() and (path / "config.json").is_file()
+    return _converted_problem(path) is None
 
 
 def find_source(model: str | os.PathLike | None) -> ModelSource:
@@ -191,14 +245,20 @@ def find_source(model: str | os.PathLike | None) -> ModelSource:
     Raises:
         FileNotFoundError: a named model whose package is not installed (the message names the command that gets
             it), a ``*.gguf`` path that does not exist.
-        ValueError: a file that is not GGUF, or a named model's file whose sha256 is not the pinned one (a
-            truncated or altered download); the message names the file.
+        ValueError: an empty ``model`` (``""``: not the current directory), a file that is not GGUF, or a named
+            model's file whose sha256 is not the pinned one (a truncated or altered download); the message names
+            the file.
     """
     if model is None:
         from kvlab.models import reference_model_path
 
         return ModelSource(None, "bundled", str(reference_model_path()))
     text = os.fspath(model)
+    if not text.strip():  # Path("") is the current directory: never what an empty --model meant
+        raise ValueError(
+            f"model {text!r} is empty: pass a model directory, a GGUF file, a named model (kvlab models) or a "
+            "hub id (owner/name)"
+        )
     path = Path(text).expanduser()
     if path.is_file() and (_is_gguf_path(text) or _has_gguf_magic(path)):
         return _gguf_source(text, path, provenance={})
@@ -306,9 +366,10 @@ def prepare_source(
         return source
     check_gguf_file(source.gguf)  # a truncated or corrupt file: one error before the "converting" line
     say = notify or (lambda line: print(line, file=sys.stderr, flush=True))
-    say(
-        f"converting {source.gguf} once into {source.load_from} (dequantize to bf16; ~20-30 s on one CPU core) ..."
-    )
+    target = Path(source.load_from)
+    if target.exists():  # a folder cut short (a full disk, a copy, a hand edit): made again, not loaded
+        say(f"the converted copy {target} is damaged ({_converted_problem(target)}): converting again")
+    say(f"converting {source.gguf} once into {target} (dequantize to bf16; ~20-30 s on one CPU core) ...")
     convert_gguf(source.gguf, Path(source.load_from), source.provenance)
     return ModelSource(source.arg, source.kind, source.load_from, source.gguf, source.provenance, ready=True)
 
@@ -382,6 +443,7 @@ def convert_gguf(gguf: Path, target: Path, provenance: dict) -> Path:
         _dequantize_into(gguf, tmp, header)
         with open(tmp / SOURCE_FILE, "w", encoding="utf-8") as f:
             json.dump(provenance, f, indent=1, sort_keys=True)
+        _set_aside_damaged(target)
         try:
             os.replace(tmp, target)
         except OSError:
@@ -390,6 +452,14 @@ def convert_gguf(gguf: Path, target: Path, provenance: dict) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # an interrupt (KeyboardInterrupt included) leaves nothing
     return target
+
+
+def _set_aside_damaged(target: Path) -> None:
+    """Remove a damaged folder at ``target`` (renamed first, so no reader sees it half-deleted)."""
+    if target.exists() and not _is_converted(target):
+        old = target.parent / f".{target.name}.tmp-damaged-{os.getpid()}"
+        os.replace(target, old)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _remove_stale_builds(target: Path) -> None:
@@ -411,17 +481,28 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _no_bar(iterable, *args, **kwargs):
+    """Stands in for ``tqdm`` while a GGUF converts: the items, no bar."""
+    return iterable
+
+
 def _dequantize_into(gguf: Path, out: Path, header: dict) -> None:
     """Load ``gguf`` with transformers (dequantized to bf16) and save it as a plain checkpoint in ``out``;
-    transformers' loading and saving bars are hidden (kvlab printed one line for the step; the GGUF reader's own
-    per-tensor bar is not under that switch and still shows)."""
+    transformers' loading and saving bars are hidden, and so is its GGUF reader's per-tensor ``tqdm`` bar, which
+    no transformers switch turns off (kvlab printed one line for the step)."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
     from transformers.utils import logging as hf_logging
 
     bar_was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
+    reader_bar = getattr(gguf_utils, "tqdm", None)
+    if reader_bar is not None:
+        gguf_utils.tqdm = _no_bar
     try:
         _convert(gguf, out, header.get("model_type") or "?")
     finally:
+        if reader_bar is not None:
+            gguf_utils.tqdm = reader_bar
         if bar_was_on:
             hf_logging.enable_progress_bar()
 

@@ -174,8 +174,13 @@ def test_an_interrupted_conversion_leaves_nothing_and_a_killed_one_is_cleaned_up
     stale.mkdir(parents=True)
 
     def whole(gguf_path, out, header):
+        import torch
+        from safetensors.torch import save_file
+
         out.mkdir(parents=True)
         (out / "config.json").write_text("{}")
+        save_file({"w": torch.zeros(2)}, str(out / "model.safetensors"))
+        (out / "tokenizer.json").write_text("{}")
 
     monkeypatch.setattr(sources, "_dequantize_into", whole)
     done = prepare_source(str(path))
