@@ -409,6 +409,16 @@ def _docs(args: argparse.Namespace) -> int:
         print(json.dumps({"out": str(out), "targets": verdicts}, indent=1))
     else:
         err.print(f"wrote {out}")
-        for t in verdicts:
-            print(f"{t['status']:>14}  {t['description']}  [{t['detail']}]")
+        _print_verdicts(verdicts)
     return 0
+
+
+def _print_verdicts(verdicts: list[dict]) -> None:
+    """The target verdicts under the record each comes from (two decode records, at 1 and 2 threads, judge the
+    same targets: each line once under its file, not the same line twice with nothing telling them apart)."""
+    import itertools
+
+    for (name, device), group in itertools.groupby(verdicts, key=lambda t: (t["file"], t["device"])):
+        print(f"{'no record' if name == '-' else name} ({device}):")
+        for t in group:
+            print(f"  {t['status']:>14}  {t['description']}  [{t['detail']}]")

@@ -1,0 +1,29 @@
+"""Words of the README and docs a newcomer can read: R and G (KIVI's residual window and group size, the tables'
+``R/G`` column) defined where they are first used, and one name for one metric: "top-k overlap" as the CLI, the
+HTML report and the figures print it (the README said "top-5" where the tables say "top-k")."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_r_and_g_are_defined_in_the_paragraph_that_first_uses_them():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    first = re.search(r"\bR=\d|\bR/G\b|\bG and R\b|\bG=\d", text)
+    assert first, "the README no longer uses R or G: drop this test"
+    paragraph_end = text.find("\n\n", first.start())
+    upto = text[: paragraph_end if paragraph_end > 0 else len(text)]
+    assert "R is KIVI's\nresidual window" in upto or "R is KIVI's residual window" in upto
+    assert "G its group size" in upto
+
+
+def test_one_name_for_the_top_k_overlap():
+    found = [
+        f"{p.name}:{i}"
+        for p in PAGES
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"\btop-\d", line)
+    ]
+    assert not found, "say top-k (k = 5, the eval's top_k), as kvlab prints it: " + ", ".join(found)
