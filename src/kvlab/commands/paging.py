@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, progress
-from kvlab.commands.plan import flag_message, keep_tokens_type
+from kvlab.commands.plan.flags import flag_message, keep_tokens_type
 from kvlab.plan.ledger import KV_DTYPE_NAMES
 from kvlab.runtime.checks import parse_list
 

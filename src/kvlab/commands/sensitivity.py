@@ -158,8 +158,8 @@ def _measure(args, err) -> dict:
 
 def _half_bytes(config: dict, formats: list[str], tokens: int, group_size: int, residual: int) -> dict:
     """Bytes one layer's keys (= its values) hold at ``tokens`` in each format and float, and what each saves."""
+    from kvlab.plan.load import load_spec
     from kvlab.plan.mixed import plan_layer_bytes
-    from kvlab.plan.spec import load_spec
 
     spec = load_spec(config)
     n = len(spec.layer_kinds)
@@ -201,8 +201,8 @@ def _print_sweep(result: dict) -> None:
 
 def run_allocate(args: argparse.Namespace) -> int:
     from kvlab.plan.allocate import allocate, budget_bytes
+    from kvlab.plan.load import load_spec
     from kvlab.plan.mixed import PLAN_DIR_ENV, check_plan_name, read_plan
-    from kvlab.plan.spec import load_spec
     from kvlab.runtime.atomic import atomic_write_json
 
     try:

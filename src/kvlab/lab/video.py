@@ -88,7 +88,7 @@ def ledger_check(cfg: VideoConfig) -> dict:
     :func:`kvlab.plan.ledger.kv_bytes`.
     """
     from kvlab.plan.ledger import kv_bytes
-    from kvlab.plan.spec import load_spec
+    from kvlab.plan.load import load_spec
     from kvlab.plan.video import VideoClip, video_kv
 
     spec = load_spec(cfg.model_config())

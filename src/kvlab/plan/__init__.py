@@ -41,6 +41,7 @@ from kvlab.plan.ledger import (
     paged_kv_bytes,
     quantized_tokens,
 )
+from kvlab.plan.load import load_spec
 from kvlab.plan.roofline import (
     DecodeStepBound,
     decode_attention_intensity,
@@ -49,7 +50,7 @@ from kvlab.plan.roofline import (
     prefill_intensity,
     ridge_point_flop_per_byte,
 )
-from kvlab.plan.spec import ModelSpec, load_spec, spec_from_config
+from kvlab.plan.spec import ModelSpec, spec_from_config
 from kvlab.plan.video import VideoClip, video_kv
 from kvlab.plan.vllm import VllmServePlan, vllm_serve_plan
 from kvlab.plan.weights import WeightBytes, estimate_parameters, read_safetensors_bytes, weight_bytes

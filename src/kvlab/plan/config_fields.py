@@ -1,14 +1,17 @@
-"""Config field names and layer kinds shared by the spec reader and the weight estimator.
+"""Config field names, layer kinds and the field readers shared by the spec reader and the weight estimator.
 
-:mod:`kvlab.plan.spec` (KV geometry) and :mod:`kvlab.plan.weights` (parameter count) read the same
-``config.json`` fields; both take the names from here, so neither imports the other's internals.
+:mod:`kvlab.plan.spec` (KV geometry), :mod:`kvlab.plan.architectures` (per-architecture quirks) and
+:mod:`kvlab.plan.weights` (parameter count) read the same ``config.json`` fields; they take the names and the
+readers (:func:`as_int`, :func:`read_int`, :func:`field_int`) from here, so none imports another's internals.
 
 Pure Python; no torch.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from typing import Any
 
 # Layer kinds, one per decoder layer.
 FULL = "full"  # attention over every past token: stores K/V for the whole context
@@ -84,3 +87,47 @@ def decoder_config(config: Mapping) -> tuple[dict, list[str]]:
         note = f"decoder read from `{key}`; other towers (vision, audio) are not counted"
         return merged, [note]
     return dict(config), []
+
+
+def as_int(name: str, value: Any, minimum: int) -> int:
+    """``value`` of config field ``name`` as an int >= ``minimum``; errors name the field."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value != int(value)
+    ):
+        raise ValueError(f"config field `{name}` must be an integer, got {value!r}")
+    if int(value) < minimum:
+        raise ValueError(f"config field `{name}` must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def read_int(cfg: Mapping, names: tuple[str, ...], *, minimum: int = 1) -> tuple[int, str] | None:
+    """``(value, name)`` of the non-null fields among ``names``, or None when there is none.
+
+    Raises:
+        ValueError: a field that is not an integer >= ``minimum``, or two of ``names`` with different values
+            (the config says two things; which one the model uses cannot be known).
+    """
+    found = [(n, as_int(n, cfg[n], minimum)) for n in names if cfg.get(n) is not None]
+    if not found:
+        return None
+    for name, value in found[1:]:
+        if value != found[0][1]:
+            raise ValueError(
+                f"config fields `{found[0][0]}` ({found[0][1]}) and `{name}` ({value}) disagree: the planner "
+                "cannot tell which one the model uses"
+            )
+    return found[0][1], found[0][0]
+
+
+def field_int(cfg: Mapping, names: tuple[str, ...], *, required: bool = True, minimum: int = 1) -> int | None:
+    """The value of ``names`` in ``cfg`` (see :func:`read_int`) as an int >= ``minimum``; errors name the field."""
+    got = read_int(cfg, names, minimum=minimum)
+    if got is not None:
+        return got[0]
+    if required:
+        alts = f" (nor {', '.join(f'`{n}`' for n in names[1:])})" if len(names) > 1 else ""
+        raise ValueError(f"config has no `{names[0]}`{alts}")
+    return None

@@ -22,7 +22,9 @@ from fractions import Fraction
 from typing import Any
 
 from kvlab.cache_names import parse_cache_name
-from kvlab.plan.spec import CHUNKED, DTYPE_BYTES, FULL, KV_KINDS, SLIDING, ModelSpec, load_spec
+from kvlab.plan.config_fields import CHUNKED, DTYPE_BYTES, FULL, KV_KINDS, SLIDING
+from kvlab.plan.load import load_spec
+from kvlab.plan.spec import ModelSpec
 from kvlab.plan.weights import WeightBytes
 
 MODES = ("theoretical", "allocated")
@@ -401,7 +403,7 @@ def kivi_kv_bytes_breakdown(
 
     Args:
         model: a :class:`ModelSpec`, a transformers config dict (e.g. ``model.config.to_dict()``) or anything
-            :func:`~kvlab.plan.spec.load_spec` accepts.
+            :func:`~kvlab.plan.load.load_spec` accepts.
         cache_dtype_bytes: the residual window's bytes per element (default: the config dtype's).
         metadata_bytes: bytes of one scale or zero (default: 4 for a 4-byte cache dtype, else 2).
         value_bits: value code width when it differs from ``nbits`` (the keys'), e.g. 4 for ``kivi-k8v4``.
@@ -620,7 +622,7 @@ def paged_kv_bytes(
 class LedgerRow:
     """Bytes of one layer kind, on one GPU."""
 
-    kind: str  # layer kind (kvlab.plan.spec.LAYER_KINDS)
+    kind: str  # layer kind (kvlab.plan.config_fields.LAYER_KINDS)
     layers: int  # layers of this kind
     tokens_stored: int  # tokens one sequence keeps in one such layer (theoretical)
     tokens_allocated: int  # tokens an engine that reserves full length keeps

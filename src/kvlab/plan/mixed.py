@@ -36,8 +36,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kvlab.plan.config_fields import KV_KINDS
 from kvlab.plan.ledger import _layer_bytes, kv_dtype
-from kvlab.plan.spec import KV_KINDS, ModelSpec
+from kvlab.plan.spec import ModelSpec
 
 FORMATS = ("kivi-2", "kivi-4", "kivi-8", "fp8-e4m3", "float")
 PLAN_DIR_ENV = "KVLAB_PLAN_DIR"

@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from kvlab.plan.config_fields import KV_KINDS, SHARED
 from kvlab.plan.fit import budget_from_gib, budget_from_hardware, max_batch, max_context
 from kvlab.plan.hardware import Hardware, custom_hardware, get_hardware
 from kvlab.plan.ledger import build_ledger, kv_bytes_peak, kv_dtype
+from kvlab.plan.load import load_spec
 from kvlab.plan.roofline import (
     decode_step_bound,
     intensity_table,
@@ -19,7 +21,7 @@ from kvlab.plan.roofline import (
     prefill_intensity,
 )
 from kvlab.plan.scenario import DEFAULT_GPU  # re-exported: commands and tests read it here
-from kvlab.plan.spec import KV_KINDS, QUANTIZED_WEIGHTS_HINT, SHARED, ModelSpec, load_spec
+from kvlab.plan.spec import QUANTIZED_WEIGHTS_HINT, ModelSpec
 from kvlab.plan.video import VideoClip, video_kv
 from kvlab.plan.weights import UnknownWeightsError, WeightBytes, weight_bytes
 

@@ -16,8 +16,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from kvlab.plan.config_fields import KV_KINDS
 from kvlab.plan.ledger import KVDtype, kv_bytes, kv_dtype, tokens_stored
-from kvlab.plan.spec import KV_KINDS, ModelSpec
+from kvlab.plan.spec import ModelSpec
 
 
 def ridge_point_flop_per_byte(peak_flops: float, bandwidth_bytes_s: float) -> float:

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvlab.plan.config_fields import FULL, LAYER_KINDS
 from kvlab.plan.ledger import KVDtype, kv_elements_per_token_per_layer
-from kvlab.plan.spec import FULL, LAYER_KINDS, ModelSpec
+from kvlab.plan.spec import ModelSpec
 
 VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vllm.config.cache.BlockSize
 _VLLM_DTYPE = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32"}

@@ -8,8 +8,8 @@ from kvlab.bench.sensitivity import ranking, roundtrip, sweep
 from kvlab.caches.fp8 import FP8Cache
 from kvlab.caches.kivi import KIVICache
 from kvlab.plan.allocate import allocate, budget_bytes
+from kvlab.plan.load import load_spec
 from kvlab.plan.mixed import FORMATS, plan_kv_bytes
-from kvlab.plan.spec import load_spec
 from tests.conftest import make_tiny_qwen2, random_prompt
 
 G, R = 32, 0  # no residual window: at this short context every token is quantized, as at a long one

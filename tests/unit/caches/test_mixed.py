@@ -12,8 +12,8 @@ from transformers import DynamicCache
 from kvlab.caches.fp8 import FP8Cache
 from kvlab.caches.kivi import KIVICache
 from kvlab.caches.mixed import MixedCache
+from kvlab.plan.load import load_spec
 from kvlab.plan.mixed import plan_kv_bytes, plan_layer_bytes
-from kvlab.plan.spec import load_spec
 from kvlab.runtime.hf_api import cache_kwarg
 from tests.conftest import make_tiny_qwen2, random_prompt
 

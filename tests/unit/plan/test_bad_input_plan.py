@@ -10,8 +10,9 @@ import pytest
 from kvlab.cli import main
 from kvlab.plan.fit import budget_from_gib
 from kvlab.plan.ledger import kv_bytes_per_token, quantized_tokens
+from kvlab.plan.load import load_spec
 from kvlab.plan.roofline import prefill_intensity
-from kvlab.plan.spec import load_spec, spec_from_config
+from kvlab.plan.spec import spec_from_config
 from kvlab.plan.video import VideoClip
 
 GIB = 1024**3

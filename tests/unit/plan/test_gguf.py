@@ -15,7 +15,7 @@ import pytest
 from kvlab.cli import main
 from kvlab.plan.gguf import GGUF_MAGIC, is_gguf_file, read_gguf_config, read_gguf_header
 from kvlab.plan.ledger import build_ledger
-from kvlab.plan.spec import load_spec
+from kvlab.plan.load import load_spec
 from kvlab.plan.weights import weight_bytes
 
 gguf = pytest.importorskip("gguf", reason="the gguf package (pip install gguf) writes the synthetic files")
@@ -362,7 +362,7 @@ def test_gguf_reading_imports_no_torch(tmp_path):
     path = write_gguf(tmp_path / "tiny.gguf")
     code = (
         "import sys, kvlab.plan.gguf, kvlab.plan.spec\n"
-        f"kvlab.plan.spec.load_spec({str(path)!r})\n"
+        f"kvlab.plan.load.load_spec({str(path)!r})\n"
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

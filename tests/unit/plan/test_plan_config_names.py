@@ -8,7 +8,7 @@ import re
 import pytest
 
 from kvlab.plan import kv_bytes_per_token, spec_from_config
-from kvlab.plan.spec import FULL, NO_KV, SLIDING
+from kvlab.plan.config_fields import FULL, NO_KV, SLIDING
 
 
 def chatglm(**kw):

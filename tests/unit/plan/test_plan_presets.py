@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvlab.plan import kv_bytes, kv_bytes_per_token, load_spec, presets
-from kvlab.plan.spec import FULL, NO_KV, SHARED, SLIDING
+from kvlab.plan.config_fields import FULL, NO_KV, SHARED, SLIDING
 
 
 @pytest.mark.parametrize("name", presets.names())

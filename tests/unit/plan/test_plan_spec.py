@@ -9,7 +9,7 @@ import types
 import pytest
 
 from kvlab.plan import kv_bytes_per_token, load_spec, spec_from_config
-from kvlab.plan.spec import CHUNKED, FULL, NO_KV, SHARED, SLIDING
+from kvlab.plan.config_fields import CHUNKED, FULL, NO_KV, SHARED, SLIDING
 
 
 def base(**kw):

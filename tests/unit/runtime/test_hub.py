@@ -42,7 +42,7 @@ def test_endpoint_without_host(monkeypatch):
 
 
 def test_plan_hub_id_fails_at_once_when_offline(monkeypatch):
-    from kvlab.plan import spec
+    from kvlab.plan import load
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     calls = []
@@ -58,7 +58,7 @@ def test_plan_hub_id_fails_at_once_when_offline(monkeypatch):
     with pytest.raises(
         ValueError, match=r"'nobody-xyz/none' is not in the local Hugging Face cache .*HF_HUB_OFFLINE"
     ):
-        spec._hub_config("nobody-xyz/none")
+        load._hub_config("nobody-xyz/none")
     assert calls == [True]  # only the cache was asked, never the network
 
 

@@ -1,0 +1,205 @@
+"""The flags ``kvlab plan``, ``kvlab roofline`` and ``kvlab video`` share, and the planner arguments they become.
+
+Each ``add_*`` function adds one group of flags to a parser; the matching ``*_kwargs`` turns the parsed values into
+keyword arguments of :mod:`kvlab.plan.report`; :func:`flag_message` names a planner error by the flag a user typed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+
+from kvlab.plan.ledger import KV_DTYPE_NAMES
+
+
+def byte_count(text: str) -> int:
+    """An integer byte count; accepts ``1e9`` (a plain integer is read exactly, not through a float)."""
+    refused = argparse.ArgumentTypeError(f"a non-negative whole number of bytes, got {text!r}")
+    try:
+        value = int(text)
+    except ValueError:
+        try:
+            number = float(text)
+        except ValueError:
+            raise refused from None
+        if not math.isfinite(number) or number != int(number):
+            raise refused from None
+        value = int(number)
+    if value < 0:
+        raise refused
+    return value
+
+
+# the planner library's argument names in its errors, and the flag a CLI user typed for each: `name` -> --flag
+_FLAG_OF = {
+    "residual_length": "residual",
+    "num_kv_heads": "kv_heads",
+    "block_size_tokens": "block_size",
+    "rate_per_step": "rate",
+    "n_requests": "requests",
+}
+
+
+_NAMED = re.compile(r"`([a-z][a-z0-9_]*)`(?: \((--[a-z0-9-]+)\))?")
+
+
+def flag_message(args: argparse.Namespace, exc: Exception) -> str:
+    """``exc``'s message with each planner argument it names (`group_size`) replaced by its flag (--group-size)
+    when this command has that flag; config fields and other names are kept. Errors that already give the flag
+    (`` `reserve_gib` (--reserve-gib)``) name it once."""
+
+    def flag(m: re.Match) -> str:
+        if m.group(2):
+            return m.group(2)
+        dest = _FLAG_OF.get(m.group(1), m.group(1))
+        if dest == "model" or dest not in vars(args):  # plan's MODEL is positional; a config field stays
+            return m.group(0)
+        return "--" + dest.replace("_", "-")
+
+    message = str(exc)
+    if getattr(args, "kv_heads", None) is not None and not message.startswith("config field"):
+        message = message.replace("`num_key_value_heads` (", "--kv-heads (")  # the override, not the config
+    return _NAMED.sub(flag, message)
+
+
+def add_kv_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--kv-dtype",
+        default="auto",
+        choices=KV_DTYPE_NAMES,  # every name the planner reads
+        help="KV cache dtype (default auto: the config's dtype); kivi-N (= kiviN): kvlab's KIVI cache, kivi-kKvV "
+        "with its own key/value bits; fp8-e4m3/fp8-e5m2[-tensor|-unscaled|-hadamard] (fp8_e4m3 = fp8-e4m3): "
+        "kvlab's FP8 cache, "
+        "1 B/element plus fp32 scales (fp8: 1 B/element, no scales)",
+    )
+    # None = not given: KIVI's 32 / 128; given with a --kv-dtype that is not KIVI it is refused, not ignored
+    p.add_argument("--group-size", type=int, default=None, help="KIVI group size G (default 32)")
+    p.add_argument(
+        "--residual", type=int, default=None, help="KIVI residual window R in tokens (default 128)"
+    )
+
+
+def keep_tokens_type(text: str) -> int:
+    """``--keep-tokens``: a whole number of tokens >= 1 (argparse names the flag in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a whole number of tokens >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of tokens >= 1, got {text!r}")
+    return value
+
+
+def add_keep_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--keep-tokens",
+        type=keep_tokens_type,
+        default=None,
+        metavar="N",
+        help="an evicting cache that keeps at most N tokens per layer and sequence (sink: sink_tokens + "
+        "window_length; tova: its token_budget): KV bytes, fit and decode bound are those of min(context, N) "
+        "tokens in --kv-dtype's format (docs/EVICTION.md, Planning a capped cache)",
+    )
+
+
+def kv_kwargs(args: argparse.Namespace) -> dict:
+    """The planner's KV arguments from the flags of :func:`add_kv_flags` (and :func:`add_keep_flag`).
+
+    Raises:
+        ValueError: ``--group-size`` / ``--residual`` given with a ``--kv-dtype`` that is not KIVI's.
+    """
+    for flag, value in (("--group-size", args.group_size), ("--residual", args.residual)):
+        if value is not None and not args.kv_dtype.startswith("kivi"):
+            raise ValueError(f"{flag} {value} sizes a kivi --kv-dtype only; --kv-dtype is {args.kv_dtype}")
+    group_size = 32 if args.group_size is None else args.group_size
+    residual = 128 if args.residual is None else args.residual
+    kwargs = {"kv": args.kv_dtype, "group_size": group_size, "residual_length": residual}
+    if getattr(args, "keep_tokens", None) is not None:
+        kwargs["keep_tokens"] = args.keep_tokens
+    return kwargs
+
+
+def add_weight_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--weight-dtype",
+        default="auto",
+        help="dtype of the weights for the parameter-count estimate (bf16, fp8, int4, ...; default: "
+        "the checkpoint next to the config, else the config dtype)",
+    )
+    p.add_argument(
+        "--weights-index",
+        default=None,
+        metavar="PATH",
+        help="model.safetensors.index.json, a .safetensors file or a directory: exact weight bytes",
+    )
+    p.add_argument("--weight-bytes", type=byte_count, default=None, metavar="N", help="weight bytes, given")
+
+
+def weight_kwargs(args: argparse.Namespace) -> dict:
+    """The planner's weight arguments from the flags of :func:`add_weight_flags`.
+
+    Raises:
+        ValueError: both ``--weight-bytes`` and ``--weights-index`` (one would be silently ignored).
+    """
+    if args.weight_bytes is not None and args.weights_index is not None:
+        raise ValueError(
+            f"--weight-bytes {args.weight_bytes} and --weights-index {args.weights_index} both give the weight "
+            f"bytes; pass one"
+        )
+    return {
+        "weight_dtype": args.weight_dtype,
+        "weights_index": args.weights_index,
+        "weight_bytes_override": args.weight_bytes,
+    }
+
+
+def add_device_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--gpu", default=None, help="GPU from the datasheet table (default A100-80GB); see --list-gpus"
+    )
+    p.add_argument("--bandwidth-gb-s", type=float, default=None, help="custom device: memory bandwidth, GB/s")
+    p.add_argument("--tflops", type=float, default=None, help="custom device: dense 16-bit TFLOP/s")
+    p.add_argument("--measured-step-ms", type=float, default=None, help="a measured decode step to compare")
+    p.add_argument("--list-gpus", action="store_true", help="print the hardware table and exit")
+
+
+def device_kwargs(args: argparse.Namespace) -> dict:
+    """The planner's device arguments from the flags of :func:`add_device_flags` (``--list-gpus`` aside)."""
+    return {
+        "gpu": args.gpu,
+        "bandwidth_gb_s": args.bandwidth_gb_s,
+        "tflops": args.tflops,
+        "measured_step_ms": args.measured_step_ms,
+    }
+
+
+def device_flag_problem(args: argparse.Namespace) -> str | None:
+    """The custom-device flags named as given (``--bandwidth-gb-s inf``), before the planner names its fields: not
+    a finite number > 0, or 0 or inf once counted in whole B/s or FLOP/s (:func:`kvlab.plan.hardware.check_rate`)."""
+    from kvlab.plan.hardware import TERA, check_rate
+
+    for flag, value, scale, unit in (
+        ("--bandwidth-gb-s", args.bandwidth_gb_s, 1e9, "GB/s"),
+        ("--tflops", args.tflops, TERA, "TFLOP/s"),
+    ):
+        if value is None:
+            continue
+        if not 0 < value < math.inf:
+            return f"{flag} must be a finite number > 0, got {value:g}"
+        try:
+            check_rate(flag, value, scale, unit)
+        except ValueError as e:
+            return str(e).replace(f"`{flag}`", flag)
+    return None
+
+
+def warn(args: argparse.Namespace, r: dict) -> None:
+    """The report's warnings on stderr, one line each (also in --json): ``--measured-step-ms`` faster than the
+    decode step lower bound (``measured.warning``: it cannot be), and a context beyond the model's
+    max_position_embeddings (``warnings``)."""
+    prog = getattr(args, "kvlab_prog", None) or "kvlab"
+    for warning in [(r.get("measured") or {}).get("warning"), *r.get("warnings", [])]:
+        if warning:
+            print(f"{prog}: warning: {warning}", file=sys.stderr)

@@ -1,0 +1,128 @@
+"""``kvlab plan``: KV memory ledger, fit and decode bound of a model (the report from
+:func:`kvlab.plan.report.plan_report`, printed by :mod:`kvlab.commands.plan.render`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from kvlab.commands import fail
+from kvlab.commands.plan.flags import (
+    add_device_flags,
+    add_keep_flag,
+    add_kv_flags,
+    add_weight_flags,
+    device_flag_problem,
+    device_kwargs,
+    flag_message,
+    kv_kwargs,
+    warn,
+    weight_kwargs,
+)
+from kvlab.commands.plan.render import print_lists, print_plan, print_vllm
+from kvlab.plan.scenario import DEFAULT_RESERVE_GIB
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "plan",
+        help="KV memory ledger, fit and decode bound of a model from its config.json or GGUF header (no torch)",
+        description="Read MODEL's config.json (a preset name, a config.json path, a model directory or a hub "
+        "id) or a llama.cpp GGUF file's header (a .gguf path; needs the gguf package) and report KV bytes per "
+        "token and in total, weight bytes, the largest batch and context that fit in a GPU, and the decode "
+        "step lower bound: the bytes one step must read (weights, then every sequence's KV) over the memory "
+        "bandwidth.",
+    )
+    p.add_argument(
+        "model", nargs="?", metavar="MODEL", help="preset, config.json, .gguf file, directory or hub id"
+    )
+    p.add_argument("--context", type=int, default=8192, help="tokens per sequence (default 8192)")
+    p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
+    add_kv_flags(p)
+    add_keep_flag(p)
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
+    p.add_argument(
+        "--gpu-mem-gib",
+        type=float,
+        default=None,
+        help="GPU memory budget in GiB (2^30 B); default: the --gpu row's memory as the device reports it "
+        "(A100-80GB: 81,920 MiB = 80 GiB)",
+    )
+    p.add_argument(
+        "--reserve-gib",
+        type=float,
+        default=DEFAULT_RESERVE_GIB,
+        help="GiB per GPU kept free for activations, workspace and framework "
+        f"(default {DEFAULT_RESERVE_GIB:g}, as kvlab paging)",
+    )
+    p.add_argument("--kv-heads", type=int, default=None, help="what-if: override the KV heads (e.g. MHA)")
+    add_weight_flags(p)
+    add_device_flags(p)
+    p.add_argument(
+        "--emit",
+        choices=("vllm",),
+        default=None,
+        help="print a runnable `vllm serve` command for the plan (flags, then the KV cache vLLM would report as "
+        "# comments); with --json, under the key 'vllm'",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="tokens per KV block for --emit vllm (1, 8, 16, 32, 64 or 128; default 16, vLLM's CUDA default)",
+    )
+    p.add_argument("--list-presets", action="store_true", help="print the built-in models and exit")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.set_defaults(func=run_plan)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from kvlab.plan.report import plan_report
+
+    listing = [
+        flag for flag, on in (("--list-presets", args.list_presets), ("--list-gpus", args.list_gpus)) if on
+    ]
+    if listing and args.model is not None:  # the table would silently ignore MODEL
+        return fail(
+            args,
+            f"{listing[0]} prints a table and exits; it takes no MODEL, got {args.model!r} (drop {listing[0]} to "
+            f"plan {args.model})",
+        )
+    if print_lists(args):
+        return 0
+    if args.model is None:
+        return fail(
+            args,
+            "plan needs MODEL (a preset, config.json, .gguf file, directory or hub id); see --list-presets",
+        )
+    if args.block_size is not None and args.emit != "vllm":
+        return fail(args, f"--block-size {args.block_size} only applies with --emit vllm")
+    problem = device_flag_problem(args)
+    if problem:
+        return fail(args, problem)
+    try:
+        r = plan_report(
+            args.model,
+            context=args.context,
+            batch=args.batch,
+            **kv_kwargs(args),
+            **weight_kwargs(args),
+            **device_kwargs(args),
+            gpu_mem_gib=args.gpu_mem_gib,
+            reserve_gib=args.reserve_gib,
+            tp=args.tp,
+            kv_heads=args.kv_heads,
+            emit=args.emit,
+            block_size=16 if args.block_size is None else args.block_size,
+        )
+    except (ValueError, OSError) as e:
+        return fail(args, flag_message(args, e))
+    warn(args, r)
+    if args.json:
+        print(json.dumps(r, indent=1))
+        return 0
+    if r["vllm"] is not None:
+        print_vllm(r)
+        return 0
+    print_plan(r)
+    return 0

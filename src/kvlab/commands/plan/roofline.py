@@ -1,0 +1,81 @@
+"""``kvlab roofline``: ridge point, decode/prefill intensity and decode step bound (the report from
+:func:`kvlab.plan.report.roofline_report`; ``--probe`` measures this machine)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from kvlab.commands import fail
+from kvlab.commands.plan.flags import (
+    add_device_flags,
+    add_keep_flag,
+    add_kv_flags,
+    add_weight_flags,
+    device_flag_problem,
+    device_kwargs,
+    flag_message,
+    kv_kwargs,
+    warn,
+    weight_kwargs,
+)
+from kvlab.commands.plan.render import print_lists, print_roofline
+
+
+def register(subparsers) -> None:
+    r = subparsers.add_parser(
+        "roofline",
+        help="ridge point, decode/prefill intensity and decode step bound; --probe measures this machine",
+        description="Roofline of decode and prefill: the GPU's ridge point (peak FLOP/s over memory bandwidth, "
+        "from its datasheet), the ideal decode attention intensity I = 2g/p (g query heads per KV head, p bytes "
+        "per KV element), a rough prefill intensity (projection and causal attention FLOPs over the weights "
+        "and an activation-traffic estimate), and the decode step lower bound (weights + batch x KV) / "
+        "bandwidth. --probe measures fp32 matmul FLOP/s and streaming GB/s here with numpy.",
+    )
+    r.add_argument(
+        "--model",
+        default=None,
+        help="preset, config.json, .gguf file, directory or hub id (default llama-3-8b)",
+    )
+    r.add_argument("--context", type=int, default=8192, help="tokens per sequence (default 8192)")
+    r.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
+    r.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
+    add_kv_flags(r)
+    add_keep_flag(r)
+    add_weight_flags(r)
+    add_device_flags(r)
+    r.add_argument("--probe", action="store_true", help="measure this machine's fp32 roofs (a few seconds)")
+    r.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    r.set_defaults(func=run_roofline)
+
+
+def run_roofline(args: argparse.Namespace) -> int:
+    from kvlab.plan.report import roofline_report
+
+    if args.list_gpus and args.model is not None:  # the table would silently ignore --model
+        return fail(args, f"--list-gpus prints a table and exits; it takes no --model, got {args.model!r}")
+    if print_lists(args):
+        return 0
+    args.model = args.model or "llama-3-8b"
+    problem = device_flag_problem(args)
+    if problem:
+        return fail(args, problem)
+    try:
+        r = roofline_report(
+            model=args.model,
+            context=args.context,
+            batch=args.batch,
+            tp=args.tp,
+            run_probe=args.probe,
+            **kv_kwargs(args),
+            **weight_kwargs(args),
+            **device_kwargs(args),
+        )
+    except (ValueError, OSError) as e:
+        return fail(args, flag_message(args, e))
+    warn(args, r)
+    if args.json:
+        print(json.dumps(r, indent=1))
+        return 0
+    print_roofline(r)
+    return 0

@@ -1,0 +1,72 @@
+"""``kvlab video``: tokens and KV bytes of autoregressive video clips (the report from
+:func:`kvlab.plan.report.video_report`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from kvlab.commands import fail
+from kvlab.commands.plan.flags import add_kv_flags, flag_message, kv_kwargs, warn
+from kvlab.commands.plan.render import print_video
+
+
+def register(subparsers) -> None:
+    v = subparsers.add_parser(
+        "video",
+        help="tokens and KV bytes of autoregressive video clips (every frame kept in the cache)",
+        description="Turn clips (seconds, fps, resolution) into tokens through temporal and spatial "
+        "compression and a patch size, and size their KV cache on a model (whole history kept).",
+    )
+    v.add_argument(
+        "--model",
+        default="llama-3-8b",
+        help="preset, config.json, .gguf file, directory or hub id (default llama-3-8b)",
+    )
+    v.add_argument(
+        "--seconds", type=float, nargs="+", default=[5, 10, 30], help="clip lengths (default 5 10 30)"
+    )
+    v.add_argument("--fps", type=int, default=24, help="frames per second (default 24)")
+    v.add_argument("--width", type=int, default=1280, help="pixels (default 1280)")
+    v.add_argument("--height", type=int, default=720, help="pixels (default 720)")
+    v.add_argument("--temporal-compression", type=int, default=4, help="frames per latent frame (default 4)")
+    v.add_argument(
+        "--spatial-compression", type=int, default=8, help="pixels per latent, per side (default 8)"
+    )
+    v.add_argument("--patch-size", type=int, default=1, help="latents per token, per side (default 1)")
+    v.add_argument(
+        "--causal-first-frame",
+        action="store_true",
+        help="causal VAE: latent frames = 1 + (frames - 1) // temporal (default frames // temporal)",
+    )
+    v.add_argument("--batch", type=int, default=1, help="clips (default 1)")
+    add_kv_flags(v)
+    v.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    v.set_defaults(func=run_video)
+
+
+def run_video(args: argparse.Namespace) -> int:
+    from kvlab.plan.report import video_report
+
+    try:
+        r = video_report(
+            model=args.model,
+            seconds=args.seconds,
+            fps=args.fps,
+            width=args.width,
+            height=args.height,
+            temporal_compression=args.temporal_compression,
+            spatial_compression=args.spatial_compression,
+            patch_size=args.patch_size,
+            causal_first_frame=args.causal_first_frame,
+            batch=args.batch,
+            **kv_kwargs(args),
+        )
+    except (ValueError, OSError) as e:
+        return fail(args, flag_message(args, e))
+    warn(args, r)
+    if args.json:
+        print(json.dumps(r, indent=1))
+        return 0
+    print_video(r)
+    return 0
