@@ -25,6 +25,7 @@ import torch
 
 from kvlab.caches.measure import cache_nbytes
 from kvlab.caches.sink import SinkCache
+from kvlab.lab import longrun
 from kvlab.lab.longrun import STEP_TOKENS, Progress, spans
 from kvlab.runtime.checks import check_int
 from kvlab.runtime.hf_api import cache_kwarg
@@ -187,6 +188,56 @@ def eviction_steps(config: EvictionConfig) -> int:
     return 1 + recompute + sinks
 
 
+def peak_bytes(model_config: Any, config: EvictionConfig, dtype: torch.dtype, tokens: int | None = None) -> int:
+    """Bytes :func:`measure_eviction` allocates above the loaded model at its peak (``tokens``: instead of
+    ``config.tokens``), estimated from ``model_config``'s shapes as ``kvlab lab --real`` does
+    (:func:`kvlab.lab.longrun.activation_bytes`, :func:`~kvlab.lab.longrun.kv_bytes`). The largest of
+
+    * the full-context forward: its activations over every token, the DynamicCache's K/V, the last hidden states
+      ``[tokens, hidden]`` and one chunk of :data:`SCORE_ROWS` logits (in the dtype, float32 and cross_entropy's);
+    * the recompute baseline: ``batch_windows`` windows of ``window_length`` tokens in one forward;
+    * a sink run: the prefill of ``sinks + window_length`` tokens, its logits and the cache (counted twice: a
+      ``torch.cat`` layer copies itself per token).
+    """
+    tokens = config.tokens if tokens is None else tokens
+    shape = longrun.forward_shape(model_config)
+    item = torch.empty((), dtype=dtype).element_size()
+    vocab, hidden = shape["vocab"], shape["hidden"]
+    full = (
+        longrun.activation_bytes(model_config, tokens)
+        + longrun.kv_bytes(model_config, tokens, item)
+        + tokens * hidden * item
+        + min(tokens, SCORE_ROWS) * vocab * (item + 8)
+    )
+    windows = config.batch_windows * config.window_length
+    recompute = longrun.activation_bytes(model_config, windows) + config.batch_windows * vocab * (item + 8)
+    held = max(config.sink_tokens) + config.window_length
+    stream = (
+        longrun.activation_bytes(model_config, held)
+        + 2 * longrun.kv_bytes(model_config, held, item)
+        + held * vocab * (item + 8)
+    )
+    return max(full, recompute, stream)
+
+
+def memory_problem(model_config: Any, config: EvictionConfig, dtype: torch.dtype) -> str | None:
+    """Why :func:`measure_eviction` would not fit in the available memory (:func:`peak_bytes` against
+    :func:`kvlab.lab.longrun.available_memory_bytes`), naming the tokens that would fit; None when it fits or the
+    available memory is unknown."""
+    available = longrun.available_memory_bytes()
+    need = peak_bytes(model_config, config, dtype)
+    if available is None or need <= available:
+        return None
+    low, high = 0, config.tokens  # the most tokens that fit: peak_bytes grows with them
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if peak_bytes(model_config, config, dtype, mid) <= available else (low, mid - 1)
+    least = config.window_length + max(config.sink_tokens) + 1
+    hint = f"at most about {low:,} tokens fit" if low >= least else "not even the window fits"
+    what = f"`tokens` {config.tokens:,} (one forward over every token: its activations and the DynamicCache's K/V)"
+    return longrun.memory_refusal(what, need, available, hint)
+
+
 def _summary(nll: torch.Tensor, evict_from: int) -> dict:
     """Mean NLL over every prediction and over the targets at index >= ``evict_from`` (eviction has begun)."""
     tail = nll[evict_from - 1 :]  # nll[i] scores token i + 1
@@ -218,10 +269,15 @@ def measure_eviction(
         every cache's bytes after the last token equal to its largest (flat once full); ``all_passed``.
 
     Raises:
-        ValueError: the held-out text is shorter than ``offset + tokens``; what :class:`SinkCache` raises.
+        ValueError: a size whose :func:`peak_bytes` exceed the available memory (before any forward; the message
+            says how many tokens fit), the held-out text is shorter than ``offset + tokens``; what
+            :class:`SinkCache` raises.
     """
     from kvlab.models import heldout_token_ids
 
+    problem = memory_problem(model.config, config, model.dtype)
+    if problem:  # before any forward, as kvlab lab --real and kvlab inspect
+        raise ValueError(problem)
     ids = torch.tensor(heldout_token_ids(tokenizer, config.tokens, config.offset), device=model.device)
     W = config.window_length
     evict_from = W + max(config.sink_tokens) + 1  # first target predicted after any cache evicted

@@ -238,22 +238,22 @@ def peak_bytes(
       and their difference, the prefill's activations, and one cache's K/V in ``dtype`` counted twice (a
       ``torch.cat`` cache copies a layer per token).
     """
-    cfg = text_config(config)
-    vocab, hidden, layers = int(cfg.vocab_size), int(cfg.hidden_size), int(cfg.num_hidden_layers)
-    inter = int(getattr(cfg, "intermediate_size", None) or 4 * hidden)
-    heads = int(getattr(cfg, "num_attention_heads", None) or 1)
-    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(cfg, "head_dim", None) or hidden // heads)
+    vocab = longrun.forward_shape(config)["vocab"]
     item = torch.empty((), dtype=dtype).element_size()
     prefill = default_prefill(tokens) if prefill_tokens is None else prefill_tokens
-
-    def activations(n: int) -> int:
-        return batch * n * (32 * hidden + 8 * inter) * 4
-
     logits32 = batch * tokens * vocab * 4
-    reference = activations(tokens) + batch * tokens * vocab * item + (logits32 if item != 4 else 0)
-    kv = 2 * (2 * layers * kv_heads * head_dim * batch * tokens * item)  # K and V, counted twice
-    decode = 2 * logits32 + batch * prefill * vocab * (item + 8) + activations(prefill) + kv
+    reference = (
+        longrun.activation_bytes(config, batch * tokens)
+        + batch * tokens * vocab * item
+        + (logits32 if item != 4 else 0)
+    )
+    kv = 2 * longrun.kv_bytes(config, batch * tokens, item)  # K and V, counted twice
+    decode = (
+        2 * logits32
+        + batch * prefill * vocab * (item + 8)
+        + longrun.activation_bytes(config, batch * prefill)
+        + kv
+    )
     return max(reference, decode)
 
 
@@ -303,7 +303,8 @@ def run_real_check(
 
     Before any forward, once the model is loaded: ``tokens`` past its ``max_position_embeddings`` is warned about
     (``notify`` gets the line; it is also the result's ``warnings``), not refused (the caches stay exact there;
-    as in ``kvlab eval``), and a size whose :func:`peak_bytes` exceed the available memory is refused.
+    as in ``kvlab eval``), a size whose :func:`peak_bytes` exceed the available memory is refused, and a
+    reference forward too long to be one short step is warned about (:func:`long_forward_warning`).
     ``progress`` is called as each step starts: the load, then :func:`check_steps`.
 
     Raises:
@@ -329,9 +330,30 @@ def run_real_check(
     problem = _memory_problem(lm, tokens, batch)
     if problem:
         raise ValueError(problem)
+    long_forward = long_forward_warning(tokens)
+    if long_forward and notify is not None:
+        notify(long_forward)
+    warnings = [w for w in (warning, long_forward) if w]
     rows = [heldout_token_ids(tokenizer, tokens, offset=b * tokens) for b in range(batch)]
     input_ids = torch.tensor(rows, dtype=torch.long, device=device)  # [batch, tokens]
     result = check_exact_caches(lm, input_ids, progress=report)
     result["model"] = "bundled reference model" if model is None else str(model)
-    result["warnings"] = [warning] if warning else []
+    result["warnings"] = warnings
     return result
+
+
+# a reference forward longer than this is one silent step of the run: it is said before it starts
+LONG_FORWARD_TOKENS = 4096
+
+
+def long_forward_warning(tokens: int) -> str | None:
+    """The warning for a reference forward of more than :data:`LONG_FORWARD_TOKENS` tokens, or None: the exact
+    reference is one forward without a cache (cutting it would make it a cache too), so it reports no progress
+    until it ends, and its attention work grows with the square of ``tokens``."""
+    if tokens <= LONG_FORWARD_TOKENS:
+        return None
+    return (
+        f"`tokens` {tokens:,}: the reference is one forward of {tokens:,} tokens without a cache, a single step "
+        f"that reports nothing until it ends (its attention work grows with the square of the tokens); "
+        f"`tokens` {LONG_FORWARD_TOKENS:,} or fewer keeps every step short"
+    )
