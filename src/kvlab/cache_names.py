@@ -41,6 +41,19 @@ _LEGACY_FAMILY = re.compile(r"^(?P<family>[a-z]+?)(?P<nbits>[0-9]+)$")  # "kivi4
 
 
 @dataclass(frozen=True)
+class KIVIDefaults:
+    """KIVI's group size ``G`` and residual window ``R`` where neither the run nor the name gives one: the values
+    of KIVI (arXiv:2402.02750) sec. 4, read by the cache, its quantizer, the registry, the planner and the CLIs
+    (torch-free here, so the planner reads them too). A name overrides them: ``kivi-4:group_size=64``."""
+
+    group_size: int = 32  # G: tokens per key group (per-channel), channels per value group (per-token)
+    residual_length: int = 128  # R: newest tokens kept in the model dtype, a multiple of G
+
+
+KIVI_DEFAULTS = KIVIDefaults()
+
+
+@dataclass(frozen=True)
 class CacheName:
     """A parsed cache name (:func:`parse_cache_name`); ``text`` is kept as written for output and records."""
 

@@ -82,8 +82,9 @@ class BenchCandidate:
 
     @property
     def uses_kvlab_attention(self) -> bool:
-        """Whether the model must run kvlab attention (:func:`kvlab.attention.enable`) for this cache."""
-        return self.attention == "fused"
+        """Whether the model must run kvlab attention (:func:`kvlab.attention.enable`) for this cache (its registry
+        entry says: fused KIVI, FP8, the evicting caches that read queries)."""
+        return resolve(self.name).uses_kvlab_attention
 
     def unavailable_reason(self) -> str | None:
         """Why this cache cannot run here (its optional backend is missing), or ``None``."""
@@ -96,6 +97,18 @@ class BenchCandidate:
     def describe(self, settings: CacheSettings) -> dict:
         """JSON description of the cache and its settings (the registry's)."""
         return resolve(self.name, settings).describe()
+
+
+def bench_settings(group_size: int, residual_length: int, hqq_group_size: int) -> CacheSettings:
+    """The caches' run-wide settings from the bench flags (``--group-size``, ``--residual-length``,
+    ``--hqq-group-size``); each family reads the ones it takes.
+
+    Raises:
+        ValueError: a value a family reading it refuses.
+    """
+    return CacheSettings(
+        group_size=group_size, residual_length=residual_length, hqq_group_size=hqq_group_size
+    )
 
 
 def parse_candidates(names: tuple[str, ...] | list[str]) -> list[BenchCandidate]:
@@ -382,7 +395,7 @@ def run(
     dev, contexts, steps, warmup = _run_plan(
         device, contexts, quick, steps, warmup, cpu_matmul, profile_context
     )
-    settings = CacheSettings(group_size, residual_length, hqq_group_size)
+    settings = bench_settings(group_size, residual_length, hqq_group_size)
     n_ids = _prompt_tokens(contexts, warmup + steps, profile_context)
     lm, model_desc, ids, source = load_prompted_model(model, dtype, dev, n_ids)
     gemm_record, gemms = cpu_matmul_policy(lm, cpu_matmul, dev)

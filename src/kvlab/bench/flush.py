@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from kvlab.bench.cells import bench_contexts, failed_cell
+from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.runtime.device import resolve_device, synchronize
 from kvlab.runtime.dtypes import parse_dtype
 
@@ -99,13 +100,19 @@ class _HFSubject:
         return self.layer.cumulative_length
 
 
+def _family(name: str) -> str:
+    from kvlab.caches.registry import resolve
+
+    return resolve(name).family
+
+
 def _subject(name: str, settings: dict) -> Any:
-    if name.startswith("kivi"):
-        return _KIVISubject(int(name[4:]), settings["group_size"], settings["residual_length"])
-    backend = "hqq" if name.startswith("hqq") else "quanto"
-    return _HFSubject(
-        backend, int(name[len(backend) :]), settings["hqq_group_size"], settings["residual_length"]
-    )
+    from kvlab.caches.registry import resolve
+
+    cache = resolve(name)  # the registry reads the name: kivi4 -> ("kivi", 4)
+    if cache.family == "kivi":
+        return _KIVISubject(cache.nbits, settings["group_size"], settings["residual_length"])
+    return _HFSubject(cache.family, cache.nbits, settings["hqq_group_size"], settings["residual_length"])
 
 
 def _unavailable(name: str) -> str | None:
@@ -187,8 +194,8 @@ def run(
     dtype: str = "bfloat16",
     reps: int = 25,
     hf_reps: int = 3,
-    group_size: int = 32,
-    residual_length: int = 128,
+    group_size: int = KIVI_DEFAULTS.group_size,
+    residual_length: int = KIVI_DEFAULTS.residual_length,
     hqq_group_size: int = 64,
     device: str | None = "cpu",
     quick: bool = False,
@@ -233,8 +240,9 @@ def run(
 
     rows = []
     for name in caches:
-        n_reps = reps if name.startswith("kivi") else hf_reps
-        cycles = KIVI_CYCLES if name.startswith("kivi") else 1
+        kivi = _family(name) == "kivi"
+        n_reps = reps if kivi else hf_reps
+        cycles = KIVI_CYCLES if kivi else 1
         cells = _cache_cells(name, contexts, n_reps, (k, v), settings, dev, progress, cycles)
         rows += [{"cache": name, "context": c, "reps": n_reps, "cycles": cycles} | cells[c] for c in contexts]
     ratios = _flush_ratios(rows, caches)

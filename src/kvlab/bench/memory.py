@@ -26,7 +26,7 @@ import torch
 from kvlab.bench.cells import bench_contexts, failed_cell
 from kvlab.bench.decode import (
     DEFAULT_CANDIDATES,
-    CacheSettings,
+    bench_settings,
     decode_step,
     exact_prefill,
     fill_cache,
@@ -181,7 +181,7 @@ def run(
     if quick:
         warmup = min(warmup, 1)
     cands = parse_candidates(tuple(candidates))
-    settings = CacheSettings(group_size, residual_length, hqq_group_size)
+    settings = bench_settings(group_size, residual_length, hqq_group_size)
     extra = warmup + 2 + (residual_length + max(group_size, 1) + 2 if flush_step else 0)
     lm, model_desc, ids, prompt_source = load_prompted_model(model, dtype, dev, max(contexts) + extra)
 

@@ -12,67 +12,96 @@ Importing this module imports no torch: factories import their cache classes whe
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvlab.cache_names import CacheName, parse_cache_name
+from kvlab.caches.settings import (
+    EvictionSettings,
+    HFQuantizedSettings,
+    KIVISettings,
+    MixedSettings,
+    PagedSettings,
+    SinkSettings,
+    option_names,
+)
 from kvlab.plan import mixed as _mixed
+from kvlab.plan.ledger import FP8_FORMATS, FP8_WORDS, KIVI_NBITS
+
+
+class CacheSettings:
+    """The run's cache settings, as its flags give them (``--group-size 64`` -> ``group_size=64``).
+
+    Each family reads the ones its settings class (:attr:`CacheEntry.options`, :mod:`kvlab.caches.settings`) has,
+    at that class's defaults for the rest; a name's ``:setting=value`` overrides the run's for that cache only.
+    ``CacheSettings()`` is every family at its defaults.
+
+    Raises:
+        TypeError: a setting no registered family reads (the message lists those that exist).
+        ValueError: a value a family reading it refuses (``group_size=0``), with that family's message.
+    """
+
+    __slots__ = ("_values",)
+
+    def __init__(self, **values: Any) -> None:
+        for key, value in values.items():
+            readers = [e.options for e in REGISTRY.values() if key in option_names(e.options)]
+            if not readers:
+                known = sorted({k for e in REGISTRY.values() for k in option_names(e.options)})
+                raise TypeError(f"unknown cache setting `{key}`; the registered families read {known}")
+            for options in dict.fromkeys(readers):  # each settings class validates the value alone
+                options(**{key: value})
+        self._values = dict(values)
+
+    def values(self) -> dict[str, Any]:
+        """The settings the run gives: name -> value (families' defaults not included)."""
+        return dict(self._values)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CacheSettings) and self._values == other._values
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._values.items())))
+
+    def __repr__(self) -> str:
+        return f"CacheSettings({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self._values
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._values = dict(state)
 
 
 @dataclass(frozen=True)
-class CacheSettings:
-    """Run-wide cache settings; a name's ``:setting=value`` overrides one of them for that cache only.
+class Keeps:
+    """What an evicting cache keeps at most, per layer and KV head (the eval refuses a cap no cell exceeds)."""
 
-    Raises:
-        ValueError: a size below its minimum, or an unknown ``kivi_attention``.
-    """
-
-    group_size: int = 32  # KIVI G: tokens per key group (per-channel), channels per value group (per-token)
-    residual_length: int = 128  # R: newest tokens kept in the model dtype (KIVI, transformers QuantizedCache)
-    hqq_group_size: int = 64  # group size of transformers' HQQ/quanto caches (the quantization chapter's 64)
-    block_size: int = 16  # PagedCache: tokens per physical block
-    kivi_attention: str = "dequantize"  # KIVI attention path when the name has no variant: fused | dequantize
-    sink_tokens: int = 4  # SinkCache: first tokens kept for the whole stream (StreamingLLM's attention sinks)
-    window_length: int = 256  # SinkCache: newest tokens kept after the sinks
-    compression_ratio: float = 0.5  # SnapKV: fraction of the prompt's tokens dropped, in (0, 1)
-    token_budget: int = (
-        0  # SnapKV: prompt tokens kept per KV head instead of a ratio; 0 = use compression_ratio
-    )
-
-    def __post_init__(self) -> None:
-        for name, low in (
-            ("group_size", 1),
-            ("residual_length", 0),
-            ("hqq_group_size", 1),
-            ("block_size", 1),
-            ("sink_tokens", 0),
-            ("window_length", 1),
-            ("token_budget", 0),
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}")
-        r = self.compression_ratio
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r < 1:
-            raise ValueError(f"`compression_ratio` must be in (0, 1), got {r!r}")
-        if self.kivi_attention not in ("fused", "dequantize"):
-            raise ValueError(f"`kivi_attention` must be 'fused' or 'dequantize', got {self.kivi_attention!r}")
+    tokens: int  # the cap in tokens
+    while_decoding: bool  # True: over the prompt and every decoded token; False: over the prompt only
 
 
-Factory = Callable[[Any, CacheName, CacheSettings], Any]  # (model_config, name, settings) -> a fresh Cache
+# (model_config, name, options) -> a fresh Cache; options: the entry's settings class, or None for a family without
+Factory = Callable[[Any, CacheName, Any], Any]
+
+
+def _no_keeps(name: CacheName, options: Any) -> Keeps | None:
+    return None
 
 
 @dataclass(frozen=True)
 class CacheEntry:
-    """One cache family of the registry.
+    """One cache family of the registry: everything kvlab knows about the family is here.
 
     ``logit_bound``: for a lossy cache, bits -> the largest relative logit error allowed against
     ``DynamicCache`` (max |logit - logit_dynamic| / max |logit_dynamic| over the steps of a greedy ``generate()``
     up to the first differing token) in the registry test: a tiny random Qwen2, fp32, 96 prompt tokens, G = R = 32.
     It is an empirical tolerance for that setup, not a guarantee on other models.
+
+    Raises:
+        ValueError: a lossy, non-evicting entry without a bound for each of its bit widths.
     """
 
     family: str  # the name's first word: "kivi"
@@ -83,31 +112,50 @@ class CacheEntry:
     variant_required: bool = False  # the variant names the cache itself (fp8's format): every name has one
     # (key, value) bits listed by cache_names() ("kivi-k8v4"); non-empty = any pair of `nbits` is accepted
     bit_pairs: tuple[tuple[int, int], ...] = ()
-    settings: tuple[str, ...] = ()  # CacheSettings fields a name may override (":group_size=64")
+    options: type | None = None  # the family's settings dataclass (kvlab.caches.settings); None = no settings
     exact: bool = True  # True: logits equal DynamicCache's; False: within logit_bound
     evicts: bool = False  # drops tokens (exact=False, no logit bound): what it loses is the eval's to measure
     logit_bound: Mapping[int, float] = field(default_factory=dict)  # lossy only: bits -> relative logit error
     requires: str | None = None  # importable module the cache needs ("hqq"); None = always available
     install_hint: str = "pip install 'kvlab[hf]'"  # how to get `requires`
     planner: bool = False  # `kvlab plan --kv-dtype <name>` sizes it exactly (kvlab.plan.ledger.kv_dtype)
-    describe: Callable[[CacheName, CacheSettings], dict] | None = None  # JSON settings beyond name/family
-    # whether the model must run kvlab attention (kvlab.attention.enable) for this name and settings
-    kvlab_attention: Callable[[CacheName, CacheSettings], bool] = lambda name, settings: False
+    describe: Callable[[CacheName, Any], dict] | None = None  # JSON settings beyond name/family
+    # whether the model must run kvlab attention (kvlab.attention.enable) for this name and options
+    kvlab_attention: Callable[[CacheName, Any], bool] = lambda name, options: False
     # raises ValueError for settings the cache itself would refuse when made (checked at resolve, before any work)
-    check: Callable[[CacheName, CacheSettings], None] | None = None
+    check: Callable[[CacheName, Any], None] | None = None
+    # what an evicting cache keeps at most for this name and options (None: a ratio, or no cap)
+    keeps: Callable[[CacheName, Any], Keeps | None] = _no_keeps
 
     def __post_init__(self) -> None:
         if not self.exact and not self.evicts and set(self.logit_bound) != set(self.nbits or (None,)):
             raise ValueError(f"lossy cache {self.family!r} must state a logit bound for each of {self.nbits}")
 
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """The settings a name may override (``:group_size=64``): the fields of :attr:`options` a run does not
+        set alone."""
+        return option_names(self.options, in_name=True)
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """Every setting the family reads (the run's flags included: KIVI's ``kivi_attention``)."""
+        return option_names(self.options)
+
+    @property
+    def display(self) -> str:
+        """The family as a user writes a name of it: ``kivi-N`` for a family with bits, else ``sink``."""
+        return f"{self.family}-N" if self.nbits else self.family
+
 
 @dataclass(frozen=True)
 class ResolvedCache:
-    """A registered name with its entry and the settings it runs with (run-wide settings + the name's own)."""
+    """A registered name with its entry and the settings it runs with (its family's ``options``: run-wide settings
+    + the name's own, at the family's defaults for the rest; ``None`` for a family without settings)."""
 
     name: CacheName
     entry: CacheEntry
-    settings: CacheSettings
+    settings: Any
 
     @property
     def family(self) -> str:
@@ -137,6 +185,10 @@ class ResolvedCache:
         """Whether the model must run kvlab attention (:func:`kvlab.attention.enable`) for this cache."""
         return self.entry.kvlab_attention(self.name, self.settings)
 
+    def keeps(self) -> Keeps | None:
+        """What this cache keeps at most (an evicting cache with a cap), or ``None``."""
+        return self.entry.keeps(self.name, self.settings)
+
     def unavailable_reason(self) -> str | None:
         """Why this cache cannot run here (its optional package is missing), or ``None``."""
         if self.entry.requires is None:
@@ -161,30 +213,36 @@ class ResolvedCache:
         return out
 
 
+def takers(setting: str) -> list[str]:
+    """The families that read ``setting``, as a user writes them: ``takers("residual_length")`` ->
+    ``["kivi-N", "hqq-N", "quanto-N"]`` (for messages that refuse a flag no candidate takes)."""
+    return [e.display for e in REGISTRY.values() if setting in e.reads]
+
+
 # --- factories: one per family, importing the cache class on call ---------------------------------------------
 
 
-def _dynamic(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
+def _dynamic(model_config: Any, name: CacheName, s: Any) -> Any:
     from transformers import DynamicCache
 
     return DynamicCache()
 
 
-def _paged(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
+def _paged(model_config: Any, name: CacheName, s: Any) -> Any:
     from kvlab.caches.paged import PagedCache
 
     return PagedCache(block_size=s.block_size, config=model_config)
 
 
-# the name's variant -> KIVICache's attention path (None: the run's CacheSettings.kivi_attention)
+# the name's variant -> KIVICache's attention path (None: the run's KIVISettings.kivi_attention)
 _KIVI_VARIANTS = {None: None, "fused": "fused", "dequant": "dequantize"}
 
 
-def _kivi_attention(name: CacheName, s: CacheSettings) -> str:
+def _kivi_attention(name: CacheName, s: Any) -> str:
     return _KIVI_VARIANTS[name.variant] or s.kivi_attention
 
 
-def _snapkv_budget(name: CacheName, s: CacheSettings) -> dict:
+def _snapkv_budget(name: CacheName, s: Any) -> dict:
     """The SnapKV keyword a KIVI name asks for (``kivi-4:compression_ratio=0.5``), or ``{}`` for plain KIVI."""
     given = dict(name.settings)
     if "token_budget" in given:
@@ -192,7 +250,7 @@ def _snapkv_budget(name: CacheName, s: CacheSettings) -> dict:
     return {"compression_ratio": s.compression_ratio} if "compression_ratio" in given else {}
 
 
-def _snapkv_check(name: CacheName, s: CacheSettings) -> None:
+def _snapkv_check(name: CacheName, s: Any) -> None:
     """A SnapKV ``token_budget`` (``snapkv:...``, or SnapKV under KIVI: ``kivi-4:token_budget=N``) must cover the
     observation window SnapKV always keeps (:meth:`SnapKVConfig.check_budget_covers_window`)."""
     if name.family == "kivi" and "token_budget" not in dict(name.settings):
@@ -203,7 +261,7 @@ def _snapkv_check(name: CacheName, s: CacheSettings) -> None:
         SnapKVConfig(token_budget=s.token_budget).check_budget_covers_window()
 
 
-def _kivi_check(name: CacheName, s: CacheSettings) -> None:
+def _kivi_check(name: CacheName, s: Any) -> None:
     """KIVI's residual window holds whole groups: ``residual_length`` a multiple of ``group_size`` (as
     :class:`kvlab.caches.kivi.KIVIConfig` requires when the cache is made); then :func:`_snapkv_check`."""
     if s.residual_length % s.group_size:
@@ -213,7 +271,7 @@ def _kivi_check(name: CacheName, s: CacheSettings) -> None:
     _snapkv_check(name, s)
 
 
-def _kivi(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
+def _kivi(model_config: Any, name: CacheName, s: Any) -> Any:
     from kvlab.caches.kivi import KIVICache
 
     key_bits, value_bits = name.bits
@@ -230,7 +288,7 @@ def _kivi(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
     )
 
 
-def _kivi_describe(name: CacheName, s: CacheSettings) -> dict:
+def _kivi_describe(name: CacheName, s: Any) -> dict:
     key_bits, value_bits = name.bits
     return {
         "nbits": name.nbits,
@@ -250,7 +308,7 @@ def _hf_axis(family: str) -> int:
     return 1 if family == "hqq" else 0
 
 
-def _hf_quantized(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
+def _hf_quantized(model_config: Any, name: CacheName, s: Any) -> Any:
     from transformers import QuantizedCache
 
     from kvlab.caches.rope import model_text_config
@@ -273,7 +331,7 @@ def _hf_quantized(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
     )
 
 
-def _hf_describe(name: CacheName, s: CacheSettings) -> dict:
+def _hf_describe(name: CacheName, s: Any) -> dict:
     axis = _hf_axis(name.family)
     return {
         "nbits": name.nbits,
@@ -284,15 +342,7 @@ def _hf_describe(name: CacheName, s: CacheSettings) -> dict:
     }
 
 
-# fp8 variants: format[-word]; no word = per-head scales calibrated on the prefill
-FP8_FORMATS = ("e4m3", "e5m2")
-# variant word after the format -> FP8Cache (scale, rotation); -hadamard: per-head scales on Hadamard-rotated K/V
-_FP8_WORDS = {
-    None: ("per-head", "none"),
-    "tensor": ("per-tensor", "none"),
-    "unscaled": ("none", "none"),
-    "hadamard": ("per-head", "hadamard"),
-}
+# fp8 variants: format[-word]; the formats and words (-> scale, rotation) are the planner's table (one source)
 
 
 def _fp8_settings(name: CacheName) -> tuple[str, str, str]:
@@ -300,10 +350,10 @@ def _fp8_settings(name: CacheName) -> tuple[str, str, str]:
     ``fp8-e5m2-unscaled`` -> ``("e5m2", "none", "none")``, ``fp8-e4m3-hadamard`` -> ``("e4m3", "per-head",
     "hadamard")``."""
     fmt, _, word = name.variant.partition("-")
-    return (fmt, *_FP8_WORDS[word or None])
+    return (fmt, *FP8_WORDS[word or None])
 
 
-def _fp8(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
+def _fp8(model_config: Any, name: CacheName, s: Any) -> Any:
     from kvlab.caches.fp8 import FP8Cache
 
     fmt, scale, rotation = _fp8_settings(name)
@@ -311,7 +361,7 @@ def _fp8(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
     return FP8Cache(format=fmt, scale=scale, rotation=rotation, attention="fused")
 
 
-def _fp8_describe(name: CacheName, s: CacheSettings) -> dict:
+def _fp8_describe(name: CacheName, s: Any) -> dict:
     fmt, scale, rotation = _fp8_settings(name)
     return {
         "format": fmt,
@@ -322,13 +372,13 @@ def _fp8_describe(name: CacheName, s: CacheSettings) -> dict:
     }
 
 
-def _sink(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
+def _sink(model_config: Any, name: CacheName, s: Any) -> Any:
     from kvlab.caches.sink import SinkCache
 
     return SinkCache(num_sink_tokens=s.sink_tokens, window_length=s.window_length, config=model_config)
 
 
-def _snapkv(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
+def _snapkv(model_config: Any, name: CacheName, s: Any) -> Any:
     from kvlab.caches.snapkv import SnapKVCache
 
     if s.token_budget:
@@ -336,13 +386,13 @@ def _snapkv(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
     return SnapKVCache(compression_ratio=s.compression_ratio, config=model_config)
 
 
-def _snapkv_describe(name: CacheName, s: CacheSettings) -> dict:
+def _snapkv_describe(name: CacheName, s: Any) -> dict:
     if s.token_budget:
         return {"token_budget": s.token_budget}
     return {"compression_ratio": s.compression_ratio}
 
 
-def _tova(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
+def _tova(model_config: Any, name: CacheName, s: Any) -> Any:
     from kvlab.caches.tova import TOVACache
 
     if s.token_budget:
@@ -350,11 +400,28 @@ def _tova(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
     return TOVACache(compression_ratio=s.compression_ratio, config=model_config)
 
 
-def _mixed_cache(model_config: Any, name: CacheName, s: CacheSettings) -> Any:
+def _mixed_cache(model_config: Any, name: CacheName, s: Any) -> Any:
     from kvlab.caches.mixed import MixedCache
 
     plan, _ = _mixed.find_plan(name.variant)
     return MixedCache(plan, model_config, group_size=s.group_size, residual_length=s.residual_length)
+
+
+def _budget_keeps(while_decoding: bool) -> Callable[[CacheName, Any], Keeps | None]:
+    """``keeps`` of a cache whose name gives a ``token_budget``: SnapKV (alone or under KIVI) compresses the prompt
+    only, TOVA evicts while decoding too; a ratio keeps a share, not a number of tokens (``None``)."""
+
+    def keeps(name: CacheName, s: Any) -> Keeps | None:
+        if "token_budget" not in dict(name.settings):
+            return None
+        return Keeps(s.token_budget, while_decoding)
+
+    return keeps
+
+
+def _sink_keeps(name: CacheName, s: Any) -> Keeps:
+    """Sinks + window, over the prompt and every decoded token."""
+    return Keeps(s.sink_tokens + s.window_length, while_decoding=True)
 
 
 # --- the registry: one entry per family ---------------------------------------------------------------------
@@ -369,19 +436,19 @@ REGISTRY: dict[str, CacheEntry] = {
             "paged",
             "kvlab PagedCache: K/V in physical blocks addressed by a block table (vLLM-style)",
             _paged,
-            settings=("block_size",),
+            options=PagedSettings,
             describe=lambda name, s: {"block_size": s.block_size},
         ),
         CacheEntry(
             "kivi",
             "kvlab KIVICache: keys per-channel, values per-token, full-precision residual window (arXiv:2402.02750)",
             _kivi,
-            nbits=(2, 4, 8),
+            nbits=KIVI_NBITS,
             variants=("fused", "dequant"),
             # keys are the sensitive half (KIVI §3: outlier channels; llama.cpp -ctk q8_0 -ctv q4_0)
             bit_pairs=((8, 4), (4, 2)),
             # compression_ratio / token_budget: SnapKV on the prompt before quantizing (kivi-4:compression_ratio=0.5)
-            settings=("group_size", "residual_length", "compression_ratio", "token_budget"),
+            options=KIVISettings,
             exact=False,
             logit_bound={8: 0.01, 4: 0.1, 2: 0.4},
             planner=True,
@@ -390,13 +457,14 @@ REGISTRY: dict[str, CacheEntry] = {
                 _kivi_attention(name, s) == "fused" or bool(_snapkv_budget(name, s))
             ),
             check=_kivi_check,
+            keeps=_budget_keeps(while_decoding=False),
         ),
         CacheEntry(
             "fp8",
             "kvlab FP8Cache: K/V in float8 e4m3 or e5m2, scales per head (default), per tensor or 1.0 (unscaled); "
             "-hadamard: K/V rotated before rounding (QuaRot, arXiv:2404.00456)",
             _fp8,
-            variants=tuple(f"{fmt}-{word}" if word else fmt for fmt in FP8_FORMATS for word in _FP8_WORDS),
+            variants=tuple(f"{fmt}-{word}" if word else fmt for fmt in FP8_FORMATS for word in FP8_WORDS),
             variant_required=True,
             exact=False,
             # measured in the registry test: 0.0085-0.0097 (e4m3, any scale), 0.016-0.019 (e5m2: a mantissa bit less)
@@ -409,39 +477,42 @@ REGISTRY: dict[str, CacheEntry] = {
             "sink",
             "kvlab SinkCache: first tokens + newest window, positions inside the cache (StreamingLLM, arXiv:2309.17453)",
             _sink,
-            settings=("sink_tokens", "window_length"),
+            options=SinkSettings,
             exact=False,
             evicts=True,
             describe=lambda name, s: {"sink_tokens": s.sink_tokens, "window_length": s.window_length},
+            keeps=_sink_keeps,
         ),
         CacheEntry(
             "snapkv",
             "kvlab SnapKVCache: the prompt's K/V cut to what its last queries attend to, per KV head "
             "(arXiv:2404.14469)",
             _snapkv,
-            settings=("compression_ratio", "token_budget"),
+            options=EvictionSettings,
             exact=False,
             evicts=True,
             describe=_snapkv_describe,
             kvlab_attention=lambda name, s: True,  # the prefill's queries come from kvlab attention
             check=_snapkv_check,
+            keeps=_budget_keeps(while_decoding=False),
         ),
         CacheEntry(
             "tova",
             "kvlab TOVACache: after every step, drop the tokens the current query attends to least (arXiv:2401.06104)",
             _tova,
-            settings=("compression_ratio", "token_budget"),
+            options=EvictionSettings,
             exact=False,
             evicts=True,
             describe=_snapkv_describe,
             kvlab_attention=lambda name, s: True,  # each step's query comes from kvlab attention
+            keeps=_budget_keeps(while_decoding=True),
         ),
         CacheEntry(
             "hqq",
             "transformers QuantizedCache, HQQ backend, axis 1 for K and V",
             _hf_quantized,
             nbits=(2, 4, 8),
-            settings=("hqq_group_size", "residual_length"),
+            options=HFQuantizedSettings,
             exact=False,
             logit_bound={8: 0.01, 4: 0.1, 2: 0.4},
             requires="hqq",
@@ -452,7 +523,7 @@ REGISTRY: dict[str, CacheEntry] = {
             "transformers QuantizedCache, optimum-quanto backend, axis 0 for K and V",
             _hf_quantized,
             nbits=(2, 4),
-            settings=("hqq_group_size", "residual_length"),
+            options=HFQuantizedSettings,
             exact=False,
             logit_bound={4: 0.1, 2: 0.4},
             requires="optimum.quanto",
@@ -465,7 +536,7 @@ REGISTRY: dict[str, CacheEntry] = {
             _mixed_cache,
             variants=_mixed.plan_names(),
             variant_required=True,
-            settings=("group_size", "residual_length"),
+            options=MixedSettings,
             exact=False,
             logit_bound={None: 0.4},  # its narrowest layers may be KIVI-2 (kivi-2's bound)
             describe=lambda name, s: _mixed.describe(name.variant, s.group_size, s.residual_length),
@@ -527,13 +598,14 @@ def resolve(name: str | CacheName, settings: CacheSettings | None = None) -> Res
     given = dict(parsed.settings)
     if {"compression_ratio", "token_budget"} <= given.keys():  # the factories would silently drop the ratio
         raise ValueError(f"cache {text!r}: give `compression_ratio` or `token_budget`, not both")
-    if given.get("token_budget") == 0:  # 0 is CacheSettings' "not given": written out, it is a bad budget
+    if given.get("token_budget") == 0:  # 0 is EvictionSettings' "not given": written out, it is a bad budget
         raise ValueError(
             f"cache {text!r}: `token_budget` must be an int >= 1, got 0 (leave it out to use `compression_ratio`)"
         )
     if settings is not None and not isinstance(settings, CacheSettings):
         raise TypeError(f"`settings` must be a CacheSettings or None, got {settings!r}")
-    merged = dataclasses.replace(settings or CacheSettings(), **given)
+    run = {} if settings is None else {k: v for k, v in settings.values().items() if k in entry.reads}
+    merged = None if entry.options is None else entry.options(**(run | given))
     if entry.check is not None:
         try:
             entry.check(parsed, merged)

@@ -316,22 +316,16 @@ def _with_flags(message: str) -> str:
     return message
 
 
-# flag -> the registry setting a candidate must take for the flag to change anything
+# flag -> the cache setting it sets (the families that read each are the registry's: CacheEntry.reads)
 _CACHE_FLAGS = {
     "group_size": "group_size",
     "residual": "residual_length",
     "hqq_group_size": "hqq_group_size",
-    "kivi_attention": "group_size",  # the KIVI family: the only one with an attention path to choose
+    "kivi_attention": "kivi_attention",
     "window_residuals": "residual_length",  # the residual-window matrix runs caches with a residual window only
     "window_group_size": "group_size",
     "window_context": "residual_length",
     "window_new_tokens": "residual_length",
-}
-
-_TAKERS = {
-    "group_size": "kivi-N",
-    "hqq_group_size": "hqq-N or quanto-N",
-    "residual_length": "kivi-N, hqq-N or quanto-N",
 }
 
 
@@ -342,20 +336,22 @@ def _check_settings_apply(args: argparse.Namespace, candidates: tuple[str, ...])
     Raises:
         ValueError: naming the flag, its value and the candidates.
     """
-    from kvlab.caches.registry import resolve
+    from kvlab.caches.registry import resolve, takers
 
     taken = set()
     for name in candidates:
-        taken |= set(resolve(name).entry.settings)
+        taken |= set(resolve(name).entry.reads)
     for flag, setting in _CACHE_FLAGS.items():
         value = getattr(args, flag, None)
         if value in (None, ()) or setting in taken:  # unset, or --window-residuals "" (no window matrix)
             continue
         if isinstance(value, tuple):
             value = ",".join(str(v) for v in value)
+        families = takers(setting)
+        listed = ", ".join(families[:-1]) + " or " + families[-1] if len(families) > 1 else families[0]
         raise ValueError(
             f"--{flag.replace('_', '-')} {value} applies to no candidate of {list(candidates)} (it needs a "
-            f"cache that takes `{setting}`: {_TAKERS[setting]}" + "); drop the flag or add such a candidate"
+            f"cache that takes `{setting}`: {listed}" + "); drop the flag or add such a candidate"
         )
 
 
@@ -416,16 +412,10 @@ def _check_candidates_evict(cfg) -> None:
     longest = max(cfg.contexts)
     decoded = max(cfg.new_tokens, cfg.recall_span_tokens if cfg.long_context else 0)
     for name in cfg.candidates:
-        cache = resolve(name)
-        s, given = cache.settings, dict(cache.name.settings)
-        if cache.family == "sink":  # sinks + window, over the prompt and every decoded token
-            kept, seen = s.sink_tokens + s.window_length, longest + decoded
-        elif cache.family == "tova" and "token_budget" in given:  # TOVA evicts while decoding too
-            kept, seen = s.token_budget, longest + decoded
-        elif "token_budget" in given:  # SnapKV (alone or under KIVI) compresses the prompt only
-            kept, seen = s.token_budget, longest
-        else:
+        keeps = resolve(name).keeps()  # the registry's: what the cache keeps at most, over what
+        if keeps is None:
             continue
+        kept, seen = keeps.tokens, longest + decoded if keeps.while_decoding else longest
         if kept >= seen:
             raise ValueError(
                 f"cache candidate {name!r} keeps {kept:,} tokens, not fewer than the {seen:,} of the longest cell "

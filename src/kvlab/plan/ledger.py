@@ -21,26 +21,30 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
-from kvlab.cache_names import parse_cache_name
+from kvlab.cache_names import KIVI_DEFAULTS, parse_cache_name
 from kvlab.plan.config_fields import CHUNKED, DTYPE_BYTES, FULL, KV_KINDS, SLIDING
 from kvlab.plan.load import load_spec
 from kvlab.plan.spec import ModelSpec
 from kvlab.plan.weights import WeightBytes
 
 MODES = ("theoretical", "allocated")
-KIVI_NBITS = (2, 4, 8)
+KIVI_NBITS = (2, 4, 8)  # KIVI code widths (kvlab.quant.kivi); the cache registry's kivi entry reads them here
 FP8_SCALE_BYTES = 4  # kvlab.caches.fp8 keeps its scales in fp32
+# The FP8 cache formats and the variant words after one (no word = per-head scales), each word -> (scale
+# granularity, rotation): the one table the planner and the cache registry's fp8 entry read. -hadamard: per-head
+# scales of rotated K/V; the rotation is a constant of the head_dim and adds no bytes.
+FP8_FORMATS = ("e4m3", "e5m2")
+FP8_WORDS = {
+    None: ("per-head", "none"),
+    "tensor": ("per-tensor", "none"),
+    "unscaled": ("none", "none"),
+    "hadamard": ("per-head", "hadamard"),
+}
 # FP8Cache names (the registry's fp8 family; vLLM's fp8_e4m3 / fp8_e5m2 spell its default) -> scale granularity
-# (-hadamard: per-head scales of rotated K/V; the rotation is a constant of the head_dim and adds no bytes)
 FP8_CACHES = {
-    f"fp8-{fmt}{suffix}": scale
-    for fmt in ("e4m3", "e5m2")
-    for suffix, scale in (
-        ("", "per-head"),
-        ("-tensor", "per-tensor"),
-        ("-unscaled", "none"),
-        ("-hadamard", "per-head"),
-    )
+    f"fp8-{fmt}" + (f"-{word}" if word else ""): scale
+    for fmt in FP8_FORMATS
+    for word, (scale, _) in FP8_WORDS.items()
 }
 _FP8_ALIASES = {"fp8_e4m3": "fp8-e4m3", "fp8_e5m2": "fp8-e5m2"}
 _PLAIN = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4, "fp8": 1}
@@ -162,8 +166,8 @@ def kv_dtype(
     name: str | KVDtype = "auto",
     model_dtype: str = "bfloat16",
     *,
-    group_size: int = 32,
-    residual_length: int = 128,
+    group_size: int = KIVI_DEFAULTS.group_size,
+    residual_length: int = KIVI_DEFAULTS.residual_length,
     keep_tokens: int | None = None,
 ) -> KVDtype:
     """Build a :class:`KVDtype` from a CLI name, capped at ``keep_tokens`` tokens per layer when given.
@@ -391,8 +395,8 @@ def kivi_kv_bytes_breakdown(
     batch: int = 1,
     *,
     nbits: int = 4,
-    group_size: int = 32,
-    residual_length: int = 128,
+    group_size: int = KIVI_DEFAULTS.group_size,
+    residual_length: int = KIVI_DEFAULTS.residual_length,
     value_bits: int | None = None,
     cache_dtype_bytes: int | None = None,
     metadata_bytes: int | None = None,

@@ -11,6 +11,7 @@ import math
 import re
 import sys
 
+from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.plan.ledger import KV_DTYPE_NAMES
 
 
@@ -113,8 +114,8 @@ def kv_kwargs(args: argparse.Namespace) -> dict:
     for flag, value in (("--group-size", args.group_size), ("--residual", args.residual)):
         if value is not None and not args.kv_dtype.startswith("kivi"):
             raise ValueError(f"{flag} {value} sizes a kivi --kv-dtype only; --kv-dtype is {args.kv_dtype}")
-    group_size = 32 if args.group_size is None else args.group_size
-    residual = 128 if args.residual is None else args.residual
+    group_size = KIVI_DEFAULTS.group_size if args.group_size is None else args.group_size
+    residual = KIVI_DEFAULTS.residual_length if args.residual is None else args.residual
     kwargs = {"kv": args.kv_dtype, "group_size": group_size, "residual_length": residual}
     if getattr(args, "keep_tokens", None) is not None:
         kwargs["keep_tokens"] = args.keep_tokens
