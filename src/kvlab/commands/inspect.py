@@ -134,13 +134,18 @@ def run(args: argparse.Namespace) -> int:
         prompt=args.prompt,
         outlier_factor=args.outlier_factor,
         calibrate_tokens=args.calibrate_tokens,
-        before_forward=_memory_check(args.prompt is not None),
     )
-    prompt = "the --prompt text" if args.prompt is not None else f"{args.tokens:,} tokens"
+    check = _memory_check(args.prompt is not None)
     try:
-        with progress(err, 1, "kvlab inspect") as bar:  # one step: kvlab.eval.inspect reports none inside
-            bar.start(f"loading {model_label(args.model)} and inspecting its K/V ({prompt})")
-            report = inspect_model(args.model, **kwargs)
+        with progress(err, 2, "kvlab inspect") as bar:  # the load, then the prefill and every layer's statistics
+            bar.start(f"loading {model_label(args.model)}")
+
+            def before_forward(lm, tokens: int) -> None:  # the model is loaded and the prompt cut
+                check(lm, tokens)
+                layers = getattr(lm.config.get_text_config(), "num_hidden_layers", "?")
+                bar.start(f"prefill of {tokens:,} tokens, K/V statistics of {layers} layers")
+
+            report = inspect_model(args.model, before_forward=before_forward, **kwargs)
     except ValueError as exc:
         msg = str(exc)
         for name, flag in _FLAGS.items():  # the library names its arguments; the user typed flags
