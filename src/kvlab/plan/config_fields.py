@@ -80,12 +80,14 @@ def decoder_config(config: Mapping) -> tuple[dict, list[str]]:
             continue
         if not isinstance(inner, Mapping):
             raise ValueError(f"config field `{key}` must be an object, got {inner!r}")
+        from kvlab.plan.architecture_defaults import fill_defaults
+
         merged = dict(inner)
         for dkey in ("torch_dtype", "dtype"):
             if merged.get(dkey) is None and config.get(dkey) is not None:
                 merged[dkey] = config[dkey]
         note = f"decoder read from `{key}`; other towers (vision, audio) are not counted"
-        return merged, [note]
+        return merged, [note, *fill_defaults(merged, key)]
     return dict(config), []
 
 

@@ -172,3 +172,29 @@ def _hub_config(repo_id: str) -> dict:
         except Exception as e:
             raise ValueError(f"could not fetch config.json of {repo_id!r} from the hub: {e}") from e
     return _read_json(Path(path))
+
+
+def load_config(model: str | os.PathLike | Mapping) -> dict:
+    """The config dict behind ``model`` (what :func:`load_spec` reads): a preset's fields, a ``config.json``
+    (a file or a directory's), a GGUF header read as config keys, or a hub id's config.
+
+    Raises:
+        ValueError: as :func:`load_spec` for a ``model`` that names nothing readable.
+    """
+    from kvlab.plan import presets
+
+    if isinstance(model, Mapping):
+        return dict(model)
+    text = os.fspath(model)
+    preset = presets.find(text) if text.strip() else None
+    if preset is not None:
+        return dict(preset.config)
+    path = Path(text).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return _read_json(path / "config.json")
+    if path.is_file():
+        if path.suffix.lower() == ".gguf" or is_gguf_file(path):
+            return read_gguf_config(path)
+        return _read_json(path)
+    load_spec(text)  # raises the error load_spec gives for this text
+    return _hub_config(text)

@@ -76,6 +76,8 @@ class ModelSpec:
     #   tensor data), when read
     checkpoint_source: str | None = None  # the file(s) checkpoint_bytes was read from
     checkpoint_format: str = "safetensors"  # "safetensors" or "GGUF": what checkpoint_source is
+    full_head_dim: int | None = None  # K/V head width of full-attention layers where it differs from head_dim
+    #   (Gemma 4 `global_head_dim`); None: head_dim on every layer
     notes: tuple[str, ...] = field(default=())  # what the reader assumed or ignored, for the user
 
     def __post_init__(self) -> None:
@@ -233,6 +235,7 @@ def spec_from_config(config: Mapping, name: str = "config") -> ModelSpec:
         qk_rope_head_dim=rope_dim,
         model_type=str(cfg.get("model_type", "")),
         max_position_embeddings=_max_positions(cfg),
+        full_head_dim=_full_head_dim(cfg, head_dim, kinds, notes),
         num_parameters=params.total,
         num_active_parameters=params.active,
         num_decode_flop_parameters=params.decode_flop,
@@ -328,3 +331,18 @@ def _max_positions(cfg: Mapping) -> int | None:
         if cfg.get(name) is not None:
             return as_int(name, cfg[name], 1)
     return None
+
+
+def _full_head_dim(cfg: Mapping, head_dim: int, kinds: list[str], notes: list[str]) -> int | None:
+    """Gemma 4's ``global_head_dim``: the K/V head width of its full-attention layers (transformers'
+    ``Gemma4TextConfig`` sets ``head_dim`` to it on every full-attention layer), or None where absent or equal."""
+    if not str(cfg.get("model_type", "")).startswith("gemma4") or "full" not in kinds:
+        return None
+    width = field_int(cfg, ("global_head_dim",), required=False)
+    if width is None or width == head_dim:
+        return None
+    notes.append(
+        f"full-attention layers have K/V heads of {width} (`global_head_dim`), sliding layers {head_dim}: the "
+        "vLLM model (kvlab.plan.vllm_kv) counts both; the ledger counts head_dim on every layer"
+    )
+    return width

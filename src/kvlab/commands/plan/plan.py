@@ -19,7 +19,7 @@ from kvlab.commands.plan.flags import (
     warn,
     weight_kwargs,
 )
-from kvlab.commands.plan.render import print_lists, print_plan, print_vllm
+from kvlab.commands.plan.render import print_from_log, print_lists, print_plan, print_vllm
 from kvlab.plan.scenario import DEFAULT_RESERVE_GIB
 
 
@@ -71,6 +71,14 @@ def register(subparsers) -> None:
         default=None,
         help="tokens per KV block for --emit vllm (1, 8, 16, 32, 64 or 128; default 16, vLLM's CUDA default)",
     )
+    p.add_argument(
+        "--from-log",
+        default=None,
+        metavar="FILE",
+        help="a pasted vLLM startup log: each KV line (memory, tokens, concurrency, weights, activation peak, "
+        "non-torch) beside kvlab's prediction for MODEL; --gpu-mem-gib gives the device memory where the log "
+        "does not (docs/plan.md, vLLM's startup log)",
+    )
     p.add_argument("--list-presets", action="store_true", help="print the built-in models and exit")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=run_plan)
@@ -95,6 +103,8 @@ def run_plan(args: argparse.Namespace) -> int:
             args,
             "plan needs MODEL (a preset, config.json, .gguf file, directory or hub id); see --list-presets",
         )
+    if args.from_log is not None:
+        return run_from_log(args)
     if args.block_size is not None and args.emit != "vllm":
         return fail(args, f"--block-size {args.block_size} only applies with --emit vllm")
     problem = device_flag_problem(args)
@@ -125,4 +135,30 @@ def run_plan(args: argparse.Namespace) -> int:
         print_vllm(r)
         return 0
     print_plan(r)
+    return 0
+
+
+def run_from_log(args: argparse.Namespace) -> int:
+    """``kvlab plan MODEL --from-log FILE``: the log's KV lines explained (:func:`kvlab.plan.vllm_log.explain_vllm_log`)."""
+    from kvlab.plan.load import load_config
+    from kvlab.plan.spec import spec_from_config
+    from kvlab.plan.vllm_log import explain_vllm_log, read_vllm_log
+
+    try:
+        with open(args.from_log, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError as e:
+        return fail(args, f"--from-log {args.from_log}: {e.strerror or e}")
+    try:
+        log = read_vllm_log(text)
+        config = load_config(args.model)
+        spec = spec_from_config(config, name=str(args.model))
+        r = explain_vllm_log(log, spec, config, total_gib=args.gpu_mem_gib)
+    except ValueError as e:
+        return fail(args, f"--from-log {args.from_log}: {flag_message(args, e)}")
+    r = {"model": str(args.model), "log_file": args.from_log, "log": log, **r}
+    if args.json:
+        print(json.dumps(r, indent=1))
+    else:
+        print_from_log(r)
     return 0

@@ -363,3 +363,36 @@ def print_video(r: dict) -> None:
     Console().print(t)
     for note in r["notes"]:
         Console().print(f"  note: {note}")
+
+
+def _cell(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def print_from_log(r: dict) -> None:
+    """``kvlab plan --from-log``: one row per KV line of the log with kvlab's figure and the error, then the
+    settings the prediction used and what it assumed."""
+    t = Table(
+        title=f"{r['log_file']}: vLLM's startup log beside kvlab's model of {r['model']}  [GiB = 2^30 B]"
+    )
+    for col in ("line", "log", "kvlab", "error", "how kvlab gets it"):
+        t.add_column(col, justify="right" if col in ("log", "kvlab", "error") else "left")
+    for line in r["lines"]:
+        fmt = ",.0f" if "tokens" in line["line"] and "concurrency" not in line["line"].lower() else ",.2f"
+        t.add_row(
+            line["line"],
+            _cell(line["log"], fmt),
+            _cell(line["kvlab"], fmt),
+            _cell(line["error_pct"], "+.1f") + ("%" if line["error_pct"] is not None else ""),
+            line["how"],
+        )
+    console = Console()
+    console.print(t)
+    s = r["settings"]
+    console.print(
+        f"  settings: tp {s['tp']}, dcp {s['dcp']}, block size {s['block_size']}, KV dtype {s['kv_cache_dtype']}, "
+        f"max_model_len {s['max_model_len']:,}, max_num_batched_tokens {s['max_num_batched_tokens']:,}, "
+        f"tokens counted as vLLM's '{s['report']}' report"
+    )
+    for note in r["notes"]:
+        console.print(f"  note: {note}")

@@ -1,0 +1,225 @@
+"""A pasted vLLM startup log, read line by line and explained with kvlab's model of each figure.
+
+:func:`read_vllm_log` picks out the lines that size the KV cache (V1 and V0 wordings); :func:`explain_vllm_log`
+sets kvlab's prediction beside each: the tokens and concurrency from the log's own KV memory
+(:mod:`kvlab.plan.vllm_kv`) and the KV memory from the device, utilization and weights
+(:mod:`kvlab.plan.vllm_memory`). docs/plan.md ("vLLM's startup log") lists the lines and what kvlab assumes
+where a log is silent. Pure Python; no torch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from kvlab.plan.spec import ModelSpec
+from kvlab.plan.vllm_kv import vllm_kv_cache
+from kvlab.plan.vllm_memory import GIB, available_kv_memory, scheduler_defaults
+
+_NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
+# figure -> (pattern, what the line is); the first match in the log wins
+LOG_LINES: dict[str, tuple[str, str]] = {
+    "available_kv_cache_gib": (r"Available KV cache memory: " + _NUM + r" GiB", "KV memory per GPU (V1)"),
+    "v0_kv_cache_gib": (r"kv_cache_size=" + _NUM + r" ?GiB", "KV memory per GPU (V0 memory profile)"),
+    "gpu_kv_cache_tokens": (r"GPU KV cache size: " + _NUM + r" tokens", "tokens of KV per GPU group"),
+    "num_gpu_blocks": (r"# GPU blocks: " + _NUM, "V0 blocks (x block size = tokens)"),
+    "max_concurrency_tokens": (r"Maximum concurrency for " + _NUM + r" tokens per request", "max_model_len"),
+    "max_concurrency": (r"tokens per request: " + _NUM + r"x", "requests of max_model_len that fit"),
+    "weights_gib": (
+        r"(?:Model loading took|Loading model weights took) " + _NUM + r" ?Gi?B",
+        "weights per GPU",
+    ),
+    "total_gib": (r"(?:total_gpu_memory=|Free memory on device \([0-9.]+/)" + _NUM, "device memory (torch)"),
+    "gpu_memory_utilization": (
+        r"(?:gpu_memory_utilization=|--gpu-memory-utilization[ =]|Desired GPU memory utilization is \()"
+        + r"([0-9.]+)",
+        "utilization",
+    ),
+    "activation_gib": (r"([0-9.]+) GiB for peak activation", "profiled activation peak"),
+    "non_torch_gib": (
+        r"(?:([0-9.]+) GiB for non-torch memory|non_torch_memory=([0-9.]+))",
+        "non-torch memory",
+    ),
+    "cuda_graph_gib": (
+        r"(?:([0-9.]+) GiB for CUDAGraph memory|Graph capturing finished.*?took ([0-9.]+) GiB)",
+        "CUDA graphs (printed, not subtracted)",
+    ),
+    "tensor_parallel_size": (r"(?:tensor_parallel_size=|--tensor-parallel-size[ =])([0-9]+)", "TP"),
+    "decode_context_parallel_size": (
+        r"(?:decode_context_parallel_size=|--decode-context-parallel-size[ =])([0-9]+)",
+        "DCP",
+    ),
+    "block_size": (r"(?:--block-size[ =]|block_size=)([0-9]+)", "tokens per block"),
+    "max_model_len": (r"(?:--max-model-len[ =]|max_model_len['\"]?[:=] ?)([0-9]+)", "tokens per request"),
+    "kv_cache_dtype": (r"(?:kv_cache_dtype=|--kv-cache-dtype[ =])(auto|fp8_e4m3|fp8_e5m2|fp8)", "KV dtype"),
+    "max_num_batched_tokens": (r"max_num_batched_tokens['\"]?[:=] ?([0-9]+)", "scheduler token budget"),
+    "vllm_version": (r"(?:vLLM[: |]+v?|engine \(v)([0-9]+\.[0-9]+\.[0-9]+)", "vLLM version"),
+    "engine_v0": (r"(Memory profiling results: total_gpu_memory)", "V0 engine"),
+}
+
+
+def read_vllm_log(text: str) -> dict[str, Any]:
+    """The figures of :data:`LOG_LINES` found in ``text`` (numbers as float/int, names as str); absent ones left
+    out.
+
+    Raises:
+        ValueError: the text holds none of the KV lines (not a vLLM startup log).
+    """
+    found: dict[str, Any] = {}
+    for key, (pattern, _) in LOG_LINES.items():
+        m = re.search(pattern, text)
+        if m is None:
+            continue
+        raw = next(g for g in m.groups() if g is not None).replace(",", "")
+        if key in ("kv_cache_dtype", "vllm_version", "engine_v0"):
+            found[key] = raw
+        elif re.fullmatch(r"[0-9]+", raw) and key not in ("gpu_memory_utilization",):
+            found[key] = int(raw)
+        else:
+            found[key] = float(raw)
+    if not any(k in found for k in ("available_kv_cache_gib", "v0_kv_cache_gib", "gpu_kv_cache_tokens")):
+        raise ValueError("no 'Available KV cache memory' or 'GPU KV cache size' line: not a vLLM startup log")
+    if "v0_kv_cache_gib" in found:
+        found.setdefault("available_kv_cache_gib", found.pop("v0_kv_cache_gib"))
+    return found
+
+
+def _report_style(log: Mapping) -> str:
+    version = log.get("vllm_version")
+    if version is None:
+        return "blocks"
+    major, minor = (int(p) for p in version.split(".")[:2])
+    return "concurrency" if (major, minor) >= (0, 21) else "blocks"
+
+
+def _line(name: str, logged: float | None, predicted: float | None, how: str) -> dict:
+    error = None
+    if logged and predicted is not None:
+        error = 100.0 * (predicted - logged) / logged
+    return {"line": name, "log": logged, "kvlab": predicted, "error_pct": error, "how": how}
+
+
+def _settings(log: Mapping, spec: ModelSpec, max_model_len, total, entrypoint) -> tuple[dict, int, list[str]]:
+    """``(vllm_kv_cache keyword arguments, max_num_seqs, notes)``: the log's settings, kvlab's defaults where it
+    is silent (each noted)."""
+    tp = int(log.get("tensor_parallel_size", 1))
+    block = int(log.get("block_size", 16))
+    length = int(
+        log.get("max_model_len")
+        or log.get("max_concurrency_tokens")
+        or max_model_len
+        or spec.max_position_embeddings
+        or 4096
+    )
+    entry = entrypoint or ("v0" if "engine_v0" in log else "serve")
+    nbt, seqs = scheduler_defaults(int((total or 0) * GIB), entry, length)
+    nbt = int(log.get("max_num_batched_tokens", nbt))
+    silent = {
+        "block_size": block,
+        "tensor_parallel_size": tp,
+        "max_model_len": length,
+        "max_num_batched_tokens": nbt,
+    }
+    notes = [f"{k} not in the log: kvlab assumes {v}" for k, v in silent.items() if k not in log]
+    kv_kw = dict(
+        max_model_len=length,
+        tp=tp,
+        dcp=int(log.get("decode_context_parallel_size", 1)),
+        block_size=block,
+        max_num_batched_tokens=nbt,
+        kv_cache_dtype=str(log.get("kv_cache_dtype", "auto")),
+        report=_report_style(log),
+    )
+    return kv_kw, seqs, notes
+
+
+def _memory_lines(log: Mapping, spec: ModelSpec, config: Mapping, total: float, kv_kw: dict, seqs: int):
+    """``(lines, terms, notes)`` of the KV memory prediction: each term beside the log's figure."""
+    terms = available_kv_memory(
+        config,
+        spec,
+        total_bytes=int(total * GIB),
+        total_source="log" if "total_gib" in log else "given",
+        gpu_memory_utilization=float(log["gpu_memory_utilization"]),
+        weight_bytes=int(log["weights_gib"] * GIB),
+        weight_source="log",
+        tp=kv_kw["tp"],
+        max_num_batched_tokens=kv_kw["max_num_batched_tokens"],
+        max_num_seqs=seqs,
+    )
+    logged = {
+        "weights": log.get("weights_gib"),
+        "activation_peak": log.get("activation_gib"),
+        "non_torch": log.get("non_torch_gib"),
+    }
+    lines = [_line(t.name, logged.get(t.name), t.bytes / GIB, t.assumes) for t in terms[1:-1]]
+    predicted = terms[-1].bytes
+    lines.append(
+        _line(
+            "Available KV cache memory (GiB)",
+            log.get("available_kv_cache_gib"),
+            predicted / GIB,
+            "budget - the terms",
+        )
+    )
+    notes = []
+    if predicted <= 0:
+        notes.append(f"does not fit: {-predicted / GIB:.2f} GiB short of any KV cache at this utilization")
+    return lines, terms, notes
+
+
+def _kv_lines(log: Mapping, spec: ModelSpec, kv_kw: dict) -> tuple[list[dict], list[str]]:
+    """The tokens and concurrency lines from the log's own KV memory."""
+    kv = vllm_kv_cache(spec, int(log["available_kv_cache_gib"] * GIB), **kv_kw)
+    logged_tokens = log.get("gpu_kv_cache_tokens")
+    if logged_tokens is None and "num_gpu_blocks" in log:
+        logged_tokens = log["num_gpu_blocks"] * kv_kw["block_size"]
+    lines = [
+        _line(
+            "GPU KV cache size (tokens, from the log's KV memory)",
+            logged_tokens,
+            kv.kv_cache_tokens,
+            f"{kv.num_blocks:,} blocks, {len(kv.groups)} groups ({kv.report})",
+        ),
+        _line(
+            f"Maximum concurrency for {kv_kw['max_model_len']:,} tokens",
+            log.get("max_concurrency"),
+            kv.max_concurrency,
+            f"{kv.num_blocks:,} blocks / blocks per request",
+        ),
+    ]
+    return lines, list(kv.notes)
+
+
+def explain_vllm_log(
+    log: Mapping,
+    spec: ModelSpec,
+    config: Mapping,
+    *,
+    max_model_len: int | None = None,
+    total_gib: float | None = None,
+    entrypoint: str | None = None,
+) -> dict[str, Any]:
+    """kvlab's prediction beside each KV figure of ``log`` (from :func:`read_vllm_log`).
+
+    ``max_model_len``/``total_gib``/``entrypoint`` stand in where the log is silent (defaults: the log's
+    ``max_model_len`` or concurrency line's L, else the config's limit; no memory prediction without a total;
+    ``serve``, or ``v0`` for a V0 log). Returns ``{"lines": [...], "terms": [...], "settings": {...},
+    "notes": [...]}``; a ``does not fit`` note with the shortfall when the predicted KV memory is not positive.
+    """
+    total = log.get("total_gib", total_gib)
+    kv_kw, seqs, notes = _settings(log, spec, max_model_len, total, entrypoint)
+    lines, terms = [], []
+    if total is not None and "gpu_memory_utilization" in log and "weights_gib" in log:
+        lines, terms, more = _memory_lines(log, spec, config, total, kv_kw, seqs)
+        notes += more
+    else:
+        notes.append(
+            "no memory prediction: the log (or --gpu-mem-gib) lacks the total, the utilization or weights"
+        )
+    if log.get("available_kv_cache_gib") is not None:
+        more_lines, more = _kv_lines(log, spec, kv_kw)
+        lines += more_lines
+        notes += more
+    return {"lines": lines, "terms": [t.to_dict() for t in terms], "settings": kv_kw, "notes": notes}
