@@ -8,7 +8,8 @@ vLLM's v1 engine sizes its KV cache this way (``vllm/v1/worker/gpu_worker.py``, 
 * one block holds ``block_size`` tokens of one layer on one GPU: its page is
   ``2 x block_size x KV heads per rank x head_size x dtype bytes`` (K and V; ``max(1, KV heads // tp)`` heads per
   rank), or ``block_size x (kv_lora_rank + qk_rope_head_dim) x dtype bytes`` for an MLA latent;
-* ``num_blocks = available memory // page // layers`` and the log line ``GPU KV cache size: N tokens`` says
+* ``num_blocks = available memory // page // layers`` (:func:`kvlab.plan.vllm_kv.vllm_kv_cache`, which also
+  groups hybrid models as vLLM does) and the log line ``GPU KV cache size: N tokens`` says
   ``num_blocks x block_size`` (later versions log ``max_concurrency x max_model_len``, the same number when
   ``max_model_len`` is a multiple of ``block_size``); ``Maximum concurrency for L tokens per request`` is
   ``num_blocks / ceil(L / block_size)``.
@@ -29,6 +30,7 @@ from typing import Any
 from kvlab.plan.config_fields import FULL, LAYER_KINDS
 from kvlab.plan.ledger import KVDtype, kv_elements_per_token_per_layer
 from kvlab.plan.spec import ModelSpec
+from kvlab.plan.vllm_kv import vllm_kv_cache
 
 VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vllm.config.cache.BlockSize
 _VLLM_DTYPE = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32"}
@@ -195,9 +197,11 @@ def vllm_serve_plan(
             f"the weights ({weight_bytes_per_gpu:,} B per GPU) do not fit in --gpu-memory-utilization "
             f"{utilization:g} x {memory_bytes:,} B: nothing is left for the KV cache"
         )
-    page = block_size * kv_elements_per_token_per_layer(spec, tp) * kvd.element_bytes
-    layers = spec.kv_layers
-    num_blocks = kv_memory // page // layers
+    kv = vllm_kv_cache(
+        spec, kv_memory, max_model_len=context, tp=tp, block_size=block_size, kv_cache_dtype=cache_dtype
+    )
+    page, layers, num_blocks = kv.page_size_bytes, kv.group_size, kv.num_blocks
+    assert page == block_size * kv_elements_per_token_per_layer(spec, tp) * kvd.element_bytes
     util_text = f"{utilization:.4f}".rstrip("0").rstrip(".")
     flags = {
         "--dtype": dtype,
@@ -208,7 +212,7 @@ def vllm_serve_plan(
         "--max-num-seqs": batch,
         "--tensor-parallel-size": tp,
     }
-    tokens = num_blocks * block_size
+    tokens = kv.kv_cache_tokens
     _check_one_request_fits(context, num_blocks, block_size)
     args = ("serve", model, *(str(x) for flag, value in flags.items() for x in (flag, value)))
     if kvd.fp8_scale == "per-tensor":  # one scale per layer, computed by vLLM from the first forward
@@ -228,7 +232,7 @@ def vllm_serve_plan(
         num_layers=layers,
         num_gpu_blocks=num_blocks,
         kv_cache_tokens=tokens,
-        max_concurrency=num_blocks / -(-context // block_size),
+        max_concurrency=kv.max_concurrency,
         notes=_serve_notes(spec, context, batch, tokens) + _fp8_notes(kvd),
     )
 
