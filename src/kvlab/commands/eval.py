@@ -9,34 +9,35 @@ from dataclasses import replace
 from datetime import datetime, timezone
 
 from kvlab.commands import EXIT_FAILED, EXIT_FILE_EXISTS, EXIT_USAGE, fail, progress
+from kvlab.runtime.checks import float_list, int_list, parse_list
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+    """Comma-separated token counts (:func:`kvlab.runtime.checks.int_list`; the settings check their range and
+    refuse a value given twice, naming the setting)."""
+    return tuple(int_list(text, minimum=0, unique=False))
+
+
+def _residuals(text: str) -> tuple[int, ...]:
+    """``--window-residuals``: comma-separated residual windows, or ``""``: no residual-window matrix."""
+    return () if not text.strip() else _ints(text)
 
 
 def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
+    return tuple(float_list(text, unique=False))
 
 
 def _contexts_or_word(text: str) -> tuple[int, ...] | str:
     """``all`` / ``none`` or comma-separated integers (``--retrieval-contexts``)."""
     if text.strip().lower() in ("all", "none"):
         return text.strip().lower()
-    values = _ints(text)
-    if not values:  # "" is not 'none': say which the user meant
+    if not text.replace(",", " ").strip():  # "" or "," is not 'none': say which the user meant
         raise argparse.ArgumentTypeError(f"expected 'all', 'none' or comma-separated contexts, got {text!r}")
-    return values
+    return _ints(text)
 
 
 def _names(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
+    return tuple(parse_list(text, what="a cache name", unique=False))
 
 
 def register(sub) -> None:
@@ -129,7 +130,9 @@ def _add_matrix_flags(p) -> None:
     p.add_argument(
         "--window-new-tokens", type=int, default=None, help="tokens generated per window run (default 128)"
     )
-    p.add_argument("--window-residuals", type=_ints, default=None, help="window residuals (default 16,32,64)")
+    p.add_argument(
+        "--window-residuals", type=_residuals, default=None, help="window residuals (default 16,32,64)"
+    )
     p.add_argument(
         "--window-group-size", type=int, default=None, help="KIVI G in the window matrix (default 16)"
     )
@@ -165,7 +168,7 @@ def _add_matrix_flags(p) -> None:
 
 
 def _add_gate_flags(p) -> None:
-    """Acceptance gates (quantization chapter §5.4 and the long-context gates)."""
+    """Acceptance gates (docs/EVAL.md: quality, latency, memory and the long-context gates)."""
     p.add_argument("--max-nll-delta", type=float, default=None, help="gate (default 0.50)")
     p.add_argument("--min-topk-overlap", type=float, default=None, help="gate (default 0.60)")
     p.add_argument("--max-latency-ratio", type=float, default=None, help="gate (default 2.00)")

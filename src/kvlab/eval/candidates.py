@@ -8,9 +8,8 @@
 * ``fp8-e4m3`` / ``fp8-e5m2`` [``-tensor`` | ``-unscaled`` | ``-hadamard``] — :class:`kvlab.caches.fp8.FP8Cache`:
   float8 K/V, per-head scales calibrated on the prefill (default), one per tensor, or 1.0; ``-hadamard``: per-head
   scales on K/V rotated by a randomized Hadamard matrix (:mod:`kvlab.quant.rotation`).
-* ``hqq-N`` / ``quanto-N`` — transformers ``QuantizedCache`` with the HQQ backend (axis 1, as in the quantization
-  chapter §5.1) or quanto (axis 0), when the ``hf`` extra is installed; otherwise the candidate is recorded as
-  skipped with the reason.
+* ``hqq-N`` / ``quanto-N`` — transformers ``QuantizedCache`` with the HQQ backend (axis 1, docs/EVAL.md) or
+  quanto (axis 0), when the ``hf`` extra is installed; otherwise the candidate is recorded as skipped with the reason.
 * ``sink`` [``:sink_tokens=S:window_length=W``] — :class:`kvlab.caches.sink.SinkCache` (StreamingLLM: the first
   S tokens + the newest W; default 4 + 256); ``snapkv`` [``:compression_ratio=r`` | ``:token_budget=n``] —
   :class:`kvlab.caches.snapkv.SnapKVCache` (the prompt compressed once; default ratio 0.5). An evicting cache's

@@ -7,7 +7,7 @@ For each layer ``l`` and KV head ``h`` of the K/V a ``DynamicCache`` holds after
 * **ranges** — abs-max and percentiles of ``|k|`` and ``|v|`` over tokens and channels;
 * **per-channel outliers** — a channel's magnitude is its abs-max over tokens; ``channel_ratio`` is the largest
   channel magnitude over the median one, ``outlier_channels`` counts channels above ``outlier_factor`` x the
-  median. Keys have a few such channels and values do not: the reason KIVI (arXiv:2402.02750 §3.1, Fig. 2)
+  median. Keys have a few such channels and values do not: the reason KIVI (arXiv:2402.02750 section 3.1, Fig. 2)
   quantizes keys per-channel and values per-token; values get the same statistic for contrast;
 * **FP8** — for e4m3 and e5m2 (:mod:`kvlab.quant.fp8`), the fraction of K/V elements that would saturate (beyond
   the format's largest value after scaling) or flush to zero (non-zero, stored as zero), and the relative RMS

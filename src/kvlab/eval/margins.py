@@ -15,6 +15,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from kvlab.runtime.checks import check_int
+
 Z95 = 1.96  # two-sided 95 % normal quantile
 
 
@@ -24,8 +26,7 @@ def drop_standard_error(base: float, cand: float, n: int) -> float:
     Raises:
         ValueError: ``n`` < 1 or an accuracy outside [0, 1].
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"`n` must be a positive int, got {n!r}")
+    check_int("n", n, 1)
     for name, p in (("base", base), ("cand", cand)):
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"`{name}` must be an accuracy in [0, 1], got {p!r}")

@@ -16,8 +16,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kvlab.runtime.device import synchronize  # re-exported: eval.longctx imports it from here
-from kvlab.runtime.hf_api import cache_kwarg  # re-exported: the one helper lives in kvlab.runtime.hf_api
+from kvlab.runtime.checks import check_int
+from kvlab.runtime.device import synchronize
+from kvlab.runtime.hf_api import cache_kwarg
 from kvlab.runtime.tensor_bytes import TensorBytesTracker
 
 
@@ -120,9 +121,8 @@ def run_generate(
     Raises:
         ValueError: ``warmup`` or ``repeat`` not a non-negative integer.
     """
-    for name, value in (("warmup", warmup), ("repeat", repeat)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"`{name}` must be a non-negative integer, got {value!r}")
+    check_int("warmup", warmup, 0)
+    check_int("repeat", repeat, 0)
     device = input_ids.device
 
     def once():
@@ -188,7 +188,7 @@ def fixed_continuation(
 ) -> dict:
     """Mean NLL of ``continuation`` after ``input_ids``, decoding one token at a time through ``cache``.
 
-    Teacher-forced scoring of a fixed continuation (quantization chapter §5.2): the logits after the prompt score
+    Teacher-forced scoring of a fixed continuation (docs/EVAL.md): the logits after the prompt score
     ``continuation[:, 0]``, and the logits after feeding ``continuation[:, step - 1]`` score
     ``continuation[:, step]``; so every candidate is judged on the same history.
 
@@ -267,8 +267,7 @@ def _check_continuation_args(input_ids: torch.Tensor, continuation: torch.Tensor
         )
     if continuation.shape[1] == 0:
         raise ValueError("`continuation` must hold at least one token per row, got shape (batch, 0)")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0:
-        raise ValueError(f"`top_k` must be a positive integer, got {top_k!r}")
+    check_int("top_k", top_k, 1)
 
 
 def _prompt_forward(model: Any, input_ids: torch.Tensor, cache: Any) -> tuple:
@@ -287,7 +286,7 @@ def _prompt_forward(model: Any, input_ids: torch.Tensor, cache: Any) -> tuple:
 
 
 def topk_overlap(base: list, cand: list, k: int) -> float:
-    """Mean over steps and batch rows of ``|topk_base ∩ topk_cand| / k`` (quantization chapter §5.2).
+    """Mean over steps and batch rows of ``|topk_base ∩ topk_cand| / k`` (docs/EVAL.md).
 
     Args:
         base, cand: ``[steps][batch][k]`` token ids (``topk_ids`` of :func:`fixed_continuation`) of the float cache
@@ -301,8 +300,7 @@ def topk_overlap(base: list, cand: list, k: int) -> float:
         ValueError: ``k`` not a positive integer, or ``base`` and ``cand`` differing in steps, in batch rows at a
             step, or in a row that does not hold ``k`` ids.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
-        raise ValueError(f"`k` must be a positive integer, got {k!r}")
+    check_int("k", k, 1)
     if len(base) != len(cand):
         raise ValueError(f"`base` has {len(base)} steps but `cand` has {len(cand)}")
     for step, (step_b, step_c) in enumerate(zip(base, cand)):
@@ -320,7 +318,7 @@ def topk_overlap(base: list, cand: list, k: int) -> float:
 
 
 def compare_outputs(base: torch.Tensor, cand: torch.Tensor) -> dict:
-    """Greedy-output diagnostics of two free-running generations (quantization chapter §5.2).
+    """Greedy-output diagnostics of two free-running generations (docs/EVAL.md).
 
     Args:
         base, cand: ``[batch, n]`` token ids generated with the float cache and with the candidate.

@@ -1,6 +1,6 @@
 """KIVI variants are eval candidates (``kvlab eval --help`` listed ``kivi-4-fused`` and ``--candidates
 dynamic,kivi-4-fused`` was refused), and ``kivi-k8v4`` runs the dequantize path by itself in a fused run instead of
-refusing the whole run (issue 33)."""
+refusing the whole run."""
 
 from __future__ import annotations
 

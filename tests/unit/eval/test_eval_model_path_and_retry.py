@@ -1,6 +1,6 @@
 """A model path that is not there is bad input (exit 2, nothing written), as in ``kvlab lab``, ``inspect`` and
 ``bench``; a later load failure stays a recorded exit 1; an existing result of a failed or unfinished run says so
-when it blocks a retry of its label (issue 33)."""
+when it blocks a retry of its label."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """``kvlab eval --resume RESULT`` continues an interrupted run: the cells it finished (timed, rows written) are kept,
-the others measured from the start, and it ends with the rows of an uninterrupted run with the same seed, timings
-aside (issue 33 point 9: a Ctrl-C after minutes of measuring kept 0 rows). Each refusal is exit 2 and leaves the
-file as it was."""
+so are those it measured but did not time, the others are measured from the start, and it ends with the rows of an
+uninterrupted run with the same seed, timings aside (a Ctrl-C after minutes of measuring once kept 0 rows). Each
+refusal is exit 2 and leaves the file as it was."""
 
 from __future__ import annotations
 

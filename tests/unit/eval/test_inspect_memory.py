@@ -1,4 +1,4 @@
-"""``kvlab inspect`` says what a size needs before its forward (issue 33 point 5): a ``--tokens`` whose estimate
+"""``kvlab inspect`` says what a size needs before its forward: a ``--tokens`` whose estimate
 (:func:`kvlab.eval.inspect.peak_bytes`) passes the available memory is refused with exit 2 and one line naming
 --tokens, the GiB needed and available and what would fit; the prefill makes no [tokens, vocab] logits."""
 

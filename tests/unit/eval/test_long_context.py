@@ -546,7 +546,7 @@ def test_probe_arguments_edge_cases_are_named_or_accepted():
         lambda: build_recall_probe(ids, 256, protected_tail=8, span_tokens=1),
         lambda: recall_distances(256, 1, 8),
     ):
-        with pytest.raises(ValueError, match=r"`span_tokens` must be an integer >= 2, got 1"):
+        with pytest.raises(ValueError, match=r"`span_tokens` must be an int >= 2, got 1"):
             call()
     # generators, numpy scalars and arrays are read as the numbers they hold
     assert recall_distances(256, 16, 8, (f for f in (0.5, 0.9))) == recall_distances(256, 16, 8, (0.5, 0.9))

@@ -1,6 +1,6 @@
 """Settings the loaded model refutes are refused right after loading, before any cell (``kvlab eval --group-size
 48`` on head_dim 64 failed in every KIVI cell and exited 0), and a candidate that failed in every cell fails the
-run (exit 1, named next to the decision) instead of being silently left out of it (issue 33)."""
+run (exit 1, named next to the decision) instead of being silently left out of it."""
 
 from __future__ import annotations
 

@@ -120,7 +120,7 @@ def test_fixed_continuation_single_token_has_no_decode_time():
         (PROMPT, CONTINUATION[:, :0], 1, r"at least one token"),
         (PROMPT[:1], CONTINUATION, 1, r"`continuation` batch \(2\) must equal `input_ids` batch \(1\)"),
         (PROMPT[0], CONTINUATION, 1, r"must be \[batch, tokens\], got shapes \(4,\)"),
-        (PROMPT, CONTINUATION, 0, r"`top_k` must be a positive integer, got 0"),
+        (PROMPT, CONTINUATION, 0, r"`top_k` must be an int >= 1, got 0"),
     ],
 )
 def test_fixed_continuation_bad_input_is_named(prompt, continuation, top_k, match):
@@ -146,7 +146,7 @@ def test_topk_overlap_is_the_intersection_over_k():
         ([[[1]], [[2]]], [[[1]]], 1, r"`base` has 2 steps but `cand` has 1"),
         ([[[1], [2]]], [[[1]]], 1, r"at step 0, `base` has 2 batch rows but `cand` has 1"),
         ([[[1, 2]]], [[[1, 2, 3]]], 2, r"at step 0, row 0: expected 2 ids each, got 2 and 3"),
-        ([[[1]]], [[[1]]], 0, r"`k` must be a positive integer, got 0"),
+        ([[[1]]], [[[1]]], 0, r"`k` must be an int >= 1, got 0"),
     ],
 )
 def test_topk_overlap_bad_input_is_named(base, cand, k, match):

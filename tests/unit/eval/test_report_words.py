@@ -1,5 +1,5 @@
-"""Issue 33 point 7, "words a newcomer cannot read": what the eval and inspect reports print, checked on the
-recorded examples in docs/examples."""
+"""Words a newcomer can read: what the eval and inspect reports print, checked on the recorded examples in
+docs/examples."""
 
 from __future__ import annotations
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from kvlab.runtime.checks import check_int
+
 # The templates the bundled reference model is trained on (scripts/train_reference.py writes the same strings):
 # keep them byte-identical. Query and answer are tokenized together, as in training.
 PASSKEY_NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
@@ -66,14 +68,6 @@ def _sha256(t: torch.Tensor) -> str:
     return hashlib.sha256(t.to(torch.int64).cpu().numpy().tobytes()).hexdigest()
 
 
-def _check_positive(name: str, value: Any, minimum: int = 1) -> int:
-    """``value`` as an ``int`` (any integer: Python, NumPy) when it is at least ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(f"`{name}` must be {what}, got {value!r}")
-    return int(value)
-
-
 def _check_fractions(name: str, values: Any, *, distinct: bool = False) -> tuple[float, ...]:
     """``values`` (any iterable of real numbers, read once) as a tuple of floats in [0, 1]; ``distinct`` refuses
     repeats (each depth is one group of rows)."""
@@ -124,8 +118,8 @@ def recall_distances(
         NotMeasurable: ``context - 1 < span_tokens + protected_tail`` (no distance fits).
         ValueError: a non-positive length, a negative ``protected_tail``, or a fraction outside [0, 1].
     """
-    context = _check_positive("context", context)
-    span_tokens = _check_positive("span_tokens", span_tokens, 2)  # the cue and at least one predicted token
+    context = check_int("context", context)
+    span_tokens = check_int("span_tokens", span_tokens, 2)  # the cue and at least one predicted token
     if (
         isinstance(protected_tail, bool)
         or not isinstance(protected_tail, numbers.Integral)
@@ -157,8 +151,8 @@ def needle_starts(
         NotMeasurable: ``context - protected_tail - needle_tokens - 1 < 0`` (the needle does not fit).
         ValueError: a non-positive length, a negative ``protected_tail``, or a depth outside [0, 1].
     """
-    context = _check_positive("context", context)
-    needle_tokens = _check_positive("needle_tokens", needle_tokens)
+    context = check_int("context", context)
+    needle_tokens = check_int("needle_tokens", needle_tokens)
     if (
         isinstance(protected_tail, bool)
         or not isinstance(protected_tail, numbers.Integral)
@@ -214,9 +208,9 @@ def build_recall_probe(
         NotMeasurable: see :func:`recall_distances`.
         ValueError: bad lengths or fractions, or held-out text shorter than ``context``.
     """
-    rows_per_distance = _check_positive("rows_per_distance", rows_per_distance)
-    context = _check_positive("context", context)
-    span_tokens = _check_positive("span_tokens", span_tokens, 2)
+    rows_per_distance = check_int("rows_per_distance", rows_per_distance)
+    context = check_int("context", context)
+    span_tokens = check_int("span_tokens", span_tokens, 2)
     fractions = _check_fractions("fractions", fractions)
     heldout_ids = _check_ids(heldout_ids)
     distances = recall_distances(context, span_tokens, protected_tail, fractions)
@@ -309,8 +303,8 @@ def build_passkey_probe(
         ValueError: ``trials`` < 1, bad depths, held-out text shorter than ``context``, or a tokenizer that cannot
             separate the answer (see :func:`passkey_tokens`).
     """
-    trials = _check_positive("trials", trials)
-    context = _check_positive("context", context)
+    trials = check_int("trials", trials)
+    context = check_int("context", context)
     depths = _check_fractions("depths", depths, distinct=True)
     heldout_ids = _check_ids(heldout_ids)
     rng = random.Random(f"passkey-{seed}-{context}")

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from kvlab.eval.longctx.prompts import Probe
-from kvlab.eval.metrics import synchronize
 from kvlab.eval.stats import wilson_interval
+from kvlab.runtime.device import synchronize
 from kvlab.runtime.hf_api import cache_kwarg
 
 # rows x context of one prefill forward: bounds the attention's working memory on a CPU
