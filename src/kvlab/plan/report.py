@@ -301,7 +301,47 @@ def _vllm(spec, kvd, model, context, batch, tp, budget, ledger, block_size) -> d
         weight_bytes_per_gpu=ledger.weight_bytes_per_gpu,
         block_size=block_size,
     )
-    return plan.to_dict()
+    return {**plan.to_dict(), "predicted_log": _predicted_log(spec, model, plan, tp)}
+
+
+def _predicted_log(spec: ModelSpec, model, plan, tp: int) -> dict[str, Any]:
+    """What vLLM's startup log would say for ``plan`` once it profiles its activations
+    (:mod:`kvlab.plan.vllm_memory`): each term, "Available KV cache memory", then the tokens and concurrency of
+    that memory (:mod:`kvlab.plan.vllm_kv`); ``fits`` False with the shortfall when nothing is left."""
+    from kvlab.plan.load import load_config
+    from kvlab.plan.vllm_kv import vllm_kv_cache
+    from kvlab.plan.vllm_memory import available_kv_memory, scheduler_defaults
+
+    config = load_config(model)
+    tokens, _ = scheduler_defaults(plan.memory_bytes, "serve", plan.max_model_len)
+    terms = available_kv_memory(
+        config,
+        spec,
+        total_bytes=plan.memory_bytes,
+        total_source="the plan's GPU memory",
+        gpu_memory_utilization=plan.gpu_memory_utilization,
+        weight_bytes=plan.weight_bytes_per_gpu,
+        weight_source="the plan's weights",
+        tp=tp,
+        max_num_batched_tokens=tokens,
+        max_num_seqs=plan.max_num_seqs,
+    )
+    available = terms[-1].bytes
+    out: dict[str, Any] = {"terms": [t.to_dict() for t in terms], "fits": available > 0}
+    if available > 0:
+        kv = vllm_kv_cache(
+            spec,
+            available,
+            max_model_len=plan.max_model_len,
+            tp=tp,
+            block_size=plan.block_size,
+            kv_cache_dtype=plan.kv_cache_dtype,
+            max_num_batched_tokens=tokens,
+        )
+        out.update(kv_cache_tokens=kv.kv_cache_tokens, max_concurrency=kv.max_concurrency)
+    else:
+        out["shortfall_bytes"] = -available
+    return out
 
 
 def roofline_report(

@@ -197,3 +197,35 @@ def test_text_config_filled_from_its_architecture_defaults():
     )
     note = next(n for n in spec.notes if "config class defaults" in n)
     assert "num_hidden_layers 32" in note and "intermediate_size" not in note  # the config states that one
+
+
+def test_emit_vllm_predicts_the_log_term_by_term(capsys):
+    argv = [
+        "plan",
+        "llama-3-8b",
+        "--batch",
+        "32",
+        "--gpu-mem-gib",
+        "80",
+        "--reserve-gib",
+        "4",
+        "--emit",
+        "vllm",
+    ]
+    assert main([*argv, "--json"]) == 0
+    v = json.loads(capsys.readouterr().out)["vllm"]
+    p = v["predicted_log"]
+    assert [t["name"] for t in p["terms"]] == [
+        "total",
+        "budget",
+        "weights",
+        "activation_peak",
+        "non_torch",
+        "available",
+    ]
+    assert p["fits"] and p["terms"][-1]["bytes"] == v["kv_memory_bytes_per_gpu"] - sum(
+        t["bytes"] for t in p["terms"][3:5]
+    )
+    assert 0 < p["kv_cache_tokens"] < v["kv_cache_tokens"]  # the activations come out of the upper bound
+    assert main(argv) == 0
+    assert f"GPU KV cache size: {p['kv_cache_tokens']:,} tokens" in capsys.readouterr().out

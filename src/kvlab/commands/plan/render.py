@@ -103,6 +103,18 @@ def print_vllm(r: dict) -> None:
         f"# maximum concurrency for {v['max_model_len']:,} tokens per request: {v['max_concurrency']:.2f}x "
         f"(the plan: {r['kv_bytes_per_token_per_gpu']:,} KV B/token/GPU, max batch {r['max_batch']:,})"
     )
+    p = v["predicted_log"]
+    print("# with vLLM's profiled activations (docs/plan.md, vLLM's startup log), its log would say:")
+    for t in p["terms"][1:-1]:
+        print(f"#   {t['name']}: {_gib(t['bytes'])} ({t['assumes']})")
+    if p["fits"]:
+        print(f"#   Available KV cache memory: {p['terms'][-1]['gib']:.2f} GiB")
+        print(f"#   GPU KV cache size: {p['kv_cache_tokens']:,} tokens")
+        print(
+            f"#   Maximum concurrency for {v['max_model_len']:,} tokens per request: {p['max_concurrency']:.2f}x"
+        )
+    else:
+        print(f"#   does not fit: {_gib(p['shortfall_bytes'])} short of any KV cache at this utilization")
     for note in v["notes"]:
         print(f"# note: {note}")
 
