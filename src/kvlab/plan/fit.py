@@ -2,7 +2,7 @@
 
 The budget is one GPU's memory (``--gpu-mem-gib``, binary GiB, or a hardware-table row's memory as the device
 reports it: an "80GB" A100 holds 81,920 MiB = 80 GiB) minus an overhead reserve for activations, workspace and the framework, minus the weights' shard; the KV cache
-gets the rest (mechanics chapter §3.3 and paged_alloc.py: 80 GiB - 14.96 GiB weights - 4 GiB reserve = 61.04 GiB for KV).
+gets the rest (docs/plan.md, Ledger and fit: 80 GiB - 14.96 GiB weights - 4 GiB reserve = 61.04 GiB for KV).
 A sequence must fit at every length it passes while decoding (:func:`kvlab.plan.ledger.kv_bytes_peak`).
 Pure Python; no torch.
 """

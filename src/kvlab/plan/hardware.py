@@ -129,7 +129,7 @@ class Hardware:
 
     @property
     def ridge_flop_per_byte(self) -> float | None:
-        """Roofline ridge point: peak FLOP/s / bandwidth (mechanics chapter §3.4: A100 312e12 / 2.039e12 = 153)."""
+        """Roofline ridge point: peak FLOP/s / bandwidth (docs/plan.md, Roofline: A100 312e12 / 2.039e12 = 153)."""
         return None if self.peak_flops is None else self.peak_flops / self.bandwidth_bytes_s
 
     def describe_memory(self) -> str:

@@ -1,6 +1,6 @@
 """KV memory ledger: bytes per token, per layer kind and in total, for a batch at a context.
 
-Mechanics chapter §3.3: ``B_tok = 2 * L * n_kv * d * p`` bytes per token and ``B_kv = B_tok * S * batch``; here ``L``
+docs/plan.md (Ledger and fit): ``B_tok = 2 * L * n_kv * d * p`` bytes per token and ``B_kv = B_tok * S * batch``; here ``L``
 counts only layers that store K/V of their own, MLA layers store one latent of ``r + d_rope`` values, sliding
 and chunked layers keep at most their window (*theoretical*) or the whole context (*allocated*, as engines that
 reserve full length do), and the KV dtype is independent of the weight dtype: bf16/fp16/fp32/fp8, or kvlab's
@@ -348,7 +348,7 @@ def kivi_bytes_per_head(
     and, unless ``value_bits`` is given, the values; ``codes = Q * D * (b_k + b_v) / 8`` then).
 
     With ``Q = Q(T)`` (:func:`quantized_tokens`), ``D`` head_dim, ``b`` nbits, ``G``, ``m`` metadata bytes and
-    ``p`` cache dtype bytes (kvlab shared interface; KIVI arXiv:2402.02750 §3)::
+    ``p`` cache dtype bytes (kvlab shared interface; KIVI arXiv:2402.02750 section 3)::
 
         codes        = 2 * Q * D * b / 8      K and V codes, bit-packed along head_dim
         scales_zeros = 2 * m * Q * D / G      K: per-channel scale + zero, one pair per G tokens per channel
@@ -514,7 +514,7 @@ def _resolve(spec: ModelSpec, kv: str | KVDtype) -> KVDtype:
 
 
 def kv_bytes_per_token(spec: ModelSpec, kv: str | KVDtype = "auto", tp: int = 1) -> float | int:
-    """Bytes one new token adds on one rank while every layer is within its window (mechanics chapter §3.3 ``B_tok``).
+    """Bytes one new token adds on one rank while every layer is within its window (docs/plan.md, Ledger and fit: ``B_tok``).
 
     Plain dtypes: an exact integer. KIVI: the long-context figure ``elements * (b/8 + 2m/G)`` (the residual
     window amortized away), a float when not integral.
@@ -537,7 +537,7 @@ def kv_bytes(
     mode: str = "theoretical",
 ) -> int:
     """Exact bytes of ``batch`` sequences of ``tokens`` tokens on one rank, summed over layers
-    (``B_kv = B_tok * S * batch`` of the mechanics chapter's §3.3 for a plain full-attention model)."""
+    (``B_kv = B_tok * S * batch`` of docs/plan.md, Ledger and fit for a plain full-attention model)."""
     return _over_layers(spec, tokens, batch, kv, tp, mode, _layer_bytes)
 
 
@@ -607,7 +607,7 @@ def paged_kv_bytes(
     tp: int = 1,
     mode: str = "theoretical",
 ) -> int:
-    """Bytes of a paged cache (vLLM, arXiv:2309.06180 §4.2): each layer's tokens rounded up to whole blocks of
+    """Bytes of a paged cache (vLLM, arXiv:2309.06180 section 4.2): each layer's tokens rounded up to whole blocks of
     ``block_size_tokens`` per sequence. Plain dtypes only."""
     kvd = _resolve(spec, kv)
     if kvd.is_kivi:

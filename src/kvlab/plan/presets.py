@@ -34,7 +34,7 @@ def _alternating(n: int, first: str, second: str) -> list[str]:
 
 _PRESETS: list[tuple[str, str, str, dict[str, Any]]] = [
     (
-        # meta-llama/Meta-Llama-3-8B config.json; mechanics chapter §01/§3.3 uses the same numbers (32 x 8 x 128, bf16).
+        # meta-llama/Meta-Llama-3-8B config.json; docs/plan.md uses the same numbers (32 x 8 x 128, bf16).
         "llama-3-8b", "meta-llama/Meta-Llama-3-8B", "GQA, head_dim derived (4096/32); the mechanics chapter's model",
         dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
              num_hidden_layers=32, num_key_value_heads=8, max_position_embeddings=8192, vocab_size=128256,

@@ -365,7 +365,7 @@ def roofline_report(
     probe_kwargs: dict | None = None,
 ) -> dict[str, Any]:
     """Ridge point, decode and prefill intensities, the decode step lower bound, and (``run_probe``) this
-    machine's measured fp32 roofs (mechanics chapter §3.4 and appendix [C]). ``warnings``: a ``context`` beyond
+    machine's measured fp32 roofs (docs/plan.md, Roofline). ``warnings``: a ``context`` beyond
     the config's ``max_position_embeddings`` (:func:`context_warnings`; not refused).
 
     Raises:
@@ -455,7 +455,7 @@ def video_report(
     residual_length: int = 128,
     batch: int = 1,
 ) -> dict[str, Any]:
-    """Tokens and KV bytes of clips of each length in ``seconds`` (mechanics chapter §01 [B4], §6.3).
+    """Tokens and KV bytes of clips of each length in ``seconds`` (docs/plan.md, Video).
     ``warnings``: the clips whose tokens go beyond the config's ``max_position_embeddings`` (not refused).
 
     Raises:

@@ -1,4 +1,4 @@
-"""Roofline for decode and prefill: arithmetic intensity, ridge point, decode step lower bound (mechanics chapter §3.4).
+"""Roofline for decode and prefill: arithmetic intensity, ridge point, decode step lower bound (docs/plan.md, Roofline).
 
 * Ideal fused single-query attention reads K and V once per KV head and shares them across the ``g`` query
   heads of the group: ``4 n_q d S`` FLOP over ``2 n_kv d S p`` bytes, so ``I = 2g/p`` whatever ``S``.
@@ -22,7 +22,7 @@ from kvlab.plan.spec import ModelSpec
 
 
 def ridge_point_flop_per_byte(peak_flops: float, bandwidth_bytes_s: float) -> float:
-    """``peak / bandwidth``: below this intensity a kernel is bandwidth-bound (mechanics chapter §3.4).
+    """``peak / bandwidth``: below this intensity a kernel is bandwidth-bound (docs/plan.md, Roofline).
 
     Raises:
         ValueError: ``peak_flops`` or ``bandwidth_bytes_s`` not a finite number > 0 (named), or a ratio that is
@@ -49,7 +49,7 @@ def _check_positive(name: str, value: object) -> None:
 
 
 def decode_attention_intensity(gqa_group: float, kv_bytes_per_element: float = 2.0) -> float:
-    """``I_dec = 2g/p`` FLOP/byte of ideal fused single-query attention (mechanics chapter §3.4).
+    """``I_dec = 2g/p`` FLOP/byte of ideal fused single-query attention (docs/plan.md, Roofline).
 
     Args:
         gqa_group: ``g = n_q / n_kv`` (1 MHA, 4 Llama-3, ``n_q`` MQA).
@@ -63,11 +63,11 @@ def decode_attention_intensity(gqa_group: float, kv_bytes_per_element: float = 2
 def mla_decode_attention_intensity(
     num_q_heads: int, kv_lora_rank: int, qk_rope_head_dim: int, kv_bytes_per_element: float = 2.0
 ) -> float:
-    """Ideal decode intensity of MLA with the up-projections absorbed (DeepSeek-V2 arXiv:2405.04434 §2.1.2).
+    """Ideal decode intensity of MLA with the up-projections absorbed (DeepSeek-V2 arXiv:2405.04434 section 2.1.2).
 
     Each query head scores against the cached latent and RoPE key (``2 (r + d_rope)`` FLOP per token) and
     sums the latent (``2 r``), while the cache is read once: ``(r + d_rope) p`` bytes per token, so
-    ``I = 2 n_q (2r + d_rope) / ((r + d_rope) p)``. MLA is its own structure, not a larger ``g`` (mechanics chapter §3.4).
+    ``I = 2 n_q (2r + d_rope) / ((r + d_rope) p)``. MLA is its own structure, not a larger ``g`` (docs/plan.md, Roofline).
     """
     r, rope = kv_lora_rank, qk_rope_head_dim
     return 2.0 * num_q_heads * (2 * r + rope) / ((r + rope) * kv_bytes_per_element)
@@ -87,7 +87,7 @@ def model_decode_attention_intensity(spec: ModelSpec, kv: str | KVDtype = "auto"
 def prefill_intensity(
     num_layers: int, num_q_heads: int, head_dim: int, num_parameters: float, dtype_bytes: int, seq_len: int
 ) -> dict[str, float]:
-    """The mechanics chapter's illustrative prefill intensity (§3.4 and appendix [C2]).
+    """kvlab's illustrative prefill intensity (docs/plan.md, Roofline).
 
     ``attention = L * 2 * (2 n_q d * S(S+1)/2)`` (causal QK^T and AV), ``projections = 2 N S``,
     ``bytes = N p + L * 10 * S * D * p`` with ``D = n_q d`` (weights once, a rough activation traffic).
@@ -140,7 +140,7 @@ def decode_flops_per_step(
 
 @dataclass(frozen=True)
 class DecodeStepBound:
-    """Lower bound on one decode step's time on one device (mechanics chapter §3.4)."""
+    """Lower bound on one decode step's time on one device (docs/plan.md, Roofline)."""
 
     weight_bytes: int  # weights read per step
     kv_bytes: int  # K/V of every sequence read per step

@@ -1,6 +1,6 @@
 """The default scenario: the one model, device and reserve every command assumes unless told otherwise.
 
-The mechanics chapter ("KV Cache and Autoregressive Video Generation", §01 and §05) sizes its examples for
+The mechanics chapter ("KV Cache and Autoregressive Video Generation", section 01 and section 05) sizes its examples for
 Llama-3-8B in BF16 on an 80 GiB A100 with a 4 GiB reserve for activations and framework. ``kvlab plan``,
 ``kvlab paging`` and ``kvlab figures`` read these names from here, so the scenario is written once.
 

@@ -129,7 +129,7 @@ class ModelSpec:
     @property
     def kv_elements_per_token_per_layer(self) -> int:
         """Values one token adds to one KV-holding layer (all heads): ``2 * kv_heads * head_dim`` or, for MLA,
-        ``kv_lora_rank + qk_rope_head_dim`` (mechanics chapter §3.3; DeepSeek-V2 §2.1.3)."""
+        ``kv_lora_rank + qk_rope_head_dim`` (docs/plan.md, Ledger and fit; DeepSeek-V2 section 2.1.3)."""
         if self.is_mla:
             return self.kv_lora_rank + self.qk_rope_head_dim
         return 2 * self.num_kv_heads * self.head_dim
@@ -274,7 +274,7 @@ def _num_layers(cfg: Mapping) -> int:
 def _head_geometry(
     cfg: Mapping, hidden: int, heads: int, kv_heads: int, kv_heads_field: str, notes: list[str]
 ) -> tuple[int, int | None, int | None]:
-    """``(head_dim, kv_lora_rank, qk_rope_head_dim)``: MLA's (DeepSeek-V2 §2.1) latent rank and RoPE part, or a
+    """``(head_dim, kv_lora_rank, qk_rope_head_dim)``: MLA's (DeepSeek-V2 section 2.1) latent rank and RoPE part, or a
     stated ``head_dim`` (noted when it differs from hidden / heads), else hidden / heads.
 
     Raises:

@@ -1,4 +1,4 @@
-"""Video token and KV accounting for autoregressive video generation (mechanics chapter §01, §6.3).
+"""Video token and KV accounting for autoregressive video generation (docs/plan.md, Video).
 
 A clip of ``seconds`` at ``fps`` has ``frames = seconds * fps``; a video VAE compresses time by
 ``temporal_compression`` (``latent_frames = frames // tc``, or ``1 + (frames - 1) // tc`` for a causal VAE that
@@ -33,7 +33,7 @@ class VideoClip:
     height: int = 720  # pixels
     temporal_compression: int = 4  # frames per latent frame
     spatial_compression: int = 8  # pixels per latent position, per side
-    # latent positions per token, per side (2 = the extra 2x2 patchify in the mechanics chapter's §6.3)
+    # latent positions per token, per side (2 = the extra 2x2 patchify in docs/plan.md, Video)
     patch_size: int = 1
     causal_first_frame: bool = False  # causal VAE: the first frame is its own latent frame
 
@@ -99,7 +99,7 @@ def video_kv(spec: ModelSpec, clip: VideoClip, kv: str | KVDtype = "auto", batch
     """Tokens and KV bytes of ``batch`` clips on ``spec`` (whole history kept; sliding layers window-capped).
 
     Returns the clip's fields plus ``kv_bytes`` (exact) and ``kv_bytes_first_latent_frame`` (the cache of the
-    first latent frame: 1.76 GiB per frame in the mechanics chapter's §6.3 on Llama-3-8B; window-capped layers add less later on).
+    first latent frame: 1.76 GiB per frame in docs/plan.md, Video on Llama-3-8B; window-capped layers add less later on).
     """
     total = kv_bytes(spec, clip.tokens, batch, kv)
     per_frame = kv_bytes(spec, clip.tokens_per_frame, batch, kv)

@@ -101,9 +101,9 @@ def _embedding_params(
 def _attention_params(
     cfg: Mapping, model_type: str, hidden: int, heads: int, kv_heads: int, head_dim: int, gpt2: bool
 ) -> int:
-    """Parameters of one attention layer: MLA (DeepSeek-V2 §2.1) low-rank projections, or GQA's Q/K/V/O with
+    """Parameters of one attention layer: MLA (DeepSeek-V2 section 2.1) low-rank projections, or GQA's Q/K/V/O with
     biases where the architecture has them (and gpt-oss's attention sinks)."""
-    if cfg.get("kv_lora_rank") is not None:  # MLA, DeepSeek-V2 §2.1
+    if cfg.get("kv_lora_rank") is not None:  # MLA, DeepSeek-V2 section 2.1
         r, rope = _int(cfg, "kv_lora_rank"), _int(cfg, "qk_rope_head_dim")
         nope, v_dim = _int(cfg, "qk_nope_head_dim", default=0), _int(cfg, "v_head_dim", default=head_dim)
         q_rank = _int(cfg, "q_lora_rank")
