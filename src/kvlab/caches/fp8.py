@@ -24,9 +24,9 @@ from functools import partial
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
-from kvlab.caches._rows import batch_index, check_repeats
+from kvlab.caches.base import KVLayer
 from kvlab.caches.crop import crop_keep
 from kvlab.quant.fp8 import Encoded, calibrate, check_scale, decode, encode, fp8_dtype
 from kvlab.quant.rotation import check_rotation, hadamard
@@ -36,15 +36,14 @@ ATTENTION_PATHS = ("dequantize", "fused")
 COUNTS = ("key_saturated", "key_underflow", "value_saturated", "value_underflow", "elements")
 
 
-class FP8Layer(CacheLayerMixin):
+class FP8Layer(KVLayer):
     """One layer: ``keys``/``values`` ``[batch, kv_heads, tokens, head_dim]`` in FP8, ``key_scale``/``value_scale``
     ``[batch, kv_heads or 1, 1, 1]`` fp32 (``None`` for ``scale="none"``); with ``rotation="hadamard"`` the codes
     hold ``K R`` and ``V R`` (``R``: :func:`kvlab.quant.rotation.hadamard` of the head_dim, ``key_rotation`` /
     ``value_rotation`` ``[head_dim, head_dim]`` fp32, a constant of the head_dim: not sequence state, not counted in
     the bytes) and the scales are calibrated on the rotated prefill."""
 
-    is_sliding = False
-    is_compileable = False
+    cache_name = "FP8Cache"
     is_croppable = True
 
     def __init__(
@@ -191,15 +190,8 @@ class FP8Layer(CacheLayerMixin):
             return decode(codes, scale, self.dtype)
         return (decode(codes, scale, torch.float32) @ rotation.T).to(self.dtype)
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """``(kv_length, kv_offset)`` for mask creation: every stored token is attended to."""
-        return self.get_seq_length() + query_length, 0
-
     def get_seq_length(self) -> int:
         return self.keys.shape[-2] if self.is_initialized else 0
-
-    def get_max_length(self) -> int:
-        return -1
 
     def reset(self) -> None:
         """Drop the tokens, the scales and the counts (the next sequence calibrates its own)."""
@@ -218,40 +210,13 @@ class FP8Layer(CacheLayerMixin):
         if self.is_initialized:
             self.keys, self.values = self.keys[:, :, :keep], self.values[:, :, :keep]
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Reorder batch rows (beam search): codes and scales move together.
-
-        Raises:
-            TypeError: a non-integer index. ValueError: not 1-D, or a row outside the batch (nothing is changed).
-        """
-        if not self.is_initialized:
-            return
-        idx = batch_index(beam_idx, self.keys.shape[0], self.device)
+    def _select_rows(self, idx: torch.Tensor) -> None:
+        """Rows ``idx`` of the codes and their scales, moved together."""
         self.keys, self.values = self.keys.index_select(0, idx), self.values.index_select(0, idx)
         if self.key_scale is not None:
             self.key_scale = self.key_scale.index_select(0, idx)
             self.value_scale = self.value_scale.index_select(0, idx)
         self.batch_size = self.keys.shape[0]
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep only the batch rows ``indices`` (as :meth:`reorder_cache`)."""
-        self.reorder_cache(indices)
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        """Repeat each batch row ``repeats`` times (contrastive search / beam expansion).
-
-        Raises:
-            ValueError: ``repeats`` not a positive int.
-        """
-        check_repeats(repeats)
-        if self.is_initialized:
-            self.reorder_cache(torch.arange(self.batch_size).repeat_interleave(repeats))
-
-    def offload(self) -> None:  # pragma: no cover - offloading is not supported
-        raise NotImplementedError("FP8Cache does not support offloading")
-
-    def prefetch(self) -> None:  # pragma: no cover
-        raise NotImplementedError("FP8Cache does not support offloading")
 
     def nbytes_breakdown(self) -> dict[str, int]:
         """``codes`` (1 B per stored K/V element), ``scales`` (4 B each), ``total``."""

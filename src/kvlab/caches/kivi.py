@@ -23,16 +23,17 @@ from functools import partial
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
-from kvlab.caches._rows import batch_index, check_repeats
+from kvlab.cache_names import KIVI_DEFAULTS
+from kvlab.caches.base import KVLayer, check_full_attention
 from kvlab.caches.crop import crop_keep
 from kvlab.quant.kivi import KIVIConfig, KIVIState
 
 ATTENTION_PATHS = ("dequantize", "fused")
 
 
-class KIVILayer(CacheLayerMixin):
+class KIVILayer(KVLayer):
     """One layer of :class:`KIVICache`; the state is a :class:`kvlab.quant.kivi.KIVIState`.
 
     :meth:`update` takes ``[batch, kv_heads, tokens, head_dim]`` keys/values and returns the keys/values the
@@ -40,8 +41,7 @@ class KIVILayer(CacheLayerMixin):
     the full-precision residual window including the new tokens, ``[batch, kv_heads, seq_len, head_dim]``.
     """
 
-    is_sliding = False
-    is_compileable = False
+    cache_name = "KIVICache"
     # crop works at any length (assisted decoding checks this flag): exact inside the residual window; a cut into
     # the quantized prefix restores the kept part of the cut group as its dequantized values (see :meth:`crop`)
     is_croppable = True
@@ -101,17 +101,9 @@ class KIVILayer(CacheLayerMixin):
         )
         return key_window, value_window
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """``(kv_length, kv_offset)`` for mask creation: every stored token is attended to."""
-        return self.get_seq_length() + query_length, 0
-
     def get_seq_length(self) -> int:
         """Tokens stored (quantized + residual)."""
         return self.state.total_tokens
-
-    def get_max_length(self) -> int:
-        """-1: the cache grows without a maximum."""
-        return -1
 
     def reset(self) -> None:
         """Drop every stored token, keeping the settings."""
@@ -132,38 +124,14 @@ class KIVILayer(CacheLayerMixin):
         self.state.crop(keep)
         self.keys, self.values = self.state.key_residual, self.state.value_residual
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Reorder batch rows (beam search); quantized data is moved, never re-quantized.
+    def _rows(self) -> int:
+        return self.batch_size
 
-        Raises:
-            TypeError / ValueError: an index that is not 1-D integers in ``[0, batch)`` (nothing is changed).
-        """
-        if self.is_initialized:
-            self.state.index_select_batch(batch_index(beam_idx, self.batch_size, self.device))
-            self.keys, self.values = self.state.key_residual, self.state.value_residual
-            self.batch_size = self.state.key_residual.shape[0]
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep only the batch rows ``indices``."""
-        self.reorder_cache(indices)
-        self.batch_size = self.state.key_residual.shape[0] if self.is_initialized else 0
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        """Repeat each batch row ``repeats`` times (contrastive search / beam expansion).
-
-        Raises:
-            ValueError: ``repeats`` not a positive int.
-        """
-        check_repeats(repeats)
-        if self.is_initialized:
-            index = torch.arange(self.batch_size, device=self.device).repeat_interleave(repeats)
-            self.reorder_cache(index)
-
-    def offload(self) -> None:  # pragma: no cover - offloading is not supported
-        raise NotImplementedError("KIVICache does not support offloading")
-
-    def prefetch(self) -> None:  # pragma: no cover
-        raise NotImplementedError("KIVICache does not support offloading")
+    def _select_rows(self, idx: torch.Tensor) -> None:
+        """Rows ``idx`` of the quantized data and the residual window (moved, never re-quantized)."""
+        self.state.index_select_batch(idx)
+        self.keys, self.values = self.state.key_residual, self.state.value_residual
+        self.batch_size = self.state.key_residual.shape[0]
 
 
 def _width(nbits: int | None, key_bits: int | None, value_bits: int | None) -> int:
@@ -210,8 +178,8 @@ class KIVICache(Cache):
     def __init__(
         self,
         nbits: int | None = None,
-        group_size: int = 32,
-        residual_length: int = 128,
+        group_size: int = KIVI_DEFAULTS.group_size,
+        residual_length: int = KIVI_DEFAULTS.residual_length,
         block_tokens: int | None = None,
         config: Any = None,
         attention: str = "dequantize",
@@ -238,14 +206,11 @@ class KIVICache(Cache):
         if config is not None:
             from kvlab.caches.rope import model_text_config
 
+            n_layers = check_full_attention(config, "KIVICache")
             text = model_text_config(config)
-            layer_types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
-            bad = sorted(set(layer_types) - {"full_attention"})
-            if bad:
-                raise ValueError(f"KIVICache supports full-attention layers only; the model has {bad}")
             head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
             self.kivi_config.check_head_dim(head_dim)
-            super().__init__(layers=[KIVILayer(self.kivi_config, attention) for _ in layer_types])
+            super().__init__(layers=[KIVILayer(self.kivi_config, attention) for _ in range(n_layers)])
         else:
             super().__init__(layer_class_to_replicate=partial(KIVILayer, self.kivi_config, attention))
 

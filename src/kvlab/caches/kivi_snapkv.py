@@ -23,9 +23,11 @@ from typing import Any
 
 import torch
 
+from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.caches.crop import crop_keep
 from kvlab.caches.kivi import KIVICache, KIVILayer
-from kvlab.caches.snapkv import SnapKVConfig, _not_enabled, _Observer, keep_indices, snapkv_scores
+from kvlab.caches.scorer import QueryScoredCache, not_enabled, request_queries
+from kvlab.caches.snapkv import SnapKVConfig, snapkv_keep
 
 
 class KIVISnapKVLayer(KIVILayer):
@@ -50,19 +52,17 @@ class KIVISnapKVLayer(KIVILayer):
             RuntimeError: the previous prefill's queries never arrived. ValueError: as :meth:`KIVILayer.update`.
         """
         if self.pending:
-            raise _not_enabled(self)
+            raise not_enabled(self)
         tokens = key_states.shape[-2]
         if not self.compressed:
             self.compressed = True
             if self.snap.kept_tokens(tokens) < tokens:
-                from kvlab.attention.interface import observers
-
                 self.state._check(key_states, value_states)
                 if not self.is_initialized:
                     self.lazy_initialization(key_states, value_states)
-                self.prompt, self.pending = (key_states, value_states), True
+                self.prompt = (key_states, value_states)
                 self.seen_tokens += tokens
-                observers()[kwargs.get("kvlab_layer_idx")] = _Observer(self, key_states)
+                request_queries(self, key_states, kwargs.get("kvlab_layer_idx"))
                 return key_states, value_states
         self.seen_tokens += tokens
         return super().update(key_states, value_states, *args, **kwargs)
@@ -70,10 +70,10 @@ class KIVISnapKVLayer(KIVILayer):
     def observe(self, query: torch.Tensor, scale: float) -> None:
         """Score the held prompt with ``query [B, Hq, prompt, D]``, keep the best tokens per KV head, quantize those."""
         keys, values = self.prompt
-        tokens, c = keys.shape[-2], self.snap
-        kept, w = c.kept_tokens(tokens), min(c.window_size, query.shape[-2])
-        scores = snapkv_scores(query[..., -w:, :], keys, scale, c.kernel_size, c.pooling)
-        idx = keep_indices(scores, kept, w)[..., None].expand(-1, -1, -1, keys.shape[-1])  # [B, H, kept, D]
+        tokens, kept = keys.shape[-2], self.snap.kept_tokens(keys.shape[-2])
+        idx = snapkv_keep(query, keys, self.snap, scale)[..., None].expand(
+            -1, -1, -1, keys.shape[-1]
+        )  # [B, H, kept, D]
         self.state.append(keys.gather(2, idx), values.gather(2, idx))  # the kept tokens, quantized once
         self.keys, self.values = self.state.key_residual, self.state.value_residual
         self.evicted_tokens += tokens - kept
@@ -111,7 +111,7 @@ class KIVISnapKVLayer(KIVILayer):
         self.seen_tokens = self.state.total_tokens
 
 
-class KIVISnapKVCache(KIVICache):
+class KIVISnapKVCache(QueryScoredCache, KIVICache):
     """KIVI quantization (keys per-channel, values per-token, residual window) over a SnapKV-compressed prompt.
 
     Args:
@@ -125,15 +125,11 @@ class KIVISnapKVCache(KIVICache):
     Source: SnapKV (arXiv:2404.14469) §4 then KIVI (arXiv:2402.02750) §3.
     """
 
-    needs_own_prefill = (
-        True  # the prefill scores the prompt with the model's queries: a copied prefill cannot
-    )
-
     def __init__(
         self,
         nbits: int | None = None,
-        group_size: int = 32,
-        residual_length: int = 128,
+        group_size: int = KIVI_DEFAULTS.group_size,
+        residual_length: int = KIVI_DEFAULTS.residual_length,
         compression_ratio: float | None = None,
         token_budget: int | None = None,
         window_size: int = 32,
@@ -164,20 +160,6 @@ class KIVISnapKVCache(KIVICache):
         else:
             self.layers = [make() for _ in self.layers]
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """``KIVICache.update``, refusing a model whose attention never delivered the previous layer's queries.
-
-        Raises:
-            RuntimeError: no kvlab attention; as :meth:`KIVICache.update`.
-        """
-        if 0 < layer_idx <= len(self.layers) and self.layers[layer_idx - 1].pending:
-            from kvlab.attention.interface import observers
-
-            observers().pop(layer_idx - 1, None)
-            raise _not_enabled(self)
-        kwargs["kvlab_layer_idx"] = layer_idx
-        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
-
     def load(self, states) -> None:
         """Not available: the prompt is scored with the model's queries, so it needs a real prefill.
 
@@ -187,16 +169,6 @@ class KIVISnapKVCache(KIVICache):
         raise NotImplementedError(
             "KIVISnapKVCache needs a real prefill (its scores need the prompt's queries)"
         )
-
-    def evicted_tokens(self, layer_idx: int = 0) -> int:
-        """Prompt tokens dropped per KV head in layer ``layer_idx``."""
-        return self.layers[layer_idx].evicted_tokens if layer_idx < len(self.layers) else 0
-
-    def crop(self, tokens_to_remove: int) -> None:
-        """transformers' ``crop`` (see :meth:`KIVISnapKVLayer.crop`)."""
-        crop_keep(tokens_to_remove, 0)
-        for layer in self.layers:
-            layer.crop(tokens_to_remove)
 
     def __repr__(self) -> str:
         return f"{super().__repr__()[:-1]}, snapkv={self.snapkv_config})".replace(

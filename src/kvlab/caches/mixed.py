@@ -28,7 +28,9 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.caches._rows import batch_index, check_repeats
+from kvlab.caches.base import check_full_attention
 from kvlab.caches.crop import crop_keep
 from kvlab.caches.fp8 import FP8Layer
 from kvlab.caches.kivi import KIVILayer
@@ -126,19 +128,22 @@ class MixedCache(Cache):
     (arXiv:2401.18079) and KVTuner for precision chosen per layer; docs/MIXED.md for how kvlab chooses it.
     """
 
-    def __init__(self, plan: Mapping, config: Any = None, group_size: int = 32, residual_length: int = 128):
+    def __init__(
+        self,
+        plan: Mapping,
+        config: Any = None,
+        group_size: int = KIVI_DEFAULTS.group_size,
+        residual_length: int = KIVI_DEFAULTS.residual_length,
+    ):
         if config is None:
             raise ValueError(
                 "MixedCache needs the model config (model.config): a plan's formats are per layer"
             )
         from kvlab.caches.rope import model_text_config
 
+        n_layers = check_full_attention(config, "MixedCache")
         text = model_text_config(config)
-        layer_types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
-        bad = sorted(set(layer_types) - {"full_attention"})
-        if bad:
-            raise ValueError(f"MixedCache supports full-attention layers only; the model has {bad}")
-        self.formats = layer_formats(plan, len(layer_types))
+        self.formats = layer_formats(plan, n_layers)
         self.group_size, self.residual_length = group_size, residual_length
         layers = [_layer(k, v, group_size, residual_length) for k, v in self.formats]
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads

@@ -25,21 +25,21 @@ from functools import partial
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
 from kvlab.caches._rows import batch_index, check_kv_pair, check_repeats
+from kvlab.caches.base import KVLayer, check_full_attention
 from kvlab.caches.crop import crop_keep
 from kvlab.paging import BlockPool, BlockTable
 
 
-class PagedLayer(CacheLayerMixin):
+class PagedLayer(KVLayer):
     """One layer of :class:`PagedCache`: K and V pools ``[num_blocks, block_size, kv_heads, head_dim]``.
 
     ``keys``/``values`` are the pools themselves (physical storage), not per-sequence views.
     """
 
-    is_sliding = False
-    is_compileable = False
+    cache_name = "PagedCache"
     is_croppable = True
 
     def __init__(self, cache: PagedCache, **kwargs: Any):
@@ -135,17 +135,9 @@ class PagedLayer(CacheLayerMixin):
         gathered = pool[table].flatten(1, 2)[:, : self.num_tokens]
         return gathered.transpose(1, 2).contiguous()
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """``(kv_length, kv_offset)`` for mask creation: every stored token is attended to."""
-        return self.num_tokens + query_length, 0
-
     def get_seq_length(self) -> int:
         """Tokens stored per batch row."""
         return self.num_tokens
-
-    def get_max_length(self) -> int:
-        """-1: the pool grows without a maximum (unless the cache caps it)."""
-        return -1
 
     def reset(self) -> None:
         """Forget every token (the pools stay allocated for reuse)."""
@@ -157,12 +149,6 @@ class PagedLayer(CacheLayerMixin):
 
     def crop(self, tokens_to_remove: int) -> None:  # pragma: no cover - PagedCache dispatches
         raise NotImplementedError("call PagedCache.crop: block tables are shared by all layers")
-
-    def offload(self) -> None:  # pragma: no cover - offloading is not supported
-        raise NotImplementedError("PagedCache does not support offloading")
-
-    def prefetch(self) -> None:  # pragma: no cover
-        raise NotImplementedError("PagedCache does not support offloading")
 
 
 class PagedCache(Cache):
@@ -205,14 +191,8 @@ class PagedCache(Cache):
         self._tables: dict[torch.device, tuple[int, torch.Tensor]] = {}
         self._slots: dict[torch.device, tuple[tuple[int, int, int], torch.Tensor]] = {}
         if config is not None:
-            from kvlab.caches.rope import model_text_config
-
-            text = model_text_config(config)
-            layer_types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
-            bad = sorted(set(layer_types) - {"full_attention"})
-            if bad:
-                raise ValueError(f"PagedCache supports full-attention layers only; the model has {bad}")
-            super().__init__(layers=[PagedLayer(self) for _ in layer_types])
+            n_layers = check_full_attention(config, "PagedCache")
+            super().__init__(layers=[PagedLayer(self) for _ in range(n_layers)])
         else:
             super().__init__(layer_class_to_replicate=partial(PagedLayer, self))
 

@@ -285,6 +285,7 @@ def _kivi(model_config: Any, name: CacheName, s: Any) -> Any:
         group_size=s.group_size,
         residual_length=s.residual_length,
         attention=_kivi_attention(name, s),
+        config=model_config,  # refuses a model that is not all full attention (None: layers made on first use)
     )
 
 

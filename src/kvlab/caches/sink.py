@@ -50,36 +50,16 @@ from functools import partial
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
-from kvlab.caches._rows import batch_index, check_kv_pair, check_repeats
+from kvlab.caches._rows import check_kv_pair
+from kvlab.caches.base import KVLayer, check_full_attention
 from kvlab.caches.crop import crop_keep
-from kvlab.caches.rope import KeyRotation, model_text_config
+from kvlab.caches.rope import KeyRotation
+from kvlab.runtime.checks import check_int
 
 
-def _check_count(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}")
-
-
-def check_full_attention(config: Any, cache_name: str) -> int:
-    """Refuse a model with any layer that is not full attention; return its number of layers.
-
-    Raises:
-        ValueError: a sliding-window (or other non-full-attention) layer type, named with the cache; ``config``
-            not a model config (:func:`kvlab.caches.rope.model_text_config`).
-    """
-    text = model_text_config(config)
-    layer_types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
-    bad = sorted(set(layer_types) - {"full_attention"})
-    if not bad and getattr(text, "use_sliding_window", False) and getattr(text, "sliding_window", None):
-        bad = [f"sliding_window={text.sliding_window}"]
-    if bad:
-        raise ValueError(f"{cache_name} supports full-attention layers only; the model has {bad}")
-    return len(layer_types)
-
-
-class SinkLayer(CacheLayerMixin):
+class SinkLayer(KVLayer):
     """One layer of :class:`SinkCache`.
 
     State: ``sink_keys``/``sink_values`` ``[batch, kv_heads, <= num_sink_tokens, head_dim]`` (keys rotated at their
@@ -87,8 +67,7 @@ class SinkLayer(CacheLayerMixin):
     newest tokens, keys as the model rotated them), ``seen_tokens`` (every token received) and ``evicted_tokens``.
     """
 
-    is_sliding = False
-    is_compileable = False
+    cache_name = "SinkCache"
     is_croppable = False  # only while nothing was evicted; assisted decoding checks this flag up front
 
     def __init__(self, num_sink_tokens: int, window_length: int, rotation: KeyRotation | None, **kwargs: Any):
@@ -201,35 +180,13 @@ class SinkLayer(CacheLayerMixin):
         self.keys, self.values = self.keys[..., : keep - sinks, :], self.values[..., : keep - sinks, :]
         self.seen_tokens = keep
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Reorder batch rows (beam search).
-
-        Raises:
-            TypeError: a non-integer index. ValueError: not 1-D, or a row outside the batch (nothing is changed).
-        """
-        if self.is_initialized:
-            idx = batch_index(beam_idx, self.keys.shape[0], self.keys.device)
-            self.sink_keys, self.sink_values = (
-                self.sink_keys.index_select(0, idx),
-                self.sink_values.index_select(0, idx),
-            )
-            self.keys, self.values = self.keys.index_select(0, idx), self.values.index_select(0, idx)
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep only the batch rows ``indices``."""
-        self.reorder_cache(indices)
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        """Repeat each batch row ``repeats`` times (contrastive search / beam expansion).
-
-        Raises:
-            ValueError: ``repeats`` not a positive int (0 would drop every row).
-        """
-        check_repeats(repeats)
-        if self.is_initialized:
-            self.reorder_cache(
-                torch.arange(self.keys.shape[0], device=self.keys.device).repeat_interleave(repeats)
-            )
+    def _select_rows(self, idx: torch.Tensor) -> None:
+        """Rows ``idx`` of the sinks and the window."""
+        self.sink_keys, self.sink_values = (
+            self.sink_keys.index_select(0, idx),
+            self.sink_values.index_select(0, idx),
+        )
+        self.keys, self.values = self.keys.index_select(0, idx), self.values.index_select(0, idx)
 
     def nbytes(self) -> int:
         """Bytes of the stored sinks and window (keys and values)."""
@@ -238,12 +195,6 @@ class SinkLayer(CacheLayerMixin):
         return sum(
             t.numel() * t.element_size() for t in (self.sink_keys, self.sink_values, self.keys, self.values)
         )
-
-    def offload(self) -> None:  # pragma: no cover - offloading is not supported
-        raise NotImplementedError("SinkCache does not support offloading")
-
-    def prefetch(self) -> None:  # pragma: no cover
-        raise NotImplementedError("SinkCache does not support offloading")
 
 
 class SinkCache(Cache):
@@ -266,8 +217,8 @@ class SinkCache(Cache):
     """
 
     def __init__(self, num_sink_tokens: int = 4, window_length: int = 256, config: Any = None):
-        _check_count("num_sink_tokens", num_sink_tokens, 0)
-        _check_count("window_length", window_length, 1)
+        check_int("num_sink_tokens", num_sink_tokens, 0)
+        check_int("window_length", window_length, 1)
         self.num_sink_tokens, self.window_length = num_sink_tokens, window_length
         rotation = None
         if config is not None:

@@ -39,10 +39,10 @@ from functools import partial
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
-from kvlab.caches._rows import batch_index, check_kv_pair, check_repeats
-from kvlab.caches.crop import crop_keep
+from kvlab.caches.base import check_full_attention
+from kvlab.caches.scorer import ScorerCache, ScorerLayer
 
 POOLING = ("max", "avg")
 
@@ -159,165 +159,37 @@ def keep_indices(scores: torch.Tensor, kept: int, window: int) -> torch.Tensor:
     return torch.cat((top, tail), dim=-1)
 
 
-class SnapKVLayer(CacheLayerMixin):
+def snapkv_keep(query: torch.Tensor, keys: torch.Tensor, config: SnapKVConfig, scale: float) -> torch.Tensor:
+    """The prompt tokens SnapKV keeps per KV head: ``[batch, kv_heads, kept]`` ascending indices, from the
+    prompt's queries ``[B, Hq, prompt, D]`` and keys ``[B, H, prompt, D]`` (:func:`snapkv_scores`,
+    :func:`keep_indices`; ``kept`` = :meth:`SnapKVConfig.kept_tokens`)."""
+    kept, w = config.kept_tokens(keys.shape[-2]), min(config.window_size, query.shape[-2])
+    scores = snapkv_scores(query[..., -w:, :], keys, scale, config.kernel_size, config.pooling)
+    return keep_indices(scores, kept, w)
+
+
+class SnapKVLayer(ScorerLayer):
     """One layer of :class:`SnapKVCache`: ``keys``/``values`` ``[batch, kv_heads, tokens, head_dim]``; after the
     prefill, ``tokens`` is the prompt's kept tokens (each KV head its own) plus the decoded ones."""
 
-    is_sliding = False
-    is_compileable = False
-    is_croppable = False
-    cache_name = "SnapKVCache"  # named in errors (TOVALayer: TOVACache)
+    cache_name = "SnapKVCache"  # named in errors
 
-    def __init__(self, config: SnapKVConfig, **kwargs: Any):
-        super().__init__(**kwargs)
-        self.config = config
-        self.seen_tokens = 0  # tokens received (the next token's position)
-        self.evicted_tokens = 0  # prompt tokens dropped per KV head
-        self.pending = False  # the prefill's queries are awaited from kvlab attention
-        self.compressed = False  # the prompt has been handled (compressed, or too short to compress)
+    def _wants_query(self) -> bool:
+        """Only the prompt (the first forward) is scored, when it holds more tokens than SnapKV keeps."""
+        if self.compressed:
+            return False
+        self.compressed = True
+        return self.config.kept_tokens(self.keys.shape[-2]) < self.keys.shape[-2]
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.dtype, self.device = key_states.dtype, key_states.device
-        self.keys, self.values = key_states[..., :0, :], value_states[..., :0, :]
-        self.is_initialized = True
+    def _kept(self, tokens: int) -> int:
+        return self.config.kept_tokens(tokens)
 
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ``[B, H, t, D]`` states and return every stored token's K/V (this step attends to all of them).
-        The first update (the prefill) asks kvlab attention for its queries; the prompt is compressed when they
-        arrive (:meth:`observe`), right after this step's attention.
-
-        Raises:
-            ValueError: keys/values that are not 4-D or differ in batch, heads or tokens (both shapes named).
-            RuntimeError: the previous prefill's queries never arrived (the model does not run kvlab attention).
-        """
-        check_kv_pair(key_states, value_states)
-        if self.pending:
-            raise _not_enabled(self)
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        self.keys = torch.cat((self.keys, key_states), dim=-2)
-        self.values = torch.cat((self.values, value_states), dim=-2)
-        self.seen_tokens += key_states.shape[-2]
-        if not self.compressed:
-            self.compressed = True  # only the prompt (the first forward) is compressed
-            if self.config.kept_tokens(self.keys.shape[-2]) < self.keys.shape[-2]:
-                from kvlab.attention.interface import observers
-
-                self.pending = True
-                observers()[kwargs.get("kvlab_layer_idx")] = _Observer(self, self.keys)
-        return self.keys, self.values
-
-    def observe(self, query: torch.Tensor, scale: float) -> None:
-        """Compress the prompt with the queries of its attention: ``query [B, Hq, prompt, D]``."""
-        c = self.config
-        tokens = self.keys.shape[-2]
-        kept = c.kept_tokens(tokens)
-        w = min(c.window_size, query.shape[-2])
-        scores = snapkv_scores(query[..., -w:, :], self.keys, scale, c.kernel_size, c.pooling)
-        idx = keep_indices(scores, kept, w)[..., None].expand(
-            -1, -1, -1, self.keys.shape[-1]
-        )  # [B, H, kept, D]
-        self.keys = self.keys.gather(2, idx)  # new tensors of `kept` tokens: the prompt's K/V are freed
-        self.values = self.values.gather(2, idx)
-        self.evicted_tokens += tokens - kept
-        self.pending = False
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """``(kv_length, kv_offset)``: the held tokens plus the query, ending at the model's absolute position."""
-        held = self.held_tokens()
-        return held + query_length, self.seen_tokens - held
-
-    def held_tokens(self) -> int:
-        """Tokens stored per KV head."""
-        return self.keys.shape[-2] if self.is_initialized else 0
-
-    def get_seq_length(self) -> int:
-        """Every token seen (the next token's position), not the tokens held."""
-        return self.seen_tokens
-
-    def get_max_length(self) -> int:
-        return -1
-
-    def reset(self) -> None:
-        self.keys = self.values = None
-        self.seen_tokens = self.evicted_tokens = 0
-        self.pending = self.compressed = False
-        self.is_initialized = False
-
-    def crop(self, tokens_to_remove: int) -> None:
-        """transformers' ``crop``: only ``0`` (a no-op) after compression; before it, as ``DynamicCache``.
-
-        Raises:
-            TypeError: a non-integer argument. ValueError: a crop after tokens were evicted.
-        """
-        keep = crop_keep(tokens_to_remove, self.seen_tokens)
-        if keep == self.seen_tokens or not self.is_initialized:
-            return
-        if self.evicted_tokens:
-            raise ValueError(
-                f"{self.cache_name} cannot crop to {keep} tokens after evicting {self.evicted_tokens}"
-            )
-        self.keys, self.values = self.keys[..., :keep, :], self.values[..., :keep, :]
-        self.seen_tokens = keep
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Rows become ``beam_idx`` of the old rows (beam search): each row's kept tokens move with it.
-
-        Raises:
-            TypeError: a non-integer index. ValueError: not 1-D, or a row outside the batch (nothing is changed).
-        """
-        if self.is_initialized:
-            idx = batch_index(beam_idx, self.keys.shape[0], self.keys.device)
-            self.keys, self.values = self.keys.index_select(0, idx), self.values.index_select(0, idx)
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep only the batch rows ``indices`` (as :meth:`reorder_cache`)."""
-        self.reorder_cache(indices)
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        """Repeat each batch row ``repeats`` times (beam search, ``num_return_sequences``): ``[B, H, T, D]`` ->
-        ``[B * repeats, H, T, D]``, each copy holding its row's kept tokens (token counts are shared by the rows).
-
-        Raises:
-            ValueError: ``repeats`` not a positive int.
-        """
-        check_repeats(repeats)
-        if self.is_initialized:
-            self.reorder_cache(
-                torch.arange(self.keys.shape[0], device=self.keys.device).repeat_interleave(repeats)
-            )
-
-    def nbytes(self) -> int:
-        """Bytes of the stored keys and values."""
-        if not self.is_initialized:
-            return 0
-        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+    def keep(self, query: torch.Tensor, scale: float, kept: int) -> torch.Tensor:
+        """SnapKV's choice per KV head (:func:`snapkv_keep`): ``[B, H, kept]``."""
+        return snapkv_keep(query, self.keys, self.config, scale)
 
 
-@dataclass
-class _Observer:
-    """A prefill's request for its queries, read by :func:`kvlab.attention.interface.kvlab_attention_forward`."""
-
-    layer: SnapKVLayer
-    key: torch.Tensor  # the keys the cache returned for this step: the request belongs to that call only
-
-    def __call__(self, query: torch.Tensor, key: torch.Tensor, scale: float | None) -> None:
-        if key is self.key or (key.shape == self.key.shape and key.data_ptr() == self.key.data_ptr()):
-            self.layer.observe(query, scale if scale is not None else query.shape[-1] ** -0.5)
-
-
-def _not_enabled(owner: object) -> RuntimeError:
-    """The error of a query-scored cache (``owner``: the cache or one of its layers) whose queries never came."""
-    name = type(owner).__name__.replace("Layer", "Cache")
-    return RuntimeError(
-        f"{name} needs kvlab attention on the model (kvlab.attention.enable(model)): the queries it scores tokens "
-        "with never reached the cache, so nothing was evicted"
-    )
-
-
-class SnapKVCache(Cache):
+class SnapKVCache(ScorerCache, Cache):
     """SnapKV: the prompt's K/V compressed once, after the prefill, per KV head; decoding appends.
 
     Args:
@@ -334,9 +206,6 @@ class SnapKVCache(Cache):
     """
 
     keeps_window = True  # SnapKV always keeps the observation window: a smaller token_budget is refused
-    needs_own_prefill = (
-        True  # its prefill scores the prompt with the model's queries: a copied prefill cannot
-    )
 
     def __init__(
         self,
@@ -351,24 +220,8 @@ class SnapKVCache(Cache):
         if self.keeps_window:
             self.snapkv_config.check_budget_covers_window()
         if config is not None:
-            from kvlab.caches.sink import check_full_attention
-
             check_full_attention(config, "SnapKVCache")
         super().__init__(layer_class_to_replicate=partial(SnapKVLayer, self.snapkv_config))
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """``Cache.update``, passing ``layer_idx`` to the layer (it names its request for the queries).
-
-        Raises:
-            RuntimeError: the previous layer's prefill queries never arrived (no kvlab attention).
-        """
-        if 0 < layer_idx <= len(self.layers) and self.layers[layer_idx - 1].pending:
-            from kvlab.attention.interface import observers
-
-            observers().pop(layer_idx - 1, None)
-            raise _not_enabled(self)
-        kwargs["kvlab_layer_idx"] = layer_idx
-        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     def __repr__(self) -> str:
         c = self.snapkv_config
@@ -378,30 +231,3 @@ class SnapKVCache(Cache):
             else f"token_budget={c.token_budget}"
         )
         return f"SnapKVCache({what}, window_size={c.window_size})"
-
-    def held_tokens(self, layer_idx: int = 0) -> int:
-        """Tokens stored per KV head in layer ``layer_idx``."""
-        return self.layers[layer_idx].held_tokens() if layer_idx < len(self.layers) else 0
-
-    def evicted_tokens(self, layer_idx: int = 0) -> int:
-        """Prompt tokens dropped per KV head in layer ``layer_idx``."""
-        return self.layers[layer_idx].evicted_tokens if layer_idx < len(self.layers) else 0
-
-    def nbytes(self) -> int:
-        """Exact bytes of the stored keys and values, all layers."""
-        return sum(layer.nbytes() for layer in self.layers)
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        """Repeat each batch row ``repeats`` times in every layer (see :meth:`SnapKVLayer.batch_repeat_interleave`).
-
-        Raises:
-            ValueError: ``repeats`` not a positive int (also before any layer exists).
-        """
-        check_repeats(repeats)
-        super().batch_repeat_interleave(repeats)
-
-    def crop(self, tokens_to_remove: int) -> None:
-        """transformers' ``crop`` (see :meth:`SnapKVLayer.crop`)."""
-        crop_keep(tokens_to_remove, 0)
-        for layer in self.layers:
-            layer.crop(tokens_to_remove)

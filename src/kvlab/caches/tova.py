@@ -6,8 +6,8 @@ heads). kvlab applies it after every forward: the prefill (scored by the prompt'
 at once) and each decoded token (one token dropped once the cap is reached). The cap is a fixed ``token_budget``
 (TOVA's multi-state size) or ``seen - int(seen * compression_ratio)`` tokens.
 
-The query comes from kvlab attention (:func:`kvlab.attention.interface.observers`), as for
-:class:`~kvlab.caches.snapkv.SnapKVCache`; kept tokens keep their original positions; rows must be unpadded.
+The query comes from kvlab attention (:func:`kvlab.attention.interface.observers`) through
+:class:`~kvlab.caches.scorer.ScorerLayer`, as for :class:`~kvlab.caches.snapkv.SnapKVCache`; kept tokens keep their original positions; rows must be unpadded.
 
 Usage::
 
@@ -22,9 +22,11 @@ from functools import partial
 from typing import Any
 
 import torch
+from transformers.cache_utils import Cache
 
-from kvlab.caches._rows import check_kv_pair
-from kvlab.caches.snapkv import SnapKVCache, SnapKVLayer, _not_enabled, _Observer
+from kvlab.caches.base import check_full_attention
+from kvlab.caches.scorer import ScorerCache, ScorerLayer
+from kvlab.caches.snapkv import SnapKVConfig
 
 
 def tova_scores(query: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor:
@@ -46,7 +48,7 @@ def tova_scores(query: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.
     return weights[:, :, 0].mean(dim=1)  # [B, T]
 
 
-class TOVALayer(SnapKVLayer):
+class TOVALayer(ScorerLayer):
     """One layer of :class:`TOVACache`: ``keys``/``values`` ``[batch, kv_heads, <= cap, head_dim]`` between steps."""
 
     cache_name = "TOVACache"
@@ -58,47 +60,20 @@ class TOVALayer(SnapKVLayer):
             return c.token_budget
         return self.seen_tokens - int(self.seen_tokens * c.compression_ratio)
 
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ``[B, H, t, D]`` states, return every held token's K/V; ask kvlab attention for this step's
-        queries when the cache will be over its cap.
+    def _wants_query(self) -> bool:
+        """Every step that leaves the layer over its cap is scored."""
+        return self.keys.shape[-2] > self.cap()
 
-        Raises:
-            ValueError: keys/values that are not 4-D or differ in batch, heads or tokens (both shapes named).
-            RuntimeError: the previous step's queries never arrived (no kvlab attention).
-        """
-        check_kv_pair(key_states, value_states)
-        if self.pending:
-            raise _not_enabled(self)
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        self.keys = torch.cat((self.keys, key_states), dim=-2)
-        self.values = torch.cat((self.values, value_states), dim=-2)
-        self.seen_tokens += key_states.shape[-2]
-        if self.keys.shape[-2] > self.cap():
-            from kvlab.attention.interface import observers
+    def _kept(self, tokens: int) -> int:
+        return self.cap()
 
-            self.pending = True
-            observers()[kwargs.get("kvlab_layer_idx")] = _Observer(self, self.keys)
-        return self.keys, self.values
-
-    def observe(self, query: torch.Tensor, scale: float) -> None:
-        """Drop the held tokens the current query attends to least, down to :meth:`cap`."""
-        kept = self.cap()
+    def keep(self, query: torch.Tensor, scale: float, kept: int) -> torch.Tensor:
+        """The held tokens the current query attends to most: ``[B, 1, kept]``, the same for every KV head."""
         scores = tova_scores(query, self.keys, scale)  # [B, T]
-        keep = scores.topk(kept, dim=-1).indices.sort(dim=-1).values  # [B, kept], positions in order
-        b, h, _, d = self.keys.shape
-        idx = keep[:, None, :, None].expand(b, h, kept, d)  # the same tokens for every KV head of the layer
-        self.evicted_tokens += self.keys.shape[-2] - kept
-        self.keys, self.values = (
-            self.keys.gather(2, idx),
-            self.values.gather(2, idx),
-        )  # new tensors: bytes freed
-        self.pending = False
+        return scores.topk(kept, dim=-1).indices.sort(dim=-1).values[:, None]  # positions in order
 
 
-class TOVACache(SnapKVCache):
+class TOVACache(ScorerCache, Cache):
     """TOVA: after every step, the tokens the current query attends to least are dropped down to a cap.
 
     Args:
@@ -111,16 +86,17 @@ class TOVACache(SnapKVCache):
             below 1 (named); a sliding-window model.
         RuntimeError: a model not running :func:`kvlab.attention.enable` (at the next layer's update).
 
-    Source: TOVA (arXiv:2401.06104) §3; layout after kvpress (one method per file).
+    Source: TOVA (arXiv:2401.06104) section 3; layout after kvpress (one method per file).
     """
-
-    keeps_window = False  # no observation window: any budget >= 1 is held as given
 
     def __init__(
         self, token_budget: int | None = None, compression_ratio: float | None = None, config: Any = None
     ):
-        super().__init__(compression_ratio=compression_ratio, token_budget=token_budget, config=config)
-        self.layer_class_to_replicate = partial(TOVALayer, self.snapkv_config)
+        # the budget's checks are SnapKV's (one of ratio / budget); TOVA has no observation window to cover
+        self.snapkv_config = SnapKVConfig(compression_ratio=compression_ratio, token_budget=token_budget)
+        if config is not None:
+            check_full_attention(config, "TOVACache")
+        super().__init__(layer_class_to_replicate=partial(TOVALayer, self.snapkv_config))
 
     def __repr__(self) -> str:
         c = self.snapkv_config

@@ -66,7 +66,7 @@ def test_mismatched_shapes_are_named(threads, what):
     "nbits,group,msg",
     [
         (3, G, r"`nbits` must be one of \[2, 4, 8\], got 3"),
-        (NBITS, 0, r"`group_size` must be a positive integer, got 0"),
+        (NBITS, 0, r"`group_size` must be an int >= 1, got 0"),
         (2, G, r"segment 0 .*nbits 2"),
         (8, G, r"segment 0 .*nbits 8"),
         (NBITS, 4, r"segment 0 .*group_size 4"),

@@ -95,7 +95,7 @@ def test_group_size_checked_at_construction_with_config():
     [
         ({"nbits": 3}, r"`nbits` must be one of \[2, 4, 8\], got 3"),
         ({"residual_length": 100}, r"`residual_length` \(100\) must be a multiple of `group_size` \(32\)"),
-        ({"group_size": 0}, r"`group_size` must be a positive integer, got 0"),
+        ({"group_size": 0}, r"`group_size` must be an int >= 1, got 0"),
     ],
 )
 def test_bad_settings_fail_at_construction(kwargs, msg):
