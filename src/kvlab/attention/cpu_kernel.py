@@ -23,7 +23,7 @@ is compiled on
 ``import kvlab``. Where it cannot be built or loaded (no compiler, a failed build) or ``KVLAB_CPU_KERNEL=0``,
 :func:`unavailable_reason` says why and ``kivi_attention(backend="auto")`` keeps the torch path.
 
-Source: KIVI (arXiv:2402.02750) §3.3 (dequantization fused into the attention kernel).
+Source: KIVI (arXiv:2402.02750) section 3.3 (dequantization fused into the attention kernel).
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ Backends: this module's pure-torch path runs anywhere; on the CPU, decode-sized 
 first use, torch when it cannot be built); on CUDA, the quantized blocks go to the Triton kernel
 (:mod:`kvlab.attention.triton_kivi`) when it can run. ``kivi_attention(backend=...)`` picks one explicitly.
 
-Sources: KIVI (arXiv:2402.02750) §3.3 (fused dequantization into the matmul), FlashAttention/FlashDecoding online
-softmax (arXiv:2205.14135 §3.1).
+Sources: KIVI (arXiv:2402.02750) section 3.3 (fused dequantization into the matmul), FlashAttention/FlashDecoding online
+softmax (arXiv:2205.14135 section 3.1).
 """
 
 from __future__ import annotations
@@ -495,7 +495,7 @@ def _online(
     qg, segments, key_window, value_window, nbits, group_size, attention_mask, causal, g, q_len, use_triton
 ) -> torch.Tensor:
     """Online softmax (running max, sum, rescaled accumulator) over the quantized blocks chunk by chunk, then
-    the window; ``qg`` ``[B, Hkv, m, D]`` scaled rows -> ``[B, Hkv, m, D]`` fp32 (FlashAttention §3.1)."""
+    the window; ``qg`` ``[B, Hkv, m, D]`` scaled rows -> ``[B, Hkv, m, D]`` fp32 (FlashAttention section 3.1)."""
     b, hkv, m, d = qg.shape
     quantized = sum(seg.tokens for seg in segments)
     total = quantized + key_window.shape[2]

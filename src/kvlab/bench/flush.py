@@ -2,7 +2,7 @@
 
 A *flushing append* is the single-token append after which a quantized cache moves tokens out of its
 full-precision residual window. :class:`kvlab.quant.kivi.KIVIState` quantizes only the ``G``-token chunk that
-overflows and writes it into a block that is never moved (KIVI arXiv:2402.02750 §3.3, Algorithm 1), so its cost is
+overflows and writes it into a block that is never moved (KIVI arXiv:2402.02750 section 3.3, Algorithm 1), so its cost is
 O(new tokens) and must stay flat as the history grows. transformers' ``QuantizedLayer`` (HQQ/quanto) instead
 dequantizes the whole history, concatenates it with the residual and re-quantizes all of it, O(history); it is
 timed alongside for contrast when its backend is installed.

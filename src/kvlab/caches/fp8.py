@@ -263,7 +263,7 @@ class FP8Cache(Cache):
 
     Source: the mechanics chapter's FP8 section (e4m3 vs e5m2 range and precision); vLLM's FP8 KV cache
     (``k_scale``/``v_scale``, 1.0 unless calibrated); OCP 8-bit floating point specification (the two formats);
-    QuaRot (arXiv:2404.00456, §4.2) for the rotation.
+    QuaRot (arXiv:2404.00456, section 4.2) for the rotation.
     """
 
     def __init__(

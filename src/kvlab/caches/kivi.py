@@ -172,7 +172,7 @@ class KIVICache(Cache):
             not a multiple of 8; at the first update, a head_dim that ``group_size`` does not divide (e.g.
             head_dim 96 with G 64).
 
-    Source: KIVI (arXiv:2402.02750) §3; the quantization chapter, Steps 2-4.
+    Source: KIVI (arXiv:2402.02750) section 3.
     """
 
     def __init__(
@@ -332,7 +332,7 @@ class KIVICache(Cache):
         Raises:
             TypeError: ``tokens_to_remove`` not an integer (nothing is changed).
 
-        Source: transformers ``Cache.crop`` / ``DynamicLayer.crop``; KIVI (arXiv:2402.02750) §3.2 for the groups.
+        Source: transformers ``Cache.crop`` / ``DynamicLayer.crop``; KIVI (arXiv:2402.02750) section 3.2 for the groups.
         """
         crop_keep(tokens_to_remove, 0)  # refuse a bad argument before any layer changes
         for layer in self.layers:

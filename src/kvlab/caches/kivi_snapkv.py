@@ -1,9 +1,9 @@
 """``KIVISnapKVCache``: SnapKV prefill compression composed with KIVI quantization, each kept token quantized once.
 
 The prompt's float K/V are held for one step: the prefill attends to them as any KIVI prefill does (float K/V,
-nothing quantized yet), kvlab attention then hands each layer the prefill's queries, SnapKV (arXiv:2404.14469 §4,
+nothing quantized yet), kvlab attention then hands each layer the prefill's queries, SnapKV (arXiv:2404.14469 section 4,
 :func:`kvlab.caches.snapkv.snapkv_scores`) picks the tokens each KV head keeps, and only those enter the KIVI state
-(KIVI, arXiv:2402.02750 §3): the kept tokens are quantized exactly once, in their first and only flush, and the
+(KIVI, arXiv:2402.02750 section 3): the kept tokens are quantized exactly once, in their first and only flush, and the
 dropped ones are never quantized at all. Evicting *before* quantizing is what keeps "each token quantized once": a
 token dropped from a packed key group (per-channel over ``G`` tokens) would otherwise force its group to be
 re-quantized. Decoding then runs KIVI unchanged (residual window, flushes, the fused path included).
@@ -122,7 +122,7 @@ class KIVISnapKVCache(QueryScoredCache, KIVICache):
         ValueError: as :class:`KIVICache` and :class:`~kvlab.caches.snapkv.SnapKVConfig`.
         RuntimeError: a model not running :func:`kvlab.attention.enable` (at the second layer's update).
 
-    Source: SnapKV (arXiv:2404.14469) §4 then KIVI (arXiv:2402.02750) §3.
+    Source: SnapKV (arXiv:2404.14469) section 4 then KIVI (arXiv:2402.02750) section 3.
     """
 
     def __init__(

@@ -1,6 +1,6 @@
 """``PagedCache``: a transformers ``Cache`` whose K/V live in fixed-size physical blocks addressed by block tables.
 
-PagedAttention (Kwon et al., arXiv:2309.06180 §4.1-4.4) as vLLM lays it out: each layer owns one pool tensor per
+PagedAttention (Kwon et al., arXiv:2309.06180 section 4.1-4.4) as vLLM lays it out: each layer owns one pool tensor per
 K and V of shape ``[num_blocks, block_size, kv_heads, head_dim]`` (vLLM's flash-attention layout, one block per
 row), new tokens are written to the rows named by the *slot mapping* (``block_id * block_size + offset``), and a
 step reads each sequence back through its *block table*. The bookkeeping (free queue, reference counts,
@@ -164,7 +164,7 @@ class PagedCache(Cache):
     Raises:
         ValueError: ``block_size`` < 1, ``num_blocks`` > ``max_num_blocks``, or a config with other layer kinds.
 
-    Source: PagedAttention (arXiv:2309.06180) §4; vLLM v1 block pool and ``reshape_and_cache_flash`` layout.
+    Source: PagedAttention (arXiv:2309.06180) section 4; vLLM v1 block pool and ``reshape_and_cache_flash`` layout.
     """
 
     def __init__(

@@ -305,7 +305,7 @@ def _kivi_describe(name: CacheName, s: Any) -> dict:
 
 
 def _hf_axis(family: str) -> int:
-    """transformers QuantizedCache axis: HQQ needs axis 1 for K and V (the quantization chapter §5.1), quanto 0."""
+    """transformers QuantizedCache axis: HQQ needs axis 1 for K and V (HQQ's per-token grouping), quanto 0."""
     return 1 if family == "hqq" else 0
 
 
@@ -446,7 +446,7 @@ REGISTRY: dict[str, CacheEntry] = {
             _kivi,
             nbits=KIVI_NBITS,
             variants=("fused", "dequant"),
-            # keys are the sensitive half (KIVI §3: outlier channels; llama.cpp -ctk q8_0 -ctv q4_0)
+            # keys are the sensitive half (KIVI section 3: outlier channels; llama.cpp -ctk q8_0 -ctv q4_0)
             bit_pairs=((8, 4), (4, 2)),
             # compression_ratio / token_budget: SnapKV on the prompt before quantizing (kivi-4:compression_ratio=0.5)
             options=KIVISettings,

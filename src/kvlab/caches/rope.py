@@ -1,11 +1,11 @@
 """Rotating cached keys by a position offset: RoPE's rotation read from a transformers model config.
 
-RoPE (RoFormer, arXiv:2104.09864 §3.4) rotates each channel pair ``(i, i + d/2)`` of a key at position ``p`` by the
+RoPE (RoFormer, arXiv:2104.09864 section 3.4) rotates each channel pair ``(i, i + d/2)`` of a key at position ``p`` by the
 angle ``p * inv_freq[i]`` (the "rotate half" layout transformers' Llama/Qwen2/Mistral families use). The attention
 score of a query at ``q`` and a key at ``k`` depends on ``q - k`` only, and a key already rotated at ``p`` moves to
 ``p + offset`` by one more rotation of ``offset * inv_freq``: nothing of the key's hidden state is needed. This is
 what an evicting cache needs when it changes the distance between a kept key and the next query (StreamingLLM,
-arXiv:2309.17453 §3.2: positions inside the cache).
+arXiv:2309.17453 section 3.2: positions inside the cache).
 
 Handled RoPE types (``config.rope_parameters["rope_type"]``, transformers 5): those whose ``inv_freq`` does not
 depend on the sequence length, so one rotation per offset is exact: ``default``, ``linear`` (position
@@ -80,7 +80,7 @@ class KeyRotation:
     Raises:
         ValueError: a RoPE type outside :data:`ROPE_TYPES` (named), or a config without RoPE.
 
-    Source: RoFormer (arXiv:2104.09864) §3.4; the frequencies are transformers' ``ROPE_INIT_FUNCTIONS`` for the
+    Source: RoFormer (arXiv:2104.09864) section 3.4; the frequencies are transformers' ``ROPE_INIT_FUNCTIONS`` for the
     scaled types and ``theta ** (-2i / d)`` for ``default``.
     """
 

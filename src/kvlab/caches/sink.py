@@ -1,12 +1,12 @@
 """``SinkCache``: attention sinks + a window of the newest tokens (StreamingLLM), for transformers 5 ``generate()``.
 
-StreamingLLM (arXiv:2309.17453 §3.2) keeps the first ``num_sink_tokens`` tokens (the "attention sinks") and the newest
+StreamingLLM (arXiv:2309.17453 section 3.2) keeps the first ``num_sink_tokens`` tokens (the "attention sinks") and the newest
 ``window_length`` tokens, so the cache holds at most ``num_sink_tokens + window_length`` tokens however long the
 stream runs: once the window is full, each new token evicts the oldest window token and the bytes stay flat.
 
 **Positions.** StreamingLLM gives tokens their positions *inside the cache*: with sinks ``[0, 1, 2, 3]`` and window
-tokens ``[6, 7, 8]``, decoding token 9 uses positions ``0..7``, not the original ``0, 1, 2, 3, 6, 7, 8, 9`` (the
-mechanics chapter §6 and its misconception 5: after eviction the storage length is no longer a token's original
+tokens ``[6, 7, 8]``, decoding token 9 uses positions ``0..7``, not the original ``0, 1, 2, 3, 6, 7, 8, 9`` (see
+docs/EVICTION.md: after eviction the storage length is no longer a token's original
 position). With RoPE only the distance between query and key counts, and inside the cache that distance changes for
 the sinks alone: a window token and the query moved together, so their distance is the original one, while every
 evicted token brings the sinks one position closer to the query. So this cache:
@@ -212,7 +212,7 @@ class SinkCache(Cache):
             without ``config``; a model with non-full-attention layers; a RoPE type other than
             :data:`kvlab.caches.rope.ROPE_TYPES` (the type is named).
 
-    Source: StreamingLLM (arXiv:2309.17453) §3.2; the mechanics chapter, §6 and misconception 5 (positions are kept
+    Source: StreamingLLM (arXiv:2309.17453) section 3.2; docs/EVICTION.md (positions are kept
     apart from storage). See the module docstring for the positions and the comparison with transformers 4.x.
     """
 

@@ -1,9 +1,9 @@
 """``SnapKVCache``: SnapKV prefill compression (arXiv:2404.14469) — the prompt's K/V cut down to the tokens its last
 queries attend to, per KV head, with the bytes really freed.
 
-SnapKV §4 (Algorithm 1): the last ``window_size`` queries of the prompt (the *observation window*) vote for the
+SnapKV section 4 (Algorithm 1): the last ``window_size`` queries of the prompt (the *observation window*) vote for the
 prompt tokens before them: their attention weights (softmax over the causal prompt) are summed over the window,
-pooled along the tokens (``kernel_size``, max pooling, so that a selected token keeps its neighbours: §4.2
+pooled along the tokens (``kernel_size``, max pooling, so that a selected token keeps its neighbours: section 4.2
 "clustering via pooling"), and averaged over the query heads of each KV head (GQA). Each KV head keeps its
 top-scoring prompt tokens and the observation window; the other tokens' K/V are dropped, so the stored tensors
 shrink to ``kept`` tokens (a new, smaller tensor per layer: the prompt's full K/V are freed). Decoding then appends
@@ -121,7 +121,7 @@ def snapkv_scores(
     Raises:
         ValueError: ``tokens <= w`` or heads that do not group.
 
-    Source: SnapKV (arXiv:2404.14469) §4.2, Algorithm 1 (``attn_weights.sum(dim=-2)``, ``pool1d``); GQA averaging as
+    Source: SnapKV (arXiv:2404.14469) section 4.2, Algorithm 1 (``attn_weights.sum(dim=-2)``, ``pool1d``); GQA averaging as
     kvpress's ``SnapKVPress.score``.
     """
     b, hq, w, d = query_window.shape
@@ -202,7 +202,7 @@ class SnapKVCache(ScorerCache, Cache):
         ValueError: as :class:`SnapKVConfig`; a sliding-window model (with ``config``).
         RuntimeError: at the second layer's update, a model not running :func:`kvlab.attention.enable`.
 
-    Source: SnapKV (arXiv:2404.14469) §4; layout after kvpress's ``snapkv_press.py`` (one method per file).
+    Source: SnapKV (arXiv:2404.14469) section 4; layout after kvpress's ``snapkv_press.py`` (one method per file).
     """
 
     keeps_window = True  # SnapKV always keeps the observation window: a smaller token_budget is refused

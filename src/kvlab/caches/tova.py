@@ -1,6 +1,6 @@
 """``TOVACache``: Token Omission Via Attention (arXiv:2401.06104), a decode-time eviction that frees its bytes.
 
-TOVA §3: after each step, while the cache holds more tokens than allowed, drop the tokens the *current* query
+TOVA section 3: after each step, while the cache holds more tokens than allowed, drop the tokens the *current* query
 attends to least, the attention weights averaged over the layer's heads (one token set per layer, shared by its KV
 heads). kvlab applies it after every forward: the prefill (scored by the prompt's last query, several tokens dropped
 at once) and each decoded token (one token dropped once the cap is reached). The cap is a fixed ``token_budget``
@@ -40,7 +40,7 @@ def tova_scores(query: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.
     Returns:
         ``[batch, tokens]`` float32 weights (each row sums to 1).
 
-    Source: TOVA (arXiv:2401.06104) §3, "averaging across heads".
+    Source: TOVA (arXiv:2401.06104) section 3, "averaging across heads".
     """
     hq, hkv = query.shape[1], keys.shape[1]
     k = keys.float().repeat_interleave(hq // hkv, dim=1)  # [B, Hkv, T, D] -> [B, Hq, T, D]
