@@ -43,6 +43,19 @@ NOT_RUN = {
     "kvlab lab --repeat 3 --threads 1": "three timed rounds of the toy lab; `kvlab lab` runs here",
     "kvlab figures --out figures/": "runs the toy lab, paging and video again; tests/unit/figures cover it",
     "kvlab figures": "runs the toy lab, paging and video again; tests/unit/figures cover it",
+    "kvlab sensitivity sweep --model smollm2-135m --context 1024 --continuation 16 --prompts 4 --offset 50000 "
+    "--out sweep.json": "12 minutes; tests/unit/bench/test_sensitivity.py runs the sweep on a tiny model",
+    "kvlab sensitivity allocate sweep.json --budget kivi-k4v2 --name smollm2-b3 --out-dir plans": (
+        "reads the sweep of the example above; tests/unit/bench/test_sensitivity.py runs allocate"
+    ),
+    "kvlab eval --model smollm2-135m --quick --contexts 1024 --new-tokens 32 "
+    "--kivi-attention dequantize --batch 4 --quality-tokens 32 --candidates "
+    "dynamic,kivi-4,kivi-k4v2,kivi-2,fp8-e4m3,mixed-smollm2-b4,mixed-smollm2-b3": (
+        "23 minutes, and reads the plans of the examples above"
+    ),
+    "kvlab sensitivity verify docs/examples/mixed/eval-mixed-smollm2-1024.json": (
+        "exits 1 (one of the two plans does not win); tests/unit/bench/test_sensitivity.py covers the verdict"
+    ),
 }
 # example -> the exit status its text documents (a missing input file is bad input)
 EXPECTED_STATUS = {

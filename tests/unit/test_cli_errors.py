@@ -45,6 +45,7 @@ BAD_INPUT = {
     "kvlab video": ["--seconds", "-1"],
     "kvlab report": ["{tmp}/no-such-result.json"],
     "kvlab sensitivity sweep": ["--context", "0", "--out", "{tmp}/sweep.json"],
+    "kvlab sensitivity verify": ["{tmp}/no-such-result.json"],
     "kvlab sensitivity allocate": [
         "{tmp}/no-such.json",
         "--budget",

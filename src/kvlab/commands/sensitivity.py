@@ -60,11 +60,31 @@ def register(sub) -> None:
     a.add_argument(
         "--tokens", type=int, default=None, help="context the budget holds at (default: the sweep's)"
     )
+    a.add_argument(
+        "--formats",
+        default=None,
+        help="comma list of the sweep's formats the plan may use besides float (default: all it measured); "
+        "fp8-e4m3 alone gives what vLLM can run: --kv-cache-dtype fp8 with --kv-cache-dtype-skip-layers",
+    )
+    a.add_argument(
+        "--floor",
+        default=None,
+        help="a swept format (kivi-8) whose KL is subtracted from every format's, per layer half (clipped at 0): "
+        "the part of a single-layer KL that any perturbation of that layer causes and that does not add up "
+        "across layers (docs/MIXED.md)",
+    )
     a.add_argument("--name", required=True, help="plan name: kvlab eval runs it as mixed-<name>")
     a.add_argument("--out-dir", default=None, help="folder of the plan file (default $KVLAB_PLAN_DIR)")
     a.add_argument("--force", action="store_true", help="overwrite an existing plan file")
     a.add_argument("--json", action="store_true", help="print the plan JSON")
     a.set_defaults(func=run_allocate)
+    v = modes.add_parser(
+        "verify",
+        help="did each mixed-<plan> cache of a kvlab eval result beat the uniform caches of no more bytes",
+    )
+    v.add_argument("result", help="a kvlab eval result file whose candidates include mixed-<plan> caches")
+    v.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    v.set_defaults(func=run_verify)
 
 
 def _check_sweep_args(args) -> str | None:
@@ -216,7 +236,8 @@ def run_allocate(args: argparse.Namespace) -> int:
             raise ValueError(f"--tokens must be >= 1, got {tokens}")
         kivi = {"group_size": sweep["group_size"], "residual_length": sweep["residual_length"]}
         budget = budget_bytes(spec, args.budget, tokens, **kivi)
-        out = allocate(spec, sweep["kl"], budget, tokens, **kivi)
+        kl = _above_floor(sweep["kl"], args.floor)
+        out = allocate(spec, _chosen_formats(kl, args.formats), budget, tokens, **kivi)
     except ValueError as exc:
         return fail(args, exc)
     folder = args.out_dir or os.environ.get(PLAN_DIR_ENV)
@@ -228,7 +249,13 @@ def run_allocate(args: argparse.Namespace) -> int:
     plan = {
         "kvlab_plan": 1,
         "layers": out.pop("layers"),
-        "allocation": {"budget": args.budget, "sweep": str(args.sweep), "model": sweep.get("model"), **out},
+        "allocation": {
+            "budget": args.budget,
+            "floor": args.floor,
+            "sweep": str(args.sweep),
+            "model": sweep.get("model"),
+            **out,
+        },
     }
     Path(folder).mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, plan)
@@ -237,6 +264,46 @@ def run_allocate(args: argparse.Namespace) -> int:
     else:
         _print_allocation(plan, path)
     return 0
+
+
+def _chosen_formats(kl: dict, formats: str | None) -> dict:
+    """The sweep's ``kl`` restricted to ``--formats`` (all of it when None).
+
+    Raises:
+        ValueError: a format the sweep did not measure (named, with those it did).
+    """
+    if formats is None:
+        return kl
+    names = [f.strip() for f in formats.split(",")]
+    bad = [f for f in names if f not in kl]
+    if bad or not names:
+        raise ValueError(f"--formats {formats!r}: the sweep measured {', '.join(kl)}, got {bad or names}")
+    return {f: kl[f] for f in names}
+
+
+def _above_floor(kl: dict, floor: str | None) -> dict:
+    """``kl`` with ``kl[floor]`` subtracted per layer half, clipped at 0 (unchanged when ``floor`` is None).
+
+    Raises:
+        ValueError: a ``floor`` the sweep did not measure.
+    """
+    if floor is None:
+        return kl
+    if floor not in kl:
+        raise ValueError(f"--floor {floor!r}: the sweep measured {', '.join(kl)}")
+    return {f: {h: [max(0.0, a - b) for a, b in zip(kl[f][h], kl[floor][h])] for h in ("k", "v")} for f in kl}
+
+
+def vllm_flags(layers: dict) -> str | None:
+    """``--kv-cache-dtype fp8 [--kv-cache-dtype-skip-layers i,j]`` for a plan of FP8 and float layers only (vLLM's
+    skipped layers keep the model dtype), else None (vLLM has no per-layer KIVI)."""
+    kinds = {(e["k"], e["v"]) for e in layers.values()}
+    if not kinds <= {("fp8-e4m3", "fp8-e4m3"), ("float", "float")} or ("fp8-e4m3", "fp8-e4m3") not in kinds:
+        return None
+    skip = sorted(int(i) for i, e in layers.items() if e["k"] == "float")
+    return "--kv-cache-dtype fp8" + (
+        f" --kv-cache-dtype-skip-layers {','.join(map(str, skip))}" if skip else ""
+    )
 
 
 def _print_allocation(plan: dict, path: Path) -> None:
@@ -255,4 +322,48 @@ def _print_allocation(plan: dict, path: Path) -> None:
     fits = {n: u for n, u in a["uniform"].items() if u["bytes"] <= a["budget_bytes"]}
     for name, u in sorted(fits.items(), key=lambda kv: kv[1]["bytes"]):
         console.print(f"  uniform {name}: {u['bytes']:,} B, predicted KL {u['predicted_kl']:.4g}")
+    flags = vllm_flags(plan["layers"])
+    if flags:
+        console.print(
+            f"vLLM runs this plan as: vllm serve MODEL {flags} (per-tensor scales, 1.0 unless calibrated)"
+        )
     console.print(f"plan written to {path}; run it as mixed-{path.stem} (with $KVLAB_PLAN_DIR={path.parent})")
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    """Status 0 when every mixed cache won at every context, 1 when one did not, 2 for a bad file."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from kvlab.eval.io import read_result
+    from kvlab.plan.allocate import mixed_verdict
+
+    try:
+        result = read_result(args.result)
+    except (FileNotFoundError, ValueError) as exc:
+        return fail(args, exc)
+    verdicts = mixed_verdict(result.get("rows", []))
+    if not verdicts:
+        return fail(
+            args, f"{args.result} has no capacity cell of a mixed-<plan> candidate with a measured KL"
+        )
+    if args.json:
+        print(json.dumps(verdicts, indent=1))
+        return 0 if all(v["wins"] for v in verdicts) else 1
+    table = Table(title=f"mixed caches against uniform caches of no more bytes ({args.result})")
+    for col in ("cache", "context", "bytes", "KL mean", "recall drop", "passkey drop", "beats it"):
+        table.add_column(col)
+    for v in verdicts:
+        rows = [(v, "")] + [(a, "yes" if a["beaten"] else "NO") for a in v["against"]]
+        for i, (r, beaten) in enumerate(rows):
+            table.add_row(
+                r["candidate"] if i == 0 else f"  {r['candidate']}",
+                f"{v['context_length']:,}",
+                f"{r['cache_bytes']:,}",
+                f"{r['kl_mean']:.4g}",
+                f"{r['recall_drop']:+.3f}" if r["recall_drop"] is not None else "-",
+                f"{r['passkey_drop']:+.3f}" if r["passkey_drop"] is not None else "-",
+                beaten or ("WINS" if v["wins"] else "does not win"),
+            )
+    Console().print(table)
+    return 0 if all(v["wins"] for v in verdicts) else 1

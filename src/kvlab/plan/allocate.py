@@ -114,9 +114,13 @@ def allocate(
             f"{cost[cheapest] * n:,} B at {tokens:,} tokens"
         )
     unit = max(1, budget // resolution)
-    units = {pair: cost[pair] // unit for pair in options}  # rounded down: a plan at the budget stays in reach
+    units = {
+        pair: cost[pair] // unit for pair in options
+    }  # rounded down: a plan at the budget stays in reach
     top = budget // unit
-    while True:  # the exact bytes decide; rounding down can overshoot by under n units: take a unit off and retry
+    while (
+        True
+    ):  # the exact bytes decide; rounding down can overshoot by under n units: take a unit off and retry
         chosen = _knapsack(n, options, units, top, lambda layer, pair: _damage(kl, pair, layer))
         if sum(cost[pair] for pair in chosen) <= budget:
             break
@@ -166,3 +170,51 @@ def _knapsack(n: int, options: list, units: Mapping, top: int, damage) -> list:
         pair, u = picks[layer][u]
         chosen.append(pair)
     return chosen[::-1]
+
+
+def mixed_verdict(rows: Sequence[Mapping]) -> list[dict[str, Any]]:
+    """Whether each mixed cache of an eval run beat every uniform cache of equal or fewer bytes, on the same prompts.
+
+    Args:
+        rows: a ``kvlab eval`` result's ``rows`` (capacity cells: ``candidate``, ``context_length``,
+            ``cache_bytes``, ``kl_mean``, ``recall_drop``, ``passkey_drop``).
+
+    Returns:
+        One dict per mixed candidate (``mixed-*``) and context: ``candidate``, ``context_length``, ``cache_bytes``,
+        ``kl_mean``, ``recall_drop``, ``passkey_drop``, ``against`` (each quantizing non-mixed candidate of the same
+        context holding at most its bytes: its name, bytes, the three measures and ``beaten``: lower KL and no
+        larger recall or passkey drop) and ``wins`` (every one beaten, and at least one compared).
+    """
+    measures = ("kl_mean", "recall_drop", "passkey_drop")
+    cells = [r for r in rows if r.get("matrix") == "capacity" and r.get("kl_mean") is not None]
+    out = []
+    for m in (r for r in cells if str(r["candidate"]).startswith("mixed-")):
+        against = []
+        for u in cells:
+            name = str(u["candidate"])
+            if name == "dynamic" or name.startswith("mixed-") or u["context_length"] != m["context_length"]:
+                continue
+            if u["cache_bytes"] > m["cache_bytes"]:
+                continue
+            beaten = m["kl_mean"] < u["kl_mean"] and all(
+                (m.get(k) or 0.0) <= (u.get(k) or 0.0) for k in ("recall_drop", "passkey_drop")
+            )
+            against.append(
+                {
+                    "candidate": name,
+                    "cache_bytes": u["cache_bytes"],
+                    **{k: u.get(k) for k in measures},
+                    "beaten": beaten,
+                }
+            )
+        out.append(
+            {
+                "candidate": m["candidate"],
+                "context_length": m["context_length"],
+                "cache_bytes": m["cache_bytes"],
+                **{k: m.get(k) for k in measures},
+                "against": against,
+                "wins": bool(against) and all(a["beaten"] for a in against),
+            }
+        )
+    return out

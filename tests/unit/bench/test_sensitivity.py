@@ -149,3 +149,48 @@ def test_allocate_writes_a_plan_the_mixed_cache_runs(fragile, result, tmp_path, 
     assert main([*args, "--budget", "0.01", "--force"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "below the smallest plan" in err[0], err
+
+
+def test_the_verdict_compares_a_mixed_cache_with_uniform_caches_of_no_more_bytes():
+    from kvlab.plan.allocate import mixed_verdict
+
+    def row(name, nbytes, kl, recall=0.0, passkey=0.0, context=1024):
+        return {
+            "matrix": "capacity",
+            "candidate": name,
+            "context_length": context,
+            "cache_bytes": nbytes,
+            "kl_mean": kl,
+            "recall_drop": recall,
+            "passkey_drop": passkey,
+        }
+
+    rows = [
+        row("dynamic", 100, 0.0),
+        row("kivi-4", 30, 0.02),
+        row("kivi-2", 20, 0.09),
+        row("fp8-e4m3", 50, 0.001),  # more bytes: not compared
+        row("mixed-a", 30, 0.015),
+        row("mixed-b", 30, 0.015, recall=0.02),  # lower KL but a larger recall drop than kivi-4's
+        row("kivi-2", 20, 0.0, context=512),  # another context: not compared
+    ]
+    verdicts = {v["candidate"]: v for v in mixed_verdict(rows)}
+    assert [a["candidate"] for a in verdicts["mixed-a"]["against"]] == ["kivi-4", "kivi-2"]
+    assert verdicts["mixed-a"]["wins"] and not verdicts["mixed-b"]["wins"]
+    assert [a["beaten"] for a in verdicts["mixed-b"]["against"]] == [False, False]
+
+
+def test_an_fp8_only_allocation_is_what_vllm_runs(fragile, result):
+    """Restricted to FP8, the allocator keeps the layers it must in float: vLLM's skip layers."""
+    from kvlab.commands.sensitivity import _chosen_formats, vllm_flags
+
+    spec = _spec(fragile)
+    kl = _chosen_formats(result["kl"], "fp8-e4m3")
+    fp8 = budget_bytes(spec, "fp8-e4m3", CONTEXT, group_size=G, residual_length=R)
+    # fp32 model, 4 layers: one float layer costs 3/4 of the FP8 cache more, two would cost 6/4
+    out = allocate(spec, kl, 2 * fp8, CONTEXT, group_size=G, residual_length=R)
+    assert {i for i, e in out["layers"].items() if e["k"] == "float"} == {str(FRAGILE)}
+    assert vllm_flags(out["layers"]) == f"--kv-cache-dtype fp8 --kv-cache-dtype-skip-layers {FRAGILE}"
+    assert vllm_flags({"0": {"k": "kivi-4", "v": "kivi-4"}}) is None
+    with pytest.raises(ValueError, match="the sweep measured kivi-2"):
+        _chosen_formats(result["kl"], "fp8-e5m2")
