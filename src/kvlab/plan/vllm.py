@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.plan.config_fields import FULL, LAYER_KINDS
-from kvlab.plan.ledger import KVDtype, kv_elements_per_token_per_layer
+from kvlab.plan.ledger import KVDtype
 from kvlab.plan.spec import ModelSpec
 from kvlab.plan.vllm_kv import vllm_kv_cache
 
@@ -201,7 +201,6 @@ def vllm_serve_plan(
         spec, kv_memory, max_model_len=context, tp=tp, block_size=block_size, kv_cache_dtype=cache_dtype
     )
     page, layers, num_blocks = kv.page_size_bytes, kv.group_size, kv.num_blocks
-    assert page == block_size * kv_elements_per_token_per_layer(spec, tp) * kvd.element_bytes
     util_text = f"{utilization:.4f}".rstrip("0").rstrip(".")
     flags = {
         "--dtype": dtype,
