@@ -46,6 +46,7 @@ BAD_INPUT = {
     "kvlab report": ["{tmp}/no-such-result.json"],
     "kvlab sensitivity sweep": ["--context", "0", "--out", "{tmp}/sweep.json"],
     "kvlab sensitivity verify": ["{tmp}/no-such-result.json"],
+    "kvlab tasks": ["--n", "0", "--out", "{tmp}/tasks.json"],
     "kvlab sensitivity allocate": [
         "{tmp}/no-such.json",
         "--budget",

@@ -6,7 +6,7 @@
   :func:`~kvlab.tasks.generators.generate`;
 * :mod:`kvlab.tasks.scoring`: ``string_match_all`` / ``string_match_part``.
 
-Sources: RULER (Hsieh et al. 2024, arXiv:2404.06654; ``scripts/synthetic.yaml``, Apache-2.0) and InfiniteBench
+Sources: RULER (Hsieh et al. 2024, arXiv:2404.06654; ``NVIDIA/RULER/scripts/synthetic.yaml``, Apache-2.0) and InfiniteBench
 (Zhang et al. 2024, arXiv:2402.13718). ``kvlab.eval.tasks_run`` runs them through KV caches (docs/TASKS.md).
 """
 

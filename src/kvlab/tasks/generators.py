@@ -1,8 +1,8 @@
 """Seeded generators of RULER-style long-context tasks with contexts of an exact token length.
 
 The task definitions follow RULER (Hsieh et al. 2024, "RULER: What's the Real Context Size of Your Long-Context
-Language Models?", arXiv:2404.06654, section 3 and Table 2; ``scripts/synthetic.yaml`` and
-``scripts/data/synthetic/*.py`` of github.com/NVIDIA/RULER, Apache-2.0) and InfiniteBench's ``kv_retrieval``
+Language Models?", arXiv:2404.06654, section 3 and Table 2; ``NVIDIA/RULER/scripts/synthetic.yaml`` and
+``NVIDIA/RULER/scripts/data/synthetic/*.py`` of github.com/NVIDIA/RULER, Apache-2.0) and InfiniteBench's ``kv_retrieval``
 (Zhang et al. 2024, "InfiniteBench: Extending Long Context Evaluation Beyond 100K Tokens", arXiv:2402.13718); the
 code is kvlab's own:
 

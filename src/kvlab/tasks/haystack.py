@@ -1,7 +1,7 @@
 """Haystacks and needle values of the long-context tasks: the filler a prompt's context is cut from, and the
 random keys, numbers, UUIDs and words written into it.
 
-Two haystacks, after RULER (Hsieh et al. 2024, arXiv:2404.06654, section 3; ``scripts/synthetic.yaml`` of
+Two haystacks, after RULER (Hsieh et al. 2024, arXiv:2404.06654, section 3; ``NVIDIA/RULER/scripts/synthetic.yaml`` of
 github.com/NVIDIA/RULER, Apache-2.0):
 
 * ``noise``: RULER's ``repeat`` haystack, the sentence :data:`NOISE` repeated (its ``niah_single_1``, the passkey

@@ -1,6 +1,6 @@
 """Scoring of the long-context tasks as RULER scores them: is each reference string in the model's output?
 
-RULER (Hsieh et al. 2024, arXiv:2404.06654; ``scripts/eval/synthetic/constants.py`` of github.com/NVIDIA/RULER,
+RULER (Hsieh et al. 2024, arXiv:2404.06654; ``NVIDIA/RULER/scripts/eval/synthetic/constants.py`` of github.com/NVIDIA/RULER,
 Apache-2.0) scores a prediction by case-insensitive substring match of its references:
 
 * ``all`` (``string_match_all``, the retrieval, multi-hop and aggregation tasks): the fraction of the references

@@ -66,19 +66,11 @@ def missing_references(paths: list[Path], root: Path = ROOT) -> list[str]:
     return bad
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="eval/, caches/, attention/, plan/, bench/flush.py and commands/eval.py still cite section numbers "
-    "(their owners are rewriting them); drop this mark once the test passes",
-)
 def test_src_has_no_section_signs_or_issue_numbers():
     found = unreadable_words([p for p in _tracked("src") if p.suffix == ".py"])
     assert not found, "cite a paper's section by the word or a docs/*.md page:\n" + "\n".join(found)
 
 
-@pytest.mark.xfail(
-    strict=False, reason="src/kvlab/caches/mixed.py cites docs/MIXED.md, not written yet; drop this mark then"
-)
 def test_src_docs_and_tests_name_only_files_that_exist():
     paths = _tracked("src", "docs", "tests", "README.md", "CONTRIBUTING.md")
     found = missing_references([p for p in paths if p.name != Path(__file__).name])
