@@ -36,6 +36,7 @@ EXIT_FAILED = 1  # ran, and a check, target or load failed
 EXIT_USAGE = 2  # bad input (flags, settings, input files) or an output file that exists; nothing done
 EXIT_FILE_EXISTS = EXIT_USAGE  # an output file exists and --force was not given: a bad input like any other
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, the status a shell gives a process SIGINT ended
+EXIT_TERMINATED = 143  # SIGTERM (128 + 15), for a command that records the signal before it exits
 
 
 def fail(args: argparse.Namespace | None, message: object, code: int = EXIT_USAGE) -> int:

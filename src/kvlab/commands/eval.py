@@ -8,7 +8,15 @@ import sys
 from dataclasses import replace
 from datetime import datetime, timezone
 
-from kvlab.commands import EXIT_FAILED, EXIT_FILE_EXISTS, EXIT_USAGE, fail, progress
+from kvlab.commands import (
+    EXIT_FAILED,
+    EXIT_FILE_EXISTS,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    fail,
+    progress,
+)
 from kvlab.runtime.checks import float_list, int_list, parse_list
 
 
@@ -663,7 +671,9 @@ def _load(args, cfg, result, path, err, resumed: bool):
         )
         write_json_atomic(path, result)
         return fail(
-            args, f"could not load the model: {type(exc).__name__}: {exc} (recorded in {path})", EXIT_FAILED
+            args,
+            f"could not load the model: {type(exc).__name__}: {exc} (recorded in {path})",
+            EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_FAILED,
         )
     if resumed:
         from kvlab.eval.resume import check_same_model
@@ -725,6 +735,7 @@ def _run_real(args, cfg, result, path, err, resumed: bool = False) -> int:
     result["provenance"]["running_in"] = running_in()  # a second --resume of this file refuses while it lives
     write_json_atomic(path, result)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    stopped = 0
     try:
         with progress(err, count_steps(cfg), "kvlab eval") as bar:
 
@@ -746,12 +757,15 @@ def _run_real(args, cfg, result, path, err, resumed: bool = False) -> int:
         fail_run(
             result, "run", exc, "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else None
         )
+        stopped = EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_TERMINATED
     except Exception as exc:
         fail_run(result, "run", exc)
     finally:
         signal.signal(signal.SIGTERM, previous)
     write_json_atomic(path, result)
     code = _finish(args, result, path, err)
+    if stopped:  # the shell's status for a process a signal ended: 130 for Ctrl-C, 143 for SIGTERM
+        return stopped
     failed_everywhere = (result.get("summary") or {}).get("failed_candidates")
     return 1 if result["status"] == "failed" or failed_everywhere else code
 

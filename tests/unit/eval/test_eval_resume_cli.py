@@ -78,14 +78,14 @@ def loaded(tiny, monkeypatch):
 
 @pytest.mark.parametrize("killed", [False, True])
 def test_eval_resume_continues_an_interrupted_run_in_place(tmp_path, capsys, monkeypatch, loaded, killed):
-    """Ctrl-C after the first cell's rows: exit 1, the file keeps that cell; ``--resume`` (also of a run killed
+    """Ctrl-C after the first cell's rows: exit 130, the file keeps that cell; ``--resume`` (also of a run killed
     without a word, its file left ``running``) keeps it, measures the others and ends as an uninterrupted run."""
     assert main([*TINY, "--out-dir", str(tmp_path), "--label", "whole"]) == 0
     whole = json.loads((tmp_path / "whole.json").read_text())
     real_time = runner._Run.time
     interrupt_after(monkeypatch, "time", 1)
     path = tmp_path / "cut.json"
-    assert main([*TINY, "--out-dir", str(tmp_path), "--label", "cut"]) == 1
+    assert main([*TINY, "--out-dir", str(tmp_path), "--label", "cut"]) == 130
     monkeypatch.setattr(runner._Run, "time", real_time)
     cut = json.loads(path.read_text())
     assert cut["status"] == "failed" and cut["cells_done"] == [{"matrix": "capacity", "context_length": 96}]
@@ -124,16 +124,39 @@ def test_a_resume_interrupted_again_can_be_resumed(tmp_path, capsys, monkeypatch
     real_time = runner._Run.time
     interrupt_after(monkeypatch, "time", 1)
     path = tmp_path / "twice.json"
-    assert main([*TINY, "--out-dir", str(tmp_path), "--label", "twice"]) == 1
+    assert main([*TINY, "--out-dir", str(tmp_path), "--label", "twice"]) == 130
     monkeypatch.setattr(runner._Run, "time", real_time)
     interrupt_after(monkeypatch, "time", 1)
-    assert main(["eval", "--resume", str(path)]) == 1
+    assert main(["eval", "--resume", str(path)]) == 130
     monkeypatch.setattr(runner._Run, "time", real_time)
     assert len(json.loads(path.read_text())["cells_done"]) == 2
     assert main(["eval", "--resume", str(path)]) == 0
     result = json.loads(path.read_text())
     assert [r["cells_kept"] for r in result["provenance"]["resumed"]] == [1, 2]
     assert result["status"] == "complete" and len(result["cells_done"]) == 3 and len(result["rows"]) == 12
+
+
+def test_sigterm_is_recorded_and_exits_143(tmp_path, capsys, monkeypatch, loaded):
+    """SIGTERM (a scheduler or ``kill``) after the first timed cell: the file keeps that cell and says what stopped
+    the run, and the status is the shell's for SIGTERM (143), not 1 (a failed run) or 130 (Ctrl-C)."""
+    real = runner._Run.time
+    calls = []
+
+    def terminated(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 1:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(runner._Run, "time", terminated)
+    assert main([*TINY, "--out-dir", str(tmp_path), "--label", "term"]) == 143
+    cut = json.loads((tmp_path / "term.json").read_text())
+    assert cut["status"] == "failed" and len(cut["cells_done"]) == 1
+    assert cut["failures"][-1]["stage"] == "run" and "signal 15" in cut["failures"][-1]["message"]
 
 
 # ── refusals: exit 2, one line naming the file and the reason, the file unchanged ────────────────────────────────
