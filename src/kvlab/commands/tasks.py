@@ -8,11 +8,12 @@ import sys
 import time
 from pathlib import Path
 
-from kvlab.commands import EXIT_FAILED, EXIT_OK, EXIT_USAGE, fail, file_exists_message
+from kvlab.commands import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, fail, file_exists_message
+from kvlab.runtime.checks import check_int, int_list, parse_list
 
-
-def _csv(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
+# the settings a resumed run takes from its file: given with --resume, they are refused
+_SETTING_FLAGS = ("model", "dtype", "device", "tasks", "contexts", "candidates", "n", "seed", "protected_tail",
+                  "max_drop", "min_float_score")  # fmt: skip
 
 
 def register(subparsers) -> None:
@@ -29,20 +30,22 @@ def register(subparsers) -> None:
     p.add_argument(
         "--model", default=None, help="local directory, GGUF file, named model or hub id (default: bundled)"
     )
-    p.add_argument("--dtype", default="bfloat16", help="model dtype: bfloat16 (default), float16 or float32")
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--dtype", default=None, help="model dtype: bfloat16 (default), float16 or float32")
+    p.add_argument("--device", default=None, help="torch device (default cpu)")
     p.add_argument("--tasks", default=None, help="comma-separated task names (default: all; see --list)")
     p.add_argument("--contexts", default=None, help="comma-separated context lengths in tokens (512,1024)")
     p.add_argument(
         "--candidates", default=None, help="comma-separated cache names (default: the family sweep)"
     )
     p.add_argument("--n", type=int, default=None, help="samples per task and context (10; --quick 5)")
-    p.add_argument("--seed", type=int, default=0, help="generator seed (0)")
+    p.add_argument("--seed", type=int, default=None, help="generator seed (0)")
     p.add_argument(
-        "--protected-tail", type=int, default=160, help="newest context tokens without needles (160)"
+        "--protected-tail", type=int, default=None, help="newest context tokens without needles (160)"
     )
-    p.add_argument("--max-drop", type=float, default=0.1, help="a gate fails above this score drop (0.1)")
-    p.add_argument("--min-float-score", type=float, default=0.5, help="float score below it: not informative")
+    p.add_argument("--max-drop", type=float, default=None, help="a gate fails above this score drop (0.1)")
+    p.add_argument(
+        "--min-float-score", type=float, default=None, help="float score below it: not informative (0.5)"
+    )
     p.add_argument("--quick", action="store_true", help="4 tasks, 4 caches, 5 samples, the first context")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument(
@@ -52,6 +55,12 @@ def register(subparsers) -> None:
         "--figure", default=None, metavar="PATH", help="also draw score vs bytes ratio to PATH (PNG)"
     )
     p.add_argument("--force", action="store_true", help="replace an existing --out / --figure file")
+    p.add_argument(
+        "--resume",
+        default=None,
+        metavar="FILE",
+        help="continue a stopped run's result FILE in place (its settings and model; finished cells kept)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
     p.add_argument("--list", action="store_true", help="list the tasks and exit")
     p.set_defaults(func=run)
@@ -64,26 +73,24 @@ def _config(args: argparse.Namespace):
     if args.quick:
         kw.update(tasks=ts.QUICK_TASKS, candidates=ts.QUICK_CANDIDATES, n=5)
     if args.tasks is not None:
-        kw["tasks"] = ts.TASKS_ALL if args.tasks.strip() == "all" else _csv(args.tasks)
+        names = ts.TASKS_ALL if args.tasks.strip() == "all" else parse_list(args.tasks, what="a task name")
+        kw["tasks"] = tuple(names)
     if args.contexts is not None:
-        try:
-            kw["contexts"] = tuple(int(x) for x in _csv(args.contexts))
-        except ValueError:
-            raise ValueError(f"--contexts must be comma-separated integers, got {args.contexts!r}") from None
+        kw["contexts"] = tuple(int_list(args.contexts, ts.MIN_CONTEXT))
     elif args.quick:
         kw["contexts"] = ts.TaskSuiteConfig.contexts[:1]
     if args.candidates is not None:
-        kw["candidates"] = _csv(args.candidates)
+        kw["candidates"] = tuple(parse_list(args.candidates, what="a cache name"))
     if args.n is not None:
         kw["n"] = args.n
-    return ts.TaskSuiteConfig(
-        **kw, seed=args.seed, protected_tail=args.protected_tail, max_drop=args.max_drop,
-        min_float_score=args.min_float_score,
-    )  # fmt: skip
+    for key in ("seed", "protected_tail", "max_drop", "min_float_score"):
+        if getattr(args, key) is not None:
+            kw[key] = getattr(args, key)
+    return ts.TaskSuiteConfig(**kw)
 
 
 def _check_outputs(args: argparse.Namespace) -> str | None:
-    for flag, path in (("--out", args.out), ("--figure", args.figure)):
+    for flag, path in (("--out", None if args.resume else args.out), ("--figure", args.figure)):
         if path is None:
             continue
         path = Path(path)
@@ -95,9 +102,33 @@ def _check_outputs(args: argparse.Namespace) -> str | None:
             return file_exists_message(path)
     if args.figure and Path(args.figure).suffix.lower() != ".png":
         return f"--figure {args.figure} must end in .png (the figure is a PNG)"
-    if args.figure and Path(args.figure).resolve() == Path(args.out).resolve():
+    if args.figure and Path(args.figure).resolve() == Path(args.resume or args.out).resolve():
         return "--out and --figure name the same file; give each its own"
     return None
+
+
+def _resumed(args: argparse.Namespace):
+    """``(cfg, result)`` of ``--resume FILE``, made ready to continue (:func:`kvlab.eval.tasks_suite.prepare_resume`).
+
+    Raises:
+        ValueError: a setting flag given with it, or a file that is not a stopped tasks result (named).
+    """
+    from kvlab.eval.io import read_result
+    from kvlab.eval.tasks_schema import is_tasks_result
+    from kvlab.eval.tasks_suite import prepare_resume
+
+    given = [k for k in _SETTING_FLAGS if getattr(args, k) is not None] + (["quick"] if args.quick else [])
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise ValueError(f"--resume continues {args.resume} with the settings it holds; drop {flag}")
+    result = read_result(args.resume, tasks=True)
+    if not is_tasks_result(result):
+        raise ValueError(f"--resume {args.resume} is a kvlab eval result; resume it with kvlab eval --resume")
+    try:
+        cfg = prepare_resume(result)
+    except ValueError as e:
+        raise ValueError(f"cannot resume {args.resume}: {e}") from None
+    return cfg, result
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,79 +139,87 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:16s} {spec.haystack:6s} {spec.summary}")
         return EXIT_OK
     try:
-        cfg = _config(args)
-    except ValueError as e:
+        if args.threads is not None:
+            check_int("threads", args.threads, 1, flag="--threads")
+        cfg, result = _resumed(args) if args.resume else (_config(args), None)
+    except (ValueError, FileNotFoundError) as e:
         return fail(args, e)
     problem = _check_outputs(args)
     if problem:
         return fail(args, problem, EXIT_USAGE)
-    if args.threads is not None and args.threads < 1:
-        return fail(args, f"--threads must be >= 1, got {args.threads}")
-    return _measure(args, cfg)
+    return _measure(args, cfg, result)
 
 
-def _measure(args: argparse.Namespace, cfg) -> int:
+def _argv() -> list[str] | None:
+    """The command line when kvlab runs as the ``kvlab`` script (None in-process)."""
+    return ["kvlab", *sys.argv[1:]] if sys.argv and sys.argv[0].endswith("kvlab") else None
+
+
+def _measure(args: argparse.Namespace, cfg, result: dict | None) -> int:
     import torch
 
-    from kvlab.eval.tasks_suite import RESULT_KIND, RESULT_VERSION, run_suite
+    from kvlab.eval.io import write_json_atomic
+    from kvlab.eval.tasks_schema import validate_tasks_result
+    from kvlab.eval.tasks_suite import new_tasks_result, run_suite
     from kvlab.models import heldout_text, load_model
-    from kvlab.runtime.atomic import atomic_write_json
-    from kvlab.runtime.provenance import machine_info
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    started = time.time()
+    model_block = result["model"] if result else {"name": args.model or "bundled"}
+    model_block.setdefault("dtype", args.dtype or "bfloat16")
+    model_block.setdefault("device", args.device or "cpu")
+    name = None if model_block["name"] == "bundled" else model_block["name"]
     try:
-        model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
+        model, tokenizer = load_model(name, dtype=model_block["dtype"], device=model_block["device"])
     except (ValueError, FileNotFoundError) as e:
         return fail(args, e)
     except OSError as e:
         return fail(args, e, EXIT_FAILED)
+    result = result or new_tasks_result(cfg, model_block, _argv())
+    path, started, before = Path(args.resume or args.out), time.time(), result["provenance"]["wall_s"] or 0.0
 
-    def progress(line: str) -> None:
-        print(f"  {line}", file=sys.stderr, flush=True)
+    def save(r: dict) -> None:  # after every finished cell: a long run keeps what it measured
+        r["provenance"]["wall_s"] = before + time.time() - started
+        problems = validate_tasks_result(r)
+        if problems:  # a bug of kvlab's, not of the input: say which field
+            raise RuntimeError(f"the tasks result would not validate: {'; '.join(problems[:4])}")
+        write_json_atomic(path, r)
 
-    measured = run_suite(model, tokenizer, cfg, heldout_text(), progress)
-    result = {
-        "kind": RESULT_KIND,
-        "version": RESULT_VERSION,
-        "model": {"name": args.model or "bundled", "dtype": args.dtype, "device": args.device},
-        **measured,
-        "provenance": {**machine_info(), "started_unix": started, "wall_s": time.time() - started},
-    }
-    atomic_write_json(Path(args.out), result, indent=1)
+    save(result)  # status "running" before the first cell
+    try:
+        run_suite(model, tokenizer, cfg, heldout_text(), _progress, result=result, save=save)
+    except (Exception, KeyboardInterrupt) as exc:  # recorded by run_suite: status failed, the cell, the error
+        try:
+            save(result)
+        except RuntimeError as bug:
+            return fail(args, f"{type(exc).__name__}: {exc}; not saved: {bug}", EXIT_FAILED)
+        kept = f"{len(result['cells'])} finished cells kept in {path}; continue with --resume {path}"
+        if isinstance(exc, KeyboardInterrupt):
+            return fail(args, f"interrupted ({kept})", EXIT_INTERRUPTED)
+        return fail(args, f"{type(exc).__name__}: {exc} ({kept})", EXIT_FAILED)
+    save(result)
     if args.figure:
         from kvlab.task_figures import plot_task_scores
 
         plot_task_scores(result, args.figure)
-    _print(args, result)
+    _print(args, result, path)
     return EXIT_OK
 
 
-def _print(args: argparse.Namespace, result: dict) -> None:
+def _progress(line: str) -> None:
+    print(f"  {line}", file=sys.stderr, flush=True)
+
+
+def _print(args: argparse.Namespace, result: dict, path: Path) -> None:
     import json
 
     if args.json:
         print(json.dumps(result, indent=1))
         return
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(title=f"kvlab tasks: {result['model']['name']} ({result['provenance']['wall_s']:.0f} s)")
-    for col in ("task", "context", "cache", "bytes ratio", "score", "all found (95% CI)", "gate"):
-        table.add_column(col)
-    status = {(g["task"], g["context"], g["cache"]): g["status"] for g in result["gates"]}
-    for cell in result["cells"]:
-        for name, row in cell["caches"].items():
-            lo, hi = row["ci95"]
-            gate = status.get((cell["task"], cell["context"], name), "baseline")
-            table.add_row(cell["task"], str(cell["context"]), name, f"{row['bytes_ratio']:.2f}",
-                          f"{row['score']:.2f}", f"{row['correct']}/{row['trials']} ({lo:.2f}-{hi:.2f})", gate)  # fmt: skip
+    from kvlab.eval.tasks_render import print_tasks_table
+
     console = Console()
-    console.print(table)
-    for name, d in result["decision"].items():
-        failed = f" (failed: {', '.join(d['failed'])})" if d["failed"] else ""
-        console.print(f"{name}: {d['verdict']}{failed}")
-    for m in result["not_measured"]:
-        console.print(f"not measured: {m['task']} @ {m['context']}: {m['reason']}")
-    console.print(f"result: {args.out}" + (f", figure: {args.figure}" if args.figure else ""))
+    print_tasks_table(result, console)
+    console.print(f"result: {path}" + (f", figure: {args.figure}" if args.figure else ""))

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from kvlab.eval.config import check_label
 from kvlab.eval.schema import validate_result
+from kvlab.eval.tasks_schema import is_tasks_result, validate_tasks_result
 from kvlab.runtime.atomic import atomic_write_json
 
 
@@ -93,14 +95,16 @@ def _load_json(path: Path, text: str) -> object:
     return obj
 
 
-def read_result(path: str | Path) -> dict:
-    """Load and validate a result file.
+def read_result(path: str | Path, *, tasks: bool = False) -> dict:
+    """Load and validate a result file: a ``kvlab eval`` result, or with ``tasks`` also a ``kvlab tasks`` result
+    (told apart by its ``kind``, :func:`kvlab.eval.tasks_schema.is_tasks_result`; validated by
+    :func:`kvlab.eval.tasks_schema.validate_tasks_result`).
 
     Raises:
         FileNotFoundError: no such file.
         ValueError: not UTF-8 JSON, JSON nested deeper than :data:`MAX_NESTING` or holding an integer too long
-            to convert, or not a valid kvlab eval result (the problems are listed); each names the file; an empty
-            path (``Path("")`` would be the current folder).
+            to convert, or not a valid kvlab eval result (the problems are listed), or a tasks result where
+            ``tasks`` is false; each names the file; an empty path (``Path("")`` would be the current folder).
     """
     if not str(path).strip():
         raise ValueError(f"a result file path is needed, got {str(path)!r}")
@@ -114,7 +118,34 @@ def read_result(path: str | Path) -> dict:
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path} is not valid JSON: {exc}") from exc
     result = _load_json(path, text)
-    problems = validate_result(result)
+    if is_tasks_result(result):
+        if not tasks:
+            raise ValueError(f"{path} is a kvlab tasks result, not a kvlab eval result")
+        problems, what = validate_tasks_result(result), "kvlab tasks"
+    else:
+        problems, what = validate_result(result), "kvlab eval"
     if problems:
-        raise ValueError(f"{path} is not a valid kvlab eval result: " + "; ".join(problems[:8]))
+        raise ValueError(f"{path} is not a valid {what} result: " + "; ".join(problems[:8]))
     return result
+
+
+def read_results(
+    paths: Sequence[str | Path] | None, *, flag: str = "the result"
+) -> tuple[dict | None, dict | None]:
+    """``(eval result, tasks result)`` of ``paths`` (at most one of each kind), each validated by its own schema
+    (:func:`read_result` with ``tasks``); None where not given. ``flag`` names the argument in the message.
+
+    Raises:
+        ValueError: a file that is not a valid result of either kind, or two files of one kind (both named).
+        FileNotFoundError: a file that does not exist.
+    """
+    found: dict[str, tuple[str | Path, dict]] = {}
+    for path in paths or []:
+        result = read_result(path, tasks=True)
+        kind = "tasks" if is_tasks_result(result) else "eval"
+        if kind in found:
+            raise ValueError(
+                f"{flag}: {found[kind][0]} and {path} are both kvlab {kind} results; give one of each kind"
+            )
+        found[kind] = (path, result)
+    return found.get("eval", (None, None))[1], found.get("tasks", (None, None))[1]

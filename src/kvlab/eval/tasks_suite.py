@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime, timezone
 from typing import Any
 
 from kvlab.caches.registry import resolve
+from kvlab.eval.records import fail_run, set_status
 from kvlab.eval.tasks_run import FLOAT, MIN_FLOAT_SCORE, judge, run_task_cell
+from kvlab.eval.tasks_schema import RESULT_KIND, RESULT_VERSION
+from kvlab.runtime.checks import check_int
 from kvlab.tasks import TASKS, NotPlaceable, as_tokenizer, generate, noise_haystack, text_haystack
 
-RESULT_KIND = "kvlab-tasks"
-RESULT_VERSION = 1
 DEFAULT_CANDIDATES = (
     "dynamic",
     "kivi-8",
@@ -78,13 +80,11 @@ class TaskSuiteConfig:
                 if known is None:
                     resolve(x)  # ValueError naming the cache
         for c in self.contexts:
-            if isinstance(c, bool) or not isinstance(c, int) or c < MIN_CONTEXT:
-                raise ValueError(f"contexts must be integers >= {MIN_CONTEXT}, got {c!r}")
+            check_int("contexts", c, MIN_CONTEXT, flag="--contexts")
         if not self.contexts:
             raise ValueError("give at least one context")
-        for name, value, low in (("n", self.n, 1), ("protected_tail", self.protected_tail, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"`{name}` must be an integer >= {low}, got {value!r}")
+        check_int("n", self.n, 1, flag="--n")
+        check_int("protected_tail", self.protected_tail, 0, flag="--protected-tail")
         for name in ("max_drop", "min_float_score"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
@@ -109,57 +109,137 @@ def _factories(model: Any, names: Sequence[str]) -> tuple[dict[str, Callable[[],
     return makers, skipped
 
 
+def new_tasks_result(cfg: TaskSuiteConfig, model: dict, command: list[str] | None = None) -> dict:
+    """The skeleton of a ``kvlab tasks`` result (:mod:`kvlab.eval.tasks_schema`), status ``running``, no cell yet.
+
+    Args:
+        model: ``{"name", "dtype", "device"}`` as the run loads it (``name`` "bundled" for the bundled model).
+        command: the command line that started the run (None in-process).
+    """
+    from kvlab.runtime.provenance import machine_info
+
+    result = {"kind": RESULT_KIND, "version": RESULT_VERSION, "status": "running"}
+    result.update(created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"), command=command)
+    result.update(model=dict(model), settings=_settings(cfg), cells=[], not_measured=[], skipped={})
+    result.update(candidates={}, failures=[], gates=[], decision={})
+    result.update(max_drop=cfg.max_drop, min_float_score=cfg.min_float_score)
+    result["provenance"] = {**machine_info(), "started_unix": time.time(), "wall_s": 0.0}
+    return result
+
+
+def _settings(cfg: TaskSuiteConfig) -> dict:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()}
+
+
+def config_of(result: dict) -> TaskSuiteConfig:
+    """The :class:`TaskSuiteConfig` a result was measured with (its ``settings``).
+
+    Raises:
+        ValueError: settings that are not a :class:`TaskSuiteConfig`'s (a field missing or unknown, a value
+            it refuses; named).
+    """
+    settings = dict(result.get("settings") or {})
+    known = {f.name for f in fields(TaskSuiteConfig)}
+    if set(settings) != known:
+        odd = sorted(set(settings) ^ known)
+        raise ValueError(f"settings of the result do not match kvlab tasks' own: {odd} missing or unknown")
+    return TaskSuiteConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()})
+
+
+def prepare_resume(result: dict) -> TaskSuiteConfig:
+    """Make a stopped result (status ``running`` or ``failed``) ready to continue: its finished cells are kept,
+    its failures move to ``provenance.resumed`` (one entry per resumed session), its status is ``running`` again.
+    The cells not yet measured are generated from the same seed (:func:`kvlab.tasks.generate`), so the prompts
+    are those the first session would have asked. Returns the result's settings.
+
+    Raises:
+        ValueError: a complete result (nothing to continue; a version-1 file is complete), or settings
+            :func:`config_of` refuses.
+    """
+    status = result.get("status", "complete")
+    if status == "complete":
+        raise ValueError("the result is complete: nothing to resume (run again with --out to measure anew)")
+    cfg = config_of(result)
+    entry = {"resumed_unix": time.time(), "status_before": status, "cells_kept": len(result["cells"])}
+    entry["failures_before"] = result["failures"]
+    result["provenance"].setdefault("resumed", []).append(entry)
+    result["failures"] = []
+    set_status(result, "running")
+    return cfg
+
+
+def _to_measure(result: dict, cfg: TaskSuiteConfig) -> list[tuple[str, int]]:
+    """The (task, context) cells of ``cfg`` the result has neither measured nor found not to fit."""
+    done = {(c["task"], c["context"]) for c in (*result["cells"], *result["not_measured"])}
+    return [(t, c) for c in cfg.contexts for t in cfg.tasks if (t, c) not in done]
+
+
 def run_suite(
     model: Any,
     tokenizer: Any,
     cfg: TaskSuiteConfig,
     heldout_text: str,
     progress: Callable[[str], None] | None = None,
+    *,
+    result: dict | None = None,
+    save: Callable[[dict], None] | None = None,
 ) -> dict:
-    """Every task at every context through every candidate (one float prefill per context and sample).
+    """Every task at every context through every candidate (one float prefill per context and sample), into
+    ``result`` (:func:`new_tasks_result` when None; a resumed one keeps its finished cells).
 
     Args:
         heldout_text: text the model never saw, the natural-text haystack (``kvlab.models.heldout_text()`` for the
             bundled model).
         progress: called with one line per finished cell.
+        save: called with ``result`` after every finished cell (gates and decision judged over the cells so far),
+            so a long run keeps what it measured; the caller writes it.
 
     Returns:
-        The result's measured part: ``cells`` (:func:`kvlab.eval.tasks_run.run_task_cell` outputs with ``task``,
-        ``context``, ``seconds``), ``not_measured`` (cells that do not fit, with the reason), ``candidates`` (each
-        name's settings and family), ``skipped`` (caches unavailable here), and :func:`judge`'s ``gates`` /
-        ``decision``.
+        ``result``, status ``complete``: ``cells`` (:func:`kvlab.eval.tasks_run.run_task_cell` outputs with
+        ``task``, ``context``, ``seconds``), ``not_measured`` (cells that do not fit, with the reason),
+        ``candidates`` (each name's settings and family), ``skipped`` (caches unavailable here), and
+        :func:`judge`'s ``gates`` / ``decision``.
+
+    Raises:
+        Whatever stopped the run (``KeyboardInterrupt`` included), after recording it in ``result``: status
+        ``failed``, a failure (stage ``run``, type, message, the cell running) appended to ``failures``.
     """
     from kvlab.attention import enable
 
+    result = new_tasks_result(cfg, {"name": "?"}) if result is None else result
     makers, skipped = _factories(model, cfg.caches)
     if any(resolve(n).uses_kvlab_attention for n in makers):
         enable(model)  # fused KIVI, FP8 and the query-scored caches read through kvlab attention
+    result["skipped"] = skipped
+    result["candidates"] = {n: {**resolve(n).describe(), "line": family(n)} for n in makers}
     tok = as_tokenizer(tokenizer)
     hay = {"noise": noise_haystack(tok), "text": text_haystack(tok, heldout_text)}
-    stop = getattr(tokenizer, "eos_token_id", None)
-    cells, not_measured = [], []
-    for context in cfg.contexts:
-        for task in cfg.tasks:
+    stop, cell_now = getattr(tokenizer, "eos_token_id", None), None
+    try:
+        for task, context in _to_measure(result, cfg):
+            cell_now = {"task": task, "context": context}
             start = time.perf_counter()
             try:
                 samples = generate(
                     task, tokenizer, hay, context, cfg.n, seed=cfg.seed, protected_tail=cfg.protected_tail
                 )
             except NotPlaceable as e:
-                not_measured.append({"task": task, "context": context, "reason": str(e)})
+                result["not_measured"].append({"task": task, "context": context, "reason": str(e)})
                 continue
             cell = run_task_cell(model, tokenizer, samples, makers, stop_id=stop, keep_outputs=True)
             cell.update({"task": task, "context": context, "seconds": time.perf_counter() - start})
-            cells.append(cell)
+            result["cells"].append(cell)
+            result.update(judge(result["cells"], cfg.max_drop, cfg.min_float_score))
+            if save is not None:
+                save(result)
             if progress is not None:
                 base = cell["caches"][FLOAT]["score"]
                 progress(f"{task} @ {context}: float {base:.2f}, {cell['seconds']:.1f} s")
-    out = {
-        "cells": cells,
-        "not_measured": not_measured,
-        "skipped": skipped,
-        "candidates": {n: {**resolve(n).describe(), "line": family(n)} for n in makers},
-        "settings": asdict(cfg),
-    }
-    out.update(judge(cells, cfg.max_drop, cfg.min_float_score))
-    return out
+    except (Exception, KeyboardInterrupt) as exc:
+        fail_run(
+            result, "run", exc, "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else None
+        )
+        result["failures"][-1]["cell"] = cell_now
+        raise
+    result.update(judge(result["cells"], cfg.max_drop, cfg.min_float_score))
+    return set_status(result, "complete")

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from kvlab.cli import main
+from kvlab.eval.tasks_schema import validate_tasks_result
 from kvlab.task_figures import task_figure_data
 
 
@@ -16,11 +17,13 @@ from kvlab.task_figures import task_figure_data
     [
         (["--tasks", "niah_single_9"], "unknown task 'niah_single_9'"),
         (["--candidates", "kivi-3"], "`kivi` needs bits in [2, 4, 8], got 3"),
-        (["--contexts", "512,x"], "--contexts must be comma-separated integers, got '512,x'"),
-        (["--contexts", "64"], "contexts must be integers >= 128, got 64"),
-        (["--n", "0"], "`n` must be an integer >= 1, got 0"),
+        (["--contexts", "512,x"], "'x' in '512,x' is not an integer >= 128"),
+        (["--contexts", "64"], "'64' in '64' is not an integer >= 128"),
+        (["--n", "0"], "`n` (--n) must be an int >= 1, got 0"),
+        (["--threads", "0"], "`threads` (--threads) must be an int >= 1, got 0"),
         (["--max-drop", "1.5"], "`max_drop` must be in [0, 1], got 1.5"),
-        (["--tasks", "vt,vt"], "task names repeated: ['vt']"),
+        (["--tasks", "vt,vt"], "'vt' is given twice in 'vt,vt'"),
+        (["--tasks", "vt,,cwe"], "empty item in 'vt,,cwe'"),
     ],
 )
 def test_bad_input_exit_2(argv, message, capsys, tmp_path):
@@ -53,6 +56,7 @@ def test_small_run_on_the_bundled_model(tmp_path, capsys):
     assert main([*argv, "--n", "3", "--out", str(out), "--figure", str(fig), "--dtype", "float32"]) == 0
     result = json.loads(out.read_text())
     assert result["kind"] == "kvlab-tasks" and fig.stat().st_size > 0
+    assert result["status"] == "complete" and result["failures"] == [] and validate_tasks_result(result) == []
     assert [c["task"] for c in result["cells"]] == ["niah_single_2"]  # cwe does not fit in 256 tokens
     assert result["not_measured"][0]["task"] == "cwe" and "too short" in result["not_measured"][0]["reason"]
     rows = result["cells"][0]["caches"]

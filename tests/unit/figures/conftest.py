@@ -146,3 +146,45 @@ def synthetic_eval_result(label: str = "synthetic") -> dict:
 @pytest.fixture
 def eval_result():
     return synthetic_eval_result()
+
+
+# (name, family line, bytes ratio, samples with every reference found out of 4) per cell of a tasks result
+_TASK_CACHES = {
+    "niah_single_1": (("dynamic", "dynamic", 1.0, 4), ("kivi-4", "kivi", 2.8, 4), ("kivi-2", "kivi", 4.2, 1),
+                      ("snapkv:compression_ratio=0.5", "snapkv", 2.0, 0)),
+    "vt": (("dynamic", "dynamic", 1.0, 1), ("kivi-4", "kivi", 2.8, 1), ("kivi-2", "kivi", 4.2, 0),
+           ("snapkv:compression_ratio=0.5", "snapkv", 2.0, 0)),
+}  # fmt: skip
+
+
+def synthetic_tasks_result(status: str = "complete") -> dict:
+    """A ``kvlab tasks`` result in the :mod:`kvlab.eval.tasks_schema` layout, built by code: two tasks at one
+    context, four caches, judged by the real :func:`kvlab.eval.tasks_run.judge`."""
+    from kvlab.eval.tasks_run import judge, summarize
+
+    cells, candidates = [], {}
+    for task, caches in _TASK_CACHES.items():
+        rows = {}
+        for name, line, ratio, found in caches:
+            trials = [{"sample": i, "question": 0, "score": float(i < found), "correct": i < found,
+                       "output": f" {1234567 + i}" if i < found else " no"} for i in range(4)]  # fmt: skip
+            float_bytes = 4 * 512 * 24576
+            rows[name] = summarize(trials) | {"bytes": int(float_bytes / ratio), "float_bytes": float_bytes}
+            rows[name].update(bytes_ratio=ratio, ms=100.0 * ratio, answers=trials)
+            candidates[name] = {"name": name, "family": line.split("+")[0], "line": line}
+        cells.append({"task": task, "context": 512, "context_tokens": 512, "samples": 4, "prefill_ms": 80.0,
+                      "seconds": 2.5, "caches": rows})  # fmt: skip
+    result = {"kind": "kvlab-tasks", "version": 2, "status": status, "created_utc": "2026-12-03T00:00:00+00:00",
+              "command": ["kvlab", "tasks"], "model": {"name": "synthetic", "dtype": "float32", "device": "cpu"},
+              "settings": {"tasks": list(_TASK_CACHES), "contexts": [512], "candidates": list(candidates), "n": 4,
+                           "seed": 0, "protected_tail": 160, "max_drop": 0.1, "min_float_score": 0.5},
+              "cells": cells, "not_measured": [{"task": "cwe", "context": 512, "reason": "context too short"}],
+              "skipped": {}, "candidates": candidates, "failures": [],
+              "provenance": {"cpu": "test cpu", "started_unix": 0.0, "wall_s": 5.0}}  # fmt: skip
+    result.update(judge(cells, 0.1, 0.5))
+    return result
+
+
+@pytest.fixture
+def tasks_result():
+    return synthetic_tasks_result()

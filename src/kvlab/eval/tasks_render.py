@@ -1,0 +1,53 @@
+"""The text report of a ``kvlab tasks`` result (:mod:`kvlab.eval.tasks_schema`): one row per cache and cell with
+its bytes ratio, score, interval and gate, then the decision; what ``kvlab tasks`` prints at the end of a run and
+``kvlab report`` prints for a tasks result file (docs/TASKS.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+COLUMNS = ("task", "context", "cache", "bytes ratio", "score", "all found (95% CI)", "gate")
+
+
+def table_rows(result: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """The table's rows, as text, in the order of the result's cells: ``(task, context, cache, bytes ratio,
+    score, "correct/trials (low-high)", gate)``; the float cache's gate reads ``baseline``."""
+    status = {(g["task"], g["context"], g["cache"]): g["status"] for g in result.get("gates", [])}
+    out = []
+    for cell in result["cells"]:
+        for name, row in cell["caches"].items():
+            lo, hi = row["ci95"]
+            gate = status.get((cell["task"], cell["context"], name), "baseline")
+            found = f"{row['correct']}/{row['trials']} ({lo:.2f}-{hi:.2f})"
+            out.append((cell["task"], str(cell["context"]), name, f"{row['bytes_ratio']:.2f}",
+                        f"{row['score']:.2f}", found, gate))  # fmt: skip
+    return out
+
+
+def print_tasks_table(result: Mapping[str, Any], console: Any = None) -> None:
+    """Print the table, the decision, the run's status and failures, and the cells not measured (rich)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    wall = (result.get("provenance") or {}).get("wall_s")
+    title = f"kvlab tasks: {result['model']['name']}" + (f" ({wall:.0f} s)" if wall is not None else "")
+    table = Table(title=title)
+    for col in COLUMNS:
+        table.add_column(col)
+    for row in table_rows(result):
+        table.add_row(*row)
+    console.print(table)
+    for name, d in result["decision"].items():
+        failed = f" (failed: {', '.join(d['failed'])})" if d["failed"] else ""
+        console.print(f"{name}: {d['verdict']}{failed}")
+    for m in result["not_measured"]:
+        console.print(f"not measured: {m['task']} @ {m['context']}: {m['reason']}")
+    status = result.get("status", "complete")
+    if status != "complete":
+        console.print(f"status: {status} ({len(result['cells'])} cells measured)")
+    for f in result.get("failures", []):
+        cell = f.get("cell") or {}
+        where = f" in {cell['task']} @ {cell['context']}" if cell else ""
+        console.print(f"failed{where}: {f['type']}: {f['message']}")

@@ -1,0 +1,184 @@
+"""The ``kvlab tasks`` result file: its kind and version, its fields, and a validator in the style of the eval
+result's (:mod:`kvlab.eval.schema`, whose checks it shares). docs/TASKS.md describes the run that writes it.
+
+A tasks result is one JSON object::
+
+    kind, version   "kvlab-tasks", 2 (version 1: files written before the run saved after every cell; they have
+                    no status, command, created_utc or failures and read as complete)
+    status          "running" (saved after each finished cell), "complete" or "failed" (version 2)
+    created_utc, command (version 2), model {name, dtype, device}
+    settings        kvlab.eval.tasks_suite.TaskSuiteConfig: {tasks, contexts, candidates, n, seed, protected_tail,
+                    max_drop, min_float_score}
+    cells           [{task, context, context_tokens, samples, prefill_ms, seconds, caches {name: {score, correct,
+                     trials, ci95 [low, high], bytes, float_bytes, bytes_ratio, ms, answers? [{sample, question,
+                     score, correct, output}]}}}] (kvlab.eval.tasks_run.run_task_cell), in the order they finished
+    not_measured    [{task, context, reason}]; skipped {cache: reason}; candidates {cache: {name, family, line, ...}}
+    gates, decision kvlab.eval.tasks_run.judge over the finished cells: [{task, context, cache, float_score, score,
+                    drop, status in {"pass", "fail", "not informative"}}], {cache: {verdict, failed, passed,
+                    not_informative}}; max_drop, min_float_score
+    failures        [{stage, type, message, cell?}] (kvlab.eval.records.Failure of the run; cell {task, context}:
+                    the cell running when it stopped); version 2
+    provenance      {..., started_unix, wall_s, resumed? [{resumed_unix, cells_kept, status_before}]}
+"""
+
+from __future__ import annotations
+
+from kvlab.eval.schema import _check, _ci_problems, _counts_problems, _show
+
+RESULT_KIND = "kvlab-tasks"
+RESULT_VERSION = 2
+VERSIONS = (1, 2)
+STATUSES = ("running", "complete", "failed")
+GATE_STATUSES = ("pass", "fail", "not informative")
+VERDICTS = ("accepted", "rejected", "not judged")
+_TOP = (
+    "model",
+    "settings",
+    "cells",
+    "not_measured",
+    "skipped",
+    "candidates",
+    "gates",
+    "decision",
+    "provenance",
+)
+_V2 = ("status", "created_utc", "command", "failures")
+_CELL = {
+    "task": "string",
+    "context": "int >= 1",
+    "context_tokens": "int >= 1",
+    "samples": "int >= 1",
+    "prefill_ms": "number >= 0",
+    "seconds": "number >= 0",
+    "caches": "object",
+}
+_ROW = {
+    "score": "fraction",
+    "bytes": "int >= 0",
+    "float_bytes": "int >= 0",
+    "bytes_ratio": "number >= 0",
+    "ms": "number >= 0",
+}
+_GATE = {
+    "task": "string",
+    "context": "int >= 1",
+    "cache": "string",
+    "float_score": "fraction",
+    "score": "fraction",
+    "drop": "number",
+}
+
+
+def is_tasks_result(obj: object) -> bool:
+    """True for an object that says it is a ``kvlab tasks`` result (its ``kind``), valid or not."""
+    return isinstance(obj, dict) and obj.get("kind") == RESULT_KIND
+
+
+def _fields(problems: list[str], where: str, block: object, kinds: dict[str, str]) -> bool:
+    """Every key of ``kinds`` present in ``block`` (an object) and of its kind; False when ``block`` is none."""
+    if not _check(problems, where, block, "object"):
+        return False
+    for key, kind in kinds.items():
+        if key not in block:
+            problems.append(f"{where}: lacks {key!r}")
+        else:
+            _check(problems, f"{where}.{key}", block[key], kind)
+    return True
+
+
+def _cell_problems(i: int, cell: object) -> list[str]:
+    """One cell: its fields, the float row every cell pairs with, and each cache's score, counts and bytes."""
+    problems: list[str] = []
+    where = f"cells[{i}]"
+    if not _fields(problems, where, cell, _CELL) or not isinstance(cell.get("caches"), dict):
+        return problems
+    if "dynamic" not in cell["caches"]:
+        problems.append(f"{where}.caches: lacks the float row 'dynamic' every cache is paired with")
+    for name, row in cell["caches"].items():
+        at = f"{where}.caches[{_show(name)}]"
+        if not _fields(problems, at, row, _ROW):
+            continue
+        if "trials" not in row or "correct" not in row:
+            problems.append(f"{at}: lacks 'trials' or 'correct'")
+        _counts_problems(problems, at, row)
+        if "ci95" not in row:
+            problems.append(f"{at}: lacks 'ci95'")
+        _ci_problems(problems, f"{at}.ci95", row.get("ci95"))
+        if "answers" in row and _check(problems, f"{at}.answers", row["answers"], "list"):
+            for j, a in enumerate(row["answers"]):
+                kinds = {"score": "fraction", "correct": "bool", "output": "string"}
+                _fields(problems, f"{at}.answers[{j}]", a, kinds)
+    return problems
+
+
+def _judged_problems(result: dict) -> list[str]:
+    """The gates and the decision (:func:`kvlab.eval.tasks_run.judge`) and the thresholds they were judged on."""
+    problems: list[str] = []
+    for key in ("max_drop", "min_float_score"):
+        _check(problems, key, result.get(key), "fraction or null")
+    if _check(problems, "gates", result.get("gates"), "list"):
+        for i, gate in enumerate(result["gates"]):
+            if _fields(problems, f"gates[{i}]", gate, _GATE) and gate.get("status") not in GATE_STATUSES:
+                problems.append(
+                    f"gates[{i}].status: {_show(gate.get('status'))} not in {list(GATE_STATUSES)}"
+                )
+    if _check(problems, "decision", result.get("decision"), "object"):
+        for name, d in result["decision"].items():
+            at = f"decision[{_show(name)}]"
+            kinds = {"failed": "list", "passed": "int >= 0", "not_informative": "int >= 0"}
+            if _fields(problems, at, d, kinds) and d.get("verdict") not in VERDICTS:
+                problems.append(f"{at}.verdict: {_show(d.get('verdict'))} not in {list(VERDICTS)}")
+    return problems
+
+
+def _run_problems(result: dict) -> list[str]:
+    """The version-2 fields: status, the command, and the run's failures."""
+    problems = [f"missing field {k!r}" for k in _V2 if k not in result]
+    if problems:
+        return problems
+    if result["status"] not in STATUSES:
+        problems.append(f"status: {_show(result['status'])} not in {list(STATUSES)}")
+    _check(problems, "created_utc", result["created_utc"], "string")
+    _check(problems, "command", result["command"], "list or null")
+    if _check(problems, "failures", result["failures"], "list"):
+        for i, f in enumerate(result["failures"]):
+            _fields(problems, f"failures[{i}]", f, {"stage": "string", "type": "string", "message": "string"})
+    if result["status"] == "failed" and not result["failures"]:
+        problems.append("failures: a failed result names its failure, got []")
+    return problems
+
+
+def validate_tasks_result(result: object) -> list[str]:
+    """Problems found in a ``kvlab tasks`` result (empty list = valid), each ``"<where>: <what>"`` naming the
+    field's path and its value, as :func:`kvlab.eval.schema.validate_result` does for an eval result: every field
+    the table, the figure (:mod:`kvlab.task_figures`) and the HTML report read is type-checked, every number finite,
+    scores and intervals in [0, 1], ``correct <= trials``. Never raises on bad content."""
+    if not isinstance(result, dict):
+        return [f"result must be a JSON object, got {type(result).__name__}"]
+    if result.get("kind") != RESULT_KIND:
+        return [f"kind: {_show(result.get('kind'))} is not {RESULT_KIND!r} (not a kvlab tasks result)"]
+    version = result.get("version")
+    if version not in VERSIONS or isinstance(version, bool):
+        return [
+            f"version: {_show(version)} not in {list(VERSIONS)} (a kvlab tasks result of another version)"
+        ]
+    problems = [f"missing field {k!r}" for k in _TOP if k not in result]
+    if version >= 2:
+        problems += _run_problems(result)
+    if problems:
+        return problems
+    for key, kind in (("not_measured", "list"), ("skipped", "object"), ("candidates", "object")):
+        _check(problems, key, result[key], kind)
+    _fields(problems, "model", result["model"], {"name": "string"})
+    _fields(problems, "settings", result["settings"], {"n": "int >= 1", "seed": "int", "contexts": "list"})
+    if _check(problems, "provenance", result["provenance"], "object"):
+        _check(problems, "provenance.wall_s", result["provenance"].get("wall_s"), "number >= 0 or null")
+    if isinstance(result["not_measured"], list):
+        for i, m in enumerate(result["not_measured"]):
+            kinds = {"task": "string", "context": "int >= 1", "reason": "string"}
+            _fields(problems, f"not_measured[{i}]", m, kinds)
+    if _check(problems, "cells", result["cells"], "list"):
+        for i, cell in enumerate(result["cells"]):
+            problems += _cell_problems(i, cell)
+    problems += _judged_problems(result)
+    return problems

@@ -1,0 +1,90 @@
+"""A long ``kvlab tasks`` run keeps what it measured: the result file is written after every finished cell
+(status ``running``); an interrupt or an exception after the first cell records the failure (stage, type,
+message, the cell) and exits 130 / 1 with the finished cell kept; ``--resume FILE`` continues it, keeping the
+finished cell and asking the same prompts (same seed). On the bundled model, two cells of n=2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import kvlab.eval.tasks_suite as suite
+from kvlab.cli import main
+from kvlab.eval.tasks_schema import validate_tasks_result
+
+ARGV = ["tasks", "--tasks", "niah_single_1,niah_single_2", "--contexts", "256", "--n", "2",
+        "--candidates", "dynamic,kivi-4", "--dtype", "float32", "--threads", "1"]  # fmt: skip
+
+
+def _stop_at_second_cell(monkeypatch, out, exc):
+    """Let the first cell run, then check the file on disk holds it and raise ``exc`` at the second."""
+    real, seen = suite.run_task_cell, []
+
+    def cell(model, tokenizer, samples, *args, **kw):
+        seen.append([s.context_ids for s in samples])
+        if len(seen) == 2:
+            on_disk = json.loads(out.read_text())
+            assert on_disk["status"] == "running" and len(on_disk["cells"]) == 1
+            assert validate_tasks_result(on_disk) == []
+            raise exc
+        return real(model, tokenizer, samples, *args, **kw)
+
+    monkeypatch.setattr(suite, "run_task_cell", cell)
+    return seen
+
+
+def test_interrupt_after_the_first_cell_keeps_it_and_resume_finishes(monkeypatch, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    first = _stop_at_second_cell(monkeypatch, out, KeyboardInterrupt())
+    assert main([*ARGV, "--out", str(out)]) == 130
+    result = json.loads(out.read_text())
+    assert validate_tasks_result(result) == []
+    assert result["status"] == "failed" and [c["task"] for c in result["cells"]] == ["niah_single_1"]
+    failure = result["failures"][0]
+    assert (failure["stage"], failure["type"], failure["message"]) == (
+        "run",
+        "KeyboardInterrupt",
+        "interrupted by the user",
+    )
+    assert failure["cell"] == {"task": "niah_single_2", "context": 256}
+    assert f"--resume {out}" in capsys.readouterr().err
+    kept = result["cells"][0]
+
+    monkeypatch.undo()
+    real, again = suite.run_task_cell, []
+    monkeypatch.setattr(
+        suite,
+        "run_task_cell",
+        lambda m, t, s, *a, **k: again.append([x.context_ids for x in s]) or real(m, t, s, *a, **k),
+    )
+    assert main(["tasks", "--resume", str(out), "--threads", "1"]) == 0
+    done = json.loads(out.read_text())
+    assert validate_tasks_result(done) == [] and done["status"] == "complete" and done["failures"] == []
+    assert [c["task"] for c in done["cells"]] == ["niah_single_1", "niah_single_2"]
+    assert done["cells"][0] == kept  # kept, not measured again
+    assert again == [first[1]]  # only the unfinished cell ran, on the prompts the first session generated
+    assert done["provenance"]["resumed"][0]["failures_before"][0]["type"] == "KeyboardInterrupt"
+    assert {g["task"] for g in done["gates"]} == {"niah_single_1", "niah_single_2"}
+    assert main(["tasks", "--resume", str(out)]) == 2  # complete: nothing to resume
+    assert "nothing to resume" in capsys.readouterr().err
+
+
+def test_an_exception_is_recorded_and_exits_1(monkeypatch, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    _stop_at_second_cell(monkeypatch, out, RuntimeError("out of memory in a cache"))
+    assert main([*ARGV, "--out", str(out)]) == 1
+    result = json.loads(out.read_text())
+    assert result["status"] == "failed" and len(result["cells"]) == 1
+    assert result["failures"][0]["type"] == "RuntimeError"
+    assert result["failures"][0]["message"] == "out of memory in a cache"
+    assert set(result["decision"]) == {"kivi-4"}  # judged over the finished cell
+    assert "RuntimeError: out of memory in a cache" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", [["--n", "3"], ["--model", "x"], ["--quick"]])
+def test_resume_refuses_settings(flag, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    out.write_text("{}")
+    assert main(["tasks", "--resume", str(out), *flag]) == 2
+    assert f"drop {flag[0]}" in capsys.readouterr().err
