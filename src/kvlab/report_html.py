@@ -454,9 +454,11 @@ def _details(title: str, data: Any) -> str:
     return f"<details><summary>{html.escape(title)}</summary><pre>{html.escape(text)}</pre></details>"
 
 
-def render_html(result: Mapping[str, Any], figure_dir: str | os.PathLike | None = None) -> str:
+def render_html(
+    result: Mapping[str, Any], figure_dir: str | os.PathLike | None = None, sections: tuple[str, ...] = ()
+) -> str:
     """The page as a string. Figures are drawn into ``figure_dir`` (a temporary folder when ``None``) and
-    embedded.
+    embedded; ``sections`` (HTML, e.g. :func:`kvlab.report_tasks.tasks_section`) go after the figures.
 
     Raises:
         TypeError: ``result`` is not a mapping or its ``rows`` is not a list.
@@ -514,6 +516,7 @@ def render_html(result: Mapping[str, Any], figure_dir: str | os.PathLike | None 
                     f"<h3>{html.escape(path.stem.replace('_', ' '))}</h3>" + _png_tag(path, path.stem)
                 )
 
+    parts.extend(sections)
     parts.append("<h2>Provenance</h2>" + _kv_table(result.get("provenance", {})))
     if "settings" in result:
         parts.append("<h2>Settings</h2>" + _kv_table(_settings_shown(result)))

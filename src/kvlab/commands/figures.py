@@ -1,5 +1,6 @@
 """``kvlab figures``: draw the mechanics chapter's four figures (memory ledger, roofline, paged layout, video), the lab's
-append-cost curves and, with ``--result``, an eval result's figures. Logic lives in :mod:`kvlab.figures`."""
+append-cost curves and, with ``--result``, an eval result's figures and a tasks result's score-vs-bytes figure. Logic
+lives in :mod:`kvlab.figures` and :mod:`kvlab.task_figures`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import json
 from pathlib import Path
 
 from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, progress
+
+TASKS_FIGURE = "tasks_scores.png"  # a kvlab tasks result's figure (kvlab.task_figures.plot_task_scores)
 
 
 def register(subparsers) -> None:
@@ -19,7 +22,14 @@ def register(subparsers) -> None:
         "the command refuses (exit 2) unless --force.",
     )
     p.add_argument("--out", default="figures", help="output folder (default: ./figures)")
-    p.add_argument("--result", default=None, help="a kvlab eval result JSON: also draw its figures")
+    p.add_argument(
+        "--result",
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="a kvlab eval result JSON (its figures) or a kvlab tasks result JSON (score vs bytes ratio, "
+        f"{TASKS_FIGURE}); give it twice for one of each",
+    )
     p.add_argument("--no-probe", action="store_true", help="roofline without this machine's probe panel")
     p.add_argument("--no-append", action="store_true", help="skip the append-cost measurement and figure")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
@@ -30,21 +40,21 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from kvlab.eval.io import read_result
+    from kvlab.eval.io import read_results
     from kvlab.figures import figure_files, figure_steps, write_figures
 
-    result = None
     try:
         if not args.out.strip():
             raise ValueError(f"--out must name a folder, got {args.out!r}")
         if Path(args.out).exists() and not Path(args.out).is_dir():
             raise ValueError(f"--out {args.out} is a file; pass a folder")
-        if args.result is not None:  # "" is refused by read_result, not taken for "no result"
-            result = read_result(args.result)  # validated, or a message naming the problem
+        # validated, each by its own schema; "" is refused by read_result, not taken for "no result"
+        result, tasks = read_results(args.result, flag="--result")
     except (ValueError, OSError) as exc:
         return fail(args, exc)
     append = not args.no_append
-    existing = [Path(args.out) / f for f in figure_files(result=result, append=append)]
+    names = figure_files(result=result, append=append) + ([TASKS_FIGURE] if tasks else [])
+    existing = [Path(args.out) / f for f in names]
     existing = [p for p in existing if p.exists()]
     if existing and not args.force:  # checked before any work: nothing is overwritten silently
         more = f" ({len(existing) - 1} more figure files exist there too)" if len(existing) > 1 else ""
@@ -54,12 +64,17 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:  # a file where a parent folder should be, no permission, ...
         reason = "a file is in the way" if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc
         return fail(args, f"--out {args.out}: cannot create the folder ({reason})")
-    total = figure_steps(result=result, append=append)
+    total = figure_steps(result=result, append=append) + bool(tasks)
     try:
         with progress(Console(stderr=True), total, "kvlab figures") as bar:
             paths = write_figures(
                 args.out, result=result, run_probe=not args.no_probe, append=append, progress=bar.start
             )
+            if tasks:
+                from kvlab.task_figures import plot_task_scores
+
+                bar.start("tasks result: score vs bytes ratio")
+                paths["tasks_scores"] = plot_task_scores(tasks, Path(args.out) / TASKS_FIGURE)
     except OSError as exc:  # a folder that takes no files (/proc), a full disk: the writer names the file
         if exc.filename is None or Path(exc.filename).parent != Path(args.out):
             raise

@@ -1,4 +1,5 @@
-"""``kvlab report RESULT.json``: the summary of an eval result, from the file alone."""
+"""``kvlab report RESULT.json [TASKS.json]``: the summary of an eval result and/or a tasks result, from the files
+alone (text, JSON or one HTML page)."""
 
 from __future__ import annotations
 
@@ -9,49 +10,77 @@ from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message
 
 
 def register(sub) -> None:
-    p = sub.add_parser("report", help="print (or render to HTML) the summary of a kvlab eval result file")
-    p.add_argument("result", help="path to a results/<label>.json written by kvlab eval")
+    p = sub.add_parser(
+        "report",
+        help="print (or render to HTML) the summary of a kvlab eval result and/or a kvlab tasks result",
+    )
+    p.add_argument(
+        "result",
+        nargs="+",
+        help="a results/<label>.json written by kvlab eval, a result of kvlab tasks, or one of each",
+    )
     p.add_argument("--json", action="store_true", help="print the validated result JSON")
     p.add_argument("--html", metavar="OUT.html", default=None, help="write a self-contained HTML report")
     p.add_argument("--force", action="store_true", help="overwrite an existing --html file")
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def _html(args: argparse.Namespace, result: dict | None, tasks: dict | None, err) -> int | None:
+    """Write the page; an exit code when refused, None when written."""
     from pathlib import Path
 
+    out = Path(args.html)
+    if out.is_dir():
+        return fail(args, f"{out} is a directory; --html needs a file name")
+    if out.exists() and any(out.resolve() == Path(r).resolve() for r in args.result):
+        return fail(args, f"--html {out} is the result file itself; the report would replace its own input")
+    if out.exists() and not args.force:
+        return fail(args, file_exists_message(out), EXIT_FILE_EXISTS)
+    try:
+        if tasks is None:
+            from kvlab.report_html import write_html_report
+
+            write_html_report(result, out, overwrite=args.force)
+        else:
+            from kvlab.report_tasks import write_report
+
+            write_report(out, result, tasks, overwrite=args.force)
+    except OSError as exc:
+        return fail(args, f"could not write {out}: {exc}")
+    err.print(f"HTML report written to {out}")
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from kvlab.eval.io import read_result
+    from kvlab.eval.io import read_results
 
     err = Console(stderr=True)
     if args.html is not None and not args.html.strip():  # '' is not "no --html"
         return fail(args, f"--html must name a file, got {args.html!r}")
+    if len(args.result) > 2:
+        return fail(
+            args, f"give one or two result files (an eval and a tasks result), got {len(args.result)}"
+        )
     try:
-        result = read_result(args.result)
+        result, tasks = read_results(args.result, flag="kvlab report")
     except (FileNotFoundError, ValueError) as exc:
         return fail(args, exc)
     if args.html:
-        out = Path(args.html)
-        if out.is_dir():
-            return fail(args, f"{out} is a directory; --html needs a file name")
-        if out.exists() and out.resolve() == Path(args.result).resolve():
-            return fail(
-                args, f"--html {out} is the result file itself; the report would replace its own input"
-            )
-        if out.exists() and not args.force:
-            return fail(args, file_exists_message(out), EXIT_FILE_EXISTS)
-        from kvlab.report_html import write_html_report
-
-        try:
-            write_html_report(result, out, overwrite=args.force)
-        except OSError as exc:
-            return fail(args, f"could not write {out}: {exc}")
-        err.print(f"HTML report written to {out}")
+        code = _html(args, result, tasks, err)
+        if code is not None:
+            return code
     if args.json:
-        print(json.dumps(result, indent=1))
+        both = {"eval": result, "tasks": tasks}
+        print(json.dumps(both if result and tasks else result or tasks, indent=1))
     elif not args.html:
-        from kvlab.eval.render import print_summary
+        if result is not None:
+            from kvlab.eval.render import print_summary
 
-        print_summary(result)
+            print_summary(result)
+        if tasks is not None:
+            from kvlab.eval.tasks_render import print_tasks_table
+
+            print_tasks_table(tasks)
     return 0

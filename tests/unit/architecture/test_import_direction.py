@@ -35,6 +35,7 @@ ALLOWED: dict[str, set[str]] = {
     "figures": {"lab", "paging", "plan", "eval", "tasks"},
     "task_figures": {"figures"},
     "report_html": {"figures", "eval"},
+    "report_tasks": {"figures", "eval", "task_figures", "report_html"},
     "commands": {
         "eval",
         "bench",
@@ -49,6 +50,7 @@ ALLOWED: dict[str, set[str]] = {
         "figures",
         "task_figures",
         "report_html",
+        "report_tasks",
     },
     "cli": {"commands"},
 }

@@ -1,0 +1,116 @@
+"""A ``kvlab tasks`` result in ``kvlab figures`` (the score-vs-bytes-ratio figure) and in ``kvlab report`` (text,
+and HTML alone or as a section of an eval result's page), from a small result built by code."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import pytest
+
+import kvlab.figures
+from kvlab.cli import main
+from kvlab.eval.tasks_render import table_rows
+from kvlab.report_tasks import render_report
+from kvlab.task_figures import plot_task_scores
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _write(tmp_path, name, obj):
+    path = tmp_path / name
+    path.write_text(json.dumps(obj))
+    return path
+
+
+def test_figure_is_a_png(tasks_result, tmp_path):
+    path = plot_task_scores(tasks_result, tmp_path / "t.png")
+    assert path.read_bytes().startswith(PNG)
+
+
+def test_kvlab_figures_draws_a_tasks_result(tasks_result, eval_result, tmp_path, monkeypatch, capsys):
+    drawn = []
+    monkeypatch.setattr(kvlab.figures, "write_figures", lambda out, **kw: drawn.append(kw["result"]) or {})
+    tasks, evals, out = (
+        _write(tmp_path, "t.json", tasks_result),
+        _write(tmp_path, "e.json", eval_result),
+        tmp_path / "f",
+    )
+    assert (
+        main(["figures", "--out", str(out), "--result", str(tasks), "--no-probe", "--no-append", "--json"])
+        == 0
+    )
+    assert drawn == [None]  # no eval result: write_figures draws no eval figure
+    assert json.loads(capsys.readouterr().out)["tasks_scores"] == str(out / "tasks_scores.png")
+    assert (out / "tasks_scores.png").read_bytes().startswith(PNG)
+    argv = [
+        "figures",
+        "--out",
+        str(out),
+        "--result",
+        str(evals),
+        "--result",
+        str(tasks),
+        "--no-probe",
+        "--no-append",
+    ]
+    assert main(argv) == 2  # the tasks figure exists: kept without --force
+    assert "tasks_scores.png already exists" in capsys.readouterr().err
+    assert main([*argv, "--force"]) == 0
+    assert drawn[-1]["label"] == eval_result["label"]
+
+
+def test_kvlab_figures_refuses_a_damaged_tasks_result(tasks_result, tmp_path, capsys):
+    tasks_result["gates"][0]["status"] = "maybe"
+    path = _write(tmp_path, "t.json", tasks_result)
+    assert (
+        main(["figures", "--out", str(tmp_path / "f"), "--result", str(path), "--no-probe", "--no-append"])
+        == 2
+    )
+    assert "gates[0].status" in capsys.readouterr().err
+
+
+def _table_cells(page: str) -> list[list[str]]:
+    return [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", page)]
+
+
+def _embedded_pngs(page: str) -> list[bytes]:
+    return [base64.b64decode(d) for d in re.findall(r'src="data:image/png;base64,([^"]+)"', page)]
+
+
+def test_report_html_of_a_tasks_result(tasks_result, tmp_path, capsys):
+    path, html_out = _write(tmp_path, "t.json", tasks_result), tmp_path / "r.html"
+    assert main(["report", str(path), "--html", str(html_out)]) == 0
+    page = html_out.read_text()
+    rows = _table_cells(page)
+    for row in table_rows(tasks_result):  # every (task, cache) row of the table, as the text report has it
+        assert list(row) in rows
+    assert ["kivi-2", "rejected", "niah_single_1@512"] in rows
+    assert re.search(r'class="[^"]*\bfail">fail</td>', page)
+    assert re.search(r'class="[^"]*\buntrusted">not informative</td>', page)
+    pngs = _embedded_pngs(page)
+    assert len(pngs) == 1 and pngs[0].startswith(PNG)
+    assert main(["report", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "kivi-2: rejected (failed: niah_single_1@512)" in text and "not measured: cwe @ 512" in text
+
+
+def test_report_html_of_an_eval_and_a_tasks_result(eval_result, tasks_result, tmp_path):
+    evals, tasks = _write(tmp_path, "e.json", eval_result), _write(tmp_path, "t.json", tasks_result)
+    html_out = tmp_path / "r.html"
+    assert main(["report", str(evals), str(tasks), "--html", str(html_out)]) == 0
+    page = html_out.read_text()
+    alone = render_report(eval_result)
+    assert "<h2>Long-context tasks (kvlab tasks)</h2>" in page and "Long-context tasks" not in alone
+    assert len(_embedded_pngs(page)) == len(_embedded_pngs(alone)) + 1
+    assert page.index("Long-context tasks") < page.index("<h2>Provenance</h2>")
+    assert main(["report", str(evals), str(tasks), "--html", str(html_out)]) == 2  # kept without --force
+
+
+def test_report_refuses_two_of_a_kind_and_nothing(tasks_result, tmp_path, capsys):
+    tasks = _write(tmp_path, "t.json", tasks_result)
+    assert main(["report", str(tasks), str(tasks)]) == 2
+    assert "both kvlab tasks results" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="give an eval result"):
+        render_report()
