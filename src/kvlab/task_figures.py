@@ -84,6 +84,6 @@ def plot_task_scores(result: Mapping[str, Any], out_path: str | os.PathLike) -> 
         if notes:
             ax.text(0.02, 0.02, "; ".join(notes), transform=ax.transAxes, fontsize=6, color=C_GRAY)
         if i == 0:
-            ax.legend(fontsize=5, ncol=2, loc="upper right")
+            ax.legend(fontsize=5, ncol=2, loc="best")  # where it hides the fewest points
     fig.tight_layout()
     return save_png(fig, out_path)
