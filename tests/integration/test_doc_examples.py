@@ -115,6 +115,8 @@ def _quoted_numbers(comment: str) -> set[str]:
 )
 def test_example_runs_as_printed(doc, command, comment, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    # the committed plans, as the docs' `export KVLAB_PLAN_DIR=docs/examples/mixed/plans` sets them
+    monkeypatch.setenv("KVLAB_PLAN_DIR", str(ROOT / "docs" / "examples" / "mixed" / "plans"))
     monkeypatch.setenv("COLUMNS", "200")
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -90,6 +90,30 @@ def test_planner_bytes_equal_measured_bytes(smollm2, name, source_kind):
     )
 
 
+@pytest.mark.parametrize("plan", ["demo", "smollm2-b3", "smollm2-fp8"])
+def test_mixed_cache_bytes_equal_kvlab_plan(smollm2, plan, monkeypatch, capsys):
+    """``MixedCache.nbytes()`` of the committed plans (docs/MIXED.md: KIVI bits per layer, FP8 with layer 10 in
+    float) after a real 300-token x 2-row prefill equals ``kvlab plan smollm2-135m --kv-dtype mixed-<plan>``."""
+    from pathlib import Path
+
+    from kvlab.caches.mixed import MixedCache
+    from kvlab.plan.mixed import find_plan
+    from kvlab.runtime.hf_api import cache_kwarg
+
+    model, _, _ = smollm2
+    plans = Path(__file__).resolve().parents[2] / "docs" / "examples" / "mixed" / "plans"
+    monkeypatch.setenv("KVLAB_PLAN_DIR", str(plans))  # the registry lists plan files at import; read it here
+    cache = MixedCache(find_plan(plan)[0], model.config)  # KIVI G and R: the defaults of both
+    ids = torch.randint(0, 49152, (2, 300), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        model(ids, use_cache=True, logits_to_keep=1, **{cache_kwarg(model): cache})
+    argv = ["plan", NAME, "--kv-dtype", f"mixed-{plan}", "--context", "300", "--batch", "2", "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["kv_bytes_per_layer_per_gpu"] == cache.nbytes_layers()
+    assert report["kv_bytes_total"] == cache.nbytes()
+
+
 def test_paired_cell_kivi2_damages_more_than_kivi4(tmp_path):
     """One 1,024-token cell (dynamic, kivi-4, kivi-2) through ``kvlab eval``: the result names the package and the
     GGUF sha256, and KIVI-2's KL to the float cache, its NLL change and its recall/passkey losses are each at least

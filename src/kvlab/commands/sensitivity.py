@@ -295,14 +295,15 @@ def _above_floor(kl: dict, floor: str | None) -> dict:
 
 
 def vllm_flags(layers: dict) -> str | None:
-    """``--kv-cache-dtype fp8 [--kv-cache-dtype-skip-layers i,j]`` for a plan of FP8 and float layers only (vLLM's
-    skipped layers keep the model dtype), else None (vLLM has no per-layer KIVI)."""
+    """``--kv-cache-dtype fp8 [--kv-cache-dtype-skip-layers i j]`` for a plan of FP8 and float layers only (vLLM's
+    skipped layers keep the model dtype; the flag takes its layers space-separated, ``nargs="+"``: a comma-joined
+    ``1,2`` would be one name that matches no layer), else None (vLLM has no per-layer KIVI)."""
     kinds = {(e["k"], e["v"]) for e in layers.values()}
     if not kinds <= {("fp8-e4m3", "fp8-e4m3"), ("float", "float")} or ("fp8-e4m3", "fp8-e4m3") not in kinds:
         return None
     skip = sorted(int(i) for i, e in layers.items() if e["k"] == "float")
     return "--kv-cache-dtype fp8" + (
-        f" --kv-cache-dtype-skip-layers {','.join(map(str, skip))}" if skip else ""
+        f" --kv-cache-dtype-skip-layers {' '.join(map(str, skip))}" if skip else ""
     )
 
 

@@ -42,6 +42,7 @@ from kvlab.plan.spec import ModelSpec
 
 FORMATS = ("kivi-2", "kivi-4", "kivi-8", "fp8-e4m3", "float")
 PLAN_DIR_ENV = "KVLAB_PLAN_DIR"
+MIXED_PREFIX = "mixed-"  # the cache family (and ``kvlab plan --kv-dtype``) name of a plan: mixed-<plan name>
 _NAME = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z][a-z0-9]*)?$")  # the cache-name grammar's variant
 
 # plans every install has (the registry's test matrix runs them on a 2-layer model): layer 0 with 8-bit keys and
@@ -158,18 +159,21 @@ def plan_layer_bytes(
     *,
     group_size: int = 32,
     residual_length: int = 128,
+    tp: int = 1,
 ) -> list[int]:
-    """Exact bytes each layer of a plan holds for ``batch`` sequences of ``tokens`` tokens (kvlab's caches: KIVI
+    """Exact bytes each layer of a plan holds for ``batch`` sequences of ``tokens`` tokens on one of ``tp``
+    tensor-parallel ranks (kvlab's caches: KIVI
     codes + scale/zero + residual window, :func:`kvlab.plan.ledger.kivi_bytes_per_head`; FP8 1 B/element + per-head
     fp32 scales; float ``tokens * 2 * kv_heads * head_dim * dtype bytes``): what ``MixedCache.nbytes()`` measures.
 
     Args:
         formats: ``[(k, v)]`` per layer, as :func:`layer_formats` returns.
         group_size, residual_length: KIVI ``G`` and ``R`` (the run's, as the cache takes them).
+        tp: tensor-parallel ranks the KV heads are split over (:func:`kvlab.plan.ledger.kv_heads_per_rank`).
 
     Raises:
         ValueError: ``formats`` not one pair per layer of ``spec``; a model with layers other than full attention;
-            invalid KIVI settings; a bad ``tokens`` or ``batch``.
+            invalid KIVI settings; a bad ``tokens``, ``batch`` or ``tp``.
     """
     n = _kv_layers(spec)
     if len(formats) != n:
@@ -181,7 +185,7 @@ def plan_layer_bytes(
     out = []
     for k, v in formats:
         kvd = kv_dtype(ledger_name(k, v), spec.dtype, group_size=group_size, residual_length=residual_length)
-        out.append(_layer_bytes(spec, kvd, tokens, 1) * batch)
+        out.append(_layer_bytes(spec, kvd, tokens, tp) * batch)
     return out
 
 

@@ -57,6 +57,11 @@ class VllmServePlan:
     kv_cache_tokens: int  # "GPU KV cache size: N tokens"
     max_concurrency: float  # "Maximum concurrency for max_model_len tokens per request"
     notes: tuple[str, ...] = field(default=())
+    kv_cache_dtype_skip_layers: tuple[
+        int, ...
+    ] = ()  # --kv-cache-dtype-skip-layers: layers in the model dtype
+    # (page bytes of one block of one layer, layers with that page): one pair unless layers are skipped
+    layer_pages: tuple[tuple[int, int], ...] = ()
 
     @property
     def command_line(self) -> str:
@@ -81,6 +86,8 @@ class VllmServePlan:
             "num_gpu_blocks": self.num_gpu_blocks,
             "kv_cache_tokens": self.kv_cache_tokens,
             "max_concurrency": self.max_concurrency,
+            "kv_cache_dtype_skip_layers": list(self.kv_cache_dtype_skip_layers),
+            "layer_pages": [{"page_size_bytes": p, "layers": n} for p, n in self.layer_pages],
             "notes": list(self.notes),
         }
 
@@ -166,6 +173,7 @@ def vllm_serve_plan(
     reserve_bytes: int,
     weight_bytes_per_gpu: int,
     block_size: int = 16,
+    skip_layers: tuple[int, ...] = (),
 ) -> VllmServePlan:
     """The ``vllm serve`` command that runs ``spec`` as planned, and the KV cache vLLM would report for its memory.
 
@@ -174,46 +182,42 @@ def vllm_serve_plan(
         kvd: the plan's KV dtype: the model dtype, fp8, or an FP8Cache name (``fp8-e4m3``, ``fp8_e5m2``, ``-tensor``,
             ``-unscaled``: vLLM's ``fp8_e4m3`` / ``fp8_e5m2``; per-tensor adds ``--calculate-kv-scales``).
         model: what ``vllm serve`` loads (:func:`vllm_model_argument`).
-        context: tokens per sequence: ``--max-model-len``.
-        batch: sequences decoded together: ``--max-num-seqs``.
-        tp: GPUs the heads are split over: ``--tensor-parallel-size``.
+        context, batch, tp: ``--max-model-len``, ``--max-num-seqs``, ``--tensor-parallel-size``.
         memory_bytes: one GPU's memory, as the plan assumed it.
         reserve_bytes: bytes of it the plan keeps back; ``--gpu-memory-utilization`` is
             ``(memory - reserve) / memory`` rounded down to 4 decimals, so vLLM never takes more than planned.
         weight_bytes_per_gpu: one GPU's share of the weights.
         block_size: tokens per KV block, one of :data:`VLLM_BLOCK_SIZES` (vLLM's CUDA default is 16).
+        skip_layers: decoder layers kept in the model dtype next to an fp8 ``kvd``:
+            ``--kv-cache-dtype-skip-layers i j ...`` (vLLM's flag takes one or more values, space-separated:
+            docs.vllm.ai, Quantized KV Cache, "Skipping Specific Layers from KV-Cache Quantization").
 
     Raises:
-        ValueError: a layer kind, KV dtype or block size vLLM would size differently, nothing left for KV, or a
-            KV cache that cannot hold one ``context``-token request (vLLM refuses to start); the message names the
-            flag or the value.
+        ValueError: a layer kind, KV dtype or block size vLLM would size differently, nothing left for KV, a KV
+            cache that cannot hold one ``context``-token request (vLLM refuses to start), or ``skip_layers`` with a
+            KV dtype that is not fp8 or naming a layer the model lacks; the message names the flag or the value.
     """
     _check_serve_inputs(spec, context, batch, tp, memory_bytes, reserve_bytes, block_size)
     dtype, cache_dtype = _cache_dtype(spec, kvd)
-    utilization = _gpu_memory_utilization(memory_bytes, reserve_bytes)
-    kv_memory = int(utilization * memory_bytes) - weight_bytes_per_gpu
-    if kv_memory <= 0:
-        raise ValueError(
-            f"the weights ({weight_bytes_per_gpu:,} B per GPU) do not fit in --gpu-memory-utilization "
-            f"{utilization:g} x {memory_bytes:,} B: nothing is left for the KV cache"
-        )
+    _check_skip_layers(skip_layers, cache_dtype)
+    utilization, kv_memory = _kv_memory(memory_bytes, reserve_bytes, weight_bytes_per_gpu)
     kv = vllm_kv_cache(
-        spec, kv_memory, max_model_len=context, tp=tp, block_size=block_size, kv_cache_dtype=cache_dtype
+        spec,
+        kv_memory,
+        max_model_len=context,
+        tp=tp,
+        block_size=block_size,
+        kv_cache_dtype=cache_dtype,
+        kv_cache_dtype_skip_layers=skip_layers,
     )
-    page, layers, num_blocks = kv.page_size_bytes, kv.group_size, kv.num_blocks
     util_text = f"{utilization:.4f}".rstrip("0").rstrip(".")
-    flags = {
-        "--dtype": dtype,
-        "--max-model-len": context,
-        "--kv-cache-dtype": cache_dtype,
-        "--block-size": block_size,
-        "--gpu-memory-utilization": util_text,
-        "--max-num-seqs": batch,
-        "--tensor-parallel-size": tp,
-    }
-    tokens = kv.kv_cache_tokens
-    _check_one_request_fits(context, num_blocks, block_size)
+    _check_one_request_fits(context, kv.num_blocks, block_size)
+    flags = {"--dtype": dtype, "--max-model-len": context, "--kv-cache-dtype": cache_dtype}
+    flags.update({"--block-size": block_size, "--gpu-memory-utilization": util_text, "--max-num-seqs": batch})
+    flags["--tensor-parallel-size"] = tp
     args = ("serve", model, *(str(x) for flag, value in flags.items() for x in (flag, value)))
+    if skip_layers:
+        args += ("--kv-cache-dtype-skip-layers", *map(str, skip_layers))
     if kvd.fp8_scale == "per-tensor":  # one scale per layer, computed by vLLM from the first forward
         args += ("--calculate-kv-scales",)
     return VllmServePlan(
@@ -227,13 +231,40 @@ def vllm_serve_plan(
         memory_bytes=memory_bytes,
         weight_bytes_per_gpu=weight_bytes_per_gpu,
         kv_memory_bytes_per_gpu=kv_memory,
-        page_size_bytes=page,
-        num_layers=layers,
-        num_gpu_blocks=num_blocks,
-        kv_cache_tokens=tokens,
+        page_size_bytes=kv.page_size_bytes,
+        num_layers=kv.group_size,
+        num_gpu_blocks=kv.num_blocks,
+        kv_cache_tokens=kv.kv_cache_tokens,
         max_concurrency=kv.max_concurrency,
-        notes=_serve_notes(spec, context, batch, tokens) + _fp8_notes(kvd),
+        notes=_serve_notes(spec, context, batch, kv.kv_cache_tokens) + _fp8_notes(kvd),
+        kv_cache_dtype_skip_layers=tuple(skip_layers),
+        layer_pages=tuple((s.page_size_bytes, n) for s, n in kv.groups),
     )
+
+
+def _check_skip_layers(skip_layers: tuple[int, ...], cache_dtype: str) -> None:
+    """Raise ``ValueError`` for skipped layers next to a ``--kv-cache-dtype`` that quantizes none."""
+    if skip_layers and not cache_dtype.startswith("fp8"):
+        raise ValueError(
+            f"--kv-cache-dtype-skip-layers {' '.join(map(str, skip_layers))} keeps layers out of a quantized cache; "
+            f"--kv-cache-dtype {cache_dtype} quantizes none"
+        )
+
+
+def _kv_memory(memory_bytes: int, reserve_bytes: int, weight_bytes_per_gpu: int) -> tuple[float, int]:
+    """``(--gpu-memory-utilization, KV memory per GPU)``: what vLLM may use less the weights' share.
+
+    Raises:
+        ValueError: the weights leave nothing for the KV cache.
+    """
+    utilization = _gpu_memory_utilization(memory_bytes, reserve_bytes)
+    kv_memory = int(utilization * memory_bytes) - weight_bytes_per_gpu
+    if kv_memory <= 0:
+        raise ValueError(
+            f"the weights ({weight_bytes_per_gpu:,} B per GPU) do not fit in --gpu-memory-utilization "
+            f"{utilization:g} x {memory_bytes:,} B: nothing is left for the KV cache"
+        )
+    return utilization, kv_memory
 
 
 def _check_serve_inputs(

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from kvlab.plan.config_fields import CHUNKED, DTYPE_BYTES, FULL, NO_KV, SLIDING
@@ -126,14 +127,27 @@ def cache_dtype_bytes(spec: ModelSpec, kv_cache_dtype: str) -> int:
     return spec.dtype_bytes if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
 
 
-def layer_specs(spec: ModelSpec, *, tp: int, block_size: int, dtype_bytes: int) -> list[LayerKVSpec]:
-    """One :class:`LayerKVSpec` per layer that stores its own K/V, on one rank (``get_kv_cache_spec``)."""
+def layer_specs(
+    spec: ModelSpec, *, tp: int, block_size: int, dtype_bytes: int, skip_layers: Collection[int] = ()
+) -> list[LayerKVSpec]:
+    """One :class:`LayerKVSpec` per layer that stores its own K/V, on one rank (``get_kv_cache_spec``); the
+    decoder layers whose index is in ``skip_layers`` (``--kv-cache-dtype-skip-layers``: vLLM's ``Attention``
+    gives them ``kv_cache_dtype="auto"``) store the model dtype, the others ``dtype_bytes``.
+
+    Raises:
+        ValueError: a skipped layer the model lacks.
+    """
+    bad = sorted(i for i in skip_layers if not 0 <= i < spec.num_layers)
+    if bad:
+        raise ValueError(
+            f"`kv_cache_dtype_skip_layers` names layer {bad[0]}, which the model lacks (layers 0-{spec.num_layers - 1})"
+        )
     if spec.is_mla:
         heads, size = 1, spec.kv_elements_per_token_per_layer
     else:
         heads, size = kv_heads_per_rank(spec, tp), spec.head_dim
     out = []
-    for kind in spec.layer_kinds:
+    for index, kind in enumerate(spec.layer_kinds):
         if kind not in (FULL, SLIDING, CHUNKED):
             continue
         width = spec.full_head_dim if kind == FULL and spec.full_head_dim else size
@@ -143,7 +157,7 @@ def layer_specs(spec: ModelSpec, *, tp: int, block_size: int, dtype_bytes: int) 
                 block_size=block_size,
                 num_kv_heads=heads,
                 head_size=width,
-                dtype_bytes=dtype_bytes,
+                dtype_bytes=spec.dtype_bytes if index in skip_layers else dtype_bytes,
                 mla=spec.is_mla,
                 window=spec.sliding_window if kind == SLIDING else None,
                 chunk=spec.attention_chunk_size if kind == CHUNKED else None,
@@ -195,6 +209,7 @@ def vllm_kv_cache(
     kv_cache_dtype: str = "auto",
     max_num_batched_tokens: int = 8192,
     report: str = "blocks",
+    kv_cache_dtype_skip_layers: Collection[int] = (),
 ) -> VllmKVCache:
     """The blocks, "GPU KV cache size" and "Maximum concurrency" vLLM would print for ``kv_memory_bytes`` of KV
     memory on one rank (the module docstring gives the rules and their source).
@@ -205,10 +220,13 @@ def vllm_kv_cache(
         block_size: tokens per block (``--block-size``; vLLM's CUDA default 16); kv_cache_dtype: as vLLM's flag.
         max_num_batched_tokens: the scheduler's token budget (sliding layers need window - 1 + it per request).
         report: how the tokens line is counted (:data:`REPORTS`).
+        kv_cache_dtype_skip_layers: decoder layer indices kept in the model dtype (``--kv-cache-dtype-skip-layers
+            i j``): full-attention layers with two page sizes form one group of one pool per layer
+            (``UniformTypeKVCacheSpecs``), a block spanning every layer.
 
     Raises:
         ValueError: a negative memory, a count < 1, an unknown ``kv_cache_dtype`` or ``report``, a ``tp`` the
-            KV heads do not allow, or page sizes vLLM cannot unify.
+            KV heads do not allow, a skipped layer the model lacks, or page sizes vLLM cannot unify.
     """
     for name, value in (
         ("max_model_len", max_model_len),
@@ -222,9 +240,8 @@ def vllm_kv_cache(
         raise ValueError(f"`kv_memory_bytes` must be >= 0, got {kv_memory_bytes!r}")
     if report not in REPORTS:
         raise ValueError(f"`report` must be one of {REPORTS}, got {report!r}")
-    specs = layer_specs(
-        spec, tp=tp, block_size=block_size, dtype_bytes=cache_dtype_bytes(spec, kv_cache_dtype)
-    )
+    dtype_bytes, skip = cache_dtype_bytes(spec, kv_cache_dtype), kv_cache_dtype_skip_layers
+    specs = layer_specs(spec, tp=tp, block_size=block_size, dtype_bytes=dtype_bytes, skip_layers=skip)
     groups, group_size, page = kv_groups(specs)
     num_blocks = int(kv_memory_bytes) // page // group_size
     if group_size == 1 and len(groups) > 1:  # one type, one pool per layer: a block spans every layer

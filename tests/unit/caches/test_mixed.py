@@ -158,3 +158,27 @@ def test_named_plans_come_from_the_plan_folder(tmp_path):
 
     env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+@pytest.mark.parametrize("tokens", [40, 100])
+def test_cache_bytes_equal_what_kvlab_plan_reports(tmp_path, monkeypatch, capsys, tokens):
+    """``MixedCache.nbytes()`` after a prefill of ``tokens`` x 2 rows equals ``kvlab plan CONFIG --kv-dtype
+    mixed-<plan> --context tokens --batch 2``'s total, layer by layer, with the plan read from ``$KVLAB_PLAN_DIR``
+    as ``kvlab eval`` reads it."""
+    from kvlab.cli import main
+
+    model = make_tiny_qwen2(head_dim=32, max_positions=512, dtype=torch.bfloat16, layers=4)
+    (tmp_path / "config.json").write_text(json.dumps({**model.config.to_dict(), "torch_dtype": "bfloat16"}))
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "plans" / "four.json").write_text(json.dumps(ALL))
+    monkeypatch.setenv("KVLAB_PLAN_DIR", str(tmp_path / "plans"))
+    cache = MixedCache(ALL, model.config, group_size=G, residual_length=R)
+    with torch.no_grad():
+        model(random_prompt(2, tokens), use_cache=True, **{cache_kwarg(model): cache})
+    argv = ["plan", str(tmp_path / "config.json"), "--kv-dtype", "mixed-four", "--context", str(tokens)]
+    argv += ["--batch", "2", "--group-size", str(G), "--residual", str(R), "--weight-bytes", "1000", "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["kv_bytes_per_layer_per_gpu"] == cache.nbytes_layers()
+    assert report["kv_bytes_total"] == cache.nbytes() > 0
+    assert [(row["k"], row["v"]) for row in report["plan_layers"]] == cache.formats

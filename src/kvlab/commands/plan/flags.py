@@ -13,6 +13,7 @@ import sys
 
 from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.plan.ledger import KV_DTYPE_NAMES
+from kvlab.plan.mixed import MIXED_PREFIX, check_plan_name
 
 
 def byte_count(text: str) -> int:
@@ -65,15 +66,38 @@ def flag_message(args: argparse.Namespace, exc: Exception) -> str:
     return _NAMED.sub(flag, message)
 
 
-def add_kv_flags(p: argparse.ArgumentParser) -> None:
+class PlanChoices(tuple):
+    """The ledger's names (iterated, listed in help and errors) that also hold every ``mixed-<plan name>``: a plan
+    is found by name only when planned (:func:`kvlab.plan.mixed_report.resolve_plan`), so an unknown one gets the
+    planner's one-line error naming the known plans, and a name the grammar refuses argparse's."""
+
+    def __contains__(self, value: object) -> bool:
+        if isinstance(value, str) and value.startswith(MIXED_PREFIX):
+            try:
+                check_plan_name(value.removeprefix(MIXED_PREFIX))
+            except ValueError:
+                return False
+            return True
+        return tuple.__contains__(self, value)
+
+
+def add_kv_flags(p: argparse.ArgumentParser, plans: bool = False) -> None:
+    """``--kv-dtype`` (the ledger's names, and with ``plans`` a per-layer plan ``mixed-<plan>``), ``--group-size``,
+    ``--residual``."""
     p.add_argument(
         "--kv-dtype",
         default="auto",
-        choices=KV_DTYPE_NAMES,  # every name the planner reads
+        choices=PlanChoices(KV_DTYPE_NAMES) if plans else KV_DTYPE_NAMES,  # every name the planner reads
         help="KV cache dtype (default auto: the config's dtype); kivi-N (= kiviN): kvlab's KIVI cache, kivi-kKvV "
         "with its own key/value bits; fp8-e4m3/fp8-e5m2[-tensor|-unscaled|-hadamard] (fp8_e4m3 = fp8-e4m3): "
         "kvlab's FP8 cache, "
-        "1 B/element plus fp32 scales (fp8: 1 B/element, no scales)",
+        "1 B/element plus fp32 scales (fp8: 1 B/element, no scales)"
+        + (
+            "; mixed-<plan>: a per-layer plan (built-in mixed-demo, or <plan>.json in $KVLAB_PLAN_DIR; "
+            "docs/MIXED.md)"
+            if plans
+            else ""
+        ),
     )
     # None = not given: KIVI's 32 / 128; given with a --kv-dtype that is not KIVI it is refused, not ignored
     p.add_argument("--group-size", type=int, default=None, help="KIVI group size G (default 32)")
@@ -112,8 +136,11 @@ def kv_kwargs(args: argparse.Namespace) -> dict:
         ValueError: ``--group-size`` / ``--residual`` given with a ``--kv-dtype`` that is not KIVI's.
     """
     for flag, value in (("--group-size", args.group_size), ("--residual", args.residual)):
-        if value is not None and not args.kv_dtype.startswith("kivi"):
-            raise ValueError(f"{flag} {value} sizes a kivi --kv-dtype only; --kv-dtype is {args.kv_dtype}")
+        if value is not None and not args.kv_dtype.startswith(("kivi", MIXED_PREFIX)):
+            raise ValueError(
+                f"{flag} {value} sizes a kivi --kv-dtype (or a mixed plan's KIVI layers) only; --kv-dtype is "
+                f"{args.kv_dtype}"
+            )
     group_size = KIVI_DEFAULTS.group_size if args.group_size is None else args.group_size
     residual = KIVI_DEFAULTS.residual_length if args.residual is None else args.residual
     kwargs = {"kv": args.kv_dtype, "group_size": group_size, "residual_length": residual}

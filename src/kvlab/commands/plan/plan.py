@@ -19,7 +19,7 @@ from kvlab.commands.plan.flags import (
     warn,
     weight_kwargs,
 )
-from kvlab.commands.plan.render import print_from_log, print_lists, print_plan, print_vllm
+from kvlab.commands.plan.render import print_from_log, print_lists, print_mixed_plan, print_plan, print_vllm
 from kvlab.plan.scenario import DEFAULT_RESERVE_GIB
 
 
@@ -38,7 +38,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("--context", type=int, default=8192, help="tokens per sequence (default 8192)")
     p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
-    add_kv_flags(p)
+    add_kv_flags(p, plans=True)
     add_keep_flag(p)
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
     p.add_argument(
@@ -133,8 +133,10 @@ def run_plan(args: argparse.Namespace) -> int:
         return 0
     if r["vllm"] is not None:
         print_vllm(r)
-        return 0
-    print_plan(r)
+    elif "plan_layers" in r:  # --kv-dtype mixed-<plan>
+        print_mixed_plan(r)
+    else:
+        print_plan(r)
     return 0
 
 

@@ -90,11 +90,22 @@ def print_lists(args: argparse.Namespace) -> bool:
 def print_vllm(r: dict) -> None:
     """The command on one line, then what it means as ``#`` comments: the output is a runnable shell script."""
     v = r["vllm"]
+    if v.get("closest"):
+        print(f"# {v['closest']}")
     print(v["command_line"])
-    print(
-        f"# KV cache vLLM would report per GPU: {v['kv_cache_tokens']:,} tokens ({v['num_gpu_blocks']:,} blocks of "
-        f"{v['block_size']} tokens x {v['num_layers']} layers, {v['page_size_bytes']:,} B per block and layer)"
-    )
+    pages = v.get("layer_pages") or []
+    if len(pages) > 1:  # skipped layers: one pool per layer, a block spans every layer
+        spans = " and ".join(
+            f"{p['layers']} layer{'s' if p['layers'] > 1 else ''} of {p['page_size_bytes']:,} B"
+            for p in pages
+        )
+        blocks = f"{v['num_gpu_blocks']:,} blocks of {v['block_size']} tokens, each spanning {spans}"
+    else:
+        blocks = (
+            f"{v['num_gpu_blocks']:,} blocks of {v['block_size']} tokens x {v['num_layers']} layers, "
+            f"{v['page_size_bytes']:,} B per block and layer"
+        )
+    print(f"# KV cache vLLM would report per GPU: {v['kv_cache_tokens']:,} tokens ({blocks})")
     print(
         f"# from {_gib(v['kv_memory_bytes_per_gpu'])} of KV memory = {v['gpu_memory_utilization']:g} x "
         f"{_gib(v['memory_bytes'])} - {_gib(v['weight_bytes_per_gpu'])} weights per GPU [GiB = 2^30 B]"
@@ -408,3 +419,55 @@ def print_from_log(r: dict) -> None:
     )
     for note in r["notes"]:
         console.print(f"  note: {note}")
+
+
+def print_mixed_plan(r: dict) -> None:
+    """A per-layer plan's report (:func:`kvlab.plan.mixed_report.mixed_plan_report`): its layers grouped by
+    format, then KV bytes per token, per request and in total, and the fit."""
+    console = Console()
+    kvd, tp = r["kv_dtype"], r["tp"]
+    t = Table(
+        title=f"{r['model']}: plan {kvd['plan']} ({kvd['plan_source']}), batch {r['batch']} x {r['context']:,} "
+        f"tokens, tp {tp}, KIVI G={kvd['group_size']} R={kvd['residual_length']}  [GiB = 2^30 B]"
+    )
+    for col in ("keys", "values", "layers", "KV B/layer/GPU at context"):
+        t.add_column(col, justify="right" if col.startswith("KV") else "left")
+    groups: dict[tuple[str, str], list[int]] = {}
+    for row in r["plan_layers"]:
+        groups.setdefault((row["k"], row["v"]), []).append(row["layer"])
+    per_layer = r["kv_bytes_per_layer_per_gpu"]
+    for (k, v), layers in groups.items():
+        sizes = sorted({per_layer[i] for i in layers})
+        t.add_row(k, v, _layer_list(layers), " / ".join(f"{n:,} B" for n in sizes))
+    console.print(t)
+    q = Table(title="Ledger and fit (per GPU)")
+    for col in ("quantity", "value", "also"):
+        q.add_column(col, justify="left" if col == "quantity" else "right")
+    per_token = r["kv_bytes_per_token_per_gpu"]
+    q.add_row("KV bytes per token", _bytes(per_token), f"{per_token / 1024:,.2f} KiB (long-context)")
+    q.add_row(f"KV per request ({r['context']:,} tokens)", _bytes(r["kv_bytes_per_request_per_gpu"]), "")
+    total = r["kv_bytes_total_per_gpu"]
+    q.add_row(f"KV total (batch {r['batch']})", _bytes(total), _gib(total))
+    q.add_row("KV peak while decoding", _bytes(r["kv_bytes_peak_per_gpu"]), "")
+    q.add_row("weights", _gib(r["weight_bytes"]), r["weight_bytes_source"] or "")
+    if r["fits"] is None:
+        q.add_row("fit", "-", "needs GPU memory (--gpu-mem-gib) and weight bytes")
+    else:
+        q.add_row("left for KV", _gib(r["kv_budget_bytes_per_gpu"]), _gb(r["kv_budget_bytes_per_gpu"]))
+        q.add_row(f"fits batch {r['batch']} x {r['context']:,}", "yes" if r["fits"] else "no", "")
+        q.add_row(f"max batch at {r['context']:,} tokens", f"{r['max_batch']:,}", "")
+        q.add_row(f"max context at batch {r['batch']}", f"{r['max_context']:,} tokens", "")
+    console.print(q)
+    for note in r["notes"]:
+        console.print(f"  note: {note}")
+
+
+def _layer_list(layers: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    runs: list[list[int]] = []
+    for i in layers:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
