@@ -15,8 +15,9 @@ code  meaning
       result file records it), stdout closed early by the reader
 2     bad input, nothing done: a flag value or setting refused, an input file missing or invalid, or an output
       file that exists (results are never overwritten without ``--force``)
-130   interrupted (Ctrl-C) where the command keeps nothing of the run (128 + SIGINT, as a shell reports it);
-      ``kvlab eval`` records the interrupt in its result file instead and exits 1
+130   interrupted (Ctrl-C) (128 + SIGINT, as a shell reports it); ``kvlab eval`` and ``kvlab tasks`` first
+      record the interrupt and what they measured in their result file
+143   ended by SIGTERM (128 + 15), for a command that records it first (``kvlab eval``, ``kvlab tasks``)
 ====  =======================================================================================================
 """
 
@@ -132,6 +133,27 @@ KINETO_QUIET = "6"
 
 # third-party modules whose warnings (deprecations, advice) are not kvlab's output unless --verbose
 THIRD_PARTY_WARNINGS = r"(transformers|torch|huggingface_hub|accelerate|hqq|optimum|matplotlib|numpy)(\.|$)"
+
+
+class Terminated(BaseException):  # not an Exception: a step that catches Exception must not swallow it
+    """SIGTERM inside :func:`sigterm_raises`: a command records it as it records an interrupt."""
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Terminated` ("terminated by signal 15") where the program is,
+    so a long command can record what it measured before it exits :data:`EXIT_TERMINATED`; the previous handler
+    is restored after. Call it from the main thread (:func:`signal.signal`'s rule)."""
+    import signal
+
+    def handler(signum, frame):
+        raise Terminated(f"terminated by signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

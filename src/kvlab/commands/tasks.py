@@ -8,7 +8,17 @@ import sys
 import time
 from pathlib import Path
 
-from kvlab.commands import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, fail, file_exists_message
+from kvlab.commands import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    Terminated,
+    fail,
+    file_exists_message,
+    sigterm_raises,
+)
 from kvlab.runtime.checks import check_int, int_list, parse_list
 
 # the settings a resumed run takes from its file: given with --resume, they are refused
@@ -187,8 +197,13 @@ def _measure(args: argparse.Namespace, cfg, result: dict | None) -> int:
 
     save(result)  # status "running" before the first cell
     try:
-        run_suite(model, tokenizer, cfg, heldout_text(), _progress, result=result, save=save)
-    except (Exception, KeyboardInterrupt) as exc:  # recorded by run_suite: status failed, the cell, the error
+        with sigterm_raises():
+            run_suite(model, tokenizer, cfg, heldout_text(), _progress, result=result, save=save)
+    except (
+        Exception,
+        KeyboardInterrupt,
+        Terminated,
+    ) as exc:  # recorded by run_suite: failed, the cell, the error
         try:
             save(result)
         except RuntimeError as bug:
@@ -196,6 +211,8 @@ def _measure(args: argparse.Namespace, cfg, result: dict | None) -> int:
         kept = f"{len(result['cells'])} finished cells kept in {path}; continue with --resume {path}"
         if isinstance(exc, KeyboardInterrupt):
             return fail(args, f"interrupted ({kept})", EXIT_INTERRUPTED)
+        if isinstance(exc, Terminated):
+            return fail(args, f"{exc} ({kept})", EXIT_TERMINATED)
         return fail(args, f"{type(exc).__name__}: {exc} ({kept})", EXIT_FAILED)
     save(result)
     if args.figure:

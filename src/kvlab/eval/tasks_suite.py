@@ -201,8 +201,9 @@ def run_suite(
         :func:`judge`'s ``gates`` / ``decision``.
 
     Raises:
-        Whatever stopped the run (``KeyboardInterrupt`` included), after recording it in ``result``: status
-        ``failed``, a failure (stage ``run``, type, message, the cell running) appended to ``failures``.
+        Whatever stopped the run (``KeyboardInterrupt`` and ``kvlab.commands.Terminated`` included), after
+        recording it in ``result``: status ``failed``, a failure (stage ``run``, type, message, the cell running)
+        appended to ``failures``.
     """
     from kvlab.attention import enable
 
@@ -235,7 +236,9 @@ def run_suite(
             if progress is not None:
                 base = cell["caches"][FLOAT]["score"]
                 progress(f"{task} @ {context}: float {base:.2f}, {cell['seconds']:.1f} s")
-    except (Exception, KeyboardInterrupt) as exc:
+    except (
+        BaseException
+    ) as exc:  # KeyboardInterrupt and a signal's exception too: recorded, then raised again
         fail_run(
             result, "run", exc, "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else None
         )

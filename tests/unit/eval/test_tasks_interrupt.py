@@ -88,3 +88,29 @@ def test_resume_refuses_settings(flag, tmp_path, capsys):
     out.write_text("{}")
     assert main(["tasks", "--resume", str(out), *flag]) == 2
     assert f"drop {flag[0]}" in capsys.readouterr().err
+
+
+def test_sigterm_is_recorded_and_exits_143(monkeypatch, tmp_path, capsys):
+    import os
+    import signal
+
+    out = tmp_path / "r.json"
+    real, calls = suite.run_task_cell, []
+
+    def cell(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # a real signal: the handler of kvlab tasks raises
+        return real(*args, **kw)
+
+    monkeypatch.setattr(suite, "run_task_cell", cell)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main([*ARGV, "--out", str(out)]) == 143
+    assert signal.getsignal(signal.SIGTERM) is before  # restored
+    result = json.loads(out.read_text())
+    assert result["status"] == "failed" and len(result["cells"]) == 1
+    assert (result["failures"][0]["type"], result["failures"][0]["message"]) == (
+        "Terminated",
+        "terminated by signal 15",
+    )
+    assert "terminated by signal 15" in capsys.readouterr().err
