@@ -53,6 +53,20 @@ NOT_RUN = {
     "dynamic,kivi-4,kivi-k4v2,kivi-2,fp8-e4m3,mixed-smollm2-b4,mixed-smollm2-b3": (
         "23 minutes, and reads the plans of the examples above"
     ),
+    "kvlab tasks --quick --out tasks.json": "minutes on the bundled model; tests/unit/eval/test_tasks_cli.py runs a cell",
+    "kvlab tasks --resume tasks.json": "needs a stopped run; tests/unit/eval/test_tasks_interrupt.py stops and resumes one",
+    **dict.fromkeys(
+        (
+            "kvlab report tasks.json --html tasks.html",
+            "kvlab report results/<label>.json tasks.json --html report.html",
+            "kvlab figures --out figures --result kvlab-tasks.json",
+            "kvlab figures --out figures --result results/LABEL.json --result kvlab-tasks.json",
+            "kvlab report kvlab-tasks.json",
+            "kvlab report kvlab-tasks.json --html tasks.html",
+            "kvlab report results/LABEL.json kvlab-tasks.json --html report.html",
+        ),
+        "reads the result of a kvlab tasks run; tests/unit/figures/test_tasks_figure_report.py renders one",
+    ),
     "kvlab sensitivity verify docs/examples/mixed/eval-mixed-smollm2-1024.json": (
         "exits 1 (one of the two plans does not win); tests/unit/bench/test_sensitivity.py covers the verdict"
     ),
