@@ -21,6 +21,7 @@ from kvlab.commands import (
 )
 from kvlab.runtime.checks import check_int, int_list, parse_list
 
+DEFAULT_OUT = "kvlab-tasks.json"
 # the settings a resumed run takes from its file: given with --resume, they are refused
 _SETTING_FLAGS = ("model", "dtype", "device", "tasks", "contexts", "candidates", "n", "seed", "protected_tail",
                   "max_drop", "min_float_score")  # fmt: skip
@@ -59,7 +60,7 @@ def register(subparsers) -> None:
     p.add_argument("--quick", action="store_true", help="4 tasks, 4 caches, 5 samples, the first context")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument(
-        "--out", default="kvlab-tasks.json", help="result JSON, written atomically (kvlab-tasks.json)"
+        "--out", default=None, help=f"result JSON, written atomically ({DEFAULT_OUT}; not with --resume)"
     )
     p.add_argument(
         "--figure", default=None, metavar="PATH", help="also draw score vs bytes ratio to PATH (PNG)"
@@ -100,7 +101,7 @@ def _config(args: argparse.Namespace):
 
 
 def _check_outputs(args: argparse.Namespace) -> str | None:
-    for flag, path in (("--out", None if args.resume else args.out), ("--figure", args.figure)):
+    for flag, path in (("--out", None if args.resume else _out(args)), ("--figure", args.figure)):
         if path is None:
             continue
         path = Path(path)
@@ -112,9 +113,14 @@ def _check_outputs(args: argparse.Namespace) -> str | None:
             return file_exists_message(path)
     if args.figure and Path(args.figure).suffix.lower() != ".png":
         return f"--figure {args.figure} must end in .png (the figure is a PNG)"
-    if args.figure and Path(args.figure).resolve() == Path(args.resume or args.out).resolve():
+    if args.figure and Path(args.figure).resolve() == _out(args).resolve():
         return "--out and --figure name the same file; give each its own"
     return None
+
+
+def _out(args: argparse.Namespace) -> Path:
+    """The result file this run writes: ``--resume FILE`` in place, else ``--out`` (default :data:`DEFAULT_OUT`)."""
+    return Path(args.resume or args.out or DEFAULT_OUT)
 
 
 def _resumed(args: argparse.Namespace):
@@ -127,6 +133,8 @@ def _resumed(args: argparse.Namespace):
     from kvlab.eval.tasks_schema import is_tasks_result
     from kvlab.eval.tasks_suite import prepare_resume
 
+    if args.out is not None:
+        raise ValueError(f"--resume writes {args.resume} in place; drop --out {args.out}")
     given = [k for k in _SETTING_FLAGS if getattr(args, k) is not None] + (["quick"] if args.quick else [])
     if given:
         flag = "--" + given[0].replace("_", "-")
@@ -186,7 +194,7 @@ def _measure(args: argparse.Namespace, cfg, result: dict | None) -> int:
     except OSError as e:
         return fail(args, e, EXIT_FAILED)
     result = result or new_tasks_result(cfg, model_block, _argv())
-    path, started, before = Path(args.resume or args.out), time.time(), result["provenance"]["wall_s"] or 0.0
+    path, started, before = _out(args), time.time(), result["provenance"]["wall_s"] or 0.0
 
     def save(r: dict) -> None:  # after every finished cell: a long run keeps what it measured
         r["provenance"]["wall_s"] = before + time.time() - started

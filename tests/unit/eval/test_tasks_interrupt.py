@@ -82,7 +82,7 @@ def test_an_exception_is_recorded_and_exits_1(monkeypatch, tmp_path, capsys):
     assert "RuntimeError: out of memory in a cache" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag", [["--n", "3"], ["--model", "x"], ["--quick"]])
+@pytest.mark.parametrize("flag", [["--n", "3"], ["--model", "x"], ["--quick"], ["--out", "other.json"]])
 def test_resume_refuses_settings(flag, tmp_path, capsys):
     out = tmp_path / "r.json"
     out.write_text("{}")
