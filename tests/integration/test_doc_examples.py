@@ -67,6 +67,10 @@ NOT_RUN = {
         ),
         "reads the result of a kvlab tasks run; tests/unit/figures/test_tasks_figure_report.py renders one",
     ),
+    "kvlab figures --sweep docs/examples/mixed/sensitivity-smollm2-1024.json --plan "
+    "docs/examples/mixed/plans/smollm2-b4f.json --no-probe --no-append": (
+        "draws the other figures too; tests/unit/figures/test_sensitivity_figure.py draws this one"
+    ),
     "kvlab sensitivity verify docs/examples/mixed/eval-mixed-smollm2-1024.json": (
         "exits 1 (one of the two plans does not win); tests/unit/bench/test_sensitivity.py covers the verdict"
     ),

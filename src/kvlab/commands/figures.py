@@ -11,6 +11,7 @@ from pathlib import Path
 from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, progress
 
 TASKS_FIGURE = "tasks_scores.png"  # a kvlab tasks result's figure (kvlab.task_figures.plot_task_scores)
+SENSITIVITY_FIGURE = "sensitivity.png"  # a sweep's figure (kvlab.sensitivity_figure.plot_sensitivity)
 
 
 def register(subparsers) -> None:
@@ -29,6 +30,18 @@ def register(subparsers) -> None:
         metavar="FILE",
         help="a kvlab eval result JSON (its figures) or a kvlab tasks result JSON (score vs bytes ratio, "
         f"{TASKS_FIGURE}); give it twice for one of each",
+    )
+    p.add_argument(
+        "--sweep",
+        default=None,
+        metavar="FILE",
+        help=f"a kvlab sensitivity sweep JSON: per-layer KL of keys and values in each format ({SENSITIVITY_FIGURE})",
+    )
+    p.add_argument(
+        "--plan",
+        default=None,
+        metavar="FILE",
+        help="a plan file (kvlab sensitivity allocate) whose per-layer formats are drawn under the --sweep curves",
     )
     p.add_argument("--no-probe", action="store_true", help="roofline without this machine's probe panel")
     p.add_argument("--no-append", action="store_true", help="skip the append-cost measurement and figure")
@@ -50,10 +63,12 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--out {args.out} is a file; pass a folder")
         # validated, each by its own schema; "" is refused by read_result, not taken for "no result"
         result, tasks = read_results(args.result, flag="--result")
+        sensitivity = _sensitivity_data(args.sweep, args.plan)
     except (ValueError, OSError) as exc:
         return fail(args, exc)
     append = not args.no_append
     names = figure_files(result=result, append=append) + ([TASKS_FIGURE] if tasks else [])
+    names += [SENSITIVITY_FIGURE] if sensitivity else []
     existing = [Path(args.out) / f for f in names]
     existing = [p for p in existing if p.exists()]
     if existing and not args.force:  # checked before any work: nothing is overwritten silently
@@ -64,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:  # a file where a parent folder should be, no permission, ...
         reason = "a file is in the way" if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc
         return fail(args, f"--out {args.out}: cannot create the folder ({reason})")
-    total = figure_steps(result=result, append=append) + bool(tasks)
+    total = figure_steps(result=result, append=append) + bool(tasks) + bool(sensitivity)
     try:
         with progress(Console(stderr=True), total, "kvlab figures") as bar:
             paths = write_figures(
@@ -75,6 +90,11 @@ def run(args: argparse.Namespace) -> int:
 
                 bar.start("tasks result: score vs bytes ratio")
                 paths["tasks_scores"] = plot_task_scores(tasks, Path(args.out) / TASKS_FIGURE)
+            if sensitivity:
+                from kvlab.sensitivity_figure import plot_sensitivity
+
+                bar.start("sensitivity sweep: per-layer KL and the plan")
+                paths["sensitivity"] = plot_sensitivity(sensitivity, Path(args.out) / SENSITIVITY_FIGURE)
     except OSError as exc:  # a folder that takes no files (/proc), a full disk: the writer names the file
         if exc.filename is None or Path(exc.filename).parent != Path(args.out):
             raise
@@ -91,3 +111,30 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(name, str(path))
     Console().print(table)
     return 0
+
+
+def _sensitivity_data(sweep: str | None, plan: str | None) -> dict | None:
+    """:func:`kvlab.sensitivity_figure.sensitivity_figure_data` of the ``--sweep`` file (and ``--plan``), or None
+    without ``--sweep``.
+
+    Raises:
+        ValueError: ``--plan`` without ``--sweep``, a file that cannot be read or is not JSON, or what
+            :func:`~kvlab.sensitivity_figure.sensitivity_figure_data` refuses, each naming the flag and file.
+    """
+    if sweep is None:
+        if plan is not None:
+            raise ValueError(f"--plan {plan} draws a plan under a sweep's curves; pass --sweep FILE too")
+        return None
+    from kvlab.plan.mixed import read_plan
+    from kvlab.sensitivity_figure import sensitivity_figure_data
+
+    try:
+        data = json.loads(Path(sweep).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"--sweep {sweep}: cannot be read ({exc.strerror or exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--sweep {sweep}: not JSON ({exc})") from None
+    try:
+        return sensitivity_figure_data(data, None if plan is None else read_plan(plan))
+    except ValueError as exc:
+        raise ValueError(f"--sweep {sweep}" + (f" --plan {plan}" if plan else "") + f": {exc}") from None

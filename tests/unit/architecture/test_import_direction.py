@@ -34,6 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "bench": {"eval", "lab", "caches", "attention", "quant", "models", "plan", "paging", "tasks"},
     "figures": {"lab", "paging", "plan", "eval", "tasks"},
     "task_figures": {"figures"},
+    "sensitivity_figure": {"figures", "plan"},
     "report_html": {"figures", "eval"},
     "report_tasks": {"figures", "eval", "task_figures", "report_html"},
     "commands": {
@@ -49,6 +50,7 @@ ALLOWED: dict[str, set[str]] = {
         "tasks",
         "figures",
         "task_figures",
+        "sensitivity_figure",
         "report_html",
         "report_tasks",
     },
