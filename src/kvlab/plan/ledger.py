@@ -11,266 +11,67 @@ keys and values may have their own bits: ``kivi-k8v4``), or kvlab's FP8 cache (`
 Tensor parallelism splits KV heads across ranks (replicated when ``tp`` exceeds the KV heads); an MLA latent is
 replicated on every rank. Functions named ``*_per_gpu`` or taking ``tp`` return one rank's bytes.
 
+The KV formats themselves (:class:`KVDtype`, :func:`kv_dtype`, the FP8 and KIVI tables) live in
+:mod:`kvlab.plan.kv_formats` and are re-exported here.
+
 Pure functions; no torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from fractions import Fraction
+from dataclasses import dataclass, field
 from typing import Any
 
-from kvlab.cache_names import KIVI_DEFAULTS, parse_cache_name
-from kvlab.plan.config_fields import CHUNKED, DTYPE_BYTES, FULL, KV_KINDS, SLIDING
+from kvlab.cache_names import KIVI_DEFAULTS
+from kvlab.plan.config_fields import CHUNKED, FULL, KV_KINDS, SLIDING
+from kvlab.plan.kv_formats import (
+    FP8_CACHES,
+    FP8_FORMATS,
+    FP8_SCALE_BYTES,
+    FP8_WORDS,
+    KIVI_NBITS,
+    KV_DTYPE_NAMES,
+    KVDtype,
+    check_keep_tokens,
+    kv_dtype,
+)
 from kvlab.plan.load import load_spec
 from kvlab.plan.spec import ModelSpec
 from kvlab.plan.weights import WeightBytes
 
+# the ledger's names, and the format names of kvlab.plan.kv_formats it re-exports (the cache registry and the
+# planner's callers read them here)
+__all__ = [
+    "FP8_CACHES",
+    "FP8_FORMATS",
+    "FP8_SCALE_BYTES",
+    "FP8_WORDS",
+    "KIVI_NBITS",
+    "KVDtype",
+    "KV_DTYPE_NAMES",
+    "Ledger",
+    "LedgerRow",
+    "MODES",
+    "build_ledger",
+    "check_keep_tokens",
+    "fp8_scale_bytes",
+    "kivi_bytes_per_head",
+    "kivi_kv_bytes",
+    "kivi_kv_bytes_breakdown",
+    "kv_bytes",
+    "kv_bytes_peak",
+    "kv_bytes_per_token",
+    "kv_dtype",
+    "kv_elements_per_token_per_layer",
+    "kv_heads_per_rank",
+    "kv_metadata_bytes",
+    "paged_kv_bytes",
+    "quantized_tokens",
+    "tokens_stored",
+]
+
 MODES = ("theoretical", "allocated")
-KIVI_NBITS = (2, 4, 8)  # KIVI code widths (kvlab.quant.kivi); the cache registry's kivi entry reads them here
-FP8_SCALE_BYTES = 4  # kvlab.caches.fp8 keeps its scales in fp32
-# The FP8 cache formats and the variant words after one (no word = per-head scales), each word -> (scale
-# granularity, rotation): the one table the planner and the cache registry's fp8 entry read. -hadamard: per-head
-# scales of rotated K/V; the rotation is a constant of the head_dim and adds no bytes.
-FP8_FORMATS = ("e4m3", "e5m2")
-FP8_WORDS = {
-    None: ("per-head", "none"),
-    "tensor": ("per-tensor", "none"),
-    "unscaled": ("none", "none"),
-    "hadamard": ("per-head", "hadamard"),
-}
-# FP8Cache names (the registry's fp8 family; vLLM's fp8_e4m3 / fp8_e5m2 spell its default) -> scale granularity
-FP8_CACHES = {
-    f"fp8-{fmt}" + (f"-{word}" if word else ""): scale
-    for fmt in FP8_FORMATS
-    for word, (scale, _) in FP8_WORDS.items()
-}
-_FP8_ALIASES = {"fp8_e4m3": "fp8-e4m3", "fp8_e5m2": "fp8-e5m2"}
-_PLAIN = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4, "fp8": 1}
-_CANONICAL = {
-    "bfloat16": "bf16",
-    "float16": "fp16",
-    "float32": "fp32",
-    "float8_e4m3fn": "fp8",
-    "float8_e5m2": "fp8",
-}
-# The names kv_dtype() reads, as the CLI lists them (kvlab plan / kvlab paging --kv-dtype choices): auto, the plain
-# dtypes, the FP8 cache names and vLLM's spellings of them, KIVI bits in both spellings and every asymmetric pair.
-# A KIVI name may also carry :group_size=G / :residual_length=R, which a list of choices cannot enumerate.
-KV_DTYPE_NAMES: tuple[str, ...] = (
-    ("auto", "bf16", "fp16", "fp32", "fp8", *_FP8_ALIASES, *FP8_CACHES)
-    + tuple(f"kivi-{n}" for n in KIVI_NBITS)
-    + tuple(f"kivi{n}" for n in KIVI_NBITS)
-    + tuple(f"kivi-k{k}v{v}" for k in KIVI_NBITS for v in KIVI_NBITS if k != v)
-)
-
-
-@dataclass(frozen=True)
-class KVDtype:
-    """How K/V are stored: a plain dtype, or KIVI codes + scale/zero + a full-precision residual window."""
-
-    name: str  # "bf16", "fp16", "fp32", "fp8", "fp8-e4m3", "kivi4", "kivi2", "kivi8", "kivi-k8v4"
-    element_bytes: int  # bytes per element (plain) or per residual-window element (KIVI)
-    nbits: int | None = None  # KIVI code width (of keys when value_bits is set); None for a plain dtype
-    group_size: int | None = None  # KIVI G: tokens per key group, channels per value group
-    residual_length: int | None = None  # KIVI R: newest tokens kept in element_bytes
-    metadata_bytes: int | None = None  # KIVI bytes of one scale (= one zero): 2 for 16-bit caches, 4 for fp32
-    value_bits: int | None = None  # KIVI value code width if not the keys' (kivi-k8v4); None = nbits
-    fp8_scale: str | None = None  # FP8Cache scales: per-head | per-tensor | none; None = not an FP8Cache
-    keep_tokens: int | None = None  # an evicting cache's cap: tokens kept per layer and sequence; None = all
-
-    def __post_init__(self) -> None:
-        check_keep_tokens(self.keep_tokens)
-        if self.element_bytes not in (1, 2, 4):
-            raise ValueError(f"`element_bytes` must be 1, 2 or 4, got {self.element_bytes!r}")
-        if self.fp8_scale not in (None, "per-head", "per-tensor", "none"):
-            raise ValueError(f"`fp8_scale` must be per-head, per-tensor or none, got {self.fp8_scale!r}")
-        if self.nbits is None:
-            return
-        for name in ("nbits", "value_bits"):
-            bits = getattr(self, name)
-            if bits not in KIVI_NBITS and (name == "nbits" or bits is not None):
-                raise ValueError(f"`{name}` must be one of {list(KIVI_NBITS)}, got {bits!r}")
-        g, r = self.group_size, self.residual_length
-        if not isinstance(g, int) or isinstance(g, bool) or g < 1:
-            raise ValueError(f"`group_size` must be a positive integer, got {g!r}")
-        if not isinstance(r, int) or isinstance(r, bool) or r < 0 or r % g:
-            raise ValueError(
-                f"`residual_length` must be a non-negative multiple of `group_size` ({g}), got {r!r}"
-            )
-        if self.metadata_bytes not in (2, 4):
-            raise ValueError(f"`metadata_bytes` must be 2 or 4, got {self.metadata_bytes!r}")
-
-    @property
-    def is_kivi(self) -> bool:
-        return self.nbits is not None
-
-    @property
-    def bytes_per_element(self) -> Fraction:
-        """Long-context bytes per cached element: ``p``, or for KIVI ``b/8 + 2m/G`` (codes + one scale/zero pair
-        per ``G`` elements for K per-channel and V per-token alike; the residual window amortized away)."""
-        if not self.is_kivi:
-            return Fraction(self.element_bytes)
-        return Fraction(self.nbits + self.value_code_bits, 16) + Fraction(
-            2 * self.metadata_bytes, self.group_size
-        )
-
-    @property
-    def value_code_bits(self) -> int | None:
-        """KIVI value code width: ``value_bits``, else ``nbits``."""
-        return self.nbits if self.value_bits is None else self.value_bits
-
-    def describe(self) -> str:
-        cap = "" if self.keep_tokens is None else f", at most {self.keep_tokens:,} tokens kept per layer"
-        if self.fp8_scale is not None:
-            return f"{self.name} ({self.element_bytes} B/element + {self.fp8_scale} fp32 scales{cap})"
-        if not self.is_kivi:
-            return f"{self.name} ({self.element_bytes} B/element{cap})"
-        bits = f"{self.nbits}" if self.value_bits is None else f"{self.nbits}/{self.value_bits} (K/V)"
-        return (
-            f"{self.name}: {bits}-bit codes, G={self.group_size}, R={self.residual_length}, "
-            f"{self.metadata_bytes} B scale/zero, residual {self.element_bytes} B/element{cap}"
-        )
-
-    def kept(self, tokens: int) -> int:
-        """Tokens a layer holding ``tokens`` keeps under this cap: ``min(tokens, keep_tokens)``."""
-        return tokens if self.keep_tokens is None else min(tokens, self.keep_tokens)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "element_bytes": self.element_bytes,
-            "nbits": self.nbits,
-            "group_size": self.group_size,
-            "residual_length": self.residual_length,
-            "metadata_bytes": self.metadata_bytes,
-            "value_bits": self.value_bits,
-            "fp8_scale": self.fp8_scale,
-            "keep_tokens": self.keep_tokens,
-            "bytes_per_element": float(self.bytes_per_element),
-        }
-
-
-def check_keep_tokens(keep_tokens: Any) -> None:
-    """Raise ``ValueError`` naming ``--keep-tokens`` unless ``keep_tokens`` is None or an integer >= 1."""
-    if keep_tokens is None:
-        return
-    if isinstance(keep_tokens, bool) or not isinstance(keep_tokens, int) or keep_tokens < 1:
-        raise ValueError(
-            f"`keep_tokens` (--keep-tokens) must be a whole number of tokens >= 1, got {keep_tokens!r}"
-        )
-
-
-def kv_dtype(
-    name: str | KVDtype = "auto",
-    model_dtype: str = "bfloat16",
-    *,
-    group_size: int = KIVI_DEFAULTS.group_size,
-    residual_length: int = KIVI_DEFAULTS.residual_length,
-    keep_tokens: int | None = None,
-) -> KVDtype:
-    """Build a :class:`KVDtype` from a CLI name, capped at ``keep_tokens`` tokens per layer when given.
-
-    ``keep_tokens``: the cache of an evicting method (docs/EVICTION.md) holds at most this many tokens per layer
-    and sequence (SinkCache: sinks + window; TOVA: its budget); the bytes are those of ``min(context, N)`` tokens
-    stored in ``name``'s format (KIVI: a KIVI cache of ``N`` tokens, residual window and all). ``None``: every
-    token is kept. ``name``, ``model_dtype``, ``group_size``, ``residual_length``: see :func:`_kv_dtype_uncapped`.
-
-    Raises:
-        ValueError: an unknown name, invalid KIVI settings, or ``keep_tokens`` not an integer >= 1.
-    """
-    check_keep_tokens(keep_tokens)
-    kvd = _kv_dtype_uncapped(name, model_dtype, group_size=group_size, residual_length=residual_length)
-    return kvd if keep_tokens is None else replace(kvd, keep_tokens=keep_tokens)
-
-
-def _kv_dtype_uncapped(
-    name: str | KVDtype,
-    model_dtype: str,
-    *,
-    group_size: int,
-    residual_length: int,
-) -> KVDtype:
-    """Build a :class:`KVDtype` from a CLI name (no cap).
-
-    Args:
-        name: ``auto`` (the model's dtype), ``bf16``, ``fp16``, ``fp32``, ``fp8`` (1 B/element, no scales), an FP8
-            cache name (``fp8-e4m3``, ``fp8-e5m2-tensor``, ``fp8-e4m3-unscaled``, ``fp8-e4m3-hadamard``; vLLM's
-            ``fp8_e4m3`` / ``fp8_e5m2`` = ``fp8-e4m3`` / ``fp8-e5m2``: kvlab's FP8Cache with per-head scales), or a
-            KIVI cache name of the
-            cache registry's grammar (:mod:`kvlab.cache_names`): ``kivi-4`` (= ``kivi4``), ``kivi-k8v4``,
-            ``kivi-2:group_size=64`` (a ``:group_size`` / ``:residual_length`` in the name overrides the arguments).
-        model_dtype: the model's dtype name (``ModelSpec.dtype``): ``auto``'s dtype and KIVI's residual dtype.
-        group_size, residual_length: KIVI ``G`` and ``R``.
-
-    Raises:
-        ValueError: an unknown name or invalid KIVI settings.
-    """
-    if isinstance(name, KVDtype):
-        return name
-    key = str(name).lower()
-    if model_dtype not in DTYPE_BYTES:
-        raise ValueError(f"`model_dtype` must be one of {sorted(DTYPE_BYTES)}, got {model_dtype!r}")
-    if key == "auto":
-        key = _CANONICAL.get(model_dtype, model_dtype)
-    if key in _PLAIN:
-        return KVDtype(_CANONICAL.get(key, key), _PLAIN[key])
-    key = _FP8_ALIASES.get(key, key)
-    if key in FP8_CACHES:
-        return KVDtype(key, 1, fp8_scale=FP8_CACHES[key])
-    if key.startswith("kivi"):
-        nbits, value_bits, settings = _kivi_name(key)
-        group_size = settings.get("group_size", group_size)
-        residual_length = settings.get("residual_length", residual_length)
-        p = DTYPE_BYTES[model_dtype]
-        if p not in (2, 4):
-            raise ValueError(
-                f"KIVI keeps its residual window in the model dtype; {model_dtype!r} is not 16/32-bit"
-            )
-        if value_bits is not None:
-            return KVDtype(
-                f"kivi-k{nbits}v{value_bits}",
-                p,
-                nbits,
-                group_size,
-                residual_length,
-                4 if p == 4 else 2,
-                value_bits,
-            )
-        return KVDtype(f"kivi{nbits}", p, nbits, group_size, residual_length, 4 if p == 4 else 2)
-    raise ValueError(
-        f"`kv_dtype` must be auto, bf16, fp16, fp32, fp8, fp8_e4m3, fp8_e5m2, {', '.join(FP8_CACHES)}, kivi2, kivi4, "
-        f"kivi8 or kivi-kKvV, got {name!r}"
-    )
-
-
-def _kivi_name(key: str) -> tuple[int, int | None, dict[str, int]]:
-    """``(key bits, value bits or None, settings)`` of a KIVI name in the cache-name grammar
-    (:mod:`kvlab.cache_names`): ``kivi4``, ``kivi-4``, ``kivi-4-fused`` (the attention path does not change bytes),
-    ``kivi-k8v4`` (``(8, 4, {})``), ``kivi-4:group_size=64``.
-
-    Raises:
-        ValueError: no bits, or a setting other than ``group_size`` / ``residual_length``.
-    """
-    try:
-        parsed = parse_cache_name(key, ("kivi",))
-    except ValueError as exc:
-        raise ValueError(
-            f"`kv_dtype` must be auto, bf16, fp16, fp32, fp8 or kivi-N[:group_size=G][:residual_length=R], "
-            f"got {key!r} ({exc})"
-        ) from None
-    if parsed.bits is None:
-        raise ValueError(f"`kv_dtype` {key!r} gives no KIVI bits; expected e.g. kivi-4 or kivi-k8v4")
-    for bits in parsed.bits:
-        if bits not in KIVI_NBITS:
-            raise ValueError(f"`kv_dtype` {key!r}: KIVI bits must be in {list(KIVI_NBITS)}, got {bits}")
-    settings = dict(parsed.settings)
-    bad = sorted(set(settings) - {"group_size", "residual_length"})
-    if bad:
-        raise ValueError(f"`kv_dtype` {key!r}: KIVI settings are group_size and residual_length, got {bad}")
-    key_bits, value_bits = parsed.bits
-    return key_bits, (value_bits if value_bits != key_bits else None), settings
 
 
 def _check_tp(spec: ModelSpec, tp: int) -> None:
