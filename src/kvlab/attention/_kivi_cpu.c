@@ -22,6 +22,14 @@
 
 #define SEG_FIELDS 19
 
+/* integer key scores (_kivi_int.c, linked into the same library) */
+int kivi_int_supported(int64_t isa, int64_t nb, int64_t D);
+int kivi_int_key_scores(int64_t isa, int64_t nb, const uint8_t *kc, const void *ks, const void *kz, int64_t bf16,
+                        int64_t tokens, int64_t G, const float *q, float *sc, int64_t total, int64_t M, int64_t D);
+int kivi_int_values_supported(int64_t isa, int64_t nb, int64_t D, int64_t G);
+int kivi_int_value_sums(int64_t isa, int64_t nb, const uint8_t *vc, const void *vs, const void *vz, int64_t bf16,
+                        int64_t tokens, int64_t G, const float *p, int64_t total, int64_t M, int64_t D, float *acc);
+
 static inline float bf16_to_f32(uint16_t x) {
     uint32_t u = (uint32_t)x << 16;
     float f;
@@ -302,6 +310,7 @@ typedef struct {
     float *scores, *work;
     void *out; /* [B, H, M, D], fp32 or bf16 (out_bf16, rounded to nearest even) */
     int64_t out_bf16, work_floats;
+    int64_t int_isa; /* -1: exact fp32 key scores; else the _kivi_int.c path for integer key scores */
 } args_t;
 
 static inline uint16_t f32_to_bf16(float f) {
@@ -439,9 +448,12 @@ static inline __attribute__((always_inline)) void item(const args_t *a, int64_t 
         for (int64_t i = 0; i < K; i++)
             for (int64_t jb = 0; jb < P; jb++) qp[r * D + i * P + jb] = q[r * D + jb * K + i];
     int64_t start = 0;
+    const int integer = a->int_isa >= 0 && kivi_int_supported(a->int_isa, NB, D);
     for (int64_t n = 0; n < a->nseg; n++) {
         seg_item s = seg_at(a->segs + n * SEG_FIELDS, b, h, bf16);
-        if (vec)
+        if (integer)
+            kivi_int_key_scores(a->int_isa, NB, s.kc, s.ks, s.kz, bf16, s.tokens, a->G, q, sc + start, total, M, D);
+        else if (vec)
             key_scores_v(&s, q, qp, sc + start, total, M, D, a->G, bf16, tmp, NB);
         else
             key_scores(&s, q, qp, sc + start, total, M, D, a->G, bf16, tmp, NB);
@@ -451,9 +463,12 @@ static inline __attribute__((always_inline)) void item(const args_t *a, int64_t 
     softmax_rows(sc, M, total, inv);
     memset(acc, 0, M * D * sizeof(float));
     start = 0;
+    const int int_values = integer && kivi_int_values_supported(a->int_isa, NB, D, a->G);
     for (int64_t n = 0; n < a->nseg; n++) {
         seg_item s = seg_at(a->segs + n * SEG_FIELDS, b, h, bf16);
-        if (vec)
+        if (int_values)
+            kivi_int_value_sums(a->int_isa, NB, s.vc, s.vs, s.vz, bf16, s.tokens, a->G, sc + start, total, M, D, acc);
+        else if (vec)
             value_sums_v(&s, sc + start, acc, total, M, D, a->G, bf16, NB);
         else
             value_sums(&s, sc + start, acc, total, M, D, a->G, bf16, tmp, NB);
@@ -491,13 +506,14 @@ int kivi_decode_step(const void *q, int64_t q_bf16, double scale, int64_t B, int
                      int64_t nseg, const int64_t *segs, int64_t meta_bf16, const void *kw, const void *vw, int64_t w,
                      int64_t kw_sb, int64_t kw_sh, int64_t kw_st, int64_t vw_sb, int64_t vw_sh, int64_t vw_st,
                      int64_t win_bf16, const uint8_t *valid, int64_t valid_sb, int64_t valid_sq, int64_t q_len,
-                     int64_t offset, float *scores, float *work, void *out, int64_t out_bf16, int64_t nthreads) {
+                     int64_t offset, float *scores, float *work, void *out, int64_t out_bf16, int64_t nthreads,
+                     int64_t int_isa) {
     if (nbits != 2 && nbits != 4 && nbits != 8) return 1;
     if (D % G || G * nbits % 8 || D * nbits % 8 || q_len < 1 || M % q_len) return 2;
     args_t a = {q,      q_bf16, (float)scale, B,        H,        M,      D,        nbits,  G,
                 nseg,   segs,   meta_bf16,    kw,       vw,       w,      kw_sb,    kw_sh,  kw_st,
                 vw_sb,  vw_sh,  vw_st,        win_bf16, valid,    valid_sb, valid_sq, q_len, offset,
-                scores, work,   out,          out_bf16, kivi_work_floats(M, D)};
+                scores, work,   out,          out_bf16, kivi_work_floats(M, D), int_isa};
     const int64_t items = B * H;
     if (nthreads > 1 && items > 1) {
         int nt = (int)(nthreads < items ? nthreads : items);
@@ -634,7 +650,7 @@ int fp8_decode_step(const void *q, int64_t q_bf16, double scale, int64_t B, int6
     args_t a = {q,      q_bf16, (float)scale, B,        H,        M,      D,        8,      8,
                 0,      NULL,   0,            kw,       vw,       w,      kw_sb,    kw_sh,  kw_st,
                 vw_sb,  vw_sh,  vw_st,        win_bf16, valid,    valid_sb, valid_sq, q_len, offset,
-                scores, work,   out,          out_bf16, kivi_work_floats(M, D)};
+                scores, work,   out,          out_bf16, kivi_work_floats(M, D), -1};
     fp8_t f = {kc, vc, T, cs[0], cs[1], cs[2], cs[3], cs[4], cs[5], ks, vs, ss[0], ss[1], ss[2], ss[3], e5};
     const int64_t items = B * H;
     if (nthreads > 1 && items > 1) {

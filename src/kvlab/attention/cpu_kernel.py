@@ -12,10 +12,21 @@ The same library reads an FP8 cache's float8 codes in place (:func:`fp8_decode_a
 included), the per-head scales fold into the query and the output, so a decode step never widens the history to a
 float copy.
 
-Build: the C source ships with the package (``_kivi_cpu.c``); the first call that needs it runs the system C
-compiler (``cc``, or ``$KVLAB_CC``) with ``-O3 -march=native -fPIC -shared -fopenmp`` into
+An integer path for KIVI (``_kivi_int.c``; :func:`dot_path`: ``dot="int8"`` or ``KVLAB_KIVI_DOT=int8``, the exact
+fp32 path staying the default and the reference): the query, with the per-channel key scale folded in, is rounded
+to int8 per row and key group, and key scores are integer dot products over the 2/4-bit codes unpacked to 8-bit
+lanes; value sums weight the codes by 8-bit probabilities (times the per-token value scale, one scale per row and
+32-token block) in integer dot products, four tokens per 32-bit lane. This is llama.cpp's q8 dot product (the
+activation quantized to 8 bits, AVX512-VNNI ``dpbusd`` / AVX2 ``maddubs`` + ``madd``) over KIVI's per-channel keys
+and per-token values (arXiv:2402.02750, section 3.2). The instruction-set path is chosen at run time from what the
+CPU has (:func:`best_isa`: ``avx512``, ``avx2``, ``scalar``), a lower one forced by ``KVLAB_CPU_ISA``
+(:func:`isa`). The same file holds the float baseline (:mod:`kvlab.attention.cpu_baseline`).
+
+Build: the C sources ship with the package; the first call that needs them runs the system C compiler (``cc``, or
+``$KVLAB_CC``), ``_kivi_cpu.c`` with ``-O3 -march=native -fPIC -shared -fopenmp`` and ``_kivi_int.c`` without
+``-march`` (each path has its own ``__attribute__((target))``), the two in parallel, linked into
 ``$KVLAB_KERNEL_DIR`` or ``$XDG_CACHE_HOME/kvlab/kernels`` (default ``~/.cache/kvlab/kernels``), named by a hash of
-the source, the flags and the CPU (``-march=native`` code runs only where it was built) and one of the compiler's
+the sources, the flags and the CPU (``-march=native`` code runs only where it was built) and one of the compiler's
 version; where no compiler can run, a build for the same source, flags and CPU by an earlier compiler is loaded.
 It is written to a temporary name and moved into place, so concurrent processes are safe; after a build, all but the
 :data:`KEEP_BUILDS` most recently written kernels of the folder are deleted (old sources, compilers, CPUs). Nothing
@@ -42,9 +53,16 @@ import torch
 from kvlab.runtime.cache_dirs import cache_dir as runtime_cache_dir
 
 SOURCE = Path(__file__).with_name("_kivi_cpu.c")
+# integer key scores and the float baseline, one __attribute__((target)) per instruction-set path: built without
+# -march=native so that a lower path (KVLAB_CPU_ISA) really runs the lower instructions
+INT_SOURCE = Path(__file__).with_name("_kivi_int.c")
 COMPILER = os.environ.get("KVLAB_CC", "cc")
 CFLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fopenmp")
-COMPILE_TIMEOUT_S = 600  # -O3 takes ~45 s of one core on a 2-core VM; several times that on a loaded machine
+# INT_SOURCE's flags after CFLAGS' optimisation level (CFLAGS[0])
+INT_CFLAGS = ("-fPIC", "-fopenmp", "-Wno-psabi")
+COMPILE_TIMEOUT_S = (
+    600  # a few times the ~20 s of one core the build takes on a 2-core VM, for a loaded machine
+)
 # kernels kept in cache_dir() after a build, the new one among them (other installs' builds stay usable)
 KEEP_BUILDS = 4
 # query rows (GQA heads x query tokens) one item may have: decode and short speculative steps; longer queries
@@ -90,7 +108,8 @@ def _compiler_version() -> str:
 def _build_key() -> str:
     """Hash of what the binary depends on besides the compiler: the source, the flags and the CPU."""
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(CFLAGS).encode(), _machine_key().encode()):
+    flags = " ".join(CFLAGS) + " | " + " ".join(_int_flags())
+    for part in (SOURCE.read_bytes(), INT_SOURCE.read_bytes(), flags.encode(), _machine_key().encode()):
         h.update(part)
         h.update(b"\0")
     return h.hexdigest()[:20]
@@ -113,38 +132,64 @@ def _prebuilt() -> Path | None:
     return found[-1] if found else None
 
 
+def _int_flags() -> tuple[str, ...]:
+    """Flags of :data:`INT_SOURCE`: :data:`CFLAGS`' optimisation level, then :data:`INT_CFLAGS`."""
+    return (CFLAGS[0], *INT_CFLAGS)
+
+
+def _run_compilers(commands: list[list[str]]) -> None:
+    """Run the compile commands at once (one process each: the two translation units build in parallel on two
+    cores), each within :data:`COMPILE_TIMEOUT_S`.
+
+    Raises:
+        RuntimeError: a compiler failed (its message's tail is included). OSError: it could not be run.
+        subprocess.TimeoutExpired: one ran past the timeout (all are killed).
+    """
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in commands]
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=COMPILE_TIMEOUT_S)
+            if p.returncode != 0:
+                raise RuntimeError(f"{COMPILER} exited with {p.returncode}: {(err or out).strip()[-400:]}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def _build(target: Path) -> None:
-    """Compile :data:`SOURCE` to ``target`` (a temporary name in the same folder, then ``os.replace``).
+    """Compile :data:`SOURCE` (``CFLAGS``, ``-march=native``) and :data:`INT_SOURCE` (no ``-march``: each
+    instruction-set path has its own ``target`` attribute) in parallel and link them to ``target`` (a temporary
+    name in the same folder, then ``os.replace``).
 
     Raises:
         RuntimeError: the compiler failed (its message's tail is included). OSError: it could not be run.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    # a one-time step of ~45 s that would otherwise look like a hang between two progress lines
+    # a one-time step of ~20 s that would otherwise look like a hang between two progress lines
     print(
-        f"building kvlab's CPU decode kernel once ({COMPILER} {CFLAGS[0]}; -O3 takes ~45 s of one core; kept in "
+        f"building kvlab's CPU decode kernel once ({COMPILER} {CFLAGS[0]}; ~20 s of one core; kept in "
         f"{target.parent}) ...",
         file=sys.stderr,
         flush=True,
     )
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=target.parent)
     os.close(fd)
+    objects = [f"{tmp}.{n}.o" for n in ("main", "int")]
     try:
-        done = subprocess.run(
-            [COMPILER, *CFLAGS, str(SOURCE), "-o", tmp],
-            capture_output=True,
-            text=True,
-            timeout=COMPILE_TIMEOUT_S,
-            check=False,
+        _run_compilers(
+            [
+                [COMPILER, *CFLAGS, "-c", str(SOURCE), "-o", objects[0]],
+                [COMPILER, *_int_flags(), "-c", str(INT_SOURCE), "-o", objects[1]],
+            ]
         )
-        if done.returncode != 0:
-            raise RuntimeError(
-                f"{COMPILER} exited with {done.returncode}: {(done.stderr or done.stdout).strip()[-400:]}"
-            )
+        _run_compilers([[COMPILER, "-shared", "-fopenmp", *objects, "-o", tmp]])
         os.replace(tmp, target)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for f in (tmp, *objects):
+            if os.path.exists(f):
+                os.unlink(f)
 
 
 def prune_builds(keep: Path, limit: int = KEEP_BUILDS) -> list[Path]:
@@ -202,7 +247,14 @@ def _load() -> ctypes.CDLL:
         ptr,
         *[i64] * 8,
     ]
-    lib.kivi_decode_step.argtypes += [ptr, *[i64] * 4, ptr, ptr, ptr, i64, i64]
+    lib.kivi_decode_step.argtypes += [ptr, *[i64] * 4, ptr, ptr, ptr, i64, i64, i64]
+    lib.kvlab_isa_best.restype = ctypes.c_int
+    lib.kvlab_isa_best.argtypes = []
+    lib.kivi_int_supported.restype = ctypes.c_int
+    lib.kivi_int_supported.argtypes = [i64, i64, i64]
+    lib.float_decode_step.restype = ctypes.c_int
+    lib.float_decode_step.argtypes = [i64, ptr, i64, ctypes.c_double, *[i64] * 4, ptr, ptr, i64, i64, ptr]
+    lib.float_decode_step.argtypes += [ptr, ptr, ptr, i64, i64]
     lib.kivi_work_floats.restype = i64
     lib.kivi_work_floats.argtypes = [i64, i64]
     lib.fp8_decode_step.restype = ctypes.c_int
@@ -237,11 +289,88 @@ def reset() -> None:
 
 
 def describe() -> str:
-    """One line for benchmark records: which path CPU ``kivi_attention(backend="auto")`` decode steps take."""
+    """One line for benchmark records: which path CPU ``kivi_attention(backend="auto")`` decode steps take, with
+    the KIVI key-score path (:func:`dot_path`) and the instruction-set path (:func:`isa`) it runs."""
     reason = unavailable_reason()
     if reason is None:
-        return f"compiled C kernel ({_path.name}, {' '.join(CFLAGS)})"
+        return (
+            f"compiled C kernel ({_path.name}, {' '.join(CFLAGS)}; KIVI key scores {dot_path()}, "
+            f"instruction-set path {isa()} of {best_isa()})"
+        )
     return f"torch ({reason})"
+
+
+# the instruction-set paths of _kivi_int.c, lowest first (their index is the C code)
+ISAS = ("scalar", "avx2", "avx512")
+# KIVI key scores: "exact" (fp32 dot products over dequantized codes, the reference) or "int8" (the query quantized
+# to int8 per row and key group, integer dot products over the unpacked codes: _kivi_int.c)
+DOT_PATHS = ("exact", "int8")
+
+
+def best_isa() -> str:
+    """The highest path of :data:`ISAS` this CPU runs (``avx512``: AVX512 F/BW/VL/DQ and VNNI; ``avx2``: AVX2,
+    FMA and F16C; else ``scalar``).
+
+    Raises:
+        RuntimeError: the kernel is not available (the reason is named).
+    """
+    return ISAS[_loaded("the CPU kernel").kvlab_isa_best()]
+
+
+def isa() -> str:
+    """The instruction-set path the integer key scores and the float baseline run: ``$KVLAB_CPU_ISA`` when set
+    (one of :data:`ISAS`, at most :func:`best_isa`: a lower path can be forced, e.g. to test the AVX2 code on an
+    AVX512 CPU), else :func:`best_isa`.
+
+    Raises:
+        ValueError: ``KVLAB_CPU_ISA`` is not a path of :data:`ISAS` or is above what this CPU runs.
+        RuntimeError: the kernel is not available.
+    """
+    best = best_isa()
+    want = os.environ.get("KVLAB_CPU_ISA", "").strip().lower()
+    if not want:
+        return best
+    if want not in ISAS:
+        raise ValueError(f"KVLAB_CPU_ISA must be one of {list(ISAS)}, got {want!r}")
+    if ISAS.index(want) > ISAS.index(best):
+        raise ValueError(f"KVLAB_CPU_ISA={want!r} is above what this CPU runs ({best!r})")
+    return want
+
+
+def dot_path(dot: str | None = None) -> str:
+    """The KIVI key-score path: ``dot`` if given, else ``$KVLAB_KIVI_DOT``, else ``"exact"`` (one of
+    :data:`DOT_PATHS`). ``"int8"`` runs where :func:`int8_supported`; elsewhere the exact path runs.
+
+    Raises:
+        ValueError: a value outside :data:`DOT_PATHS`.
+    """
+    value = (dot if dot is not None else os.environ.get("KVLAB_KIVI_DOT", "") or "exact").strip().lower()
+    if value not in DOT_PATHS:
+        src = "dot" if dot is not None else "KVLAB_KIVI_DOT"
+        raise ValueError(f"{src} must be one of {list(DOT_PATHS)}, got {value!r}")
+    return value
+
+
+def int8_supported(nbits: int, head_dim: int, path: str | None = None) -> bool:
+    """Whether the integer key scores take ``nbits`` (2 or 4) and ``head_dim`` on instruction-set ``path``
+    (default :func:`isa`): AVX512 needs head_dim a multiple of 64, AVX2 of 32.
+
+    Raises:
+        RuntimeError: the kernel is not available. ValueError: a bad ``KVLAB_CPU_ISA``.
+    """
+    code = ISAS.index(path or isa())
+    return bool(_loaded("the CPU kernel").kivi_int_supported(code, nbits, head_dim))
+
+
+def key_score_path(nbits: int, head_dim: int, dot: str | None = None) -> str:
+    """What :func:`decode_attention` runs for KIVI key scores at ``nbits`` / ``head_dim``: ``"int8 (avx512)"``
+    and the like, or ``"exact"`` (also where int8 was asked for but does not take the problem, said so)."""
+    if dot_path(dot) == "exact":
+        return "exact"
+    path = isa()
+    if int8_supported(nbits, head_dim, path):
+        return f"int8 ({path})"
+    return f"exact (int8 does not take {nbits}-bit codes at head_dim {head_dim} on {path})"
 
 
 def unsupported(query, segments, key_window, value_window) -> str | None:
@@ -338,6 +467,7 @@ def decode_attention(
     scaling: float,
     valid: torch.Tensor | None,
     window_offset: int,
+    dot: str | None = None,
 ) -> torch.Tensor:
     """Attention of ``query [B, Hq, q_len, D]`` (bf16 or fp32; the query heads of a KV head become the rows of one
     item, GQA without repeating K/V) over ``segments`` (:class:`kvlab.quant.kivi.QuantSegmentView`, oldest first)
@@ -347,11 +477,20 @@ def decode_attention(
     ``valid``: ``None`` (all quantized tokens attended; inside the window, query ``i`` sees window tokens
     ``<= i + window_offset``) or a bool ``[1 or B, q_len, Q + w]`` (True = attend). A row with every key masked
     comes out 0. The caller checks the problem first (:func:`unsupported`, ``kivi_attention``'s input checks).
+    ``dot``: the key-score path (:func:`dot_path`; default ``$KVLAB_KIVI_DOT``, else exact). With ``"int8"`` the
+    quantized keys' scores come from integer dot products against the query rounded to int8 per row and key group
+    (``_kivi_int.c``: score error at most ``a / 2 * sum_c code[t, c]`` with ``a = max_c |q_c s_c| / 127``);
+    values, window and softmax stay fp32.
 
     Raises:
         RuntimeError: the kernel is not available (the reason is named) or rejected the sizes.
+        ValueError: a bad ``dot`` or ``KVLAB_CPU_ISA``.
     """
     lib = _loaded("the KIVI CPU kernel")
+    int_isa = -1
+    if dot_path(dot) == "int8":
+        code = ISAS.index(isa())
+        int_isa = code if lib.kivi_int_supported(code, nbits, query.shape[-1]) else -1
     b, hq, q_len, d = query.shape
     h = key_window.shape[1]
     m = hq // h * q_len
@@ -370,6 +509,7 @@ def decode_attention(
         *_window_and_output_args(
             kw, vw, (vptr, vb, vq), q_len, window_offset, scratch, b * h * m * total, out, threads(total)
         ),
+        int_isa,
     )  # fmt: skip
     if rc != 0:
         raise RuntimeError(

@@ -233,9 +233,12 @@ def render_kernel(result: dict) -> str:
             ]
         )
     sh, st = result["shape"], result["settings"]
+    nbits = st["nbits"] if isinstance(st["nbits"], list) else [st["nbits"]]
     parts = [
         f"One decode query over one layer: batch {sh['batch']}, {sh['q_heads']} query / {sh['kv_heads']} KV heads, "
-        f"head_dim {sh['head_dim']}, {sh['dtype']}; KIVI {st['nbits']}-bit, G={st['group_size']}, "
+        f"head_dim {sh['head_dim']}, {sh['dtype']}; KIVI {'/'.join(map(str, nbits))}-bit"
+        + (f" (the first table: {nbits[0]}-bit)" if len(nbits) > 1 else "")
+        + f", G={st['group_size']}, "
         f"R={st['residual_length']}, backend `{st.get('backend', 'auto')}`"
         + (f" ({st['kivi_cpu_path']})" if st.get("kivi_cpu_path") else "")
         + f", {st.get('threads', '?')} torch threads. "
@@ -258,6 +261,7 @@ def render_kernel(result: dict) -> str:
             rows,
         ),
     ]
+    parts += _kernel_columns(result)
     return "\n".join(parts)
 
 
@@ -354,6 +358,39 @@ def _lab_speedup_rows(result: dict) -> list[list[str]]:
     ]
 
 
+def _kernel_columns(result: dict) -> list[str]:
+    """Every kernel of the record (``kernels``: KIVI exact and integer, the float C baseline, SDPA) per context:
+    µs and the fraction of the copy bandwidth; the ratios KIVI-2 / KIVI-4 and integer KIVI-4 / float baseline.
+    Nothing for records written before the row carried ``kernels``."""
+    ok = [r for r in result["rows"] if r["status"] == "ok" and "kernels" in r]
+    if not ok:
+        return []
+    names = list(ok[0]["kernels"])
+    float_name = next((n for n in names if n.startswith("float-")), None)
+    rows = []
+    for r in ok:
+        ks = r["kernels"]
+        row = [str(r["context"])]
+        row += [f"{ks[n]['us']:,.0f} ({ks[n]['fraction_of_copy']:.0%})" if n in ks else "-" for n in names]
+        for a, b in (("kivi2", "kivi4"), ("kivi2-int8", "kivi4-int8"), ("kivi4-int8", float_name)):
+            row.append(f"{ks[a]['us'] / ks[b]['us']:.2f}x" if a in ks and b in ks else "-")
+        rows.append(row)
+    st = result["settings"]
+    paths = "; ".join(f"`{n}`: {p}" for n, p in (st.get("int8_paths") or {}).items())
+    return [
+        "",
+        f"Every kernel, µs (GB/s as % of copy). Instruction-set path {st.get('isa', '-')}; {paths or 'no int8'}; "
+        f"float baseline: {st.get('float_baseline', '-')}.",
+        "",
+        _table(
+            ["context"]
+            + [f"`{n}`" for n in names]
+            + ["kivi2/kivi4", "int8: kivi2/kivi4", "kivi4-int8/float"],
+            rows,
+        ),
+    ]
+
+
 RENDER = {
     "decode": render_decode,
     "memory": render_memory,
@@ -425,6 +462,10 @@ def targets(records: list[tuple[Path, dict]]) -> list[dict]:
             from kvlab.bench.decode import evaluate_lead_targets
 
             out += [v | {"device": device, "file": path.name} for v in evaluate_lead_targets(result)]
+        if bench == "kernel":
+            from kvlab.bench.kernel import evaluate_cpu_targets
+
+            out += [v | {"device": device, "file": path.name} for v in evaluate_cpu_targets(result)]
     for bench, desc in GPU_TARGETS.items():
         if bench not in gpu_seen:
             out.append(

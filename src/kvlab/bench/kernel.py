@@ -98,45 +98,94 @@ def copy_bandwidth(device: torch.device, nbytes: int, reps: int = 5) -> dict:
     }
 
 
-def _cell(
-    context, shape, nbits, group_size, residual_length, dtype, device, reps, inner, gen, backend
-) -> dict:
+def _kernels(state, q, k, v, nbits, group_size, scale, backend, dev) -> dict:
+    """``{name: (fn, bytes)}`` of one KIVI state: ``kivi<b>`` (:func:`kivi_attention` with ``backend``) and, on a
+    CPU where the compiled kernel runs and takes the problem, ``kivi<b>-int8`` (its integer key scores and value
+    sums, :mod:`kvlab.attention.cpu_kernel`)."""
+    from kvlab.attention import cpu_kernel
     from kvlab.attention.quantized import kivi_attention
+
+    segments = list(state.segments())
+    kw, vw = state.key_residual, state.value_residual
+    nbytes = state.nbytes_breakdown()["total"]
+    out = {
+        f"kivi{nbits}": (
+            lambda: kivi_attention(q, segments, kw, vw, nbits, group_size, scale, backend=backend),
+            nbytes,
+        )
+    }
+    if (
+        dev.type == "cpu"
+        and cpu_kernel.unavailable_reason() is None
+        and cpu_kernel.int8_supported(nbits, q.shape[-1])
+    ):
+        offset = kw.shape[2] - 1
+        out[f"kivi{nbits}-int8"] = (
+            lambda: cpu_kernel.decode_attention(
+                q, segments, kw, vw, nbits, group_size, scale, None, offset, dot="int8"
+            ),
+            nbytes,
+        )
+    return out
+
+
+def _cell(context, shape, kivi, dtype, device, reps, inner, gen) -> dict:
+    """One context: every kernel of :func:`_kernels` for each of ``kivi``'s bit widths, the float baseline
+    (:func:`kvlab.attention.cpu_baseline.float_decode_attention` over the bf16 K/V, on the CPU) and SDPA,
+    sampled interleaved. ``kivi``: ``(nbits tuple, group_size, residual_length, backend)``."""
+    from kvlab.attention import cpu_baseline, cpu_kernel
     from kvlab.quant.kivi import KIVIConfig, KIVIState
 
+    nbits_list, group_size, residual_length, backend = kivi
     b, hq, hkv, d = shape["batch"], shape["q_heads"], shape["kv_heads"], shape["head_dim"]
     k = torch.randn(b, hkv, context, d, generator=gen).to(device, dtype)
     v = torch.randn(b, hkv, context, d, generator=gen).to(device, dtype)
     q = torch.randn(b, hq, 1, d, generator=gen).to(device, dtype)
     scale = d**-0.5
-    state = KIVIState(KIVIConfig(nbits, group_size, residual_length))
+    breakdown = {}
     with torch.inference_mode():
-        state.append(k, v)
-        segments = list(state.segments())
-        kw, vw = state.key_residual, state.value_residual
-        kivi_s, sdpa_s = interleaved_seconds(
-            [
-                lambda: kivi_attention(q, segments, kw, vw, nbits, group_size, scale, backend=backend),
-                lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=hq != hkv),
-            ],
-            device,
-            reps,
-            inner=inner,
+        fns = {}
+        for nb in nbits_list:
+            state = KIVIState(KIVIConfig(nb, group_size, residual_length))
+            state.append(k, v)
+            breakdown[nb] = state.nbytes_breakdown()
+            fns |= _kernels(state, q, k, v, nb, group_size, scale, backend, device)
+        if (
+            device.type == "cpu"
+            and cpu_kernel.unavailable_reason() is None
+            and cpu_baseline.float_unsupported(q, k, v) is None
+        ):
+            fns[f"float-{shape['dtype']}"] = (lambda: cpu_baseline.float_decode_attention(q, k, v, scale), 0)
+        fns["sdpa"] = (
+            lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=hq != hkv),
+            0,
         )
-    kivi_bytes = state.nbytes_breakdown()
-    sdpa_bytes = k.nbytes + v.nbytes
-    kivi_med, sdpa_med = statistics.median(kivi_s), statistics.median(sdpa_s)
+        names = list(fns)
+        secs = interleaved_seconds([fns[n][0] for n in names], device, reps, inner=inner)
+    kernels = {}
+    for name, samples in zip(names, secs, strict=True):
+        nbytes = fns[name][1] or k.nbytes + v.nbytes
+        med = statistics.median(samples)
+        kernels[name] = {"bytes": nbytes, "us": med * 1e6, "gb_s": nbytes / med / 1e9}
+    return _legacy_row(context, kernels, breakdown[nbits_list[0]], f"kivi{nbits_list[0]}")
+
+
+def _legacy_row(context: int, kernels: dict, breakdown: dict, first: str) -> dict:
+    """A row: the first bit width's ``kivi_*`` and SDPA's ``sdpa_*`` keys (as records before the integer path and
+    the float baseline had them), and ``kernels``: every kernel's ``bytes``, ``us``, ``gb_s``."""
+    kv, sd = kernels[first], kernels["sdpa"]
     return {
         "context": context,
         "status": "ok",
-        "kivi_bytes": kivi_bytes["total"],
-        "kivi_bytes_breakdown": {key: kivi_bytes[key] for key in ("codes", "scales_zeros", "residual")},
-        "kivi_us": kivi_med * 1e6,
-        "kivi_gb_s": kivi_bytes["total"] / kivi_med / 1e9,
-        "sdpa_bytes": sdpa_bytes,
-        "sdpa_us": sdpa_med * 1e6,
-        "sdpa_gb_s": sdpa_bytes / sdpa_med / 1e9,
-        "kivi_time_over_sdpa": kivi_med / sdpa_med,
+        "kivi_bytes": kv["bytes"],
+        "kivi_bytes_breakdown": {key: breakdown[key] for key in ("codes", "scales_zeros", "residual")},
+        "kivi_us": kv["us"],
+        "kivi_gb_s": kv["gb_s"],
+        "sdpa_bytes": sd["bytes"],
+        "sdpa_us": sd["us"],
+        "sdpa_gb_s": sd["gb_s"],
+        "kivi_time_over_sdpa": kv["us"] / sd["us"],
+        "kernels": kernels,
     }
 
 
@@ -147,7 +196,7 @@ def run(
     kv_heads: int = 8,
     head_dim: int = 128,
     dtype: str = "bfloat16",
-    nbits: int = 4,
+    nbits: int | tuple[int, ...] | list[int] = (4, 2),
     group_size: int = 32,
     residual_length: int = 128,
     reps: int = 11,
@@ -164,7 +213,8 @@ def run(
     Args:
         contexts: tokens of the layer (default 1k..32k on CPU, 4k..128k on CUDA; ``quick``: 512 and 2048).
         batch / q_heads / kv_heads / head_dim / dtype: one attention layer, default Llama-3-8B's (GQA 32/8, 128).
-        nbits / group_size / residual_length: the KIVI settings.
+        nbits: the KIVI bit width(s) measured side by side (default 4 and 2); group_size / residual_length: the
+            KIVI settings.
         reps: timed samples per kernel (``quick``: 3); CUDA samples average 10 calls each.
         backend: :func:`kivi_attention`'s ``backend``: ``auto`` (Triton on CUDA when it can run; on the CPU the
             compiled kernel when it builds, torch otherwise), ``torch``, ``cpu-kernel`` or ``triton``.
@@ -172,10 +222,14 @@ def run(
         progress: optional ``callable(str)`` told about each cell before it runs.
 
     Returns:
-        ``{"device", "shape", "settings", "copy", "rows", "target"}``; each row has ``kivi_bytes``, ``kivi_us``,
-        ``kivi_gb_s``, ``sdpa_bytes``, ``sdpa_us``, ``sdpa_gb_s``, ``kivi_time_over_sdpa``, and the fractions
-        ``kivi_fraction_of_copy`` / ``sdpa_fraction_of_copy`` (GB/s over ``copy["best_gb_s"]``), or ``status``
-        ``failed`` with ``error``; ``settings["kivi_cpu_path"]``: the CPU path ``auto`` took.
+        ``{"device", "shape", "settings", "copy", "rows", "target", "cpu_targets"}``; each row has ``kernels``:
+        ``{name: {"bytes", "us", "gb_s", "fraction_of_copy"}}`` for ``kivi<b>`` (the ``backend`` path),
+        ``kivi<b>-int8`` (the CPU kernel's integer path, where it runs), ``float-<dtype>`` (the float C
+        baseline, CPU) and ``sdpa``; the first bit width's ``kivi_bytes``, ``kivi_us``, ``kivi_gb_s``,
+        ``sdpa_bytes``, ``sdpa_us``, ``sdpa_gb_s``, ``kivi_time_over_sdpa``, ``kivi_fraction_of_copy`` /
+        ``sdpa_fraction_of_copy`` (GB/s over ``copy["best_gb_s"]``) as before; or ``status`` ``failed`` with
+        ``error``. ``settings``: ``kivi_cpu_path`` (the CPU path ``auto`` took), ``int8_paths`` (the key/value path
+        each ``-int8`` kernel ran: ``int8 (avx512)`` ...), ``isa`` and ``float_baseline``.
     Raises:
         ValueError: bad contexts, reps, device or dtype, or a layer shape, KIVI setting, copy size or backend
             that could not run (each named before anything is measured).
@@ -189,6 +243,7 @@ def run(
     if copy_bytes is None:
         copy_bytes = 32 * 2**20 if quick else (2**30 if dev.type == "cuda" else 256 * 2**20)
     torch_dtype = parse_dtype(dtype)
+    nbits = (nbits,) if isinstance(nbits, int) else tuple(nbits)
     shape = dict(batch=batch, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype)
     _check_problem(shape, nbits, group_size, residual_length, copy_bytes, backend)
     copy = copy_bandwidth(dev, copy_bytes, reps=max(3, min(reps, 7)))
@@ -204,22 +259,47 @@ def run(
         "device_type": dev.type,
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "shape": shape,
-        "settings": {
-            "nbits": nbits,
-            "group_size": group_size,
-            "residual_length": residual_length,
-            "reps": reps,
-            "calls_per_sample": inner,
-            "backend": backend,
-            "threads": torch.get_num_threads(),
-            "kivi_cpu_path": kivi_cpu_path(dev) if backend in ("auto", "cpu-kernel") else None,
-        },
+        "settings": _settings(dev, kivi, reps, inner, head_dim, dtype),
         "copy": copy,
         "contexts": list(contexts),
         "rows": rows,
     }
     result["target"] = evaluate_target(result)
+    result["cpu_targets"] = evaluate_cpu_targets(result)
     return result
+
+
+def _settings(dev: torch.device, kivi: tuple, reps: int, inner: int, head_dim: int, dtype: str) -> dict:
+    """The record's settings: the KIVI ones (``kivi``: ``(nbits tuple, group_size, residual_length, backend)``),
+    samples, threads and the paths that ran (:func:`_cpu_paths`)."""
+    nbits, group_size, residual_length, backend = kivi
+    return {
+        "nbits": list(nbits),
+        "group_size": group_size,
+        "residual_length": residual_length,
+        "reps": reps,
+        "calls_per_sample": inner,
+        "backend": backend,
+        "threads": torch.get_num_threads(),
+        "kivi_cpu_path": kivi_cpu_path(dev) if backend in ("auto", "cpu-kernel") else None,
+        **_cpu_paths(dev, nbits, head_dim, dtype),
+    }
+
+
+def _cpu_paths(dev: torch.device, nbits: tuple, head_dim: int, dtype: str) -> dict:
+    """The record's names of the CPU paths: ``isa`` (:func:`kvlab.attention.cpu_kernel.isa`), ``int8_paths``
+    (:func:`~kvlab.attention.cpu_kernel.key_score_path` of each bit width) and ``float_baseline``; empty off the
+    CPU or where the kernel does not build."""
+    from kvlab.attention import cpu_kernel
+
+    if dev.type != "cpu" or cpu_kernel.unavailable_reason() is not None:
+        return {}
+    isa = cpu_kernel.isa()
+    return {
+        "isa": f"{isa} (best on this CPU: {cpu_kernel.best_isa()})",
+        "int8_paths": {f"kivi{b}-int8": cpu_kernel.key_score_path(b, head_dim, "int8") for b in nbits},
+        "float_baseline": f"C kernel over {dtype} K/V, fp32 accumulation ({isa})",
+    }
 
 
 def _check_problem(shape: dict, nbits, group_size, residual_length, copy_bytes, backend) -> None:
@@ -235,13 +315,16 @@ def _check_problem(shape: dict, nbits, group_size, residual_length, copy_bytes, 
         raise ValueError(
             f"`q_heads` ({shape['q_heads']}) must be a multiple of `kv_heads` ({shape['kv_heads']})"
         )
-    KIVIConfig(nbits, group_size, residual_length)  # nbits, group_size, residual_length, each named
+    if not nbits or len(set(nbits)) != len(nbits):
+        raise ValueError(f"--nbits must name distinct bit widths, got {list(nbits)}")
     head_dim = shape["head_dim"]
-    if head_dim % group_size or head_dim * nbits % 8:
-        raise ValueError(
-            f"--group-size {group_size} must divide --head-dim {head_dim} (values are grouped per token along "
-            f"channels) and head_dim x nbits ({head_dim} x {nbits}) must fill whole bytes"
-        )
+    for nb in nbits:
+        KIVIConfig(nb, group_size, residual_length)  # nbits, group_size, residual_length, each named
+        if head_dim % group_size or head_dim * nb % 8:
+            raise ValueError(
+                f"--group-size {group_size} must divide --head-dim {head_dim} (values are grouped per token "
+                f"along channels) and head_dim x nbits ({head_dim} x {nb}) must fill whole bytes"
+            )
     if copy_bytes is not None:
         check_int("copy_bytes", copy_bytes, 1, flag="--copy-mib")
     if backend not in BACKENDS:
@@ -250,17 +333,16 @@ def _check_problem(shape: dict, nbits, group_size, residual_length, copy_bytes, 
 
 def _row(context, shape, kivi, torch_dtype, dev, reps, inner, gen, copy_gb_s: float, progress) -> dict:
     """One context's :func:`_cell` with both kernels' GB/s as fractions of the copy bandwidth ``copy_gb_s``;
-    a failure is recorded (:func:`kvlab.bench.cells.failed_cell`) with the context. ``kivi``: ``(nbits,
+    a failure is recorded (:func:`kvlab.bench.cells.failed_cell`) with the context. ``kivi``: ``(nbits tuple,
     group_size, residual_length, backend)``; ``progress`` (optional) is told first."""
     if progress:
         progress(f"kernel: {context} tokens")
-    nbits, group_size, residual_length, backend = kivi
     try:
-        row = _cell(
-            context, shape, nbits, group_size, residual_length, torch_dtype, dev, reps, inner, gen, backend
-        )
+        row = _cell(context, shape, kivi, torch_dtype, dev, reps, inner, gen)
         row["kivi_fraction_of_copy"] = row["kivi_gb_s"] / copy_gb_s
         row["sdpa_fraction_of_copy"] = row["sdpa_gb_s"] / copy_gb_s
+        for k in row["kernels"].values():
+            k["fraction_of_copy"] = k["gb_s"] / copy_gb_s
     except Exception as e:  # noqa: BLE001 - recorded per cell
         row = {"context": context, **failed_cell(e)}
     finally:
@@ -292,3 +374,51 @@ def evaluate_target(result: dict) -> dict:
         "detail": f"{detail} on {result['device_name']}",
         "fractions": fr,
     }
+
+
+CPU_FRACTION = 0.50  # integer KIVI kernels' GB/s over the copy bandwidth, CPU, at >= CPU_MIN_CONTEXT tokens
+CPU_TWO_OVER_FOUR = 0.65  # kivi2-int8 time over kivi4-int8 time, CPU, at >= CPU_MIN_CONTEXT tokens
+CPU_MIN_CONTEXT = 16384
+
+
+def evaluate_cpu_targets(result: dict) -> list[dict]:
+    """The CPU targets of a record with integer kernels (none otherwise, or off the CPU): every ``kivi<b>-int8``
+    kernel at >= :data:`CPU_FRACTION` of the copy bandwidth at every context >= :data:`CPU_MIN_CONTEXT`, and
+    ``kivi2-int8``'s time <= :data:`CPU_TWO_OVER_FOUR` x ``kivi4-int8``'s there (its bytes are ~0.6x)."""
+    if result.get("device_type") != "cpu":
+        return []
+    rows = [r for r in result["rows"] if r["status"] == "ok" and r["context"] >= CPU_MIN_CONTEXT]
+    rows = [r for r in rows if any(n.endswith("-int8") for n in r.get("kernels", {}))]
+    if not rows:
+        return []
+    cpu = result.get("settings", {}).get("isa", "?")
+    frac = {
+        (r["context"], n): k["fraction_of_copy"]
+        for r in rows
+        for n, k in r["kernels"].items()
+        if n.endswith("-int8")
+    }
+    out = [
+        {
+            "description": f"integer KIVI kernels >= {CPU_FRACTION:.0%} of copy bandwidth at >= "
+            f"{CPU_MIN_CONTEXT} tokens (CPU)",
+            "status": "met" if all(v >= CPU_FRACTION for v in frac.values()) else "not met",
+            "detail": ", ".join(f"{n} {v:.0%} at {c}" for (c, n), v in sorted(frac.items()))
+            + f"; path {cpu}",
+        }
+    ]
+    ratio = {
+        r["context"]: r["kernels"]["kivi2-int8"]["us"] / r["kernels"]["kivi4-int8"]["us"]
+        for r in rows
+        if {"kivi2-int8", "kivi4-int8"} <= set(r["kernels"])
+    }
+    if ratio:
+        out.append(
+            {
+                "description": f"kivi2-int8 time <= {CPU_TWO_OVER_FOUR:.2f}x kivi4-int8 at >= {CPU_MIN_CONTEXT} "
+                "tokens (CPU)",
+                "status": "met" if all(v <= CPU_TWO_OVER_FOUR for v in ratio.values()) else "not met",
+                "detail": ", ".join(f"{v:.2f}x at {c}" for c, v in sorted(ratio.items())) + f"; path {cpu}",
+            }
+        )
+    return out

@@ -72,7 +72,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         help="model directory, GGUF file, named model (kvlab models) or HF id (default: the bundled model)",
     )
     p.add_argument("--dtype", default="bfloat16", help="model dtype (default bfloat16)")
-    p.add_argument("--candidates", type=parse_list, default=None, help="caches, comma-separated (default: all)")
+    p.add_argument(
+        "--candidates", type=parse_list, default=None, help="caches, comma-separated (default: all)"
+    )
     p.add_argument("--contexts", type=int_list, default=None, help="context lengths, comma-separated")
     p.add_argument("--prefill-chunk", type=int, default=1024, help="prefill chunk in tokens (default 1024)")
     p.add_argument("--hqq-group-size", type=int, default=64, help="HQQ/quanto group size (default 64)")
@@ -145,7 +147,9 @@ def _add_layer_benchmarks(sub) -> tuple[argparse.ArgumentParser, ...]:
     k.add_argument("--kv-heads", type=int, default=8, help="KV heads (default 8)")
     k.add_argument("--head-dim", type=int, default=128, help="head_dim (default 128)")
     k.add_argument("--dtype", default="bfloat16", help="dtype (default bfloat16)")
-    k.add_argument("--nbits", type=int, default=4, help="KIVI bits (default 4)")
+    k.add_argument(
+        "--nbits", type=int_list, default=[4, 2], help="KIVI bit widths, comma-separated (default 4,2)"
+    )
     k.add_argument("--reps", type=int, default=11, help="timed samples per kernel (default 11)")
     k.add_argument(
         "--backend",
