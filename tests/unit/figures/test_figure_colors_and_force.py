@@ -17,7 +17,8 @@ def _line_colors(monkeypatch, draw) -> dict[str, str]:
     from matplotlib.colors import to_hex
 
     captured = []
-    monkeypatch.setattr(figures, "save_png", lambda fig, path: captured.append(fig) or path)
+    # the eval figures draw in kvlab.figures.results: capture its save_png
+    monkeypatch.setattr(figures.results, "save_png", lambda fig, path: captured.append(fig) or path)
     draw()
     (fig,) = captured
     colors: dict[str, str] = {}
