@@ -14,7 +14,7 @@ tiles, attention scores, a ``torch.cat`` double buffer). The cache's own growth 
 Two steps are measured per cell: a plain step, and for caches that flush in chunks the next step that flushes
 (KIVI quantizes a ``G``-token chunk; transformers' ``QuantizedCache`` re-quantizes the whole history). The ratio
 to the bf16 ``DynamicCache`` bytes at the same context is the target: <= 10 % for ``kivi4-fused``.
-Every cache starts from the same exact prefill (:func:`kvlab.bench.decode.fill_cache`).
+Every cache starts from the same exact prefill (:func:`kvlab.bench.prepare.fill_cache`).
 """
 
 from __future__ import annotations
@@ -24,18 +24,17 @@ from typing import Any
 import torch
 
 from kvlab.bench.cells import bench_contexts, failed_cell
-from kvlab.bench.decode import (
-    DEFAULT_CANDIDATES,
+from kvlab.bench.decode import DEFAULT_CANDIDATES
+from kvlab.bench.prepare import (
     bench_settings,
     decode_step,
     exact_prefill,
     fill_cache,
     load_prompted_model,
     parse_candidates,
-    resolve_device,
     set_attention,
-    synchronize,
 )
+from kvlab.runtime.device import resolve_device, synchronize
 from kvlab.runtime.tensor_bytes import TensorBytesTracker  # the CPU measurement; tests import it here too
 
 CPU_CONTEXTS = (1024, 4096, 16384)

@@ -30,8 +30,9 @@ def run(
             QUICK[k] for k in ("static_requests", "sim_requests", "repeat")
         )
     from kvlab.paging.budget import default_budget
-    from kvlab.paging.simulate import poisson_trace, simulate
+    from kvlab.paging.simulate import simulate
     from kvlab.paging.static import static_capacity, workload
+    from kvlab.paging.trace import poisson_trace
 
     budget = default_budget()
     t0 = time.perf_counter()

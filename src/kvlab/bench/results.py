@@ -25,7 +25,7 @@ BENCHMARKS = ("decode", "memory", "flush", "kernel", "paging", "lab")
 def device_label(device: str | None) -> str:
     """File-name label of a device: ``cpu``, or the CUDA device's name as a slug (``nvidia-h200``).
 
-    ``None``/``"auto"`` resolve like :func:`kvlab.bench.decode.resolve_device`.
+    ``None``/``"auto"`` resolve like :func:`kvlab.runtime.device.resolve_device`.
     """
     import torch
 

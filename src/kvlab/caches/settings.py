@@ -1,6 +1,6 @@
 """Each cache family's settings: one small frozen dataclass per family, validated in ``__post_init__``.
 
-A registry entry (:class:`kvlab.caches.registry.CacheEntry`) names its family's class in ``options``; a run's
+A registry entry (:class:`kvlab.caches.entry.CacheEntry`) names its family's class in ``options``; a run's
 settings (:class:`kvlab.caches.registry.CacheSettings`, what the CLI flags give) and a name's
 ``:setting=value`` overrides are read into it when the name is resolved, at the class's defaults for the rest. A
 field whose metadata says ``in_name=False`` is set by the run only (KIVI's attention path: ``kivi-4-fused`` names

@@ -371,7 +371,7 @@ def _poisson_trace(args: argparse.Namespace):
             be silently dropped), or a ``--save-trace`` folder that does not exist or is a file.
         OSError: ``--save-trace`` exists or cannot be written.
     """
-    from kvlab.paging.simulate import poisson_trace, save_trace
+    from kvlab.paging.trace import poisson_trace, save_trace
 
     if args.prefix_groups == 0 and args.prefix_tokens:
         raise ValueError(
@@ -441,7 +441,8 @@ def _check_keep_evicts(args: argparse.Namespace, trace, policies) -> None:
 def run_simulate_cmd(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from kvlab.paging.simulate import load_trace, simulate
+    from kvlab.paging.simulate import simulate
+    from kvlab.paging.trace import load_trace
 
     problem = _empty_path_flag(args, "--trace", "--save-trace")
     if problem:

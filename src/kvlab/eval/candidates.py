@@ -26,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvlab.caches.registry import CacheSettings, ResolvedCache, resolve
+from kvlab.caches.entry import ResolvedCache
+from kvlab.caches.registry import CacheSettings, resolve
 
 EVICTION_SETTINGS = {"compression_ratio", "token_budget"}  # kivi-4:compression_ratio=0.5: SnapKV under KIVI
 # variants that choose a cache's attention path, not the cache: eval takes them as the run's --kivi-attention would

@@ -94,7 +94,7 @@ def max_positions(config: Any) -> int | None:
 def configured_max_positions(model: str | os.PathLike | None) -> int | None:
     """``max_position_embeddings`` of ``model`` (a ``--model`` value; None: the bundled model) read from its files,
     without loading it: the ``config.json`` of a local or converted directory or of the local Hugging Face cache,
-    or the header of a GGUF not yet converted (:func:`kvlab.plan.gguf.read_gguf_config`). None when no file says
+    or the header of a GGUF not yet converted (:func:`kvlab.plan.gguf_config.read_gguf_config`). None when no file says
     (a hub id not cached, a config the planner cannot read: the command's own load reports those).
 
     Raises:
@@ -103,7 +103,7 @@ def configured_max_positions(model: str | os.PathLike | None) -> int | None:
     import json
 
     from kvlab.models import model_source
-    from kvlab.plan.gguf import read_gguf_config
+    from kvlab.plan.gguf_config import read_gguf_config
     from kvlab.plan.spec import spec_from_config
 
     source = model_source(model)

@@ -386,7 +386,8 @@ def check_gguf_file(gguf: Path) -> dict:
       ``i < block_count``, a ``blk.<i>.`` tensor at or past it, or no ``token_embd.weight`` — transformers would
       load such a file with randomly initialised weights where tensors are missing, and report nothing.
     """
-    from kvlab.plan.gguf import MODEL_TYPES, config_from_gguf_header, read_gguf_header
+    from kvlab.plan.gguf import read_gguf_header
+    from kvlab.plan.gguf_config import MODEL_TYPES, config_from_gguf_header
 
     header = read_gguf_header(gguf)
     meta = header.metadata

@@ -4,6 +4,7 @@ block_pool   blocks with reference counts, an O(1) free queue, chained full-bloc
 block_table  per-sequence logical -> physical block map and slot mapping (copy-on-write on append)
 budget       KV bytes a device can hold (the mechanics chapter's Llama-3-8B account, or the planner's numbers)
 static       concurrency and waste of contiguous reservation vs paging
+trace        the requests a simulation replays: Trace, a Poisson trace, the trace CSV file
 simulate     discrete-event serving simulation: arrivals, growth, preemption by recompute, prefix sharing
 figure       the paged-layout figure (imports matplotlib lazily)
 """
@@ -11,8 +12,9 @@ figure       the paged-layout figure (imports matplotlib lazily)
 from kvlab.paging.block_pool import BlockPool, FreeBlockQueue, KVBlock, hash_block_tokens, prefix_block_hashes
 from kvlab.paging.block_table import BlockTable
 from kvlab.paging.budget import KVBudget, default_budget, planner_budget
-from kvlab.paging.simulate import Policy, Trace, default_policies, load_trace, poisson_trace, simulate
+from kvlab.paging.simulate import Policy, default_policies, simulate
 from kvlab.paging.static import run_static, static_capacity, workload
+from kvlab.paging.trace import Trace, load_trace, poisson_trace
 
 __all__ = [
     "BlockPool",

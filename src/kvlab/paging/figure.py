@@ -145,7 +145,7 @@ def plot_paged_layout(static_result: dict, path: str | os.PathLike, overwrite: b
     Raises:
         ValueError: a suffix other than .png, .svg or .pdf, a ``path`` that is a folder or exists (without
             ``overwrite``), a folder of ``path`` that does not exist (it is not created, as
-            :func:`kvlab.paging.simulate.save_trace`) or is a file, or a ``static_result`` lacking a key.
+            :func:`kvlab.paging.trace.save_trace`) or is a file, or a ``static_result`` lacking a key.
     """
     path = Path(path)
     if path.suffix.lower() not in FIGURE_SUFFIXES:

@@ -78,7 +78,7 @@ def load_lengths(path: str | os.PathLike) -> np.ndarray:
     """Request lengths from a file: one integer per line, or a CSV with a header.
 
     A CSV column ``tokens`` or ``length`` is used as is; otherwise ``prompt_tokens + output_tokens`` (the
-    :mod:`kvlab.paging.simulate` trace format), the final KV length of each request. A file whose first line is a
+    :mod:`kvlab.paging.trace` format), the final KV length of each request. A file whose first line is a
     number (``100``, also ``2.5`` or ``nan``) is a list of lengths, not a CSV whose header is that number.
 
     Raises:

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from kvlab.plan.gguf import GGUF_DTYPE, is_gguf_file, read_gguf_config
+from kvlab.plan.gguf import is_gguf_file
+from kvlab.plan.gguf_config import GGUF_DTYPE, read_gguf_config
 from kvlab.plan.spec import QUANTIZED_WEIGHTS_HINT, ModelSpec, spec_from_config
 from kvlab.plan.weights import read_safetensors_bytes
 
@@ -41,13 +42,13 @@ _GGUF_PLAIN_TYPES = ("F32", "F16", "BF16", "F64")
 
 
 def _gguf_spec(path: Path) -> ModelSpec:
-    """The :class:`ModelSpec` of a GGUF file: its header read by :func:`kvlab.plan.gguf.read_gguf_config`, then
+    """The :class:`ModelSpec` of a GGUF file: its header read by :func:`kvlab.plan.gguf_config.read_gguf_config`, then
     :func:`spec_from_config`; ``checkpoint_bytes`` is the file's tensor data (the weights as llama.cpp holds
     them, quantized or not; None for a shard of a split GGUF), with notes on the KV dtype assumed and on the
     quantized weights.
 
     Raises:
-        ValueError: see :func:`kvlab.plan.gguf.read_gguf_config` (each names the file); a config field the spec
+        ValueError: see :func:`kvlab.plan.gguf_config.read_gguf_config` (each names the file); a config field the spec
             refuses is named with the file.
     """
     cfg = read_gguf_config(path)
@@ -91,7 +92,7 @@ def load_spec(model: str | os.PathLike | Mapping | ModelSpec) -> ModelSpec:
 
     ``model`` may be a :class:`ModelSpec`, a config dict, a preset name or its hub id (case-insensitive, see
     :mod:`kvlab.plan.presets`), a ``config.json`` path, a GGUF file (a ``.gguf`` path, or any file that starts
-    with the GGUF magic: its header is read by :func:`kvlab.plan.gguf.read_gguf_config`, torch-free, and its
+    with the GGUF magic: its header is read by :func:`kvlab.plan.gguf_config.read_gguf_config`, torch-free, and its
     tensor data bytes set :attr:`ModelSpec.checkpoint_bytes`), a model directory (its safetensors weights, when
     present, set :attr:`ModelSpec.checkpoint_bytes`), or a hub id (``org/name``) whose ``config.json`` is fetched
     with ``huggingface_hub`` when that package is importable (cached copy first; online only when allowed).

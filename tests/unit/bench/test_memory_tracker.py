@@ -67,7 +67,7 @@ def test_measure_step_transient_is_peak_minus_retained():
 def test_bf16_cache_bytes_matches_a_dynamic_cache(tiny_lm):
     from transformers import DynamicCache
 
-    from kvlab.bench.decode import _model_shape
+    from kvlab.bench.prepare import _model_shape
     from kvlab.caches.measure import cache_nbytes
     from kvlab.runtime.hf_api import cache_kwarg
 

@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from kvlab.bench import decode, flush, kernel, memory
+from kvlab.bench import decode, flush, kernel, memory, prepare
+from kvlab.caches.registry import CacheSettings
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +118,7 @@ def test_decode_runs_the_layers_as_float32_gemms_when_asked(tiny_lm, gemm_spy):
     ],
 )
 def test_candidate_names(text, parsed):
-    c = decode.BenchCandidate.parse(text)
+    c = prepare.BenchCandidate.parse(text)
     assert (c.family, c.nbits, c.attention) == parsed
 
 
@@ -136,9 +137,9 @@ def test_candidate_names(text, parsed):
 def test_registry_spellings_take_the_bench_spelling_the_targets_look_for(text, name):
     """``kivi-4-fused`` (the registry's grammar) or ``KIVI-4-fused`` once kept its spelling, so the targets reported
     'not measured' for a cell that was measured and the same cache could run twice."""
-    assert decode.BenchCandidate.parse(text).name == name
+    assert prepare.BenchCandidate.parse(text).name == name
     with pytest.raises(ValueError):
-        decode.parse_candidates(["dynamic", name, text] if text != name else ["dynamic", "dynamic"])
+        prepare.parse_candidates(["dynamic", name, text] if text != name else ["dynamic", "dynamic"])
 
 
 def test_memory_quick_keys_and_ratios(tiny_lm):
@@ -218,16 +219,16 @@ def test_kernel_quick_keys_and_ratios():
 def test_fill_cache_leaves_the_state_of_a_single_chunk_prefill(tiny_lm, name):
     from kvlab.runtime.hf_api import cache_kwarg
 
-    cand = decode.BenchCandidate.parse(name)
+    cand = prepare.BenchCandidate.parse(name)
     if cand.unavailable_reason():
         pytest.skip(cand.unavailable_reason())
-    settings = decode.CacheSettings()
+    settings = CacheSettings()
     ids = torch.randint(0, 256, (1, 300), generator=torch.Generator().manual_seed(1))
     direct, filled = cand.make(tiny_lm.config, settings), cand.make(tiny_lm.config, settings)
     with torch.inference_mode():
-        decode.set_attention(tiny_lm, cand)
+        prepare.set_attention(tiny_lm, cand)
         tiny_lm(input_ids=ids, use_cache=True, **{cache_kwarg(tiny_lm): direct})
-        decode.fill_cache(filled, decode.exact_prefill(tiny_lm, ids, chunk_tokens=ids.shape[1]))
+        prepare.fill_cache(filled, prepare.exact_prefill(tiny_lm, ids, chunk_tokens=ids.shape[1]))
     for a, b in zip(direct.layers, filled.layers):
         ta, tb = _state_tensors(a), _state_tensors(b)
         assert len(ta) == len(tb) > 0

@@ -12,7 +12,8 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicCache
 
-from kvlab.caches.registry import REGISTRY, CacheEntry, cache_names, resolve
+from kvlab.caches.entry import CacheEntry
+from kvlab.caches.registry import REGISTRY, cache_names, resolve
 from kvlab.runtime.checks import check_int
 from tests.unit.caches.test_registry import PROMPT_TOKENS, SETTINGS, _generate
 

@@ -168,7 +168,7 @@ SUMMARY = summarize({"rows": [], "candidates": [], "failures": [], "gates": {}, 
 def interrupted_file(tmp_path, **changes) -> str:
     """A result file as an interrupted run of ``TINY``'s settings leaves it (no cell finished)."""
     from kvlab.cli import build_parser
-    from kvlab.commands.eval import config_from_args
+    from kvlab.commands.eval.settings import config_from_args
 
     cfg = config_from_args(build_parser().parse_args(TINY))
     result = new_result(cfg, "r", None)

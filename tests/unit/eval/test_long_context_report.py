@@ -178,7 +178,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
 
 
 def test_cli_flags_set_probes_and_gates():
-    from kvlab.commands.eval import config_from_args
+    from kvlab.commands.eval.settings import config_from_args
 
     cfg = config_from_args(
         _args(

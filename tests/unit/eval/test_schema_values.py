@@ -229,7 +229,7 @@ def test_report_html_write_error_names_the_html_file(tmp_path, capsys, monkeypat
 
 
 def test_eval_result_write_error_during_a_run_is_a_clean_error(tmp_path, capsys, monkeypatch):
-    import kvlab.commands.eval as eval_cmd
+    import kvlab.commands.eval.run as eval_cmd
 
     dest = tmp_path / "x1.json"
 

@@ -165,11 +165,11 @@ def test_help_shows_the_config_defaults_without_numpy_at_start_up():
 
 
 def test_long_lab_runs_say_what_runs_when_stderr_is_not_a_terminal(capsys):
-    from kvlab.commands.lab import _status
+    from kvlab.commands.lab.common import status
 
-    with _status("decoding through each cache ...", quiet=False):
+    with status("decoding through each cache ...", quiet=False):
         pass
     assert "decoding through each cache ..." in capsys.readouterr().err  # pytest's stderr is not a terminal
-    with _status("silent under --json", quiet=True):
+    with status("silent under --json", quiet=True):
         pass
     assert capsys.readouterr().err == ""

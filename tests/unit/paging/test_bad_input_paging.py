@@ -11,8 +11,9 @@ import pytest
 from kvlab.cli import main
 from kvlab.paging import BlockPool
 from kvlab.paging.budget import GIB, KVBudget
-from kvlab.paging.simulate import Trace, load_trace, poisson_trace, simulate
+from kvlab.paging.simulate import simulate
 from kvlab.paging.static import load_lengths, workload
+from kvlab.paging.trace import Trace, load_trace, poisson_trace
 
 HEADER = "arrival_step,prompt_tokens,output_tokens\n"
 SMALL = ["--requests", "5", "--prompt-tokens", "16:32", "--output-tokens", "4:8"]

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from kvlab.paging import KVBudget, Policy, Trace, default_policies, load_trace, poisson_trace, simulate
-from kvlab.paging.simulate import save_trace, simulate_policy
+from kvlab.paging.simulate import simulate_policy
+from kvlab.paging.trace import save_trace
 
 
 def tiny_budget(tokens: int) -> KVBudget:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from kvlab.cli import main
-from kvlab.plan.gguf import GGUF_MAGIC, is_gguf_file, read_gguf_config, read_gguf_header
+from kvlab.plan.gguf import GGUF_MAGIC, is_gguf_file, read_gguf_header
+from kvlab.plan.gguf_config import read_gguf_config
 from kvlab.plan.ledger import build_ledger
 from kvlab.plan.load import load_spec
 from kvlab.plan.weights import weight_bytes

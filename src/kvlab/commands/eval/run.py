@@ -1,0 +1,344 @@
+"""One ``kvlab eval`` run, from the parsed flags to the exit code: the result file (new, or ``--resume``d), the
+model loaded and checked, the run under SIGTERM/Ctrl-C with every finished cell written, and the report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+
+from kvlab.commands import (
+    EXIT_FAILED,
+    EXIT_FILE_EXISTS,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    fail,
+    progress,
+)
+from kvlab.commands.eval.settings import config_from_args, with_flags
+
+# the `kvlab eval` parser's defaults of every flag that --resume refuses (dest -> default), filled at registration:
+# a resumed run takes its settings, label and folder from its result file
+RESUME_IGNORES: dict = {}
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    err = Console(stderr=True)
+    if args.resume is not None:
+        return _resume(args, err)
+    from kvlab.eval.io import ensure_writable, result_path, write_json_atomic
+    from kvlab.eval.records import set_status
+    from kvlab.eval.runner import new_result
+
+    label = args.label
+    if label is None:
+        label = "eval-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    if not args.out_dir.strip():  # '' would be the current folder
+        return fail(args, f"--out-dir must name a folder, got {args.out_dir!r}")
+    try:
+        cfg = config_from_args(args)
+        path = result_path(args.out_dir, label)
+        try:
+            ensure_writable(path, args.force)
+        except FileExistsError as exc:
+            raise FileExistsError(_exists_message(path, exc)) from None
+        problem = None if args.dry_run else (_device_problem(cfg.device) or _model_problem(cfg.model))
+        if problem:  # a path that is not there is bad input (exit 2), as in kvlab lab / inspect / bench
+            return fail(args, problem)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)  # fail now, not after loading the model
+        except OSError as exc:  # a file where the folder (or a parent of it) should be, no permission, ...
+            reason = exc.strerror or exc
+            if isinstance(exc, (FileExistsError, NotADirectoryError)):
+                reason = "a file is in the way of the folder"
+            return fail(args, f"--out-dir {args.out_dir}: cannot create the folder ({reason})")
+    except FileExistsError as exc:
+        return fail(args, exc, EXIT_FILE_EXISTS)
+    except ValueError as exc:
+        return fail(args, with_flags(str(exc)))
+    except OSError as exc:
+        return fail(args, exc)
+    for note in _attention_notes(cfg):
+        err.print(f"[yellow]note:[/] {note}")
+    result = new_result(cfg, label, _argv())
+    if args.dry_run:
+        set_status(result, "dry_run")
+    try:  # the plan (a dry run's whole result): a folder that takes no file fails now, not after the model loads
+        write_json_atomic(path, result)
+    except OSError as exc:  # names `path`, not the hidden temporary file (kvlab.runtime.atomic)
+        return fail(args, f"--out-dir {args.out_dir}: cannot write {path} ({exc.strerror or exc})")
+    if args.dry_run:
+        return _finish(args, result, path, err)
+    try:
+        return _run_real(args, cfg, result, path, err)
+    except OSError as exc:
+        if exc.filename != str(path):  # not the result file: not an output-path problem
+            raise
+        return fail(args, f"could not write the result {path} ({exc.strerror or exc})", EXIT_FAILED)
+
+
+def _resume(args: argparse.Namespace, err) -> int:
+    """``kvlab eval --resume RESULT``: continue the run RESULT records (:mod:`kvlab.eval.resume`), in place.
+
+    Refused (exit 2, the file unchanged): another setting flag beside it, a file that is not an interrupted kvlab
+    eval run (:func:`kvlab.eval.resume.load_resumable`), a model that is not there, or (after loading it) another
+    model or device than the file's."""
+    from pathlib import Path
+
+    from kvlab.eval.resume import load_resumable
+
+    given = [
+        "--" + dest.replace("_", "-")
+        for dest, default in RESUME_IGNORES.items()
+        if getattr(args, dest) != default
+    ]
+    if given:
+        return fail(
+            args,
+            f"--resume {args.resume} takes its settings, label and folder from the file; drop {', '.join(given)}",
+        )
+    path = Path(args.resume)
+    try:
+        result, cfg = load_resumable(path)
+    except (OSError, ValueError) as exc:
+        return fail(args, f"cannot resume: {exc}")
+    problem = _model_problem(cfg.model)
+    if problem:
+        return fail(args, f"cannot resume {path}: {problem}")
+    for note in _attention_notes(cfg):
+        err.print(f"[yellow]note:[/] {note}")
+    try:
+        original = path.read_bytes()
+        _claim(path, result)  # at once: a second --resume started while this one loads the model refuses
+        code = _run_real(args, cfg, result, path, err, resumed=True)
+        if code == EXIT_USAGE:  # refused after loading (another model): the file is left as it was
+            from kvlab.runtime.atomic import atomic_write
+
+            atomic_write(path, lambda f: f.write(original), binary=True)
+        return code
+    except OSError as exc:
+        if exc.filename != str(path):
+            raise
+        return fail(args, f"could not write the result {path} ({exc.strerror or exc})", EXIT_FAILED)
+
+
+def _claim(path, result: dict) -> None:
+    """Mark ``path`` as being written by this process (``provenance.running_in``), status ``running``."""
+    from kvlab.eval.io import write_json_atomic
+    from kvlab.eval.records import set_status
+    from kvlab.eval.resume import running_in
+
+    claimed = set_status(
+        {**result, "provenance": {**result["provenance"], "running_in": running_in()}}, "running"
+    )
+    write_json_atomic(path, claimed)  # the result in memory keeps its status: the resume records it
+
+
+def _device_problem(device: str) -> str | None:
+    """Why ``--device`` cannot run here (CUDA asked on a machine without it, a name torch does not parse), or None:
+    bad input, refused before a result file is written."""
+    from kvlab.runtime.device import resolve_device
+
+    try:
+        resolve_device(device)
+    except ValueError as exc:
+        return f"--device {device}: {exc}"
+    return None
+
+
+def _model_problem(model: str | None) -> str | None:
+    """Why ``--model`` cannot be loaded, found without loading it (:func:`kvlab.models.check_local_model`: a path
+    that does not exist, a file where a folder should be, a folder without its files, a file that is not GGUF, a
+    named model not installed), or None; a hub id passes (its failure to load is recorded in the result, exit 1)."""
+    from kvlab.models import check_local_model
+
+    try:
+        check_local_model(model)
+    except (OSError, ValueError) as exc:
+        return str(exc)
+    return None
+
+
+def _exists_message(path, exc: FileExistsError) -> str:
+    """The refusal of an existing result file; it says when that file is a run that failed or never finished
+    (status ``failed``, or ``planned``/``running`` left by a run that died), the usual reason to retry a label,
+    and names ``--resume`` when the file records its finished cells (``cells_done``)."""
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+        status = earlier.get("status")
+    except (OSError, ValueError, AttributeError):  # a directory, not JSON, not an object: the plain message
+        return str(exc)
+    if status == "failed":
+        why = "the earlier run with this label failed (status failed)"
+    elif status in ("planned", "running"):
+        why = f"the earlier run with this label did not finish (status {status}: stopped, or still running)"
+    else:
+        return str(exc)
+    if isinstance(earlier.get("cells_done"), list):
+        return f"{path} already exists: {why}; pass --resume {path} to continue it, --force to replace it"
+    return f"{path} already exists: {why}; pass --force to replace it or choose another --label"
+
+
+def _attention_notes(cfg) -> list[str]:
+    """A note when a KIVI candidate runs another attention path than the run's (``kivi-k8v4`` in a fused run)."""
+    from kvlab.eval.candidates import run_attention
+
+    if cfg.kivi_attention != "fused":
+        return []
+    own = [n for n in cfg.candidates if n.startswith("kivi") and run_attention(n, "fused") == "dequantize"]
+    if not own:
+        return []
+    return [
+        f"{', '.join(own)} run(s) the dequantize attention path: fused KIVI attention (--kivi-attention fused) reads "
+        f"keys and values at one width"
+    ]
+
+
+class _Terminated(BaseException):  # not an Exception: cells must not swallow it
+    """SIGTERM during a run: recorded like an interrupt."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated(f"terminated by signal {signum}")
+
+
+def _load(args, cfg, result, path, err, resumed: bool):
+    """``(model, tokenizer, model_info)`` loaded and checked against the settings, or the exit code of a failure:
+    a load failure and a setting the model refutes are recorded in ``path``; a resumed run (``resumed``) onto
+    another model or device is refused, the file left as it was. A resumed ``result`` is then made ready to
+    continue (:func:`kvlab.eval.resume.prepare_resume`)."""
+    from kvlab.eval.io import write_json_atomic
+    from kvlab.eval.model_info import check_against_model, context_limit_warnings, describe_model
+    from kvlab.eval.records import fail_run
+    from kvlab.models import load_model
+    from kvlab.runtime.device import resolve_device
+
+    try:
+        device = resolve_device(cfg.device)
+        err.print(f"loading model {cfg.model or '(bundled reference model)'} in {cfg.dtype} on {device} ...")
+        model, tokenizer = load_model(cfg.model, dtype=cfg.dtype, device=str(device))
+        model_info = describe_model(model, cfg.model, cfg.dtype, str(device))
+    except (Exception, KeyboardInterrupt) as exc:  # recorded, not lost (nor left as "planned")
+        fail_run(
+            result,
+            "load_model",
+            exc,
+            "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else None,
+        )
+        write_json_atomic(path, result)
+        return fail(
+            args,
+            f"could not load the model: {type(exc).__name__}: {exc} (recorded in {path})",
+            EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_FAILED,
+        )
+    if resumed:
+        from kvlab.eval.resume import check_same_model
+
+        try:
+            check_same_model(path, result, model_info)
+        except ValueError as exc:
+            return fail(args, f"cannot resume: {exc}")
+    for warning in context_limit_warnings(cfg, model):
+        err.print(f"[yellow]warning: {warning}[/]")
+    try:
+        check_against_model(cfg, model)
+    except (
+        ValueError
+    ) as exc:  # a setting only the loaded model can refute: recorded, exit 2 as for the others
+        fail_run(result, "settings", exc)
+        write_json_atomic(path, result)
+        return fail(args, f"{exc} (recorded in {path})")
+    if resumed:
+        _prepare_resume(result, cfg, err)
+    return model, tokenizer, model_info
+
+
+def _prepare_resume(result, cfg, err) -> None:
+    """Keep the finished cells of a resumed ``result`` and say what is kept and what is measured again."""
+    from kvlab.eval.resume import prepare_resume
+
+    argv = _argv()
+    record = prepare_resume(result, cfg, None if argv is None else ["kvlab", *argv])
+    total = record["cells_kept"] + record["cells_measured_kept"] + record["cells_to_measure"]
+    untimed, rest = record["cells_measured_kept"], record["cells_to_measure"]
+    parts = [f"{record['cells_kept']} of {total} cells finished and kept ({record['rows_kept']} rows)"]
+    if untimed:
+        parts.append(f"{untimed} measured and kept, to be timed")
+    if rest or not untimed:
+        parts.append(f"measuring the other {rest} from the start")
+    err.print(f"resuming {result['label']}: {'; '.join(parts)}")
+
+
+def _argv() -> list[str] | None:
+    """The command line, without the program, when kvlab runs as the ``kvlab`` script (None in-process)."""
+    return sys.argv[1:] if sys.argv and sys.argv[0].endswith("kvlab") else None
+
+
+def _run_real(args, cfg, result, path, err, resumed: bool = False) -> int:
+    import signal
+
+    from kvlab.eval.cells import count_steps
+    from kvlab.eval.io import write_json_atomic
+    from kvlab.eval.records import fail_run, set_status
+    from kvlab.eval.resume import running_in
+    from kvlab.eval.runner import run_eval
+
+    loaded = _load(args, cfg, result, path, err, resumed)
+    if isinstance(loaded, int):
+        return loaded
+    model, tokenizer, model_info = loaded
+    set_status(result, "running")
+    result["provenance"]["running_in"] = running_in()  # a second --resume of this file refuses while it lives
+    write_json_atomic(path, result)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    stopped = 0
+    try:
+        with progress(err, count_steps(cfg), "kvlab eval") as bar:
+
+            def step() -> None:
+                bar.advance()
+                write_json_atomic(path, result)  # every finished cell is on disk, even if the run dies later
+
+            run_eval(
+                cfg,
+                model,
+                tokenizer,
+                result,
+                model_info,
+                progress=bar.describe,
+                advance=step,
+                notify=lambda msg: err.print(f"[yellow]warning: {msg}[/]"),
+            )
+    except (KeyboardInterrupt, _Terminated) as exc:
+        fail_run(
+            result, "run", exc, "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else None
+        )
+        stopped = EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_TERMINATED
+    except Exception as exc:
+        fail_run(result, "run", exc)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    write_json_atomic(path, result)
+    code = _finish(args, result, path, err)
+    if stopped:  # the shell's status for a process a signal ended: 130 for Ctrl-C, 143 for SIGTERM
+        return stopped
+    failed_everywhere = (result.get("summary") or {}).get("failed_candidates")
+    return 1 if result["status"] == "failed" or failed_everywhere else code
+
+
+def _finish(args, result, path, err) -> int:
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        from kvlab.eval.render import print_summary
+
+        if result["status"] == "dry_run":
+            err.print(f"dry run: {len(result['plan'])} cells planned")
+        else:
+            print_summary(result)
+    err.print(f"result written to {path}")
+    return 0

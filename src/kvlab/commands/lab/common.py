@@ -1,0 +1,59 @@
+"""What the ``kvlab lab`` commands share: the status line of long work, warning lines, library arguments named by
+their flags in messages, the model flags checked early, and the result printed as tables or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+
+
+def status(message: str, quiet: bool):
+    """A spinner on stderr while long work runs on a terminal; off a terminal (logs, CI) one plain line saying what
+    runs, since a spinner there prints nothing; nothing with --json."""
+    import contextlib
+
+    if quiet:
+        return contextlib.nullcontext()
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        console.print(message, markup=False, highlight=False)
+        return contextlib.nullcontext()
+    return console.status(message)
+
+
+def flag_names(message: object, flags: dict[str, str]) -> str:
+    """``message`` with each library argument (`` `tokens` ``) named by the flag the user typed (``--tokens``)."""
+    text = str(message)
+    for field, flag in flags.items():
+        text = text.replace(f"`{field}`", flag)
+    return text
+
+
+def warn(console, message: str) -> None:
+    """One ``warning: ...`` line on ``console`` (stderr), printed as it comes, before the work it is about."""
+    console.print(f"warning: {message}", style="yellow", markup=False, highlight=False, soft_wrap=True)
+
+
+def check_model_flags(args: argparse.Namespace) -> None:
+    """Refuse a bad --dtype or --model before the first progress line (the library names them `dtype`, its path).
+
+    Raises:
+        ValueError / OSError: as :func:`kvlab.models.parse_dtype` and :func:`kvlab.models.check_local_model`.
+    """
+    from kvlab.models import check_local_model, parse_dtype
+
+    parse_dtype(args.dtype)
+    check_local_model(args.model)
+
+
+def finish(args: argparse.Namespace, result: dict, print_tables: Callable[[dict], None]) -> int:
+    """Print ``result`` (JSON with ``--json``, else ``print_tables``'s tables); exit 0 when every check of the lab
+    passed (``result["all_passed"]``), else 1."""
+    if getattr(args, "json", False):
+        print(json.dumps(result, indent=1))
+    else:
+        print_tables(result)
+    return 0 if result["all_passed"] else 1

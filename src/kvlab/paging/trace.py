@@ -1,0 +1,243 @@
+"""The requests a serving simulation replays: :class:`Trace` (arrival, prompt, output and shared-prefix columns),
+a seeded Poisson trace, and the trace CSV file (load and save)."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kvlab.paging.static import check_seed
+from kvlab.runtime.atomic import atomic_write
+
+# Arrivals must come before engine step 2**53: arrival times are float64, which from 2**53 on cannot tell
+# consecutive steps apart (2**53 + 1 reads as 2**53). Steps are counted in int64 arrays; beyond 2**63
+# ceil(arrival) overflowed (an arrival at 1e20 read as a negative step and the makespan came out wrong, no error).
+ARRIVAL_STEP_LIMIT = 2**53
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Requests to serve, one entry per request, sorted by arrival.
+
+    Args:
+        arrival_step: ``[n]`` float, arrival time in engine steps (a request can start at ``ceil(arrival)``).
+        prompt_tokens: ``[n]`` int, prompt length (shared prefix included).
+        output_tokens: ``[n]`` int >= 1, tokens to generate.
+        prefix_group: ``[n]`` int, which shared prompt prefix the request starts with (-1: none).
+        prefix_tokens: ``[n]`` int, length of that shared prefix (<= prompt_tokens).
+
+    Raises:
+        ValueError: columns of different lengths, no request, arrivals not finite, negative, unsorted or beyond
+            :data:`ARRIVAL_STEP_LIMIT` (the request named), a prompt or output < 1 token, or a bad prefix length.
+    """
+
+    arrival_step: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    prefix_group: np.ndarray
+    prefix_tokens: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = len(self.arrival_step)
+        for name in ("prompt_tokens", "output_tokens", "prefix_group", "prefix_tokens"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"`{name}` has {len(getattr(self, name))} entries, arrival_step has {n}")
+        if n == 0:
+            raise ValueError("a trace needs at least one request")
+        if not np.isfinite(self.arrival_step).all():
+            raise ValueError("`arrival_step` must be finite, got NaN or inf")
+        if np.any(np.diff(self.arrival_step) < 0) or self.arrival_step[0] < 0:
+            raise ValueError("`arrival_step` must be >= 0 and sorted")
+        if self.arrival_step[-1] >= ARRIVAL_STEP_LIMIT:
+            i = int(np.argmax(self.arrival_step >= ARRIVAL_STEP_LIMIT))
+            raise ValueError(
+                f"request {i}: `arrival_step` {float(self.arrival_step[i]):g} must be below step 2**53 "
+                f"({ARRIVAL_STEP_LIMIT:,}), from which float64 times cannot tell consecutive steps apart"
+            )
+        if self.prompt_tokens.min() < 1 or self.output_tokens.min() < 1:
+            raise ValueError(
+                f"prompt and output must be >= 1 token, got min prompt {int(self.prompt_tokens.min())}, "
+                f"min output {int(self.output_tokens.min())}"
+            )
+        bad = (self.prefix_tokens < 0) | (self.prefix_tokens > self.prompt_tokens)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(
+                f"request {i}: prefix_tokens {int(self.prefix_tokens[i])} not in [0, prompt {int(self.prompt_tokens[i])}]"
+            )
+
+    def __len__(self) -> int:
+        return len(self.arrival_step)
+
+    @property
+    def peak_kv_tokens(self) -> int:
+        """Most KV slots one request ever holds: its prompt and every output token but the last."""
+        return int((self.prompt_tokens + self.output_tokens).max()) - 1
+
+
+def poisson_trace(
+    n_requests: int,
+    rate_per_step: float,
+    prompt_tokens: tuple[int, int] = (256, 2048),
+    output_tokens: tuple[int, int] = (64, 1024),
+    prefix_groups: int = 0,
+    prefix_tokens: int = 0,
+    seed: int = 0,
+) -> Trace:
+    """A seeded Poisson trace: exponential inter-arrival gaps of mean ``1 / rate_per_step`` steps.
+
+    Prompt and output lengths are uniform on the inclusive ranges. With ``prefix_groups > 0`` every request
+    starts with one of that many shared prefixes of ``prefix_tokens`` tokens (a system prompt), followed by its own
+    prompt of the drawn length.
+
+    Raises:
+        ValueError: a bad count, rate, range, prefix pair or seed (named), or a rate so low that the last arrival
+            falls at or past :data:`ARRIVAL_STEP_LIMIT` (``rate_per_step`` named).
+    """
+    if n_requests < 1:
+        raise ValueError(f"`n_requests` must be >= 1, got {n_requests!r}")
+    if not 0 < rate_per_step < math.inf:
+        raise ValueError(f"`rate_per_step` must be finite and > 0, got {rate_per_step!r}")
+    for name, (lo, hi) in (("prompt_tokens", prompt_tokens), ("output_tokens", output_tokens)):
+        if not 1 <= lo <= hi:
+            raise ValueError(f"`{name}` must be a range 1 <= lo <= hi, got {(lo, hi)!r}")
+    if prefix_groups < 0 or prefix_tokens < 0 or (prefix_groups > 0) != (prefix_tokens > 0):
+        raise ValueError(
+            f"`prefix_groups` and `prefix_tokens` must both be > 0 or both 0, got {prefix_groups!r}, {prefix_tokens!r}"
+        )
+    check_seed(seed)
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate_per_step, n_requests))
+    if not arrivals[-1] < ARRIVAL_STEP_LIMIT:  # also inf: 1 / rate overflows for a subnormal rate
+        raise ValueError(
+            f"`rate_per_step` {rate_per_step!r} is too low: the last of {n_requests:,} arrivals falls "
+            f"{'' if math.isinf(arrivals[-1]) else f'at step {arrivals[-1]:.3g}, '}past step 2**53 "
+            f"({ARRIVAL_STEP_LIMIT:,}), from which float64 times cannot tell consecutive steps apart"
+        )
+    prompts = rng.integers(prompt_tokens[0], prompt_tokens[1] + 1, n_requests)
+    outputs = rng.integers(output_tokens[0], output_tokens[1] + 1, n_requests)
+    if prefix_groups:
+        groups = rng.integers(0, prefix_groups, n_requests)
+        prefixes = np.full(n_requests, prefix_tokens)
+        prompts = prompts + prefix_tokens
+    else:
+        groups = np.full(n_requests, -1)
+        prefixes = np.zeros(n_requests, dtype=np.int64)
+    return Trace(arrivals, prompts, outputs, groups, prefixes)
+
+
+TRACE_COLUMNS = ("arrival_step", "prompt_tokens", "output_tokens")
+
+
+def load_trace(path: str | os.PathLike) -> Trace:
+    """A trace from CSV: ``arrival_step,prompt_tokens,output_tokens[,prefix_group,prefix_tokens]`` with a header.
+
+    Rows are sorted by arrival. Arrival times are in engine steps.
+
+    A ``prefix_group`` is one shared prefix: every row of a group gives the same ``prefix_tokens``.
+
+    Raises:
+        ValueError: an empty or undecodable file, a column named twice in the header (only the last would be
+            read), missing columns, a row with the wrong number of fields, a value that is not a number, an arrival
+            at or past :data:`ARRIVAL_STEP_LIMIT` (each with the file and row), two rows of one ``prefix_group``
+            with different ``prefix_tokens`` (both rows named), or a trace :class:`Trace` refuses.
+    """
+    path = Path(path)
+    if not path.is_file():
+        what = "a folder" if path.is_dir() else "no such file"
+        raise ValueError(f"trace {path}: {what} (write one with `kvlab paging simulate --save-trace {path}`)")
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a text file: {exc}") from exc
+    names = list(reader.fieldnames or [])
+    twice = next((name for i, name in enumerate(names) if name and name in names[:i]), None)
+    if twice is not None:  # csv.DictReader keeps the last of them: one column would be silently dropped
+        where = [i for i, name in enumerate(names, start=1) if name == twice]
+        raise ValueError(
+            f"{path}: the header names column `{twice}` {len(where)} times (columns "
+            f"{', '.join(map(str, where))}); name each column once"
+        )
+    if not rows:
+        raise ValueError(f"{path}: no requests")
+    missing = [c for c in TRACE_COLUMNS if c not in rows[0]]
+    if missing:
+        raise ValueError(f"{path}: missing columns {missing}; have {sorted(k for k in rows[0] if k)}")
+    header = reader.fieldnames or []
+    for i, row in enumerate(rows, start=2):  # row 1 is the header
+        if None in row or None in row.values():  # DictReader's marks for fields beyond / short of the header
+            n = len(header) - list(row.values()).count(None) + len(row.get(None) or ())
+            raise ValueError(f"{path}: row {i} has {n} fields, the header has {len(header)}")
+
+    def column(name: str, parse, default=None) -> np.ndarray:
+        values = []
+        for i, row in enumerate(rows, start=2):
+            text = row.get(name)
+            try:
+                values.append(parse(text) if text not in (None, "") or default is None else default)
+            except ValueError:
+                raise ValueError(f"{path}: row {i}: `{name}` must be a number, got {text!r}") from None
+        return np.array(values)
+
+    arrival = column("arrival_step", float).astype(np.float64)
+    late = np.flatnonzero((arrival >= ARRIVAL_STEP_LIMIT) & np.isfinite(arrival))
+    if len(late):
+        raise ValueError(
+            f"{path}: row {int(late[0]) + 2}: `arrival_step` {rows[late[0]]['arrival_step']!r} must be below step "
+            f"2**53 ({ARRIVAL_STEP_LIMIT:,}), from which float64 times cannot tell consecutive steps apart"
+        )
+    prompt = column("prompt_tokens", int).astype(np.int64)
+    output = column("output_tokens", int).astype(np.int64)
+    group = column("prefix_group", int, -1).astype(np.int64)
+    prefix = column("prefix_tokens", int, 0).astype(np.int64)
+    prefix[group < 0] = 0
+    _check_prefix_groups(path, group, prefix)
+    order = np.argsort(arrival, kind="stable")
+    return Trace(arrival[order], prompt[order], output[order], group[order], prefix[order])
+
+
+def _check_prefix_groups(path: Path, group: np.ndarray, prefix: np.ndarray) -> None:
+    """Refuse a ``prefix_group`` whose rows give different ``prefix_tokens`` (a group is one shared prefix, of one
+    length), naming the group's first row and the first row that differs (file rows: the header is row 1).
+
+    Raises:
+        ValueError: naming both rows, the group and both lengths.
+    """
+    first: dict[int, int] = {}
+    for i, (g, n) in enumerate(zip(group.tolist(), prefix.tolist())):
+        if g < 0:
+            continue
+        j = first.setdefault(g, i)
+        if prefix[j] != n:
+            raise ValueError(
+                f"{path}: rows {j + 2} and {i + 2}: `prefix_group` {g} has `prefix_tokens` {int(prefix[j])} and "
+                f"{n}; a prefix group is one shared prefix, give every row of it the same prefix_tokens"
+            )
+
+
+def save_trace(trace: Trace, path: str | os.PathLike) -> Path:
+    """Write ``trace`` as CSV (atomically; refuses to overwrite an existing file)."""
+    path = Path(path)
+    if path.exists():
+        raise ValueError(f"{path} exists; not overwriting")
+
+    def write(f) -> None:
+        w = csv.writer(f)
+        w.writerow((*TRACE_COLUMNS, "prefix_group", "prefix_tokens"))
+        for row in zip(
+            trace.arrival_step.tolist(),
+            trace.prompt_tokens.tolist(),
+            trace.output_tokens.tolist(),
+            trace.prefix_group.tolist(),
+            trace.prefix_tokens.tolist(),
+        ):
+            w.writerow(row)
+
+    return atomic_write(path, write, newline="")
