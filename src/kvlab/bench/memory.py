@@ -23,17 +23,9 @@ from typing import Any
 
 import torch
 
+from kvlab.bench import prepare
 from kvlab.bench.cells import bench_contexts, failed_cell
 from kvlab.bench.decode import DEFAULT_CANDIDATES
-from kvlab.bench.prepare import (
-    bench_settings,
-    decode_step,
-    exact_prefill,
-    fill_cache,
-    load_prompted_model,
-    parse_candidates,
-    set_attention,
-)
 from kvlab.runtime.device import resolve_device, synchronize
 from kvlab.runtime.tensor_bytes import TensorBytesTracker  # the CPU measurement; tests import it here too
 
@@ -105,13 +97,13 @@ def _measure_cell(model, cand, settings, ids, context, warmup, source, device, f
 
     def step():
         nonlocal pos
-        out = decode_step(model, ids[:, pos : pos + 1], cache)
+        out = prepare.decode_step(model, ids[:, pos : pos + 1], cache)
         pos += 1
         return out
 
     with torch.inference_mode():
-        fill_cache(cache, source)
-        set_attention(model, cand)
+        prepare.fill_cache(cache, source)
+        prepare.set_attention(model, cand)
         for _ in range(warmup):
             step()
         if steps_to_flush(cache) == 0:  # the plain step must not flush
@@ -179,16 +171,16 @@ def run(
     contexts = bench_contexts(contexts, quick, dev.type, (QUICK_CONTEXTS, CPU_CONTEXTS, CUDA_CONTEXTS))
     if quick:
         warmup = min(warmup, 1)
-    cands = parse_candidates(tuple(candidates))
-    settings = bench_settings(group_size, residual_length, hqq_group_size)
+    cands = prepare.parse_candidates(tuple(candidates))
+    settings = prepare.bench_settings(group_size, residual_length, hqq_group_size)
     extra = warmup + 2 + (residual_length + max(group_size, 1) + 2 if flush_step else 0)
-    lm, model_desc, ids, prompt_source = load_prompted_model(model, dtype, dev, max(contexts) + extra)
+    lm, model_desc, ids, prompt_source = prepare.load_prompted_model(model, dtype, dev, max(contexts) + extra)
 
     rows = []
     for context in contexts:
         try:
             with torch.inference_mode():
-                source = exact_prefill(lm, ids[:, :context], prefill_chunk_tokens)  # shared by every cache
+                source = prepare.exact_prefill(lm, ids[:, :context], prefill_chunk_tokens)  # shared by every cache
         except Exception as e:  # noqa: BLE001 - every cell of this context fails
             source = f"the shared prefill failed: {failed_cell(e)['error']}"
         for cand in cands:

@@ -13,59 +13,33 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-# model_type -> the size fields of its transformers config class's defaults (class named in the comment)
+# The size fields a config class gives a nested ``text_config`` that leaves them out, in this order; a row's None:
+# the class sets no such default (Llama's KV heads follow its query heads, most have no global head_dim)
+_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "global_head_dim",
+    "sliding_window",
+    "max_position_embeddings",
+    "vocab_size",
+)
+# model_type -> its transformers config class's defaults of _FIELDS, from
+# transformers/models/<model>/configuration_<model>.py: MistralConfig, LlamaConfig, Qwen2Config, Gemma4TextConfig
+_ROWS = {
+    "mistral": (4096, 14336, 32, 32, 8, None, None, None, 4096 * 32, 32000),
+    "llama": (4096, 11008, 32, 32, None, None, None, None, 2048, 32000),
+    "qwen2": (4096, 22016, 32, 32, 32, None, None, None, 32768, 151936),
+    "gemma4_text": (2304, 9216, 30, 8, 4, 256, 512, 512, 131_072, 262_144),
+}
+# model_type -> field -> default
 ARCHITECTURE_DEFAULTS: MappingProxyType = MappingProxyType(
     {
-        # MistralConfig (transformers/models/mistral/configuration_mistral.py)
-        "mistral": MappingProxyType(
-            dict(
-                hidden_size=4096,
-                intermediate_size=14336,
-                num_hidden_layers=32,
-                num_attention_heads=32,
-                num_key_value_heads=8,
-                max_position_embeddings=4096 * 32,
-                vocab_size=32000,
-            )
-        ),
-        # LlamaConfig (transformers/models/llama/configuration_llama.py)
-        "llama": MappingProxyType(
-            dict(
-                hidden_size=4096,
-                intermediate_size=11008,
-                num_hidden_layers=32,
-                num_attention_heads=32,
-                max_position_embeddings=2048,
-                vocab_size=32000,
-            )
-        ),
-        # Qwen2Config (transformers/models/qwen2/configuration_qwen2.py)
-        "qwen2": MappingProxyType(
-            dict(
-                hidden_size=4096,
-                intermediate_size=22016,
-                num_hidden_layers=32,
-                num_attention_heads=32,
-                num_key_value_heads=32,
-                max_position_embeddings=32768,
-                vocab_size=151936,
-            )
-        ),
-        # Gemma4TextConfig (transformers/models/gemma4/configuration_gemma4.py)
-        "gemma4_text": MappingProxyType(
-            dict(
-                hidden_size=2304,
-                intermediate_size=9216,
-                num_hidden_layers=30,
-                num_attention_heads=8,
-                num_key_value_heads=4,
-                head_dim=256,
-                global_head_dim=512,
-                sliding_window=512,
-                max_position_embeddings=131_072,
-                vocab_size=262_144,
-            )
-        ),
+        model_type: MappingProxyType({f: v for f, v in zip(_FIELDS, row, strict=True) if v is not None})
+        for model_type, row in _ROWS.items()
     }
 )
 

@@ -1,17 +1,21 @@
 """The flags ``kvlab plan``, ``kvlab roofline`` and ``kvlab video`` share, and the planner arguments they become.
 
 Each ``add_*`` function adds one group of flags to a parser; the matching ``*_kwargs`` turns the parsed values into
-keyword arguments of :mod:`kvlab.plan.report`; :func:`flag_message` names a planner error by the flag a user typed.
+keyword arguments of :mod:`kvlab.plan.report`; :func:`flag_message` names a planner error by the flag a user typed,
+and :func:`report` prints a report (JSON or tables) with its warnings.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import sys
+from collections.abc import Callable
 
 from kvlab.cache_names import KIVI_DEFAULTS
+from kvlab.commands import fail
 from kvlab.plan.ledger import KV_DTYPE_NAMES
 from kvlab.plan.mixed import MIXED_PREFIX, check_plan_name
 
@@ -231,3 +235,19 @@ def warn(args: argparse.Namespace, r: dict) -> None:
     for warning in [(r.get("measured") or {}).get("warning"), *r.get("warnings", [])]:
         if warning:
             print(f"{prog}: warning: {warning}", file=sys.stderr)
+
+
+def report(args: argparse.Namespace, build: Callable[[], dict], print_tables: Callable[[dict], None]) -> int:
+    """Build a planner report (``build()``), say its warnings (:func:`warn`) and print it: JSON with ``--json``,
+    else ``print_tables``'s tables. Exit 0, or 2 for a bad setting (``ValueError``) or a model that cannot be read
+    (``OSError``), the message naming the flag (:func:`flag_message`)."""
+    try:
+        r = build()
+    except (ValueError, OSError) as e:
+        return fail(args, flag_message(args, e))
+    warn(args, r)
+    if args.json:
+        print(json.dumps(r, indent=1))
+    else:
+        print_tables(r)
+    return 0

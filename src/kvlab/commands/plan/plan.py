@@ -7,18 +7,8 @@ import argparse
 import json
 
 from kvlab.commands import fail
-from kvlab.commands.plan.flags import (
-    add_device_flags,
-    add_keep_flag,
-    add_kv_flags,
-    add_weight_flags,
-    device_flag_problem,
-    device_kwargs,
-    flag_message,
-    kv_kwargs,
-    warn,
-    weight_kwargs,
-)
+from kvlab.commands.plan import flags
+from kvlab.commands.plan.flags import flag_message
 from kvlab.commands.plan.render import print_from_log, print_lists, print_mixed_plan, print_plan, print_vllm
 from kvlab.plan.scenario import DEFAULT_RESERVE_GIB
 
@@ -38,8 +28,8 @@ def register(subparsers) -> None:
     )
     p.add_argument("--context", type=int, default=8192, help="tokens per sequence (default 8192)")
     p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
-    add_kv_flags(p, plans=True)
-    add_keep_flag(p)
+    flags.add_kv_flags(p, plans=True)
+    flags.add_keep_flag(p)
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
     p.add_argument(
         "--gpu-mem-gib",
@@ -56,8 +46,8 @@ def register(subparsers) -> None:
         f"(default {DEFAULT_RESERVE_GIB:g}, as kvlab paging)",
     )
     p.add_argument("--kv-heads", type=int, default=None, help="what-if: override the KV heads (e.g. MHA)")
-    add_weight_flags(p)
-    add_device_flags(p)
+    flags.add_weight_flags(p)
+    flags.add_device_flags(p)
     p.add_argument(
         "--emit",
         choices=("vllm",),
@@ -107,17 +97,18 @@ def run_plan(args: argparse.Namespace) -> int:
         return run_from_log(args)
     if args.block_size is not None and args.emit != "vllm":
         return fail(args, f"--block-size {args.block_size} only applies with --emit vllm")
-    problem = device_flag_problem(args)
+    problem = flags.device_flag_problem(args)
     if problem:
         return fail(args, problem)
-    try:
-        r = plan_report(
+
+    def build() -> dict:  # the flags are read inside: a refused value is reported as the planner's errors are
+        return plan_report(
             args.model,
             context=args.context,
             batch=args.batch,
-            **kv_kwargs(args),
-            **weight_kwargs(args),
-            **device_kwargs(args),
+            **flags.kv_kwargs(args),
+            **flags.weight_kwargs(args),
+            **flags.device_kwargs(args),
             gpu_mem_gib=args.gpu_mem_gib,
             reserve_gib=args.reserve_gib,
             tp=args.tp,
@@ -125,19 +116,19 @@ def run_plan(args: argparse.Namespace) -> int:
             emit=args.emit,
             block_size=16 if args.block_size is None else args.block_size,
         )
-    except (ValueError, OSError) as e:
-        return fail(args, flag_message(args, e))
-    warn(args, r)
-    if args.json:
-        print(json.dumps(r, indent=1))
-        return 0
+
+    return flags.report(args, build, _print_report)
+
+
+def _print_report(r: dict) -> None:
+    """The plan's tables: the ``vllm serve`` command (``--emit vllm``), a per-layer plan's (``--kv-dtype
+    mixed-<plan>``) or the ledger's."""
     if r["vllm"] is not None:
         print_vllm(r)
     elif "plan_layers" in r:  # --kv-dtype mixed-<plan>
         print_mixed_plan(r)
     else:
         print_plan(r)
-    return 0
 
 
 def run_from_log(args: argparse.Namespace) -> int:

@@ -4,21 +4,10 @@
 from __future__ import annotations
 
 import argparse
-import json
+from functools import partial
 
 from kvlab.commands import fail
-from kvlab.commands.plan.flags import (
-    add_device_flags,
-    add_keep_flag,
-    add_kv_flags,
-    add_weight_flags,
-    device_flag_problem,
-    device_kwargs,
-    flag_message,
-    kv_kwargs,
-    warn,
-    weight_kwargs,
-)
+from kvlab.commands.plan import flags
 from kvlab.commands.plan.render import print_lists, print_roofline
 
 
@@ -40,10 +29,10 @@ def register(subparsers) -> None:
     r.add_argument("--context", type=int, default=8192, help="tokens per sequence (default 8192)")
     r.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
     r.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
-    add_kv_flags(r)
-    add_keep_flag(r)
-    add_weight_flags(r)
-    add_device_flags(r)
+    flags.add_kv_flags(r)
+    flags.add_keep_flag(r)
+    flags.add_weight_flags(r)
+    flags.add_device_flags(r)
     r.add_argument("--probe", action="store_true", help="measure this machine's fp32 roofs (a few seconds)")
     r.add_argument("--json", action="store_true", help="print machine-readable JSON")
     r.set_defaults(func=run_roofline)
@@ -57,25 +46,18 @@ def run_roofline(args: argparse.Namespace) -> int:
     if print_lists(args):
         return 0
     args.model = args.model or "llama-3-8b"
-    problem = device_flag_problem(args)
+    problem = flags.device_flag_problem(args)
     if problem:
         return fail(args, problem)
-    try:
-        r = roofline_report(
-            model=args.model,
-            context=args.context,
-            batch=args.batch,
-            tp=args.tp,
-            run_probe=args.probe,
-            **kv_kwargs(args),
-            **weight_kwargs(args),
-            **device_kwargs(args),
-        )
-    except (ValueError, OSError) as e:
-        return fail(args, flag_message(args, e))
-    warn(args, r)
-    if args.json:
-        print(json.dumps(r, indent=1))
-        return 0
-    print_roofline(r)
-    return 0
+    build = partial(
+        roofline_report,
+        model=args.model,
+        context=args.context,
+        batch=args.batch,
+        tp=args.tp,
+        run_probe=args.probe,
+        **flags.kv_kwargs(args),
+        **flags.weight_kwargs(args),
+        **flags.device_kwargs(args),
+    )
+    return flags.report(args, build, print_roofline)

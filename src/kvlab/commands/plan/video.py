@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import argparse
-import json
+from functools import partial
 
-from kvlab.commands import fail
-from kvlab.commands.plan.flags import add_kv_flags, flag_message, kv_kwargs, warn
+from kvlab.commands.plan.flags import add_kv_flags, kv_kwargs, report
 from kvlab.commands.plan.render import print_video
 
 
@@ -48,25 +47,18 @@ def register(subparsers) -> None:
 def run_video(args: argparse.Namespace) -> int:
     from kvlab.plan.report import video_report
 
-    try:
-        r = video_report(
-            model=args.model,
-            seconds=args.seconds,
-            fps=args.fps,
-            width=args.width,
-            height=args.height,
-            temporal_compression=args.temporal_compression,
-            spatial_compression=args.spatial_compression,
-            patch_size=args.patch_size,
-            causal_first_frame=args.causal_first_frame,
-            batch=args.batch,
-            **kv_kwargs(args),
-        )
-    except (ValueError, OSError) as e:
-        return fail(args, flag_message(args, e))
-    warn(args, r)
-    if args.json:
-        print(json.dumps(r, indent=1))
-        return 0
-    print_video(r)
-    return 0
+    build = partial(
+        video_report,
+        model=args.model,
+        seconds=args.seconds,
+        fps=args.fps,
+        width=args.width,
+        height=args.height,
+        temporal_compression=args.temporal_compression,
+        spatial_compression=args.spatial_compression,
+        patch_size=args.patch_size,
+        causal_first_frame=args.causal_first_frame,
+        batch=args.batch,
+        **kv_kwargs(args),
+    )
+    return report(args, build, print_video)
