@@ -64,6 +64,12 @@ class CacheEntry:
     check: Callable[[CacheName, Any], None] | None = None
     # what an evicting cache keeps at most for this name and options (None: a ratio, or no cap)
     keeps: Callable[[CacheName, Any], Keeps | None] = _no_keeps
+    # a family whose attention path the run's --kivi-attention chooses: (name, the run's path) -> the path this
+    # name runs with (kivi-k8v4: "dequantize", whatever the run's); None: the family has no such choice
+    attention_path: Callable[[CacheName, str], str] | None = None
+    # variants that choose the attention path, not the cache (kivi-4-fused); kvlab eval takes them as the run's
+    # --kivi-attention would be taken
+    attention_variants: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.exact and not self.evicts and set(self.logit_bound) != set(self.nbits or (None,)):

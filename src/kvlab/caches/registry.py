@@ -103,6 +103,13 @@ def _kivi_attention(name: CacheName, s: Any) -> str:
     return _KIVI_VARIANTS[name.variant] or s.kivi_attention
 
 
+def _kivi_run_path(name: CacheName, run_attention: str) -> str:
+    """The ``kivi_attention`` a KIVI name takes from a run whose path is ``run_attention``: ``"dequantize"`` for a
+    name with its own key and value bits (``kivi-k8v4``: fused attention reads both at one width), else the run's
+    (a ``-fused``/``-dequant`` variant then wins over it, :func:`_kivi_attention`)."""
+    return "dequantize" if name.key_bits is not None and name.variant is None else run_attention
+
+
 def _snapkv_budget(name: CacheName, s: Any) -> dict:
     """The SnapKV keyword a KIVI name asks for (``kivi-4:compression_ratio=0.5``), or ``{}`` for plain KIVI."""
     given = dict(name.settings)
@@ -320,6 +327,8 @@ REGISTRY: dict[str, CacheEntry] = {
             ),
             check=_kivi_check,
             keeps=_budget_keeps(while_decoding=False),
+            attention_path=_kivi_run_path,
+            attention_variants=("fused", "dequant"),
         ),
         CacheEntry(
             "fp8",

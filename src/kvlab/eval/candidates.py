@@ -23,15 +23,13 @@ The experiment sets KIVI's group size and residual window per matrix cell, so an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvlab.caches.entry import ResolvedCache
 from kvlab.caches.registry import CacheSettings, resolve
 
 EVICTION_SETTINGS = {"compression_ratio", "token_budget"}  # kivi-4:compression_ratio=0.5: SnapKV under KIVI
-# variants that choose a cache's attention path, not the cache: eval takes them as the run's --kivi-attention would
-ATTENTION_VARIANTS = {"kivi": ("fused", "dequant")}
 
 
 def _resolve_one(name: Any) -> ResolvedCache:
@@ -52,8 +50,7 @@ def _resolve_one(name: Any) -> ResolvedCache:
     # of the candidate, as are an evicting cache's settings (sink:window_length=128: what it keeps) and SnapKV's
     # under KIVI; KIVI's and HQQ's other settings (group size, residual window) are the run's
     own_settings = cache.entry.evicts or {k for k, _ in cache.name.settings} <= EVICTION_SETTINGS
-    attention_variants = ATTENTION_VARIANTS.get(cache.family, ())
-    own_variant = cache.entry.variant_required or cache.name.variant in attention_variants
+    own_variant = cache.entry.variant_required or cache.name.variant in cache.entry.attention_variants
     if cache.name.variant == "fused" and cache.name.key_bits is not None:  # kivi-k8v4-fused
         raise ValueError(
             f"unknown cache candidate(s) [{name!r}]: fused KIVI attention reads keys and values at one width; use "
@@ -102,11 +99,15 @@ def check_candidate_names(names: tuple[str, ...], kivi_attention: str = "dequant
 def run_attention(name: str, kivi_attention: str) -> str:
     """The KIVI attention path ``name`` runs with in a run whose ``--kivi-attention`` is ``kivi_attention``: the run's,
     except ``"dequantize"`` for a name with its own key and value bits (``kivi-k8v4``: the fused path reads both
-    at one width). A ``-fused``/``-dequant`` variant wins over either (the registry reads it first)."""
-    cache = resolve(name)
-    if cache.family == "kivi" and cache.name.key_bits is not None and cache.name.variant is None:
-        return "dequantize"
-    return kivi_attention
+    at one width). A ``-fused``/``-dequant`` variant wins over either (the registry reads it first). The rule is
+    the registry entry's (:attr:`kvlab.caches.entry.CacheEntry.attention_path`); a family without one takes the
+    run's."""
+    return _run_attention(resolve(name), kivi_attention)
+
+
+def _run_attention(cache: ResolvedCache, kivi_attention: str) -> str:
+    path = cache.entry.attention_path
+    return kivi_attention if path is None else path(cache.name, kivi_attention)
 
 
 def _settings(
@@ -123,11 +124,18 @@ def _settings(
 @dataclass(frozen=True)
 class Candidate:
     """One cache candidate: ``family`` a registry family (dynamic, kivi, hqq, quanto, ...), ``nbits`` (None for
-    a cache without bits)."""
+    a cache without bits); ``cache``: its registry entry, resolved once by :meth:`parse` (at the family's default
+    settings; :meth:`make` and :meth:`describe` resolve again with a cell's settings)."""
 
     name: str
     family: str
     nbits: int | None
+    cache: ResolvedCache = field(repr=False, compare=False)
+
+    def __reduce__(
+        self,
+    ):  # the entry holds functions: a pickled candidate (a forked helper's result) is its name
+        return (Candidate.parse, (self.name,))
 
     @classmethod
     def parse(cls, name: str) -> Candidate:
@@ -138,23 +146,23 @@ class Candidate:
                 key and value bits of their own).
         """
         cache = _resolve_one(name)
-        return cls(name, cache.family, cache.nbits)
+        return cls(name, cache.family, cache.nbits, cache)
 
     @property
     def uses_residual(self) -> bool:
         """Whether the cache keeps a full-precision residual window (its registry entry takes ``residual_length``:
         KIVI, HQQ, quanto); the residual-window matrix varies R, so only these caches run there."""
-        return "residual_length" in _resolve_one(self.name).entry.settings
+        return "residual_length" in self.cache.entry.settings
 
     def uses_kvlab_attention(self, kivi_attention: str = "dequantize") -> bool:
         """Whether the model must run kvlab attention for this candidate in a run whose ``--kivi-attention`` is
         ``kivi_attention`` (fused KIVI reads packed codes, FP8 its float8 history, SnapKV and TOVA the queries)."""
-        settings = CacheSettings(kivi_attention=run_attention(self.name, kivi_attention))
-        return resolve(self.name, settings).uses_kvlab_attention
+        settings = CacheSettings(kivi_attention=_run_attention(self.cache, kivi_attention))
+        return resolve(self.cache.name, settings).uses_kvlab_attention
 
     def unavailable_reason(self) -> str | None:
         """Why this candidate cannot run here (a missing optional package), or ``None``."""
-        return resolve(self.name).unavailable_reason()
+        return self.cache.unavailable_reason()
 
     def make(
         self,
@@ -165,17 +173,17 @@ class Candidate:
         kivi_attention: str = "dequantize",
     ):
         """A fresh cache for one run. ``group_size`` applies to KIVI, ``hqq_group_size`` to HQQ/quanto."""
-        attention = run_attention(self.name, kivi_attention)
+        attention = _run_attention(self.cache, kivi_attention)
         settings = _settings(residual_length, group_size, hqq_group_size, attention)
-        return resolve(self.name, settings).make(model_config)
+        return resolve(self.cache.name, settings).make(model_config)
 
     def describe(
         self, residual_length: int, group_size: int, hqq_group_size: int, kivi_attention: str = "dequantize"
     ) -> dict:
         """JSON description of the candidate's settings (the registry's ``describe``)."""
-        attention = run_attention(self.name, kivi_attention)
+        attention = _run_attention(self.cache, kivi_attention)
         settings = _settings(residual_length, group_size, hqq_group_size, attention)
-        return resolve(self.name, settings).describe()
+        return resolve(self.cache.name, settings).describe()
 
 
 def _divisors_dividing(n: int, others: tuple[int, ...], count: int = 3) -> list[int]:
@@ -207,8 +215,9 @@ def check_model_shape(
             fill whole bytes at a KIVI candidate's bits; an HQQ/quanto group size that does not divide one
             sequence's K/V values of a prompt (``kv_heads x tokens x head_dim``, grouped across them).
     """
-    runnable = [Candidate.parse(n) for n in names if resolve(n).unavailable_reason() is None]
-    kivi = [c for c in runnable if c.family == "kivi"]
+    runnable = [c for c in map(Candidate.parse, names) if c.unavailable_reason() is None]
+    # the caches that quantize at the name's bits in groups of `group_size` channels (KIVI)
+    kivi = [c for c in runnable if c.cache.entry.nbits and "group_size" in c.cache.entry.reads]
     for setting, group, residuals in kivi_groups if kivi else ():
         if head_dim % group:
             flag = "--" + setting.replace("_", "-")
@@ -223,13 +232,13 @@ def check_model_shape(
                 f"use a divisor of {head_dim}{hint}"
             )
     for c in kivi:
-        for bits in sorted(set(resolve(c.name).name.bits)):
+        for bits in sorted(set(c.cache.name.bits)):
             if head_dim * bits % 8:
                 raise ValueError(
                     f"cache candidate {c.name!r}: the model's head_dim ({head_dim}) times {bits} bits is not whole "
                     f"bytes, so KIVI cannot pack a token's codes; it would fail in every cell"
                 )
-    hf = [c.name for c in runnable if c.family in ("hqq", "quanto")]
+    hf = [c.name for c in runnable if "hqq_group_size" in c.cache.entry.reads]  # HQQ's and quanto's groups
     per_token = kv_heads * head_dim
     for tokens in sorted(set(prompt_tokens)) if hf else ():
         if per_token * tokens % hqq_group_size:

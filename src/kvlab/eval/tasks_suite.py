@@ -39,10 +39,11 @@ TASKS_ALL = tuple(TASKS)
 
 
 def family(name: str) -> str:
-    """The figure's line a candidate belongs to: its registry family, ``kivi+snapkv`` for SnapKV under KIVI."""
+    """The figure's line a candidate belongs to: its registry family, ``kivi+snapkv`` for SnapKV under KIVI (a
+    family that does not evict, given SnapKV's settings)."""
     cache = resolve(name)
     evicting = {k for k, _ in cache.name.settings} & {"compression_ratio", "token_budget"}
-    return "kivi+snapkv" if cache.family == "kivi" and evicting else cache.family
+    return f"{cache.family}+snapkv" if evicting and not cache.entry.evicts else cache.family
 
 
 @dataclass(frozen=True)

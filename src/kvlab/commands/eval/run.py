@@ -184,12 +184,13 @@ def _exists_message(path, exc: FileExistsError) -> str:
 
 
 def _attention_notes(cfg) -> list[str]:
-    """A note when a KIVI candidate runs another attention path than the run's (``kivi-k8v4`` in a fused run)."""
+    """A note when a candidate runs another attention path than the run's (``kivi-k8v4`` in a fused run: its
+    registry entry's :attr:`~kvlab.caches.entry.CacheEntry.attention_path` says so)."""
     from kvlab.eval.candidates import run_attention
 
     if cfg.kivi_attention != "fused":
         return []
-    own = [n for n in cfg.candidates if n.startswith("kivi") and run_attention(n, "fused") == "dequantize"]
+    own = [n for n in cfg.candidates if run_attention(n, "fused") == "dequantize"]
     if not own:
         return []
     return [
