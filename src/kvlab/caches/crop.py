@@ -10,6 +10,7 @@ tokens held (the newest transformers refuses a positive ``n``; kvlab keeps the o
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 
 def crop_keep(n: int, held: int) -> int:
@@ -39,3 +40,16 @@ def crop_keep(n: int, held: int) -> int:
     if n == 0:
         return held
     return min(n, held)
+
+
+def crop_kv(layer: Any, n: int) -> None:
+    """``crop(n)`` of a layer that holds ``keys``/``values`` ``[batch, kv_heads, tokens, head_dim]`` as they are
+    (float K/V, or FP8 codes beside per-head scales that do not depend on the tokens): the first
+    :func:`crop_keep` tokens stay, exact.
+
+    Raises:
+        TypeError: ``n`` is not an integer (nothing is changed).
+    """
+    keep = crop_keep(n, layer.get_seq_length())
+    if layer.is_initialized:
+        layer.keys, layer.values = layer.keys[:, :, :keep], layer.values[:, :, :keep]

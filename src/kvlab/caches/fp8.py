@@ -27,7 +27,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from kvlab.caches.base import KVLayer
-from kvlab.caches.crop import crop_keep
+from kvlab.caches.crop import crop_keep, crop_kv
 from kvlab.quant.fp8 import Encoded, calibrate, check_scale, decode, encode, fp8_dtype
 from kvlab.quant.rotation import check_rotation, hadamard
 
@@ -206,9 +206,7 @@ class FP8Layer(KVLayer):
         Raises:
             TypeError: ``tokens_to_remove`` not an integer.
         """
-        keep = crop_keep(tokens_to_remove, self.get_seq_length())
-        if self.is_initialized:
-            self.keys, self.values = self.keys[:, :, :keep], self.values[:, :, :keep]
+        crop_kv(self, tokens_to_remove)
 
     def _select_rows(self, idx: torch.Tensor) -> None:
         """Rows ``idx`` of the codes and their scales, moved together."""

@@ -29,21 +29,21 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from kvlab.cache_names import KIVI_DEFAULTS
-from kvlab.caches._rows import batch_index, check_repeats
-from kvlab.caches.base import check_full_attention
-from kvlab.caches.crop import crop_keep
+from kvlab.caches.base import KVLayer, check_full_attention
+from kvlab.caches.crop import crop_keep, crop_kv
 from kvlab.caches.fp8 import FP8Layer
 from kvlab.caches.kivi import KIVILayer
 from kvlab.plan.mixed import family, kivi_bits, layer_formats
 from kvlab.quant.kivi import KIVIConfig
 
 
-class FloatLayer(DynamicLayer):
+class FloatLayer(KVLayer, DynamicLayer):
     """A ``DynamicLayer`` (``keys``/``values`` ``[batch, kv_heads, tokens, head_dim]`` in the model dtype) whose
     ``crop`` reads its argument as kvlab's other layers do (:mod:`kvlab.caches.crop`: a positive ``n`` keeps the
-    first ``n`` tokens) and whose batch operations check their indices."""
+    first ``n`` tokens) and whose batch rows are :class:`~kvlab.caches.base.KVLayer`'s (indices checked)."""
 
     is_croppable = True
+    cache_name = "MixedCache"
 
     def crop(self, tokens_to_remove: int) -> None:
         """transformers' ``crop`` (``-n`` drops the newest ``n``, a positive ``n`` keeps the first ``n``).
@@ -51,33 +51,11 @@ class FloatLayer(DynamicLayer):
         Raises:
             TypeError: ``tokens_to_remove`` not an integer.
         """
-        keep = crop_keep(tokens_to_remove, self.get_seq_length())
-        if self.is_initialized:
-            self.keys, self.values = self.keys[:, :, :keep], self.values[:, :, :keep]
+        crop_kv(self, tokens_to_remove)
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Reorder batch rows (beam search).
-
-        Raises:
-            TypeError / ValueError: an index that is not 1-D integers in ``[0, batch)`` (nothing is changed).
-        """
-        if self.is_initialized:
-            idx = batch_index(beam_idx, self.keys.shape[0], self.keys.device)
-            self.keys, self.values = self.keys.index_select(0, idx), self.values.index_select(0, idx)
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep only the batch rows ``indices``."""
-        self.reorder_cache(indices)
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        """Repeat each batch row ``repeats`` times.
-
-        Raises:
-            ValueError: ``repeats`` not a positive int.
-        """
-        check_repeats(repeats)
-        if self.is_initialized:
-            self.reorder_cache(torch.arange(self.keys.shape[0]).repeat_interleave(repeats))
+    def _select_rows(self, idx: torch.Tensor) -> None:
+        """Rows ``idx`` of the keys and values."""
+        self.keys, self.values = self.keys.index_select(0, idx), self.values.index_select(0, idx)
 
     def nbytes(self) -> int:
         """Bytes of the stored keys and values."""

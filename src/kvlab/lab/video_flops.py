@@ -49,8 +49,9 @@ def full_step_flops(cfg: VideoConfig, context_frames: int) -> int:
     return n * io_flops_per_token(cfg) + layers + t * io_flops_per_token(cfg)
 
 
-def cached_step_flops(cfg: VideoConfig, cached_frames: int) -> int:
-    """One cached denoising step: ``T`` queries against ``cached_frames`` cached frames plus the block itself.
+def _block_layer_flops(cfg: VideoConfig, cached_frames: int) -> int:
+    """One layer's FLOPs for a frame's ``T`` tokens attending to ``cached_frames`` cached frames and the frame itself:
+    projections plus attention.
 
     Raises:
         ValueError: ``cached_frames`` < 0.
@@ -58,9 +59,17 @@ def cached_step_flops(cfg: VideoConfig, cached_frames: int) -> int:
     if cached_frames < 0:
         raise ValueError(f"`cached_frames` must be >= 0, got {cached_frames!r}")
     t = cfg.tokens_per_frame
-    keys = (cached_frames + 1) * t
-    layers = cfg.n_layers * (t * projection_flops_per_token(cfg) + attention_flops(cfg, t, keys))
-    return 2 * t * io_flops_per_token(cfg) + layers
+    return t * projection_flops_per_token(cfg) + attention_flops(cfg, t, (cached_frames + 1) * t)
+
+
+def cached_step_flops(cfg: VideoConfig, cached_frames: int) -> int:
+    """One cached denoising step: ``T`` queries against ``cached_frames`` cached frames plus the block itself.
+
+    Raises:
+        ValueError: ``cached_frames`` < 0.
+    """
+    t = cfg.tokens_per_frame
+    return 2 * t * io_flops_per_token(cfg) + cfg.n_layers * _block_layer_flops(cfg, cached_frames)
 
 
 def clean_pass_flops(cfg: VideoConfig, cached_frames: int) -> int:
@@ -70,11 +79,8 @@ def clean_pass_flops(cfg: VideoConfig, cached_frames: int) -> int:
     Raises:
         ValueError: ``cached_frames`` < 0.
     """
-    if cached_frames < 0:
-        raise ValueError(f"`cached_frames` must be >= 0, got {cached_frames!r}")
     t = cfg.tokens_per_frame
-    keys = (cached_frames + 1) * t
-    full_layers = (cfg.n_layers - 1) * (t * projection_flops_per_token(cfg) + attention_flops(cfg, t, keys))
+    full_layers = (cfg.n_layers - 1) * _block_layer_flops(cfg, cached_frames)
     return t * io_flops_per_token(cfg) + full_layers + t * 4 * cfg.d_model * cfg.kv_width
 
 

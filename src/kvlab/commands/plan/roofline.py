@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-from functools import partial
 
 from kvlab.commands import fail
 from kvlab.commands.plan import flags
@@ -49,15 +48,17 @@ def run_roofline(args: argparse.Namespace) -> int:
     problem = flags.device_flag_problem(args)
     if problem:
         return fail(args, problem)
-    build = partial(
-        roofline_report,
-        model=args.model,
-        context=args.context,
-        batch=args.batch,
-        tp=args.tp,
-        run_probe=args.probe,
-        **flags.kv_kwargs(args),
-        **flags.weight_kwargs(args),
-        **flags.device_kwargs(args),
-    )
+
+    def build() -> dict:  # the flags are read inside: a refused value is reported as the planner's errors are
+        return roofline_report(
+            model=args.model,
+            context=args.context,
+            batch=args.batch,
+            tp=args.tp,
+            run_probe=args.probe,
+            **flags.kv_kwargs(args),
+            **flags.weight_kwargs(args),
+            **flags.device_kwargs(args),
+        )
+
     return flags.report(args, build, print_roofline)

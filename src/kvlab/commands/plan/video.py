@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-from functools import partial
 
 from kvlab.commands.plan.flags import add_kv_flags, kv_kwargs, report
 from kvlab.commands.plan.render import print_video
@@ -47,18 +46,19 @@ def register(subparsers) -> None:
 def run_video(args: argparse.Namespace) -> int:
     from kvlab.plan.report import video_report
 
-    build = partial(
-        video_report,
-        model=args.model,
-        seconds=args.seconds,
-        fps=args.fps,
-        width=args.width,
-        height=args.height,
-        temporal_compression=args.temporal_compression,
-        spatial_compression=args.spatial_compression,
-        patch_size=args.patch_size,
-        causal_first_frame=args.causal_first_frame,
-        batch=args.batch,
-        **kv_kwargs(args),
-    )
+    def build() -> dict:  # the flags are read inside: a refused value is reported as the planner's errors are
+        return video_report(
+            model=args.model,
+            seconds=args.seconds,
+            fps=args.fps,
+            width=args.width,
+            height=args.height,
+            temporal_compression=args.temporal_compression,
+            spatial_compression=args.spatial_compression,
+            patch_size=args.patch_size,
+            causal_first_frame=args.causal_first_frame,
+            batch=args.batch,
+            **kv_kwargs(args),
+        )
+
     return report(args, build, print_video)

@@ -93,6 +93,21 @@ def _check_fractions(name: str, values: Any, *, distinct: bool = False) -> tuple
     return values
 
 
+def _check_tail(protected_tail: Any) -> int:
+    """``protected_tail`` (the newest tokens no probe may touch) as an int.
+
+    Raises:
+        ValueError: a bool, a non-integer or a negative count.
+    """
+    if (
+        isinstance(protected_tail, bool)
+        or not isinstance(protected_tail, numbers.Integral)
+        or protected_tail < 0
+    ):
+        raise ValueError(f"`protected_tail` must be a non-negative integer, got {protected_tail!r}")
+    return int(protected_tail)
+
+
 def _check_ids(heldout_ids: Any) -> list[int]:
     """Held-out token ids as a list of ints (a float id is refused, never truncated)."""
     ids = heldout_ids.tolist() if hasattr(heldout_ids, "tolist") else list(heldout_ids)
@@ -120,13 +135,7 @@ def recall_distances(
     """
     context = check_int("context", context)
     span_tokens = check_int("span_tokens", span_tokens, 2)  # the cue and at least one predicted token
-    if (
-        isinstance(protected_tail, bool)
-        or not isinstance(protected_tail, numbers.Integral)
-        or protected_tail < 0
-    ):
-        raise ValueError(f"`protected_tail` must be a non-negative integer, got {protected_tail!r}")
-    protected_tail = int(protected_tail)
+    protected_tail = _check_tail(protected_tail)
     fractions = _check_fractions("fractions", fractions)
     low, high = span_tokens + protected_tail, context - 1
     if high < low:
@@ -153,13 +162,7 @@ def needle_starts(
     """
     context = check_int("context", context)
     needle_tokens = check_int("needle_tokens", needle_tokens)
-    if (
-        isinstance(protected_tail, bool)
-        or not isinstance(protected_tail, numbers.Integral)
-        or protected_tail < 0
-    ):
-        raise ValueError(f"`protected_tail` must be a non-negative integer, got {protected_tail!r}")
-    protected_tail = int(protected_tail)
+    protected_tail = _check_tail(protected_tail)
     depths = _check_fractions("depths", depths, distinct=True)
     room = context - protected_tail - needle_tokens - 1
     if room < 0:
