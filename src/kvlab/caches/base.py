@@ -49,8 +49,9 @@ def check_full_attention(config: Any, cache_name: str) -> int:
 class KVLayer(CacheLayerMixin):
     """A kvlab cache layer: full attention, no maximum length, no offloading, batch rows through one hook.
 
-    A subclass implements :meth:`_select_rows` (and :meth:`_rows` when ``keys`` is not ``[batch, ...]``) besides
-    transformers' ``lazy_initialization`` / ``update`` / ``get_seq_length`` / ``reset`` / ``crop``.
+    A subclass holding more than ``keys``/``values`` ``[batch, ...]`` extends :meth:`_select_rows` (and :meth:`_rows`
+    when ``keys`` is not ``[batch, ...]``) besides transformers' ``lazy_initialization`` / ``update`` /
+    ``get_seq_length`` / ``reset`` / ``crop``.
     """
 
     is_sliding = False
@@ -62,8 +63,9 @@ class KVLayer(CacheLayerMixin):
         return self.keys.shape[0]
 
     def _select_rows(self, idx: torch.Tensor) -> None:
-        """Keep rows ``idx`` (``[n]`` int64 on the layer's device, checked) of every tensor the layer holds (hook)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement _select_rows")
+        """Keep rows ``idx`` (``[n]`` int64 on the layer's device, checked) of every tensor the layer holds (hook):
+        ``keys`` and ``values`` ``[batch, ...]`` here; a layer holding more moves the rest too."""
+        self.keys, self.values = self.keys.index_select(0, idx), self.values.index_select(0, idx)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Rows become ``beam_idx`` of the old rows (beam search); stored data moves, it is never re-encoded.

@@ -210,7 +210,7 @@ class FP8Layer(KVLayer):
 
     def _select_rows(self, idx: torch.Tensor) -> None:
         """Rows ``idx`` of the codes and their scales, moved together."""
-        self.keys, self.values = self.keys.index_select(0, idx), self.values.index_select(0, idx)
+        super()._select_rows(idx)
         if self.key_scale is not None:
             self.key_scale = self.key_scale.index_select(0, idx)
             self.value_scale = self.value_scale.index_select(0, idx)

@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from kvlab.cache_names import KIVI_DEFAULTS
@@ -52,10 +51,6 @@ class FloatLayer(KVLayer, DynamicLayer):
             TypeError: ``tokens_to_remove`` not an integer.
         """
         crop_kv(self, tokens_to_remove)
-
-    def _select_rows(self, idx: torch.Tensor) -> None:
-        """Rows ``idx`` of the keys and values."""
-        self.keys, self.values = self.keys.index_select(0, idx), self.values.index_select(0, idx)
 
     def nbytes(self) -> int:
         """Bytes of the stored keys and values."""

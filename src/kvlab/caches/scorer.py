@@ -147,10 +147,6 @@ class ScorerLayer(KVLayer):
         self.keys, self.values = self.keys[..., :keep, :], self.values[..., :keep, :]
         self.seen_tokens = keep
 
-    def _select_rows(self, idx: torch.Tensor) -> None:
-        """Rows ``idx``: each row's kept tokens move with it (token counts are shared by the rows)."""
-        self.keys, self.values = self.keys.index_select(0, idx), self.values.index_select(0, idx)
-
     def nbytes(self) -> int:
         """Bytes of the stored keys and values."""
         if not self.is_initialized:

@@ -186,7 +186,7 @@ class SinkLayer(KVLayer):
             self.sink_keys.index_select(0, idx),
             self.sink_values.index_select(0, idx),
         )
-        self.keys, self.values = self.keys.index_select(0, idx), self.values.index_select(0, idx)
+        super()._select_rows(idx)
 
     def nbytes(self) -> int:
         """Bytes of the stored sinks and window (keys and values)."""

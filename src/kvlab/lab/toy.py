@@ -20,8 +20,35 @@ import numpy as np
 from kvlab.runtime.checks import check_int
 
 
+class HeadShape:
+    """The widths of a decoder config with ``q_heads`` query heads and ``kv_heads`` K/V heads of ``head_dim``
+    channels (a mixin of the toy decoder's and the toy video denoiser's frozen configs)."""
+
+    def _check_heads(self) -> None:
+        """Raises ValueError: ``q_heads`` not a multiple of ``kv_heads`` (GQA shares each K/V head by a group)."""
+        if self.q_heads % self.kv_heads:
+            raise ValueError(
+                f"`q_heads` ({self.q_heads}) must be a multiple of `kv_heads`, got {self.kv_heads!r}"
+            )
+
+    @property
+    def d_model(self) -> int:
+        """Model width ``q_heads * head_dim``."""
+        return self.q_heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """Width of the K (or V) projection, ``kv_heads * head_dim``."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def group_size(self) -> int:
+        """GQA group ``g = q_heads / kv_heads``."""
+        return self.q_heads // self.kv_heads
+
+
 @dataclass(frozen=True)
-class ToyConfig:
+class ToyConfig(HeadShape):
     """Shape of the toy decoder and of its generation run; defaults are the mechanics chapter's ``CFG`` (appendix [A]).
 
     Raises:
@@ -51,25 +78,7 @@ class ToyConfig:
             "vocab_size",
         ):
             check_int(name, getattr(self, name), 1)
-        if self.q_heads % self.kv_heads:
-            raise ValueError(
-                f"`q_heads` ({self.q_heads}) must be a multiple of `kv_heads`, got {self.kv_heads!r}"
-            )
-
-    @property
-    def d_model(self) -> int:
-        """Model width ``q_heads * head_dim``."""
-        return self.q_heads * self.head_dim
-
-    @property
-    def kv_width(self) -> int:
-        """Width of the K (or V) projection, ``kv_heads * head_dim``."""
-        return self.kv_heads * self.head_dim
-
-    @property
-    def group_size(self) -> int:
-        """GQA group ``g = q_heads / kv_heads``."""
-        return self.q_heads // self.kv_heads
+        self._check_heads()
 
     @property
     def max_tokens(self) -> int:

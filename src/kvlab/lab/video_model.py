@@ -25,11 +25,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvlab.lab.toy import HeadShape
 from kvlab.runtime.checks import check_int
 
 
 @dataclass(frozen=True)
-class VideoConfig:
+class VideoConfig(HeadShape):
     """Shape of the toy video denoiser and of its generation run.
 
     Raises:
@@ -70,10 +71,7 @@ class VideoConfig:
             check_int(name, getattr(self, name), 1)
         check_int("weight_seed", self.weight_seed, 0)
         check_int("noise_seed", self.noise_seed, 0)
-        if self.q_heads % self.kv_heads:
-            raise ValueError(
-                f"`q_heads` ({self.q_heads}) must be a multiple of `kv_heads`, got {self.kv_heads!r}"
-            )
+        self._check_heads()
         if self.head_dim % 2 or self.head_dim < 6:
             raise ValueError(
                 f"`head_dim` must be even and >= 6 (one rotary pair per t, h, w axis), got {self.head_dim!r}"
@@ -91,16 +89,6 @@ class VideoConfig:
     def tokens_per_frame(self) -> int:
         """Tokens of one latent frame, ``height * width``."""
         return self.height * self.width
-
-    @property
-    def d_model(self) -> int:
-        """Model width ``q_heads * head_dim``."""
-        return self.q_heads * self.head_dim
-
-    @property
-    def kv_width(self) -> int:
-        """Width of the K (or V) projection, ``kv_heads * head_dim``."""
-        return self.kv_heads * self.head_dim
 
     @property
     def ffn_width(self) -> int:

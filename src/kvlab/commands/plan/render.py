@@ -260,14 +260,7 @@ def _add_bound_rows(t, r: dict) -> None:
         "ridge "
         + ("-" if gpu["ridge_flop_per_byte"] is None else f"{gpu['ridge_flop_per_byte']:.1f} FLOP/B"),
     )
-    if r["measured"]:
-        m = r["measured"]
-        t.add_row(
-            "measured step",
-            f"{m['measured_step_ms']:.3f} ms",
-            f"{m['fraction_of_bound']:.1%} of bound; {m['achieved_bandwidth_gb_s']:,.1f} GB/s achieved"
-            + ("; FASTER THAN THE BOUND: see the warning" if m["faster_than_bound"] else ""),
-        )
+    _add_measured_row(t, r["measured"])
 
 
 def _bound_cell(bound: str | None) -> str:
@@ -319,14 +312,7 @@ def print_roofline(r: dict) -> None:
             f"{r['bytes_per_step']:,} B per step ({r['bytes_per_step'] / GIB:,.2f} GiB), {r['limiter']}-bound",
         )
         t.add_row("tokens/s upper bound", f"{r['tokens_per_s_upper_bound']:,.1f}", "batch / step bound")
-    if r["measured"]:
-        m = r["measured"]
-        t.add_row(
-            "measured step",
-            f"{m['measured_step_ms']:.3f} ms",
-            f"{m['fraction_of_bound']:.1%} of bound; {m['achieved_bandwidth_gb_s']:,.1f} GB/s achieved"
-            + ("; FASTER THAN THE BOUND: see the warning" if m["faster_than_bound"] else ""),
-        )
+    _add_measured_row(t, r["measured"])
     console.print(t)
 
     t = Table(
@@ -471,3 +457,14 @@ def _layer_list(layers: list[int]) -> str:
         else:
             runs.append([i])
     return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
+
+
+def _add_measured_row(t, m: dict | None) -> None:
+    """The ``--measured-step-ms`` row of a plan or roofline table (nothing without a measured step)."""
+    if m:
+        t.add_row(
+            "measured step",
+            f"{m['measured_step_ms']:.3f} ms",
+            f"{m['fraction_of_bound']:.1%} of bound; {m['achieved_bandwidth_gb_s']:,.1f} GB/s achieved"
+            + ("; FASTER THAN THE BOUND: see the warning" if m["faster_than_bound"] else ""),
+        )
