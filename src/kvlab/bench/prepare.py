@@ -5,11 +5,12 @@ memory`` share them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from kvlab.caches.entry import ResolvedCache
 from kvlab.caches.registry import CacheSettings, resolve
 from kvlab.runtime.dtypes import float32_attention
 
@@ -17,12 +18,18 @@ from kvlab.runtime.dtypes import float32_attention
 @dataclass(frozen=True)
 class BenchCandidate:
     """One cache of the benchmark, by its cache-registry name (:mod:`kvlab.caches.registry`): ``family`` in
-    {dynamic, kivi, hqq, quanto, paged, fp8, ...}; ``attention`` (``"fused"``/``"dequantize"``) for KIVI and FP8."""
+    {dynamic, kivi, hqq, quanto, paged, fp8, ...}; ``attention`` (``"fused"``/``"dequantize"``) for KIVI and FP8;
+    ``cache``: its registry entry, resolved once by :meth:`parse` (:meth:`make` and :meth:`describe` resolve again
+    with the run's settings)."""
 
     name: str
     family: str
     nbits: int | None = None
     attention: str | None = None  # "fused" or "dequantize" for KIVI and FP8
+    cache: ResolvedCache | None = field(default=None, repr=False, compare=False)
+
+    def __reduce__(self):  # the entry holds functions: a pickled candidate is its name
+        return (BenchCandidate.parse, (self.name,))
 
     @classmethod
     def parse(cls, name: str) -> BenchCandidate:
@@ -41,25 +48,28 @@ class BenchCandidate:
         hyphened = f"{cache.family}-{cache.nbits}"
         if cache.nbits is not None and name.startswith(hyphened):
             name = f"{cache.family}{cache.nbits}{name[len(hyphened) :]}"
-        return cls(name, cache.family, cache.nbits, cache.describe().get("attention"))
+        return cls(name, cache.family, cache.nbits, cache.describe().get("attention"), cache)
+
+    def _resolved(self) -> ResolvedCache:
+        return self.cache if self.cache is not None else resolve(self.name)
 
     @property
     def uses_kvlab_attention(self) -> bool:
         """Whether the model must run kvlab attention (:func:`kvlab.attention.enable`) for this cache (its registry
         entry says: fused KIVI, FP8, the evicting caches that read queries)."""
-        return resolve(self.name).uses_kvlab_attention
+        return self._resolved().uses_kvlab_attention
 
     def unavailable_reason(self) -> str | None:
         """Why this cache cannot run here (its optional backend is missing), or ``None``."""
-        return resolve(self.name).unavailable_reason()
+        return self._resolved().unavailable_reason()
 
     def make(self, model_config: Any, settings: CacheSettings):
         """A fresh cache object (the registry's factory; the name's own settings override ``settings``)."""
-        return resolve(self.name, settings).make(model_config)
+        return resolve(self._resolved().name, settings).make(model_config)
 
     def describe(self, settings: CacheSettings) -> dict:
         """JSON description of the cache and its settings (the registry's)."""
-        return resolve(self.name, settings).describe()
+        return resolve(self._resolved().name, settings).describe()
 
 
 def bench_settings(group_size: int, residual_length: int, hqq_group_size: int) -> CacheSettings:
