@@ -40,6 +40,24 @@ class Handoff:
         k = self.key
         return k is None or key is k or (key.shape == k.shape and key.data_ptr() == k.data_ptr())
 
+    def check_call(self, dropout: float, kwargs: dict) -> None:
+        """Refuse (``ValueError``) an attention call this entry cannot serve, before it is consumed (hook)."""
+
+    def attend(
+        self,
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        """Attention of ``query [B, Hq, q, D]`` over what was handed off and the window ``key/value [B, Hkv, t,
+        D]`` -> ``([B, q, Hq, D], None)`` (hook: each kind of hand-off reads its own history)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement attend")
+
 
 @dataclass
 class PendingPrefix(Handoff):
@@ -48,6 +66,30 @@ class PendingPrefix(Handoff):
     segments: list  # QuantSegmentView, oldest first: the quantized prefix before this step's flush
     nbits: int
     group_size: int
+
+    def check_call(self, dropout: float, kwargs: dict) -> None:
+        """Fused KIVI attention is full attention without dropout.
+
+        Raises:
+            ValueError: a sliding window or a dropout probability.
+        """
+        if kwargs.get("sliding_window") is not None:
+            raise ValueError(
+                f"fused KIVI attention supports full attention only, got sliding_window={kwargs['sliding_window']}"
+            )
+        if dropout:
+            raise ValueError(f"fused KIVI attention does not apply attention dropout, got dropout={dropout}")
+
+    def attend(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        """:func:`kvlab.attention.quantized.kivi_attention` over the quantized prefix and the window; SDPA while
+        nothing is quantized yet (prefill: the window is the whole history, exact)."""
+        if not self.segments:
+            return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        out = kivi_attention(
+            query, self.segments, key, value, self.nbits, self.group_size, scale, attention_mask
+        )
+        return out.transpose(1, 2).contiguous(), None
 
 
 @dataclass
@@ -62,6 +104,12 @@ class PendingFP8(Handoff):
     value_scale: torch.Tensor | None
     key_rotation: torch.Tensor | None = None  # [D, D] fp32 orthonormal, None = not rotated
     value_rotation: torch.Tensor | None = None
+
+    def attend(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        """Attention over the FP8 history then the window (:func:`_fp8`)."""
+        return _fp8(
+            module, query, key, value, attention_mask, self, dropout=dropout, scaling=scaling, **kwargs
+        )
 
 
 def check_handoff(
@@ -183,27 +231,10 @@ def _attend(
     # between the cache update and the attention is never applied to another cache's keys
     if entry is None or entry.consumed or not entry.matches(key):
         return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    if isinstance(entry, PendingFP8):
-        entry.consumed = True
-        del table[layer_idx]
-        return _fp8(
-            module, query, key, value, attention_mask, entry, dropout=dropout, scaling=scaling, **kwargs
-        )
-    if kwargs.get("sliding_window") is not None:
-        raise ValueError(
-            f"fused KIVI attention supports full attention only, got sliding_window={kwargs['sliding_window']}"
-        )
-    if dropout:
-        raise ValueError(f"fused KIVI attention does not apply attention dropout, got dropout={dropout}")
+    entry.check_call(dropout, kwargs)  # refused before it is consumed: the cache's check still sees it unread
     entry.consumed = True
     del table[layer_idx]  # read once; the table must not keep the cache's blocks alive after the step
-    if not entry.segments:  # nothing quantized yet (prefill): the window is the whole history, SDPA is exact
-        return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = kivi_attention(
-        query, entry.segments, key, value, entry.nbits, entry.group_size, scale, attention_mask
-    )
-    return out.transpose(1, 2).contiguous(), None
+    return entry.attend(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 
 def _fp8(
