@@ -21,6 +21,7 @@
 #endif
 
 #define SEG_FIELDS 19
+#define INT_KEYS_ONLY 256 /* added to an int_isa: integer key scores, exact fp32 value sums */
 
 /* integer key scores (_kivi_int.c, linked into the same library) */
 int kivi_int_supported(int64_t isa, int64_t nb, int64_t D);
@@ -310,7 +311,7 @@ typedef struct {
     float *scores, *work;
     void *out; /* [B, H, M, D], fp32 or bf16 (out_bf16, rounded to nearest even) */
     int64_t out_bf16, work_floats;
-    int64_t int_isa; /* -1: exact fp32 key scores; else the _kivi_int.c path for integer key scores */
+    int64_t int_isa; /* -1: exact fp32; else the _kivi_int.c path (its code; + INT_KEYS_ONLY: exact value sums) */
 } args_t;
 
 static inline uint16_t f32_to_bf16(float f) {
@@ -448,11 +449,13 @@ static inline __attribute__((always_inline)) void item(const args_t *a, int64_t 
         for (int64_t i = 0; i < K; i++)
             for (int64_t jb = 0; jb < P; jb++) qp[r * D + i * P + jb] = q[r * D + jb * K + i];
     int64_t start = 0;
-    const int integer = a->int_isa >= 0 && kivi_int_supported(a->int_isa, NB, D);
+    const int64_t isa = a->int_isa % INT_KEYS_ONLY;
+    const int integer = a->int_isa >= 0 && kivi_int_supported(isa, NB, D);
     for (int64_t n = 0; n < a->nseg; n++) {
         seg_item s = seg_at(a->segs + n * SEG_FIELDS, b, h, bf16);
-        if (integer)
-            kivi_int_key_scores(a->int_isa, NB, s.kc, s.ks, s.kz, bf16, s.tokens, a->G, q, sc + start, total, M, D);
+        if (integer &&
+            kivi_int_key_scores(isa, NB, s.kc, s.ks, s.kz, bf16, s.tokens, a->G, q, sc + start, total, M, D) == 0)
+            ; /* the integer path took the segment (it refuses one of tokens not a multiple of G) */
         else if (vec)
             key_scores_v(&s, q, qp, sc + start, total, M, D, a->G, bf16, tmp, NB);
         else
@@ -463,11 +466,11 @@ static inline __attribute__((always_inline)) void item(const args_t *a, int64_t 
     softmax_rows(sc, M, total, inv);
     memset(acc, 0, M * D * sizeof(float));
     start = 0;
-    const int int_values = integer && kivi_int_values_supported(a->int_isa, NB, D, a->G);
+    const int int_values = integer && a->int_isa < INT_KEYS_ONLY && kivi_int_values_supported(isa, NB, D, a->G);
     for (int64_t n = 0; n < a->nseg; n++) {
         seg_item s = seg_at(a->segs + n * SEG_FIELDS, b, h, bf16);
         if (int_values)
-            kivi_int_value_sums(a->int_isa, NB, s.vc, s.vs, s.vz, bf16, s.tokens, a->G, sc + start, total, M, D, acc);
+            kivi_int_value_sums(isa, NB, s.vc, s.vs, s.vz, bf16, s.tokens, a->G, sc + start, total, M, D, acc);
         else if (vec)
             value_sums_v(&s, sc + start, acc, total, M, D, a->G, bf16, NB);
         else

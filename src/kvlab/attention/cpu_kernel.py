@@ -14,7 +14,7 @@ float copy.
 
 An integer path for KIVI (``_kivi_int.c``; :func:`dot_path`: ``dot="int8"`` or ``KVLAB_KIVI_DOT=int8``, the exact
 fp32 path staying the default and the reference): the query, with the per-channel key scale folded in, is rounded
-to int8 per row and key group, and key scores are integer dot products over the 2/4-bit codes unpacked to 8-bit
+to two int8 digits per row and key group (one digit cost the real model too much KL), and key scores are integer dot products over the 2/4-bit codes unpacked to 8-bit
 lanes; value sums weight the codes by 8-bit probabilities (times the per-token value scale, one scale per row and
 32-token block) in integer dot products, four tokens per 32-bit lane. This is llama.cpp's q8 dot product (the
 activation quantized to 8 bits, AVX512-VNNI ``dpbusd`` / AVX2 ``maddubs`` + ``madd``) over KIVI's per-channel keys
@@ -57,9 +57,7 @@ SOURCE = Path(__file__).with_name("_kivi_cpu.c")
 # -march=native so that a lower path (KVLAB_CPU_ISA) really runs the lower instructions
 INT_SOURCE = Path(__file__).with_name("_kivi_int.c")
 COMPILER = os.environ.get("KVLAB_CC", "cc")
-# -O2 plus complete peeling of constant-trip loops (what -O3 added that the kernels need: their head_dim 64/128
-# instantiations keep vectors in registers): ~13 s of one core for _kivi_cpu.c where -O3 took ~46 s, the kernels as
-# fast within the noise of a shared 2-core VM
+# -O2 + complete peeling (the -O3 part the kernels need): ~13 s of one core for _kivi_cpu.c where -O3 took ~46 s
 CFLAGS = ("-O2", "-fpeel-loops", "-march=native", "-fPIC", "-shared", "-fopenmp")
 # INT_SOURCE's flags after CFLAGS' optimisation level (CFLAGS[0])
 INT_CFLAGS = ("-fpeel-loops", "-fPIC", "-fopenmp", "-Wno-psabi")
@@ -305,18 +303,16 @@ def describe() -> str:
 
 # the instruction-set paths of _kivi_int.c, lowest first (their index is the C code)
 ISAS = ("scalar", "avx2", "avx512")
-# KIVI key scores: "exact" (fp32 dot products over dequantized codes, the reference) or "int8" (the query quantized
-# to int8 per row and key group, integer dot products over the unpacked codes: _kivi_int.c)
-DOT_PATHS = ("exact", "int8")
+# KIVI attention: "exact" (fp32 dot products over dequantized codes, the reference), "int8" (the query quantized
+# to two int8 digits per row and key group, integer dot products over the unpacked codes for the key scores, and 8-bit value
+# weights per 32-token block for the value sums: _kivi_int.c) or "int8-keys" (integer key scores, exact fp32 values)
+DOT_PATHS = ("exact", "int8", "int8-keys")
+INT_KEYS_ONLY = 256  # added to the instruction-set code: integer key scores only (_kivi_cpu.c)
 
 
 def best_isa() -> str:
     """The highest path of :data:`ISAS` this CPU runs (``avx512``: AVX512 F/BW/VL/DQ and VNNI; ``avx2``: AVX2,
-    FMA and F16C; else ``scalar``).
-
-    Raises:
-        RuntimeError: the kernel is not available (the reason is named).
-    """
+    FMA and F16C; else ``scalar``). Raises ``RuntimeError`` where the kernel is not available (the reason named)."""
     return ISAS[_loaded("the CPU kernel").kvlab_isa_best()]
 
 
@@ -356,11 +352,8 @@ def dot_path(dot: str | None = None) -> str:
 
 def int8_supported(nbits: int, head_dim: int, path: str | None = None) -> bool:
     """Whether the integer key scores take ``nbits`` (2 or 4) and ``head_dim`` on instruction-set ``path``
-    (default :func:`isa`): AVX512 needs head_dim a multiple of 64, AVX2 of 32.
-
-    Raises:
-        RuntimeError: the kernel is not available. ValueError: a bad ``KVLAB_CPU_ISA``.
-    """
+    (default :func:`isa`): AVX512 needs head_dim a multiple of 64, AVX2 of 32. Raises ``RuntimeError`` where
+    the kernel is not available, ``ValueError`` for a bad ``KVLAB_CPU_ISA``."""
     code = ISAS.index(path or isa())
     return bool(_loaded("the CPU kernel").kivi_int_supported(code, nbits, head_dim))
 
@@ -368,11 +361,12 @@ def int8_supported(nbits: int, head_dim: int, path: str | None = None) -> bool:
 def key_score_path(nbits: int, head_dim: int, dot: str | None = None) -> str:
     """What :func:`decode_attention` runs for KIVI key scores at ``nbits`` / ``head_dim``: ``"int8 (avx512)"``
     and the like, or ``"exact"`` (also where int8 was asked for but does not take the problem, said so)."""
-    if dot_path(dot) == "exact":
+    want = dot_path(dot)
+    if want == "exact":
         return "exact"
     path = isa()
     if int8_supported(nbits, head_dim, path):
-        return f"int8 ({path})"
+        return f"{want} ({path})"
     return f"exact (int8 does not take {nbits}-bit codes at head_dim {head_dim} on {path})"
 
 
@@ -481,8 +475,9 @@ def decode_attention(
     ``<= i + window_offset``) or a bool ``[1 or B, q_len, Q + w]`` (True = attend). A row with every key masked
     comes out 0. The caller checks the problem first (:func:`unsupported`, ``kivi_attention``'s input checks).
     ``dot``: the key-score path (:func:`dot_path`; default ``$KVLAB_KIVI_DOT``, else exact). With ``"int8"`` the
-    quantized keys' scores come from integer dot products against the query rounded to int8 per row and key group
-    (``_kivi_int.c``: score error at most ``a / 2 * sum_c code[t, c]`` with ``a = max_c |q_c s_c| / 127``);
+    quantized keys' scores come from integer dot products against the query rounded to two int8 digits per row and key group
+    (``_kivi_int.c``: two int8 digits, score error at most ``a / 508 * sum_c code[t, c]`` with
+    ``a = max_c |q_c s_c| / 127``);
     values, window and softmax stay fp32.
 
     Raises:
@@ -491,9 +486,11 @@ def decode_attention(
     """
     lib = _loaded("the KIVI CPU kernel")
     int_isa = -1
-    if dot_path(dot) == "int8":
+    path = dot_path(dot)
+    if path != "exact":
         code = ISAS.index(isa())
-        int_isa = code if lib.kivi_int_supported(code, nbits, query.shape[-1]) else -1
+        if lib.kivi_int_supported(code, nbits, query.shape[-1]):
+            int_isa = code + (INT_KEYS_ONLY if path == "int8-keys" else 0)
     b, hq, q_len, d = query.shape
     h = key_window.shape[1]
     m = hq // h * q_len
