@@ -17,8 +17,8 @@ from pathlib import Path
 from kvlab.runtime.atomic import atomic_write_json
 
 FORMAT = "kvlab-bench/1"
-# records of kvlab's other benchmark scripts that live in the same folder (benchmarks/busy_eval.py): not rendered
-OTHER_FORMATS = ("kvlab-busy-eval/1",)
+# records of kvlab's other benchmark scripts that live in the same folder (benchmarks/busy_eval.py, benchmarks/int8_kl.py): not rendered
+OTHER_FORMATS = ("kvlab-busy-eval/1", "kvlab-int8-kl/1")
 BENCHMARKS = ("decode", "memory", "flush", "kernel", "paging", "lab")
 
 
