@@ -22,7 +22,7 @@ def register(sub) -> None:
     p = sub.add_parser(
         "sensitivity", help="per-layer KV sensitivity sweep and bit allocation (docs/MIXED.md)"
     )
-    modes = p.add_subparsers(dest="mode", metavar="{sweep,allocate}")
+    modes = p.add_subparsers(dest="mode", metavar="{sweep,allocate,verify}")
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
     s = modes.add_parser("sweep", help="KL of a continuation with one layer's K or V compressed, per format")
     s.add_argument(

@@ -29,6 +29,7 @@ from typing import Any
 from kvlab.plan.ledger import kv_dtype, kv_elements_per_token_per_layer
 from kvlab.plan.mixed import (
     MIXED_PREFIX,
+    check_plan_name,
     family,
     find_plan,
     layer_formats,
@@ -62,6 +63,7 @@ def resolve_plan(kv: str, spec: ModelSpec) -> tuple[str, list[tuple[str, str]], 
     """
     name = str(kv).removeprefix(MIXED_PREFIX)
     try:
+        check_plan_name(name)
         plan, source = find_plan(name)
         formats = layer_formats(plan, spec.num_layers)
     except ValueError as exc:

@@ -156,7 +156,10 @@ def test_sigterm_is_recorded_and_exits_143(tmp_path, capsys, monkeypatch, loaded
     assert main([*TINY, "--out-dir", str(tmp_path), "--label", "term"]) == 143
     cut = json.loads((tmp_path / "term.json").read_text())
     assert cut["status"] == "failed" and len(cut["cells_done"]) == 1
-    assert cut["failures"][-1]["stage"] == "run" and "signal 15" in cut["failures"][-1]["message"]
+    failure = cut["failures"][-1]
+    assert failure["stage"] == "run" and failure["type"] == "Terminated" and "signal 15" in failure["message"]
+    path = tmp_path / "term.json"
+    assert f"1 finished cell(s) kept in {path}; continue with: kvlab eval --resume {path}" in err_of(capsys)
 
 
 # ── refusals: exit 2, one line naming the file and the reason, the file unchanged ────────────────────────────────

@@ -191,6 +191,7 @@ def test_emit_vllm_of_a_kivi_plan_states_the_closest_config(plans):
         (["--kv-dtype", "mixed-wide"], "layer 40"),
         (["--kv-dtype", "mixed-short"], "layer 24"),
         (["--kv-dtype", "mixed-Bad_Name"], "mixed-Bad_Name"),
+        (["--kv-dtype", "mixed-float_idx"], "must be one or two words of lower-case letters and digits"),
         (["--kv-dtype", "mixed-fpskip", "--keep-tokens", "100"], "--keep-tokens 100"),
     ],
 )
@@ -200,6 +201,15 @@ def test_bad_plans_are_refused_in_one_line_naming_the_value(plans, argv, named):
     line = err.strip().splitlines()[-1]
     assert named in line, err
     assert "Traceback" not in err
+
+
+def test_an_invalid_kv_dtype_lists_the_plan_pattern_among_the_choices():
+    """argparse's "invalid choice" line names ``mixed-<plan>`` with the ledger's names (the pattern itself is no
+    plan)."""
+    for value in ("kivi5", "mixed-<plan>"):
+        code, out, err = _run(["plan", MODEL, "--kv-dtype", value])
+        assert code == 2 and not out
+        assert "invalid choice" in err and "'mixed-<plan>')" in err.strip().splitlines()[-1]
 
 
 def test_float_layers_of_an_fp8_plan_hold_bf16_bytes(plans):

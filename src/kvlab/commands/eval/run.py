@@ -14,8 +14,10 @@ from kvlab.commands import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
     EXIT_USAGE,
+    Terminated,
     fail,
     progress,
+    sigterm_raises,
 )
 from kvlab.commands.eval.settings import config_from_args, with_flags
 
@@ -199,14 +201,6 @@ def _attention_notes(cfg) -> list[str]:
     ]
 
 
-class _Terminated(BaseException):  # not an Exception: cells must not swallow it
-    """SIGTERM during a run: recorded like an interrupt."""
-
-
-def _on_sigterm(signum, frame):
-    raise _Terminated(f"terminated by signal {signum}")
-
-
 def _load(args, cfg, result, path, err, resumed: bool):
     """``(model, tokenizer, model_info)`` loaded and checked against the settings, or the exit code of a failure:
     a load failure and a setting the model refutes are recorded in ``path``; a resumed run (``resumed``) onto
@@ -280,8 +274,6 @@ def _argv() -> list[str] | None:
 
 
 def _run_real(args, cfg, result, path, err, resumed: bool = False) -> int:
-    import signal
-
     from kvlab.eval.cells import count_steps
     from kvlab.eval.io import write_json_atomic
     from kvlab.eval.records import fail_run, set_status
@@ -295,10 +287,9 @@ def _run_real(args, cfg, result, path, err, resumed: bool = False) -> int:
     set_status(result, "running")
     result["provenance"]["running_in"] = running_in()  # a second --resume of this file refuses while it lives
     write_json_atomic(path, result)
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     stopped = 0
     try:
-        with progress(err, count_steps(cfg), "kvlab eval") as bar:
+        with sigterm_raises(), progress(err, count_steps(cfg), "kvlab eval") as bar:
 
             def step() -> None:
                 bar.advance()
@@ -314,18 +305,20 @@ def _run_real(args, cfg, result, path, err, resumed: bool = False) -> int:
                 advance=step,
                 notify=lambda msg: err.print(f"[yellow]warning: {msg}[/]"),
             )
-    except (KeyboardInterrupt, _Terminated) as exc:
+    except (KeyboardInterrupt, Terminated) as exc:
         fail_run(
             result, "run", exc, "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else None
         )
         stopped = EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_TERMINATED
     except Exception as exc:
         fail_run(result, "run", exc)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     write_json_atomic(path, result)
     code = _finish(args, result, path, err)
     if stopped:  # the shell's status for a process a signal ended: 130 for Ctrl-C, 143 for SIGTERM
+        kept = len(result.get("cells_done") or [])
+        err.print(
+            f"stopped: {kept} finished cell(s) kept in {path}; continue with: kvlab eval --resume {path}"
+        )
         return stopped
     failed_everywhere = (result.get("summary") or {}).get("failed_candidates")
     return 1 if result["status"] == "failed" or failed_everywhere else code

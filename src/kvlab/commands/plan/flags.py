@@ -17,7 +17,7 @@ from collections.abc import Callable
 from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.commands import fail
 from kvlab.plan.ledger import KV_DTYPE_NAMES
-from kvlab.plan.mixed import MIXED_PREFIX, check_plan_name
+from kvlab.plan.mixed import MIXED_PREFIX
 
 
 def byte_count(text: str) -> int:
@@ -71,18 +71,18 @@ def flag_message(args: argparse.Namespace, exc: Exception) -> str:
 
 
 class PlanChoices(tuple):
-    """The ledger's names (iterated, listed in help and errors) that also hold every ``mixed-<plan name>``: a plan
-    is found by name only when planned (:func:`kvlab.plan.mixed_report.resolve_plan`), so an unknown one gets the
-    planner's one-line error naming the known plans, and a name the grammar refuses argparse's."""
+    """The ledger's names and the pattern ``mixed-<plan>`` (iterated: listed in help and argparse's "invalid
+    choice" message) that hold every ``mixed-...`` name: a plan is found and its name checked only when planned
+    (:func:`kvlab.plan.mixed_report.resolve_plan`), so an unknown or misspelt plan gets the planner's one-line error
+    (the known plans, or the name rule) rather than argparse's list."""
 
     def __contains__(self, value: object) -> bool:
-        if isinstance(value, str) and value.startswith(MIXED_PREFIX):
-            try:
-                check_plan_name(value.removeprefix(MIXED_PREFIX))
-            except ValueError:
-                return False
+        if isinstance(value, str) and value.startswith(MIXED_PREFIX) and value != PLAN_PATTERN:
             return True
-        return tuple.__contains__(self, value)
+        return tuple.__contains__(self, value) and value != PLAN_PATTERN
+
+
+PLAN_PATTERN = f"{MIXED_PREFIX}<plan>"  # how --kv-dtype's choices name the per-layer plans
 
 
 def add_kv_flags(p: argparse.ArgumentParser, plans: bool = False) -> None:
@@ -91,7 +91,9 @@ def add_kv_flags(p: argparse.ArgumentParser, plans: bool = False) -> None:
     p.add_argument(
         "--kv-dtype",
         default="auto",
-        choices=PlanChoices(KV_DTYPE_NAMES) if plans else KV_DTYPE_NAMES,  # every name the planner reads
+        choices=PlanChoices((*KV_DTYPE_NAMES, PLAN_PATTERN))
+        if plans
+        else KV_DTYPE_NAMES,  # every name the planner reads
         help="KV cache dtype (default auto: the config's dtype); kivi-N (= kiviN): kvlab's KIVI cache, kivi-kKvV "
         "with its own key/value bits; fp8-e4m3/fp8-e5m2[-tensor|-unscaled|-hadamard] (fp8_e4m3 = fp8-e4m3): "
         "kvlab's FP8 cache, "
