@@ -17,6 +17,7 @@ from kvlab.commands import (
     Terminated,
     fail,
     file_exists_message,
+    progress,
     sigterm_raises,
 )
 from kvlab.runtime.checks import check_int, int_list, parse_list
@@ -57,7 +58,12 @@ def register(subparsers) -> None:
     p.add_argument(
         "--min-float-score", type=float, default=None, help="float score below it: not informative (0.5)"
     )
-    p.add_argument("--quick", action="store_true", help="4 tasks, 4 caches, 5 samples, the first context")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="4 tasks, 4 caches, 5 samples, the first context (measured: 18.5 min wall on a busy 2-core AMD EPYC "
+        "VM beside another run; docs/TASKS.md)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument(
         "--out", default=None, help=f"result JSON, written atomically ({DEFAULT_OUT}; not with --resume)"
@@ -175,10 +181,11 @@ def _argv() -> list[str] | None:
 
 def _measure(args: argparse.Namespace, cfg, result: dict | None) -> int:
     import torch
+    from rich.console import Console
 
     from kvlab.eval.io import write_json_atomic
     from kvlab.eval.tasks_schema import validate_tasks_result
-    from kvlab.eval.tasks_suite import new_tasks_result, run_suite
+    from kvlab.eval.tasks_suite import cells_to_measure, new_tasks_result, run_suite
     from kvlab.models import heldout_text, load_model
 
     if args.threads:
@@ -187,6 +194,12 @@ def _measure(args: argparse.Namespace, cfg, result: dict | None) -> int:
     model_block.setdefault("dtype", args.dtype or "bfloat16")
     model_block.setdefault("device", args.device or "cpu")
     name = None if model_block["name"] == "bundled" else model_block["name"]
+    err = Console(stderr=True)
+    err.print(
+        f"loading model {name or '(bundled reference model)'} in {model_block['dtype']} on "
+        f"{model_block['device']} ...",
+        highlight=False,
+    )
     try:
         model, tokenizer = load_model(name, dtype=model_block["dtype"], device=model_block["device"])
     except (ValueError, FileNotFoundError) as e:
@@ -205,8 +218,17 @@ def _measure(args: argparse.Namespace, cfg, result: dict | None) -> int:
 
     save(result)  # status "running" before the first cell
     try:
-        with sigterm_raises():
-            run_suite(model, tokenizer, cfg, heldout_text(), _progress, result=result, save=save)
+        with sigterm_raises(), progress(err, len(cells_to_measure(result, cfg)), "kvlab tasks") as bar:
+            run_suite(
+                model,
+                tokenizer,
+                cfg,
+                heldout_text(),
+                bar.describe,
+                result=result,
+                save=save,
+                advance=bar.advance,
+            )
     except (
         Exception,
         KeyboardInterrupt,
@@ -229,10 +251,6 @@ def _measure(args: argparse.Namespace, cfg, result: dict | None) -> int:
         plot_task_scores(result, args.figure)
     _print(args, result, path)
     return EXIT_OK
-
-
-def _progress(line: str) -> None:
-    print(f"  {line}", file=sys.stderr, flush=True)
 
 
 def _print(args: argparse.Namespace, result: dict, path: Path) -> None:

@@ -224,6 +224,7 @@ def run_task_cell(
     *,
     stop_id: int | None = None,
     keep_outputs: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> dict:
     """Every cache of ``caches`` (name -> factory of a fresh, empty cache) on one cell: the samples' contexts
     prefilled once (float), each cache filled from that prefill, every question asked through it.
@@ -232,6 +233,8 @@ def run_task_cell(
         samples: one task at one context length (:func:`kvlab.tasks.generate`): contexts of one token length.
         stop_id: a token that ends an answer (the model's EOS), or None.
         keep_outputs: keep each answer (text, score) in ``answers``.
+        progress: called with one line as the float prefill starts and one as each cache starts (``k/K``), so a
+            long cell says what it is doing.
 
     Returns:
         ``{"prefill_ms", "context_tokens", "samples", "caches": {name: {**summarize(...), "bytes",
@@ -250,14 +253,17 @@ def run_task_cell(
     window = _window_needed([make() for make in caches.values()])
     from kvlab.attention.interface import is_enabled
 
+    say = progress or (lambda line: None)
     start = time.perf_counter()
     ids = torch.tensor([list(s.context_ids) for s in samples], dtype=torch.long, device=device)
+    say(f"float prefill, {ids.shape[0]} samples x {ids.shape[1]} tokens")
     states, queries = prefill_with_queries(model, ids, max(QUERY_WINDOW, window) if is_enabled(model) else 0)
     assert queries is None or queries[0][0].shape[-2] >= min(window, ids.shape[1])
     out = {"prefill_ms": (time.perf_counter() - start) * 1000.0, "context_tokens": ids.shape[1]}
     out["samples"], out["caches"] = len(samples), {}
     questions = max(len(s.questions) for s in samples)
-    for name, make in caches.items():
+    for k, (name, make) in enumerate(caches.items(), 1):
+        say(f"cache {k}/{len(caches)} {name}")
         t0, trials, nbytes, float_bytes = time.perf_counter(), [], 0, 0
         for q in range(questions):
             for rows in _groups(samples, q).values():

@@ -169,10 +169,36 @@ def prepare_resume(result: dict) -> TaskSuiteConfig:
     return cfg
 
 
-def _to_measure(result: dict, cfg: TaskSuiteConfig) -> list[tuple[str, int]]:
+def cells_to_measure(result: dict, cfg: TaskSuiteConfig) -> list[tuple[str, int]]:
     """The (task, context) cells of ``cfg`` the result has neither measured nor found not to fit."""
     done = {(c["task"], c["context"]) for c in (*result["cells"], *result["not_measured"])}
     return [(t, c) for c in cfg.contexts for t in cfg.tasks if (t, c) not in done]
+
+
+def _one_cell(model, tokenizer, cfg, hay, makers, stop, task, context, say, result) -> dict | None:
+    """One (task, context) cell measured (:func:`kvlab.eval.tasks_run.run_task_cell`, with ``task``, ``context``,
+    ``seconds``), or None when its samples do not fit (the reason appended to ``result["not_measured"]``)."""
+    start, where = time.perf_counter(), f"{task} @ {context}"
+    say(f"{where}: generating {cfg.n} samples")
+    try:
+        samples = generate(
+            task, tokenizer, hay, context, cfg.n, seed=cfg.seed, protected_tail=cfg.protected_tail
+        )
+    except NotPlaceable as e:
+        result["not_measured"].append({"task": task, "context": context, "reason": str(e)})
+        say(f"{where}: not measured ({e})")
+        return None
+    cell = run_task_cell(
+        model,
+        tokenizer,
+        samples,
+        makers,
+        stop_id=stop,
+        keep_outputs=True,
+        progress=lambda x: say(f"{where}: {x}"),
+    )
+    cell.update({"task": task, "context": context, "seconds": time.perf_counter() - start})
+    return cell
 
 
 def run_suite(
@@ -184,6 +210,7 @@ def run_suite(
     *,
     result: dict | None = None,
     save: Callable[[dict], None] | None = None,
+    advance: Callable[[], None] | None = None,
 ) -> dict:
     """Every task at every context through every candidate (one float prefill per context and sample), into
     ``result`` (:func:`new_tasks_result` when None; a resumed one keeps its finished cells).
@@ -191,7 +218,9 @@ def run_suite(
     Args:
         heldout_text: text the model never saw, the natural-text haystack (``kvlab.models.heldout_text()`` for the
             bundled model).
-        progress: called with one line per finished cell.
+        progress: called with one line as each cell starts (``task @ context``), as its float prefill and each
+            cache start (:func:`kvlab.eval.tasks_run.run_task_cell`), and as it finishes (float score, seconds).
+        advance: called once per cell of :func:`cells_to_measure` when it is done (measured or found not to fit).
         save: called with ``result`` after every finished cell (gates and decision judged over the cells so far),
             so a long run keeps what it measured; the caller writes it.
 
@@ -217,26 +246,19 @@ def run_suite(
     tok = as_tokenizer(tokenizer)
     hay = {"noise": noise_haystack(tok), "text": text_haystack(tok, heldout_text)}
     stop, cell_now = getattr(tokenizer, "eos_token_id", None), None
+    say, done = progress or (lambda line: None), advance or (lambda: None)
     try:
-        for task, context in _to_measure(result, cfg):
+        for task, context in cells_to_measure(result, cfg):
             cell_now = {"task": task, "context": context}
-            start = time.perf_counter()
-            try:
-                samples = generate(
-                    task, tokenizer, hay, context, cfg.n, seed=cfg.seed, protected_tail=cfg.protected_tail
-                )
-            except NotPlaceable as e:
-                result["not_measured"].append({"task": task, "context": context, "reason": str(e)})
-                continue
-            cell = run_task_cell(model, tokenizer, samples, makers, stop_id=stop, keep_outputs=True)
-            cell.update({"task": task, "context": context, "seconds": time.perf_counter() - start})
-            result["cells"].append(cell)
-            result.update(judge(result["cells"], cfg.max_drop, cfg.min_float_score))
-            if save is not None:
-                save(result)
-            if progress is not None:
+            cell = _one_cell(model, tokenizer, cfg, hay, makers, stop, task, context, say, result)
+            if cell is not None:
+                result["cells"].append(cell)
+                result.update(judge(result["cells"], cfg.max_drop, cfg.min_float_score))
+                if save is not None:
+                    save(result)
                 base = cell["caches"][FLOAT]["score"]
-                progress(f"{task} @ {context}: float {base:.2f}, {cell['seconds']:.1f} s")
+                say(f"{task} @ {context}: done, float {base:.2f}, {cell['seconds']:.1f} s")
+            done()
     except (
         BaseException
     ) as exc:  # KeyboardInterrupt and a signal's exception too: recorded, then raised again

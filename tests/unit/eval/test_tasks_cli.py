@@ -71,7 +71,16 @@ def test_small_run_on_the_bundled_model(tmp_path, capsys):
     informative = rows["dynamic"]["score"] >= 0.5
     assert all((s == "not informative") != informative for s in gates.values())
     assert set(result["decision"]) == {"kivi-2", "snapkv"}
-    assert "kvlab tasks" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "kvlab tasks" in printed.out and "loading model" not in printed.out
+    # progress on stderr: the model load, then [step/cells] lines as each cell, its prefill and each cache start
+    err = printed.err.splitlines()
+    assert err[0].startswith("loading model (bundled reference model) in float32 on cpu")
+    steps = [line for line in err if line.startswith("[")]
+    assert [line.split("]")[0] for line in steps] == ["[1/2"] * 6 + ["[2/2"] * 2
+    assert "niah_single_2 @ 256: float prefill, 3 samples x 256 tokens" in steps[1]
+    assert steps[2].endswith("niah_single_2 @ 256: cache 1/3 dynamic") and "cache 3/3 snapkv" in steps[4]
+    assert "done, float" in steps[5] and "cwe @ 256: not measured" in steps[7]
 
 
 def test_figure_data_marks_uninformative_cells():
