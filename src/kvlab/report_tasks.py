@@ -16,7 +16,7 @@ from typing import Any
 from kvlab.eval.tasks_render import COLUMNS, table_rows
 from kvlab.report_html import _CSS, _kv_table, _png_tag, _table, render_html
 from kvlab.runtime.atomic import atomic_write_text
-from kvlab.task_figures import plot_task_scores
+from kvlab.task_figures import plot_task_scores, skip_reason
 
 _GATE_CLASS = {"pass": "pass", "fail": "fail", "not informative": "untrusted"}
 _VERDICT_CLASS = {"accepted": "pass", "rejected": "fail"}
@@ -24,10 +24,8 @@ _VERDICT_CLASS = {"accepted": "pass", "rejected": "fail"}
 
 def tasks_section(result: Mapping[str, Any], figure_dir: str | os.PathLike | None = None) -> str:
     """The tasks result's section: header facts, the table, the decision, the cells not measured, the run's
-    failures and the figure (drawn into ``figure_dir``, a temporary folder when None, and embedded).
-
-    Raises:
-        ValueError: a result without measured cells (:func:`kvlab.task_figures.task_figure_data`).
+    failures and the figure (drawn into ``figure_dir``, a temporary folder when None, and embedded; a result
+    without measured cells gets a line saying so instead, :func:`kvlab.task_figures.skip_reason`).
     """
     facts = {k: result[k] for k in ("status", "created_utc") if k in result}
     facts.update(model=result.get("model"), max_drop=result.get("max_drop"))
@@ -60,6 +58,10 @@ def tasks_section(result: Mapping[str, Any], figure_dir: str | os.PathLike | Non
         if result.get(key):
             rows = [[(str(r.get(c)), "") for c in columns] for r in result[key]]
             parts.append(f"<h3>{title}</h3>" + _table(list(columns), rows, set(range(len(columns)))))
+    skipped = skip_reason(result)
+    if skipped:  # the rest of the section still says what the run did
+        parts.append(f'<p class="muted">No score-vs-bytes figure: {html.escape(skipped)}.</p>')
+        return "\n".join(parts)
     with tempfile.TemporaryDirectory(prefix="kvlab-report-") as tmp:
         path = plot_task_scores(
             result, Path(figure_dir if figure_dir is not None else tmp) / "tasks_scores.png"
@@ -77,7 +79,7 @@ def render_report(
     result alone.
 
     Raises:
-        ValueError: neither result given; as :func:`tasks_section`.
+        ValueError: neither result given.
         TypeError: as :func:`kvlab.report_html.render_html`.
     """
     if eval_result is None and tasks_result is None:

@@ -19,6 +19,16 @@ FLOAT = "dynamic"
 LINESTYLES = ("-", "--", ":", "-.")  # one per context length
 
 
+def skip_reason(result: Mapping[str, Any]) -> str | None:
+    """Why :func:`plot_task_scores` draws nothing for ``result`` (``None`` when it draws): a result with no measured
+    cell, e.g. one stopped (Ctrl-C) in its first cell or whose every task was too long for its contexts. Callers that
+    draw several figures skip this one with this line instead of failing (docs/TASKS.md)."""
+    cells = result.get("cells")
+    if not isinstance(cells, list) or not cells:
+        return f"the tasks result (status {result.get('status', 'complete')}) has no measured cell to draw"
+    return None
+
+
 def task_figure_data(result: Mapping[str, Any]) -> dict:
     """``{task: {"contexts": {context: {"informative": bool, "float": score, "lines": {family: [(ratio, score,
     name), ...]}}}}}`` from a result's ``cells`` and ``candidates`` (points of a line sorted by ratio).

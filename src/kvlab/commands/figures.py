@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, progress
@@ -66,6 +67,12 @@ def run(args: argparse.Namespace) -> int:
         sensitivity = _sensitivity_data(args.sweep, args.plan)
     except (ValueError, OSError) as exc:
         return fail(args, exc)
+    if tasks is not None:
+        from kvlab.task_figures import skip_reason
+
+        if skip_reason(tasks):  # the other figures are still drawn
+            print(f"kvlab figures: {TASKS_FIGURE} skipped: {skip_reason(tasks)}", file=sys.stderr)
+            tasks = None
     append = not args.no_append
     names = figure_files(result=result, append=append) + ([TASKS_FIGURE] if tasks else [])
     names += [SENSITIVITY_FIGURE] if sensitivity else []

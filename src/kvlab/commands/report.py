@@ -47,6 +47,11 @@ def _html(args: argparse.Namespace, result: dict | None, tasks: dict | None, err
             write_report(out, result, tasks, overwrite=args.force)
     except OSError as exc:
         return fail(args, f"could not write {out}: {exc}")
+    if tasks is not None:
+        from kvlab.task_figures import skip_reason
+
+        if skip_reason(tasks):  # the page has the rest; say why its figure is missing
+            err.print(f"tasks figure skipped: {skip_reason(tasks)}", highlight=False)
     err.print(f"HTML report written to {out}")
     return None
 

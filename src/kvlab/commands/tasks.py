@@ -20,6 +20,7 @@ from kvlab.commands import (
     progress,
     sigterm_raises,
 )
+from kvlab.runtime.atomic import output_problem
 from kvlab.runtime.checks import check_int, int_list, parse_list
 
 DEFAULT_OUT = "kvlab-tasks.json"
@@ -111,10 +112,11 @@ def _check_outputs(args: argparse.Namespace) -> str | None:
         if path is None:
             continue
         path = Path(path)
-        if path.is_dir():
-            return f"{flag} {path} is a folder; pass a file"
-        if not path.parent.is_dir():
+        if not path.parent.is_dir() and not path.is_dir():
             return f"{flag} {path}: folder {path.parent} does not exist"
+        problem = output_problem(path, flag)  # a folder, or one that takes no files (/proc): before any work
+        if problem:
+            return problem
         if path.exists() and not args.force:
             return file_exists_message(path)
     if args.figure and Path(args.figure).suffix.lower() != ".png":
@@ -165,6 +167,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.threads is not None:
             check_int("threads", args.threads, 1, flag="--threads")
+        for flag, value in (("--out", args.out), ("--resume", args.resume), ("--figure", args.figure)):
+            if value is not None and not value.strip():  # '' is not "the default"
+                raise ValueError(f"{flag} must name a file, got {value!r}")
         cfg, result = _resumed(args) if args.resume else (_config(args), None)
     except (ValueError, FileNotFoundError) as e:
         return fail(args, e)
@@ -245,6 +250,11 @@ def _measure(args: argparse.Namespace, cfg, result: dict | None) -> int:
             return fail(args, f"{exc} ({kept})", EXIT_TERMINATED)
         return fail(args, f"{type(exc).__name__}: {exc} ({kept})", EXIT_FAILED)
     save(result)
+    if result["status"] == "failed":  # nothing measured (run_suite says why): neither complete nor drawable
+        failure = result["failures"][-1]["message"]
+        return fail(
+            args, f"{failure}; {path} records it" + (", no figure drawn" if args.figure else ""), EXIT_FAILED
+        )
     if args.figure:
         from kvlab.task_figures import plot_task_scores
 

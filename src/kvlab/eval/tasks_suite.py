@@ -46,13 +46,18 @@ def family(name: str) -> str:
     return f"{cache.family}+snapkv" if evicting and not cache.entry.evicts else cache.family
 
 
+class NothingMeasured(ValueError):
+    """A ``kvlab tasks`` run that measured no cell: every task was too long for its contexts (docs/TASKS.md)."""
+
+
 @dataclass(frozen=True)
 class TaskSuiteConfig:
     """What one ``kvlab tasks`` run measures.
 
     Raises:
         ValueError: an unknown task or cache name, a repeated one, contexts below :data:`MIN_CONTEXT`, ``n`` below
-            1, a negative ``protected_tail``, ``max_drop`` / ``min_float_score`` outside [0, 1] (each value named).
+            1, a negative ``protected_tail`` or one not below every context, two spellings of one cache
+            (``kivi-4``, ``kivi4``), ``max_drop`` / ``min_float_score`` outside [0, 1] (each value named).
     """
 
     tasks: tuple[str, ...] = tuple(TASKS)  # task names of kvlab.tasks.TASKS
@@ -80,12 +85,24 @@ class TaskSuiteConfig:
                     raise ValueError(f"unknown task {x!r}; known: {', '.join(known)}")
                 if known is None:
                     resolve(x)  # ValueError naming the cache
+        canonical = {}
+        for x in self.candidates:  # two spellings of one cache would measure it twice under two names
+            first = canonical.setdefault(resolve(x).name.canonical, x)
+            if first != x:
+                raise ValueError(
+                    f"cache {x!r} is {first!r} again (both are {resolve(x).name.canonical!r}); give it once"
+                )
         for c in self.contexts:
             check_int("contexts", c, MIN_CONTEXT, flag="--contexts")
         if not self.contexts:
             raise ValueError("give at least one context")
         check_int("n", self.n, 1, flag="--n")
         check_int("protected_tail", self.protected_tail, 0, flag="--protected-tail")
+        if self.protected_tail >= max(self.contexts):  # no context would have room for a needle
+            raise ValueError(
+                f"--protected-tail {self.protected_tail} must be below the longest context "
+                f"({max(self.contexts)} tokens): no cell could place its needles"
+            )
         for name in ("max_drop", "min_float_score"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
@@ -225,7 +242,8 @@ def run_suite(
             so a long run keeps what it measured; the caller writes it.
 
     Returns:
-        ``result``, status ``complete``: ``cells`` (:func:`kvlab.eval.tasks_run.run_task_cell` outputs with
+        ``result``, status ``complete``; status ``failed`` with a failure (type ``NothingMeasured``, the first
+        cells' reasons) when no cell fit its context. A complete one holds: ``cells`` (:func:`kvlab.eval.tasks_run.run_task_cell` outputs with
         ``task``, ``context``, ``seconds``), ``not_measured`` (cells that do not fit, with the reason),
         ``candidates`` (each name's settings and family), ``skipped`` (caches unavailable here), and
         :func:`judge`'s ``gates`` / ``decision``.
@@ -268,4 +286,8 @@ def run_suite(
         result["failures"][-1]["cell"] = cell_now
         raise
     result.update(judge(result["cells"], cfg.max_drop, cfg.min_float_score))
+    if not result["cells"]:  # nothing measured is not a complete run
+        why = "; ".join(f"{c['task']}@{c['context']}: {c['reason']}" for c in result["not_measured"][:2])
+        fail_run(result, "run", NothingMeasured(f"no cell measured ({why or 'nothing to measure'})"))
+        return result
     return set_status(result, "complete")

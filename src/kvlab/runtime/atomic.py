@@ -76,7 +76,8 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int = 2, **d
 
 def output_problem(path: str | os.PathLike, flag: str) -> str | None:
     """Why ``path`` cannot take an output file, as far as can be told before writing (``None`` when it can): it is a
-    folder, a file stands where a folder of it should be, or its nearest existing folder is not writable. Commands
+    folder, a file stands where a folder of it should be, or its nearest existing folder is not writable (a file is
+    created there and removed to tell, since ``os.access`` trusts root even on ``/proc``). Commands
     call it before spending minutes measuring; ``flag`` names the option in the message."""
     p = Path(path)
     if p.is_dir():
@@ -88,4 +89,10 @@ def output_problem(path: str | os.PathLike, flag: str) -> str | None:
         return f"{flag} {p}: {ancestor} is a file, not a folder"
     if not os.access(ancestor, os.W_OK | os.X_OK):
         return f"{flag} {p}: folder {ancestor} is not writable"
+    try:  # access() says yes to root everywhere, and a folder such as /proc takes no files even then: try one
+        fd, probe = tempfile.mkstemp(prefix=".kvlab-probe.", dir=ancestor)
+    except OSError as exc:
+        return f"{flag} {p}: folder {ancestor} takes no files ({exc.strerror or exc})"
+    os.close(fd)
+    os.unlink(probe)
     return None

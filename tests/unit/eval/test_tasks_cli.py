@@ -4,6 +4,7 @@ result with intervals, gates and a decision, and the score-vs-bytes figure."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,9 @@ from kvlab.task_figures import task_figure_data
         (["--max-drop", "1.5"], "`max_drop` must be in [0, 1], got 1.5"),
         (["--tasks", "vt,vt"], "'vt' is given twice in 'vt,vt'"),
         (["--tasks", "vt,,cwe"], "empty item in 'vt,,cwe'"),
+        (["--protected-tail", "100000"], "--protected-tail 100000 must be below the longest context (1024"),
+        (["--candidates", "kivi-4,kivi4"], "cache 'kivi4' is 'kivi-4' again"),
+        (["--resume", ""], "--resume must name a file, got ''"),
     ],
 )
 def test_bad_input_exit_2(argv, message, capsys, tmp_path):
@@ -31,6 +35,35 @@ def test_bad_input_exit_2(argv, message, capsys, tmp_path):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and message in err and err.startswith("kvlab tasks: error:")
     assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--out", ""], "--out must name a file, got ''"),
+        (["--out", "/proc/x.json"], "--out /proc/x.json: folder /proc takes no files"),
+        (["--figure", "/proc/c1.png"], "--figure /proc/c1.png: folder /proc takes no files"),
+    ],
+)
+def test_bad_output_path_exit_2_before_work(argv, message, capsys, tmp_path, monkeypatch):
+    if "/proc" in message and not Path("/proc").is_dir():
+        pytest.skip("no /proc here")
+    monkeypatch.chdir(tmp_path)
+    assert main(["tasks", *argv] + ([] if argv[0] == "--out" else ["--out", "r.json"])) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err
+    assert list(tmp_path.iterdir()) == []  # no kvlab-tasks.json, no result
+
+
+def test_a_run_that_measures_nothing_fails(tmp_path, capsys):
+    out, fig = tmp_path / "r.json", tmp_path / "f.png"
+    argv = ["tasks", "--tasks", "cwe", "--contexts", "256", "--candidates", "dynamic", "--n", "1"]
+    assert main([*argv, "--out", str(out), "--figure", str(fig), "--dtype", "float32"]) == 1
+    err = capsys.readouterr().err
+    assert "no cell measured (cwe@256: context 256 is too short" in err and "no figure drawn" in err
+    result = json.loads(out.read_text())
+    assert result["status"] == "failed" and result["failures"][-1]["type"] == "NothingMeasured"
+    assert not fig.exists() and validate_tasks_result(result) == []
 
 
 def test_existing_result_is_kept(tmp_path, capsys):

@@ -114,3 +114,31 @@ def test_report_refuses_two_of_a_kind_and_nothing(tasks_result, tmp_path, capsys
     assert "both kvlab tasks results" in capsys.readouterr().err
     with pytest.raises(ValueError, match="give an eval result"):
         render_report()
+
+
+def test_a_result_without_cells_skips_its_figure_only(
+    tasks_result, eval_result, tmp_path, monkeypatch, capsys
+):
+    # what Ctrl-C in the first cell, or a run whose every task is too long, leaves
+    failure = {
+        "candidate": None,
+        "stage": "run",
+        "type": "KeyboardInterrupt",
+        "message": "interrupted by the user",
+    }
+    empty = dict(tasks_result, cells=[], status="failed", gates=[], decision={}, failures=[failure])
+    tasks = _write(tmp_path, "t.json", empty)
+    evals = _write(tmp_path, "e.json", eval_result)
+    page = render_report(None, empty)
+    assert "No score-vs-bytes figure" in page and "<img" not in page
+    assert main(["report", str(tasks), "--html", str(tmp_path / "t.html")]) == 0
+    assert "tasks figure skipped" in capsys.readouterr().err and (tmp_path / "t.html").exists()
+    assert main(["report", str(evals), str(tasks), "--html", str(tmp_path / "b.html")]) == 0
+    assert "No score-vs-bytes figure" in (tmp_path / "b.html").read_text()
+    drawn = []
+    monkeypatch.setattr(kvlab.figures, "write_figures", lambda out, **kw: drawn.append(kw["result"]) or {})
+    out = tmp_path / "f"
+    assert main(["figures", "--out", str(out), "--result", str(tasks), "--no-probe", "--no-append"]) == 0
+    err = capsys.readouterr().err
+    assert "tasks_scores.png skipped: the tasks result (status failed) has no measured cell" in err
+    assert drawn == [None] and not (out / "tasks_scores.png").exists()
