@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvlab.eval.tasks_render import COLUMNS, table_rows
+from kvlab.eval.tasks_render import COLUMN_LEGEND, COLUMNS, table_rows
 from kvlab.report_html import _CSS, _kv_table, _png_tag, _table, render_html
 from kvlab.runtime.atomic import atomic_write_text
 from kvlab.task_figures import plot_task_scores, skip_reason
@@ -41,6 +41,7 @@ def tasks_section(result: Mapping[str, Any], figure_dir: str | os.PathLike | Non
     body = [[(text, _GATE_CLASS.get(text, "") if i == 6 else "") for i, text in enumerate(row)]
             for row in table_rows(result)]  # fmt: skip
     parts.append(_table(list(COLUMNS), body, {0, 2, 6}))
+    parts.append(f'<p class="muted">{html.escape(COLUMN_LEGEND)}</p>')
     decision = [
         [
             (name, ""),

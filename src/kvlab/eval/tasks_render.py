@@ -8,6 +8,15 @@ from collections.abc import Mapping
 from typing import Any
 
 COLUMNS = ("task", "context", "cache", "bytes ratio", "score", "all found (95% CI)", "gate")
+# what each column holds (printed once under the table, and in the HTML section)
+COLUMN_LEGEND = (
+    "columns: bytes ratio = float (dynamic) cache bytes / this cache's bytes after the context is filled, so 2.06 "
+    "= about half the bytes (kvlab eval's × dyn column is the inverse, cache bytes / dynamic's); score = mean share "
+    "of reference strings found in the answer (RULER's string_match_all); all found (95% CI) = samples with every "
+    "reference found / samples, with its Wilson 95 % interval; gate = pass / fail (a drop of more than max_drop from "
+    "the float score), not informative (the float cache scores below min_float_score there), baseline (the float "
+    "cache itself)"
+)
 
 
 def table_rows(result: Mapping[str, Any]) -> list[tuple[str, ...]]:
@@ -39,6 +48,7 @@ def print_tasks_table(result: Mapping[str, Any], console: Any = None) -> None:
     for row in table_rows(result):
         table.add_row(*row)
     console.print(table)
+    console.print(COLUMN_LEGEND, highlight=False)
     for name, d in result["decision"].items():
         failed = f" (failed: {', '.join(d['failed'])})" if d["failed"] else ""
         console.print(f"{name}: {d['verdict']}{failed}")
