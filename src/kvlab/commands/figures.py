@@ -73,6 +73,12 @@ def run(args: argparse.Namespace) -> int:
         if skip_reason(tasks):  # the other figures are still drawn
             print(f"kvlab figures: {TASKS_FIGURE} skipped: {skip_reason(tasks)}", file=sys.stderr)
             tasks = None
+    if result is not None and not result.get("rows"):  # the other figures are still drawn
+        why = "dry run" if result.get("status") == "dry_run" else f"status {result.get('status')}"
+        print(
+            f"kvlab figures: the eval result has no measured rows ({why}), so no eval figures",
+            file=sys.stderr,
+        )
     append = not args.no_append
     names = figure_files(result=result, append=append) + ([TASKS_FIGURE] if tasks else [])
     names += [SENSITIVITY_FIGURE] if sensitivity else []

@@ -67,3 +67,16 @@ def test_cli_draws_a_result(tmp_path, capsys, eval_result):
     out = tmp_path / "figs"
     assert main(["figures", "--out", str(out), "--no-probe", "--no-append", "--result", str(result)]) == 0
     assert (out / "eval_capacity.png").exists() and (out / "eval_window.png").exists()
+    assert "no measured rows" not in capsys.readouterr().err
+
+
+def test_cli_says_a_dry_run_result_has_no_eval_figures(tmp_path, capsys, monkeypatch):
+    assert main(["eval", "--dry-run", "--quick", "--out-dir", str(tmp_path), "--label", "dry"]) == 0
+    capsys.readouterr()
+    drawn = []  # the mechanics figures are not what this checks: skip drawing them
+    monkeypatch.setattr(figures, "write_figures", lambda out, **kw: drawn.append(kw["result"]) or {})
+    argv = ["figures", "--out", str(tmp_path / "figs"), "--no-probe", "--no-append"]
+    assert main([*argv, "--result", str(tmp_path / "dry.json")]) == 0
+    err = capsys.readouterr().err
+    assert "the eval result has no measured rows (dry run), so no eval figures" in err
+    assert drawn[0]["status"] == "dry_run" and drawn[0]["rows"] == []
