@@ -94,6 +94,7 @@ def _check_sweep_args(args) -> str | None:
         ("--prompts", args.prompts, 1),
         ("--offset", args.offset, 0),
         ("--rows", args.rows, 2),
+        ("--group-size", args.group_size, 1),
     ):
         if value < low:
             return f"{flag} must be >= {low}, got {value}"
@@ -103,8 +104,13 @@ def _check_sweep_args(args) -> str | None:
     bad = [f for f in formats if f not in FORMATS or f == "float"]
     if bad or len(set(formats)) != len(formats):
         return f"--formats {args.formats!r}: each of kivi-2, kivi-4, kivi-8, fp8-e4m3 at most once, got {bad or formats}"
-    if args.residual % args.group_size or args.group_size < 1 or args.residual < 0:
+    if args.residual % args.group_size or args.residual < 0:
         return f"--residual ({args.residual}) must be a non-negative multiple of --group-size ({args.group_size})"
+    if any(f.startswith("kivi") for f in formats) and args.context <= args.residual:
+        return (
+            f"--context {args.context} must be longer than --residual {args.residual}: KIVI keeps the newest "
+            f"{args.residual} tokens in float, so it would quantize nothing (KL 0)"
+        )
     return None
 
 
@@ -226,7 +232,7 @@ def run_allocate(args: argparse.Namespace) -> int:
     from kvlab.runtime.atomic import atomic_write_json
 
     try:
-        check_plan_name(args.name)
+        check_plan_name(args.name, new=True)
         sweep = read_plan(args.sweep)  # any JSON object file, named on error
         if sweep.get("kind") != SWEEP_KIND:
             raise ValueError(f"{args.sweep} is not a kvlab sensitivity sweep (kind {sweep.get('kind')!r})")
@@ -270,7 +276,7 @@ def _chosen_formats(kl: dict, formats: str | None) -> dict:
     """The sweep's ``kl`` restricted to ``--formats`` (all of it when None).
 
     Raises:
-        ValueError: a format the sweep did not measure (named, with those it did).
+        ValueError: a format the sweep did not measure (named, with those it did), or one given twice.
     """
     if formats is None:
         return kl
@@ -278,6 +284,9 @@ def _chosen_formats(kl: dict, formats: str | None) -> dict:
     bad = [f for f in names if f not in kl]
     if bad or not names:
         raise ValueError(f"--formats {formats!r}: the sweep measured {', '.join(kl)}, got {bad or names}")
+    twice = sorted({f for f in names if names.count(f) > 1})
+    if twice:  # as sweep refuses: one format, one choice per layer
+        raise ValueError(f"--formats {formats!r}: {', '.join(twice)} given twice; give each format once")
     return {f: kl[f] for f in names}
 
 

@@ -215,12 +215,18 @@ def read_plan(path: str | os.PathLike) -> dict:
     return data
 
 
-def check_plan_name(name: str) -> str:
-    """Return ``name`` if it can follow ``mixed-`` in a cache name, else raise ``ValueError`` naming it."""
+def check_plan_name(name: str, *, new: bool = False) -> str:
+    """Return ``name`` if it can follow ``mixed-`` in a cache name, else raise ``ValueError`` naming it; with
+    ``new`` (a plan file about to be written) a name of :data:`BUILTIN_PLANS` is refused too, since ``mixed-<name>``
+    resolves the built-in plan before any file."""
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(
             f"plan name {name!r} must be one or two words of lower-case letters and digits joined by '-' "
             f"(e.g. smollm2-b4): it follows 'mixed-' in a cache name"
+        )
+    if new and name in BUILTIN_PLANS:
+        raise ValueError(
+            f"plan name {name!r} is a built-in plan (mixed-{name} would run it, not this file); choose another name"
         )
     return name
 

@@ -194,3 +194,57 @@ def test_an_fp8_only_allocation_is_what_vllm_runs(fragile, result):
     assert vllm_flags({"0": {"k": "kivi-4", "v": "kivi-4"}}) is None
     with pytest.raises(ValueError, match="the sweep measured kivi-2"):
         _chosen_formats(result["kl"], "fp8-e5m2")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--group-size", "0"], "--group-size must be >= 1, got 0"),
+        (["--context", "128", "--residual", "128"], "--context 128 must be longer than --residual 128"),
+        (["--out", "/proc/s.json"], "--out /proc/s.json: folder /proc takes no files"),
+    ],
+)
+def test_a_sweep_that_cannot_measure_or_save_is_refused_before_the_model_loads(
+    argv, message, tmp_path, capsys
+):
+    from pathlib import Path
+
+    from kvlab.cli import main
+
+    if "/proc" in message and not Path("/proc").is_dir():
+        pytest.skip("no /proc here")
+    out = ["--out", str(tmp_path / "s.json")] if "--out" not in argv else []
+    assert main(["sensitivity", "sweep", *out, *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--name", "demo"], "plan name 'demo' is a built-in plan"),
+        (["--name", "p2", "--formats", "kivi-2,kivi-2"], "kivi-2 given twice"),
+    ],
+)
+def test_allocate_refuses_a_builtin_name_and_a_repeated_format(
+    fragile, result, argv, message, tmp_path, capsys
+):
+    import json
+
+    from kvlab.cli import main
+    from kvlab.commands.sensitivity import SWEEP_KIND
+
+    sweep_file = tmp_path / "sweep.json"
+    config = {**fragile.config.to_dict(), "torch_dtype": "float32"}
+    sweep_file.write_text(
+        json.dumps(
+            {"kind": SWEEP_KIND, "model_config": config, "group_size": G, "residual_length": R, **result}
+        )
+    )
+    plans = tmp_path / "pd"
+    args = ["sensitivity", "allocate", str(sweep_file), "--budget", "0.5", "--out-dir", str(plans)]
+    assert main([*args, *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err
+    assert not plans.exists()
