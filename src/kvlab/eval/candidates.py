@@ -73,10 +73,20 @@ def check_candidate_names(names: tuple[str, ...], kivi_attention: str = "dequant
     ``kivi-4-fused`` in a run whose ``kivi_attention`` is ``"fused"``), or a list without ``dynamic``."""
     if not names:
         raise ValueError("`candidates` must not be empty")
+    bad: dict[str, str] = {}  # every bad name in one error, not only the first
     for name in names:
-        canonical = _resolve_one(name).name.canonical
+        try:
+            canonical = _resolve_one(name).name.canonical
+        except ValueError as exc:
+            bad[name] = str(exc).removeprefix(f"unknown cache candidate(s) [{name!r}]: ")
+            continue
         if name != canonical:  # one spelling per cache: duplicates and the baseline are matched by name
-            raise ValueError(f"write cache candidate {name!r} as {canonical!r}")
+            bad[name] = f"write cache candidate {name!r} as {canonical!r}"
+    if len(bad) == 1 and next(iter(bad.values())).startswith("write cache candidate"):
+        raise ValueError(next(iter(bad.values())))
+    if bad:
+        reasons = "; ".join(why if repr(name) in why else f"{name!r}: {why}" for name, why in bad.items())
+        raise ValueError(f"unknown cache candidate(s) {list(bad)}: {reasons}")
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate cache candidates in {list(names)}")
     seen: dict[tuple, str] = {}

@@ -69,6 +69,11 @@ def tiny_config(**kw):
         ({"contexts": (512, 0)}, "got 0"),
         ({"candidates": ("kivi-4",)}, "must include the baseline 'dynamic'"),
         ({"candidates": ("dynamic", "kivi-3")}, r"unknown cache candidate\(s\) \['kivi-3'\]"),
+        (  # every bad name in the one error, each with its reason
+            {"candidates": ("dynamic", "kivi-3", "nosuch", "kivi4")},
+            r"unknown cache candidate\(s\) \['kivi-3', 'nosuch', 'kivi4'\]: cache 'kivi-3': `kivi` needs bits .*"
+            r"; unknown cache family 'nosuch'.*; write cache candidate 'kivi4' as 'kivi-4'$",
+        ),
         (
             {"residual_length": 100},
             r"`residual_length` \(100\) must be a non-negative multiple of `group_size` \(32\)",
