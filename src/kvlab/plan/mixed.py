@@ -250,6 +250,19 @@ def plan_names() -> tuple[str, ...]:
     return (*BUILTIN_PLANS, *plan_files())
 
 
+def _plan_dir_note() -> str:
+    """Where plan files are read from, and why none were when ``$KVLAB_PLAN_DIR`` names no folder."""
+    folder = os.environ.get(PLAN_DIR_ENV)
+    if not folder:
+        return f"plan files are read from ${PLAN_DIR_ENV}, which is not set"
+    root = Path(folder).expanduser().resolve()
+    if not root.exists():
+        return f"plan files are read from ${PLAN_DIR_ENV}={folder}, but the folder {root} does not exist"
+    if not root.is_dir():
+        return f"plan files are read from ${PLAN_DIR_ENV}={folder}, but {root} is a file, not a folder"
+    return f"plan files are read from ${PLAN_DIR_ENV}={folder} ({root})"
+
+
 def find_plan(name: str) -> tuple[dict, str]:
     """``(plan object, source)`` of a named plan; ``source`` is ``"built-in"`` or the file's path.
 
@@ -260,9 +273,7 @@ def find_plan(name: str) -> tuple[dict, str]:
         return BUILTIN_PLANS[name], "built-in"
     files = plan_files()
     if name not in files:
-        raise ValueError(
-            f"unknown plan {name!r}; known: {', '.join(plan_names())} (plan files are read from ${PLAN_DIR_ENV})"
-        )
+        raise ValueError(f"unknown plan {name!r}; known: {', '.join(plan_names())} ({_plan_dir_note()})")
     return read_plan(files[name]), str(files[name])
 
 

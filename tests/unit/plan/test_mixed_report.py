@@ -243,3 +243,26 @@ def test_vllm_skip_layers_must_be_layers_of_the_model_and_are_space_separated():
         "2": {"k": "float", "v": "float"},
     }
     assert vllm_flags(layers) == "--kv-cache-dtype fp8 --kv-cache-dtype-skip-layers 0 2"
+
+
+def test_an_unknown_plan_says_where_plans_are_read_and_if_that_folder_is_missing(tmp_path, monkeypatch):
+    from kvlab.plan.mixed import find_plan
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(
+        "KVLAB_PLAN_DIR", "docs/examples/mixed/plans"
+    )  # relative: from another folder, missing
+    with pytest.raises(ValueError) as missing:
+        find_plan("smollm2-fp8")
+    where = tmp_path.resolve() / "docs" / "examples" / "mixed" / "plans"
+    assert f"but the folder {where} does not exist" in str(missing.value)
+    assert str(missing.value).startswith("unknown plan 'smollm2-fp8'; known: ")
+    (tmp_path / "plans").mkdir()
+    monkeypatch.setenv("KVLAB_PLAN_DIR", "plans")
+    with pytest.raises(ValueError) as there:
+        find_plan("smollm2-fp8")
+    assert "does not exist" not in str(there.value)
+    assert f"read from $KVLAB_PLAN_DIR=plans ({tmp_path.resolve() / 'plans'})" in str(there.value)
+    monkeypatch.delenv("KVLAB_PLAN_DIR")
+    with pytest.raises(ValueError, match=r"read from \$KVLAB_PLAN_DIR, which is not set"):
+        find_plan("smollm2-fp8")
