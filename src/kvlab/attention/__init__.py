@@ -1,6 +1,7 @@
 """Attention over kvlab caches: fused KIVI decode attention (no float copy of the quantized history).
 
-* :func:`kvlab.attention.quantized.kivi_attention` — the math (CPU/any torch device).
+* :func:`kvlab.attention.quantized.kivi_attention` — the math (CPU/any torch device; the torch path in
+  :mod:`kvlab.attention.torch_kivi`, the argument checks in :mod:`kvlab.attention.kivi_checks`).
 * :func:`kvlab.attention.interface.enable` — plug it into a transformers model (``AttentionInterface``).
 """
 

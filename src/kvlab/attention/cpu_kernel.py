@@ -1,6 +1,6 @@
 """A compiled C kernel for one KIVI or FP8 decode step on the CPU, built at first use, loaded with ctypes.
 
-The pure-torch fused path (:mod:`kvlab.attention.quantized`) spends most of a short-context decode step on operator
+The pure-torch fused path (:mod:`kvlab.attention.torch_kivi`) spends most of a short-context decode step on operator
 overhead (~30 operators per layer); this kernel does a layer's attention over the packed blocks and the
 full-precision window in one call: scores with the key scale folded into the query once per key group, softmax,
 and ``p @ V`` with each value token dequantized in registers (fp32 accumulation, IEEE arithmetic: no fast-math).

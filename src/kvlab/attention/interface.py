@@ -261,7 +261,7 @@ def _fp8(
             :func:`kvlab.attention.quantized.kivi_attention` does).
     """
     from kvlab.attention import cpu_kernel
-    from kvlab.attention.quantized import _check_mask, _valid_tokens
+    from kvlab.attention.kivi_checks import check_mask, valid_tokens
     from kvlab.quant.fp8 import decode
 
     q = query if entry.key_rotation is None else query.to(torch.float32) @ entry.key_rotation
@@ -275,8 +275,8 @@ def _fp8(
     )
     if kernel:
         t = entry.key_codes.shape[2]
-        _check_mask(q, key, attention_mask, None, t + key.shape[2])
-        valid = None if attention_mask is None else _valid_tokens(attention_mask)
+        check_mask(q, key, attention_mask, None, t + key.shape[2])
+        valid = None if attention_mask is None else valid_tokens(attention_mask)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         out = cpu_kernel.fp8_decode_attention(
             q, entry.key_codes, entry.value_codes, entry.key_scale, entry.value_scale, key, value, scale, valid,

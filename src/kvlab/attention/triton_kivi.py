@@ -139,7 +139,7 @@ def kivi_block_partials(
 
     Returns:
         ``(m [B, Hkv, M, 1], l [B, Hkv, M, 1], acc [B, Hkv, M, D])`` with ``acc`` not yet divided by ``l``:
-        the same quantities :class:`kvlab.attention.quantized._OnlineSoftmax` accumulates.
+        the same quantities :class:`kvlab.attention.torch_kivi._OnlineSoftmax` accumulates.
 
     Raises:
         RuntimeError: Triton is not installed or cannot run here (see :func:`triton_supported`).

@@ -199,7 +199,7 @@ class KIVICache(Cache):
             value_bits=value_bits,
         )
         if attention == "fused":
-            from kvlab.attention.quantized import check_fused_settings
+            from kvlab.attention.kivi_checks import check_fused_settings
 
             c = self.kivi_config
             check_fused_settings(c.key_bits, group_size, value_bits=c.value_bits)

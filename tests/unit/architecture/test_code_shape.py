@@ -69,13 +69,6 @@ def test_allow_list_has_no_stale_entry(name):
     assert lengths[name] > MAX_LINES, f"{name} is {lengths[name]} lines now: remove it from ALLOWED_LONG"
 
 
-# Files allowed past MAX_FILE_LINES for now, each with the reason; the list can only shrink (the test below fails on
-# an entry that is back within the limit or gone).
-LONG_FILES: dict[str, str] = {
-    "kvlab/attention/quantized.py": "being split by the attention kernel's developer",
-}
-
-
 def _file_lengths() -> dict[str, int]:
     """``"<path under src>"`` -> lines, for every Python file in src."""
     return {
@@ -91,16 +84,7 @@ def test_the_file_count_sees_every_module():
 
 
 def test_no_file_longer_than_600_lines():
-    too_long = {
-        name: n for name, n in _file_lengths().items() if n > MAX_FILE_LINES and name not in LONG_FILES
-    }
+    too_long = {name: n for name, n in _file_lengths().items() if n > MAX_FILE_LINES}
     assert not too_long, f"files over {MAX_FILE_LINES} lines (split them along a seam):\n" + "\n".join(
         f"  {n:5d}  {name}" for name, n in sorted(too_long.items(), key=lambda kv: -kv[1])
     )
-
-
-@pytest.mark.parametrize("name", sorted(LONG_FILES))
-def test_long_file_list_has_no_stale_entry(name):
-    lengths = _file_lengths()
-    assert name in lengths, f"{name} no longer exists: remove it from LONG_FILES"
-    assert lengths[name] > MAX_FILE_LINES, f"{name} is {lengths[name]} lines now: remove it from LONG_FILES"

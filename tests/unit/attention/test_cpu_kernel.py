@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-import kvlab.attention.quantized as quantized_mod
+import kvlab.attention.torch_kivi as torch_kivi
 from kvlab.attention import cpu_kernel
 from kvlab.attention.quantized import kivi_attention
 from kvlab.quant import KIVIConfig, KIVIState
@@ -130,7 +130,7 @@ def test_auto_takes_the_kernel_on_cpu_decode(monkeypatch):
     def torch_path(*a, **k):
         raise AssertionError("the torch two-pass path ran")
 
-    monkeypatch.setattr(quantized_mod, "_two_pass", torch_path)
+    monkeypatch.setattr(torch_kivi, "_two_pass", torch_path)
     kivi_attention(query, segments, kw, vw, 4, 32, 0.125)  # auto: the kernel, not _two_pass
 
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from transformers import DynamicCache
 
 import kvlab.attention as kvattn
-import kvlab.attention.quantized as quantized_mod
+import kvlab.attention.torch_kivi as torch_kivi
 from kvlab.attention.quantized import kivi_attention
 from kvlab.caches import KIVICache
 from kvlab.quant import KIVIConfig, KIVIState
@@ -94,9 +94,9 @@ def test_fused_equals_dequantize_then_attention(
         mask[1, :, :, : min(3, past)] = False  # left padding of row 1
     scale = head_dim**-0.5
     ref = reference(query, keys, values, scale, mask)
-    saved, saved_chunk = quantized_mod.TWO_PASS_MAX_SCORES, quantized_mod.CHUNK_TOKENS
-    quantized_mod.TWO_PASS_MAX_SCORES = 0 if online else saved  # both the online-softmax and two-pass paths
-    quantized_mod.CHUNK_TOKENS = chunk  # blocks unpacked whole or in chunks
+    saved, saved_chunk = torch_kivi.TWO_PASS_MAX_SCORES, torch_kivi.CHUNK_TOKENS
+    torch_kivi.TWO_PASS_MAX_SCORES = 0 if online else saved  # both the online-softmax and two-pass paths
+    torch_kivi.CHUNK_TOKENS = chunk  # blocks unpacked whole or in chunks
     try:
         got = kivi_attention(
             query, segments, kw, vw, nbits, group, scale, attention_mask=mask, backend=backend
@@ -108,7 +108,7 @@ def test_fused_equals_dequantize_then_attention(
             )
             torch.testing.assert_close(got_none, ref, rtol=1e-4, atol=1e-4)
     finally:
-        quantized_mod.TWO_PASS_MAX_SCORES, quantized_mod.CHUNK_TOKENS = saved, saved_chunk
+        torch_kivi.TWO_PASS_MAX_SCORES, torch_kivi.CHUNK_TOKENS = saved, saved_chunk
 
 
 def test_additive_float_mask_accepted():
@@ -234,7 +234,7 @@ def test_fused_matches_reference_at_real_head_dims(nbits, head_dim, groups, back
 @pytest.mark.parametrize("chunk", [32, 256, 448, 1024, 4096])
 def test_chunks_are_few_balanced_and_cover_the_block(tokens, chunk):
     """A block is cut into as few chunks as the largest chunk allows, of balanced sizes (multiples of G)."""
-    step = quantized_mod._chunk_step(tokens, chunk, 32)
+    step = torch_kivi._chunk_step(tokens, chunk, 32)
     count = -(-tokens // step)
     assert step % 32 == 0 and 0 < step <= chunk
     assert count == -(-tokens // chunk)  # no more chunks than needed
@@ -247,7 +247,7 @@ def test_chunks_are_few_balanced_and_cover_the_block(tokens, chunk):
 def test_chunk_never_below_the_tile_floor_nor_above_the_cap():
     """The tile is at least MIN_TILE_BYTES (fewer operators at short contexts) and at most MAX_CHUNK_TOKENS."""
     token_bytes = 2 * 64 * 4 // 2  # B*H = 2, head_dim 64, 4 bits: 32 bytes a head, fp32
-    c = quantized_mod.chunk_tokens(1024, 4, 32, token_bytes)
-    assert c * token_bytes >= quantized_mod.MIN_TILE_BYTES - 32 * token_bytes
-    assert c > quantized_mod.chunk_tokens(1024, 4, 32)  # without the floor: 1/8 of the layer
-    assert quantized_mod.chunk_tokens(1 << 20, 4, 32, token_bytes) == quantized_mod.MAX_CHUNK_TOKENS
+    c = torch_kivi.chunk_tokens(1024, 4, 32, token_bytes)
+    assert c * token_bytes >= torch_kivi.MIN_TILE_BYTES - 32 * token_bytes
+    assert c > torch_kivi.chunk_tokens(1024, 4, 32)  # without the floor: 1/8 of the layer
+    assert torch_kivi.chunk_tokens(1 << 20, 4, 32, token_bytes) == torch_kivi.MAX_CHUNK_TOKENS
