@@ -7,6 +7,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from kvlab.commands import (
     EXIT_FAILED,
@@ -211,6 +212,9 @@ def _measure(args: argparse.Namespace, cfg, result: dict | None) -> int:
         return fail(args, e)
     except OSError as e:
         return fail(args, e, EXIT_FAILED)
+    problem = _check_model(cfg, model, err)
+    if problem:  # before the result file exists: a --resume of it could never run either
+        return fail(args, problem, EXIT_USAGE)
     result = result or new_tasks_result(cfg, model_block, _argv())
     path, started, before = _out(args), time.time(), result["provenance"]["wall_s"] or 0.0
 
@@ -250,6 +254,11 @@ def _measure(args: argparse.Namespace, cfg, result: dict | None) -> int:
             return fail(args, f"{exc} ({kept})", EXIT_TERMINATED)
         return fail(args, f"{type(exc).__name__}: {exc} ({kept})", EXIT_FAILED)
     save(result)
+    return _finish(args, result, path)
+
+
+def _finish(args: argparse.Namespace, result: dict, path: Path) -> int:
+    """The figure and the table of a finished run; exit 1 when it measured nothing (status failed)."""
     if result["status"] == "failed":  # nothing measured (run_suite says why): neither complete nor drawable
         failure = result["failures"][-1]["message"]
         return fail(
@@ -261,6 +270,34 @@ def _measure(args: argparse.Namespace, cfg, result: dict | None) -> int:
         plot_task_scores(result, args.figure)
     _print(args, result, path)
     return EXIT_OK
+
+
+def _check_model(cfg, model: Any, err) -> str | None:
+    """What only the loaded model can refute, before any file is written: the first candidate it refutes (one
+    cache of each is built for its config: a mixed-<plan> for another layer count, ...), named with the reason.
+    Contexts past its ``max_position_embeddings`` are warned about on ``err`` and run, as kvlab eval does
+    (:func:`kvlab.lab.longrun.position_warning`)."""
+    from kvlab.caches.registry import resolve
+    from kvlab.lab.longrun import position_warning
+
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    limit = getattr(config, "max_position_embeddings", None)
+    limit = limit if isinstance(limit, int) else None
+    for context in cfg.contexts:
+        warning = position_warning(
+            "--contexts", context, limit, "its cells measure positions it was not trained on"
+        )
+        if warning:
+            err.print(f"warning: {warning}", highlight=False)
+    for name in cfg.caches:
+        cache = resolve(name)
+        if cache.unavailable_reason():
+            continue  # skipped by the run, the reason in the result
+        try:
+            cache.make(model.config)
+        except (ValueError, TypeError) as e:
+            return f"--candidates {name} does not fit this model: {e}"
+    return None
 
 
 def _print(args: argparse.Namespace, result: dict, path: Path) -> None:

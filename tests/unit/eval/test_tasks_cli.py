@@ -133,3 +133,22 @@ def test_figure_data_marks_uninformative_cells():
     assert cell["lines"]["kivi"] == [(3.5, 0.1, "kivi-4"), (6.0, 0.0, "kivi-2")]
     with pytest.raises(ValueError, match="no measured cells"):
         task_figure_data({"cells": []})
+
+
+def test_a_candidate_the_loaded_model_refutes_is_refused_before_any_file(tmp_path, capsys, monkeypatch):
+    # a plan for 2 layers; the bundled model has 4
+    plan = {
+        "kvlab_plan": 1,
+        "layers": {"0": {"k": "kivi-4", "v": "kivi-4"}, "1": {"k": "kivi-2", "v": "kivi-2"}},
+    }
+    import kvlab.plan.mixed
+
+    # the registry lists plan names at import: mixed-demo is read as this plan instead
+    monkeypatch.setattr(kvlab.plan.mixed, "find_plan", lambda name: (plan, "test"))
+    out = tmp_path / "r.json"
+    argv = ["tasks", "--candidates", "dynamic,mixed-demo", "--contexts", "9000", "--out", str(out)]
+    assert main([*argv, "--dtype", "float32"]) == 2
+    err = capsys.readouterr().err
+    assert "--candidates mixed-demo does not fit this model: plan gives no formats for layer 2" in err
+    assert "--contexts 9,000 passes the model's max_position_embeddings (8,192)" in err
+    assert not out.exists()
