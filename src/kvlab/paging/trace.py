@@ -165,11 +165,11 @@ def load_trace(path: str | os.PathLike) -> Trace:
             f"{path}: the header names column `{twice}` {len(where)} times (columns "
             f"{', '.join(map(str, where))}); name each column once"
         )
+    missing = [c for c in TRACE_COLUMNS if c not in names]
+    if names and missing:  # checked on the header: a wrong header with no row under it is named too
+        raise ValueError(f"{path}: missing columns {missing}; have {sorted(k for k in names if k)}")
     if not rows:
         raise ValueError(f"{path}: no requests")
-    missing = [c for c in TRACE_COLUMNS if c not in rows[0]]
-    if missing:
-        raise ValueError(f"{path}: missing columns {missing}; have {sorted(k for k in rows[0] if k)}")
     header = reader.fieldnames or []
     for i, row in enumerate(rows, start=2):  # row 1 is the header
         if None in row or None in row.values():  # DictReader's marks for fields beyond / short of the header

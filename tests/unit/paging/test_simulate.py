@@ -5,7 +5,7 @@ import pytest
 
 from kvlab.paging import KVBudget, Policy, Trace, default_policies, load_trace, poisson_trace, simulate
 from kvlab.paging.simulate import simulate_policy
-from kvlab.paging.trace import save_trace
+from kvlab.paging.trace import TRACE_COLUMNS, save_trace
 
 
 def tiny_budget(tokens: int) -> KVBudget:
@@ -115,6 +115,15 @@ def test_trace_round_trip_and_validation(tmp_path):
     (tmp_path / "bad.csv").write_text("arrival_step,prompt_tokens\n0,5\n")
     with pytest.raises(ValueError, match="missing columns"):
         load_trace(tmp_path / "bad.csv")
+    (tmp_path / "header.csv").write_text(
+        "a,b,c\n"
+    )  # a wrong header alone: its columns named, not "no requests"
+    with pytest.raises(ValueError, match=r"missing columns \['arrival_step', 'prompt_tokens', 'output_tokens'\]; "
+                       r"have \['a', 'b', 'c'\]"):  # fmt: skip
+        load_trace(tmp_path / "header.csv")
+    (tmp_path / "empty.csv").write_text(",".join(TRACE_COLUMNS) + "\n")
+    with pytest.raises(ValueError, match="no requests"):
+        load_trace(tmp_path / "empty.csv")
     with pytest.raises(ValueError, match="output"):
         trace_of([(0, 5, 0)])
 
