@@ -358,10 +358,25 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(record, indent=1))
     else:
         _print(record, path)
+    failed = every_row_failed(result)
+    if failed:  # nothing measured: the record says why, and so does the exit status
+        fail(args, f"every row failed ({failed})")
+        code = 1
     unmet = unmet_targets(record)
     for t in unmet:  # the exit table: 1 = the command ran and a target was not met
         fail(args, f"target not met: {t['description']} ({t['detail']})")
     return 1 if unmet else code
+
+
+def every_row_failed(result: object) -> str | None:
+    """The first row's error when a benchmark result has ``rows`` and every one has status ``failed``
+    (:func:`kvlab.bench.cells.failed_cell`: e.g. ``--backend triton`` on a CPU), else None."""
+    rows = result.get("rows") if isinstance(result, dict) else None
+    if not isinstance(rows, list) or not rows:
+        return None
+    if not all(isinstance(r, dict) and r.get("status") == "failed" for r in rows):
+        return None
+    return str(rows[0].get("error") or "no error recorded")
 
 
 def _verdicts(record: dict, path) -> list[dict]:

@@ -194,3 +194,15 @@ def test_lists_refuse_empty_and_repeated_items(capsys):
     from kvlab.runtime.checks import int_list
 
     assert int_list("256, 512") == [256, 512] and int_list("256 512") == [256, 512]
+
+
+def test_bench_kernel_with_every_row_failed_says_why_and_exits_1(capsys):
+    # the Triton kernel runs on CUDA only: on a CPU machine every row fails, and that is not a measurement
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("Triton runs here")
+    argv = ["bench", "kernel", "--quick", "--no-save", "--backend", "triton", "--threads", "1", "--json"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "every row failed (RuntimeError: the Triton KIVI kernel cannot run here (device cpu" in err
