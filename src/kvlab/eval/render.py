@@ -275,6 +275,17 @@ def _short_fingerprint(fingerprint: object) -> str:
     return f"{kind}:{digest[:9]}" if kind and "@" not in text else text[:60]
 
 
+def _device_words(result: dict, hw: dict) -> str:
+    """``device cpu`` as the result records it; a dry run loads no model, so it records none: say so."""
+    if hw.get("device") is not None:
+        return f"device {hw['device']}"
+    asked = (result.get("settings") or {}).get("device")
+    asked = f"; --device {asked}" if asked else ""
+    if result.get("status") in ("dry_run", "planned"):
+        return f"device not loaded ({result['status'].replace('_', ' ')}{asked})"
+    return f"device not recorded in the result{asked}"
+
+
 def _print_header(result: dict, console: Console) -> None:
     """Label, status, model, software, gates and skipped candidates."""
     prov = result.get("provenance", {})
@@ -298,7 +309,7 @@ def _print_header(result: dict, console: Console) -> None:
     threads = f", {prov['torch_threads']} torch thread(s)" if prov.get("torch_threads") else ""
     console.print(
         f"torch {sw.get('torch')}, transformers {sw.get('transformers')}, "
-        f"hqq {sw.get('hqq')}, device {hw.get('device')}{threads}"
+        f"hqq {sw.get('hqq')}, {_device_words(result, hw)}{threads}"
     )
     g = result["gates"]
     console.print(

@@ -166,3 +166,17 @@ def test_html_summary_keeps_a_field_it_does_not_know():
     result["summary"]["a_new_field"] = 0.123456
     summary = _html_text(render_html(result).split("<h2>Gates</h2>")[0])
     assert "| a_new_field | 0.123 |" in summary
+
+
+def test_a_dry_run_report_says_no_device_was_loaded(tmp_path, capsys):
+    from kvlab.cli import main
+
+    assert main(["eval", "--dry-run", "--quick", "--out-dir", str(tmp_path), "--label", "dry"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "dry.json")]) == 0
+    out = capsys.readouterr().out
+    assert "device not loaded (dry run; --device auto)" in out and "device None" not in out
+    recorded = _record(EVICTION)  # a measured run still names its device
+    printed = io.StringIO()
+    print_summary(recorded, Console(file=printed, width=200))
+    assert f"device {recorded['provenance']['hardware']['device']}" in printed.getvalue()
