@@ -150,3 +150,24 @@ def test_example_runs_as_printed(doc, command, comment, tmp_path, monkeypatch):
         - {n for n in _quoted_numbers(comment) if n in printed}
     )
     assert not missing, f"{doc}: `{command}` did not print {sorted(missing)} from its comment `{comment}`"
+
+
+def _row_labels(block: str) -> list[str]:
+    """The first column of every table row of a rich table as printed (continuation rows left out)."""
+    cells = [line.split("│")[1].strip() for line in block.splitlines() if line.startswith("│")]
+    return [c for c in cells if c]
+
+
+def test_eviction_doc_output_block_has_every_row_the_plan_prints(monkeypatch):
+    """docs/EVICTION.md shows the output of its --keep-tokens plan: the rows it shows are the rows printed now."""
+    command = "kvlab plan llama-3-8b --context 8192 --batch 32 --kv-dtype kivi-4 --keep-tokens 1024"
+    text = (ROOT / "docs" / "EVICTION.md").read_text(encoding="utf-8")
+    after = text[text.index(f"`{command}`") :]
+    block = after[after.index("```\n") + 4 :]
+    block = block[: block.index("```")]
+    monkeypatch.setenv("COLUMNS", "120")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(shlex.split(command)[1:]) == 0
+    assert _row_labels(block) == _row_labels(out.getvalue())
+    assert "of which scales/zeros (2 B each)" in _row_labels(block)
