@@ -44,7 +44,9 @@ RUN_KEYS = {"label", "created_utc", "command", "argv", "running_in", "hardware"}
 # where the checkout that ran it lies (the bundled model's folder)
 IGNORED_PATHS = {"provenance.model.path"}
 # verdicts that can rest on a latency ratio
-LATENCY_VERDICTS = re.compile(r"(gates\.latency_ratio|\.eligible|eligible_|decision|selected_candidate|per_candidate)")
+LATENCY_VERDICTS = re.compile(
+    r"(gates\.latency_ratio|\.eligible|eligible_|decision|selected_candidate|per_candidate)"
+)
 
 
 def differences(before: object, after: object, path: str = "") -> list[str]:
@@ -89,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("before")
     p.add_argument("after")
-    p.add_argument("--text", nargs=2, metavar=("BEFORE_TXT", "AFTER_TXT"), help="also compare the text outputs")
+    p.add_argument(
+        "--text", nargs=2, metavar=("BEFORE_TXT", "AFTER_TXT"), help="also compare the text outputs"
+    )
     args = p.parse_args(argv)
     with open(args.before) as b, open(args.after) as a:
         diffs = differences(json.load(b), json.load(a))

@@ -91,7 +91,8 @@ def _dispatch(argv: list[str] | None) -> int:
         parser.print_help()
         return commands.EXIT_USAGE
     try:
-        with commands.quiet_third_party(args.verbose):  # other libraries' bars and warnings: only with --verbose
+        # other libraries' bars and warnings: only with --verbose
+        with commands.quiet_third_party(args.verbose):
             return int(args.func(args) or 0)
     except KeyboardInterrupt:  # Ctrl-C where the command does not record it itself: one line, not a traceback
         print(f"\n{getattr(args, 'kvlab_prog', 'kvlab')}: interrupted", file=sys.stderr)

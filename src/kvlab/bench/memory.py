@@ -180,7 +180,8 @@ def run(
     for context in contexts:
         try:
             with torch.inference_mode():
-                source = prepare.exact_prefill(lm, ids[:, :context], prefill_chunk_tokens)  # shared by every cache
+                # shared by every cache
+                source = prepare.exact_prefill(lm, ids[:, :context], prefill_chunk_tokens)
         except Exception as e:  # noqa: BLE001 - every cell of this context fails
             source = f"the shared prefill failed: {failed_cell(e)['error']}"
         for cand in cands:

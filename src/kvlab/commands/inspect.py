@@ -137,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
     )
     check = _memory_check(args.prompt is not None)
     try:
-        with progress(err, 2, "kvlab inspect") as bar:  # the load, then the prefill and every layer's statistics
+        # two steps: the load, then the prefill and every layer's statistics
+        with progress(err, 2, "kvlab inspect") as bar:
             bar.start(f"loading {model_label(args.model)}")
 
             def before_forward(lm, tokens: int) -> None:  # the model is loaded and the prompt cut

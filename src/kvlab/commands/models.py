@@ -98,7 +98,8 @@ def _list(as_json: bool) -> int:
 def _get(args: argparse.Namespace, named) -> int:
     try:
         return _install_and_convert(args, named)
-    except KeyboardInterrupt:  # the conversion removes its temporary folder itself: nothing half-written stays
+    # the conversion removes its temporary folder itself: nothing half-written stays
+    except KeyboardInterrupt:
         return fail(
             args,
             f"interrupted: {named.name} is not ready (nothing half-converted is left); run `kvlab models get "

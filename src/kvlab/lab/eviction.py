@@ -188,7 +188,9 @@ def eviction_steps(config: EvictionConfig) -> int:
     return 1 + recompute + sinks
 
 
-def peak_bytes(model_config: Any, config: EvictionConfig, dtype: torch.dtype, tokens: int | None = None) -> int:
+def peak_bytes(
+    model_config: Any, config: EvictionConfig, dtype: torch.dtype, tokens: int | None = None
+) -> int:
     """Bytes :func:`measure_eviction` allocates above the loaded model at its peak (``tokens``: instead of
     ``config.tokens``), estimated from ``model_config``'s shapes as ``kvlab lab --real`` does
     (:func:`kvlab.lab.longrun.activation_bytes`, :func:`~kvlab.lab.longrun.kv_bytes`). The largest of
@@ -231,7 +233,9 @@ def memory_problem(model_config: Any, config: EvictionConfig, dtype: torch.dtype
     low, high = 0, config.tokens  # the most tokens that fit: peak_bytes grows with them
     while low < high:
         mid = (low + high + 1) // 2
-        low, high = (mid, high) if peak_bytes(model_config, config, dtype, mid) <= available else (low, mid - 1)
+        low, high = (
+            (mid, high) if peak_bytes(model_config, config, dtype, mid) <= available else (low, mid - 1)
+        )
     least = config.window_length + max(config.sink_tokens) + 1
     hint = f"at most about {low:,} tokens fit" if low >= least else "not even the window fits"
     what = f"`tokens` {config.tokens:,} (one forward over every token: its activations and the DynamicCache's K/V)"

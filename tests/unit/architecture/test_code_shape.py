@@ -11,18 +11,14 @@ import ast
 import functools
 from pathlib import Path
 
-import pytest
-
 SRC = Path(__file__).resolve().parents[3] / "src"
 PKG = SRC / "kvlab"
 MAX_LINES = 80
 MAX_FILE_LINES = 600
 
+
 # Functions allowed past MAX_LINES for now, each with the reason. Remove an entry when its function is split;
 # the test below fails on an entry that no longer needs to be here, so the list can only shrink.
-ALLOWED_LONG: dict[str, str] = {}  # empty: every function in src/kvlab is within MAX_LINES
-
-
 def _visit(node: ast.AST, rel: str, prefix: str, lengths: dict[str, int]) -> None:
     for child in ast.iter_child_nodes(node):
         if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -54,19 +50,10 @@ def test_the_walk_sees_functions_and_methods():
 
 
 def test_no_function_longer_than_80_lines():
-    too_long = {
-        name: n for name, n in _function_lengths().items() if n > MAX_LINES and name not in ALLOWED_LONG
-    }
+    too_long = {name: n for name, n in _function_lengths().items() if n > MAX_LINES}  # no exceptions
     assert not too_long, f"functions over {MAX_LINES} lines (split them into named steps):\n" + "\n".join(
         f"  {n:4d}  {name}" for name, n in sorted(too_long.items(), key=lambda kv: -kv[1])
     )
-
-
-@pytest.mark.parametrize("name", sorted(ALLOWED_LONG))
-def test_allow_list_has_no_stale_entry(name):
-    lengths = _function_lengths()
-    assert name in lengths, f"{name} no longer exists: remove it from ALLOWED_LONG"
-    assert lengths[name] > MAX_LINES, f"{name} is {lengths[name]} lines now: remove it from ALLOWED_LONG"
 
 
 def _file_lengths() -> dict[str, int]:

@@ -98,4 +98,9 @@ def test_the_reference_check_sees_a_missing_file_and_the_style_guide(tmp_path):
     f = tmp_path / "a.md"
     f.write_text("See docs/EVAL.md, docs/E*.md, docs/GONE.md, docs/X*.md and docs/STYLE; style habit 9.\n")
     found = missing_references([f], root=tmp_path)
-    assert found == ["a.md:1: style habit", "a.md:1: docs/GONE.md", "a.md:1: docs/X*.md", "a.md:1: docs/STYLE"]
+    assert found == [
+        "a.md:1: style habit",
+        "a.md:1: docs/GONE.md",
+        "a.md:1: docs/X*.md",
+        "a.md:1: docs/STYLE",
+    ]

@@ -129,7 +129,9 @@ def test_result_files_of_earlier_kvlab_still_read_render_and_decide_the_same(pat
     again = summarize(result)
     keys = ("decision", "selected_candidate", "eligible_crossover_context", "memory_reduction_onset_context")
     if path.name in DECIDED_BY_AN_EARLIER_RULE:
-        assert again["decision"] != result["summary"]["decision"], "decided the same again: drop it from the list"
+        assert again["decision"] != result["summary"]["decision"], (
+            "decided the same again: drop it from the list"
+        )
     else:
         assert {k: again[k] for k in keys} == {k: result["summary"][k] for k in keys}
 
@@ -156,7 +158,9 @@ def test_the_matrix_rule_is_one_function_every_consumer_asks(monkeypatch):
     for module in (cells, probes, runner):
         assert module.cell_caches is real, f"{module.__name__} has a rule of its own"
         monkeypatch.setattr(module, "cell_caches", once)
-    window = [(c["candidate"], c["residual_length"]) for c in cells.plan_cells(cfg) if c["matrix"] == "window"]
+    window = [
+        (c["candidate"], c["residual_length"]) for c in cells.plan_cells(cfg) if c["matrix"] == "window"
+    ]
     assert window == [("dynamic", None), ("kivi-4", 16), ("fp8-e4m3", None)]
     # one cache less in the window cell: its measurement step and its two probe steps (float cache excepted)
     assert cells.count_steps(cfg) == steps - 2
@@ -177,9 +181,13 @@ def test_the_run_measures_the_caches_cell_caches_names(monkeypatch):
         return real(self, cell, ids, caches, advance, poll)
 
     monkeypatch.setattr(CellMeasurer, "measure_cell", spy)
-    cfg = tiny_config(candidates=("dynamic", "kivi-8", "kivi-2"), window_residuals=(16, 32), long_context=False)
+    cfg = tiny_config(
+        candidates=("dynamic", "kivi-8", "kivi-2"), window_residuals=(16, 32), long_context=False
+    )
     model = make_tiny_qwen2(head_dim=16, max_positions=512)
-    result = runner.run_eval(cfg, model, CharTokenizer(), runner.new_result(cfg, "u", None), {"id_or_path": "t"})
+    result = runner.run_eval(
+        cfg, model, CharTokenizer(), runner.new_result(cfg, "u", None), {"id_or_path": "t"}
+    )
     assert seen and all(caches == [("kivi-8", cfg.residual_length)] for m, caches in seen if m == "capacity")
     assert [caches for m, caches in seen if m == "window"] == [[("kivi-8", 32)]]
     assert {r["candidate"] for r in result["rows"]} == {"dynamic", "kivi-8"}

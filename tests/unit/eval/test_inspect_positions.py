@@ -49,7 +49,9 @@ def test_tokens_past_the_positions_warn_once_before_the_work(tmp_path):
         "positions the model was not trained on",
         f"[1/2]      0 s  loading {Path(model).name}",
     ]
-    assert len(err) == 3 and re.fullmatch(r"\[2/2\]\s+\d+ s  prefill of 20 tokens, K/V statistics of \d+ layers", err[2])
+    assert len(err) == 3 and re.fullmatch(
+        r"\[2/2\]\s+\d+ s  prefill of 20 tokens, K/V statistics of \d+ layers", err[2]
+    )
 
 
 def test_tokens_within_the_positions_and_a_prompt_do_not_warn(tmp_path):

@@ -27,7 +27,8 @@ SMOLLM2 = LlamaConfig(
     num_key_value_heads=3,
 )
 needs_model = pytest.mark.skipif(
-    not (reference_model_path() / "model.safetensors").is_file(), reason="the bundled reference model is absent"
+    not (reference_model_path() / "model.safetensors").is_file(),
+    reason="the bundled reference model is absent",
 )
 
 
@@ -77,7 +78,9 @@ def test_a_long_reference_forward_is_warned_about_before_it_starts(monkeypatch):
     code, out, err = _run(["lab", "--real", "--json", "--tokens", "12"])
     warnings = [line for line in err if line.startswith("warning:")]
     assert code == 0 and len(warnings) == 1, err
-    assert warnings[0].startswith("warning: --tokens 12: the reference is one forward of 12 tokens without a cache")
+    assert warnings[0].startswith(
+        "warning: --tokens 12: the reference is one forward of 12 tokens without a cache"
+    )
     assert err.index(warnings[0]) < next(i for i, line in enumerate(err) if "reference: one forward" in line)
     assert json.loads(out)["warnings"] == [warnings[0].removeprefix("warning: ")]
     code, out, err = _run(["lab", "--real", "--json", "--tokens", "8"])

@@ -10,9 +10,17 @@ from tests.unit.models.conftest import SCRIPT
 
 
 def test_help_lists_every_group_and_exits_0():
-    result = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-2000:]
-    for flag in ("--curriculum", "--task-fraction", "--mid-copy-p", "--remeasure-abilities", "--package-only"):
+    for flag in (
+        "--curriculum",
+        "--task-fraction",
+        "--mid-copy-p",
+        "--remeasure-abilities",
+        "--package-only",
+    ):
         assert flag in result.stdout
     assert "long-range tasks:" in result.stdout and "evaluation and output:" in result.stdout
 
