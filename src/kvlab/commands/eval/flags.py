@@ -68,7 +68,7 @@ def _add_matrix_flags(p) -> None:
         "--candidates",
         type=_names,
         default=None,
-        help="comma list of registered cache names, family[-bits][-variant][:setting=value] (see CONTRIBUTING.md), "
+        help="comma list of registered cache names, family[-bits][-variant][:setting=value], "
         f"e.g. kivi-4,kivi-k8v4,fp8-e4m3,hqq-4,sink:window_length=256; every name: {', '.join(_registered())} "
         "(default: dynamic,kivi-4,kivi-2,hqq-4); kivi-N-fused / kivi-N-dequant choose their own attention path, "
         "kivi-k8v4 and kivi-k4v2 always run dequantized; settings other than an evicting cache's are the run's "
