@@ -228,7 +228,7 @@ def _print_sweep(result: dict) -> None:
 def run_allocate(args: argparse.Namespace) -> int:
     from kvlab.plan.allocate import allocate, budget_bytes
     from kvlab.plan.load import load_spec
-    from kvlab.plan.mixed import PLAN_DIR_ENV, check_plan_name, read_plan
+    from kvlab.plan.mixed import PLAN_DIR_ENV, PLAN_VERSION, check_plan_name, read_plan
     from kvlab.runtime.atomic import atomic_write_json
 
     try:
@@ -253,7 +253,7 @@ def run_allocate(args: argparse.Namespace) -> int:
     if path.exists() and not args.force:
         return fail(args, file_exists_message(path), EXIT_FILE_EXISTS)
     plan = {
-        "kvlab_plan": 1,
+        "kvlab_plan": PLAN_VERSION,
         "layers": out.pop("layers"),
         "allocation": {
             "budget": args.budget,

@@ -121,11 +121,14 @@ def read_result(path: str | Path, *, tasks: bool = False) -> dict:
     if is_tasks_result(result):
         if not tasks:
             raise ValueError(f"{path} is a kvlab tasks result, not a kvlab eval result")
-        problems, what = validate_tasks_result(result), "kvlab tasks"
-    else:
-        problems, what = validate_result(result), "kvlab eval"
+        problems, what = validate_tasks_result(result), "kvlab tasks result"
+    else:  # with ``tasks`` a file of neither kind is named as such: either would have been taken
+        problems, what = (
+            validate_result(result),
+            "kvlab eval result" + (" (nor a kvlab tasks result)" if tasks else ""),
+        )
     if problems:
-        raise ValueError(f"{path} is not a valid {what} result: " + "; ".join(problems[:8]))
+        raise ValueError(f"{path} is not a valid {what}: " + "; ".join(problems[:8]))
     return result
 
 

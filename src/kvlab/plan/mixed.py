@@ -43,13 +43,14 @@ from kvlab.plan.spec import ModelSpec
 FORMATS = ("kivi-2", "kivi-4", "kivi-8", "fp8-e4m3", "float")
 PLAN_DIR_ENV = "KVLAB_PLAN_DIR"
 MIXED_PREFIX = "mixed-"  # the cache family (and ``kvlab plan --kv-dtype``) name of a plan: mixed-<plan name>
+PLAN_VERSION = 1  # the plan file format's "kvlab_plan" field
 _NAME = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z][a-z0-9]*)?$")  # the cache-name grammar's variant
 
 # plans every install has (the registry's test matrix runs them on a 2-layer model): layer 0 with 8-bit keys and
 # 2-bit values, every other layer FP8
 BUILTIN_PLANS: dict[str, dict] = {
     "demo": {
-        "kvlab_plan": 1,
+        "kvlab_plan": PLAN_VERSION,
         "layers": {"0": {"k": "kivi-8", "v": "kivi-2"}, "*": {"k": "fp8-e4m3", "v": "fp8-e4m3"}},
     },
 }
@@ -200,7 +201,8 @@ def read_plan(path: str | os.PathLike) -> dict:
     """The JSON object of the plan file ``path`` (not yet checked against a model: :func:`layer_formats` does).
 
     Raises:
-        ValueError: a file that cannot be read, is not JSON, or is not a JSON object (the message names the path).
+        ValueError: a file that cannot be read, is not JSON, is not a JSON object, or states a ``kvlab_plan``
+            version other than :data:`PLAN_VERSION` (the message names the path).
     """
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -212,6 +214,11 @@ def read_plan(path: str | os.PathLike) -> dict:
         raise ValueError(f"plan file {str(path)!r} is not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"plan file {str(path)!r} must hold a JSON object, got {type(data).__name__}")
+    version = data.get("kvlab_plan", PLAN_VERSION)  # absent: a hand-written plan, read as this version
+    if version != PLAN_VERSION or isinstance(version, bool):
+        raise ValueError(
+            f"plan file {str(path)!r} has kvlab_plan {version!r}; this kvlab reads plan version {PLAN_VERSION}"
+        )
     return data
 
 

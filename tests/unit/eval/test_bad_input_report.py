@@ -1,5 +1,5 @@
 """Well-formed JSON with wrong field types given to ``kvlab report`` (text and ``--html``): one line
-``kvlab report: error: <file> is not a valid kvlab eval result: <where>: <what>`` and exit status 2, never a
+``kvlab report: error: <file> is not a valid kvlab eval result (nor a kvlab tasks result): <where>: <what>`` and exit status 2, never a
 traceback; and the report is never written over its own input."""
 
 from __future__ import annotations
@@ -151,7 +151,9 @@ def test_wrong_field_types_are_refused_in_one_line(tmp_path, capsys, path, value
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
-    assert err.startswith(f"kvlab report: error: {file} is not a valid kvlab eval result: ")
+    assert err.startswith(
+        f"kvlab report: error: {file} is not a valid kvlab eval result (nor a kvlab tasks result): "
+    )
     assert f"{where}: " in err
     assert not (tmp_path / "r.html").exists()
 

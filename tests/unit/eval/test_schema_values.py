@@ -97,7 +97,10 @@ def test_report_refuses_a_bad_value_in_one_line(tmp_path, capsys, path, value, p
     assert main(argv) == 2
     out, err = capsys.readouterr()
     assert out == ""  # no table with "+nan ✓", no invalid JSON on stdout
-    assert err == f"kvlab report: error: {file} is not a valid kvlab eval result: {problem}\n"
+    assert (
+        err
+        == f"kvlab report: error: {file} is not a valid kvlab eval result (nor a kvlab tasks result): {problem}\n"
+    )
     assert not html.exists()
 
 

@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import io
 import json
+import re
 import shlex
 
 import pytest
@@ -266,3 +267,22 @@ def test_an_unknown_plan_says_where_plans_are_read_and_if_that_folder_is_missing
     monkeypatch.delenv("KVLAB_PLAN_DIR")
     with pytest.raises(ValueError, match=r"read from \$KVLAB_PLAN_DIR, which is not set"):
         find_plan("smollm2-fp8")
+
+
+@pytest.mark.parametrize("version", [2, "1", True, None])
+def test_a_plan_file_of_another_version_is_refused_naming_it(tmp_path, version):
+    """A ``kvlab_plan`` this kvlab does not read (a newer format, a string, a bool) is refused with the file and the
+    value named; a plan without the field is a hand-written one, read as the current version."""
+    from kvlab.plan.mixed import PLAN_VERSION, read_plan
+
+    layers = {"*": {"k": "kivi-4", "v": "kivi-4"}}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"kvlab_plan": version, "layers": layers}))
+    with pytest.raises(
+        ValueError, match=rf"p\.json' has kvlab_plan {re.escape(repr(version))}; this kvlab reads"
+    ):
+        read_plan(path)
+    path.write_text(json.dumps({"layers": layers}))
+    assert read_plan(path)["layers"] == layers
+    path.write_text(json.dumps({"kvlab_plan": PLAN_VERSION, "layers": layers}))
+    assert read_plan(path)["kvlab_plan"] == PLAN_VERSION
