@@ -433,6 +433,11 @@ def resolve(name: str | CacheName, settings: CacheSettings | None = None) -> Res
     parsed = name if isinstance(name, CacheName) else parse_cache_name(name, REGISTRY)
     entry = REGISTRY[parsed.family]
     text = parsed.text
+    bad = [k for k, _ in parsed.settings if k not in entry.settings]
+    if bad:
+        raise ValueError(
+            f"cache {text!r}: `{entry.family}` settings are {list(entry.settings) or 'none'}, got {bad}"
+        )
     if parsed.key_bits is not None:  # "kivi-k8v4"
         if not entry.nbits:
             raise ValueError(
@@ -451,7 +456,9 @@ def resolve(name: str | CacheName, settings: CacheSettings | None = None) -> Res
             )
     elif entry.nbits and parsed.nbits not in entry.nbits:
         raise ValueError(
-            f"cache {text!r}: `{entry.family}` needs bits in {list(entry.nbits)}, got {parsed.nbits}"
+            f"cache {text!r}: `{entry.family}` needs bits in {list(entry.nbits)}, got "
+            + ("none" if parsed.nbits is None else str(parsed.nbits))
+            + f" (e.g. {entry.family}-{entry.nbits[len(entry.nbits) // 2]})"
         )
     if not entry.nbits and parsed.nbits is not None:
         raise ValueError(f"cache {text!r}: `{entry.family}` takes no bits, got {parsed.nbits}")
@@ -461,11 +468,6 @@ def resolve(name: str | CacheName, settings: CacheSettings | None = None) -> Res
         )
     if entry.variant_required and parsed.variant is None:
         raise ValueError(f"cache {text!r}: `{entry.family}` needs a variant, one of {list(entry.variants)}")
-    bad = [k for k, _ in parsed.settings if k not in entry.settings]
-    if bad:
-        raise ValueError(
-            f"cache {text!r}: `{entry.family}` settings are {list(entry.settings) or 'none'}, got {bad}"
-        )
     given = dict(parsed.settings)
     if {"compression_ratio", "token_budget"} <= given.keys():  # the factories would silently drop the ratio
         raise ValueError(f"cache {text!r}: give `compression_ratio` or `token_budget`, not both")

@@ -99,7 +99,8 @@ def test_grammar_reads_old_spellings_and_settings():
     ("name", "match"),
     [
         ("kivi-3", r"needs bits in \[2, 4, 8\], got 3"),
-        ("kivi", "needs bits"),
+        ("kivi", r"needs bits in \[2, 4, 8\], got none \(e.g. kivi-4\)"),
+        ("kivi:bits=4", r"`kivi` settings are \[.*\], got \['bits'\]"),  # the unknown setting, not the bits
         ("dynamic-4", "takes no bits, got 4"),
         ("kivi-4-fast", "variants are .*got 'fast'"),
         ("paged:group_size=4", r"settings are \['block_size'\], got \['group_size'\]"),
