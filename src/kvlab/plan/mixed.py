@@ -148,7 +148,15 @@ def ledger_name(k: str, v: str) -> str:
 def _kv_layers(spec: ModelSpec) -> int:
     bad = sorted({kind for kind in spec.layer_kinds if kind not in KV_KINDS or kind != "full"})
     if bad:
-        raise ValueError(f"a mixed-precision plan needs full-attention layers only; the model has {bad}")
+        words = {
+            "none": "layers without a KV cache (e.g. Mamba or convolution)",
+            "sliding": "sliding-window layers",
+        }
+        kinds = ", ".join(f"{spec.layer_kinds.count(k)} {words.get(k, repr(k) + ' layers')}" for k in bad)
+        raise ValueError(
+            f"a mixed-precision plan needs full-attention layers only; {spec.name} has {kinds} "
+            f"(of {len(spec.layer_kinds)})"
+        )
     return len(spec.layer_kinds)
 
 

@@ -286,3 +286,17 @@ def test_a_plan_file_of_another_version_is_refused_naming_it(tmp_path, version):
     assert read_plan(path)["layers"] == layers
     path.write_text(json.dumps({"kvlab_plan": PLAN_VERSION, "layers": layers}))
     assert read_plan(path)["kvlab_plan"] == PLAN_VERSION
+
+
+@pytest.mark.parametrize(
+    ("model", "said"),
+    [
+        ("jamba-v0.1", "jamba-v0.1 has 28 layers without a KV cache (e.g. Mamba or convolution) (of 32)"),
+        ("gemma-2-9b", "gemma-2-9b has 21 sliding-window layers (of 42)"),
+    ],
+)
+def test_a_plan_on_a_model_with_other_layers_says_which_and_how_many(model, said):
+    """The planner's kinds ('none', 'sliding') are not shown raw: the refusal counts the layers in words."""
+    code, out, err = _run(["plan", model, "--kv-dtype", "mixed-demo"])
+    assert code == 2 and not out
+    assert err.strip().splitlines()[-1].endswith(f"full-attention layers only; {said}")
