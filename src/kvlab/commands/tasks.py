@@ -136,9 +136,11 @@ def _resumed(args: argparse.Namespace):
     """``(cfg, result)`` of ``--resume FILE``, made ready to continue (:func:`kvlab.eval.tasks_suite.prepare_resume`).
 
     Raises:
-        ValueError: a setting flag given with it, or a file that is not a stopped tasks result (named).
+        ValueError: a setting flag given with it, a file that is not a stopped tasks result, or one a live
+            ``kvlab tasks`` on this machine is writing (named).
     """
     from kvlab.eval.io import read_result
+    from kvlab.eval.resume import refuse_live_run
     from kvlab.eval.tasks_schema import is_tasks_result
     from kvlab.eval.tasks_suite import prepare_resume
 
@@ -152,6 +154,7 @@ def _resumed(args: argparse.Namespace):
     if not is_tasks_result(result):
         raise ValueError(f"--resume {args.resume} is a kvlab eval result; resume it with kvlab eval --resume")
     try:
+        refuse_live_run(args.resume, result, "kvlab tasks")
         cfg = prepare_resume(result)
     except ValueError as e:
         raise ValueError(f"cannot resume {args.resume}: {e}") from None

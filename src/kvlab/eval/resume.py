@@ -41,9 +41,10 @@ def running_in() -> dict:
     return {"pid": os.getpid(), "host": socket.gethostname()}
 
 
-def _refuse_live_run(path: str | Path, result: dict) -> None:
-    """A file whose status is ``running`` and whose writer (``provenance.running_in``) is a live process on this
-    machine is being measured now: two runs would write it in turn, the last one winning."""
+def refuse_live_run(path: str | Path, result: dict, command: str = "kvlab eval") -> None:
+    """Raise ``ValueError`` when ``result`` (read from ``path``) is being measured now: its status is ``running``
+    and its writer (``provenance.running_in``, :func:`running_in`) is a live process on this machine. Two runs
+    would write it in turn, the last one winning. ``command`` names the writer in the message."""
     import os
 
     if result.get("status") != "running":
@@ -64,7 +65,7 @@ def _refuse_live_run(path: str | Path, result: dict) -> None:
     except PermissionError:
         pass  # alive, another user's
     raise ValueError(
-        f"{path} is being written by a running kvlab eval (pid {pid}): stop it first, or wait for it"
+        f"{path} is being written by a running {command} (pid {pid}): stop it first, or wait for it"
     )
 
 
@@ -84,7 +85,7 @@ def load_resumable(path: str | Path) -> tuple[dict, EvalConfig]:
         raise ValueError(
             f"{path} is a dry run's plan (status dry_run), not an interrupted run: nothing to resume"
         )
-    _refuse_live_run(path, result)
+    refuse_live_run(path, result)
     if not isinstance(result.get("cells_done"), list):
         raise ValueError(
             f"{path} records no finished cells (no `cells_done`: written by a kvlab without --resume); run it again "

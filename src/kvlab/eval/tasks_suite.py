@@ -13,6 +13,7 @@ from typing import Any
 
 from kvlab.caches.registry import resolve
 from kvlab.eval.records import fail_run, set_status
+from kvlab.eval.resume import running_in
 from kvlab.eval.tasks_run import FLOAT, MIN_FLOAT_SCORE, judge, run_task_cell
 from kvlab.eval.tasks_schema import RESULT_KIND, RESULT_VERSION
 from kvlab.runtime.checks import check_int
@@ -142,6 +143,7 @@ def new_tasks_result(cfg: TaskSuiteConfig, model: dict, command: list[str] | Non
     result.update(candidates={}, failures=[], gates=[], decision={})
     result.update(max_drop=cfg.max_drop, min_float_score=cfg.min_float_score)
     result["provenance"] = {**machine_info(), "started_unix": time.time(), "wall_s": 0.0}
+    result["provenance"]["running_in"] = running_in()  # a --resume of this file refuses while this run lives
     return result
 
 
@@ -171,17 +173,24 @@ def prepare_resume(result: dict) -> TaskSuiteConfig:
     are those the first session would have asked. Returns the result's settings.
 
     Raises:
-        ValueError: a complete result (nothing to continue; a version-1 file is complete), or settings
+        ValueError: a complete result (nothing to continue; a version-1 file is complete), a run that measured
+            no cell (a :class:`NothingMeasured` failure: it would measure none again), or settings
             :func:`config_of` refuses.
     """
     status = result.get("status", "complete")
     if status == "complete":
         raise ValueError("the result is complete: nothing to resume (run again with --out to measure anew)")
+    if any(f.get("type") == NothingMeasured.__name__ for f in result.get("failures") or []):
+        raise ValueError(
+            "the run measured no cell with these settings (its failure says why); resuming would measure none "
+            "again: run with other settings and --out"
+        )
     cfg = config_of(result)
     entry = {"resumed_unix": time.time(), "status_before": status, "cells_kept": len(result["cells"])}
     entry["failures_before"] = result["failures"]
     result["provenance"].setdefault("resumed", []).append(entry)
     result["failures"] = []
+    result["provenance"]["running_in"] = running_in()
     set_status(result, "running")
     return cfg
 

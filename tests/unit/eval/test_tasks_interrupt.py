@@ -114,3 +114,51 @@ def test_sigterm_is_recorded_and_exits_143(monkeypatch, tmp_path, capsys):
         "terminated by signal 15",
     )
     assert "terminated by signal 15" in capsys.readouterr().err
+
+
+def _stopped_file(tmp_path, **changes):
+    """A tasks result as a stopped run leaves it (no model run): the skeleton of ``ARGV``'s settings."""
+    result = suite.new_tasks_result(
+        suite.TaskSuiteConfig(tasks=("niah_single_1",), contexts=(256,), candidates=("dynamic",), n=2),
+        {"name": "bundled", "dtype": "float32", "device": "cpu"},
+    )
+    result.update(changes)
+    path = tmp_path / "stopped.json"
+    path.write_text(json.dumps(result))
+    return path, result
+
+
+def test_resume_refuses_a_file_a_live_kvlab_tasks_is_writing(tmp_path, capsys):
+    """A running file whose writer (provenance.running_in) is a live process here is refused, the file untouched;
+    once that process is gone the same file resumes past this check."""
+    import subprocess
+    import sys
+
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        path, result = _stopped_file(tmp_path)
+        result["provenance"]["running_in"]["pid"] = writer.pid
+        path.write_text(json.dumps(result))
+        before = path.read_text()
+        assert main(["tasks", "--resume", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert f"being written by a running kvlab tasks (pid {writer.pid})" in err
+        assert path.read_text() == before
+    finally:
+        writer.kill()
+        writer.wait()
+    from kvlab.eval.resume import refuse_live_run
+
+    refuse_live_run(path, json.loads(path.read_text()), "kvlab tasks")  # its writer is gone: no refusal
+
+
+def test_resume_refuses_a_run_that_measured_no_cell(tmp_path, capsys):
+    failure = {
+        "stage": "run",
+        "type": "NothingMeasured",
+        "message": "no cell measured (x)",
+        "candidate": None,
+    }
+    path, _ = _stopped_file(tmp_path, status="failed", failures=[failure])
+    assert main(["tasks", "--resume", str(path)]) == 2
+    assert "measured no cell with these settings" in capsys.readouterr().err
