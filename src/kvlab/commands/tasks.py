@@ -63,8 +63,8 @@ def register(subparsers) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="4 tasks, 4 caches, 5 samples, the first context (measured: 18.5 min wall on a busy 2-core AMD EPYC "
-        "VM beside another run; docs/TASKS.md)",
+        help="4 tasks, 4 caches, 5 samples, the first context (measured on a quiet 2-core AMD EPYC VM: 18 s on "
+        "the bundled model, 2 min 9 s on smollm2-135m; far longer on a busy machine; docs/TASKS.md)",
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument(
