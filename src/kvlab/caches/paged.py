@@ -21,6 +21,7 @@ Usage::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -244,12 +245,16 @@ class PagedCache(Cache):
             cow = room > 0 and table.blocks[-1].ref_cnt > 1
             need += -(-(n - room) // self.block_size) if n > room else 0
             need += cow
+        self._edit_tables(need, lambda table: table.append_tokens(n), stop)
+
+    def _edit_tables(
+        self, need: int, edit: Callable[[BlockTable], list[tuple[int, int]]], num_tokens: int
+    ) -> None:
+        """Make room for ``need`` more blocks, apply ``edit`` to every row's table (it returns the ``(src, dst)``
+        block copies its copy-on-write needs), copy those blocks in every layer, and hold ``num_tokens``."""
         self._ensure_free(need)
-        copies: list[tuple[int, int]] = []
-        for table in self.tables:
-            copies += table.append_tokens(n)
-        self._apply_copies(copies)
-        self.num_tokens = stop
+        self._apply_copies([copy for table in self.tables for copy in edit(table)])
+        self.num_tokens = num_tokens
         self._table_version += 1
 
     def _block_table_tensor(self, device: torch.device) -> torch.Tensor:
@@ -333,13 +338,8 @@ class PagedCache(Cache):
             return
         # a cut inside a shared block copies it first: make room for the worst case before any table changes
         last, fill = -(-keep // self.block_size) - 1, keep % self.block_size
-        self._ensure_free(sum(bool(fill) and t.blocks[last].ref_cnt > 1 for t in self.tables))
-        copies: list[tuple[int, int]] = []
-        for table in self.tables:
-            copies += table.truncate(keep)
-        self._apply_copies(copies)
-        self.num_tokens = keep
-        self._table_version += 1
+        need = sum(bool(fill) and t.blocks[last].ref_cnt > 1 for t in self.tables)
+        self._edit_tables(need, lambda table: table.truncate(keep), keep)
         for layer in self.layers:
             layer.num_tokens = min(layer.num_tokens, keep)
 
