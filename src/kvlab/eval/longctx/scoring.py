@@ -363,26 +363,33 @@ def long_context_fields(cand: dict, base: dict | None = None) -> dict:
         "long_context_ms": sum(v.get("fill_ms", 0.0) + v.get("decode_ms", 0.0) for v in cand.values())
     }
     if "recall" in cand:
-        rec = {k: v for k, v in cand["recall"].items() if k not in ("fill_ms", "decode_ms")}
-        rec["distances"] = [dict(d) for d in rec["distances"]]
+        rec = _probe_record(cand, base, "recall", "distances", "distance_tokens")
         out.update({"recall": rec, "recall_accuracy": rec["accuracy"], "recall_nll": rec["mean_nll"]})
         if base is not None and "recall" in base:
-            b = {d["distance_tokens"]: d for d in base["recall"]["distances"]}
-            if set(b) != {d["distance_tokens"] for d in rec["distances"]}:
-                raise ValueError(f"recall distances differ: base {sorted(b)}, candidate {rec['distances']}")
-            for d in rec["distances"]:
-                d["accuracy_drop"] = b[d["distance_tokens"]]["accuracy"] - d["accuracy"]
             out["recall_drop"] = max(d["accuracy_drop"] for d in rec["distances"])
             out["recall_nll_delta"] = rec["mean_nll"] - base["recall"]["mean_nll"]
     if "passkey" in cand:
-        pk = {k: v for k, v in cand["passkey"].items() if k not in ("fill_ms", "decode_ms")}
-        pk["depths"] = [dict(d) for d in pk["depths"]]
+        pk = _probe_record(cand, base, "passkey", "depths", "depth")
         out.update({"passkey": pk, "passkey_accuracy": pk["accuracy"]})
         if base is not None and "passkey" in base:
-            b = {d["depth"]: d for d in base["passkey"]["depths"]}
-            if set(b) != {d["depth"] for d in pk["depths"]}:
-                raise ValueError(f"passkey depths differ: base {sorted(b)}, candidate {pk['depths']}")
-            for d in pk["depths"]:
-                d["accuracy_drop"] = b[d["depth"]]["accuracy"] - d["accuracy"]
             out["passkey_drop"] = base["passkey"]["accuracy"] - pk["accuracy"]
     return out
+
+
+def _probe_record(cand: dict, base: dict | None, probe: str, points: str, key: str) -> dict:
+    """``cand[probe]`` without its timings and with its ``points`` (per-distance / per-depth dicts) copied; when
+    ``base`` holds the same probe, each point gains ``accuracy_drop`` (base minus candidate accuracy at the base
+    point of the same ``key``).
+
+    Raises:
+        ValueError: the two records hold different ``key`` values (``recall distances differ: ...``).
+    """
+    rec = {k: v for k, v in cand[probe].items() if k not in ("fill_ms", "decode_ms")}
+    rec[points] = [dict(p) for p in rec[points]]
+    if base is not None and probe in base:
+        b = {p[key]: p for p in base[probe][points]}
+        if set(b) != {p[key] for p in rec[points]}:
+            raise ValueError(f"{probe} {points} differ: base {sorted(b)}, candidate {rec[points]}")
+        for p in rec[points]:
+            p["accuracy_drop"] = b[p[key]]["accuracy"] - p["accuracy"]
+    return rec
