@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from kvlab.runtime.checks import check_int
+from kvlab.runtime.device import check_device
 from kvlab.runtime.dtypes import DTYPES, parse_dtype  # re-exported: part of kvlab.models' API
 
 __all__ = [
@@ -198,12 +199,7 @@ def load_model(
             transformers cannot load (the file named).
     """
     torch_dtype = parse_dtype(dtype)
-    try:
-        torch_device = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"`device` must be a torch device such as 'cpu' or 'cuda:0', got {device!r}") from e
-    if torch_device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"`device` is {device!r} but CUDA is not available")
+    torch_device = check_device(device)
 
     model, source = _resolve_for_loading(model)
     if source is not None and revision is not None:
