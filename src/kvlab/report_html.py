@@ -27,6 +27,7 @@ from kvlab.eval.decision_words import (
     gate_names,
     no_candidate_advice,
 )
+from kvlab.eval.schema import REQUIRED_FIELDS
 from kvlab.figures import gate_bounds, plot_eval_figures
 from kvlab.runtime.atomic import atomic_write_text
 
@@ -66,22 +67,8 @@ GATE_OF_COLUMN = {
     "passkey_drop": "passkey_drop",
     "kl_mean": "kl_mean",
 }
-_SECTIONS_SHOWN = {
-    "schema_version",
-    "label",
-    "status",
-    "created_utc",
-    "command",
-    "elapsed_s",
-    "settings",
-    "gates",
-    "candidates",
-    "plan",
-    "provenance",
-    "rows",
-    "failures",
-    "summary",
-}
+# the sections the page draws (the rest of a result shows as raw JSON at the end): the schema's fields and the run's
+_SECTIONS_SHOWN = {*REQUIRED_FIELDS, "created_utc", "command", "elapsed_s"}
 
 _CSS = """
 body { font-family: -apple-system, 'Segoe UI', 'DejaVu Sans', Arial, sans-serif; margin: 24px auto;

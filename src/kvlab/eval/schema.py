@@ -63,7 +63,8 @@ import math
 SCHEMA_VERSION = "kvlab.eval/1"
 STATUSES = ("planned", "dry_run", "running", "complete", "partial", "failed")
 MATRICES = ("capacity", "window")
-_TOP = (
+# the top-level fields every kvlab eval result holds (a missing one is a problem of the file)
+REQUIRED_FIELDS = (
     "schema_version",
     "label",
     "status",
@@ -334,11 +335,11 @@ def validate_result(result: object) -> list[str]:
     # another kind of file (kvlab bench's, kvlab inspect --json): say so, not its missing fields
     if version is not None and version != SCHEMA_VERSION:
         return [f"schema_version {version!r} is not {SCHEMA_VERSION!r} (not a kvlab eval result)"]
-    problems = [f"missing field {k!r}" for k in _TOP if k not in result]
-    if version is None and len(problems) > len(_TOP) // 2:
+    problems = [f"missing field {k!r}" for k in REQUIRED_FIELDS if k not in result]
+    if version is None and len(problems) > len(REQUIRED_FIELDS) // 2:
         keys = ", ".join(sorted(map(str, result))[:6]) or "none"
         return [
-            f"no schema_version and {len(problems)} of the {len(_TOP)} fields of a {SCHEMA_VERSION!r} result "
+            f"no schema_version and {len(problems)} of the {len(REQUIRED_FIELDS)} fields of a {SCHEMA_VERSION!r} result "
             f"missing (not a kvlab eval result; its keys: {keys})"
         ]
     if problems:
