@@ -35,6 +35,12 @@ def _bytes(n: float | int | None) -> str:
     return f"{n:,} B" if float(n).is_integer() else f"{n:,.2f} B"
 
 
+def _print_notes(console: Console, notes: list[str]) -> None:
+    """A report's notes under its tables, one ``  note: ...`` line each."""
+    for note in notes:
+        console.print(f"  note: {note}")
+
+
 def print_lists(args: argparse.Namespace) -> bool:
     """Print what ``--list-presets`` / ``--list-gpus`` ask for (both when both are given), as tables or, with
     ``--json``, as one JSON object (``presets``, ``gpus``); True when anything was listed."""
@@ -163,8 +169,7 @@ def print_plan(r: dict) -> None:
         )
     console.print(t)
     console.print(_ledger_table(r))
-    for note in r["notes"]:
-        console.print(f"  note: {note}")
+    _print_notes(console, r["notes"])
 
 
 def _ledger_table(r: dict):
@@ -337,8 +342,7 @@ def print_roofline(r: dict) -> None:
             f"{probe['peak_gflops']:.2f} GFLOP/s (matmul n={probe['matmul_n']}), "
             f"{probe['bandwidth_gb_s']:.2f} GB/s (streaming), ridge {probe['ridge_flop_per_byte']:.2f} FLOP/B"
         )
-    for note in r["notes"]:
-        console.print(f"  note: {note}")
+    _print_notes(console, r["notes"])
 
 
 def print_video(r: dict) -> None:
@@ -369,9 +373,9 @@ def print_video(r: dict) -> None:
             _gib(c["kv_bytes"]),
             _gib(c["kv_bytes_first_latent_frame"]),
         )
-    Console().print(t)
-    for note in r["notes"]:
-        Console().print(f"  note: {note}")
+    console = Console()
+    console.print(t)
+    _print_notes(console, r["notes"])
 
 
 def _cell(value, fmt: str) -> str:
@@ -403,8 +407,7 @@ def print_from_log(r: dict) -> None:
         f"max_model_len {s['max_model_len']:,}, max_num_batched_tokens {s['max_num_batched_tokens']:,}, "
         f"tokens counted as vLLM's '{s['report']}' report"
     )
-    for note in r["notes"]:
-        console.print(f"  note: {note}")
+    _print_notes(console, r["notes"])
 
 
 def print_mixed_plan(r: dict) -> None:
@@ -444,8 +447,7 @@ def print_mixed_plan(r: dict) -> None:
         q.add_row(f"max batch at {r['context']:,} tokens", f"{r['max_batch']:,}", "")
         q.add_row(f"max context at batch {r['batch']}", f"{r['max_context']:,} tokens", "")
     console.print(q)
-    for note in r["notes"]:
-        console.print(f"  note: {note}")
+    _print_notes(console, r["notes"])
 
 
 def _layer_list(layers: list[int]) -> str:
