@@ -16,6 +16,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "_kivi_simd.h"
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -30,36 +32,6 @@ int kivi_int_key_scores(int64_t isa, int64_t nb, const uint8_t *kc, const void *
 int kivi_int_values_supported(int64_t isa, int64_t nb, int64_t D, int64_t G);
 int kivi_int_value_sums(int64_t isa, int64_t nb, const uint8_t *vc, const void *vs, const void *vz, int64_t bf16,
                         int64_t tokens, int64_t G, const float *p, int64_t total, int64_t M, int64_t D, float *acc);
-
-static inline float bf16_to_f32(uint16_t x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline float ld(const void *p, int64_t i, int bf16) {
-    return bf16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-
-/* exp(x) for x <= 0 (and -inf -> 0): Cephes expf polynomial, ~1 ulp, vectorizable */
-static inline float exp_nonpos(float x) {
-    float xc = x < -87.0f ? -87.0f : x;
-    float fx = floorf(xc * 1.44269504088896341f + 0.5f);
-    float r = xc - fx * 0.693359375f + fx * 2.12194440e-4f;
-    float z = r * r;
-    float y = 1.9875691500e-4f;
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * z + r + 1.0f;
-    int32_t e = ((int32_t)fx + 127) << 23;
-    float s;
-    memcpy(&s, &e, 4);
-    return x < -87.0f ? 0.0f : y * s;
-}
 
 /* a . b with 16 partial sums and a tree at the end (vector registers, no serial lane-by-lane sum) */
 static inline __attribute__((always_inline)) float dot(const float *a, const float *b, int64_t n) {
@@ -84,51 +56,22 @@ static inline __attribute__((always_inline)) void decode(const uint8_t *x, float
     }
 }
 
-/* one window token's D channels as fp32 */
-static inline void window_row(const void *x, int64_t off, int64_t D, int bf16, float *buf) {
-    if (bf16) {
-        const uint16_t *p = (const uint16_t *)x + off;
-#pragma omp simd
-        for (int64_t c = 0; c < D; c++) buf[c] = bf16_to_f32(p[c]);
-    } else {
-        memcpy(buf, (const float *)x + off, D * sizeof(float));
-    }
-}
-
 /* ---- vector path (GCC/Clang vector extensions: 8 floats, lowered to whatever SIMD the CPU has) ----------------
  * used when every 8 bytes of codes stay within one value group and key groups hold whole blocks of 8 tokens
  * (head_dim * nbits and group_size * nbits multiples of 64, group_size a multiple of 8); the scalar loops above
- * serve the other shapes. */
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
+ * serve the other shapes (v8f, v8i, SHUF8, splat8, load8, store8 and exp8_nonpos: _kivi_simd.h). */
 typedef uint8_t v8b __attribute__((vector_size(8)));
-#if defined(__clang__)
-#define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
-#else
-#define SHUF(a, b, ...) __builtin_shuffle(a, b, (v8i){__VA_ARGS__})
-#endif
-#define AI static inline __attribute__((always_inline))
-
-AI v8f loadv(const float *p) {
-    v8f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-AI void storev(float *p, v8f v) { memcpy(p, &v, sizeof v); }
-
-AI v8f splat(float x) { return (v8f){x, x, x, x, x, x, x, x}; }
 
 /* [sum(a[0]), ..., sum(a[7])]: a transposing tree of shuffles and adds */
 AI v8f sum8(const v8f *a) {
     v8f s[4], t[2];
     for (int k = 0; k < 4; k++)
-        s[k] = SHUF(a[2 * k], a[2 * k + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
-               SHUF(a[2 * k], a[2 * k + 1], 1, 9, 3, 11, 5, 13, 7, 15);
+        s[k] = SHUF8(a[2 * k], a[2 * k + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
+               SHUF8(a[2 * k], a[2 * k + 1], 1, 9, 3, 11, 5, 13, 7, 15);
     for (int k = 0; k < 2; k++)
-        t[k] = SHUF(s[2 * k], s[2 * k + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
-               SHUF(s[2 * k], s[2 * k + 1], 2, 3, 10, 11, 6, 7, 14, 15);
-    return SHUF(t[0], t[1], 0, 1, 2, 3, 8, 9, 10, 11) + SHUF(t[0], t[1], 4, 5, 6, 7, 12, 13, 14, 15);
+        t[k] = SHUF8(s[2 * k], s[2 * k + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+               SHUF8(s[2 * k], s[2 * k + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    return SHUF8(t[0], t[1], 0, 1, 2, 3, 8, 9, 10, 11) + SHUF8(t[0], t[1], 4, 5, 6, 7, 12, 13, 14, 15);
 }
 
 /* 8 bytes -> 8 int32 (one instruction with AVX2; gcc's generic conversion goes lane by lane) */
@@ -205,26 +148,26 @@ AI void key_scores_v(const seg_item *s, const float *q, const float *qp, float *
     v8f cf[8][NV], acc[8];
     for (int64_t j = 0; j < ng; j++) {
         const int64_t row = j * D;
-        window_row(s->ks, row, D, bf16, sn); /* the group's scale and zero rows as fp32 */
-        window_row(s->kz, row, D, bf16, zn);
+        row_f32(s->ks, row, D, bf16, sn); /* the group's scale and zero rows as fp32 */
+        row_f32(s->kz, row, D, bf16, zn);
         for (int64_t i = 0; i < K; i++)
             for (int64_t jb = 0; jb < P; jb++) sp[i * P + jb] = sn[jb * K + i];
         for (int64_t r = 0; r < M; r++) {
-            v8f b = loadv(q + r * D) * loadv(zn);
-            for (int64_t v = 1; v < NV; v++) b += loadv(q + r * D + 8 * v) * loadv(zn + 8 * v);
+            v8f b = load8(q + r * D) * load8(zn);
+            for (int64_t v = 1; v < NV; v++) b += load8(q + r * D + 8 * v) * load8(zn + 8 * v);
             bias[r] = b[0] + b[1] + b[2] + b[3] + b[4] + b[5] + b[6] + b[7];
-            for (int64_t v = 0; v < NV; v++) storev(qs + r * D + 8 * v, loadv(qp + r * D + 8 * v) * loadv(sp + 8 * v));
+            for (int64_t v = 0; v < NV; v++) store8(qs + r * D + 8 * v, load8(qp + r * D + 8 * v) * load8(sp + 8 * v));
         }
         for (int64_t t0 = j * G; t0 < (j + 1) * G; t0 += 8) {
             for (int tt = 0; tt < 8; tt++) decode_v(s->kc + (t0 + tt) * P, cf[tt], P, NB);
             for (int64_t r = 0; r < M; r++) {
                 const float *qr = qs + r * D;
                 for (int tt = 0; tt < 8; tt++) {
-                    v8f a = cf[tt][0] * loadv(qr);
-                    for (int64_t v = 1; v < NV; v++) a += cf[tt][v] * loadv(qr + 8 * v);
+                    v8f a = cf[tt][0] * load8(qr);
+                    for (int64_t v = 1; v < NV; v++) a += cf[tt][v] * load8(qr + 8 * v);
                     acc[tt] = a;
                 }
-                storev(sc + r * total + t0, sum8(acc) + splat(bias[r]));
+                store8(sc + r * total + t0, sum8(acc) + splat8(bias[r]));
             }
         }
     }
@@ -249,7 +192,7 @@ AI void value_sums_v(const seg_item *s, const float *p, float *acc, int64_t tota
                 w[g] = ld(s->vz, t * KG + g, bf16);
             }
             for (int64_t c = 0; c < NV; c++) { /* decode and dequantize 8 bytes: one store per vector */
-                const v8f uc = splat(u[gidx[c]]), wc = splat(w[gidx[c]]);
+                const v8f uc = splat8(u[gidx[c]]), wc = splat8(w[gidx[c]]);
                 const v8i x = widen8(s->vc + t * P + 8 * c);
                 for (int i = 0; i < K - 1; i++)
                     buf[tt][i * NV + c] = __builtin_convertvector((x >> (i * NB)) & ((1 << NB) - 1), v8f) * uc + wc;
@@ -259,12 +202,12 @@ AI void value_sums_v(const seg_item *s, const float *p, float *acc, int64_t tota
         for (int64_t r = 0; r < M; r++) {
             const float *pr = p + r * total + t0;
             float *ar = acc + r * D;
-            for (int64_t v = 0; v < D / 8; v++) a[v] = loadv(ar + 8 * v);
+            for (int64_t v = 0; v < D / 8; v++) a[v] = load8(ar + 8 * v);
             for (int64_t tt = 0; tt < nt; tt++) {
-                const v8f pt = splat(pr[tt]);
+                const v8f pt = splat8(pr[tt]);
                 for (int64_t v = 0; v < D / 8; v++) a[v] += pt * buf[tt][v];
             }
-            for (int64_t v = 0; v < D / 8; v++) storev(ar + 8 * v, a[v]);
+            for (int64_t v = 0; v < D / 8; v++) store8(ar + 8 * v, a[v]);
         }
     }
 }
@@ -314,14 +257,6 @@ typedef struct {
     int64_t int_isa; /* -1: exact fp32; else the _kivi_int.c path (its code; + INT_KEYS_ONLY: exact value sums) */
 } args_t;
 
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
 /* the window's scores (quantized tokens first: columns [Q, Q + w)) and the masks */
 static inline __attribute__((always_inline)) void window_and_mask(const args_t *a, int64_t b, int64_t h, const float *q, float *sc, int64_t Q,
                             int64_t total, float *buf, const int64_t D) {
@@ -332,19 +267,19 @@ static inline __attribute__((always_inline)) void window_and_mask(const args_t *
         float rows[8][D];
         v8f acc[8];
         for (; j + 8 <= a->w; j += 8) {
-            for (int tt = 0; tt < 8; tt++) window_row(kw, (j + tt) * a->kw_st, D, (int)a->win_bf16, rows[tt]);
+            for (int tt = 0; tt < 8; tt++) row_f32(kw, (j + tt) * a->kw_st, D, (int)a->win_bf16, rows[tt]);
             for (int64_t r = 0; r < M; r++) {
                 for (int tt = 0; tt < 8; tt++) {
-                    v8f x = loadv(rows[tt]) * loadv(q + r * D);
-                    for (int64_t v = 1; v < D / 8; v++) x += loadv(rows[tt] + 8 * v) * loadv(q + r * D + 8 * v);
+                    v8f x = load8(rows[tt]) * load8(q + r * D);
+                    for (int64_t v = 1; v < D / 8; v++) x += load8(rows[tt] + 8 * v) * load8(q + r * D + 8 * v);
                     acc[tt] = x;
                 }
-                storev(sc + r * total + Q + j, sum8(acc));
+                store8(sc + r * total + Q + j, sum8(acc));
             }
         }
     }
     for (; j < a->w; j++) {
-        window_row(kw, j * a->kw_st, D, (int)a->win_bf16, buf);
+        row_f32(kw, j * a->kw_st, D, (int)a->win_bf16, buf);
         for (int64_t r = 0; r < M; r++) sc[r * total + Q + j] = dot(q + r * D, buf, D);
     }
     for (int64_t r = 0; r < M; r++) {
@@ -360,32 +295,14 @@ static inline __attribute__((always_inline)) void window_and_mask(const args_t *
     }
 }
 
-/* exp(x) of 8 lanes, x <= 0 or -inf (-> 0): the polynomial of exp_nonpos, round-to-nearest by the 1.5 * 2^23 trick */
-AI v8f exp8_nonpos(v8f x) {
-    const v8i low = x < splat(-87.0f);
-    const v8f xc = (v8f)(((v8i)x & ~low) | ((v8i)splat(-87.0f) & low));
-    const v8f fx = (xc * splat(1.44269504088896341f) + splat(12582912.0f)) - splat(12582912.0f);
-    const v8f r = xc - fx * splat(0.693359375f) + fx * splat(2.12194440e-4f);
-    const v8f z = r * r;
-    v8f y = splat(1.9875691500e-4f);
-    y = y * r + splat(1.3981999507e-3f);
-    y = y * r + splat(8.3334519073e-3f);
-    y = y * r + splat(4.1665795894e-2f);
-    y = y * r + splat(1.6666665459e-1f);
-    y = y * r + splat(5.0000001201e-1f);
-    y = y * z + r + splat(1.0f);
-    const v8i e = (__builtin_convertvector(fx, v8i) + 127) << 23;
-    return (v8f)((v8i)(y * (v8f)e) & ~low);
-}
-
 /* softmax of each row in place (unnormalised: exp(s - max)); returns 1 / sum in inv[r] (0 for a masked row) */
 static void softmax_rows(float *sc, int64_t M, int64_t total, float *inv) {
     for (int64_t r = 0; r < M; r++) {
         float *row = sc + r * total;
         const int64_t nv = total / 8 * 8;
-        v8f m8 = splat(-INFINITY);
+        v8f m8 = splat8(-INFINITY);
         for (int64_t t = 0; t < nv; t += 8) {
-            const v8f x = loadv(row + t);
+            const v8f x = load8(row + t);
             const v8i gt = x > m8;
             m8 = (v8f)(((v8i)x & gt) | ((v8i)m8 & ~gt));
         }
@@ -397,10 +314,10 @@ static void softmax_rows(float *sc, int64_t M, int64_t total, float *inv) {
             inv[r] = 0.0f;
             continue;
         }
-        v8f l8 = splat(0.0f);
+        v8f l8 = splat8(0.0f);
         for (int64_t t = 0; t < nv; t += 8) {
-            const v8f e = exp8_nonpos(loadv(row + t) - splat(mx));
-            storev(row + t, e);
+            const v8f e = exp8_nonpos(load8(row + t) - splat8(mx));
+            store8(row + t, e);
             l8 += e;
         }
         float l = 0.0f;
@@ -421,7 +338,7 @@ AI void finish_row(const args_t *a, int64_t b, int64_t h, int64_t r, const float
     for (int64_t j = 0; j < a->w; j++) {
         const float pr = pw[j];
         if (pr == 0.0f) continue;
-        window_row(vw, j * a->vw_st, D, (int)a->win_bf16, tmp);
+        row_f32(vw, j * a->vw_st, D, (int)a->win_bf16, tmp);
 #pragma omp simd
         for (int64_t c = 0; c < D; c++) orow[c] += pr * tmp[c];
     }
@@ -562,18 +479,18 @@ AI void fp8_key_scores(const uint8_t *kc, int64_t T, int64_t st, const float *qs
         for (int64_t r = 0; r < M; r++) {
             const float *qr = qs + r * D;
             for (int tt = 0; tt < 8; tt++) {
-                v8f x = cf[tt][0] * loadv(qr);
-                for (int64_t v = 1; v < NV; v++) x += cf[tt][v] * loadv(qr + 8 * v);
+                v8f x = cf[tt][0] * load8(qr);
+                for (int64_t v = 1; v < NV; v++) x += cf[tt][v] * load8(qr + 8 * v);
                 acc[tt] = x;
             }
-            storev(sc + r * total + t0, sum8(acc));
+            store8(sc + r * total + t0, sum8(acc));
         }
     }
     for (; t0 < T; t0++) {
         for (int64_t v = 0; v < NV; v++) cf[0][v] = fp8x8(kc + t0 * st + 8 * v, E5);
         for (int64_t r = 0; r < M; r++) {
-            v8f x = cf[0][0] * loadv(qs + r * D);
-            for (int64_t v = 1; v < NV; v++) x += cf[0][v] * loadv(qs + r * D + 8 * v);
+            v8f x = cf[0][0] * load8(qs + r * D);
+            for (int64_t v = 1; v < NV; v++) x += cf[0][v] * load8(qs + r * D + 8 * v);
             sc[r * total + t0] = x[0] + x[1] + x[2] + x[3] + x[4] + x[5] + x[6] + x[7];
         }
     }
@@ -591,12 +508,12 @@ AI void fp8_value_sums(const uint8_t *vc, int64_t T, int64_t st, const float *p,
         for (int64_t r = 0; r < M; r++) {
             const float *pr = p + r * total + t0;
             float *ar = acc + r * D;
-            for (int64_t v = 0; v < NV; v++) a[v] = loadv(ar + 8 * v);
+            for (int64_t v = 0; v < NV; v++) a[v] = load8(ar + 8 * v);
             for (int64_t tt = 0; tt < nt; tt++) {
-                const v8f pt = splat(pr[tt]);
+                const v8f pt = splat8(pr[tt]);
                 for (int64_t v = 0; v < NV; v++) a[v] += pt * buf[tt][v];
             }
-            for (int64_t v = 0; v < NV; v++) storev(ar + 8 * v, a[v]);
+            for (int64_t v = 0; v < NV; v++) store8(ar + 8 * v, a[v]);
         }
     }
 }

@@ -32,6 +32,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "_kivi_simd.h"
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define X86 1
@@ -47,7 +49,6 @@ enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 #define T_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define T_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #endif
-#define AI static inline __attribute__((always_inline))
 
 /* the best path this CPU runs */
 static int isa_best = -1;
@@ -63,17 +64,6 @@ int kvlab_isa_best(void) {
         return isa_best = ISA_AVX2;
 #endif
     return isa_best = ISA_SCALAR;
-}
-
-static inline float bf16f(uint16_t x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline float meta_at(const void *p, int64_t i, int bf16) {
-    return bf16 ? bf16f(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
 /* ---- integer key scores ---------------------------------------------------------------------------------------
@@ -260,14 +250,6 @@ int kivi_int_supported(int64_t isa, int64_t nb, int64_t D) {
     return unit_width((int)isa, D) != 0;
 }
 
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-#if defined(__clang__)
-#define SHUF8(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
-#else
-#define SHUF8(a, b, ...) __builtin_shuffle(a, b, (v8i){__VA_ARGS__})
-#endif
-
 /* even and odd elements of src[0..n) (n a multiple of 16) */
 AI void deint2(const float *src, int64_t n, float *even, float *odd) {
     for (int64_t i = 0; i < n / 16; i++) {
@@ -300,30 +282,14 @@ AI void to_unit_order(const float *sn, float *sp, int64_t D, int64_t W, int nb) 
     }
 }
 
-/* a scale/zero row [D] as fp32 */
-AI void meta_row(const void *p, int64_t off, int64_t D, int bf16, float *out) {
-    if (bf16) {
-        const uint16_t *h = (const uint16_t *)p + off;
-#pragma omp simd
-        for (int64_t c = 0; c < D; c++) {
-            const uint32_t u = (uint32_t)h[c] << 16;
-            float f;
-            memcpy(&f, &u, 4);
-            out[c] = f;
-        }
-    } else {
-        memcpy(out, (const float *)p + off, D * sizeof(float));
-    }
-}
-
 /* the int8 query of M rows for key group j: qs = q * s in the path's unpacked order of unit width W (qp: q in that
  * order), a[r] = max |qs| / 127, qi = round(qs / a[r]) (to nearest: the 1.5 * 2^23 trick); bias[r] = q . z */
 AI void quantize_rows(const float *q, const float *qp, const void *ks, const void *kz, int bf16, int64_t j,
                       int64_t M, const int64_t D, int64_t W, int nb, int8_t *qi, float *a, float *bias) {
     float sn[D], sp[D], zn[D], qs[D];
-    meta_row(ks, j * D, D, bf16, sn);
+    row_f32(ks, j * D, D, bf16, sn);
     to_unit_order(sn, sp, D, W, nb);
-    meta_row(kz, j * D, D, bf16, zn);
+    row_f32(kz, j * D, D, bf16, zn);
     for (int64_t r = 0; r < M; r++) {
         float b = 0.0f, amax = 0.0f;
 #pragma omp simd reduction(+ : b)
@@ -443,8 +409,8 @@ AI void value_weights(const float *p, const float *uf, const float *wf, int64_t 
 /* per-token scales/zeros of tokens [t0, t0 + nt) as fp32 in value_weights' layout (0 past nt) */
 AI void value_meta(const void *vs, const void *vz, int bf16, int64_t t0, int64_t nt, int64_t KG, float *uf, float *wf) {
     float un[VB * KG], wn[VB * KG];
-    meta_row(vs, t0 * KG, nt * KG, bf16, un);
-    meta_row(vz, t0 * KG, nt * KG, bf16, wn);
+    row_f32(vs, t0 * KG, nt * KG, bf16, un);
+    row_f32(vz, t0 * KG, nt * KG, bf16, wn);
     for (int64_t q = 0; q < (nt + 3) / 4; q++)
         for (int64_t g = 0; g < KG; g++)
             for (int tt = 0; tt < 4; tt++) {
@@ -643,25 +609,9 @@ int kivi_int_value_sums(int64_t isa, int64_t nb, const uint8_t *vc, const void *
 }
 
 /* ---- float baseline ----------------------------------------------------------------------------------------- */
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
+/* v16f, v16i, SHUF16, splat16, load16, store16 and exp16_nonpos: _kivi_simd.h */
 typedef uint32_t v16u __attribute__((vector_size(64)));
 typedef uint16_t v16h __attribute__((vector_size(32)));
-#if defined(__clang__)
-#define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
-#else
-#define SHUF(a, b, ...) __builtin_shuffle(a, b, (v16i){__VA_ARGS__})
-#endif
-
-AI v16f splat16(float x) { return (v16f){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
-
-AI v16f load16(const float *p) {
-    v16f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-AI void store16(float *p, v16f v) { memcpy(p, &v, sizeof v); }
 
 /* 16 elements of a K/V row as fp32: dt 0 fp32, 1 bf16 (exact: a shift), 2 fp16 (F16C where the path has it) */
 AI v16f row16(const void *p, const int dt) {
@@ -687,34 +637,16 @@ AI v16f row16(const void *p, const int dt) {
 AI v16f sum16(const v16f *a) {
     v16f s[8], t[4], u[2];
     for (int k = 0; k < 8; k++)
-        s[k] = SHUF(a[2 * k], a[2 * k + 1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +
-               SHUF(a[2 * k], a[2 * k + 1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+        s[k] = SHUF16(a[2 * k], a[2 * k + 1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +
+               SHUF16(a[2 * k], a[2 * k + 1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
     for (int k = 0; k < 4; k++)
-        t[k] = SHUF(s[2 * k], s[2 * k + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
-               SHUF(s[2 * k], s[2 * k + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+        t[k] = SHUF16(s[2 * k], s[2 * k + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
+               SHUF16(s[2 * k], s[2 * k + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
     for (int k = 0; k < 2; k++)
-        u[k] = SHUF(t[2 * k], t[2 * k + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +
-               SHUF(t[2 * k], t[2 * k + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
-    return SHUF(u[0], u[1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-           SHUF(u[0], u[1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-}
-
-/* exp(x) of 16 lanes, x <= 0 or -inf (-> 0): Cephes expf polynomial (~1 ulp), as exp8_nonpos in _kivi_cpu.c */
-AI v16f exp16_nonpos(v16f x) {
-    const v16i low = x < splat16(-87.0f);
-    const v16f xc = (v16f)(((v16i)x & ~low) | ((v16i)splat16(-87.0f) & low));
-    const v16f fx = (xc * splat16(1.44269504088896341f) + splat16(12582912.0f)) - splat16(12582912.0f);
-    const v16f r = xc - fx * splat16(0.693359375f) + fx * splat16(2.12194440e-4f);
-    const v16f z = r * r;
-    v16f y = splat16(1.9875691500e-4f);
-    y = y * r + splat16(1.3981999507e-3f);
-    y = y * r + splat16(8.3334519073e-3f);
-    y = y * r + splat16(4.1665795894e-2f);
-    y = y * r + splat16(1.6666665459e-1f);
-    y = y * r + splat16(5.0000001201e-1f);
-    y = y * z + r + splat16(1.0f);
-    const v16i e = (__builtin_convertvector(fx, v16i) + 127) << 23;
-    return (v16f)((v16i)(y * (v16f)e) & ~low);
+        u[k] = SHUF16(t[2 * k], t[2 * k + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +
+               SHUF16(t[2 * k], t[2 * k + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+    return SHUF16(u[0], u[1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+           SHUF16(u[0], u[1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
 }
 
 typedef struct {
@@ -729,14 +661,6 @@ typedef struct {
     void *out;                             /* [B, H, M, D] fp32 or bf16 (out_bf16) */
     int64_t out_bf16;
 } fargs_t;
-
-static inline uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 /* softmax of each row in place (exp(s - max)); 1 / sum in inv[r] */
 AI void softmax16(float *sc, int64_t M, int64_t T, float *inv) {
@@ -772,8 +696,7 @@ AI void float_item(const fargs_t *a, int64_t it, const int64_t D, const int dt) 
     const char *v = (const char *)a->v + (b * a->v_sb + h * a->v_sh) * es;
     float *qf = a->work + it * 2 * M * D, *acc = qf + M * D, *sc = a->scores + it * M * T, inv[M];
     for (int64_t x = 0; x < M * D; x++)
-        qf[x] = (a->q_bf16 ? bf16f(((const uint16_t *)a->q)[it * M * D + x]) : ((const float *)a->q)[it * M * D + x]) *
-                a->scale;
+        qf[x] = ld(a->q, it * M * D + x, (int)a->q_bf16) * a->scale;
     v16f buf[16][NV], s[16];
     int64_t t0 = 0;
     for (; t0 < T; t0 += 16) {
@@ -820,7 +743,7 @@ AI void float_item(const fargs_t *a, int64_t it, const int64_t D, const int dt) 
         for (int64_t c = 0; c < D; c++) {
             const float y = acc[r * D + c] * inv[r];
             if (a->out_bf16)
-                ((uint16_t *)a->out)[o + r * D + c] = to_bf16(y);
+                ((uint16_t *)a->out)[o + r * D + c] = f32_to_bf16(y);
             else
                 ((float *)a->out)[o + r * D + c] = y;
         }

@@ -26,8 +26,8 @@ Build: the C sources ship with the package; the first call that needs them runs 
 ``$KVLAB_CC``), ``_kivi_cpu.c`` with :data:`CFLAGS` (``-O2 -fpeel-loops -march=native ...``) and ``_kivi_int.c`` without
 ``-march`` (each path has its own ``__attribute__((target))``), the two in parallel, linked into
 ``$KVLAB_KERNEL_DIR`` or ``$XDG_CACHE_HOME/kvlab/kernels`` (default ``~/.cache/kvlab/kernels``), named by a hash of
-the sources, the flags and the CPU (``-march=native`` code runs only where it was built) and one of the compiler's
-version; where no compiler can run, a build for the same source, flags and CPU by an earlier compiler is loaded.
+the sources and the header both include (``_kivi_simd.h``), the flags and the CPU (``-march=native`` code runs only
+where it was built) and one of the compiler's version; where no compiler can run, a build for the same source, flags and CPU by an earlier compiler is loaded.
 It is written to a temporary name and moved into place, so concurrent processes are safe; after a build, all but the
 :data:`KEEP_BUILDS` most recently written kernels of the folder are deleted (old sources, compilers, CPUs). Nothing
 is compiled on
@@ -56,6 +56,8 @@ SOURCE = Path(__file__).with_name("_kivi_cpu.c")
 # integer key scores and the float baseline, one __attribute__((target)) per instruction-set path: built without
 # -march=native so that a lower path (KVLAB_CPU_ISA) really runs the lower instructions
 INT_SOURCE = Path(__file__).with_name("_kivi_int.c")
+# what both sources include (`#include "_kivi_simd.h"`, found beside them): bf16 and exp helpers, vector types
+HEADER = Path(__file__).with_name("_kivi_simd.h")
 COMPILER = os.environ.get("KVLAB_CC", "cc")
 # -O2 + complete peeling (the -O3 part the kernels need): ~13 s of one core for _kivi_cpu.c where -O3 took ~46 s
 CFLAGS = ("-O2", "-fpeel-loops", "-march=native", "-fPIC", "-shared", "-fopenmp")
@@ -107,10 +109,12 @@ def _compiler_version() -> str:
 
 
 def _build_key() -> str:
-    """Hash of what the binary depends on besides the compiler: the source, the flags and the CPU."""
+    """Hash of what the binary depends on besides the compiler: the sources and their header, the flags and the
+    CPU."""
     h = hashlib.sha256()
     flags = " ".join(CFLAGS) + " | " + " ".join(_int_flags())
-    for part in (SOURCE.read_bytes(), INT_SOURCE.read_bytes(), flags.encode(), _machine_key().encode()):
+    sources = (SOURCE.read_bytes(), INT_SOURCE.read_bytes(), HEADER.read_bytes())
+    for part in (*sources, flags.encode(), _machine_key().encode()):
         h.update(part)
         h.update(b"\0")
     return h.hexdigest()[:20]

@@ -218,6 +218,18 @@ def test_a_built_kernel_still_loads_when_the_compiler_is_gone(monkeypatch, tmp_p
         cpu_kernel.reset()
 
 
+def test_the_shared_header_is_in_the_build_key(monkeypatch, tmp_path):
+    """Both sources include _kivi_simd.h: a change to it names another kernel file, so it is rebuilt."""
+    assert f'#include "{cpu_kernel.HEADER.name}"' in cpu_kernel.SOURCE.read_text()
+    assert f'#include "{cpu_kernel.HEADER.name}"' in cpu_kernel.INT_SOURCE.read_text()
+    header = tmp_path / cpu_kernel.HEADER.name
+    header.write_bytes(cpu_kernel.HEADER.read_bytes())
+    monkeypatch.setattr(cpu_kernel, "HEADER", header)
+    before = cpu_kernel._build_key()
+    header.write_text(header.read_text() + "/* changed */\n")
+    assert cpu_kernel._build_key() != before
+
+
 def test_prune_keeps_the_newest_builds_and_the_new_one(tmp_path):
     old = []
     for i in range(6):  # kivi_cpu-0.so is the oldest
