@@ -7,6 +7,7 @@ targets; nothing is typed by hand. Targets whose device has no record are listed
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from kvlab.bench.results import read_records
@@ -50,28 +51,35 @@ def _failures(rows: list[dict], key: str) -> list[str]:
     ]
 
 
+def _context_grid(
+    result: dict, key: str, names: list[str], cell: Callable[[dict, str], str]
+) -> list[list[str]]:
+    """One table row per context of ``result``: the context, then for each of ``names`` (the rows' ``key``)
+    ``cell(row, name)`` where it was measured, its status where it failed and ``-`` where no row was recorded."""
+    cells = {(r[key], r["context"]): r for r in result["rows"]}
+    rows = []
+    for ctx in result["contexts"]:
+        row = [str(ctx)]
+        for name in names:
+            r = cells.get((name, ctx))
+            row.append("-" if r is None else r["status"] if r["status"] != "ok" else cell(r, name))
+        rows.append(row)
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------------- per benchmark
 
 
 def render_decode(result: dict) -> str:
     """Median ms/token per context and cache, with the ratio to ``dynamic``; the profile when present."""
     names = [c["name"] for c in result["candidates"]]
+
+    def ms(r: dict, name: str) -> str:
+        ratio = r.get("ratio_to_dynamic")
+        return f"{r['median_ms']:.2f}" + ("" if ratio is None or name == "dynamic" else f" ({ratio:.2f}x)")
+
+    rows = _context_grid(result, "candidate", names, ms)
     cells = {(r["candidate"], r["context"]): r for r in result["rows"]}
-    rows = []
-    for ctx in result["contexts"]:
-        row = [str(ctx)]
-        for n in names:
-            r = cells.get((n, ctx))
-            if r is None:
-                row.append("-")
-            elif r["status"] != "ok":
-                row.append(r["status"])
-            else:
-                ratio = r.get("ratio_to_dynamic")
-                row.append(
-                    f"{r['median_ms']:.2f}" + ("" if ratio is None or n == "dynamic" else f" ({ratio:.2f}x)")
-                )
-        rows.append(row)
     s = result["settings"]
     parts = [
         _model_line(result),
@@ -167,22 +175,9 @@ def render_memory(result: dict) -> str:
 def render_flush(result: dict) -> str:
     """Flushing-append and plain-append µs per history length and cache; flush ratio largest/smallest context."""
     caches = list(dict.fromkeys(r["cache"] for r in result["rows"]))
-    cells = {(r["cache"], r["context"]): r for r in result["rows"]}
-    rows = []
-    for ctx in result["contexts"]:
-        row = [str(ctx)]
-        for c in caches:
-            r = cells.get((c, ctx))
-            row.append(
-                "-"
-                if r is None
-                else (
-                    r["status"]
-                    if r["status"] != "ok"
-                    else f"{r['flush_us']:,.0f} ({r['plain_append_us']:,.0f})"
-                )
-            )
-        rows.append(row)
+    rows = _context_grid(
+        result, "cache", caches, lambda r, _: f"{r['flush_us']:,.0f} ({r['plain_append_us']:,.0f})"
+    )
     ratio_row = ["flush ratio largest / smallest"]
     for c in caches:
         rt = result["ratios"].get(c)
