@@ -18,7 +18,6 @@ medians over rounds. Target: KIVI flush at 16k <= 1.2x flush at 1k.
 
 from __future__ import annotations
 
-import re
 import statistics
 import time
 from typing import Any
@@ -41,12 +40,13 @@ KIVI_CYCLES = (
 
 
 class _KIVISubject:
-    """A :class:`KIVIState` behind the harness interface (append, steps before a flush, flush counter)."""
+    """A :class:`KIVIState` behind the harness interface (append, steps before a flush, flush counter): kvlab's
+    own flush, timed over ``KIVI_CYCLES`` flushes per fresh layer and ``reps`` rounds."""
 
-    def __init__(self, nbits: int, group_size: int, residual_length: int):
-        from kvlab.quant.kivi import KIVIConfig, KIVIState
+    cycles = KIVI_CYCLES
 
-        self.state = KIVIState(KIVIConfig(nbits, group_size, residual_length))
+    def __init__(self, state: Any):
+        self.state = state
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         self.state.append(k, v)
@@ -63,20 +63,13 @@ class _KIVISubject:
 
 
 class _HFSubject:
-    """transformers' ``HQQQuantizedLayer`` / ``QuantoQuantizedLayer`` (settings as ``kvlab eval``'s candidates)."""
+    """transformers' ``HQQQuantizedLayer`` / ``QuantoQuantizedLayer`` (settings as ``kvlab eval``'s candidates): one
+    flush per fresh layer (each re-quantizes the whole history: seconds on CPU) and ``hf_reps`` rounds."""
 
-    def __init__(self, backend: str, nbits: int, group_size: int, residual_length: int):
-        from transformers.cache_utils import HQQQuantizedLayer, QuantoQuantizedLayer
+    cycles = 1
 
-        cls = HQQQuantizedLayer if backend == "hqq" else QuantoQuantizedLayer
-        axis = 1 if backend == "hqq" else 0  # axis 1 for HQQ, as in the quantization chapter
-        self.layer = cls(
-            nbits=nbits,
-            axis_key=axis,
-            axis_value=axis,
-            q_group_size=group_size,
-            residual_length=residual_length,
-        )
+    def __init__(self, layer: Any):
+        self.layer = layer
         self._flushes = 0
 
     def _held(self) -> int:
@@ -100,19 +93,28 @@ class _HFSubject:
         return self.layer.cumulative_length
 
 
-def _family(name: str) -> str:
-    from kvlab.caches.registry import resolve
+def _layer(name: str, settings: dict) -> Any:
+    """One fresh layer of cache ``name`` as its registry entry makes it alone (``CacheEntry.layer``), with the run's
+    ``settings`` (``group_size``, ``residual_length``, ``hqq_group_size``)."""
+    from kvlab.caches.registry import CacheSettings, resolve
 
-    return resolve(name).family
+    cache = resolve(name, CacheSettings(**settings))
+    return cache.entry.layer(cache.name, cache.settings)
 
 
 def _subject(name: str, settings: dict) -> Any:
-    from kvlab.caches.registry import resolve
+    """A fresh layer of ``name`` (:func:`_layer`) behind the harness: :class:`_KIVISubject` for kvlab's
+    :class:`KIVIState`, :class:`_HFSubject` for a transformers layer."""
+    from kvlab.quant.kivi import KIVIState
 
-    cache = resolve(name)  # the registry reads the name: kivi4 -> ("kivi", 4)
-    if cache.family == "kivi":
-        return _KIVISubject(cache.nbits, settings["group_size"], settings["residual_length"])
-    return _HFSubject(cache.family, cache.nbits, settings["hqq_group_size"], settings["residual_length"])
+    layer = _layer(name, settings)
+    return _KIVISubject(layer) if isinstance(layer, KIVIState) else _HFSubject(layer)
+
+
+def _subject_class(name: str, settings: dict) -> type:
+    """The harness class of ``name`` (:func:`_subject`); :class:`_HFSubject` for a cache whose package is missing
+    (its cells are skipped, with the reps and cycles of transformers' layers)."""
+    return _HFSubject if _unavailable(name) is not None else type(_subject(name, settings))
 
 
 def _unavailable(name: str) -> str | None:
@@ -240,9 +242,8 @@ def run(
 
     rows = []
     for name in caches:
-        kivi = _family(name) == "kivi"
-        n_reps = reps if kivi else hf_reps
-        cycles = KIVI_CYCLES if kivi else 1
+        cycles = _subject_class(name, settings).cycles
+        n_reps = reps if cycles == KIVI_CYCLES else hf_reps
         cells = _cache_cells(name, contexts, n_reps, (k, v), settings, dev, progress, cycles)
         rows += [{"cache": name, "context": c, "reps": n_reps, "cycles": cycles} | cells[c] for c in contexts]
     ratios = _flush_ratios(rows, caches)
@@ -265,11 +266,25 @@ def run(
     return result
 
 
+def _flush_names() -> tuple[set[str], str]:
+    """The caches this benchmark times, from the registry entries that make one layer alone (``CacheEntry.layer``):
+    their names (family + bits: ``kivi4``, ``hqq2``) and how a message lists them (``kivi{2,4,8}, hqq{2,4,8} or
+    quanto{2,4}``)."""
+    from kvlab.caches.registry import REGISTRY
+
+    entries = [e for e in REGISTRY.values() if e.layer is not None]
+    listed = [f"{e.family}{{{','.join(map(str, e.nbits))}}}" for e in entries]
+    text = listed[-1] if len(listed) == 1 else f"{', '.join(listed[:-1])} or {listed[-1]}"
+    return {f"{e.family}{b}" for e in entries for b in e.nbits}, text
+
+
 def _check_cache_names(caches) -> None:
-    """Raise ValueError naming a cache that is not kivi{2,4,8}, hqq{2,4,8} or quanto{2,4}."""
+    """Raise ValueError naming a cache that is not one of :func:`_flush_names` (kivi{2,4,8}, hqq{2,4,8},
+    quanto{2,4})."""
+    names, listed = _flush_names()
     for name in caches:
-        if not re.match(r"^(kivi(2|4|8)|hqq(2|4|8)|quanto(2|4))$", name):
-            raise ValueError(f"unknown cache {name!r}; expected kivi{{2,4,8}}, hqq{{2,4,8}} or quanto{{2,4}}")
+        if name not in names:
+            raise ValueError(f"unknown cache {name!r}; expected {listed}")
 
 
 def _cache_cells(name, contexts, reps, kv, settings, dev, progress, cycles) -> dict[int, dict]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from kvlab.cache_names import CacheName
 from kvlab.caches.settings import option_names
+from kvlab.plan.kv_formats import PlannerBytes
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,12 @@ class CacheEntry:
     logit_bound: Mapping[int, float] = field(default_factory=dict)  # lossy only: bits -> relative logit error
     requires: str | None = None  # importable module the cache needs ("hqq"); None = always available
     install_hint: str = "pip install 'kvlab[hf]'"  # how to get `requires`
-    planner: bool = False  # `kvlab plan --kv-dtype <name>` sizes it exactly (kvlab.plan.ledger.kv_dtype)
+    # its planner bytes (torch-free, kvlab.plan.kv_formats): `kvlab plan --kv-dtype <name>` sizes it from them;
+    # None = the planner does not size this family
+    planner: PlannerBytes | None = None
+    # one layer of the cache alone, no model config: (name, settings) -> the object `kvlab bench flush` times
+    # (kvlab.bench.flush: a KIVIState, or a transformers QuantizedLayer); None = no flushing residual window
+    layer: Callable[[CacheName, Any], Any] | None = None
     describe: Callable[[CacheName, Any], dict] | None = None  # JSON settings beyond name/family
     # whether the model must run kvlab attention (kvlab.attention.enable) for this name and options
     kvlab_attention: Callable[[CacheName, Any], bool] = lambda name, options: False

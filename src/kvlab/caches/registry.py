@@ -2,7 +2,8 @@
 
 One :class:`~kvlab.caches.entry.CacheEntry` per cache family: which bit widths, variants and settings its names take, a factory
 ``(model_config, name, settings) -> Cache``, whether it is exact (the same logits as ``DynamicCache``) or lossy
-with a stated bound, the optional package it needs, and whether ``kvlab plan --kv-dtype`` sizes it. ``kvlab eval``,
+with a stated bound, the optional package it needs, and its planner bytes (what ``kvlab plan --kv-dtype`` sizes,
+:class:`~kvlab.plan.kv_formats.PlannerBytes`). ``kvlab eval``,
 ``kvlab bench`` and ``kvlab lab`` build their caches here; ``tests/unit/caches/test_registry.py`` runs every
 registered name through ``generate()`` against ``DynamicCache``. Adding a cache is one module under
 ``kvlab/caches/`` and one entry in :data:`REGISTRY` (see CONTRIBUTING.md).
@@ -27,7 +28,7 @@ from kvlab.caches.settings import (
     option_names,
 )
 from kvlab.plan import mixed as _mixed
-from kvlab.plan.ledger import FP8_FORMATS, FP8_WORDS, KIVI_NBITS
+from kvlab.plan.kv_formats import FP8_BYTES, FP8_FORMATS, FP8_WORDS, KIVI_BYTES, KIVI_NBITS
 
 
 class CacheSettings:
@@ -157,6 +158,16 @@ def _kivi(model_config: Any, name: CacheName, s: Any) -> Any:
     )
 
 
+def _kivi_layer(name: CacheName, s: Any) -> Any:
+    """The quantizer state of one KIVI layer (:class:`kvlab.quant.kivi.KIVIState`, one bit width for K and V), for
+    ``kvlab bench flush``: what a KIVICache layer appends to and flushes."""
+    from kvlab.quant.kivi import KIVIConfig, KIVIState
+
+    if name.nbits is None:
+        raise ValueError(f"{name.text}: one KIVI layer is timed at one bit width for K and V, e.g. kivi-4")
+    return KIVIState(KIVIConfig(name.nbits, s.group_size, s.residual_length))
+
+
 def _kivi_describe(name: CacheName, s: Any) -> dict:
     key_bits, value_bits = name.bits
     return {
@@ -188,16 +199,28 @@ def _hf_quantized(model_config: Any, name: CacheName, s: Any) -> Any:
             f"layers from it"
         )
     model_text_config(model_config)  # a config that is not one is named
+    return QuantizedCache(backend=name.family, config=model_config, **_hf_layer_settings(name, s))
+
+
+def _hf_layer_settings(name: CacheName, s: Any) -> dict:
+    """The keywords of one transformers quantized layer (``QuantizedCache`` passes them to each of its layers)."""
     axis = _hf_axis(name.family)
-    return QuantizedCache(
-        backend=name.family,
-        config=model_config,
-        nbits=name.nbits,
-        axis_key=axis,
-        axis_value=axis,
-        q_group_size=s.hqq_group_size,
-        residual_length=s.residual_length,
-    )
+    return {
+        "nbits": name.nbits,
+        "axis_key": axis,
+        "axis_value": axis,
+        "q_group_size": s.hqq_group_size,
+        "residual_length": s.residual_length,
+    }
+
+
+def _hf_layer(name: CacheName, s: Any) -> Any:
+    """One transformers ``HQQQuantizedLayer`` / ``QuantoQuantizedLayer`` with the settings of :func:`_hf_quantized`
+    (for ``kvlab bench flush``, which times one layer without a model)."""
+    from transformers.cache_utils import HQQQuantizedLayer, QuantoQuantizedLayer
+
+    cls = HQQQuantizedLayer if name.family == "hqq" else QuantoQuantizedLayer
+    return cls(**_hf_layer_settings(name, s))
 
 
 def _hf_describe(name: CacheName, s: Any) -> dict:
@@ -247,26 +270,21 @@ def _sink(model_config: Any, name: CacheName, s: Any) -> Any:
     return SinkCache(num_sink_tokens=s.sink_tokens, window_length=s.window_length, config=model_config)
 
 
+def _budget(s: Any) -> dict:
+    """An evicting cache's keyword: ``token_budget`` when the settings give one, else ``compression_ratio``."""
+    return {"token_budget": s.token_budget} if s.token_budget else {"compression_ratio": s.compression_ratio}
+
+
 def _snapkv(model_config: Any, name: CacheName, s: Any) -> Any:
     from kvlab.caches.snapkv import SnapKVCache
 
-    if s.token_budget:
-        return SnapKVCache(token_budget=s.token_budget, config=model_config)
-    return SnapKVCache(compression_ratio=s.compression_ratio, config=model_config)
-
-
-def _snapkv_describe(name: CacheName, s: Any) -> dict:
-    if s.token_budget:
-        return {"token_budget": s.token_budget}
-    return {"compression_ratio": s.compression_ratio}
+    return SnapKVCache(**_budget(s), config=model_config)
 
 
 def _tova(model_config: Any, name: CacheName, s: Any) -> Any:
     from kvlab.caches.tova import TOVACache
 
-    if s.token_budget:
-        return TOVACache(token_budget=s.token_budget, config=model_config)
-    return TOVACache(compression_ratio=s.compression_ratio, config=model_config)
+    return TOVACache(**_budget(s), config=model_config)
 
 
 def _mixed_cache(model_config: Any, name: CacheName, s: Any) -> Any:
@@ -286,6 +304,26 @@ def _budget_keeps(while_decoding: bool) -> Callable[[CacheName, Any], Keeps | No
         return Keeps(s.token_budget, while_decoding)
 
     return keeps
+
+
+def _scorer_entry(
+    family: str, summary: str, factory: Any, *, while_decoding: bool, check: Any = None
+) -> CacheEntry:
+    """The entry of a cache that evicts by scoring tokens with kvlab attention's queries (SnapKV, TOVA): a
+    ``compression_ratio`` or a ``token_budget`` of kept tokens (:class:`EvictionSettings`), over the prompt only or
+    (``while_decoding``) over every decoded token too."""
+    return CacheEntry(
+        family,
+        summary,
+        factory,
+        options=EvictionSettings,
+        exact=False,
+        evicts=True,
+        describe=lambda name, s: _budget(s),
+        kvlab_attention=lambda name, s: True,  # the queries that score come from kvlab attention
+        check=check,
+        keeps=_budget_keeps(while_decoding),
+    )
 
 
 def _sink_keeps(name: CacheName, s: Any) -> Keeps:
@@ -320,7 +358,8 @@ REGISTRY: dict[str, CacheEntry] = {
             options=KIVISettings,
             exact=False,
             logit_bound={8: 0.01, 4: 0.1, 2: 0.4},
-            planner=True,
+            planner=KIVI_BYTES,
+            layer=_kivi_layer,
             describe=_kivi_describe,
             kvlab_attention=lambda name, s: (
                 _kivi_attention(name, s) == "fused" or bool(_snapkv_budget(name, s))
@@ -340,7 +379,7 @@ REGISTRY: dict[str, CacheEntry] = {
             exact=False,
             # measured in the registry test: 0.0085-0.0097 (e4m3, any scale), 0.016-0.019 (e5m2: a mantissa bit less)
             logit_bound={None: 0.05},
-            planner=True,
+            planner=FP8_BYTES,
             describe=_fp8_describe,
             kvlab_attention=lambda name, s: True,  # it reads the codes the cache hands off
         ),
@@ -354,29 +393,19 @@ REGISTRY: dict[str, CacheEntry] = {
             describe=lambda name, s: {"sink_tokens": s.sink_tokens, "window_length": s.window_length},
             keeps=_sink_keeps,
         ),
-        CacheEntry(
+        _scorer_entry(
             "snapkv",
             "kvlab SnapKVCache: the prompt's K/V cut to what its last queries attend to, per KV head "
             "(arXiv:2404.14469)",
             _snapkv,
-            options=EvictionSettings,
-            exact=False,
-            evicts=True,
-            describe=_snapkv_describe,
-            kvlab_attention=lambda name, s: True,  # the prefill's queries come from kvlab attention
+            while_decoding=False,  # scores the prompt once, with the prefill's last queries
             check=_snapkv_check,
-            keeps=_budget_keeps(while_decoding=False),
         ),
-        CacheEntry(
+        _scorer_entry(
             "tova",
             "kvlab TOVACache: after every step, drop the tokens the current query attends to least (arXiv:2401.06104)",
             _tova,
-            options=EvictionSettings,
-            exact=False,
-            evicts=True,
-            describe=_snapkv_describe,
-            kvlab_attention=lambda name, s: True,  # each step's query comes from kvlab attention
-            keeps=_budget_keeps(while_decoding=True),
+            while_decoding=True,  # scores after every step, with that step's query
         ),
         CacheEntry(
             "hqq",
@@ -387,6 +416,7 @@ REGISTRY: dict[str, CacheEntry] = {
             exact=False,
             logit_bound={8: 0.01, 4: 0.1, 2: 0.4},
             requires="hqq",
+            layer=_hf_layer,
             describe=_hf_describe,
         ),
         CacheEntry(
@@ -398,6 +428,7 @@ REGISTRY: dict[str, CacheEntry] = {
             exact=False,
             logit_bound={4: 0.1, 2: 0.4},
             requires="optimum.quanto",
+            layer=_hf_layer,
             describe=_hf_describe,
         ),
         CacheEntry(

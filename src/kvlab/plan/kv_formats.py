@@ -1,7 +1,10 @@
 """KV storage formats the planner sizes: the :class:`KVDtype` of a ``--kv-dtype`` name (plain dtypes, kvlab's FP8
-caches and vLLM's spellings of them, KIVI codes with their G and R) and the tables the cache registry reads
-(:data:`KIVI_NBITS`, :data:`FP8_FORMATS`, :data:`FP8_WORDS`, :data:`FP8_CACHES`). Bytes are
-:mod:`kvlab.plan.ledger`'s, which re-exports every name here.
+caches and vLLM's spellings of them, KIVI codes with their G and R), and the planner bytes a cache family declares
+(:class:`PlannerBytes`): the KIVI and FP8 families' (:data:`KIVI_BYTES`, :data:`FP8_BYTES`) are the objects their
+cache registry entries reference (``CacheEntry.planner``), with the tables those entries read (:data:`KIVI_NBITS`,
+:data:`FP8_FORMATS`, :data:`FP8_WORDS`, :data:`FP8_CACHES`). ``kvlab plan --kv-dtype`` asks the registry for a
+name's planner bytes (:class:`PlannedName`); library callers may pass these families' names as text. Bytes are
+:mod:`kvlab.plan.ledger`'s.
 
 KIVI: arXiv:2402.02750 (keys per-channel, values per-token, groups of G, a full-precision residual window of R);
 FP8: docs/plan.md, "Ledger and fit" (1 B per element plus fp32 scales).
@@ -11,7 +14,8 @@ Pure functions; no torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from fractions import Fraction
 from typing import Any
 
@@ -36,7 +40,8 @@ FP8_CACHES = {
     for fmt in FP8_FORMATS
     for word, (scale, _) in FP8_WORDS.items()
 }
-_FP8_ALIASES = {"fp8_e4m3": "fp8-e4m3", "fp8_e5m2": "fp8-e5m2"}
+# vLLM's --kv-cache-dtype spellings of kvlab's FP8 caches (per-head scales), read as those caches' names
+VLLM_ALIASES = {"fp8_e4m3": "fp8-e4m3", "fp8_e5m2": "fp8-e5m2"}
 _PLAIN = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4, "fp8": 1}
 _CANONICAL = {
     "bfloat16": "bf16",
@@ -45,12 +50,11 @@ _CANONICAL = {
     "float8_e4m3fn": "fp8",
     "float8_e5m2": "fp8",
 }
-# The names kv_dtype() reads, as the CLI lists them (kvlab plan / kvlab paging --kv-dtype choices): auto, the plain
-# dtypes, the FP8 cache names and vLLM's spellings of them, KIVI bits in both spellings and every asymmetric pair.
-# A KIVI name may also carry :group_size=G / :residual_length=R, which a list of choices cannot enumerate.
-KV_DTYPE_NAMES: tuple[str, ...] = (
-    ("auto", "bf16", "fp16", "fp32", "fp8", *_FP8_ALIASES, *FP8_CACHES)
-    + tuple(f"kivi-{n}" for n in KIVI_NBITS)
+# The --kv-dtype names that are no cache family's: the model's dtype (auto) and the plain dtypes (fp8: 1 B/element,
+# no scales), then vLLM's spellings of the FP8 caches
+PLAIN_NAMES: tuple[str, ...] = ("auto", "bf16", "fp16", "fp32", "fp8", *VLLM_ALIASES)
+_KIVI_NAMES = (
+    tuple(f"kivi-{n}" for n in KIVI_NBITS)
     + tuple(f"kivi{n}" for n in KIVI_NBITS)
     + tuple(f"kivi-k{k}v{v}" for k in KIVI_NBITS for v in KIVI_NBITS if k != v)
 )
@@ -128,18 +132,8 @@ class KVDtype:
         return tokens if self.keep_tokens is None else min(tokens, self.keep_tokens)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "element_bytes": self.element_bytes,
-            "nbits": self.nbits,
-            "group_size": self.group_size,
-            "residual_length": self.residual_length,
-            "metadata_bytes": self.metadata_bytes,
-            "value_bits": self.value_bits,
-            "fp8_scale": self.fp8_scale,
-            "keep_tokens": self.keep_tokens,
-            "bytes_per_element": float(self.bytes_per_element),
-        }
+        """The fields in order, then ``bytes_per_element`` as a float (the ``kv_dtype`` of ``kvlab plan --json``)."""
+        return asdict(self) | {"bytes_per_element": float(self.bytes_per_element)}
 
 
 def check_keep_tokens(keep_tokens: Any) -> None:
@@ -176,7 +170,7 @@ def kv_dtype(
 
 
 def _kv_dtype_uncapped(
-    name: str | KVDtype,
+    name: str | KVDtype | PlannedName,
     model_dtype: str,
     *,
     group_size: int,
@@ -185,12 +179,13 @@ def _kv_dtype_uncapped(
     """Build a :class:`KVDtype` from a CLI name (no cap).
 
     Args:
-        name: ``auto`` (the model's dtype), ``bf16``, ``fp16``, ``fp32``, ``fp8`` (1 B/element, no scales), an FP8
-            cache name (``fp8-e4m3``, ``fp8-e5m2-tensor``, ``fp8-e4m3-unscaled``, ``fp8-e4m3-hadamard``; vLLM's
-            ``fp8_e4m3`` / ``fp8_e5m2`` = ``fp8-e4m3`` / ``fp8-e5m2``: kvlab's FP8Cache with per-head scales), or a
-            KIVI cache name of the
-            cache registry's grammar (:mod:`kvlab.cache_names`): ``kivi-4`` (= ``kivi4``), ``kivi-k8v4``,
-            ``kivi-2:group_size=64`` (a ``:group_size`` / ``:residual_length`` in the name overrides the arguments).
+        name: a :class:`PlannedName` (its family's planner bytes, as ``kvlab plan`` asks the cache registry), or
+            text: ``auto`` (the model's dtype), ``bf16``, ``fp16``, ``fp32``, ``fp8`` (1 B/element, no scales), an
+            FP8 cache name (``fp8-e4m3``, ``fp8-e5m2-tensor``, ``fp8-e4m3-unscaled``, ``fp8-e4m3-hadamard``;
+            vLLM's ``fp8_e4m3`` / ``fp8_e5m2`` = ``fp8-e4m3`` / ``fp8-e5m2``: kvlab's FP8Cache with per-head
+            scales), or a KIVI cache name of the cache registry's grammar (:mod:`kvlab.cache_names`): ``kivi-4``
+            (= ``kivi4``), ``kivi-k8v4``, ``kivi-2:group_size=64`` (a ``:group_size`` / ``:residual_length`` in
+            the name overrides the arguments).
         model_dtype: the model's dtype name (``ModelSpec.dtype``): ``auto``'s dtype and KIVI's residual dtype.
         group_size, residual_length: KIVI ``G`` and ``R``.
 
@@ -199,40 +194,102 @@ def _kv_dtype_uncapped(
     """
     if isinstance(name, KVDtype):
         return name
-    key = str(name).lower()
     if model_dtype not in DTYPE_BYTES:
         raise ValueError(f"`model_dtype` must be one of {sorted(DTYPE_BYTES)}, got {model_dtype!r}")
+    if isinstance(name, PlannedName):
+        return name.planner.dtype(name.name, model_dtype, group_size, residual_length)
+    key = str(name).lower()
     if key == "auto":
         key = _CANONICAL.get(model_dtype, model_dtype)
     if key in _PLAIN:
         return KVDtype(_CANONICAL.get(key, key), _PLAIN[key])
-    key = _FP8_ALIASES.get(key, key)
-    if key in FP8_CACHES:
-        return KVDtype(key, 1, fp8_scale=FP8_CACHES[key])
-    if key.startswith("kivi"):
-        nbits, value_bits, settings = _kivi_name(key)
-        group_size = settings.get("group_size", group_size)
-        residual_length = settings.get("residual_length", residual_length)
-        p = DTYPE_BYTES[model_dtype]
-        if p not in (2, 4):
-            raise ValueError(
-                f"KIVI keeps its residual window in the model dtype; {model_dtype!r} is not 16/32-bit"
-            )
-        if value_bits is not None:
-            return KVDtype(
-                f"kivi-k{nbits}v{value_bits}",
-                p,
-                nbits,
-                group_size,
-                residual_length,
-                4 if p == 4 else 2,
-                value_bits,
-            )
-        return KVDtype(f"kivi{nbits}", p, nbits, group_size, residual_length, 4 if p == 4 else 2)
+    key = VLLM_ALIASES.get(key, key)
+    for planner in (FP8_BYTES, KIVI_BYTES):  # the families whose names the planner reads as text
+        if planner.reads(key):
+            return planner.dtype(key, model_dtype, group_size, residual_length)
     raise ValueError(
         f"`kv_dtype` must be auto, bf16, fp16, fp32, fp8, fp8_e4m3, fp8_e5m2, {', '.join(FP8_CACHES)}, kivi2, kivi4, "
         f"kivi8 or kivi-kKvV, got {name!r}"
     )
+
+
+@dataclass(frozen=True)
+class PlannerBytes:
+    """The planner bytes a cache family declares (``CacheEntry.planner`` in :mod:`kvlab.caches.registry`): what
+    ``kvlab plan --kv-dtype <name>`` sizes for one of its names.
+
+    ``dtype(name, model_dtype, group_size, residual_length)`` returns the name's :class:`KVDtype`, from which the
+    ledger (:mod:`kvlab.plan.ledger`) computes the bytes per token per layer of K and V for a model shape:
+    ``2 * kv_heads * head_dim * element_bytes`` for a plain format, plus fp32 scales for an FP8 cache
+    (:func:`~kvlab.plan.ledger.fp8_scale_bytes`), or KIVI's exact codes, scale/zero pairs and residual window
+    (:func:`~kvlab.plan.ledger.kivi_bytes_per_head`). ``name`` is the text as written (the cache-name grammar,
+    :mod:`kvlab.cache_names`), ``model_dtype`` the model's dtype name (a key of ``DTYPE_BYTES``; a format kept in
+    the model dtype reads it), ``group_size`` / ``residual_length`` the run's KIVI ``G`` and ``R``
+    (``--group-size`` / ``--residual``; a family whose settings do not take them ignores them). It raises
+    ``ValueError`` for a name or setting it cannot size.
+
+    ``names``: the spellings ``--kv-dtype`` lists (``()``: the family's registry names, ``cache_names(family)``).
+    ``reads(text)``: whether :func:`kv_dtype` reads ``text`` as this family's without the registry (the
+    torch-free planner's own names; by default none: the family's names are sized through the registry, as a
+    :class:`PlannedName`).
+    """
+
+    dtype: Callable[[str, str, int, int], KVDtype]
+    names: tuple[str, ...] = ()
+    reads: Callable[[str], bool] = lambda text: False
+
+
+@dataclass(frozen=True)
+class PlannedName:
+    """A ``--kv-dtype`` name and the planner bytes of its cache family, as ``kvlab plan`` asks the registry for
+    them: :func:`kv_dtype` sizes it once the model's dtype is known (``planner.dtype(name, model_dtype, G, R)``)."""
+
+    name: str
+    planner: PlannerBytes
+
+
+def _fp8_dtype(name: str, model_dtype: str, group_size: int, residual_length: int) -> KVDtype:
+    """An FP8 cache name's :class:`KVDtype`: 1 B per element and its scale granularity (:data:`FP8_CACHES`); the
+    model dtype, ``G`` and ``R`` do not change its bytes.
+
+    Raises:
+        ValueError: a name that is not one of :data:`FP8_CACHES` (or vLLM's spelling of one).
+    """
+    key = VLLM_ALIASES.get(name.lower(), name.lower())
+    if key not in FP8_CACHES:
+        raise ValueError(f"`kv_dtype` must be one of {', '.join(FP8_CACHES)}, got {name!r}")
+    return KVDtype(key, 1, fp8_scale=FP8_CACHES[key])
+
+
+def _kivi_dtype(name: str, model_dtype: str, group_size: int, residual_length: int) -> KVDtype:
+    """A KIVI name's :class:`KVDtype` (:func:`_kivi_name`): codes of its bits, ``G`` and ``R`` (a ``:group_size``
+    / ``:residual_length`` in the name overrides the run's), the residual window in the model dtype and scale/zero
+    pairs of 2 B (4 B for an fp32 model), as ``kvlab.caches.kivi`` stores them.
+
+    Raises:
+        ValueError: a name without KIVI bits, an unknown setting, invalid ``G``/``R``, or a model dtype that is
+            not 16- or 32-bit.
+    """
+    nbits, value_bits, settings = _kivi_name(name.lower())
+    group_size = settings.get("group_size", group_size)
+    residual_length = settings.get("residual_length", residual_length)
+    p = DTYPE_BYTES[model_dtype]
+    if p not in (2, 4):
+        raise ValueError(
+            f"KIVI keeps its residual window in the model dtype; {model_dtype!r} is not 16/32-bit"
+        )
+    label = f"kivi{nbits}" if value_bits is None else f"kivi-k{nbits}v{value_bits}"
+    return KVDtype(label, p, nbits, group_size, residual_length, 4 if p == 4 else 2, value_bits)
+
+
+# The planner bytes of kvlab's FP8 and KIVI caches: the registry's fp8 and kivi entries reference these objects
+FP8_BYTES = PlannerBytes(_fp8_dtype, names=tuple(FP8_CACHES), reads=FP8_CACHES.__contains__)
+KIVI_BYTES = PlannerBytes(_kivi_dtype, names=_KIVI_NAMES, reads=lambda text: text.startswith("kivi"))
+
+# The names kv_dtype() reads, as the CLI lists them (kvlab plan / kvlab paging --kv-dtype choices): auto, the plain
+# dtypes, vLLM's spellings of the FP8 caches, the FP8 cache names, KIVI bits in both spellings and every asymmetric
+# pair. A KIVI name may also carry :group_size=G / :residual_length=R, which a list of choices cannot enumerate.
+KV_DTYPE_NAMES: tuple[str, ...] = (*PLAIN_NAMES, *FP8_BYTES.names, *KIVI_BYTES.names)
 
 
 def _kivi_name(key: str) -> tuple[int, int | None, dict[str, int]]:

@@ -187,7 +187,8 @@ def test_flush_quick_keys_and_ratios():
 
 def test_kivi_flush_quantizes_only_the_new_chunk():
     # the harness's flushing append must flush exactly once, writing G tokens, whatever the history
-    subject = flush._KIVISubject(4, 32, 128)
+    subject = flush._subject("kivi4", {"group_size": 32, "residual_length": 128})
+    assert isinstance(subject, flush._KIVISubject)
     k = torch.randn(1, 2, 1000, 64, dtype=torch.bfloat16)
     subject.append(k, k)
     q0 = subject.state.quantized_tokens

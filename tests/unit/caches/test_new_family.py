@@ -1,6 +1,7 @@
 """Adding a cache is one class and one registry entry: a family written here only (a test-only cache, with a
-setting of its own) runs through the registry test matrix, ``kvlab eval --candidates`` and ``kvlab bench decode
---candidates`` with no other file touched (CONTRIBUTING.md, Adding a cache)."""
+setting of its own and planner bytes) runs through the registry test matrix, ``kvlab eval --candidates``,
+``kvlab bench decode --candidates`` and ``kvlab plan --kv-dtype`` with no other file touched (CONTRIBUTING.md,
+Adding a cache)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from transformers.cache_utils import DynamicCache
 
 from kvlab.caches.entry import CacheEntry
 from kvlab.caches.registry import REGISTRY, cache_names, resolve
+from kvlab.plan.config_fields import DTYPE_BYTES
+from kvlab.plan.kv_formats import KVDtype, PlannerBytes
 from kvlab.runtime.checks import check_int
 from tests.unit.caches.test_registry import PROMPT_TOKENS, SETTINGS, _generate
 
@@ -48,6 +51,10 @@ ENTRY = CacheEntry(
     lambda model_config, name, s: CountingCache(s.stride),
     options=CountingSettings,
     describe=lambda name, s: {"stride": s.stride},
+    # K and V in the model dtype, as DynamicCache keeps them: 2 * kv_heads * head_dim * p B per token per layer
+    planner=PlannerBytes(
+        lambda name, model_dtype, group_size, residual: KVDtype(name, DTYPE_BYTES[model_dtype])
+    ),
 )
 
 
@@ -101,3 +108,28 @@ def test_the_new_family_is_a_bench_decode_candidate(registered, capsys):
     assert main([*argv, "--warmup", "0", "--device", "cpu", "--no-save", "--json"]) == 0
     rows = {r["candidate"]: r for r in json.loads(capsys.readouterr().out)["result"]["rows"]}
     assert rows["counting"]["status"] == "ok" and rows["counting"]["median_ms"] > 0
+
+
+def test_the_new_family_is_sized_by_kvlab_plan(registered, tmp_path, capsys):
+    """``kvlab plan --kv-dtype counting`` lists and sizes the family from its planner bytes: the bytes the cache
+    measures after a prefill of ``batch`` x ``tokens`` (kvlab.caches.measure.cache_nbytes), and no KIVI flags."""
+    from kvlab.caches.measure import cache_nbytes
+    from kvlab.cli import main
+    from kvlab.runtime.hf_api import cache_kwarg
+    from tests.conftest import make_tiny_qwen2, random_prompt
+
+    model = make_tiny_qwen2(head_dim=32, max_positions=512)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**model.config.to_dict(), "torch_dtype": "float32"}))
+    batch, tokens = 2, 37
+    cache = resolve("counting").make(model.config)
+    with torch.no_grad():
+        model(random_prompt(batch, tokens), use_cache=True, **{cache_kwarg(model): cache})
+    argv = ["plan", str(config), "--kv-dtype", "counting", "--context", str(tokens), "--batch", str(batch)]
+    assert main([*argv, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["kv_dtype"]["name"] == "counting" and r["kv_dtype"]["element_bytes"] == 4
+    assert r["kv_bytes_total"] == cache_nbytes(cache) > 0
+    assert r["kv_bytes_per_token"] * tokens * batch == cache_nbytes(cache)
+    assert main([*argv, "--group-size", "64"]) == 2  # the family's settings take no KIVI G
+    assert "--group-size 64 sizes a kivi --kv-dtype" in capsys.readouterr().err

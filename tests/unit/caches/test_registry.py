@@ -146,6 +146,26 @@ def test_planner_reads_the_registry_names_of_the_caches_it_sizes():
         kv_dtype("kivix")
 
 
+def test_kvlab_plan_sizes_each_family_from_the_planner_bytes_its_entry_declares():
+    """The registry path of ``kvlab plan --kv-dtype`` (the entry's planner bytes, a PlannedName) gives the format
+    the torch-free planner reads from the name alone, for every name of every family that declares planner bytes."""
+    from kvlab.commands.plan.flags import kv_dtype_names, planned_kv
+    from kvlab.plan.kv_formats import PlannedName
+    from kvlab.plan.ledger import kv_dtype
+
+    sized = [n for n in cache_names() if resolve(n).entry.planner is not None]
+    assert {resolve(n).family for n in sized} == {"kivi", "fp8"}
+    for name in sized:
+        for model_dtype in ("bfloat16", "float32"):
+            planned = kv_dtype(PlannedName(name, resolve(name).entry.planner), model_dtype, group_size=64)
+            assert planned == kv_dtype(name, model_dtype, group_size=64), name
+    for (
+        name
+    ) in kv_dtype_names():  # every listed name reaches the ledger through its entry (or is a plain dtype)
+        planned = planned_kv(name)
+        assert isinstance(planned, PlannedName) == (name not in ("auto", "bf16", "fp16", "fp32", "fp8")), name
+
+
 def test_the_name_grammar_and_the_planner_import_no_torch():
     import subprocess
     import sys

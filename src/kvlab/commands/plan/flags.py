@@ -14,9 +14,11 @@ import re
 import sys
 from collections.abc import Callable
 
-from kvlab.cache_names import KIVI_DEFAULTS
+from kvlab.cache_names import KIVI_DEFAULTS, parse_cache_name
+from kvlab.caches.entry import CacheEntry
+from kvlab.caches.registry import REGISTRY, cache_names
 from kvlab.commands import fail
-from kvlab.plan.ledger import KV_DTYPE_NAMES
+from kvlab.plan.kv_formats import KV_DTYPE_NAMES, PLAIN_NAMES, VLLM_ALIASES, PlannedName
 from kvlab.plan.mixed import MIXED_PREFIX
 
 
@@ -70,6 +72,38 @@ def flag_message(args: argparse.Namespace, exc: Exception) -> str:
     return _NAMED.sub(flag, message)
 
 
+def kv_dtype_names() -> tuple[str, ...]:
+    """``--kv-dtype``'s names: the planner's (:data:`~kvlab.plan.kv_formats.KV_DTYPE_NAMES`: the plain dtypes, then
+    the names of the FP8 and KIVI caches' planner bytes), then those of any other registry family that declares
+    planner bytes (``CacheEntry.planner``: the spellings it lists, else its registry names)."""
+    names = list(KV_DTYPE_NAMES)
+    for entry in REGISTRY.values():
+        if entry.planner is not None:
+            names += [n for n in entry.planner.names or cache_names(entry.family) if n not in names]
+    return tuple(names)
+
+
+def _entry(kv: str) -> CacheEntry | None:
+    """The registry entry of the family a ``--kv-dtype`` name belongs to (vLLM's ``fp8_e4m3`` is ``fp8-e4m3``);
+    ``None`` for a plain dtype, ``auto`` or a name of no registered family."""
+    if kv in PLAIN_NAMES and kv not in VLLM_ALIASES:
+        return None
+    try:
+        return REGISTRY[parse_cache_name(VLLM_ALIASES.get(kv, kv), REGISTRY).family]
+    except ValueError:
+        return None
+
+
+def planned_kv(kv: str) -> str | PlannedName:
+    """What the planner sizes for ``--kv-dtype kv``: the registry entry's planner bytes for a cache family's name
+    (a :class:`~kvlab.plan.kv_formats.PlannedName`; vLLM's ``fp8_e4m3`` read as ``fp8-e4m3``), else the text (a
+    plain dtype, ``auto``, or a per-layer plan ``mixed-<plan>``, which :mod:`kvlab.plan.mixed_report` reads)."""
+    entry = _entry(kv)
+    if entry is None or entry.planner is None:
+        return kv
+    return PlannedName(VLLM_ALIASES.get(kv, kv), entry.planner)
+
+
 class PlanChoices(tuple):
     """The ledger's names and the pattern ``mixed-<plan>`` (iterated: listed in help and argparse's "invalid
     choice" message) that hold every ``mixed-...`` name: a plan is found and its name checked only when planned
@@ -86,14 +120,13 @@ PLAN_PATTERN = f"{MIXED_PREFIX}<plan>"  # how --kv-dtype's choices name the per-
 
 
 def add_kv_flags(p: argparse.ArgumentParser, plans: bool = False) -> None:
-    """``--kv-dtype`` (the ledger's names, and with ``plans`` a per-layer plan ``mixed-<plan>``), ``--group-size``,
-    ``--residual``."""
+    """``--kv-dtype`` (:func:`kv_dtype_names`, and with ``plans`` a per-layer plan ``mixed-<plan>``),
+    ``--group-size``, ``--residual``."""
+    names = kv_dtype_names()
     p.add_argument(
         "--kv-dtype",
         default="auto",
-        choices=PlanChoices((*KV_DTYPE_NAMES, PLAN_PATTERN))
-        if plans
-        else KV_DTYPE_NAMES,  # every name the planner reads
+        choices=PlanChoices((*names, PLAN_PATTERN)) if plans else names,  # every name the planner reads
         help="KV cache dtype (default auto: the config's dtype); kivi-N (= kiviN): kvlab's KIVI cache, kivi-kKvV "
         "with its own key/value bits; fp8-e4m3/fp8-e5m2[-tensor|-unscaled|-hadamard] (fp8_e4m3 = fp8-e4m3): "
         "kvlab's FP8 cache, "
@@ -141,15 +174,17 @@ def kv_kwargs(args: argparse.Namespace) -> dict:
     Raises:
         ValueError: ``--group-size`` / ``--residual`` given with a ``--kv-dtype`` that is not KIVI's.
     """
+    entry = _entry(args.kv_dtype)
+    takes = entry is not None and {"group_size", "residual_length"} <= set(entry.reads)  # KIVI's G and R
     for flag, value in (("--group-size", args.group_size), ("--residual", args.residual)):
-        if value is not None and not args.kv_dtype.startswith(("kivi", MIXED_PREFIX)):
+        if value is not None and not takes:
             raise ValueError(
                 f"{flag} {value} sizes a kivi --kv-dtype (or a mixed plan's KIVI layers) only; --kv-dtype is "
                 f"{args.kv_dtype}"
             )
     group_size = KIVI_DEFAULTS.group_size if args.group_size is None else args.group_size
     residual = KIVI_DEFAULTS.residual_length if args.residual is None else args.residual
-    kwargs = {"kv": args.kv_dtype, "group_size": group_size, "residual_length": residual}
+    kwargs = {"kv": planned_kv(args.kv_dtype), "group_size": group_size, "residual_length": residual}
     if getattr(args, "keep_tokens", None) is not None:
         kwargs["keep_tokens"] = args.keep_tokens
     return kwargs
