@@ -147,7 +147,7 @@ def check_keep_tokens(keep_tokens: Any) -> None:
 
 
 def kv_dtype(
-    name: str | KVDtype = "auto",
+    name: str | KVDtype | PlannedName = "auto",
     model_dtype: str = "bfloat16",
     *,
     group_size: int = KIVI_DEFAULTS.group_size,

@@ -11,6 +11,7 @@ from typing import Any
 
 from kvlab.plan.config_fields import KV_KINDS, SHARED
 from kvlab.plan.fit import max_batch, max_context
+from kvlab.plan.kv_formats import PlannedName
 from kvlab.plan.ledger import build_ledger, kv_bytes_peak, kv_dtype
 from kvlab.plan.load import load_spec
 from kvlab.plan.mixed import MIXED_PREFIX
@@ -65,7 +66,7 @@ def plan_report(
     *,
     context: int = 8192,
     batch: int = 1,
-    kv: str = "auto",
+    kv: str | PlannedName = "auto",
     group_size: int = 32,
     residual_length: int = 128,
     keep_tokens: int | None = None,
@@ -92,7 +93,9 @@ def plan_report(
     cache holding at most that many tokens per layer (:func:`kvlab.plan.ledger.kv_dtype`); bytes, fit and decode
     bound are the capped cache's, and ``max_context`` is None (not limited by memory) when the capped KV fits.
     ``warnings``: a ``context`` beyond the config's ``max_position_embeddings`` (:func:`context_warnings`; planned,
-    not refused). ``kv="mixed-<plan>"``: the per-layer plan's report instead
+    not refused). ``kv``: a name :func:`kvlab.plan.ledger.kv_dtype` reads, or a
+    :class:`~kvlab.plan.kv_formats.PlannedName` (a cache family's planner bytes, as ``kvlab plan`` asks the
+    registry); ``kv="mixed-<plan>"``: the per-layer plan's report instead
     (:func:`kvlab.plan.mixed_report.mixed_plan_report`).
 
     Raises:
@@ -206,7 +209,7 @@ def roofline_report(
     model: str | ModelSpec = "llama-3-8b",
     context: int = 8192,
     batch: int = 1,
-    kv: str = "auto",
+    kv: str | PlannedName = "auto",
     group_size: int = 32,
     residual_length: int = 128,
     keep_tokens: int | None = None,
@@ -306,7 +309,7 @@ def video_report(
     spatial_compression: int = 8,
     patch_size: int = 1,
     causal_first_frame: bool = False,
-    kv: str = "auto",
+    kv: str | PlannedName = "auto",
     group_size: int = 32,
     residual_length: int = 128,
     batch: int = 1,
