@@ -76,8 +76,11 @@ static int64_t chan(int64_t idx, int64_t W, int nb) {
 }
 
 #if X86
+/* ---- the AVX512 and AVX2 paths: each one's own instructions here; the kernels, written once for both, are in
+ * _kivi_int_x86.h (included below, after the helpers they call) */
+
 /* 64 codes of UB = 8 * nb packed bytes, unit-part-major (see chan) */
-T_AVX512 AI __m512i unpack64(const uint8_t *p, const int nb) {
+T_AVX512 AI __m512i unpack_avx512(const uint8_t *p, const int nb) {
     if (nb == 4) {
         const __m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
         return _mm512_and_si512(_mm512_srlv_epi64(x, _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0)), _mm512_set1_epi8(0x0F));
@@ -86,58 +89,26 @@ T_AVX512 AI __m512i unpack64(const uint8_t *p, const int nb) {
     return _mm512_and_si512(_mm512_srlv_epi64(x, _mm512_set_epi64(6, 6, 4, 4, 2, 2, 0, 0)), _mm512_set1_epi8(0x03));
 }
 
-/* lane t of the result = sum of the 16 lanes of a[t] */
-T_AVX512 AI __m512i reduce16(const __m512i *a) {
-    __m512i b[8], c[4];
-    for (int k = 0; k < 8; k++)
-        b[k] = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2 * k], a[2 * k + 1]), _mm512_unpackhi_epi32(a[2 * k], a[2 * k + 1]));
-    for (int k = 0; k < 4; k++)
-        c[k] = _mm512_add_epi32(_mm512_unpacklo_epi64(b[2 * k], b[2 * k + 1]), _mm512_unpackhi_epi64(b[2 * k], b[2 * k + 1]));
+/* the end of reduce_avx512: c[k] holds 4 partial sums per 128-bit lane; lane t of the result = a[t]'s total */
+T_AVX512 AI __m512i cross_avx512(const __m512i *c) {
     const __m512i e0 = _mm512_add_epi32(_mm512_shuffle_i32x4(c[0], c[1], 0x88), _mm512_shuffle_i32x4(c[0], c[1], 0xDD));
     const __m512i e1 = _mm512_add_epi32(_mm512_shuffle_i32x4(c[2], c[3], 0x88), _mm512_shuffle_i32x4(c[2], c[3], 0xDD));
     return _mm512_add_epi32(_mm512_shuffle_i32x4(e0, e1, 0x88), _mm512_shuffle_i32x4(e0, e1, 0xDD));
 }
 
-/* sc[r*total + t] = a[r] * (qi[r] . codes[t]) + bias[r] for tokens [t0, t0 + n) of rows of P packed bytes */
-T_AVX512 AI void dots_avx512_nb(const uint8_t *kc, int64_t P, int64_t t0, int64_t n, const int nb, const int8_t *qi,
-                                 const float *a, const float *bias, float *sc, int64_t total, int64_t M, const int64_t D) {
-    const int64_t NU = D / 64, UB = 8 * nb;
-    __m512i buf[16][NU], acc[16];
-    int64_t t = t0;
-    for (; t + 16 <= t0 + n; t += 16) {
-        for (int tt = 0; tt < 16; tt++)
-            for (int64_t u = 0; u < NU; u++) buf[tt][u] = unpack64(kc + (t + tt) * P + u * UB, nb);
-        for (int64_t r = 0; r < M; r++) {
-            const int8_t *q = qi + r * D, *q2 = qi + (M + r) * D;
-            for (int tt = 0; tt < 16; tt++) {
-                __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), buf[tt][0], _mm512_loadu_si512(q));
-                __m512i s2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), buf[tt][0], _mm512_loadu_si512(q2));
-                for (int64_t u = 1; u < NU; u++) {
-                    s = _mm512_dpbusd_epi32(s, buf[tt][u], _mm512_loadu_si512(q + 64 * u));
-                    s2 = _mm512_dpbusd_epi32(s2, buf[tt][u], _mm512_loadu_si512(q2 + 64 * u));
-                }
-                acc[tt] = _mm512_add_epi32(_mm512_mullo_epi32(s, _mm512_set1_epi32(DIGIT)), s2);
-            }
-            const __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(reduce16(acc)), _mm512_set1_ps(a[r]), _mm512_set1_ps(bias[r]));
-            _mm512_storeu_ps(sc + r * total + t, f);
-        }
-    }
-    for (; t < t0 + n; t++) {
-        for (int64_t u = 0; u < NU; u++) buf[0][u] = unpack64(kc + t * P + u * UB, nb);
-        for (int64_t r = 0; r < M; r++) {
-            __m512i s = _mm512_setzero_si512(), s2 = _mm512_setzero_si512();
-            for (int64_t u = 0; u < NU; u++) {
-                s = _mm512_dpbusd_epi32(s, buf[0][u], _mm512_loadu_si512(qi + r * D + 64 * u));
-                s2 = _mm512_dpbusd_epi32(s2, buf[0][u], _mm512_loadu_si512(qi + (M + r) * D + 64 * u));
-            }
-            s = _mm512_add_epi32(_mm512_mullo_epi32(s, _mm512_set1_epi32(DIGIT)), s2);
-            sc[r * total + t] = a[r] * (float)_mm512_reduce_add_epi32(s) + bias[r];
-        }
-    }
-}
+T_AVX512 AI int32_t hsum_avx512(__m512i v) { return _mm512_reduce_add_epi32(v); }
+
+/* acc + the u8 (a) x s8 (b) byte products, summed per 4 bytes into int32 lanes: VNNI's dpbusd */
+T_AVX512 AI __m512i dot_avx512(__m512i acc, __m512i a, __m512i b) { return _mm512_dpbusd_epi32(acc, a, b); }
+
+T_AVX512 AI __m512i permute_avx512(__m512i a, __m512i idx) { return _mm512_permutexvar_epi32(idx, a); }
+
+typedef __mmask16 wmask_t_avx512;
+T_AVX512 AI __mmask16 wmask_avx512(int64_t KG) { return (__mmask16)((1u << KG) - 1u); }
+T_AVX512 AI __m512i wload_avx512(const uint8_t *p, __mmask16 km) { return _mm512_maskz_loadu_epi32(km, p); }
 
 /* 32 codes of UB = 4 * nb packed bytes, unit-part-major */
-T_AVX2 AI __m256i unpack32(const uint8_t *p, const int nb) {
+T_AVX2 AI __m256i unpack_avx2(const uint8_t *p, const int nb) {
     if (nb == 4) {
         const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
         return _mm256_and_si256(_mm256_srlv_epi64(x, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0x0F));
@@ -148,72 +119,32 @@ T_AVX2 AI __m256i unpack32(const uint8_t *p, const int nb) {
     return _mm256_and_si256(_mm256_srlv_epi64(x, _mm256_set_epi64x(6, 4, 2, 0)), _mm256_set1_epi8(0x03));
 }
 
-T_AVX2 AI __m256i reduce8(const __m256i *a) {
-    __m256i b[4], c[2];
-    for (int k = 0; k < 4; k++)
-        b[k] = _mm256_add_epi32(_mm256_unpacklo_epi32(a[2 * k], a[2 * k + 1]), _mm256_unpackhi_epi32(a[2 * k], a[2 * k + 1]));
-    for (int k = 0; k < 2; k++)
-        c[k] = _mm256_add_epi32(_mm256_unpacklo_epi64(b[2 * k], b[2 * k + 1]), _mm256_unpackhi_epi64(b[2 * k], b[2 * k + 1]));
+/* the end of reduce_avx2: the two 128-bit halves of c[0] and c[1] added across */
+T_AVX2 AI __m256i cross_avx2(const __m256i *c) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(c[0], c[1], 0x20), _mm256_permute2x128_si256(c[0], c[1], 0x31));
 }
 
-/* u8 x s8 -> 16 int16 pair sums (no saturation: 2 * 15 * 127 < 32767) -> 8 int32 */
-T_AVX2 AI __m256i dot32(__m256i codes, const int8_t *q) {
-    const __m256i p = _mm256_maddubs_epi16(codes, _mm256_loadu_si256((const __m256i *)q));
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+T_AVX2 AI int32_t hsum_avx2(__m256i v) {
+    int32_t l[8];
+    _mm256_storeu_si256((__m256i *)l, v);
+    return l[0] + l[1] + l[2] + l[3] + l[4] + l[5] + l[6] + l[7];
 }
 
-T_AVX2 AI void dots_avx2_nb(const uint8_t *kc, int64_t P, int64_t t0, int64_t n, const int nb, const int8_t *qi,
-                             const float *a, const float *bias, float *sc, int64_t total, int64_t M, const int64_t D) {
-    const int64_t NU = D / 32, UB = 4 * nb;
-    __m256i buf[8][NU], acc[8];
-    int64_t t = t0;
-    for (; t + 8 <= t0 + n; t += 8) {
-        for (int tt = 0; tt < 8; tt++)
-            for (int64_t u = 0; u < NU; u++) buf[tt][u] = unpack32(kc + (t + tt) * P + u * UB, nb);
-        for (int64_t r = 0; r < M; r++) {
-            const int8_t *q = qi + r * D, *q2 = qi + (M + r) * D;
-            for (int tt = 0; tt < 8; tt++) {
-                __m256i s = dot32(buf[tt][0], q), s2 = dot32(buf[tt][0], q2);
-                for (int64_t u = 1; u < NU; u++) {
-                    s = _mm256_add_epi32(s, dot32(buf[tt][u], q + 32 * u));
-                    s2 = _mm256_add_epi32(s2, dot32(buf[tt][u], q2 + 32 * u));
-                }
-                acc[tt] = _mm256_add_epi32(_mm256_mullo_epi32(s, _mm256_set1_epi32(DIGIT)), s2);
-            }
-            const __m256 f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(acc)), _mm256_set1_ps(a[r]), _mm256_set1_ps(bias[r]));
-            _mm256_storeu_ps(sc + r * total + t, f);
-        }
-    }
-    for (; t < t0 + n; t++) {
-        for (int64_t u = 0; u < NU; u++) buf[0][u] = unpack32(kc + t * P + u * UB, nb);
-        for (int64_t r = 0; r < M; r++) {
-            __m256i s = _mm256_setzero_si256(), s2 = _mm256_setzero_si256();
-            for (int64_t u = 0; u < NU; u++) {
-                s = _mm256_add_epi32(s, dot32(buf[0][u], qi + r * D + 32 * u));
-                s2 = _mm256_add_epi32(s2, dot32(buf[0][u], qi + (M + r) * D + 32 * u));
-            }
-            s = _mm256_add_epi32(_mm256_mullo_epi32(s, _mm256_set1_epi32(DIGIT)), s2);
-            int32_t l[8];
-            _mm256_storeu_si256((__m256i *)l, s);
-            sc[r * total + t] = a[r] * (float)(l[0] + l[1] + l[2] + l[3] + l[4] + l[5] + l[6] + l[7]) + bias[r];
-        }
-    }
+/* acc + the u8 (a) x s8 (b) byte products summed per 4 bytes: 16 int16 pair sums (no saturation: 2 * 255 * 15 and
+ * 2 * 15 * 127 < 32767), then pairs of those into 8 int32 */
+T_AVX2 AI __m256i dot_avx2(__m256i acc, __m256i a, __m256i b) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
 }
 
-/* one function per path: nbits 2/4 and head_dim 64/128 get constant trip counts (unrolled loops) */
-#define DOTS_BY_NB(NAME, TARGET, BODY)                                                                              \
-    TARGET AI void NAME(const uint8_t *kc, int64_t P, int64_t t0, int64_t n, const int nb, const int8_t *qi,       \
-                        const float *a, const float *bias, float *sc, int64_t total, int64_t M, int64_t D) {      \
-        if (D == 128)                                                                                               \
-            BODY(kc, P, t0, n, nb, qi, a, bias, sc, total, M, 128);                                                 \
-        else if (D == 64)                                                                                           \
-            BODY(kc, P, t0, n, nb, qi, a, bias, sc, total, M, 64);                                                  \
-        else                                                                                                        \
-            BODY(kc, P, t0, n, nb, qi, a, bias, sc, total, M, D);                                                   \
-    }
-DOTS_BY_NB(dots_avx512, T_AVX512, dots_avx512_nb)
-DOTS_BY_NB(dots_avx2, T_AVX2, dots_avx2_nb)
+T_AVX2 AI __m256i permute_avx2(__m256i a, __m256i idx) { return _mm256_permutevar8x32_epi32(a, idx); }
+
+typedef __m256i wmask_t_avx2;
+T_AVX2 AI __m256i wmask_avx2(int64_t KG) {
+    int32_t lm[8];
+    for (int l = 0; l < 8; l++) lm[l] = l < KG ? -1 : 0;
+    return _mm256_loadu_si256((const __m256i *)lm);
+}
+T_AVX2 AI __m256i wload_avx2(const uint8_t *p, __m256i km) { return _mm256_maskload_epi32((const int *)p, km); }
 #endif
 
 /* the integer dot products in portable C, natural channel order (qi[c] for channel c) */
@@ -333,30 +264,7 @@ AI void quantize_rows(const float *q, const float *qp, const void *ks, const voi
         }                                                                                                         \
     }
 INT_SCORES(int_scores_scalar, , dots_scalar, 0)
-#if X86
-INT_SCORES(int_scores_avx2, T_AVX2, dots_avx2, 32)
-INT_SCORES(int_scores_avx512, T_AVX512, dots_avx512, 64)
-#endif
-
-/* Scores of M query rows q [M, D] (fp32, scaled, natural channel order) against one segment's keys: codes kc
- * [tokens, D*nb/8], per-group scale/zero rows ks/kz [tokens/G, D] (bf16 when bf16, else fp32); writes
- * sc[r*total + t] for t < tokens. Returns 0, or 1 when (isa, nb, D) is not supported (kivi_int_supported). */
-int kivi_int_key_scores(int64_t isa, int64_t nb, const uint8_t *kc, const void *ks, const void *kz, int64_t bf16,
-                        int64_t tokens, int64_t G, const float *q, float *sc, int64_t total, int64_t M, int64_t D) {
-    if (!kivi_int_supported(isa, nb, D) || G < 1 || tokens % G) return 1;
-#if X86
-    if (isa == ISA_AVX512) {
-        int_scores_avx512(nb, kc, ks, kz, bf16, tokens, G, q, sc, total, M, D);
-        return 0;
-    }
-    if (isa == ISA_AVX2) {
-        int_scores_avx2(nb, kc, ks, kz, bf16, tokens, G, q, sc, total, M, D);
-        return 0;
-    }
-#endif
-    int_scores_scalar(nb, kc, ks, kz, bf16, tokens, G, q, sc, total, M, D);
-    return 0;
-}
+/* (the AVX512 and AVX2 instances, and kivi_int_key_scores, follow _kivi_int_x86.h below) */
 
 /* ---- integer value sums -----------------------------------------------------------------------------------
  * KIVI values are quantized per token, groups of G channels: v[t,c] = u[t,g] * code[t,c] + w[t,g], g = c / G. So
@@ -431,128 +339,47 @@ static void value_finish(const float *accL, const float *wsum, float *acc, int64
         }
 }
 
+/* ---- the AVX512 and AVX2 kernels: key-score dots and value sums, _kivi_int_x86.h once per path ---------------- */
 #if X86
-T_AVX512 AI void values_avx512_nb(const uint8_t *vc, const void *vs, const void *vz, int bf16, int64_t tokens,
-                                  int64_t G, const float *p, int64_t total, int64_t M, const int64_t D, float *acc,
-                                  const int nb) {
-    const int64_t P = D * nb / 8, UB = 8 * nb, NU = D / 64, NV = D / 16, KG = D / G;
-    float accL[M * D], wsum[M * KG], uf[VB * KG], wf[VB * KG], beta;
-    uint8_t pq[(VB / 4) * KG * 4] __attribute__((aligned(64)));
-    __m512i codes[VB / 4][NV], gidx[NV];
-    for (int64_t v = 0; v < NV; v++) {
-        int32_t g[16];
-        for (int l = 0; l < 16; l++) g[l] = (int32_t)(vlane_chan(v, l, 16, nb) / G);
-        gidx[v] = _mm512_loadu_si512(g);
-    }
-    memset(accL, 0, sizeof accL);
-    memset(wsum, 0, sizeof wsum);
-    const __mmask16 km = (__mmask16)((1u << KG) - 1u);
-    for (int64_t t0 = 0; t0 < tokens; t0 += VB) {
-        const int64_t nt = tokens - t0 < VB ? tokens - t0 : VB, nq = (nt + 3) / 4;
-        value_meta(vs, vz, bf16, t0, nt, KG, uf, wf);
-        for (int64_t qd = 0; qd < nq; qd++) /* 4 tokens' codes, interleaved: lane = channel, byte = token */
-            for (int64_t u = 0; u < NU; u++) {
-                __m512i x[4];
-                for (int tt = 0; tt < 4; tt++) {
-                    const int64_t t = t0 + 4 * qd + tt;
-                    x[tt] = t < tokens ? unpack64(vc + t * P + u * UB, nb) : _mm512_setzero_si512();
-                }
-                const __m512i ab0 = _mm512_unpacklo_epi8(x[0], x[1]), ab1 = _mm512_unpackhi_epi8(x[0], x[1]);
-                const __m512i cd0 = _mm512_unpacklo_epi8(x[2], x[3]), cd1 = _mm512_unpackhi_epi8(x[2], x[3]);
-                codes[qd][4 * u + 0] = _mm512_unpacklo_epi16(ab0, cd0);
-                codes[qd][4 * u + 1] = _mm512_unpackhi_epi16(ab0, cd0);
-                codes[qd][4 * u + 2] = _mm512_unpacklo_epi16(ab1, cd1);
-                codes[qd][4 * u + 3] = _mm512_unpackhi_epi16(ab1, cd1);
-            }
-        for (int64_t r = 0; r < M; r++) {
-            value_weights(p + r * total + t0, uf, wf, nt, KG, pq, &beta, wsum + r * KG);
-            __m512i ai[NV];
-            for (int64_t v = 0; v < NV; v++) ai[v] = _mm512_setzero_si512();
-            for (int64_t qd = 0; qd < nq; qd++) {
-                const __m512i w4 = _mm512_maskz_loadu_epi32(km, pq + qd * KG * 4);
-                for (int64_t v = 0; v < NV; v++)
-                    ai[v] = _mm512_dpbusd_epi32(ai[v], _mm512_permutexvar_epi32(gidx[v], w4), codes[qd][v]);
-            }
-            const __m512 b = _mm512_set1_ps(beta);
-            for (int64_t v = 0; v < NV; v++) {
-                float *o = accL + r * D + 16 * v;
-                _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai[v]), b, _mm512_loadu_ps(o)));
-            }
-        }
-    }
-    value_finish(accL, wsum, acc, M, D, G, 16, nb);
-}
+#define PATH avx512
+#define PATH_BITS 512
+#define PATH_TARGET T_AVX512
+#include "_kivi_int_x86.h"
+#undef PATH
+#undef PATH_BITS
+#undef PATH_TARGET
 
-T_AVX2 AI void values_avx2_nb(const uint8_t *vc, const void *vs, const void *vz, int bf16, int64_t tokens,
-                              int64_t G, const float *p, int64_t total, int64_t M, const int64_t D, float *acc,
-                              const int nb) {
-    const int64_t P = D * nb / 8, UB = 4 * nb, NU = D / 32, NV = D / 8, KG = D / G;
-    float accL[M * D], wsum[M * KG], uf[VB * KG], wf[VB * KG], beta;
-    uint8_t pq[(VB / 4) * KG * 4] __attribute__((aligned(32)));
-    __m256i codes[VB / 4][NV], gidx[NV];
-    for (int64_t v = 0; v < NV; v++) {
-        int32_t g[8];
-        for (int l = 0; l < 8; l++) g[l] = (int32_t)(vlane_chan(v, l, 8, nb) / G);
-        gidx[v] = _mm256_loadu_si256((const __m256i *)g);
-    }
-    memset(accL, 0, sizeof accL);
-    memset(wsum, 0, sizeof wsum);
-    int32_t lm[8];
-    for (int l = 0; l < 8; l++) lm[l] = l < KG ? -1 : 0;
-    const __m256i km = _mm256_loadu_si256((const __m256i *)lm), ones = _mm256_set1_epi16(1);
-    for (int64_t t0 = 0; t0 < tokens; t0 += VB) {
-        const int64_t nt = tokens - t0 < VB ? tokens - t0 : VB, nq = (nt + 3) / 4;
-        value_meta(vs, vz, bf16, t0, nt, KG, uf, wf);
-        for (int64_t qd = 0; qd < nq; qd++)
-            for (int64_t u = 0; u < NU; u++) {
-                __m256i x[4];
-                for (int tt = 0; tt < 4; tt++) {
-                    const int64_t t = t0 + 4 * qd + tt;
-                    x[tt] = t < tokens ? unpack32(vc + t * P + u * UB, nb) : _mm256_setzero_si256();
-                }
-                const __m256i ab0 = _mm256_unpacklo_epi8(x[0], x[1]), ab1 = _mm256_unpackhi_epi8(x[0], x[1]);
-                const __m256i cd0 = _mm256_unpacklo_epi8(x[2], x[3]), cd1 = _mm256_unpackhi_epi8(x[2], x[3]);
-                codes[qd][4 * u + 0] = _mm256_unpacklo_epi16(ab0, cd0);
-                codes[qd][4 * u + 1] = _mm256_unpackhi_epi16(ab0, cd0);
-                codes[qd][4 * u + 2] = _mm256_unpacklo_epi16(ab1, cd1);
-                codes[qd][4 * u + 3] = _mm256_unpackhi_epi16(ab1, cd1);
-            }
-        for (int64_t r = 0; r < M; r++) {
-            value_weights(p + r * total + t0, uf, wf, nt, KG, pq, &beta, wsum + r * KG);
-            __m256i ai[NV];
-            for (int64_t v = 0; v < NV; v++) ai[v] = _mm256_setzero_si256();
-            for (int64_t qd = 0; qd < nq; qd++) {
-                const __m256i w4 = _mm256_maskload_epi32((const int *)(pq + qd * KG * 4), km);
-                for (int64_t v = 0; v < NV; v++) {
-                    const __m256i pr = _mm256_maddubs_epi16(_mm256_permutevar8x32_epi32(w4, gidx[v]), codes[qd][v]);
-                    ai[v] = _mm256_add_epi32(ai[v], _mm256_madd_epi16(pr, ones));
-                }
-            }
-            const __m256 b = _mm256_set1_ps(beta);
-            for (int64_t v = 0; v < NV; v++) {
-                float *o = accL + r * D + 8 * v;
-                _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai[v]), b, _mm256_loadu_ps(o)));
-            }
-        }
-    }
-    value_finish(accL, wsum, acc, M, D, G, 8, nb);
-}
+#define PATH avx2
+#define PATH_BITS 256
+#define PATH_TARGET T_AVX2
+#include "_kivi_int_x86.h"
+#undef PATH
+#undef PATH_BITS
+#undef PATH_TARGET
 
-#define VALUES_BY(NAME, TARGET, BODY)                                                                              \
-    TARGET static void NAME(const uint8_t *vc, const void *vs, const void *vz, int bf16, int64_t tokens, int64_t G, \
-                            const float *p, int64_t total, int64_t M, int64_t D, float *acc, int nb) {            \
-        if (nb == 4 && D == 128)                                                                                  \
-            BODY(vc, vs, vz, bf16, tokens, G, p, total, M, 128, acc, 4);                                          \
-        else if (nb == 2 && D == 128)                                                                             \
-            BODY(vc, vs, vz, bf16, tokens, G, p, total, M, 128, acc, 2);                                          \
-        else if (nb == 4)                                                                                         \
-            BODY(vc, vs, vz, bf16, tokens, G, p, total, M, D, acc, 4);                                            \
-        else                                                                                                      \
-            BODY(vc, vs, vz, bf16, tokens, G, p, total, M, D, acc, 2);                                            \
-    }
-VALUES_BY(values_avx512, T_AVX512, values_avx512_nb)
-VALUES_BY(values_avx2, T_AVX2, values_avx2_nb)
+INT_SCORES(int_scores_avx2, T_AVX2, dots_avx2, 32)
+INT_SCORES(int_scores_avx512, T_AVX512, dots_avx512, 64)
 #endif
+
+/* Scores of M query rows q [M, D] (fp32, scaled, natural channel order) against one segment's keys: codes kc
+ * [tokens, D*nb/8], per-group scale/zero rows ks/kz [tokens/G, D] (bf16 when bf16, else fp32); writes
+ * sc[r*total + t] for t < tokens. Returns 0, or 1 when (isa, nb, D) is not supported (kivi_int_supported). */
+int kivi_int_key_scores(int64_t isa, int64_t nb, const uint8_t *kc, const void *ks, const void *kz, int64_t bf16,
+                        int64_t tokens, int64_t G, const float *q, float *sc, int64_t total, int64_t M, int64_t D) {
+    if (!kivi_int_supported(isa, nb, D) || G < 1 || tokens % G) return 1;
+#if X86
+    if (isa == ISA_AVX512) {
+        int_scores_avx512(nb, kc, ks, kz, bf16, tokens, G, q, sc, total, M, D);
+        return 0;
+    }
+    if (isa == ISA_AVX2) {
+        int_scores_avx2(nb, kc, ks, kz, bf16, tokens, G, q, sc, total, M, D);
+        return 0;
+    }
+#endif
+    int_scores_scalar(nb, kc, ks, kz, bf16, tokens, G, q, sc, total, M, D);
+    return 0;
+}
 
 /* the integer value sums in portable C (same weights and blocks; natural channel order) */
 static void values_scalar(const uint8_t *vc, const void *vs, const void *vz, int bf16, int64_t tokens, int64_t G,

@@ -218,13 +218,17 @@ def test_a_built_kernel_still_loads_when_the_compiler_is_gone(monkeypatch, tmp_p
         cpu_kernel.reset()
 
 
-def test_the_shared_header_is_in_the_build_key(monkeypatch, tmp_path):
-    """Both sources include _kivi_simd.h: a change to it names another kernel file, so it is rebuilt."""
-    assert f'#include "{cpu_kernel.HEADER.name}"' in cpu_kernel.SOURCE.read_text()
-    assert f'#include "{cpu_kernel.HEADER.name}"' in cpu_kernel.INT_SOURCE.read_text()
-    header = tmp_path / cpu_kernel.HEADER.name
-    header.write_bytes(cpu_kernel.HEADER.read_bytes())
-    monkeypatch.setattr(cpu_kernel, "HEADER", header)
+@pytest.mark.parametrize("index", [0, 1])
+def test_the_headers_are_in_the_build_key(monkeypatch, tmp_path, index):
+    """The sources include _kivi_simd.h and _kivi_int_x86.h: a change to either names another kernel file, so it
+    is rebuilt."""
+    included = cpu_kernel.SOURCE.read_text() + cpu_kernel.INT_SOURCE.read_text()
+    assert all(f'#include "{h.name}"' in included for h in cpu_kernel.HEADERS)
+    header = tmp_path / cpu_kernel.HEADERS[index].name
+    header.write_bytes(cpu_kernel.HEADERS[index].read_bytes())
+    headers = list(cpu_kernel.HEADERS)
+    headers[index] = header
+    monkeypatch.setattr(cpu_kernel, "HEADERS", tuple(headers))
     before = cpu_kernel._build_key()
     header.write_text(header.read_text() + "/* changed */\n")
     assert cpu_kernel._build_key() != before
