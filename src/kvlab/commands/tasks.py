@@ -47,11 +47,13 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", default=None, help="model dtype: bfloat16 (default), float16 or float32")
     p.add_argument("--device", default=None, help="torch device (default cpu)")
     p.add_argument("--tasks", default=None, help="comma-separated task names (default: all; see --list)")
-    p.add_argument("--contexts", default=None, help="comma-separated context lengths in tokens (512,1024)")
+    p.add_argument("--contexts", default=None, help="comma-separated context lengths in tokens (512)")
     p.add_argument(
-        "--candidates", default=None, help="comma-separated cache names (default: the family sweep)"
+        "--candidates",
+        default=None,
+        help="comma-separated cache names, or 'sweep' (every family over its settings; default: each family once)",
     )
-    p.add_argument("--n", type=int, default=None, help="samples per task and context (10; --quick 5)")
+    p.add_argument("--n", type=int, default=None, help="samples per task and context (5)")
     p.add_argument("--seed", type=int, default=None, help="generator seed (0)")
     p.add_argument(
         "--protected-tail", type=int, default=None, help="newest context tokens without needles (160)"
@@ -63,8 +65,8 @@ def register(subparsers) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="4 tasks, 4 caches, 5 samples, the first context (measured on a quiet 2-core AMD EPYC VM: 18 s on "
-        "the bundled model, 2 min 9 s on smollm2-135m; far longer on a busy machine; docs/TASKS.md)",
+        help="3 needle tasks (niah_single_1, niah_single_3, niah_multikey_1), 4 caches, 5 samples, 512 tokens "
+        "(its time on the bundled model and smollm2-135m: docs/TASKS.md)",
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument(
@@ -79,6 +81,14 @@ def register(subparsers) -> None:
         default=None,
         metavar="FILE",
         help="continue a stopped run's result FILE in place (its settings and model; finished cells kept)",
+    )
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="FILE",
+        help="write one result (--out) from the results of runs split by task or context (one model, the same "
+        "candidates and n), and --figure of it; measures nothing",
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
     p.add_argument("--list", action="store_true", help="list the tasks and exit")
@@ -99,7 +109,10 @@ def _config(args: argparse.Namespace):
     elif args.quick:
         kw["contexts"] = ts.TaskSuiteConfig.contexts[:1]
     if args.candidates is not None:
-        kw["candidates"] = tuple(parse_list(args.candidates, what="a cache name"))
+        sweep = args.candidates.strip() == "sweep"
+        kw["candidates"] = (
+            ts.SWEEP_CANDIDATES if sweep else tuple(parse_list(args.candidates, what="a cache name"))
+        )
     if args.n is not None:
         kw["n"] = args.n
     for key in ("seed", "protected_tail", "max_drop", "min_float_score"):
@@ -174,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
         for flag, value in (("--out", args.out), ("--resume", args.resume), ("--figure", args.figure)):
             if value is not None and not value.strip():  # '' is not "the default"
                 raise ValueError(f"{flag} must name a file, got {value!r}")
+        if args.merge:
+            return _merge(args)
         cfg, result = _resumed(args) if args.resume else (_config(args), None)
     except (ValueError, FileNotFoundError) as e:
         return fail(args, e)
@@ -181,6 +196,39 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         return fail(args, problem, EXIT_USAGE)
     return _measure(args, cfg, result)
+
+
+def _merge(args: argparse.Namespace) -> int:
+    """``--merge FILE ...``: one result of several (:func:`kvlab.eval.tasks_merge.merge_tasks_results`) to
+    ``--out``, then its table. Raises ValueError / FileNotFoundError (bad or unreadable input, named)."""
+    from kvlab.eval.io import read_result, write_json_atomic
+    from kvlab.eval.tasks_merge import merge_tasks_results
+    from kvlab.eval.tasks_schema import is_tasks_result, validate_tasks_result
+
+    given = [k for k in _SETTING_FLAGS if getattr(args, k) is not None] + (["quick"] if args.quick else [])
+    for flag, on in (("--resume", args.resume), ("--out", args.out is None)):
+        if on:
+            raise ValueError(f"--merge {'needs' if flag == '--out' else 'takes no'} {flag}")
+    if given:
+        raise ValueError(f"--merge measures nothing; drop --{given[0].replace('_', '-')}")
+    results = [read_result(f, tasks=True) for f in args.merge]
+    for f, r in zip(args.merge, results):
+        if not is_tasks_result(r):
+            raise ValueError(f"--merge {f} is a kvlab eval result, not a kvlab tasks result")
+    problem = _check_outputs(args)
+    if problem:
+        return fail(args, problem, EXIT_USAGE)
+    merged = merge_tasks_results(results, args.merge, _argv())
+    problems = validate_tasks_result(merged)
+    if problems:  # a bug of kvlab's, not of the input
+        return fail(args, f"the merged result would not validate: {'; '.join(problems[:4])}", EXIT_FAILED)
+    write_json_atomic(_out(args), merged)
+    if args.figure and merged["cells"]:
+        from kvlab.task_figures import plot_task_scores
+
+        plot_task_scores(merged, args.figure)
+    _print(args, merged, _out(args))
+    return EXIT_OK
 
 
 def _argv() -> list[str] | None:

@@ -61,3 +61,43 @@ def print_tasks_table(result: Mapping[str, Any], console: Any = None) -> None:
         cell = f.get("cell") or {}
         where = f" in {cell['task']} @ {cell['context']}" if cell else ""
         console.print(f"failed{where}: {f['type']}: {f['message']}")
+
+
+GATE_MARKS = {"pass": "pass", "fail": "**fail**", "not informative": "n.i.", "baseline": ""}
+
+
+def _ratio_text(ratios: list[float]) -> str:
+    lo, hi = min(ratios), max(ratios)
+    return f"{lo:.2f}" if hi - lo < 0.005 else f"{lo:.2f}-{hi:.2f}"
+
+
+def markdown_tables(result: Mapping[str, Any]) -> str:
+    """The result as Markdown, one table per context (what docs/TASKS.md shows): a row per task, a column per
+    cache, each entry ``score · correct/trials (low-high) gate`` (the gate ``pass``, ``**fail**`` or ``n.i.``, not
+    informative; none for the float cache), and a first row of each cache's bytes ratio over the context's
+    cells (a range where the tasks differ). Cells are read as they are in the result, nothing recomputed."""
+    status = {(g["task"], g["context"], g["cache"]): g["status"] for g in result.get("gates", [])}
+    parts = []
+    for context in sorted({c["context"] for c in result["cells"]}):
+        cells = [c for c in result["cells"] if c["context"] == context]
+        names = list(dict.fromkeys(n for c in cells for n in c["caches"]))
+        head = [f"{context:,} tokens", *names]
+        ratios = [
+            _ratio_text([c["caches"][n]["bytes_ratio"] for c in cells if n in c["caches"]]) for n in names
+        ]
+        lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * len(names) + "|"]
+        lines.append("| bytes ratio | " + " | ".join(ratios) + " |")
+        for cell in cells:
+            entries = []
+            for n in names:
+                row = cell["caches"].get(n)
+                if row is None:
+                    entries.append("-")
+                    continue
+                lo, hi = row["ci95"]
+                gate = GATE_MARKS[status.get((cell["task"], context, n), "baseline")]
+                entry = f"{row['score']:.2f} · {row['correct']}/{row['trials']} ({lo:.2f}-{hi:.2f})"
+                entries.append(f"{entry} {gate}".strip())
+            lines.append(f"| {cell['task']} | " + " | ".join(entries) + " |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"

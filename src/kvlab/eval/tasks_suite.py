@@ -19,7 +19,9 @@ from kvlab.eval.tasks_schema import RESULT_KIND, RESULT_VERSION
 from kvlab.runtime.checks import check_int
 from kvlab.tasks import TASKS, NotPlaceable, as_tokenizer, generate, noise_haystack, text_haystack
 
-DEFAULT_CANDIDATES = (
+# every family over its settings (docs/TASKS.md's 2,048- and 4,096-token tables take one or two of each):
+# ``kvlab tasks --candidates sweep``
+SWEEP_CANDIDATES = (
     "dynamic",
     "kivi-8",
     "kivi-4",
@@ -33,7 +35,20 @@ DEFAULT_CANDIDATES = (
     "sink:window_length=256",
     "kivi-4:compression_ratio=0.5",
 )
-QUICK_TASKS = ("niah_single_1", "niah_single_3", "niah_multikey_1", "vt")
+# the default: every family once (KIVI at 4 and 2 bits), sized with the default contexts and n so the real model's
+# default run stays under 15 minutes on a 2-core CPU (docs/TASKS.md); the sink window is half the 512-token context
+DEFAULT_CANDIDATES = (
+    "dynamic",
+    "kivi-4",
+    "kivi-2",
+    "fp8-e4m3",
+    "snapkv:compression_ratio=0.5",
+    "tova:compression_ratio=0.5",
+    "sink:window_length=256",
+    "kivi-4:compression_ratio=0.5",
+)
+# vt is left out: neither the bundled model nor SmolLM2-135M solves it at 512 tokens (float score < 0.5)
+QUICK_TASKS = ("niah_single_1", "niah_single_3", "niah_multikey_1")
 QUICK_CANDIDATES = ("dynamic", "kivi-4", "kivi-2", "snapkv:compression_ratio=0.5")
 MIN_CONTEXT = 128
 TASKS_ALL = tuple(TASKS)
@@ -62,11 +77,11 @@ class TaskSuiteConfig:
     """
 
     tasks: tuple[str, ...] = tuple(TASKS)  # task names of kvlab.tasks.TASKS
-    contexts: tuple[int, ...] = (512, 1024)  # context tokens (instruction + haystack + needles)
+    contexts: tuple[int, ...] = (512,)  # context tokens (instruction + haystack + needles)
     candidates: tuple[str, ...] = (
         DEFAULT_CANDIDATES  # cache registry names; "dynamic" is always measured first
     )
-    n: int = 10  # samples per task and context
+    n: int = 5  # samples per task and context
     seed: int = 0  # generator seed
     protected_tail: int = (
         160  # newest context tokens holding filler only (KIVI's residual window + one group)

@@ -25,7 +25,7 @@ from kvlab.task_figures import task_figure_data
         (["--max-drop", "1.5"], "`max_drop` must be in [0, 1], got 1.5"),
         (["--tasks", "vt,vt"], "'vt' is given twice in 'vt,vt'"),
         (["--tasks", "vt,,cwe"], "empty item in 'vt,,cwe'"),
-        (["--protected-tail", "100000"], "--protected-tail 100000 must be below the longest context (1024"),
+        (["--protected-tail", "100000"], "--protected-tail 100000 must be below the longest context (512"),
         (["--candidates", "kivi-4,kivi4"], "cache 'kivi4' is 'kivi-4' again"),
         (["--resume", ""], "--resume must name a file, got ''"),
     ],
@@ -35,6 +35,35 @@ def test_bad_input_exit_2(argv, message, capsys, tmp_path):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and message in err and err.startswith("kvlab tasks: error:")
     assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, field, expected",
+    [
+        (["--candidates", "sweep"], "candidates", "SWEEP_CANDIDATES"),
+        (["--candidates", " sweep "], "candidates", "SWEEP_CANDIDATES"),
+        ([], "candidates", "DEFAULT_CANDIDATES"),
+        (["--quick"], "tasks", "QUICK_TASKS"),
+        (["--quick"], "candidates", "QUICK_CANDIDATES"),
+        (["--quick", "--candidates", "sweep"], "candidates", "SWEEP_CANDIDATES"),
+    ],
+)
+def test_presets_of_the_command_line(argv, field, expected):
+    from kvlab.cli import build_parser
+    from kvlab.commands.tasks import _config
+    from kvlab.eval import tasks_suite as ts
+
+    cfg = _config(build_parser().parse_args(["tasks", *argv]))
+    assert getattr(cfg, field) == getattr(ts, expected)
+    assert cfg.contexts == (512,) and cfg.n == 5  # --quick and the default: 512 tokens, 5 samples
+
+
+def test_the_default_takes_every_family_and_the_sweep_each_default():
+    from kvlab.eval import tasks_suite as ts
+
+    assert set(ts.DEFAULT_CANDIDATES) <= set(ts.SWEEP_CANDIDATES)
+    assert {ts.family(c) for c in ts.DEFAULT_CANDIDATES} == {ts.family(c) for c in ts.SWEEP_CANDIDATES}
+    assert "vt" not in ts.QUICK_TASKS  # not informative at 512 tokens on either model
 
 
 @pytest.mark.parametrize(
