@@ -85,6 +85,22 @@ AI v8i widen8(const uint8_t *x) {
 #endif
 }
 
+/* the scores of the M query rows qs [M, D] against 8 tokens decoded in cf[8][NV] (8 channels a vector, in the rows'
+ * channel order), plus bias[r] where bias is not NULL: sc[r * total + tt] for tt < 8 */
+AI void scores8(const int64_t NV, v8f cf[][NV], const float *qs, const float *bias, float *sc, int64_t total,
+                int64_t M, const int64_t D) {
+    v8f acc[8];
+    for (int64_t r = 0; r < M; r++) {
+        const float *qr = qs + r * D;
+        for (int tt = 0; tt < 8; tt++) {
+            v8f a = cf[tt][0] * load8(qr);
+            for (int64_t v = 1; v < NV; v++) a += cf[tt][v] * load8(qr + 8 * v);
+            acc[tt] = a;
+        }
+        store8(sc + r * total, bias ? sum8(acc) + splat8(bias[r]) : sum8(acc));
+    }
+}
+
 /* the codes of one token as D/8 vectors, part-major (vector i * P/8 + c: code i of bytes 8c..8c+7) */
 AI void decode_v(const uint8_t *x, v8f *cf, const int64_t P, const int NB) {
     const int K = 8 / NB;
@@ -145,7 +161,7 @@ AI void key_scores_v(const seg_item *s, const float *q, const float *qp, float *
     const int64_t K = 8 / NB, P = D / K, ng = s->tokens / G, NV = D / 8;
     float *sp = wk, *qs = wk + D, *bias = qs + M * D;
     float sn[D], zn[D];
-    v8f cf[8][NV], acc[8];
+    v8f cf[8][NV];
     for (int64_t j = 0; j < ng; j++) {
         const int64_t row = j * D;
         row_f32(s->ks, row, D, bf16, sn); /* the group's scale and zero rows as fp32 */
@@ -160,15 +176,7 @@ AI void key_scores_v(const seg_item *s, const float *q, const float *qp, float *
         }
         for (int64_t t0 = j * G; t0 < (j + 1) * G; t0 += 8) {
             for (int tt = 0; tt < 8; tt++) decode_v(s->kc + (t0 + tt) * P, cf[tt], P, NB);
-            for (int64_t r = 0; r < M; r++) {
-                const float *qr = qs + r * D;
-                for (int tt = 0; tt < 8; tt++) {
-                    v8f a = cf[tt][0] * load8(qr);
-                    for (int64_t v = 1; v < NV; v++) a += cf[tt][v] * load8(qr + 8 * v);
-                    acc[tt] = a;
-                }
-                store8(sc + r * total + t0, sum8(acc) + splat8(bias[r]));
-            }
+            scores8(NV, cf, qs, bias, sc + t0, total, M, D);
         }
     }
 }
@@ -471,20 +479,12 @@ typedef struct {
 AI void fp8_key_scores(const uint8_t *kc, int64_t T, int64_t st, const float *qs, float *sc, int64_t total,
                        int64_t M, const int64_t D, const int E5) {
     const int64_t NV = D / 8;
-    v8f cf[8][NV], acc[8];
+    v8f cf[8][NV];
     int64_t t0 = 0;
     for (; t0 + 8 <= T; t0 += 8) {
         for (int tt = 0; tt < 8; tt++)
             for (int64_t v = 0; v < NV; v++) cf[tt][v] = fp8x8(kc + (t0 + tt) * st + 8 * v, E5);
-        for (int64_t r = 0; r < M; r++) {
-            const float *qr = qs + r * D;
-            for (int tt = 0; tt < 8; tt++) {
-                v8f x = cf[tt][0] * load8(qr);
-                for (int64_t v = 1; v < NV; v++) x += cf[tt][v] * load8(qr + 8 * v);
-                acc[tt] = x;
-            }
-            store8(sc + r * total + t0, sum8(acc));
-        }
+        scores8(NV, cf, qs, NULL, sc + t0, total, M, D);
     }
     for (; t0 < T; t0++) {
         for (int64_t v = 0; v < NV; v++) cf[0][v] = fp8x8(kc + t0 * st + 8 * v, E5);
