@@ -122,17 +122,8 @@ def plan_report(
     out["budget"] = None if budget is None else budget.to_dict()
     out.update(_fit(spec, context, batch, kvd, tp, budget, weights, ledger))
     out["decode_attention_intensity"] = model_decode_attention_intensity(spec, kvd)
-    notes = list(ledger.notes)
-    if weights is None:
-        out.update({k: None for k in _BOUND_KEYS})
-        out["measured"] = None
-        notes.append(NO_WEIGHTS)
-    else:
-        bound = decode_step_bound(
-            spec, context, batch, weights.active_bytes, hw.bandwidth_bytes_s, hw.peak_flops, kvd, tp
-        )
-        out.update(bound.to_dict())
-        out["measured"] = None if measured_step_ms is None else bound.compare(measured_step_ms)
+    out.update(_bound(spec, context, batch, weights, hw, kvd, tp, measured_step_ms))
+    notes = list(ledger.notes) + ([NO_WEIGHTS] if weights is None else [])
     out["notes"] = _weight_source_notes(
         notes + model_notes(spec, tp), weight_dtype, weights_index, weight_bytes_override
     ) + _keep_notes(kvd, context)
@@ -143,6 +134,20 @@ def plan_report(
             spec, kvd, model, context, batch, tp, budget, weights, ledger.weight_bytes_per_gpu, block_size
         )
     return out
+
+
+def _bound(spec, context, batch, weights, hw, kvd, tp, measured_step_ms) -> dict[str, Any]:
+    """The decode step bound's keys and ``measured`` (its comparison with ``measured_step_ms``); each None
+    without weight bytes."""
+    if weights is None:
+        return {**{k: None for k in _BOUND_KEYS}, "measured": None}
+    bound = decode_step_bound(
+        spec, context, batch, weights.active_bytes, hw.bandwidth_bytes_s, hw.peak_flops, kvd, tp
+    )
+    return {
+        **bound.to_dict(),
+        "measured": None if measured_step_ms is None else bound.compare(measured_step_ms),
+    }
 
 
 _FIT_KEYS = (
