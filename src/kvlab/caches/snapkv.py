@@ -82,6 +82,13 @@ class SnapKVConfig:
         if self.pooling not in POOLING:
             raise ValueError(f"`pooling` must be one of {list(POOLING)}, got {self.pooling!r}")
 
+    def budget_text(self) -> str:
+        """What is kept, as a ``repr`` names it: ``"token_budget=512"`` or ``"compression_ratio=0.5"`` (exactly one
+        is set)."""
+        if self.token_budget is not None:
+            return f"token_budget={self.token_budget}"
+        return f"compression_ratio={self.compression_ratio}"
+
     def check_budget_covers_window(self) -> None:
         """Raise ``ValueError`` for a ``token_budget`` below ``window_size``: SnapKV always keeps its observation
         window, so such a budget would silently keep ``window_size`` tokens instead (TOVA, which has no window,
@@ -225,9 +232,4 @@ class SnapKVCache(ScorerCache, Cache):
 
     def __repr__(self) -> str:
         c = self.snapkv_config
-        what = (
-            f"compression_ratio={c.compression_ratio}"
-            if c.token_budget is None
-            else f"token_budget={c.token_budget}"
-        )
-        return f"SnapKVCache({what}, window_size={c.window_size})"
+        return f"SnapKVCache({c.budget_text()}, window_size={c.window_size})"

@@ -99,10 +99,4 @@ class TOVACache(ScorerCache, Cache):
         super().__init__(layer_class_to_replicate=partial(TOVALayer, self.snapkv_config))
 
     def __repr__(self) -> str:
-        c = self.snapkv_config
-        what = (
-            f"token_budget={c.token_budget}"
-            if c.token_budget is not None
-            else f"compression_ratio={c.compression_ratio}"
-        )
-        return f"TOVACache({what})"
+        return f"TOVACache({self.snapkv_config.budget_text()})"

@@ -120,3 +120,22 @@ def test_a_model_without_kvlab_attention_names_tova():
                 **{cache_kwarg(plain): cache},
                 use_cache=True,
             )
+
+
+@pytest.mark.parametrize(
+    "kwargs, tova, snapkv",
+    [
+        ({"token_budget": 64}, "TOVACache(token_budget=64)", "SnapKVCache(token_budget=64, window_size=32)"),
+        (
+            {"compression_ratio": 0.25},
+            "TOVACache(compression_ratio=0.25)",
+            "SnapKVCache(compression_ratio=0.25, window_size=32)",
+        ),
+    ],
+)
+def test_repr_names_what_is_kept(kwargs, tova, snapkv):
+    """The budget as given, in the same words as SnapKVCache's repr (one SnapKVConfig.budget_text)."""
+    from kvlab.caches.snapkv import SnapKVCache
+
+    assert repr(TOVACache(**kwargs)) == tova
+    assert repr(SnapKVCache(**kwargs)) == snapkv
