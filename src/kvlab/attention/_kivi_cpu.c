@@ -350,11 +350,7 @@ AI void finish_row(const args_t *a, int64_t b, int64_t h, int64_t r, const float
 #pragma omp simd
         for (int64_t c = 0; c < D; c++) orow[c] += pr * tmp[c];
     }
-    const int64_t o = ((b * a->H + h) * a->M + r) * D;
-    if (a->out_bf16)
-        for (int64_t c = 0; c < D; c++) ((uint16_t *)a->out)[o + c] = f32_to_bf16(orow[c] * inv);
-    else
-        for (int64_t c = 0; c < D; c++) ((float *)a->out)[o + c] = orow[c] * inv;
+    store_row(a->out, ((b * a->H + h) * a->M + r) * D, orow, inv, D, (int)a->out_bf16);
 }
 
 static inline __attribute__((always_inline)) void item(const args_t *a, int64_t b, int64_t h, const int NB,

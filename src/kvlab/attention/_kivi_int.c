@@ -565,15 +565,7 @@ AI void float_item(const fargs_t *a, int64_t it, const int64_t D, const int dt) 
             for (int64_t c = 0; c < NV; c++) store16(acc + r * D + 16 * c, av[c]);
         }
     }
-    const int64_t o = it * M * D;
-    for (int64_t r = 0; r < M; r++)
-        for (int64_t c = 0; c < D; c++) {
-            const float y = acc[r * D + c] * inv[r];
-            if (a->out_bf16)
-                ((uint16_t *)a->out)[o + r * D + c] = f32_to_bf16(y);
-            else
-                ((float *)a->out)[o + r * D + c] = y;
-        }
+    for (int64_t r = 0; r < M; r++) store_row(a->out, (it * M + r) * D, acc + r * D, inv[r], D, (int)a->out_bf16);
 }
 
 #define FLOAT_RUN(NAME, TARGET)                                                 \

@@ -1,5 +1,5 @@
 /* What the two translation units of kvlab's CPU decode kernel share (_kivi_cpu.c and _kivi_int.c, linked into one
- * library; each includes this header once): bf16 <-> fp32, fp32 rows of bf16/fp32 arrays, GCC/Clang vector types
+ * library; each includes this header once): bf16 <-> fp32, fp32 rows of bf16/fp32 arrays, an output row's store, GCC/Clang vector types
  * of 8 and 16 float lanes with their loads, stores and shuffles, and exp(x) for x <= 0, scalar and on those vectors.
  * kvlab.attention.cpu_kernel hashes this file into the kernel's build key: a change here rebuilds both. */
 #ifndef KVLAB_KIVI_SIMD_H
@@ -43,6 +43,15 @@ AI void row_f32(const void *p, int64_t off, int64_t n, int bf16, float *out) {
     } else {
         memcpy(out, (const float *)p + off, n * sizeof(float));
     }
+}
+
+/* out[o..o + n) = row[0..n) * inv, the finished output row of one query: bf16 (rounded to nearest even) when bf16,
+ * else fp32 */
+AI void store_row(void *out, int64_t o, const float *row, float inv, int64_t n, int bf16) {
+    if (bf16)
+        for (int64_t c = 0; c < n; c++) ((uint16_t *)out)[o + c] = f32_to_bf16(row[c] * inv);
+    else
+        for (int64_t c = 0; c < n; c++) ((float *)out)[o + c] = row[c] * inv;
 }
 
 typedef float v8f __attribute__((vector_size(32)));
