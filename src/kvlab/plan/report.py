@@ -269,18 +269,14 @@ def roofline_report(
     )
     out["notes"] = _weight_source_notes(list(spec.notes), weight_dtype, weights_index, weight_bytes_override)
     out["notes"] += _keep_notes(kvd, context)
+    bound = _bound(spec, context, batch, weights, hw, kvd, tp, measured_step_ms)
+    measured = bound.pop("measured")  # this report lists it after the weight bytes
+    out.update(bound)
+    out["weight_bytes"] = None if weights is None else weights.total_bytes
+    out["weight_bytes_source"] = None if weights is None else weights.source
+    out["measured"] = measured
     if weights is None:
-        out.update({k: None for k in _BOUND_KEYS})
-        out.update(weight_bytes=None, weight_bytes_source=None, measured=None)
         out["notes"].append(NO_WEIGHTS)
-    else:
-        bound = decode_step_bound(
-            spec, context, batch, weights.active_bytes, hw.bandwidth_bytes_s, hw.peak_flops, kvd, tp
-        )
-        out.update(bound.to_dict())
-        out["weight_bytes"] = weights.total_bytes
-        out["weight_bytes_source"] = weights.source
-        out["measured"] = None if measured_step_ms is None else bound.compare(measured_step_ms)
     out["warnings"] = context_warnings(spec, {f"--context {context}": context})
     out["probe"] = _local_probe(out["prefill"], probe_kwargs) if run_probe else None
     return out
