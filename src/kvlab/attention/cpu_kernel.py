@@ -27,11 +27,11 @@ Build: the C sources ship with the package; the first call that needs them runs 
 ``-march`` (each path has its own ``__attribute__((target))``), the two in parallel, linked into
 ``$KVLAB_KERNEL_DIR`` or ``$XDG_CACHE_HOME/kvlab/kernels`` (default ``~/.cache/kvlab/kernels``), named by a hash of
 the sources and the headers they include (:data:`HEADERS`), the flags and the CPU (``-march=native`` code runs only
-where it was built) and one of the compiler's version; where no compiler can run, a build for the same source, flags and CPU by an earlier compiler is loaded.
-It is written to a temporary name and moved into place, so concurrent processes are safe; after a build, all but the
-:data:`KEEP_BUILDS` most recently written kernels of the folder are deleted (old sources, compilers, CPUs). Nothing
-is compiled on
-``import kvlab``. Where it cannot be built or loaded (no compiler, a failed build) or ``KVLAB_CPU_KERNEL=0``,
+where it was built) and one of the compiler's version; where no compiler can run, a build for the same sources, flags
+and CPU by an earlier compiler is loaded. It is written to a temporary name and moved into place, so concurrent
+processes are safe; after a build, all but the :data:`KEEP_BUILDS` most recently written kernels of the folder are
+deleted (old sources, compilers, CPUs). Nothing is compiled on ``import kvlab``.
+Where it cannot be built or loaded (no compiler, a failed build) or ``KVLAB_CPU_KERNEL=0``,
 :func:`unavailable_reason` says why and ``kivi_attention(backend="auto")`` keeps the torch path.
 
 Source: KIVI (arXiv:2402.02750) section 3.3 (dequantization fused into the attention kernel).
@@ -56,8 +56,7 @@ SOURCE = Path(__file__).with_name("_kivi_cpu.c")
 # integer key scores and the float baseline, one __attribute__((target)) per instruction-set path: built without
 # -march=native so that a lower path (KVLAB_CPU_ISA) really runs the lower instructions
 INT_SOURCE = Path(__file__).with_name("_kivi_int.c")
-# what the sources include (`#include "..."`, found beside them): _kivi_simd.h (both: bf16 and exp helpers, vector
-# types) and _kivi_int_x86.h (_kivi_int.c's AVX512 and AVX2 kernels, written once, included once per path)
+# included beside the sources: _kivi_simd.h (both: bf16, exp, vector types), _kivi_int_x86.h (_kivi_int.c's x86 paths)
 HEADERS = (Path(__file__).with_name("_kivi_simd.h"), Path(__file__).with_name("_kivi_int_x86.h"))
 COMPILER = os.environ.get("KVLAB_CC", "cc")
 # -O2 + complete peeling (the -O3 part the kernels need): ~13 s of one core for _kivi_cpu.c where -O3 took ~46 s
@@ -110,12 +109,11 @@ def _compiler_version() -> str:
 
 
 def _build_key() -> str:
-    """Hash of what the binary depends on besides the compiler: the sources and their headers, the flags and the
-    CPU."""
+    """Hash of what the binary depends on besides the compiler: the sources, their headers, the flags, the CPU."""
     h = hashlib.sha256()
     flags = " ".join(CFLAGS) + " | " + " ".join(_int_flags())
-    sources = (SOURCE.read_bytes(), INT_SOURCE.read_bytes(), *(p.read_bytes() for p in HEADERS))
-    for part in (*sources, flags.encode(), _machine_key().encode()):
+    files = (SOURCE, INT_SOURCE, *HEADERS)
+    for part in (*(p.read_bytes() for p in files), flags.encode(), _machine_key().encode()):
         h.update(part)
         h.update(b"\0")
     return h.hexdigest()[:20]
