@@ -91,6 +91,18 @@ def decoder_config(config: Mapping) -> tuple[dict, list[str]]:
     return dict(config), []
 
 
+def check_positive_int(name: str, value: Any, *, flag: str | None = None) -> int:
+    """``value`` when it is a Python ``int`` (not a bool) of at least 1: a count or a size the planner takes.
+
+    Raises:
+        ValueError: ``"`name` must be a positive integer, got value"`` (``"`name` (flag) ..."`` with ``flag``).
+    """
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        where = f"`{name}`" + (f" ({flag})" if flag else "")
+        raise ValueError(f"{where} must be a positive integer, got {value!r}")
+    return value
+
+
 def as_int(name: str, value: Any, minimum: int) -> int:
     """``value`` of config field ``name`` as an int >= ``minimum``; errors name the field."""
     if (

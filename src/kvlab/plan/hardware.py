@@ -18,6 +18,8 @@ import math
 import sys
 from dataclasses import dataclass
 
+from kvlab.plan.config_fields import check_positive_int
+
 MIB = 1024**2
 TERA = 1e12  # the table's TFLOP/s and TB/s in FLOP/s and B/s
 
@@ -103,9 +105,8 @@ class Hardware:
             value = getattr(self, name)
             if value is not None:
                 check_rate(name, value, TERA, unit)
-        m = self.memory_mib
-        if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 1):
-            raise ValueError(f"`memory_mib` must be a positive integer, got {m!r}")
+        if self.memory_mib is not None:
+            check_positive_int("memory_mib", self.memory_mib)
 
     @property
     def peak_flops(self) -> float | None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvlab.cache_names import KIVI_DEFAULTS
-from kvlab.plan.config_fields import CHUNKED, FULL, KV_KINDS, SLIDING
+from kvlab.plan.config_fields import CHUNKED, FULL, KV_KINDS, SLIDING, check_positive_int
 from kvlab.plan.kv_formats import (
     FP8_CACHES,
     FP8_FORMATS,
@@ -75,8 +75,7 @@ MODES = ("theoretical", "allocated")
 
 
 def _check_tp(spec: ModelSpec, tp: int) -> None:
-    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-        raise ValueError(f"`tp` must be a positive integer, got {tp!r}")
+    check_positive_int("tp", tp)
     if spec.num_attention_heads % tp:  # each rank holds whole query heads (as vLLM requires)
         raise ValueError(f"`tp` ({tp}) must divide the query heads ({spec.num_attention_heads})")
 
@@ -130,8 +129,7 @@ def tokens_stored(spec: ModelSpec, kind: str, context: int, mode: str = "theoret
 
 def quantized_tokens(tokens: int, group_size: int, residual_length: int) -> int:
     """KIVI flush rule ``Q(T) = ((T - R) // G) * G if T > R else 0``: tokens held quantized out of ``T``."""
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(f"`group_size` must be a positive integer, got {group_size!r}")
+    check_positive_int("group_size", group_size)
     return (tokens - residual_length) // group_size * group_size if tokens > residual_length else 0
 
 

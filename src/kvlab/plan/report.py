@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvlab.plan.config_fields import KV_KINDS, SHARED
+from kvlab.plan.config_fields import KV_KINDS, SHARED, check_positive_int
 from kvlab.plan.fit import max_batch, max_context
 from kvlab.plan.kv_formats import PlannedName
 from kvlab.plan.ledger import build_ledger, kv_bytes_peak, kv_dtype
@@ -322,8 +322,7 @@ def video_report(
         ValueError: a bad ``batch``, a clip length given twice (one row each would repeat), or what
             :class:`VideoClip`, :func:`load_spec` and :func:`kv_dtype` refuse.
     """
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"`batch` must be a positive integer, got {batch!r}")
+    check_positive_int("batch", batch)
     repeated = sorted({s for s in seconds if list(seconds).count(s) > 1}, key=str)
     if repeated:
         raise ValueError(

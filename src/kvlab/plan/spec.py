@@ -38,6 +38,7 @@ from kvlab.plan.config_fields import (
     POSITION_NAMES,
     SLIDING,
     as_int,
+    check_positive_int,
     decoder_config,
     field_int,
     read_int,
@@ -82,9 +83,7 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
+            check_positive_int(name, getattr(self, name))
         if len(self.layer_kinds) != self.num_layers:
             raise ValueError(
                 f"`layer_kinds` must have one entry per layer ({self.num_layers}), got {len(self.layer_kinds)}"

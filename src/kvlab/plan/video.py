@@ -14,13 +14,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from kvlab.plan.config_fields import check_positive_int
 from kvlab.plan.ledger import KVDtype, kv_bytes
 from kvlab.plan.spec import ModelSpec
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -39,7 +35,7 @@ class VideoClip:
 
     def __post_init__(self) -> None:
         for name in ("fps", "width", "height", "temporal_compression", "spatial_compression", "patch_size"):
-            _positive_int(name, getattr(self, name))
+            check_positive_int(name, getattr(self, name))
         if (
             not isinstance(self.seconds, int | float)
             or isinstance(self.seconds, bool)

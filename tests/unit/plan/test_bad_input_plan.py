@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from kvlab.cli import main
+from kvlab.plan.config_fields import check_positive_int
 from kvlab.plan.fit import budget_from_gib
 from kvlab.plan.ledger import kv_bytes_per_token, quantized_tokens
 from kvlab.plan.load import load_spec
@@ -177,6 +179,18 @@ def test_small_helpers_name_bad_arguments():
         prefill_intensity(32, 32, 128, 8e9, 2, -1)
     with pytest.raises(ValueError, match="group_size"):
         quantized_tokens(500, 0, 128)
+
+
+@pytest.mark.parametrize("value", [0, -3, True, 2.0, "4", None])
+def test_positive_int_check_names_the_value_and_the_flag(value):
+    """One check for the planner's counts: a bool, a non-int or a value below 1 is refused with its name."""
+    with pytest.raises(
+        ValueError, match=rf"^`batch` must be a positive integer, got {re.escape(repr(value))}$"
+    ):
+        check_positive_int("batch", value)
+    with pytest.raises(ValueError, match=r"^`batch` \(--batch\) must be a positive integer"):
+        check_positive_int("batch", value, flag="--batch")
+    assert check_positive_int("batch", 3) == 3
 
 
 @pytest.mark.parametrize(
