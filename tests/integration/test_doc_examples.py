@@ -53,6 +53,13 @@ NOT_RUN = {
     "dynamic,kivi-4,kivi-k4v2,kivi-2,fp8-e4m3,mixed-smollm2-b4,mixed-smollm2-b3": (
         "23 minutes, and reads the plans of the examples above"
     ),
+    "kvlab eval --model smollm2-135m --quick --contexts 1024 --new-tokens 32 "
+    "--kivi-attention dequantize --batch 4 --quality-tokens 32 --candidates "
+    "dynamic,kivi-4,kivi-k4v2,kivi-k2v4,kivi-2,fp8-e4m3,mixed-smollm2-b4f,mixed-smollm2-b3f --threads 1 "
+    "--label eval-mixed-verify-smollm2-1024": "48 minutes; its record is committed and verified below",
+    "kvlab sensitivity verify docs/examples/mixed/eval-mixed-verify-smollm2-1024.json": (
+        "a repository path; test_the_committed_mixed_record_wins_at_both_budgets runs it from the root"
+    ),
     "kvlab tasks --quick --out tasks.json": "minutes on the bundled model; tests/unit/eval/test_tasks_cli.py runs a cell",
     "kvlab tasks --resume tasks.json": "needs a stopped run; tests/unit/eval/test_tasks_interrupt.py stops and resumes one",
     **dict.fromkeys(
@@ -171,3 +178,17 @@ def test_eviction_doc_output_block_has_every_row_the_plan_prints(monkeypatch):
         assert main(shlex.split(command)[1:]) == 0
     assert _row_labels(block) == _row_labels(out.getvalue())
     assert "of which scales/zeros (2 B each)" in _row_labels(block)
+
+
+def test_the_committed_mixed_record_wins_at_both_budgets(monkeypatch):
+    """docs/MIXED.md's one-run record: `kvlab sensitivity verify` exits 0 and both floored plans win."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("COLUMNS", "200")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["sensitivity", "verify", "docs/examples/mixed/eval-mixed-verify-smollm2-1024.json"])
+    assert code == 0, out.getvalue()
+    wins = [line for line in out.getvalue().splitlines() if "WINS" in line]
+    assert [w.split()[1] for w in wins] == ["mixed-smollm2-b4f", "mixed-smollm2-b3f"], out.getvalue()
+    for uniform in ("kivi-4", "kivi-k4v2", "kivi-k2v4", "kivi-2"):
+        assert uniform in out.getvalue()
