@@ -3,6 +3,7 @@
 :mod:`kvlab.plan.spec` (KV geometry), :mod:`kvlab.plan.architectures` (per-architecture quirks) and
 :mod:`kvlab.plan.weights` (parameter count) read the same ``config.json`` fields; they take the names and the
 readers (:func:`as_int`, :func:`read_int`, :func:`field_int`) from here, so none imports another's internals.
+The planner's modules also take :func:`check_positive_int` from here, the one check of a count they are given.
 
 Pure Python; no torch.
 """
