@@ -65,7 +65,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="3 needle tasks (niah_single_1, niah_single_3, niah_multikey_1), 4 caches, 5 samples, 512 tokens "
+        help="3 needle tasks (niah_single_1, niah_single_2, niah_multikey_1), 4 caches, 5 samples, 512 tokens "
         "(its time on the bundled model and smollm2-135m: docs/TASKS.md)",
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
