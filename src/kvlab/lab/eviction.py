@@ -26,6 +26,7 @@ import torch
 from kvlab.caches.measure import cache_nbytes
 from kvlab.caches.sink import SinkCache
 from kvlab.lab import longrun
+from kvlab.lab.exactness import incremental_chunks
 from kvlab.lab.longrun import STEP_TOKENS, Progress, spans
 from kvlab.runtime.checks import check_int
 from kvlab.runtime.hf_api import cache_kwarg
@@ -155,28 +156,21 @@ def streaming_nll(
     label: str = "streaming",
 ) -> tuple[torch.Tensor, dict]:
     """NLL of ``ids[1:]`` decoded through ``cache``: one prefill of ``prefill_tokens`` tokens (choose at most what
-    the cache holds, so that nothing is evicted before streaming starts), then one token per forward.
+    the cache holds, so that nothing is evicted before streaming starts), then one token per forward
+    (:func:`kvlab.lab.exactness.incremental_chunks`).
     ``progress`` is called as each span of :data:`~kvlab.lab.longrun.STEP_TOKENS` streamed tokens starts (the
     first with the prefill), named after ``label``.
 
     Returns:
         ``([tokens - 1] NLL, {"nbytes": bytes after the last token, "nbytes_max": the largest after any step})``.
     """
-    report = progress or (lambda step: None)
-    kw, tokens = cache_kwarg(model), ids.shape[0]
-    nll, last, peak = [], None, 0
-    for i, (a, b) in enumerate(spans(prefill_tokens, tokens)):
-        report(
-            f"{label}: tokens {1 if i == 0 else a + 1:,}-{b:,} of {tokens:,}"
-        )  # the first span: prefill + stream
-        if i == 0:
-            out = model(ids[None, :prefill_tokens], **{kw: cache}, use_cache=True)
-            nll.append(_nll(out.logits[0, :-1], ids[1:prefill_tokens]))
-            last, peak = out.logits[0, -1:], cache_nbytes(cache)
-        for t in range(a, b):
-            nll.append(_nll(last, ids[t : t + 1]))
-            last = model(ids[None, t : t + 1], **{kw: cache}, use_cache=True).logits[0, -1:]
-            peak = max(peak, cache_nbytes(cache))
+    tokens = ids.shape[0]
+    nll, peak = [], 0
+    for t, logits in incremental_chunks(model, ids[None], cache, prefill_tokens, progress, label):
+        # position t + j predicts token t + j + 1; the last position predicts none
+        n = min(logits.shape[1], tokens - 1 - t)
+        nll.append(_nll(logits[0, :n], ids[t + 1 : t + 1 + n]))
+        peak = max(peak, cache_nbytes(cache))
     return torch.cat(nll), {"nbytes": cache_nbytes(cache), "nbytes_max": peak}
 
 
