@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from kvlab.plan.config_fields import check_positive_int
 from kvlab.plan.ledger import KVDtype, kv_bytes_peak
 from kvlab.plan.spec import ModelSpec
 
@@ -29,8 +30,7 @@ class GpuBudget:
     source: str = ""  # where memory_bytes comes from, with its unit
 
     def __post_init__(self) -> None:
-        if not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
-            raise ValueError(f"`memory_bytes` must be a positive integer, got {self.memory_bytes!r}")
+        check_positive_int("memory_bytes", self.memory_bytes)
         if not isinstance(self.reserve_bytes, int) or self.reserve_bytes < 0:
             raise ValueError(f"`reserve_bytes` must be a non-negative integer, got {self.reserve_bytes!r}")
         if self.reserve_bytes >= self.memory_bytes:
@@ -121,8 +121,7 @@ def max_context(
 ) -> int | None:
     """Longest context ``T`` such that ``batch`` sequences fit at every length ``<= T`` (0 if even one token
     does not fit; ``None`` if memory never limits it, e.g. every KV layer is window-capped)."""
-    if not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"`batch` must be a positive integer, got {batch!r}")
+    check_positive_int("batch", batch)
 
     def fits(t: int) -> bool:
         return kv_bytes_peak(spec, t, batch, kv, tp=tp, mode=mode) <= kv_budget_bytes

@@ -411,8 +411,7 @@ def paged_kv_bytes(
     kvd = _resolve(spec, kv)
     if kvd.is_kivi:
         raise ValueError("paged_kv_bytes covers plain dtypes; KIVI has its own storage blocks")
-    if not isinstance(block_size_tokens, int) or block_size_tokens < 1:
-        raise ValueError(f"`block_size_tokens` must be a positive integer, got {block_size_tokens!r}")
+    check_positive_int("block_size_tokens", block_size_tokens)
     total = 0
     for kind in spec.layer_kinds:
         if kind in KV_KINDS:

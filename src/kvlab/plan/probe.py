@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from kvlab.plan.config_fields import check_positive_int
+
 
 @dataclass(frozen=True)
 class ProbeResult:
@@ -58,8 +60,7 @@ def probe(matmul_n: int = 2048, stream_elements: int = 20_000_000, repeat: int =
         ValueError: a non-positive size or repeat.
     """
     for name, value in (("matmul_n", matmul_n), ("stream_elements", stream_elements), ("repeat", repeat)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
+        check_positive_int(name, value)
     start = time.perf_counter()
     rng = np.random.default_rng(0)
     a = rng.standard_normal((matmul_n, matmul_n), dtype=np.float32)

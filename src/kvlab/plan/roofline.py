@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kvlab.plan.config_fields import KV_KINDS
+from kvlab.plan.config_fields import KV_KINDS, check_positive_int
 from kvlab.plan.ledger import KVDtype, kv_bytes, kv_dtype, tokens_stored
 from kvlab.plan.spec import ModelSpec
 
@@ -160,8 +160,7 @@ class DecodeStepBound:
             _check_positive("peak_flops", self.peak_flops)
         if self.flops_per_step is not None and not 0 <= self.flops_per_step < math.inf:
             raise ValueError(f"`flops_per_step` must be a finite number >= 0, got {self.flops_per_step!r}")
-        if not isinstance(self.batch, int) or self.batch < 1:
-            raise ValueError(f"`batch` must be a positive integer, got {self.batch!r}")
+        check_positive_int("batch", self.batch)
         if not 0 < self.lower_bound_s < math.inf:
             raise ValueError(
                 f"the decode step bound of {self.bytes_per_step!r} bytes at `bandwidth_bytes_s` "

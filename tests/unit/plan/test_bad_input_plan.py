@@ -622,3 +622,24 @@ def test_a_rotated_fp8_cache_on_a_head_dim_it_cannot_rotate_is_refused(tmp_path,
     assert main(["plan", str(config), "--kv-dtype", "fp8-e4m3"]) == 0  # the plain cache has no such limit
     spec = spec_from_config({**BASE, "head_dim": 64})
     assert kv_bytes_per_token(spec, "fp8-e4m3-hadamard") == kv_bytes_per_token(spec, "fp8-e4m3")
+
+
+def test_planner_counts_refuse_a_bool_named():
+    """``True`` is an int to Python: the planner's counts refuse it as they refuse 0, naming the field."""
+    from kvlab.plan.fit import GpuBudget, max_context
+    from kvlab.plan.ledger import paged_kv_bytes
+    from kvlab.plan.probe import probe
+    from kvlab.plan.roofline import DecodeStepBound
+
+    spec = spec_from_config(BASE)
+    calls = {
+        "memory_bytes": lambda: GpuBudget(memory_bytes=True, reserve_bytes=0),
+        "batch": lambda: max_context(spec, True, 10**9),
+        "block_size_tokens": lambda: paged_kv_bytes(spec, 64, block_size_tokens=True),
+        "repeat": lambda: probe(repeat=True),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match=rf"^`{name}` must be a positive integer, got True$"):
+            call()
+    with pytest.raises(ValueError, match=r"^`batch` must be a positive integer, got True$"):
+        DecodeStepBound(weight_bytes=1, kv_bytes=1, bandwidth_bytes_s=1e9, batch=True)
