@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache
 
 import kvlab.attention
-from kvlab.attention.interface import pending
+from kvlab.attention.context import current
 from kvlab.caches import KIVICache, PagedCache
 from kvlab.models import heldout_token_ids
 from kvlab.runtime.hf_api import cache_kwarg
@@ -47,7 +47,7 @@ def model(reference_fp32):
     model.set_attn_implementation("sdpa")
     yield model, tok
     model.set_attn_implementation("sdpa")
-    pending().clear()
+    assert current() is None  # every forward closed its context
 
 
 @pytest.fixture(scope="module")
@@ -114,4 +114,4 @@ def test_assisted_decoding_cutting_quantized_groups_runs_consistently(model, dra
     assert cache.layers[0].state.restored_tokens > 0  # rejections cut inside quantized groups
     q = cache.quantized_tokens()
     assert q % 32 == 0 and held - q < 32
-    assert not pending()
+    assert current() is None

@@ -1,67 +1,37 @@
 """kvlab's attention function for transformers' ``AttentionInterface``: fused KIVI attention, fused FP8 reads,
 else SDPA.
 
-``enable(model)`` registers the function under the name ``"kvlab"`` (with SDPA's mask builder) and switches the
-model to it. For every layer it then checks whether a cache in ``attention="fused"`` mode left something for it
-(:func:`pending`): a :class:`kvlab.caches.KIVICache` its quantized prefix (:class:`PendingPrefix`: it runs
+``enable(model)`` registers the function under the name ``"kvlab"`` (with SDPA's mask builder), switches the
+model to it, and opens one forward context per forward of the model (:mod:`kvlab.attention.context`). For every
+layer the attention then takes what a cache in ``attention="fused"`` mode handed it in that context: a
+:class:`kvlab.caches.KIVICache` its quantized prefix (:class:`PendingPrefix`: it runs
 :func:`kvlab.attention.quantized.kivi_attention`, no float copy of the quantized history), an
 :class:`kvlab.caches.fp8.FP8Cache` its float8 history (:class:`PendingFP8`: read in place by the CPU kernel of
 :mod:`kvlab.attention.cpu_kernel`; with a Hadamard rotation the query is rotated instead of every stored key, and
-the output rotated back);
-otherwise it is exactly transformers' SDPA attention, so any other cache keeps working unchanged.
+the output rotated back); and it gives its query states to a cache that asked for them (the context's observers).
+Otherwise it is exactly transformers' SDPA attention, so any other cache keeps working unchanged.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from kvlab.attention.context import Handoff, current, install_hooks
 from kvlab.attention.quantized import kivi_attention
 from kvlab.runtime.dtypes import float32_attention
 
 NAME = "kvlab"
-_local = threading.local()
-
-
-@dataclass(kw_only=True)
-class Handoff:
-    """What a fused-mode cache layer hands to the attention of the same layer and step (read once)."""
-
-    owner: Any = None  # the cache layer that wrote this entry
-    consumed: bool = False
-    # the keys the cache returned with this entry: the entry belongs to that call only
-    key: torch.Tensor | None = None
-
-    def matches(self, key: torch.Tensor) -> bool:
-        """Whether ``key`` is the key window this entry was handed off with (the same tensor or a view of it)."""
-        k = self.key
-        return k is None or key is k or (key.shape == k.shape and key.data_ptr() == k.data_ptr())
-
-    def check_call(self, dropout: float, kwargs: dict) -> None:
-        """Refuse (``ValueError``) an attention call this entry cannot serve, before it is consumed (hook)."""
-
-    def attend(
-        self,
-        module: torch.nn.Module,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        dropout: float = 0.0,
-        scaling: float | None = None,
-        **kwargs: Any,
-    ) -> tuple[torch.Tensor, None]:
-        """Attention of ``query [B, Hq, q, D]`` over what was handed off and the window ``key/value [B, Hkv, t,
-        D]`` -> ``([B, q, Hq, D], None)`` (hook: each kind of hand-off reads its own history)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement attend")
 
 
 @dataclass
 class PendingPrefix(Handoff):
     """A fused-mode KIVI layer's quantized prefix (the key window is what the cache returned)."""
+
+    cache: ClassVar[str] = "KIVICache(attention='fused')"
+    what: ClassVar[str] = "quantized prefix"
 
     segments: list  # QuantSegmentView, oldest first: the quantized prefix before this step's flush
     nbits: int
@@ -81,10 +51,8 @@ class PendingPrefix(Handoff):
             raise ValueError(f"fused KIVI attention does not apply attention dropout, got dropout={dropout}")
 
     def attend(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-        """:func:`kvlab.attention.quantized.kivi_attention` over the quantized prefix and the window; SDPA while
-        nothing is quantized yet (prefill: the window is the whole history, exact)."""
-        if not self.segments:
-            return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        """:func:`kvlab.attention.quantized.kivi_attention` over the quantized prefix (at least one segment: a
+        cache with nothing quantized hands nothing off) and the window."""
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         out = kivi_attention(
             query, self.segments, key, value, self.nbits, self.group_size, scale, attention_mask
@@ -97,6 +65,9 @@ class PendingFP8(Handoff):
     """A fused-mode FP8 layer's history: the ``T`` tokens stored before this step as codes (the key and value it
     returned are this step's tokens only, the window); with a rotation, all of them are in the rotated basis
     (``K R_k``, ``V R_v``)."""
+
+    cache: ClassVar[str] = "FP8Cache(attention='fused')"
+    what: ClassVar[str] = "FP8 history"
 
     key_codes: torch.Tensor  # [B, Hkv, T, D] float8 (e4m3fn or e5m2)
     value_codes: torch.Tensor  # [B, Hkv, T, D] float8
@@ -112,63 +83,6 @@ class PendingFP8(Handoff):
         )
 
 
-def check_handoff(
-    layer_idx: int | None, owner: Any, cache: str, what: str, siblings: tuple | list = ()
-) -> None:
-    """Raise if ``owner`` (a cache layer) handed the attention of ``layer_idx`` something it never read: the model
-    does not run kvlab attention (or changed the returned K/V before its attention: the entry matches only the
-    tensor the cache returned) and the output computed from it is wrong. ``owner``'s entries (and its
-    ``siblings``', the other layers of its cache) are dropped first. O(1) unless it raises. The last layer of a
-    forward is checked only by the next forward, so the caches hand nothing off on a one-layer model (its only
-    layer would go unchecked for a step): they run their dequantize path there.
-
-    Args:
-        layer_idx: the layer whose entry is checked (the same layer of the previous step).
-        owner: the cache layer that would have written it.
-        cache: the cache as the message names it (``"KIVICache(attention='fused')"``).
-        what: what was handed off (``"quantized prefix"``).
-        siblings: the other layers of ``owner``'s cache.
-
-    Raises:
-        RuntimeError: the entry is ``owner``'s and was not consumed.
-    """
-    table = pending()
-    entry = table.get(layer_idx)
-    if entry is None or entry.owner is not owner or entry.consumed:
-        return
-    for idx in [i for i, e in table.items() if e.owner is owner or any(e.owner is x for x in siblings)]:
-        del table[idx]
-    raise RuntimeError(
-        f"{cache} needs kvlab attention on the model: call kvlab.attention.enable(model) first (layer {layer_idx}'s "
-        f"{what} was never read; if kvlab attention is enabled, the model changed the K/V the cache returned before "
-        f"its attention read them, e.g. repeated them per expert, and this cache cannot run on it)"
-    )
-
-
-def check_previous_layer(layers: list, layer_idx: int, cache: str, what: str) -> None:
-    """:func:`check_handoff` for the layer before ``layer_idx`` in this forward (a cache's ``update`` calls it
-    before its layer ``layer_idx`` runs); ``layers``: the cache's layers."""
-    if 0 < layer_idx <= len(layers):
-        check_handoff(layer_idx - 1, layers[layer_idx - 1], cache, what, siblings=layers)
-
-
-def pending() -> dict[int, Handoff]:
-    """This thread's hand-off table: layer index -> :class:`PendingPrefix` or :class:`PendingFP8`."""
-    table = getattr(_local, "table", None)
-    if table is None:
-        table = _local.table = {}
-    return table
-
-
-def observers() -> dict[int, Any]:
-    """This thread's query requests: layer index -> ``callback(query, key, scale)``, called once after that layer's
-    next attention with the query states it used (SnapKV's observation window reads them)."""
-    table = getattr(_local, "observers", None)
-    if table is None:
-        table = _local.observers = {}
-    return table
-
-
 def kvlab_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -180,9 +94,32 @@ def kvlab_attention_forward(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention signature: ``query [B, Hq, q, D]``, ``key/value [B, Hkv, kv, D]`` ->
-    ``([B, q, Hq, D], None)``; then hands ``query`` to a cache that asked for it (:func:`observers`)."""
-    out = _attend(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    observer = observers().pop(getattr(module, "layer_idx", None), None)
+    ``([B, q, Hq, D], None)``.
+
+    In an open forward context (:func:`kvlab.attention.context.current`) it takes the layer's hand-off, when it came
+    with this very ``key`` (:meth:`kvlab.attention.context.ForwardContext.take`), and runs its ``attend``; SDPA
+    otherwise (no context, no entry, or K/V the model changed after the cache returned them, e.g. repeated per
+    expert: the entry then stays unread and the context's check at the end of the forward raises). Then it hands
+    ``query`` to the layer's observer, if a cache asked for it.
+
+    Raises:
+        ValueError: a call the entry cannot serve (:meth:`PendingPrefix.check_call`: dropout, a sliding window),
+            before the entry is taken.
+    """
+    layer_idx = getattr(module, "layer_idx", None)
+    ctx = current()
+    entry = None if ctx is None else ctx.take(layer_idx, key)
+    if entry is None:
+        out = sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    else:
+        entry.check_call(
+            dropout, kwargs
+        )  # refused before it is taken: the context's check still sees it unread
+        ctx.done(layer_idx)
+        out = entry.attend(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    observer = None if ctx is None else ctx.observers.pop(layer_idx, None)
     if observer is not None:
         observer(query, key, scaling)
     return out
@@ -210,31 +147,6 @@ def sdpa(
         )
         return out.to(query.dtype), weights
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-
-def _attend(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """transformers attention signature: ``query [B, Hq, q, D]``, ``key/value [B, Hkv, kv, D]`` ->
-    ``([B, q, Hq, D], None)``."""
-    layer_idx = getattr(module, "layer_idx", None)
-    table = pending()
-    entry = table.get(layer_idx)
-    # an entry is read only with the key window it was handed off with: one left behind by a forward that failed
-    # between the cache update and the attention is never applied to another cache's keys
-    if entry is None or entry.consumed or not entry.matches(key):
-        return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    entry.check_call(dropout, kwargs)  # refused before it is consumed: the cache's check still sees it unread
-    entry.consumed = True
-    del table[layer_idx]  # read once; the table must not keep the cache's blocks alive after the step
-    return entry.attend(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 
 def _fp8(
@@ -301,13 +213,16 @@ def register() -> None:
 
 
 def enable(model: Any) -> Any:
-    """Switch ``model`` to kvlab attention (fused KIVI where a fused KIVICache is used, SDPA otherwise).
+    """Switch ``model`` to kvlab attention (fused KIVI/FP8 where a fused cache is used, SDPA otherwise) and open one
+    forward context per forward of it (:func:`kvlab.attention.context.install_hooks`; kept if the model is later
+    switched to another attention, so a fused cache there fails at the end of its forward instead of reading wrong).
 
     Returns the model. Raises whatever ``set_attn_implementation`` raises for models that do not support custom
-    attention functions.
+    attention functions (then no hook is added).
     """
     register()
     model.set_attn_implementation(NAME)
+    install_hooks(model)
     return model
 
 

@@ -144,26 +144,33 @@ class FP8Layer(KVLayer):
         attention as codes (:class:`kvlab.attention.interface.PendingFP8`), which reads them in place (the CPU kernel
         of :mod:`kvlab.attention.cpu_kernel`, or decoded once in the attention elsewhere) and, when rotated, rotates
         the query rows and the output instead of the stored tokens. A prefill (nothing stored yet) returns the
-        states as given and hands nothing off."""
-        from kvlab.attention.interface import PendingFP8, check_handoff, pending
+        states as given and hands nothing off (with or without a forward context, :mod:`kvlab.attention.context`).
 
-        check_handoff(layer_idx, self, "FP8Cache(attention='fused')", "FP8 history")  # the previous step's
+        Raises:
+            RuntimeError: no forward context open while tokens are stored (nothing is appended then).
+        """
+        from kvlab.attention.context import current
+        from kvlab.attention.interface import PendingFP8
+
+        ctx = current()
         held_k, held_v = self.keys, self.values  # [B, H, T, D] codes before this step
+        if ctx is None and held_k.shape[-2]:
+            raise PendingFP8.unread_error(layer_idx, no_context=True)
         kr = self._rotated(key_states, self.key_rotation)  # [B, H, t, D]; fp32 when rotated
         vr = self._rotated(value_states, self.value_rotation)
         self._append(encode(kr, self.format, self.key_scale), encode(vr, self.format, self.value_scale))
         if not held_k.shape[-2]:
             return key_states, value_states
-        pending()[layer_idx] = PendingFP8(
+        entry = PendingFP8(
             key_codes=held_k,
             value_codes=held_v,
             key_scale=self.key_scale,
             value_scale=self.value_scale,
             key_rotation=self.key_rotation,
             value_rotation=self.value_rotation,
-            owner=self,
             key=kr,
         )
+        ctx.hand_off(layer_idx, entry)
         return kr, vr
 
     def _append(self, k: Encoded, v: Encoded) -> None:
@@ -289,20 +296,16 @@ class FP8Cache(Cache):
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``Cache.update``; in fused mode it passes ``layer_idx`` down (the layer files its codes for that
-        layer's attention) and first checks that the previous layer's attention read its own. A model with one layer
-        (no next layer to check its hand-off in the same forward) gets the dequantize path instead.
+        layer's attention in the forward context, :mod:`kvlab.attention.context`).
 
         Raises:
             ValueError: as :meth:`FP8Layer.update`.
-            RuntimeError: fused mode on a model that does not run kvlab attention.
+            RuntimeError: fused mode with no forward context open while tokens are stored (a model without
+                :func:`kvlab.attention.enable`; one with it raises at the end of a forward whose attention left a
+                history unread).
         """
-        if self.attention == "fused" and len(self.layers) > 1:
-            from kvlab.attention.interface import check_previous_layer
-
-            # a hand-off is checked by the next layer's update in the same forward; a one-layer model has none, so
-            # its only layer reads its codes back itself (the dequantize path: right with any attention)
+        if self.attention == "fused":
             kwargs["kvlab_layer_idx"] = layer_idx
-            check_previous_layer(self.layers, layer_idx, "FP8Cache(attention='fused')", "FP8 history")
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     def crop(self, tokens_to_remove: int) -> None:

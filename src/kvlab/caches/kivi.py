@@ -80,25 +80,32 @@ class KIVILayer(KVLayer):
         return torch.cat((prefix[0], key_window), dim=-2), torch.cat((prefix[1], value_window), dim=-2)
 
     def _update_fused(self, key_states, value_states, layer_idx):
-        """Fused path: hand the quantized prefix to kvlab attention; return only the full-precision window."""
-        from kvlab.attention.interface import PendingPrefix, check_handoff, pending
+        """Fused path: hand the quantized prefix to kvlab attention in this forward's context
+        (:mod:`kvlab.attention.context`); return only the full-precision window. While nothing is quantized (a
+        prefill) the window is the whole history: it is returned, as the dequantize path would, and nothing is
+        handed off (so no context is needed).
 
-        check_handoff(
-            layer_idx, self, "KIVICache(attention='fused')", "quantized prefix"
-        )  # the previous step's
-        table = pending()
-        segments = list(
-            self.state.segments()
-        )  # views of blocks as they stand; the flush below writes beyond them
+        Raises:
+            RuntimeError: no forward context open while tokens are quantized (nothing is appended then).
+        """
+        from kvlab.attention.context import current
+        from kvlab.attention.interface import PendingPrefix
+
+        ctx = current()
+        # views of blocks as they stand; the flush below writes beyond them
+        segments = list(self.state.segments())
+        if ctx is None and segments:
+            raise PendingPrefix.unread_error(layer_idx, no_context=True)
         key_window, value_window = self.state.append(key_states, value_states)
         self.keys, self.values = self.state.key_residual, self.state.value_residual
-        table[layer_idx] = PendingPrefix(
-            segments=segments,
-            nbits=self.config.key_bits,
-            group_size=self.config.group_size,
-            owner=self,
-            key=key_window,
-        )
+        if segments:
+            entry = PendingPrefix(
+                segments=segments,
+                nbits=self.config.key_bits,
+                group_size=self.config.group_size,
+                key=key_window,
+            )
+            ctx.hand_off(layer_idx, entry)
         return key_window, value_window
 
     def get_seq_length(self) -> int:
@@ -222,7 +229,9 @@ class KIVICache(Cache):
         Raises:
             ValueError: as :meth:`KIVILayer.update`, or a layer's first update bringing a different number of tokens
                 than layer 0 holds (a cache loaded with fewer layers than the model has).
-            RuntimeError: fused mode on a model whose attention did not read the previous layer's prefix.
+            RuntimeError: fused mode with no forward context open while tokens are quantized (a model without
+                :func:`kvlab.attention.enable`; one with it raises at the end of a forward whose attention left a
+                prefix unread, :meth:`kvlab.attention.context.ForwardContext.check_read`).
         """
         if layer_idx > 0 and self.layers and self.layers[0].is_initialized:
             fresh = layer_idx >= len(self.layers) or not self.layers[layer_idx].is_initialized
@@ -234,14 +243,8 @@ class KIVICache(Cache):
                         f"{held}: every layer must hold the same tokens (was the cache loaded with fewer layers "
                         f"than the model has?)"
                     )
-        # a hand-off is checked by the next layer's update in the same forward; a one-layer model has none, so its
-        # only layer runs the dequantize path (right with any attention; a fused layer without an index does that)
-        if self.attention == "fused" and len(self.layers) > 1:
-            from kvlab.attention.interface import check_previous_layer
-
-            kwargs["kvlab_layer_idx"] = layer_idx
-            # the previous layer's prefix unread: the model does not run kvlab attention, its output so far is wrong
-            check_previous_layer(self.layers, layer_idx, "KIVICache(attention='fused')", "quantized prefix")
+        if self.attention == "fused":
+            kwargs["kvlab_layer_idx"] = layer_idx  # the layer hands its prefix to this layer's attention
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     def load(self, states) -> None:

@@ -4,8 +4,9 @@ As kvpress's ``ScorerPress`` (whose subclasses implement ``score()`` and nothing
 ``keys``/``values`` ``[batch, kv_heads, tokens, head_dim]``, asks kvlab attention for the queries of a step when its
 hook :meth:`ScorerLayer._wants_query` says so (:class:`QueryRequest`), and when they arrive keeps the tokens its hook
 :meth:`ScorerLayer.keep` picks, ``_kept()`` of them, freeing the rest. :class:`QueryScoredCache` is the cache-level
-half: it names each layer's request by layer index and refuses a model whose attention never answered one
-(:class:`ScorerCache` adds the held tokens and bytes of :class:`ScorerLayer` layers).
+half: it names each layer's request by layer index; the forward context (:mod:`kvlab.attention.context`) refuses,
+at the end of the forward, a model whose attention never answered one (:class:`ScorerCache` adds the held tokens
+and bytes of :class:`ScorerLayer` layers).
 """
 
 from __future__ import annotations
@@ -22,14 +23,24 @@ from kvlab.caches.crop import crop_keep
 
 @dataclass
 class QueryRequest:
-    """A layer's request for the queries of one step, read by :func:`kvlab.attention.interface.kvlab_attention_forward`."""
+    """A layer's request for the queries of one step, answered by
+    :func:`kvlab.attention.interface.kvlab_attention_forward` from the forward context's observers
+    (:class:`kvlab.attention.context.ForwardContext`)."""
 
     layer: Any  # the layer that scores with them (its ``observe(query, scale)``)
     key: torch.Tensor  # the keys the cache returned for this step: the request belongs to that call only
 
     def __call__(self, query: torch.Tensor, key: torch.Tensor, scale: float | None) -> None:
-        if key is self.key or (key.shape == self.key.shape and key.data_ptr() == self.key.data_ptr()):
+        """Score with ``query [B, Hq, q, D]`` when ``key`` is the key the cache returned
+        (:func:`kvlab.attention.context.same_tensor`; K/V a model changed, e.g. per expert, leave it unanswered)."""
+        from kvlab.attention.context import same_tensor
+
+        if same_tensor(key, self.key):
             self.layer.observe(query, scale if scale is not None else query.shape[-1] ** -0.5)
+
+    def unread_error(self) -> RuntimeError:
+        """The error when no attention answered this request in its forward (:func:`not_enabled`)."""
+        return not_enabled(self.layer)
 
 
 def not_enabled(owner: object) -> RuntimeError:
@@ -42,11 +53,20 @@ def not_enabled(owner: object) -> RuntimeError:
 
 
 def request_queries(layer: Any, keys: torch.Tensor, layer_idx: int | None) -> None:
-    """Ask kvlab attention for this step's queries of layer ``layer_idx`` (answered by ``layer.observe``)."""
-    from kvlab.attention.interface import observers
+    """Ask kvlab attention for this step's queries of layer ``layer_idx`` (answered by ``layer.observe``) in this
+    forward's context (:mod:`kvlab.attention.context`); the end of the forward raises if none came.
 
+    Raises:
+        RuntimeError: no forward context is open (a model without :func:`kvlab.attention.enable`, or a cache
+            updated outside a forward and outside :func:`kvlab.attention.context.forward_context`).
+    """
+    from kvlab.attention.context import current
+
+    ctx = current()
+    if ctx is None:
+        raise not_enabled(layer)
     layer.pending = True
-    observers()[layer_idx] = QueryRequest(layer, keys)
+    ctx.observers[layer_idx] = QueryRequest(layer, keys)
 
 
 class ScorerLayer(KVLayer):
@@ -156,8 +176,7 @@ class ScorerLayer(KVLayer):
 
 class QueryScoredCache:
     """Cache-level half of a query-scored cache (mixed in before a transformers ``Cache`` subclass): each layer's
-    update carries its index (``kvlab_layer_idx``, naming its query request), and a layer whose previous request was
-    never answered stops the run."""
+    update carries its index (``kvlab_layer_idx``, naming its query request in the forward context)."""
 
     needs_own_prefill = (
         True  # its prefill scores the prompt with the model's queries: a copied prefill cannot
@@ -167,13 +186,8 @@ class QueryScoredCache:
         """``Cache.update``, passing ``layer_idx`` to the layer.
 
         Raises:
-            RuntimeError: the previous layer's queries never arrived (no kvlab attention).
+            RuntimeError: as :func:`request_queries`, or a layer whose previous request was never answered.
         """
-        if 0 < layer_idx <= len(self.layers) and self.layers[layer_idx - 1].pending:
-            from kvlab.attention.interface import observers
-
-            observers().pop(layer_idx - 1, None)
-            raise not_enabled(self)
         kwargs["kvlab_layer_idx"] = layer_idx
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 

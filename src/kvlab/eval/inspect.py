@@ -160,10 +160,10 @@ def inspect_kv(
 @contextlib.contextmanager
 def _observed_queries(model: Any, n: int):
     """Yield ``(queries, note)`` around one forward: ``queries[layer] = ([Hq, n, D] fp32 last ``n`` query rows,
-    softmax scale)`` filled by kvlab attention's observers (:func:`kvlab.attention.interface.observers`), the model
+    softmax scale)`` filled by kvlab attention's observers (:class:`kvlab.attention.context.ForwardContext`), the model
     switched to kvlab attention for the forward and back after; ``note`` says why nothing is captured when the model
     cannot run it (the attention KL is then not measured)."""
-    from kvlab.attention import interface
+    from kvlab.attention import context, interface
 
     queries: dict[int, tuple[torch.Tensor, float]] = {}
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -181,13 +181,14 @@ def _observed_queries(model: Any, n: int):
 
         return observe
 
-    table = interface.observers()
-    for idx in range(int(getattr(config, "num_hidden_layers", 0) or 0)):
-        table[idx] = keep(idx)
     try:
-        yield queries, None
+        with (
+            context.forward_context() as ctx
+        ):  # the model's forward joins it: the observers are set before it runs
+            for idx in range(int(getattr(config, "num_hidden_layers", 0) or 0)):
+                ctx.observers[idx] = keep(idx)
+            yield queries, None
     finally:
-        table.clear()
         if previous is not None:
             model.set_attn_implementation(previous)
 

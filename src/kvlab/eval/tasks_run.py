@@ -9,8 +9,8 @@ For one task cell (a task at a context length, ``n`` samples) the contexts are p
   load, a sink cache evicts);
 * a cache that scores the prompt with the model's queries (SnapKV, TOVA, SnapKV under KIVI: ``needs_own_prefill``)
   gets each layer's K/V by its own ``update`` and then the prefill's last queries, captured from kvlab attention
-  during the float prefill (:func:`kvlab.attention.interface.observers`), as its own prefill would hand them: it
-  compresses the prefilled context exactly as after a real prefill (a test checks it).
+  during the float prefill (the forward context's observers, :mod:`kvlab.attention.context`), as its own prefill
+  would hand them: it compresses the prefilled context exactly as after a real prefill (a test checks it).
 
 The question is then appended (one forward through the cache, never compressed by it: SnapKV compresses only its
 prefill) and the answer greedy-decoded. So this measures **question-agnostic compression**: the cache decides what
@@ -74,7 +74,7 @@ def prefill_with_queries(
     """
     from transformers import DynamicCache
 
-    from kvlab.attention.interface import observers
+    from kvlab.attention.context import forward_context
 
     kw, layers = cache_kwarg(model), model.config.num_hidden_layers
     rows = max(1, PREFILL_TOKENS_PER_CHUNK // context_ids.shape[1])
@@ -82,17 +82,18 @@ def prefill_with_queries(
     with torch.inference_mode():
         for i in range(0, context_ids.shape[0], rows):
             got: dict[int, tuple[torch.Tensor, float]] = {}
-            for idx in range(layers if query_window else 0):
-
-                def keep(query, key, scale, idx=idx, got=got):
-                    got[idx] = (query[..., -query_window:, :].clone(), scale or query.shape[-1] ** -0.5)
-
-                observers()[idx] = keep
             cache = DynamicCache()
-            model(input_ids=context_ids[i : i + rows], use_cache=True, logits_to_keep=1, **{kw: cache})
+            with (
+                forward_context() as ctx
+            ):  # the model's forward joins it: the observers are set before it runs
+                for idx in range(layers if query_window else 0):
+
+                    def keep(query, key, scale, idx=idx, got=got):
+                        got[idx] = (query[..., -query_window:, :].clone(), scale or query.shape[-1] ** -0.5)
+
+                    ctx.observers[idx] = keep
+                model(input_ids=context_ids[i : i + rows], use_cache=True, logits_to_keep=1, **{kw: cache})
             if query_window and len(got) < layers:
-                for idx in range(layers):
-                    observers().pop(idx, None)
                 raise RuntimeError(
                     "the prefill's queries never reached kvlab (run kvlab.attention.enable(model) first)"
                 )
@@ -115,8 +116,8 @@ def fill_from_prefill(
     """Fill an empty ``cache`` from a float prefill as its own prefill would; returns ``cache``.
 
     A query-scored cache (``needs_own_prefill``) gets one ``update`` per layer and then, for the request that
-    update leaves in :func:`kvlab.attention.interface.observers`, the prefill's queries of that layer, so it
-    compresses as after a real prefill. Any other cache goes through :func:`kvlab.eval.longctx.fill_cache`.
+    update leaves in the forward context's observers (:mod:`kvlab.attention.context`), the prefill's queries of that
+    layer, so it compresses as after a real prefill. Any other cache goes through :func:`kvlab.eval.longctx.fill_cache`.
 
     Args:
         states: ``[(keys, values)]`` per layer, ``[batch, kv_heads, tokens, head_dim]``.
@@ -127,18 +128,18 @@ def fill_from_prefill(
     """
     if not getattr(cache, "needs_own_prefill", False):
         return fill_cache(cache, states)
-    from kvlab.attention.interface import observers
+    from kvlab.attention.context import forward_context
 
     if queries is None or len(queries) != len(states):
         raise ValueError(
             f"{type(cache).__name__} scores the prompt with its queries: pass the prefill's queries"
         )
-    with torch.inference_mode():
+    with torch.inference_mode(), forward_context() as ctx:  # as a prefill's forward would hold the requests
         for idx, ((keys, values), (query, scale)) in enumerate(zip(states, queries)):
             if query.shape[0] != keys.shape[0]:
                 raise ValueError(f"queries of batch {query.shape[0]} for K/V of batch {keys.shape[0]}")
             out_k, _ = cache.update(keys, values, idx)
-            request = observers().pop(idx, None)
+            request = ctx.observers.pop(idx, None)
             if request is not None:
                 request(query, out_k, scale)
     return cache

@@ -7,7 +7,7 @@ from transformers import DynamicCache
 
 import kvlab.attention
 from kvlab.attention import cpu_kernel
-from kvlab.attention.interface import pending
+from kvlab.attention.context import current
 from kvlab.caches.fp8 import FP8Cache
 from kvlab.runtime.hf_api import cache_kwarg
 from tests.conftest import make_tiny_qwen2
@@ -134,4 +134,4 @@ def test_fused_cache_equals_its_dequantize_path(models, settings, head_dim, kern
     assert bool(calls) == (
         kernel and head_dim % 8 == 0
     )  # 6 steps x 2 layers went through the kernel, or none
-    assert not pending()
+    assert current() is None

@@ -61,9 +61,9 @@ def test_a_layer_the_load_left_out_fails_at_its_first_update(tiny_qwen2, attenti
             tiny_qwen2(input_ids=ids[:, -1:], **{cache_kwarg(tiny_qwen2): cache}, use_cache=True)
     finally:
         tiny_qwen2.set_attn_implementation("sdpa")
-        from kvlab.attention.interface import pending
+        from kvlab.attention.context import current
 
-        pending().clear()
+        assert current() is None  # every forward closed its context
 
 
 @pytest.mark.parametrize("bad", ["tokens", "batch", "head_dim", "nan"])

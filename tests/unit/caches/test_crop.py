@@ -20,7 +20,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
 import kvlab.attention
-from kvlab.attention.interface import pending
+from kvlab.attention.context import current
 from kvlab.caches import KIVICache, PagedCache
 from kvlab.caches.crop import crop_keep
 from kvlab.runtime.hf_api import cache_kwarg
@@ -80,7 +80,7 @@ def decode(model, cache, tokens):
 def model(tiny_qwen2):
     yield tiny_qwen2
     tiny_qwen2.set_attn_implementation("sdpa")
-    pending().clear()
+    assert current() is None  # every forward closed its context
 
 
 @pytest.mark.parametrize(
@@ -137,7 +137,9 @@ def test_fused_kivi_crop_then_decode_matches_the_same_reference(model, case):
     cache.crop(n)
     assert cache.get_seq_length() == keep
     got = decode(model, cache, nxt)
-    assert not pending()  # every hand-off of the cropped cache was read
+    assert (
+        current() is None
+    )  # each forward read its hand-offs (an unread one fails it) and closed its context
     model.set_attn_implementation("sdpa")
     want = decode(model, dynamic_from(before, keep), nxt)
     torch.testing.assert_close(got, want, rtol=2e-4, atol=2e-4)
@@ -278,7 +280,7 @@ def test_assisted_decoding_runs_when_drafts_are_cut_inside_quantized_groups(mode
     assert cache.layers[0].state.restored_tokens > 0
     q = cache.quantized_tokens()
     assert q % 16 == 0 and 0 <= 69 - q < 16  # R = 0: fewer than G tokens outside the quantized groups
-    assert not pending()
+    assert current() is None
 
 
 @pytest.mark.parametrize("bad", [torch.tensor(True), torch.tensor(False), np.bool_(True)], ids=str)
