@@ -327,20 +327,24 @@ class EvalConfig:
         return tuple(self.retrieval_contexts)
 
 
+# the ``--quick`` matrix's settings over EvalConfig's defaults (read by quick_config and by the flag's help text)
+QUICK_SETTINGS = dict(
+    contexts=(256, 1024),
+    new_tokens=16,
+    window_context=256,
+    window_new_tokens=48,
+    window_residuals=(16, 32),
+    repeat=1,
+    quality_tokens=8,
+    passkey_trials=8,
+)
+
+
 def quick_config(**overrides) -> EvalConfig:
     """The ``--quick`` matrix, a smoke test: short contexts, few tokens, one timed repeat, 8 passkey trials a depth
     (the passkey grid's 5 x 8 prompts instead of 5 x 20 are most of a real model's probe prefill). About half a
     minute on the bundled model and about 3.5 on SmolLM2-135M on a busy 2-core CPU (docs/EVAL.md)."""
-    base = dict(
-        contexts=(256, 1024),
-        new_tokens=16,
-        window_context=256,
-        window_new_tokens=48,
-        window_residuals=(16, 32),
-        repeat=1,
-        quality_tokens=8,
-        passkey_trials=8,
-    )
+    base = dict(QUICK_SETTINGS)
     base.update(overrides)
     return EvalConfig(**base)
 
