@@ -40,6 +40,7 @@ from kvlab.bench.prepare import (
     parse_candidates,
     set_attention,
 )
+from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.caches.registry import CacheSettings
 from kvlab.runtime.checks import check_int
 from kvlab.runtime.device import resolve_device, synchronize
@@ -169,8 +170,8 @@ def run(
     device: str | None = "cpu",
     dtype: str = "bfloat16",
     prefill_chunk_tokens: int = 1024,
-    group_size: int = 32,
-    residual_length: int = 128,
+    group_size: int = KIVI_DEFAULTS.group_size,
+    residual_length: int = KIVI_DEFAULTS.residual_length,
     hqq_group_size: int = 64,
     profile_context: int | None = None,
     quick: bool = False,

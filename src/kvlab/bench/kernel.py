@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from kvlab.bench.cells import bench_contexts, failed_cell
 from kvlab.bench.decode import kivi_cpu_path
+from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.runtime.checks import check_int
 from kvlab.runtime.device import resolve_device, synchronize
 from kvlab.runtime.dtypes import parse_dtype
@@ -197,8 +198,8 @@ def run(
     head_dim: int = 128,
     dtype: str = "bfloat16",
     nbits: int | tuple[int, ...] | list[int] = (4, 2),
-    group_size: int = 32,
-    residual_length: int = 128,
+    group_size: int = KIVI_DEFAULTS.group_size,
+    residual_length: int = KIVI_DEFAULTS.residual_length,
     reps: int = 11,
     copy_bytes: int | None = None,
     device: str | None = "cpu",

@@ -26,6 +26,7 @@ import torch
 from kvlab.bench import prepare
 from kvlab.bench.cells import bench_contexts, failed_cell
 from kvlab.bench.decode import DEFAULT_CANDIDATES
+from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.runtime.device import resolve_device, synchronize
 from kvlab.runtime.tensor_bytes import TensorBytesTracker  # the CPU measurement; tests import it here too
 
@@ -138,8 +139,8 @@ def run(
     device: str | None = "cpu",
     dtype: str = "bfloat16",
     prefill_chunk_tokens: int = 1024,
-    group_size: int = 32,
-    residual_length: int = 128,
+    group_size: int = KIVI_DEFAULTS.group_size,
+    residual_length: int = KIVI_DEFAULTS.residual_length,
     hqq_group_size: int = 64,
     flush_step: bool = True,
     quick: bool = False,

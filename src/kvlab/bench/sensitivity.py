@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.eval.divergence import kl_divergence
 from kvlab.plan.mixed import family, kivi_bits
 from kvlab.quant.codec import dequantize, quantize_groups
@@ -40,7 +41,11 @@ HALVES = ("k", "v")
 
 
 def roundtrip(
-    x: torch.Tensor, fmt: str, half: str, group_size: int = 32, residual_length: int = 128
+    x: torch.Tensor,
+    fmt: str,
+    half: str,
+    group_size: int = KIVI_DEFAULTS.group_size,
+    residual_length: int = KIVI_DEFAULTS.residual_length,
 ) -> torch.Tensor:
     """``x`` as a cache in ``fmt`` holds it after a prefill of ``x`` and reads it back.
 
@@ -113,8 +118,8 @@ def sweep(
     context: int,
     formats: Sequence[str] = SWEEP_FORMATS,
     *,
-    group_size: int = 32,
-    residual_length: int = 128,
+    group_size: int = KIVI_DEFAULTS.group_size,
+    residual_length: int = KIVI_DEFAULTS.residual_length,
     rows: int = 8,
     on_step: Callable[[str], None] | None = None,
 ) -> dict:

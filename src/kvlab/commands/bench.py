@@ -17,6 +17,7 @@ import argparse
 import json
 import shlex
 
+from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message
 from kvlab.runtime.atomic import output_problem
 from kvlab.runtime.checks import int_list, parse_list
@@ -59,9 +60,10 @@ def _common(p: argparse.ArgumentParser, device: bool = True) -> None:
 
 
 def _cache_settings(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--group-size", type=int, default=32, help="KIVI group size G (default 32)")
+    G, R = KIVI_DEFAULTS.group_size, KIVI_DEFAULTS.residual_length
+    p.add_argument("--group-size", type=int, default=G, help=f"KIVI group size G (default {G})")
     p.add_argument(
-        "--residual-length", type=int, default=128, help="residual window R, all caches (default 128)"
+        "--residual-length", type=int, default=R, help=f"residual window R, all caches (default {R})"
     )
 
 

@@ -13,6 +13,7 @@ import json
 import os
 from pathlib import Path
 
+from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, progress
 
 SWEEP_KIND = "kvlab-sensitivity"
@@ -40,8 +41,9 @@ def register(sub) -> None:
         default="kivi-2,kivi-4,kivi-8,fp8-e4m3",
         help="comma list (default kivi-2,kivi-4,kivi-8,fp8-e4m3)",
     )
-    s.add_argument("--group-size", type=int, default=32, help="KIVI G (default 32)")
-    s.add_argument("--residual", type=int, default=128, help="KIVI residual window R (default 128)")
+    G, R = KIVI_DEFAULTS.group_size, KIVI_DEFAULTS.residual_length
+    s.add_argument("--group-size", type=int, default=G, help=f"KIVI G (default {G})")
+    s.add_argument("--residual", type=int, default=R, help=f"KIVI residual window R (default {R})")
     s.add_argument(
         "--rows", type=int, default=8, help="batch rows per forward, one of them float (default 8)"
     )

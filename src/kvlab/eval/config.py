@@ -7,6 +7,8 @@ import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 
+from kvlab.cache_names import KIVI_DEFAULTS
+
 DTYPES = ("bfloat16", "float16", "float32")
 PROMPT_MODES = ("heldout", "repeat")
 # how a CPU run's Linear layers multiply: "float32" GEMMs on the model dtype's values (kvlab.runtime.dtypes.
@@ -140,8 +142,8 @@ class EvalConfig:
     candidates: tuple[str, ...] = ("dynamic", "kivi-4", "kivi-2", "hqq-4")
     contexts: tuple[int, ...] = (512, 2048, 4096)
     new_tokens: int = 64
-    residual_length: int = 128
-    group_size: int = 32
+    residual_length: int = KIVI_DEFAULTS.residual_length
+    group_size: int = KIVI_DEFAULTS.group_size
     window_context: int = 512
     window_new_tokens: int = 128
     window_residuals: tuple[int, ...] = (16, 32, 64)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.caches.registry import cache_names, make_cache, resolve
 from kvlab.lab import longrun
 from kvlab.lab.longrun import Progress, spans, text_config
@@ -39,7 +40,7 @@ def _registered(name: str) -> CacheFactory:
 
 
 def _kivi8(model: Any, total_tokens: int) -> Any:
-    group = 32
+    group = KIVI_DEFAULTS.group_size
     residual = group * (total_tokens // group + 1)  # a multiple of G, longer than the sequence: never flushes
     return make_cache(f"kivi-8:group_size={group}:residual_length={residual}", model.config)
 

@@ -22,6 +22,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.plan.ledger import kv_bytes, kv_dtype
 from kvlab.plan.mixed import family, ledger_name, plan_layer_bytes
 from kvlab.plan.spec import ModelSpec
@@ -37,7 +38,12 @@ def layer_options(formats: Sequence[str]) -> list[tuple[str, str]]:
 
 
 def budget_bytes(
-    spec: ModelSpec, budget: str, tokens: int, *, group_size: int = 32, residual_length: int = 128
+    spec: ModelSpec,
+    budget: str,
+    tokens: int,
+    *,
+    group_size: int = KIVI_DEFAULTS.group_size,
+    residual_length: int = KIVI_DEFAULTS.residual_length,
 ) -> int:
     """Bytes of a budget written as a fraction of the float cache (``"0.3"``) or as a uniform cache whose bytes to
     match (``"kivi-4"``, ``"kivi-k4v2"``: 3 code bits on average, ``"fp8-e4m3"``), for one sequence of ``tokens``.
@@ -73,8 +79,8 @@ def allocate(
     budget: int,
     tokens: int,
     *,
-    group_size: int = 32,
-    residual_length: int = 128,
+    group_size: int = KIVI_DEFAULTS.group_size,
+    residual_length: int = KIVI_DEFAULTS.residual_length,
     resolution: int = 4000,
 ) -> dict[str, Any]:
     """The plan of least predicted damage within ``budget`` bytes for one sequence of ``tokens`` tokens.

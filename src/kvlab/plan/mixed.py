@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.plan.config_fields import KV_KINDS
 from kvlab.plan.ledger import _layer_bytes, kv_dtype
 from kvlab.plan.spec import ModelSpec
@@ -166,8 +167,8 @@ def plan_layer_bytes(
     tokens: int,
     batch: int = 1,
     *,
-    group_size: int = 32,
-    residual_length: int = 128,
+    group_size: int = KIVI_DEFAULTS.group_size,
+    residual_length: int = KIVI_DEFAULTS.residual_length,
     tp: int = 1,
 ) -> list[int]:
     """Exact bytes each layer of a plan holds for ``batch`` sequences of ``tokens`` tokens on one of ``tp``

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.plan.ledger import kv_dtype, kv_elements_per_token_per_layer
 from kvlab.plan.mixed import (
     MIXED_PREFIX,
@@ -149,7 +150,13 @@ def mixed_plan_report(
     spec = planned_spec(model, o.get("kv_heads"))
     name, formats, source = resolve_plan(kv, spec)
     tp = o.get("tp", 1)
-    sizes = MixedBytes(spec, formats, o.get("group_size", 32), o.get("residual_length", 128), tp)
+    sizes = MixedBytes(
+        spec,
+        formats,
+        o.get("group_size", KIVI_DEFAULTS.group_size),
+        o.get("residual_length", KIVI_DEFAULTS.residual_length),
+        tp,
+    )
     weights = weights_or_none(
         spec, o.get("weight_dtype", "auto"), o.get("weights_index"), o.get("weight_bytes_override")
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.plan.config_fields import KV_KINDS, SHARED, check_positive_int
 from kvlab.plan.fit import max_batch, max_context
 from kvlab.plan.kv_formats import PlannedName
@@ -67,8 +68,8 @@ def plan_report(
     context: int = 8192,
     batch: int = 1,
     kv: str | PlannedName = "auto",
-    group_size: int = 32,
-    residual_length: int = 128,
+    group_size: int = KIVI_DEFAULTS.group_size,
+    residual_length: int = KIVI_DEFAULTS.residual_length,
     keep_tokens: int | None = None,
     gpu: str | None = None,
     gpu_mem_gib: float | None = None,
@@ -215,8 +216,8 @@ def roofline_report(
     context: int = 8192,
     batch: int = 1,
     kv: str | PlannedName = "auto",
-    group_size: int = 32,
-    residual_length: int = 128,
+    group_size: int = KIVI_DEFAULTS.group_size,
+    residual_length: int = KIVI_DEFAULTS.residual_length,
     keep_tokens: int | None = None,
     tp: int = 1,
     weight_dtype: str = "auto",
@@ -311,8 +312,8 @@ def video_report(
     patch_size: int = 1,
     causal_first_frame: bool = False,
     kv: str | PlannedName = "auto",
-    group_size: int = 32,
-    residual_length: int = 128,
+    group_size: int = KIVI_DEFAULTS.group_size,
+    residual_length: int = KIVI_DEFAULTS.residual_length,
     batch: int = 1,
 ) -> dict[str, Any]:
     """Tokens and KV bytes of clips of each length in ``seconds`` (docs/plan.md, Video).

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.quant.codec import (
     SUPPORTED_NBITS,
     QuantizedTensor,
@@ -69,8 +70,8 @@ class KIVIConfig:
     """
 
     nbits: int | None = 4
-    group_size: int = 32
-    residual_length: int = 128
+    group_size: int = KIVI_DEFAULTS.group_size
+    residual_length: int = KIVI_DEFAULTS.residual_length
     block_tokens: int | None = None
     key_bits: int | None = None  # bits per key code; None = nbits
     value_bits: int | None = None  # bits per value code; None = nbits

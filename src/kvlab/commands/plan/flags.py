@@ -138,10 +138,11 @@ def add_kv_flags(p: argparse.ArgumentParser, plans: bool = False) -> None:
             else ""
         ),
     )
-    # None = not given: KIVI's 32 / 128; given with a --kv-dtype that is not KIVI it is refused, not ignored
-    p.add_argument("--group-size", type=int, default=None, help="KIVI group size G (default 32)")
+    # None = not given: KIVI_DEFAULTS; given with a --kv-dtype that is not KIVI it is refused, not ignored
+    G, R = KIVI_DEFAULTS.group_size, KIVI_DEFAULTS.residual_length
+    p.add_argument("--group-size", type=int, default=None, help=f"KIVI group size G (default {G})")
     p.add_argument(
-        "--residual", type=int, default=None, help="KIVI residual window R in tokens (default 128)"
+        "--residual", type=int, default=None, help=f"KIVI residual window R in tokens (default {R})"
     )
 
 
