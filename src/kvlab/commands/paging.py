@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, progress
 from kvlab.commands.plan.flags import flag_message, keep_tokens_type
-from kvlab.plan.ledger import KV_DTYPE_NAMES
+from kvlab.plan.kv_formats import KV_DTYPE_NAMES
 from kvlab.runtime.checks import parse_list
 
 GIB, MIB = 1024**3, 1024**2
@@ -85,7 +85,7 @@ def _budget(args: argparse.Namespace, kv_dtype: str | None = None, flag: str = "
         ValueError: a bad device flag, or a bad KV dtype named by ``flag`` and its value.
     """
     from kvlab.paging.budget import planner_budget
-    from kvlab.plan.ledger import kv_dtype as parse_kv_dtype
+    from kvlab.plan.kv_formats import kv_dtype as parse_kv_dtype
 
     kv_dtype = kv_dtype or args.kv_dtype
     gpu, reserve = args.gpu_mem_gib, args.reserve_gib

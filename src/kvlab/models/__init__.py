@@ -18,17 +18,15 @@ import torch
 
 from kvlab.runtime.checks import check_int
 from kvlab.runtime.device import check_device
-from kvlab.runtime.dtypes import DTYPES, parse_dtype  # re-exported: part of kvlab.models' API
+from kvlab.runtime.dtypes import parse_dtype
 
 __all__ = [
-    "DTYPES",
     "check_local_model",
     "heldout_text",
     "heldout_token_ids",
     "load_model",
     "model_fingerprint",
     "model_source",
-    "parse_dtype",
     "reference_model_path",
 ]
 

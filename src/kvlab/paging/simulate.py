@@ -36,7 +36,7 @@ from kvlab.paging.block_table import BlockTable
 from kvlab.paging.budget import KVBudget, default_budget, default_kv_bytes_per_token
 from kvlab.paging.static import MAX_LEN_TOKENS
 from kvlab.paging.trace import Trace
-from kvlab.plan.ledger import check_keep_tokens
+from kvlab.plan.kv_formats import check_keep_tokens
 from kvlab.runtime.checks import check_int
 
 POLICY_KINDS = ("contiguous", "paged")

@@ -26,8 +26,8 @@ Example::
 
 from kvlab.plan.fit import GpuBudget, budget_from_gib, budget_from_hardware, max_batch, max_context
 from kvlab.plan.hardware import Hardware, custom_hardware, get_hardware
+from kvlab.plan.kv_formats import KVDtype, kv_dtype
 from kvlab.plan.ledger import (
-    KVDtype,
     Ledger,
     build_ledger,
     kivi_bytes_per_head,
@@ -36,7 +36,6 @@ from kvlab.plan.ledger import (
     kv_bytes,
     kv_bytes_peak,
     kv_bytes_per_token,
-    kv_dtype,
     kv_heads_per_rank,
     paged_kv_bytes,
     quantized_tokens,

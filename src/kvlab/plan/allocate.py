@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvlab.cache_names import KIVI_DEFAULTS
-from kvlab.plan.ledger import kv_bytes, kv_dtype
+from kvlab.plan.kv_formats import kv_dtype
+from kvlab.plan.ledger import kv_bytes
 from kvlab.plan.mixed import family, ledger_name, plan_layer_bytes
 from kvlab.plan.spec import ModelSpec
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvlab.plan.config_fields import check_positive_int
-from kvlab.plan.ledger import KVDtype, kv_bytes_peak
+from kvlab.plan.kv_formats import KVDtype
+from kvlab.plan.ledger import kv_bytes_peak
 from kvlab.plan.spec import ModelSpec
 
 GIB = 1024**3

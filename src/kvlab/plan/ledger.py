@@ -12,7 +12,7 @@ Tensor parallelism splits KV heads across ranks (replicated when ``tp`` exceeds 
 replicated on every rank. Functions named ``*_per_gpu`` or taking ``tp`` return one rank's bytes.
 
 The KV formats themselves (:class:`KVDtype`, :func:`kv_dtype`, the FP8 and KIVI tables) live in
-:mod:`kvlab.plan.kv_formats` and are re-exported here.
+:mod:`kvlab.plan.kv_formats`.
 
 Pure functions; no torch.
 """
@@ -25,36 +25,17 @@ from typing import Any
 
 from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.plan.config_fields import CHUNKED, FULL, KV_KINDS, SLIDING, check_positive_int
-from kvlab.plan.kv_formats import (
-    FP8_CACHES,
-    FP8_FORMATS,
-    FP8_SCALE_BYTES,
-    FP8_WORDS,
-    KIVI_NBITS,
-    KV_DTYPE_NAMES,
-    KVDtype,
-    check_keep_tokens,
-    kv_dtype,
-)
+from kvlab.plan.kv_formats import FP8_SCALE_BYTES, KIVI_NBITS, KVDtype, kv_dtype
 from kvlab.plan.load import load_spec
 from kvlab.plan.spec import ModelSpec
 from kvlab.plan.weights import WeightBytes
 
-# the ledger's names, and the format names of kvlab.plan.kv_formats it re-exports (the cache registry and the
-# planner's callers read them here)
+# the ledger's names (the KV formats it sizes are kvlab.plan.kv_formats')
 __all__ = [
-    "FP8_CACHES",
-    "FP8_FORMATS",
-    "FP8_SCALE_BYTES",
-    "FP8_WORDS",
-    "KIVI_NBITS",
-    "KVDtype",
-    "KV_DTYPE_NAMES",
     "Ledger",
     "LedgerRow",
     "MODES",
     "build_ledger",
-    "check_keep_tokens",
     "fp8_scale_bytes",
     "kivi_bytes_per_head",
     "kivi_kv_bytes",
@@ -62,7 +43,6 @@ __all__ = [
     "kv_bytes",
     "kv_bytes_peak",
     "kv_bytes_per_token",
-    "kv_dtype",
     "kv_elements_per_token_per_layer",
     "kv_heads_per_rank",
     "kv_metadata_bytes",

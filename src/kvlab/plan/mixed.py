@@ -38,7 +38,8 @@ from typing import Any
 
 from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.plan.config_fields import KV_KINDS
-from kvlab.plan.ledger import _layer_bytes, kv_dtype
+from kvlab.plan.kv_formats import kv_dtype
+from kvlab.plan.ledger import _layer_bytes
 from kvlab.plan.spec import ModelSpec
 
 FORMATS = ("kivi-2", "kivi-4", "kivi-8", "fp8-e4m3", "float")

@@ -27,7 +27,8 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab.cache_names import KIVI_DEFAULTS
-from kvlab.plan.ledger import kv_dtype, kv_elements_per_token_per_layer
+from kvlab.plan.kv_formats import kv_dtype
+from kvlab.plan.ledger import kv_elements_per_token_per_layer
 from kvlab.plan.mixed import (
     MIXED_PREFIX,
     check_plan_name,

@@ -12,8 +12,8 @@ from typing import Any
 from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.plan.config_fields import KV_KINDS, SHARED, check_positive_int
 from kvlab.plan.fit import max_batch, max_context
-from kvlab.plan.kv_formats import PlannedName
-from kvlab.plan.ledger import build_ledger, kv_bytes_peak, kv_dtype
+from kvlab.plan.kv_formats import PlannedName, kv_dtype
+from kvlab.plan.ledger import build_ledger, kv_bytes_peak
 from kvlab.plan.load import load_spec
 from kvlab.plan.mixed import MIXED_PREFIX
 from kvlab.plan.report_inputs import (
@@ -33,16 +33,11 @@ from kvlab.plan.roofline import (
     model_decode_attention_intensity,
     prefill_intensity,
 )
-from kvlab.plan.scenario import DEFAULT_GPU  # re-exported: commands and tests read it here
 from kvlab.plan.spec import QUANTIZED_WEIGHTS_HINT, ModelSpec
 from kvlab.plan.video import VideoClip, video_kv
 
 __all__ = [
-    "DEFAULT_GPU",
-    "NO_WEIGHTS",
-    "context_warnings",
     "plan_report",
-    "resolve_hardware",
     "roofline_report",
     "video_report",
 ]
@@ -91,10 +86,10 @@ def plan_report(
     ``max_context`` and ``decode_step_lower_bound_ms``; ``*_per_gpu`` keys are one rank's. With ``emit="vllm"``,
     ``vllm`` holds the ``vllm serve`` command for the plan and the KV cache vLLM would report
     (:func:`kvlab.plan.vllm.vllm_serve_plan`, blocks of ``block_size`` tokens). ``keep_tokens``: an evicting
-    cache holding at most that many tokens per layer (:func:`kvlab.plan.ledger.kv_dtype`); bytes, fit and decode
+    cache holding at most that many tokens per layer (:func:`kvlab.plan.kv_formats.kv_dtype`); bytes, fit and decode
     bound are the capped cache's, and ``max_context`` is None (not limited by memory) when the capped KV fits.
     ``warnings``: a ``context`` beyond the config's ``max_position_embeddings`` (:func:`context_warnings`; planned,
-    not refused). ``kv``: a name :func:`kvlab.plan.ledger.kv_dtype` reads, or a
+    not refused). ``kv``: a name :func:`kvlab.plan.kv_formats.kv_dtype` reads, or a
     :class:`~kvlab.plan.kv_formats.PlannedName` (a cache family's planner bytes, as ``kvlab plan`` asks the
     registry); ``kv="mixed-<plan>"``: the per-layer plan's report instead
     (:func:`kvlab.plan.mixed_report.mixed_plan_report`).

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvlab.plan.config_fields import KV_KINDS, check_positive_int
-from kvlab.plan.ledger import KVDtype, kv_bytes, kv_dtype, tokens_stored
+from kvlab.plan.kv_formats import KVDtype, kv_dtype
+from kvlab.plan.ledger import kv_bytes, tokens_stored
 from kvlab.plan.spec import ModelSpec
 
 

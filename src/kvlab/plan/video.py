@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvlab.plan.config_fields import check_positive_int
-from kvlab.plan.ledger import KVDtype, kv_bytes
+from kvlab.plan.kv_formats import KVDtype
+from kvlab.plan.ledger import kv_bytes
 from kvlab.plan.spec import ModelSpec
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.plan.config_fields import FULL, LAYER_KINDS, check_positive_int
-from kvlab.plan.ledger import KVDtype
+from kvlab.plan.kv_formats import KVDtype
 from kvlab.plan.spec import ModelSpec
 from kvlab.plan.vllm_kv import vllm_kv_cache
 

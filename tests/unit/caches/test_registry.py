@@ -127,7 +127,7 @@ def test_every_entry_is_listed_and_lossy_ones_state_bounds():
 
 def test_planner_reads_the_registry_names_of_the_caches_it_sizes():
     """``kvlab plan --kv-dtype`` takes the registry's grammar for every entry marked ``planner`` (torch-free)."""
-    from kvlab.plan.ledger import kv_dtype
+    from kvlab.plan.kv_formats import kv_dtype
 
     for name in cache_names():
         r = resolve(name)
@@ -150,8 +150,7 @@ def test_kvlab_plan_sizes_each_family_from_the_planner_bytes_its_entry_declares(
     """The registry path of ``kvlab plan --kv-dtype`` (the entry's planner bytes, a PlannedName) gives the format
     the torch-free planner reads from the name alone, for every name of every family that declares planner bytes."""
     from kvlab.commands.plan.flags import kv_dtype_names, planned_kv
-    from kvlab.plan.kv_formats import PlannedName
-    from kvlab.plan.ledger import kv_dtype
+    from kvlab.plan.kv_formats import PlannedName, kv_dtype
 
     sized = [n for n in cache_names() if resolve(n).entry.planner is not None]
     assert {resolve(n).family for n in sized} == {"kivi", "fp8"}

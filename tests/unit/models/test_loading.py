@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import kvlab.models as models
+from kvlab.runtime.dtypes import parse_dtype
 
 
 @pytest.fixture(autouse=True)
@@ -36,8 +37,8 @@ def test_bad_dtype_is_a_value_error_naming_it(bad):
 
 @pytest.mark.parametrize(("name", "expected"), [("bfloat16", torch.bfloat16), ("float32", torch.float32)])
 def test_parse_dtype_accepts_names_and_dtypes(name, expected):
-    assert models.parse_dtype(name) is expected
-    assert models.parse_dtype(expected) is expected
+    assert parse_dtype(name) is expected
+    assert parse_dtype(expected) is expected
 
 
 def test_bad_device_is_a_value_error():

@@ -58,7 +58,7 @@ def test_static_kv_dtype_changes_bytes_per_token(capsys):
 def test_default_device_memory_is_the_planners_gpu(capsys, argv):
     """Without --gpu-mem-gib, paging's device is kvlab plan's default GPU, as the device reports its memory."""
     from kvlab.plan.hardware import get_hardware
-    from kvlab.plan.report import DEFAULT_GPU
+    from kvlab.plan.scenario import DEFAULT_GPU
 
     hw = get_hardware(DEFAULT_GPU)
     out = run_json(capsys, "static", "--workload", "uniform", *argv)

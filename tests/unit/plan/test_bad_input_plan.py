@@ -235,7 +235,7 @@ def test_emit_vllm_refuses_a_config_file_not_named_config_json(tmp_path, capsys)
     ],
 )
 def test_fp8_and_asymmetric_kivi_kv_dtypes_name_the_bad_value(name, match):
-    from kvlab.plan.ledger import kv_dtype
+    from kvlab.plan.kv_formats import kv_dtype
 
     with pytest.raises(ValueError, match=match):
         kv_dtype(name)

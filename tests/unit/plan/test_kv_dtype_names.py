@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvlab.cli import build_parser
-from kvlab.plan.ledger import FP8_CACHES, KIVI_NBITS, KV_DTYPE_NAMES, kv_dtype
+from kvlab.plan.kv_formats import FP8_CACHES, KIVI_NBITS, KV_DTYPE_NAMES, kv_dtype
 
 
 @pytest.mark.parametrize("name", KV_DTYPE_NAMES)

@@ -15,7 +15,8 @@ import shlex
 import pytest
 
 from kvlab.cli import main
-from kvlab.plan.ledger import kv_bytes, kv_bytes_peak, kv_bytes_per_token, kv_dtype
+from kvlab.plan.kv_formats import kv_dtype
+from kvlab.plan.ledger import kv_bytes, kv_bytes_peak, kv_bytes_per_token
 from kvlab.plan.load import load_spec
 from kvlab.plan.mixed import plan_kv_bytes
 from kvlab.plan.mixed_report import MixedBytes, mixed_plan_report, vllm_expression

@@ -15,7 +15,7 @@ import pytest
 
 from kvlab.cli import main
 from kvlab.plan import load_spec
-from kvlab.plan.ledger import kv_dtype
+from kvlab.plan.kv_formats import kv_dtype
 from kvlab.plan.vllm import vllm_model_argument, vllm_serve_plan
 
 GIB = 1024**3

@@ -80,7 +80,8 @@ def test_dynamic_and_paged_cache_bytes_match_planner(tiny_qwen2, tokens):
 def test_fp8_cache_bytes_match_planner(tiny_qwen2, name, tokens, batch):
     """FP8Cache: half of the bf16 cache plus its fp32 scales, as the planner predicts for --kv-dtype <name>."""
     from kvlab.caches.registry import resolve
-    from kvlab.plan.ledger import fp8_scale_bytes, kv_dtype
+    from kvlab.plan.kv_formats import kv_dtype
+    from kvlab.plan.ledger import fp8_scale_bytes
 
     spec = load_spec({**tiny_qwen2.config.to_dict(), "torch_dtype": "bfloat16"})
     cache = _prefill(tiny_qwen2, resolve(name.replace("_", "-")).make(None), torch.bfloat16, tokens, batch)

@@ -41,9 +41,10 @@ def check_model_flags(args: argparse.Namespace) -> None:
     """Refuse a bad --dtype or --model before the first progress line (the library names them `dtype`, its path).
 
     Raises:
-        ValueError / OSError: as :func:`kvlab.models.parse_dtype` and :func:`kvlab.models.check_local_model`.
+        ValueError / OSError: as :func:`kvlab.runtime.dtypes.parse_dtype` and :func:`kvlab.models.check_local_model`.
     """
-    from kvlab.models import check_local_model, parse_dtype
+    from kvlab.models import check_local_model
+    from kvlab.runtime.dtypes import parse_dtype
 
     parse_dtype(args.dtype)
     check_local_model(args.model)
