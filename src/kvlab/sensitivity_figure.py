@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvlab.figures import C_GRAY, SERIES_COLORS, _figure, save_png
+from kvlab.figures.base import C_GRAY, SERIES_COLORS, _figure, save_png
 from kvlab.plan.mixed import FORMATS, layer_formats
 
 SWEEP_KIND = "kvlab-sensitivity"

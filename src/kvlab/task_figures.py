@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvlab.figures import C_GRAY, SERIES_COLORS, _figure, save_png
+from kvlab.figures.base import C_GRAY, SERIES_COLORS, _figure, save_png
 
 FLOAT = "dynamic"
 LINESTYLES = ("-", "--", ":", "-.")  # one per context length

@@ -35,7 +35,6 @@ from kvlab.figures.base import (
     DPI,
     GIB,
     SERIES_COLORS,
-    _figure,
     save_png,
 )
 from kvlab.figures.data import (
@@ -87,7 +86,6 @@ __all__ = [
     "FIGURE_NAMES",
     "GIB",
     "SERIES_COLORS",
-    "_figure",
     "block_causal_mask",
     "candidate_colors",
     "figure_files",
