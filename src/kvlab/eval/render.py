@@ -158,14 +158,9 @@ def _fit(grid: tuple[str, list[str], list[list[str]]], width: int | None) -> lis
     ]
 
 
-def matrix_table(result: dict, matrix: str) -> Table | None:
-    """One table per matrix: a row per cell, the baseline first at each context (None when it has no row)."""
-    grid = _matrix_grid(result, matrix)
-    return None if grid is None else _fit(grid, None)[0]
-
-
 def matrix_tables(result: dict, matrix: str, width: int | None) -> list[Table]:
-    """:func:`matrix_table` split into parts that each fit ``width`` characters unwrapped (:func:`_fit`)."""
+    """A matrix's table, a row per cell with the baseline first at each context, split into parts that each fit
+    ``width`` characters unwrapped (:func:`_fit`; ``None``: one part); ``[]`` when the matrix has no row."""
     grid = _matrix_grid(result, matrix)
     return [] if grid is None else _fit(grid, width)
 
@@ -200,14 +195,9 @@ def _passkey_grid(result: dict) -> tuple[str, list[str], list[list[str]]] | None
     return "Passkey retrieval (correct / trials per needle depth)", headers, cells
 
 
-def passkey_table(result: dict) -> Table | None:
-    """The passkey grid as one table (:func:`_passkey_grid`); None when no row has it."""
-    grid = _passkey_grid(result)
-    return None if grid is None else _fit(grid, None)[0]
-
-
 def passkey_tables(result: dict, width: int | None) -> list[Table]:
-    """:func:`passkey_table` split into parts that each fit ``width`` characters unwrapped (:func:`_fit`)."""
+    """The passkey grid (:func:`_passkey_grid`) split into parts that each fit ``width`` characters unwrapped
+    (:func:`_fit`; ``None``: one part); ``[]`` when no row has it."""
     grid = _passkey_grid(result)
     return [] if grid is None else _fit(grid, width)
 

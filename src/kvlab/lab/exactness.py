@@ -86,18 +86,6 @@ def incremental_chunks(
             yield t, model(input_ids[:, t : t + 1], **kw).logits
 
 
-def incremental_logits(model: Any, input_ids: torch.Tensor, cache: Any, prefill_tokens: int) -> torch.Tensor:
-    """Logits ``[batch, tokens, vocab]`` of ``input_ids: [batch, tokens]`` decoded through ``cache``: one prefill
-    of ``prefill_tokens`` tokens, then one token per forward (:func:`incremental_chunks`, concatenated).
-
-    Raises:
-        ValueError: ``prefill_tokens`` outside ``[1, tokens]``.
-    """
-    return torch.cat(
-        [logits for _, logits in incremental_chunks(model, input_ids, cache, prefill_tokens)], dim=1
-    )
-
-
 class _Errors:
     """One cache's logits against the reference, forward by forward: the largest absolute error, the positions
     whose top token matches, and (``dynamic`` given) the largest distance to DynamicCache's logits. Maxima are

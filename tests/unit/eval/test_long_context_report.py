@@ -9,7 +9,7 @@ import io
 import pytest
 from rich.console import Console
 
-from kvlab.eval.render import matrix_table, passkey_table, print_summary
+from kvlab.eval.render import matrix_tables, passkey_tables, print_summary
 from kvlab.eval.schema import validate_result
 from kvlab.figures import passkey_grid, plot_passkey_heatmap
 from kvlab.report_html import render_html
@@ -112,7 +112,7 @@ def _text(renderable) -> str:
 
 
 def test_summary_table_has_recall_passkey_and_kl_within_160_columns(result):
-    text = _text(matrix_table(result, "capacity"))
+    text = _text(matrix_tables(result, "capacity", None)[0])
     assert max(len(line) for line in text.splitlines()) <= 160
     header = next(line for line in text.splitlines() if "candidate" in line and "ctx" in line)
     assert "recall" in header and "passkey" in header and "KL" in header
@@ -121,7 +121,7 @@ def test_summary_table_has_recall_passkey_and_kl_within_160_columns(result):
 
 
 def test_passkey_table_counts_per_depth(result):
-    text = _text(passkey_table(result))
+    text = _text(passkey_tables(result, None)[0])
     lossy = next(line for line in text.splitlines() if "evict-256" in line)
     cells = [c.strip() for c in lossy.split("│") if c.strip()]
     assert cells[:7] == ["512", "evict-256", "0/20", "1/20", "0/20", "20/20", "20/20"]
@@ -223,7 +223,7 @@ def test_summary_table_hides_long_context_columns_of_an_older_result(result):
             row.pop(key, None)
     header = next(
         line
-        for line in _text(matrix_table(result, "capacity")).splitlines()
+        for line in _text(matrix_tables(result, "capacity", None)[0]).splitlines()
         if "candidate" in line and "ctx" in line
     )
     assert "recall" not in header and "passkey" not in header and "KL" not in header and "verdict" in header
@@ -232,7 +232,7 @@ def test_summary_table_hides_long_context_columns_of_an_older_result(result):
 def test_a_long_cache_name_folds_instead_of_being_cut():
     from rich.console import Console
 
-    from kvlab.eval.render import matrix_table
+    from kvlab.eval.render import matrix_tables
 
     name = "sink:sink_tokens=4:window_length=256"
     rows = [
@@ -254,7 +254,7 @@ def test_a_long_cache_name_folds_instead_of_being_cut():
         },
     ]
     console = Console(width=120, record=True)
-    console.print(matrix_table({"rows": rows}, "capacity"))
+    console.print(matrix_tables({"rows": rows}, "capacity", None)[0])
     column = "".join(
         line.split("│")[2].strip() for line in console.export_text().splitlines() if line.count("│") > 3
     )

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kvlab.lab.exactness import EXACT_CACHES, check_exact_caches, incremental_logits
+from kvlab.lab.exactness import EXACT_CACHES, check_exact_caches, incremental_chunks
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_prefill_bounds(tiny_model):
 
     ids = torch.zeros(1, 4, dtype=torch.long)
     with pytest.raises(ValueError, match="5"):
-        incremental_logits(tiny_model, ids, DynamicCache(config=tiny_model.config), 5)
+        list(incremental_chunks(tiny_model, ids, DynamicCache(config=tiny_model.config), 5))
 
 
 def _bundled_model_present() -> bool:
