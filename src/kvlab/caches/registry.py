@@ -291,7 +291,24 @@ def _mixed_cache(model_config: Any, name: CacheName, s: Any) -> Any:
     from kvlab.caches.mixed import MixedCache
 
     plan, _ = _mixed.find_plan(name.variant)
-    return MixedCache(plan, model_config, group_size=s.group_size, residual_length=s.residual_length)
+    return MixedCache(
+        plan,
+        model_config,
+        group_size=s.group_size,
+        residual_length=s.residual_length,
+        attention=s.kivi_attention,
+    )
+
+
+def _mixed_describe(name: CacheName, s: Any) -> dict:
+    return _mixed.describe(name.variant, s.group_size, s.residual_length, s.kivi_attention)
+
+
+def _mixed_run_path(name: CacheName, run_attention: str) -> str:
+    """The path ``mixed-<plan>`` takes from a run whose path is ``run_attention``: the run's (fused: each layer
+    that can runs fused, a KIVI layer with its own key and value bits dequantized, :func:`_mixed_describe`'s
+    ``layer_attention``)."""
+    return run_attention
 
 
 def _budget_keeps(while_decoding: bool) -> Callable[[CacheName, Any], Keeps | None]:
@@ -434,15 +451,18 @@ REGISTRY: dict[str, CacheEntry] = {
         CacheEntry(
             "mixed",
             "kvlab MixedCache: each layer's K and V in the formats of a named plan (KIVI bits, FP8, float), "
-            "mixed-<plan> (kvlab.plan.mixed)",
+            "mixed-<plan> (kvlab.plan.mixed); --kivi-attention fused: each layer hands its codes to kvlab attention",
             _mixed_cache,
             variants=_mixed.plan_names(),
             variant_required=True,
             options=MixedSettings,
             exact=False,
             logit_bound={None: 0.4},  # its narrowest layers may be KIVI-2 (kivi-2's bound)
-            describe=lambda name, s: _mixed.describe(name.variant, s.group_size, s.residual_length),
-            check=lambda name, s: _mixed.find_plan(name.variant),
+            describe=_mixed_describe,
+            # fused: kvlab attention reads the codes of every layer that hands them off
+            kvlab_attention=lambda name, s: "fused" in _mixed_describe(name, s)["layer_attention"].values(),
+            check=_mixed_describe,  # an unknown plan, or entries of unknown formats
+            attention_path=_mixed_run_path,
         ),
     )
 }

@@ -52,6 +52,11 @@ def _check_ratio(value: object) -> None:
         raise ValueError(f"`compression_ratio` must be in (0, 1), got {value!r}")
 
 
+def _check_attention(value: object) -> None:
+    if value not in ("fused", "dequantize"):
+        raise ValueError(f"`kivi_attention` must be 'fused' or 'dequantize', got {value!r}")
+
+
 @dataclass(frozen=True)
 class PagedSettings(CheckedCounts):
     """:class:`kvlab.caches.paged.PagedCache`. Raises ``ValueError``: ``block_size`` below 1."""
@@ -94,8 +99,7 @@ class KIVISettings(EvictionSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.kivi_attention not in ("fused", "dequantize"):
-            raise ValueError(f"`kivi_attention` must be 'fused' or 'dequantize', got {self.kivi_attention!r}")
+        _check_attention(self.kivi_attention)
 
 
 @dataclass(frozen=True)
@@ -124,11 +128,18 @@ class SinkSettings(CheckedCounts):
 
 @dataclass(frozen=True)
 class MixedSettings(CheckedCounts):
-    """:class:`kvlab.caches.mixed.MixedCache`: the G and R of its KIVI layers (the plan file names their bits).
+    """:class:`kvlab.caches.mixed.MixedCache`: the G and R of its KIVI layers (the plan file names their bits) and
+    the attention path, the run's as KIVI's (``--kivi-attention``; a plan name fills the name's variant, so no
+    ``-fused`` word follows it).
 
     Raises:
-        ValueError: ``group_size`` below 1, ``residual_length`` below 0.
+        ValueError: ``group_size`` below 1, ``residual_length`` below 0, an unknown ``kivi_attention``.
     """
 
     group_size: int = count(KIVI_DEFAULTS.group_size, 1)  # G of the plan's KIVI layers
     residual_length: int = count(KIVI_DEFAULTS.residual_length, 0)  # R of the plan's KIVI layers
+    kivi_attention: str = field(default="dequantize", metadata=RUN_ONLY)  # fused | dequantize
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_attention(self.kivi_attention)

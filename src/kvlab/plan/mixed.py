@@ -85,6 +85,27 @@ def check_pair(layer: int, k: str, v: str) -> None:
         )
 
 
+def _entries(plan: Mapping) -> dict[Any, tuple[str, str]]:
+    """``{key: (k format, v format)}`` of a plan's ``layers`` object, each entry's shape and formats checked (not
+    its key, nor K and V of one family: :func:`layer_formats` does, against a model)."""
+    layers = plan.get("layers") if isinstance(plan, Mapping) else None
+    if not isinstance(layers, Mapping) or not layers:
+        raise ValueError(
+            'a plan needs a non-empty "layers" object: {"0": {"k": "kivi-4", "v": "kivi-2"}, ...}'
+        )
+    out = {}
+    for key, entry in layers.items():
+        if not isinstance(entry, Mapping) or set(entry) != {"k", "v"}:
+            raise ValueError(f'plan layer {key!r}: expected {{"k": format, "v": format}}, got {entry!r}')
+        for fmt in (entry["k"], entry["v"]):
+            if not isinstance(fmt, str) or fmt not in FORMATS:
+                raise ValueError(
+                    f"plan layer {key!r}: unknown KV format {fmt!r}; formats are {', '.join(FORMATS)}"
+                )
+        out[key] = (entry["k"], entry["v"])
+    return out
+
+
 def layer_formats(plan: Mapping, num_layers: int) -> list[tuple[str, str]]:
     """``[(k format, v format)]`` for layers ``0 .. num_layers - 1`` of a plan (the JSON object of a plan file).
 
@@ -96,22 +117,9 @@ def layer_formats(plan: Mapping, num_layers: int) -> list[tuple[str, str]]:
     """
     if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
         raise ValueError(f"`num_layers` must be a positive integer, got {num_layers!r}")
-    layers = plan.get("layers") if isinstance(plan, Mapping) else None
-    if not isinstance(layers, Mapping) or not layers:
-        raise ValueError(
-            'a plan needs a non-empty "layers" object: {"0": {"k": "kivi-4", "v": "kivi-2"}, ...}'
-        )
     named: dict[int, tuple[str, str]] = {}
     default = None
-    for key, entry in layers.items():
-        if not isinstance(entry, Mapping) or set(entry) != {"k", "v"}:
-            raise ValueError(f'plan layer {key!r}: expected {{"k": format, "v": format}}, got {entry!r}')
-        k, v = entry["k"], entry["v"]
-        for fmt in (k, v):
-            if not isinstance(fmt, str) or fmt not in FORMATS:
-                raise ValueError(
-                    f"plan layer {key!r}: unknown KV format {fmt!r}; formats are {', '.join(FORMATS)}"
-                )
+    for key, (k, v) in _entries(plan).items():
         if key == "*":
             check_pair("*", k, v)
             default = (k, v)
@@ -131,6 +139,32 @@ def layer_formats(plan: Mapping, num_layers: int) -> list[tuple[str, str]]:
             raise ValueError(f'plan gives no formats for layer {idx} (name it, or give "*" for the rest)')
         out.append(named.get(idx, default))
     return out
+
+
+def layer_attention(k: str, v: str, attention: str, group_size: int) -> str:
+    """How one layer of a :class:`kvlab.caches.mixed.MixedCache` built with ``attention`` is read by the model's
+    attention: ``"fused"`` (it hands its quantized history to kvlab attention: FP8 codes, or KIVI codes at one width
+    for K and V whose value groups of ``group_size`` channels fill whole bytes), ``"dequantize"`` (it returns its
+    history dequantized: every quantized layer with ``attention="dequantize"``, and in a fused cache a KIVI layer
+    the fused reader cannot take: keys and values at different widths, or ``group_size * bits`` not a multiple of
+    8) or ``"float"`` (its K/V as stored, in the model dtype).
+
+    The two KIVI conditions are those of :func:`kvlab.attention.kivi_checks.check_fused_settings` (a test ties
+    them); source: docs/MIXED.md.
+
+    Raises:
+        ValueError: an unknown format (:func:`family`) or an ``attention`` other than ``"fused"``/``"dequantize"``.
+    """
+    if attention not in ("fused", "dequantize"):
+        raise ValueError(f"`attention` must be 'fused' or 'dequantize', got {attention!r}")
+    if family(k) == "float":
+        return "float"
+    if attention == "dequantize":
+        return "dequantize"
+    if family(k) == "fp8":
+        return "fused"
+    bits = kivi_bits(k)
+    return "fused" if kivi_bits(v) == bits and group_size * bits % 8 == 0 else "dequantize"
 
 
 def ledger_name(k: str, v: str) -> str:
@@ -303,19 +337,28 @@ def plan_summary(formats: list[tuple[str, str]]) -> dict[str, Any]:
     return out
 
 
-def describe(name: str, group_size: int, residual_length: int) -> dict[str, Any]:
+def describe(
+    name: str, group_size: int, residual_length: int, attention: str = "dequantize"
+) -> dict[str, Any]:
     """What a result records of the cache ``mixed-<name>``: the plan's name, where it was read, its ``layers``
-    object as written, and the KIVI settings of its KIVI layers.
+    object as written, the KIVI settings of its KIVI layers, the cache's ``attention`` path and, per entry of
+    ``layers`` (same keys), how that entry's layers are read (``layer_attention``: :func:`layer_attention`).
 
     Raises:
-        ValueError: an unknown plan name, or a plan file that cannot be read.
+        ValueError: an unknown plan name, a plan file that cannot be read or whose ``layers`` entries are not
+            ``{"k": format, "v": format}`` of known formats of one family, or an unknown ``attention``.
     """
     plan, source = find_plan(name)
+    paths = {}
+    for key, (k, v) in _entries(plan).items():
+        check_pair(key, k, v)
+        paths[key] = layer_attention(k, v, attention, group_size)
     return {
         "plan": name,
         "plan_source": source,
         "layers": plan.get("layers"),
         "group_size": group_size,
         "residual_length": residual_length,
-        "attention": "dequantize",
+        "attention": attention,
+        "layer_attention": paths,
     }

@@ -84,6 +84,33 @@ def test_every_registered_cache_matches_dynamic_cache(name, model, prompt, refer
     )
 
 
+# families whose attention path only the run chooses (no -fused name: mixed-<plan>'s variant is the plan's name)
+RUN_PATH_ONLY = [
+    n
+    for n in cache_names()
+    if REGISTRY[parse_cache_name(n, REGISTRY).family].attention_path is not None
+    and not REGISTRY[parse_cache_name(n, REGISTRY).family].attention_variants
+]
+
+
+@pytest.mark.parametrize("name", RUN_PATH_ONLY)
+def test_a_family_the_run_puts_on_the_fused_path_equals_its_dequantize_path(name, model, prompt, reference):
+    """The matrix above runs these at the default path (dequantize); with ``--kivi-attention fused`` the same name
+    needs kvlab attention, records the path, and gives the dequantize path's tokens and logits within the fused
+    KIVI tests' 1e-4 (its distance to DynamicCache is then the bound the matrix checks)."""
+    fused = resolve(name, CacheSettings(**SETTINGS.values(), kivi_attention="fused"))
+    plain = resolve(name, SETTINGS)
+    assert fused.uses_kvlab_attention and fused.describe()["attention"] == "fused"
+    assert plain.describe()["attention"] == "dequantize"
+    got, want = (
+        _generate(model, prompt, fused.make(model.config)),
+        _generate(model, prompt, plain.make(model.config)),
+    )
+    assert torch.equal(got[0], want[0]), name
+    torch.testing.assert_close(got[1], want[1], rtol=1e-4, atol=1e-4)
+    assert float((got[1] - reference[1]).abs().max()) > 0, name  # quantized: not a float copy
+
+
 def test_grammar_reads_old_spellings_and_settings():
     assert resolve("kivi4-fused").name.canonical == "kivi-4-fused"
     assert resolve("hqq4").name.canonical == "hqq-4"
