@@ -42,6 +42,7 @@ from kvlab.bench.prepare import (
 )
 from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.caches.registry import CacheSettings
+from kvlab.caches.settings import HQQ_GROUP_SIZE
 from kvlab.runtime.checks import check_int
 from kvlab.runtime.device import resolve_device, synchronize
 from kvlab.runtime.dtypes import cpu_matmul_mode, cpu_matmul_policy
@@ -172,7 +173,7 @@ def run(
     prefill_chunk_tokens: int = 1024,
     group_size: int = KIVI_DEFAULTS.group_size,
     residual_length: int = KIVI_DEFAULTS.residual_length,
-    hqq_group_size: int = 64,
+    hqq_group_size: int = HQQ_GROUP_SIZE,
     profile_context: int | None = None,
     quick: bool = False,
     progress: Any = None,

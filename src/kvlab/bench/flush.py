@@ -26,6 +26,7 @@ import torch
 
 from kvlab.bench.cells import bench_contexts, failed_cell
 from kvlab.cache_names import KIVI_DEFAULTS
+from kvlab.caches.settings import HQQ_GROUP_SIZE
 from kvlab.runtime.device import resolve_device, synchronize
 from kvlab.runtime.dtypes import parse_dtype
 
@@ -198,7 +199,7 @@ def run(
     hf_reps: int = 3,
     group_size: int = KIVI_DEFAULTS.group_size,
     residual_length: int = KIVI_DEFAULTS.residual_length,
-    hqq_group_size: int = 64,
+    hqq_group_size: int = HQQ_GROUP_SIZE,
     device: str | None = "cpu",
     quick: bool = False,
     progress: Any = None,

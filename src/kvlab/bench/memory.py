@@ -27,6 +27,7 @@ from kvlab.bench import prepare
 from kvlab.bench.cells import bench_contexts, failed_cell
 from kvlab.bench.decode import DEFAULT_CANDIDATES
 from kvlab.cache_names import KIVI_DEFAULTS
+from kvlab.caches.settings import HQQ_GROUP_SIZE
 from kvlab.runtime.device import resolve_device, synchronize
 from kvlab.runtime.tensor_bytes import TensorBytesTracker  # the CPU measurement; tests import it here too
 
@@ -141,7 +142,7 @@ def run(
     prefill_chunk_tokens: int = 1024,
     group_size: int = KIVI_DEFAULTS.group_size,
     residual_length: int = KIVI_DEFAULTS.residual_length,
-    hqq_group_size: int = 64,
+    hqq_group_size: int = HQQ_GROUP_SIZE,
     flush_step: bool = True,
     quick: bool = False,
     progress: Any = None,

@@ -26,6 +26,11 @@ def option_names(options: type | None, *, in_name: bool = False) -> tuple[str, .
     return tuple(f.name for f in fields(options) if not in_name or f.metadata.get("in_name", True))
 
 
+# q_group_size of transformers' QuantizedCache layers (HQQ / quanto) where neither the run nor the name gives one:
+# HQQ's default, read by the settings, kvlab eval's config, the benchmarks and their flags
+HQQ_GROUP_SIZE = 64
+
+
 def count(default: int, minimum: int, **metadata: Any) -> Any:
     """A settings field holding an ``int >= minimum`` (0: a count, 1: a size), checked by :class:`CheckedCounts`;
     ``metadata`` adds to the field's (``in_name``)."""
@@ -110,7 +115,7 @@ class HFQuantizedSettings(CheckedCounts):
         ValueError: ``hqq_group_size`` below 1, ``residual_length`` below 0.
     """
 
-    hqq_group_size: int = count(64, 1)  # q_group_size of transformers' quantized layers (the HQQ default)
+    hqq_group_size: int = count(HQQ_GROUP_SIZE, 1)  # q_group_size of transformers' quantized layers
     residual_length: int = count(KIVI_DEFAULTS.residual_length, 0)  # newest tokens kept in the model dtype
 
 

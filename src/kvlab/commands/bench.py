@@ -18,6 +18,7 @@ import json
 import shlex
 
 from kvlab.cache_names import KIVI_DEFAULTS
+from kvlab.caches.settings import HQQ_GROUP_SIZE
 from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message
 from kvlab.runtime.atomic import output_problem
 from kvlab.runtime.checks import int_list, parse_list
@@ -79,7 +80,12 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--contexts", type=int_list, default=None, help="context lengths, comma-separated")
     p.add_argument("--prefill-chunk", type=int, default=1024, help="prefill chunk in tokens (default 1024)")
-    p.add_argument("--hqq-group-size", type=int, default=64, help="HQQ/quanto group size (default 64)")
+    p.add_argument(
+        "--hqq-group-size",
+        type=int,
+        default=HQQ_GROUP_SIZE,
+        help=f"HQQ/quanto group size (default {HQQ_GROUP_SIZE})",
+    )
     _cache_settings(p)
 
 
@@ -138,7 +144,12 @@ def _add_layer_benchmarks(sub) -> tuple[argparse.ArgumentParser, ...]:
     f.add_argument("--dtype", default="bfloat16", help="state dtype (default bfloat16)")
     f.add_argument("--reps", type=int, default=25, help="timed rounds for KIVI (default 25)")
     f.add_argument("--hf-reps", type=int, default=3, help="timed rounds for HQQ/quanto (default 3)")
-    f.add_argument("--hqq-group-size", type=int, default=64, help="HQQ/quanto group size (default 64)")
+    f.add_argument(
+        "--hqq-group-size",
+        type=int,
+        default=HQQ_GROUP_SIZE,
+        help=f"HQQ/quanto group size (default {HQQ_GROUP_SIZE})",
+    )
     _cache_settings(f)
     _common(f)
     f.set_defaults(func=_run, bench="flush")

@@ -28,6 +28,7 @@ from typing import Any
 
 from kvlab.caches.entry import ResolvedCache
 from kvlab.caches.registry import CacheSettings, resolve
+from kvlab.caches.settings import HQQ_GROUP_SIZE
 
 EVICTION_SETTINGS = {"compression_ratio", "token_budget"}  # kivi-4:compression_ratio=0.5: SnapKV under KIVI
 
@@ -179,7 +180,7 @@ class Candidate:
         model_config: Any,
         residual_length: int,
         group_size: int,
-        hqq_group_size: int = 64,
+        hqq_group_size: int = HQQ_GROUP_SIZE,
         kivi_attention: str = "dequantize",
     ):
         """A fresh cache for one run. ``group_size`` applies to KIVI, ``hqq_group_size`` to HQQ/quanto."""

@@ -8,6 +8,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 
 from kvlab.cache_names import KIVI_DEFAULTS
+from kvlab.caches.settings import HQQ_GROUP_SIZE
 
 DTYPES = ("bfloat16", "float16", "float32")
 PROMPT_MODES = ("heldout", "repeat")
@@ -157,7 +158,7 @@ class EvalConfig:
     batch: int = 1
     seed: int = 42
     threads: int | None = None
-    hqq_group_size: int = 64
+    hqq_group_size: int = HQQ_GROUP_SIZE
     kivi_attention: str = "fused"
     cpu_matmul: str = "auto"
     workers: int | None = None
