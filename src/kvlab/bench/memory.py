@@ -29,7 +29,7 @@ from kvlab.bench.decode import DEFAULT_CANDIDATES
 from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.caches.settings import HQQ_GROUP_SIZE
 from kvlab.runtime.device import resolve_device, synchronize
-from kvlab.runtime.tensor_bytes import TensorBytesTracker  # the CPU measurement; tests import it here too
+from kvlab.runtime.tensor_bytes import TensorBytesTracker  # the CPU measurement
 
 CPU_CONTEXTS = (1024, 4096, 16384)
 CUDA_CONTEXTS = (4096, 32768, 131072)

@@ -2,7 +2,8 @@
 
 import torch
 
-from kvlab.bench.memory import TensorBytesTracker, bf16_cache_bytes, measure_step
+from kvlab.bench.memory import bf16_cache_bytes, measure_step
+from kvlab.runtime.tensor_bytes import TensorBytesTracker
 
 
 def test_counts_a_known_allocation_exactly():

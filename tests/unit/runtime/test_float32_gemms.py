@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from kvlab.eval.config import EvalConfig
 from kvlab.eval.decision import dtype_warning
 from kvlab.eval.metrics import run_generate
-from kvlab.runtime.dtypes import SLOW_DTYPE_RATIO, cpu_matmul_mode, float32_gemms
+from kvlab.runtime.dtype_speed import SLOW_DTYPE_RATIO
+from kvlab.runtime.dtypes import cpu_matmul_mode, float32_gemms
 from tests.conftest import make_tiny_qwen2
 
 
