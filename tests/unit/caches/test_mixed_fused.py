@@ -190,3 +190,26 @@ def test_the_fused_layers_are_those_the_fused_reader_accepts(group_size):
             assert layer_attention(f"kivi-{kb}", f"kivi-{vb}", "dequantize", group_size) == "dequantize"
     assert layer_attention("fp8-e4m3", "fp8-e4m3", "fused", group_size) == "fused"
     assert layer_attention("float", "float", "fused", group_size) == "float"
+
+
+def test_a_fused_cache_filled_from_a_float_prefill_decodes_as_its_own_prefill(model, handed):
+    """``kvlab eval`` shares the baseline's float prefill (:func:`kvlab.eval.longctx.scoring.fill_cache`: one
+    ``update`` per layer outside a forward, nothing handed off): the fused cache then decodes with the logits and
+    bytes of one that ran its own prefill, and within 1e-4 of the dequantize path filled the same way."""
+    from transformers import DynamicCache
+
+    from kvlab.eval.longctx.scoring import fill_cache
+
+    ids, kw = random_prompt(2, PROMPT + 8, seed=5), cache_kwarg(model)
+    with torch.inference_mode():  # as the eval runs it
+        source = DynamicCache()
+        model(input_ids=ids[:, :PROMPT], use_cache=True, **{kw: source})
+        states = [(layer.keys, layer.values) for layer in source.layers]
+        filled = fill_cache(_cache(model, "fused"), states)
+        own = _cache(model, "fused")
+        model(input_ids=ids[:, :PROMPT], use_cache=True, **{kw: own})
+        got = _steps(model, filled, ids, PROMPT)
+        assert torch.equal(got, _steps(model, own, ids, PROMPT)) and filled.nbytes() == own.nbytes()
+        plain = fill_cache(_cache(model, "dequantize"), states)
+        torch.testing.assert_close(got, _steps(model, plain, ids, PROMPT), rtol=1e-4, atol=1e-4)
+    assert set(handed) == FUSED_LAYERS
