@@ -144,6 +144,25 @@ def _register_static(sub) -> None:
     s.set_defaults(func=run_static_cmd)
 
 
+def _add_poisson_flags(m) -> None:
+    """The flags of the Poisson trace ``paging simulate`` generates without ``--trace``, each ``None`` when not
+    given (so that one given with --trace is refused, not ignored); their defaults are :data:`POISSON_DEFAULTS`."""
+    for flag, kind, text in (
+        ("--rate", float, "Poisson arrivals per engine step (default {rate})"),
+        ("--requests", _int, "requests in the Poisson trace (default {requests})"),
+        ("--prompt-tokens", _range, "prompt range LO:HI ({prompt_tokens[0]}:{prompt_tokens[1]})"),
+        ("--output-tokens", _range, "output range LO:HI ({output_tokens[0]}:{output_tokens[1]})"),
+        ("--prefix-groups", _int, "shared system prompts (default {prefix_groups}; 0: none)"),
+        (
+            "--prefix-tokens",
+            _int,
+            "length of each shared prefix (default {prefix_tokens}; 0 with --prefix-groups 0)",
+        ),
+        ("--seed", _int, "RNG seed of the Poisson trace (default {seed})"),
+    ):
+        m.add_argument(flag, type=kind, default=None, help=text.format(**POISSON_DEFAULTS))
+
+
 def _register_simulate(sub) -> None:
     m = sub.add_parser(
         "simulate",
@@ -154,21 +173,7 @@ def _register_simulate(sub) -> None:
         "runs on the same trace and budget.",
     )
     m.add_argument("--trace", default=None, help="trace CSV (otherwise a Poisson trace is generated)")
-    # the Poisson flags default to None, so that one given with --trace is refused, not ignored: POISSON_DEFAULTS
-    m.add_argument("--rate", type=float, default=None, help="Poisson arrivals per engine step (default 2.0)")
-    m.add_argument("--requests", type=_int, default=None, help="requests in the Poisson trace (default 500)")
-    m.add_argument("--prompt-tokens", type=_range, default=None, help="prompt range LO:HI (256:2048)")
-    m.add_argument("--output-tokens", type=_range, default=None, help="output range LO:HI (64:1024)")
-    m.add_argument(
-        "--prefix-groups", type=_int, default=None, help="shared system prompts (default 4; 0: none)"
-    )
-    m.add_argument(
-        "--prefix-tokens",
-        type=_int,
-        default=None,
-        help="length of each shared prefix (default 512; 0 with --prefix-groups 0)",
-    )
-    m.add_argument("--seed", type=_int, default=None, help="RNG seed of the Poisson trace (default 0)")
+    _add_poisson_flags(m)
     m.add_argument("--block-size", type=_int, default=16, help="paging block size in tokens (default 16)")
     m.add_argument(
         "--policies",

@@ -20,6 +20,7 @@ from kvlab.caches.registry import REGISTRY, cache_names
 from kvlab.commands import fail
 from kvlab.plan.kv_formats import KV_DTYPE_NAMES, PLAIN_NAMES, VLLM_ALIASES, PlannedName
 from kvlab.plan.mixed import MIXED_PREFIX
+from kvlab.plan.scenario import DEFAULT_GPU
 
 
 def byte_count(text: str) -> int:
@@ -227,7 +228,7 @@ def weight_kwargs(args: argparse.Namespace) -> dict:
 
 def add_device_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--gpu", default=None, help="GPU from the datasheet table (default A100-80GB); see --list-gpus"
+        "--gpu", default=None, help=f"GPU from the datasheet table (default {DEFAULT_GPU}); see --list-gpus"
     )
     p.add_argument("--bandwidth-gb-s", type=float, default=None, help="custom device: memory bandwidth, GB/s")
     p.add_argument("--tflops", type=float, default=None, help="custom device: dense 16-bit TFLOP/s")

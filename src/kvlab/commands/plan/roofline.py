@@ -8,6 +8,7 @@ import argparse
 from kvlab.commands import fail
 from kvlab.commands.plan import flags
 from kvlab.commands.plan.render import print_lists, print_roofline
+from kvlab.plan.scenario import DEFAULT_CONTEXT_TOKENS, DEFAULT_MODEL
 
 
 def register(subparsers) -> None:
@@ -23,9 +24,14 @@ def register(subparsers) -> None:
     r.add_argument(
         "--model",
         default=None,
-        help="preset, config.json, .gguf file, directory or hub id (default llama-3-8b)",
+        help=f"preset, config.json, .gguf file, directory or hub id (default {DEFAULT_MODEL})",
     )
-    r.add_argument("--context", type=int, default=8192, help="tokens per sequence (default 8192)")
+    r.add_argument(
+        "--context",
+        type=int,
+        default=DEFAULT_CONTEXT_TOKENS,
+        help=f"tokens per sequence (default {DEFAULT_CONTEXT_TOKENS})",
+    )
     r.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
     r.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
     flags.add_kv_flags(r)
@@ -44,7 +50,7 @@ def run_roofline(args: argparse.Namespace) -> int:
         return fail(args, f"--list-gpus prints a table and exits; it takes no --model, got {args.model!r}")
     if print_lists(args):
         return 0
-    args.model = args.model or "llama-3-8b"
+    args.model = args.model or DEFAULT_MODEL
     problem = flags.device_flag_problem(args)
     if problem:
         return fail(args, problem)

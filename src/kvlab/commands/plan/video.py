@@ -7,6 +7,7 @@ import argparse
 
 from kvlab.commands.plan.flags import add_kv_flags, kv_kwargs, report
 from kvlab.commands.plan.render import print_video
+from kvlab.plan.scenario import DEFAULT_MODEL
 
 
 def register(subparsers) -> None:
@@ -18,8 +19,8 @@ def register(subparsers) -> None:
     )
     v.add_argument(
         "--model",
-        default="llama-3-8b",
-        help="preset, config.json, .gguf file, directory or hub id (default llama-3-8b)",
+        default=DEFAULT_MODEL,
+        help=f"preset, config.json, .gguf file, directory or hub id (default {DEFAULT_MODEL})",
     )
     v.add_argument(
         "--seconds", type=float, nargs="+", default=[5, 10, 30], help="clip lengths (default 5 10 30)"
