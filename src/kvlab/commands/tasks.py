@@ -87,8 +87,8 @@ def register(subparsers) -> None:
         nargs="+",
         default=None,
         metavar="FILE",
-        help="write one result (--out) from the results of runs split by task or context (one model, the same "
-        "candidates and n), and --figure of it; measures nothing",
+        help="write one result (--out) from the results of runs split by task, context or candidates (one "
+        "model, the same n and seed), and --figure of it; measures nothing",
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
     p.add_argument("--list", action="store_true", help="list the tasks and exit")

@@ -1,6 +1,6 @@
-"""One ``kvlab tasks`` result from several runs of one model and one set of candidates (``kvlab tasks --merge``): a
-long measurement split over processes or machines by task or context (docs/TASKS.md), read as one table, one
-decision and one figure.
+"""One ``kvlab tasks`` result from several runs of one model (``kvlab tasks --merge``): a long measurement split over
+processes or machines by task, context or candidates (docs/TASKS.md), read as one table, one decision and one
+figure.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from datetime import datetime, timezone
 from kvlab.eval.tasks_run import judge
 from kvlab.eval.tasks_schema import RESULT_KIND, RESULT_VERSION
 
-# settings every merged run must share (tasks and contexts may differ: they are what a run is split by)
-SHARED_SETTINGS = ("candidates", "n", "seed", "protected_tail", "max_drop", "min_float_score")
+# settings every merged run must share (tasks, contexts and candidates may differ: they are what a run is split by;
+# each cell keeps the caches it measured)
+SHARED_SETTINGS = ("n", "seed", "protected_tail", "max_drop", "min_float_score")
 
 
 def _refuse_mismatch(results: Sequence[dict], names: Sequence[str]) -> None:
@@ -47,7 +48,8 @@ def merge_tasks_results(
     """The result of all ``results`` (each a valid ``kvlab tasks`` result, :mod:`kvlab.eval.tasks_schema`) as one.
 
     Cells are kept as measured, in the order of the files; the gates and the decision are judged again over all of
-    them (:func:`kvlab.eval.tasks_run.judge`). ``settings.tasks`` and ``contexts`` are the union of the files';
+    them (:func:`kvlab.eval.tasks_run.judge`: a cache is judged on the cells that measured it). ``settings.tasks``,
+    ``contexts`` and ``candidates`` are the union of the files';
     ``provenance`` is the first file's machine with ``merged_from`` (per file: its name, status, created_utc,
     wall_s, git commit and cells) and ``wall_s`` the sum of the files'. The status is ``complete`` when every file
     is; otherwise ``failed`` with each file's failures (its name in ``source``).
@@ -76,6 +78,7 @@ def merge_tasks_results(
     first, settings = results[0], dict(results[0]["settings"])
     settings["tasks"] = _union([r["settings"]["tasks"] for r in results])
     settings["contexts"] = sorted(_union([r["settings"]["contexts"] for r in results]))
+    settings["candidates"] = _union([r["settings"]["candidates"] for r in results])
     cells = [c for r in results for c in r["cells"]]
     not_measured = [m for r in results for m in r["not_measured"] if (m["task"], m["context"]) not in seen]
     failures = [{**f, "source": name} for r, name in zip(results, names) for f in r.get("failures") or []]

@@ -122,3 +122,20 @@ def test_markdown_tables_read_every_entry_from_the_cells():
         "1.00",
         f"{whole['cells'][0]['caches'][names[1]]['bytes_ratio']:.2f}",
     ]
+
+
+def test_runs_with_other_candidates_merge_each_cell_with_its_own_caches():
+    _, parts = _parts()
+    for cell in parts[1]["cells"]:
+        del cell["caches"]["kivi-2"]
+    parts[1]["settings"]["candidates"].remove("kivi-2")
+    merged = merge_tasks_results(parts, ["a.json", "b.json"])
+    assert validate_tasks_result(merged) == []
+    assert merged["settings"]["candidates"] == parts[0]["settings"]["candidates"]
+    kivi2 = merged["decision"]["kivi-2"]
+    assert (
+        kivi2["passed"] + kivi2["not_informative"] + len(kivi2["failed"]) == 1
+    )  # judged on the first cell only
+    lines = markdown_tables(merged).strip().splitlines()
+    column = lines[0].split(" | ").index("kivi-2")
+    assert [line.split(" | ")[column] for line in lines[4:]] == ["-", "-"]  # not measured in the second file
