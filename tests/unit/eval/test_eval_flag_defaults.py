@@ -52,3 +52,12 @@ def test_quick_help_names_the_quick_settings():
     assert f"residual windows {_shown(QUICK_SETTINGS['window_residuals'])}," in text
     assert f"(--repeat {QUICK_SETTINGS['repeat']})" in text
     assert f"{QUICK_SETTINGS['passkey_trials']} passkey trials" in text
+
+
+def test_the_choice_marked_default_is_the_config_default():
+    defaults = {f.name: f.default for f in fields(EvalConfig)}
+    helps = {a.dest: " ".join(a.help.split()) for a in _eval_parser()._actions if a.help}
+    for dest in ("kivi_attention", "cpu_matmul", "dtype"):
+        assert f"{defaults[dest]} (default)" in helps[dest], dest
+    first = helps["prompt_mode"].split(";")[0]  # "heldout: held-out text cut to exact lengths (default)"
+    assert first.startswith(f"{defaults['prompt_mode']}:") and first.endswith("(default)")
