@@ -25,13 +25,16 @@ BENCHMARKS = ("decode", "memory", "flush", "kernel", "paging", "lab")
 def device_label(device: str | None) -> str:
     """File-name label of a device: ``cpu``, or the CUDA device's name as a slug (``nvidia-h200``).
 
-    ``None``/``"auto"`` resolve like :func:`kvlab.runtime.device.resolve_device`.
+    ``None``/``"auto"`` resolve, and other names are checked, by :func:`kvlab.runtime.device.resolve_device`.
+
+    Raises:
+        ValueError: a device outside ``cpu, cuda, cuda:N or auto``, or CUDA asked without CUDA (the value named).
     """
     import torch
 
-    if device in (None, "auto"):
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+    from kvlab.runtime.device import resolve_device
+
+    dev = resolve_device(device)
     if dev.type != "cuda":
         return dev.type
     name = torch.cuda.get_device_name(dev) if torch.cuda.is_available() else "cuda"

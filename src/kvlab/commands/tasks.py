@@ -45,7 +45,7 @@ def register(subparsers) -> None:
         "--model", default=None, help="local directory, GGUF file, named model or hub id (default: bundled)"
     )
     p.add_argument("--dtype", default=None, help="model dtype: bfloat16 (default), float16 or float32")
-    p.add_argument("--device", default=None, help="torch device (default cpu)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or auto (default cpu)")
     p.add_argument("--tasks", default=None, help="comma-separated task names (default: all; see --list)")
     p.add_argument("--contexts", default=None, help="comma-separated context lengths in tokens (512)")
     p.add_argument(
@@ -244,12 +244,17 @@ def _measure(args: argparse.Namespace, cfg, result: dict | None) -> int:
     from kvlab.eval.tasks_schema import validate_tasks_result
     from kvlab.eval.tasks_suite import cells_to_measure, new_tasks_result, run_suite
     from kvlab.models import heldout_text, load_model
+    from kvlab.runtime.device import resolve_device
 
     if args.threads:
         torch.set_num_threads(args.threads)
     model_block = result["model"] if result else {"name": args.model or "bundled"}
     model_block.setdefault("dtype", args.dtype or "bfloat16")
-    model_block.setdefault("device", args.device or "cpu")
+    model_block.setdefault("device", "cpu" if args.device is None else args.device)
+    try:  # before loading: the rule eval and bench use (cpu, cuda, cuda:N or auto), "auto" recorded as resolved
+        model_block["device"] = str(resolve_device(model_block["device"]))
+    except ValueError as e:
+        return fail(args, f"--device: {e}")
     name = None if model_block["name"] == "bundled" else model_block["name"]
     err = Console(stderr=True)
     err.print(

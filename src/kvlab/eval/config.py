@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.caches.settings import HQQ_GROUP_SIZE
+from kvlab.runtime.device import check_device_name
 
 DTYPES = ("bfloat16", "float16", "float32")
 PROMPT_MODES = ("heldout", "repeat")
@@ -270,8 +271,7 @@ class EvalConfig:
             )
         if self.dtype not in DTYPES:
             raise ValueError(f"`dtype` must be one of {list(DTYPES)}, got {self.dtype!r}")
-        if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
-            raise ValueError(f"`device` must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+        check_device_name(self.device)  # the rule bench and tasks use: cpu, cuda, cuda:N or auto
         if self.kivi_attention not in ("fused", "dequantize"):
             raise ValueError(f"`kivi_attention` must be 'fused' or 'dequantize', got {self.kivi_attention!r}")
         if self.cpu_matmul not in CPU_MATMUL_MODES:
