@@ -104,6 +104,29 @@ def check_positive_int(name: str, value: Any, *, flag: str | None = None) -> int
     return value
 
 
+def check_nonneg_int(name: str, value: Any, *, flag: str | None = None) -> int:
+    """``value`` when it is a Python ``int`` (not a bool) of at least 0: a count that may be empty (tokens, bytes).
+
+    Raises:
+        ValueError: ``"`name` must be a non-negative integer, got value"`` (``"`name` (flag) ..."`` with ``flag``).
+    """
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        where = f"`{name}`" + (f" ({flag})" if flag else "")
+        raise ValueError(f"{where} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def check_int(name: str, value: Any) -> int:
+    """``value`` when it is a Python ``int`` (not a bool), of any sign (a budget left after a reserve may be < 0).
+
+    Raises:
+        ValueError: ``"`name` must be an integer, got value"`` (a float, NaN, infinity or bool is refused).
+    """
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"`{name}` must be an integer, got {value!r}")
+    return value
+
+
 def as_int(name: str, value: Any, minimum: int) -> int:
     """``value`` of config field ``name`` as an int >= ``minimum``; errors name the field."""
     if (

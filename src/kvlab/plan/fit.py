@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kvlab.plan.config_fields import check_positive_int
+from kvlab.plan.config_fields import check_int, check_positive_int
 from kvlab.plan.kv_formats import KVDtype
 from kvlab.plan.ledger import kv_bytes_peak
 from kvlab.plan.spec import ModelSpec
@@ -100,7 +100,12 @@ def max_batch(
     tp: int = 1,
     mode: str = "theoretical",
 ) -> int:
-    """Most sequences of ``context`` tokens whose KV fits in ``kv_budget_bytes`` on one GPU (0 if none)."""
+    """Most sequences of ``context`` tokens whose KV fits in ``kv_budget_bytes`` on one GPU (0 if none).
+
+    Raises:
+        ValueError: ``kv_budget_bytes`` not an int (a float, NaN or infinity), or a context that stores no KV.
+    """
+    check_int("kv_budget_bytes", kv_budget_bytes)
     per_sequence = kv_bytes_peak(spec, context, 1, kv, tp=tp, mode=mode)
     if kv_budget_bytes < 0:
         return 0
@@ -121,8 +126,13 @@ def max_context(
     mode: str = "theoretical",
 ) -> int | None:
     """Longest context ``T`` such that ``batch`` sequences fit at every length ``<= T`` (0 if even one token
-    does not fit; ``None`` if memory never limits it, e.g. every KV layer is window-capped)."""
+    does not fit; ``None`` if memory never limits it, e.g. every KV layer is window-capped).
+
+    Raises:
+        ValueError: ``batch`` not an int >= 1, or ``kv_budget_bytes`` not an int (a float, NaN or infinity).
+    """
     check_positive_int("batch", batch)
+    check_int("kv_budget_bytes", kv_budget_bytes)
 
     def fits(t: int) -> bool:
         return kv_bytes_peak(spec, t, batch, kv, tp=tp, mode=mode) <= kv_budget_bytes

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvlab.cache_names import KIVI_DEFAULTS
-from kvlab.plan.config_fields import CHUNKED, FULL, KV_KINDS, SLIDING, check_positive_int
+from kvlab.plan.config_fields import CHUNKED, FULL, KV_KINDS, SLIDING, check_nonneg_int, check_positive_int
 from kvlab.plan.kv_formats import FP8_SCALE_BYTES, KIVI_NBITS, KVDtype, kv_dtype
 from kvlab.plan.load import load_spec
 from kvlab.plan.spec import ModelSpec
@@ -108,8 +108,14 @@ def tokens_stored(spec: ModelSpec, kind: str, context: int, mode: str = "theoret
 
 
 def quantized_tokens(tokens: int, group_size: int, residual_length: int) -> int:
-    """KIVI flush rule ``Q(T) = ((T - R) // G) * G if T > R else 0``: tokens held quantized out of ``T``."""
+    """KIVI flush rule ``Q(T) = ((T - R) // G) * G if T > R else 0``: tokens held quantized out of ``T``.
+
+    Raises:
+        ValueError: ``tokens`` or ``residual_length`` not an int >= 0, or ``group_size`` not an int >= 1 (named).
+    """
+    check_nonneg_int("tokens", tokens)
     check_positive_int("group_size", group_size)
+    check_nonneg_int("residual_length", residual_length)
     return (tokens - residual_length) // group_size * group_size if tokens > residual_length else 0
 
 
@@ -194,8 +200,10 @@ def kivi_kv_bytes_breakdown(
     Returns the keys of ``KIVICache.nbytes_breakdown()``: ``codes``, ``scales_zeros``, ``residual``, ``total``.
 
     Raises:
-        ValueError: an MLA model (its latent has no K and V heads), or invalid KIVI settings.
+        ValueError: an MLA model (its latent has no K and V heads), ``batch`` not an int >= 0, or invalid KIVI
+            settings.
     """
+    check_nonneg_int("batch", batch)
     spec = load_spec(model)
     if spec.is_mla:
         raise ValueError("KIVI quantizes K per-channel and V per-token; an MLA latent has no K and V heads")

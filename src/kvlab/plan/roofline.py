@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kvlab.plan.config_fields import KV_KINDS, check_positive_int
+from kvlab.plan.config_fields import KV_KINDS, check_nonneg_int, check_positive_int
 from kvlab.plan.kv_formats import KVDtype, kv_dtype
 from kvlab.plan.ledger import kv_bytes, tokens_stored
 from kvlab.plan.spec import ModelSpec
@@ -154,8 +154,8 @@ class DecodeStepBound:
         """Raises ValueError naming a negative byte count, a batch < 1, a bandwidth or peak FLOP/s that is not a
         finite number > 0 (a bound would divide by 0), FLOPs that are negative or not finite, or a bound that is 0
         (nothing to read or compute) or overflows (too many bytes or FLOPs for a float at this bandwidth or peak)."""
-        if self.weight_bytes < 0 or self.kv_bytes < 0:
-            raise ValueError(f"bytes must be >= 0, got {self.weight_bytes!r} and {self.kv_bytes!r}")
+        check_nonneg_int("weight_bytes", self.weight_bytes)
+        check_nonneg_int("kv_bytes", self.kv_bytes)
         _check_positive("bandwidth_bytes_s", self.bandwidth_bytes_s)
         if self.peak_flops is not None:
             _check_positive("peak_flops", self.peak_flops)
@@ -281,7 +281,12 @@ def decode_step_bound(
 ) -> DecodeStepBound:
     """:class:`DecodeStepBound` of ``spec`` on one of ``tp`` ranks: its weight shard plus its KV at ``context``
     (window-capped: a sliding layer reads only its window; a capped ``kv``, ``keep_tokens``, reads its kept
-    tokens) for ``batch`` sequences."""
+    tokens) for ``batch`` sequences.
+
+    Raises:
+        ValueError: ``weight_bytes_read`` not an int >= 0, or a bad context, batch, tp or rate (each named).
+    """
+    check_nonneg_int("weight_bytes_read", weight_bytes_read)
     kv_read = kv_bytes(spec, context, batch, kv, tp=tp)  # validates context, batch and tp
     flops = decode_flops_per_step(spec, context, batch, kv_dtype(kv, spec.dtype).keep_tokens)
     return DecodeStepBound(

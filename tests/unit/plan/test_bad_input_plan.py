@@ -643,3 +643,65 @@ def test_planner_counts_refuse_a_bool_named():
             call()
     with pytest.raises(ValueError, match=r"^`batch` must be a positive integer, got True$"):
         DecodeStepBound(weight_bytes=1, kv_bytes=1, bandwidth_bytes_s=1e9, batch=True)
+
+
+# counts that returned a wrong number silently (a negative byte count, a float batch, a NaN budget): now refused,
+# the argument named
+_BAD_COUNTS = [-1, 2.5, True, float("nan"), float("inf")]
+
+
+@pytest.mark.parametrize("batch", _BAD_COUNTS)
+def test_kivi_kv_bytes_refuses_a_batch_that_is_not_a_count(batch):
+    from kvlab.plan.ledger import kivi_kv_bytes, kivi_kv_bytes_breakdown
+
+    spec = load_spec("llama-3-8b")
+    for fn in (kivi_kv_bytes, kivi_kv_bytes_breakdown):
+        with pytest.raises(
+            ValueError, match=r"`batch` must be a non-negative integer, got " + re.escape(repr(batch))
+        ):
+            fn(spec, 1024, batch=batch)
+
+
+@pytest.mark.parametrize(
+    "tokens, residual, name",
+    [
+        (100, -32, "residual_length"),
+        (100, 32.0, "residual_length"),
+        (-5, 32, "tokens"),
+        (True, 0, "tokens"),
+        (float("inf"), 32, "tokens"),
+        (100, True, "residual_length"),
+    ],
+)
+def test_quantized_tokens_refuses_counts_that_are_not_ints_ge_0(tokens, residual, name):
+    from kvlab.plan.ledger import quantized_tokens
+
+    with pytest.raises(ValueError, match=f"`{name}` must be a non-negative integer"):
+        quantized_tokens(tokens, 32, residual)
+
+
+@pytest.mark.parametrize("budget", [2.5, float("nan"), float("inf"), True])
+def test_max_batch_and_max_context_refuse_a_budget_that_is_not_an_int(budget):
+    from kvlab.plan.fit import max_batch, max_context
+
+    spec = load_spec("llama-3-8b")
+    with pytest.raises(
+        ValueError, match=r"`kv_budget_bytes` must be an integer, got " + re.escape(repr(budget))
+    ):
+        max_batch(spec, 1024, kv_budget_bytes=budget)
+    with pytest.raises(
+        ValueError, match=r"`kv_budget_bytes` must be an integer, got " + re.escape(repr(budget))
+    ):
+        max_context(spec, 1, budget)
+
+
+@pytest.mark.parametrize("weight", [True, 2.5, -1, float("nan")])
+def test_decode_step_bound_names_a_bad_weight_byte_count(weight):
+    from kvlab.plan.roofline import decode_step_bound
+
+    spec = load_spec("llama-3-8b")
+    with pytest.raises(
+        ValueError,
+        match=r"`weight_bytes_read` must be a non-negative integer, got " + re.escape(repr(weight)),
+    ):
+        decode_step_bound(spec, 1024, 1, weight_bytes_read=weight, bandwidth_bytes_s=1e12)
