@@ -210,7 +210,8 @@ def run(
 
     Args:
         contexts: history lengths in tokens (default 1k..16k; ``quick``: 256 and 1024).
-        caches: ``kivi{2,4,8}``, ``hqq{2,4,8}``, ``quanto{2,4}``; HF backends not installed are skipped.
+        caches: ``kivi{2,4,8}``, ``hqq{2,4,8}``, ``quanto{2,4}`` (or the registry spelling, ``kivi-4``); HF
+            backends not installed are skipped.
         kv_heads / head_dim / batch / dtype: the layer's ``[batch, kv_heads, tokens, head_dim]`` states (default:
             one Llama-3-8B layer, bf16).
         reps: rounds for KIVI (``quick``: 2), after one untimed warm-up flush per cache.
@@ -232,7 +233,7 @@ def run(
         reps, hf_reps = min(reps, 2), min(hf_reps, 1)
     if reps < 1 or hf_reps < 1:
         raise ValueError(f"`reps` and `hf_reps` must be >= 1, got {reps!r} and {hf_reps!r}")
-    _check_cache_names(caches)
+    caches = _check_cache_names(caches)
     settings = dict(group_size=group_size, residual_length=residual_length, hqq_group_size=hqq_group_size)
     torch_dtype = parse_dtype(dtype)
     gen = torch.Generator().manual_seed(seed)
@@ -279,13 +280,34 @@ def _flush_names() -> tuple[set[str], str]:
     return {f"{e.family}{b}" for e in entries for b in e.nbits}, text
 
 
-def _check_cache_names(caches) -> None:
-    """Raise ValueError naming a cache that is not one of :func:`_flush_names` (kivi{2,4,8}, hqq{2,4,8},
-    quanto{2,4})."""
+def _check_cache_names(caches) -> tuple[str, ...]:
+    """``caches`` as this benchmark names them (``kivi4``): the registry's own spelling ``kivi-4`` is read as
+    ``kivi4`` (:func:`kvlab.cache_names.parse_cache_name`, as the registry reads names at the edge).
+
+    Raises:
+        ValueError: a cache that is not one of :func:`_flush_names` (kivi{2,4,8}, hqq{2,4,8}, quanto{2,4}), named
+            as written, or one cache given twice under two spellings (``kivi4,kivi-4``).
+    """
+    from kvlab.cache_names import parse_cache_name
+
     names, listed = _flush_names()
+    families = {name.rstrip("0123456789") for name in names}
+    out = []
     for name in caches:
-        if name not in names:
+        try:
+            parsed = parse_cache_name(name, families) if isinstance(name, str) else None
+        except ValueError:
+            parsed = None
+        plain = (
+            parsed is not None and parsed.variant is None and not parsed.settings and parsed.nbits is not None
+        )
+        flush_name = f"{parsed.family}{parsed.nbits}" if plain else name
+        if flush_name not in names:
             raise ValueError(f"unknown cache {name!r}; expected {listed}")
+        if flush_name in out:
+            raise ValueError(f"`caches`: {name!r} is {flush_name!r}, given twice")
+        out.append(flush_name)
+    return tuple(out)
 
 
 def _cache_cells(name, contexts, reps, kv, settings, dev, progress, cycles) -> dict[int, dict]:

@@ -315,6 +315,16 @@ def _flag_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _with_flags(args: argparse.Namespace, exc: Exception) -> str:
+    """A benchmark's error names the flag beside the setting, as eval's do: "`group_size` must ..." ->
+    "`group_size` (--group-size) must ..." (each setting a flag of this benchmark's parser, named once)."""
+    message = str(exc)
+    for action in args._parser._actions:
+        if action.option_strings and f"`{action.dest}`" in message and f"`{action.dest}` (" not in message:
+            message = message.replace(f"`{action.dest}`", f"`{action.dest}` ({action.option_strings[-1]})", 1)
+    return message
+
+
 def _run(args: argparse.Namespace) -> int:
     import importlib
 
@@ -336,7 +346,7 @@ def _run(args: argparse.Namespace) -> int:
             tags = results.run_tags(getattr(args, "candidates", None), args.threads)
             path = results.default_path(args.results_dir, args.bench, device, args.quick, tags)
         except (ValueError, RuntimeError) as e:
-            return fail(args, e)
+            return fail(args, _with_flags(args, e))
         if args.out:
             from pathlib import Path
 
@@ -353,7 +363,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         result = module.run(**kw)
     except (ValueError, FileNotFoundError) as e:
-        return fail(args, e)
+        return fail(args, _with_flags(args, e))
     record = results.make_record(args.bench, result, command_line(args), args.quick, args.note)
     code = 0
     if path is not None:

@@ -304,8 +304,10 @@ def plan_names() -> tuple[str, ...]:
 def _plan_dir_note() -> str:
     """Where plan files are read from, and why none were when ``$KVLAB_PLAN_DIR`` names no folder."""
     folder = os.environ.get(PLAN_DIR_ENV)
-    if not folder:
+    if folder is None:
         return f"plan files are read from ${PLAN_DIR_ENV}, which is not set"
+    if not folder:
+        return f"plan files are read from ${PLAN_DIR_ENV}, which is set but empty"
     root = Path(folder).expanduser().resolve()
     if not root.exists():
         return f"plan files are read from ${PLAN_DIR_ENV}={folder}, but the folder {root} does not exist"

@@ -276,10 +276,16 @@ def vllm_for_plan(
         served = [("float", "float") if i in skip else ("fp8-e4m3", "fp8-e4m3") for i in range(len(formats))]
         served_bytes = MixedBytes(spec, served, sizes.kivi["group_size"], sizes.kivi["residual_length"], tp)
         kinds = sorted({f"{k}/{v}" for i, (k, v) in enumerate(formats) if i in substituted})
-        skipped = f" and its float layers {', '.join(map(str, skip))} skipped" if skip else ""
+        skipped = (
+            f" and its float layer{'s' if len(skip) > 1 else ''} {', '.join(map(str, skip))} skipped"
+            if skip
+            else ""
+        )
+        n = len(substituted)
         out["closest"] = (
-            f"closest vLLM configuration, not the plan: vLLM has no KIVI cache, so the plan's {len(substituted)} "
-            f"KIVI layers ({', '.join(kinds)} keys/values) are stored as fp8{skipped}: "
+            f"closest vLLM configuration, not the plan: vLLM has no KIVI cache, so the plan's {n} "
+            f"KIVI layer{'s' if n != 1 else ''} ({', '.join(kinds)} keys/values) {'are' if n != 1 else 'is'} "
+            f"stored as fp8{skipped}: "
             f"{served_bytes.per_token():,} KV B/token/GPU against the plan's {sizes.per_token():,}"
         )
     return out

@@ -206,3 +206,27 @@ def test_bench_kernel_with_every_row_failed_says_why_and_exits_1(capsys):
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert "every row failed (RuntimeError: the Triton KIVI kernel cannot run here (device cpu" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--group-size", "0"], "`group_size` (--group-size) must be an int >= 1, got 0"),
+        (["--residual-length", "-1"], "`residual_length` (--residual-length) must be an int >= 0, got -1"),
+        (["--caches", "kivi4,kivi-4"], "`caches` (--caches): 'kivi-4' is 'kivi4', given twice"),
+        (["--caches", "kivi-4-fused"], "unknown cache 'kivi-4-fused'; expected kivi{2,4,8}"),
+    ],
+)
+def test_bench_flush_errors_name_the_flag_as_eval_does(argv, said, capsys):
+    assert main(["bench", "flush", "--quick", "--no-save", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0]
+
+
+def test_bench_flush_reads_the_registry_spelling_of_a_cache_name():
+    """``kivi-4`` (the registry's name, what eval and plan take) is the benchmark's ``kivi4``; it was refused."""
+    from kvlab.bench.flush import run
+
+    result = run(contexts=(64,), caches=("kivi-4", "hqq4"), kv_heads=1, head_dim=32, reps=1, hf_reps=1)
+    assert [r["cache"] for r in result["rows"]] == ["kivi4", "hqq4"]
+    assert "flush_us" in result["rows"][0]

@@ -301,3 +301,35 @@ def test_a_plan_on_a_model_with_other_layers_says_which_and_how_many(model, said
     code, out, err = _run(["plan", model, "--kv-dtype", "mixed-demo"])
     assert code == 2 and not out
     assert err.strip().splitlines()[-1].endswith(f"full-attention layers only; {said}")
+
+
+def test_emit_vllm_of_a_plan_with_one_kivi_layer_and_one_float_layer_says_it_in_the_singular(plans):
+    """One substituted KIVI layer is "1 KIVI layer ... is stored", one skipped float layer "float layer 1"."""
+    one = {
+        "layers": {
+            "0": {"k": "kivi-4", "v": "kivi-4"},
+            "1": {"k": "float", "v": "float"},
+            "*": {"k": "fp8-e4m3", "v": "fp8-e4m3"},
+        }
+    }
+    (plans / "onekivi.json").write_text(json.dumps(one))
+    closest = plan_report(MODEL, kv="mixed-onekivi", context=4096, gpu_mem_gib=24, emit="vllm")["vllm"][
+        "closest"
+    ]
+    assert "the plan's 1 KIVI layer (kivi-4/kivi-4 keys/values) is stored as fp8" in closest
+    assert "its float layer 1 skipped" in closest
+    kivimix = plan_report(MODEL, kv="mixed-kivimix", context=4096, gpu_mem_gib=24, emit="vllm")["vllm"][
+        "closest"
+    ]
+    assert (
+        "the plan's 29 KIVI layers (" in kivimix
+        and ") are stored as fp8 and its float layer 1 skipped" in kivimix
+    )
+
+
+def test_an_empty_plan_dir_is_said_to_be_empty_not_unset(monkeypatch):
+    from kvlab.plan.mixed import find_plan
+
+    monkeypatch.setenv("KVLAB_PLAN_DIR", "")
+    with pytest.raises(ValueError, match=r"read from \$KVLAB_PLAN_DIR, which is set but empty"):
+        find_plan("smollm2-fp8")
