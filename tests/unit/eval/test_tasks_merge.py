@@ -139,3 +139,15 @@ def test_runs_with_other_candidates_merge_each_cell_with_its_own_caches():
     lines = markdown_tables(merged).strip().splitlines()
     column = lines[0].split(" | ").index("kivi-2")
     assert [line.split(" | ")[column] for line in lines[4:]] == ["-", "-"]  # not measured in the second file
+
+
+def test_the_committed_real_model_merge_holds_its_parts_cells():
+    merged = json.loads((EXAMPLE.parent / "tasks-smollm2-2026-12-03.json").read_text())
+    assert validate_tasks_result(merged) == []
+    root = EXAMPLE.parents[2]
+    parts = [json.loads((root / m["source"]).read_text()) for m in merged["provenance"]["merged_from"]]
+    assert merged["cells"] == [c for p in parts for c in p["cells"]]
+    assert (merged["gates"], merged["decision"]) == tuple(
+        judge(merged["cells"], merged["max_drop"], merged["min_float_score"])[k]
+        for k in ("gates", "decision")
+    )
