@@ -31,7 +31,7 @@ def register(subparsers) -> None:
         help="local directory, GGUF file, named model (kvlab models) or HF hub id (default: the bundled model)",
     )
     p.add_argument("--dtype", default="bfloat16", help="model dtype: bfloat16 (default), float16 or float32")
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     # None = not given (2048 / 0): given together with --prompt they are refused, not ignored
     p.add_argument("--tokens", type=int, default=None, help="prompt tokens cut from the held-out text (2048)")
     p.add_argument("--offset", type=int, default=None, help="first held-out token of the prompt (default 0)")

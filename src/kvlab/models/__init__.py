@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from kvlab.runtime.checks import check_int
-from kvlab.runtime.device import check_device
+from kvlab.runtime.device import resolve_device
 from kvlab.runtime.dtypes import parse_dtype
 
 __all__ = [
@@ -180,7 +180,7 @@ def load_model(
             model (both converted once to a bf16 directory, :func:`kvlab.models.sources.prepare_source`), or a
             Hugging Face hub id (``owner/name``), resolved by transformers (its cache when offline).
         dtype: ``"bfloat16"`` (default, the quantization chapter's dtype), ``"float16"`` or ``"float32"``.
-        device: a ``torch.device`` string such as ``"cpu"`` or ``"cuda:0"``.
+        device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (CUDA when available; :func:`kvlab.runtime.device.resolve_device`).
         revision: hub branch, tag or commit; only for hub ids.
 
     Returns:
@@ -197,7 +197,7 @@ def load_model(
             transformers cannot load (the file named).
     """
     torch_dtype = parse_dtype(dtype)
-    torch_device = check_device(device)
+    torch_device = resolve_device(device)
 
     model, source = _resolve_for_loading(model)
     if source is not None and revision is not None:

@@ -84,3 +84,11 @@ def test_cli_refuses_a_bad_device_in_one_line_before_any_work(argv, tmp_path, ca
     assert len(err) == 1 and "must be cpu, cuda, cuda:N or auto" in err[0] and repr(bad) in err[0]
     assert "loading model" not in err[0]
     assert not list(tmp_path.iterdir())
+
+
+def test_inspect_refuses_a_device_outside_the_rule(capsys):
+    from kvlab.cli import main
+
+    assert main(["inspect", "--device", "mps"]) == 2
+    err = capsys.readouterr().err
+    assert "--device must be cpu, cuda, cuda:N or auto, got 'mps'" in err and "Traceback" not in err

@@ -98,7 +98,11 @@ def _add_model_flags(p) -> None:
         default=dtype,
         help=f"model dtype: {dtype} (default), {', '.join(others[:-1])} or {others[-1]}",
     )
-    p.add_argument("--device", default=_default("device"), help="auto (CUDA when available), cpu, cuda")
+    p.add_argument(
+        "--device",
+        default=_default("device"),
+        help="cpu, cuda, cuda:N or auto (default auto; cuda when available)",
+    )
 
 
 def _add_matrix_flags(p) -> None:
