@@ -25,6 +25,7 @@ from kvlab.runtime.atomic import output_problem
 from kvlab.runtime.checks import check_int, int_list, parse_list
 
 DEFAULT_OUT = "kvlab-tasks.json"
+DEFAULT_THREADS = 1  # --threads when not given (docs/TASKS.md: --quick timed with 1 and 2)
 # the settings a resumed run takes from its file: given with --resume, they are refused
 _SETTING_FLAGS = ("model", "dtype", "device", "tasks", "contexts", "candidates", "n", "seed", "protected_tail",
                   "max_drop", "min_float_score")  # fmt: skip
@@ -68,7 +69,13 @@ def register(subparsers) -> None:
         help="3 needle tasks (niah_single_1, niah_single_2, niah_multikey_1), 4 caches, 5 samples, 512 tokens "
         "(its time on the bundled model and smollm2-135m: docs/TASKS.md)",
     )
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help=f"torch CPU threads ({DEFAULT_THREADS}: a second thread gained little on a quiet 2-core CPU and cost "
+        "3x the time when another job ran; docs/TASKS.md)",
+    )
     p.add_argument(
         "--out", default=None, help=f"result JSON, written atomically ({DEFAULT_OUT}; not with --resume)"
     )
@@ -195,7 +202,19 @@ def run(args: argparse.Namespace) -> int:
     problem = _check_outputs(args)
     if problem:
         return fail(args, problem, EXIT_USAGE)
-    return _measure(args, cfg, result)
+    return _with_threads(args.threads or DEFAULT_THREADS, lambda: _measure(args, cfg, result))
+
+
+def _with_threads(threads: int, work) -> int:
+    """``work()`` with torch's CPU thread count set to ``threads``, the previous count restored after it."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return work()
+    finally:
+        torch.set_num_threads(before)
 
 
 def _merge(args: argparse.Namespace) -> int:
@@ -237,7 +256,6 @@ def _argv() -> list[str] | None:
 
 
 def _measure(args: argparse.Namespace, cfg, result: dict | None) -> int:
-    import torch
     from rich.console import Console
 
     from kvlab.eval.io import write_json_atomic
@@ -246,8 +264,6 @@ def _measure(args: argparse.Namespace, cfg, result: dict | None) -> int:
     from kvlab.models import heldout_text, load_model
     from kvlab.runtime.device import resolve_device
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     model_block = result["model"] if result else {"name": args.model or "bundled"}
     model_block.setdefault("dtype", args.dtype or "bfloat16")
     model_block.setdefault("device", "cpu" if args.device is None else args.device)

@@ -115,8 +115,13 @@ def test_small_run_on_the_bundled_model(tmp_path, capsys):
         "--candidates",
         "dynamic,kivi-2,snapkv",
     ]
+    import torch
+
+    threads = torch.get_num_threads()
     assert main([*argv, "--n", "3", "--out", str(out), "--figure", str(fig), "--dtype", "float32"]) == 0
     result = json.loads(out.read_text())
+    assert result["provenance"]["torch_threads"] == 1  # --threads defaults to 1
+    assert torch.get_num_threads() == threads  # and the caller's count is restored
     assert result["kind"] == "kvlab-tasks" and fig.stat().st_size > 0
     assert result["status"] == "complete" and result["failures"] == [] and validate_tasks_result(result) == []
     assert [c["task"] for c in result["cells"]] == ["niah_single_2"]  # cwe does not fit in 256 tokens
