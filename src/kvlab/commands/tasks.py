@@ -125,7 +125,31 @@ def _config(args: argparse.Namespace):
     for key in ("seed", "protected_tail", "max_drop", "min_float_score"):
         if getattr(args, key) is not None:
             kw[key] = getattr(args, key)
-    return ts.TaskSuiteConfig(**kw)
+    cfg = ts.TaskSuiteConfig(**kw)
+    _check_candidates_evict(cfg)
+    return cfg
+
+
+def _check_candidates_evict(cfg) -> None:
+    """Refuse an evicting candidate that keeps at least the longest context (``sink:window_length=512`` at
+    ``--contexts 512``): it compresses nothing before the question, is measured as DynamicCache and would pass.
+    The same rule as ``kvlab eval``'s, on the context only: a task's cache is judged on what it keeps of the
+    prefilled context (docs/TASKS.md).
+
+    Raises:
+        ValueError: naming the candidate, what it keeps and the longest context.
+    """
+    from kvlab.caches.registry import resolve
+
+    longest = max(cfg.contexts)
+    for name in cfg.candidates:
+        keeps = resolve(name).keeps()  # the registry's: what the cache keeps at most, or None
+        if keeps is not None and keeps.tokens >= longest:
+            raise ValueError(
+                f"cache candidate {name!r} keeps {keeps.tokens:,} tokens, not fewer than the longest context "
+                f"({longest:,} tokens, --contexts): it would evict nothing of the context and measure "
+                f"DynamicCache; give it a smaller budget or window, or longer --contexts"
+            )
 
 
 def _check_outputs(args: argparse.Namespace) -> str | None:

@@ -28,6 +28,15 @@ from kvlab.task_figures import task_figure_data
         (["--protected-tail", "100000"], "--protected-tail 100000 must be below the longest context (512"),
         (["--candidates", "kivi-4,kivi4"], "cache 'kivi4' is 'kivi-4' again"),
         (["--resume", ""], "--resume must name a file, got ''"),
+        (
+            ["--candidates", "dynamic,sink:window_length=512"],
+            "cache candidate 'sink:window_length=512' keeps 516 tokens, not fewer than the longest context (512",
+        ),
+        (["--candidates", "sweep"], "'sink:window_length=512' keeps 516 tokens"),
+        (
+            ["--candidates", "tova:token_budget=600", "--contexts", "256,512"],
+            "'tova:token_budget=600' keeps 600",
+        ),
     ],
 )
 def test_bad_input_exit_2(argv, message, capsys, tmp_path):
@@ -40,12 +49,9 @@ def test_bad_input_exit_2(argv, message, capsys, tmp_path):
 @pytest.mark.parametrize(
     "argv, field, expected",
     [
-        (["--candidates", "sweep"], "candidates", "SWEEP_CANDIDATES"),
-        (["--candidates", " sweep "], "candidates", "SWEEP_CANDIDATES"),
         ([], "candidates", "DEFAULT_CANDIDATES"),
         (["--quick"], "tasks", "QUICK_TASKS"),
         (["--quick"], "candidates", "QUICK_CANDIDATES"),
-        (["--quick", "--candidates", "sweep"], "candidates", "SWEEP_CANDIDATES"),
     ],
 )
 def test_presets_of_the_command_line(argv, field, expected):
@@ -56,6 +62,18 @@ def test_presets_of_the_command_line(argv, field, expected):
     cfg = _config(build_parser().parse_args(["tasks", *argv]))
     assert getattr(cfg, field) == getattr(ts, expected)
     assert cfg.contexts == (512,) and cfg.n == 5  # --quick and the default: 512 tokens, 5 samples
+
+
+@pytest.mark.parametrize(
+    "argv", [["--candidates", "sweep"], ["--candidates", " sweep "], ["--quick", "--candidates", "sweep"]]
+)
+def test_the_sweep_preset_at_contexts_its_sink_windows_compress(argv):
+    from kvlab.cli import build_parser
+    from kvlab.commands.tasks import _config
+    from kvlab.eval import tasks_suite as ts
+
+    cfg = _config(build_parser().parse_args(["tasks", *argv, "--contexts", "2048"]))
+    assert cfg.candidates == ts.SWEEP_CANDIDATES and cfg.contexts == (2048,)
 
 
 def test_the_default_takes_every_family_and_the_sweep_each_default():
