@@ -3,7 +3,7 @@
 :mod:`kvlab.plan.spec` (KV geometry), :mod:`kvlab.plan.architectures` (per-architecture quirks) and
 :mod:`kvlab.plan.weights` (parameter count) read the same ``config.json`` fields; they take the names and the
 readers (:func:`as_int`, :func:`read_int`, :func:`field_int`) from here, so none imports another's internals.
-The planner's modules also take :func:`check_positive_int` from here, the one check of a count they are given.
+The planner's modules also take :func:`check_int_at_least` from here, the one check of a count they are given.
 
 Pure Python; no torch.
 """
@@ -92,27 +92,21 @@ def decoder_config(config: Mapping) -> tuple[dict, list[str]]:
     return dict(config), []
 
 
-def check_positive_int(name: str, value: Any, *, flag: str | None = None) -> int:
-    """``value`` when it is a Python ``int`` (not a bool) of at least 1: a count or a size the planner takes.
+_AT_LEAST = {0: "a non-negative integer", 1: "a positive integer"}
+
+
+def check_int_at_least(name: str, value: Any, minimum: int, *, flag: str | None = None) -> int:
+    """``value`` when it is a Python ``int`` (not a bool) of at least ``minimum``: 1 for a count or a size the
+    planner takes, 0 for a count that may be empty (tokens, bytes).
 
     Raises:
-        ValueError: ``"`name` must be a positive integer, got value"`` (``"`name` (flag) ..."`` with ``flag``).
+        ValueError: ``"`name` must be a positive integer, got value"`` for ``minimum`` 1 (``a non-negative
+            integer`` for 0, ``an integer >= minimum`` otherwise; ``"`name` (flag) ..."`` with ``flag``).
     """
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         where = f"`{name}`" + (f" ({flag})" if flag else "")
-        raise ValueError(f"{where} must be a positive integer, got {value!r}")
-    return value
-
-
-def check_nonneg_int(name: str, value: Any, *, flag: str | None = None) -> int:
-    """``value`` when it is a Python ``int`` (not a bool) of at least 0: a count that may be empty (tokens, bytes).
-
-    Raises:
-        ValueError: ``"`name` must be a non-negative integer, got value"`` (``"`name` (flag) ..."`` with ``flag``).
-    """
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        where = f"`{name}`" + (f" ({flag})" if flag else "")
-        raise ValueError(f"{where} must be a non-negative integer, got {value!r}")
+        kind = _AT_LEAST.get(minimum, f"an integer >= {minimum}")
+        raise ValueError(f"{where} must be {kind}, got {value!r}")
     return value
 
 

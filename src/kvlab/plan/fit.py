@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kvlab.plan.config_fields import check_int, check_positive_int
+from kvlab.plan.config_fields import check_int, check_int_at_least
 from kvlab.plan.kv_formats import KVDtype
 from kvlab.plan.ledger import kv_bytes_peak
 from kvlab.plan.spec import ModelSpec
@@ -31,7 +31,7 @@ class GpuBudget:
     source: str = ""  # where memory_bytes comes from, with its unit
 
     def __post_init__(self) -> None:
-        check_positive_int("memory_bytes", self.memory_bytes)
+        check_int_at_least("memory_bytes", self.memory_bytes, 1)
         if not isinstance(self.reserve_bytes, int) or self.reserve_bytes < 0:
             raise ValueError(f"`reserve_bytes` must be a non-negative integer, got {self.reserve_bytes!r}")
         if self.reserve_bytes >= self.memory_bytes:
@@ -131,7 +131,7 @@ def max_context(
     Raises:
         ValueError: ``batch`` not an int >= 1, or ``kv_budget_bytes`` not an int (a float, NaN or infinity).
     """
-    check_positive_int("batch", batch)
+    check_int_at_least("batch", batch, 1)
     check_int("kv_budget_bytes", kv_budget_bytes)
 
     def fits(t: int) -> bool:

@@ -18,7 +18,7 @@ import math
 import sys
 from dataclasses import dataclass
 
-from kvlab.plan.config_fields import check_positive_int
+from kvlab.plan.config_fields import check_int_at_least
 
 MIB = 1024**2
 TERA = 1e12  # the table's TFLOP/s and TB/s in FLOP/s and B/s
@@ -106,7 +106,7 @@ class Hardware:
             if value is not None:
                 check_rate(name, value, TERA, unit)
         if self.memory_mib is not None:
-            check_positive_int("memory_mib", self.memory_mib)
+            check_int_at_least("memory_mib", self.memory_mib, 1)
 
     @property
     def peak_flops(self) -> float | None:

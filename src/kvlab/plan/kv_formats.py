@@ -20,7 +20,7 @@ from fractions import Fraction
 from typing import Any
 
 from kvlab.cache_names import KIVI_DEFAULTS, parse_cache_name
-from kvlab.plan.config_fields import DTYPE_BYTES, check_positive_int
+from kvlab.plan.config_fields import DTYPE_BYTES, check_int_at_least
 
 KIVI_NBITS = (2, 4, 8)  # KIVI code widths (kvlab.quant.kivi); the cache registry's kivi entry reads them here
 FP8_SCALE_BYTES = 4  # kvlab.caches.fp8 keeps its scales in fp32
@@ -87,7 +87,7 @@ class KVDtype:
             if bits not in KIVI_NBITS and (name == "nbits" or bits is not None):
                 raise ValueError(f"`{name}` must be one of {list(KIVI_NBITS)}, got {bits!r}")
         g, r = self.group_size, self.residual_length
-        check_positive_int("group_size", g)
+        check_int_at_least("group_size", g, 1)
         if not isinstance(r, int) or isinstance(r, bool) or r < 0 or r % g:
             raise ValueError(
                 f"`residual_length` must be a non-negative multiple of `group_size` ({g}), got {r!r}"

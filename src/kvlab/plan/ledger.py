@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvlab.cache_names import KIVI_DEFAULTS
-from kvlab.plan.config_fields import CHUNKED, FULL, KV_KINDS, SLIDING, check_nonneg_int, check_positive_int
+from kvlab.plan.config_fields import CHUNKED, FULL, KV_KINDS, SLIDING, check_int_at_least
 from kvlab.plan.kv_formats import FP8_SCALE_BYTES, KIVI_NBITS, KVDtype, kv_dtype
 from kvlab.plan.load import load_spec
 from kvlab.plan.spec import ModelSpec
@@ -55,7 +55,7 @@ MODES = ("theoretical", "allocated")
 
 
 def _check_tp(spec: ModelSpec, tp: int) -> None:
-    check_positive_int("tp", tp)
+    check_int_at_least("tp", tp, 1)
     if spec.num_attention_heads % tp:  # each rank holds whole query heads (as vLLM requires)
         raise ValueError(f"`tp` ({tp}) must divide the query heads ({spec.num_attention_heads})")
 
@@ -113,9 +113,9 @@ def quantized_tokens(tokens: int, group_size: int, residual_length: int) -> int:
     Raises:
         ValueError: ``tokens`` or ``residual_length`` not an int >= 0, or ``group_size`` not an int >= 1 (named).
     """
-    check_nonneg_int("tokens", tokens)
-    check_positive_int("group_size", group_size)
-    check_nonneg_int("residual_length", residual_length)
+    check_int_at_least("tokens", tokens, 0)
+    check_int_at_least("group_size", group_size, 1)
+    check_int_at_least("residual_length", residual_length, 0)
     return (tokens - residual_length) // group_size * group_size if tokens > residual_length else 0
 
 
@@ -203,7 +203,7 @@ def kivi_kv_bytes_breakdown(
         ValueError: an MLA model (its latent has no K and V heads), ``batch`` not an int >= 0, or invalid KIVI
             settings.
     """
-    check_nonneg_int("batch", batch)
+    check_int_at_least("batch", batch, 0)
     spec = load_spec(model)
     if spec.is_mla:
         raise ValueError("KIVI quantizes K per-channel and V per-token; an MLA latent has no K and V heads")
@@ -399,7 +399,7 @@ def paged_kv_bytes(
     kvd = _resolve(spec, kv)
     if kvd.is_kivi:
         raise ValueError("paged_kv_bytes covers plain dtypes; KIVI has its own storage blocks")
-    check_positive_int("block_size_tokens", block_size_tokens)
+    check_int_at_least("block_size_tokens", block_size_tokens, 1)
     total = 0
     for kind in spec.layer_kinds:
         if kind in KV_KINDS:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from kvlab.plan.config_fields import check_positive_int
+from kvlab.plan.config_fields import check_int_at_least
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def probe(matmul_n: int = 2048, stream_elements: int = 20_000_000, repeat: int =
         ValueError: a non-positive size or repeat.
     """
     for name, value in (("matmul_n", matmul_n), ("stream_elements", stream_elements), ("repeat", repeat)):
-        check_positive_int(name, value)
+        check_int_at_least(name, value, 1)
     start = time.perf_counter()
     rng = np.random.default_rng(0)
     a = rng.standard_normal((matmul_n, matmul_n), dtype=np.float32)

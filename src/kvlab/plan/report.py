@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvlab.cache_names import KIVI_DEFAULTS
-from kvlab.plan.config_fields import KV_KINDS, SHARED, check_positive_int
+from kvlab.plan.config_fields import KV_KINDS, SHARED, check_int_at_least
 from kvlab.plan.fit import max_batch, max_context
 from kvlab.plan.kv_formats import PlannedName, kv_dtype
 from kvlab.plan.ledger import build_ledger, kv_bytes_peak
@@ -318,7 +318,7 @@ def video_report(
         ValueError: a bad ``batch``, a clip length given twice (one row each would repeat), or what
             :class:`VideoClip`, :func:`load_spec` and :func:`kv_dtype` refuse.
     """
-    check_positive_int("batch", batch)
+    check_int_at_least("batch", batch, 1)
     repeated = sorted({s for s in seconds if list(seconds).count(s) > 1}, key=str)
     if repeated:
         raise ValueError(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvlab.plan.config_fields import SHARED, check_positive_int
+from kvlab.plan.config_fields import SHARED, check_int_at_least
 from kvlab.plan.fit import budget_from_gib, budget_from_hardware
 from kvlab.plan.hardware import Hardware, custom_hardware, get_hardware
 from kvlab.plan.load import load_spec
@@ -67,7 +67,7 @@ def planned_spec(model: str | ModelSpec, kv_heads: int | None) -> ModelSpec:
 def check_context_batch(context: int, batch: int) -> None:
     """Tokens per sequence and sequences must both be positive integers."""
     for name, value in (("context", context), ("batch", batch)):
-        check_positive_int(name, value, flag=f"--{name}")
+        check_int_at_least(name, value, 1, flag=f"--{name}")
 
 
 def context_warnings(spec: ModelSpec, contexts: dict[str, int]) -> list[str]:

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kvlab.plan.config_fields import KV_KINDS, check_nonneg_int, check_positive_int
+from kvlab.plan.config_fields import KV_KINDS, check_int_at_least
 from kvlab.plan.kv_formats import KVDtype, kv_dtype
 from kvlab.plan.ledger import kv_bytes, tokens_stored
 from kvlab.plan.spec import ModelSpec
@@ -154,14 +154,14 @@ class DecodeStepBound:
         """Raises ValueError naming a negative byte count, a batch < 1, a bandwidth or peak FLOP/s that is not a
         finite number > 0 (a bound would divide by 0), FLOPs that are negative or not finite, or a bound that is 0
         (nothing to read or compute) or overflows (too many bytes or FLOPs for a float at this bandwidth or peak)."""
-        check_nonneg_int("weight_bytes", self.weight_bytes)
-        check_nonneg_int("kv_bytes", self.kv_bytes)
+        check_int_at_least("weight_bytes", self.weight_bytes, 0)
+        check_int_at_least("kv_bytes", self.kv_bytes, 0)
         _check_positive("bandwidth_bytes_s", self.bandwidth_bytes_s)
         if self.peak_flops is not None:
             _check_positive("peak_flops", self.peak_flops)
         if self.flops_per_step is not None and not 0 <= self.flops_per_step < math.inf:
             raise ValueError(f"`flops_per_step` must be a finite number >= 0, got {self.flops_per_step!r}")
-        check_positive_int("batch", self.batch)
+        check_int_at_least("batch", self.batch, 1)
         if not 0 < self.lower_bound_s < math.inf:
             raise ValueError(
                 f"the decode step bound of {self.bytes_per_step!r} bytes at `bandwidth_bytes_s` "
@@ -286,7 +286,7 @@ def decode_step_bound(
     Raises:
         ValueError: ``weight_bytes_read`` not an int >= 0, or a bad context, batch, tp or rate (each named).
     """
-    check_nonneg_int("weight_bytes_read", weight_bytes_read)
+    check_int_at_least("weight_bytes_read", weight_bytes_read, 0)
     kv_read = kv_bytes(spec, context, batch, kv, tp=tp)  # validates context, batch and tp
     flops = decode_flops_per_step(spec, context, batch, kv_dtype(kv, spec.dtype).keep_tokens)
     return DecodeStepBound(

@@ -38,7 +38,7 @@ from kvlab.plan.config_fields import (
     POSITION_NAMES,
     SLIDING,
     as_int,
-    check_positive_int,
+    check_int_at_least,
     decoder_config,
     field_int,
     read_int,
@@ -83,7 +83,7 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim"):
-            check_positive_int(name, getattr(self, name))
+            check_int_at_least(name, getattr(self, name), 1)
         if len(self.layer_kinds) != self.num_layers:
             raise ValueError(
                 f"`layer_kinds` must have one entry per layer ({self.num_layers}), got {len(self.layer_kinds)}"

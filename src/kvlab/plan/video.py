@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kvlab.plan.config_fields import check_positive_int
+from kvlab.plan.config_fields import check_int_at_least
 from kvlab.plan.kv_formats import KVDtype
 from kvlab.plan.ledger import kv_bytes
 from kvlab.plan.spec import ModelSpec
@@ -36,7 +36,7 @@ class VideoClip:
 
     def __post_init__(self) -> None:
         for name in ("fps", "width", "height", "temporal_compression", "spatial_compression", "patch_size"):
-            check_positive_int(name, getattr(self, name))
+            check_int_at_least(name, getattr(self, name), 1)
         if (
             not isinstance(self.seconds, int | float)
             or isinstance(self.seconds, bool)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvlab.plan.config_fields import FULL, LAYER_KINDS, check_positive_int
+from kvlab.plan.config_fields import FULL, LAYER_KINDS, check_int_at_least
 from kvlab.plan.kv_formats import KVDtype
 from kvlab.plan.spec import ModelSpec
 from kvlab.plan.vllm_kv import vllm_kv_cache
@@ -283,7 +283,7 @@ def _check_serve_inputs(
             "vLLM's hybrid KV cache manager sizes in groups of other page sizes"
         )
     for name, value in (("context", context), ("batch", batch), ("tp", tp)):
-        check_positive_int(name, value)
+        check_int_at_least(name, value, 1)
     if not 0 <= reserve_bytes < memory_bytes:
         raise ValueError(
             f"the reserve ({reserve_bytes:,} B) must be below the GPU memory ({memory_bytes:,} B)"

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from kvlab.cli import main
-from kvlab.plan.config_fields import check_positive_int
+from kvlab.plan.config_fields import check_int_at_least
 from kvlab.plan.fit import budget_from_gib
 from kvlab.plan.ledger import kv_bytes_per_token, quantized_tokens
 from kvlab.plan.load import load_spec
@@ -187,10 +187,21 @@ def test_positive_int_check_names_the_value_and_the_flag(value):
     with pytest.raises(
         ValueError, match=rf"^`batch` must be a positive integer, got {re.escape(repr(value))}$"
     ):
-        check_positive_int("batch", value)
+        check_int_at_least("batch", value, 1)
     with pytest.raises(ValueError, match=r"^`batch` \(--batch\) must be a positive integer"):
-        check_positive_int("batch", value, flag="--batch")
-    assert check_positive_int("batch", 3) == 3
+        check_int_at_least("batch", value, 1, flag="--batch")
+    assert check_int_at_least("batch", 3, 1) == 3
+
+
+@pytest.mark.parametrize(
+    "minimum, value, kind",
+    [(0, -1, "a non-negative integer"), (0, 1.0, "a non-negative integer"), (2, 1, "an integer >= 2")],
+)
+def test_int_check_names_its_minimum(minimum, value, kind):
+    """The same check with another minimum: 0 for a count that may be empty, any other named as a bound."""
+    with pytest.raises(ValueError, match=rf"^`tokens` must be {kind}, got {re.escape(repr(value))}$"):
+        check_int_at_least("tokens", value, minimum)
+    assert check_int_at_least("tokens", minimum, minimum) == minimum
 
 
 @pytest.mark.parametrize(
