@@ -56,6 +56,18 @@ def file_exists_message(path: object, alternative: str = "") -> str:
     return f"{path} already exists; pass --force to replace it{more}"
 
 
+def add_command_group(
+    subparsers, name: str, help: str, dest: str, metavar: str, description: str | None = None
+):
+    """Add command ``name`` whose work is done by its subcommands (``kvlab bench decode``) and return the action to
+    add them to (``dest`` gets the subcommand's name, ``metavar`` lists them in the usage line). Given no
+    subcommand, ``name`` prints its help and exits :data:`EXIT_USAGE`, as argparse does for a missing argument."""
+    p = subparsers.add_parser(name, help=help, description=description)
+    sub = p.add_subparsers(dest=dest, metavar=metavar)
+    p.set_defaults(func=lambda args: (p.print_help(), EXIT_USAGE)[1])
+    return sub
+
+
 class progress:
     """Progress of a run longer than a couple of seconds, on ``console`` (a rich Console, normally stderr): a rich
     progress bar on a terminal; otherwise (logs, CI, pipes) one plain line as each step starts, so the last line

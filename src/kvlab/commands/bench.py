@@ -19,7 +19,7 @@ import shlex
 
 from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.caches.settings import HQQ_GROUP_SIZE
-from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message
+from kvlab.commands import EXIT_FILE_EXISTS, add_command_group, fail, file_exists_message
 from kvlab.runtime.atomic import output_problem
 from kvlab.runtime.checks import int_list, parse_list
 
@@ -60,7 +60,16 @@ def _common(p: argparse.ArgumentParser, device: bool = True) -> None:
     p.add_argument("--note", default=None, help="free text stored in the record (e.g. 'shared 2-core VM')")
 
 
-def _cache_settings(p: argparse.ArgumentParser) -> None:
+def _cache_settings(p: argparse.ArgumentParser, hqq: bool = True) -> None:
+    """The caches' settings: --hqq-group-size (with ``hqq``: benchmarks that run HQQ/quanto caches), the KIVI
+    --group-size and --residual-length."""
+    if hqq:
+        p.add_argument(
+            "--hqq-group-size",
+            type=int,
+            default=HQQ_GROUP_SIZE,
+            help=f"HQQ/quanto group size (default {HQQ_GROUP_SIZE})",
+        )
     G, R = KIVI_DEFAULTS.group_size, KIVI_DEFAULTS.residual_length
     p.add_argument("--group-size", type=int, default=G, help=f"KIVI group size G (default {G})")
     p.add_argument(
@@ -80,24 +89,19 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--contexts", type=int_list, default=None, help="context lengths, comma-separated")
     p.add_argument("--prefill-chunk", type=int, default=1024, help="prefill chunk in tokens (default 1024)")
-    p.add_argument(
-        "--hqq-group-size",
-        type=int,
-        default=HQQ_GROUP_SIZE,
-        help=f"HQQ/quanto group size (default {HQQ_GROUP_SIZE})",
-    )
     _cache_settings(p)
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
+    sub = add_command_group(
+        subparsers,
         "bench",
         help="benchmarks: decode speed, decode memory, flush cost, kernel bandwidth, paging, lab; PERFORMANCE.md",
         description="Run one benchmark and save its result record under ./kvlab-results/ (--results-dir, --out), "
         "or regenerate docs/PERFORMANCE.md from the records in benchmarks/results (`kvlab bench docs`).",
+        dest="bench_command",
+        metavar="{decode,memory,flush,kernel,paging,lab,docs}",
     )
-    sub = p.add_subparsers(dest="bench_command", metavar="{decode,memory,flush,kernel,paging,lab,docs}")
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
     runs = (*_add_model_benchmarks(sub), *_add_layer_benchmarks(sub), *_add_simulator_benchmarks(sub))
     for parser in runs:
         parser.set_defaults(_parser=parser)
@@ -144,12 +148,6 @@ def _add_layer_benchmarks(sub) -> tuple[argparse.ArgumentParser, ...]:
     f.add_argument("--dtype", default="bfloat16", help="state dtype (default bfloat16)")
     f.add_argument("--reps", type=int, default=25, help="timed rounds for KIVI (default 25)")
     f.add_argument("--hf-reps", type=int, default=3, help="timed rounds for HQQ/quanto (default 3)")
-    f.add_argument(
-        "--hqq-group-size",
-        type=int,
-        default=HQQ_GROUP_SIZE,
-        help=f"HQQ/quanto group size (default {HQQ_GROUP_SIZE})",
-    )
     _cache_settings(f)
     _common(f)
     f.set_defaults(func=_run, bench="flush")
@@ -172,7 +170,7 @@ def _add_layer_benchmarks(sub) -> tuple[argparse.ArgumentParser, ...]:
     k.add_argument(
         "--copy-mib", type=int, default=None, help="copy-probe size in MiB (default 256 CPU, 1024 CUDA)"
     )
-    _cache_settings(k)
+    _cache_settings(k, hqq=False)  # the KIVI kernel alone
     _common(k)
     k.set_defaults(func=_run, bench="kernel")
     return f, k

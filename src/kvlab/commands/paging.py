@@ -10,7 +10,7 @@ import json
 import math
 from pathlib import Path
 
-from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, progress
+from kvlab.commands import EXIT_FILE_EXISTS, add_command_group, fail, file_exists_message, progress
 from kvlab.commands.plan.flags import flag_message, keep_tokens_type
 from kvlab.plan.kv_formats import KV_DTYPE_NAMES
 from kvlab.runtime.checks import parse_list
@@ -105,14 +105,15 @@ def _budget(args: argparse.Namespace, kv_dtype: str | None = None, flag: str = "
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
+    sub = add_command_group(
+        subparsers,
         "paging",
         help="paged KV cache: static capacity, serving simulation, layout figure",
         description="How many requests fit with contiguous reservation vs paged blocks, what happens over time "
         "as requests arrive, grow, finish and get preempted, and the paged-layout figure.",
+        dest="paging_command",
+        metavar="{static,simulate,figure}",
     )
-    sub = p.add_subparsers(dest="paging_command", metavar="{static,simulate,figure}")
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
     _register_static(sub)
     _register_simulate(sub)
     _register_figure(sub)

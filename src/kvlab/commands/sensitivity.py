@@ -14,17 +14,19 @@ import os
 from pathlib import Path
 
 from kvlab.cache_names import KIVI_DEFAULTS
-from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, progress
+from kvlab.commands import EXIT_FILE_EXISTS, add_command_group, fail, file_exists_message, progress
 
 SWEEP_KIND = "kvlab-sensitivity"
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "sensitivity", help="per-layer KV sensitivity sweep and bit allocation (docs/MIXED.md)"
+    modes = add_command_group(
+        sub,
+        "sensitivity",
+        help="per-layer KV sensitivity sweep and bit allocation (docs/MIXED.md)",
+        dest="mode",
+        metavar="{sweep,allocate,verify}",
     )
-    modes = p.add_subparsers(dest="mode", metavar="{sweep,allocate,verify}")
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
     s = modes.add_parser("sweep", help="KL of a continuation with one layer's K or V compressed, per format")
     s.add_argument(
         "--model", default=None, help="as kvlab eval --model (default: the bundled reference model)"
