@@ -20,7 +20,7 @@ from kvlab.caches.registry import REGISTRY, cache_names
 from kvlab.commands import fail
 from kvlab.plan.kv_formats import KV_DTYPE_NAMES, PLAIN_NAMES, VLLM_ALIASES, PlannedName
 from kvlab.plan.mixed import MIXED_PREFIX
-from kvlab.plan.scenario import DEFAULT_GPU
+from kvlab.plan.scenario import DEFAULT_CONTEXT_TOKENS, DEFAULT_GPU
 
 
 def byte_count(text: str) -> int:
@@ -118,6 +118,17 @@ class PlanChoices(tuple):
 
 
 PLAN_PATTERN = f"{MIXED_PREFIX}<plan>"  # how --kv-dtype's choices name the per-layer plans
+
+
+def add_sequence_flags(p: argparse.ArgumentParser) -> None:
+    """``--context`` (tokens per sequence) and ``--batch`` (sequences): the workload a plan or roofline sizes."""
+    p.add_argument(
+        "--context",
+        type=int,
+        default=DEFAULT_CONTEXT_TOKENS,
+        help=f"tokens per sequence (default {DEFAULT_CONTEXT_TOKENS})",
+    )
+    p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
 
 
 def add_kv_flags(p: argparse.ArgumentParser, plans: bool = False) -> None:

@@ -10,7 +10,7 @@ from kvlab.commands import fail
 from kvlab.commands.plan import flags
 from kvlab.commands.plan.flags import flag_message
 from kvlab.commands.plan.render import print_from_log, print_lists, print_mixed_plan, print_plan, print_vllm
-from kvlab.plan.scenario import DEFAULT_CONTEXT_TOKENS, DEFAULT_RESERVE_GIB
+from kvlab.plan.scenario import DEFAULT_RESERVE_GIB
 
 
 def register(subparsers) -> None:
@@ -26,13 +26,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "model", nargs="?", metavar="MODEL", help="preset, config.json, .gguf file, directory or hub id"
     )
-    p.add_argument(
-        "--context",
-        type=int,
-        default=DEFAULT_CONTEXT_TOKENS,
-        help=f"tokens per sequence (default {DEFAULT_CONTEXT_TOKENS})",
-    )
-    p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
+    flags.add_sequence_flags(p)
     flags.add_kv_flags(p, plans=True)
     flags.add_keep_flag(p)
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")

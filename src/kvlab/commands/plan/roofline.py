@@ -8,7 +8,7 @@ import argparse
 from kvlab.commands import fail
 from kvlab.commands.plan import flags
 from kvlab.commands.plan.render import print_lists, print_roofline
-from kvlab.plan.scenario import DEFAULT_CONTEXT_TOKENS, DEFAULT_MODEL
+from kvlab.plan.scenario import DEFAULT_MODEL
 
 
 def register(subparsers) -> None:
@@ -26,13 +26,7 @@ def register(subparsers) -> None:
         default=None,
         help=f"preset, config.json, .gguf file, directory or hub id (default {DEFAULT_MODEL})",
     )
-    r.add_argument(
-        "--context",
-        type=int,
-        default=DEFAULT_CONTEXT_TOKENS,
-        help=f"tokens per sequence (default {DEFAULT_CONTEXT_TOKENS})",
-    )
-    r.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
+    flags.add_sequence_flags(r)
     r.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
     flags.add_kv_flags(r)
     flags.add_keep_flag(r)
