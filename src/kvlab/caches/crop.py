@@ -53,3 +53,23 @@ def crop_kv(layer: Any, n: int) -> None:
     keep = crop_keep(n, layer.get_seq_length())
     if layer.is_initialized:
         layer.keys, layer.values = layer.keys[:, :, :keep], layer.values[:, :, :keep]
+
+
+def crop_unless_evicted(layer: Any, n: int) -> int | None:
+    """Tokens an evicting layer keeps after ``crop(n)``, or None when the crop removes nothing. The layer counts
+    ``seen_tokens`` (every token received) and ``evicted_tokens``; it can crop only while it has evicted none.
+
+    Raises:
+        TypeError: ``n`` is not an integer.
+        ValueError: a crop that removes tokens after eviction began (the evicted tokens cannot come back), naming
+            the layer's ``cache_name``.
+    """
+    keep = crop_keep(n, layer.seen_tokens)
+    if keep == layer.seen_tokens:
+        return None
+    if layer.evicted_tokens:
+        raise ValueError(
+            f"{layer.cache_name} cannot crop to {keep} tokens after evicting {layer.evicted_tokens}: "
+            "evicted tokens are gone"
+        )
+    return keep

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from kvlab.cache_names import KIVI_DEFAULTS
-from kvlab.caches.crop import crop_keep
+from kvlab.caches.crop import crop_unless_evicted
 from kvlab.caches.kivi import KIVICache, KIVILayer
 from kvlab.caches.scorer import QueryScoredCache, not_enabled, request_queries
 from kvlab.caches.snapkv import SnapKVConfig, snapkv_keep
@@ -34,6 +34,8 @@ class KIVISnapKVLayer(KIVILayer):
     """A :class:`~kvlab.caches.kivi.KIVILayer` whose first update (the prefill) is SnapKV-compressed before any
     token is quantized. ``seen_tokens`` counts every token (positions), ``evicted_tokens`` the prompt tokens dropped
     per KV head."""
+
+    cache_name = "KIVISnapKVCache"  # named in errors
 
     def __init__(self, config: Any, attention: str, snap: SnapKVConfig, **kwargs: Any):
         super().__init__(config, attention, **kwargs)
@@ -100,13 +102,8 @@ class KIVISnapKVLayer(KIVILayer):
         Raises:
             TypeError: a non-integer argument. ValueError: a crop that removes tokens after eviction.
         """
-        keep = crop_keep(tokens_to_remove, self.seen_tokens)
-        if keep == self.seen_tokens:
+        if crop_unless_evicted(self, tokens_to_remove) is None:
             return
-        if self.evicted_tokens:
-            raise ValueError(
-                f"KIVISnapKVCache cannot crop to {keep} tokens after evicting {self.evicted_tokens}"
-            )
         super().crop(tokens_to_remove)
         self.seen_tokens = self.state.total_tokens
 

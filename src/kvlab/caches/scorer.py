@@ -18,7 +18,7 @@ import torch
 
 from kvlab.caches._rows import check_kv_pair, check_repeats
 from kvlab.caches.base import KVLayer
-from kvlab.caches.crop import crop_keep
+from kvlab.caches.crop import crop_keep, crop_unless_evicted
 
 
 @dataclass
@@ -157,13 +157,9 @@ class ScorerLayer(KVLayer):
         Raises:
             TypeError: a non-integer argument. ValueError: a crop after tokens were evicted.
         """
-        keep = crop_keep(tokens_to_remove, self.seen_tokens)
-        if keep == self.seen_tokens or not self.is_initialized:
+        keep = crop_unless_evicted(self, tokens_to_remove)
+        if keep is None or not self.is_initialized:
             return
-        if self.evicted_tokens:
-            raise ValueError(
-                f"{self.cache_name} cannot crop to {keep} tokens after evicting {self.evicted_tokens}"
-            )
         self.keys, self.values = self.keys[..., :keep, :], self.values[..., :keep, :]
         self.seen_tokens = keep
 

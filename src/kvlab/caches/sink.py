@@ -54,7 +54,7 @@ from transformers.cache_utils import Cache
 
 from kvlab.caches._rows import check_kv_pair
 from kvlab.caches.base import KVLayer, check_full_attention
-from kvlab.caches.crop import crop_keep
+from kvlab.caches.crop import crop_keep, crop_unless_evicted
 from kvlab.caches.rope import KeyRotation
 from kvlab.runtime.checks import check_int
 
@@ -168,13 +168,9 @@ class SinkLayer(KVLayer):
             TypeError: a non-integer argument.
             ValueError: a crop that removes tokens after eviction began (the evicted tokens cannot come back).
         """
-        keep = crop_keep(tokens_to_remove, self.seen_tokens)
-        if keep == self.seen_tokens or not self.is_initialized:
+        keep = crop_unless_evicted(self, tokens_to_remove)
+        if keep is None or not self.is_initialized:
             return
-        if self.evicted_tokens:
-            raise ValueError(
-                f"SinkCache cannot crop to {keep} tokens after evicting {self.evicted_tokens}: evicted tokens are gone"
-            )
         sinks = min(keep, self.sink_keys.shape[-2])
         self.sink_keys, self.sink_values = self.sink_keys[..., :sinks, :], self.sink_values[..., :sinks, :]
         self.keys, self.values = self.keys[..., : keep - sinks, :], self.values[..., : keep - sinks, :]

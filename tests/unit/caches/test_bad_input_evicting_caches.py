@@ -88,10 +88,20 @@ def test_update_refuses_keys_and_values_of_different_token_counts(model, name):
         cache.update(torch.randn(1, 2, 8, 32), torch.randn(1, 2, 7, 32), 0)
 
 
-def test_tova_crop_error_names_tova(model):
-    cache = _filled(model, MAKERS["tova"], batch=1)
-    with pytest.raises(ValueError, match="TOVACache cannot crop"):
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (MAKERS["tova"], "TOVACache"),
+        (MAKERS["sink"], "SinkCache"),
+        (MAKERS["snapkv"], "SnapKVCache"),
+        (lambda config: KIVISnapKVCache(nbits=4, compression_ratio=0.5, config=config), "KIVISnapKVCache"),
+    ],
+)
+def test_crop_after_eviction_names_the_cache(model, make, name):
+    cache = _filled(model, make, batch=1)
+    with pytest.raises(ValueError, match=rf"^{name} cannot crop to 63 tokens after evicting \d+: evicted"):
         cache.crop(-1)
+    cache.crop(0)  # a crop that removes nothing is no error
 
 
 @pytest.mark.parametrize(
