@@ -56,6 +56,12 @@ def file_exists_message(path: object, alternative: str = "") -> str:
     return f"{path} already exists; pass --force to replace it{more}"
 
 
+def flag_values(args: argparse.Namespace, *dests: str) -> dict:
+    """``{dest: args.<dest>}`` for each argparse ``dest``: the flags that reach a library function as keyword
+    arguments of their own name (``--outlier-factor`` -> ``outlier_factor=``)."""
+    return {dest: getattr(args, dest) for dest in dests}
+
+
 def add_command_group(
     subparsers, name: str, help: str, dest: str, metavar: str, description: str | None = None
 ):

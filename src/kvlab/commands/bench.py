@@ -19,7 +19,7 @@ import shlex
 
 from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.caches.settings import HQQ_GROUP_SIZE
-from kvlab.commands import EXIT_FILE_EXISTS, add_command_group, fail, file_exists_message
+from kvlab.commands import EXIT_FILE_EXISTS, add_command_group, fail, file_exists_message, flag_values
 from kvlab.runtime.atomic import output_problem
 from kvlab.runtime.checks import int_list, parse_list
 
@@ -231,11 +231,6 @@ def command_line(args: argparse.Namespace) -> str:
     return shlex.join(words)
 
 
-def _flags(args: argparse.Namespace, *names: str) -> dict:
-    """``{name: args.<name>}``: flags that reach ``run()`` under their own name."""
-    return {name: getattr(args, name) for name in names}
-
-
 def _kwargs(args: argparse.Namespace) -> dict:
     """``run()`` keyword arguments of benchmark ``args.bench``."""
     b = args.bench
@@ -243,29 +238,30 @@ def _kwargs(args: argparse.Namespace) -> dict:
     if b in ("decode", "memory", "flush", "kernel"):
         kw["device"] = args.device
     if b in ("decode", "memory"):
-        kw |= _flags(
+        kw |= flag_values(
             args, "model", "dtype", "contexts", "group_size", "residual_length", "hqq_group_size", "warmup"
         )
         kw["prefill_chunk_tokens"] = args.prefill_chunk
         if args.candidates:
             kw["candidates"] = tuple(args.candidates)
     if b == "decode":
-        kw |= _flags(args, "steps", "profile_context", "cpu_matmul")
+        kw |= flag_values(args, "steps", "profile_context", "cpu_matmul")
     elif b == "memory":
         kw["flush_step"] = not args.no_flush_step
     elif b == "flush":
-        kw |= _flags(args, "contexts", "kv_heads", "head_dim", "dtype", "reps", "hf_reps")
-        kw |= _flags(args, "group_size", "residual_length", "hqq_group_size")
+        kw |= flag_values(args, "contexts", "kv_heads", "head_dim", "dtype", "reps", "hf_reps")
+        kw |= flag_values(args, "group_size", "residual_length", "hqq_group_size")
         if args.caches:
             kw["caches"] = tuple(args.caches)
     elif b == "kernel":
-        kw |= _flags(args, "contexts", "q_heads", "kv_heads", "head_dim", "dtype", "nbits", "reps")
-        kw |= _flags(args, "group_size", "residual_length", "backend")
+        kw |= flag_values(args, "contexts", "q_heads", "kv_heads", "head_dim", "dtype", "nbits", "reps")
+        kw |= flag_values(args, "group_size", "residual_length", "backend")
         kw["copy_bytes"] = None if args.copy_mib is None else args.copy_mib * 2**20
     elif b == "paging":  # --quick sizes: kvlab.bench.paging.QUICK
-        kw |= _flags(args, "static_requests", "sim_requests") | {"rate_per_step": args.rate}
+        kw |= flag_values(args, "static_requests", "sim_requests") | {"rate_per_step": args.rate}
     elif b == "lab":  # --quick sizes: kvlab.bench.lab.QUICK
-        kw |= _flags(args, "kv_heads", "new_tokens", "repeat", "threads") | {"append": not args.no_append}
+        kw |= flag_values(args, "kv_heads", "new_tokens", "repeat", "threads")
+        kw["append"] = not args.no_append
     return kw
 
 

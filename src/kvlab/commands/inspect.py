@@ -8,7 +8,7 @@ import json
 import math
 from pathlib import Path
 
-from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, progress
+from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, flag_values, progress
 
 
 def register(subparsers) -> None:
@@ -126,14 +126,8 @@ def run(args: argparse.Namespace) -> int:
     warning = _position_warning(args)
     if warning:
         err.print(f"warning: {warning}", style="yellow", markup=False, highlight=False, soft_wrap=True)
-    kwargs = dict(
-        tokens=args.tokens,
-        offset=args.offset,
-        dtype=args.dtype,
-        device=args.device,
-        prompt=args.prompt,
-        outlier_factor=args.outlier_factor,
-        calibrate_tokens=args.calibrate_tokens,
+    kwargs = flag_values(
+        args, "tokens", "offset", "dtype", "device", "prompt", "outlier_factor", "calibrate_tokens"
     )
     check = _memory_check(args.prompt is not None)
     try:

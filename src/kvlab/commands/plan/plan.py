@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from kvlab.commands import fail
+from kvlab.commands import fail, flag_values
 from kvlab.commands.plan import flags
 from kvlab.commands.plan.flags import flag_message
 from kvlab.commands.plan.render import print_from_log, print_lists, print_mixed_plan, print_plan, print_vllm
@@ -103,16 +103,10 @@ def run_plan(args: argparse.Namespace) -> int:
     def build() -> dict:  # the flags are read inside: a refused value is reported as the planner's errors are
         return plan_report(
             args.model,
-            context=args.context,
-            batch=args.batch,
+            **flag_values(args, "context", "batch", "gpu_mem_gib", "reserve_gib", "tp", "kv_heads", "emit"),
             **flags.kv_kwargs(args),
             **flags.weight_kwargs(args),
             **flags.device_kwargs(args),
-            gpu_mem_gib=args.gpu_mem_gib,
-            reserve_gib=args.reserve_gib,
-            tp=args.tp,
-            kv_heads=args.kv_heads,
-            emit=args.emit,
             block_size=16 if args.block_size is None else args.block_size,
         )
 

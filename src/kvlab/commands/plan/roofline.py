@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvlab.commands import fail
+from kvlab.commands import fail, flag_values
 from kvlab.commands.plan import flags
 from kvlab.commands.plan.render import print_lists, print_roofline
 from kvlab.plan.scenario import DEFAULT_MODEL
@@ -51,10 +51,7 @@ def run_roofline(args: argparse.Namespace) -> int:
 
     def build() -> dict:  # the flags are read inside: a refused value is reported as the planner's errors are
         return roofline_report(
-            model=args.model,
-            context=args.context,
-            batch=args.batch,
-            tp=args.tp,
+            **flag_values(args, "model", "context", "batch", "tp"),
             run_probe=args.probe,
             **flags.kv_kwargs(args),
             **flags.weight_kwargs(args),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from kvlab.commands import flag_values
 from kvlab.commands.plan.flags import add_kv_flags, kv_kwargs, report
 from kvlab.commands.plan.render import print_video
 from kvlab.plan.scenario import DEFAULT_MODEL
@@ -48,18 +49,10 @@ def run_video(args: argparse.Namespace) -> int:
     from kvlab.plan.report import video_report
 
     def build() -> dict:  # the flags are read inside: a refused value is reported as the planner's errors are
-        return video_report(
-            model=args.model,
-            seconds=args.seconds,
-            fps=args.fps,
-            width=args.width,
-            height=args.height,
-            temporal_compression=args.temporal_compression,
-            spatial_compression=args.spatial_compression,
-            patch_size=args.patch_size,
-            causal_first_frame=args.causal_first_frame,
-            batch=args.batch,
-            **kv_kwargs(args),
+        clips = flag_values(args, "model", "seconds", "fps", "width", "height", "batch")
+        to_tokens = flag_values(
+            args, "temporal_compression", "spatial_compression", "patch_size", "causal_first_frame"
         )
+        return video_report(**clips, **to_tokens, **kv_kwargs(args))
 
     return report(args, build, print_video)
