@@ -230,22 +230,35 @@ def build_recall_probe(
             prompts.append(prompt)
             spans.append(span)
             groups.append(d)
-    prompt_ids = torch.tensor(prompts, dtype=torch.long)  # [rows, context]
-    sequence = torch.tensor(spans, dtype=torch.long)  # [rows, L]
-    info = {
-        "kind": "recall",
-        "context_length": context,
+    own = {
         "span_tokens": span_tokens,
         "distances_tokens": distances,
         "fractions": list(fractions),
         "rows_per_distance": rows_per_distance,
         "protected_tail_tokens": protected_tail,
+    }
+    # sequence: the spans [rows, L]
+    prompt_ids, sequence, info = _tensors_and_info("recall", context, prompts, spans, seed, own)
+    scored = torch.ones(len(spans), span_tokens - 1, dtype=torch.bool)
+    return Probe("recall", prompt_ids, sequence, scored, tuple(groups), info)
+
+
+def _tensors_and_info(
+    kind: str, context: int, prompts: list, sequences: list, seed: int | str, own: dict[str, Any]
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """``prompt_ids`` ``[rows, context]`` and ``sequence`` ``[rows, m]`` (long) of a probe's token lists, and its
+    ``info``: ``kind``, ``context_length``, the probe's ``own`` keys, ``seed`` and both tensors' SHA-256."""
+    prompt_ids = torch.tensor(prompts, dtype=torch.long)
+    sequence = torch.tensor(sequences, dtype=torch.long)
+    info = {
+        "kind": kind,
+        "context_length": context,
+        **own,
         "seed": str(seed),
         "ids_sha256": _sha256(prompt_ids),
         "sequence_sha256": _sha256(sequence),
     }
-    scored = torch.ones(len(spans), span_tokens - 1, dtype=torch.bool)
-    return Probe("recall", prompt_ids, sequence, scored, tuple(groups), info)
+    return prompt_ids, sequence, info
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
@@ -328,11 +341,7 @@ def build_passkey_probe(
         # prediction j scores seq[j + 1]: the answer's tokens are predictions len(query) - 1 ... len(query) + a - 2
         scored_rows.append([len(query) - 1 <= j < len(query) + len(answer) - 1 for j in range(m - 1)])
         groups.append(float(depths[depth_idx]))
-    prompt_ids = torch.tensor(prompts, dtype=torch.long)  # [rows, context]
-    sequence = torch.tensor(sequences, dtype=torch.long)  # [rows, m]
-    info = {
-        "kind": "passkey",
-        "context_length": context,
+    own = {
         "trials_per_depth": trials,
         "depths": [float(p) for p in depths],
         "needle_start_tokens": starts,
@@ -340,10 +349,8 @@ def build_passkey_probe(
         "needle_tokens": needle_max,
         "protected_tail_tokens": protected_tail,
         "templates": {"needle": PASSKEY_NEEDLE, "query": PASSKEY_QUERY, "answer": PASSKEY_ANSWER},
-        "seed": str(seed),
-        "ids_sha256": _sha256(prompt_ids),
-        "sequence_sha256": _sha256(sequence),
     }
+    prompt_ids, sequence, info = _tensors_and_info("passkey", context, prompts, sequences, seed, own)
     # the query (identical in every row) goes through the cache in one forward, the answer token by token
     query_tokens = min(len(q) for _, q, _ in encoded)
     info["query_tokens"] = query_tokens
