@@ -67,6 +67,19 @@ def _gate(name: str) -> str:
     return f"{_GATE_DEFAULTS[name]:.2f}"
 
 
+def _setting_flag(p, flag: str, kind, setting: str, text: str) -> None:
+    """A flag of the :class:`~kvlab.eval.config.EvalConfig` field ``setting``: ``None`` when not given, its help
+    ``text`` ending in the field's default (:func:`_default`)."""
+    p.add_argument(flag, type=kind, default=None, help=f"{text} (default {_default(setting)})")
+
+
+def _gate_flag(p, flag: str, text: str) -> None:
+    """A float flag of the :class:`~kvlab.eval.config.Gates` field the flag names (``--max-kl-mean``:
+    ``max_kl_mean``): ``None`` when not given, its help ``text`` ending in the gate's default (:func:`_gate`)."""
+    gate = flag.removeprefix("--").replace("-", "_")
+    p.add_argument(flag, type=float, default=None, help=f"{text} (default {_gate(gate)})")
+
+
 def add_flags(p) -> None:
     """Every ``kvlab eval`` flag on the parser ``p``: model, matrices, gates, long-context probes, prompts, output."""
     _add_model_flags(p)
@@ -117,33 +130,11 @@ def _add_matrix_flags(p) -> None:
         "kivi-k8v4 and kivi-k4v2 always run dequantized; settings other than an evicting cache's are the run's "
         "flags (--group-size, --residual, --hqq-group-size)",
     )
-    p.add_argument(
-        "--contexts",
-        type=_ints,
-        default=None,
-        help=f"capacity matrix contexts (default {_default('contexts')})",
-    )
-    p.add_argument(
-        "--new-tokens",
-        type=int,
-        default=None,
-        help=f"tokens generated per capacity run (default {_default('new_tokens')})",
-    )
-    p.add_argument(
-        "--residual",
-        type=int,
-        default=None,
-        help=f"residual window R of the capacity matrix (default {_default('residual_length')})",
-    )
-    p.add_argument(
-        "--group-size", type=int, default=None, help=f"KIVI group size G (default {_default('group_size')})"
-    )
-    p.add_argument(
-        "--hqq-group-size",
-        type=int,
-        default=None,
-        help=f"HQQ/quanto group size (default {_default('hqq_group_size')})",
-    )
+    _setting_flag(p, "--contexts", _ints, "contexts", "capacity matrix contexts")
+    _setting_flag(p, "--new-tokens", int, "new_tokens", "tokens generated per capacity run")
+    _setting_flag(p, "--residual", int, "residual_length", "residual window R of the capacity matrix")
+    _setting_flag(p, "--group-size", int, "group_size", "KIVI group size G")
+    _setting_flag(p, "--hqq-group-size", int, "hqq_group_size", "HQQ/quanto group size")
     p.add_argument(
         "--kivi-attention",
         choices=("fused", "dequantize"),
@@ -163,42 +154,20 @@ def _add_matrix_flags(p) -> None:
 
 def _add_window_and_timing_flags(p) -> None:
     """The residual-window matrix, warmup and timed rounds, threads, workers, and the quality measures."""
-    p.add_argument(
-        "--window-context",
-        type=int,
-        default=None,
-        help=f"residual-window matrix context (default {_default('window_context')})",
-    )
-    p.add_argument(
-        "--window-new-tokens",
-        type=int,
-        default=None,
-        help=f"tokens generated per window run (default {_default('window_new_tokens')})",
-    )
-    p.add_argument(
-        "--window-residuals",
-        type=_residuals,
-        default=None,
-        help=f"window residuals (default {_default('window_residuals')})",
-    )
-    p.add_argument(
-        "--window-group-size",
-        type=int,
-        default=None,
-        help=f"KIVI G in the window matrix (default {_default('window_group_size')})",
-    )
-    p.add_argument(
+    _setting_flag(p, "--window-context", int, "window_context", "residual-window matrix context")
+    _setting_flag(p, "--window-new-tokens", int, "window_new_tokens", "tokens generated per window run")
+    _setting_flag(p, "--window-residuals", _residuals, "window_residuals", "window residuals")
+    _setting_flag(p, "--window-group-size", int, "window_group_size", "KIVI G in the window matrix")
+    _setting_flag(
+        p,
         "--warmup",
-        type=int,
-        default=None,
-        help="untimed generate() calls per cache before the timed rounds, counting the one that records its "
-        f"outputs and bytes, which always runs (default {_default('warmup')})",
+        int,
+        "warmup",
+        "untimed generate() calls per cache before the timed rounds, counting the one that records its outputs "
+        "and bytes, which always runs",
     )
-    p.add_argument(
-        "--repeat",
-        type=int,
-        default=None,
-        help=f"timed generate() rounds per cell, every cache of the cell interleaved (default {_default('repeat')})",
+    _setting_flag(
+        p, "--repeat", int, "repeat", "timed generate() rounds per cell, every cache of the cell interleaved"
     )
     p.add_argument(
         "--threads",
@@ -214,46 +183,18 @@ def _add_window_and_timing_flags(p) -> None:
         "before any timed round; 1 = no helper (default: 2 on a Linux CPU run with a spare CPU, else 1; the probe "
         "results do not depend on it, only the run time)",
     )
-    p.add_argument(
-        "--quality-tokens",
-        type=int,
-        default=None,
-        help=f"fixed-continuation length (default {_default('quality_tokens')})",
-    )
-    p.add_argument(
-        "--top-k", type=int, default=None, help=f"k of the top-k overlap (default {_default('top_k')})"
-    )
+    _setting_flag(p, "--quality-tokens", int, "quality_tokens", "fixed-continuation length")
+    _setting_flag(p, "--top-k", int, "top_k", "k of the top-k overlap")
 
 
 def _add_gate_flags(p) -> None:
     """Acceptance gates (docs/EVAL.md: quality, latency, memory and the long-context gates)."""
-    p.add_argument(
-        "--max-nll-delta", type=float, default=None, help=f"gate (default {_gate('max_nll_delta')})"
-    )
-    p.add_argument(
-        "--min-topk-overlap", type=float, default=None, help=f"gate (default {_gate('min_topk_overlap')})"
-    )
-    p.add_argument(
-        "--max-latency-ratio", type=float, default=None, help=f"gate (default {_gate('max_latency_ratio')})"
-    )
-    p.add_argument(
-        "--max-recall-drop",
-        type=float,
-        default=None,
-        help=f"gate: copy accuracy lost vs DynamicCache at the worst distance (default {_gate('max_recall_drop')})",
-    )
-    p.add_argument(
-        "--max-passkey-drop",
-        type=float,
-        default=None,
-        help=f"gate: passkey accuracy lost vs DynamicCache, mean over depths (default {_gate('max_passkey_drop')})",
-    )
-    p.add_argument(
-        "--max-kl-mean",
-        type=float,
-        default=None,
-        help=f"gate: mean KL(DynamicCache || candidate) on the continuation, nats (default {_gate('max_kl_mean')})",
-    )
+    _gate_flag(p, "--max-nll-delta", "gate")
+    _gate_flag(p, "--min-topk-overlap", "gate")
+    _gate_flag(p, "--max-latency-ratio", "gate")
+    _gate_flag(p, "--max-recall-drop", "gate: copy accuracy lost vs DynamicCache at the worst distance")
+    _gate_flag(p, "--max-passkey-drop", "gate: passkey accuracy lost vs DynamicCache, mean over depths")
+    _gate_flag(p, "--max-kl-mean", "gate: mean KL(DynamicCache || candidate) on the continuation, nats")
 
 
 def _add_long_context_flags(p) -> None:
@@ -270,36 +211,13 @@ def _add_long_context_flags(p) -> None:
         help="capacity contexts that get the passkey grid: comma list, 'all' or 'none' (default: the smallest; "
         "each context adds depths x trials prompts that every candidate must hold)",
     )
-    p.add_argument(
-        "--passkey-trials",
-        type=int,
-        default=None,
-        help=f"passkey trials per (depth, context) point (default {_default('passkey_trials')})",
+    _setting_flag(p, "--passkey-trials", int, "passkey_trials", "passkey trials per (depth, context) point")
+    _setting_flag(p, "--passkey-depths", _floats, "passkey_depths", "needle depths as fractions")
+    _setting_flag(p, "--recall-rows", int, "recall_rows", "recall prompts per distance")
+    _setting_flag(
+        p, "--recall-fractions", _floats, "recall_fractions", "copy distances as fractions of the context"
     )
-    p.add_argument(
-        "--passkey-depths",
-        type=_floats,
-        default=None,
-        help=f"needle depths as fractions (default {_default('passkey_depths')})",
-    )
-    p.add_argument(
-        "--recall-rows",
-        type=int,
-        default=None,
-        help=f"recall prompts per distance (default {_default('recall_rows')})",
-    )
-    p.add_argument(
-        "--recall-fractions",
-        type=_floats,
-        default=None,
-        help=f"copy distances as fractions of the context (default {_default('recall_fractions')})",
-    )
-    p.add_argument(
-        "--recall-span",
-        type=int,
-        default=None,
-        help=f"copy span length L in tokens (default {_default('recall_span_tokens')})",
-    )
+    _setting_flag(p, "--recall-span", int, "recall_span_tokens", "copy span length L in tokens")
 
 
 def _add_prompt_and_output_flags(p) -> None:
@@ -312,15 +230,8 @@ def _add_prompt_and_output_flags(p) -> None:
         "tiled to each length",
     )
     p.add_argument("--prompt", default=None, help="prompt text for --prompt-mode repeat")
-    p.add_argument(
-        "--batch", type=int, default=None, help=f"prompts per generate() call (default {_default('batch')})"
-    )
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=None,
-        help=f"random seed: torch and the held-out text offsets (default {_default('seed')})",
-    )
+    _setting_flag(p, "--batch", int, "batch", "prompts per generate() call")
+    _setting_flag(p, "--seed", int, "seed", "random seed: torch and the held-out text offsets")
     p.add_argument(
         "--quick",
         action="store_true",
