@@ -16,6 +16,7 @@ from kvlab.plan.scenario import (
     DEFAULT_MODEL,
     DEFAULT_RESERVE_GIB,
 )
+from kvlab.plan.video import VideoClip
 
 # ══════════════════════════════════════════════════════════════════════════════════════════════════════════════
 # Data: every number computed by kvlab in this run
@@ -151,19 +152,20 @@ def video_data(
     model: Any = DEFAULT_MODEL,
     *,
     seconds: tuple[float, ...] = (5, 10, 30),
-    fps: int = 24,
-    width: int = 1280,
-    height: int = 720,
-    temporal_compression: int = 4,
-    spatial_compression: int = 8,
+    fps: int = VideoClip.fps,
+    width: int = VideoClip.width,
+    height: int = VideoClip.height,
+    temporal_compression: int = VideoClip.temporal_compression,
+    spatial_compression: int = VideoClip.spatial_compression,
     budget_gib: float = DEFAULT_GPU_MEMORY_GIB,
     overhead_gib: float = DEFAULT_RESERVE_GIB,
     mask_frames: int = 5,
     mask_tokens_per_frame: int = 12,
 ) -> dict:
     """Numbers of :func:`plot_video` from ``kvlab.plan.video_kv``: tokens and KV bytes of one clip per duration
-    with the whole history cached (docs/plan.md, "Video": 52.73 / 105.47 / 316.41 GiB for Llama-3-8B at 720p)."""
-    from kvlab.plan import VideoClip, video_kv, weight_bytes
+    with the whole history cached (docs/plan.md, "Video": 52.73 / 105.47 / 316.41 GiB for Llama-3-8B at 720p);
+    frame rate, size and compression default to :class:`kvlab.plan.video.VideoClip`'s."""
+    from kvlab.plan import video_kv, weight_bytes
 
     spec = _spec(model)
     cases = []

@@ -299,19 +299,20 @@ def video_report(
     *,
     model: str | ModelSpec = "llama-3-8b",
     seconds: Sequence[float] = (5, 10, 30),
-    fps: int = 24,
-    width: int = 1280,
-    height: int = 720,
-    temporal_compression: int = 4,
-    spatial_compression: int = 8,
-    patch_size: int = 1,
-    causal_first_frame: bool = False,
+    fps: int = VideoClip.fps,
+    width: int = VideoClip.width,
+    height: int = VideoClip.height,
+    temporal_compression: int = VideoClip.temporal_compression,
+    spatial_compression: int = VideoClip.spatial_compression,
+    patch_size: int = VideoClip.patch_size,
+    causal_first_frame: bool = VideoClip.causal_first_frame,
     kv: str | PlannedName = "auto",
     group_size: int = KIVI_DEFAULTS.group_size,
     residual_length: int = KIVI_DEFAULTS.residual_length,
     batch: int = 1,
 ) -> dict[str, Any]:
-    """Tokens and KV bytes of clips of each length in ``seconds`` (docs/plan.md, Video).
+    """Tokens and KV bytes of clips of each length in ``seconds`` (docs/plan.md, Video); frame rate, size,
+    compression and patch default to :class:`VideoClip`'s.
     ``warnings``: the clips whose tokens go beyond the config's ``max_position_embeddings`` (not refused).
 
     Raises:
