@@ -41,19 +41,13 @@ class FP8Layer(KVLayer):
     ``[batch, kv_heads or 1, 1, 1]`` fp32 (``None`` for ``scale="none"``); with ``rotation="hadamard"`` the codes
     hold ``K R`` and ``V R`` (``R``: :func:`kvlab.quant.rotation.hadamard` of the head_dim, ``key_rotation`` /
     ``value_rotation`` ``[head_dim, head_dim]`` fp32, a constant of the head_dim: not sequence state, not counted in
-    the bytes) and the scales are calibrated on the rotated prefill."""
+    the bytes) and the scales are calibrated on the rotated prefill. ``format``, ``scale``, ``rotation`` and
+    ``attention``: as :class:`FP8Cache`, which checks them and holds their defaults."""
 
     cache_name = "FP8Cache"
     is_croppable = True
 
-    def __init__(
-        self,
-        format: str = "e4m3",
-        scale: str = "per-head",
-        rotation: str = "none",
-        attention: str = "dequantize",
-        **kwargs: Any,
-    ):
+    def __init__(self, format: str, scale: str, rotation: str, attention: str, **kwargs: Any):
         super().__init__(**kwargs)
         self.format, self.scale, self.rotation, self.attention = format, scale, rotation, attention
         self.key_scale: torch.Tensor | None = None

@@ -60,7 +60,7 @@ def test_per_head_scales_map_each_heads_prefill_max_to_the_format_max():
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 def test_saturation_and_underflow_are_counted_with_scale_one(fmt):
     fmax, tiny = format_range(fmt)
-    layer = FP8Layer(fmt, "none")
+    layer = FP8Layer(fmt, "none", "none", "dequantize")
     k = torch.zeros(1, 1, 4, 4)
     k[0, 0, 0, :3] = torch.tensor([fmax * 4, -fmax * 2, tiny / 4])  # two saturate, one flushes
     v = torch.full((1, 1, 4, 4), 0.5)
@@ -78,7 +78,7 @@ def test_saturation_and_underflow_are_counted_with_scale_one(fmt):
     assert float(keys[0, 0, 0, 0]) == fmax and float(keys[0, 0, 0, 1]) == -fmax  # clamped, not inf/NaN
     assert torch.equal(values, v)
     # a decode token beyond the prefill's calibrated range saturates too
-    cal = FP8Layer(fmt, "per-head")
+    cal = FP8Layer(fmt, "per-head", "none", "dequantize")
     cal.update(torch.ones(1, 1, 3, 4), torch.ones(1, 1, 3, 4))
     cal.update(torch.full((1, 1, 1, 4), 3.0), torch.ones(1, 1, 1, 4))
     assert cal.counts()["key_saturated"] == 4 and cal.counts()["value_saturated"] == 0
@@ -137,7 +137,7 @@ def test_a_torch_without_the_float8_dtype_is_named(monkeypatch):
 
 
 def test_inf_and_nan_are_refused():
-    layer = FP8Layer("e4m3", "per-head")
+    layer = FP8Layer("e4m3", "per-head", "none", "dequantize")
     bad = torch.ones(1, 1, 2, 4)
     bad[0, 0, 1, 2] = float("nan")
     with pytest.raises(ValueError, match="inf or NaN"):
@@ -202,7 +202,7 @@ def test_hadamard_names_a_head_dim_that_is_not_a_power_of_two(n):
 
 
 def test_a_head_dim_that_is_not_a_power_of_two_is_refused_before_anything_is_stored():
-    layer = FP8Layer("e4m3", "per-head", "hadamard")
+    layer = FP8Layer("e4m3", "per-head", "hadamard", "dequantize")
     with pytest.raises(ValueError, match="power-of-two head_dim .*got 80"):
         layer.update(torch.ones(1, 2, 3, 80), torch.ones(1, 2, 3, 80))
     assert not layer.is_initialized
@@ -210,7 +210,7 @@ def test_a_head_dim_that_is_not_a_power_of_two_is_refused_before_anything_is_sto
 
 def _stored_then_read(rotation, keys):
     """Write ``keys`` as a prefill, then read them back with one more token: the first T rows of the step's keys."""
-    layer = FP8Layer("e4m3", "per-head", rotation)
+    layer = FP8Layer("e4m3", "per-head", rotation, "dequantize")
     layer.update(keys, keys)
     k, _ = layer.update(keys[:, :, :1], keys[:, :, :1])
     return layer, k[:, :, : keys.shape[2]]
