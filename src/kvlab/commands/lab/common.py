@@ -1,5 +1,6 @@
 """What the ``kvlab lab`` commands share: the status line of long work, warning lines, library arguments named by
-their flags in messages, the model flags checked early, and the result printed as tables or JSON."""
+their flags in messages, the model flags checked early, and the result printed as tables (with the verdict and
+warning lines under them) or JSON."""
 
 from __future__ import annotations
 
@@ -35,6 +36,20 @@ def flag_names(message: object, flags: dict[str, str]) -> str:
 def warn(console, message: str) -> None:
     """One ``warning: ...`` line on ``console`` (stderr), printed as it comes, before the work it is about."""
     console.print(f"warning: {message}", style="yellow", markup=False, highlight=False, soft_wrap=True)
+
+
+def print_verdict(console, checks: dict[str, bool]) -> None:
+    """The line under a lab's tables: ``all checks passed``, or ``FAILED: <name>, ...`` naming the checks that
+    failed."""
+    failed = [name for name, ok in checks.items() if not ok]
+    console.print("all checks passed" if not failed else f"FAILED: {', '.join(failed)}")
+
+
+def print_warnings(console, warnings: list[str]) -> None:
+    """A result's warnings under its tables on ``console`` (stdout), one ``warning: ...`` line each, wrapped to the
+    console's width (:func:`warn` is the line on stderr as a warning comes)."""
+    for warning in warnings:
+        console.print(f"warning: {warning}", style="yellow", markup=False, highlight=False)
 
 
 def check_model_flags(args: argparse.Namespace) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from kvlab.commands import fail, progress
-from kvlab.commands.lab.common import check_model_flags, finish, flag_names, warn
+from kvlab.commands.lab.common import check_model_flags, finish, flag_names, print_warnings, warn
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -234,5 +234,4 @@ def _print_real(r: dict) -> None:
             table.add_row(row["cache"], row["status"], "-", "-", "-", "-", row.get("error", ""))
     console = Console()
     console.print(table)
-    for warning in r.get("warnings", []):
-        console.print(f"warning: {warning}", style="yellow", markup=False, highlight=False)
+    print_warnings(console, r.get("warnings", []))

@@ -6,7 +6,14 @@ from __future__ import annotations
 import argparse
 
 from kvlab.commands import fail, progress
-from kvlab.commands.lab.common import check_model_flags, finish, flag_names, warn
+from kvlab.commands.lab.common import (
+    check_model_flags,
+    finish,
+    flag_names,
+    print_verdict,
+    print_warnings,
+    warn,
+)
 
 
 def register(subparsers) -> None:
@@ -120,7 +127,5 @@ def _print_eviction(r: dict) -> None:
         )
     console = Console()
     console.print(table)
-    failed = [name for name, ok in r["checks"].items() if not ok]
-    console.print("all checks passed" if not failed else f"FAILED: {', '.join(failed)}")
-    for warning in r.get("warnings", []):
-        console.print(f"warning: {warning}", style="yellow", markup=False, highlight=False)
+    print_verdict(console, r["checks"])
+    print_warnings(console, r.get("warnings", []))

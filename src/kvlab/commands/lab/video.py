@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from kvlab.commands import fail
-from kvlab.commands.lab.common import finish, status
+from kvlab.commands.lab.common import finish, print_verdict, status
 
 VIDEO_FIELD_PREFIX = "video_"  # argparse dest of a `kvlab lab video` flag = prefix + VideoConfig field
 
@@ -105,8 +105,7 @@ def _print_video(r: dict) -> None:
     console = Console()
     console.print(_video_checks_table(r))
     console.print(_video_cost_table(r))
-    failed = [name for name, ok in r["checks"].items() if not ok]
-    console.print("all checks passed" if not failed else f"FAILED: {', '.join(failed)}")
+    print_verdict(console, r["checks"])
 
 
 def _video_checks_table(r: dict):
