@@ -213,20 +213,8 @@ def render_kernel(result: dict) -> str:
         if r["status"] != "ok":
             rows.append([str(r["context"]), r["status"]] + ["-"] * 8)
             continue
-        rows.append(
-            [
-                str(r["context"]),
-                _mib(r["kivi_bytes"]),
-                f"{r['kivi_us']:,.0f}",
-                f"{r['kivi_gb_s']:.2f}",
-                f"{r['kivi_fraction_of_copy']:.1%}",
-                _mib(r["sdpa_bytes"]),
-                f"{r['sdpa_us']:,.0f}",
-                f"{r['sdpa_gb_s']:.2f}",
-                f"{r['sdpa_fraction_of_copy']:.1%}",
-                f"{r['kivi_time_over_sdpa']:.2f}x",
-            ]
-        )
+        kivi, sdpa = _kernel_cells(r, "kivi"), _kernel_cells(r, "sdpa")
+        rows.append([str(r["context"]), *kivi, *sdpa, f"{r['kivi_time_over_sdpa']:.2f}x"])
     sh, st = result["shape"], result["settings"]
     nbits = st["nbits"] if isinstance(st["nbits"], list) else [st["nbits"]]
     parts = [
@@ -351,6 +339,12 @@ def _lab_speedup_rows(result: dict) -> list[list[str]]:
             f"{result['speedup']:.2f}x, range {paired['min']:.2f}-{paired['max']:.2f}x {target}",
         ],
     ]
+
+
+def _kernel_cells(row: dict, kernel: str) -> list[str]:
+    """MiB read, µs, GB/s and share of the copy bandwidth of ``kernel`` (``kivi`` or ``sdpa``) in a kernel row."""
+    us, gb_s, share = (row[f"{kernel}_{key}"] for key in ("us", "gb_s", "fraction_of_copy"))
+    return [_mib(row[f"{kernel}_bytes"]), f"{us:,.0f}", f"{gb_s:.2f}", f"{share:.1%}"]
 
 
 def _kernel_columns(result: dict) -> list[str]:
