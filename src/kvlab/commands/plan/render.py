@@ -35,9 +35,12 @@ def _bytes(n: float | int | None) -> str:
     return f"{n:,} B" if float(n).is_integer() else f"{n:,.2f} B"
 
 
-def _print_notes(console: Console, notes: list[str]) -> None:
-    """A report's notes under its tables, one ``  note: ...`` line each."""
-    for note in notes:
+def _print_report(r: dict, *parts) -> None:
+    """A report's tables and lines (``parts``, in order) on stdout, then its notes, one ``  note: ...`` line each."""
+    console = Console()
+    for part in parts:
+        console.print(part)
+    for note in r["notes"]:
         console.print(f"  note: {note}")
 
 
@@ -138,7 +141,6 @@ def print_vllm(r: dict) -> None:
 
 def print_plan(r: dict) -> None:
 
-    console = Console()
     s = r["spec"]
     kinds = ", ".join(f"{n} {k}" for k, n in s["layer_kinds"].items())
     heads = (
@@ -167,9 +169,7 @@ def print_plan(r: dict) -> None:
             _gib(row["kv_bytes_theoretical_per_gpu"]),
             _gib(row["kv_bytes_allocated_per_gpu"]),
         )
-    console.print(t)
-    console.print(_ledger_table(r))
-    _print_notes(console, r["notes"])
+    _print_report(r, t, _ledger_table(r))
 
 
 def _ledger_table(r: dict):
@@ -276,7 +276,6 @@ def _bound_cell(bound: str | None) -> str:
 
 def print_roofline(r: dict) -> None:
 
-    console = Console()
     g = r["gpu"]
     t = Table(title=f"Roofline: {g['name']}", caption=f"source: {g['source']}")
     t.add_column("quantity")
@@ -318,31 +317,30 @@ def print_roofline(r: dict) -> None:
         )
         t.add_row("tokens/s upper bound", f"{r['tokens_per_s_upper_bound']:,.1f}", "batch / step bound")
     _add_measured_row(t, r["measured"])
-    console.print(t)
 
-    t = Table(
+    ideal = Table(
         title=f"Ideal decode attention intensity I = 2g/p (p = {r['kv_dtype']['bytes_per_element']:g} B)"
     )
-    t.add_column("g = n_q / n_kv", justify="right")
-    t.add_column("I (FLOP/B)", justify="right")
-    t.add_column(f"{g['name']}", justify="right")
+    ideal.add_column("g = n_q / n_kv", justify="right")
+    ideal.add_column("I (FLOP/B)", justify="right")
+    ideal.add_column(f"{g['name']}", justify="right")
     probe = r["probe"]
     if probe:
-        t.add_column("this machine, fp32", justify="right")
+        ideal.add_column("this machine, fp32", justify="right")
     for i, row in enumerate(r["decode_intensity_table"]):
         cells = [str(row["g"]), f"{row['intensity_flop_per_byte']:.1f}", _bound_cell(row["bound"])]
         if probe:
             local = probe["decode_intensity_table"][i]
             cells.append(f"I = {local['intensity_flop_per_byte']:.1f}: {local['bound']}-bound")
-        t.add_row(*cells)
-    console.print(t)
+        ideal.add_row(*cells)
+    parts = [t, ideal]
     if probe:
-        console.print(
+        parts.append(
             f"  probe (numpy fp32, {probe['cpu_count']} CPUs, {probe['probe_seconds']:.1f} s): "
             f"{probe['peak_gflops']:.2f} GFLOP/s (matmul n={probe['matmul_n']}), "
             f"{probe['bandwidth_gb_s']:.2f} GB/s (streaming), ridge {probe['ridge_flop_per_byte']:.2f} FLOP/B"
         )
-    _print_notes(console, r["notes"])
+    _print_report(r, *parts)
 
 
 def print_video(r: dict) -> None:
@@ -373,9 +371,7 @@ def print_video(r: dict) -> None:
             _gib(c["kv_bytes"]),
             _gib(c["kv_bytes_first_latent_frame"]),
         )
-    console = Console()
-    console.print(t)
-    _print_notes(console, r["notes"])
+    _print_report(r, t)
 
 
 def _cell(value, fmt: str) -> str:
@@ -399,21 +395,18 @@ def print_from_log(r: dict) -> None:
             _cell(line["error_pct"], "+.1f") + ("%" if line["error_pct"] is not None else ""),
             line["how"],
         )
-    console = Console()
-    console.print(t)
     s = r["settings"]
-    console.print(
+    settings = (
         f"  settings: tp {s['tp']}, dcp {s['dcp']}, block size {s['block_size']}, KV dtype {s['kv_cache_dtype']}, "
         f"max_model_len {s['max_model_len']:,}, max_num_batched_tokens {s['max_num_batched_tokens']:,}, "
         f"tokens counted as vLLM's '{s['report']}' report"
     )
-    _print_notes(console, r["notes"])
+    _print_report(r, t, settings)
 
 
 def print_mixed_plan(r: dict) -> None:
     """A per-layer plan's report (:func:`kvlab.plan.mixed_report.mixed_plan_report`): its layers grouped by
     format, then KV bytes per token, per request and in total, and the fit."""
-    console = Console()
     kvd, tp = r["kv_dtype"], r["tp"]
     t = Table(
         title=f"{r['model']}: plan {kvd['plan']} ({kvd['plan_source']}), batch {r['batch']} x {r['context']:,} "
@@ -428,7 +421,6 @@ def print_mixed_plan(r: dict) -> None:
     for (k, v), layers in groups.items():
         sizes = sorted({per_layer[i] for i in layers})
         t.add_row(k, v, _layer_list(layers), " / ".join(f"{n:,} B" for n in sizes))
-    console.print(t)
     q = Table(title="Ledger and fit (per GPU)")
     for col in ("quantity", "value", "also"):
         q.add_column(col, justify="left" if col == "quantity" else "right")
@@ -446,8 +438,7 @@ def print_mixed_plan(r: dict) -> None:
         q.add_row(f"fits batch {r['batch']} x {r['context']:,}", "yes" if r["fits"] else "no", "")
         q.add_row(f"max batch at {r['context']:,} tokens", f"{r['max_batch']:,}", "")
         q.add_row(f"max context at batch {r['batch']}", f"{r['max_context']:,} tokens", "")
-    console.print(q)
-    _print_notes(console, r["notes"])
+    _print_report(r, t, q)
 
 
 def _layer_list(layers: list[int]) -> str:
