@@ -339,7 +339,7 @@ def attend(
 
     The arguments are those of :func:`kvlab.attention.quantized.kivi_attention`, already checked there (this
     function raises nothing of its own); ``g``: query heads per KV head; ``use_triton``: the online path's
-    quantized blocks go to :func:`kvlab.attention.triton_kivi.kivi_block_partials`."""
+    quantized blocks go to :func:`kvlab.attention.triton_kivi.kivi_partials`."""
     b, hkv, m, d = qg.shape
     q_len, w = m // g, key_window.shape[2]
     total = sum(seg.tokens for seg in segments) + w
@@ -384,14 +384,13 @@ def _online(
     elif causal is not None:
         w_scores.masked_fill_(causal, NEG_INF)
     state = _OnlineSoftmax(b, hkv, m, d, qg.device)
+    on_triton, valids = [], []  # blocks the Triton kernel takes: one launch each, one merge for all
     start = 0
     for seg in segments:
         mask = _mask_rows(attention_mask, g, q_len, start, start + seg.tokens)
         if use_triton and (mask is None or q_len == 1):
-            from kvlab.attention.triton_kivi import kivi_block_partials
-
-            valid = None if mask is None else mask[:, 0, 0, :]  # [B, n]: one row decides for a decode step
-            state.merge(*kivi_block_partials(qg, seg, nbits, group_size, 1.0, valid))
+            on_triton.append(seg)
+            valids.append(None if mask is None else mask[:, 0, 0, :])  # [B, n]: one row decides a decode step
         else:
             off = start
             for c in _chunks(seg, group_size, chunk_tokens(total, nbits, group_size)):
@@ -399,6 +398,10 @@ def _online(
                 _quantized_block(state, qg, c, nbits, group_size, cmask)
                 off += c.tokens
         start += seg.tokens
+    if on_triton:
+        from kvlab.attention.triton_kivi import kivi_partials
+
+        state.merge(*kivi_partials(qg, on_triton, nbits, group_size, 1.0, valids))
     p = state.probs(w_scores)
     state.acc += torch.matmul(p, value_window.to(F32))
     return state.result()  # [B, Hkv, m, D]

@@ -38,3 +38,37 @@ def test_triton_equals_torch(nbits, batch, kv_heads, groups, tokens):
     ref = kivi_attention(q, segments, kw, vw, nbits, group, 0.125, attention_mask=mask, backend="torch")
     got = kivi_attention(q, segments, kw, vw, nbits, group, 0.125, attention_mask=mask, backend="triton")
     torch.testing.assert_close(got, ref, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("nbits", [2, 4])
+def test_many_blocks_one_merge_equals_torch(nbits):
+    """Sixteen blocks, the last one partly filled (a strided view of its storage, read in place), left padding on
+    one batch row: the one-merge Triton path equals the torch path."""
+    torch.manual_seed(nbits)
+    head_dim, group = 128, 32
+    state = KIVIConfig(nbits=nbits, group_size=group, residual_length=32, block_tokens=64)
+    state = KIVIState(state)
+    k = torch.randn(2, 2, 1040, head_dim, device=DEVICE)
+    state.append(k, torch.randn_like(k))
+    segments = list(state.segments())
+    assert len(segments) >= 16 and not segments[-1].k_codes.is_contiguous()
+    kw, vw = state.append(
+        torch.randn(2, 2, 1, head_dim, device=DEVICE), torch.randn(2, 2, 1, head_dim, device=DEVICE)
+    )
+    q = torch.randn(2, 8, 1, head_dim, device=DEVICE)
+    mask = torch.ones(2, 1, 1, state.total_tokens, dtype=torch.bool, device=DEVICE)
+    mask[1, ..., :100] = False
+    ref = kivi_attention(q, segments, kw, vw, nbits, group, 0.088, attention_mask=mask, backend="torch")
+    got = kivi_attention(q, segments, kw, vw, nbits, group, 0.088, attention_mask=mask, backend="triton")
+    torch.testing.assert_close(got, ref, rtol=2e-4, atol=2e-4)
+
+
+def test_partials_refuse_a_valid_list_of_the_wrong_length():
+    from kvlab.attention.triton_kivi import kivi_partials
+
+    state = KIVIState(KIVIConfig(nbits=4, group_size=32, residual_length=32, block_tokens=64))
+    k = torch.randn(1, 1, 200, 64, device=DEVICE)
+    state.append(k, torch.randn_like(k))
+    segments = list(state.segments())
+    with pytest.raises(ValueError, match=r"one entry per segment \(\d+\), got 1"):
+        kivi_partials(torch.randn(1, 1, 1, 64, device=DEVICE), segments, 4, 32, 1.0, [None])
