@@ -9,20 +9,18 @@
  * Integer key scores (KIVI keys are quantized per channel, groups of G tokens: k[t,c] = s[c] * code[t,c] + z[c]):
  *   score[t] = sum_c (q[c] s[c]) code[t,c] + sum_c q[c] z[c]
  * The scale folds into the query once per key group (as the exact kernel does); that folded query qs = q * s is then
- * quantized to int8 with one scale per (query row, key group), a = max_c |qs[c]| / 127, qi[c] = round(qs[c] / a),
- * and the first sum becomes a * (qi . code), an exact integer dot product of int8 query lanes with unsigned code
- * lanes (codes < 2^nbits). One int8 digit (|qs - a qi| <= a / 2) cost the real model (SmolLM2-135M, KIVI-4, 2k
- * tokens) a KL to the exact path of 14 % of KIVI-4's own KL to the float cache, so the query carries a second int8
- * digit, q2 = round((qs / a - qi) * DIGIT), and the dot is a / DIGIT * (DIGIT * (qi . code) + q2 . code): two
- * dpbusd per 64 codes over the same unpacked lanes, one multiply-add of the two int32 sums before the reduction.
- * The zero-point term stays in fp32 (one dot per row and group). The only error is the query rounding:
- * |qs[c] - a (qi[c] + q2[c] / DIGIT)| <= a / (2 DIGIT), so
- *   |score_int[t] - score_exact[t]| <= a / (2 DIGIT) * sum_c code[t,c] <= a / (2 DIGIT) * D * (2^nbits - 1)
+ * rounded to 16 bits with one scale per (query row, key group), a = max_c |qs[c]| / 32767, x[c] = round(qs[c] / a),
+ * and split into a signed high byte h = x >> 8 and an unsigned low byte l = x & 255 (x = 256 h + l). The first sum
+ * becomes a * (256 (h . code) + (l . code)), two exact integer dot products over the same unpacked code lanes:
+ * dpbusd (u8 x s8) takes the codes as its unsigned operand against h, and as its signed one (codes < 2^nbits < 128)
+ * against l. (One int8 digit, |qs - a' qi| <= a' / 2 with a' = max |qs| / 127, cost the real model (SmolLM2-135M,
+ * KIVI-4, 2k tokens) a KL to the exact path of 14 % of KIVI-4's own KL to the float cache.) The zero-point term
+ * stays in fp32 (one dot per row and group). The only error is the query rounding, |qs[c] - a x[c]| <= a / 2, so
+ *   |score_int[t] - score_exact[t]| <= a / 2 * sum_c code[t,c] <= a / 2 * D * (2^nbits - 1)
  * (plus fp32 rounding). This is llama.cpp's q8 dot product (ggml's quantize_row_q8 for the activation, then integer
  * dot products with maddubs / dpbusd against the 4-bit weights' unpacked nibbles), applied to KIVI's per-channel
- * key groups (arXiv:2402.02750, section 3.2: per-channel keys, per-token values). 2- and 4-bit codes are unpacked
- * to 8-bit lanes with one broadcast load, one variable shift and one mask per 64 (AVX512) or 32 (AVX2) codes; the
- * query is stored in that unpacked order, so no byte shuffles are needed.
+ * key groups (arXiv:2402.02750, section 3.2: per-channel keys, per-token values). The AVX paths put one token in
+ * each int32 lane (see tchan below), so no horizontal sums are needed.
  *
  * Float baseline: decode attention of M query rows per KV head over K/V [T, D] stored as bf16, fp16 or fp32,
  * converted to fp32 in registers, fp32 FMAs, softmax in fp32 (no window, no mask: every token attended), the same
@@ -42,8 +40,8 @@
 #endif
 
 enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
-/* the second int8 digit of the query: qs / a ~ q1 + q2 / DIGIT, |q2| <= DIGIT / 2 <= 127 */
-#define DIGIT 254
+/* the query's 16-bit steps: a = max |qs| / QMAX, its high byte signed, its low byte unsigned */
+#define QMAX 32767
 
 #if X86
 #define T_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -67,67 +65,78 @@ int kvlab_isa_best(void) {
 }
 
 /* ---- integer key scores ---------------------------------------------------------------------------------------
- * Unpacked order ("unit-part-major"): codes come in units of W codes (W = 64 for AVX512, 32 for AVX2 and scalar),
- * unit u covers packed bytes [u*UB, (u+1)*UB) with UB = W*nbits/8, and inside it part i (bits [i*nb, (i+1)*nb) of
- * each byte) precedes part i+1. Index idx of that order is channel chan(idx). */
-static int64_t chan(int64_t idx, int64_t W, int nb) {
-    const int64_t K = 8 / nb, UB = W * nb / 8, u = idx / W, i = (idx % W) / UB, jb = (idx % W) % UB;
-    return (u * UB + jb) * K + i;
+ * The AVX paths score LANES tokens at once (16 for AVX512, 8 for AVX2), one token per int32 lane: the block's packed
+ * rows (R = D * nb / 32 dwords each) are transposed in registers (tokens to lanes, 4 x 4 dwords inside each 128-bit
+ * lane), so dword d of every token sits in one vector; masking and shifting it gives K = 8 / nb code vectors, part
+ * p holding in byte b the code of channel (4 d + b) K + p. Each dpbusd then multiplies one such vector by four query
+ * bytes broadcast to every lane: no horizontal sums. The query is stored in that "transposed" order, index
+ * idx = (d K + p) * 4 + b for channel tchan(idx); the permutation stays inside blocks of 16 channels. */
+static int64_t tchan(int64_t idx, int nb) {
+    const int64_t K = 8 / nb, v = idx / 4, b = idx % 4;
+    return (4 * (v / K) + b) * K + v % K;
 }
 
 #if X86
 /* ---- the AVX512 and AVX2 paths: each one's own instructions here; the kernels, written once for both, are in
  * _kivi_int_x86.h (included below, after the helpers they call) */
 
-/* 64 codes of UB = 8 * nb packed bytes, unit-part-major (see chan) */
-T_AVX512 AI __m512i unpack_avx512(const uint8_t *p, const int nb) {
-    if (nb == 4) {
-        const __m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
-        return _mm512_and_si512(_mm512_srlv_epi64(x, _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0)), _mm512_set1_epi8(0x0F));
-    }
-    const __m512i x = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p));
-    return _mm512_and_si512(_mm512_srlv_epi64(x, _mm512_set_epi64(6, 6, 4, 4, 2, 2, 0, 0)), _mm512_set1_epi8(0x03));
+/* 128-bit lane L = the 16 bytes at p + off[L] (nb 4), or the 8 bytes there in its low half (nb 2; high half 0) */
+T_AVX512 AI __m512i lanes_avx512(const uint8_t *p, const int64_t *off, const int nb) {
+    __m128i l[4];
+    for (int L = 0; L < 4; L++)
+        l[L] = nb == 4 ? _mm_loadu_si128((const __m128i *)(p + off[L])) : _mm_loadl_epi64((const __m128i *)(p + off[L]));
+    const __m512i x = _mm512_inserti32x4(_mm512_castsi128_si512(l[0]), l[1], 1);
+    return _mm512_inserti32x4(_mm512_inserti32x4(x, l[2], 2), l[3], 3);
 }
 
-/* the end of reduce_avx512: c[k] holds 4 partial sums per 128-bit lane; lane t of the result = a[t]'s total */
-T_AVX512 AI __m512i cross_avx512(const __m512i *c) {
-    const __m512i e0 = _mm512_add_epi32(_mm512_shuffle_i32x4(c[0], c[1], 0x88), _mm512_shuffle_i32x4(c[0], c[1], 0xDD));
-    const __m512i e1 = _mm512_add_epi32(_mm512_shuffle_i32x4(c[2], c[3], 0x88), _mm512_shuffle_i32x4(c[2], c[3], 0xDD));
-    return _mm512_add_epi32(_mm512_shuffle_i32x4(e0, e1, 0x88), _mm512_shuffle_i32x4(e0, e1, 0xDD));
+/* 128-bit lane L = the 16 bytes at p + L * step */
+T_AVX512 AI __m512i lanes16_avx512(const uint8_t *p, int64_t step) {
+    const int64_t off[4] = {0, step, 2 * step, 3 * step};
+    return lanes_avx512(p, off, 4);
 }
 
-T_AVX512 AI int32_t hsum_avx512(__m512i v) { return _mm512_reduce_add_epi32(v); }
-
-/* acc + the u8 (a) x s8 (b) byte products, summed per 4 bytes into int32 lanes: VNNI's dpbusd */
-T_AVX512 AI __m512i dot_avx512(__m512i acc, __m512i a, __m512i b) { return _mm512_dpbusd_epi32(acc, a, b); }
+/* acc + the u8 (a) x s8 (b) byte products, summed per 4 bytes into int32 lanes: VNNI's dpbusd (in asm: with the
+ * intrinsic GCC 12 copies every accumulator once per loop iteration) */
+T_AVX512 AI __m512i dot_avx512(__m512i acc, __m512i a, __m512i b) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b));
+    return acc;
+}
 
 T_AVX512 AI __m512i permute_avx512(__m512i a, __m512i idx) { return _mm512_permutexvar_epi32(idx, a); }
 
-typedef __mmask16 wmask_t_avx512;
-T_AVX512 AI __mmask16 wmask_avx512(int64_t KG) { return (__mmask16)((1u << KG) - 1u); }
-T_AVX512 AI __m512i wload_avx512(const uint8_t *p, __mmask16 km) { return _mm512_maskz_loadu_epi32(km, p); }
+/* 16 fp32 from element i of p: bf16 (a shift) when bf16, else fp32 */
+T_AVX512 AI __m512 ldf_avx512(const void *p, int64_t i, const int bf16) {
+    if (!bf16) return _mm512_loadu_ps((const float *)p + i);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+T_AVX512 AI __m512 permps_avx512(__m512 a, __m512i idx) { return _mm512_permutexvar_ps(idx, a); }
+T_AVX512 AI float hmax_avx512(__m512 v) { return _mm512_reduce_max_ps(v); }
+T_AVX512 AI float hsum_avx512(__m512 v) { return _mm512_reduce_add_ps(v); }
+/* the low bytes of x's 16 int32 lanes (values inside the byte's range) to dst */
+T_AVX512 AI void store8_avx512(void *dst, __m512i x) { _mm_storeu_si128((__m128i *)dst, _mm512_cvtepi32_epi8(x)); }
 
-/* 32 codes of UB = 4 * nb packed bytes, unit-part-major */
-T_AVX2 AI __m256i unpack_avx2(const uint8_t *p, const int nb) {
-    if (nb == 4) {
-        const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
-        return _mm256_and_si256(_mm256_srlv_epi64(x, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0x0F));
-    }
-    int64_t w;
-    memcpy(&w, p, 8);
-    const __m256i x = _mm256_set1_epi64x(w);
-    return _mm256_and_si256(_mm256_srlv_epi64(x, _mm256_set_epi64x(6, 4, 2, 0)), _mm256_set1_epi8(0x03));
+/* the 16-bit values of x[0..3] (64 int32 lanes in [-32767, 32767]): their high bytes (x >> 8, signed) to hi[0..64),
+ * their low bytes (unsigned) to lo[0..64); two packs and a permute per 64 bytes */
+T_AVX512 AI void split4_avx512(const __m512i *x, int8_t *hi, int8_t *lo) {
+    const __m512i fix = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), m = _mm512_set1_epi32(255);
+    const __m512i h01 = _mm512_packs_epi32(_mm512_srai_epi32(x[0], 8), _mm512_srai_epi32(x[1], 8));
+    const __m512i h23 = _mm512_packs_epi32(_mm512_srai_epi32(x[2], 8), _mm512_srai_epi32(x[3], 8));
+    const __m512i l01 = _mm512_packus_epi32(_mm512_and_si512(x[0], m), _mm512_and_si512(x[1], m));
+    const __m512i l23 = _mm512_packus_epi32(_mm512_and_si512(x[2], m), _mm512_and_si512(x[3], m));
+    _mm512_storeu_si512(hi, _mm512_permutexvar_epi32(fix, _mm512_packs_epi16(h01, h23)));
+    _mm512_storeu_si512(lo, _mm512_permutexvar_epi32(fix, _mm512_packus_epi16(l01, l23)));
 }
 
-/* the end of reduce_avx2: the two 128-bit halves of c[0] and c[1] added across */
-T_AVX2 AI __m256i cross_avx2(const __m256i *c) {
-    return _mm256_add_epi32(_mm256_permute2x128_si256(c[0], c[1], 0x20), _mm256_permute2x128_si256(c[0], c[1], 0x31));
+T_AVX2 AI __m256i lanes_avx2(const uint8_t *p, const int64_t *off, const int nb) {
+    const __m128i l0 = nb == 4 ? _mm_loadu_si128((const __m128i *)(p + off[0])) : _mm_loadl_epi64((const __m128i *)(p + off[0]));
+    const __m128i l1 = nb == 4 ? _mm_loadu_si128((const __m128i *)(p + off[1])) : _mm_loadl_epi64((const __m128i *)(p + off[1]));
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(l0), l1, 1);
 }
 
-T_AVX2 AI int32_t hsum_avx2(__m256i v) {
-    int32_t l[8];
-    _mm256_storeu_si256((__m256i *)l, v);
-    return l[0] + l[1] + l[2] + l[3] + l[4] + l[5] + l[6] + l[7];
+T_AVX2 AI __m256i lanes16_avx2(const uint8_t *p, int64_t step) {
+    const int64_t off[2] = {0, step};
+    return lanes_avx2(p, off, 4);
 }
 
 /* acc + the u8 (a) x s8 (b) byte products summed per 4 bytes: 16 int16 pair sums (no saturation: 2 * 255 * 15 and
@@ -138,88 +147,94 @@ T_AVX2 AI __m256i dot_avx2(__m256i acc, __m256i a, __m256i b) {
 
 T_AVX2 AI __m256i permute_avx2(__m256i a, __m256i idx) { return _mm256_permutevar8x32_epi32(a, idx); }
 
-typedef __m256i wmask_t_avx2;
-T_AVX2 AI __m256i wmask_avx2(int64_t KG) {
-    int32_t lm[8];
-    for (int l = 0; l < 8; l++) lm[l] = l < KG ? -1 : 0;
-    return _mm256_loadu_si256((const __m256i *)lm);
+T_AVX2 AI __m256 ldf_avx2(const void *p, int64_t i, const int bf16) {
+    if (!bf16) return _mm256_loadu_ps((const float *)p + i);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
-T_AVX2 AI __m256i wload_avx2(const uint8_t *p, __m256i km) { return _mm256_maskload_epi32((const int *)p, km); }
+T_AVX2 AI __m256 permps_avx2(__m256 a, __m256i idx) { return _mm256_permutevar8x32_ps(a, idx); }
+T_AVX2 AI float hmax_avx2(__m256 v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_max_ss(x, _mm_shuffle_ps(x, x, 1)));
+}
+T_AVX2 AI float hsum_avx2(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
+}
+T_AVX2 AI void split4_avx2(const __m256i *x, int8_t *hi, int8_t *lo) {
+    const __m256i fix = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), m = _mm256_set1_epi32(255);
+    const __m256i h01 = _mm256_packs_epi32(_mm256_srai_epi32(x[0], 8), _mm256_srai_epi32(x[1], 8));
+    const __m256i h23 = _mm256_packs_epi32(_mm256_srai_epi32(x[2], 8), _mm256_srai_epi32(x[3], 8));
+    const __m256i l01 = _mm256_packus_epi32(_mm256_and_si256(x[0], m), _mm256_and_si256(x[1], m));
+    const __m256i l23 = _mm256_packus_epi32(_mm256_and_si256(x[2], m), _mm256_and_si256(x[3], m));
+    _mm256_storeu_si256((__m256i *)hi, _mm256_permutevar8x32_epi32(_mm256_packs_epi16(h01, h23), fix));
+    _mm256_storeu_si256((__m256i *)lo, _mm256_permutevar8x32_epi32(_mm256_packus_epi16(l01, l23), fix));
+}
+
+/* the low bytes of x's 8 int32 lanes (values inside the byte's range, signed or unsigned) to dst */
+T_AVX2 AI void store8_avx2(void *dst, __m256i x) {
+    const __m256i m = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1,
+                                       -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i b = _mm256_shuffle_epi8(x, m);
+    const int32_t lo = _mm256_extract_epi32(b, 0), hi = _mm256_extract_epi32(b, 4);
+    memcpy(dst, &lo, 4);
+    memcpy((char *)dst + 4, &hi, 4);
+}
 #endif
 
-/* the integer dot products in portable C, natural channel order (qi[c] for channel c) */
+/* the integer dot products in portable C over tokens [t0, t0 + n): query index idx is channel perm[idx] (the
+ * natural order for the scalar path; the AVX paths' remainder tokens use it with their transposed order) */
 AI void dots_scalar(const uint8_t *kc, int64_t P, int64_t t0, int64_t n, const int nb, const int8_t *qi,
-                        const float *a, const float *bias, float *sc, int64_t total, int64_t M, int64_t D) {
+                    const float *a, const float *bias, float *sc, int64_t total, int64_t M, int64_t D,
+                    const int64_t *perm) {
     const int K = 8 / nb;
     const unsigned mask = (1u << nb) - 1u;
     for (int64_t t = t0; t < t0 + n; t++) {
         const uint8_t *x = kc + t * P;
         for (int64_t r = 0; r < M; r++) {
             int32_t s = 0, s2 = 0;
-            for (int64_t c = 0; c < D; c++) {
+            for (int64_t idx = 0; idx < D; idx++) {
+                const int64_t c = perm[idx];
                 const int32_t code = (int32_t)((x[c / K] >> (c % K * nb)) & mask);
-                s += (int32_t)qi[r * D + c] * code;
-                s2 += (int32_t)qi[(M + r) * D + c] * code;
+                s += (int32_t)qi[r * D + idx] * code;
+                s2 += (int32_t)(uint8_t)qi[(M + r) * D + idx] * code;
             }
-            s = s * DIGIT + s2;
+            s = s * 256 + s2;
             sc[r * total + t] = a[r] * (float)s + bias[r];
         }
     }
 }
 
-/* the unit width of a path's unpacked order (0: the path cannot take head_dim D) */
-static int64_t unit_width(int isa, int64_t D) {
-    if (isa == ISA_AVX512) return D % 64 ? 0 : 64;
-    if (isa == ISA_AVX2) return D % 32 ? 0 : 32;
-    return D;
-}
-
-/* 1 when kivi_int_key_scores takes (isa, nbits, D) */
+/* 1 when kivi_int_key_scores takes (isa, nbits, D): the AVX paths transpose rows of whole groups of 4 dwords */
 int kivi_int_supported(int64_t isa, int64_t nb, int64_t D) {
     if (nb != 2 && nb != 4) return 0;
     if (isa < 0 || isa > ISA_AVX512 || isa > kvlab_isa_best()) return 0;
-    return unit_width((int)isa, D) != 0;
+    return isa == ISA_SCALAR || (D * nb % 128 == 0 && D > 0);
 }
 
-/* even and odd elements of src[0..n) (n a multiple of 16) */
-AI void deint2(const float *src, int64_t n, float *even, float *odd) {
-    for (int64_t i = 0; i < n / 16; i++) {
-        v8f a, b;
-        memcpy(&a, src + 16 * i, 32);
-        memcpy(&b, src + 16 * i + 8, 32);
-        const v8f e = SHUF8(a, b, 0, 2, 4, 6, 8, 10, 12, 14), o = SHUF8(a, b, 1, 3, 5, 7, 9, 11, 13, 15);
-        memcpy(even + 8 * i, &e, 32);
-        memcpy(odd + 8 * i, &o, 32);
-    }
-}
-
-/* sp = sn [D] (natural channel order) in the unpacked order of unit width W (see chan; W = 0: natural) */
-AI void to_unit_order(const float *sn, float *sp, int64_t D, int64_t W, int nb) {
-    if (!W) {
+/* sp = sn [D] (natural channel order) in the transposed order (see tchan; order 0: natural) */
+AI void to_order(const float *sn, float *sp, int64_t D, int order, int nb) {
+    if (!order) {
         memcpy(sp, sn, D * sizeof(float));
         return;
     }
-    float e[W / 2], o[W / 2];
-    for (int64_t u = 0; u < D / W; u++) {
-        const float *x = sn + u * W;
-        float *y = sp + u * W;
-        if (nb == 4) {
-            deint2(x, W, y, y + W / 2);
-        } else { /* parts 0..3: channels = 0, 1, 2, 3 mod 4 */
-            deint2(x, W, e, o);
-            deint2(e, W / 2, y, y + W / 2);
-            deint2(o, W / 2, y + W / 4, y + 3 * W / 4);
-        }
+    for (int64_t c = 0; c < D; c += 16) {
+        const v16f x = load16(sn + c);
+        store16(sp + c, nb == 4 ? SHUF16(x, x, 0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15)
+                                : SHUF16(x, x, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
     }
 }
 
-/* the int8 query of M rows for key group j: qs = q * s in the path's unpacked order of unit width W (qp: q in that
- * order), a[r] = max |qs| / 127, qi = round(qs / a[r]) (to nearest: the 1.5 * 2^23 trick); bias[r] = q . z */
+/* the int8 query of M rows for key group j: qs = q * s in the path's order (order 1: transposed, see tchan; qp: q in
+ * that order), a[r] = max |qs| / QMAX, x = round(qs / a[r]) (to nearest even: the 1.5 * 2^23 trick), its high byte
+ * (signed) in qi[r], its low byte (unsigned) in qi[M + r]; bias[r] = q . z */
 AI void quantize_rows(const float *q, const float *qp, const void *ks, const void *kz, int bf16, int64_t j,
-                      int64_t M, const int64_t D, int64_t W, int nb, int8_t *qi, float *a, float *bias) {
+                      int64_t M, const int64_t D, int order, int nb, int8_t *qi, float *a, float *bias) {
     float sn[D], sp[D], zn[D], qs[D];
     row_f32(ks, j * D, D, bf16, sn);
-    to_unit_order(sn, sp, D, W, nb);
+    to_order(sn, sp, D, order, nb);
     row_f32(kz, j * D, D, bf16, zn);
     for (int64_t r = 0; r < M; r++) {
         float b = 0.0f, amax = 0.0f;
@@ -232,19 +247,19 @@ AI void quantize_rows(const float *q, const float *qp, const void *ks, const voi
             amax = m > amax ? m : amax;
         }
         bias[r] = b;
-        a[r] = amax / (127.0f * DIGIT);
-        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        a[r] = amax / QMAX;
+        const float inv = amax > 0.0f ? QMAX / amax : 0.0f;
 #pragma omp simd
         for (int64_t idx = 0; idx < D; idx++) {
-            const float x = qs[idx] * inv, hi = (x + 12582912.0f) - 12582912.0f;
-            qi[r * D + idx] = (int8_t)(int32_t)hi;
-            qi[(M + r) * D + idx] = (int8_t)(int32_t)(((x - hi) * DIGIT + 12582912.0f) - 12582912.0f);
+            const int32_t x = (int32_t)((qs[idx] * inv + 12582912.0f) - 12582912.0f);
+            qi[r * D + idx] = (int8_t)(x >> 8);
+            qi[(M + r) * D + idx] = (int8_t)(uint8_t)(x & 255);
         }
     }
 }
 
 /* every key group of one segment on one path (DOTS: that path's dot products) */
-#define INT_SCORES(NAME, TARGET, DOTS, W)                                                                           \
+#define INT_SCORES(NAME, TARGET, DOTS, QUANT, ORDER)                                                                     \
     TARGET static void NAME(int64_t nb, const uint8_t *kc, const void *ks, const void *kz, int64_t bf16,           \
                             int64_t tokens, int64_t G, const float *q, float *sc, int64_t total, int64_t M,       \
                             int64_t D) {                                                                          \
@@ -252,18 +267,18 @@ AI void quantize_rows(const float *q, const float *qp, const void *ks, const voi
         int64_t perm[D];                                                                                          \
         float qp[M * D], a[M], bias[M];                                                                           \
         int8_t qi[2 * M * D] __attribute__((aligned(64)));                                                        \
-        for (int64_t idx = 0; idx < D; idx++) perm[idx] = (W) ? chan(idx, (W), (int)nb) : idx;                   \
+        for (int64_t idx = 0; idx < D; idx++) perm[idx] = (ORDER) ? tchan(idx, (int)nb) : idx;                    \
         for (int64_t r = 0; r < M; r++)                                                                           \
             for (int64_t idx = 0; idx < D; idx++) qp[r * D + idx] = q[r * D + perm[idx]];                         \
         for (int64_t j = 0; j < tokens / G; j++) {                                                                \
-            quantize_rows(q, qp, ks, kz, (int)bf16, j, M, D, (W), (int)nb, qi, a, bias);                                  \
+            QUANT(q, qp, ks, kz, (int)bf16, j, M, D, (ORDER), (int)nb, qi, a, bias);                              \
             if (nb == 4)                                                                                          \
-                DOTS(kc, P, j * G, G, 4, qi, a, bias, sc, total, M, D);                                           \
+                DOTS(kc, P, j * G, G, 4, qi, a, bias, sc, total, M, D, perm);                                     \
             else                                                                                                  \
-                DOTS(kc, P, j * G, G, 2, qi, a, bias, sc, total, M, D);                                           \
+                DOTS(kc, P, j * G, G, 2, qi, a, bias, sc, total, M, D, perm);                                     \
         }                                                                                                         \
     }
-INT_SCORES(int_scores_scalar, , dots_scalar, 0)
+INT_SCORES(int_scores_scalar, , dots_scalar, quantize_rows, 0)
 /* (the AVX512 and AVX2 instances, and kivi_int_key_scores, follow _kivi_int_x86.h below) */
 
 /* ---- integer value sums -----------------------------------------------------------------------------------
@@ -273,17 +288,23 @@ INT_SCORES(int_scores_scalar, , dots_scalar, 0)
  * of VB = 32 tokens are quantized to 8 bits, one scale per (row, block): beta = max p' / 255, pq = round(p' / beta)
  * in [0, 255] (llama.cpp's q8_0 blocks of 32 for the activation side), and sum_t pq[t,g] code[t,c] is an exact
  * integer dot product over the block: 4 tokens per 32-bit lane (dpbusd: u8 weights x s8 codes; AVX2: maddubs + madd),
- * the lanes being channels, so the codes of 4 tokens are interleaved (unpack8 / unpack16) after the unpacking of
- * the key path. A lane's group is fixed by its position, so each vector's weights are one permute of the 4 tokens'
- * KG bytes. The error: |p' - beta pq| <= beta / 2 per weight, so per channel at most
+ * the lanes being channels. The AVX paths read each 128-bit lane of a code vector from 32 channels (16 bytes at
+ * 4 bits, 8 at 2) of 4 tokens, interleaved (unpack8 / unpack16: 4 tokens' codes of one channel per int32 lane), so
+ * that a lane's 32 channels lie in one value group (G a multiple of 32): the weights of a vector are then one
+ * permute of 4 consecutive tokens' KG weight dwords per 4 tokens, shared by all its code vectors, and each code byte
+ * is unpacked once per block for every query row. The error: |p' - beta pq| <= beta / 2 per weight, so per channel
+ * at most
  *   sum over blocks of (beta_block / 2) * sum_t code[t,c]
  * (relative to the block's largest weight: a block's small weights lose their low bits, as in q8_0). */
 #define VB 32
 
-/* lane l of accumulator vector v (lanes per vector NL = 16 or 8, unit width W = 4 * NL) -> channel */
-static int64_t vlane_chan(int64_t v, int64_t l, int64_t NL, int nb) {
-    const int64_t W = 4 * NL, u = v / 4, x = v % 4, k = l / 4, j = l % 4;
-    return chan(u * W + 16 * k + 4 * x + j, W, nb);
+/* the channel of int32 lane l (128-bit lane l / 4) of code vector j of unit u in the AVX value sums: NC = D / 32
+ * chunks of 32 channels per token, NLG 128-bit lanes per vector (a lane holds one chunk; with NC < NLG a vector
+ * holds NLG / NC token sets, chunk L % NC in lane L) */
+static int64_t vchan(int64_t u, int64_t j, int64_t l, int64_t NC, int64_t NLG, int nb) {
+    const int64_t L = l / 4, i = l % 4, ch = NC >= NLG ? u * NLG + L : L % NC;
+    if (nb == 4) return ch * 32 + 2 * (4 * (j / 2) + i) + j % 2;
+    return ch * 32 + 4 * (4 * (j / 4) + i) + j % 4;
 }
 
 /* the block's 8-bit weights pq[(quad * KG + g) * 4 + t % 4] (t < nt; 0 beyond), beta per row; wsum[g] += p w.
@@ -314,12 +335,47 @@ AI void value_weights(const float *p, const float *uf, const float *wf, int64_t 
     for (int64_t x = 0; x < n; x++) pq[x] = (uint8_t)(int32_t)((pp[x] * inv + 12582912.0f) - 12582912.0f);
 }
 
-/* per-token scales/zeros of tokens [t0, t0 + nt) as fp32 in value_weights' layout (0 past nt) */
+/* out[0..n) = p[off..off + n) as fp32, n a multiple of 16 (vector conversions: bf16 -> fp32 is a shift) */
+AI void row_f32_16(const void *p, int64_t off, int64_t n, int bf16, float *out) {
+    typedef uint16_t v16h_ __attribute__((vector_size(32)));
+    typedef uint32_t v16u_ __attribute__((vector_size(64)));
+    if (!bf16) {
+        memcpy(out, (const float *)p + off, n * sizeof(float));
+        return;
+    }
+    for (int64_t c = 0; c < n; c += 16) {
+        v16h_ h;
+        memcpy(&h, (const uint16_t *)p + off + c, sizeof h);
+        const v16f f = (v16f)(__builtin_convertvector(h, v16u_) << 16);
+        store16(out + c, f);
+    }
+}
+
+/* per-token scales/zeros of tokens [t0, t0 + nt) as fp32 in value_weights' layout (0 past nt): a 4 x KG transpose
+ * per 4 tokens, one shuffle per 16 floats where KG is 1, 2 or 4 */
 AI void value_meta(const void *vs, const void *vz, int bf16, int64_t t0, int64_t nt, int64_t KG, float *uf, float *wf) {
     float un[VB * KG], wn[VB * KG];
+    if (nt == VB && (KG == 1 || KG == 2 || KG == 4)) {
+        row_f32_16(vs, t0 * KG, VB * KG, bf16, un);
+        row_f32_16(vz, t0 * KG, VB * KG, bf16, wn);
+        for (int64_t c = 0; c < VB * KG; c += 16) {
+            const v16f x = load16(un + c), y = load16(wn + c);
+            if (KG == 4) {
+                store16(uf + c, SHUF16(x, x, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+                store16(wf + c, SHUF16(y, y, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+            } else if (KG == 2) {
+                store16(uf + c, SHUF16(x, x, 0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15));
+                store16(wf + c, SHUF16(y, y, 0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15));
+            } else {
+                store16(uf + c, x);
+                store16(wf + c, y);
+            }
+        }
+        return;
+    }
     row_f32(vs, t0 * KG, nt * KG, bf16, un);
     row_f32(vz, t0 * KG, nt * KG, bf16, wn);
-    for (int64_t q = 0; q < (nt + 3) / 4; q++)
+    for (int64_t q = 0; q < VB / 4; q++)
         for (int64_t g = 0; g < KG; g++)
             for (int tt = 0; tt < 4; tt++) {
                 const int64_t t = 4 * q + tt, x = (q * KG + g) * 4 + tt;
@@ -328,15 +384,22 @@ AI void value_meta(const void *vs, const void *vz, int bf16, int64_t t0, int64_t
             }
 }
 
-/* acc (the caller's part-major order: channel c at (c % K) * P + c / K) += accL (lane order) + wsum of c's group */
-static void value_finish(const float *accL, const float *wsum, float *acc, int64_t M, int64_t D, int64_t G,
-                         int64_t NL, int nb) {
-    const int64_t K = 8 / nb, P = D / K;
-    for (int64_t v = 0; v < D / NL; v++)
-        for (int64_t l = 0; l < NL; l++) {
-            const int64_t c = NL ? vlane_chan(v, l, NL, nb) : 0, pos = (c % K) * P + c / K;
-            for (int64_t r = 0; r < M; r++) acc[r * D + pos] += accL[r * D + v * NL + l] + wsum[r * (D / G) + c / G];
-        }
+/* the caller's part-major position of channel c: (c % K) * P + c / K (K = 8 / nb codes a byte, P = D / K) */
+static inline int64_t part_pos(int64_t c, int64_t D, int nb) {
+    const int64_t K = 8 / nb;
+    return (c % K) * (D / K) + c / K;
+}
+
+/* acc (the caller's part-major order) += accL (NE lanes a row, lane e adding to position pos[e]; several lanes may
+ * add to one channel) + the wsum of each channel's group */
+static void value_finish(const float *accL, const int64_t *pos, int64_t NE, const float *wsum, float *acc,
+                         int64_t M, int64_t D, int64_t G, int nb) {
+    for (int64_t r = 0; r < M; r++) {
+        float *ar = acc + r * D;
+        for (int64_t e = 0; e < NE; e++) ar[pos[e]] += accL[r * NE + e];
+        for (int64_t g = 0; g < D / G; g++)
+            for (int64_t c = g * G; c < (g + 1) * G; c++) ar[part_pos(c, D, nb)] += wsum[r * (D / G) + g];
+    }
 }
 
 /* ---- the AVX512 and AVX2 kernels: key-score dots and value sums, _kivi_int_x86.h once per path ---------------- */
@@ -357,8 +420,8 @@ static void value_finish(const float *accL, const float *wsum, float *acc, int64
 #undef PATH_BITS
 #undef PATH_TARGET
 
-INT_SCORES(int_scores_avx2, T_AVX2, dots_avx2, 32)
-INT_SCORES(int_scores_avx512, T_AVX512, dots_avx512, 64)
+INT_SCORES(int_scores_avx2, T_AVX2, dots_avx2, quantize_avx2, 1)
+INT_SCORES(int_scores_avx512, T_AVX512, dots_avx512, quantize_avx512, 1)
 #endif
 
 /* Scores of M query rows q [M, D] (fp32, scaled, natural channel order) against one segment's keys: codes kc
@@ -407,12 +470,13 @@ static void values_scalar(const uint8_t *vc, const void *vs, const void *vz, int
     }
 }
 
-/* 1 when kivi_int_value_sums takes (isa, nb, D, G) */
+/* 1 when kivi_int_value_sums takes (isa, nb, D, G): on the AVX paths 32-channel chunks inside value groups, whole
+ * vectors of them (or whole tokens in a vector) */
 int kivi_int_values_supported(int64_t isa, int64_t nb, int64_t D, int64_t G) {
     if (!kivi_int_supported(isa, nb, D) || G < 1 || D % G) return 0;
-    if (isa == ISA_AVX512) return D / G <= 16;
-    if (isa == ISA_AVX2) return D / G <= 8;
-    return 1;
+    if (isa == ISA_SCALAR) return 1;
+    const int64_t NC = D / 32, NLG = isa == ISA_AVX512 ? 4 : 2;
+    return D % 32 == 0 && G % 32 == 0 && (NC % NLG == 0 || NLG % NC == 0) && D / G <= 4 * NLG;
 }
 
 /* acc [M, D] (part-major channel order, as _kivi_cpu.c's value sums) += sum_t p[r*total + t] * v[t] over one

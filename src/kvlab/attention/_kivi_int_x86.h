@@ -3,10 +3,11 @@
  *   PATH         the path's name (avx512, avx2): every function here is <name>_<PATH> (dots_avx512, values_avx2)
  *   PATH_BITS    its vector width in bits (512, 256): __m<bits>i vectors, _mm<bits>_ intrinsics
  *   PATH_TARGET  its __attribute__((target))
- * and the path's own instructions, where the two differ: unpack_<PATH> (UNIT codes, unit-part-major: see chan),
- * cross_<PATH> (the lane-crossing end of reduce), hsum_<PATH> (the sum of a vector's int32 lanes), dot_<PATH>
- * (acc + the u8 x s8 byte products summed per 4 bytes: dpbusd / maddubs + madd), permute_<PATH> (a's int32 lanes
- * picked by idx), wmask_<PATH> / wload_<PATH> (a masked load of a block's first KG int32 weights).
+ * and the path's own instructions, where the two differ: lanes_<PATH> (each 128-bit lane loaded from its own
+ * address), lanes16_<PATH> (16 bytes a lane at a fixed step), dot_<PATH> (acc + the u8 x s8 byte products summed per
+ * 4 bytes: dpbusd / maddubs + madd), permute_<PATH> / permps_<PATH> (a's int32 / fp32 lanes picked by idx),
+ * ldf_<PATH> (LANES fp32 from bf16 or fp32), hmax_<PATH> / hsum_<PATH> (max / sum of the fp32 lanes), store8_<PATH>
+ * (the low bytes of the int32 lanes).
  * The algorithms, bounds and layouts are described in _kivi_int.c. kvlab.attention.cpu_kernel hashes this file
  * into the kernel's build key. */
 
@@ -20,123 +21,287 @@
 #define LANES (PATH_BITS / 32)               /* int32 (and float) lanes of a vector */
 #define UNIT (PATH_BITS / 8)                 /* codes per unpacked vector: the unit width W of chan */
 
-/* lane t of the result = the sum of the LANES lanes of a[t]: pairwise adds inside 128-bit lanes, then cross_<PATH> */
-PATH_TARGET AI VI FN(reduce)(const VI *a) {
-    VI b[LANES / 2], c[LANES / 4];
-    for (int k = 0; k < LANES / 2; k++)
-        b[k] = MM(_add_epi32)(MM(_unpacklo_epi32)(a[2 * k], a[2 * k + 1]), MM(_unpackhi_epi32)(a[2 * k], a[2 * k + 1]));
-    for (int k = 0; k < LANES / 4; k++)
-        c[k] = MM(_add_epi32)(MM(_unpacklo_epi64)(b[2 * k], b[2 * k + 1]), MM(_unpackhi_epi64)(b[2 * k], b[2 * k + 1]));
-    return FN(cross)(c);
-}
-
-/* DIGIT * (qi[r] . codes) + (q2[r] . codes) as int32 lanes: the two int8 digits of query row r (qi, q2) against one
- * token's NU unpacked code vectors */
-PATH_TARGET AI VI FN(two_digit_dot)(const VI *codes, const int8_t *qi, const int8_t *q2, const int64_t NU) {
-    VI s = MMSI(_setzero_si)(), s2 = s;
-    for (int64_t u = 0; u < NU; u++) {
-        s = FN(dot)(s, codes[u], MMSI(_loadu_si)((const VI *)(qi + UNIT * u)));
-        s2 = FN(dot)(s2, codes[u], MMSI(_loadu_si)((const VI *)(q2 + UNIT * u)));
+/* quantize_rows (_kivi_int.c) in this path's vectors, the transposed order: qs = qp * s (s in that order), a[r] =
+ * max |qs| / QMAX, x = round(qs / a[r]) to nearest even (as the 1.5 * 2^23 trick of quantize_rows), its high byte in
+ * qi[r], its low byte in qi[M + r]; bias[r] = q . z */
+PATH_TARGET AI void FN(quantize_d)(const float *q, const float *qp, const void *ks, const void *kz, int bf16,
+                                   int64_t j, int64_t M, const int64_t D, int order, int nb, int8_t *qi, float *a,
+                                   float *bias) {
+    const int64_t NV = D / LANES;
+    float sn[D], sp[D];
+    VF z[NV], s[NV];
+    for (int64_t c = 0; c < NV; c++) {
+        MM(_storeu_ps)(sn + c * LANES, FN(ldf)(ks, j * D + c * LANES, bf16));
+        z[c] = FN(ldf)(kz, j * D + c * LANES, bf16);
     }
-    return MM(_add_epi32)(MM(_mullo_epi32)(s, MM(_set1_epi32)(DIGIT)), s2);
+    to_order(sn, sp, D, order, nb);
+    for (int64_t c = 0; c < NV; c++) s[c] = MM(_loadu_ps)(sp + c * LANES);
+    const VF zero = MM(_setzero_ps)(), absm = CAT(MMSI(_castsi), _ps)(MM(_set1_epi32)(0x7fffffff));
+    for (int64_t r = 0; r < M; r++) {
+        VF b = zero, mx = zero;
+        for (int64_t c = 0; c < NV; c++) {
+            b = MM(_fmadd_ps)(MM(_loadu_ps)(q + r * D + c * LANES), z[c], b);
+            const VF x = MM(_mul_ps)(MM(_loadu_ps)(qp + r * D + c * LANES), s[c]);
+            mx = MM(_max_ps)(mx, MM(_and_ps)(x, absm));
+        }
+        const float amax = FN(hmax)(mx);
+        bias[r] = FN(hsum)(b);
+        a[r] = amax * (1.0f / QMAX);
+        const VF inv = MM(_set1_ps)(amax > 0.0f ? QMAX / amax : 0.0f);
+        int64_t c = 0;
+        for (; c + 4 <= NV; c += 4) {
+            VI xi[4];
+            for (int k = 0; k < 4; k++)
+                xi[k] = MM(_cvtps_epi32)(MM(_mul_ps)(MM(_mul_ps)(MM(_loadu_ps)(qp + r * D + (c + k) * LANES), s[c + k]), inv));
+            FN(split4)(xi, qi + r * D + c * LANES, qi + (M + r) * D + c * LANES);
+        }
+        for (; c < NV; c++) {
+            const VF x = MM(_mul_ps)(MM(_loadu_ps)(qp + r * D + c * LANES), s[c]);
+            const VI xi = MM(_cvtps_epi32)(MM(_mul_ps)(x, inv));
+            FN(store8)(qi + r * D + c * LANES, MM(_srai_epi32)(xi, 8));
+            FN(store8)(qi + (M + r) * D + c * LANES, xi);
+        }
+    }
 }
 
-/* sc[r*total + t] = a[r] * (qi[r] . codes[t]) + bias[r] for tokens [t0, t0 + n) of rows of P packed bytes */
+/* head_dim 64 and 128 with constant trip counts */
+PATH_TARGET AI void FN(quantize)(const float *q, const float *qp, const void *ks, const void *kz, int bf16, int64_t j,
+                                 int64_t M, const int64_t D, int order, int nb, int8_t *qi, float *a, float *bias) {
+    if (D == 128)
+        FN(quantize_d)(q, qp, ks, kz, bf16, j, M, 128, order, nb, qi, a, bias);
+    else if (D == 64)
+        FN(quantize_d)(q, qp, ks, kz, bf16, j, M, 64, order, nb, qi, a, bias);
+    else
+        FN(quantize_d)(q, qp, ks, kz, bf16, j, M, D, order, nb, qi, a, bias);
+}
+
+/* sc[r*total + t] for rows r0 .. r0 + RT - 1 of one block of LANES tokens (code vectors cv[NCV], the transposed
+ * order of _kivi_int.c): 256 (h . codes) + (l . codes) per token lane (h = qi[r] signed, l = qi[M + r] unsigned:
+ * the codes are dpbusd's unsigned operand against h, its signed one against l), then a[r] * that + bias[r]. RT rows
+ * at once: 2 * RT independent dpbusd chains, each code vector loaded once for all of them. */
+PATH_TARGET AI void FN(rows_tile)(const VI *cv, const int64_t NCV, const int8_t *qi, const float *a,
+                                  const float *bias, float *sc, int64_t total, int64_t M, int64_t D, int64_t r0,
+                                  const int RT) {
+    VI s[4], s2[4];
+    for (int i = 0; i < RT; i++) s[i] = s2[i] = MMSI(_setzero_si)();
+    for (int64_t v = 0; v < NCV; v++) {
+        const VI c = cv[v];
+        for (int i = 0; i < RT; i++) {
+            int32_t w1, w2;
+            memcpy(&w1, qi + (r0 + i) * D + 4 * v, 4);
+            memcpy(&w2, qi + (M + r0 + i) * D + 4 * v, 4);
+            s[i] = FN(dot)(s[i], c, MM(_set1_epi32)(w1));
+            s2[i] = FN(dot)(s2[i], MM(_set1_epi32)(w2), c);
+        }
+    }
+    for (int i = 0; i < RT; i++) {
+        const VI x = MM(_add_epi32)(MM(_slli_epi32)(s[i], 8), s2[i]);
+        const VF f = MM(_fmadd_ps)(MM(_cvtepi32_ps)(x), MM(_set1_ps)(a[r0 + i]), MM(_set1_ps)(bias[r0 + i]));
+        MM(_storeu_ps)(sc + (r0 + i) * total, f);
+    }
+}
+
+/* sc[r*total + t] = a[r] * (qi[r] . codes[t]) + bias[r] for tokens [t0, t0 + n) of rows of P packed bytes (qi in the
+ * transposed order, channel perm[idx] at idx): LANES tokens at a time, transposed into one lane each (see
+ * _kivi_int.c); the tokens past the last whole block in portable C */
 PATH_TARGET AI void FN(dots_nb)(const uint8_t *kc, int64_t P, int64_t t0, int64_t n, const int nb, const int8_t *qi,
                                 const float *a, const float *bias, float *sc, int64_t total, int64_t M,
-                                const int64_t D) {
-    const int64_t NU = D / UNIT, UB = UNIT * nb / 8;
-    VI buf[LANES][NU], acc[LANES];
+                                const int64_t D, const int64_t *perm) {
+    const int64_t R = D * nb / 32, K = 8 / nb, NCV = R * K;
+    const VI mask = MM(_set1_epi8)((char)((1 << nb) - 1));
+    VI cv[NCV];
     int64_t t = t0;
     for (; t + LANES <= t0 + n; t += LANES) {
-        for (int tt = 0; tt < LANES; tt++)
-            for (int64_t u = 0; u < NU; u++) buf[tt][u] = FN(unpack)(kc + (t + tt) * P + u * UB, nb);
-        for (int64_t r = 0; r < M; r++) {
-            for (int tt = 0; tt < LANES; tt++) acc[tt] = FN(two_digit_dot)(buf[tt], qi + r * D, qi + (M + r) * D, NU);
-            const VF f = MM(_fmadd_ps)(MM(_cvtepi32_ps)(FN(reduce)(acc)), MM(_set1_ps)(a[r]), MM(_set1_ps)(bias[r]));
-            MM(_storeu_ps)(sc + r * total + t, f);
+        for (int64_t jq = 0; jq < R / 4; jq++) {
+            VI y[4];
+            for (int k = 0; k < 4; k++) y[k] = FN(lanes16)(kc + (t + k) * P + 16 * jq, 4 * P);
+            const VI lo01 = MM(_unpacklo_epi32)(y[0], y[1]), hi01 = MM(_unpackhi_epi32)(y[0], y[1]);
+            const VI lo23 = MM(_unpacklo_epi32)(y[2], y[3]), hi23 = MM(_unpackhi_epi32)(y[2], y[3]);
+            const VI z[4] = {MM(_unpacklo_epi64)(lo01, lo23), MM(_unpackhi_epi64)(lo01, lo23),
+                             MM(_unpacklo_epi64)(hi01, hi23), MM(_unpackhi_epi64)(hi01, hi23)};
+            for (int i = 0; i < 4; i++)
+                for (int64_t p = 0; p < K; p++)
+                    cv[(4 * jq + i) * K + p] = MMSI(_and_si)(p ? MM(_srli_epi16)(z[i], (int)(p * nb)) : z[i], mask);
         }
+        float *st = sc + t;
+        int64_t r = 0;
+        for (; r + 4 <= M; r += 4) FN(rows_tile)(cv, NCV, qi, a, bias, st, total, M, D, r, 4);
+        if (M - r == 3) FN(rows_tile)(cv, NCV, qi, a, bias, st, total, M, D, r, 3);
+        if (M - r == 2) FN(rows_tile)(cv, NCV, qi, a, bias, st, total, M, D, r, 2);
+        if (M - r == 1) FN(rows_tile)(cv, NCV, qi, a, bias, st, total, M, D, r, 1);
     }
-    for (; t < t0 + n; t++) {
-        for (int64_t u = 0; u < NU; u++) buf[0][u] = FN(unpack)(kc + t * P + u * UB, nb);
-        for (int64_t r = 0; r < M; r++) {
-            const VI s = FN(two_digit_dot)(buf[0], qi + r * D, qi + (M + r) * D, NU);
-            sc[r * total + t] = a[r] * (float)FN(hsum)(s) + bias[r];
-        }
-    }
+    if (t < t0 + n) dots_scalar(kc, P, t, t0 + n - t, nb, qi, a, bias, sc, total, M, D, perm);
 }
 
 /* one function per path: nbits 2/4 (a constant where INT_SCORES calls it) and head_dim 64/128 get constant trip
  * counts (unrolled loops) */
 PATH_TARGET AI void FN(dots)(const uint8_t *kc, int64_t P, int64_t t0, int64_t n, const int nb, const int8_t *qi,
-                             const float *a, const float *bias, float *sc, int64_t total, int64_t M, int64_t D) {
+                             const float *a, const float *bias, float *sc, int64_t total, int64_t M, int64_t D,
+                             const int64_t *perm) {
     if (D == 128)
-        FN(dots_nb)(kc, P, t0, n, nb, qi, a, bias, sc, total, M, 128);
+        FN(dots_nb)(kc, P, t0, n, nb, qi, a, bias, sc, total, M, 128, perm);
     else if (D == 64)
-        FN(dots_nb)(kc, P, t0, n, nb, qi, a, bias, sc, total, M, 64);
+        FN(dots_nb)(kc, P, t0, n, nb, qi, a, bias, sc, total, M, 64, perm);
     else
-        FN(dots_nb)(kc, P, t0, n, nb, qi, a, bias, sc, total, M, D);
+        FN(dots_nb)(kc, P, t0, n, nb, qi, a, bias, sc, total, M, D, perm);
 }
 
-/* the integer value sums of one segment (see kivi_int_value_sums), LANES channels per accumulator vector */
-PATH_TARGET AI void FN(values_nb)(const uint8_t *vc, const void *vs, const void *vz, int bf16, int64_t tokens,
-                                  int64_t G, const float *p, int64_t total, int64_t M, const int64_t D, float *acc,
-                                  const int nb) {
-    const int64_t P = D * nb / 8, UB = UNIT * nb / 8, NU = D / UNIT, NV = D / LANES, KG = D / G;
-    float accL[M * D], wsum[M * KG], uf[VB * KG], wf[VB * KG], beta;
-    uint8_t pq[(VB / 4) * KG * 4] __attribute__((aligned(UNIT)));
-    VI codes[VB / 4][NV], gidx[NV];
-    for (int64_t v = 0; v < NV; v++) {
-        int32_t g[LANES];
-        for (int l = 0; l < LANES; l++) g[l] = (int32_t)(vlane_chan(v, l, LANES, nb) / G);
-        gidx[v] = MMSI(_loadu_si)((const VI *)g);
+/* the 8 code vectors of unit u of 4 tokens' rows x[0..3] (each 128-bit lane: one 32-channel chunk of one token):
+ * int32 lane = one channel, byte k = token k (see vchan for the channels) */
+PATH_TARGET AI void FN(interleave4)(const VI *x, VI *out, const int nb) {
+    const VI ab0 = MM(_unpacklo_epi8)(x[0], x[1]), cd0 = MM(_unpacklo_epi8)(x[2], x[3]);
+    if (nb == 4) {
+        const VI ab1 = MM(_unpackhi_epi8)(x[0], x[1]), cd1 = MM(_unpackhi_epi8)(x[2], x[3]);
+        const VI y[4] = {MM(_unpacklo_epi16)(ab0, cd0), MM(_unpackhi_epi16)(ab0, cd0), MM(_unpacklo_epi16)(ab1, cd1),
+                         MM(_unpackhi_epi16)(ab1, cd1)};
+        const VI m = MM(_set1_epi8)(0x0F);
+        for (int jj = 0; jj < 4; jj++) {
+            out[2 * jj] = MMSI(_and_si)(y[jj], m);
+            out[2 * jj + 1] = MMSI(_and_si)(MM(_srli_epi16)(y[jj], 4), m);
+        }
+    } else {
+        const VI y[2] = {MM(_unpacklo_epi16)(ab0, cd0), MM(_unpackhi_epi16)(ab0, cd0)};
+        const VI m = MM(_set1_epi8)(0x03);
+        for (int jj = 0; jj < 2; jj++)
+            for (int k = 0; k < 4; k++) out[4 * jj + k] = MMSI(_and_si)(k ? MM(_srli_epi16)(y[jj], 2 * k) : y[jj], m);
     }
+}
+
+/* value_weights (_kivi_int.c) in this path's vectors for one row and block: pe = the block's probabilities (pl:
+ * VB of them, then 0) in the [quad][g][tt] layout, one permute a vector (pidx, pbase), pp = pe * uf, beta = max pp /
+ * 255, pq = round(pp / beta) (nearest even); wacc[c % per] += pe * wf (the zero-point sums, reduced per group by the
+ * caller) */
+PATH_TARGET AI void FN(weights)(const float *pl, const float *uf, const float *wf, const int64_t NCH, const VI *pidx,
+                                const int64_t *pbase, uint8_t *pq, float *beta, VF *wacc, const int64_t per) {
+    VF pp[NCH], mx = MM(_setzero_ps)(), wl[4];
+    for (int k = 0; k < 4; k++) wl[k] = wacc[k];
+    for (int64_t c0 = 0; c0 < NCH; c0 += per)
+        for (int k = 0; k < 4; k++) { /* chunk c0 + k adds to wl[k]: constant indices, registers */
+            if (k >= per) break;
+            const int64_t c = c0 + k;
+            const VF pe = FN(permps)(MM(_loadu_ps)(pl + pbase[c]), pidx[c]);
+            pp[c] = MM(_mul_ps)(pe, MM(_loadu_ps)(uf + c * LANES));
+            mx = MM(_max_ps)(mx, pp[c]);
+            wl[k] = MM(_fmadd_ps)(pe, MM(_loadu_ps)(wf + c * LANES), wl[k]);
+        }
+    for (int k = 0; k < 4; k++) wacc[k] = wl[k];
+    const float m = FN(hmax)(mx);
+    *beta = m / 255.0f;
+    const VF inv = MM(_set1_ps)(m > 0.0f ? 255.0f / m : 0.0f);
+    for (int64_t c = 0; c < NCH; c++) FN(store8)(pq + c * LANES, MM(_cvtps_epi32)(MM(_mul_ps)(pp[c], inv)));
+}
+
+/* the integer value sums of one segment (see kivi_int_value_sums and _kivi_int.c): blocks of VB tokens; each block's
+ * codes unpacked once (NSQ sets of 4 * TS tokens, NU units of 8 vectors), then for every row its 8-bit weights and
+ * one dpbusd per code vector with a weight vector per 4 tokens */
+PATH_TARGET AI void FN(values_nb)(const uint8_t *vc, const void *vs, const void *vz, int bf16, int64_t tokens,
+                                  const int64_t G, const float *p, int64_t total, int64_t M, const int64_t D,
+                                  float *acc, const int nb) {
+    const int64_t P = D * nb / 8, NLG = PATH_BITS / 128, NC = D / 32, KG = D / G, CB = 4 * nb;
+    const int64_t TS = NC >= NLG ? 1 : NLG / NC, NU = NC >= NLG ? NC / NLG : 1, NSQ = VB / (4 * TS);
+    const int64_t NE = NU * 8 * LANES;
+    int64_t off[NU][NLG], wbase[NU], pos[NE];
+    VI widx[NU];
+    for (int64_t u = 0; u < NU; u++) {
+        int32_t w[LANES];
+        for (int64_t L = 0; L < NLG; L++) {
+            const int64_t ts = TS > 1 ? L / NC : 0, ch = TS > 1 ? L % NC : u * NLG + L;
+            off[u][L] = ts * 4 * P + ch * CB;
+            for (int i = 0; i < 4; i++) w[4 * L + i] = (int32_t)(ts * KG + ch * 32 / G);
+        }
+        wbase[u] = w[0];
+        for (int l = 0; l < LANES; l++) w[l] -= (int32_t)wbase[u];
+        widx[u] = MMSI(_loadu_si)((const VI *)w);
+        for (int64_t j = 0; j < 8; j++)
+            for (int64_t l = 0; l < LANES; l++) pos[(u * 8 + j) * LANES + l] = part_pos(vchan(u, j, l, NC, NLG, nb), D, nb);
+    }
+    /* the weights' layout: chunk c of LANES weights repeats the probabilities of tokens pbase[c] + pidx[c][l] */
+    const int64_t NCH = VB * KG / LANES, per = 4 * KG > LANES ? 4 * KG / LANES : 1;
+    int64_t pbase[NCH];
+    VI pidx[NCH];
+    for (int64_t c = 0; c < NCH; c++) {
+        int32_t w[LANES];
+        pbase[c] = 4 * (c * LANES / (4 * KG));
+        for (int64_t l = 0; l < LANES; l++) {
+            const int64_t x = c * LANES + l;
+            w[l] = (int32_t)(4 * (x / (4 * KG)) + x % 4 - pbase[c]);
+        }
+        pidx[c] = MMSI(_loadu_si)((const VI *)w);
+    }
+    float accL[M * NE], wsum[M * KG], uf[VB * KG], wf[VB * KG], beta, pl[VB + LANES];
+    uint8_t pq[VB * KG + 64] __attribute__((aligned(64))), tail[VB * P];
+    VI codes[NSQ][NU][8];
+    VF wacc[M][4];
     memset(accL, 0, sizeof accL);
     memset(wsum, 0, sizeof wsum);
-    const FN(wmask_t) km = FN(wmask)(KG);
+    memset(pq, 0, sizeof pq);
+    memset(pl, 0, sizeof pl);
+    for (int64_t r = 0; r < M; r++)
+        for (int k = 0; k < 4; k++) wacc[r][k] = MM(_setzero_ps)();
     for (int64_t t0 = 0; t0 < tokens; t0 += VB) {
-        const int64_t nt = tokens - t0 < VB ? tokens - t0 : VB, nq = (nt + 3) / 4;
+        const int64_t nt = tokens - t0 < VB ? tokens - t0 : VB;
+        const uint8_t *blk = vc + t0 * P;
+        if (nt < VB) { /* the last block: zero codes past the segment's end */
+            memset(tail, 0, sizeof tail);
+            memcpy(tail, blk, nt * P);
+            blk = tail;
+        }
         value_meta(vs, vz, bf16, t0, nt, KG, uf, wf);
-        for (int64_t qd = 0; qd < nq; qd++) /* 4 tokens' codes, interleaved: lane = channel, byte = token */
+        for (int64_t sq = 0; sq < NSQ; sq++)
             for (int64_t u = 0; u < NU; u++) {
                 VI x[4];
-                for (int tt = 0; tt < 4; tt++) {
-                    const int64_t t = t0 + 4 * qd + tt;
-                    x[tt] = t < tokens ? FN(unpack)(vc + t * P + u * UB, nb) : MMSI(_setzero_si)();
+                for (int k = 0; k < 4; k++) {
+                    const uint8_t *row = blk + (sq * 4 * TS + k) * P;
+                    x[k] = nb == 4 && TS == 1 ? MMSI(_loadu_si)((const VI *)(row + u * NLG * CB))
+                                              : FN(lanes)(row, off[u], nb);
                 }
-                const VI ab0 = MM(_unpacklo_epi8)(x[0], x[1]), ab1 = MM(_unpackhi_epi8)(x[0], x[1]);
-                const VI cd0 = MM(_unpacklo_epi8)(x[2], x[3]), cd1 = MM(_unpackhi_epi8)(x[2], x[3]);
-                codes[qd][4 * u + 0] = MM(_unpacklo_epi16)(ab0, cd0);
-                codes[qd][4 * u + 1] = MM(_unpackhi_epi16)(ab0, cd0);
-                codes[qd][4 * u + 2] = MM(_unpacklo_epi16)(ab1, cd1);
-                codes[qd][4 * u + 3] = MM(_unpackhi_epi16)(ab1, cd1);
+                FN(interleave4)(x, codes[sq][u], nb);
             }
         for (int64_t r = 0; r < M; r++) {
-            value_weights(p + r * total + t0, uf, wf, nt, KG, pq, &beta, wsum + r * KG);
-            VI ai[NV];
-            for (int64_t v = 0; v < NV; v++) ai[v] = MMSI(_setzero_si)();
-            for (int64_t qd = 0; qd < nq; qd++) {
-                const VI w4 = FN(wload)(pq + qd * KG * 4, km);
-                for (int64_t v = 0; v < NV; v++) ai[v] = FN(dot)(ai[v], FN(permute)(w4, gidx[v]), codes[qd][v]);
+            if (nt == VB) {
+                memcpy(pl, p + r * total + t0, VB * sizeof(float));
+            } else {
+                memcpy(pl, p + r * total + t0, nt * sizeof(float));
+                memset(pl + nt, 0, (VB - nt) * sizeof(float));
             }
+            FN(weights)(pl, uf, wf, NCH, pidx, pbase, pq, &beta, wacc[r], per);
             const VF b = MM(_set1_ps)(beta);
-            for (int64_t v = 0; v < NV; v++) {
-                float *o = accL + r * D + LANES * v;
-                MM(_storeu_ps)(o, MM(_fmadd_ps)(MM(_cvtepi32_ps)(ai[v]), b, MM(_loadu_ps)(o)));
+            for (int64_t u = 0; u < NU; u++) {
+                VI ai[8];
+                for (int j = 0; j < 8; j++) ai[j] = MMSI(_setzero_si)();
+                for (int64_t sq = 0; sq < NSQ; sq++) {
+                    const VI w4 = FN(permute)(MMSI(_loadu_si)((const VI *)(pq + 4 * (sq * TS * KG + wbase[u]))), widx[u]);
+                    for (int j = 0; j < 8; j++) ai[j] = FN(dot)(ai[j], w4, codes[sq][u][j]);
+                }
+                for (int j = 0; j < 8; j++) {
+                    float *o = accL + r * NE + (u * 8 + j) * LANES;
+                    MM(_storeu_ps)(o, MM(_fmadd_ps)(MM(_cvtepi32_ps)(ai[j]), b, MM(_loadu_ps)(o)));
+                }
             }
         }
     }
-    value_finish(accL, wsum, acc, M, D, G, LANES, nb);
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t k = 0; k < per; k++) {
+            float w[LANES];
+            MM(_storeu_ps)(w, wacc[r][k]);
+            for (int64_t l = 0; l < LANES; l++) wsum[r * KG + (k * LANES + l) / 4 % KG] += w[l];
+        }
+    value_finish(accL, pos, NE, wsum, acc, M, D, G, nb);
 }
 
-/* one function per path: nbits 2/4 with head_dim 128 get constant trip counts (unrolled loops) */
+/* one function per path: nbits 2/4 with head_dim 64 and 128 and group size 32 (KIVI's default) get constant trip
+ * counts (unrolled loops, the weights' layout known); other shapes share a generic instance per nbits */
 PATH_TARGET static void FN(values)(const uint8_t *vc, const void *vs, const void *vz, int bf16, int64_t tokens,
                                    int64_t G, const float *p, int64_t total, int64_t M, int64_t D, float *acc,
                                    int nb) {
-    if (nb == 4 && D == 128)
-        FN(values_nb)(vc, vs, vz, bf16, tokens, G, p, total, M, 128, acc, 4);
-    else if (nb == 2 && D == 128)
-        FN(values_nb)(vc, vs, vz, bf16, tokens, G, p, total, M, 128, acc, 2);
+    if (nb == 4 && D == 128 && G == 32)
+        FN(values_nb)(vc, vs, vz, bf16, tokens, 32, p, total, M, 128, acc, 4);
+    else if (nb == 2 && D == 128 && G == 32)
+        FN(values_nb)(vc, vs, vz, bf16, tokens, 32, p, total, M, 128, acc, 2);
+    else if (nb == 4 && D == 64 && G == 32)
+        FN(values_nb)(vc, vs, vz, bf16, tokens, 32, p, total, M, 64, acc, 4);
+    else if (nb == 2 && D == 64 && G == 32)
+        FN(values_nb)(vc, vs, vz, bf16, tokens, 32, p, total, M, 64, acc, 2);
     else if (nb == 4)
         FN(values_nb)(vc, vs, vz, bf16, tokens, G, p, total, M, D, acc, 4);
     else

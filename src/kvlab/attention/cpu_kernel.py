@@ -14,8 +14,8 @@ float copy.
 
 An integer path for KIVI (``_kivi_int.c``; :func:`dot_path`: ``dot="int8"`` or ``KVLAB_KIVI_DOT=int8``, the exact
 fp32 path staying the default and the reference): the query, with the per-channel key scale folded in, is rounded
-to two int8 digits per row and key group (one digit cost the real model too much KL), and key scores are integer dot products over the 2/4-bit codes unpacked to 8-bit
-lanes; value sums weight the codes by 8-bit probabilities (times the per-token value scale, one scale per row and
+to 16 bits per row and key group, split into a signed high and an unsigned low byte (one int8 digit cost the real
+model too much KL); key scores are integer dot products over the 2/4-bit codes, one token per 32-bit lane; value sums weight the codes by 8-bit probabilities (times the per-token value scale, one scale per row and
 32-token block) in integer dot products, four tokens per 32-bit lane. This is llama.cpp's q8 dot product (the
 activation quantized to 8 bits, AVX512-VNNI ``dpbusd`` / AVX2 ``maddubs`` + ``madd``) over KIVI's per-channel keys
 and per-token values (arXiv:2402.02750, section 3.2). The instruction-set path is chosen at run time from what the
@@ -307,7 +307,7 @@ def describe() -> str:
 # the instruction-set paths of _kivi_int.c, lowest first (their index is the C code)
 ISAS = ("scalar", "avx2", "avx512")
 # KIVI attention: "exact" (fp32 dot products over dequantized codes, the reference), "int8" (the query quantized
-# to two int8 digits per row and key group, integer dot products over the unpacked codes for the key scores, and 8-bit value
+# to 16 bits (two bytes) per row and key group, integer dot products over the unpacked codes for the key scores, 8-bit value
 # weights per 32-token block for the value sums: _kivi_int.c) or "int8-keys" (integer key scores, exact fp32 values)
 DOT_PATHS = ("exact", "int8", "int8-keys")
 INT_KEYS_ONLY = 256  # added to the instruction-set code: integer key scores only (_kivi_cpu.c)
@@ -478,9 +478,9 @@ def decode_attention(
     ``<= i + window_offset``) or a bool ``[1 or B, q_len, Q + w]`` (True = attend). A row with every key masked
     comes out 0. The caller checks the problem first (:func:`unsupported`, ``kivi_attention``'s input checks).
     ``dot``: the key-score path (:func:`dot_path`; default ``$KVLAB_KIVI_DOT``, else exact). With ``"int8"`` the
-    quantized keys' scores come from integer dot products against the query rounded to two int8 digits per row and key group
-    (``_kivi_int.c``: two int8 digits, score error at most ``a / 508 * sum_c code[t, c]`` with
-    ``a = max_c |q_c s_c| / 127``);
+    quantized keys' scores come from integer dot products against the query rounded to 16 bits per row and key group
+    (``_kivi_int.c``: a high and a low byte, score error at most ``a / 2 * sum_c code[t, c]`` with
+    ``a = max_c |q_c s_c| / 32767``);
     values, window and softmax stay fp32.
 
     Raises:

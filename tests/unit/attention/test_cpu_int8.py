@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from kvlab.attention import cpu_baseline, cpu_kernel
 from kvlab.quant import KIVIConfig, KIVIState
 
-DIGIT = 254  # the query's second int8 digit (_kivi_int.c)
+QMAX = 32767  # the query's 16-bit steps: a = max |q s| / QMAX (_kivi_int.c)
 
 needs_kernel = pytest.mark.skipif(
     shutil.which(cpu_kernel.COMPILER) is None or cpu_kernel.unavailable_reason() is not None,
@@ -64,8 +64,9 @@ def _int_scores(path, nbits, seg, q, group):
 @pytest.mark.parametrize("nbits", [2, 4])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_integer_key_scores_within_the_stated_bound(nbits, head_dim):
-    """|score_int - score_exact| <= a / (2 * 254) * sum_c code[t, c] with a = max_c |q_c s_c| / 127 per key group
-    (two int8 digits of the query: the bound of _kivi_int.c), plus fp32 rounding; every path within it of C."""
+    """|score_int - score_exact| <= a / 2 * sum_c code[t, c] with a = max_c |q_c s_c| / 32767 per key group (the
+    query rounded to 16 bits, split into a high and a low byte: the bound of _kivi_int.c), plus fp32 rounding; every
+    path within it of C."""
     group = 32
     st = _state(nbits, head_dim, 6 * group + 3)
     seg = next(iter(st.segments()))
@@ -74,14 +75,14 @@ def test_integer_key_scores_within_the_stated_bound(nbits, head_dim):
     s, z = seg.k_scale[0, 0].double(), seg.k_zero[0, 0].double()  # [T / G, D]
     keys = codes * s.repeat_interleave(group, 0) + z.repeat_interleave(group, 0)
     exact = q.double() @ keys.T  # [M, T]
-    a = (q.double()[:, None, :] * s[None]).abs().amax(-1) / 127  # [M, T / G]
-    bound = a.repeat_interleave(group, 1) / (2 * DIGIT) * codes.sum(-1)[None] + 1e-5 * exact.abs().amax()
+    a = (q.double()[:, None, :] * s[None]).abs().amax(-1) / QMAX  # [M, T / G]
+    bound = a.repeat_interleave(group, 1) / 2 * codes.sum(-1)[None] + 1e-5 * exact.abs().amax()
     got = {p: _int_scores(p, nbits, seg, q, group) for p in _paths()}
     for p, g in got.items():
         err = (g.double() - exact).abs()
         assert (err <= bound).all(), f"{p}: error {err.max():.3g} above the bound"
         assert err.max() > 0, f"{p}: no quantization error at all: the exact path ran"
-        # the paths differ only where a second digit rounds the other way (FMA contraction): within the bound
+        # the paths differ only where the query rounds the other way (FMA contraction): within the bound
         assert ((g.double() - got["scalar"].double()).abs() <= bound).all(), f"{p} and scalar differ"
 
 
@@ -115,8 +116,8 @@ def test_integer_attention_within_the_bound_of_its_two_roundings(nbits, path, mo
     s = seg.k_scale.double().repeat_interleave(32, 2)
     z = seg.k_zero.double().repeat_interleave(32, 2)
     qg = q.double().reshape(1, 2, 2, head_dim) * head_dim**-0.5  # [1, H, rows, D]
-    a = (qg[:, :, :, None, :] * s[:, :, None]).abs().amax(-1) / 127  # [1, H, rows, T]
-    delta = (a / (2 * DIGIT) * codes.sum(-1)[:, :, None]).amax().item()
+    a = (qg[:, :, :, None, :] * s[:, :, None]).abs().amax(-1) / QMAX  # [1, H, rows, T]
+    delta = (a / 2 * codes.sum(-1)[:, :, None]).amax().item()
     vcodes = _codes(seg.v_codes, nbits).double()
     u = seg.v_scale.double().repeat_interleave(head_dim // seg.v_scale.shape[-1], -1)
     w = seg.v_zero.double().repeat_interleave(head_dim // seg.v_scale.shape[-1], -1)
