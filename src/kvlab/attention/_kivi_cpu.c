@@ -24,6 +24,7 @@
 
 #define SEG_FIELDS 19
 #define INT_KEYS_ONLY 256 /* added to an int_isa: integer key scores, exact fp32 value sums */
+#define MAX_PARTS 8       /* parts (token ranges) one item may be split into (threads that would idle otherwise) */
 
 /* integer key scores (_kivi_int.c, linked into the same library) */
 int kivi_int_supported(int64_t isa, int64_t nb, int64_t D);
@@ -265,9 +266,10 @@ typedef struct {
     int64_t int_isa; /* -1: exact fp32; else the _kivi_int.c path (its code; + INT_KEYS_ONLY: exact value sums) */
 } args_t;
 
-/* the window's scores (quantized tokens first: columns [Q, Q + w)) and the masks */
-static inline __attribute__((always_inline)) void window_and_mask(const args_t *a, int64_t b, int64_t h, const float *q, float *sc, int64_t Q,
-                            int64_t total, float *buf, const int64_t D) {
+/* the window's scores (quantized tokens first: columns [Q, Q + w)) */
+static inline __attribute__((always_inline)) void window_scores(const args_t *a, int64_t b, int64_t h, const float *q,
+                                                                float *sc, int64_t Q, int64_t total, float *buf,
+                                                                const int64_t D) {
     const int64_t M = a->M;
     const void *kw = (const char *)a->kw + (b * a->kw_sb + h * a->kw_sh) * (a->win_bf16 ? 2 : 4);
     int64_t j = 0;
@@ -290,17 +292,31 @@ static inline __attribute__((always_inline)) void window_and_mask(const args_t *
         row_f32(kw, j * a->kw_st, D, (int)a->win_bf16, buf);
         for (int64_t r = 0; r < M; r++) sc[r * total + Q + j] = dot(q + r * D, buf, D);
     }
-    for (int64_t r = 0; r < M; r++) {
+}
+
+/* the masks over columns [c0, c1) of every row: the caller's `valid`, else causal inside the window (column Q + j
+ * is seen by query i when j <= i + offset) */
+static void mask_cols(const args_t *a, int64_t b, float *sc, int64_t Q, int64_t total, int64_t c0, int64_t c1) {
+    for (int64_t r = 0; r < a->M; r++) {
         const int64_t qi = r % a->q_len;
         float *row = sc + r * total;
         if (a->valid) {
             const uint8_t *v = a->valid + b * a->valid_sb + qi * a->valid_sq;
-            for (int64_t t = 0; t < total; t++)
+            for (int64_t t = c0; t < c1; t++)
                 if (!v[t]) row[t] = -INFINITY;
         } else {
-            for (int64_t j = qi + a->offset + 1; j < a->w; j++) row[Q + j] = -INFINITY;
+            const int64_t j0 = qi + a->offset + 1 > c0 - Q ? qi + a->offset + 1 : c0 - Q;
+            for (int64_t j = j0; Q + j < c1; j++) row[Q + j] = -INFINITY;
         }
     }
+}
+
+/* the masks of the whole row (columns [0, total)) after the window's scores: FP8 */
+static inline __attribute__((always_inline)) void window_and_mask(const args_t *a, int64_t b, int64_t h, const float *q,
+                                                                  float *sc, int64_t Q, int64_t total, float *buf,
+                                                                  const int64_t D) {
+    window_scores(a, b, h, q, sc, Q, total, buf, D);
+    mask_cols(a, b, sc, Q, total, 0, total);
 }
 
 /* softmax of each row in place (unnormalised: exp(s - max)); returns 1 / sum in inv[r] (0 for a masked row) */
@@ -338,10 +354,9 @@ static void softmax_rows(float *sc, int64_t M, int64_t total, float *inv) {
     }
 }
 
-/* row r of item (b, h): add the window's values weighted by its probabilities pw[0..w) to orow (the quantized
- * history's sum, fp32, channel order), then write orow * inv to the output (fp32, or bf16 rounded to nearest even) */
-AI void finish_row(const args_t *a, int64_t b, int64_t h, int64_t r, const float *pw, float *orow, float inv,
-                   float *tmp, const int64_t D) {
+/* orow += the window's values of item (b, h) weighted by its probabilities pw[0..w) (fp32, channel order) */
+AI void window_values(const args_t *a, int64_t b, int64_t h, const float *pw, float *orow, float *tmp,
+                      const int64_t D) {
     const void *vw = (const char *)a->vw + (b * a->vw_sb + h * a->vw_sh) * (a->win_bf16 ? 2 : 4);
     for (int64_t j = 0; j < a->w; j++) {
         const float pr = pw[j];
@@ -350,82 +365,197 @@ AI void finish_row(const args_t *a, int64_t b, int64_t h, int64_t r, const float
 #pragma omp simd
         for (int64_t c = 0; c < D; c++) orow[c] += pr * tmp[c];
     }
+}
+
+/* row r of item (b, h): add the window's values weighted by its probabilities pw[0..w) to orow (the quantized
+ * history's sum, fp32, channel order), then write orow * inv to the output (fp32, or bf16 rounded to nearest even) */
+AI void finish_row(const args_t *a, int64_t b, int64_t h, int64_t r, const float *pw, float *orow, float inv,
+                   float *tmp, const int64_t D) {
+    window_values(a, b, h, pw, orow, tmp, D);
     store_row(a->out, ((b * a->H + h) * a->M + r) * D, orow, inv, D, (int)a->out_bf16);
 }
 
-static inline __attribute__((always_inline)) void item(const args_t *a, int64_t b, int64_t h, const int NB,
-                                                       const int64_t D) {
-    const int64_t M = a->M, K = 8 / NB, P = D / K, it = b * a->H + h;
+/* exp(x - m) in place over columns [c0, c1) and [w0, w1) of each row, m its maximum there (-inf: every column
+ * masked, then zeros); mx[r] = m, l[r] = the sum */
+static void softmax_parts(float *sc, int64_t M, int64_t total, int64_t c0, int64_t c1, int64_t w0, int64_t w1,
+                          float *mx, float *l) {
+    for (int64_t r = 0; r < M; r++) {
+        float *row = sc + r * total, m = -INFINITY, sum = 0.0f;
+        const int64_t lo[2] = {c0, w0}, hi[2] = {c1, w1};
+        for (int k = 0; k < 2; k++) {
+            int64_t t = lo[k];
+            v8f m8 = splat8(-INFINITY);
+            for (; t + 8 <= hi[k]; t += 8) {
+                const v8f x = load8(row + t);
+                const v8i gt = x > m8;
+                m8 = (v8f)(((v8i)x & gt) | ((v8i)m8 & ~gt));
+            }
+            for (int q = 0; q < 8; q++) m = m8[q] > m ? m8[q] : m;
+            for (; t < hi[k]; t++) m = row[t] > m ? row[t] : m;
+        }
+        mx[r] = m;
+        if (m == -INFINITY) {
+            for (int k = 0; k < 2; k++) memset(row + lo[k], 0, (hi[k] - lo[k]) * sizeof(float));
+            l[r] = 0.0f;
+            continue;
+        }
+        for (int k = 0; k < 2; k++) {
+            int64_t t = lo[k];
+            v8f l8 = splat8(0.0f);
+            for (; t + 8 <= hi[k]; t += 8) {
+                const v8f e = exp8_nonpos(load8(row + t) - splat8(m));
+                store8(row + t, e);
+                l8 += e;
+            }
+            for (int q = 0; q < 8; q++) sum += l8[q];
+            for (; t < hi[k]; t++) {
+                row[t] = exp_nonpos(row[t] - m);
+                sum += row[t];
+            }
+        }
+        l[r] = sum;
+    }
+}
+
+/* tokens [t0, t0 + n) of segment s (t0 a multiple of G; P bytes of codes a token) */
+static seg_item seg_part(const seg_item *s, int64_t t0, int64_t n, int64_t P, int64_t D, int64_t G, int bf16) {
+    const int64_t es = bf16 ? 2 : 4, KG = D / G;
+    seg_item x = *s;
+    x.kc += t0 * P;
+    x.vc += t0 * P;
+    x.ks = (const char *)s->ks + t0 / G * D * es;
+    x.kz = (const char *)s->kz + t0 / G * D * es;
+    x.vs = (const char *)s->vs + t0 * KG * es;
+    x.vz = (const char *)s->vz + t0 * KG * es;
+    x.tokens = n;
+    return x;
+}
+
+/* the floats of one part's work area (see part) */
+static int64_t part_floats(int64_t M, int64_t D) { return 3 * M * D + 2 * M + D + (2 + M) * D + M + 16; }
+
+/* part s of S of item (b, h), flash-decoding style (Dao et al., FlashDecoding: the keys split, partial softmax
+ * states merged): the quantized tokens [lo, hi) (whole key groups) and, in the last part, the window. Leaves in the
+ * part's work area the rows' maxima mx, sums l of exp(score - mx) and acc, the unnormalised sums of values (channel
+ * order); item_finish merges the parts. */
+static inline __attribute__((always_inline)) void part(const args_t *a, int64_t b, int64_t h, int64_t s, int64_t S,
+                                                       const int NB, const int64_t D) {
+    const int64_t M = a->M, K = 8 / NB, P = D / K, it = b * a->H + h, G = a->G;
     const int bf16 = (int)a->meta_bf16;
-    const int vec = D * NB % 64 == 0 && a->G * NB % 64 == 0 && a->G % 8 == 0;
-    float *wk = a->work + it * a->work_floats;
-    float *qf = wk, *qp = qf + M * D, *acc = qp + M * D, *inv = acc + M * D, *orow = inv + M, *tmp = orow + D;
+    const int vec = D * NB % 64 == 0 && G * NB % 64 == 0 && G % 8 == 0;
+    float *wk = a->work + it * a->work_floats + s * part_floats(M, D);
+    float *qf = wk, *qp = qf + M * D, *acc = qp + M * D, *mx = acc + M * D, *l = mx + M, *orow = l + M;
+    float *tmp = orow + D;
     for (int64_t x = 0; x < M * D; x++) qf[x] = ld(a->q, it * M * D + x, (int)a->q_bf16) * a->scale;
     const float *q = qf;
     int64_t Q = 0;
     for (int64_t n = 0; n < a->nseg; n++) Q += a->segs[n * SEG_FIELDS + 18];
-    const int64_t total = Q + a->w;
+    const int64_t total = Q + a->w, ng = Q / G, last = s == S - 1;
+    const int64_t lo = ng * s / S * G, hi = last ? Q : ng * (s + 1) / S * G;
     float *sc = a->scores + it * M * total;
     for (int64_t r = 0; r < M; r++)
         for (int64_t i = 0; i < K; i++)
             for (int64_t jb = 0; jb < P; jb++) qp[r * D + i * P + jb] = q[r * D + jb * K + i];
-    int64_t start = 0;
     const int64_t isa = a->int_isa % INT_KEYS_ONLY;
     const int integer = a->int_isa >= 0 && kivi_int_supported(isa, NB, D);
-    for (int64_t n = 0; n < a->nseg; n++) {
-        seg_item s = seg_at(a->segs + n * SEG_FIELDS, b, h, bf16);
-        if (integer &&
-            kivi_int_key_scores(isa, NB, s.kc, s.ks, s.kz, bf16, s.tokens, a->G, q, sc + start, total, M, D) == 0)
-            ; /* the integer path took the segment (it refuses one of tokens not a multiple of G) */
-        else if (vec)
-            key_scores_v(&s, q, qp, sc + start, total, M, D, a->G, bf16, tmp, NB);
-        else
-            key_scores(&s, q, qp, sc + start, total, M, D, a->G, bf16, tmp, NB);
-        start += s.tokens;
+    const int int_values = integer && a->int_isa < INT_KEYS_ONLY && kivi_int_values_supported(isa, NB, D, G);
+    for (int pass = 0; pass < 2; pass++) { /* keys, then (after the softmax) values, over the part's sub-segments */
+        if (pass == 1) {
+            if (last) {
+                window_scores(a, b, h, q, sc, Q, total, tmp, D);
+                mask_cols(a, b, sc, Q, total, Q, total);
+            }
+            mask_cols(a, b, sc, Q, total, lo, hi);
+            softmax_parts(sc, M, total, lo, hi, last ? Q : 0, last ? total : 0, mx, l);
+            memset(acc, 0, M * D * sizeof(float));
+        }
+        int64_t start = 0;
+        for (int64_t n = 0; n < a->nseg; n++) {
+            const seg_item whole = seg_at(a->segs + n * SEG_FIELDS, b, h, bf16);
+            const int64_t x0 = lo > start ? lo : start, x1 = hi < start + whole.tokens ? hi : start + whole.tokens;
+            start += whole.tokens;
+            if (x0 >= x1) continue;
+            const seg_item sg = seg_part(&whole, x0 - (start - whole.tokens), x1 - x0, P, D, G, bf16);
+            float *c = sc + x0;
+            if (pass == 0) {
+                if (integer && kivi_int_key_scores(isa, NB, sg.kc, sg.ks, sg.kz, bf16, sg.tokens, G, q, c, total, M, D) == 0)
+                    ; /* the integer path took the segment (it refuses one of tokens not a multiple of G) */
+                else if (vec)
+                    key_scores_v(&sg, q, qp, c, total, M, D, G, bf16, tmp, NB);
+                else
+                    key_scores(&sg, q, qp, c, total, M, D, G, bf16, tmp, NB);
+            } else if (int_values) {
+                kivi_int_value_sums(isa, NB, sg.vc, sg.vs, sg.vz, bf16, sg.tokens, G, c, total, M, D, acc);
+            } else if (vec) {
+                value_sums_v(&sg, c, acc, total, M, D, G, bf16, NB);
+            } else {
+                value_sums(&sg, c, acc, total, M, D, G, bf16, tmp, NB);
+            }
+        }
     }
-    window_and_mask(a, b, h, q, sc, Q, total, tmp, D);
-    softmax_rows(sc, M, total, inv);
-    memset(acc, 0, M * D * sizeof(float));
-    start = 0;
-    const int int_values = integer && a->int_isa < INT_KEYS_ONLY && kivi_int_values_supported(isa, NB, D, a->G);
-    for (int64_t n = 0; n < a->nseg; n++) {
-        seg_item s = seg_at(a->segs + n * SEG_FIELDS, b, h, bf16);
-        if (int_values)
-            kivi_int_value_sums(isa, NB, s.vc, s.vs, s.vz, bf16, s.tokens, a->G, sc + start, total, M, D, acc);
-        else if (vec)
-            value_sums_v(&s, sc + start, acc, total, M, D, a->G, bf16, NB);
-        else
-            value_sums(&s, sc + start, acc, total, M, D, a->G, bf16, tmp, NB);
-        start += s.tokens;
-    }
-    for (int64_t r = 0; r < M; r++) {
+    for (int64_t r = 0; r < M; r++) { /* channel order, and the window's values */
         for (int64_t i = 0; i < K; i++)
             for (int64_t jb = 0; jb < P; jb++) orow[jb * K + i] = acc[r * D + i * P + jb];
-        finish_row(a, b, h, r, sc + r * total + Q, orow, inv[r], tmp, D);
+        if (last) window_values(a, b, h, sc + r * total + Q, orow, tmp, D);
+        memcpy(acc + r * D, orow, D * sizeof(float));
     }
 }
 
-static void run_item(const args_t *a, int64_t idx) {
-    const int64_t b = idx / a->H, h = idx % a->H;
+/* the output rows of item `it` from its S parts: m = max of the parts' maxima, out = sum_s e^(mx_s - m) acc_s /
+ * sum_s e^(mx_s - m) l_s (0 for a row with every key masked) */
+static void item_finish(const args_t *a, int64_t it, int64_t S) {
+    const int64_t M = a->M, D = a->D, pf = part_floats(M, D);
+    const float *wk = a->work + it * a->work_floats;
+    float *o = a->work + it * a->work_floats + S * pf; /* past the parts' areas: D floats */
+    for (int64_t r = 0; r < M; r++) {
+        float m = -INFINITY, L = 0.0f;
+        for (int64_t s = 0; s < S; s++) {
+            const float x = wk[s * pf + 3 * M * D + r];
+            m = x > m ? x : m;
+        }
+        memset(o, 0, D * sizeof(float));
+        if (m != -INFINITY)
+            for (int64_t s = 0; s < S; s++) {
+                const float *p = wk + s * pf, ms = p[3 * M * D + r];
+                if (ms == -INFINITY) continue;
+                const float e = S == 1 ? 1.0f : exp_nonpos(ms - m);
+                L += e * p[3 * M * D + M + r];
+                for (int64_t c = 0; c < D; c++) o[c] += e * p[2 * M * D + r * D + c];
+            }
+        store_row(a->out, (it * M + r) * D, o, L > 0.0f ? 1.0f / L : 0.0f, D, (int)a->out_bf16);
+    }
+}
+
+static void run_part(const args_t *a, int64_t unit, int64_t S) {
+    const int64_t idx = unit / S, s = unit % S, b = idx / a->H, h = idx % a->H;
     /* head_dim 64 and 128 get their own code for 2 and 4 bits (constant trip counts: unrolled, no loop set-up per
      * token) */
 #define KIVI_DISPATCH(NB)                               \
     if (a->D == 64)                                     \
-        item(a, b, h, NB, 64);                          \
+        part(a, b, h, s, S, NB, 64);                    \
     else if (a->D == 128)                               \
-        item(a, b, h, NB, 128);                         \
+        part(a, b, h, s, S, NB, 128);                   \
     else                                                \
-        item(a, b, h, NB, a->D);
+        part(a, b, h, s, S, NB, a->D);
     switch (a->nbits) { /* 8-bit codes (rare) share one instantiation: fewer copies to compile */
         case 2: KIVI_DISPATCH(2) break;
         case 4: KIVI_DISPATCH(4) break;
-        default: item(a, b, h, 8, a->D); break;
+        default: part(a, b, h, s, S, 8, a->D); break;
     }
 #undef KIVI_DISPATCH
 }
 
-/* floats of `work` one item needs */
-int64_t kivi_work_floats(int64_t M, int64_t D) { return 3 * M * D + M + D + (2 + M) * D + M + 16; }
+/* parts per item: 1, or (threads that would idle otherwise: items not a multiple of the threads) the fewest that
+ * make items * parts a multiple of the threads, at most MAX_PARTS and one key group each */
+static int64_t parts_for(int64_t items, int64_t nt, int64_t groups) {
+    if (nt <= 1 || items % nt == 0) return 1;
+    int64_t S = 2;
+    while (S < MAX_PARTS && items * S % nt) S++;
+    return S < groups ? S : (groups > 1 ? groups : 1);
+}
+
+/* floats of `work` one item needs: MAX_PARTS parts, then D for item_finish (the FP8 kernel uses the start) */
+int64_t kivi_work_floats(int64_t M, int64_t D) { return MAX_PARTS * part_floats(M, D) + D; }
 
 int kivi_decode_step(const void *q, int64_t q_bf16, double scale, int64_t B, int64_t H, int64_t M, int64_t D, int64_t nbits, int64_t G,
                      int64_t nseg, const int64_t *segs, int64_t meta_bf16, const void *kw, const void *vw, int64_t w,
@@ -439,13 +569,21 @@ int kivi_decode_step(const void *q, int64_t q_bf16, double scale, int64_t B, int
                 nseg,   segs,   meta_bf16,    kw,       vw,       w,      kw_sb,    kw_sh,  kw_st,
                 vw_sb,  vw_sh,  vw_st,        win_bf16, valid,    valid_sb, valid_sq, q_len, offset,
                 scores, work,   out,          out_bf16, kivi_work_floats(M, D), int_isa};
-    const int64_t items = B * H;
-    if (nthreads > 1 && items > 1) {
-        int nt = (int)(nthreads < items ? nthreads : items);
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int64_t i = 0; i < items; i++) run_item(&a, i);
+    int64_t Q = 0;
+    for (int64_t n = 0; n < nseg; n++) Q += segs[n * SEG_FIELDS + 18];
+    const int64_t items = B * H, S = parts_for(items, nthreads, Q / G), units = items * S;
+    if (nthreads > 1 && units > 1) {
+        const int nt = (int)(nthreads < units ? nthreads : units);
+#pragma omp parallel num_threads(nt)
+        {
+#pragma omp for schedule(static)
+            for (int64_t u = 0; u < units; u++) run_part(&a, u, S);
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < items; i++) item_finish(&a, i, S);
+        }
     } else {
-        for (int64_t i = 0; i < items; i++) run_item(&a, i);
+        for (int64_t u = 0; u < units; u++) run_part(&a, u, S);
+        for (int64_t i = 0; i < items; i++) item_finish(&a, i, S);
     }
     return 0;
 }

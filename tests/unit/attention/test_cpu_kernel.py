@@ -318,3 +318,29 @@ def test_segment_tensors_in_another_layout_are_read_right():
     assert odd[0].k_codes.stride(-1) != 1
     got = kivi_attention(query, odd, kw, vw, 4, 32, 0.125, backend="cpu-kernel")
     assert torch.equal(got, kivi_attention(query, segments, kw, vw, 4, 32, 0.125, backend="cpu-kernel"))
+
+
+@needs_kernel
+@pytest.mark.parametrize("dot", ["exact", "int8"])
+@pytest.mark.parametrize("q_len", [1, 2])
+def test_items_split_over_token_ranges_equal_the_unsplit_kernel(dot, q_len):
+    """3 threads over 4 (batch row, KV head) items: each item is split into 3 token ranges whose softmax states are
+    merged (flash-decoding); the output equals one thread's up to fp32 rounding, masks and padding rows included."""
+    segments, kw, vw, keys, _, query = _problem(4, 32, 64, 40 * 32 + 5, 64, 256, q_len=q_len)
+    mask = torch.ones(2, 1, q_len, keys.shape[-2], dtype=torch.bool)
+    mask[0, ..., 100:900] = False  # a whole part of row 0 masked
+    mask[1] = False  # a padding row: every key masked
+    valid = mask[:, 0]
+    saved = torch.get_num_threads()
+    outs = {}
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            outs[n] = cpu_kernel.decode_attention(
+                query, segments, kw, vw, 4, 32, 0.125, valid, kw.shape[2] - q_len, dot=dot
+            )
+    finally:
+        torch.set_num_threads(saved)
+    assert torch.equal(outs[1][1], torch.zeros_like(outs[1][1]))
+    assert not torch.equal(outs[1][0], torch.zeros_like(outs[1][0]))
+    torch.testing.assert_close(outs[3], outs[1], rtol=1e-5, atol=1e-6)
