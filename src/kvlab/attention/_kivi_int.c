@@ -111,6 +111,11 @@ T_AVX512 AI __m512 ldf_avx512(const void *p, int64_t i, const int bf16) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 T_AVX512 AI __m512 permps_avx512(__m512 a, __m512i idx) { return _mm512_permutexvar_ps(idx, a); }
+/* p[0 .. min(n, 16)) and zeros (no access past them); n <= 0: zeros */
+T_AVX512 AI __m512 ldn_avx512(const float *p, int64_t n) {
+    if (n >= 16) return _mm512_loadu_ps(p);
+    return _mm512_maskz_loadu_ps(n > 0 ? (__mmask16)((1u << n) - 1u) : 0, p);
+}
 T_AVX512 AI float hmax_avx512(__m512 v) { return _mm512_reduce_max_ps(v); }
 T_AVX512 AI float hsum_avx512(__m512 v) { return _mm512_reduce_add_ps(v); }
 /* the low bytes of x's 16 int32 lanes (values inside the byte's range) to dst */
@@ -153,6 +158,11 @@ T_AVX2 AI __m256 ldf_avx2(const void *p, int64_t i, const int bf16) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 T_AVX2 AI __m256 permps_avx2(__m256 a, __m256i idx) { return _mm256_permutevar8x32_ps(a, idx); }
+T_AVX2 AI __m256 ldn_avx2(const float *p, int64_t n) {
+    if (n >= 8) return _mm256_loadu_ps(p);
+    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n > 0 ? n : 0)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_maskload_ps(p, m);
+}
 T_AVX2 AI float hmax_avx2(__m256 v) {
     __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     x = _mm_max_ps(x, _mm_movehl_ps(x, x));

@@ -167,19 +167,20 @@ PATH_TARGET AI void FN(interleave4)(const VI *x, VI *out, const int nb) {
     }
 }
 
-/* value_weights (_kivi_int.c) in this path's vectors for one row and block: pe = the block's probabilities (pl:
- * VB of them, then 0) in the [quad][g][tt] layout, one permute a vector (pidx, pbase), pp = pe * uf, beta = max pp /
- * 255, pq = round(pp / beta) (nearest even); wacc[c % per] += pe * wf (the zero-point sums, reduced per group by the
- * caller) */
-PATH_TARGET AI void FN(weights)(const float *pl, const float *uf, const float *wf, const int64_t NCH, const VI *pidx,
-                                const int64_t *pbase, uint8_t *pq, float *beta, VF *wacc, const int64_t per) {
+/* value_weights (_kivi_int.c) in this path's vectors for one row and block: pe = the block's nt probabilities pr
+ * (0 past them) in the [quad][g][tt] layout, one permute a vector (pidx, pbase), pp = pe * uf, beta = max pp / 255,
+ * pq = round(pp / beta) (nearest even); wacc[c % per] += pe * wf (the zero-point sums, reduced per group by the
+ * caller). The probabilities are read in place (a copy's stores would not forward to the wider loads). */
+PATH_TARGET AI void FN(weights)(const float *pr, int64_t nt, const float *uf, const float *wf, const int64_t NCH,
+                                const VI *pidx, const int64_t *pbase, uint8_t *pq, float *beta, VF *wacc,
+                                const int64_t per) {
     VF pp[NCH], mx = MM(_setzero_ps)(), wl[4];
     for (int k = 0; k < 4; k++) wl[k] = wacc[k];
     for (int64_t c0 = 0; c0 < NCH; c0 += per)
         for (int k = 0; k < 4; k++) { /* chunk c0 + k adds to wl[k]: constant indices, registers */
             if (k >= per) break;
             const int64_t c = c0 + k;
-            const VF pe = FN(permps)(MM(_loadu_ps)(pl + pbase[c]), pidx[c]);
+            const VF pe = FN(permps)(FN(ldn)(pr + pbase[c], nt - pbase[c]), pidx[c]);
             pp[c] = MM(_mul_ps)(pe, MM(_loadu_ps)(uf + c * LANES));
             mx = MM(_max_ps)(mx, pp[c]);
             wl[k] = MM(_fmadd_ps)(pe, MM(_loadu_ps)(wf + c * LANES), wl[k]);
@@ -189,6 +190,34 @@ PATH_TARGET AI void FN(weights)(const float *pl, const float *uf, const float *w
     *beta = m / 255.0f;
     const VF inv = MM(_set1_ps)(m > 0.0f ? 255.0f / m : 0.0f);
     for (int64_t c = 0; c < NCH; c++) FN(store8)(pq + c * LANES, MM(_cvtps_epi32)(MM(_mul_ps)(pp[c], inv)));
+}
+
+/* accL[r] += beta[r] * (the block's weights pq[r] . codes) for rows r0 .. r0 + RT - 1: each code vector loaded once
+ * for the RT rows, 8 * RT independent dpbusd chains (codes[sq][u][j], NSQ sets of 4 * TS tokens, NU units) */
+PATH_TARGET AI void FN(vrows)(const VI *codes, const int64_t NSQ, const int64_t NU, const int64_t TS, const int64_t KG,
+                              const int64_t *wbase, const VI *widx, const uint8_t *pq, const int64_t PQ,
+                              const float *beta, float *accL, const int64_t NE, int64_t r0, const int RT) {
+    for (int64_t u = 0; u < NU; u++) {
+        VI ai[2][8];
+        for (int i = 0; i < RT; i++)
+            for (int j = 0; j < 8; j++) ai[i][j] = MMSI(_setzero_si)();
+        for (int64_t sq = 0; sq < NSQ; sq++) {
+            VI w4[2];
+            for (int i = 0; i < RT; i++)
+                w4[i] = FN(permute)(MMSI(_loadu_si)((const VI *)(pq + (r0 + i) * PQ + 4 * (sq * TS * KG + wbase[u]))), widx[u]);
+            for (int j = 0; j < 8; j++) {
+                const VI c = codes[(sq * NU + u) * 8 + j];
+                for (int i = 0; i < RT; i++) ai[i][j] = FN(dot)(ai[i][j], w4[i], c);
+            }
+        }
+        for (int i = 0; i < RT; i++) {
+            const VF b = MM(_set1_ps)(beta[r0 + i]);
+            for (int j = 0; j < 8; j++) {
+                float *o = accL + (r0 + i) * NE + (u * 8 + j) * LANES;
+                MM(_storeu_ps)(o, MM(_fmadd_ps)(MM(_cvtepi32_ps)(ai[i][j]), b, MM(_loadu_ps)(o)));
+            }
+        }
+    }
 }
 
 /* the integer value sums of one segment (see kivi_int_value_sums and _kivi_int.c): blocks of VB tokens; each block's
@@ -228,14 +257,14 @@ PATH_TARGET AI void FN(values_nb)(const uint8_t *vc, const void *vs, const void 
         }
         pidx[c] = MMSI(_loadu_si)((const VI *)w);
     }
-    float accL[M * NE], wsum[M * KG], uf[VB * KG], wf[VB * KG], beta, pl[VB + LANES];
-    uint8_t pq[VB * KG + 64] __attribute__((aligned(64))), tail[VB * P];
+    const int64_t PQ = VB * KG + 64; /* bytes of a row's weights, padded for the 64-byte window loads */
+    float accL[M * NE], wsum[M * KG], uf[VB * KG], wf[VB * KG], beta[M];
+    uint8_t pq[M * PQ] __attribute__((aligned(64))), tail[VB * P];
     VI codes[NSQ][NU][8];
     VF wacc[M][4];
     memset(accL, 0, sizeof accL);
     memset(wsum, 0, sizeof wsum);
     memset(pq, 0, sizeof pq);
-    memset(pl, 0, sizeof pl);
     for (int64_t r = 0; r < M; r++)
         for (int k = 0; k < 4; k++) wacc[r][k] = MM(_setzero_ps)();
     for (int64_t t0 = 0; t0 < tokens; t0 += VB) {
@@ -257,28 +286,11 @@ PATH_TARGET AI void FN(values_nb)(const uint8_t *vc, const void *vs, const void 
                 }
                 FN(interleave4)(x, codes[sq][u], nb);
             }
-        for (int64_t r = 0; r < M; r++) {
-            if (nt == VB) {
-                memcpy(pl, p + r * total + t0, VB * sizeof(float));
-            } else {
-                memcpy(pl, p + r * total + t0, nt * sizeof(float));
-                memset(pl + nt, 0, (VB - nt) * sizeof(float));
-            }
-            FN(weights)(pl, uf, wf, NCH, pidx, pbase, pq, &beta, wacc[r], per);
-            const VF b = MM(_set1_ps)(beta);
-            for (int64_t u = 0; u < NU; u++) {
-                VI ai[8];
-                for (int j = 0; j < 8; j++) ai[j] = MMSI(_setzero_si)();
-                for (int64_t sq = 0; sq < NSQ; sq++) {
-                    const VI w4 = FN(permute)(MMSI(_loadu_si)((const VI *)(pq + 4 * (sq * TS * KG + wbase[u]))), widx[u]);
-                    for (int j = 0; j < 8; j++) ai[j] = FN(dot)(ai[j], w4, codes[sq][u][j]);
-                }
-                for (int j = 0; j < 8; j++) {
-                    float *o = accL + r * NE + (u * 8 + j) * LANES;
-                    MM(_storeu_ps)(o, MM(_fmadd_ps)(MM(_cvtepi32_ps)(ai[j]), b, MM(_loadu_ps)(o)));
-                }
-            }
-        }
+        for (int64_t r = 0; r < M; r++) /* every row's weights first: their stores retire before the loads below */
+            FN(weights)(p + r * total + t0, nt, uf, wf, NCH, pidx, pbase, pq + r * PQ, beta + r, wacc[r], per);
+        int64_t r = 0;
+        for (; r + 2 <= M; r += 2) FN(vrows)(&codes[0][0][0], NSQ, NU, TS, KG, wbase, widx, pq, PQ, beta, accL, NE, r, 2);
+        if (r < M) FN(vrows)(&codes[0][0][0], NSQ, NU, TS, KG, wbase, widx, pq, PQ, beta, accL, NE, r, 1);
     }
     for (int64_t r = 0; r < M; r++)
         for (int64_t k = 0; k < per; k++) {
