@@ -108,6 +108,12 @@ def run(args: argparse.Namespace) -> int:
         return fail(args, f"--offset must be >= 0, got {args.offset}")
     if not math.isfinite(args.outlier_factor) or args.outlier_factor <= 1:
         return fail(args, f"--outlier-factor must be a finite number > 1, got {args.outlier_factor}")
+    from kvlab.runtime.device import resolve_device
+
+    try:  # before the loading line: the rule eval, bench and tasks use (cpu, cuda, cuda:N or auto)
+        resolve_device(args.device)
+    except ValueError as exc:
+        return fail(args, str(exc).replace("`device`", "--device"))
     from kvlab.models import check_local_model
 
     try:  # a missing or invalid model directory is bad input (exit 2), as in kvlab lab / plan

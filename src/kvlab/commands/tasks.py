@@ -294,7 +294,7 @@ def _measure(args: argparse.Namespace, cfg, result: dict | None) -> int:
     try:  # before loading: the rule eval and bench use (cpu, cuda, cuda:N or auto), "auto" recorded as resolved
         model_block["device"] = str(resolve_device(model_block["device"]))
     except ValueError as e:
-        return fail(args, f"--device: {e}")
+        return fail(args, str(e).replace("`device`", "`device` (--device)", 1))
     name = None if model_block["name"] == "bundled" else model_block["name"]
     err = Console(stderr=True)
     err.print(

@@ -72,6 +72,7 @@ def test_check_device_says_cuda_is_missing(monkeypatch):
         ["tasks", "--device", "xpu", "--n", "1"],
         ["eval", "--dry-run", "--device", "cuda:-1"],
         ["eval", "--dry-run", "--device", "cuda:01"],
+        ["inspect", "--device", "tpu"],  # refused before its "loading the bundled model" line
     ],
 )
 def test_cli_refuses_a_bad_device_in_one_line_before_any_work(argv, tmp_path, capsys, monkeypatch):
@@ -82,8 +83,19 @@ def test_cli_refuses_a_bad_device_in_one_line_before_any_work(argv, tmp_path, ca
     err = capsys.readouterr().err.strip().splitlines()
     bad = argv[argv.index("--device") + 1]
     assert len(err) == 1 and "must be cpu, cuda, cuda:N or auto" in err[0] and repr(bad) in err[0]
-    assert "loading model" not in err[0]
+    assert "loading" not in err[0]
+    assert err[0].count("--device") == 1  # the flag named once: `device` (--device), or --device
     assert not list(tmp_path.iterdir())
+
+
+def test_inspect_refuses_cuda_without_it_before_loading(capsys, monkeypatch):
+    """``--device cuda`` on a machine without CUDA: one line, and no loading line printed before it."""
+    from kvlab.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["inspect", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["kvlab inspect: error: --device is 'cuda' but CUDA is not available"]
 
 
 def test_inspect_refuses_a_device_outside_the_rule(capsys):
