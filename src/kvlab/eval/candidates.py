@@ -33,6 +33,12 @@ from kvlab.caches.settings import HQQ_GROUP_SIZE
 EVICTION_SETTINGS = {"compression_ratio", "token_budget"}  # kivi-4:compression_ratio=0.5: SnapKV under KIVI
 
 
+def _refused(names: list, reason: str) -> str:
+    """The error of refused candidate names, each reason saying what is wrong (an unknown family, bits the family
+    does not take, ...): the names may be of known caches with a bad bit width, variant or setting."""
+    return f"cache candidate(s) {names} refused: {reason}"
+
+
 def _resolve_one(name: Any) -> ResolvedCache:
     try:
         cache = resolve(name)
@@ -46,7 +52,7 @@ def _resolve_one(name: Any) -> ResolvedCache:
                 pass
             else:
                 raise ValueError(f"write cache candidate {name!r} as {canonical!r}") from None
-        raise ValueError(f"unknown cache candidate(s) [{name!r}]: {exc}") from None
+        raise ValueError(_refused([name], str(exc))) from None
     # a variant that names the cache itself (fp8-e4m3: the format) or KIVI's attention path (kivi-4-fused) is part
     # of the candidate, as are an evicting cache's settings (sink:window_length=128: what it keeps) and SnapKV's
     # under KIVI; KIVI's and HQQ's other settings (group size, residual window) are the run's
@@ -54,15 +60,21 @@ def _resolve_one(name: Any) -> ResolvedCache:
     own_variant = cache.entry.variant_required or cache.name.variant in cache.entry.attention_variants
     if cache.name.variant == "fused" and cache.name.key_bits is not None:  # kivi-k8v4-fused
         raise ValueError(
-            f"unknown cache candidate(s) [{name!r}]: fused KIVI attention reads keys and values at one width; use "
-            f"{cache.family}-k{cache.name.key_bits}v{cache.name.value_bits} (it runs the dequantize path)"
+            _refused(
+                [name],
+                "fused KIVI attention reads keys and values at one width; use "
+                f"{cache.family}-k{cache.name.key_bits}v{cache.name.value_bits} (it runs the dequantize path)",
+            )
         )
     if (cache.name.variant is not None and not own_variant) or (cache.name.settings and not own_settings):
         head = resolve(str(name).partition(":")[0]).name.canonical
         kept = "".join(f":{k}={v}" for k, v in cache.name.settings if k in EVICTION_SETTINGS)
         raise ValueError(
-            f"unknown cache candidate(s) [{name!r}]: eval candidates name no setting the run sets "
-            f"(--group-size, --residual, --hqq-group-size); use {head}{kept}"
+            _refused(
+                [name],
+                "eval candidates name no setting the run sets (--group-size, --residual, --hqq-group-size); "
+                f"use {head}{kept}",
+            )
         )
     return cache
 
@@ -79,7 +91,7 @@ def check_candidate_names(names: tuple[str, ...], kivi_attention: str = "dequant
         try:
             canonical = _resolve_one(name).name.canonical
         except ValueError as exc:
-            bad[name] = str(exc).removeprefix(f"unknown cache candidate(s) [{name!r}]: ")
+            bad[name] = str(exc).removeprefix(_refused([name], ""))
             continue
         if name != canonical:  # one spelling per cache: duplicates and the baseline are matched by name
             bad[name] = f"write cache candidate {name!r} as {canonical!r}"
@@ -87,7 +99,7 @@ def check_candidate_names(names: tuple[str, ...], kivi_attention: str = "dequant
         raise ValueError(next(iter(bad.values())))
     if bad:
         reasons = "; ".join(why if repr(name) in why else f"{name!r}: {why}" for name, why in bad.items())
-        raise ValueError(f"unknown cache candidate(s) {list(bad)}: {reasons}")
+        raise ValueError(_refused(list(bad), reasons))
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate cache candidates in {list(names)}")
     seen: dict[tuple, str] = {}

@@ -68,11 +68,19 @@ def tiny_config(**kw):
         ({"dtype": "int8"}, "`dtype` must be one of"),
         ({"contexts": (512, 0)}, "got 0"),
         ({"candidates": ("kivi-4",)}, "must include the baseline 'dynamic'"),
-        ({"candidates": ("dynamic", "kivi-3")}, r"unknown cache candidate\(s\) \['kivi-3'\]"),
+        (  # a known family with a bad bit width: the message says what is wrong, not "unknown"
+            {"candidates": ("dynamic", "kivi-3")},
+            r"^cache candidate\(s\) \['kivi-3'\] refused: cache 'kivi-3': `kivi` needs bits in \[2, 4, 8\], got 3",
+        ),
         (  # every bad name in the one error, each with its reason
             {"candidates": ("dynamic", "kivi-3", "nosuch", "kivi4")},
-            r"unknown cache candidate\(s\) \['kivi-3', 'nosuch', 'kivi4'\]: cache 'kivi-3': `kivi` needs bits .*"
+            r"^cache candidate\(s\) \['kivi-3', 'nosuch', 'kivi4'\] refused: cache 'kivi-3': `kivi` needs bits .*"
             r"; unknown cache family 'nosuch'.*; write cache candidate 'kivi4' as 'kivi-4'$",
+        ),
+        (  # a known cache with a setting the run sets
+            {"candidates": ("dynamic", "kivi-4:group_size=64")},
+            r"^cache candidate\(s\) \['kivi-4:group_size=64'\] refused: 'kivi-4:group_size=64': eval candidates "
+            r"name no setting the run sets .*; use kivi-4$",
         ),
         (
             {"residual_length": 100},
