@@ -43,10 +43,12 @@ class Handoff:
     Subclasses name the cache and what they hand off (for the error) and implement :meth:`attend`.
     """
 
-    cache: ClassVar[str] = "a fused kvlab cache"  # the cache as the error names it
+    cache: ClassVar[str] = "a fused kvlab cache"  # the cache as the error names it (when no ``owner``)
     what: ClassVar[str] = "history"  # what it hands off, as the error names it
     # the keys the cache returned with this entry: the entry belongs to that call only
     key: torch.Tensor | None = None
+    # the class name of the cache whose layer filed it ("MixedCache"), named in the error; None: ``cache``
+    owner: str | None = None
 
     def matches(self, key: torch.Tensor) -> bool:
         """Whether ``key`` ``[B, Hkv, t, D]`` is the key window this entry was handed off with (:func:`same_tensor`)."""
@@ -61,9 +63,12 @@ class Handoff:
         raise NotImplementedError(f"{type(self).__name__} must implement attend")
 
     @classmethod
-    def unread_error(cls, layer_idx: int | None, no_context: bool = False) -> RuntimeError:
+    def unread_error(
+        cls, layer_idx: int | None, no_context: bool = False, owner: str | None = None
+    ) -> RuntimeError:
         """The error of an entry of this kind for layer ``layer_idx`` that no kvlab attention read: left unread at
-        the end of a forward, or (``no_context``) filed while no forward context was open."""
+        the end of a forward, or (``no_context``) filed while no forward context was open; ``owner`` names the
+        cache whose layer filed it (``"MixedCache"`` -> ``MixedCache(attention='fused')``), else :attr:`cache`."""
         if no_context:
             why = (
                 f"layer {layer_idx}'s {cls.what} has no forward to be read in: kvlab attention opens one per forward "
@@ -76,8 +81,9 @@ class Handoff:
                 f"the K/V the cache returned before its attention read them, e.g. repeated them per expert, and "
                 f"this cache cannot run on it"
             )
+        cache = cls.cache if owner is None else f"{owner}(attention='fused')"
         return RuntimeError(
-            f"{cls.cache} needs kvlab attention on the model: call kvlab.attention.enable(model) first ({why})"
+            f"{cache} needs kvlab attention on the model: call kvlab.attention.enable(model) first ({why})"
         )
 
 
@@ -107,7 +113,7 @@ class ForwardContext:
         old = self.handoff.get(layer_idx)
         if old is not None:
             self.handoff.clear()
-            raise old.unread_error(layer_idx)
+            raise old.unread_error(layer_idx, owner=old.owner)
         self.handoff[layer_idx] = entry
 
     def take(self, layer_idx: int | None, key: torch.Tensor) -> Handoff | None:
@@ -128,7 +134,7 @@ class ForwardContext:
             RuntimeError: a hand-off nobody read (:meth:`Handoff.unread_error`), or a request with an
                 ``unread_error()`` that no attention answered (its own error, e.g. a query-scored cache's).
         """
-        errors = [entry.unread_error(idx) for idx, entry in self.handoff.items()]
+        errors = [entry.unread_error(idx, owner=entry.owner) for idx, entry in self.handoff.items()]
         errors += [obs.unread_error() for obs in self.observers.values() if hasattr(obs, "unread_error")]
         self.handoff.clear()
         self.observers.clear()

@@ -149,7 +149,7 @@ class FP8Layer(KVLayer):
         ctx = current()
         held_k, held_v = self.keys, self.values  # [B, H, T, D] codes before this step
         if ctx is None and held_k.shape[-2]:
-            raise PendingFP8.unread_error(layer_idx, no_context=True)
+            raise PendingFP8.unread_error(layer_idx, no_context=True, owner=self.cache_name)
         kr = self._rotated(key_states, self.key_rotation)  # [B, H, t, D]; fp32 when rotated
         vr = self._rotated(value_states, self.value_rotation)
         self._append(encode(kr, self.format, self.key_scale), encode(vr, self.format, self.value_scale))
@@ -163,6 +163,7 @@ class FP8Layer(KVLayer):
             key_rotation=self.key_rotation,
             value_rotation=self.value_rotation,
             key=kr,
+            owner=self.cache_name,
         )
         ctx.hand_off(layer_idx, entry)
         return kr, vr

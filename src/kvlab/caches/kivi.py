@@ -95,7 +95,7 @@ class KIVILayer(KVLayer):
         # views of blocks as they stand; the flush below writes beyond them
         segments = list(self.state.segments())
         if ctx is None and segments:
-            raise PendingPrefix.unread_error(layer_idx, no_context=True)
+            raise PendingPrefix.unread_error(layer_idx, no_context=True, owner=self.cache_name)
         key_window, value_window = self.state.append(key_states, value_states)
         self.keys, self.values = self.state.key_residual, self.state.value_residual
         if segments:
@@ -104,6 +104,7 @@ class KIVILayer(KVLayer):
                 nbits=self.config.key_bits,
                 group_size=self.config.group_size,
                 key=key_window,
+                owner=self.cache_name,
             )
             ctx.hand_off(layer_idx, entry)
         return key_window, value_window

@@ -147,6 +147,7 @@ class MixedCache(Cache):
         ]
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         for layer in layers:
+            layer.cache_name = "MixedCache"  # its errors (a fused layer's hand-off) name this cache
             if isinstance(layer, KIVILayer):
                 layer.config.check_head_dim(head_dim)
         super().__init__(layers=layers)

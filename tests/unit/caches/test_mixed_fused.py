@@ -213,3 +213,22 @@ def test_a_fused_cache_filled_from_a_float_prefill_decodes_as_its_own_prefill(mo
         plain = fill_cache(_cache(model, "dequantize"), states)
         torch.testing.assert_close(got, _steps(model, plain, ids, PROMPT), rtol=1e-4, atol=1e-4)
     assert set(handed) == FUSED_LAYERS
+
+
+def test_a_fused_mixed_cache_without_kvlab_attention_names_itself():
+    """On a model without kvlab attention (never enabled: no forward context; enabled, then switched back to SDPA:
+    the hand-off left unread) the decode step's error names MixedCache, not the KIVI or FP8 cache whose layer kind
+    it holds."""
+    plain = make_tiny_qwen2(head_dim=32, max_positions=512, layers=6)
+    plain.set_attn_implementation("sdpa")
+    prompt = random_prompt(1, PROMPT, seed=3)
+    with pytest.raises(RuntimeError) as info:
+        _generate(plain, prompt, _cache(plain, "fused"))
+    message = str(info.value)
+    assert message.startswith("MixedCache(attention='fused') needs kvlab attention on the model")
+    assert "has no forward" in message and "KIVICache" not in message and "FP8Cache" not in message
+    kvlab.attention.enable(plain)
+    plain.set_attn_implementation("sdpa")
+    with pytest.raises(RuntimeError, match=r"^MixedCache\(attention='fused'\) needs kvlab .*was never read"):
+        _generate(plain, prompt, _cache(plain, "fused"))
+    assert current() is None
