@@ -66,8 +66,9 @@ def register(subparsers) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="3 needle tasks (niah_single_1, niah_single_2, niah_multikey_1), 4 caches, 5 samples, 512 tokens "
-        "(its time on the bundled model and smollm2-135m: docs/TASKS.md)",
+        help="3 needle tasks (niah_single_1, niah_single_2, niah_multikey_1), 4 caches (dynamic, kivi-4, kivi-2, "
+        "snapkv:compression_ratio=0.5), 5 samples, 512 tokens; --tasks, --candidates, --contexts and --n given "
+        "with it replace its choice of each (its time on smollm2-135m: docs/TASKS.md)",
     )
     p.add_argument(
         "--threads",
@@ -96,6 +97,12 @@ def register(subparsers) -> None:
         metavar="FILE",
         help="write one result (--out) from the results of runs split by task, context or candidates (one "
         "model, the same n and seed), and --figure of it; measures nothing",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the settings and output files and print the cells and caches the run would measure; load no "
+        "model, write no file",
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
     p.add_argument("--list", action="store_true", help="list the tasks and exit")
@@ -226,7 +233,36 @@ def run(args: argparse.Namespace) -> int:
     problem = _check_outputs(args)
     if problem:
         return fail(args, problem, EXIT_USAGE)
+    if args.dry_run:
+        return _dry_run(args, cfg, result)
     return _with_threads(args.threads or DEFAULT_THREADS, lambda: _measure(args, cfg, result))
+
+
+def _dry_run(args: argparse.Namespace, cfg, result: dict | None) -> int:
+    """``--dry-run``: what the run (or the ``--resume`` of ``result``) would measure, on stdout (``--json``: one
+    object); nothing loaded or written. What only the model can refute (a cache built for it, a task too long
+    for a context) is checked by the run itself, after the load."""
+    import json
+
+    from kvlab.eval.tasks_suite import cells_to_measure
+
+    cells = cells_to_measure(result or {"cells": [], "not_measured": []}, cfg)
+    plan = {
+        "model": result["model"]["name"] if result else args.model or "bundled",
+        "cells": [{"task": t, "context": c} for t, c in cells],
+        "caches": list(cfg.caches),
+        "n": cfg.n,
+        "out": str(_out(args)),
+    }
+    if args.json:
+        print(json.dumps(plan, indent=1))
+        return EXIT_OK
+    print(
+        f"dry run: {len(cells)} cells ({', '.join(f'{t}@{c}' for t, c in cells) or 'none left'}) x "
+        f"{len(cfg.caches)} caches ({', '.join(cfg.caches)}), {cfg.n} samples each, model {plan['model']}; "
+        f"would write {plan['out']} (checked after the model loads: each cache built for it, each task's fit)"
+    )
+    return EXIT_OK
 
 
 def _with_threads(threads: int, work) -> int:
@@ -249,6 +285,7 @@ def _merge(args: argparse.Namespace) -> int:
     from kvlab.eval.tasks_schema import is_tasks_result, validate_tasks_result
 
     given = [k for k in _SETTING_FLAGS if getattr(args, k) is not None] + (["quick"] if args.quick else [])
+    given += ["dry_run"] if args.dry_run else []
     for flag, on in (("--resume", args.resume), ("--out", args.out is None)):
         if on:
             raise ValueError(f"--merge {'needs' if flag == '--out' else 'takes no'} {flag}")

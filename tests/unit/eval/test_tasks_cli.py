@@ -64,6 +64,56 @@ def test_presets_of_the_command_line(argv, field, expected):
     assert cfg.contexts == (512,) and cfg.n == 5  # --quick and the default: 512 tokens, 5 samples
 
 
+def test_flags_given_with_quick_replace_its_choice_of_each():
+    """``--quick`` presets tasks, caches, contexts and n; a flag given with it replaces that one choice (--help says
+    so), the others stay quick's."""
+    from kvlab.cli import build_parser
+    from kvlab.commands.tasks import _config
+    from kvlab.eval import tasks_suite as ts
+
+    cfg = _config(build_parser().parse_args(["tasks", "--quick", "--tasks", "vt", "--n", "2"]))
+    assert cfg.tasks == ("vt",) and cfg.n == 2
+    assert cfg.candidates == ts.QUICK_CANDIDATES and cfg.contexts == (512,)
+    cfg = _config(build_parser().parse_args(["tasks", "--quick", "--candidates", "dynamic,fp8-e4m3"]))
+    assert cfg.candidates == ("dynamic", "fp8-e4m3") and cfg.tasks == ts.QUICK_TASKS
+
+
+def _no_model(*args, **kwargs):
+    raise AssertionError("a dry run loads no model")
+
+
+def test_a_dry_run_prints_the_cells_and_caches_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    import kvlab.models
+
+    monkeypatch.setattr(kvlab.models, "load_model", _no_model)
+    out = tmp_path / "r.json"
+    argv = ["tasks", "--dry-run", "--tasks", "vt,cwe", "--contexts", "256,512", "--candidates", "kivi-4,dynamic"]
+    assert main([*argv, "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith("dry run: 4 cells (vt@256, cwe@256, vt@512, cwe@512) x 2 caches (dynamic, kivi-4)")
+    assert f"would write {out}" in said and not list(tmp_path.iterdir())
+    assert main([*argv, "--n", "3", "--json", "--out", str(out)]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["cells"][1] == {"task": "cwe", "context": 256} and len(plan["cells"]) == 4
+    assert plan["caches"] == ["dynamic", "kivi-4"] and plan["n"] == 3 and plan["model"] == "bundled"
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--candidates", "kivi-3"], "`kivi` needs bits in [2, 4, 8], got 3"),  # the run's checks, all of them
+        (["--figure", "f.jpg"], "must end in .png"),
+        (["--merge", "a.json"], "--merge measures nothing; drop --dry-run"),
+    ],
+)
+def test_a_dry_run_refuses_what_the_run_refuses(argv, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["tasks", "--dry-run", *argv, "--out", "r.json"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize(
     "argv", [["--candidates", "sweep"], ["--candidates", " sweep "], ["--quick", "--candidates", "sweep"]]
 )
