@@ -5,7 +5,7 @@ against KIVI's own KL(float cache || exact fused), on SmolLM2-135M (the named re
 
 One prompt: docs/*.md concatenated, tokenized, the first ``--context`` tokens prefilled into three caches (``dynamic``,
 and the KIVI cache twice), then ``--steps`` next tokens of the same text fed to all three; the KIVI caches decode
-through the compiled kernel with ``KVLAB_KIVI_DOT`` set per call (``exact``, and ``int8``). Per step, KL of the
+through the compiled kernel, the second one named ``<cache>:dot=int8`` (the integer path, a setting of the cache). Per step, KL of the
 next-token distributions (nats), and their means. Target (issue "Decode attention at the memory limit on the CPU"):
 the int8 path's KL to the exact path at most 10 % of KIVI's own KL to the float cache. Writes atomically and
 refuses to overwrite an existing ``--out`` (pass ``--force``). Source of the method: docs/EVAL.md (KL of next-token
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import sys
 from pathlib import Path
 
@@ -38,26 +37,21 @@ def _kl(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def measure(model, ids: torch.Tensor, name: str, context: int, steps: int) -> dict:
     """KL per step of ``dynamic`` vs ``name`` (exact) and ``name`` exact vs int8, teacher-forced over ``ids``."""
-    caches = {
-        c: make_cache("dynamic" if c == "float" else name, model.config) for c in ("float", "exact", "int8")
-    }
-    dots = {"float": "exact", "exact": "exact", "int8": "int8"}
+    names = {"float": "dynamic", "exact": name, "int8": f"{name}:dot=int8"}
+    caches = {c: make_cache(n, model.config) for c, n in names.items()}
     own, int8 = [], []
     with torch.inference_mode():
-        for c, cache in caches.items():
-            os.environ["KVLAB_KIVI_DOT"] = dots[c]
+        for cache in caches.values():
             model(input_ids=ids[:, :context], past_key_values=cache, use_cache=True)
         for s in range(steps):
             lp = {}
             for c, cache in caches.items():
-                os.environ["KVLAB_KIVI_DOT"] = dots[c]
                 out = model(
                     input_ids=ids[:, context + s : context + s + 1], past_key_values=cache, use_cache=True
                 )
                 lp[c] = torch.log_softmax(out.logits[0, -1].double(), -1)
             own.append(_kl(lp["float"], lp["exact"]))
             int8.append(_kl(lp["exact"], lp["int8"]))
-    os.environ.pop("KVLAB_KIVI_DOT", None)
     mean_own, mean_int8 = sum(own) / steps, sum(int8) / steps
     return {
         "cache": name,
@@ -66,6 +60,7 @@ def measure(model, ids: torch.Tensor, name: str, context: int, steps: int) -> di
         "mean_kl_float_exact": mean_own,
         "mean_kl_exact_int8": mean_int8,
         "ratio": mean_int8 / mean_own,
+        "key_score_path": {c: caches[c].attention_paths() for c in ("exact", "int8")},
         "met": mean_int8 <= TARGET * mean_own,
     }
 

@@ -17,8 +17,9 @@ A cache name is ``family[-bits][-variant][:setting=value]...``::
   keys and values their own widths (``kivi-k4v4`` is ``kivi-4``).
 * ``variant``: one or two words after the bits (KIVI's attention path: ``fused`` or ``dequant``; an FP8 cache's
   format and scale: ``e4m3``, ``e5m2-tensor``).
-* ``:setting=value``: a non-negative integer (or decimal: ``snapkv:compression_ratio=0.25``) overriding one
-  run-wide setting for this cache only.
+* ``:setting=value``: a non-negative integer (or decimal: ``snapkv:compression_ratio=0.25``), or a word
+  (lower-case letters and digits, hyphens between them: ``kivi-4:dot=int8``), overriding one run-wide setting for
+  this cache only; the family's settings class checks that the value fits the setting.
 
 Names without the hyphen before the bits (``kivi4``, ``hqq4``, ``kivi4-fused``: the spellings ``kvlab bench`` and
 ``kvlab plan`` used first) are read as the same cache when ``kivi4`` is not itself a family.
@@ -35,7 +36,7 @@ _NAME = re.compile(
     r"^(?P<family>[a-z][a-z0-9]*)"
     r"(?:-(?:(?P<nbits>[0-9]+)|k(?P<key_bits>[0-9]+)v(?P<value_bits>[0-9]+)))?"
     r"(?:-(?P<variant>[a-z][a-z0-9]*(?:-[a-z][a-z0-9]*)?))?"
-    r"(?P<settings>(?::[a-z_]+=[0-9]+(?:\.[0-9]+)?)*)$"
+    r"(?P<settings>(?::[a-z_]+=(?:[0-9]+(?:\.[0-9]+)?|[a-z][a-z0-9]*(?:-[a-z0-9]+)*))*)$"
 )
 _LEGACY_FAMILY = re.compile(r"^(?P<family>[a-z]+?)(?P<nbits>[0-9]+)$")  # "kivi4" -> ("kivi", "4")
 
@@ -61,7 +62,9 @@ class CacheName:
     family: str  # "kivi"
     nbits: int | None = None  # code width, or None when the name has none
     variant: str | None = None  # "fused", or None
-    settings: tuple[tuple[str, int | float], ...] = ()  # overrides in written order: (("group_size", 64),)
+    settings: tuple[
+        tuple[str, int | float | str], ...
+    ] = ()  # overrides in written order: (("group_size", 64),)
     key_bits: int | None = None  # "kivi-k8v4": key code width when K and V differ (nbits is None then)
     value_bits: int | None = None  # "kivi-k8v4": value code width when keys and values differ
 
@@ -85,20 +88,22 @@ class CacheName:
         return out + "".join(f":{k}={_setting_text(v)}" for k, v in self.settings)
 
 
-def _setting_text(value: int | float) -> str:
-    """A setting's value as the grammar reads it: ``1e-07`` -> ``"0.0000001"`` (no exponent), ``0.5`` -> ``"0.5"``."""
-    if isinstance(value, int):
+def _setting_text(value: int | float | str) -> str:
+    """A setting's value as the grammar reads it: ``1e-07`` -> ``"0.0000001"`` (no exponent), ``0.5`` -> ``"0.5"``,
+    a word as it is."""
+    if isinstance(value, (int, str)):
         return str(value)
     text = format(Decimal(repr(value)), "f")
     return text if "." in text else text + ".0"
 
 
-_PAIR = re.compile(r"^[a-z_]+=[0-9]+(?:\.[0-9]+)?$")
+_VALUE_WORD = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)*$")  # a setting's value that is a word: "int8"
+_PAIR = re.compile(r"^[a-z_]+=(?:[0-9]+(?:\.[0-9]+)?|[a-z][a-z0-9]*(?:-[a-z0-9]+)*)$")
 
 
 def _check_setting_pairs(text: str) -> None:
     """Raise ``ValueError`` naming the first ``:setting=value`` of ``text`` outside the grammar (a value that is
-    not plain digits, such as ``-1``, ``nan``, ``.5`` or ``5e-1``; an empty setting); return if they all fit."""
+    neither plain digits nor a word, such as ``-1``, ``.5`` or ``5e-1``; an empty setting); return if they all fit."""
     _, colon, tail = text.strip().lower().partition(":")
     if not colon:
         return
@@ -106,7 +111,7 @@ def _check_setting_pairs(text: str) -> None:
         if not _PAIR.match(pair):
             raise ValueError(
                 f"cache name {text!r}: setting {pair!r} must be name=value with a non-negative value in plain "
-                f"digits, e.g. window_length=64 or compression_ratio=0.5"
+                f"digits or a word, e.g. window_length=64, compression_ratio=0.5 or dot=int8"
             )
 
 
@@ -140,7 +145,7 @@ def parse_cache_name(text: str, families: Collection[str]) -> CacheName:
     if family not in families:
         raise ValueError(f"unknown cache family {family!r} in {text!r}; known: {', '.join(sorted(families))}")
     settings = tuple(
-        (key, float(value) if "." in value else int(value))
+        (key, value if _VALUE_WORD.match(value) else float(value) if "." in value else int(value))
         for key, value in (pair.split("=") for pair in m["settings"].split(":")[1:])
     )
     keys = [k for k, _ in settings]

@@ -36,6 +36,8 @@ class PendingPrefix(Handoff):
     segments: list  # QuantSegmentView, oldest first: the quantized prefix before this step's flush
     nbits: int
     group_size: int
+    dot: str | None = None  # the CPU kernel's key-score path (kivi_attention's `dot`)
+    ran: dict | None = None  # the layer's record of the paths that ran (kivi_attention's `ran`)
 
     def check_call(self, dropout: float, kwargs: dict) -> None:
         """Fused KIVI attention is full attention without dropout.
@@ -55,8 +57,9 @@ class PendingPrefix(Handoff):
         cache with nothing quantized hands nothing off) and the window."""
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         out = kivi_attention(
-            query, self.segments, key, value, self.nbits, self.group_size, scale, attention_mask
-        )
+            query, self.segments, key, value, self.nbits, self.group_size, scale, attention_mask,
+            dot=self.dot, ran=self.ran,
+        )  # fmt: skip
         return out.transpose(1, 2).contiguous(), None
 
 

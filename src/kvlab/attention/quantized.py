@@ -37,6 +37,8 @@ def kivi_attention(
     attention_mask: torch.Tensor | None = None,
     window_offset: int | None = None,
     backend: str = "auto",
+    dot: str | None = None,
+    ran: dict | None = None,
 ) -> torch.Tensor:
     """Attention of ``query`` over quantized blocks followed by a full-precision window.
 
@@ -57,6 +59,11 @@ def kivi_attention(
             under ``TRITON_INTERPRET=1``) or ``"auto"``: Triton on CUDA when it can run; on the CPU the C kernel
             for decode-sized calls when it builds (:func:`kvlab.attention.cpu_kernel.unavailable_reason` says why
             not), else torch.
+        dot: the compiled CPU kernel's key-score path (:func:`kvlab.attention.cpu_kernel.dot_path`: ``"exact"``,
+            ``"int8"``, ``"int8-keys"``; ``None``: ``$KVLAB_KIVI_DOT``, else exact); the torch and Triton paths
+            are exact whatever it says.
+        ran: when given, a dict this call adds to (once per backend, bits, head_dim and ``dot``) the words of
+            the path that ran, :func:`path_words` (a record's ``key_score_path``): what ran, not what was asked.
 
     Returns:
         ``[batch, q_heads, q_len, head_dim]`` in ``query.dtype``.
@@ -78,39 +85,60 @@ def kivi_attention(
     )
     b, hq, q_len, d = query.shape
     hkv = key_window.shape[1]
-    g = hq // hkv
-    m = g * q_len
-    if _use_cpu_kernel(query, segments, key_window, value_window, backend):
+    g, m = hq // hkv, hq // hkv * q_len
+    refused = _cpu_kernel_refusal(query, segments, key_window, value_window, backend)
+    if refused is None:
+        if ran is not None:
+            _note(ran, ("cpu-kernel", nbits, d, dot), "")
         valid = None if attention_mask is None else valid_tokens(attention_mask)
         offset = key_window.shape[2] - q_len if window_offset is None else window_offset
         return cpu_kernel.decode_attention(
-            query, segments, key_window, value_window, nbits, group_size, scaling, valid, offset
+            query, segments, key_window, value_window, nbits, group_size, scaling, valid, offset, dot=dot
         )
     # [B, Hq, q, D] -> [B, Hkv, g*q, D]: query heads sharing a KV head become rows (GQA without repeat_kv); the
     # softmax scale is folded into the rows once
     qg = query.to(torch.float32).reshape(b, hkv, m, d) * scaling
     use_triton = _use_triton(query, backend, nbits, group_size)
+    if ran is not None:
+        _note(ran, ("triton" if use_triton else "torch", nbits, d, dot), refused)
     out = torch_kivi.attend(
-        qg,
-        segments,
-        key_window,
-        value_window,
-        nbits,
-        group_size,
-        attention_mask,
-        window_offset,
-        g,
-        use_triton,
-    )
+        qg, segments, key_window, value_window, nbits, group_size, attention_mask, window_offset, g, use_triton
+    )  # fmt: skip
     return out.reshape(b, hq, q_len, d).to(query.dtype)
 
 
-def _use_cpu_kernel(query, segments, key_window, value_window, backend: str) -> bool:
-    """Whether the compiled CPU kernel (:mod:`kvlab.attention.cpu_kernel`) takes this call: ``backend="cpu-kernel"``
-    (a ``RuntimeError`` naming the reason where it cannot), or ``"auto"`` for decode-sized CPU problems (at most
-    ``cpu_kernel.MAX_ROWS`` query rows per KV head and ``torch_kivi.TWO_PASS_MAX_SCORES`` scores) when it builds and loads."""
-    if backend not in ("auto", "cpu-kernel") or (backend == "auto" and query.device.type != "cpu"):
-        return False
+def path_words(backend: str, nbits: int, head_dim: int, dot: str | None, why: str = "") -> str:
+    """What a call of :func:`kivi_attention` ran, in words for a record: the compiled CPU kernel's key-score path
+    (:func:`kvlab.attention.cpu_kernel.key_score_path`: ``"int8 (avx2)"``, ``"exact"``, or ``"exact (int8 does
+    not take ...)"``), or ``"exact (torch: <why the kernel did not take it>)"`` / ``"exact (triton)"``, with what
+    was asked where it is not what ran. A path that ran the integer dot products starts with ``"int8"``, one that
+    ran fp32 ones with ``"exact"``.
+
+    Raises:
+        ValueError: a bad ``dot`` or ``KVLAB_CPU_ISA`` (:func:`kvlab.attention.cpu_kernel.dot_path`).
+    """
+    if backend == "cpu-kernel":
+        return cpu_kernel.key_score_path(nbits, head_dim, dot)
+    asked = cpu_kernel.dot_path(dot)
+    note = f"; {asked} asked, a path of the CPU kernel only" if asked != "exact" else ""
+    return f"exact ({backend}{': ' + why if why and backend == 'torch' else ''}{note})"
+
+
+def _note(ran: dict, key: tuple, why: str | None) -> None:
+    """Add :func:`path_words` of ``key`` ``(backend, nbits, head_dim, dot)`` to ``ran`` once."""
+    if key not in ran:
+        ran[key] = path_words(*key, why or "")
+
+
+def _cpu_kernel_refusal(query, segments, key_window, value_window, backend: str) -> str | None:
+    """``None`` when the compiled CPU kernel (:mod:`kvlab.attention.cpu_kernel`) takes this call, else why not:
+    ``backend="cpu-kernel"`` (a ``RuntimeError`` naming the reason where it cannot), or ``"auto"`` for
+    decode-sized CPU problems (at most ``cpu_kernel.MAX_ROWS`` query rows per KV head and
+    ``torch_kivi.TWO_PASS_MAX_SCORES`` scores) when it builds and loads."""
+    if backend not in ("auto", "cpu-kernel"):
+        return f"backend={backend!r}"
+    if backend == "auto" and query.device.type != "cpu":
+        return f"device {query.device}"
     total = sum(seg.tokens for seg in segments) + key_window.shape[2]
     rows = query.shape[1] // key_window.shape[1] * query.shape[2]
     why = cpu_kernel.unsupported(query, segments, key_window, value_window)
@@ -120,7 +148,7 @@ def _use_cpu_kernel(query, segments, key_window, value_window, backend: str) -> 
         why = cpu_kernel.unavailable_reason()
     if why is not None and backend == "cpu-kernel":
         raise RuntimeError(f"backend='cpu-kernel' cannot run this call: {why}")
-    return why is None
+    return why
 
 
 def _use_triton(query: torch.Tensor, backend: str, nbits: int, group_size: int) -> bool:

@@ -46,10 +46,12 @@ class KIVILayer(KVLayer):
     # the quantized prefix restores the kept part of the cut group as its dequantized values (see :meth:`crop`)
     is_croppable = True
 
-    def __init__(self, config: KIVIConfig, attention: str = "dequantize", **kwargs: Any):
+    def __init__(self, config: KIVIConfig, attention: str = "dequantize", dot: str = "exact", **kwargs: Any):
         super().__init__(**kwargs)
         self.config = config
         self.attention = attention
+        self.dot = dot  # the fused CPU kernel's key-score path (kvlab.attention.cpu_kernel.dot_path)
+        self.paths: dict = {}  # what the fused attention ran, filled by it (kivi_attention's `ran`)
         self.state = KIVIState(config)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -105,6 +107,8 @@ class KIVILayer(KVLayer):
                 group_size=self.config.group_size,
                 key=key_window,
                 owner=self.cache_name,
+                dot=self.dot,
+                ran=self.paths,
             )
             ctx.hand_off(layer_idx, entry)
         return key_window, value_window
@@ -142,6 +146,17 @@ class KIVILayer(KVLayer):
         self.batch_size = self.state.key_residual.shape[0]
 
 
+def _check_dot(dot: object, attention: str) -> None:
+    """Refuse a key-score path outside :data:`kvlab.caches.settings.KIVI_DOT_PATHS`, or an integer one without
+    fused attention (only the fused kernel reads the codes: the dequantize path would run SDPA and call it int8)."""
+    from kvlab.caches.settings import KIVI_DOT_PATHS
+
+    if dot not in KIVI_DOT_PATHS:
+        raise ValueError(f"`dot` must be one of {list(KIVI_DOT_PATHS)}, got {dot!r}")
+    if dot != "exact" and attention != "fused":
+        raise ValueError(f"`dot`={dot!r} is a path of fused attention, got attention={attention!r}")
+
+
 def _width(nbits: int | None, key_bits: int | None, value_bits: int | None) -> int:
     """``nbits`` of a :class:`KIVICache` (4 when not given); an explicit ``nbits`` that both explicit widths
     override is refused (``nbits=2, key_bits=8, value_bits=8`` once became an 8-bit cache without a word)."""
@@ -172,9 +187,14 @@ class KIVICache(Cache):
             attention implementation) or ``"fused"`` (``update`` returns only the full-precision window and
             :func:`kvlab.attention.enable`'d attention reads the packed codes directly; no float copy of the
             quantized history is ever built).
+        dot: the key-score path the fused attention asks the compiled CPU kernel for
+            (:func:`kvlab.attention.cpu_kernel.dot_path`): ``"exact"`` (default: fp32 dot products, the
+            reference), ``"int8"`` or ``"int8-keys"`` (integer dot products over the packed codes); only with
+            ``attention="fused"``. What ran is :meth:`attention_paths`.
 
     Raises:
-        ValueError: unsupported ``nbits``/``key_bits``/``value_bits`` (named), an ``nbits`` that ``key_bits`` and
+        ValueError: unsupported ``nbits``/``key_bits``/``value_bits`` (named), an unknown ``dot`` or one other than
+            ``"exact"`` without fused attention, an ``nbits`` that ``key_bits`` and
             ``value_bits`` both contradict, fused attention with ``key_bits != value_bits``, ``residual_length`` not a multiple of ``group_size``, a model whose
             layers are not all full attention (with ``config``), ``attention="fused"`` with ``group_size * nbits``
             not a multiple of 8; at the first update, a head_dim that ``group_size`` does not divide (e.g.
@@ -193,11 +213,13 @@ class KIVICache(Cache):
         attention: str = "dequantize",
         key_bits: int | None = None,
         value_bits: int | None = None,
+        dot: str = "exact",
     ):
         nbits = _width(nbits, key_bits, value_bits)
         if attention not in ATTENTION_PATHS:
             raise ValueError(f"`attention` must be one of {list(ATTENTION_PATHS)}, got {attention!r}")
-        self.attention = attention
+        _check_dot(dot, attention)
+        self.attention, self.dot = attention, dot
         self.kivi_config = KIVIConfig(
             nbits=nbits,
             group_size=group_size,
@@ -218,9 +240,9 @@ class KIVICache(Cache):
             text = model_text_config(config)
             head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
             self.kivi_config.check_head_dim(head_dim)
-            super().__init__(layers=[KIVILayer(self.kivi_config, attention) for _ in range(n_layers)])
+            super().__init__(layers=[KIVILayer(self.kivi_config, attention, dot) for _ in range(n_layers)])
         else:
-            super().__init__(layer_class_to_replicate=partial(KIVILayer, self.kivi_config, attention))
+            super().__init__(layer_class_to_replicate=partial(KIVILayer, self.kivi_config, attention, dot))
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
@@ -348,6 +370,12 @@ class KIVICache(Cache):
             f"nbits={c.nbits}" if c.nbits is not None else f"key_bits={c.key_bits}, value_bits={c.value_bits}"
         )
         return f"KIVICache({bits}, group_size={c.group_size}, residual_length={c.residual_length})"
+
+    def attention_paths(self) -> list[str]:
+        """What the fused attention of this cache's layers ran so far, sorted, once each
+        (:func:`kvlab.attention.quantized.path_words`: ``"int8 (avx2)"``, ``"exact"``, ``"exact (torch: ...)"``);
+        ``[]`` where none ran (the dequantize path, or nothing quantized yet)."""
+        return sorted({words for layer in self.layers for words in getattr(layer, "paths", {}).values()})
 
     def nbytes_breakdown(self) -> dict[str, int]:
         """Exact bytes held, summed over layers: ``codes``, ``scales_zeros``, ``residual``, ``total``, plus

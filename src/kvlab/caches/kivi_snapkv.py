@@ -112,7 +112,7 @@ class KIVISnapKVCache(QueryScoredCache, KIVICache):
     """KIVI quantization (keys per-channel, values per-token, residual window) over a SnapKV-compressed prompt.
 
     Args:
-        nbits, group_size, residual_length, attention, key_bits, value_bits, config: as :class:`KIVICache`.
+        nbits, group_size, residual_length, attention, key_bits, value_bits, config, dot: as :class:`KIVICache`.
         compression_ratio / token_budget, window_size, kernel_size, pooling: as :class:`~kvlab.caches.snapkv.SnapKVConfig`.
 
     Raises:
@@ -136,6 +136,7 @@ class KIVISnapKVCache(QueryScoredCache, KIVICache):
         attention: str = "dequantize",
         key_bits: int | None = None,
         value_bits: int | None = None,
+        dot: str = "exact",
     ):
         self.snapkv_config = SnapKVConfig(compression_ratio, token_budget, window_size, kernel_size, pooling)
         self.snapkv_config.check_budget_covers_window()
@@ -147,10 +148,11 @@ class KIVISnapKVCache(QueryScoredCache, KIVICache):
             attention=attention,
             key_bits=key_bits,
             value_bits=value_bits,
+            dot=dot,
         )
 
         def make() -> KIVISnapKVLayer:
-            return KIVISnapKVLayer(self.kivi_config, attention, self.snapkv_config)
+            return KIVISnapKVLayer(self.kivi_config, attention, self.snapkv_config, dot=dot)
 
         if self.layer_class_to_replicate is not None:
             self.layer_class_to_replicate = make

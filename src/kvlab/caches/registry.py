@@ -26,6 +26,7 @@ from kvlab.caches.settings import (
     PagedSettings,
     SinkSettings,
     option_names,
+    word_settings,
 )
 from kvlab.plan import mixed as _mixed
 from kvlab.plan.kv_formats import FP8_BYTES, FP8_FORMATS, FP8_WORDS, KIVI_BYTES, KIVI_NBITS
@@ -101,7 +102,9 @@ _KIVI_VARIANTS = {None: None, "fused": "fused", "dequant": "dequantize"}
 
 
 def _kivi_attention(name: CacheName, s: Any) -> str:
-    return _KIVI_VARIANTS[name.variant] or s.kivi_attention
+    """A KIVI name's attention path: its variant's, else fused for an integer key-score path (``kivi-4:dot=int8``:
+    only the fused kernel reads the codes), else the run's."""
+    return _KIVI_VARIANTS[name.variant] or ("fused" if s.dot != "exact" else s.kivi_attention)
 
 
 def _kivi_run_path(name: CacheName, run_attention: str) -> str:
@@ -132,10 +135,16 @@ def _snapkv_check(name: CacheName, s: Any) -> None:
 
 def _kivi_check(name: CacheName, s: Any) -> None:
     """KIVI's residual window holds whole groups: ``residual_length`` a multiple of ``group_size`` (as
-    :class:`kvlab.caches.kivi.KIVIConfig` requires when the cache is made); then :func:`_snapkv_check`."""
+    :class:`kvlab.caches.kivi.KIVIConfig` requires when the cache is made); an integer ``dot`` only where the name
+    can run fused attention (one width for keys and values, no ``-dequant``); then :func:`_snapkv_check`."""
     if s.residual_length % s.group_size:
         raise ValueError(
             f"`residual_length` ({s.residual_length}) must be a multiple of `group_size` ({s.group_size})"
+        )
+    if s.dot != "exact" and (name.key_bits is not None or name.variant == "dequant"):
+        raise ValueError(
+            f"`dot={s.dot}` is a path of fused attention, which reads keys and values at one width and is not "
+            f"the `-dequant` variant"
         )
     _snapkv_check(name, s)
 
@@ -154,6 +163,7 @@ def _kivi(model_config: Any, name: CacheName, s: Any) -> Any:
         group_size=s.group_size,
         residual_length=s.residual_length,
         attention=_kivi_attention(name, s),
+        dot=s.dot,
         config=model_config,  # refuses a model that is not all full attention (None: layers made on first use)
     )
 
@@ -179,6 +189,7 @@ def _kivi_describe(name: CacheName, s: Any) -> dict:
         "key_axis": "per-channel",
         "value_axis": "per-token",
         "attention": _kivi_attention(name, s),
+        **({"dot": s.dot} if s.dot != "exact" else {}),  # the default path is not written (records unchanged)
         **_snapkv_budget(name, s),
     }
 
@@ -520,6 +531,13 @@ def resolve(name: str | CacheName, settings: CacheSettings | None = None) -> Res
     if entry.variant_required and parsed.variant is None:
         raise ValueError(f"cache {text!r}: `{entry.family}` needs a variant, one of {list(entry.variants)}")
     given = dict(parsed.settings)
+    words = word_settings(entry.options)
+    for key, value in given.items():  # a word for a number (snapkv:compression_ratio=nan): named as written
+        if isinstance(value, str) and key not in words:
+            raise ValueError(
+                f"cache {text!r}: setting '{key}={value}' must be name=value with a non-negative value in plain "
+                f"digits, e.g. window_length=64 or compression_ratio=0.5"
+            )
     if {"compression_ratio", "token_budget"} <= given.keys():  # the factories would silently drop the ratio
         raise ValueError(f"cache {text!r}: give `compression_ratio` or `token_budget`, not both")
     if given.get("token_budget") == 0:  # 0 is EvictionSettings' "not given": written out, it is a bad budget

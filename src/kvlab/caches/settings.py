@@ -26,6 +26,11 @@ def option_names(options: type | None, *, in_name: bool = False) -> tuple[str, .
     return tuple(f.name for f in fields(options) if not in_name or f.metadata.get("in_name", True))
 
 
+def word_settings(options: type | None) -> tuple[str, ...]:
+    """The fields of a settings class whose value is a word (``str``: KIVI's ``dot``), not a number."""
+    return () if options is None else tuple(f.name for f in fields(options) if f.type in (str, "str"))
+
+
 # q_group_size of transformers' QuantizedCache layers (HQQ / quanto) where neither the run nor the name gives one:
 # HQQ's default, read by the settings, kvlab eval's config, the benchmarks and their flags
 HQQ_GROUP_SIZE = 64
@@ -55,6 +60,16 @@ class CheckedCounts:
 def _check_ratio(value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
         raise ValueError(f"`compression_ratio` must be in (0, 1), got {value!r}")
+
+
+# KIVI's key-score paths in the fused CPU kernel (kvlab.attention.cpu_kernel.DOT_PATHS, torch-free here): "exact"
+# fp32 dot products (the reference), "int8" integer dot products for keys and values, "int8-keys" for keys only
+KIVI_DOT_PATHS = ("exact", "int8", "int8-keys")
+
+
+def _check_dot(value: object) -> None:
+    if value not in KIVI_DOT_PATHS:
+        raise ValueError(f"`dot` must be one of {list(KIVI_DOT_PATHS)}, got {value!r}")
 
 
 def _check_attention(value: object) -> None:
@@ -87,13 +102,15 @@ class EvictionSettings(CheckedCounts):
 
 @dataclass(frozen=True)
 class KIVISettings(EvictionSettings):
-    """:class:`kvlab.caches.kivi.KIVICache` (KIVI, arXiv:2402.02750 sec. 3): G, R and the attention path; a name
-    with ``:compression_ratio`` or ``:token_budget`` runs SnapKV on the prompt first (those fields unused otherwise).
+    """:class:`kvlab.caches.kivi.KIVICache` (KIVI, arXiv:2402.02750 sec. 3): G, R, the attention path and the
+    fused kernel's key-score path ``dot`` (:data:`KIVI_DOT_PATHS`; ``kivi-4:dot=int8``: the integer path of
+    :mod:`kvlab.attention.cpu_kernel`, which runs fused attention); a name with ``:compression_ratio`` or
+    ``:token_budget`` runs SnapKV on the prompt first (those fields unused otherwise).
 
     Raises:
-        ValueError: ``group_size`` below 1, ``residual_length`` below 0, an unknown ``kivi_attention`` (and
-            :class:`EvictionSettings`' errors). ``residual_length`` a multiple of ``group_size`` is the entry's
-            check (a run-wide R may be meant for another family).
+        ValueError: ``group_size`` below 1, ``residual_length`` below 0, an unknown ``kivi_attention`` or ``dot``
+            (and :class:`EvictionSettings`' errors). ``residual_length`` a multiple of ``group_size`` is the
+            entry's check (a run-wide R may be meant for another family).
     """
 
     group_size: int = count(KIVI_DEFAULTS.group_size, 1)  # G: tokens per key group, channels per value group
@@ -101,10 +118,12 @@ class KIVISettings(EvictionSettings):
     kivi_attention: str = field(
         default="dequantize", metadata=RUN_ONLY
     )  # fused | dequantize (no variant given)
+    dot: str = "exact"  # the fused CPU kernel's key-score path, one of KIVI_DOT_PATHS
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_attention(self.kivi_attention)
+        _check_dot(self.dot)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,9 @@
   S tokens + the newest W; default 4 + 256); ``snapkv`` [``:compression_ratio=r`` | ``:token_budget=n``] —
   :class:`kvlab.caches.snapkv.SnapKVCache` (the prompt compressed once; default ratio 0.5). An evicting cache's
   settings are part of its name, as is SnapKV under KIVI: ``kivi-4:compression_ratio=0.5``.
+* ``kivi-N:dot=int8`` (or ``int8-keys``) — KIVI whose fused attention asks the compiled CPU kernel for integer dot
+  products (:mod:`kvlab.attention.cpu_kernel`); beside ``kivi-N`` (its exact twin) the result also reports the
+  KL of the integer path to the exact one (:mod:`kvlab.eval.twins`).
 * any other registered family (``paged``, and caches added later) by its registry name.
 
 The experiment sets KIVI's group size and residual window per matrix cell, so an eval candidate names no
@@ -31,6 +34,9 @@ from kvlab.caches.registry import CacheSettings, resolve
 from kvlab.caches.settings import HQQ_GROUP_SIZE
 
 EVICTION_SETTINGS = {"compression_ratio", "token_budget"}  # kivi-4:compression_ratio=0.5: SnapKV under KIVI
+# settings a candidate names itself: SnapKV's under KIVI, and KIVI's key-score path (kivi-4:dot=int8: the CPU
+# kernel's integer path, beside kivi-4 as its exact twin)
+OWN_SETTINGS = EVICTION_SETTINGS | {"dot"}
 
 
 def _refused(names: list, reason: str) -> str:
@@ -56,7 +62,7 @@ def _resolve_one(name: Any) -> ResolvedCache:
     # a variant that names the cache itself (fp8-e4m3: the format) or KIVI's attention path (kivi-4-fused) is part
     # of the candidate, as are an evicting cache's settings (sink:window_length=128: what it keeps) and SnapKV's
     # under KIVI; KIVI's and HQQ's other settings (group size, residual window) are the run's
-    own_settings = cache.entry.evicts or {k for k, _ in cache.name.settings} <= EVICTION_SETTINGS
+    own_settings = cache.entry.evicts or {k for k, _ in cache.name.settings} <= OWN_SETTINGS
     own_variant = cache.entry.variant_required or cache.name.variant in cache.entry.attention_variants
     if cache.name.variant == "fused" and cache.name.key_bits is not None:  # kivi-k8v4-fused
         raise ValueError(
@@ -68,7 +74,7 @@ def _resolve_one(name: Any) -> ResolvedCache:
         )
     if (cache.name.variant is not None and not own_variant) or (cache.name.settings and not own_settings):
         head = resolve(str(name).partition(":")[0]).name.canonical
-        kept = "".join(f":{k}={v}" for k, v in cache.name.settings if k in EVICTION_SETTINGS)
+        kept = "".join(f":{k}={v}" for k, v in cache.name.settings if k in OWN_SETTINGS)
         raise ValueError(
             _refused(
                 [name],

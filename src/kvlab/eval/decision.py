@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from kvlab.caches.registry import REGISTRY
 from kvlab.eval.config import Gates
+from kvlab.eval.twins import integer_path_summary
 from kvlab.runtime.dtype_speed import SLOW_DTYPE_RATIO
 
 # bytes saved within this fraction of the most an eligible row saves count as a tie (decide)
@@ -172,7 +173,9 @@ def summarize(result: dict) -> dict:
         where the machine was busy while timing), ``latency_trusted`` (no capacity cell was timed on a busy
         machine) and the warnings shown next to the decision (``latency_warning``, ``long_context_warning``,
         ``long_context_not_measured``, ``eviction_warning``, ``dtype_warning``; each None when it does not apply),
-        and ``failed_candidates`` (:func:`failed_everywhere`: requested candidates the decision could not judge).
+        and ``failed_candidates`` (:func:`failed_everywhere`: requested candidates the decision could not judge);
+        in a run with an int8 twin (``kivi-4:dot=int8`` beside ``kivi-4``) also ``integer_path``
+        (:func:`kvlab.eval.twins.integer_path_summary`), absent otherwise.
 
     Raises:
         ValueError: from :func:`decide`, a capacity candidate row that was never gated.
@@ -190,7 +193,7 @@ def summarize(result: dict) -> dict:
             "eligible_crossover_context": next((r["context_length"] for r in mine if r["eligible"]), None),
             "eligible_contexts": [r["context_length"] for r in mine if r["eligible"]],
         }
-    return {
+    out = {
         "memory_reduction_onset_context": next(
             (r["context_length"] for r in rows if r["cache_bytes_saved"] > 0), None
         ),
@@ -212,6 +215,10 @@ def summarize(result: dict) -> dict:
         "dtype_warning": dtype_warning(result),
         "failed_candidates": failed_everywhere(result),
     }
+    integer = integer_path_summary(result["rows"])
+    if integer is not None:  # a run with an int8 twin: its accuracy against the exact twin
+        out["integer_path"] = integer
+    return out
 
 
 # timed calls of one cell differing by more than this (max / min) make its latency, and a decision resting on the

@@ -25,6 +25,7 @@ from kvlab.eval.divergence import kl_divergence, kl_summary
 from kvlab.eval.longctx import fill_cache
 from kvlab.eval.metrics import compare_outputs, fixed_continuation, generate_once, run_generate, topk_overlap
 from kvlab.eval.records import Failure, record_failure
+from kvlab.eval.twins import pair_twins, twin_keys
 from kvlab.runtime.device import synchronize
 from kvlab.runtime.timing import interleaved, paired_ratio
 
@@ -45,6 +46,8 @@ class Measurement:
     generated: torch.Tensor | None  # [batch, new_tokens] greedy ids (None once read back: compared already)
     cache_bytes_breakdown: dict | None = None
     cache_counts: dict | None = None  # FP8: elements saturated / flushed to zero when stored
+    # what the cache's kvlab attention ran (its attention_paths(): KIVI's key-score path, the float C kernel)
+    attention_paths: list | None = None
     quality: dict | None = (
         None  # fixed_continuation's (the baseline keeps its tensors until its cell is measured)
     )
@@ -66,6 +69,7 @@ class Measurement:
         "cache_tokens",
         "cache_bytes_breakdown",
         "cache_counts",
+        "attention_paths",
         "quality",
         "compared",
     )
@@ -85,7 +89,7 @@ class Measurement:
     @classmethod
     def from_json(cls, data: dict, make: Callable[[], Any]) -> Measurement:
         """A measurement read back from :meth:`to_json` (``make``: the fresh caches it is timed with)."""
-        fields = {k: data[k] for k in cls._KEPT}
+        fields = {k: data[k] for k in cls._KEPT if k in data}  # attention_paths: absent in older files
         return cls(Candidate.parse(data["candidate"]), data["residual"], make, generated=None, **fields)
 
 
@@ -183,10 +187,17 @@ class CellMeasurer:
         return lambda: cand.make(config, residual, group, cfg.hqq_group_size, cfg.kivi_attention)
 
     def measure(
-        self, cand: Candidate, ids, cell: Cell, residual: int | None, base: Measurement | None
+        self,
+        cand: Candidate,
+        ids,
+        cell: Cell,
+        residual: int | None,
+        base: Measurement | None,
+        keep_logits: bool = False,
     ) -> Measurement | None:
         """The untimed measurement of one cache (outputs, bytes, peak memory and, against ``base``, quality), or
-        None when it failed (recorded with the cell's matrix)."""
+        None when it failed (recorded with the cell's matrix). ``keep_logits``: its continuation's logits stay in
+        ``quality`` after the comparison (an int8 twin's pair, :func:`kvlab.eval.twins.pair_twins`, drops them)."""
         stage = "construct"
         try:
             make = self.maker(cand, residual or 0, cell.group)
@@ -218,6 +229,8 @@ class CellMeasurer:
                 meas.cache_bytes_breakdown = cache.nbytes_breakdown()
             if callable(getattr(cache, "counts", None)):
                 meas.cache_counts = cache.counts()
+            if callable(getattr(cache, "attention_paths", None)):
+                meas.attention_paths = cache.attention_paths()
             del cache
             if base is not None:
                 stage = "quality"
@@ -231,7 +244,8 @@ class CellMeasurer:
             return None
         if base is not None:
             meas.compared = compare(base, meas, self.cfg.top_k)
-            for key in ("logits", "topk_ids"):  # compared: the tensors are not needed any more
+            # compared: the tensors are not needed any more (an int8 twin's pair keeps its logits a while)
+            for key in ("topk_ids",) if keep_logits else ("logits", "topk_ids"):
                 (meas.quality or {}).pop(key, None)
         return meas
 
@@ -288,15 +302,21 @@ class CellMeasurer:
                 )
             return None
         measured = []
+        twins = twin_keys(caches)  # an int8 twin is compared with its exact twin too: both keep their logits
+        paired = set(twins) | set(twins.values())
         for c, r in caches:
             self.progress(
                 f"{cell.matrix}: context {cell.context}, {c.name}" + (f", R={r}" if c.uses_residual else "")
             )
-            meas = self.measure(c, ids, cell, r, base)
+            meas = self.measure(c, ids, cell, r, base, keep_logits=(c.name, r) in paired)
             if meas is not None:
                 measured.append(meas)
             advance()
             poll()
+        pair_twins(
+            {(m.candidate.name, m.residual): m for m in measured if (m.candidate.name, m.residual) in paired},
+            twins,
+        )
         for key in ("prefill_states", "prefill_logits", "logits", "topk_ids"):  # compared: free the tensors
             base.quality.pop(key, None)
         return CellMeasurement(cell, ids, base, measured)

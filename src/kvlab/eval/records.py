@@ -115,6 +115,8 @@ class Paired:
     topk_overlap: float | None = None  # fraction
     decode_latency_ratio: float | None = None  # absent: a decode time of zero
     kl: dict = field(default_factory=dict)  # kl_summary: kl_mean, kl_p99, kl_max, kl_positions (nats)
+    # an int8 twin's KL to its exact twin (kvlab.eval.twins.twin_entry); None (absent): not such a row
+    exact_twin: dict | None = None
     gates: dict = field(
         default_factory=dict
     )  # gate -> True / False / None (not used: a busy machine's latency)
@@ -140,6 +142,8 @@ class Paired:
             if self.decode_latency_ratio is not None:
                 out["decode_latency_ratio"] = self.decode_latency_ratio
             out.update(self.kl)
+            if self.exact_twin is not None:
+                out["exact_twin"] = self.exact_twin
         out.update(self.outputs)
         return out
 
@@ -170,6 +174,9 @@ class Row:
     cache_counts: dict | None  # FP8: elements saturated / flushed to zero when stored
     timing_contention: dict | None
     latency_trusted: bool  # false: the machine was busy while this cell was timed
+    # what the cache's kvlab attention ran, "; "-joined (KIVI fused: "int8 (avx2)", "exact", "exact (torch: ...)";
+    # the float C kernel); None (absent from the JSON): a cache without such a choice, or nothing ran through it
+    key_score_path: str | None = None
     quality: dict | None = None  # mean_nll, prefill_ms, prefill_shared, decode_ms
     long_context: dict = field(default_factory=dict)  # kvlab.eval.longctx.long_context_fields
     paired: Paired | None = None  # None for the baseline
@@ -177,6 +184,8 @@ class Row:
     def to_json(self) -> dict:
         """The row as the result file holds it: the fixed fields, then quality, long-context and paired fields."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _ROW_PARTS}
+        if self.key_score_path is None:  # written where measured
+            del out["key_score_path"]
         if self.quality is not None:
             out.update(self.quality)
         out.update(self.long_context)

@@ -15,6 +15,7 @@ from kvlab.eval.decision_words import (
     gate_names,
     no_candidate_advice,
 )
+from kvlab.eval.twins import integer_path_lines
 
 MIB = 1024**2
 
@@ -231,7 +232,7 @@ def print_summary(result: dict, console: Console | None = None) -> None:
         console.print(table)
     if any(r.get("matrix") in ("capacity", "window") for r in result.get("rows", [])):
         console.print(f"[dim]{COLUMN_LEGEND}[/]")
-    for line in fp8_range_lines(result):
+    for line in fp8_range_lines(result) + integer_path_lines(result):
         console.print(line)
     for f in result["failures"]:
         where = [

@@ -53,6 +53,7 @@ def build_row(cm: CellMeasurement, meas: Measurement, cfg: EvalConfig) -> Row:
         cache_counts=meas.cache_counts,
         timing_contention=contention,
         latency_trusted=not (contention or {}).get("busy", False),
+        key_score_path="; ".join(meas.attention_paths) if meas.attention_paths else None,
     )
     q = meas.quality
     if q is not None:

@@ -29,13 +29,18 @@ A result is one JSON object::
                       steal_cores, load_avg_1m, busy, reason},
                       latency_trusted (false: the machine was busy; the latency gate is then null, not used),
                       incremental_peak_bytes, peak_memory_method, cache_tokens, cache_bytes, cache_bytes_breakdown,
-                      cache_counts (FP8: elements saturated / flushed), mean_nll, prefill_ms, prefill_shared, decode_ms,
+                      cache_counts (FP8: elements saturated / flushed), key_score_path? (what the cache's kvlab
+                      attention ran: KIVI fused "int8 (avx2)" / "exact" / "exact (torch: ...)", the float C kernel;
+                      absent for other caches), mean_nll, prefill_ms, prefill_shared, decode_ms,
                       and for non-baseline rows: dynamic_cache_bytes, cache_bytes_ratio, cache_bytes_saved, nll_delta,
                       nll_ratio, topk_overlap, latency_ratio (median of same-round ratios), latency_ratio_min,
                       latency_ratio_max, latency_ratio_unpaired (median / median, for comparison),
                       incremental_peak_saved_bytes, incremental_peak_reduction_ratio, decode_latency_ratio,
                       greedy_exact_match, token_agreement_rate, first_divergence_index, gates {...: bool}, eligible,
                       kl_mean, kl_p99, kl_max, kl_positions (nats; KL(float || candidate) per continuation position),
+                      exact_twin? (an int8 twin beside its exact twin, kvlab.eval.twins.twin_entry: {twin, kl_mean,
+                      kl_p99, kl_max, kl_positions (KL(twin || int8)), key_score_path, exact_key_score_path,
+                      own_kl_mean, share_of_own_kl, target_share, met, note?}),
                       and where the probes ran (kvlab.eval.longctx):
                       recall {accuracy, mean_nll, scored_tokens, distances [{distance_tokens, rows, scored_tokens,
                       accuracy, mean_nll, accuracy_drop?}]}, recall_accuracy, recall_nll, recall_drop,
