@@ -294,7 +294,7 @@ def _resolve(spec: ModelSpec, kv: str | KVDtype) -> KVDtype:
     d = spec.head_dim
     if kvd.name.endswith("-hadamard") and not spec.is_mla and (d <= 0 or d & (d - 1)):
         raise ValueError(
-            f"--kv-dtype {kvd.name}: a Hadamard rotation needs a power-of-two head_dim (Sylvester's construction), "
+            f"`kv_dtype` {kvd.name!r}: a Hadamard rotation needs a power-of-two head_dim (Sylvester's construction), "
             f"the model's is {d}"
         )
     return kvd

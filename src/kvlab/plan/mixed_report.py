@@ -61,7 +61,7 @@ def resolve_plan(kv: str, spec: ModelSpec) -> tuple[str, list[tuple[str, str]], 
     Raises:
         ValueError: an unknown plan (the known ones listed), a plan file that cannot be read, or a plan that does
             not fit the model (a layer it lacks, a layer without formats; :func:`kvlab.plan.mixed.layer_formats`),
-            each message naming ``--kv-dtype`` and the value.
+            each message naming `kv_dtype` and the value (``kvlab plan`` says ``--kv-dtype``).
     """
     name = str(kv).removeprefix(MIXED_PREFIX)
     try:
@@ -69,7 +69,7 @@ def resolve_plan(kv: str, spec: ModelSpec) -> tuple[str, list[tuple[str, str]], 
         plan, source = find_plan(name)
         formats = layer_formats(plan, spec.num_layers)
     except ValueError as exc:
-        raise ValueError(f"--kv-dtype {kv} for {spec.name} ({spec.num_layers} layers): {exc}") from None
+        raise ValueError(f"`kv_dtype` {kv!r} for {spec.name} ({spec.num_layers} layers): {exc}") from None
     return name, formats, source
 
 

@@ -629,7 +629,15 @@ def test_a_rotated_fp8_cache_on_a_head_dim_it_cannot_rotate_is_refused(tmp_path,
     """``fp8-e4m3-hadamard`` needs a power-of-two head_dim (the cache refuses 48; the plan once sized it anyway)."""
     config = tmp_path / "config.json"
     config.write_text(json.dumps({**BASE, "head_dim": 48}))
-    fails(capsys, ["plan", str(config), "--kv-dtype", "fp8-e4m3-hadamard"], "power-of-two head_dim", "is 48")
+    fails(
+        capsys,
+        ["plan", str(config), "--kv-dtype", "fp8-e4m3-hadamard"],
+        "error: --kv-dtype 'fp8-e4m3-hadamard': a Hadamard rotation needs a power-of-two head_dim",
+        "is 48",
+    )
+    with pytest.raises(ValueError) as info:  # the library names its parameter, not the CLI's flag
+        kv_bytes_per_token(spec_from_config({**BASE, "head_dim": 48}), "fp8-e4m3-hadamard")
+    assert str(info.value).startswith("`kv_dtype` 'fp8-e4m3-hadamard': ") and "--" not in str(info.value)
     assert main(["plan", str(config), "--kv-dtype", "fp8-e4m3"]) == 0  # the plain cache has no such limit
     spec = spec_from_config({**BASE, "head_dim": 64})
     assert kv_bytes_per_token(spec, "fp8-e4m3-hadamard") == kv_bytes_per_token(spec, "fp8-e4m3")

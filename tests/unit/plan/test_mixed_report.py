@@ -333,3 +333,16 @@ def test_an_empty_plan_dir_is_said_to_be_empty_not_unset(monkeypatch):
     monkeypatch.setenv("KVLAB_PLAN_DIR", "")
     with pytest.raises(ValueError, match=r"read from \$KVLAB_PLAN_DIR, which is set but empty"):
         find_plan("smollm2-fp8")
+
+
+def test_an_unknown_plan_names_the_parameter_in_the_library_and_the_flag_in_the_cli(monkeypatch, capsys):
+    """``resolve_plan`` (a library function) names its ``kv_dtype``; ``kvlab plan`` says ``--kv-dtype``."""
+    from kvlab.plan.mixed_report import resolve_plan
+
+    monkeypatch.delenv("KVLAB_PLAN_DIR", raising=False)
+    with pytest.raises(ValueError) as info:
+        resolve_plan("mixed-nosuch", load_spec("smollm2-135m"))
+    assert str(info.value).startswith("`kv_dtype` 'mixed-nosuch' for smollm2-135m (30 layers): unknown plan")
+    assert main(["plan", "smollm2-135m", "--kv-dtype", "mixed-nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvlab plan: error: --kv-dtype 'mixed-nosuch' for smollm2-135m (30 layers): unknown plan")
