@@ -42,6 +42,10 @@
 enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 /* the query's 16-bit steps: a = max |qs| / QMAX, its high byte signed, its low byte unsigned */
 #define QMAX 32767
+/* software prefetch distances: key blocks (LANES tokens), key groups, value blocks (VB tokens) */
+#define PF_KEYS 4
+#define PF_GROUPS 2
+#define PF_VALUES 2
 
 #if X86
 #define T_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -281,6 +285,10 @@ AI void quantize_rows(const float *q, const float *qp, const void *ks, const voi
         for (int64_t r = 0; r < M; r++)                                                                           \
             for (int64_t idx = 0; idx < D; idx++) qp[r * D + idx] = q[r * D + perm[idx]];                         \
         for (int64_t j = 0; j < tokens / G; j++) {                                                                \
+            for (int64_t x = 0; x < D * (bf16 ? 2 : 4); x += 64) { /* the scale and zero rows PF_GROUPS ahead */ \
+                __builtin_prefetch((const char *)ks + ((j + PF_GROUPS) * D) * (bf16 ? 2 : 4) + x);          \
+                __builtin_prefetch((const char *)kz + ((j + PF_GROUPS) * D) * (bf16 ? 2 : 4) + x);          \
+            }                                                                                                     \
             QUANT(q, qp, ks, kz, (int)bf16, j, M, D, (ORDER), (int)nb, qi, a, bias);                              \
             if (nb == 4)                                                                                          \
                 DOTS(kc, P, j * G, G, 4, qi, a, bias, sc, total, M, D, perm);                                     \
