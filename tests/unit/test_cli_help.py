@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import re
 
-from kvlab.cli import build_parser
+import pytest
+
+from kvlab.cli import build_parser, main
 
 # "seed 003 §3.3", "seed 000's", "the seed's prompt", "(issue 4)": references a user cannot look up
 JARGON = re.compile(r"\bseed 0\d\d|\bthe seed's|\bseed's\b|\bseed model\b|\bissue \d|§")
@@ -41,3 +43,17 @@ def test_every_command_and_option_explains_itself():
             if action.help is None and not isinstance(action, argparse._SubParsersAction):
                 missing.append(f"{name} {'/'.join(action.option_strings) or action.dest}: no help")
     assert not missing, missing
+
+
+@pytest.mark.parametrize("group", ["bench", "paging", "sensitivity"])
+def test_a_command_group_without_a_subcommand_prints_its_help_and_exits_2(group, capsys):
+    assert main([group]) == 2
+    out = capsys.readouterr().out
+    usage = out.splitlines()[0]
+    assert usage.startswith(f"usage: kvlab {group} [-h] {{")
+    (sub,) = [a for a in _parser_named(group)._actions if isinstance(a, argparse._SubParsersAction)]
+    assert usage.endswith("{" + ",".join(sub.choices) + "} ..."), usage  # the metavar names every subcommand
+
+
+def _parser_named(name: str) -> argparse.ArgumentParser:
+    return dict(_parsers(build_parser()))[f"kvlab {name}"]
