@@ -576,7 +576,7 @@ int kivi_decode_step(const void *q, int64_t q_bf16, double scale, int64_t B, int
         const int nt = (int)(nthreads < units ? nthreads : units);
 #pragma omp parallel num_threads(nt)
         {
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1) /* equal units; a thread the OS starts late leaves its share to the others */
             for (int64_t u = 0; u < units; u++) run_part(&a, u, S);
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < items; i++) item_finish(&a, i, S);
