@@ -50,6 +50,7 @@ from pathlib import Path
 
 import torch
 
+from kvlab.runtime.cache_dirs import build_once
 from kvlab.runtime.cache_dirs import cache_dir as runtime_cache_dir
 
 SOURCE = Path(__file__).with_name("_kivi_cpu.c")
@@ -232,8 +233,7 @@ def _load() -> ctypes.CDLL:
         path = _prebuilt()
         if path is None:
             raise
-    if not path.exists():
-        _build(path)
+    if build_once(path, _build):  # once, also when eval's probe helper needs it at the same time
         prune_builds(path)
     lib = ctypes.CDLL(str(path))
     _path = path
