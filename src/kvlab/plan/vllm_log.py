@@ -23,7 +23,8 @@ LOG_LINES: dict[str, tuple[str, str]] = {
     "available_kv_cache_gib": (r"Available KV cache memory: " + _NUM + r" GiB", "KV memory per GPU (V1)"),
     "v0_kv_cache_gib": (r"kv_cache_size=" + _NUM + r" ?GiB", "KV memory per GPU (V0 memory profile)"),
     "gpu_kv_cache_tokens": (r"GPU KV cache size: " + _NUM + r" tokens", "tokens of KV per GPU group"),
-    "num_gpu_blocks": (r"# GPU blocks: " + _NUM, "V0 blocks (x block size = tokens)"),
+    # "# GPU blocks: N" as V0 logs it, or quoted without the "#" (the quote of case vllm-i10517-a in cases.jsonl)
+    "num_gpu_blocks": (r"(?:# )?GPU blocks: " + _NUM, "V0 blocks (x block size = tokens)"),
     "max_concurrency_tokens": (r"Maximum concurrency for " + _NUM + r" tokens per request", "max_model_len"),
     "max_concurrency": (r"tokens per request: " + _NUM + r"x", "requests of max_model_len that fit"),
     "weights_gib": (
@@ -121,7 +122,8 @@ def _settings(log: Mapping, spec: ModelSpec, max_model_len, total, entrypoint) -
         "max_model_len": length,
         "max_num_batched_tokens": nbt,
     }
-    notes = [f"{k} not in the log: kvlab assumes {v}" for k, v in silent.items() if k not in log]
+    stated = {*log, *(["max_model_len"] if "max_concurrency_tokens" in log else [])}  # the concurrency line's L
+    notes = [f"{k} not in the log: kvlab assumes {v}" for k, v in silent.items() if k not in stated]
     kv_kw = dict(
         max_model_len=length,
         tp=tp,

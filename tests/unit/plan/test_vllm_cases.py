@@ -229,3 +229,20 @@ def test_emit_vllm_predicts_the_log_term_by_term(capsys):
     assert 0 < p["kv_cache_tokens"] < v["kv_cache_tokens"]  # the activations come out of the upper bound
     assert main(argv) == 0
     assert f"GPU KV cache size: {p['kv_cache_tokens']:,} tokens" in capsys.readouterr().out
+
+
+def test_the_quote_of_a_v0_log_reads_as_the_log_it_quotes():
+    """vllm-i10517-a's quote (its source's words, ' / ' between lines) writes "GPU blocks: 1952" without V0's "#":
+    the block count is read all the same, and the max_model_len its concurrency line states is not reported as an
+    assumption."""
+    case = CASES["vllm-i10517-a"]
+    quote = case["source"]["quote"].replace(" / ", "\n")
+    assert "GPU blocks: 1952" in quote and "# GPU blocks" not in quote
+    log = read_vllm_log(quote)
+    assert log["num_gpu_blocks"] == 1952 == read_vllm_log((DATA / "logs" / "vllm-i10517-a.log").read_text())[
+        "num_gpu_blocks"
+    ]
+    r = explain_vllm_log(log, spec_from_config(_config("vllm-i10517-a")), _config("vllm-i10517-a"))
+    assert _line(r, "GPU KV cache size")["log"] == 1952 * 16
+    assert not any(n.startswith("max_model_len") for n in r["notes"])
+    assert "block_size not in the log: kvlab assumes 16" in r["notes"]
