@@ -16,9 +16,15 @@ spelling this benchmark used first (``kivi4-fused``, ``hqq4``); the defaults:
   the attention reads packed codes, no float copy of the quantized history;
 * ``kivi<N>-dequant`` — the same cache, ``attention="dequantize"``: the history is dequantized every step, SDPA;
 * ``hqq<N>`` / ``quanto<N>`` — transformers ``QuantizedCache`` (HQQ axis 1 as in the quantization chapter, quanto axis 0),
-  recorded as skipped when the backend is not installed.
+  recorded as skipped when the backend is not installed;
+* on request: ``kivi4:dot=int8`` — the fused KIVI cache on the CPU kernel's integer path; ``dynamic-ckernel`` —
+  ``DynamicCache`` with its decode attention in kvlab's float C kernel (:mod:`kvlab.caches.float_kernel`), the
+  fair float baseline. Each row of a cache whose kvlab attention chooses a path names the one that ran
+  (``key_score_path``).
 
-Target: ``kivi4-fused`` <= 1.10x ``dynamic`` at 4096 tokens on CPU; <= 1.0x at >= 32k tokens on an H200.
+Target: ``kivi4-fused`` <= 1.10x ``dynamic`` at 4096 tokens on CPU; <= 1.0x at >= 32k tokens on an H200. In a record
+with ``kivi4:dot=int8`` and ``dynamic-ckernel`` (CPU): the integer path's time per token <= the float kernel
+baseline's at every context (:func:`evaluate_int8_target`).
 """
 
 from __future__ import annotations
@@ -106,6 +112,8 @@ def _time_context(model, cands, settings, ids, context, steps, warmup, chunk, de
                     out[name]["times_ms"].append(elapsed_ms)
     for name, (_, cache) in caches.items():
         times = out[name]["times_ms"]
+        if callable(getattr(cache, "attention_paths", None)) and cache.attention_paths():
+            out[name]["key_score_path"] = "; ".join(cache.attention_paths())  # what its kvlab attention ran
         out[name] |= {
             "status": "ok",
             "median_ms": statistics.median(times),
@@ -234,7 +242,7 @@ def run(
             **gemm_record,
         },
         "contexts": list(contexts),
-        "candidates": [c.describe(settings) for c in cands],
+        "candidates": [c.describe(settings) | {"name": c.name} for c in cands],  # named as their rows
         "prompt_source": source,
         "rows": rows,
         "profile": profile,
@@ -388,6 +396,41 @@ def _ratios(result: dict, candidate: str) -> dict[int, float]:
         for r in result["rows"]
         if r["candidate"] == candidate and "ratio_to_dynamic" in r
     }
+
+
+# the CPU integer-path target: the int8 KIVI-4 cache's decode time <= the float C kernel baseline's, every context
+INT8_CANDIDATE, FLOAT_KERNEL_CANDIDATE = "kivi4:dot=int8", "dynamic-ckernel"
+
+
+def evaluate_int8_target(result: dict) -> list[dict]:
+    """``kivi4:dot=int8`` median ms per token <= ``dynamic-ckernel``'s at every context both ran (CPU), in one
+    ``{"description", "status", "detail"}``; ``status`` ``not measured`` where the integer path did not run (its
+    rows' ``key_score_path``, named in the detail) or no context has both. ``[]`` for a record without both caches
+    (older records, CUDA) and on CUDA."""
+    names = {r["candidate"] for r in result["rows"]}
+    if result.get("device_type") == "cuda" or not {INT8_CANDIDATE, FLOAT_KERNEL_CANDIDATE} <= names:
+        return []
+    desc = f"{INT8_CANDIDATE} decode <= {FLOAT_KERNEL_CANDIDATE} (the float C kernel baseline) at every context (CPU)"
+    ok = {
+        (r["candidate"], r["context"]): r
+        for r in result["rows"]
+        if r["candidate"] in (INT8_CANDIDATE, FLOAT_KERNEL_CANDIDATE) and r.get("status") == "ok"
+    }
+    contexts = sorted(c for n, c in ok if n == INT8_CANDIDATE and (FLOAT_KERNEL_CANDIDATE, c) in ok)
+    ran = sorted({ok[(INT8_CANDIDATE, c)].get("key_score_path") or "nothing recorded" for c in contexts})
+    if not contexts or not all(p.startswith("int8") for p in ran):
+        why = (
+            "no context with both caches"
+            if not contexts
+            else f"the integer path did not run: {'; '.join(ran)}"
+        )
+        return [{"description": desc, "status": "not measured", "detail": why}]
+    ratio = {
+        c: ok[(INT8_CANDIDATE, c)]["median_ms"] / ok[(FLOAT_KERNEL_CANDIDATE, c)]["median_ms"]
+        for c in contexts
+    }
+    detail = ", ".join(f"{v:.2f}x at {c}" for c, v in ratio.items()) + f" ({'; '.join(ran)})"
+    return [_verdict(desc, {c: v <= 1.0 for c, v in ratio.items()}, detail)]
 
 
 def _verdict(desc: str, checks: dict[int, bool], detail: str) -> dict:

@@ -91,6 +91,9 @@ def render_decode(result: dict) -> str:
         "",
         _table(["context"] + [f"`{n}`" for n in names], rows),
     ]
+    ran = {r["candidate"]: r["key_score_path"] for r in result["rows"] if r.get("key_score_path")}
+    if ran:  # what each cache's kvlab attention ran (the integer KIVI path, the float C kernel)
+        parts += ["", "Attention paths that ran: " + "; ".join(f"`{n}`: {p}" for n, p in ran.items()) + "."]
     cache_rows = []
     for ctx in result["contexts"]:
         cache_rows.append([str(ctx)] + [_mib(cells.get((n, ctx), {}).get("cache_bytes")) for n in names])
@@ -432,12 +435,16 @@ def targets(records: list[tuple[Path, dict]]) -> list[dict]:
     gpu_seen = set()
     for path, rec in records:
         bench, result = rec["benchmark"], rec["result"]
+        machine = rec.get("machine") or {}
+        device = f"cpu, torch threads: {machine.get('torch_threads')}"
+        if bench == "decode":  # the integer path against the float C kernel, in a record that has both
+            from kvlab.bench.decode import evaluate_int8_target
+
+            out += [v | {"device": device, "file": path.name} for v in evaluate_int8_target(result)]
         if bench in ("decode", "memory") and not any(
             r.get("candidate") == "kivi4-fused" for r in result.get("rows", [])
         ):
             continue  # a record of other caches (e.g. FP8 only): the KIVI targets do not concern it
-        machine = rec.get("machine") or {}
-        device = f"cpu, torch threads: {machine.get('torch_threads')}"
         if result.get("device_type") == "cuda":
             device = machine.get("gpu")
         if bench in ("paging", "lab"):

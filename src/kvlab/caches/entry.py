@@ -76,6 +76,9 @@ class CacheEntry:
     # variants that choose the attention path, not the cache (kivi-4-fused); kvlab eval takes them as the run's
     # --kivi-attention would be taken
     attention_variants: tuple[str, ...] = ()
+    # variants of an exact family whose logits equal DynamicCache's only up to rounding (dynamic-ckernel: its own
+    # attention kernel sums in another order and rounds once): variant -> relative logit bound, as logit_bound
+    rounding_variants: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.exact and not self.evicts and set(self.logit_bound) != set(self.nbits or (None,)):
@@ -117,12 +120,16 @@ class ResolvedCache:
 
     @property
     def exact(self) -> bool:
-        return self.entry.exact
+        """Logits equal ``DynamicCache``'s: the entry is exact and this name is not one of its
+        :attr:`CacheEntry.rounding_variants`."""
+        return self.entry.exact and self.name.variant not in self.entry.rounding_variants
 
     @property
     def logit_bound(self) -> float:
         """0.0 for an exact cache, else the entry's stated relative logit error at these bits (for different key
-        and value bits, the bound of the narrower one)."""
+        and value bits, the bound of the narrower one), or a rounding variant's."""
+        if self.name.variant in self.entry.rounding_variants:
+            return self.entry.rounding_variants[self.name.variant]
         if self.entry.exact:
             return 0.0
         if self.entry.evicts:  # no bound: what an evicting cache loses depends on what it drops

@@ -86,6 +86,10 @@ def takers(setting: str) -> list[str]:
 
 
 def _dynamic(model_config: Any, name: CacheName, s: Any) -> Any:
+    if name.variant == "ckernel":  # the same cache, decode attention in kvlab's float C kernel
+        from kvlab.caches.float_kernel import FloatKernelCache
+
+        return FloatKernelCache()
     from transformers import DynamicCache
 
     return DynamicCache()
@@ -365,7 +369,16 @@ REGISTRY: dict[str, CacheEntry] = {
     e.family: e
     for e in (
         CacheEntry(
-            "dynamic", "transformers DynamicCache: K/V in the model dtype (the float baseline)", _dynamic
+            "dynamic",
+            "transformers DynamicCache: K/V in the model dtype (the float baseline); dynamic-ckernel: its decode "
+            "attention in kvlab's float C kernel (kvlab.caches.float_kernel), the quantized kernels' fair baseline",
+            _dynamic,
+            variants=("ckernel",),
+            describe=lambda name, s: {"attention": "float C kernel"} if name.variant == "ckernel" else {},
+            kvlab_attention=lambda name, s: name.variant == "ckernel",
+            attention_variants=("ckernel",),  # it chooses the attention, not the cache
+            # fp32 sums in another order, rounded once (SDPA in bf16 rounds otherwise): a greedy token may flip
+            rounding_variants={"ckernel": 1e-4},
         ),
         CacheEntry(
             "paged",

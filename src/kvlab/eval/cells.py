@@ -57,7 +57,7 @@ def cell_caches(candidates: list[Candidate], cell: Cell) -> list[tuple[Candidate
 def runnable(cfg: EvalConfig) -> list[Candidate]:
     """The candidates the run measures against the baseline: every one but ``dynamic`` whose back-end is here."""
     cands = [Candidate.parse(n) for n in cfg.candidates]
-    return [c for c in cands if c.family != "dynamic" and c.unavailable_reason() is None]
+    return [c for c in cands if c.name != "dynamic" and c.unavailable_reason() is None]
 
 
 def _plan_entry(cell: Cell, name: str, residual: int | None, group: int | None) -> dict:
@@ -77,7 +77,7 @@ def plan_cells(cfg: EvalConfig) -> list[dict]:
     candidate as named (the baseline where the list has it) at the cell's R and G; the window cell lists the
     baseline first (no R, no G), then :func:`cell_caches`."""
     cands = [Candidate.parse(n) for n in cfg.candidates]
-    others = [c for c in cands if c.family != "dynamic"]
+    others = [c for c in cands if c.name != "dynamic"]
     plan = []
     for cell in run_cells(cfg):
         if cell.matrix == "capacity":

@@ -47,7 +47,7 @@ class ProbeJob:
 
 def probe_key(kind: str, ctx: int, cand: Candidate, residual: int, group: int, cfg: EvalConfig) -> tuple:
     """What makes two probe jobs the same: the probe, the cache and the settings it quantizes with."""
-    if cand.family == "dynamic":
+    if cand.name == "dynamic":  # the baseline (dynamic-ckernel is a candidate)
         return (kind, ctx, "dynamic")
     group_size = cand.describe(residual, group, cfg.hqq_group_size).get("group_size")
     return (kind, ctx, cand.name, residual if cand.uses_residual else None, group_size)
@@ -185,7 +185,7 @@ class LongContextProbes:
         def run() -> dict:
             states, prefill_ms = self.states(job.kind, job.ctx)
             config, cfg = self.model.config, self.cfg
-            if job.cand.family == "dynamic":
+            if job.cand.name == "dynamic":
                 make = lambda: self.base_cand.make(config, 0, job.group)  # noqa: E731
             else:
                 make = lambda: job.cand.make(  # noqa: E731
