@@ -156,13 +156,14 @@ def _use_triton(query: torch.Tensor, backend: str, nbits: int, group_size: int) 
     run), or ``"auto"`` on CUDA where it can."""
     if not (backend == "triton" or (backend == "auto" and query.is_cuda)):
         return False
-    from kvlab.attention.triton_kivi import triton_supported
+    from kvlab.attention.triton_kivi import triton_refusal
 
     d = query.shape[-1]
-    ok = triton_supported(query, d, nbits, group_size)
-    if backend == "triton" and not ok:
+    why = triton_refusal(query, d, nbits, group_size)
+    if backend == "triton" and why is not None:
         raise RuntimeError(
             f"the Triton KIVI kernel cannot run here (device {query.device}, head_dim {d}, "
-            f"nbits {nbits}, group_size {group_size})"
+            f"nbits {nbits}, group_size {group_size}): {why}"
         )
+    ok = why is None
     return ok and (backend == "triton" or query.is_cuda)

@@ -120,15 +120,23 @@ if HAS_TRITON:
             )
 
 
-def triton_supported(query: torch.Tensor, head_dim: int, nbits: int, group_size: int) -> bool:
-    """Whether :func:`kivi_partials` can run for these settings on ``query``'s device."""
-    if not HAS_TRITON:
-        return False
+def triton_refusal(query: torch.Tensor, head_dim: int, nbits: int, group_size: int) -> str | None:
+    """Why :func:`kivi_partials` cannot run for these settings on ``query``'s device, or ``None`` when it can:
+    Triton not installed, a device other than CUDA (the CPU only under ``TRITON_INTERPRET=1``), a packed row
+    (``head_dim * nbits / 8`` bytes) that is not a power of two of at least 16 bytes, or a ``group_size`` that does
+    not divide :data:`BLOCK_T`."""
     import os
 
-    on_device = query.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    if not HAS_TRITON:
+        return "Triton is not installed"
+    if not (query.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        return f"it runs on CUDA (on the CPU only under TRITON_INTERPRET=1), got device {query.device}"
     db = head_dim * nbits // 8
-    return on_device and db >= 16 and (db & (db - 1)) == 0 and BLOCK_T % group_size == 0
+    if db < 16 or db & (db - 1):
+        return f"head_dim x nbits / 8 ({head_dim} x {nbits} / 8 = {db} B) must be a power of two >= 16 B"
+    if BLOCK_T % group_size:
+        return f"group_size {group_size} must divide the kernel's {BLOCK_T}-token block"
+    return None
 
 
 def _bh_stride(x: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -278,7 +278,7 @@ def run(
     torch_dtype = parse_dtype(dtype)
     nbits = (nbits,) if isinstance(nbits, int) else tuple(nbits)
     shape = dict(batch=batch, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype)
-    _check_problem(shape, nbits, group_size, residual_length, copy_bytes, backend)
+    _check_problem(shape, nbits, group_size, residual_length, copy_bytes, backend, dev)
     copy = copy_bandwidth(dev, copy_bytes, reps=max(3, min(reps, 7)))
     gen = torch.Generator().manual_seed(seed)
     inner = 10 if dev.type == "cuda" else 1
@@ -335,10 +335,11 @@ def _cpu_paths(dev: torch.device, nbits: tuple, head_dim: int, dtype: str) -> di
     }
 
 
-def _check_problem(shape: dict, nbits, group_size, residual_length, copy_bytes, backend) -> None:
+def _check_problem(shape: dict, nbits, group_size, residual_length, copy_bytes, backend, dev) -> None:
     """Raise ``ValueError`` naming the flag of a layer shape, KIVI setting, copy-probe size or backend that could not
-    run (a zero head count divided by zero, a negative copy size crashed inside torch, an impossible nbits ran every
-    cell to a failed row and exited 0)."""
+    run on ``dev`` (a zero head count divided by zero, a negative copy size crashed inside torch, an impossible nbits
+    ran every cell to a failed row and exited 0, ``--backend triton`` on a CPU failed every row after the copy
+    probe)."""
     from kvlab.attention.quantized import BACKENDS
     from kvlab.quant import KIVIConfig
 
@@ -362,6 +363,13 @@ def _check_problem(shape: dict, nbits, group_size, residual_length, copy_bytes, 
         check_int("copy_bytes", copy_bytes, 1, flag="--copy-mib")
     if backend not in BACKENDS:
         raise ValueError(f"`backend` (--backend) must be one of {list(BACKENDS)}, got {backend!r}")
+    if backend == "triton":
+        from kvlab.attention.triton_kivi import triton_refusal
+
+        for nb in nbits:
+            why = triton_refusal(torch.empty(0, device=dev), head_dim, nb, group_size)
+            if why is not None:
+                raise ValueError(f"`backend` (--backend) 'triton' cannot run --nbits {nb}: {why}")
 
 
 def _row(context, shape, kivi, torch_dtype, dev, reps, inner, gen, copy_gb_s: float, progress) -> dict:

@@ -196,16 +196,40 @@ def test_lists_refuse_empty_and_repeated_items(capsys):
     assert int_list("256, 512") == [256, 512] and int_list("256 512") == [256, 512]
 
 
-def test_bench_kernel_with_every_row_failed_says_why_and_exits_1(capsys):
-    # the Triton kernel runs on CUDA only: on a CPU machine every row fails, and that is not a measurement
+def test_bench_kernel_with_every_row_failed_says_why_and_exits_1(capsys, monkeypatch):
+    # a run whose every cell failed is not a measurement: the record says why, and so does the exit status
+    from kvlab.bench import kernel
+
+    def broken(*a, **k):
+        raise RuntimeError("the kernel broke")
+
+    monkeypatch.setattr(kernel, "_cell", broken)
+    argv = ["bench", "kernel", "--quick", "--no-save", "--threads", "1", "--json"]
+    assert main(argv) == 1
+    assert "every row failed (RuntimeError: the kernel broke)" in capsys.readouterr().err
+
+
+def test_bench_kernel_backend_triton_where_it_cannot_run_is_refused_before_measuring(capsys):
+    # on a CPU without TRITON_INTERPRET=1 (or without Triton) it ran the copy probe, then failed every row (exit 1)
     import torch
 
-    if torch.cuda.is_available():
+    from kvlab.attention.triton_kivi import triton_refusal
+
+    why = triton_refusal(torch.empty(0), 128, 4, 32)
+    if why is None:
         pytest.skip("Triton runs here")
-    argv = ["bench", "kernel", "--quick", "--no-save", "--backend", "triton", "--threads", "1", "--json"]
-    assert main(argv) == 1
+    argv = ["bench", "kernel", "--quick", "--no-save", "--backend", "triton", "--device", "cpu"]
+    assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "every row failed (RuntimeError: the Triton KIVI kernel cannot run here (device cpu" in err
+    assert f"`backend` (--backend) 'triton' cannot run --nbits 4: {why}" in err
+    assert len(err.strip().splitlines()) == 1 and " tokens" not in err  # no cell started
+
+
+def test_bench_kernel_copy_mib_below_one_names_the_flag_value(capsys):
+    # it said `copy_bytes` (--copy-mib) ... got -1048576: the bytes, not the value given
+    assert main(["bench", "kernel", "--no-save", "--copy-mib", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "--copy-mib must be >= 1, got -1" in err and "1048576" not in err
 
 
 @pytest.mark.parametrize(
