@@ -94,3 +94,30 @@ def test_the_integer_path_status_follows_the_share_and_what_ran(kl, ran, status)
         and f"{status})" not in line[:10]
     )
     assert ({"met": "met;", "not met": "not met;", "not measured": "not measured;"}[status]) in line
+
+
+@needs_kernel
+def test_an_eval_with_a_twin_reports_its_kl_and_what_ran(tmp_path, capsys):
+    import json
+
+    from kvlab.cli import main
+
+    argv = ["eval", "--quick", "--no-long-context", "--threads", "1", "--window-residuals", "16"]
+    argv += ["--candidates", "dynamic,kivi-4,kivi-4:dot=int8", "--out-dir", str(tmp_path), "--label", "t"]
+    assert main(argv) in (0, 1)  # 1: no candidate eligible on this machine; the record is what is checked
+    result = json.loads((tmp_path / "t.json").read_text())
+    rows = {(r["matrix"], r["context_length"], r["candidate"]): r for r in result["rows"]}
+    int8 = rows[("capacity", 1024, "kivi-4:dot=int8")]
+    assert (
+        int8["key_score_path"].startswith("int8 (")
+        and rows[("capacity", 1024, "kivi-4")]["key_score_path"] == "exact"
+    )
+    twin = int8["exact_twin"]
+    assert twin["twin"] == "kivi-4" and twin["kl_positions"] == int8["kl_positions"] and twin["kl_mean"] > 0
+    assert twin["own_kl_mean"] == rows[("capacity", 1024, "kivi-4")]["kl_mean"]
+    assert (
+        "exact_twin" not in rows[("capacity", 1024, "kivi-4")]
+        and "key_score_path" not in rows[("capacity", 1024, "dynamic")]
+    )
+    assert [p["context_length"] for p in result["summary"]["integer_path"]["rows"]] == [256, 1024]
+    assert "integer path at 1024: KL(kivi-4 || kivi-4:dot=int8)" in " ".join(capsys.readouterr().out.split())

@@ -1,0 +1,49 @@
+"""docs/PERFORMANCE.md's integer-path part: read from the kvlab eval results kept in docs/examples that hold a
+``summary.integer_path``, nothing typed by hand; a folder without such results changes nothing."""
+
+from __future__ import annotations
+
+import json
+
+from kvlab.bench import docs, docs_eval
+
+
+def _eval(share, met, status):
+    row = {
+        "context_length": 2048, "candidate": "kivi-4:dot=int8", "twin": "kivi-4", "kl_mean": 0.0004 * share / 0.1,
+        "own_kl_mean": 0.004, "share_of_own_kl": share, "key_score_path": "int8 (avx2)", "met": met,
+    }  # fmt: skip
+    return {
+        "command": ["kvlab", "eval", "--model", "smollm2-135m"],
+        "provenance": {
+            "hardware": {"device": "cpu", "torch_threads": 1},
+            "model": {"id_or_path": "smollm2-135m"},
+        },
+        "summary": {"integer_path": {"target": "KL <= 10%", "status": status, "rows": [row]}},
+    }
+
+
+def test_a_kept_eval_result_gives_a_target_and_a_table(tmp_path):
+    ex = tmp_path / "docs" / "examples"
+    ex.mkdir(parents=True)
+    (ex / "eval-a.json").write_text(json.dumps(_eval(0.05, True, "met")))
+    (ex / "eval-b.json").write_text(json.dumps({"summary": {"decision": "accept"}}))  # no twin: not read
+    (ex / "eval-c.json").write_text("not json")
+    records = docs_eval.eval_records(docs_eval.examples_dir(tmp_path / "benchmarks" / "results"))
+    assert [p.name for p, _ in records] == ["eval-a.json"]
+    (t,) = docs_eval.integer_path_targets(records)
+    assert t["status"] == "met" and t["detail"] == "5.0% at 2048 (int8 (avx2))" and t["file"] == "eval-a.json"
+    page = docs.render_page([], "benchmarks/results", records)
+    assert "## Integer KIVI path: accuracy by `kvlab eval`" in page and "| 2048 | `kivi-4:dot=int8` |" in page
+    assert "**met**" in page
+
+
+def test_a_not_met_share_is_rendered_not_met(tmp_path):
+    (t,) = docs_eval.integer_path_targets([(tmp_path / "eval-x.json", _eval(0.4, False, "not met"))])
+    assert t["status"] == "not met" and t["detail"].startswith("40.0% at 2048")
+
+
+def test_no_examples_folder_renders_the_page_as_before(tmp_path):
+    assert docs_eval.eval_records(tmp_path / "nowhere") == []
+    assert docs.render_page([], "benchmarks/results", []) == docs.render_page([], "benchmarks/results")
+    assert "Integer KIVI path" not in docs.render_page([], "benchmarks/results")
