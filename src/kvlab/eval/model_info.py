@@ -44,7 +44,9 @@ def check_against_model(cfg: EvalConfig, model: Any) -> None:
             first cell, after the model load, as ``selected index k out of range``); a KIVI group size
             (--group-size, --window-group-size) or HQQ/quanto group size (--hqq-group-size) the model's head_dim
             and KV heads refute (:func:`kvlab.eval.candidates.check_model_shape`: every cell of those candidates
-            would fail at generate).
+            would fail at generate); a candidate whose cache cannot be built for the model (a ``mixed-<plan>`` for
+            another layer count: every cell would fail at construct), named with the reason, as ``kvlab tasks``
+            refuses it.
     """
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     vocab = getattr(config, "vocab_size", None)
@@ -63,6 +65,18 @@ def check_against_model(cfg: EvalConfig, model: Any) -> None:
         groups.append(("window_group_size", cfg.window_group_size, tuple(cfg.window_residuals)))
         prompts += (cfg.window_context,)
     check_model_shape(cfg.candidates, head_dim, kv_heads, groups, cfg.hqq_group_size, prompts)
+    for name in cfg.candidates:  # one cache of each, at the capacity matrix's settings
+        candidate = Candidate.parse(name)
+        if candidate.unavailable_reason():
+            continue  # skipped by the run, the reason recorded
+        try:
+            candidate.make(
+                model.config, cfg.residual_length, cfg.group_size, cfg.hqq_group_size, cfg.kivi_attention
+            )
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"cache candidate {name!r} does not fit this model: {exc}") from None
+        except Exception:  # not a setting the model refutes: each cell records it (stage construct)
+            continue
 
 
 def context_limit_warnings(cfg: EvalConfig, model: Any) -> list[str]:

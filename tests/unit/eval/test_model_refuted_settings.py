@@ -71,6 +71,23 @@ def test_eval_refuses_a_refuted_group_size_right_after_loading(tmp_path, capsys)
     assert result["failures"][0]["stage"] == "settings"
 
 
+def test_a_mixed_plan_for_another_layer_count_is_refused_right_after_loading(tmp_path, capsys, monkeypatch):
+    """A plan of 6 layers on the bundled model (4): every cell failed at construct, each one after the other;
+    now the run stops with exit 2 before any cell, naming the candidate and the layer, as kvlab tasks does."""
+    import kvlab.plan.mixed
+
+    plan = {"kvlab_plan": 1, "layers": {"5": {"k": "kivi-8", "v": "kivi-8"}, "*": {"k": "kivi-4", "v": "kivi-4"}}}
+    # the registry lists plan names at import: mixed-demo is read as this plan instead
+    monkeypatch.setattr(kvlab.plan.mixed, "find_plan", lambda name: (plan, "test"))
+    argv = ["eval", "--quick", "--candidates", "dynamic,mixed-demo", "--threads", "1"]
+    assert main([*argv, "--out-dir", str(tmp_path), "--label", "m6"]) == 2
+    err = err_of(capsys)
+    assert "error: cache candidate 'mixed-demo' does not fit this model: plan names layer 5" in err, err
+    result = json.loads((tmp_path / "m6.json").read_text())
+    assert result["status"] == "failed" and result["rows"] == []
+    assert result["failures"][0]["stage"] == "settings"
+
+
 # ── a candidate that failed in every cell ─────────────────────────────────────────────────────────────────────────
 
 TINY_RUN = [
