@@ -242,7 +242,7 @@ AI void to_order(const float *sn, float *sp, int64_t D, int order, int nb) {
 }
 
 /* the int8 query of M rows for key group j: qs = q * s in the path's order (order 1: transposed, see tchan; qp: q in
- * that order), a[r] = max |qs| / QMAX, x = round(qs / a[r]) (to nearest even: the 1.5 * 2^23 trick), its high byte
+ * that order), a[r] = max |qs| / QMAX, x = round(qs / a[r]) (to nearest even, as the AVX paths), its high byte
  * (signed) in qi[r], its low byte (unsigned) in qi[M + r]; bias[r] = q . z */
 AI void quantize_rows(const float *q, const float *qp, const void *ks, const void *kz, int bf16, int64_t j,
                       int64_t M, const int64_t D, int order, int nb, int8_t *qi, float *a, float *bias) {
@@ -261,11 +261,11 @@ AI void quantize_rows(const float *q, const float *qp, const void *ks, const voi
             amax = m > amax ? m : amax;
         }
         bias[r] = b;
-        a[r] = amax / QMAX;
+        a[r] = amax * (1.0f / QMAX);
         const float inv = amax > 0.0f ? QMAX / amax : 0.0f;
 #pragma omp simd
         for (int64_t idx = 0; idx < D; idx++) {
-            const int32_t x = (int32_t)((qs[idx] * inv + 12582912.0f) - 12582912.0f);
+            const int32_t x = (int32_t)rintf(qs[idx] * inv); /* no add to fuse: rounds as the AVX paths' cvtps2dq */
             qi[r * D + idx] = (int8_t)(x >> 8);
             qi[(M + r) * D + idx] = (int8_t)(uint8_t)(x & 255);
         }
@@ -350,7 +350,7 @@ AI void value_weights(const float *p, const float *uf, const float *wf, int64_t 
     *beta = mx / 255.0f;
     const float inv = mx > 0.0f ? 255.0f / mx : 0.0f;
 #pragma omp simd
-    for (int64_t x = 0; x < n; x++) pq[x] = (uint8_t)(int32_t)((pp[x] * inv + 12582912.0f) - 12582912.0f);
+    for (int64_t x = 0; x < n; x++) pq[x] = (uint8_t)(int32_t)rintf(pp[x] * inv);
 }
 
 /* out[0..n) = p[off..off + n) as fp32, n a multiple of 16 (vector conversions: bf16 -> fp32 is a shift) */

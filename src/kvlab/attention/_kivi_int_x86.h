@@ -22,7 +22,7 @@
 #define UNIT (PATH_BITS / 8)                 /* codes per unpacked vector: the unit width W of chan */
 
 /* quantize_rows (_kivi_int.c) in this path's vectors, the transposed order: qs = qp * s (s in that order), a[r] =
- * max |qs| / QMAX, x = round(qs / a[r]) to nearest even (as the 1.5 * 2^23 trick of quantize_rows), its high byte in
+ * max |qs| / QMAX, x = round(qs / a[r]) to nearest even (as quantize_rows), its high byte in
  * qi[r], its low byte in qi[M + r]; bias[r] = q . z */
 PATH_TARGET AI void FN(quantize_d)(const float *q, const float *qp, const void *ks, const void *kz, int bf16,
                                    int64_t j, int64_t M, const int64_t D, int order, int nb, int8_t *qi, float *a,

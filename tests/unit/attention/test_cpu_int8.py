@@ -27,10 +27,10 @@ def _paths() -> list[str]:
     return list(cpu_kernel.ISAS[: cpu_kernel.ISAS.index(cpu_kernel.best_isa()) + 1])
 
 
-def _state(nbits, head_dim, tokens, group=32, seed=0, kv_heads=2):
+def _state(nbits, head_dim, tokens, group=32, seed=0, kv_heads=2, dtype=torch.float32):
     torch.manual_seed(seed)
     st = KIVIState(KIVIConfig(nbits, group, group))
-    st.append(torch.randn(1, kv_heads, tokens, head_dim), torch.randn(1, kv_heads, tokens, head_dim))
+    st.append(*(torch.randn(1, kv_heads, tokens, head_dim).to(dtype) for _ in range(2)))
     return st
 
 
@@ -97,15 +97,18 @@ def _attend(st, q, nbits, dot, group=32):
 @needs_kernel
 @pytest.mark.parametrize("nbits", [2, 4])
 @pytest.mark.parametrize("path", _paths())
-def test_integer_attention_within_the_bound_of_its_two_roundings(nbits, path, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_integer_attention_within_the_bound_of_its_two_roundings(nbits, path, dtype, monkeypatch):
     """The int8 path's output against the exact path's: scores off by at most delta (the key bound) move each
     probability by a factor within exp(+-2 delta), so the output by at most (exp(2 delta) - 1) * 2 max|v|; the
     8-bit value weights (one scale per row and 32-token block) add at most sum_t beta/2 * code * u / l <=
     max(p') / 510 * (2^b - 1) * T / l per channel, l the softmax sum. The test checks the measured difference
-    against that sum and that it is not zero (the integer path ran)."""
+    against that sum and that it is not zero (the integer path ran); fp32 and bf16 caches (bf16 scales, zeros and
+    window, which the AVX paths convert themselves)."""
     monkeypatch.setenv("KVLAB_CPU_ISA", path)
     head_dim, tokens = 64, 700
-    st = _state(nbits, head_dim, tokens, seed=1)
+    st = _state(nbits, head_dim, tokens, seed=1, dtype=dtype)
+    assert next(iter(st.segments())).k_scale.dtype == dtype
     q = torch.randn(1, 4, 1, head_dim)
     exact = _attend(st, q, nbits, "exact")
     got = _attend(st, q, nbits, "int8")
@@ -200,3 +203,4 @@ def test_float_baseline_names_a_problem_it_cannot_take():
         cpu_baseline.float_decode_attention(q, kv, kv, 0.2)
     with pytest.raises(ValueError, match="differ"):
         cpu_baseline.float_decode_attention(q, kv, kv[:, :, :5], 0.2)
+
