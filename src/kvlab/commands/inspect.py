@@ -87,11 +87,11 @@ _FLAGS = {
 }
 
 
-def run(args: argparse.Namespace) -> int:
-    problem = _check_outputs(args)
-    if problem:
-        code = EXIT_FILE_EXISTS if "already exists" in problem else 2
-        return fail(args, problem, code)
+def _flag_problem(args: argparse.Namespace) -> str | None:
+    """Why the flags cannot run (exit 2), found before the model loads (``args.tokens`` / ``args.offset`` get their
+    defaults here): --tokens/--offset with --prompt, --tokens < 2, --offset < 0, --outlier-factor not a finite
+    number > 1, a --device or --dtype torch does not take, --calibrate-tokens < 1 or above the held-out --tokens
+    (--dtype and --calibrate-tokens were refused after the load and a 2,048-token prefill); None when they can."""
     if args.prompt is not None:
         given = [
             flag
@@ -99,21 +99,39 @@ def run(args: argparse.Namespace) -> int:
             if value is not None
         ]
         if given:
-            return fail(args, f"{' and '.join(given)} only apply to the held-out text, not to --prompt")
+            return f"{' and '.join(given)} only apply to the held-out text, not to --prompt"
     args.tokens = 2048 if args.tokens is None else args.tokens
     args.offset = 0 if args.offset is None else args.offset
     if args.tokens < 2:
-        return fail(args, f"--tokens must be >= 2, got {args.tokens}")
+        return f"--tokens must be >= 2, got {args.tokens}"
     if args.offset < 0:
-        return fail(args, f"--offset must be >= 0, got {args.offset}")
+        return f"--offset must be >= 0, got {args.offset}"
     if not math.isfinite(args.outlier_factor) or args.outlier_factor <= 1:
-        return fail(args, f"--outlier-factor must be a finite number > 1, got {args.outlier_factor}")
+        return f"--outlier-factor must be a finite number > 1, got {args.outlier_factor}"
+    calibrate = args.calibrate_tokens
+    if calibrate is not None and calibrate < 1:
+        return f"--calibrate-tokens must be >= 1, got {calibrate}"
+    if calibrate is not None and args.prompt is None and calibrate > args.tokens:
+        return f"--calibrate-tokens must be an int in [1, {args.tokens}] (--tokens), got {calibrate}"
     from kvlab.runtime.device import resolve_device
+    from kvlab.runtime.dtypes import parse_dtype
 
     try:  # before the loading line: the rule eval, bench and tasks use (cpu, cuda, cuda:N or auto)
         resolve_device(args.device)
+        parse_dtype(args.dtype)
     except ValueError as exc:
-        return fail(args, str(exc).replace("`device`", "--device"))
+        return str(exc).replace("`device`", "--device").replace("`dtype`", "--dtype")
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    problem = _check_outputs(args)
+    if problem:
+        code = EXIT_FILE_EXISTS if "already exists" in problem else 2
+        return fail(args, problem, code)
+    problem = _flag_problem(args)
+    if problem:
+        return fail(args, problem)
     from kvlab.models import check_local_model
 
     try:  # a missing or invalid model directory is bad input (exit 2), as in kvlab lab / plan

@@ -61,3 +61,31 @@ def test_a_figure_path_that_is_not_png_is_refused_before_any_work(tmp_path, caps
     err = err_of(capsys)
     assert "--figure" in err and name in err and ".png" in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--dtype", "bogus"], "--dtype must be one of ['bfloat16', 'float16', 'float32'], got 'bogus'"),
+        (["--calibrate-tokens", "0"], "--calibrate-tokens must be >= 1, got 0"),
+        (
+            ["--tokens", "16", "--calibrate-tokens", "17"],
+            "--calibrate-tokens must be an int in [1, 16] (--tokens), got 17",
+        ),
+        (
+            ["--prompt", "a short prompt", "--calibrate-tokens", "-3"],
+            "--calibrate-tokens must be >= 1, got -3",
+        ),
+    ],
+)
+def test_a_bad_dtype_or_calibration_size_is_refused_before_the_model_loads(monkeypatch, capsys, argv, said):
+    # both were refused only after the load (and, for --calibrate-tokens, a 2,048-token prefill)
+    import kvlab.eval.inspect
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(kvlab.eval.inspect, "inspect_model", no_load)
+    assert main(["inspect", *argv]) == 2
+    err = err_of(capsys)
+    assert err == f"kvlab inspect: error: {said}", err
