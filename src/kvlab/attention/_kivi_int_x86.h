@@ -38,11 +38,11 @@ PATH_TARGET AI void FN(quantize_d)(const float *q, const float *qp, const void *
     for (int64_t c = 0; c < NV; c++) s[c] = MM(_loadu_ps)(sp + c * LANES);
     const VF zero = MM(_setzero_ps)(), absm = CAT(MMSI(_castsi), _ps)(MM(_set1_epi32)(0x7fffffff));
     for (int64_t r = 0; r < M; r++) {
-        VF b = zero, mx = zero;
+        VF b = zero, mx = zero, x[NV];
         for (int64_t c = 0; c < NV; c++) {
             b = MM(_fmadd_ps)(MM(_loadu_ps)(q + r * D + c * LANES), z[c], b);
-            const VF x = MM(_mul_ps)(MM(_loadu_ps)(qp + r * D + c * LANES), s[c]);
-            mx = MM(_max_ps)(mx, MM(_and_ps)(x, absm));
+            x[c] = MM(_mul_ps)(MM(_loadu_ps)(qp + r * D + c * LANES), s[c]);
+            mx = MM(_max_ps)(mx, MM(_and_ps)(x[c], absm));
         }
         const float amax = FN(hmax)(mx);
         bias[r] = FN(hsum)(b);
@@ -51,13 +51,11 @@ PATH_TARGET AI void FN(quantize_d)(const float *q, const float *qp, const void *
         int64_t c = 0;
         for (; c + 4 <= NV; c += 4) {
             VI xi[4];
-            for (int k = 0; k < 4; k++)
-                xi[k] = MM(_cvtps_epi32)(MM(_mul_ps)(MM(_mul_ps)(MM(_loadu_ps)(qp + r * D + (c + k) * LANES), s[c + k]), inv));
+            for (int k = 0; k < 4; k++) xi[k] = MM(_cvtps_epi32)(MM(_mul_ps)(x[c + k], inv));
             FN(split4)(xi, qi + r * D + c * LANES, qi + (M + r) * D + c * LANES);
         }
         for (; c < NV; c++) {
-            const VF x = MM(_mul_ps)(MM(_loadu_ps)(qp + r * D + c * LANES), s[c]);
-            const VI xi = MM(_cvtps_epi32)(MM(_mul_ps)(x, inv));
+            const VI xi = MM(_cvtps_epi32)(MM(_mul_ps)(x[c], inv));
             FN(store8)(qi + r * D + c * LANES, MM(_srai_epi32)(xi, 8));
             FN(store8)(qi + (M + r) * D + c * LANES, xi);
         }
