@@ -68,7 +68,8 @@ def integer_path_targets(records: list[tuple[Path, dict]]) -> list[dict]:
 
 def render_integer_path(records: list[tuple[Path, dict]], table) -> list[str]:
     """The page's lines for the records (none without any): per record its command, model and a table of each
-    int8 capacity row: KL(twin || int8), the twin's KL(float || twin), the share, what ran, the verdict.
+    int8 capacity row: KL(twin || int8), the twin's and the int8 cache's KL to the float cache, the share (of the
+    twin's), what ran, the verdict.
     ``table``: the page's Markdown table function (:func:`kvlab.bench.docs._table`)."""
     if not records:
         return []
@@ -92,6 +93,7 @@ def render_integer_path(records: list[tuple[Path, dict]], table) -> list[str]:
                 f"`{p['twin']}`",
                 f"{p['kl_mean']:.3g}",
                 "-" if p.get("own_kl_mean") is None else f"{p['own_kl_mean']:.3g}",
+                "-" if p.get("int8_kl_mean") is None else f"{p['int8_kl_mean']:.3g}",
                 _share(p),
                 p.get("key_score_path") or "-",
                 {True: "met", False: "not met", None: "not measured"}[p.get("met")],
@@ -104,6 +106,7 @@ def render_integer_path(records: list[tuple[Path, dict]], table) -> list[str]:
             "exact twin",
             "KL(twin || int8)",
             "twin's KL",
+            "int8's KL",
             "share",
             "ran",
             "verdict",

@@ -40,7 +40,7 @@ A result is one JSON object::
                       kl_mean, kl_p99, kl_max, kl_positions (nats; KL(float || candidate) per continuation position),
                       exact_twin? (an int8 twin beside its exact twin, kvlab.eval.twins.twin_entry: {twin, kl_mean,
                       kl_p99, kl_max, kl_positions (KL(twin || int8)), key_score_path, exact_key_score_path,
-                      own_kl_mean, share_of_own_kl, target_share, met, note?}),
+                      own_kl_mean, int8_kl_mean, share_of_own_kl, target_share, met, note?}),
                       and where the probes ran (kvlab.eval.longctx):
                       recall {accuracy, mean_nll, scored_tokens, distances [{distance_tokens, rows, scored_tokens,
                       accuracy, mean_nll, accuracy_drop?}]}, recall_accuracy, recall_nll, recall_drop,

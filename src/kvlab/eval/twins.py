@@ -54,7 +54,8 @@ def _ran_int8(paths: list | None) -> bool:
 def twin_entry(int8, exact, int8_logits, exact_logits) -> dict:
     """The ``exact_twin`` field of the int8 row: ``KL(exact twin || int8)`` per scored position
     (:func:`kvlab.eval.divergence.kl_summary`: ``kl_mean``, ``kl_p99``, ``kl_max``, ``kl_positions``, nats), the
-    ``twin``'s name and what each ran (``key_score_path``), the twin's own ``kl_mean`` to the float cache, the share,
+    ``twin``'s name and what each ran (``key_score_path``), the twin's own ``kl_mean`` to the float cache
+    (``own_kl_mean``; the int8 row's is ``int8_kl_mean``), the share,
     and ``met`` (``None`` where the integer path did not run: nothing of it was measured).
 
     Args:
@@ -73,6 +74,9 @@ def twin_entry(int8, exact, int8_logits, exact_logits) -> dict:
         "key_score_path": "; ".join(int8.attention_paths or []) or None,
         "exact_key_score_path": "; ".join(exact.attention_paths or []) or None,
         "own_kl_mean": own,
+        "int8_kl_mean": ((int8.compared or {}).get("kl") or {}).get(
+            "kl_mean"
+        ),  # the int8 row's own KL to float
         "share_of_own_kl": None,
         "target_share": TWIN_KL_SHARE,
         "met": None,
@@ -130,10 +134,10 @@ def integer_path_lines(result: dict) -> list[str]:
     for p in summary["rows"]:
         share = "-" if p["share_of_own_kl"] is None else f"{p['share_of_own_kl']:.1%}"
         verdict = {True: "met", False: "not met", None: "not measured"}[p["met"]]
-        own = "-" if p["own_kl_mean"] is None else f"{p['own_kl_mean']:.3g}"
+        own, mine = ("-" if p.get(k) is None else f"{p[k]:.3g}" for k in ("own_kl_mean", "int8_kl_mean"))
         lines.append(
             f"integer path at {p['context_length']}: KL({p['twin']} || {p['candidate']}) {p['kl_mean']:.3g} nats = "
-            f"{share} of {p['twin']}'s own KL {own} (target <= {p['target_share']:.0%}: {verdict}; ran "
-            f"{p['key_score_path'] or 'nothing'})"
+            f"{share} of {p['twin']}'s own KL {own} to the float cache ({p['candidate']}'s: {mine}; target <= "
+            f"{p['target_share']:.0%}: {verdict}; ran {p['key_score_path'] or 'nothing'})"
         )
     return lines

@@ -127,8 +127,10 @@ def _add_matrix_flags(p) -> None:
         help="comma list of registered cache names, family[-bits][-variant][:setting=value], "
         f"e.g. kivi-4,kivi-k8v4,fp8-e4m3,hqq-4,sink:window_length=256; every name: {', '.join(_registered())} "
         f"(default: {_default('candidates')}); kivi-N-fused / kivi-N-dequant choose their own attention path, "
-        "kivi-k8v4 and kivi-k4v2 always run dequantized; settings other than an evicting cache's are the run's "
-        "flags (--group-size, --residual, --hqq-group-size)",
+        "kivi-k8v4 and kivi-k4v2 always run dequantized; kivi-N:dot=int8 runs the CPU kernel's integer path "
+        "(beside kivi-N, the result adds its KL to that exact twin); dynamic-ckernel: the float cache through "
+        "kvlab's float C kernel; settings other than an evicting cache's and dot are the run's flags "
+        "(--group-size, --residual, --hqq-group-size)",
     )
     _setting_flag(p, "--contexts", _ints, "contexts", "capacity matrix contexts")
     _setting_flag(p, "--new-tokens", int, "new_tokens", "tokens generated per capacity run")
