@@ -277,7 +277,7 @@ def latency_warning(rows: list[dict], max_latency_ratio: float | None = None) ->
         parts.append(
             f"{len(bad)} of {len(spread)} capacity cells had timed calls differing by more than "
             f"{UNSTABLE_TIMING_SPREAD}x (worst: {worst['candidate']} at {worst['context_length']}, "
-            f"{worst['timing_spread']:.1f}x): medians are noisy; rerun on a quiet machine or with a larger --repeat"
+            f"{worst['timing_spread']:.2f}x): medians are noisy; rerun on a quiet machine or with a larger --repeat"
         )
     return "; ".join(parts) or None
 

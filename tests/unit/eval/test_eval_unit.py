@@ -252,7 +252,10 @@ def test_latency_warning_names_the_noisiest_capacity_cell():
         },
     ]
     w = latency_warning(noisy)
-    assert w.startswith("2 of 3 capacity cells") and "kivi-4 at 4096, 3.2x" in w
+    assert w.startswith("2 of 3 capacity cells") and "kivi-4 at 4096, 3.20x" in w
+    # just past the threshold: two decimals, so the worst cell does not read as the threshold itself ("1.5x")
+    w = latency_warning(calm + [{**noisy[-1], "timing_spread": UNSTABLE_TIMING_SPREAD + 0.02}])
+    assert f"more than {UNSTABLE_TIMING_SPREAD}x (worst: hqq-4 at 512, {UNSTABLE_TIMING_SPREAD + 0.02:.2f}x)" in w
 
 
 def test_runner_times_caches_interleaved_and_pairs_the_ratio(tiny, monkeypatch):
