@@ -106,6 +106,12 @@ T_AVX512 AI __m512i dot_avx512(__m512i acc, __m512i a, __m512i b) {
     return acc;
 }
 
+/* acc + sum_k (a[k] . b[k]) per 4 bytes: four dpbusd */
+T_AVX512 AI __m512i dot4_avx512(__m512i acc, const __m512i *a, const __m512i *b) {
+    for (int k = 0; k < 4; k++) acc = dot_avx512(acc, a[k], b[k]);
+    return acc;
+}
+
 T_AVX512 AI __m512i permute_avx512(__m512i a, __m512i idx) { return _mm512_permutexvar_epi32(idx, a); }
 
 /* 16 fp32 from element i of p: bf16 (a shift) when bf16, else fp32 */
@@ -152,6 +158,15 @@ T_AVX2 AI __m256i lanes16_avx2(const uint8_t *p, int64_t step) {
  * 2 * 15 * 127 < 32767), then pairs of those into 8 int32 */
 T_AVX2 AI __m256i dot_avx2(__m256i acc, __m256i a, __m256i b) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
+}
+
+/* acc + sum_k (a[k] . b[k]) per 4 bytes, the four maddubs summed in int16 before one madd: every caller's int16
+ * lane stays below 32767 (4 * 2 * 255 * 15 for u8 weights or low query bytes against codes < 16, 4 * 2 * 15 * 128
+ * for codes against the signed high query bytes) */
+T_AVX2 AI __m256i dot4_avx2(__m256i acc, const __m256i *a, const __m256i *b) {
+    const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(a[0], b[0]), _mm256_maddubs_epi16(a[1], b[1]));
+    const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(a[2], b[2]), _mm256_maddubs_epi16(a[3], b[3]));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_add_epi16(s01, s23), _mm256_set1_epi16(1)));
 }
 
 T_AVX2 AI __m256i permute_avx2(__m256i a, __m256i idx) { return _mm256_permutevar8x32_epi32(a, idx); }

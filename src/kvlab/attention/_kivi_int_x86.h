@@ -5,7 +5,7 @@
  *   PATH_TARGET  its __attribute__((target))
  * and the path's own instructions, where the two differ: lanes_<PATH> (each 128-bit lane loaded from its own
  * address), lanes16_<PATH> (16 bytes a lane at a fixed step), dot_<PATH> (acc + the u8 x s8 byte products summed per
- * 4 bytes: dpbusd / maddubs + madd), permute_<PATH> / permps_<PATH> (a's int32 / fp32 lanes picked by idx),
+ * 4 bytes: dpbusd / maddubs + madd; dot4_<PATH> four of them), permute_<PATH> / permps_<PATH> (a's int32 / fp32 lanes picked by idx),
  * ldf_<PATH> (LANES fp32 from bf16 or fp32), hmax_<PATH> / hsum_<PATH> (max / sum of the fp32 lanes), store8_<PATH>
  * (the low bytes of the int32 lanes).
  * The algorithms, bounds and layouts are described in _kivi_int.c. kvlab.attention.cpu_kernel hashes this file
@@ -82,14 +82,19 @@ PATH_TARGET AI void FN(rows_tile)(const VI *cv, const int64_t NCV, const int8_t 
                                   const int RT) {
     VI s[4], s2[4];
     for (int i = 0; i < RT; i++) s[i] = s2[i] = MMSI(_setzero_si)();
-    for (int64_t v = 0; v < NCV; v++) {
-        const VI c = cv[v];
+    for (int64_t v = 0; v < NCV; v += 4) { /* NCV is a multiple of 4 (R is) */
+        const VI c[4] = {cv[v], cv[v + 1], cv[v + 2], cv[v + 3]};
         for (int i = 0; i < RT; i++) {
-            int32_t w1, w2;
-            memcpy(&w1, qi + (r0 + i) * D + 4 * v, 4);
-            memcpy(&w2, qi + (M + r0 + i) * D + 4 * v, 4);
-            s[i] = FN(dot)(s[i], c, MM(_set1_epi32)(w1));
-            s2[i] = FN(dot)(s2[i], MM(_set1_epi32)(w2), c);
+            VI h[4], l[4];
+            for (int k = 0; k < 4; k++) {
+                int32_t w1, w2;
+                memcpy(&w1, qi + (r0 + i) * D + 4 * (v + k), 4);
+                memcpy(&w2, qi + (M + r0 + i) * D + 4 * (v + k), 4);
+                h[k] = MM(_set1_epi32)(w1);
+                l[k] = MM(_set1_epi32)(w2);
+            }
+            s[i] = FN(dot4)(s[i], c, h);
+            s2[i] = FN(dot4)(s2[i], l, c);
         }
     }
     for (int i = 0; i < RT; i++) {
@@ -202,7 +207,20 @@ PATH_TARGET AI void FN(vrows)(const VI *codes, const int64_t NSQ, const int64_t 
         VI ai[2][8];
         for (int i = 0; i < RT; i++)
             for (int j = 0; j < 8; j++) ai[i][j] = MMSI(_setzero_si)();
-        for (int64_t sq = 0; sq < NSQ; sq++) {
+        int64_t sq = 0;
+        for (; sq + 4 <= NSQ; sq += 4) { /* four sets of 4 tokens a dot4 */
+            VI w4[2][4];
+            for (int i = 0; i < RT; i++)
+                for (int k = 0; k < 4; k++)
+                    w4[i][k] = FN(permute)(
+                        MMSI(_loadu_si)((const VI *)(pq + (r0 + i) * PQ + 4 * ((sq + k) * TS * KG + wbase[u]))), widx[u]);
+            for (int j = 0; j < 8; j++) {
+                VI c[4];
+                for (int k = 0; k < 4; k++) c[k] = codes[((sq + k) * NU + u) * 8 + j];
+                for (int i = 0; i < RT; i++) ai[i][j] = FN(dot4)(ai[i][j], w4[i], c);
+            }
+        }
+        for (; sq < NSQ; sq++) {
             VI w4[2];
             for (int i = 0; i < RT; i++)
                 w4[i] = FN(permute)(MMSI(_loadu_si)((const VI *)(pq + (r0 + i) * PQ + 4 * (sq * TS * KG + wbase[u]))), widx[u]);
