@@ -103,6 +103,10 @@ def _check_sweep_args(args) -> str | None:
         if value < low:
             return f"{flag} must be >= {low}, got {value}"
     from kvlab.plan.mixed import FORMATS
+    from kvlab.runtime.dtypes import DTYPES
+
+    if args.dtype not in DTYPES:  # as parse_dtype, named by the flag, before the model loads
+        return f"--dtype must be one of {sorted(DTYPES)}, got {args.dtype!r}"
 
     formats = [f.strip() for f in args.formats.split(",")]
     bad = [f for f in formats if f not in FORMATS or f == "float"]
@@ -110,10 +114,11 @@ def _check_sweep_args(args) -> str | None:
         return f"--formats {args.formats!r}: each of kivi-2, kivi-4, kivi-8, fp8-e4m3 at most once, got {bad or formats}"
     if args.residual % args.group_size or args.residual < 0:
         return f"--residual ({args.residual}) must be a non-negative multiple of --group-size ({args.group_size})"
-    if any(f.startswith("kivi") for f in formats) and args.context <= args.residual:
-        return (
-            f"--context {args.context} must be longer than --residual {args.residual}: KIVI keeps the newest "
-            f"{args.residual} tokens in float, so it would quantize nothing (KL 0)"
+    if any(f.startswith("kivi") for f in formats) and args.context < args.residual + args.group_size:
+        return (  # the oldest ((context - R) // G) * G tokens are quantized (kvlab.bench.sensitivity)
+            f"--context {args.context} must be at least --residual {args.residual} + --group-size "
+            f"{args.group_size}: KIVI keeps the newest {args.residual} tokens in float and quantizes whole "
+            f"groups of {args.group_size} before them, so it would quantize nothing (KL 0)"
         )
     return None
 
@@ -152,10 +157,16 @@ def _measure(args, err) -> dict:
 
     model, tokenizer = load_model(args.model, dtype=args.dtype)
     n = args.context + args.continuation
-    offsets = [
-        args.offset + i * n for i in range(args.prompts)
-    ]  # consecutive, non-overlapping held-out windows
-    prompts = torch.tensor([heldout_token_ids(tokenizer, n, offset=o) for o in offsets])
+    need = args.prompts * n  # consecutive, non-overlapping held-out windows: one cut of them all
+    try:
+        ids = heldout_token_ids(tokenizer, need, offset=args.offset)
+    except ValueError as exc:  # the library names `offset` and `n_tokens`; the user typed these flags
+        sizes = f"--prompts {args.prompts} x (--context {args.context} + --continuation {args.continuation})"
+        raise ValueError(
+            str(exc).replace("`offset`", "--offset").replace(f"`n_tokens` {need}", f"{sizes} {need}")
+        ) from exc
+    prompts = torch.tensor(ids).reshape(args.prompts, n)
+    offsets = [args.offset + i * n for i in range(args.prompts)]  # each prompt's first held-out token
     formats = [f.strip() for f in args.formats.split(",")]
     layers = model.config.get_text_config().num_hidden_layers
     total = args.prompts * -(-(layers * 2 * len(formats)) // (args.rows - 1))

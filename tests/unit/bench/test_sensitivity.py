@@ -200,8 +200,17 @@ def test_an_fp8_only_allocation_is_what_vllm_runs(fragile, result):
     "argv, message",
     [
         (["--group-size", "0"], "--group-size must be >= 1, got 0"),
-        (["--context", "128", "--residual", "128"], "--context 128 must be longer than --residual 128"),
+        (
+            ["--context", "128", "--residual", "128"],
+            "--context 128 must be at least --residual 128 + --group-size 32",
+        ),
+        # one token short of a whole group before the window: every KL was 0, silently
+        (
+            ["--context", "63", "--residual", "32"],
+            "--context 63 must be at least --residual 32 + --group-size 32",
+        ),
         (["--out", "/proc/s.json"], "--out /proc/s.json: folder /proc takes no files"),
+        (["--dtype", "bogus"], "--dtype must be one of ['bfloat16', 'float16', 'float32'], got 'bogus'"),
     ],
 )
 def test_a_sweep_that_cannot_measure_or_save_is_refused_before_the_model_loads(
@@ -248,3 +257,17 @@ def test_allocate_refuses_a_builtin_name_and_a_repeated_format(
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and message in err
     assert not plans.exists()
+
+
+def test_a_sweep_past_the_held_out_text_names_the_flags(tmp_path, capsys):
+    # it said `offset` 0 + `n_tokens` 100000015: the library's names, and a sum the user never typed
+    from kvlab.cli import main
+
+    argv = ["sensitivity", "sweep", "--out", str(tmp_path / "s.json"), "--context", "99999999"]
+    assert main([*argv, "--continuation", "16", "--prompts", "2", "--offset", "5"]) == 2
+    err = capsys.readouterr().err.strip()
+    said = (
+        "--offset 5 + --prompts 2 x (--context 99999999 + --continuation 16) 200000030 = 200000035 exceeds it"
+    )
+    assert err.count("\n") == 0 and said in err and "`" not in err, err
+    assert list(tmp_path.iterdir()) == []
