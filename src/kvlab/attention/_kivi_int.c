@@ -131,6 +131,13 @@ T_AVX512 AI float hsum_avx512(__m512 v) { return _mm512_reduce_add_ps(v); }
 /* the low bytes of x's 16 int32 lanes (values inside the byte's range) to dst */
 T_AVX512 AI void store8_avx512(void *dst, __m512i x) { _mm_storeu_si128((__m128i *)dst, _mm512_cvtepi32_epi8(x)); }
 
+/* x[0..3] (64 int32 lanes in [0, 255]) as bytes to dst[0..64): two packs and a permute */
+T_AVX512 AI void pack4_avx512(const __m512i *x, uint8_t *dst) {
+    const __m512i fix = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512i b = _mm512_packus_epi16(_mm512_packus_epi32(x[0], x[1]), _mm512_packus_epi32(x[2], x[3]));
+    _mm512_storeu_si512(dst, _mm512_permutexvar_epi32(fix, b));
+}
+
 /* the 16-bit values of x[0..3] (64 int32 lanes in [-32767, 32767]): their high bytes (x >> 8, signed) to hi[0..64),
  * their low bytes (unsigned) to lo[0..64); two packs and a permute per 64 bytes */
 T_AVX512 AI void split4_avx512(const __m512i *x, int8_t *hi, int8_t *lo) {
@@ -192,6 +199,12 @@ T_AVX2 AI float hsum_avx2(__m256 v) {
     x = _mm_add_ps(x, _mm_movehl_ps(x, x));
     return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
 }
+T_AVX2 AI void pack4_avx2(const __m256i *x, uint8_t *dst) {
+    const __m256i fix = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(x[0], x[1]), _mm256_packus_epi32(x[2], x[3]));
+    _mm256_storeu_si256((__m256i *)dst, _mm256_permutevar8x32_epi32(b, fix));
+}
+
 T_AVX2 AI void split4_avx2(const __m256i *x, int8_t *hi, int8_t *lo) {
     const __m256i fix = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), m = _mm256_set1_epi32(255);
     const __m256i h01 = _mm256_packs_epi32(_mm256_srai_epi32(x[0], 8), _mm256_srai_epi32(x[1], 8));

@@ -7,7 +7,7 @@
  * address), lanes16_<PATH> (16 bytes a lane at a fixed step), dot_<PATH> (acc + the u8 x s8 byte products summed per
  * 4 bytes: dpbusd / maddubs + madd; dot4_<PATH> four of them), permute_<PATH> / permps_<PATH> (a's int32 / fp32 lanes picked by idx),
  * ldf_<PATH> (LANES fp32 from bf16 or fp32), hmax_<PATH> / hsum_<PATH> (max / sum of the fp32 lanes), store8_<PATH>
- * (the low bytes of the int32 lanes).
+ * (the low bytes of the int32 lanes), pack4_<PATH> / split4_<PATH> (four vectors' bytes at once).
  * The algorithms, bounds and layouts are described in _kivi_int.c. kvlab.attention.cpu_kernel hashes this file
  * into the kernel's build key. */
 
@@ -195,7 +195,13 @@ PATH_TARGET AI void FN(weights)(const float *pr, const int64_t nt, const float *
     const float m = FN(hmax)(mx);
     *beta = m / 255.0f;
     const VF inv = MM(_set1_ps)(m > 0.0f ? 255.0f / m : 0.0f);
-    for (int64_t c = 0; c < NCH; c++) FN(store8)(pq + c * LANES, MM(_cvtps_epi32)(MM(_mul_ps)(pp[c], inv)));
+    int64_t c = 0;
+    for (; c + 4 <= NCH; c += 4) {
+        VI x[4];
+        for (int k = 0; k < 4; k++) x[k] = MM(_cvtps_epi32)(MM(_mul_ps)(pp[c + k], inv));
+        FN(pack4)(x, pq + c * LANES);
+    }
+    for (; c < NCH; c++) FN(store8)(pq + c * LANES, MM(_cvtps_epi32)(MM(_mul_ps)(pp[c], inv)));
 }
 
 /* accL[r] += beta[r] * (the block's weights pq[r] . codes) for rows r0 .. r0 + RT - 1: each code vector loaded once
