@@ -384,13 +384,13 @@ static void softmax_parts(float *sc, int64_t M, int64_t total, int64_t c0, int64
         const int64_t lo[2] = {c0, w0}, hi[2] = {c1, w1};
         for (int k = 0; k < 2; k++) {
             int64_t t = lo[k];
-            v8f m8 = splat8(-INFINITY);
-            for (; t + 8 <= hi[k]; t += 8) {
-                const v8f x = load8(row + t);
-                const v8i gt = x > m8;
-                m8 = (v8f)(((v8i)x & gt) | ((v8i)m8 & ~gt));
+            v16f m16 = splat16(-INFINITY);
+            for (; t + 16 <= hi[k]; t += 16) {
+                const v16f x = load16(row + t);
+                const v16i gt = x > m16;
+                m16 = (v16f)(((v16i)x & gt) | ((v16i)m16 & ~gt));
             }
-            for (int q = 0; q < 8; q++) m = m8[q] > m ? m8[q] : m;
+            for (int q = 0; q < 16; q++) m = m16[q] > m ? m16[q] : m;
             for (; t < hi[k]; t++) m = row[t] > m ? row[t] : m;
         }
         mx[r] = m;
@@ -401,13 +401,13 @@ static void softmax_parts(float *sc, int64_t M, int64_t total, int64_t c0, int64
         }
         for (int k = 0; k < 2; k++) {
             int64_t t = lo[k];
-            v8f l8 = splat8(0.0f);
-            for (; t + 8 <= hi[k]; t += 8) {
-                const v8f e = exp8_nonpos(load8(row + t) - splat8(m));
-                store8(row + t, e);
-                l8 += e;
+            v16f l16 = splat16(0.0f);
+            for (; t + 16 <= hi[k]; t += 16) {
+                const v16f e = exp16_nonpos(load16(row + t) - splat16(m));
+                store16(row + t, e);
+                l16 += e;
             }
-            for (int q = 0; q < 8; q++) sum += l8[q];
+            for (int q = 0; q < 16; q++) sum += l16[q];
             for (; t < hi[k]; t++) {
                 row[t] = exp_nonpos(row[t] - m);
                 sum += row[t];
