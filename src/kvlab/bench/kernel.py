@@ -119,6 +119,7 @@ def _kernels(state, q, k, v, nbits, group_size, scale, backend, dev) -> dict:
         dev.type == "cpu"
         and cpu_kernel.unavailable_reason() is None
         and cpu_kernel.int8_supported(nbits, q.shape[-1])
+        and cpu_kernel.unsupported(q, segments, kw, vw) is None  # a float16 layer: KeyError inside, every row
     ):
         offset = kw.shape[2] - 1
         out[f"kivi{nbits}-int8"] = (
@@ -278,7 +279,7 @@ def run(
     torch_dtype = parse_dtype(dtype)
     nbits = (nbits,) if isinstance(nbits, int) else tuple(nbits)
     shape = dict(batch=batch, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype)
-    _check_problem(shape, nbits, group_size, residual_length, copy_bytes, backend, dev)
+    _check_problem(shape, nbits, group_size, residual_length, copy_bytes, backend, dev, contexts)
     copy = copy_bandwidth(dev, copy_bytes, reps=max(3, min(reps, 7)))
     gen = torch.Generator().manual_seed(seed)
     inner = 10 if dev.type == "cuda" else 1
@@ -335,11 +336,14 @@ def _cpu_paths(dev: torch.device, nbits: tuple, head_dim: int, dtype: str) -> di
     }
 
 
-def _check_problem(shape: dict, nbits, group_size, residual_length, copy_bytes, backend, dev) -> None:
+def _check_problem(
+    shape: dict, nbits, group_size, residual_length, copy_bytes, backend, dev, contexts
+) -> None:
     """Raise ``ValueError`` naming the flag of a layer shape, KIVI setting, copy-probe size or backend that could not
-    run on ``dev`` (a zero head count divided by zero, a negative copy size crashed inside torch, an impossible nbits
-    ran every cell to a failed row and exited 0, ``--backend triton`` on a CPU failed every row after the copy
-    probe)."""
+    run on ``dev`` at ``contexts`` (a zero head count divided by zero, a negative copy size crashed inside torch, an
+    impossible nbits ran every cell to a failed row and exited 0, ``--backend triton`` on a CPU, a group of
+    ``group_size x nbits`` bits that is not whole bytes, or ``--residual-length 0`` at a multiple of the group size
+    failed every row after the copy probe)."""
     from kvlab.attention.quantized import BACKENDS
     from kvlab.quant import KIVIConfig
 
@@ -354,11 +358,19 @@ def _check_problem(shape: dict, nbits, group_size, residual_length, copy_bytes, 
     head_dim = shape["head_dim"]
     for nb in nbits:
         KIVIConfig(nb, group_size, residual_length)  # nbits, group_size, residual_length, each named
-        if head_dim % group_size or head_dim * nb % 8:
+        if head_dim % group_size or head_dim * nb % 8 or group_size * nb % 8:
             raise ValueError(
                 f"--group-size {group_size} must divide --head-dim {head_dim} (values are grouped per token "
-                f"along channels) and head_dim x nbits ({head_dim} x {nb}) must fill whole bytes"
+                f"along channels), and head_dim x nbits ({head_dim} x {nb}) and group_size x nbits "
+                f"({group_size} x {nb}) must fill whole bytes"
             )
+    empty = [c for c in contexts if residual_length == 0 and c % group_size == 0]
+    if empty:  # every token quantized: no window holds the query's own token (each row failed on it)
+        raise ValueError(
+            f"--residual-length 0 quantizes all of --contexts {empty[0]} (a multiple of --group-size "
+            f"{group_size}), leaving no full-precision window for the query's token: give --residual-length >= 1 "
+            "or contexts that are not multiples of the group size"
+        )
     if copy_bytes is not None:
         check_int("copy_bytes", copy_bytes, 1, flag="--copy-mib")
     if backend not in BACKENDS:

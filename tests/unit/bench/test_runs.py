@@ -216,6 +216,36 @@ def test_kernel_quick_keys_and_ratios():
     assert r["target"]["status"] == "not applicable"
 
 
+def test_kernel_float16_layer_is_measured_not_a_keyerror_row():
+    # the integer CPU kernel reads bf16/fp32 only: given float16 it raised KeyError(torch.float16) in every row
+    r = kernel.run(
+        contexts=(256,), reps=1, q_heads=4, kv_heads=2, head_dim=64, dtype="float16", copy_bytes=2**20
+    )
+    (row,) = r["rows"]
+    assert row["status"] == "ok", row
+    assert "kivi4" in row["kernels"] and "sdpa" in row["kernels"] and "kivi4-int8" not in row["kernels"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, said",
+    [
+        # a value group of 2 x 2 bits is not a whole byte: every row failed inside fused attention
+        ({"head_dim": 4, "group_size": 2, "residual_length": 2, "nbits": 2}, "group_size x nbits (2 x 2)"),
+        # all 256 tokens quantized, no window for the query's token: every row failed on the causal rule
+        ({"residual_length": 0}, "--residual-length 0 quantizes all of --contexts 256"),
+    ],
+)
+def test_kernel_settings_no_row_could_run_are_refused_before_measuring(kwargs, said, monkeypatch):
+    def no_copy(*a, **k):
+        raise AssertionError("the copy probe ran")
+
+    monkeypatch.setattr(kernel, "copy_bandwidth", no_copy)
+    shape = {"q_heads": 4, "kv_heads": 2, "head_dim": 64} | kwargs
+    with pytest.raises(ValueError) as e:
+        kernel.run(contexts=(256,), reps=1, copy_bytes=2**20, **shape)
+    assert said in str(e.value)
+
+
 @pytest.mark.parametrize("name", ["kivi4-dequant", "quanto4"])
 def test_fill_cache_leaves_the_state_of_a_single_chunk_prefill(tiny_lm, name):
     from kvlab.runtime.hf_api import cache_kwarg
