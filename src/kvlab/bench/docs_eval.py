@@ -10,7 +10,10 @@ the rest of the page, every number is read from a record. Reads JSON only (no to
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
+
+FLOAT_KERNEL = "dynamic-ckernel"  # the float cache through the float C kernel: the run's rounding floor
 
 
 def examples_dir(results_dir: str | Path) -> Path:
@@ -42,6 +45,32 @@ def _device(result: dict) -> str:
 def _share(p: dict) -> str:
     share = p.get("share_of_own_kl")
     return "-" if share is None else f"{share:.1%}"
+
+
+def _kl(result: dict, context: int, candidate: str) -> float | None:
+    """The ``kl_mean`` of ``candidate``'s capacity row at ``context`` in ``result`` (None where absent)."""
+    for r in result.get("rows", []):
+        if r.get("matrix") == "capacity" and r["context_length"] == context and r["candidate"] == candidate:
+            return r.get("kl_mean")
+    return None
+
+
+def _g(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def _floor_line(result: dict, rows: list[dict]) -> list[str]:
+    """The line naming the run's rounding floor: ``dynamic-ckernel``'s KL to the float cache (the same attention
+    in another summation order), where the run has it; ``[]`` otherwise."""
+    floor = [(p["context_length"], _kl(result, p["context_length"], FLOAT_KERNEL)) for p in rows]
+    if all(v is None for _, v in floor):
+        return []
+    at = ", ".join(f"{_g(v)} at {c}" for c, v in floor)
+    return [
+        f"Rounding floor of this run: `{FLOAT_KERNEL}` (the float cache, its attention in the float C kernel: the "
+        f"same sums in another order) is at KL {at} from `dynamic`.",
+        "",
+    ]
 
 
 def integer_path_targets(records: list[tuple[Path, dict]]) -> list[dict]:
@@ -78,13 +107,14 @@ def render_integer_path(records: list[tuple[Path, dict]], table) -> list[str]:
         ip = result["summary"]["integer_path"]
         model = (result.get("provenance") or {}).get("model") or {}
         lines += [
-            f"Command: `{' '.join(result.get('command') or [])}`  ",
+            f"Command: `{shlex.join(result.get('command') or [])}`  ",
             f"Result: `docs/examples/{path.name}`; model {model.get('id_or_path')} ({model.get('dtype')}), "
             f"{_device(result).split(', model')[0]}; run {result.get('created_utc')}.",
             "",
             f"Target: {ip['target']}: **{ip['status']}**. KL in nats, mean over the scored continuation "
             "(the float cache's greedy tokens, teacher-forced).",
             "",
+            *_floor_line(result, ip["rows"]),
         ]
         rows = [
             [
@@ -92,8 +122,8 @@ def render_integer_path(records: list[tuple[Path, dict]], table) -> list[str]:
                 f"`{p['candidate']}`",
                 f"`{p['twin']}`",
                 f"{p['kl_mean']:.3g}",
-                "-" if p.get("own_kl_mean") is None else f"{p['own_kl_mean']:.3g}",
-                "-" if p.get("int8_kl_mean") is None else f"{p['int8_kl_mean']:.3g}",
+                _g(p.get("own_kl_mean")),
+                _g(p.get("int8_kl_mean", _kl(result, p["context_length"], p["candidate"]))),
                 _share(p),
                 p.get("key_score_path") or "-",
                 {True: "met", False: "not met", None: "not measured"}[p.get("met")],

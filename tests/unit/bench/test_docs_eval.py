@@ -47,3 +47,17 @@ def test_no_examples_folder_renders_the_page_as_before(tmp_path):
     assert docs_eval.eval_records(tmp_path / "nowhere") == []
     assert docs.render_page([], "benchmarks/results", []) == docs.render_page([], "benchmarks/results")
     assert "Integer KIVI path" not in docs.render_page([], "benchmarks/results")
+
+
+def test_the_float_kernel_row_of_the_run_is_named_as_its_rounding_floor(tmp_path):
+    result = _eval(0.3, False, "not met")
+    result["rows"] = [
+        {"matrix": "capacity", "context_length": 2048, "candidate": "dynamic-ckernel", "kl_mean": 0.0017},
+        {"matrix": "capacity", "context_length": 2048, "candidate": "kivi-4:dot=int8", "kl_mean": 0.0041},
+    ]
+    text = "\n".join(docs_eval.render_integer_path([(tmp_path / "eval-x.json", result)], docs._table))
+    assert "`dynamic-ckernel` (the float cache" in text and "is at KL 0.0017 at 2048" in text
+    assert "| 0.004 | 0.0041 | 30.0% |" in text  # the int8 row's own KL, read from its row
+    assert "Rounding floor" not in "\n".join(
+        docs_eval.render_integer_path([(tmp_path / "eval-y.json", _eval(0.3, False, "not met"))], docs._table)
+    )
