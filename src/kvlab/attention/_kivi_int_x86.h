@@ -51,6 +51,7 @@ PATH_TARGET AI void FN(quantize_d)(const float *q, const float *qp, const void *
         int64_t c = 0;
         for (; c + 4 <= NV; c += 4) {
             VI xi[4];
+#pragma GCC unroll 8
             for (int k = 0; k < 4; k++) xi[k] = MM(_cvtps_epi32)(MM(_mul_ps)(x[c + k], inv));
             FN(split4)(xi, qi + r * D + c * LANES, qi + (M + r) * D + c * LANES);
         }
@@ -81,11 +82,14 @@ PATH_TARGET AI void FN(rows_tile)(const VI *cv, const int64_t NCV, const int8_t 
                                   const float *bias, float *sc, int64_t total, int64_t M, int64_t D, int64_t r0,
                                   const int RT) {
     VI s[4], s2[4];
+#pragma GCC unroll 8
     for (int i = 0; i < RT; i++) s[i] = s2[i] = MMSI(_setzero_si)();
     for (int64_t v = 0; v < NCV; v += 4) { /* NCV is a multiple of 4 (R is) */
         const VI c[4] = {cv[v], cv[v + 1], cv[v + 2], cv[v + 3]};
+#pragma GCC unroll 8
         for (int i = 0; i < RT; i++) {
             VI h[4], l[4];
+#pragma GCC unroll 8
             for (int k = 0; k < 4; k++) {
                 int32_t w1, w2;
                 memcpy(&w1, qi + (r0 + i) * D + 4 * (v + k), 4);
@@ -97,6 +101,7 @@ PATH_TARGET AI void FN(rows_tile)(const VI *cv, const int64_t NCV, const int8_t 
             s2[i] = FN(dot4)(s2[i], l, c);
         }
     }
+#pragma GCC unroll 8
     for (int i = 0; i < RT; i++) {
         const VI x = MM(_add_epi32)(MM(_slli_epi32)(s[i], 8), s2[i]);
         const VF f = MM(_fmadd_ps)(MM(_cvtepi32_ps)(x), MM(_set1_ps)(a[r0 + i]), MM(_set1_ps)(bias[r0 + i]));
@@ -119,11 +124,13 @@ PATH_TARGET AI void FN(dots_nb)(const uint8_t *kc, int64_t P, int64_t t0, int64_
         for (int64_t x = 0; x < LANES * P; x += 64) __builtin_prefetch((const char *)kc + (t + PF_KEYS * LANES) * P + x);
         for (int64_t jq = 0; jq < R / 4; jq++) {
             VI y[4];
+#pragma GCC unroll 8
             for (int k = 0; k < 4; k++) y[k] = FN(lanes16)(kc + (t + k) * P + 16 * jq, 4 * P);
             const VI lo01 = MM(_unpacklo_epi32)(y[0], y[1]), hi01 = MM(_unpackhi_epi32)(y[0], y[1]);
             const VI lo23 = MM(_unpacklo_epi32)(y[2], y[3]), hi23 = MM(_unpackhi_epi32)(y[2], y[3]);
             const VI z[4] = {MM(_unpacklo_epi64)(lo01, lo23), MM(_unpackhi_epi64)(lo01, lo23),
                              MM(_unpacklo_epi64)(hi01, hi23), MM(_unpackhi_epi64)(hi01, hi23)};
+#pragma GCC unroll 8
             for (int i = 0; i < 4; i++)
                 for (int64_t p = 0; p < K; p++)
                     cv[(4 * jq + i) * K + p] = MMSI(_and_si)(p ? MM(_srli_epi16)(z[i], (int)(p * nb)) : z[i], mask);
@@ -168,6 +175,7 @@ PATH_TARGET AI void FN(interleave4)(const VI *x, VI *out, const int nb) {
         const VI y[2] = {MM(_unpacklo_epi16)(ab0, cd0), MM(_unpackhi_epi16)(ab0, cd0)};
         const VI m = MM(_set1_epi8)(0x03);
         for (int jj = 0; jj < 2; jj++)
+#pragma GCC unroll 8
             for (int k = 0; k < 4; k++) out[4 * jj + k] = MMSI(_and_si)(k ? MM(_srli_epi16)(y[jj], 2 * k) : y[jj], m);
     }
 }
@@ -180,8 +188,10 @@ PATH_TARGET AI void FN(weights)(const float *pr, const int64_t nt, const float *
                                 const int64_t NCH, const int64_t KG, const VI *pidx, uint8_t *pq, float *beta,
                                 VF *wacc, const int64_t per) {
     VF pp[NCH], mx = MM(_setzero_ps)(), wl[4];
+#pragma GCC unroll 8
     for (int k = 0; k < 4; k++) wl[k] = wacc[k];
     for (int64_t c0 = 0; c0 < NCH; c0 += per)
+#pragma GCC unroll 8
         for (int k = 0; k < 4; k++) { /* chunk c0 + k adds to wl[k]: constant indices, registers */
             if (k >= per) break;
             const int64_t c = c0 + k;
@@ -191,6 +201,7 @@ PATH_TARGET AI void FN(weights)(const float *pr, const int64_t nt, const float *
             mx = MM(_max_ps)(mx, pp[c]);
             wl[k] = MM(_fmadd_ps)(pe, MM(_loadu_ps)(wf + c * LANES), wl[k]);
         }
+#pragma GCC unroll 8
     for (int k = 0; k < 4; k++) wacc[k] = wl[k];
     const float m = FN(hmax)(mx);
     *beta = m / 255.0f;
@@ -198,6 +209,7 @@ PATH_TARGET AI void FN(weights)(const float *pr, const int64_t nt, const float *
     int64_t c = 0;
     for (; c + 4 <= NCH; c += 4) {
         VI x[4];
+#pragma GCC unroll 8
         for (int k = 0; k < 4; k++) x[k] = MM(_cvtps_epi32)(MM(_mul_ps)(pp[c + k], inv));
         FN(pack4)(x, pq + c * LANES);
     }
@@ -211,32 +223,44 @@ PATH_TARGET AI void FN(vrows)(const VI *codes, const int64_t NSQ, const int64_t 
                               const float *beta, float *accL, const int64_t NE, int64_t r0, const int RT) {
     for (int64_t u = 0; u < NU; u++) {
         VI ai[2][8];
+#pragma GCC unroll 8
         for (int i = 0; i < RT; i++)
+#pragma GCC unroll 8
             for (int j = 0; j < 8; j++) ai[i][j] = MMSI(_setzero_si)();
         int64_t sq = 0;
         for (; sq + 4 <= NSQ; sq += 4) { /* four sets of 4 tokens a dot4 */
             VI w4[2][4];
+#pragma GCC unroll 8
             for (int i = 0; i < RT; i++)
+#pragma GCC unroll 8
                 for (int k = 0; k < 4; k++)
                     w4[i][k] = FN(permute)(
                         MMSI(_loadu_si)((const VI *)(pq + (r0 + i) * PQ + 4 * ((sq + k) * TS * KG + wbase[u]))), widx[u]);
+#pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
                 VI c[4];
+#pragma GCC unroll 8
                 for (int k = 0; k < 4; k++) c[k] = codes[((sq + k) * NU + u) * 8 + j];
+#pragma GCC unroll 8
                 for (int i = 0; i < RT; i++) ai[i][j] = FN(dot4)(ai[i][j], w4[i], c);
             }
         }
         for (; sq < NSQ; sq++) {
             VI w4[2];
+#pragma GCC unroll 8
             for (int i = 0; i < RT; i++)
                 w4[i] = FN(permute)(MMSI(_loadu_si)((const VI *)(pq + (r0 + i) * PQ + 4 * (sq * TS * KG + wbase[u]))), widx[u]);
+#pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
                 const VI c = codes[(sq * NU + u) * 8 + j];
+#pragma GCC unroll 8
                 for (int i = 0; i < RT; i++) ai[i][j] = FN(dot)(ai[i][j], w4[i], c);
             }
         }
+#pragma GCC unroll 8
         for (int i = 0; i < RT; i++) {
             const VF b = MM(_set1_ps)(beta[r0 + i]);
+#pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
                 float *o = accL + (r0 + i) * NE + (u * 8 + j) * LANES;
                 MM(_storeu_ps)(o, MM(_fmadd_ps)(MM(_cvtepi32_ps)(ai[i][j]), b, MM(_loadu_ps)(o)));
@@ -261,6 +285,7 @@ PATH_TARGET AI void FN(values_nb)(const uint8_t *vc, const void *vs, const void 
         for (int64_t L = 0; L < NLG; L++) {
             const int64_t ts = TS > 1 ? L / NC : 0, ch = TS > 1 ? L % NC : u * NLG + L;
             off[u][L] = ts * 4 * P + ch * CB;
+#pragma GCC unroll 8
             for (int i = 0; i < 4; i++) w[4 * L + i] = (int32_t)(ts * KG + ch * 32 / G);
         }
         wbase[u] = w[0];
@@ -290,6 +315,7 @@ PATH_TARGET AI void FN(values_nb)(const uint8_t *vc, const void *vs, const void 
     memset(wsum, 0, sizeof wsum);
     memset(pq, 0, sizeof pq);
     for (int64_t r = 0; r < M; r++)
+#pragma GCC unroll 8
         for (int k = 0; k < 4; k++) wacc[r][k] = MM(_setzero_ps)();
     for (int64_t t0 = 0; t0 < tokens; t0 += VB) {
         const int64_t nt = tokens - t0 < VB ? tokens - t0 : VB;
@@ -309,6 +335,7 @@ PATH_TARGET AI void FN(values_nb)(const uint8_t *vc, const void *vs, const void 
         for (int64_t sq = 0; sq < NSQ; sq++)
             for (int64_t u = 0; u < NU; u++) {
                 VI x[4];
+#pragma GCC unroll 8
                 for (int k = 0; k < 4; k++) {
                     const uint8_t *row = blk + (sq * 4 * TS + k) * P;
                     x[k] = nb == 4 && TS == 1 ? MMSI(_loadu_si)((const VI *)(row + u * NLG * CB))
