@@ -27,6 +27,7 @@ import torch
 from kvlab.bench.cells import bench_contexts, failed_cell
 from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.caches.settings import HQQ_GROUP_SIZE
+from kvlab.runtime.checks import check_int
 from kvlab.runtime.device import resolve_device, synchronize
 from kvlab.runtime.dtypes import parse_dtype
 
@@ -225,7 +226,8 @@ def run(
         smallest.
 
     Raises:
-        ValueError: bad contexts, reps or cache names.
+        ValueError: bad contexts, reps, cache names or layer shape, or ``residual_length`` 0 with an HQQ/quanto
+            cache (:func:`_check_layer`).
     """
     dev = resolve_device(device)
     contexts = bench_contexts(contexts, quick, dev.type, (QUICK_CONTEXTS, CONTEXTS, None), sort=True)
@@ -234,6 +236,7 @@ def run(
     if reps < 1 or hf_reps < 1:
         raise ValueError(f"`reps` and `hf_reps` must be >= 1, got {reps!r} and {hf_reps!r}")
     caches = _check_cache_names(caches)
+    _check_layer(caches, batch, kv_heads, head_dim, residual_length)
     settings = dict(group_size=group_size, residual_length=residual_length, hqq_group_size=hqq_group_size)
     torch_dtype = parse_dtype(dtype)
     gen = torch.Generator().manual_seed(seed)
@@ -266,6 +269,22 @@ def run(
     }
     result["target"] = evaluate_target(result)
     return result
+
+
+def _check_layer(
+    caches: tuple[str, ...], batch: int, kv_heads: int, head_dim: int, residual_length: int
+) -> None:
+    """Raise ``ValueError`` for a layer no cell could time: a zero or negative ``batch`` / ``kv_heads`` /
+    ``head_dim`` (an empty layer timed as if it held tokens, exit 0), or ``residual_length`` 0 with an HQQ/quanto
+    cache (transformers' quantized layer then flushes on every append: no plain append follows a flush)."""
+    for name, value in (("batch", batch), ("kv_heads", kv_heads), ("head_dim", head_dim)):
+        check_int(name, value, 1)
+    hf = [c for c in caches if not c.startswith("kivi")]
+    if residual_length == 0 and hf:
+        raise ValueError(
+            f"`residual_length` 0 makes {', '.join(hf)} flush on every append (no residual window), so no plain "
+            "append follows a flush to time: give it >= 1 or time KIVI caches only"
+        )
 
 
 def _flush_names() -> tuple[set[str], str]:

@@ -239,6 +239,13 @@ def test_bench_kernel_copy_mib_below_one_names_the_flag_value(capsys):
         (["--residual-length", "-1"], "`residual_length` (--residual-length) must be an int >= 0, got -1"),
         (["--caches", "kivi4,kivi-4"], "`caches` (--caches): 'kivi-4' is 'kivi4', given twice"),
         (["--caches", "kivi-4-fused"], "unknown cache 'kivi-4-fused'; expected kivi{2,4,8}"),
+        # an empty layer was timed as if it held tokens (exit 0), and R = 0 failed every HQQ/quanto cell (exit 0)
+        (["--kv-heads", "0"], "`kv_heads` (--kv-heads) must be an int >= 1, got 0"),
+        (["--head-dim", "-1"], "`head_dim` (--head-dim) must be an int >= 1, got -1"),
+        (
+            ["--residual-length", "0"],
+            "`residual_length` (--residual-length) 0 makes hqq4, quanto4 flush on every",
+        ),
     ],
 )
 def test_bench_flush_errors_name_the_flag_as_eval_does(argv, said, capsys):
