@@ -286,14 +286,16 @@ def _quick_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def _flag_problem(args: argparse.Namespace) -> str | None:
-    """Why the flags cannot run (bad input, exit 2), found before any work: --threads or --copy-mib < 1 (the
-    latter named in MiB, as given, not in the bytes the benchmark takes), a size --quick would
+    """Why the flags cannot run (bad input, exit 2), found before any work: --threads, --copy-mib or --prefill-chunk
+    < 1 (--copy-mib named in MiB, as given, not in the bytes the benchmark takes), a size --quick would
     ignore, --out/--force with --no-save, a --model that cannot be loaded (a path that is not there, a hub id
     offline and not cached: :func:`kvlab.models.check_local_model`); None when they can."""
     if args.threads is not None and args.threads < 1:
         return f"--threads must be >= 1, got {args.threads}"
-    if getattr(args, "copy_mib", None) is not None and args.copy_mib < 1:
-        return f"--copy-mib must be >= 1, got {args.copy_mib}"
+    for flag in ("copy_mib", "prefill_chunk"):  # --prefill-chunk 0 failed every row in range(), exit 1
+        value = getattr(args, flag, None)
+        if value is not None and value < 1:
+            return f"--{flag.replace('_', '-')} must be >= 1, got {value}"
     overridden = _quick_overrides(args)
     if overridden:
         return (

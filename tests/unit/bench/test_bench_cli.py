@@ -225,11 +225,20 @@ def test_bench_kernel_backend_triton_where_it_cannot_run_is_refused_before_measu
     assert len(err.strip().splitlines()) == 1 and " tokens" not in err  # no cell started
 
 
-def test_bench_kernel_copy_mib_below_one_names_the_flag_value(capsys):
-    # it said `copy_bytes` (--copy-mib) ... got -1048576: the bytes, not the value given
-    assert main(["bench", "kernel", "--no-save", "--copy-mib", "-1"]) == 2
-    err = capsys.readouterr().err
-    assert "--copy-mib must be >= 1, got -1" in err and "1048576" not in err
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        # it said `copy_bytes` (--copy-mib) ... got -1048576: the bytes, not the value given
+        (["kernel", "--copy-mib", "-1"], "--copy-mib must be >= 1, got -1"),
+        # every row failed on range(0, T, 0) after the model loaded, exit 1
+        (["decode", "--prefill-chunk", "0"], "--prefill-chunk must be >= 1, got 0"),
+        (["memory", "--prefill-chunk", "-8"], "--prefill-chunk must be >= 1, got -8"),
+    ],
+)
+def test_bench_sizes_below_one_are_refused_naming_the_value_given(argv, said, capsys):
+    assert main(["bench", *argv, "--no-save"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"kvlab bench {argv[0]}: error: {said}", err
 
 
 @pytest.mark.parametrize(
