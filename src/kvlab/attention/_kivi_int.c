@@ -269,7 +269,7 @@ AI void to_order(const float *sn, float *sp, int64_t D, int order, int nb) {
     }
 }
 
-/* the int8 query of M rows for key group j: qs = q * s in the path's order (order 1: transposed, see tchan; qp: q in
+/* the 16-bit query of M rows for key group j: qs = q * s in the path's order (order 1: transposed, see tchan; qp: q in
  * that order), a[r] = max |qs| / QMAX, x = round(qs / a[r]) (to nearest even, as the AVX paths), its high byte
  * (signed) in qi[r], its low byte (unsigned) in qi[M + r]; bias[r] = q . z */
 AI void quantize_rows(const float *q, const float *qp, const void *ks, const void *kz, int bf16, int64_t j,
