@@ -228,6 +228,7 @@ def run(args: argparse.Namespace) -> int:
         if args.merge:
             return _merge(args)
         cfg, result = _resumed(args) if args.resume else (_config(args), None)
+        _model_block(args, result)  # a bad --device or --dtype, before --dry-run says all is well
     except (ValueError, FileNotFoundError) as e:
         return fail(args, e)
     problem = _check_outputs(args)
@@ -316,6 +317,28 @@ def _argv() -> list[str] | None:
     return ["kvlab", *sys.argv[1:]] if sys.argv and sys.argv[0].endswith("kvlab") else None
 
 
+def _model_block(args: argparse.Namespace, result: dict | None) -> dict:
+    """The run's ``model`` block (``--resume``: the result's, filled in place): ``name``, ``dtype`` and ``device``,
+    the device resolved as eval and bench resolve it (cpu, cuda, cuda:N or auto; ``auto`` recorded as resolved).
+
+    Raises:
+        ValueError: a device or dtype torch does not take, named ``device`` (--device) / ``dtype`` (--dtype).
+    """
+    from kvlab.runtime.device import resolve_device
+    from kvlab.runtime.dtypes import parse_dtype
+
+    block = result["model"] if result else {"name": args.model or "bundled"}
+    block.setdefault("dtype", args.dtype or "bfloat16")
+    block.setdefault("device", "cpu" if args.device is None else args.device)
+    try:
+        parse_dtype(block["dtype"])
+        block["device"] = str(resolve_device(block["device"]))
+    except ValueError as e:
+        message = str(e).replace("`device`", "`device` (--device)", 1)
+        raise ValueError(message.replace("`dtype`", "`dtype` (--dtype)", 1)) from None
+    return block
+
+
 def _measure(args: argparse.Namespace, cfg, result: dict | None) -> int:
     from rich.console import Console
 
@@ -323,15 +346,8 @@ def _measure(args: argparse.Namespace, cfg, result: dict | None) -> int:
     from kvlab.eval.tasks_schema import validate_tasks_result
     from kvlab.eval.tasks_suite import cells_to_measure, new_tasks_result, run_suite
     from kvlab.models import heldout_text, load_model
-    from kvlab.runtime.device import resolve_device
 
-    model_block = result["model"] if result else {"name": args.model or "bundled"}
-    model_block.setdefault("dtype", args.dtype or "bfloat16")
-    model_block.setdefault("device", "cpu" if args.device is None else args.device)
-    try:  # before loading: the rule eval and bench use (cpu, cuda, cuda:N or auto), "auto" recorded as resolved
-        model_block["device"] = str(resolve_device(model_block["device"]))
-    except ValueError as e:
-        return fail(args, str(e).replace("`device`", "`device` (--device)", 1))
+    model_block = _model_block(args, result)  # checked in run(), before --dry-run
     name = None if model_block["name"] == "bundled" else model_block["name"]
     err = Console(stderr=True)
     err.print(

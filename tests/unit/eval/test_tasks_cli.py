@@ -87,7 +87,16 @@ def test_a_dry_run_prints_the_cells_and_caches_and_writes_nothing(tmp_path, caps
 
     monkeypatch.setattr(kvlab.models, "load_model", _no_model)
     out = tmp_path / "r.json"
-    argv = ["tasks", "--dry-run", "--tasks", "vt,cwe", "--contexts", "256,512", "--candidates", "kivi-4,dynamic"]
+    argv = [
+        "tasks",
+        "--dry-run",
+        "--tasks",
+        "vt,cwe",
+        "--contexts",
+        "256,512",
+        "--candidates",
+        "kivi-4,dynamic",
+    ]
     assert main([*argv, "--out", str(out)]) == 0
     said = capsys.readouterr().out
     assert said.startswith("dry run: 4 cells (vt@256, cwe@256, vt@512, cwe@512) x 2 caches (dynamic, kivi-4)")
@@ -102,9 +111,18 @@ def test_a_dry_run_prints_the_cells_and_caches_and_writes_nothing(tmp_path, caps
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--candidates", "kivi-3"], "`kivi` needs bits in [2, 4, 8], got 3"),  # the run's checks, all of them
+        (
+            ["--candidates", "kivi-3"],
+            "`kivi` needs bits in [2, 4, 8], got 3",
+        ),  # the run's checks, all of them
         (["--figure", "f.jpg"], "must end in .png"),
         (["--merge", "a.json"], "--merge measures nothing; drop --dry-run"),
+        # both were checked only by the run, after the dry run had said all was well (exit 0)
+        (["--device", "bogus"], "`device` (--device) must be cpu, cuda, cuda:N or auto, got 'bogus'"),
+        (
+            ["--dtype", "int8"],
+            "`dtype` (--dtype) must be one of ['bfloat16', 'float16', 'float32'], got 'int8'",
+        ),
     ],
 )
 def test_a_dry_run_refuses_what_the_run_refuses(argv, message, tmp_path, capsys, monkeypatch):
