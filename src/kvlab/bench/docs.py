@@ -94,7 +94,11 @@ def render_decode(result: dict) -> str:
     ]
     ran = {r["candidate"]: r["key_score_path"] for r in result["rows"] if r.get("key_score_path")}
     if ran:  # what each cache's kvlab attention ran (the integer KIVI path, the float C kernel)
-        parts += ["", "Attention paths that ran: " + "; ".join(f"`{n}`: {p}" for n, p in ran.items()) + "."]
+        paths = "; ".join(f"`{n}`: {p}" for n, p in ran.items())
+        parts += [
+            "",
+            f"Attention paths that ran, per cache (a cache's own `dot` overrides the kernel's default): {paths}.",
+        ]
     cache_rows = []
     for ctx in result["contexts"]:
         cache_rows.append([str(ctx)] + [_mib(cells.get((n, ctx), {}).get("cache_bytes")) for n in names])
