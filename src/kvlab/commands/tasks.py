@@ -228,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
         if args.merge:
             return _merge(args)
         cfg, result = _resumed(args) if args.resume else (_config(args), None)
-        _model_block(args, result)  # a bad --device or --dtype, before --dry-run says all is well
+        _model_block(args, result, resolve=False)  # a bad --device name or --dtype, before --dry-run
     except (ValueError, FileNotFoundError) as e:
         return fail(args, e)
     problem = _check_outputs(args)
@@ -317,14 +317,16 @@ def _argv() -> list[str] | None:
     return ["kvlab", *sys.argv[1:]] if sys.argv and sys.argv[0].endswith("kvlab") else None
 
 
-def _model_block(args: argparse.Namespace, result: dict | None) -> dict:
+def _model_block(args: argparse.Namespace, result: dict | None, resolve: bool = True) -> dict:
     """The run's ``model`` block (``--resume``: the result's, filled in place): ``name``, ``dtype`` and ``device``,
-    the device resolved as eval and bench resolve it (cpu, cuda, cuda:N or auto; ``auto`` recorded as resolved).
+    the device resolved as eval and bench resolve it (cpu, cuda, cuda:N or auto; ``auto`` recorded as resolved);
+    ``resolve=False`` (``--dry-run``, which may plan a CUDA run on another machine, as eval's does): the device's
+    name checked against that rule only.
 
     Raises:
         ValueError: a device or dtype torch does not take, named ``device`` (--device) / ``dtype`` (--dtype).
     """
-    from kvlab.runtime.device import resolve_device
+    from kvlab.runtime.device import check_device_name, resolve_device
     from kvlab.runtime.dtypes import parse_dtype
 
     block = result["model"] if result else {"name": args.model or "bundled"}
@@ -332,7 +334,9 @@ def _model_block(args: argparse.Namespace, result: dict | None) -> dict:
     block.setdefault("device", "cpu" if args.device is None else args.device)
     try:
         parse_dtype(block["dtype"])
-        block["device"] = str(resolve_device(block["device"]))
+        check_device_name(block["device"])
+        if resolve:
+            block["device"] = str(resolve_device(block["device"]))
     except ValueError as e:
         message = str(e).replace("`device`", "`device` (--device)", 1)
         raise ValueError(message.replace("`dtype`", "`dtype` (--dtype)", 1)) from None
@@ -347,7 +351,7 @@ def _measure(args: argparse.Namespace, cfg, result: dict | None) -> int:
     from kvlab.eval.tasks_suite import cells_to_measure, new_tasks_result, run_suite
     from kvlab.models import heldout_text, load_model
 
-    model_block = _model_block(args, result)  # checked in run(), before --dry-run
+    model_block = _model_block(args, result)  # the names checked in run(), before --dry-run
     name = None if model_block["name"] == "bundled" else model_block["name"]
     err = Console(stderr=True)
     err.print(

@@ -132,6 +132,16 @@ def test_a_dry_run_refuses_what_the_run_refuses(argv, message, tmp_path, capsys,
     assert message in err and not list(tmp_path.iterdir())
 
 
+def test_a_dry_run_may_plan_a_cuda_run_on_a_machine_without_cuda(tmp_path, capsys, monkeypatch):
+    # as kvlab eval --dry-run: the device's name is checked, its presence only by the run
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["tasks", "--dry-run", "--device", "cuda", "--tasks", "vt", "--n", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cells"] == [{"task": "vt", "context": 512}]
+
+
 @pytest.mark.parametrize(
     "argv", [["--candidates", "sweep"], ["--candidates", " sweep "], ["--quick", "--candidates", "sweep"]]
 )
