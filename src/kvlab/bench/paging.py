@@ -3,7 +3,10 @@ rate (target >= 200,000 events/s). The mechanics chapter's own static script tak
 
 from __future__ import annotations
 
+import math
 import time
+
+from kvlab.runtime.checks import check_int
 
 TARGET_STATIC_S = 1.0  # static admission of 1,000,000 requests, both policies
 TARGET_EVENTS_PER_S = 200_000.0  # dynamic simulation, every policy
@@ -24,11 +27,20 @@ def run(
     policies on a Poisson trace of ``sim_requests`` requests (events: arrivals, admissions, decode tokens,
     completions, preemptions). ``quick`` replaces the sizes with :data:`QUICK`. Returns timings, rates, targets
     and ``meets_target``.
+
+    Raises:
+        ValueError: ``static_requests`` or ``sim_requests`` below 1, or ``rate_per_step`` not finite and > 0, named
+            before anything runs (they were refused by the workload and trace builders under their own names,
+            ``n`` and ``n_requests``, the first after the million-request static run).
     """
     if quick:
         static_requests, sim_requests, repeat = (
             QUICK[k] for k in ("static_requests", "sim_requests", "repeat")
         )
+    check_int("static_requests", static_requests, 1)
+    check_int("sim_requests", sim_requests, 1)
+    if not (isinstance(rate_per_step, (int, float)) and math.isfinite(rate_per_step) and rate_per_step > 0):
+        raise ValueError(f"`rate_per_step` (--rate) must be finite and > 0, got {rate_per_step!r}")
     from kvlab.paging.budget import default_budget
     from kvlab.paging.simulate import simulate
     from kvlab.paging.static import static_capacity, workload

@@ -233,6 +233,13 @@ def test_bench_kernel_backend_triton_where_it_cannot_run_is_refused_before_measu
         # every row failed on range(0, T, 0) after the model loaded, exit 1
         (["decode", "--prefill-chunk", "0"], "--prefill-chunk must be >= 1, got 0"),
         (["memory", "--prefill-chunk", "-8"], "--prefill-chunk must be >= 1, got -8"),
+        # named `n` / `n_requests` by the builders, --sim-requests only after the million-request static run
+        (
+            ["paging", "--static-requests", "0"],
+            "`static_requests` (--static-requests) must be an int >= 1, got 0",
+        ),
+        (["paging", "--sim-requests", "-1"], "`sim_requests` (--sim-requests) must be an int >= 1, got -1"),
+        (["paging", "--rate", "0"], "`rate_per_step` (--rate) must be finite and > 0, got 0.0"),
     ],
 )
 def test_bench_sizes_below_one_are_refused_naming_the_value_given(argv, said, capsys):
