@@ -64,3 +64,34 @@ def test_eval_takes_the_twin_and_names_its_exact_twin():
     assert exact_twin_name(resolve("kivi-2-fused:dot=int8").name) == "kivi-2-fused"
     assert exact_twin_name(resolve("kivi-4").name) is None
     assert exact_twin_name(resolve("kivi-4:dot=exact").name) is None
+
+
+def _decoded_paths(name: str) -> list[str]:
+    """What a KIVI cache's attention ran over a prompt past its residual window and a few decode steps."""
+    import torch
+
+    from kvlab.attention import enable
+    from kvlab.runtime.hf_api import cache_kwarg
+    from tests.conftest import make_tiny_qwen2
+
+    model = enable(make_tiny_qwen2(head_dim=32, max_positions=512))
+    cache = make_cache(name, model.config)
+    kw = cache_kwarg(model)
+    ids = torch.randint(1, 256, (1, 200), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        model(input_ids=ids[:, :190], use_cache=True, **{kw: cache})
+        for s in range(190, 200):
+            model(input_ids=ids[:, s : s + 1], use_cache=True, **{kw: cache})
+    return cache.attention_paths()
+
+
+def test_int8_where_the_kernel_is_off_is_recorded_as_the_exact_torch_path(monkeypatch):
+    monkeypatch.setenv("KVLAB_CPU_KERNEL", "0")
+    (path,) = _decoded_paths("kivi-4:dot=int8")
+    assert path.startswith("exact (torch: disabled by KVLAB_CPU_KERNEL=0; int8 asked"), path
+
+
+@pytest.mark.skipif(cpu_kernel.unavailable_reason() is not None, reason="the CPU kernel cannot be built here")
+def test_int8_at_bits_it_does_not_take_is_recorded_as_exact():
+    (path,) = _decoded_paths("kivi-8:dot=int8")
+    assert path.startswith("exact (int8 does not take 8-bit codes"), path
