@@ -106,7 +106,8 @@ def pair_twins(held: dict, twins: dict) -> None:
 
 def integer_path_summary(rows: list[dict]) -> dict | None:
     """The result summary's ``integer_path``: the target and, per int8 row of the capacity matrix, its context,
-    candidate, twin, KLs and ``met``; ``status`` ``met`` / ``not met`` / ``not measured`` over them. ``None`` for
+    candidate, twin, KLs and ``met``; ``status`` ``met`` / ``not met`` over the rows with a verdict (``not
+    measured`` where none has one: the integer path ran in none, or the twin's own KL is 0). ``None`` for
     a run without an int8 twin (the summary then has no such key)."""
     mine = [r for r in rows if r.get("exact_twin") and r.get("matrix") == "capacity"]
     if not mine:
@@ -114,8 +115,8 @@ def integer_path_summary(rows: list[dict]) -> dict | None:
     per_row = [
         {"context_length": r["context_length"], "candidate": r["candidate"], **r["exact_twin"]} for r in mine
     ]
-    verdicts = [p["met"] for p in per_row]
-    status = "not measured" if None in verdicts else "met" if all(verdicts) else "not met"
+    verdicts = [p["met"] for p in per_row if p["met"] is not None]  # a row where int8 did not run: no verdict
+    status = "not measured" if not verdicts else "met" if all(verdicts) else "not met"
     return {
         "target": f"KL(exact twin || int8) <= {TWIN_KL_SHARE:.0%} of the exact twin's KL(float || twin)",
         "status": status,

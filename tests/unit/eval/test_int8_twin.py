@@ -121,3 +121,10 @@ def test_an_eval_with_a_twin_reports_its_kl_and_what_ran(tmp_path, capsys):
     )
     assert [p["context_length"] for p in result["summary"]["integer_path"]["rows"]] == [256, 1024]
     assert "integer path at 1024: KL(kivi-4 || kivi-4:dot=int8)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_row_where_int8_did_not_run_gives_no_verdict_and_does_not_hide_the_others():
+    rows = [_row("kivi-4:dot=int8", "kivi-4", kl=0.0, ran="exact"), _row("kivi-4:dot=int8", "kivi-4", kl=0.2)]
+    rows[1]["context_length"] = 2048
+    summary = integer_path_summary(rows)
+    assert summary["status"] == "not met" and [p["met"] for p in summary["rows"]] == [None, False]
