@@ -12,25 +12,23 @@ The same library reads an FP8 cache's float8 codes in place (:func:`fp8_decode_a
 included), the per-head scales fold into the query and the output, so a decode step never widens the history to a
 float copy.
 
-An integer path for KIVI (``_kivi_int.c``; :func:`dot_path`: ``dot="int8"`` or ``KVLAB_KIVI_DOT=int8``, the exact
-fp32 path staying the default and the reference): the query, with the per-channel key scale folded in, is rounded
-to 16 bits per row and key group, split into a signed high and an unsigned low byte (one int8 digit cost the real
-model too much KL); key scores are integer dot products over the 2/4-bit codes, one token per 32-bit lane; value sums weight the codes by 8-bit probabilities (times the per-token value scale, one scale per row and
-32-token block) in integer dot products, four tokens per 32-bit lane. This is llama.cpp's q8 dot product (the
-activation quantized to 8 bits, AVX512-VNNI ``dpbusd`` / AVX2 ``maddubs`` + ``madd``) over KIVI's per-channel keys
-and per-token values (arXiv:2402.02750, section 3.2). The instruction-set path is chosen at run time from what the
-CPU has (:func:`best_isa`: ``avx512``, ``avx2``, ``scalar``), a lower one forced by ``KVLAB_CPU_ISA``
-(:func:`isa`). The same file holds the float baseline (:mod:`kvlab.attention.cpu_baseline`).
+An integer path for KIVI (``_kivi_int.c``; :func:`dot_path`: ``dot="int8"``, exact fp32 the default and the
+reference): the query, key scale folded in, rounded to 16 bits per row and key group as a signed high and an
+unsigned low byte; key scores are integer dot products over the 2/4-bit codes, one token per 32-bit lane; value
+sums weight the codes by 8-bit probabilities (times the per-token value scale, one scale per row and 32-token
+block), four tokens per lane: llama.cpp's q8 dot product (AVX512-VNNI ``dpbusd`` / AVX2 ``maddubs`` + ``madd``)
+over KIVI's per-channel keys and per-token values (arXiv:2402.02750, section 3.2). The instruction-set path is
+chosen at run time (:func:`best_isa`), a lower one forced by ``KVLAB_CPU_ISA`` (:func:`isa`). The same file holds
+the float baseline (:mod:`kvlab.attention.cpu_baseline`).
 
 Build: the C sources ship with the package; the first call that needs them runs the system C compiler (``cc``, or
 ``$KVLAB_CC``), ``_kivi_cpu.c`` with :data:`CFLAGS` (``-O2 -fpeel-loops -march=native ...``) and ``_kivi_int.c`` without
 ``-march`` (each path has its own ``__attribute__((target))``), the two in parallel, linked into
 ``$KVLAB_KERNEL_DIR`` or ``$XDG_CACHE_HOME/kvlab/kernels`` (default ``~/.cache/kvlab/kernels``), named by a hash of
-the sources and the headers they include (:data:`HEADERS`), the flags and the CPU (``-march=native`` code runs only
-where it was built) and one of the compiler's version; where no compiler can run, a build for the same sources, flags
-and CPU by an earlier compiler is loaded. It is written to a temporary name and moved into place, so concurrent
-processes are safe; after a build, all but the :data:`KEEP_BUILDS` most recently written kernels of the folder are
-deleted (old sources, compilers, CPUs). Nothing is compiled on ``import kvlab``.
+the sources, :data:`HEADERS`, the flags, the CPU (``-march=native`` code runs only where it was built) and one of
+the compiler's version; where no compiler can run, a build of the same sources, flags and CPU by an earlier compiler
+is loaded. Written to a temporary name and moved into place (concurrent processes are safe); after a build, all but
+the :data:`KEEP_BUILDS` newest kernels of the folder are deleted. Nothing is compiled on ``import kvlab``.
 Where it cannot be built or loaded (no compiler, a failed build) or ``KVLAB_CPU_KERNEL=0``,
 :func:`unavailable_reason` says why and ``kivi_attention(backend="auto")`` keeps the torch path.
 
@@ -64,9 +62,7 @@ COMPILER = os.environ.get("KVLAB_CC", "cc")
 CFLAGS = ("-O2", "-fpeel-loops", "-march=native", "-fPIC", "-shared", "-fopenmp")
 # INT_SOURCE's flags after CFLAGS' optimisation level (CFLAGS[0])
 INT_CFLAGS = ("-fpeel-loops", "-fPIC", "-fopenmp", "-Wno-psabi")
-COMPILE_TIMEOUT_S = (
-    600  # a few times the ~20 s of one core the build takes on a 2-core VM, for a loaded machine
-)
+COMPILE_TIMEOUT_S = 600  # several times a 2-core VM's ~20 s build of one core, for a loaded machine
 # kernels kept in cache_dir() after a build, the new one among them (other installs' builds stay usable)
 KEEP_BUILDS = 4
 # query rows (GQA heads x query tokens) one item may have: decode and short speculative steps; longer queries
@@ -256,6 +252,8 @@ def _load() -> ctypes.CDLL:
     lib.kvlab_isa_best.argtypes = []
     lib.kivi_int_supported.restype = ctypes.c_int
     lib.kivi_int_supported.argtypes = [i64, i64, i64]
+    lib.kivi_int_values_supported.restype = ctypes.c_int
+    lib.kivi_int_values_supported.argtypes = [i64, i64, i64, i64]
     lib.float_decode_step.restype = ctypes.c_int
     lib.float_decode_step.argtypes = [i64, ptr, i64, ctypes.c_double, *[i64] * 4, ptr, ptr, i64, i64, ptr]
     lib.float_decode_step.argtypes += [ptr, ptr, ptr, i64, i64]
@@ -341,11 +339,8 @@ def isa() -> str:
 
 def dot_path(dot: str | None = None) -> str:
     """The KIVI key-score path: ``dot`` if given, else ``$KVLAB_KIVI_DOT``, else ``"exact"`` (one of
-    :data:`DOT_PATHS`). ``"int8"`` runs where :func:`int8_supported`; elsewhere the exact path runs.
-
-    Raises:
-        ValueError: a value outside :data:`DOT_PATHS`.
-    """
+    :data:`DOT_PATHS`). ``"int8"`` runs where :func:`int8_supported`; elsewhere the exact path runs. Raises
+    ``ValueError`` for a value outside :data:`DOT_PATHS`."""
     value = (dot if dot is not None else os.environ.get("KVLAB_KIVI_DOT", "") or "exact").strip().lower()
     if value not in DOT_PATHS:
         src = "dot" if dot is not None else "KVLAB_KIVI_DOT"
@@ -357,20 +352,23 @@ def int8_supported(nbits: int, head_dim: int, path: str | None = None) -> bool:
     """Whether the integer key scores take ``nbits`` (2 or 4) and ``head_dim`` on instruction-set ``path``
     (default :func:`isa`): AVX512 needs head_dim a multiple of 64, AVX2 of 32. Raises ``RuntimeError`` where
     the kernel is not available, ``ValueError`` for a bad ``KVLAB_CPU_ISA``."""
-    code = ISAS.index(path or isa())
-    return bool(_loaded("the CPU kernel").kivi_int_supported(code, nbits, head_dim))
+    return bool(_loaded("the CPU kernel").kivi_int_supported(ISAS.index(path or isa()), nbits, head_dim))
 
 
-def key_score_path(nbits: int, head_dim: int, dot: str | None = None) -> str:
-    """What :func:`decode_attention` runs for KIVI key scores at ``nbits`` / ``head_dim``: ``"int8 (avx512)"``
-    and the like, or ``"exact"`` (also where int8 was asked for but does not take the problem, said so)."""
+def key_score_path(nbits: int, head_dim: int, dot: str | None = None, group_size: int | None = None) -> str:
+    """What :func:`decode_attention` runs for KIVI at ``nbits`` / ``head_dim`` (and ``group_size``): ``"exact"``,
+    ``"int8 (avx512)"`` and the like, ``"int8-keys (...)"`` where ``int8`` was asked but the integer value sums do
+    not take the group size (exact values run), or ``"exact (...)"`` where int8 does not take the problem."""
     want = dot_path(dot)
     if want == "exact":
         return "exact"
     path = isa()
-    if int8_supported(nbits, head_dim, path):
-        return f"{want} ({path})"
-    return f"exact (int8 does not take {nbits}-bit codes at head_dim {head_dim} on {path})"
+    if not int8_supported(nbits, head_dim, path):
+        return f"exact (int8 does not take {nbits}-bit codes at head_dim {head_dim} on {path})"
+    values = _loaded("the CPU kernel").kivi_int_values_supported
+    if want == "int8" and group_size and not values(ISAS.index(path), nbits, head_dim, group_size):
+        return f"int8-keys ({path}; int8 value sums do not take head_dim {head_dim}, group {group_size})"
+    return f"{want} ({path})"
 
 
 def unsupported(query, segments, key_window, value_window) -> str | None:

@@ -89,7 +89,7 @@ def kivi_attention(
     refused = _cpu_kernel_refusal(query, segments, key_window, value_window, backend)
     if refused is None:
         if ran is not None:
-            _note(ran, ("cpu-kernel", nbits, d, dot), "")
+            _note(ran, ("cpu-kernel", nbits, d, dot), "", group_size)
         valid = None if attention_mask is None else valid_tokens(attention_mask)
         offset = key_window.shape[2] - q_len if window_offset is None else window_offset
         return cpu_kernel.decode_attention(
@@ -107,7 +107,9 @@ def kivi_attention(
     return out.reshape(b, hq, q_len, d).to(query.dtype)
 
 
-def path_words(backend: str, nbits: int, head_dim: int, dot: str | None, why: str = "") -> str:
+def path_words(
+    backend: str, nbits: int, head_dim: int, dot: str | None, why: str = "", group_size: int | None = None
+) -> str:
     """What a call of :func:`kivi_attention` ran, in words for a record: the compiled CPU kernel's key-score path
     (:func:`kvlab.attention.cpu_kernel.key_score_path`: ``"int8 (avx2)"``, ``"exact"``, or ``"exact (int8 does
     not take ...)"``), or ``"exact (torch: <why the kernel did not take it>)"`` / ``"exact (triton)"``, with what
@@ -118,16 +120,16 @@ def path_words(backend: str, nbits: int, head_dim: int, dot: str | None, why: st
         ValueError: a bad ``dot`` or ``KVLAB_CPU_ISA`` (:func:`kvlab.attention.cpu_kernel.dot_path`).
     """
     if backend == "cpu-kernel":
-        return cpu_kernel.key_score_path(nbits, head_dim, dot)
+        return cpu_kernel.key_score_path(nbits, head_dim, dot, group_size)
     asked = cpu_kernel.dot_path(dot)
     note = f"; {asked} asked, a path of the CPU kernel only" if asked != "exact" else ""
     return f"exact ({backend}{': ' + why if why and backend == 'torch' else ''}{note})"
 
 
-def _note(ran: dict, key: tuple, why: str | None) -> None:
-    """Add :func:`path_words` of ``key`` ``(backend, nbits, head_dim, dot)`` to ``ran`` once."""
+def _note(ran: dict, key: tuple, why: str | None, group_size: int | None = None) -> None:
+    """Add :func:`path_words` of ``key`` ``(backend, nbits, head_dim, dot)`` (and ``group_size``) to ``ran`` once."""
     if key not in ran:
-        ran[key] = path_words(*key, why or "")
+        ran[key] = path_words(*key, why or "", group_size=group_size)
 
 
 def _cpu_kernel_refusal(query, segments, key_window, value_window, backend: str) -> str | None:

@@ -316,11 +316,11 @@ def _settings(dev: torch.device, kivi: tuple, reps: int, inner: int, head_dim: i
         "backend": backend,
         "threads": torch.get_num_threads(),
         "kivi_cpu_path": kivi_cpu_path(dev) if backend in ("auto", "cpu-kernel") else None,
-        **_cpu_paths(dev, nbits, head_dim, dtype),
+        **_cpu_paths(dev, nbits, head_dim, dtype, group_size),
     }
 
 
-def _cpu_paths(dev: torch.device, nbits: tuple, head_dim: int, dtype: str) -> dict:
+def _cpu_paths(dev: torch.device, nbits: tuple, head_dim: int, dtype: str, group_size: int) -> dict:
     """The record's names of the CPU paths: ``isa`` (:func:`kvlab.attention.cpu_kernel.isa`), ``int8_paths``
     (:func:`~kvlab.attention.cpu_kernel.key_score_path` of each bit width) and ``float_baseline``; empty off the
     CPU or where the kernel does not build."""
@@ -331,7 +331,7 @@ def _cpu_paths(dev: torch.device, nbits: tuple, head_dim: int, dtype: str) -> di
     isa = cpu_kernel.isa()
     return {
         "isa": f"{isa} (best on this CPU: {cpu_kernel.best_isa()})",
-        "int8_paths": {f"kivi{b}-int8": cpu_kernel.key_score_path(b, head_dim, "int8") for b in nbits},
+        "int8_paths": {f"kivi{b}-int8": cpu_kernel.key_score_path(b, head_dim, "int8", group_size) for b in nbits},
         "float_baseline": f"C kernel over {dtype} K/V, fp32 accumulation ({isa})",
     }
 

@@ -156,6 +156,22 @@ def test_integer_paths_agree_and_exact_is_the_default(monkeypatch):
 
 
 @needs_kernel
+def test_the_path_named_is_the_path_that_ran_where_int8_values_do_not_take_the_head_dim(monkeypatch):
+    """At head_dim 96 the AVX paths' integer value sums do not take the problem and exact value sums run: the
+    output equals the int8-keys path's, so the name says int8-keys, not int8 (the scalar path runs both in int8)."""
+    st = _state(4, 96, 300, seed=3)
+    q = torch.randn(1, 4, 1, 96)
+    for p in _paths():
+        monkeypatch.setenv("KVLAB_CPU_ISA", p)
+        name = cpu_kernel.key_score_path(4, 96, "int8", 32)
+        same = torch.equal(_attend(st, q, 4, "int8"), _attend(st, q, 4, "int8-keys"))
+        assert name.startswith("int8-keys (") == same, f"{p}: {name!r}, outputs equal: {same}"
+        assert name.startswith("int8") and p in name
+    monkeypatch.delenv("KVLAB_CPU_ISA")
+    assert cpu_kernel.key_score_path(4, 128, "int8", 32) == f"int8 ({cpu_kernel.isa()})"
+
+
+@needs_kernel
 def test_bad_isa_and_dot_values_are_named(monkeypatch):
     monkeypatch.setenv("KVLAB_CPU_ISA", "sse9")
     with pytest.raises(ValueError, match="KVLAB_CPU_ISA.*'sse9'"):
