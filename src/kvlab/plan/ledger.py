@@ -421,6 +421,11 @@ class LedgerRow:
     bytes_allocated: int  # same, with full-length sliding/chunked layers
 
 
+def _all_ranks(per_gpu: str) -> property:
+    """A :class:`Ledger` property: its field ``per_gpu`` (one rank's bytes) summed over the ``tp`` ranks."""
+    return property(lambda ledger: getattr(ledger, per_gpu) * ledger.tp, doc=f"``{per_gpu}`` x ``tp``.")
+
+
 @dataclass(frozen=True)
 class Ledger:
     """KV and weight bytes of a model serving ``batch`` sequences of ``context`` tokens on ``tp`` GPUs.
@@ -443,17 +448,10 @@ class Ledger:
     weights: WeightBytes | None  # None when the config gives no parameter count and none was given
     notes: tuple[str, ...] = field(default=())
 
-    @property
-    def kv_bytes_per_token(self) -> float:
-        return self.kv_bytes_per_token_per_gpu * self.tp
-
-    @property
-    def kv_bytes_total(self) -> int:
-        return self.kv_bytes_total_per_gpu * self.tp
-
-    @property
-    def kv_bytes_allocated(self) -> int:
-        return self.kv_bytes_allocated_per_gpu * self.tp
+    kv_bytes_per_token = _all_ranks("kv_bytes_per_token_per_gpu")
+    kv_bytes_total = _all_ranks("kv_bytes_total_per_gpu")
+    kv_bytes_allocated = _all_ranks("kv_bytes_allocated_per_gpu")
+    kv_metadata_bytes_total = _all_ranks("kv_metadata_bytes_per_gpu")
 
     @property
     def weight_bytes_per_gpu(self) -> int | None:
@@ -481,7 +479,7 @@ class Ledger:
             "kv_bytes_allocated_per_gpu": self.kv_bytes_allocated_per_gpu,
             "kv_bytes_peak_per_gpu": self.kv_bytes_peak_per_gpu,
             "kv_metadata_bytes_per_gpu": self.kv_metadata_bytes_per_gpu,
-            "kv_metadata_bytes_total": self.kv_metadata_bytes_per_gpu * self.tp,
+            "kv_metadata_bytes_total": self.kv_metadata_bytes_total,
             "weight_bytes": None if self.weights is None else self.weights.total_bytes,
             "weight_bytes_per_gpu": self.weight_bytes_per_gpu,
             "weight_bytes_active": None if self.weights is None else self.weights.active_bytes,
