@@ -30,27 +30,6 @@ from kvlab.plan.load import load_spec
 from kvlab.plan.spec import ModelSpec
 from kvlab.plan.weights import WeightBytes
 
-# the ledger's names (the KV formats it sizes are kvlab.plan.kv_formats')
-__all__ = [
-    "Ledger",
-    "LedgerRow",
-    "MODES",
-    "build_ledger",
-    "fp8_scale_bytes",
-    "kivi_bytes_per_head",
-    "kivi_kv_bytes",
-    "kivi_kv_bytes_breakdown",
-    "kv_bytes",
-    "kv_bytes_peak",
-    "kv_bytes_per_token",
-    "kv_elements_per_token_per_layer",
-    "kv_heads_per_rank",
-    "kv_metadata_bytes",
-    "paged_kv_bytes",
-    "quantized_tokens",
-    "tokens_stored",
-]
-
 MODES = ("theoretical", "allocated")
 
 
