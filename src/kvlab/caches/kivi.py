@@ -19,6 +19,7 @@ Usage::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -240,9 +241,15 @@ class KIVICache(Cache):
             text = model_text_config(config)
             head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
             self.kivi_config.check_head_dim(head_dim)
-            super().__init__(layers=[KIVILayer(self.kivi_config, attention, dot) for _ in range(n_layers)])
+            super().__init__(layers=[self._layer_factory() for _ in range(n_layers)])
         else:
-            super().__init__(layer_class_to_replicate=partial(KIVILayer, self.kivi_config, attention, dot))
+            super().__init__(layer_class_to_replicate=self._layer_factory)
+
+    @property
+    def _layer_factory(self) -> Callable[[], KIVILayer]:
+        """What makes one layer of this cache: its settings, attention path and ``dot`` bound to its layer type (a
+        subclass's own: :class:`~kvlab.caches.kivi_snapkv.KIVISnapKVCache`); no reference back to the cache."""
+        return partial(KIVILayer, self.kivi_config, self.attention, self.dot)
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any

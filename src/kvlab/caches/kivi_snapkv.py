@@ -19,6 +19,8 @@ Usage::
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -112,8 +114,10 @@ class KIVISnapKVCache(QueryScoredCache, KIVICache):
     """KIVI quantization (keys per-channel, values per-token, residual window) over a SnapKV-compressed prompt.
 
     Args:
-        nbits, group_size, residual_length, attention, key_bits, value_bits, config, dot: as :class:`KIVICache`.
+        nbits, group_size, residual_length: as :class:`KIVICache`.
         compression_ratio / token_budget, window_size, kernel_size, pooling: as :class:`~kvlab.caches.snapkv.SnapKVConfig`.
+        kivi: :class:`KIVICache`'s other keywords, passed to it as given (``config``, ``attention``, ``key_bits``,
+            ``value_bits``, ``dot``, ``block_tokens``).
 
     Raises:
         ValueError: as :class:`KIVICache` and :class:`~kvlab.caches.snapkv.SnapKVConfig`.
@@ -132,32 +136,16 @@ class KIVISnapKVCache(QueryScoredCache, KIVICache):
         window_size: int = 32,
         kernel_size: int = 7,
         pooling: str = "max",
-        config: Any = None,
-        attention: str = "dequantize",
-        key_bits: int | None = None,
-        value_bits: int | None = None,
-        dot: str = "exact",
+        **kivi: Any,
     ):
         self.snapkv_config = SnapKVConfig(compression_ratio, token_budget, window_size, kernel_size, pooling)
         self.snapkv_config.check_budget_covers_window()
-        super().__init__(
-            nbits=nbits,
-            group_size=group_size,
-            residual_length=residual_length,
-            config=config,
-            attention=attention,
-            key_bits=key_bits,
-            value_bits=value_bits,
-            dot=dot,
-        )
+        super().__init__(nbits, group_size, residual_length, **kivi)
 
-        def make() -> KIVISnapKVLayer:
-            return KIVISnapKVLayer(self.kivi_config, attention, self.snapkv_config, dot=dot)
-
-        if self.layer_class_to_replicate is not None:
-            self.layer_class_to_replicate = make
-        else:
-            self.layers = [make() for _ in self.layers]
+    @property
+    def _layer_factory(self) -> Callable[[], KIVISnapKVLayer]:
+        """:attr:`KIVICache._layer_factory` for this cache's layers, each with the SnapKV settings."""
+        return partial(KIVISnapKVLayer, self.kivi_config, self.attention, self.snapkv_config, dot=self.dot)
 
     def load(self, states) -> None:
         """Not available: the prompt is scored with the model's queries, so it needs a real prefill.
