@@ -41,12 +41,10 @@ from kvlab.plan.mixed import (
 )
 from kvlab.plan.report_inputs import (
     NO_WEIGHTS,
-    check_context_batch,
     context_warnings,
-    memory_budget,
+    hardware_and_budget,
     model_notes,
     planned_spec,
-    resolve_hardware,
     vllm_key,
     weights_or_none,
 )
@@ -147,8 +145,7 @@ def mixed_plan_report(
     for flag, key in (("--keep-tokens", "keep_tokens"), ("--measured-step-ms", "measured_step_ms")):
         if o.get(key) is not None:
             raise ValueError(f"{flag} {o[key]} does not apply to --kv-dtype {kv}: {_NOT_FOR_PLANS[key]}")
-    check_context_batch(context, batch)
-    spec = planned_spec(model, o.get("kv_heads"))
+    spec = planned_spec(model, o.get("kv_heads"), context, batch)
     name, formats, source = resolve_plan(kv, spec)
     tp = o.get("tp", 1)
     sizes = MixedBytes(
@@ -161,8 +158,9 @@ def mixed_plan_report(
     weights = weights_or_none(
         spec, o.get("weight_dtype", "auto"), o.get("weights_index"), o.get("weight_bytes_override")
     )
-    hw = resolve_hardware(o.get("gpu"), o.get("bandwidth_gb_s"), o.get("tflops"))
-    budget = memory_budget(o.get("gpu_mem_gib"), o.get("reserve_gib", 0.0), hw)
+    hw, budget = hardware_and_budget(
+        o.get("gpu"), o.get("bandwidth_gb_s"), o.get("tflops"), o.get("gpu_mem_gib"), o.get("reserve_gib", 0.0)
+    )
     out: dict[str, Any] = {
         "spec": spec.summary(),
         "model": spec.name,

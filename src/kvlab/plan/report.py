@@ -20,7 +20,7 @@ from kvlab.plan.report_inputs import (
     NO_WEIGHTS,
     check_context_batch,
     context_warnings,
-    memory_budget,
+    hardware_and_budget,
     model_notes,
     planned_spec,
     resolve_hardware,
@@ -104,16 +104,14 @@ def plan_report(
         from kvlab.plan.mixed_report import mixed_plan_report
 
         return mixed_plan_report(**arguments)
-    check_context_batch(context, batch)
-    spec = planned_spec(model, kv_heads)
+    spec = planned_spec(model, kv_heads, context, batch)
     kvd = kv_dtype(
         kv, spec.dtype, group_size=group_size, residual_length=residual_length, keep_tokens=keep_tokens
     )
     weights = weights_or_none(spec, weight_dtype, weights_index, weight_bytes_override)
     ledger = build_ledger(spec, context, batch, weights, kvd, tp=tp)
-    hw = resolve_hardware(gpu, bandwidth_gb_s, tflops)
+    hw, budget = hardware_and_budget(gpu, bandwidth_gb_s, tflops, gpu_mem_gib, reserve_gib)
     out: dict[str, Any] = {"spec": spec.summary(), **ledger.to_dict()}
-    budget = memory_budget(gpu_mem_gib, reserve_gib, hw)
     out["gpu"] = hw.to_dict()
     out["budget"] = None if budget is None else budget.to_dict()
     out.update(_fit(spec, context, batch, kvd, tp, budget, weights, ledger))

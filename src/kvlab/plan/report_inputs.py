@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab.plan.config_fields import SHARED, check_int_at_least
-from kvlab.plan.fit import budget_from_gib, budget_from_hardware
+from kvlab.plan.fit import GpuBudget, budget_from_gib, budget_from_hardware
 from kvlab.plan.hardware import Hardware, custom_hardware, get_hardware
 from kvlab.plan.load import load_spec
 from kvlab.plan.scenario import DEFAULT_GPU
@@ -57,9 +57,15 @@ def weights_or_none(
 NO_WEIGHTS = "weight bytes unknown (the config has no vocab/intermediate sizes): pass --weight-bytes or --weights-index"
 
 
-def planned_spec(model: str | ModelSpec, kv_heads: int | None) -> ModelSpec:
-    """The spec of ``model`` (:func:`kvlab.plan.load.load_spec`), with ``kv_heads`` KV heads when given (the
-    ``--kv-heads`` what-if)."""
+def planned_spec(model: str | ModelSpec, kv_heads: int | None, context: int, batch: int) -> ModelSpec:
+    """The spec of ``model`` (:func:`kvlab.plan.load.load_spec`) for ``batch`` sequences of ``context`` tokens,
+    with ``kv_heads`` KV heads when given (the ``--kv-heads`` what-if).
+
+    Raises:
+        ValueError: ``context`` or ``batch`` not a positive integer (:func:`check_context_batch`, checked before the
+            model is read), or what :func:`kvlab.plan.load.load_spec` refuses.
+    """
+    check_context_batch(context, batch)
     spec = load_spec(model)
     return spec.with_kv_heads(kv_heads) if kv_heads is not None else spec
 
@@ -86,14 +92,26 @@ def context_warnings(spec: ModelSpec, contexts: dict[str, int]) -> list[str]:
     ]
 
 
-def memory_budget(gpu_mem_gib: float | None, reserve_gib: float, hw: Any):
-    """The memory the plan fits into: ``gpu_mem_gib`` when given, else the device's reported memory, else None
-    (a custom device without memory: no fit is computed)."""
+def hardware_and_budget(
+    gpu: str | None,
+    bandwidth_gb_s: float | None,
+    tflops: float | None,
+    gpu_mem_gib: float | None,
+    reserve_gib: float,
+) -> tuple[Hardware, GpuBudget | None]:
+    """The device (:func:`resolve_hardware`) and the memory the plan fits into: ``gpu_mem_gib`` when given, else
+    the device's reported memory, else None (a custom device without memory: no fit is computed).
+
+    Raises:
+        ValueError: what :func:`resolve_hardware` refuses, then a bad ``gpu_mem_gib`` or ``reserve_gib``
+            (:func:`kvlab.plan.fit.budget_from_gib`, :func:`~kvlab.plan.fit.budget_from_hardware`).
+    """
+    hw = resolve_hardware(gpu, bandwidth_gb_s, tflops)
     if gpu_mem_gib is not None:
-        return budget_from_gib(gpu_mem_gib, reserve_gib)
+        return hw, budget_from_gib(gpu_mem_gib, reserve_gib)
     if hw.memory_bytes is not None:
-        return budget_from_hardware(hw, reserve_gib)
-    return None
+        return hw, budget_from_hardware(hw, reserve_gib)
+    return hw, None
 
 
 def model_notes(spec: ModelSpec, tp: int) -> list[str]:
