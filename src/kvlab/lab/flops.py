@@ -12,7 +12,7 @@ from kvlab.lab.toy import ToyConfig
 
 def projection_flops_per_token(cfg: ToyConfig) -> int:
     """Projection and FFN FLOPs of one token through one layer: ``wq wk wv wo w1 w2``."""
-    d, kv, ffn = cfg.d_model, cfg.kv_width, cfg.ffn_mult * cfg.d_model
+    d, kv, ffn = cfg.d_model, cfg.kv_width, cfg.ffn_width
     return 2 * (d * d + d * kv + d * kv + d * d + d * ffn + ffn * d)
 
 

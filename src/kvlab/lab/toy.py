@@ -22,7 +22,8 @@ from kvlab.runtime.checks import check_int
 
 class HeadShape:
     """The widths of a decoder config with ``q_heads`` query heads and ``kv_heads`` K/V heads of ``head_dim``
-    channels (a mixin of the toy decoder's and the toy video denoiser's frozen configs)."""
+    channels and an FFN ``ffn_mult`` times the model width (a mixin of the toy decoder's and the toy video
+    denoiser's frozen configs)."""
 
     def _check_heads(self) -> None:
         """Raises ValueError: ``q_heads`` not a multiple of ``kv_heads`` (GQA shares each K/V head by a group)."""
@@ -40,6 +41,11 @@ class HeadShape:
     def kv_width(self) -> int:
         """Width of the K (or V) projection, ``kv_heads * head_dim``."""
         return self.kv_heads * self.head_dim
+
+    @property
+    def ffn_width(self) -> int:
+        """Hidden width of the FFN, ``ffn_mult * d_model``."""
+        return self.ffn_mult * self.d_model
 
     @property
     def group_size(self) -> int:
@@ -106,7 +112,7 @@ def make_weights(cfg: ToyConfig) -> ToyWeights:
     """Draw N(0, 1/sqrt(d_model)) weights from ``default_rng(cfg.weight_seed)`` in the mechanics chapter's order
     (per layer wq, wk, wv, wo, w1, w2; then embedding, then head), so the mechanics chapter's run is reproduced."""
     rng = np.random.default_rng(cfg.weight_seed)
-    d, kv, ffn = cfg.d_model, cfg.kv_width, cfg.ffn_mult * cfg.d_model
+    d, kv, ffn = cfg.d_model, cfg.kv_width, cfg.ffn_width
     std = 1.0 / math.sqrt(d)
     shapes = {"wq": (d, d), "wk": (d, kv), "wv": (d, kv), "wo": (d, d), "w1": (d, ffn), "w2": (ffn, d)}
     layers = tuple(

@@ -91,11 +91,6 @@ class VideoConfig(HeadShape):
         return self.height * self.width
 
     @property
-    def ffn_width(self) -> int:
-        """Hidden width of the FFN, ``ffn_mult * d_model``."""
-        return self.ffn_mult * self.d_model
-
-    @property
     def rope_pairs(self) -> tuple[int, int, int]:
         """Rotation pairs of the ``(t, h, w)`` axes: Wan 2.1's split of ``c = head_dim / 2`` pairs into
         ``(c - 2 * (c // 3), c // 3, c // 3)`` (32 channels: 6, 5, 5 pairs = 12, 10, 10 channels)."""
