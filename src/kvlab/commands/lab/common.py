@@ -1,6 +1,6 @@
 """What the ``kvlab lab`` commands share: the status line of long work, warning lines, library arguments named by
-their flags in messages, the model flags checked early, and the result printed as tables (with the verdict and
-warning lines under them) or JSON."""
+their flags in messages, the model flags checked early, and the result printed as tables (one value per row:
+:func:`value_table`; with the verdict and warning lines under them) or JSON."""
 
 from __future__ import annotations
 
@@ -36,6 +36,19 @@ def flag_names(message: object, flags: dict[str, str]) -> str:
 def warn(console, message: str) -> None:
     """One ``warning: ...`` line on ``console`` (stderr), printed as it comes, before the work it is about."""
     console.print(f"warning: {message}", style="yellow", markup=False, highlight=False, soft_wrap=True)
+
+
+def value_table(title: str, label: str, rows: list[tuple[str, str]]):
+    """A rich table titled ``title`` with one row per ``(name, value)`` of ``rows``: the names under ``label``,
+    the values right-justified under ``value``."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column(label)
+    table.add_column("value", justify="right")
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
 
 
 def print_verdict(console, checks: dict[str, bool]) -> None:

@@ -6,7 +6,14 @@ from __future__ import annotations
 import argparse
 
 from kvlab.commands import fail, progress
-from kvlab.commands.lab.common import check_model_flags, finish, flag_names, print_warnings, warn
+from kvlab.commands.lab.common import (
+    check_model_flags,
+    finish,
+    flag_names,
+    print_warnings,
+    value_table,
+    warn,
+)
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -163,29 +170,30 @@ def _print_toy(r: dict) -> None:
     from rich.table import Table
 
     cfg = r["config"]
-    table = Table(
-        title=f"Toy decoder: {cfg['n_layers']} layers, {cfg['q_heads']} q heads / {cfg['kv_heads']} KV "
-        f"heads, head_dim {cfg['head_dim']}, {cfg['prompt_tokens']} prompt + {r['gen']} new tokens, fp32"
-    )
-    table.add_column("check")
-    table.add_column("value", justify="right")
-    table.add_row("[A1] identical tokens", f"{r['same_tokens']} / {r['gen']}")
-    table.add_row("[A2] max |cached - full| of last logits", f"{r['max_diff']:.3e}")
-    table.add_row("[A2] reference scale (max |logit|)", f"{r['ref_scale']:.6f}")
-    table.add_row("[A2] relative error", f"{r['rel_err']:.3e}")
-    table.add_row("[A3] FLOPs, full recompute", f"{r['flops_naive']:.4e}")
-    table.add_row("[A3] FLOPs, KV cache", f"{r['flops_cached']:.4e}")
-    table.add_row("[A3] FLOPs ratio", f"{r['flops_ratio']:.2f}x")
-    table.add_row("[A4] wall clock, full recompute", f"{r['t_naive']:.3f} s")
-    table.add_row("[A4] wall clock, KV cache", f"{r['t_cached']:.3f} s")
     sp = r.get("speedup_paired") or {}
     spread = (
         f" ({sp['min']:.2f}-{sp['max']:.2f}x over {r['repeat']} rounds)" if r.get("repeat", 1) > 1 else ""
     )
-    table.add_row("[A4] speedup, paired median" if spread else "[A4] speedup", f"{r['speedup']:.2f}x{spread}")
-    if "threads" in r:
-        table.add_row("threads (BLAS)", str(r["threads"]))
-    table.add_row("KV cache bytes (preallocated)", f"{r['kv_cache_bytes']:,} B")
+    rows = [
+        ("[A1] identical tokens", f"{r['same_tokens']} / {r['gen']}"),
+        ("[A2] max |cached - full| of last logits", f"{r['max_diff']:.3e}"),
+        ("[A2] reference scale (max |logit|)", f"{r['ref_scale']:.6f}"),
+        ("[A2] relative error", f"{r['rel_err']:.3e}"),
+        ("[A3] FLOPs, full recompute", f"{r['flops_naive']:.4e}"),
+        ("[A3] FLOPs, KV cache", f"{r['flops_cached']:.4e}"),
+        ("[A3] FLOPs ratio", f"{r['flops_ratio']:.2f}x"),
+        ("[A4] wall clock, full recompute", f"{r['t_naive']:.3f} s"),
+        ("[A4] wall clock, KV cache", f"{r['t_cached']:.3f} s"),
+        ("[A4] speedup, paired median" if spread else "[A4] speedup", f"{r['speedup']:.2f}x{spread}"),
+        *([("threads (BLAS)", str(r["threads"]))] if "threads" in r else []),
+        ("KV cache bytes (preallocated)", f"{r['kv_cache_bytes']:,} B"),
+    ]
+    table = value_table(
+        f"Toy decoder: {cfg['n_layers']} layers, {cfg['q_heads']} q heads / {cfg['kv_heads']} KV "
+        f"heads, head_dim {cfg['head_dim']}, {cfg['prompt_tokens']} prompt + {r['gen']} new tokens, fp32",
+        "check",
+        rows,
+    )
     console = Console()
     console.print(table)
     if "append" in r:

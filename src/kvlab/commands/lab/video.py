@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from kvlab.commands import fail
-from kvlab.commands.lab.common import finish, print_verdict, status
+from kvlab.commands.lab.common import finish, print_verdict, status, value_table
 
 VIDEO_FIELD_PREFIX = "video_"  # argparse dest of a `kvlab lab video` flag = prefix + VideoConfig field
 
@@ -167,34 +167,31 @@ def _video_checks_table(r: dict):
 
 def _video_cost_table(r: dict):
     """The video lab's counted matmul FLOPs (full recompute, cache, evicting cache) and KV bytes."""
-    from rich.table import Table
-
-    checks = r["checks"]
-    f = r["flops"]
-    t2 = Table(
-        title="Matmul FLOPs, counted in the run (formula agrees: "
-        f"{checks['flops_counted_equal_formula']}) and KV bytes (fp32)"
-    )
-    t2.add_column("quantity")
-    t2.add_column("value", justify="right")
-    t2.add_row("full recompute", f"{f['full_recompute']:.4e}")
-    t2.add_row("frame KV cache", f"{f['cached']:.4e}")
-    t2.add_row("full recompute / cache", f"{f['ratio_full_over_cached']:.2f}x")
-    t2.add_row("evicting cache", f"{f['evicting']:.4e}")
-    t2.add_row(
-        "KV bytes per frame (lab / kvlab video)",
-        f"{r['kv_bytes_per_frame']:,} / {r['ledger']['kv_bytes_first_latent_frame']:,} B",
-    )
+    f, ledger = r["flops"], r["ledger"]
     full_b, evict_b = r["kv_bytes_after_frame"]["full_history"], r["kv_bytes_after_frame"]["evicting"]
-    t2.add_row(
-        f"KV bytes after {len(full_b)} frames, every frame kept (lab / kvlab video)",
-        f"{full_b[-1]:,} / {r['ledger']['kv_bytes']:,} B",
+    rows = [
+        ("full recompute", f"{f['full_recompute']:.4e}"),
+        ("frame KV cache", f"{f['cached']:.4e}"),
+        ("full recompute / cache", f"{f['ratio_full_over_cached']:.2f}x"),
+        ("evicting cache", f"{f['evicting']:.4e}"),
+        (
+            "KV bytes per frame (lab / kvlab video)",
+            f"{r['kv_bytes_per_frame']:,} / {ledger['kv_bytes_first_latent_frame']:,} B",
+        ),
+        (
+            f"KV bytes after {len(full_b)} frames, every frame kept (lab / kvlab video)",
+            f"{full_b[-1]:,} / {ledger['kv_bytes']:,} B",
+        ),
+        (
+            f"KV bytes after {len(evict_b)} frames, sink + window (peak)",
+            f"{evict_b[-1]:,} B ({max(evict_b):,})",
+        ),
+        ("frames held / logical time of the next frame", f"{r['cache_frame_t']} / {r['cache_next_frame_t']}"),
+        ("wall clock, whole lab", f"{r['wall_s']:.2f} s"),
+    ]
+    return value_table(
+        f"Matmul FLOPs, counted in the run (formula agrees: {r['checks']['flops_counted_equal_formula']}) and KV "
+        "bytes (fp32)",
+        "quantity",
+        rows,
     )
-    t2.add_row(
-        f"KV bytes after {len(evict_b)} frames, sink + window (peak)", f"{evict_b[-1]:,} B ({max(evict_b):,})"
-    )
-    t2.add_row(
-        "frames held / logical time of the next frame", f"{r['cache_frame_t']} / {r['cache_next_frame_t']}"
-    )
-    t2.add_row("wall clock, whole lab", f"{r['wall_s']:.2f} s")
-    return t2
