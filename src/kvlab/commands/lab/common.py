@@ -65,6 +65,17 @@ def print_warnings(console, warnings: list[str]) -> None:
         console.print(f"warning: {warning}", style="yellow", markup=False, highlight=False)
 
 
+def add_model_flags(parser: argparse.ArgumentParser, help_prefix: str = "") -> None:
+    """The ``--model`` and ``--dtype`` flags of a lab on a real model (checked by :func:`check_model_flags`);
+    ``help_prefix`` starts their help (``"--real: "`` where only one mode reads them)."""
+    parser.add_argument(
+        "--model",
+        default=None,
+        help=f"{help_prefix}local dir, GGUF file, named model (kvlab models) or HF id (default: the bundled model)",
+    )
+    parser.add_argument("--dtype", default="float32", help=f"{help_prefix}model dtype (default float32)")
+
+
 def check_model_flags(args: argparse.Namespace) -> None:
     """Refuse a bad --dtype or --model before the first progress line (the library names them `dtype`, its path).
 

@@ -7,6 +7,7 @@ import argparse
 
 from kvlab.commands import fail, progress
 from kvlab.commands.lab.common import (
+    add_model_flags,
     check_model_flags,
     finish,
     flag_names,
@@ -55,12 +56,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         help="context lengths of the append-cost measurement",
     )
     p.add_argument("--real", action="store_true", help="check exact caches on a real model instead")
-    p.add_argument(
-        "--model",
-        default=None,
-        help="--real: local dir, GGUF file, named model (kvlab models) or HF id (default: the bundled model)",
-    )
-    p.add_argument("--dtype", default="float32", help="--real: model dtype (default float32)")
+    add_model_flags(p, "--real: ")
     p.add_argument("--tokens", type=int, default=96, help="--real: sequence length (default 96)")
     p.add_argument("--batch", type=int, default=1, help="--real: batch rows (default 1)")
     p.set_defaults(func=run)

@@ -7,6 +7,7 @@ import argparse
 
 from kvlab.commands import fail, progress
 from kvlab.commands.lab.common import (
+    add_model_flags,
     check_model_flags,
     finish,
     flag_names,
@@ -29,12 +30,7 @@ def register(subparsers) -> None:
     e.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="print machine-readable JSON"
     )
-    e.add_argument(
-        "--model",
-        default=None,
-        help="local dir, GGUF file, named model (kvlab models) or HF id (default: the bundled model)",
-    )
-    e.add_argument("--dtype", default="float32", help="model dtype (default float32)")
+    add_model_flags(e)
     e.add_argument("--tokens", type=int, default=2048, help="held-out tokens scored (default 2048)")
     e.add_argument("--window", type=int, default=256, help="W: newest tokens kept (default 256)")
     e.add_argument(
