@@ -62,6 +62,20 @@ def flag_values(args: argparse.Namespace, *dests: str) -> dict:
     return {dest: getattr(args, dest) for dest in dests}
 
 
+def table(title: object, *numbers: str, labels: tuple[str, ...] = (), **kwargs: object):
+    """A rich ``Table`` titled ``title``: the ``labels`` columns first (text, left-aligned), then the ``numbers``
+    columns right-aligned, as every kvlab table lines up its figures; ``kwargs`` go to ``rich.table.Table``
+    (``caption=`` ...). More columns may be added to the table returned."""
+    from rich.table import Table
+
+    t = Table(title=title, **kwargs)
+    for col in labels:
+        t.add_column(col)
+    for col in numbers:
+        t.add_column(col, justify="right")
+    return t
+
+
 def add_command_group(
     subparsers, name: str, help: str, dest: str, metavar: str, description: str | None = None
 ):

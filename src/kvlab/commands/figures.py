@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, progress
+from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, progress, table
 
 TASKS_FIGURE = "tasks_scores.png"  # a kvlab tasks result's figure (kvlab.task_figures.plot_task_scores)
 SENSITIVITY_FIGURE = "sensitivity.png"  # a sweep's figure (kvlab.sensitivity_figure.plot_sensitivity)
@@ -115,14 +115,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({name: str(path) for name, path in paths.items()}, indent=1))
         return 0
-    from rich.table import Table
-
-    table = Table(title=f"Figures written to {args.out}")
-    table.add_column("figure")
-    table.add_column("file")
+    t = table(f"Figures written to {args.out}", labels=("figure", "file"))
     for name, path in paths.items():
-        table.add_row(name, str(path))
-    Console().print(table)
+        t.add_row(name, str(path))
+    Console().print(t)
     return 0
 
 

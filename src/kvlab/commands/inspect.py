@@ -8,7 +8,7 @@ import json
 import math
 from pathlib import Path
 
-from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, flag_values, progress
+from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, flag_values, progress, table
 
 
 def register(subparsers) -> None:
@@ -259,7 +259,6 @@ def fp8_legend(report: dict) -> str:
 
 def _print_tables(report: dict, args: argparse.Namespace) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     m, s = report["model"], report["settings"]
     console = Console()
@@ -267,20 +266,9 @@ def _print_tables(report: dict, args: argparse.Namespace) -> None:
         f"K/V of {m['id_or_path']} ({m['dtype']}), {report['tokens']} prompt tokens; outlier channel > "
         f"{s['outlier_factor']:g} x median; FP8 scales calibrated on the first {s['calibrate_tokens']} tokens"
     )
-    t = Table(title=title)
-    for col in (
-        "layer",
-        "|K| max",
-        "|V| max",
-        "K ch max/median",
-        "K outlier ch",
-        "V ch max/median",
-        "V outlier ch",
-    ):
-        t.add_column(col, justify="right")
-    for fmt in report["fp8"]:
-        for scale in ("1.0", "per-head"):
-            t.add_column(f"{fmt} s={scale}\nsat / flush", justify="right")
+    fp8 = [f"{fmt} s={scale}\nsat / flush" for fmt in report["fp8"] for scale in ("1.0", "per-head")]
+    stats = ("layer", "|K| max", "|V| max", "K ch max/median", "K outlier ch", "V ch max/median")
+    t = table(title, *stats, "V outlier ch", *fp8)
     for layer in report["layers"]:
         row = [
             str(layer["layer"]),
@@ -300,9 +288,9 @@ def _print_tables(report: dict, args: argparse.Namespace) -> None:
         t.add_row(*row)
     console.print(t)
     console.print(fp8_legend(report), markup=False)
-    summary = Table(title="FP8 over the whole model: share of K/V elements")
-    for col in ("format", "scale", "saturated", "flushed to zero"):
-        summary.add_column(col, justify="right")
+    summary = table(
+        "FP8 over the whole model: share of K/V elements", "format", "scale", "saturated", "flushed to zero"
+    )
     for fmt, per in report["fp8"].items():
         for scale, cell in per.items():
             summary.add_row(fmt, scale, _pct(cell["saturated_fraction"]), _pct(cell["underflow_fraction"]))
@@ -315,22 +303,19 @@ def _print_tables(report: dict, args: argparse.Namespace) -> None:
 
 def _print_attention_kl(console, report: dict) -> None:
     """The FP8 key-side attention KL per layer (worst KV head) and over the model, or why it was not measured."""
-    from rich.table import Table
-
     kl = report.get("fp8_key_attention_kl") or {}
     if not kl.get("measured"):
         console.print(f"FP8 key-side attention KL: not measured ({kl.get('note', 'no queries observed')})")
         return
     n = report["settings"]["attention_queries"]
-    t = Table(
-        title=f"FP8 keys, attention KL: the last {n} queries over the keys before them, exact vs FP8-rounded keys "
-        f"(per-head scales; hadamard: rotated first, as fp8-*-hadamard); per layer the worst KV head (hN), every "
-        f"head in --json"
-    )
-    t.add_column("layer", justify="right")
     cols = [(fmt, v) for fmt in ("e4m3", "e5m2") for v in ("per-head", "hadamard") if kl.get(fmt)]
-    for fmt, v in cols:
-        t.add_column(f"{fmt} {v}", justify="right")
+    t = table(
+        f"FP8 keys, attention KL: the last {n} queries over the keys before them, exact vs FP8-rounded keys "
+        f"(per-head scales; hadamard: rotated first, as fp8-*-hadamard); per layer the worst KV head (hN), every "
+        f"head in --json",
+        "layer",
+        *(f"{fmt} {v}" for fmt, v in cols),
+    )
 
     def fmt_kl(x) -> str:
         return "-" if x is None else f"{x:.2e}"

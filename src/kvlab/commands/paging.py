@@ -10,7 +10,7 @@ import json
 import math
 from pathlib import Path
 
-from kvlab.commands import EXIT_FILE_EXISTS, add_command_group, fail, file_exists_message, progress
+from kvlab.commands import EXIT_FILE_EXISTS, add_command_group, fail, file_exists_message, progress, table
 from kvlab.commands.plan.flags import flag_message, keep_tokens_type
 from kvlab.plan.kv_formats import KV_DTYPE_NAMES
 from kvlab.runtime.checks import parse_list
@@ -249,7 +249,6 @@ def run_static_cmd(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=1))
         return 0
     from rich.console import Console
-    from rich.table import Table
 
     cfg, a, b, c = result["config"], result["A"], result["B"], result["C"]
     console = Console()
@@ -257,11 +256,11 @@ def run_static_cmd(args: argparse.Namespace) -> int:
         f"KV budget: {cfg['budget_bytes'] / GIB:.2f} GiB = {cfg['capacity_tokens']} tokens x "
         f"{cfg['kv_bytes_per_token']:g} B ({cfg['source']})"
     )
-    t = Table(
-        title=f"[A] requests admitted at once (block {cfg['block_size']}, reservation {cfg['max_len']})"
+    t = table(
+        f"[A] requests admitted at once (block {cfg['block_size']}, reservation {cfg['max_len']})",
+        *("requests", "held", "real KV", "utilization", "gain"),
+        labels=("workload", "policy"),
     )
-    for col in ("workload", "policy", "requests", "held", "real KV", "utilization", "gain"):
-        t.add_column(col, justify="right" if col not in ("workload", "policy") else "left")
     for name, row in a.items():
         if not isinstance(row, dict):
             continue
@@ -284,16 +283,19 @@ def run_static_cmd(args: argparse.Namespace) -> int:
             f"{row['gain']:.2f}x",
         )
     console.print(t)
-    t = Table(title=f"[B] waste per request ({cfg['workload_B_C']}, mean length {b['mean_len']:.1f} tokens)")
-    t.add_column("source")
-    t.add_column("MiB / request", justify="right")
+    t = table(
+        f"[B] waste per request ({cfg['workload_B_C']}, mean length {b['mean_len']:.1f} tokens)",
+        "MiB / request",
+        labels=("source",),
+    )
     t.add_row(f"contiguous reservation ({cfg['max_len']} tokens)", f"{b['reserve_waste'] / MIB:.2f}")
     t.add_row(f"paged, last block ({b['block_size']} tokens)", f"{b['frag'] / MIB:.2f}")
     t.add_row("ratio", f"{b['ratio']:.1f}x")
     console.print(t)
-    t = Table(title=f"[C] block size ({cfg['workload_B_C']})")
-    for col in ("block", "empty slots / request", "utilization", "block-table entries / request"):
-        t.add_column(col, justify="right")
+    t = table(
+        f"[C] block size ({cfg['workload_B_C']})",
+        *("block", "empty slots / request", "utilization", "block-table entries / request"),
+    )
     for row in c["rows"]:
         t.add_row(str(row["bs"]), f"{row['frag']:.1f}", f"{row['util']:.3%}", f"{row['nblk']:.1f}")
     console.print(t)
@@ -499,7 +501,6 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
 def _print_simulation(result: dict, source: str) -> None:
     """The table of ``kvlab paging simulate``: the trace's summary line, then one column per policy."""
     from rich.console import Console
-    from rich.table import Table
 
     cfg = result["config"]
     console = Console()
@@ -510,10 +511,8 @@ def _print_simulation(result: dict, source: str) -> None:
         f"({cfg['source']})."
     )
     policies = result["policies"]
-    t = Table(title="Serving simulation (time in engine steps; blocks conserved at every step)")
-    t.add_column("metric")
-    for name in policies:
-        t.add_column(name, justify="right")
+    title = "Serving simulation (time in engine steps; blocks conserved at every step)"
+    t = table(title, *policies, labels=("metric",))
     rows = [
         ("blocks x tokens", lambda r: f"{r['num_blocks']} x {r['block_size']}"),
         ("KV bytes / token", lambda r: f"{r['kv_bytes_per_token']:g}"),

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from kvlab.cache_names import KIVI_DEFAULTS
-from kvlab.commands import EXIT_FILE_EXISTS, add_command_group, fail, file_exists_message, progress
+from kvlab.commands import EXIT_FILE_EXISTS, add_command_group, fail, file_exists_message, progress, table
 
 SWEEP_KIND = "kvlab-sensitivity"
 
@@ -358,7 +358,6 @@ def _print_allocation(plan: dict, path: Path) -> None:
 def run_verify(args: argparse.Namespace) -> int:
     """Status 0 when every mixed cache won at every context, 1 when one did not, 2 for a bad file."""
     from rich.console import Console
-    from rich.table import Table
 
     from kvlab.eval.io import read_result
     from kvlab.plan.allocate import mixed_verdict
@@ -375,13 +374,14 @@ def run_verify(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(verdicts, indent=1))
         return 0 if all(v["wins"] for v in verdicts) else 1
-    table = Table(title=f"mixed caches against uniform caches of no more bytes ({args.result})")
-    for col in ("cache", "context", "bytes", "KL mean", "recall drop", "passkey drop", "beats it"):
-        table.add_column(col)
+    t = table(
+        f"mixed caches against uniform caches of no more bytes ({args.result})",
+        labels=("cache", "context", "bytes", "KL mean", "recall drop", "passkey drop", "beats it"),
+    )
     for v in verdicts:
         rows = [(v, "")] + [(a, "yes" if a["beaten"] else "NO") for a in v["against"]]
         for i, (r, beaten) in enumerate(rows):
-            table.add_row(
+            t.add_row(
                 r["candidate"] if i == 0 else f"  {r['candidate']}",
                 f"{v['context_length']:,}",
                 f"{r['cache_bytes']:,}",
@@ -390,5 +390,5 @@ def run_verify(args: argparse.Namespace) -> int:
                 f"{r['passkey_drop']:+.3f}" if r["passkey_drop"] is not None else "-",
                 beaten or ("WINS" if v["wins"] else "does not win"),
             )
-    Console().print(table)
+    Console().print(t)
     return 0 if all(v["wins"] for v in verdicts) else 1

@@ -8,6 +8,8 @@ import argparse
 import json
 from collections.abc import Callable
 
+from kvlab.commands import table
+
 
 def status(message: str, quiet: bool):
     """A spinner on stderr while long work runs on a terminal; off a terminal (logs, CI) one plain line saying what
@@ -41,14 +43,10 @@ def warn(console, message: str) -> None:
 def value_table(title: str, label: str, rows: list[tuple[str, str]]):
     """A rich table titled ``title`` with one row per ``(name, value)`` of ``rows``: the names under ``label``,
     the values right-justified under ``value``."""
-    from rich.table import Table
-
-    table = Table(title=title)
-    table.add_column(label)
-    table.add_column("value", justify="right")
+    t = table(title, "value", labels=(label,))
     for name, value in rows:
-        table.add_row(name, value)
-    return table
+        t.add_row(name, value)
+    return t
 
 
 def print_verdict(console, checks: dict[str, bool]) -> None:

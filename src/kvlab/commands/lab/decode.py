@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvlab.commands import fail, progress
+from kvlab.commands import fail, progress, table
 from kvlab.commands.lab.common import (
     add_model_flags,
     check_model_flags,
@@ -163,7 +163,6 @@ def _run_real(args: argparse.Namespace) -> int:
 
 def _print_toy(r: dict) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     cfg = r["config"]
     sp = r.get("speedup_paired") or {}
@@ -184,24 +183,23 @@ def _print_toy(r: dict) -> None:
         *([("threads (BLAS)", str(r["threads"]))] if "threads" in r else []),
         ("KV cache bytes (preallocated)", f"{r['kv_cache_bytes']:,} B"),
     ]
-    table = value_table(
+    checks = value_table(
         f"Toy decoder: {cfg['n_layers']} layers, {cfg['q_heads']} q heads / {cfg['kv_heads']} KV "
         f"heads, head_dim {cfg['head_dim']}, {cfg['prompt_tokens']} prompt + {r['gen']} new tokens, fp32",
         "check",
         rows,
     )
     console = Console()
-    console.print(table)
+    console.print(checks)
     if "append" in r:
         a = r["append"]
         shape = a["shape"]
-        t2 = Table(
-            title=f"Append one token's K and V to a cache of T tokens (batch {shape['batch']}, "
+        t2 = table(
+            f"Append one token's K and V to a cache of T tokens (batch {shape['batch']}, "
             f"{shape['kv_heads']} KV heads, head_dim {shape['head_dim']}, {a['dtype']}), "
-            f"median of {a['steps']} steps"
+            f"median of {a['steps']} steps",
+            *("context T", "torch.cat (us)", "in place (us)", "cat / in place", "cat writes (MiB)"),
         )
-        for col in ("context T", "torch.cat (us)", "in place (us)", "cat / in place", "cat writes (MiB)"):
-            t2.add_column(col, justify="right")
         # the paired median of same-step ratios where recorded (older results: ratio of the medians)
         ratios = a.get("cat_over_inplace") or [c / i for c, i in zip(a["cat_us"], a["inplace_us"])]
         rows = zip(a["contexts_tokens"], a["cat_us"], a["inplace_us"], ratios, a["cat_bytes_copied"])
@@ -214,18 +212,16 @@ def _print_toy(r: dict) -> None:
 
 def _print_real(r: dict) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(
-        title=f"Exact caches on {r.get('model', 'model')}: {r['batch']} x {r['tokens']} tokens, "
-        f"prefill {r['prefill_tokens']}, {r['dtype']}, pass if rel err <= {r['rel_tolerance']:.0e}"
+    t = table(
+        f"Exact caches on {r.get('model', 'model')}: {r['batch']} x {r['tokens']} tokens, "
+        f"prefill {r['prefill_tokens']}, {r['dtype']}, pass if rel err <= {r['rel_tolerance']:.0e}",
+        labels=("cache", "status", "max abs err", "rel err", "argmax agreement", "vs DynamicCache", "passed"),
     )
-    for col in ("cache", "status", "max abs err", "rel err", "argmax agreement", "vs DynamicCache", "passed"):
-        table.add_column(col)
     for row in r["rows"]:
         if row["status"] == "ok":
             vs = row.get("max_abs_diff_vs_dynamic")
-            table.add_row(
+            t.add_row(
                 row["cache"],
                 "ok",
                 f"{row['max_abs_err']:.3e}",
@@ -235,7 +231,7 @@ def _print_real(r: dict) -> None:
                 str(row["passed"]),
             )
         else:
-            table.add_row(row["cache"], row["status"], "-", "-", "-", "-", row.get("error", ""))
+            t.add_row(row["cache"], row["status"], "-", "-", "-", "-", row.get("error", ""))
     console = Console()
-    console.print(table)
+    console.print(t)
     print_warnings(console, r.get("warnings", []))

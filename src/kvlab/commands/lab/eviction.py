@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvlab.commands import fail, progress
+from kvlab.commands import fail, progress, table
 from kvlab.commands.lab.common import (
     add_model_flags,
     check_model_flags,
@@ -89,19 +89,18 @@ def run_eviction(args: argparse.Namespace) -> int:
 
 def _print_eviction(r: dict) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     cfg = r["config"]
-    table = Table(
-        title=f"Eviction on {cfg['tokens']} held-out tokens, window W = {cfg['window_length']}, {r['dtype']}; "
+    t = table(
+        f"Eviction on {cfg['tokens']} held-out tokens, window W = {cfg['window_length']}, {r['dtype']}; "
         f"NLL (nats) over all predictions and over the {r['recompute_window']['predictions_after_window']} "
-        f"from token {r['evict_from_token']} on"
+        f"from token {r['evict_from_token']} on",
+        *("NLL", "NLL after window", "ppl after window", "vs recompute", "cache bytes"),
+        labels=("method",),
     )
-    for col in ("method", "NLL", "NLL after window", "ppl after window", "vs recompute", "cache bytes"):
-        table.add_column(col, justify="left" if col == "method" else "right")
     base = r["recompute_window"]["nll_after_window"]
     full = r["full_context"]
-    table.add_row(
+    t.add_row(
         "full context (DynamicCache)",
         f"{full['nll']:.4f}",
         f"{full['nll_after_window']:.4f}",
@@ -111,9 +110,9 @@ def _print_eviction(r: dict) -> None:
     )
     rc = r["recompute_window"]
     row = (f"{rc['nll']:.4f}", f"{rc['nll_after_window']:.4f}", f"{rc['perplexity_after_window']:.2f}")
-    table.add_row(f"recompute last {cfg['window_length']} (baseline)", *row, "1.000", "-")
+    t.add_row(f"recompute last {cfg['window_length']} (baseline)", *row, "1.000", "-")
     for s in r["sink"]:
-        table.add_row(
+        t.add_row(
             f"SinkCache {s['sink_tokens']} sinks + {cfg['window_length']}",
             f"{s['nll']:.4f}",
             f"{s['nll_after_window']:.4f}",
@@ -122,6 +121,6 @@ def _print_eviction(r: dict) -> None:
             f"{s['nbytes']:,} (max {s['nbytes_max']:,})",
         )
     console = Console()
-    console.print(table)
+    console.print(t)
     print_verdict(console, r["checks"])
     print_warnings(console, r.get("warnings", []))

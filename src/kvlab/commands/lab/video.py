@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvlab.commands import fail
+from kvlab.commands import fail, table
 from kvlab.commands.lab.common import finish, print_verdict, status, value_table
 
 VIDEO_FIELD_PREFIX = "video_"  # argparse dest of a `kvlab lab video` flag = prefix + VideoConfig field
@@ -110,16 +110,16 @@ def _print_video(r: dict) -> None:
 
 def _video_checks_table(r: dict):
     """The video lab's exactness checks and controls, each with its relative error and the bound it meets."""
-    from rich.table import Table
-
     cfg, tol = r["config"], r["tolerance"]
-    t1 = Table(
-        title=f"Toy video denoiser: {cfg['frames']} frames of {cfg['height']}x{cfg['width']} tokens, "
+    t1 = table(
+        f"Toy video denoiser: {cfg['frames']} frames of {cfg['height']}x{cfg['width']} tokens, "
         f"{cfg['steps']} denoising steps, {cfg['n_layers']} layers, {cfg['q_heads']} q / {cfg['kv_heads']} KV "
-        f"heads, head_dim {cfg['head_dim']}, fp32; window = sink + {cfg['window_frames']} frames"
+        f"heads, head_dim {cfg['head_dim']}, fp32; window = sink + {cfg['window_frames']} frames",
+        "rel err",
+        labels=("run", "compared with"),
     )
-    for col in ("run", "compared with", "rel err", "expected", "ok"):
-        t1.add_column(col, justify="right" if col == "rel err" else "left")
+    for col in ("expected", "ok"):
+        t1.add_column(col)
     checks = r["checks"]
     t1.add_row(
         "frame KV cache",

@@ -8,7 +8,8 @@ import argparse
 import json
 
 from rich.console import Console
-from rich.table import Table
+
+from kvlab.commands import table
 
 GIB = 1024**3
 
@@ -66,20 +67,21 @@ def print_lists(args: argparse.Namespace) -> bool:
         print(json.dumps(listing, indent=1))
         return True
     if want_presets:
-        t = Table(title="Built-in presets (fields from each hub config.json)")
-        for col in ("name", "hub id", "exercises"):
-            t.add_column(col)
+        t = table(
+            "Built-in presets (fields from each hub config.json)", labels=("name", "hub id", "exercises")
+        )
         for preset in presets.PRESETS.values():
             t.add_row(preset.name, preset.hub_id, preset.why)
         Console().print(t)
     if want_gpus:
-        t = Table(
-            title="Hardware table (datasheets: dense 16-bit tensor FLOP/s, TB/s = 1e12 B/s; memory as the device "
-            "reports it, MiB = 2^20 B)"
+        t = table(
+            "Hardware table (datasheets: dense 16-bit tensor FLOP/s, TB/s = 1e12 B/s; memory as the device "
+            "reports it, MiB = 2^20 B)",
+            *("TFLOP/s", "TB/s", "memory MiB", "GiB", "ridge FLOP/B"),
+            labels=("name",),
         )
-        numeric = ("TFLOP/s", "TB/s", "memory MiB", "GiB", "ridge FLOP/B")
-        for col in ("name", *numeric, "note", "datasheet", "memory read from"):
-            t.add_column(col, justify="right" if col in numeric else "left")
+        for col in ("note", "datasheet", "memory read from"):
+            t.add_column(col)
         for h in HARDWARE:
             t.add_row(
                 h.name,
@@ -150,16 +152,12 @@ def print_plan(r: dict) -> None:
     )
     kvd = r["kv_dtype"]
     cap = "" if kvd["keep_tokens"] is None else f" keeping at most {kvd['keep_tokens']:,} tokens"
-    t = Table(
-        title=f"{r['model']}: {s['num_layers']} layers ({kinds}), {heads}; KV {kvd['name']}{cap}, "
-        f"batch {r['batch']} x {r['context']:,} tokens, tp {r['tp']}  [GiB = 2^30 B, GB = 1e9 B]"
+    t = table(
+        f"{r['model']}: {s['num_layers']} layers ({kinds}), {heads}; KV {kvd['name']}{cap}, "
+        f"batch {r['batch']} x {r['context']:,} tokens, tp {r['tp']}  [GiB = 2^30 B, GB = 1e9 B]",
+        *("layers", "tokens kept", "KV B/token/GPU", "KV theoretical/GPU", "KV allocated/GPU"),
+        labels=("layer kind",),
     )
-    t.add_column("layer kind")
-    t.add_column("layers", justify="right")
-    t.add_column("tokens kept", justify="right")
-    t.add_column("KV B/token/GPU", justify="right")
-    t.add_column("KV theoretical/GPU", justify="right")
-    t.add_column("KV allocated/GPU", justify="right")
     for row in r["by_layer_kind"]:
         t.add_row(
             row["kind"],
@@ -175,10 +173,7 @@ def print_plan(r: dict) -> None:
 def _ledger_table(r: dict):
     """The plan's second table: KV bytes (per GPU and summed with tp > 1), weights, fit, decode bound."""
 
-    t = Table(title="Ledger, fit and decode bound")
-    t.add_column("quantity")
-    t.add_column("value", justify="right")
-    t.add_column("also", justify="right")
+    t = table("Ledger, fit and decode bound", "value", "also", labels=("quantity",))
     tp = r["tp"]
     # with tp > 1 each KV quantity is shown for one GPU and summed over all tp GPUs (a replica counts on each)
     scopes = [("", "")] if tp == 1 else [(", per GPU", "_per_gpu"), (f", all {tp} GPUs", "")]
@@ -277,9 +272,7 @@ def _bound_cell(bound: str | None) -> str:
 def print_roofline(r: dict) -> None:
 
     g = r["gpu"]
-    t = Table(title=f"Roofline: {g['name']}", caption=f"source: {g['source']}")
-    t.add_column("quantity")
-    t.add_column("value", justify="right")
+    t = table(f"Roofline: {g['name']}", "value", labels=("quantity",), caption=f"source: {g['source']}")
     t.add_column("note")
     t.add_row(
         "peak dense 16-bit", "-" if g["tflops_16bit"] is None else f"{g['tflops_16bit']:g} TFLOP/s", g["note"]
@@ -318,12 +311,10 @@ def print_roofline(r: dict) -> None:
         t.add_row("tokens/s upper bound", f"{r['tokens_per_s_upper_bound']:,.1f}", "batch / step bound")
     _add_measured_row(t, r["measured"])
 
-    ideal = Table(
-        title=f"Ideal decode attention intensity I = 2g/p (p = {r['kv_dtype']['bytes_per_element']:g} B)"
+    ideal = table(
+        f"Ideal decode attention intensity I = 2g/p (p = {r['kv_dtype']['bytes_per_element']:g} B)",
+        *("g = n_q / n_kv", "I (FLOP/B)", f"{g['name']}"),
     )
-    ideal.add_column("g = n_q / n_kv", justify="right")
-    ideal.add_column("I (FLOP/B)", justify="right")
-    ideal.add_column(f"{g['name']}", justify="right")
     probe = r["probe"]
     if probe:
         ideal.add_column("this machine, fp32", justify="right")
@@ -346,21 +337,12 @@ def print_roofline(r: dict) -> None:
 def print_video(r: dict) -> None:
     """``kvlab video``'s table: one row per clip (frames, latent frames, tokens, KV bytes)."""
     c0 = r["clips"][0]
-    t = Table(
-        title=f"Video KV on {r['model']} ({r['kv_dtype']['name']}): {c0['width']}x{c0['height']}, "
+    t = table(
+        f"Video KV on {r['model']} ({r['kv_dtype']['name']}): {c0['width']}x{c0['height']}, "
         f"{c0['temporal_compression']}x time, {c0['spatial_compression']}x{c0['spatial_compression']} space, "
-        f"patch {c0['patch_size']}, whole history kept  [GiB = 2^30 B]"
+        f"patch {c0['patch_size']}, whole history kept  [GiB = 2^30 B]",
+        *("seconds", "frames", "latent frames", "tokens/frame", "tokens", "KV", "KV first latent frame"),
     )
-    for col in (
-        "seconds",
-        "frames",
-        "latent frames",
-        "tokens/frame",
-        "tokens",
-        "KV",
-        "KV first latent frame",
-    ):
-        t.add_column(col, justify="right")
     for c in r["clips"]:
         t.add_row(
             f"{c['seconds']:g}",
@@ -381,11 +363,12 @@ def _cell(value, fmt: str) -> str:
 def print_from_log(r: dict) -> None:
     """``kvlab plan --from-log``: one row per KV line of the log with kvlab's figure and the error, then the
     settings the prediction used and what it assumed."""
-    t = Table(
-        title=f"{r['log_file']}: vLLM's startup log beside kvlab's model of {r['model']}  [GiB = 2^30 B]"
+    t = table(
+        f"{r['log_file']}: vLLM's startup log beside kvlab's model of {r['model']}  [GiB = 2^30 B]",
+        *("log", "kvlab", "error"),
+        labels=("line",),
     )
-    for col in ("line", "log", "kvlab", "error", "how kvlab gets it"):
-        t.add_column(col, justify="right" if col in ("log", "kvlab", "error") else "left")
+    t.add_column("how kvlab gets it")
     for line in r["lines"]:
         fmt = ",.0f" if "tokens" in line["line"] and "concurrency" not in line["line"].lower() else ",.2f"
         t.add_row(
@@ -408,12 +391,12 @@ def print_mixed_plan(r: dict) -> None:
     """A per-layer plan's report (:func:`kvlab.plan.mixed_report.mixed_plan_report`): its layers grouped by
     format, then KV bytes per token, per request and in total, and the fit."""
     kvd, tp = r["kv_dtype"], r["tp"]
-    t = Table(
-        title=f"{r['model']}: plan {kvd['plan']} ({kvd['plan_source']}), batch {r['batch']} x {r['context']:,} "
-        f"tokens, tp {tp}, KIVI G={kvd['group_size']} R={kvd['residual_length']}  [GiB = 2^30 B]"
+    t = table(
+        f"{r['model']}: plan {kvd['plan']} ({kvd['plan_source']}), batch {r['batch']} x {r['context']:,} "
+        f"tokens, tp {tp}, KIVI G={kvd['group_size']} R={kvd['residual_length']}  [GiB = 2^30 B]",
+        "KV B/layer/GPU at context",
+        labels=("keys", "values", "layers"),
     )
-    for col in ("keys", "values", "layers", "KV B/layer/GPU at context"):
-        t.add_column(col, justify="right" if col.startswith("KV") else "left")
     groups: dict[tuple[str, str], list[int]] = {}
     for row in r["plan_layers"]:
         groups.setdefault((row["k"], row["v"]), []).append(row["layer"])
@@ -421,9 +404,7 @@ def print_mixed_plan(r: dict) -> None:
     for (k, v), layers in groups.items():
         sizes = sorted({per_layer[i] for i in layers})
         t.add_row(k, v, _layer_list(layers), " / ".join(f"{n:,} B" for n in sizes))
-    q = Table(title="Ledger and fit (per GPU)")
-    for col in ("quantity", "value", "also"):
-        q.add_column(col, justify="left" if col == "quantity" else "right")
+    q = table("Ledger and fit (per GPU)", "value", "also", labels=("quantity",))
     per_token = r["kv_bytes_per_token_per_gpu"]
     q.add_row("KV bytes per token", _bytes(per_token), f"{per_token / 1024:,.2f} KiB (long-context)")
     q.add_row(f"KV per request ({r['context']:,} tokens)", _bytes(r["kv_bytes_per_request_per_gpu"]), "")
