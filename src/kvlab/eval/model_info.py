@@ -79,6 +79,41 @@ def check_against_model(cfg: EvalConfig, model: Any) -> None:
             continue
 
 
+def check_heldout_length(cfg: EvalConfig, tokenizer: Any) -> None:
+    """Refuse a context longer than the held-out text under ``tokenizer``, before any cell: prompts of held-out text
+    (``prompt_mode`` ``heldout``) and the long-context probes (every capacity and window cell) are cut from it, so
+    such a context failed the run in its first cell, after the model load, naming no flag.
+
+    Raises:
+        ValueError: a capacity context (--contexts) or the window context (--window-context) above the held-out
+            text's token count, naming the setting, its flag, the count and why the text is needed.
+    """
+    from kvlab.eval.longctx.prompts import encode_heldout
+    from kvlab.models import heldout_text
+
+    uses = []
+    if cfg.prompt_mode == "heldout":
+        uses.append("held-out prompts")
+    if cfg.long_context:
+        uses.append("the long-context probes")
+    if not uses:  # repeated prompts and no probes: the text is not read
+        return
+    asked = [("contexts", "--contexts", max(cfg.contexts))]
+    if cfg.window_residuals:
+        asked.append(("window_context", "--window-context", cfg.window_context))
+    try:
+        total = len(encode_heldout(tokenizer, heldout_text()))
+    except FileNotFoundError:  # no held-out text here: the cells that need it record that
+        return
+    for setting, flag, context in asked:
+        if context > total:
+            raise ValueError(
+                f"`{setting}` ({flag}) {context:,} is longer than the held-out text, {total:,} tokens under this "
+                f"model's tokenizer, from which {' and '.join(uses)} are cut: pass at most {total:,} (--prompt-mode "
+                f"repeat with --no-long-context reads no held-out text)"
+            )
+
+
 def context_limit_warnings(cfg: EvalConfig, model: Any) -> list[str]:
     """Warnings for cells whose prompt + new tokens pass the model's ``max_position_embeddings`` (run, not refused:
     a RoPE model extrapolates, but its quality numbers there describe positions it was never trained on)."""

@@ -148,3 +148,44 @@ def test_a_candidate_that_failed_in_every_cell_fails_the_run(tmp_path, capsys, m
     monkeypatch.setattr(cand_mod.Candidate, "make", real_make)  # nothing fails: exit 0, no failed candidate
     assert main([*TINY_RUN, "--out-dir", str(tmp_path), "--label", "ok"]) == 0
     assert json.loads((tmp_path / "ok.json").read_text())["summary"]["failed_candidates"] == []
+
+
+# ── contexts the held-out text cannot hold ────────────────────────────────────────────────────────────────────────
+
+
+def test_a_context_longer_than_the_heldout_text_is_refused_naming_the_flag_and_the_limit():
+    """--contexts 99999999 loaded the model, then failed in the run (exit 1) naming no flag: the held-out text the
+    prompts and probes are cut from is the limit."""
+    from kvlab.eval.longctx.prompts import encode_heldout
+    from kvlab.eval.model_info import check_heldout_length
+    from kvlab.models import heldout_text
+
+    tok = CharTokenizer()
+    total = len(encode_heldout(tok, heldout_text()))
+    check_heldout_length(EvalConfig(contexts=(256, total), window_residuals=()), tok)
+    with pytest.raises(ValueError) as info:
+        check_heldout_length(EvalConfig(contexts=(256, total + 1), window_residuals=()), tok)
+    message = str(info.value)
+    assert f"`contexts` (--contexts) {total + 1:,} is longer than the held-out text, {total:,} tokens" in message
+    assert f"pass at most {total:,}" in message
+    # the window context is cut from the same text, named with its own flag
+    with pytest.raises(ValueError, match=r"`window_context` \(--window-context\)"):
+        check_heldout_length(EvalConfig(contexts=(256,), window_residuals=(16,), window_context=total + 1), tok)
+    # repeated prompts without the probes read no held-out text: no limit from it
+    repeat = EvalConfig(contexts=(total + 1,), window_residuals=(), prompt_mode="repeat", long_context=False)
+    check_heldout_length(repeat, tok)
+    with pytest.raises(ValueError, match="from which the long-context probes are cut"):
+        check_heldout_length(EvalConfig(contexts=(total + 1,), window_residuals=(), prompt_mode="repeat"), tok)
+
+
+def test_eval_refuses_a_context_past_the_heldout_text_before_any_cell(tmp_path, capsys, monkeypatch):
+    model = make_tiny_qwen2(head_dim=16, max_positions=512)
+    monkeypatch.setattr("kvlab.models.load_model", lambda *a, **k: (model, CharTokenizer()))
+    argv = [a for a in TINY_RUN if a not in ("--prompt-mode", "repeat", "--no-long-context")]
+    argv[argv.index("40,72")] = "40,99999999"
+    assert main([*argv, "--out-dir", str(tmp_path), "--label", "long"]) == 2
+    err = err_of(capsys)
+    assert "error: `contexts` (--contexts) 99,999,999 is longer than the held-out text" in err, err
+    result = json.loads((tmp_path / "long.json").read_text())
+    assert result["status"] == "failed" and result["rows"] == []
+    assert result["failures"][0]["stage"] == "settings"

@@ -207,7 +207,12 @@ def _load(args, cfg, result, path, err, resumed: bool):
     another model or device is refused, the file left as it was. A resumed ``result`` is then made ready to
     continue (:func:`kvlab.eval.resume.prepare_resume`)."""
     from kvlab.eval.io import write_json_atomic
-    from kvlab.eval.model_info import check_against_model, context_limit_warnings, describe_model
+    from kvlab.eval.model_info import (
+        check_against_model,
+        check_heldout_length,
+        context_limit_warnings,
+        describe_model,
+    )
     from kvlab.eval.records import fail_run
     from kvlab.models import load_model
     from kvlab.runtime.device import resolve_device
@@ -241,9 +246,8 @@ def _load(args, cfg, result, path, err, resumed: bool):
         err.print(f"[yellow]warning: {warning}[/]")
     try:
         check_against_model(cfg, model)
-    except (
-        ValueError
-    ) as exc:  # a setting only the loaded model can refute: recorded, exit 2 as for the others
+        check_heldout_length(cfg, tokenizer)
+    except ValueError as exc:  # a setting only the loaded model (or its tokenizer) can refute: recorded, exit 2
         fail_run(result, "settings", exc)
         write_json_atomic(path, result)
         return fail(args, f"{exc} (recorded in {path})")
