@@ -39,6 +39,7 @@ from kvlab.bench.cells import bench_contexts, failed_cell
 from kvlab.bench.prepare import (
     BenchCandidate,
     bench_settings,
+    check_room,
     decode_step,
     exact_prefill,
     fill_cache,
@@ -212,14 +213,14 @@ def run(
         ``cpu_matmul`` and ``matmul_time_ratio_vs_float32`` (the GEMM path and why).
 
     Raises:
-        ValueError: bad candidates, contexts, steps, device, ``cpu_matmul`` or ``profile_context``.
+        ValueError: bad candidates, contexts (too long: :func:`_check_room`), steps, device, cpu_matmul, profile_context.
     """
     cands = parse_candidates(tuple(candidates))
     dev, contexts, steps, warmup = _run_plan(
         device, contexts, quick, steps, warmup, cpu_matmul, profile_context
     )
     settings = bench_settings(group_size, residual_length, hqq_group_size)
-    n_ids = _prompt_tokens(contexts, warmup + steps, profile_context)
+    n_ids = _check_room(model, dtype, dev, contexts, warmup + steps, profile_context, progress)
     lm, model_desc, ids, source = load_prompted_model(model, dtype, dev, n_ids)
     gemm_record, gemms = cpu_matmul_policy(lm, cpu_matmul, dev)
     with gemms:
@@ -256,6 +257,18 @@ def _prompt_tokens(contexts: tuple[int, ...], rounds: int, profile_context: int 
     """Prompt tokens a run reads: each context plus its decoded tokens, and the profiled context plus the two
     warm-up and :data:`PROFILE_STEPS` profiled steps (it may lie beyond the timed contexts)."""
     return max(max(contexts) + rounds, (profile_context or 0) + 2 + PROFILE_STEPS) + 2
+
+
+def _check_room(model, dtype, dev, contexts, rounds: int, profile_context, progress) -> int:
+    """The prompt tokens of a run (:func:`_prompt_tokens`), refused before the model loads when they cannot be held
+    (:func:`kvlab.bench.prepare.check_room`, naming ``profile_context`` when the profiled context is the longest,
+    else ``contexts``)."""
+    n_ids = _prompt_tokens(contexts, rounds, profile_context)
+    if profile_context is not None and profile_context > max(contexts):
+        check_room(model, dtype, dev, n_ids, profile_context, "profile_context", progress)
+    else:
+        check_room(model, dtype, dev, n_ids, max(contexts), "contexts", progress)
+    return n_ids
 
 
 def _run_plan(device, contexts, quick: bool, steps: int, warmup: int, cpu_matmul: str, profile_context):

@@ -167,7 +167,8 @@ def run(
         ``transient_ratio`` (that / ``bf16_cache_bytes``).
 
     Raises:
-        ValueError: bad candidates, contexts or device.
+        ValueError: bad candidates, contexts or device; contexts too long for the free memory (before the model
+            loads: :func:`kvlab.bench.prepare.check_room`).
     """
     dev = resolve_device(device)
     contexts = bench_contexts(contexts, quick, dev.type, (QUICK_CONTEXTS, CPU_CONTEXTS, CUDA_CONTEXTS))
@@ -176,6 +177,7 @@ def run(
     cands = prepare.parse_candidates(tuple(candidates))
     settings = prepare.bench_settings(group_size, residual_length, hqq_group_size)
     extra = warmup + 2 + (residual_length + max(group_size, 1) + 2 if flush_step else 0)
+    prepare.check_room(model, dtype, dev, max(contexts) + extra, max(contexts), progress=progress)
     lm, model_desc, ids, prompt_source = prepare.load_prompted_model(model, dtype, dev, max(contexts) + extra)
 
     rows = []

@@ -159,6 +159,67 @@ def prompt_ids(tokenizer: Any, vocab_size: int, n_tokens: int, seed: int = 0) ->
     return ids, f"uniform random token ids (seed {seed})"
 
 
+def check_room(
+    model: Any,
+    dtype: str,
+    device: torch.device,
+    tokens: int,
+    asked: int,
+    setting: str = "contexts",
+    progress: Any = None,
+) -> str | None:
+    """Refuse, before the model loads, a run whose longest prompt cannot be held: ``tokens`` prompt tokens (the
+    longest of ``setting``, ``asked`` tokens, with the ones decoded after it) need at least the K/V of a
+    ``DynamicCache`` of every token in ``dtype`` (the exact prefill every cache starts from), plus the weights when
+    the model is not loaded yet and the prompt ids; more than ``device`` has free (``MemAvailable`` on a CPU,
+    ``torch.cuda.mem_get_info`` on CUDA) is refused. The model's sizes come from its files
+    (:func:`kvlab.lab.longrun.configured_spec`; a ``torch.nn.Module``: its config); no check where they cannot be
+    read or the free memory is unknown.
+
+    Returns:
+        A note when ``tokens`` pass the model's ``max_position_embeddings`` (timed all the same: a RoPE model runs
+        there), also told to ``progress`` (a ``callable(str)``) when given; else None.
+
+    Raises:
+        ValueError: the estimate does not fit, naming ``setting``, the bytes needed and the bytes free.
+    """
+    from kvlab.lab.longrun import available_memory_bytes, configured_spec, gib
+    from kvlab.plan.kv_formats import kv_dtype
+    from kvlab.plan.ledger import kv_bytes
+    from kvlab.plan.spec import spec_from_config
+
+    loaded = isinstance(model, torch.nn.Module)
+    try:
+        spec = spec_from_config(model.config.to_dict()) if loaded else configured_spec(model)
+        itemsize = kv_dtype(dtype, "bfloat16").bytes_per_element
+        if spec is None:
+            return None
+        per_token = kv_bytes(spec, 1, kv=dtype) + 16  # K/V of one token, its id (a list and a tensor)
+        need = kv_bytes(spec, tokens, kv=dtype) + 16 * tokens
+    except (ValueError, TypeError, AttributeError, OSError):  # sizes unknown: the load or the run reports it
+        return None
+    weights = 0 if loaded else int((spec.num_parameters or 0) * itemsize)
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else available_memory_bytes()
+    if free is not None and need + weights > free:
+        fits = max(0, (free - weights) // per_token)
+        where = "the GPU" if device.type == "cuda" else "the machine"
+        raise ValueError(
+            f"`{setting}` {asked:,} cannot be held: its {tokens:,} prompt tokens need at least "
+            f"{gib(need + weights)} (their K/V in {dtype}{' and the weights' if weights else ''}), {where} has "
+            f"{gib(free)} free: at most about {fits:,} tokens fit"
+        )
+    limit = spec.max_position_embeddings
+    if limit is None or tokens <= limit:
+        return None
+    note = (
+        f"{tokens:,} prompt tokens pass the model's max_position_embeddings ({limit:,}): measured at positions it "
+        f"was not trained on"
+    )
+    if progress:
+        progress(f"note: {note}")
+    return note
+
+
 def load_prompted_model(model: Any, dtype: str, device: torch.device, tokens: int):
     """:func:`load_bench_model` and a prompt of ``tokens`` tokens for it (:func:`prompt_ids`) on ``device``.
 

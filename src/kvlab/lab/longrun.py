@@ -93,9 +93,21 @@ def max_positions(config: Any) -> int | None:
 
 def configured_max_positions(model: str | os.PathLike | None) -> int | None:
     """``max_position_embeddings`` of ``model`` (a ``--model`` value; None: the bundled model) read from its files,
-    without loading it: the ``config.json`` of a local or converted directory or of the local Hugging Face cache,
-    or the header of a GGUF not yet converted (:func:`kvlab.plan.gguf_config.read_gguf_config`). None when no file says
-    (a hub id not cached, a config the planner cannot read: the command's own load reports those).
+    without loading it (:func:`configured_spec`); None when no file says.
+
+    Raises:
+        as :func:`kvlab.models.model_source` (a missing path, a named model not installed, a file not GGUF).
+    """
+    spec = configured_spec(model)
+    return None if spec is None else spec.max_position_embeddings
+
+
+def configured_spec(model: str | os.PathLike | None):
+    """The planner's :class:`~kvlab.plan.spec.ModelSpec` of ``model`` (a ``--model`` value; None: the bundled model)
+    read from its files, without loading it: the ``config.json`` of a local or converted directory or of the local
+    Hugging Face cache, or the header of a GGUF not yet converted (:func:`kvlab.plan.gguf_config.read_gguf_config`).
+    None when no file says (a hub id not cached, a config the planner cannot read: the command's own load reports
+    those).
 
     Raises:
         as :func:`kvlab.models.model_source` (a missing path, a named model not installed, a file not GGUF).
@@ -115,7 +127,7 @@ def configured_max_positions(model: str | os.PathLike | None) -> int | None:
             if path is None:
                 return None
             config = json.loads(path.read_text(encoding="utf-8"))
-        return spec_from_config(config, name=str(model)).max_position_embeddings
+        return spec_from_config(config, name=str(model))
     except (OSError, ValueError, TypeError, KeyError):  # unreadable: the command's load reports the problem
         return None
 

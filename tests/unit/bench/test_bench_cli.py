@@ -5,6 +5,7 @@ import io
 import json
 
 import pytest
+import torch
 
 from kvlab.cli import main
 from kvlab.commands import EXIT_FILE_EXISTS
@@ -277,3 +278,45 @@ def test_bench_flush_reads_the_registry_spelling_of_a_cache_name():
     result = run(contexts=(64,), caches=("kivi-4", "hqq4"), kv_heads=1, head_dim=32, reps=1, hf_reps=1)
     assert [r["cache"] for r in result["rows"]] == ["kivi4", "hqq4"]
     assert "flush_us" in result["rows"][0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "setting"),
+    [
+        (["decode", "--contexts", "99999999"], "`contexts` (--contexts) 99,999,999"),
+        (["memory", "--contexts", "256,99999999"], "`contexts` (--contexts) 99,999,999"),
+        (["decode", "--contexts", "256", "--profile-context", "99999999"], "`profile_context` (--profile-context)"),
+    ],
+)
+def test_bench_refuses_a_context_that_cannot_be_held_before_the_model_loads(argv, setting, capsys, monkeypatch):
+    """--contexts 99999999 tiled the prompt to 1e8 tokens and prefilled it: no preflight. Refused now (exit 2),
+    naming the flag, the bytes its K/V need and the bytes free, before the model loads."""
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("kvlab.models.load_model", no_load)
+    monkeypatch.setattr("kvlab.lab.longrun.available_memory_bytes", lambda *a: 8 * 2**30)
+    assert main(["bench", *argv, "--device", "cpu", "--no-save"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"error: {setting}" in err and "cannot be held" in err, err
+    assert "(their K/V in bfloat16 and the weights), the machine has 8.00 GiB free: at most about" in err, err
+
+
+def test_bench_room_check_counts_the_kv_of_every_prompt_token(tiny_lm, monkeypatch):
+    """The estimate is the K/V of a DynamicCache of the whole prompt: refused just above the free memory, run just
+    below; a loaded model's weights are not counted again; past the model's positions only a note."""
+    from kvlab.bench.prepare import check_room
+
+    cfg = tiny_lm.config
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2 + 16
+    cpu = torch.device("cpu")
+    monkeypatch.setattr("kvlab.lab.longrun.available_memory_bytes", lambda *a: 1000 * per_token)
+    assert check_room(tiny_lm, "bfloat16", cpu, 1000, 990) is None
+    with pytest.raises(ValueError, match=r"`contexts` 995 cannot be held: its 1,001 prompt tokens need at least"):
+        check_room(tiny_lm, "bfloat16", cpu, 1001, 995)
+    with pytest.raises(ValueError, match="in float32\\), the machine has"):  # twice the bytes in float32
+        check_room(tiny_lm, "float32", cpu, 600, 590)
+    monkeypatch.setattr("kvlab.lab.longrun.available_memory_bytes", lambda *a: None)  # unknown: no refusal
+    note = check_room(tiny_lm, "bfloat16", cpu, cfg.max_position_embeddings + 1, 5000)
+    assert f"pass the model's max_position_embeddings ({cfg.max_position_embeddings:,})" in note
