@@ -11,13 +11,14 @@ from kvlab.cli import main
 @pytest.mark.parametrize(
     "argv, fragment",
     [
-        (["--kv-heads", "3", "--no-append"], "kv_heads"),  # 8 query heads
-        (["--kv-heads", "0", "--no-append"], "kv_heads"),
-        (["--kv-heads", "-2", "--no-append"], "kv_heads"),
-        (["--new-tokens", "0", "--no-append"], "new_tokens"),
-        (["--repeat", "0", "--no-append"], "repeat"),
+        # the toy decoder's errors name the flags typed, not the library's arguments (`kv_heads`)
+        (["--kv-heads", "3", "--no-append"], "the toy decoder's query heads (8) must be a multiple of --kv-heads, got 3"),
+        (["--kv-heads", "0", "--no-append"], "--kv-heads must be an int >= 1, got 0"),
+        (["--kv-heads", "-2", "--no-append"], "--kv-heads must be an int >= 1, got -2"),
+        (["--new-tokens", "0", "--no-append"], "--new-tokens must be an int >= 1, got 0"),
+        (["--repeat", "0", "--no-append"], "--repeat must be >= 1, got 0"),
         (["--threads", "0", "--no-append"], "--threads"),
-        (["--append-contexts", "0"], "contexts_tokens"),
+        (["--append-contexts", "0"], "--append-contexts must be positive token counts, got 0"),
         (["--append-contexts", "99999999999"], "99999999999"),  # ~400 TB: the allocation fails
         (["--real", "--tokens", "0"], "tokens"),
         (["--real", "--batch", "0"], "batch"),
@@ -34,6 +35,7 @@ def test_bad_values_are_named(capsys, argv, fragment):
     assert main(["lab", "--json", *argv]) == 2
     captured = capsys.readouterr()
     assert "error:" in captured.err and fragment in captured.err, captured.err
+    assert "`" not in captured.err, captured.err  # no library argument named in place of a flag
     assert captured.out == ""
 
 

@@ -84,6 +84,14 @@ TOY_FLAGS = {
     "append_contexts": "--append-contexts",
 }
 REAL_FLAGS = {"model": "--model", "dtype": "--dtype", "tokens": "--tokens", "batch": "--batch"}
+# the toy decoder's library arguments (ToyConfig, measure_append_cost) named in its errors -> what the user typed
+TOY_NAMES = {
+    "kv_heads": "--kv-heads",
+    "new_tokens": "--new-tokens",
+    "contexts_tokens": "--append-contexts",
+    "threads": "--threads",
+    "q_heads": "the toy decoder's query heads",
+}
 
 
 def _ignored_flags(args: argparse.Namespace, parser_defaults: dict) -> str | None:
@@ -113,21 +121,27 @@ def _run(args: argparse.Namespace) -> int:
     from kvlab.lab.equivalence import toy_steps
     from kvlab.runtime.timing import default_threads
 
-    cfg = ToyConfig(kv_heads=args.kv_heads, new_tokens=args.new_tokens)
+    try:  # the library names its arguments (`kv_heads`): the user typed flags
+        cfg = ToyConfig(kv_heads=args.kv_heads, new_tokens=args.new_tokens)
+    except ValueError as exc:
+        raise ValueError(flag_names(exc, TOY_NAMES)) from None
     if args.repeat < 1:  # checked before any long work starts
-        raise ValueError(f"`repeat` must be >= 1, got {args.repeat!r}")
+        raise ValueError(f"--repeat must be >= 1, got {args.repeat!r}")
     threads = default_threads() if args.threads is None else args.threads
     if threads < 1:
         raise ValueError(f"--threads must be >= 1, got {threads!r}")
     contexts = () if args.no_append else tuple(args.append_contexts)
     if contexts and any(t < 1 for t in contexts):  # fail in milliseconds, before the toy decoder's seconds
-        raise ValueError(f"`contexts_tokens` must be positive token counts, got {contexts!r}")
+        raise ValueError(f"--append-contexts must be positive token counts, got {' '.join(map(str, contexts))}")
     append = None
     total = len(contexts) + toy_steps(args.repeat)
     with progress(Console(stderr=True), total, "kvlab lab") as bar:
-        if contexts:
-            append = measure_append_cost(contexts, threads=threads, progress=bar.start)
-        result = run_toy_lab(cfg, repeat=args.repeat, threads=threads, progress=bar.start)
+        try:
+            if contexts:
+                append = measure_append_cost(contexts, threads=threads, progress=bar.start)
+            result = run_toy_lab(cfg, repeat=args.repeat, threads=threads, progress=bar.start)
+        except ValueError as exc:
+            raise ValueError(flag_names(exc, TOY_NAMES)) from None
     if append is not None:
         result["append"] = append
     return finish(args, result, _print_toy)
