@@ -449,7 +449,7 @@ def _check_keep_evicts(args: argparse.Namespace, trace, policies) -> None:
 def run_simulate_cmd(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from kvlab.paging.simulate import simulate
+    from kvlab.paging.simulate import check_run_settings, simulate
     from kvlab.paging.trace import load_trace
 
     problem = _empty_path_flag(args, "--trace", "--save-trace")
@@ -473,6 +473,7 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
             return fail(args, exc)
         source = str(args.trace)
     try:
+        check_run_settings(args.max_len, args.max_running, args.check_every)  # before the trace is made or saved
         if not args.trace:
             trace, source = _poisson_trace(args)
         policies = _policies(args)

@@ -152,7 +152,7 @@ def _prompt_hashes(request: int, group: int, prefix: int, prompt: int, block_siz
     return hashes
 
 
-def _check_run_settings(max_len: int, max_running: int | None, check_every: int) -> None:
+def check_run_settings(max_len: int, max_running: int | None, check_every: int) -> None:
     """Raise ValueError naming ``max_len`` < 1, ``check_every`` < 0 or ``max_running`` < 1 (or a non-integer)."""
     check_int("max_len", max_len, 1)
     check_int("check_every", check_every, 0)
@@ -444,7 +444,7 @@ def simulate_policy(
         ValueError: when a request's peak KV exceeds ``max_len`` or alone needs more blocks than the pool has, or
             ``max_len`` < 1, ``max_running`` < 1, ``check_every`` < 0.
     """
-    _check_run_settings(max_len, max_running, check_every)
+    check_run_settings(max_len, max_running, check_every)
     bpt, bs, num_blocks = _pool_geometry(trace, policy, budget, max_len)
     pool = BlockPool(num_blocks, bs, enable_prefix_caching=policy.prefix_sharing)
     engine = _Engine(trace, pool, policy.prefix_sharing, max_running, policy.keep_tokens)
@@ -477,7 +477,12 @@ def simulate(
 
     Defaults: :func:`default_policies` and the mechanics chapter's Llama-3-8B budget (61.04 GiB of KV).
     ``progress(step)`` is called as each policy's run starts (one step per policy).
+
+    Raises:
+        ValueError: a run setting :func:`check_run_settings` refuses (before any policy runs), no policy, or two
+            policies of one name.
     """
+    check_run_settings(max_len, max_running, check_every)  # before any policy runs, not after the first
     budget = budget or default_budget()
     policies = policies if policies is not None else default_policies()
     if not policies:

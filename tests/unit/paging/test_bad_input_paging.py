@@ -445,3 +445,17 @@ def test_quant_kv_dtype_without_its_policy_is_refused(capsys):
         main(["paging", "simulate", *SMALL, "--quant-kv-dtype", "kivi-2", "--policies", "paged,paged+kivi-2"])
         == 0
     )
+
+
+def test_run_settings_are_refused_before_any_policy_runs(tmp_path, capsys):
+    """--max-running 0 was refused only after the first policy had run (its progress line printed) and after
+    --save-trace had written the trace; the library checked it per policy."""
+    trace = poisson_trace(5, 1.0, (16, 32), (4, 8))
+    started = []
+    with pytest.raises(ValueError, match="max_running"):
+        simulate(trace, max_running=0, progress=started.append)
+    assert started == []
+    saved = tmp_path / "trace.csv"
+    fails(capsys, ["simulate", *SMALL, "--max-running", "0", "--save-trace", str(saved)], "--max-running")
+    assert not saved.exists()
+    fails(capsys, ["simulate", *SMALL, "--check-every", "-1"], "--check-every must be an int >= 0, got -1")
