@@ -15,6 +15,7 @@ from pathlib import Path
 
 from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.commands import EXIT_FILE_EXISTS, add_command_group, fail, file_exists_message, progress, table
+from kvlab.runtime.checks import check_int
 
 SWEEP_KIND = "kvlab-sensitivity"
 
@@ -243,14 +244,12 @@ def _print_sweep(result: dict) -> None:
 def run_allocate(args: argparse.Namespace) -> int:
     from kvlab.plan.allocate import allocate, budget_bytes
     from kvlab.plan.load import load_spec
-    from kvlab.plan.mixed import PLAN_DIR_ENV, PLAN_VERSION, check_plan_name, read_plan
+    from kvlab.plan.mixed import PLAN_DIR_ENV, PLAN_VERSION, check_plan_name
     from kvlab.runtime.atomic import atomic_write_json
 
     try:
         check_plan_name(args.name, new=True)
-        sweep = read_plan(args.sweep)  # any JSON object file, named on error
-        if sweep.get("kind") != SWEEP_KIND:
-            raise ValueError(f"{args.sweep} is not a kvlab sensitivity sweep (kind {sweep.get('kind')!r})")
+        sweep = read_sweep(args.sweep)
         spec = load_spec(sweep["model_config"])
         tokens = sweep["cost"]["context"] if args.tokens is None else args.tokens
         if tokens < 1:
@@ -285,6 +284,43 @@ def run_allocate(args: argparse.Namespace) -> int:
     else:
         _print_allocation(plan, path)
     return 0
+
+
+def read_sweep(path: str) -> dict:
+    """The object of the sweep file ``path`` (what ``kvlab sensitivity sweep`` writes), with the fields
+    ``allocate`` reads checked.
+
+    Raises:
+        ValueError: a file that cannot be read, is not JSON, is not a sweep (``kind``), or lacks a field or holds
+            a bad one (:func:`kvlab.sensitivity_figure.sensitivity_figure_data` checks its KL lists); each names
+            the sweep file.
+    """
+    from kvlab.sensitivity_figure import sensitivity_figure_data
+
+    try:
+        sweep = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"sweep file {path!r} cannot be read: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"sweep file {path!r} is not JSON: {exc}") from None
+    if not isinstance(sweep, dict):
+        raise ValueError(f"sweep file {path!r} must hold a JSON object, got {type(sweep).__name__}")
+    if sweep.get("kind") != SWEEP_KIND:
+        raise ValueError(
+            f"{path} is not a kvlab sensitivity sweep (kind {sweep.get('kind')!r}; kvlab sensitivity sweep "
+            f"writes one)"
+        )
+    try:
+        sensitivity_figure_data(sweep)  # layers, formats and their KL lists
+        if not isinstance(sweep.get("model_config"), dict):
+            raise ValueError(f"its `model_config` must be an object, got {sweep.get('model_config')!r}")
+        cost = sweep.get("cost") if isinstance(sweep.get("cost"), dict) else {}
+        check_int("cost.context", cost.get("context"), 1)
+        check_int("group_size", sweep.get("group_size"), 1)
+        check_int("residual_length", sweep.get("residual_length"), 0)
+    except ValueError as exc:
+        raise ValueError(f"sweep file {path!r}: {exc}") from None
+    return sweep
 
 
 def _chosen_formats(kl: dict, formats: str | None) -> dict:

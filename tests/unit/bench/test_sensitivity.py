@@ -271,3 +271,34 @@ def test_a_sweep_past_the_held_out_text_names_the_flags(tmp_path, capsys):
     )
     assert err.count("\n") == 0 and said in err and "`" not in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("[1", "sweep file '{path}' is not JSON"),
+        ("[1]", "sweep file '{path}' must hold a JSON object, got list"),
+        ('{"kind": "other"}', "{path} is not a kvlab sensitivity sweep (kind 'other'"),
+        # a sweep version field read as a plan's: 'plan file ... has kvlab_plan 3'
+        ('{"kind": "kvlab-sensitivity", "kvlab_plan": 3}', "sweep file '{path}': the sweep's `layers`"),
+        (None, "sweep file '{path}': its `model_config` must be an object, got None"),  # a KeyError traceback
+    ],
+)
+def test_allocate_names_a_bad_sweep_file_as_a_sweep_file(result, text, said, tmp_path, capsys):
+    """A bad sweep given to ``kvlab sensitivity allocate`` was called a 'plan file' (read by the plan reader),
+    and a sweep without ``model_config`` crashed with a KeyError."""
+    import json
+
+    from kvlab.cli import main
+    from kvlab.commands.sensitivity import SWEEP_KIND
+
+    path = tmp_path / "sweep.json"
+    if text is None:
+        text = json.dumps({"kind": SWEEP_KIND, "group_size": G, "residual_length": R, **result})
+    path.write_text(text)
+    assert main(["sensitivity", "allocate", str(path), "--name", "p", "--budget", "0.5"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert said.format(path=path) in err and "plan file" not in err, err
+    missing = tmp_path / "none.json"
+    assert main(["sensitivity", "allocate", str(missing), "--name", "p", "--budget", "0.5"]) == 2
+    assert f"sweep file '{missing}' cannot be read" in capsys.readouterr().err
