@@ -219,7 +219,7 @@ def run(
     dev, contexts, steps, warmup = _run_plan(
         device, contexts, quick, steps, warmup, cpu_matmul, profile_context
     )
-    settings = bench_settings(group_size, residual_length, hqq_group_size)
+    settings = bench_settings(group_size, residual_length, hqq_group_size, cands)
     n_ids = _check_room(model, dtype, dev, contexts, warmup + steps, profile_context, progress)
     lm, model_desc, ids, source = load_prompted_model(model, dtype, dev, n_ids)
     gemm_record, gemms = cpu_matmul_policy(lm, cpu_matmul, dev)

@@ -350,8 +350,9 @@ def _check_problem(
     for name in ("batch", "q_heads", "kv_heads", "head_dim"):
         check_int(name, shape[name], 1, flag="--" + name.replace("_", "-"))
     if shape["q_heads"] % shape["kv_heads"]:
-        raise ValueError(
-            f"`q_heads` ({shape['q_heads']}) must be a multiple of `kv_heads` ({shape['kv_heads']})"
+        raise ValueError(  # each KV head serves a whole group of query heads
+            f"`q_heads` (--q-heads) {shape['q_heads']} must be a multiple of `kv_heads` (--kv-heads) "
+            f"{shape['kv_heads']}"
         )
     if not nbits or len(set(nbits)) != len(nbits):
         raise ValueError(f"--nbits must name distinct bit widths, got {list(nbits)}")

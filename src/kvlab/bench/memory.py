@@ -175,7 +175,7 @@ def run(
     if quick:
         warmup = min(warmup, 1)
     cands = prepare.parse_candidates(tuple(candidates))
-    settings = prepare.bench_settings(group_size, residual_length, hqq_group_size)
+    settings = prepare.bench_settings(group_size, residual_length, hqq_group_size, cands)
     extra = warmup + 2 + (residual_length + max(group_size, 1) + 2 if flush_step else 0)
     prepare.check_room(model, dtype, dev, max(contexts) + extra, max(contexts), progress=progress)
     lm, model_desc, ids, prompt_source = prepare.load_prompted_model(model, dtype, dev, max(contexts) + extra)

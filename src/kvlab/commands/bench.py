@@ -319,7 +319,7 @@ def _with_flags(args: argparse.Namespace, exc: Exception) -> str:
     "`group_size` (--group-size) must ..." (each setting a flag of this benchmark's parser, named once)."""
     message = str(exc)
     for action in args._parser._actions:
-        if action.option_strings and f"`{action.dest}`" in message and f"`{action.dest}` (" not in message:
+        if action.option_strings and f"`{action.dest}`" in message and f"`{action.dest}` (--" not in message:
             message = message.replace(f"`{action.dest}`", f"`{action.dest}` ({action.option_strings[-1]})", 1)
     return message
 

@@ -241,6 +241,16 @@ def test_bench_kernel_backend_triton_where_it_cannot_run_is_refused_before_measu
         ),
         (["paging", "--sim-requests", "-1"], "`sim_requests` (--sim-requests) must be an int >= 1, got -1"),
         (["paging", "--rate", "0"], "`rate_per_step` (--rate) must be finite and > 0, got 0.0"),
+        # the heads and a cache's own "`setting` (value)" messages named no flag
+        (
+            ["kernel", "--q-heads", "6", "--kv-heads", "4"],
+            "`q_heads` (--q-heads) 6 must be a multiple of `kv_heads` (--kv-heads) 4",
+        ),
+        (
+            ["decode", "--residual-length", "100"],
+            "cache 'kivi4-fused': `residual_length` (--residual-length) (100) must be a multiple of `group_size` "
+            "(--group-size) (32)",
+        ),
     ],
 )
 def test_bench_sizes_below_one_are_refused_naming_the_value_given(argv, said, capsys):
