@@ -343,7 +343,8 @@ def _check_problem(
     run on ``dev`` at ``contexts`` (a zero head count divided by zero, a negative copy size crashed inside torch, an
     impossible nbits ran every cell to a failed row and exited 0, ``--backend triton`` on a CPU, a group of
     ``group_size x nbits`` bits that is not whole bytes, or ``--residual-length 0`` at a multiple of the group size
-    failed every row after the copy probe)."""
+    failed every row after the copy probe), or a context below ``residual_length + group_size``, where KIVI holds
+    every token in full precision and the ``kivi<b>`` rows timed no quantized token under the KIVI label)."""
     from kvlab.attention.quantized import BACKENDS
     from kvlab.quant import KIVIConfig
 
@@ -365,6 +366,13 @@ def _check_problem(
                 f"along channels), and head_dim x nbits ({head_dim} x {nb}) and group_size x nbits "
                 f"({group_size} x {nb}) must fill whole bytes"
             )
+    short = [c for c in contexts if c < residual_length + group_size]
+    if short:  # KIVI quantizes nothing below R + G tokens: a kivi<b> row would time the float window only
+        raise ValueError(
+            f"--contexts {short[0]} is below --residual-length {residual_length} + --group-size {group_size} "
+            f"= {residual_length + group_size} tokens: KIVI keeps all of it in the full-precision window, so its "
+            f"kivi rows would time no quantized token; give contexts >= {residual_length + group_size}"
+        )
     empty = [c for c in contexts if residual_length == 0 and c % group_size == 0]
     if empty:  # every token quantized: no window holds the query's own token (each row failed on it)
         raise ValueError(

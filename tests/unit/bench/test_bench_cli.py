@@ -26,7 +26,7 @@ def test_bench_writes_refuses_and_forces(tmp_path):
         "--device",
         "cpu",
         "--contexts",
-        "128",
+        "160",
         "--q-heads",
         "4",
         "--kv-heads",
@@ -45,10 +45,10 @@ def test_bench_writes_refuses_and_forces(tmp_path):
     path = tmp_path / "kernel-cpu-quick.json"
     assert json.loads(path.read_text()) == record
     assert record["command"] == (
-        "kvlab bench kernel --contexts 128 --q-heads 4 --kv-heads 2 --head-dim 64 --copy-mib 1 --quick --device cpu"
+        "kvlab bench kernel --contexts 160 --q-heads 4 --kv-heads 2 --head-dim 64 --copy-mib 1 --quick --device cpu"
     )
     assert record["quick"] is True and record["machine"]["cpu_count"] >= 1
-    assert record["result"]["rows"][0]["context"] == 128
+    assert record["result"]["rows"][0]["context"] == 160
     code, _ = _run(argv)
     assert code == EXIT_FILE_EXISTS and json.loads(path.read_text()) == record  # kept
     code, _ = _run(argv + ["--force"])

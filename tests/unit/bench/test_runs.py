@@ -233,6 +233,12 @@ def test_kernel_float16_layer_is_measured_not_a_keyerror_row():
         ({"head_dim": 4, "group_size": 2, "residual_length": 2, "nbits": 2}, "group_size x nbits (2 x 2)"),
         # all 256 tokens quantized, no window for the query's token: every row failed on the causal rule
         ({"residual_length": 0}, "--residual-length 0 quantizes all of --contexts 256"),
+        # nothing quantized: the kivi rows timed the full-precision window under the kivi<b> label
+        (
+            {"residual_length": 256, "group_size": 32},
+            "--contexts 256 is below --residual-length 256 + --group-size 32 = 288 tokens: KIVI keeps all of it "
+            "in the full-precision window",
+        ),
     ],
 )
 def test_kernel_settings_no_row_could_run_are_refused_before_measuring(kwargs, said, monkeypatch):
