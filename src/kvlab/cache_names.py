@@ -53,6 +53,10 @@ class KIVIDefaults:
 
 KIVI_DEFAULTS = KIVIDefaults()
 
+# KIVI's key-score paths (``kivi-4:dot=int8``): which dot products the fused CPU kernel runs; the bytes the cache
+# stores are the same for each (the planner reads a ``:dot=`` name as the plain KIVI name)
+KIVI_DOT_PATHS = ("exact", "int8", "int8-keys")
+
 
 @dataclass(frozen=True)
 class CacheName:

@@ -148,9 +148,9 @@ class KIVILayer(KVLayer):
 
 
 def _check_dot(dot: object, attention: str) -> None:
-    """Refuse a key-score path outside :data:`kvlab.caches.settings.KIVI_DOT_PATHS`, or an integer one without
+    """Refuse a key-score path outside :data:`kvlab.cache_names.KIVI_DOT_PATHS`, or an integer one without
     fused attention (only the fused kernel reads the codes: the dequantize path would run SDPA and call it int8)."""
-    from kvlab.caches.settings import KIVI_DOT_PATHS
+    from kvlab.cache_names import KIVI_DOT_PATHS
 
     if dot not in KIVI_DOT_PATHS:
         raise ValueError(f"`dot` must be one of {list(KIVI_DOT_PATHS)}, got {dot!r}")

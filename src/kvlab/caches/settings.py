@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from kvlab.cache_names import KIVI_DEFAULTS
+from kvlab.cache_names import KIVI_DEFAULTS, KIVI_DOT_PATHS
 from kvlab.runtime.checks import check_int
 
 RUN_ONLY = {"in_name": False}  # field metadata: the run sets it, a name may not (``:kivi_attention=...``)
@@ -62,9 +62,8 @@ def _check_ratio(value: object) -> None:
         raise ValueError(f"`compression_ratio` must be in (0, 1), got {value!r}")
 
 
-# KIVI's key-score paths in the fused CPU kernel (kvlab.attention.cpu_kernel.DOT_PATHS, torch-free here): "exact"
+# KIVI's key-score paths in the fused CPU kernel (KIVI_DOT_PATHS, = kvlab.attention.cpu_kernel.DOT_PATHS): "exact"
 # fp32 dot products (the reference), "int8" integer dot products for keys and values, "int8-keys" for keys only
-KIVI_DOT_PATHS = ("exact", "int8", "int8-keys")
 
 
 def _check_dot(value: object) -> None:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from fractions import Fraction
 from typing import Any
 
-from kvlab.cache_names import KIVI_DEFAULTS, parse_cache_name
+from kvlab.cache_names import KIVI_DEFAULTS, KIVI_DOT_PATHS, parse_cache_name
 from kvlab.plan.config_fields import DTYPE_BYTES, check_int_at_least
 
 KIVI_NBITS = (2, 4, 8)  # KIVI code widths (kvlab.quant.kivi); the cache registry's kivi entry reads them here
@@ -255,6 +255,8 @@ def _fp8_dtype(name: str, model_dtype: str, group_size: int, residual_length: in
         ValueError: a name that is not one of :data:`FP8_CACHES` (or vLLM's spelling of one).
     """
     key = VLLM_ALIASES.get(name.lower(), name.lower())
+    if ":" in key and key.split(":")[0] in FP8_CACHES:
+        raise ValueError(f"`kv_dtype` {name!r}: an FP8 cache takes no :settings")
     if key not in FP8_CACHES:
         raise ValueError(f"`kv_dtype` must be one of {', '.join(FP8_CACHES)}, got {name!r}")
     return KVDtype(key, 1, fp8_scale=FP8_CACHES[key])
@@ -294,10 +296,12 @@ KV_DTYPE_NAMES: tuple[str, ...] = (*PLAIN_NAMES, *FP8_BYTES.names, *KIVI_BYTES.n
 def _kivi_name(key: str) -> tuple[int, int | None, dict[str, int]]:
     """``(key bits, value bits or None, settings)`` of a KIVI name in the cache-name grammar
     (:mod:`kvlab.cache_names`): ``kivi4``, ``kivi-4``, ``kivi-4-fused`` (the attention path does not change bytes),
-    ``kivi-k8v4`` (``(8, 4, {})``), ``kivi-4:group_size=64``.
+    ``kivi-k8v4`` (``(8, 4, {})``), ``kivi-4:group_size=64``; ``kivi-4:dot=int8`` is ``kivi-4`` (the key-score path
+    changes no stored byte), so ``settings`` holds ``group_size`` / ``residual_length`` only.
 
     Raises:
-        ValueError: no bits, or a setting other than ``group_size`` / ``residual_length``.
+        ValueError: no bits, a ``dot`` not in :data:`~kvlab.cache_names.KIVI_DOT_PATHS`, or another setting (the
+            evicting ``token_budget`` / ``compression_ratio`` keep a number of tokens the planner does not size).
     """
     try:
         parsed = parse_cache_name(key, ("kivi",))
@@ -312,8 +316,14 @@ def _kivi_name(key: str) -> tuple[int, int | None, dict[str, int]]:
         if bits not in KIVI_NBITS:
             raise ValueError(f"`kv_dtype` {key!r}: KIVI bits must be in {list(KIVI_NBITS)}, got {bits}")
     settings = dict(parsed.settings)
+    dot = settings.pop("dot", "exact")
+    if dot not in KIVI_DOT_PATHS:
+        raise ValueError(f"`kv_dtype` {key!r}: `dot` must be one of {list(KIVI_DOT_PATHS)}, got {dot!r}")
     bad = sorted(set(settings) - {"group_size", "residual_length"})
     if bad:
-        raise ValueError(f"`kv_dtype` {key!r}: KIVI settings are group_size and residual_length, got {bad}")
+        raise ValueError(
+            f"`kv_dtype` {key!r}: the KIVI settings the planner sizes are group_size and residual_length (dot "
+            f"changes no bytes), got {bad}"
+        )
     key_bits, value_bits = parsed.bits
     return key_bits, (value_bits if value_bits != key_bits else None), settings

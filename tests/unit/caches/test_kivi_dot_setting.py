@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from kvlab.attention import cpu_kernel
+from kvlab.cache_names import KIVI_DOT_PATHS
 from kvlab.caches.kivi import KIVICache
 from kvlab.caches.registry import make_cache, resolve
-from kvlab.caches.settings import KIVI_DOT_PATHS
 from kvlab.eval.candidates import check_candidate_names
 from kvlab.eval.twins import exact_twin_name
 

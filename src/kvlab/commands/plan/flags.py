@@ -105,19 +105,57 @@ def planned_kv(kv: str) -> str | PlannedName:
     return PlannedName(VLLM_ALIASES.get(kv, kv), entry.planner)
 
 
-class PlanChoices(tuple):
-    """The ledger's names and the pattern ``mixed-<plan>`` (iterated: listed in help and argparse's "invalid
-    choice" message) that hold every ``mixed-...`` name: a plan is found and its name checked only when planned
-    (:func:`kvlab.plan.mixed_report.resolve_plan`), so an unknown or misspelt plan gets the planner's one-line error
-    (the known plans, or the name rule) rather than argparse's list."""
+class KVChoices(tuple):
+    """``--kv-dtype``'s listed names (iterated: listed in help and argparse's "invalid choice" message) that also
+    hold every other name of a cache family with planner bytes in the registry's grammar (``kivi-4:dot=int8``,
+    ``kivi-4-fused:group_size=64``: a list cannot enumerate the settings), checked when planned
+    (:func:`check_kv_name`); with ``plans``, every ``mixed-...`` name too: a plan is found and its name checked only
+    when planned (:func:`kvlab.plan.mixed_report.resolve_plan`), so an unknown or misspelt plan gets the planner's
+    one-line error (the known plans, or the name rule) rather than argparse's list."""
+
+    plans = False
 
     def __contains__(self, value: object) -> bool:
-        if isinstance(value, str) and value.startswith(MIXED_PREFIX) and value != PLAN_PATTERN:
+        if value == PLAN_PATTERN or not isinstance(value, str):
+            return False
+        if self.plans and value.startswith(MIXED_PREFIX):
             return True
-        return tuple.__contains__(self, value) and value != PLAN_PATTERN
+        if tuple.__contains__(self, value):
+            return True
+        entry = _entry(value)
+        return entry is not None and entry.planner is not None
+
+
+class PlanChoices(KVChoices):
+    """:class:`KVChoices` with the pattern ``mixed-<plan>``: the per-layer plans too."""
+
+    plans = True
 
 
 PLAN_PATTERN = f"{MIXED_PREFIX}<plan>"  # how --kv-dtype's choices name the per-layer plans
+
+
+def check_kv_name(kv: str, group_size: int | None, residual: int | None) -> None:
+    """Refuse a ``--kv-dtype`` cache name that is not listed (one with a variant or ``:settings``) when the cache
+    registry refuses it, or when it sets KIVI's ``G`` / ``R`` that ``--group-size`` / ``--residual`` also set; the
+    settings the planner cannot size it refuses itself (:func:`kvlab.plan.kv_formats.kv_dtype`).
+
+    Raises:
+        ValueError: naming ``--kv-dtype`` and the registry's reason, or both flags.
+    """
+    from kvlab.caches.registry import resolve
+
+    if kv in kv_dtype_names() or kv.startswith(MIXED_PREFIX) or _entry(kv) is None:
+        return
+    try:
+        name = resolve(VLLM_ALIASES.get(kv, kv)).name
+    except ValueError as exc:
+        why = str(exc).removeprefix(f"cache {kv!r}: ").replace("`", "")  # the name's settings, not the flags
+        raise ValueError(f"--kv-dtype {kv}: {why}") from None
+    given = dict(name.settings)
+    for setting, flag, value in (("group_size", "--group-size", group_size), ("residual_length", "--residual", residual)):
+        if value is not None and setting in given:
+            raise ValueError(f"{flag} {value} and --kv-dtype {kv} both set KIVI's {setting}; pass one")
 
 
 def add_sequence_flags(p: argparse.ArgumentParser) -> None:
@@ -138,11 +176,12 @@ def add_kv_flags(p: argparse.ArgumentParser, plans: bool = False) -> None:
     p.add_argument(
         "--kv-dtype",
         default="auto",
-        choices=PlanChoices((*names, PLAN_PATTERN)) if plans else names,  # every name the planner reads
+        choices=PlanChoices((*names, PLAN_PATTERN)) if plans else KVChoices(names),  # every name planned
         help="KV cache dtype (default auto: the config's dtype); kivi-N (= kiviN): kvlab's KIVI cache, kivi-kKvV "
         "with its own key/value bits; fp8-e4m3/fp8-e5m2[-tensor|-unscaled|-hadamard] (fp8_e4m3 = fp8-e4m3): "
         "kvlab's FP8 cache, "
-        "1 B/element plus fp32 scales (fp8: 1 B/element, no scales)"
+        "1 B/element plus fp32 scales (fp8: 1 B/element, no scales); a cache name may carry the registry's "
+        "settings: kivi-4:group_size=64 and :residual_length=R are sized, :dot=int8 changes no bytes"
         + (
             "; mixed-<plan>: a per-layer plan (built-in mixed-demo, or <plan>.json in $KVLAB_PLAN_DIR; "
             "docs/MIXED.md)"
@@ -185,8 +224,10 @@ def kv_kwargs(args: argparse.Namespace) -> dict:
     """The planner's KV arguments from the flags of :func:`add_kv_flags` (and :func:`add_keep_flag`).
 
     Raises:
-        ValueError: ``--group-size`` / ``--residual`` given with a ``--kv-dtype`` that is not KIVI's.
+        ValueError: ``--group-size`` / ``--residual`` given with a ``--kv-dtype`` that is not KIVI's, or a cache
+            name :func:`check_kv_name` refuses.
     """
+    check_kv_name(args.kv_dtype, args.group_size, args.residual)
     entry = _entry(args.kv_dtype)
     takes = entry is not None and {"group_size", "residual_length"} <= set(entry.reads)  # KIVI's G and R
     for flag, value in (("--group-size", args.group_size), ("--residual", args.residual)):
