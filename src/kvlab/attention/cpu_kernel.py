@@ -291,13 +291,15 @@ def reset() -> None:
 
 
 def describe() -> str:
-    """One line for benchmark records: which path CPU ``kivi_attention(backend="auto")`` decode steps take, with
-    the KIVI key-score path (:func:`dot_path`) and the instruction-set path (:func:`isa`) it runs."""
+    """One line for benchmark records: which path CPU ``kivi_attention(backend="auto")`` decode steps take, and the
+    instruction-set path (:func:`isa`) its integer key scores and float baseline run. The KIVI key-score path is
+    no process setting: each call's ``dot`` (:func:`dot_path`; a cache's own ``:dot=``) chooses it, exact unless
+    asked, so the line says that rather than one path."""
     reason = unavailable_reason()
     if reason is None:
         return (
-            f"compiled C kernel ({_path.name}, {' '.join(CFLAGS)}; KIVI key scores {dot_path()}, "
-            f"instruction-set path {isa()} of {best_isa()})"
+            f"compiled C kernel ({_path.name}, {' '.join(CFLAGS)}; KIVI key scores exact unless a call asks "
+            f"another dot path, instruction-set path {isa()} of {best_isa()})"
         )
     return f"torch ({reason})"
 
@@ -338,13 +340,13 @@ def isa() -> str:
 
 
 def dot_path(dot: str | None = None) -> str:
-    """The KIVI key-score path: ``dot`` if given, else ``$KVLAB_KIVI_DOT``, else ``"exact"`` (one of
-    :data:`DOT_PATHS`). ``"int8"`` runs where :func:`int8_supported`; elsewhere the exact path runs. Raises
-    ``ValueError`` for a value outside :data:`DOT_PATHS`."""
-    value = (dot if dot is not None else os.environ.get("KVLAB_KIVI_DOT", "") or "exact").strip().lower()
+    """The KIVI key-score path: ``dot`` if given, else ``"exact"`` (one of :data:`DOT_PATHS`). ``"int8"`` runs where
+    :func:`int8_supported`; elsewhere the exact path runs. No environment variable chooses it (the former
+    ``$KVLAB_KIVI_DOT`` is not read: a cache's ``:dot=`` setting is the one way). Raises ``ValueError`` for a value
+    outside :data:`DOT_PATHS`."""
+    value = (dot if dot is not None else "exact").strip().lower()
     if value not in DOT_PATHS:
-        src = "dot" if dot is not None else "KVLAB_KIVI_DOT"
-        raise ValueError(f"{src} must be one of {list(DOT_PATHS)}, got {value!r}")
+        raise ValueError(f"dot must be one of {list(DOT_PATHS)}, got {value!r}")
     return value
 
 
@@ -475,7 +477,7 @@ def decode_attention(
     ``valid``: ``None`` (all quantized tokens attended; inside the window, query ``i`` sees window tokens
     ``<= i + window_offset``) or a bool ``[1 or B, q_len, Q + w]`` (True = attend). A row with every key masked
     comes out 0. The caller checks the problem first (:func:`unsupported`, ``kivi_attention``'s input checks).
-    ``dot``: the key-score path (:func:`dot_path`; default ``$KVLAB_KIVI_DOT``, else exact). With ``"int8"`` the
+    ``dot``: the key-score path (:func:`dot_path`; default exact). With ``"int8"`` the
     quantized keys' scores come from integer dot products against the query rounded to 16 bits per row and key group
     (``_kivi_int.c``: a high and a low byte, score error at most ``a / 2 * sum_c code[t, c]`` with
     ``a = max_c |q_c s_c| / 32767``);

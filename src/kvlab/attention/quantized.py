@@ -60,7 +60,7 @@ def kivi_attention(
             for decode-sized calls when it builds (:func:`kvlab.attention.cpu_kernel.unavailable_reason` says why
             not), else torch.
         dot: the compiled CPU kernel's key-score path (:func:`kvlab.attention.cpu_kernel.dot_path`: ``"exact"``,
-            ``"int8"``, ``"int8-keys"``; ``None``: ``$KVLAB_KIVI_DOT``, else exact); the torch and Triton paths
+            ``"int8"``, ``"int8-keys"``; ``None``: exact); the torch and Triton paths
             are exact whatever it says.
         ran: when given, a dict this call adds to (once per backend, bits, head_dim and ``dot``) the words of
             the path that ran, :func:`path_words` (a record's ``key_score_path``): what ran, not what was asked.

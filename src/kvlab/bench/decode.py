@@ -293,8 +293,8 @@ def _run_plan(device, contexts, quick: bool, steps: int, warmup: int, cpu_matmul
 def kivi_cpu_path(dev: torch.device, cands: list[BenchCandidate] | None = None) -> str | None:
     """Which path the fused caches' (KIVI, FP8) decode steps take on ``dev``'s CPU (the compiled kernel of
     :mod:`kvlab.attention.cpu_kernel`, or torch and why), for the record; ``None`` on other devices, and when
-    ``cands`` (the run's caches) holds no fused cache: nothing took that path. Its key-score path is the default
-    of a cache that names none; a cache's own ``dot`` (``kivi4:dot=int8``) is in its rows' ``key_score_path``."""
+    ``cands`` (the run's caches) holds no fused cache: nothing took that path. A cache's key-score path is its own
+    ``dot`` (``kivi4:dot=int8``; exact when it names none), named in its rows' ``key_score_path``."""
     if dev.type != "cpu":
         return None
     if cands is not None and not any(c.attention == "fused" for c in cands):
@@ -302,7 +302,7 @@ def kivi_cpu_path(dev: torch.device, cands: list[BenchCandidate] | None = None) 
     from kvlab.attention import cpu_kernel
 
     return (
-        cpu_kernel.describe() + " (key scores of a cache naming no dot; each row's key_score_path: what ran)"
+        cpu_kernel.describe() + " (a cache's key scores: its :dot= setting; each row's key_score_path: what ran)"
     )
 
 

@@ -140,7 +140,6 @@ def test_integer_attention_within_the_bound_of_its_two_roundings(nbits, path, dt
 def test_integer_paths_agree_and_exact_is_the_default(monkeypatch):
     st = _state(4, 128, 500, seed=2)
     q = torch.randn(1, 4, 1, 128)
-    monkeypatch.delenv("KVLAB_KIVI_DOT", raising=False)
     assert cpu_kernel.dot_path() == "exact"
     torch.testing.assert_close(_attend(st, q, 4, None), _attend(st, q, 4, "exact"), rtol=0, atol=0)
     outs = {}
@@ -150,9 +149,21 @@ def test_integer_paths_agree_and_exact_is_the_default(monkeypatch):
         assert cpu_kernel.key_score_path(4, 128, "int8") == f"int8 ({p})"
     for o in outs.values():
         torch.testing.assert_close(o, outs["scalar"], rtol=1e-4, atol=1e-5)
+    assert cpu_kernel.key_score_path(8, 128, "int8").startswith("exact (int8 does not take 8-bit")
+
+
+@needs_kernel
+def test_no_environment_variable_chooses_the_key_score_path(monkeypatch):
+    """$KVLAB_KIVI_DOT once set a process-wide default; caches now choose by their own ``:dot=`` and the variable
+    no longer reached them, yet a call without ``dot`` (bench kernel's kivi<b> rows) still read it, and
+    describe() named its value as the path of every call. It is read nowhere now, and describe() says so."""
+    st = _state(4, 128, 500, seed=2)
+    q = torch.randn(1, 4, 1, 128)
+    exact = _attend(st, q, 4, None)
     monkeypatch.setenv("KVLAB_KIVI_DOT", "int8")
-    assert cpu_kernel.dot_path() == "int8"
-    assert cpu_kernel.key_score_path(8, 128).startswith("exact (int8 does not take 8-bit")
+    assert cpu_kernel.dot_path() == "exact"
+    torch.testing.assert_close(_attend(st, q, 4, None), exact, rtol=0, atol=0)
+    assert "KIVI key scores exact unless a call asks another dot path" in cpu_kernel.describe()
 
 
 @needs_kernel
@@ -179,9 +190,6 @@ def test_bad_isa_and_dot_values_are_named(monkeypatch):
     monkeypatch.delenv("KVLAB_CPU_ISA")
     with pytest.raises(ValueError, match="dot must be one of.*'int4'"):
         cpu_kernel.dot_path("int4")
-    monkeypatch.setenv("KVLAB_KIVI_DOT", "fast")
-    with pytest.raises(ValueError, match="KVLAB_KIVI_DOT.*'fast'"):
-        cpu_kernel.dot_path()
     if cpu_kernel.best_isa() != "avx512":
         monkeypatch.setenv("KVLAB_CPU_ISA", "avx512")
         with pytest.raises(ValueError, match="above what this CPU runs"):
