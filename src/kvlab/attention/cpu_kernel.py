@@ -44,6 +44,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -168,13 +169,15 @@ def _build(target: Path) -> None:
         RuntimeError: the compiler failed (its message's tail is included). OSError: it could not be run.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    # a one-time step of ~20 s that would otherwise look like a hang between two progress lines
+    # a one-time step of some seconds that would otherwise look like a hang between two progress lines; how long
+    # depends on the machine and its load (10-20 s on a 2-core VM), so the time it took is said after it
     print(
-        f"building kvlab's CPU decode kernel once ({COMPILER} {CFLAGS[0]}; ~13 s on two cores; kept in "
+        f"building kvlab's CPU decode kernel once ({COMPILER} {CFLAGS[0]}; tens of seconds at most; kept in "
         f"{target.parent}) ...",
         file=sys.stderr,
         flush=True,
     )
+    start = time.perf_counter()
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=target.parent)
     os.close(fd)
     objects = [f"{tmp}.{n}.o" for n in ("main", "int")]
@@ -187,6 +190,7 @@ def _build(target: Path) -> None:
         )
         _run_compilers([[COMPILER, "-shared", "-fopenmp", *objects, "-o", tmp]])
         os.replace(tmp, target)
+        print(f"built kvlab's CPU decode kernel in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     finally:
         for f in (tmp, *objects):
             if os.path.exists(f):
