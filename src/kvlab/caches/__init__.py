@@ -3,8 +3,11 @@
 * :class:`kvlab.caches.kivi.KIVICache` — keys per-channel, values per-token, residual window (KIVI).
 * :class:`kvlab.caches.paged.PagedCache` — K/V in physical blocks addressed by a block table (vLLM-style).
 * :class:`kvlab.caches.fp8.FP8Cache` — K/V in float8 e4m3/e5m2 with calibrated or unit scales.
+* :class:`kvlab.caches.mixed.MixedCache` — each layer's keys and values in the format a per-layer plan gives it.
+* :class:`kvlab.caches.float_kernel.FloatKernelCache` — ``DynamicCache`` whose decode attention runs in kvlab's float
+  C kernel (``dynamic-ckernel``, the fair float baseline of the CPU kernel's paths).
 
-Both implement transformers' ``crop(n)`` (:mod:`kvlab.caches.crop` reads ``n``), so assisted and prompt-lookup
+Each implements transformers' ``crop(n)`` (:mod:`kvlab.caches.crop` reads ``n``), so assisted and prompt-lookup
 decoding run with them.
 
 Evicting caches (their dropped tokens' bytes are freed; docs/EVICTION.md):
@@ -27,6 +30,8 @@ _EXPORTS = {
     "KIVILayer": "kvlab.caches.kivi",
     "KIVISnapKVCache": "kvlab.caches.kivi_snapkv",
     "FP8Cache": "kvlab.caches.fp8",
+    "FloatKernelCache": "kvlab.caches.float_kernel",
+    "MixedCache": "kvlab.caches.mixed",
     "PagedCache": "kvlab.caches.paged",
     "PagedLayer": "kvlab.caches.paged",
     "SinkCache": "kvlab.caches.sink",
