@@ -169,8 +169,7 @@ def _build(target: Path) -> None:
         RuntimeError: the compiler failed (its message's tail is included). OSError: it could not be run.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    # a one-time step of some seconds that would otherwise look like a hang between two progress lines; how long
-    # depends on the machine and its load (10-20 s on a 2-core VM), so the time it took is said after it
+    # a one-time step that would look like a hang between two progress lines (10-20 s on a 2-core VM: said after)
     print(
         f"building kvlab's CPU decode kernel once ({COMPILER} {CFLAGS[0]}; tens of seconds at most; kept in "
         f"{target.parent}) ...",
@@ -296,9 +295,7 @@ def reset() -> None:
 
 def describe() -> str:
     """One line for benchmark records: which path CPU ``kivi_attention(backend="auto")`` decode steps take, and the
-    instruction-set path (:func:`isa`) its integer key scores and float baseline run. The KIVI key-score path is
-    no process setting: each call's ``dot`` (:func:`dot_path`; a cache's own ``:dot=``) chooses it, exact unless
-    asked, so the line says that rather than one path."""
+    instruction-set path (:func:`isa`); the key-score path is each call's ``dot`` (:func:`dot_path`), not one."""
     reason = unavailable_reason()
     if reason is None:
         return (
@@ -344,10 +341,9 @@ def isa() -> str:
 
 
 def dot_path(dot: str | None = None) -> str:
-    """The KIVI key-score path: ``dot`` if given, else ``"exact"`` (one of :data:`DOT_PATHS`). ``"int8"`` runs where
-    :func:`int8_supported`; elsewhere the exact path runs. No environment variable chooses it (the former
-    ``$KVLAB_KIVI_DOT`` is not read: a cache's ``:dot=`` setting is the one way). Raises ``ValueError`` for a value
-    outside :data:`DOT_PATHS`."""
+    """The KIVI key-score path: ``dot`` if given, else ``"exact"`` (one of :data:`DOT_PATHS`; no environment variable:
+    the former ``$KVLAB_KIVI_DOT`` is not read). ``"int8"`` runs where :func:`int8_supported`; elsewhere the exact
+    path runs. Raises ``ValueError`` for a value outside :data:`DOT_PATHS`."""
     value = (dot if dot is not None else "exact").strip().lower()
     if value not in DOT_PATHS:
         raise ValueError(f"dot must be one of {list(DOT_PATHS)}, got {value!r}")
