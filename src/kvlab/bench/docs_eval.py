@@ -13,7 +13,7 @@ import json
 import shlex
 from pathlib import Path
 
-FLOAT_KERNEL = "dynamic-ckernel"  # the float cache through the float C kernel: the run's rounding floor
+from kvlab.eval.twins import FLOAT_KERNEL
 
 
 def examples_dir(results_dir: str | Path) -> Path:

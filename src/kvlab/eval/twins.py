@@ -21,6 +21,7 @@ from kvlab.cache_names import CacheName
 
 TWIN_KL_SHARE = 0.10  # KL(exact twin || int8) <= this share of KL(float || exact twin)
 TWIN_SETTING = "dot"  # the setting that makes a twin: kivi-4:dot=int8
+FLOAT_KERNEL = "dynamic-ckernel"  # the float cache through the float C kernel: its KL to dynamic is the rounding floor
 
 
 def exact_twin_name(name: CacheName) -> str | None:
@@ -124,8 +125,26 @@ def integer_path_summary(rows: list[dict]) -> dict | None:
     }
 
 
+def _floor_clause(result: dict, context: int) -> str:
+    """The rounding floor beside an integer-path line: ``dynamic-ckernel``'s KL to the float cache at ``context``
+    (the same attention summed in another order) where the run has that row; else, in a run of a 16-bit dtype
+    (where the floor is near the integer path's own KL), a pointer to it; ``""`` in a float32 run without it."""
+    for r in result.get("rows", []):
+        if r.get("matrix") == "capacity" and r.get("context_length") == context and r.get("candidate") == FLOAT_KERNEL:
+            if r.get("kl_mean") is not None:
+                return f"; rounding floor: KL(dynamic || {FLOAT_KERNEL}) {r['kl_mean']:.3g}"
+    dtype = (result.get("settings") or {}).get("dtype")
+    if dtype in (None, "float32"):
+        return ""
+    return (
+        f"; a {dtype} run sits near a rounding floor: add {FLOAT_KERNEL} to measure it (docs/EVAL.md, "
+        f"The CPU kernel's integer path)"
+    )
+
+
 def integer_path_lines(result: dict) -> list[str]:
-    """One report line per int8 row of the capacity matrix (:func:`integer_path_summary`), none without twins."""
+    """One report line per int8 row of the capacity matrix (:func:`integer_path_summary`), none without twins,
+    each with the run's rounding floor beside it (:func:`_floor_clause`)."""
     summary = (result.get("summary") or {}).get("integer_path") or integer_path_summary(
         result.get("rows", [])
     )
@@ -140,5 +159,6 @@ def integer_path_lines(result: dict) -> list[str]:
             f"integer path at {p['context_length']}: KL({p['twin']} || {p['candidate']}) {p['kl_mean']:.3g} nats = "
             f"{share} of {p['twin']}'s own KL {own} to the float cache ({p['candidate']}'s: {mine}; target <= "
             f"{p['target_share']:.0%}: {verdict}; ran {p['key_score_path'] or 'nothing'})"
+            + _floor_clause(result, p["context_length"])
         )
     return lines

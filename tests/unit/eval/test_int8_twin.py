@@ -128,3 +128,21 @@ def test_a_row_where_int8_did_not_run_gives_no_verdict_and_does_not_hide_the_oth
     rows[1]["context_length"] = 2048
     summary = integer_path_summary(rows)
     assert summary["status"] == "not met" and [p["met"] for p in summary["rows"]] == [None, False]
+
+
+def test_the_integer_path_line_names_the_rounding_floor_beside_the_verdict():
+    """A bf16 run's line said '... not met' without the run's rounding floor, which docs/EVAL.md gives as the
+    measure to judge it by: the dynamic-ckernel row's KL to dynamic beside it, or where the run has none, a
+    pointer to it in a 16-bit run (a float32 run's line is unchanged)."""
+    rows = [_row("kivi-4"), _row("kivi-4:dot=int8", "kivi-4", kl=0.3)]
+    floor = {"matrix": "capacity", "context_length": 512, "candidate": "dynamic-ckernel", "kl_mean": 0.25}
+    other = {**floor, "context_length": 1024, "kl_mean": 0.9}  # another context's floor is not this row's
+    (line,) = integer_path_lines({"rows": [*rows, other, floor], "settings": {"dtype": "bfloat16"}})
+    assert line.endswith("not met; ran int8 (avx2)); rounding floor: KL(dynamic || dynamic-ckernel) 0.25"), line
+    (line,) = integer_path_lines({"rows": [*rows, other], "settings": {"dtype": "bfloat16"}})
+    assert line.endswith(
+        "; a bfloat16 run sits near a rounding floor: add dynamic-ckernel to measure it (docs/EVAL.md, The CPU "
+        "kernel's integer path)"
+    ), line
+    (line,) = integer_path_lines({"rows": rows, "settings": {"dtype": "float32"}})
+    assert line.endswith("ran int8 (avx2))") and "floor" not in line
