@@ -47,9 +47,7 @@ from kvlab.bench.prepare import (
     parse_candidates,
     set_attention,
 )
-from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.caches.registry import CacheSettings
-from kvlab.caches.settings import HQQ_GROUP_SIZE
 from kvlab.runtime.checks import check_int
 from kvlab.runtime.device import resolve_device, synchronize
 from kvlab.runtime.dtypes import cpu_matmul_mode, cpu_matmul_policy
@@ -180,14 +178,11 @@ def run(
     device: str | None = "cpu",
     dtype: str = "bfloat16",
     prefill_chunk_tokens: int = 1024,
-    group_size: int = KIVI_DEFAULTS.group_size,
-    residual_length: int = KIVI_DEFAULTS.residual_length,
-    hqq_group_size: int = HQQ_GROUP_SIZE,
+    cache_settings: CacheSettings | None = None,
     profile_context: int | None = None,
     quick: bool = False,
     progress: Any = None,
     cpu_matmul: str = "auto",
-    **_: object,
 ) -> dict:
     """Decode ms/token for every cache at every context, in one run.
 
@@ -198,6 +193,8 @@ def run(
         steps / warmup: timed and untimed rounds of single-token forwards (``quick``: 3 and 1).
         device: ``cpu``, ``cuda[:N]`` or ``auto``.
         prefill_chunk_tokens: the exact prefill runs in chunks of this many tokens (bounds its memory).
+        cache_settings: the run-wide cache settings (``group_size``, ``residual_length``, ``hqq_group_size`` ...;
+            ``None``: every family's defaults), each family reading those it takes (:class:`CacheSettings`).
         profile_context: when set, also profile 8 decode steps of ``dynamic`` and the target cache at this context
             (``torch.profiler``, top operators by self CPU time per step; it may exceed ``contexts``).
         progress: optional ``callable(str)`` told about each cell before it runs.
@@ -219,7 +216,7 @@ def run(
     dev, contexts, steps, warmup = _run_plan(
         device, contexts, quick, steps, warmup, cpu_matmul, profile_context
     )
-    settings = bench_settings(group_size, residual_length, hqq_group_size, cands)
+    settings = bench_settings(cache_settings, cands)
     n_ids = _check_room(model, dtype, dev, contexts, warmup + steps, profile_context, progress)
     lm, model_desc, ids, source = load_prompted_model(model, dtype, dev, n_ids)
     gemm_record, gemms = cpu_matmul_policy(lm, cpu_matmul, dev)

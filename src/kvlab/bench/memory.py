@@ -27,7 +27,7 @@ from kvlab.bench import prepare
 from kvlab.bench.cells import bench_contexts, failed_cell
 from kvlab.bench.decode import DEFAULT_CANDIDATES
 from kvlab.cache_names import KIVI_DEFAULTS
-from kvlab.caches.settings import HQQ_GROUP_SIZE
+from kvlab.caches.registry import CacheSettings
 from kvlab.runtime.device import resolve_device, synchronize
 from kvlab.runtime.tensor_bytes import TensorBytesTracker  # the CPU measurement
 
@@ -140,13 +140,10 @@ def run(
     device: str | None = "cpu",
     dtype: str = "bfloat16",
     prefill_chunk_tokens: int = 1024,
-    group_size: int = KIVI_DEFAULTS.group_size,
-    residual_length: int = KIVI_DEFAULTS.residual_length,
-    hqq_group_size: int = HQQ_GROUP_SIZE,
+    cache_settings: CacheSettings | None = None,
     flush_step: bool = True,
     quick: bool = False,
     progress: Any = None,
-    **_: object,
 ) -> dict:
     """Decode-phase transient bytes of every cache at every context.
 
@@ -175,8 +172,10 @@ def run(
     if quick:
         warmup = min(warmup, 1)
     cands = prepare.parse_candidates(tuple(candidates))
-    settings = prepare.bench_settings(group_size, residual_length, hqq_group_size, cands)
-    extra = warmup + 2 + (residual_length + max(group_size, 1) + 2 if flush_step else 0)
+    settings = prepare.bench_settings(cache_settings, cands)
+    kivi = {"group_size": KIVI_DEFAULTS.group_size, "residual_length": KIVI_DEFAULTS.residual_length}
+    kivi |= {k: v for k, v in settings.values().items() if k in kivi}  # the tokens a KIVI cache needs to flush
+    extra = warmup + 2 + (kivi["residual_length"] + kivi["group_size"] + 2 if flush_step else 0)
     prepare.check_room(model, dtype, dev, max(contexts) + extra, max(contexts), progress=progress)
     lm, model_desc, ids, prompt_source = prepare.load_prompted_model(model, dtype, dev, max(contexts) + extra)
 

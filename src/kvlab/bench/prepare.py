@@ -72,20 +72,16 @@ class BenchCandidate:
         return resolve(self._resolved().name, settings).describe()
 
 
-def bench_settings(
-    group_size: int, residual_length: int, hqq_group_size: int, cands: tuple | list = ()
-) -> CacheSettings:
-    """The caches' run-wide settings from the bench flags (``--group-size``, ``--residual-length``,
-    ``--hqq-group-size``); each family reads the ones it takes, each of ``cands`` (the run's
-    :class:`BenchCandidate` objects) is resolved with them now, before any model loads.
+def bench_settings(settings: CacheSettings | None, cands: tuple | list = ()) -> CacheSettings:
+    """The caches' run-wide settings (``None``: every family at its defaults; the CLI gives ``--group-size``,
+    ``--residual-length``, ``--hqq-group-size``), each of ``cands`` (the run's :class:`BenchCandidate` objects)
+    resolved with them now, before any model loads.
 
     Raises:
         ValueError: a value a family reading it refuses (named with the cache: a residual length that is not a
             multiple of the KIVI group size failed every cell, then the run, after the model had loaded).
     """
-    settings = CacheSettings(
-        group_size=group_size, residual_length=residual_length, hqq_group_size=hqq_group_size
-    )
+    settings = CacheSettings() if settings is None else settings
     for cand in cands:
         cand.describe(settings)
     return settings

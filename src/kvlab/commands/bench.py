@@ -232,15 +232,20 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def _kwargs(args: argparse.Namespace) -> dict:
-    """``run()`` keyword arguments of benchmark ``args.bench``."""
+    """``run()`` keyword arguments of benchmark ``args.bench``.
+
+    Raises:
+        ValueError: a cache setting (``--group-size`` ...) no family reading it takes."""
+    from kvlab.caches.registry import CacheSettings
+
     b = args.bench
     kw: dict = {"quick": args.quick}
     if b in ("decode", "memory", "flush", "kernel"):
         kw["device"] = args.device
     if b in ("decode", "memory"):
-        kw |= flag_values(
-            args, "model", "dtype", "contexts", "group_size", "residual_length", "hqq_group_size", "warmup"
-        )
+        kw |= flag_values(args, "model", "dtype", "contexts", "warmup")
+        settings = flag_values(args, "group_size", "residual_length", "hqq_group_size")
+        kw["cache_settings"] = CacheSettings(**settings)
         kw["prefill_chunk_tokens"] = args.prefill_chunk
         if args.candidates:
             kw["candidates"] = tuple(args.candidates)
@@ -356,10 +361,10 @@ def _run(args: argparse.Namespace) -> int:
         if problem:
             return fail(args, problem)
     module = importlib.import_module(f"kvlab.bench.{args.bench}")
-    kw = _kwargs(args)
-    if args.bench in ("decode", "memory", "flush", "kernel"):
-        kw["progress"] = lambda msg: err.print(f"[dim]{msg}[/dim]")
     try:
+        kw = _kwargs(args)
+        if args.bench in ("decode", "memory", "flush", "kernel"):
+            kw["progress"] = lambda msg: err.print(f"[dim]{msg}[/dim]")
         result = module.run(**kw)
     except (ValueError, FileNotFoundError) as e:
         return fail(args, _with_flags(args, e))

@@ -68,8 +68,7 @@ def test_decode_records_a_failing_cell_and_goes_on(tiny_lm):
         quick=True,
         contexts=(64,),
         candidates=("dynamic", "kivi4-fused"),
-        group_size=48,
-        residual_length=96,
+        cache_settings=CacheSettings(group_size=48, residual_length=96),
     )
     status = {row["candidate"]: row for row in r["rows"]}
     assert status["dynamic"]["status"] == "ok"
