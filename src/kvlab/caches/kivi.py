@@ -222,12 +222,7 @@ class KIVICache(Cache):
         _check_dot(dot, attention)
         self.attention, self.dot = attention, dot
         self.kivi_config = KIVIConfig(
-            nbits=nbits,
-            group_size=group_size,
-            residual_length=residual_length,
-            block_tokens=block_tokens,
-            key_bits=key_bits,
-            value_bits=value_bits,
+            nbits, group_size, residual_length, block_tokens, key_bits=key_bits, value_bits=value_bits
         )
         if attention == "fused":
             from kvlab.attention.kivi_checks import check_fused_settings
