@@ -10,6 +10,7 @@ Pure Python; no torch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,11 +142,13 @@ def max_context(
         return 0
     if fits(MAX_SEARCH_TOKENS):
         return None
-    lo, hi = 1, MAX_SEARCH_TOKENS  # fits(lo), not fits(hi); fits is monotone because kv_bytes_peak is
+    return longest_fitting(fits)  # fits is monotone because kv_bytes_peak is
+
+
+def longest_fitting(fits: Callable[[int], bool], lo: int = 1, hi: int = MAX_SEARCH_TOKENS) -> int:
+    """The largest ``t`` in ``[lo, hi)`` with ``fits(t)``, by bisection: ``fits`` must be monotone (true up to some
+    length, false beyond), ``fits(lo)`` hold and ``fits(hi)`` is taken as false (``hi`` is never asked)."""
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo

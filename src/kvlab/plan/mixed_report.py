@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab.cache_names import KIVI_DEFAULTS
+from kvlab.plan.fit import longest_fitting
 from kvlab.plan.kv_formats import kv_dtype
 from kvlab.plan.ledger import kv_elements_per_token_per_layer
 from kvlab.plan.mixed import (
@@ -49,8 +50,6 @@ from kvlab.plan.report_inputs import (
     weights_or_none,
 )
 from kvlab.plan.spec import ModelSpec
-
-MAX_SEARCH_TOKENS = 1 << 40  # as kvlab.plan.fit
 
 
 def resolve_plan(kv: str, spec: ModelSpec) -> tuple[str, list[tuple[str, str]], str]:
@@ -122,11 +121,7 @@ class MixedBytes:
         not); every layer of a plan keeps all its tokens, so memory always limits it."""
         if self.peak(1, batch) > free:
             return 0
-        lo, hi = 1, MAX_SEARCH_TOKENS
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if self.peak(mid, batch) <= free else (lo, mid)
-        return lo
+        return longest_fitting(lambda t: self.peak(t, batch) <= free)
 
 
 def mixed_plan_report(
