@@ -221,15 +221,27 @@ def _register_figure(sub) -> None:
     f.set_defaults(func=run_figure_cmd)
 
 
+def check_requests_memory(flag: str, n_requests: int, need: int) -> None:
+    """Raise ValueError naming ``flag n_requests`` when the ``need`` bytes it takes pass the available memory."""
+    from kvlab.lab.longrun import available_memory_bytes, memory_refusal
+
+    problem = memory_refusal(f"{flag} {n_requests:,}", need, available_memory_bytes(), "give fewer requests")
+    if problem:
+        raise ValueError(problem)
+
+
 def _static_result(args: argparse.Namespace, workload: str | None = None) -> dict:
-    from kvlab.paging.static import WORKLOADS, load_lengths, run_static
+    from kvlab.paging.static import WORKLOADS, load_lengths, run_static, static_memory_bytes
 
     budget = _budget(args)
     kwargs = {"block_size_tokens": args.block_size, "budget": budget, "max_len": args.max_len}
-    if workload is None:
-        return run_static(WORKLOADS, **kwargs, **_rng_kwargs(args))
-    if workload in WORKLOADS:
-        return run_static((workload,), **kwargs, **_rng_kwargs(args))
+    if workload is None or workload in WORKLOADS:
+        workloads = WORKLOADS if workload is None else (workload,)
+        rng = _rng_kwargs(args)
+        check_requests_memory(
+            "--requests", rng["n_requests"], static_memory_bytes(rng["n_requests"], len(workloads))
+        )
+        return run_static(workloads, **kwargs, **rng)
     path = Path(workload)
     if not path.is_file():
         raise ValueError(f"--workload must be one of {list(WORKLOADS)} or an existing file, got {workload!r}")
@@ -379,6 +391,7 @@ def _poisson_trace(args: argparse.Namespace):
             be silently dropped), or a ``--save-trace`` folder that does not exist or is a file.
         OSError: ``--save-trace`` exists or cannot be written.
     """
+    from kvlab.paging.simulate import simulate_memory_bytes
     from kvlab.paging.trace import poisson_trace, save_trace
 
     if args.prefix_groups == 0 and args.prefix_tokens:
@@ -390,6 +403,8 @@ def _poisson_trace(args: argparse.Namespace):
     for dest, default in POISSON_DEFAULTS.items():
         if getattr(args, dest) is None:
             setattr(args, dest, default)
+    if args.requests >= 1:  # below 1: poisson_trace names it
+        check_requests_memory("--requests", args.requests, simulate_memory_bytes(args.requests))
     trace = poisson_trace(
         args.requests,
         args.rate,
@@ -473,7 +488,9 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
             return fail(args, exc)
         source = str(args.trace)
     try:
-        check_run_settings(args.max_len, args.max_running, args.check_every)  # before the trace is made or saved
+        check_run_settings(
+            args.max_len, args.max_running, args.check_every
+        )  # before the trace is made or saved
         if not args.trace:
             trace, source = _poisson_trace(args)
         policies = _policies(args)

@@ -32,6 +32,15 @@ WORKLOAD_SEED = 11  # RNG seed of the built-in workloads
 SWEEP_BLOCK_SIZES = (1, 4, 8, 16, 32, 64, 128, 256)
 DEMO_LENGTHS = (37, 21, 45)  # the mechanics chapter's figure: three requests cut into blocks of 16
 WORKLOADS = ("uniform", "heavy")
+# Peak memory per request of one built-in workload in run_static: its int64 lengths and the temporaries of the
+# vectorised admission (measured ~24 B at 1-4 million requests; twice that, to be safe)
+STATIC_BYTES_PER_REQUEST = 48
+
+
+def static_memory_bytes(n_requests: int, n_workloads: int = len(WORKLOADS)) -> int:
+    """About how much memory :func:`run_static` needs for ``n_workloads`` built-in workloads of ``n_requests``
+    each (a caller compares it with the machine's before asking for a billion requests)."""
+    return n_requests * n_workloads * STATIC_BYTES_PER_REQUEST
 
 
 def check_seed(seed: object) -> None:
