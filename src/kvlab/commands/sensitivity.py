@@ -129,7 +129,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 
     from kvlab.runtime.atomic import atomic_write_json, output_problem
 
-    problem = _check_sweep_args(args) or output_problem(args.out, "--out")
+    problem = _check_sweep_args(args) or output_problem(args.out, "--out", folder_must_exist=True)
     if problem:
         return fail(args, problem)
     if Path(args.out).exists() and not args.force:

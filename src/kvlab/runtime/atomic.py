@@ -74,11 +74,12 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int = 2, **d
     return atomic_write_text(path, json.dumps(obj, indent=indent, **dumps_kwargs) + "\n")
 
 
-def output_problem(path: str | os.PathLike, flag: str) -> str | None:
+def output_problem(path: str | os.PathLike, flag: str, *, folder_must_exist: bool = False) -> str | None:
     """Why ``path`` cannot take an output file, as far as can be told before writing (``None`` when it can): it is a
-    folder, a file stands where a folder of it should be, or its nearest existing folder is not writable (a file is
-    created there and removed to tell, since ``os.access`` trusts root even on ``/proc``). Commands
-    call it before spending minutes measuring; ``flag`` names the option in the message."""
+    folder, a file stands where a folder of it should be, its folder does not exist (``folder_must_exist``: for a
+    writer that creates no folders), or its nearest existing folder is not writable (a file is created there and
+    removed to tell, since ``os.access`` trusts root even on ``/proc``). Commands call it before spending minutes
+    measuring; ``flag`` names the option in the message."""
     p = Path(path)
     if p.is_dir():
         return f"{flag} {p} is a folder; pass a file"
@@ -87,6 +88,8 @@ def output_problem(path: str | os.PathLike, flag: str) -> str | None:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         return f"{flag} {p}: {ancestor} is a file, not a folder"
+    if folder_must_exist and ancestor != p.parent:
+        return f"{flag} {p}: folder {p.parent} does not exist"
     if not os.access(ancestor, os.W_OK | os.X_OK):
         return f"{flag} {p}: folder {ancestor} is not writable"
     try:  # access() says yes to root everywhere, and a folder such as /proc takes no files even then: try one
