@@ -245,7 +245,7 @@ def run_allocate(args: argparse.Namespace) -> int:
     from kvlab.plan.allocate import allocate, budget_bytes
     from kvlab.plan.load import load_spec
     from kvlab.plan.mixed import PLAN_DIR_ENV, PLAN_VERSION, check_plan_name
-    from kvlab.runtime.atomic import atomic_write_json
+    from kvlab.runtime.atomic import atomic_write_json, output_problem
 
     try:
         check_plan_name(args.name, new=True)
@@ -264,6 +264,10 @@ def run_allocate(args: argparse.Namespace) -> int:
     if not folder:
         return fail(args, f"give --out-dir or set ${PLAN_DIR_ENV} (the folder kvlab eval reads plans from)")
     path = Path(folder) / f"{args.name}.json"
+    # a missing folder is made (docs/MIXED.md's `--out-dir plans`); a file in its way is refused, not a traceback
+    problem = output_problem(path, "--out-dir" if args.out_dir else f"${PLAN_DIR_ENV}")
+    if problem:
+        return fail(args, problem)
     if path.exists() and not args.force:
         return fail(args, file_exists_message(path), EXIT_FILE_EXISTS)
     plan = {

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from kvlab.cli import main
 
 SWEEP = Path(__file__).resolve().parents[3] / "docs" / "examples" / "mixed" / "sensitivity-smollm2-1024.json"
@@ -34,3 +36,29 @@ def test_sweep_refuses_a_missing_out_folder_before_loading_the_model(tmp_path, c
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"--out {out}: folder {out.parent} does not exist" in err, err
+
+
+@pytest.mark.parametrize("via_env", [False, True])
+def test_allocate_refuses_a_file_where_the_plan_folder_should_be(tmp_path, capsys, monkeypatch, via_env):
+    # --out-dir p.png with p.png a file: FileExistsError traceback from mkdir, exit 1
+    blocker = tmp_path / "p.png"
+    blocker.write_text("not a folder")
+    argv = ["sensitivity", "allocate", str(SWEEP), "--budget", "0.3", "--name", "t3"]
+    if via_env:
+        monkeypatch.setenv("KVLAB_PLAN_DIR", str(blocker))
+    else:
+        argv += ["--out-dir", str(blocker)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    flag = "$KVLAB_PLAN_DIR" if via_env else "--out-dir"
+    assert (
+        err.count("\n") == 0 and f"{flag} {blocker / 't3.json'}: {blocker} is a file, not a folder" in err
+    ), err
+
+
+def test_allocate_still_makes_a_missing_plan_folder(tmp_path, capsys):
+    # docs/MIXED.md's `--out-dir plans` relies on it
+    plans = tmp_path / "plans"
+    argv = ["sensitivity", "allocate", str(SWEEP), "--budget", "0.3", "--name", "t3", "--out-dir", str(plans)]
+    assert main(argv) == 0
+    assert (plans / "t3.json").is_file()
