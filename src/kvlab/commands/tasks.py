@@ -228,7 +228,8 @@ def run(args: argparse.Namespace) -> int:
         if args.merge:
             return _merge(args)
         cfg, result = _resumed(args) if args.resume else (_config(args), None)
-        _model_block(args, result, resolve=False)  # a bad --device name or --dtype, before --dry-run
+        # a bad --device name or --dtype before --dry-run; the run also resolves the device (CUDA present?)
+        _model_block(args, result, resolve=not args.dry_run)
     except (ValueError, FileNotFoundError) as e:
         return fail(args, e)
     problem = _check_outputs(args)

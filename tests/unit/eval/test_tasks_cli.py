@@ -142,6 +142,27 @@ def test_a_dry_run_may_plan_a_cuda_run_on_a_machine_without_cuda(tmp_path, capsy
     assert json.loads(capsys.readouterr().out)["cells"] == [{"task": "vt", "context": 512}]
 
 
+@pytest.mark.parametrize("device", ["cuda", "cuda:0"])
+def test_a_run_on_a_machine_without_cuda_refuses_the_cuda_device_before_loading(
+    device, tmp_path, capsys, monkeypatch
+):
+    # it ended in a ValueError traceback from _model_block (exit 1); eval, inspect and bench said it cleanly
+    import torch
+
+    import kvlab.models
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(kvlab.models, "load_model", never)
+    assert main(["tasks", "--quick", "--device", device, "--out", "tk2.json"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"kvlab tasks: error: `device` (--device) is {device!r} but CUDA is not available", err
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize(
     "argv", [["--candidates", "sweep"], ["--candidates", " sweep "], ["--quick", "--candidates", "sweep"]]
 )
