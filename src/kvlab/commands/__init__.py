@@ -44,8 +44,12 @@ def fail(args: argparse.Namespace | None, message: object, code: int = EXIT_USAG
     """Print ``<prog>: error: <message>`` on stderr and return ``code`` for the command to return.
 
     ``prog`` is the full command (``kvlab paging static``), set on every parser by :func:`kvlab.cli.build_parser`.
+    A :class:`kvlab.models.ModelLoadError` (a damaged model folder) is said as ``--model <folder>: <reason>``.
     """
     prog = getattr(args, "kvlab_prog", None) or "kvlab"
+    models = sys.modules.get("kvlab.models")  # not imported: no model was loaded, so this is no load error
+    if models is not None and isinstance(message, models.ModelLoadError):  # the one wording, naming the flag
+        message = f"--model {message.model}: {message.reason}"
     print(f"{prog}: error: {message}", file=sys.stderr)
     return code
 

@@ -154,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
         args, "tokens", "offset", "dtype", "device", "prompt", "outlier_factor", "calibrate_tokens"
     )
     check = _memory_check(args.prompt is not None)
+    from kvlab.models import ModelLoadError
+
     try:
         # two steps: the load, then the prefill and every layer's statistics
         with progress(err, 2, "kvlab inspect") as bar:
@@ -165,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
                 bar.start(f"prefill of {tokens:,} tokens, K/V statistics of {layers} layers")
 
             report = inspect_model(args.model, before_forward=before_forward, **kwargs)
+    except ModelLoadError as exc:  # a damaged model folder: fail() names --model
+        return fail(args, exc)
     except ValueError as exc:
         msg = str(exc)
         for name, flag in _FLAGS.items():  # the library names its arguments; the user typed flags

@@ -21,6 +21,7 @@ from kvlab.runtime.device import resolve_device
 from kvlab.runtime.dtypes import parse_dtype
 
 __all__ = [
+    "ModelLoadError",
     "check_local_model",
     "heldout_text",
     "heldout_token_ids",
@@ -167,6 +168,33 @@ def _resolve_for_loading(model: str | os.PathLike | None) -> tuple[str | os.Path
     return model, source
 
 
+class ModelLoadError(OSError, ValueError):
+    """A local model folder whose files transformers cannot read (damaged or truncated weights, a config that does
+    not match them, a tokenizer file that is not JSON): the folder, the files and transformers' error named.
+    ``model`` is the value the caller passed; a command names its flag (:func:`kvlab.commands.fail`)."""
+
+    def __init__(self, model: object, reason: str):
+        super().__init__(f"model folder {model} cannot be loaded: {reason}")
+        self.model, self.reason = model, reason
+
+
+def _from_pretrained(auto, name: str, source: Path | None, revision: str | None, files: str, **kwargs):
+    """``auto.from_pretrained(name, ...)``; for a local folder any failure becomes a :class:`ModelLoadError`
+    naming the folder and ``files`` (transformers' own messages name neither, e.g. "header too large")."""
+    try:
+        return auto.from_pretrained(name, revision=revision, **kwargs)
+    except AssertionError:  # a broken invariant (or a test's sentinel), not a damaged file
+        raise
+    except Exception as e:
+        if source is None:
+            raise
+        detail = " ".join(str(e).split())
+        detail = detail if len(detail) <= 300 else detail[:300] + " ..."
+        raise ModelLoadError(
+            name, f"{files} are damaged or do not match ({type(e).__name__}: {detail})"
+        ) from e
+
+
 def load_model(
     model: str | os.PathLike | None = None,
     dtype: str | torch.dtype = "bfloat16",
@@ -189,6 +217,7 @@ def load_model(
 
     Raises:
         ValueError: unknown ``dtype`` or ``device``, CUDA requested without CUDA, ``revision`` for a local path.
+        ModelLoadError: a local folder whose files transformers cannot read (an ``OSError`` and a ``ValueError``).
         FileNotFoundError: a local path that does not exist, or lacks ``config.json``, weights
             (:data:`WEIGHT_FILES`) or tokenizer files (:data:`TOKENIZER_FILES`), or a bundled model that was never
             trained; no hub lookup is attempted and transformers is not called for these.
@@ -217,8 +246,12 @@ def load_model(
     if source is None:
         _check_hub_or_cache(name, revision)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name, revision=revision)
-        lm = AutoModelForCausalLM.from_pretrained(name, revision=revision, dtype=torch_dtype)
+        tokenizer = _from_pretrained(
+            AutoTokenizer, name, source, revision, "its tokenizer files or config.json"
+        )
+        lm = _from_pretrained(
+            AutoModelForCausalLM, name, source, revision, "its config.json or weights", dtype=torch_dtype
+        )
     except OSError as e:
         if source is not None:
             raise

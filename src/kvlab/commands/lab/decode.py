@@ -154,6 +154,7 @@ def _run_real(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from kvlab.lab.exactness import check_steps, run_real_check
+    from kvlab.models import ModelLoadError
 
     err = Console(stderr=True)
     try:
@@ -169,8 +170,8 @@ def _run_real(args: argparse.Namespace) -> int:
                 progress=bar.start,
                 notify=lambda msg: warn(err, flag_names(msg, REAL_FLAGS)),
             )
-    except (ValueError, OSError) as exc:
-        return fail(args, flag_names(exc, REAL_FLAGS))
+    except (ValueError, OSError) as exc:  # a damaged model folder as it is (fail() names --model)
+        return fail(args, exc if isinstance(exc, ModelLoadError) else flag_names(exc, REAL_FLAGS))
     result["warnings"] = [flag_names(w, REAL_FLAGS) for w in result["warnings"]]
     return finish(args, result, _print_real)
 
