@@ -238,6 +238,7 @@ def run(
     caches = _check_cache_names(caches)
     _check_layer(caches, batch, kv_heads, head_dim, residual_length)
     settings = dict(group_size=group_size, residual_length=residual_length, hqq_group_size=hqq_group_size)
+    _check_takes_head_dim(caches, head_dim, settings)
     torch_dtype = parse_dtype(dtype)
     gen = torch.Generator().manual_seed(seed)
     extra = residual_length + (KIVI_CYCLES + 1) * (group_size + 2)
@@ -285,6 +286,20 @@ def _check_layer(
             f"`residual_length` 0 makes {', '.join(hf)} flush on every append (no residual window), so no plain "
             "append follows a flush to time: give it >= 1 or time KIVI caches only"
         )
+
+
+def _check_takes_head_dim(caches: tuple[str, ...], head_dim: int, settings: dict) -> None:
+    """Raise ``ValueError`` naming the cache when a KIVI cache of ``caches`` cannot hold states of ``head_dim``
+    channels with ``settings`` (a group that does not divide it: every cell failed, after the history was built):
+    its layer checks the shape on its first append, here of one token. (transformers' layers quantize their first
+    append at once, so one token would not stand for the run's fill; they are not probed.)"""
+    for name in caches:
+        if _unavailable(name) is not None or _subject_class(name, settings) is not _KIVISubject:
+            continue
+        try:
+            _subject(name, settings).append(torch.zeros(1, 1, 1, head_dim), torch.zeros(1, 1, 1, head_dim))
+        except (ValueError, RuntimeError) as exc:
+            raise ValueError(f"cache {name} cannot hold `head_dim` {head_dim}: {exc}") from None
 
 
 def _flush_names() -> tuple[set[str], str]:

@@ -336,6 +336,17 @@ def _cpu_paths(dev: torch.device, nbits: tuple, head_dim: int, dtype: str, group
     }
 
 
+def _check_copy_fits(copy_bytes: int, dev: torch.device) -> None:
+    """Raise ``ValueError`` naming ``--copy-mib`` when the copy probe's two buffers (:func:`copy_bandwidth`) pass the
+    free memory of ``dev`` (the machine's available memory on a CPU)."""
+    from kvlab.lab.longrun import available_memory_bytes, memory_refusal
+
+    free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else available_memory_bytes()
+    problem = memory_refusal(f"--copy-mib {copy_bytes // 2**20:,} (two buffers)", 2 * copy_bytes, free)
+    if problem:
+        raise ValueError(problem)
+
+
 def _check_problem(
     shape: dict, nbits, group_size, residual_length, copy_bytes, backend, dev, contexts
 ) -> None:
@@ -382,6 +393,7 @@ def _check_problem(
         )
     if copy_bytes is not None:
         check_int("copy_bytes", copy_bytes, 1, flag="--copy-mib")
+        _check_copy_fits(copy_bytes, dev)
     if backend not in BACKENDS:
         raise ValueError(f"`backend` (--backend) must be one of {list(BACKENDS)}, got {backend!r}")
     if backend == "triton":

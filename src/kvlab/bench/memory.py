@@ -28,6 +28,7 @@ from kvlab.bench.cells import bench_contexts, failed_cell
 from kvlab.bench.decode import DEFAULT_CANDIDATES
 from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.caches.registry import CacheSettings
+from kvlab.runtime.checks import check_int
 from kvlab.runtime.device import resolve_device, synchronize
 from kvlab.runtime.tensor_bytes import TensorBytesTracker  # the CPU measurement
 
@@ -171,6 +172,7 @@ def run(
     contexts = bench_contexts(contexts, quick, dev.type, (QUICK_CONTEXTS, CPU_CONTEXTS, CUDA_CONTEXTS))
     if quick:
         warmup = min(warmup, 1)
+    check_int("warmup", warmup, 0)
     cands = prepare.parse_candidates(tuple(candidates))
     settings = prepare.bench_settings(cache_settings, cands)
     kivi = {"group_size": KIVI_DEFAULTS.group_size, "residual_length": KIVI_DEFAULTS.residual_length}

@@ -319,14 +319,15 @@ def _flag_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _with_flags(args: argparse.Namespace, exc: Exception) -> str:
+def _with_flags(args: argparse.Namespace, exc: Exception) -> Exception | str:
     """A benchmark's error names the flag beside the setting, as eval's do: "`group_size` must ..." ->
-    "`group_size` (--group-size) must ..." (each setting a flag of this benchmark's parser, named once)."""
+    "`group_size` (--group-size) must ..." (each setting a flag of this benchmark's parser, named once); an error
+    naming no setting is returned as it is (:func:`kvlab.commands.fail` words a damaged model folder's)."""
     message = str(exc)
     for action in args._parser._actions:
         if action.option_strings and f"`{action.dest}`" in message and f"`{action.dest}` (--" not in message:
             message = message.replace(f"`{action.dest}`", f"`{action.dest}` ({action.option_strings[-1]})", 1)
-    return message
+    return exc if message == str(exc) else message
 
 
 def _run(args: argparse.Namespace) -> int:

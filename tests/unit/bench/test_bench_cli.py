@@ -241,6 +241,8 @@ def test_bench_kernel_backend_triton_where_it_cannot_run_is_refused_before_measu
         ),
         (["paging", "--sim-requests", "-1"], "`sim_requests` (--sim-requests) must be an int >= 1, got -1"),
         (["paging", "--rate", "0"], "`rate_per_step` (--rate) must be finite and > 0, got 0.0"),
+        # bench memory ran with a negative warm-up and recorded it (bench decode refused it)
+        (["memory", "--warmup", "-1"], "`warmup` (--warmup) must be an int >= 0, got -1"),
         # the heads and a cache's own "`setting` (value)" messages named no flag
         (
             ["kernel", "--q-heads", "6", "--kv-heads", "4"],
@@ -273,6 +275,8 @@ def test_bench_sizes_below_one_are_refused_naming_the_value_given(argv, said, ca
             ["--residual-length", "0"],
             "`residual_length` (--residual-length) 0 makes hqq4, quanto4 flush on every",
         ),
+        # a group that does not divide head_dim failed every KIVI cell after the history was built (exit 0 / 1)
+        (["--head-dim", "7"], "cache kivi4 cannot hold `head_dim` (--head-dim) 7: `group_size` (--group-size) (32)"),
     ],
 )
 def test_bench_flush_errors_name_the_flag_as_eval_does(argv, said, capsys):
@@ -330,3 +334,28 @@ def test_bench_room_check_counts_the_kv_of_every_prompt_token(tiny_lm, monkeypat
     monkeypatch.setattr("kvlab.lab.longrun.available_memory_bytes", lambda *a: None)  # unknown: no refusal
     note = check_room(tiny_lm, "bfloat16", cpu, cfg.max_position_embeddings + 1, 5000)
     assert f"pass the model's max_position_embeddings ({cfg.max_position_embeddings:,})" in note
+
+
+def test_bench_kernel_refuses_a_copy_probe_larger_than_the_memory(capsys, monkeypatch):
+    """--copy-mib 1000000 allocated two buffers of ~1 TB and crashed in the allocator (a traceback, exit 1)."""
+    from kvlab.lab import longrun
+
+    monkeypatch.setattr(longrun, "available_memory_bytes", lambda: 8 * 2**30)
+    assert main(["bench", "kernel", "--no-save", "--contexts", "512", "--copy-mib", "8192"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kvlab bench kernel: error: --copy-mib 8,192 (two buffers) needs about 16.00 GiB"), err
+
+
+def test_bench_names_a_damaged_model_folder_by_its_flag(tmp_path, capsys):
+    """A folder whose weights transformers cannot read: one error line naming --model (it named no flag)."""
+    import shutil
+
+    from kvlab.models import reference_model_path
+
+    folder = tmp_path / "damaged"
+    shutil.copytree(reference_model_path(), folder)
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    argv = ["bench", "decode", "--quick", "--no-save", "--model", str(folder), "--contexts", "64"]
+    assert main([*argv, "--candidates", "dynamic"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"kvlab bench decode: error: --model {folder}: its config.json or weights"), err

@@ -165,6 +165,9 @@ def test_foreign_files_are_refused(tmp_path):
     page.parent.mkdir()
     page.write_text("# hand-written\n")
     (tmp_path / "x.json").unlink()
+    with pytest.raises(ValueError, match="holds no kvlab bench record"):  # a page read from nothing
+        docs.write_page(tmp_path, page, force=True)
+    _write(tmp_path, "decode-cpu.json", _record("decode", _decode_result(1.0)))
     with pytest.raises(FileExistsError, match="not generated"):
         docs.write_page(tmp_path, page)
     docs.write_page(tmp_path, page, force=True)
