@@ -359,3 +359,17 @@ def test_bench_names_a_damaged_model_folder_by_its_flag(tmp_path, capsys):
     assert main([*argv, "--candidates", "dynamic"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"kvlab bench decode: error: --model {folder}: its config.json or weights"), err
+
+
+@pytest.mark.parametrize("flag", ["--static-requests", "--sim-requests"])
+def test_bench_paging_refuses_a_request_count_beyond_the_memory(flag, capsys, monkeypatch):
+    """A billion requests filled the memory with no output (the static run reached 17 GB in 15 s)."""
+    from kvlab.lab import longrun
+
+    monkeypatch.setattr(longrun, "available_memory_bytes", lambda: 2**30)
+    other = "--sim-requests" if flag == "--static-requests" else "--static-requests"
+    assert main(["bench", "paging", "--no-save", flag, "999999999", other, "10"]) == 2
+    err = capsys.readouterr().err.strip()
+    dest = flag[2:].replace("-", "_")
+    assert err.startswith(f"kvlab bench paging: error: `{dest}` ({flag}) 999,999,999 needs about"), err
+    assert err.endswith("the machine has 1.00 GiB available; give fewer requests"), err
