@@ -236,9 +236,8 @@ def run(
     if reps < 1 or hf_reps < 1:
         raise ValueError(f"`reps` and `hf_reps` must be >= 1, got {reps!r} and {hf_reps!r}")
     caches = _check_cache_names(caches)
-    _check_layer(caches, batch, kv_heads, head_dim, residual_length)
     settings = dict(group_size=group_size, residual_length=residual_length, hqq_group_size=hqq_group_size)
-    _check_takes_head_dim(caches, head_dim, settings)
+    _check_layer(caches, batch, kv_heads, head_dim, settings)
     torch_dtype = parse_dtype(dtype)
     gen = torch.Generator().manual_seed(seed)
     extra = residual_length + (KIVI_CYCLES + 1) * (group_size + 2)
@@ -272,20 +271,20 @@ def run(
     return result
 
 
-def _check_layer(
-    caches: tuple[str, ...], batch: int, kv_heads: int, head_dim: int, residual_length: int
-) -> None:
+def _check_layer(caches: tuple[str, ...], batch: int, kv_heads: int, head_dim: int, settings: dict) -> None:
     """Raise ``ValueError`` for a layer no cell could time: a zero or negative ``batch`` / ``kv_heads`` /
-    ``head_dim`` (an empty layer timed as if it held tokens, exit 0), or ``residual_length`` 0 with an HQQ/quanto
-    cache (transformers' quantized layer then flushes on every append: no plain append follows a flush)."""
+    ``head_dim`` (an empty layer timed as if it held tokens, exit 0), ``residual_length`` 0 with an HQQ/quanto
+    cache (transformers' quantized layer then flushes on every append: no plain append follows a flush), or a
+    ``head_dim`` a KIVI cache cannot hold (:func:`_check_takes_head_dim`)."""
     for name, value in (("batch", batch), ("kv_heads", kv_heads), ("head_dim", head_dim)):
         check_int(name, value, 1)
     hf = [c for c in caches if not c.startswith("kivi")]
-    if residual_length == 0 and hf:
+    if settings["residual_length"] == 0 and hf:
         raise ValueError(
             f"`residual_length` 0 makes {', '.join(hf)} flush on every append (no residual window), so no plain "
             "append follows a flush to time: give it >= 1 or time KIVI caches only"
         )
+    _check_takes_head_dim(caches, head_dim, settings)
 
 
 def _check_takes_head_dim(caches: tuple[str, ...], head_dim: int, settings: dict) -> None:

@@ -31,9 +31,7 @@ def run(
     Raises:
         ValueError: ``static_requests`` or ``sim_requests`` below 1, or ``rate_per_step`` not finite and > 0, named
             before anything runs (they were refused by the workload and trace builders under their own names,
-            ``n`` and ``n_requests``, the first after the million-request static run); a request count whose
-            memory estimate (:func:`kvlab.paging.static.static_memory_bytes`,
-            :func:`kvlab.paging.simulate.simulate_memory_bytes`) passes the machine's available memory.
+            ``n`` and ``n_requests``, the first after the million-request static run), or past the memory.
     """
     if quick:
         static_requests, sim_requests, repeat = (
@@ -43,20 +41,11 @@ def run(
     check_int("sim_requests", sim_requests, 1)
     if not (isinstance(rate_per_step, (int, float)) and math.isfinite(rate_per_step) and rate_per_step > 0):
         raise ValueError(f"`rate_per_step` (--rate) must be finite and > 0, got {rate_per_step!r}")
-    from kvlab.lab.longrun import available_memory_bytes, memory_refusal
+    _check_memory(static_requests, sim_requests)  # a billion requests filled the memory with no output
     from kvlab.paging.budget import default_budget
-    from kvlab.paging.simulate import simulate, simulate_memory_bytes
-    from kvlab.paging.static import static_capacity, static_memory_bytes, workload
+    from kvlab.paging.simulate import simulate
+    from kvlab.paging.static import static_capacity, workload
     from kvlab.paging.trace import poisson_trace
-
-    free = available_memory_bytes()  # a billion requests filled the memory with no output
-    for name, n, need in (
-        ("static_requests", static_requests, static_memory_bytes(static_requests, 1)),
-        ("sim_requests", sim_requests, simulate_memory_bytes(sim_requests)),
-    ):
-        problem = memory_refusal(f"`{name}` {n:,}", need, free, "give fewer requests")
-        if problem:
-            raise ValueError(problem)
 
     budget = default_budget()
     t0 = time.perf_counter()
@@ -104,3 +93,21 @@ def run(
         },
         "meets_target": bool(admit_s + generate_s < TARGET_STATIC_S and min_rate >= TARGET_EVENTS_PER_S),
     }
+
+
+def _check_memory(static_requests: int, sim_requests: int) -> None:
+    """Raise ``ValueError`` naming the setting whose request count's memory estimate
+    (:func:`kvlab.paging.static.static_memory_bytes`, :func:`kvlab.paging.simulate.simulate_memory_bytes`) passes
+    the machine's available memory (a billion requests filled the memory with no output)."""
+    from kvlab.lab.longrun import available_memory_bytes, memory_refusal
+    from kvlab.paging.simulate import simulate_memory_bytes
+    from kvlab.paging.static import static_memory_bytes
+
+    free = available_memory_bytes()
+    for name, n, need in (
+        ("static_requests", static_requests, static_memory_bytes(static_requests, 1)),
+        ("sim_requests", sim_requests, simulate_memory_bytes(sim_requests)),
+    ):
+        problem = memory_refusal(f"`{name}` {n:,}", need, free, "give fewer requests")
+        if problem:
+            raise ValueError(problem)
