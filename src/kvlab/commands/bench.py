@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 
 from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.caches.settings import HQQ_GROUP_SIZE
@@ -36,7 +37,8 @@ def _common(p: argparse.ArgumentParser, device: bool = True) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="small sizes: a smoke run, under a minute on a 2-core CPU (file gets -quick)",
+        help="small sizes: a smoke run, under a minute on a 2-core CPU (file gets -quick); targets are shown, not "
+        "judged (exit 0 when every row ran)",
     )
     if device:
         p.add_argument(
@@ -391,6 +393,10 @@ def _run(args: argparse.Namespace) -> int:
         fail(args, f"every row failed ({failed})")
         code = 1
     unmet = unmet_targets(record)
+    if args.quick:  # a smoke run: sizes and rounds too small to judge a target, which the record still shows
+        for t in unmet:
+            print(f"note: target not met at --quick sizes (not judged): {t['description']}", file=sys.stderr)
+        return code
     for t in unmet:  # the exit table: 1 = the command ran and a target was not met
         fail(args, f"target not met: {t['description']} ({t['detail']})")
     return 1 if unmet else code

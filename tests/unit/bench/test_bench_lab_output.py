@@ -83,3 +83,12 @@ def test_a_target_not_met_is_exit_1_with_json_too_and_the_record_is_kept(tmp_pat
     assert main(["bench", "lab", "--json", "--results-dir", str(tmp_path)]) == 1
     record = json.loads(capsys.readouterr().out)
     assert json.loads((tmp_path / "lab-cpu.json").read_text()) == record  # measured, saved, then judged
+
+
+def test_a_quick_run_shows_a_target_not_met_without_failing(capsys, monkeypatch):
+    """--quick is a smoke run: 3 rounds at toy sizes exited 1 on a decode target a new user could not act on."""
+    monkeypatch.setattr("kvlab.bench.lab.run", lambda **kw: _lab_result([1000.0, 1000.0], [100.0, 100.0]))
+    assert main(["bench", "lab", "--no-save", "--quick"]) == 0
+    captured = capsys.readouterr()
+    assert "target: lab: cached decoding >= 16x faster than full recompute: not met" in captured.out
+    assert captured.err.startswith("note: target not met at --quick sizes (not judged): lab: cached decoding")
