@@ -224,7 +224,8 @@ def roofline_report(
 ) -> dict[str, Any]:
     """Ridge point, decode and prefill intensities, the decode step lower bound, and (``run_probe``) this
     machine's measured fp32 roofs (docs/plan.md, Roofline). ``warnings``: a ``context`` beyond
-    the config's ``max_position_embeddings`` (:func:`context_warnings`; not refused).
+    the config's ``max_position_embeddings`` (:func:`context_warnings`; not refused), weights and KV beyond the
+    GPU's memory (:func:`_fit_warnings`; the bound is still given).
 
     Raises:
         ValueError: bad input (named), e.g. a ``gpu`` together with a custom device (:func:`resolve_hardware`).
@@ -271,9 +272,25 @@ def roofline_report(
     out["measured"] = measured
     if weights is None:
         out["notes"].append(NO_WEIGHTS)
-    out["warnings"] = context_warnings(spec, {f"--context {context}": context})
+    out["warnings"] = context_warnings(spec, {f"--context {context}": context}) + _fit_warnings(out, hw, tp)
     out["probe"] = _local_probe(out["prefill"], probe_kwargs) if run_probe else None
     return out
+
+
+def _fit_warnings(out: dict[str, Any], hw: Any, tp: int) -> list[str]:
+    """A roofline whose weights and KV do not fit the GPU's memory (per GPU with ``tp``): its bound describes a setup
+    that cannot run, which ``kvlab plan`` would say (the bound is computed all the same)."""
+    memory = hw.memory_bytes
+    if memory is None or out["weight_bytes"] is None or out.get("kv_bytes_read") is None:
+        return []
+    held = out["weight_bytes"] / tp + out["kv_bytes_read"]  # every weight and the whole cache on each GPU's share
+    if held <= memory:
+        return []
+    gib = 1024**3
+    return [
+        f"the weights and KV need {held / gib:,.2f} GiB per GPU and {hw.name} has {memory / gib:,.2f} GiB: this setup "
+        "does not fit (see `kvlab plan` for what fits); the decode bound is for memory it does not have"
+    ]
 
 
 def _local_probe(prefill: dict[str, Any] | None, probe_kwargs: dict | None) -> dict[str, Any]:

@@ -282,3 +282,20 @@ def test_roofline_without_a_compute_peak_says_there_is_no_ridge(capsys):
     assert "--bound" not in out and "no peak FLOP/s: no ridge" in out
     assert main(["roofline", "--bandwidth-gb-s", "100", "--tflops", "50"]) == 0
     assert "memory-bound" in capsys.readouterr().out
+
+
+def test_roofline_warns_when_the_weights_and_kv_do_not_fit_the_gpu():
+    """A new user's `kvlab roofline --gpu H100 --model llama-3-70b --batch 16` printed a decode bound for 171 GiB on an
+    80 GB GPU with no warning (`kvlab plan` said it does not fit); with tp 4 it fits and nothing is said."""
+    from kvlab.plan.report import roofline_report
+
+    alone = roofline_report(gpu="H100", model="llama-3-70b", batch=16)
+    held = alone["weight_bytes"] + alone["kv_bytes_read"]
+    assert held > alone["gpu"]["memory_bytes"]
+    assert [w for w in alone["warnings"] if "does not fit" in w] == [
+        f"the weights and KV need {held / 2**30:,.2f} GiB per GPU and {alone['gpu']['name']} has "
+        f"{alone['gpu']['memory_bytes'] / 2**30:,.2f} GiB: this setup does not fit (see `kvlab plan` for what "
+        "fits); the decode bound is for memory it does not have"
+    ]
+    assert alone["decode_step_memory_bound_ms"] > 0  # still computed
+    assert not [w for w in roofline_report(gpu="H100", model="llama-3-70b", batch=16, tp=4)["warnings"] if "fit" in w]
