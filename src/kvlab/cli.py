@@ -88,8 +88,7 @@ def _dispatch(argv: list[str] | None) -> int:
             f"unrecognized arguments: {' '.join(extra)}"
         )
     if not getattr(args, "func", None):
-        parser.print_help()
-        return commands.EXIT_USAGE
+        return commands.missing_subcommand(parser, parser._subparsers._group_actions[0], args)
     try:
         # other libraries' bars and warnings: only with --verbose
         with commands.quiet_third_party(args.verbose):

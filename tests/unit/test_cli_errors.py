@@ -70,7 +70,7 @@ FILE_EXISTS = {
 }
 
 
-# groups that, without a subcommand, print their help and return 2
+# groups that, without a subcommand, print their help and an error line on stderr and return 2
 HELP_ONLY = ("kvlab bench", "kvlab paging", "kvlab sensitivity")
 
 
@@ -149,5 +149,8 @@ def test_argparse_usage_errors_share_the_prefix_and_status():
 
 @pytest.mark.parametrize("command", ["kvlab", *HELP_ONLY])
 def test_a_group_without_its_subcommand_prints_help_and_returns_2(command):
-    code, out, _ = _run(command.split()[1:])
-    assert code == EXIT_USAGE and f"usage: {command}" in out
+    """The README's rule: a problem is one line on stderr, ``<command>: error: <message>``, last (the help printed on
+    stdout with nothing on stderr, exit 2)."""
+    code, out, err = _run(command.split()[1:])
+    assert code == EXIT_USAGE and out == "" and f"usage: {command}" in err
+    assert err.strip().splitlines()[-1].startswith(f"{command}: error: choose a subcommand: "), err

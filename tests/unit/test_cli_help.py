@@ -48,8 +48,8 @@ def test_every_command_and_option_explains_itself():
 @pytest.mark.parametrize("group", ["bench", "paging", "sensitivity"])
 def test_a_command_group_without_a_subcommand_prints_its_help_and_exits_2(group, capsys):
     assert main([group]) == 2
-    out = capsys.readouterr().out
-    usage = out.splitlines()[0]
+    err = capsys.readouterr().err  # the help, then the error line (the README's rule), all on stderr
+    usage = err.splitlines()[0]
     assert usage.startswith(f"usage: kvlab {group} [-h] {{")
     (sub,) = [a for a in _parser_named(group)._actions if isinstance(a, argparse._SubParsersAction)]
     assert usage.endswith("{" + ",".join(sub.choices) + "} ..."), usage  # the metavar names every subcommand

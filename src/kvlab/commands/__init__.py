@@ -85,11 +85,19 @@ def add_command_group(
 ):
     """Add command ``name`` whose work is done by its subcommands (``kvlab bench decode``) and return the action to
     add them to (``dest`` gets the subcommand's name, ``metavar`` lists them in the usage line). Given no
-    subcommand, ``name`` prints its help and exits :data:`EXIT_USAGE`, as argparse does for a missing argument."""
+    subcommand, ``name`` prints its help and then the one error line naming its subcommands on stderr, and exits
+    :data:`EXIT_USAGE`, as argparse does for a missing argument (usage first, the error line last)."""
     p = subparsers.add_parser(name, help=help, description=description)
     sub = p.add_subparsers(dest=dest, metavar=metavar)
-    p.set_defaults(func=lambda args: (p.print_help(), EXIT_USAGE)[1])
+    p.set_defaults(func=lambda args: missing_subcommand(p, sub, args))
     return sub
+
+
+def missing_subcommand(parser: argparse.ArgumentParser, sub, args: argparse.Namespace | None) -> int:
+    """``parser``'s help, then ``<prog>: error: choose a subcommand: a, b, ...`` (``sub``'s choices), on stderr;
+    returns :data:`EXIT_USAGE`."""
+    parser.print_help(sys.stderr)
+    return fail(args, f"choose a subcommand: {', '.join(sub.choices)}")
 
 
 class progress:
