@@ -62,3 +62,20 @@ def test_allocate_still_makes_a_missing_plan_folder(tmp_path, capsys):
     argv = ["sensitivity", "allocate", str(SWEEP), "--budget", "0.3", "--name", "t3", "--out-dir", str(plans)]
     assert main(argv) == 0
     assert (plans / "t3.json").is_file()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -0.845])
+def test_allocate_refuses_a_sweep_with_a_nan_or_negative_kl(tmp_path, capsys, bad):
+    # the breakit pass saw "predicted KL nan" / "-0.845" and a plan file holding NaN (kvlab figures refused it)
+    import json
+
+    sweep = json.loads(SWEEP.read_text(encoding="utf-8"))
+    sweep["kl"]["kivi-2"]["k"][0] = bad
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(sweep))
+    plans = tmp_path / "plans"
+    argv = ["sensitivity", "allocate", str(path), "--budget", "0.3", "--name", "t3", "--out-dir", str(plans)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"holds {bad!r}, not a KL >= 0" in err, err
+    assert not plans.exists()
