@@ -13,6 +13,7 @@ from pathlib import Path
 from kvlab.commands import EXIT_FILE_EXISTS, add_command_group, fail, file_exists_message, progress, table
 from kvlab.commands.plan.flags import flag_message, keep_tokens_type
 from kvlab.plan.kv_formats import KV_DTYPE_NAMES
+from kvlab.runtime.atomic import output_problem
 from kvlab.runtime.checks import parse_list
 
 GIB, MIB = 1024**3, 1024**2
@@ -416,7 +417,7 @@ def _poisson_trace(args: argparse.Namespace):
         args.seed,
     )
     if args.save_trace:
-        problem = _parent_folder_problem("--save-trace", args.save_trace)
+        problem = output_problem(args.save_trace, "--save-trace", folder_must_exist=True)
         if problem:
             raise ValueError(problem)
         save_trace(trace, args.save_trace)
@@ -430,18 +431,6 @@ def _empty_path_flag(args: argparse.Namespace, *flags: str) -> str | None:
         if value is not None and not str(value).strip():
             return f"{flag} must name a file, got {value!r}"
     return None
-
-
-def _parent_folder_problem(flag: str, value: str) -> str | None:
-    """``flag value``'s folder as a problem: a file in the way (``ok.txt/x.csv``), or a folder that does not exist
-    (an output flag of ``kvlab paging`` writes into an existing folder, it creates none); None when it is a folder."""
-    path = Path(value)
-    if path.parent.is_dir():
-        return None
-    blocked = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
-    if blocked is not None:
-        return f"{flag} {value}: {blocked} is a file, not a folder"
-    return f"{flag} {value}: folder {path.parent} does not exist; create it first"
 
 
 def _check_keep_evicts(args: argparse.Namespace, trace, policies) -> None:
@@ -482,10 +471,11 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
                 f"{', '.join(given)}: {'a flag' if len(given) == 1 else 'flags'} of the generated Poisson trace, "
                 f"which --trace {args.trace} replaces; drop {'it' if len(given) == 1 else 'them'} or --trace",
             )
-        try:  # a trace file's errors name its rows and CSV columns (`prompt_tokens`), not flags
+        try:  # a trace file's errors name the file, its rows and CSV columns (`prompt_tokens`); say the flag
             trace = load_trace(args.trace)
         except (ValueError, OSError) as exc:
-            return fail(args, exc)
+            said = str(exc).removeprefix("trace ").removeprefix(f"{Path(args.trace)}: ")
+            return fail(args, f"--trace {args.trace}: {said}")
         source = str(args.trace)
     try:
         check_run_settings(
@@ -567,7 +557,8 @@ def run_figure_cmd(args: argparse.Namespace) -> int:
         return fail(args, file_exists_message(args.out), EXIT_FILE_EXISTS)
     if Path(args.out).suffix.lower() not in FIGURE_SUFFIXES:
         return fail(args, f"--out {args.out}: the figure's suffix must be .png, .svg or .pdf")
-    problem = _parent_folder_problem("--out", args.out)  # a missing folder is refused, as --save-trace's
+    # a missing folder is refused, as --save-trace's
+    problem = output_problem(args.out, "--out", folder_must_exist=True)
     if problem:
         return fail(args, problem)
     try:

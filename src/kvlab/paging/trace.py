@@ -155,9 +155,14 @@ def load_trace(path: str | os.PathLike) -> Trace:
         with path.open(newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)
             rows = list(reader)
+            names = list(reader.fieldnames or [])  # read here: an empty file's header is read again, lazily
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not a text file: {exc}") from exc
-    names = list(reader.fieldnames or [])
+    if not names:
+        raise ValueError(
+            f"{path}: empty file, no header and no requests (a trace starts with the header "
+            f"{','.join(TRACE_COLUMNS)})"
+        )
     twice = next((name for i, name in enumerate(names) if name and name in names[:i]), None)
     if twice is not None:  # csv.DictReader keeps the last of them: one column would be silently dropped
         where = [i for i, name in enumerate(names, start=1) if name == twice]
@@ -170,7 +175,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
         raise ValueError(f"{path}: missing columns {missing}; have {sorted(k for k in names if k)}")
     if not rows:
         raise ValueError(f"{path}: no requests")
-    header = reader.fieldnames or []
+    header = names
     for i, row in enumerate(rows, start=2):  # row 1 is the header
         if None in row or None in row.values():  # DictReader's marks for fields beyond / short of the header
             n = len(header) - list(row.values()).count(None) + len(row.get(None) or ())

@@ -490,3 +490,12 @@ def test_the_default_request_counts_pass_the_memory_check(monkeypatch):
     monkeypatch.setattr(kvlab.lab.longrun, "available_memory_bytes", lambda: GIB)
     assert main(["paging", "static", "--json", "--requests", "400"]) == 0
     assert main(["paging", "simulate", "--json", *SMALL]) == 0
+
+
+@pytest.mark.parametrize("text", ["", "\n\n"])
+def test_an_empty_trace_file_is_named_with_its_flag(capsys, tmp_path, text):
+    # was: "error: I/O operation on closed file." (the header was read lazily after the file closed)
+    path = trace_file(tmp_path, text)
+    fails(capsys, ["simulate", "--trace", path], f"--trace {path}: empty file", "arrival_step")
+    with pytest.raises(ValueError, match="empty file"):
+        load_trace(path)
