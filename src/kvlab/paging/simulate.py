@@ -181,7 +181,7 @@ def _pool_geometry(trace: Trace, policy: Policy, budget: KVBudget, max_len: int)
     num_blocks = int(budget.free_bytes // (bpt * bs))
     peak = trace.peak_kv_tokens
     if peak > max_len:
-        raise ValueError(f"a request holding {peak} KV tokens exceeds max_len {max_len}")
+        raise ValueError(f"a request holding {peak} KV tokens exceeds `max_len` {max_len}")
     if policy.keep_tokens is not None:  # a capped request holds at most ceil(N / bs) blocks
         peak = min(peak, -(-policy.keep_tokens // bs) * bs)
     if -(-peak // bs) > num_blocks:
@@ -190,6 +190,13 @@ def _pool_geometry(trace: Trace, policy: Policy, budget: KVBudget, max_len: int)
             f"the pool has {num_blocks}"
         )
     return bpt, bs, num_blocks
+
+
+def check_pools(trace: Trace, policies: list[Policy], budget: KVBudget, max_len: int) -> None:
+    """Raise before any policy runs what :func:`simulate_policy` would raise for one of ``policies`` later: the
+    trace's largest request exceeds ``max_len``, or alone needs more blocks than a policy's pool has."""
+    for policy in policies:
+        _pool_geometry(trace, policy, budget, max_len)
 
 
 class _Engine:
@@ -488,8 +495,8 @@ def simulate(
     ``progress(step)`` is called as each policy's run starts (one step per policy).
 
     Raises:
-        ValueError: a run setting :func:`check_run_settings` refuses (before any policy runs), no policy, or two
-            policies of one name.
+        ValueError: a run setting :func:`check_run_settings` refuses (before any policy runs), no policy, two
+            policies of one name, or a request too long for ``max_len`` or a policy's pool (:func:`check_pools`).
     """
     check_run_settings(max_len, max_running, check_every)  # before any policy runs, not after the first
     budget = budget or default_budget()
@@ -512,6 +519,7 @@ def simulate(
         },
         "policies": {},
     }
+    check_pools(trace, policies, budget, max_len)  # before the first policy runs, not after it
     for policy in policies:
         if progress is not None:
             progress(f"policy {policy.name}: {len(trace):,} requests")

@@ -499,3 +499,19 @@ def test_an_empty_trace_file_is_named_with_its_flag(capsys, tmp_path, text):
     fails(capsys, ["simulate", "--trace", path], f"--trace {path}: empty file", "arrival_step")
     with pytest.raises(ValueError, match="empty file"):
         load_trace(path)
+
+
+@pytest.mark.parametrize(
+    "extra, said",
+    [
+        (["--prefix-tokens", "4000"], ("exceeds --max-len 4096", "--prefix-tokens 4000", "--prompt-tokens")),
+        (["--max-len", "100"], ("exceeds --max-len 100", "--output-tokens")),
+        (["--gpu-mem-gib", "19"], ("the pool has 0", "--gpu-mem-gib 19", "--reserve-gib 4", "--max-len")),
+    ],
+)
+def test_a_request_that_cannot_fit_is_refused_before_the_first_policy_runs(capsys, tmp_path, extra, said):
+    # was: "[1/4] policy contiguous" began, then "... exceeds max_len 4096" / "the pool has 0", no flag named
+    saved = tmp_path / "t.csv"
+    assert main(["paging", "simulate", "--requests", "50", "--save-trace", str(saved), *extra]) == 2
+    err = capsys.readouterr().err
+    assert all(s in err for s in said) and "[1/" not in err and not saved.exists(), err

@@ -129,7 +129,7 @@ def test_trace_round_trip_and_validation(tmp_path):
 
 
 def test_requests_that_cannot_fit_are_rejected():
-    with pytest.raises(ValueError, match="holding 149 KV tokens exceeds max_len 128"):
+    with pytest.raises(ValueError, match="holding 149 KV tokens exceeds `max_len` 128"):
         simulate_policy(trace_of([(0, 100, 50)]), Policy("paged"), tiny_budget(4096), max_len=128)
     with pytest.raises(ValueError, match="needs 7 blocks, the pool has 4"):
         simulate_policy(trace_of([(0, 100, 1)]), Policy("paged"), tiny_budget(64), max_len=128)

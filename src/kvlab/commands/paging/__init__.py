@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 from kvlab.commands import EXIT_FILE_EXISTS, add_command_group, fail, file_exists_message, progress, table
+from kvlab.commands.paging.checks import check_fits, check_keep_evicts
 from kvlab.commands.plan.flags import flag_message, keep_tokens_type
 from kvlab.plan.kv_formats import KV_DTYPE_NAMES
 from kvlab.runtime.atomic import output_problem
@@ -385,15 +386,14 @@ def _poisson_flags_given(args: argparse.Namespace) -> list[str]:
 
 
 def _poisson_trace(args: argparse.Namespace):
-    """The generated trace of the Poisson flags and its description; written to ``--save-trace`` when given.
+    """The generated trace of the Poisson flags and its description (the caller writes ``--save-trace``).
 
     Raises:
         ValueError: a bad Poisson flag, ``--prefix-tokens`` > 0 given with ``--prefix-groups 0`` (the prefix would
             be silently dropped), or a ``--save-trace`` folder that does not exist or is a file.
-        OSError: ``--save-trace`` exists or cannot be written.
     """
     from kvlab.paging.simulate import simulate_memory_bytes
-    from kvlab.paging.trace import poisson_trace, save_trace
+    from kvlab.paging.trace import poisson_trace
 
     if args.prefix_groups == 0 and args.prefix_tokens:
         raise ValueError(
@@ -420,7 +420,6 @@ def _poisson_trace(args: argparse.Namespace):
         problem = output_problem(args.save_trace, "--save-trace", folder_must_exist=True)
         if problem:
             raise ValueError(problem)
-        save_trace(trace, args.save_trace)
     return trace, f"poisson(rate={args.rate:g}/step, n={args.requests}, seed={args.seed})"
 
 
@@ -433,28 +432,11 @@ def _empty_path_flag(args: argparse.Namespace, *flags: str) -> str | None:
     return None
 
 
-def _check_keep_evicts(args: argparse.Namespace, trace, policies) -> None:
-    """Refuse ``--keep-tokens N`` when no request of the trace grows past N tokens: ``paged+keepN`` would evict
-    nothing and repeat ``paged``.
-
-    Raises:
-        ValueError: naming the flag, its value and the longest request.
-    """
-    if args.keep_tokens is None or not any(p.keep_tokens for p in policies):
-        return
-    longest = int((trace.prompt_tokens + trace.output_tokens).max())
-    if args.keep_tokens >= longest:
-        raise ValueError(
-            f"--keep-tokens {args.keep_tokens} is not below the longest request ({longest} tokens, prompt + "
-            f"output): paged+keep{args.keep_tokens} would evict nothing and repeat paged; use a smaller N"
-        )
-
-
 def run_simulate_cmd(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from kvlab.paging.simulate import check_run_settings, simulate
-    from kvlab.paging.trace import load_trace
+    from kvlab.paging.trace import load_trace, save_trace
 
     problem = _empty_path_flag(args, "--trace", "--save-trace")
     if problem:
@@ -483,13 +465,16 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
         )  # before the trace is made or saved
         if not args.trace:
             trace, source = _poisson_trace(args)
-        policies = _policies(args)
-        _check_keep_evicts(args, trace, policies)
+        policies, budget = _policies(args), _budget(args)
+        check_keep_evicts(args, trace, policies)
+        check_fits(args, trace, policies, budget)
+        if args.save_trace:  # the trace is saved once the run can use it
+            save_trace(trace, args.save_trace)
         with progress(Console(stderr=True), len(policies), "kvlab paging simulate") as bar:
             result = simulate(
                 trace,
                 policies,
-                _budget(args),
+                budget,
                 max_len=args.max_len,
                 max_running=args.max_running,
                 check_every=args.check_every,

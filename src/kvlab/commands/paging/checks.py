@@ -1,0 +1,64 @@
+"""Checks ``kvlab paging simulate`` makes on the trace before the first policy runs, each naming the flags that
+set the refused values (the library, :mod:`kvlab.paging.simulate`, names its parameters)."""
+
+from __future__ import annotations
+
+import argparse
+
+from kvlab.paging.budget import GIB
+
+
+def check_keep_evicts(args: argparse.Namespace, trace, policies) -> None:
+    """Refuse ``--keep-tokens N`` when no request of the trace grows past N tokens: ``paged+keepN`` would evict
+    nothing and repeat ``paged``.
+
+    Raises:
+        ValueError: naming the flag, its value and the longest request.
+    """
+    if args.keep_tokens is None or not any(p.keep_tokens for p in policies):
+        return
+    longest = int((trace.prompt_tokens + trace.output_tokens).max())
+    if args.keep_tokens >= longest:
+        raise ValueError(
+            f"--keep-tokens {args.keep_tokens} is not below the longest request ({longest} tokens, prompt + "
+            f"output): paged+keep{args.keep_tokens} would evict nothing and repeat paged; use a smaller N"
+        )
+
+
+def _requests_source(args: argparse.Namespace) -> str:
+    """Where the requests came from, in flags: ``--trace t.csv`` or the generated trace's length flags."""
+    if args.trace:
+        return f"the longest request of --trace {args.trace}"
+    prefix = f" + --prefix-tokens {args.prefix_tokens}" if args.prefix_groups and args.prefix_tokens else ""
+    prompt, output = args.prompt_tokens, args.output_tokens
+    return (
+        f"the longest generated request: --prompt-tokens {prompt[0]}:{prompt[1]}{prefix} + --output-tokens "
+        f"{output[0]}:{output[1]}"
+    )
+
+
+def check_fits(args: argparse.Namespace, trace, policies, budget) -> None:
+    """Refuse, before any policy runs, a trace whose longest request exceeds ``--max-len`` or alone does not fit a
+    policy's KV pool (what ``--gpu-mem-gib`` leaves after the weights and ``--reserve-gib``).
+
+    Raises:
+        ValueError: the library's reason, then the flags that set the request lengths and the pool.
+    """
+    from kvlab.paging.simulate import check_pools
+
+    try:
+        check_pools(trace, policies, budget, args.max_len)
+    except ValueError as exc:
+        message = str(exc)
+        if "`max_len`" in message:
+            raise ValueError(
+                f"{message.replace('`max_len`', '--max-len')} ({_requests_source(args)}); raise --max-len or "
+                "shorten the requests"
+            ) from None
+        gpu = f"--gpu-mem-gib {args.gpu_mem_gib:g}" if args.gpu_mem_gib is not None else "the device"
+        raise ValueError(
+            f"{message} ({_requests_source(args)}): the KV pool is {budget.free_bytes / GIB:.2f} GiB, what {gpu} "
+            f"leaves after {budget.weight_bytes / GIB:.2f} GiB of --model weights and --reserve-gib "
+            f"{args.reserve_gib:g}; give more memory or shorter requests"
+            + (" or a smaller --max-len (a contiguous block)" if "'contiguous'" in message else "")
+        ) from None
