@@ -174,3 +174,14 @@ def test_a_model_that_cannot_run_kvlab_attention_gets_the_rest_of_the_report(tin
     }
     assert r["fp8"]["e4m3"]["per-head"]["saturated_fraction"] >= 0  # ranges and FP8 fractions are still there
     assert not any("fp8_key_attention_kl" in h for layer in r["layers"] for h in layer["heads"])
+
+
+def test_attention_kl_of_a_2_token_prompt_is_not_measured_rather_than_zero(tiny_qwen2):
+    # the breakit pass saw a table of 0.00e+00: the last query attends to one key, a KL of 0 by construction
+    report = inspect_kv(tiny_qwen2, torch.tensor([[5, 7]]), calibrate_tokens=1)
+    kl = report["fp8_key_attention_kl"]
+    assert kl["measured"] is False and "2 tokens" in kl["note"] and "at least 3" in kl["note"]
+    assert report["settings"]["attention_queries"] == 0
+    assert not any("fp8_key_attention_kl" in h for layer in report["layers"] for h in layer["heads"])
+    three = inspect_kv(tiny_qwen2, torch.tensor([[5, 7, 9]]), calibrate_tokens=1)
+    assert three["fp8_key_attention_kl"]["measured"]
