@@ -45,6 +45,11 @@ class VideoClip:
         ):
             raise ValueError(f"`seconds` must be finite and > 0, got {self.seconds!r}")
         frames = self.seconds * self.fps
+        if frames >= 2**53:  # past it a float holds no exact whole number: the frame count would be noise
+            raise ValueError(
+                f"`seconds` {self.seconds:g} x `fps` {self.fps} = {frames:.3g} frames; at most 2**53 frames can be "
+                "counted exactly"
+            )
         if abs(frames - round(frames)) > 1e-9:
             raise ValueError(f"`seconds` * `fps` must be a whole number of frames, got {frames!r}")
         if self.latent_frames < 1:

@@ -24,8 +24,9 @@ from kvlab.plan.scenario import DEFAULT_CONTEXT_TOKENS, DEFAULT_GPU
 
 
 def byte_count(text: str) -> int:
-    """An integer byte count; accepts ``1e9`` (a plain integer is read exactly, not through a float)."""
-    refused = argparse.ArgumentTypeError(f"a non-negative whole number of bytes, got {text!r}")
+    """An integer byte count >= 1 (``--weight-bytes``: no model has 0 weight bytes, and 0 made the decode bound
+    infinite); accepts ``1e9`` (a plain integer is read exactly, not through a float)."""
+    refused = argparse.ArgumentTypeError(f"a whole number of bytes >= 1, got {text!r}")
     try:
         value = int(text)
     except ValueError:
@@ -36,7 +37,7 @@ def byte_count(text: str) -> int:
         if not math.isfinite(number) or number != int(number):
             raise refused from None
         value = int(number)
-    if value < 0:
+    if value < 1:
         raise refused
     return value
 

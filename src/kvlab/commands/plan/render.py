@@ -14,6 +14,11 @@ from kvlab.commands import table
 GIB = 1024**3
 
 
+def _rate(x: float) -> str:
+    """A tokens/s figure: one decimal, or three significant digits below 0.1 (``1.2e-09``, not ``0.0``)."""
+    return f"{x:,.1f}" if x == 0 or x >= 0.1 else f"{x:.3g}"
+
+
 def _gib(n: float | int | None) -> str:
     """Binary units (KiB/MiB/GiB = 2^10/2^20/2^30 B), GiB from 1 GiB up."""
     if n is None:
@@ -253,7 +258,7 @@ def _add_bound_rows(t, r: dict) -> None:
             f"{r['decode_step_lower_bound_ms']:.3f} ms",
             f"{r['limiter']}-bound; {r['bytes_per_step'] / GIB:,.2f} GiB per step",
         )
-        t.add_row("tokens/s upper bound", f"{r['tokens_per_s_upper_bound']:,.1f}", f"batch {r['batch']}")
+        t.add_row("tokens/s upper bound", _rate(r["tokens_per_s_upper_bound"]), f"batch {r['batch']}")
     t.add_row(
         "decode attention intensity",
         f"{r['decode_attention_intensity']:.2f} FLOP/B",
@@ -308,7 +313,7 @@ def print_roofline(r: dict) -> None:
             f"{r['decode_step_lower_bound_ms']:.3f} ms",
             f"{r['bytes_per_step']:,} B per step ({r['bytes_per_step'] / GIB:,.2f} GiB), {r['limiter']}-bound",
         )
-        t.add_row("tokens/s upper bound", f"{r['tokens_per_s_upper_bound']:,.1f}", "batch / step bound")
+        t.add_row("tokens/s upper bound", _rate(r["tokens_per_s_upper_bound"]), "batch / step bound")
     _add_measured_row(t, r["measured"])
 
     ideal = table(
