@@ -222,6 +222,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.threads is not None:
             check_int("threads", args.threads, 1, flag="--threads")
+        if args.model is not None and not args.model.strip():  # '' is not "the bundled model"
+            raise ValueError(f"--model must name a model, got {args.model!r}; leave it out for the bundled one")
         for flag, value in (("--out", args.out), ("--resume", args.resume), ("--figure", args.figure)):
             if value is not None and not value.strip():  # '' is not "the default"
                 raise ValueError(f"{flag} must name a file, got {value!r}")

@@ -64,7 +64,9 @@ def flag_message(args: argparse.Namespace, exc: Exception) -> str:
         if m.group(2):
             return m.group(2)
         dest = _FLAG_OF.get(m.group(1), m.group(1))
-        if dest == "model" or dest not in vars(args):  # plan's MODEL is positional; a config field stays
+        if dest == "model" and dest in vars(args):  # plan's MODEL is positional; roofline's and video's a flag
+            return "MODEL" if str(getattr(args, "kvlab_prog", "")).endswith(" plan") else "--model"
+        if dest not in vars(args):  # a config field stays
             return m.group(0)
         return "--" + dest.replace("_", "-")
 

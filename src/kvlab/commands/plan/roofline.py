@@ -44,7 +44,7 @@ def run_roofline(args: argparse.Namespace) -> int:
         return fail(args, f"--list-gpus prints a table and exits; it takes no --model, got {args.model!r}")
     if print_lists(args):
         return 0
-    args.model = args.model or DEFAULT_MODEL
+    args.model = DEFAULT_MODEL if args.model is None else args.model  # '' is refused, not the default
     problem = flags.device_flag_problem(args)
     if problem:
         return fail(args, problem)
