@@ -20,6 +20,7 @@ from kvlab.lab.toy import (
     generate_naive,
     make_prompt,
     make_weights,
+    peak_bytes,
 )
 from kvlab.runtime.blas import blas_threads
 from kvlab.runtime.checks import check_int
@@ -71,10 +72,11 @@ def run_toy_lab(
     logits instead (an off-by-one that makes a correct cache look wrong).
 
     Raises:
-        ValueError: ``repeat`` < 1 or ``threads`` < 1.
+        ValueError: ``repeat`` < 1, ``threads`` < 1, or a run the memory cannot hold (:func:`check_toy_memory`).
     """
     cfg = ToyConfig() if cfg is None else cfg
     check_int("repeat", repeat, 1)
+    check_toy_memory(cfg)
     threads = default_threads() if threads is None else threads
     report = progress or (lambda step: None)
     weights, prompt = make_weights(cfg), make_prompt(cfg)
@@ -109,6 +111,28 @@ def run_toy_lab(
         "tokens": tokens_cached,
         "config": dataclasses.asdict(cfg),
     }
+
+
+def check_toy_memory(cfg: ToyConfig, available: int | None = -1) -> None:
+    """Refuse a toy run whose :func:`~kvlab.lab.toy.peak_bytes` exceed the ``available`` memory (default:
+    :func:`kvlab.lab.longrun.available_memory_bytes`; ``None``: unknown, no check), before any work.
+
+    Raises:
+        ValueError: naming ``new_tokens``, both sizes and the most new tokens that would fit.
+    """
+    from kvlab.lab import longrun
+
+    available = longrun.available_memory_bytes() if available == -1 else available
+    if available is None or peak_bytes(cfg) <= available:
+        return
+    low, high = 0, cfg.new_tokens  # the most new tokens whose peak fits (0: not even the prompt)
+    while low < high:
+        mid = (low + high + 1) // 2
+        fits = peak_bytes(dataclasses.replace(cfg, new_tokens=mid)) <= available
+        low, high = (mid, high) if fits else (low, mid - 1)
+    hint = f"at most about {low:,} new tokens fit" if low else "the prompt alone does not fit"
+    problem = longrun.memory_refusal(f"`new_tokens` {cfg.new_tokens:,}", peak_bytes(cfg), available, hint)
+    raise ValueError(problem)
 
 
 def _time_generators(weights, cfg: ToyConfig, prompt: list[int], repeat, warmup, threads, report):

@@ -97,6 +97,14 @@ class ToyConfig(HeadShape):
         return 2 * self.n_layers * self.kv_heads * self.head_dim * 4
 
 
+def peak_bytes(cfg: ToyConfig) -> int:
+    """About the most memory the toy lab holds at once for ``cfg``: the preallocated caches (``max_tokens`` x
+    ``kv_bytes_per_token``) and the reference forward's causal attention over ``max_tokens`` tokens (scores, masked
+    scores and probabilities in float32 per query head, and the boolean mask)."""
+    t = cfg.max_tokens
+    return t * cfg.kv_bytes_per_token + 3 * cfg.q_heads * t * t * 4 + t * t
+
+
 @dataclass(frozen=True)
 class ToyWeights:
     """Weights of the toy decoder, fp32. ``layers[i]`` maps ``wq wk wv wo w1 w2`` to matrices:

@@ -85,3 +85,25 @@ def test_a_long_reference_forward_is_warned_about_before_it_starts(monkeypatch):
     assert json.loads(out)["warnings"] == [warnings[0].removeprefix("warning: ")]
     code, out, err = _run(["lab", "--real", "--json", "--tokens", "8"])
     assert code == 0 and not [line for line in err if line.startswith("warning:")]
+
+
+def test_toy_lab_new_tokens_past_the_memory_is_refused_before_any_work(monkeypatch, capsys):
+    # was: numpy ArrayMemoryError (238 GiB) traceback, exit 1, after the append measurement ran
+    from kvlab.lab import append, equivalence
+    from kvlab.lab.toy import ToyConfig, peak_bytes
+
+    def never(*args, **kwargs):
+        raise AssertionError("work started before --new-tokens was checked")
+
+    monkeypatch.setattr(longrun, "available_memory_bytes", lambda: 8 * 2**30)
+    monkeypatch.setattr(append, "measure_append_cost", never)
+    assert main(["lab", "--new-tokens", "999999999"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "--new-tokens 999,999,999 needs about" in err and "8.00 GiB available" in err and "fit" in err, err
+    with pytest.raises(ValueError, match="at most about") as refused:
+        equivalence.check_toy_memory(ToyConfig(new_tokens=10**6), available=8 * 2**30)
+    fit = int(str(refused.value).split("at most about ")[1].split(" ")[0].replace(",", ""))
+    assert peak_bytes(ToyConfig(new_tokens=fit)) <= 8 * 2**30 < peak_bytes(ToyConfig(new_tokens=fit + 1))
+    equivalence.check_toy_memory(ToyConfig(), available=8 * 2**30)  # the default run fits
+    equivalence.check_toy_memory(ToyConfig(new_tokens=10**6), available=None)  # unknown memory: no check

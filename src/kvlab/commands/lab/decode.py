@@ -118,11 +118,12 @@ def _run(args: argparse.Namespace) -> int:
 
     from kvlab.lab import ToyConfig, run_toy_lab
     from kvlab.lab.append import measure_append_cost
-    from kvlab.lab.equivalence import toy_steps
+    from kvlab.lab.equivalence import check_toy_memory, toy_steps
     from kvlab.runtime.timing import default_threads
 
     try:  # the library names its arguments (`kv_heads`): the user typed flags
         cfg = ToyConfig(kv_heads=args.kv_heads, new_tokens=args.new_tokens)
+        check_toy_memory(cfg)  # before the append measurement's seconds
     except ValueError as exc:
         raise ValueError(flag_names(exc, TOY_NAMES)) from None
     if args.repeat < 1:  # checked before any long work starts
