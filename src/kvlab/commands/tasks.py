@@ -22,7 +22,8 @@ from kvlab.commands import (
     sigterm_raises,
 )
 from kvlab.runtime.atomic import output_problem
-from kvlab.runtime.checks import check_int, int_list, parse_list
+from kvlab.runtime.checks import int_list, parse_list
+from kvlab.runtime.timing import check_threads
 
 DEFAULT_OUT = "kvlab-tasks.json"
 DEFAULT_THREADS = 1  # --threads when not given (docs/TASKS.md: --quick timed with 1 and 2)
@@ -220,8 +221,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:16s} {spec.haystack:6s} {spec.summary}")
         return EXIT_OK
     try:
-        if args.threads is not None:
-            check_int("threads", args.threads, 1, flag="--threads")
+        check_threads(args.threads)  # at most the CPUs this process may use
         if args.model is not None and not args.model.strip():  # '' is not "the bundled model"
             raise ValueError(f"--model must name a model, got {args.model!r}; leave it out for the bundled one")
         for flag, value in (("--out", args.out), ("--resume", args.resume), ("--figure", args.figure)):

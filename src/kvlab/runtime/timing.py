@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from kvlab.runtime.checks import check_int
+from kvlab.runtime.checks import check_int, is_int
 
 # other processes using more than the cores this run leaves free plus this many (on average over the timed
 # window) make the timings suspect: then they compete with our threads. On a 2-core machine a 2-thread torch job is
@@ -264,6 +264,26 @@ def default_threads(cpus: int | None = None) -> int:
         return n
     cpus = usable_cpus() if cpus is None else check_int("cpus", cpus, 1)
     return max(1, cpus - 1)
+
+
+def check_threads(threads: int | None, flag: str = "--threads", cpus: int | None = None) -> int | None:
+    """``threads`` (``None``: not given) when it is an int from 1 to ``cpus`` (default :func:`usable_cpus`): more
+    threads than CPUs only contend for them (``kvlab lab --threads 999`` on 2 CPUs ran for minutes).
+
+    Raises:
+        ValueError: not an int >= 1, or more than ``cpus``; naming ``flag``, the value and the CPUs.
+    """
+    if threads is None:
+        return None
+    if not is_int(threads) or threads < 1:
+        raise ValueError(f"{flag} must be an int >= 1, got {threads!r}")
+    cpus = usable_cpus() if cpus is None else cpus
+    if threads > cpus:
+        raise ValueError(
+            f"{flag} {threads} is more than the {cpus} CPU{'s' if cpus > 1 else ''} this process may use; "
+            f"give at most {cpus} (more threads than CPUs only contend for them)"
+        )
+    return int(threads)
 
 
 def usable_cpus() -> int:

@@ -21,7 +21,7 @@ from kvlab.task_figures import task_figure_data
         (["--contexts", "512,x"], "'x' in '512,x' is not an integer >= 128"),
         (["--contexts", "64"], "'64' in '64' is not an integer >= 128"),
         (["--n", "0"], "`n` (--n) must be an int >= 1, got 0"),
-        (["--threads", "0"], "`threads` (--threads) must be an int >= 1, got 0"),
+        (["--threads", "0"], "--threads must be an int >= 1, got 0"),
         (["--max-drop", "1.5"], "`max_drop` must be in [0, 1], got 1.5"),
         (["--tasks", "vt,vt"], "'vt' is given twice in 'vt,vt'"),
         (["--tasks", "vt,,cwe"], "empty item in 'vt,,cwe'"),

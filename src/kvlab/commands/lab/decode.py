@@ -119,7 +119,7 @@ def _run(args: argparse.Namespace) -> int:
     from kvlab.lab import ToyConfig, run_toy_lab
     from kvlab.lab.append import measure_append_cost
     from kvlab.lab.equivalence import check_toy_memory, toy_steps
-    from kvlab.runtime.timing import default_threads
+    from kvlab.runtime.timing import check_threads, default_threads
 
     try:  # the library names its arguments (`kv_heads`): the user typed flags
         cfg = ToyConfig(kv_heads=args.kv_heads, new_tokens=args.new_tokens)
@@ -128,9 +128,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(flag_names(exc, TOY_NAMES)) from None
     if args.repeat < 1:  # checked before any long work starts
         raise ValueError(f"--repeat must be >= 1, got {args.repeat!r}")
-    threads = default_threads() if args.threads is None else args.threads
-    if threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {threads!r}")
+    threads = default_threads() if args.threads is None else check_threads(args.threads)
     contexts = () if args.no_append else tuple(args.append_contexts)
     if contexts and any(t < 1 for t in contexts):  # fail in milliseconds, before the toy decoder's seconds
         raise ValueError(f"--append-contexts must be positive token counts, got {' '.join(map(str, contexts))}")
