@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             args, f"give one or two result files (an eval and a tasks result), got {len(args.result)}"
         )
     try:
-        result, tasks = read_results(args.result, flag="kvlab report")
+        result, tasks = read_results(args.result, flag=None)  # RESULT is positional: the files are named
     except (FileNotFoundError, ValueError) as exc:
         return fail(args, exc)
     if args.html:

@@ -133,10 +133,11 @@ def read_result(path: str | Path, *, tasks: bool = False) -> dict:
 
 
 def read_results(
-    paths: Sequence[str | Path] | None, *, flag: str = "the result"
+    paths: Sequence[str | Path] | None, *, flag: str | None = "the result"
 ) -> tuple[dict | None, dict | None]:
     """``(eval result, tasks result)`` of ``paths`` (at most one of each kind), each validated by its own schema
-    (:func:`read_result` with ``tasks``); None where not given. ``flag`` names the argument in the message.
+    (:func:`read_result` with ``tasks``); None where not given. ``flag`` names the argument in the message (None:
+    a positional argument, the files alone are named).
 
     Raises:
         ValueError: a file that is not a valid result of either kind, or two files of one kind (both named).
@@ -147,8 +148,9 @@ def read_results(
         result = read_result(path, tasks=True)
         kind = "tasks" if is_tasks_result(result) else "eval"
         if kind in found:
-            raise ValueError(
-                f"{flag}: {found[kind][0]} and {path} are both kvlab {kind} results; give one of each kind"
-            )
+            first, where = found[kind][0], f"{flag}: " if flag else ""
+            if Path(first).resolve() == Path(path).resolve():
+                raise ValueError(f"{where}{path} is given twice; give one eval result and/or one tasks result")
+            raise ValueError(f"{where}{first} and {path} are both kvlab {kind} results; give one of each kind")
         found[kind] = (path, result)
     return found.get("eval", (None, None))[1], found.get("tasks", (None, None))[1]

@@ -116,8 +116,13 @@ def test_report_html_of_an_eval_and_a_tasks_result(eval_result, tasks_result, tm
 
 def test_report_refuses_two_of_a_kind_and_nothing(tasks_result, tmp_path, capsys):
     tasks = _write(tmp_path, "t.json", tasks_result)
+    other = _write(tmp_path, "u.json", tasks_result)
+    assert main(["report", str(tasks), str(other)]) == 2
+    err = capsys.readouterr().err
+    # was: "kvlab report: error: kvlab report: ..." (the command's name given as the flag)
+    assert err == f"kvlab report: error: {tasks} and {other} are both kvlab tasks results; give one of each kind\n"
     assert main(["report", str(tasks), str(tasks)]) == 2
-    assert "both kvlab tasks results" in capsys.readouterr().err
+    assert f"error: {tasks} is given twice" in capsys.readouterr().err
     with pytest.raises(ValueError, match="give an eval result"):
         render_report()
 
