@@ -20,6 +20,7 @@ from kvlab.cli import main
         (["--threads", "0", "--no-append"], "--threads"),
         (["--append-contexts", "0"], "--append-contexts must be positive token counts, got 0"),
         (["--append-contexts", "99999999999"], "99999999999"),  # ~400 TB: the allocation fails
+        (["--append-contexts", "64", "64"], "--append-contexts gives 64 twice in 64 64"),  # was measured twice
         (["--real", "--tokens", "0"], "tokens"),
         (["--real", "--batch", "0"], "batch"),
         (["--real", "--dtype", "int8"], "dtype"),

@@ -132,6 +132,9 @@ def _run(args: argparse.Namespace) -> int:
     contexts = () if args.no_append else tuple(args.append_contexts)
     if contexts and any(t < 1 for t in contexts):  # fail in milliseconds, before the toy decoder's seconds
         raise ValueError(f"--append-contexts must be positive token counts, got {' '.join(map(str, contexts))}")
+    twice = next((t for i, t in enumerate(contexts) if t in contexts[:i]), None)
+    if twice is not None:  # it would be measured twice, as other list flags refuse it
+        raise ValueError(f"--append-contexts gives {twice} twice in {' '.join(map(str, contexts))}")
     append = None
     total = len(contexts) + toy_steps(args.repeat)
     with progress(Console(stderr=True), total, "kvlab lab") as bar:
