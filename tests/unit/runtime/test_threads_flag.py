@@ -1,5 +1,6 @@
 """``--threads`` above the CPUs this process may use is refused by every command that has it (breakit item 23:
-``kvlab lab --threads 999`` on a 2-CPU machine ran for minutes), before any work."""
+``kvlab lab --threads 999`` on a 2-CPU machine ran for minutes), before any work. kvlab eval's EvalConfig
+already bounds it (tests/unit/eval/test_bad_input_eval_candidates.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from kvlab.runtime import timing
     [
         ["lab", "--threads", "3"],
         ["tasks", "--quick", "--threads", "3", "--dry-run"],
-        ["eval", "--quick", "--threads", "3", "--dry-run"],
     ],
 )
 def test_threads_above_the_usable_cpus_is_refused(monkeypatch, tmp_path, capsys, argv):

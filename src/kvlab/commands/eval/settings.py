@@ -170,10 +170,6 @@ def _check_candidates_evict(cfg) -> None:
 def config_from_args(args: argparse.Namespace):
     """Build the EvalConfig (``--quick`` base, then every explicit flag)."""
     from kvlab.eval.config import EvalConfig, Gates, quick_config
-    from kvlab.runtime.timing import check_threads
-
-    if isinstance(args.threads, int) and args.threads >= 1:  # EvalConfig names a value below 1
-        check_threads(args.threads)
 
     overrides = {
         field: getattr(args, flag) for flag, field in _FIELDS.items() if getattr(args, flag) is not None
