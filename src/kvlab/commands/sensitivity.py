@@ -258,8 +258,8 @@ def run_allocate(args: argparse.Namespace) -> int:
         budget = budget_bytes(spec, args.budget, tokens, **kivi)
         kl = _above_floor(sweep["kl"], args.floor)
         out = allocate(spec, _chosen_formats(kl, args.formats), budget, tokens, **kivi)
-    except ValueError as exc:
-        return fail(args, exc)
+    except ValueError as exc:  # the planner names its `budget`: the user typed --budget
+        return fail(args, str(exc).replace("`budget`", "--budget"))
     folder = args.out_dir or os.environ.get(PLAN_DIR_ENV)
     if not folder:
         return fail(args, f"give --out-dir or set ${PLAN_DIR_ENV} (the folder kvlab eval reads plans from)")

@@ -107,7 +107,8 @@ def check_candidate_names(names: tuple[str, ...], kivi_attention: str = "dequant
         reasons = "; ".join(why if repr(name) in why else f"{name!r}: {why}" for name, why in bad.items())
         raise ValueError(_refused(list(bad), reasons))
     if len(set(names)) != len(names):
-        raise ValueError(f"duplicate cache candidates in {list(names)}")
+        twice = next(n for i, n in enumerate(names) if n in names[:i])
+        raise ValueError(f"`candidates` names {twice!r} twice: {list(names)}")
     seen: dict[tuple, str] = {}
     # a setting written out at its default (sink:window_length=256 = sink) names the same cache
     for name in names:

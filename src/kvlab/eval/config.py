@@ -355,5 +355,5 @@ def quick_config(**overrides) -> EvalConfig:
 def check_label(label: str) -> str:
     """Return ``label`` if it is a safe file stem (letters, digits, '.', '_', '-'); raise ``ValueError`` otherwise."""
     if not isinstance(label, str) or not _LABEL.match(label) or label in (".", ".."):
-        raise ValueError(f"label must be 1-100 characters of letters, digits, '.', '_' or '-', got {label!r}")
+        raise ValueError(f"`label` must be 1-100 characters of letters, digits, '.', '_' or '-', got {label!r}")
     return label

@@ -59,13 +59,13 @@ def budget_bytes(
         fraction = None
     if fraction is not None:
         if not 0 < fraction <= 1:
-            raise ValueError(f"budget {budget!r}: a fraction of the float cache must be in (0, 1]")
+            raise ValueError(f"`budget` {budget!r}: a fraction of the float cache must be in (0, 1]")
         return math.floor(fraction * kv_bytes(spec, tokens, 1, kv_dtype("auto", spec.dtype)))
     try:
         kvd = kv_dtype(text, spec.dtype, group_size=group_size, residual_length=residual_length)
     except ValueError as exc:
         raise ValueError(
-            f"budget {budget!r} is neither a fraction in (0, 1] nor a cache name: {exc}"
+            f"`budget` {budget!r} is neither a fraction in (0, 1] nor a cache name: {exc}"
         ) from None
     return kv_bytes(spec, tokens, 1, kvd)
 
@@ -117,7 +117,7 @@ def allocate(
     cheapest = min(options, key=lambda pair: cost[pair])
     if budget < cost[cheapest] * n:
         raise ValueError(
-            f"budget {budget:,} B is below the smallest plan: every layer {cheapest[0]}/{cheapest[1]}, "
+            f"`budget` {budget:,} B is below the smallest plan: every layer {cheapest[0]}/{cheapest[1]}, "
             f"{cost[cheapest] * n:,} B at {tokens:,} tokens"
         )
     unit = max(1, budget // resolution)

@@ -100,7 +100,7 @@ def test_a_budget_below_the_smallest_plan_is_refused_in_one_line(fragile, result
     smallest = budget_bytes(spec, "kivi-2", CONTEXT, group_size=G, residual_length=R)
     allocate(spec, result["kl"], smallest, CONTEXT, group_size=G, residual_length=R)  # exactly fits
     with pytest.raises(
-        ValueError, match=rf"budget {smallest - 1:,} B is below the smallest plan: every layer "
+        ValueError, match=rf"`budget` {smallest - 1:,} B is below the smallest plan: every layer "
     ):
         allocate(spec, result["kl"], smallest - 1, CONTEXT, group_size=G, residual_length=R)
     for bad, match in (("0", r"must be in \(0, 1\]"), ("kivi-3", "neither a fraction")):

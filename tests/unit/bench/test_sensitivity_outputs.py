@@ -79,3 +79,14 @@ def test_allocate_refuses_a_sweep_with_a_nan_or_negative_kl(tmp_path, capsys, ba
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"holds {bad!r}, not a KL >= 0" in err, err
     assert not plans.exists()
+
+
+@pytest.mark.parametrize(
+    "budget, said",
+    [("0", "--budget '0': a fraction of the float cache must be in (0, 1]"), ("kivi-3", "--budget 'kivi-3' is neither")],
+)
+def test_allocate_names_a_bad_budget_by_its_flag(tmp_path, capsys, budget, said):
+    # was: "budget '0': ..." (the planner's argument, not the flag typed)
+    argv = ["sensitivity", "allocate", str(SWEEP), "--budget", budget, "--name", "t3", "--out-dir", str(tmp_path)]
+    assert main(argv) == 2
+    assert said in capsys.readouterr().err

@@ -144,3 +144,17 @@ def test_evicting_candidates_that_evict_somewhere_are_accepted(tmp_path):
         "dynamic,sink,sink:sink_tokens=4:window_length=1000,snapkv:token_budget=1000,tova:token_budget=1000"
     )
     assert dry(tmp_path, "--candidates", names) == 0
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        # were: "duplicate cache candidates in [...]" and "label must be ...", no flag named
+        (["--candidates", "dynamic,dynamic"], "`candidates` (--candidates) names 'dynamic' twice"),
+        (["--label", "../x"], "`label` (--label) must be 1-100 characters"),
+    ],
+)
+def test_a_refused_candidate_list_or_label_names_its_flag(tmp_path, capsys, argv, said):
+    assert dry(tmp_path, *argv) == 2
+    assert said in err_of(capsys)
+    assert list(tmp_path.iterdir()) == []

@@ -53,6 +53,7 @@ def with_flags(message: str) -> str:
     """A config error names the flag beside the field: "`threads` must ..." -> "`threads` (--threads) must ..."."""
     flags = {field: flag.replace("_", "-") for flag, field in _FIELDS.items()}
     flags["retrieval_contexts"] = "retrieval-contexts"  # set outside _FIELDS ('all' / 'none')
+    flags["label"] = "label"  # checked where the result file is named
     flags.update({gate: gate.replace("_", "-") for gate in _gate_flags()})  # Gates' fields are their flags
     for field, flag in flags.items():
         message = message.replace(f"`{field}`", f"`{field}` (--{flag})", 1)
