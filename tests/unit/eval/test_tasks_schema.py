@@ -88,5 +88,9 @@ def test_readers_validate_a_tasks_file(tmp_path):
         read_result(bad, tasks=True)
     with pytest.raises(ValueError, match="is a kvlab tasks result, not a kvlab eval result"):
         read_result(good)
+    other = good.with_name("other.json")
+    other.write_text(good.read_text())
     with pytest.raises(ValueError, match="both kvlab tasks results"):
+        read_results([good, other])
+    with pytest.raises(ValueError, match="good.json is given twice"):
         read_results([good, good])
