@@ -113,6 +113,7 @@ class TaskSuiteConfig:
         if not self.contexts:
             raise ValueError("give at least one context")
         check_int("n", self.n, 1, flag="--n")
+        check_int("seed", self.seed, 0, flag="--seed")  # as paging's --seed (numpy seeds are >= 0)
         check_int("protected_tail", self.protected_tail, 0, flag="--protected-tail")
         if self.protected_tail >= max(self.contexts):  # no context would have room for a needle
             raise ValueError(

@@ -21,6 +21,7 @@ from kvlab.task_figures import task_figure_data
         (["--contexts", "512,x"], "'x' in '512,x' is not an integer >= 128"),
         (["--contexts", "64"], "'64' in '64' is not an integer >= 128"),
         (["--n", "0"], "`n` (--n) must be an int >= 1, got 0"),
+        (["--seed", "-1"], "`seed` (--seed) must be an int >= 0, got -1"),  # ran; paging's --seed refuses it
         (["--threads", "0"], "--threads must be an int >= 1, got 0"),
         (["--max-drop", "1.5"], "`max_drop` must be in [0, 1], got 1.5"),
         (["--tasks", "vt,vt"], "'vt' is given twice in 'vt,vt'"),
