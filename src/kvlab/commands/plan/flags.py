@@ -345,3 +345,26 @@ def report(args: argparse.Namespace, build: Callable[[], dict], print_tables: Ca
     else:
         print_tables(r)
     return 0
+
+
+def record_defaults(p: argparse.ArgumentParser) -> None:
+    """Keep ``p``'s defaults in its namespace (``flag_defaults``), for :func:`ignored_by_listing`; call it once every
+    flag of ``p`` is added."""
+    p.set_defaults(flag_defaults=None)
+    p.set_defaults(flag_defaults=vars(p.parse_args([])))
+
+
+def ignored_by_listing(args: argparse.Namespace, listing: str) -> str | None:
+    """Why ``listing`` (``--list-gpus``: a table, then exit) would ignore flags given with it (``--context 5``), or
+    None when none is; MODEL and ``--model`` are the callers' to name, ``--json`` shapes the table."""
+    defaults = getattr(args, "flag_defaults", None) or {}
+    kept = {"list_gpus", "list_presets", "json", "model", "flag_defaults", "func"}
+    given = [
+        "--" + dest.replace("_", "-")
+        for dest, default in defaults.items()
+        if dest not in kept and getattr(args, dest, default) != default
+    ]
+    if not given:
+        return None
+    them = "it" if len(given) == 1 else "them"
+    return f"{listing} prints a table and exits; it takes no {', '.join(given)} (drop {listing} to use {them})"

@@ -71,6 +71,7 @@ def register(subparsers) -> None:
     p.add_argument("--list-presets", action="store_true", help="print the built-in models and exit")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=run_plan)
+    flags.record_defaults(p)
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -85,6 +86,9 @@ def run_plan(args: argparse.Namespace) -> int:
             f"{listing[0]} prints a table and exits; it takes no MODEL, got {args.model!r} (drop {listing[0]} to "
             f"plan {args.model})",
         )
+    problem = listing and flags.ignored_by_listing(args, listing[0])
+    if problem:  # --context 5 beside --list-gpus was silently ignored
+        return fail(args, problem)
     if print_lists(args):
         return 0
     if args.model is None:

@@ -35,6 +35,7 @@ def register(subparsers) -> None:
     r.add_argument("--probe", action="store_true", help="measure this machine's fp32 roofs (a few seconds)")
     r.add_argument("--json", action="store_true", help="print machine-readable JSON")
     r.set_defaults(func=run_roofline)
+    flags.record_defaults(r)
 
 
 def run_roofline(args: argparse.Namespace) -> int:
@@ -42,6 +43,9 @@ def run_roofline(args: argparse.Namespace) -> int:
 
     if args.list_gpus and args.model is not None:  # the table would silently ignore --model
         return fail(args, f"--list-gpus prints a table and exits; it takes no --model, got {args.model!r}")
+    problem = args.list_gpus and flags.ignored_by_listing(args, "--list-gpus")
+    if problem:  # --probe beside --list-gpus was silently ignored
+        return fail(args, problem)
     if print_lists(args):
         return 0
     args.model = DEFAULT_MODEL if args.model is None else args.model  # '' is refused, not the default
