@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 
-from kvlab.paging.budget import GIB
-
 
 def check_keep_evicts(args: argparse.Namespace, trace, policies) -> None:
     """Refuse ``--keep-tokens N`` when no request of the trace grows past N tokens: ``paged+keepN`` would evict
@@ -57,8 +55,8 @@ def check_fits(args: argparse.Namespace, trace, policies, budget) -> None:
             ) from None
         gpu = f"--gpu-mem-gib {args.gpu_mem_gib:g}" if args.gpu_mem_gib is not None else "the device"
         raise ValueError(
-            f"{message} ({_requests_source(args)}): the KV pool is {budget.free_bytes / GIB:.2f} GiB, what {gpu} "
-            f"leaves after {budget.weight_bytes / GIB:.2f} GiB of --model weights and --reserve-gib "
+            f"{message} ({_requests_source(args)}): the KV pool is {budget.free_bytes / 2**30:.2f} GiB, what {gpu} "
+            f"leaves after {budget.weight_bytes / 2**30:.2f} GiB of --model weights and --reserve-gib "
             f"{args.reserve_gib:g}; give more memory or shorter requests"
             + (" or a smaller --max-len (a contiguous block)" if "'contiguous'" in message else "")
         ) from None
