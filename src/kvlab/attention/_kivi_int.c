@@ -725,3 +725,54 @@ int float_decode_step(int64_t isa, const void *q, int64_t q_bf16, double scale, 
     }
     return 0;
 }
+
+/* ---- the integer roof -------------------------------------------------------------------------------------------
+ * What the integer kernels' dot products could do with nothing else in the way: each of `threads` OpenMP threads runs
+ * `rounds` rounds of 8 independent accumulator chains held in registers, one dot_<path> (AVX512: one dpbusd, 64 byte
+ * products) or dot4_<path> (AVX2: four maddubs summed in int16 and one madd, 128 byte products) per chain and round:
+ * the instruction mix of the kernels' inner loops, without their loads, unpacking and scaling. The caller times the
+ * call (kvlab.attention.cpu_kernel.int_roof): byte products per second, the compute roof of a CPU roofline for these
+ * kernels beside the copy bandwidth's memory roof (Williams, Waterman and Patterson, "Roofline", CACM 2009).
+ * Returns the byte products done by all threads, or 0 where the path has no vector dot product (scalar, or a path
+ * above this CPU's). */
+#if X86
+#define ROOF_CHAINS 8
+static volatile int32_t roof_sink;
+T_AVX512 static int64_t roof_avx512(int64_t rounds) {
+    __m512i acc[ROOF_CHAINS], a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
+    for (int k = 0; k < ROOF_CHAINS; k++) acc[k] = _mm512_setzero_si512();
+    for (int64_t i = 0; i < rounds; i++)
+#pragma GCC unroll 8
+        for (int k = 0; k < ROOF_CHAINS; k++) acc[k] = dot_avx512(acc[k], a, b);
+    __m512i s = acc[0];
+    for (int k = 1; k < ROOF_CHAINS; k++) s = _mm512_add_epi32(s, acc[k]);
+    roof_sink = _mm512_reduce_add_epi32(s); /* the sums are used: no chain is dropped */
+    return rounds * ROOF_CHAINS * 64;
+}
+T_AVX2 static int64_t roof_avx2(int64_t rounds) {
+    __m256i acc[ROOF_CHAINS], a[4], b[4];
+    for (int k = 0; k < 4; k++) a[k] = _mm256_set1_epi8(3), b[k] = _mm256_set1_epi8(-2);
+    for (int k = 0; k < ROOF_CHAINS; k++) acc[k] = _mm256_setzero_si256();
+    for (int64_t i = 0; i < rounds; i++)
+#pragma GCC unroll 8
+        for (int c = 0; c < ROOF_CHAINS; c++) {
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) __asm__("" : "+x"(a[k])); /* the operands "change": no product is shared */
+            acc[c] = dot4_avx2(acc[c], a, b);
+        }
+    __m256i s = acc[0];
+    for (int k = 1; k < ROOF_CHAINS; k++) s = _mm256_add_epi32(s, acc[k]);
+    roof_sink = _mm256_extract_epi32(s, 0);
+    return rounds * ROOF_CHAINS * 128;
+}
+#endif
+
+int64_t kvlab_int_roof(int64_t isa, int64_t rounds, int64_t threads) {
+    if (isa < ISA_AVX2 || isa > kvlab_isa_best() || rounds < 1 || threads < 1) return 0;
+    int64_t done = 0;
+#if X86
+#pragma omp parallel num_threads((int)threads) reduction(+ : done)
+    done += isa == ISA_AVX512 ? roof_avx512(rounds) : roof_avx2(rounds);
+#endif
+    return done;
+}

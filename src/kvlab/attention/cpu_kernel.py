@@ -238,19 +238,10 @@ def _load() -> ctypes.CDLL:
     _path = path
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.kivi_decode_step.restype = ctypes.c_int
-    lib.kivi_decode_step.argtypes = [
-        ptr,
-        i64,
-        ctypes.c_double,
-        *[i64] * 6,
-        i64,
-        ptr,
-        i64,
-        ptr,
-        ptr,
-        *[i64] * 8,
-    ]
+    lib.kivi_decode_step.argtypes = [ptr, i64, ctypes.c_double, *[i64] * 7, ptr, i64, ptr, ptr, *[i64] * 8]
     lib.kivi_decode_step.argtypes += [ptr, *[i64] * 4, ptr, ptr, ptr, i64, i64, i64]
+    lib.kvlab_int_roof.restype = i64
+    lib.kvlab_int_roof.argtypes = [i64, i64, i64]
     lib.kvlab_isa_best.restype = ctypes.c_int
     lib.kvlab_isa_best.argtypes = []
     lib.kivi_int_supported.restype = ctypes.c_int

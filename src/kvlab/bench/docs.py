@@ -377,7 +377,7 @@ def _kernel_columns(result: dict) -> list[str]:
     return [
         "",
         f"Every kernel, µs (GB/s as % of copy). Instruction-set path {st.get('isa', '-')}; {paths or 'no int8'}; "
-        f"float baseline: {st.get('float_baseline', '-')}.",
+        f"float baseline: {st.get('float_baseline', '-')}.{_roof_line(result.get('int_roof'), ok[-1])}",
         "",
         _table(
             ["context"]
@@ -386,6 +386,21 @@ def _kernel_columns(result: dict) -> list[str]:
             rows,
         ),
     ]
+
+
+def _roof_line(roof: dict | None, row: dict) -> str:
+    """The integer compute roof of a kernel record (``int_roof``, :func:`kvlab.bench.kernel.int_roof_record`) and,
+    at ``row``'s context, each integer kernel's least time under it; empty for records without one."""
+    if not roof:
+        return ""
+    ks = [(n, k) for n, k in row["kernels"].items() if "roof_us" in k]
+    at = [f"`{n}` {k['roof_us']:,.0f} µs ({k['roof_fraction_of_copy']:.0%} of copy; it ran at "
+          f"{k['fraction_of_roof']:.0%} of this roof)" for n, k in ks]
+    n = roof["threads"]
+    return (
+        f" Integer compute roof, measured in this run: {roof['gmac_s']:,.0f} G byte products/s ({roof['path']}, "
+        f"{n} thread{'s' if n != 1 else ''}); the least time at it, {row['context']} tokens: {', '.join(at)}."
+    )
 
 
 RENDER = {

@@ -136,6 +136,7 @@ def _cell(context, shape, kivi, dtype, device, reps, inner, gen) -> dict:
     (:func:`kvlab.attention.cpu_baseline.float_decode_attention` over the bf16 K/V, on the CPU) and SDPA,
     sampled interleaved. ``kivi``: ``(nbits tuple, group_size, residual_length, backend)``."""
     from kvlab.attention import cpu_baseline, cpu_kernel
+    from kvlab.attention.cpu_roof import int_products
     from kvlab.quant.kivi import KIVIConfig, KIVIState
 
     nbits_list, group_size, residual_length, backend = kivi
@@ -144,13 +145,14 @@ def _cell(context, shape, kivi, dtype, device, reps, inner, gen) -> dict:
     v = torch.randn(b, hkv, context, d, generator=gen).to(device, dtype)
     q = torch.randn(b, hq, 1, d, generator=gen).to(device, dtype)
     scale = d**-0.5
-    breakdown = {}
+    breakdown, quantized = {}, {}
     with torch.inference_mode():
         fns = {}
         for nb in nbits_list:
             state = KIVIState(KIVIConfig(nb, group_size, residual_length))
             state.append(k, v)
             breakdown[nb] = state.nbytes_breakdown()
+            quantized[f"kivi{nb}-int8"] = context - state.key_residual.shape[2]  # the residual window's are fp
             fns |= _kernels(state, q, k, v, nb, group_size, scale, backend, device)
         if (
             device.type == "cpu"
@@ -171,6 +173,8 @@ def _cell(context, shape, kivi, dtype, device, reps, inner, gen) -> dict:
         nbytes = fns[name][1] or k.nbytes + v.nbytes
         med = statistics.median(samples)
         kernels[name] = {"bytes": nbytes, "us": med * 1e6, "gb_s": nbytes / med / 1e9}
+        if name in quantized:  # the byte products its integer dots make
+            kernels[name]["products"] = int_products(b * hq, quantized[name], d)
     row = _legacy_row(context, kernels, breakdown[nbits_list[0]], f"kivi{nbits_list[0]}")
     if graph_errors:
         row["graph_errors"] = graph_errors
@@ -281,13 +285,12 @@ def run(
     shape = dict(batch=batch, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype)
     _check_problem(shape, nbits, group_size, residual_length, copy_bytes, backend, dev, contexts)
     copy = copy_bandwidth(dev, copy_bytes, reps=max(3, min(reps, 7)))
+    roof = int_roof_record(dev, nbits)
     gen = torch.Generator().manual_seed(seed)
     inner = 10 if dev.type == "cuda" else 1
     kivi = (nbits, group_size, residual_length, backend)
-    rows = [
-        _row(c, shape, kivi, torch_dtype, dev, reps, inner, gen, copy["best_gb_s"], progress)
-        for c in contexts
-    ]
+    roofs = (copy["best_gb_s"], roof and roof["products_per_s"])
+    rows = [_row(c, shape, kivi, torch_dtype, dev, reps, inner, gen, roofs, progress) for c in contexts]
     result = {
         "device": str(dev),
         "device_type": dev.type,
@@ -295,6 +298,7 @@ def run(
         "shape": shape,
         "settings": _settings(dev, kivi, reps, inner, head_dim, dtype),
         "copy": copy,
+        "int_roof": roof,
         "contexts": list(contexts),
         "rows": rows,
     }
@@ -405,10 +409,12 @@ def _check_problem(
                 raise ValueError(f"`backend` (--backend) 'triton' cannot run --nbits {nb}: {why}")
 
 
-def _row(context, shape, kivi, torch_dtype, dev, reps, inner, gen, copy_gb_s: float, progress) -> dict:
-    """One context's :func:`_cell` with both kernels' GB/s as fractions of the copy bandwidth ``copy_gb_s``;
-    a failure is recorded (:func:`kvlab.bench.cells.failed_cell`) with the context. ``kivi``: ``(nbits tuple,
-    group_size, residual_length, backend)``; ``progress`` (optional) is told first."""
+def _row(context, shape, kivi, torch_dtype, dev, reps, inner, gen, roofs: tuple, progress) -> dict:
+    """One context's :func:`_cell` with every kernel's GB/s as a fraction of the copy bandwidth, and for the
+    integer kernels their compute roof (:func:`_roofed`); a failure is recorded (:func:`kvlab.bench.cells.failed_cell`)
+    with the context. ``kivi``: ``(nbits tuple, group_size, residual_length, backend)``; ``roofs``: ``(copy GB/s,
+    integer byte products per second or None)``; ``progress`` (optional) is told first."""
+    copy_gb_s, products_per_s = roofs
     if progress:
         progress(f"kernel: {context} tokens")
     try:
@@ -417,12 +423,52 @@ def _row(context, shape, kivi, torch_dtype, dev, reps, inner, gen, copy_gb_s: fl
         row["sdpa_fraction_of_copy"] = row["sdpa_gb_s"] / copy_gb_s
         for k in row["kernels"].values():
             k["fraction_of_copy"] = k["gb_s"] / copy_gb_s
+            if "products" in k and products_per_s:
+                _roofed(k, products_per_s, copy_gb_s)
     except Exception as e:  # noqa: BLE001 - recorded per cell
         row = {"context": context, **failed_cell(e)}
     finally:
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     return row
+
+
+def _roofed(kernel: dict, products_per_s: float, copy_gb_s: float) -> None:
+    """Add an integer kernel's compute roof to its entry: ``roof_us`` (its byte products at ``products_per_s``, the
+    least time this design takes on this CPU), ``fraction_of_roof`` (``roof_us`` over its time) and
+    ``roof_fraction_of_copy`` (its bytes over ``roof_us`` as a fraction of the copy bandwidth: the most of
+    :data:`CPU_FRACTION`'s measure this design can reach here)."""
+    roof_s = kernel["products"] / products_per_s
+    kernel["roof_us"] = roof_s * 1e6
+    kernel["fraction_of_roof"] = roof_s * 1e6 / kernel["us"]
+    kernel["roof_fraction_of_copy"] = kernel["bytes"] / roof_s / 1e9 / copy_gb_s
+
+
+def int_roof_record(dev: torch.device, nbits: tuple) -> dict | None:
+    """The integer compute roof of this run (:func:`kvlab.attention.cpu_roof.int_roof` on the threads a long call
+    uses), or ``None`` off the CPU, without the compiled kernel, or on the scalar path: ``{"path", "threads",
+    "products_per_s", "gmac_s"}`` (gmac_s: 1e9 byte products per second)."""
+    from kvlab.attention import cpu_kernel, cpu_roof
+
+    if dev.type != "cpu" or cpu_kernel.unavailable_reason() is not None or not nbits:
+        return None
+    threads = torch.get_num_threads()
+    rate = cpu_roof.int_roof(threads)
+    if rate is None:
+        return None
+    return {"path": cpu_kernel.isa(), "threads": threads, "products_per_s": rate, "gmac_s": rate / 1e9}
+
+
+def _roof_detail(rows: list[dict]) -> str:
+    """Where the integer compute roof (``roof_fraction_of_copy``) keeps a kernel below :data:`CPU_FRACTION` at
+    some context: "; above the integer roof: kivi2-int8 at most 58% at 16384"; else empty."""
+    capped = [
+        f"{n} at most {k['roof_fraction_of_copy']:.0%} at {r['context']}"
+        for r in rows
+        for n, k in r["kernels"].items()
+        if k.get("roof_fraction_of_copy", 1.0) < CPU_FRACTION
+    ]
+    return "; the target is above this design's integer compute roof for " + ", ".join(capped) if capped else ""
 
 
 def evaluate_target(result: dict) -> dict:
@@ -486,7 +532,8 @@ def evaluate_cpu_targets(result: dict) -> list[dict]:
             f"{CPU_MIN_CONTEXT} tokens (CPU)",
             "status": "met" if all(v >= CPU_FRACTION for v in frac.values()) else "not met",
             "detail": ", ".join(f"{n} {v:.0%} at {c}" for (c, n), v in sorted(frac.items()))
-            + f"; path {cpu}",
+            + f"; path {cpu}"
+            + _roof_detail(rows),
         }
     ]
     ratio = {

@@ -1,0 +1,58 @@
+"""The integer compute roof in `kvlab bench kernel` records: each integer kernel's least time at the measured rate of
+its byte products, the CPU target naming a kernel the roof keeps below it, the page's line."""
+
+import pytest
+
+from kvlab.bench import docs
+from kvlab.bench.kernel import CPU_FRACTION, _roofed, evaluate_cpu_targets
+
+COPY = 20.0  # GB/s (read + write)
+RATE = 100e9  # byte products per second
+
+
+def _kernel(nbytes, us, products=None):
+    k = {"bytes": nbytes, "us": us, "gb_s": nbytes / us / 1e3, "fraction_of_copy": nbytes / us / 1e3 / COPY}
+    if products is not None:
+        k["products"] = products
+        _roofed(k, RATE, COPY)
+    return k
+
+
+def _result(k2_products):
+    # 16k tokens: kivi4-int8 reads 20 MB in 4,000 us, kivi2-int8 12 MB in 3,000 us; 1e8 products take 1,000 us
+    kernels = {
+        "kivi4-int8": _kernel(20e6, 4000.0, 10**8),
+        "kivi2-int8": _kernel(12e6, 3000.0, k2_products),
+        "float-bfloat16": _kernel(64e6, 9000.0),
+    }
+    row = {"context": 16384, "status": "ok", "kernels": kernels}
+    roof = {"path": "avx512", "threads": 1, "products_per_s": RATE, "gmac_s": RATE / 1e9}
+    return {"device_type": "cpu", "settings": {"isa": "avx512"}, "rows": [row], "int_roof": roof}
+
+
+def test_the_roof_is_the_products_at_the_measured_rate():
+    k = _result(10**8)["rows"][0]["kernels"]["kivi4-int8"]
+    assert k["roof_us"] == pytest.approx(1000.0)  # 1e8 / 1e11 s
+    assert k["fraction_of_roof"] == pytest.approx(0.25)  # 1,000 of 4,000 us
+    assert k["roof_fraction_of_copy"] == pytest.approx(1.0)  # 20 MB in 1 ms = 20 GB/s = the copy rate
+    assert "roof_us" not in _result(10**8)["rows"][0]["kernels"]["float-bfloat16"]
+
+
+def test_the_cpu_target_names_a_kernel_its_roof_keeps_below_the_target():
+    # 12 MB over 1e8 products (1 ms) = 12 GB/s = 60 % of copy: the roof allows the target
+    detail = evaluate_cpu_targets(_result(10**8))[0]["detail"]
+    assert "roof" not in detail
+    # 12 MB over 2e8 products (2 ms) = 6 GB/s = 30 % of copy: no kernel of this design reaches 50 % here
+    v = evaluate_cpu_targets(_result(2 * 10**8))[0]
+    assert v["status"] == "not met" and CPU_FRACTION > 0.30
+    assert "integer compute roof for kivi2-int8 at most 30% at 16384" in v["detail"]
+
+
+def test_the_page_states_the_roof_and_each_kernels_least_time():
+    text = "\n".join(docs._kernel_columns(_result(2 * 10**8)))
+    assert "Integer compute roof, measured in this run: 100 G byte products/s (avx512, 1 thread)" in text
+    assert "`kivi4-int8` 1,000 µs (100% of copy; it ran at 25% of this roof)" in text
+    assert "`kivi2-int8` 2,000 µs (30% of copy; it ran at 67% of this roof)" in text
+    old = _result(10**8)
+    del old["int_roof"]  # records written before the roof: no line
+    assert "roof" not in "\n".join(docs._kernel_columns(old))
