@@ -60,6 +60,17 @@ def file_exists_message(path: object, alternative: str = "") -> str:
     return f"{path} already exists; pass --force to replace it{more}"
 
 
+def empty_path_flag(args: argparse.Namespace, *flags: str, kind: str = "file") -> str | None:
+    """The one wording of a path flag given empty: the first of ``flags`` (``--out``) whose value is ``''`` or blank,
+    as ``--out must name a file, got ''`` (``kind``: ``"folder"`` for ``--results-dir``), else None. An empty path
+    would silently mean "not given" (``if args.out:``) or the current folder (``Path('')`` is ``.``)."""
+    for flag in flags:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+        if value is not None and not str(value).strip():
+            return f"{flag} must name a {kind}, got {value!r}"
+    return None
+
+
 def flag_values(args: argparse.Namespace, *dests: str) -> dict:
     """``{dest: args.<dest>}`` for each argparse ``dest``: the flags that reach a library function as keyword
     arguments of their own name (``--outlier-factor`` -> ``outlier_factor=``)."""

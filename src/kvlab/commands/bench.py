@@ -20,7 +20,14 @@ import sys
 
 from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.caches.settings import HQQ_GROUP_SIZE
-from kvlab.commands import EXIT_FILE_EXISTS, add_command_group, fail, file_exists_message, flag_values
+from kvlab.commands import (
+    EXIT_FILE_EXISTS,
+    add_command_group,
+    empty_path_flag,
+    fail,
+    file_exists_message,
+    flag_values,
+)
 from kvlab.runtime.atomic import output_problem
 from kvlab.runtime.checks import int_list, parse_list
 
@@ -293,10 +300,14 @@ def _quick_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def _flag_problem(args: argparse.Namespace) -> str | None:
-    """Why the flags cannot run (bad input, exit 2), found before any work: --threads, --copy-mib or --prefill-chunk
-    < 1 (--copy-mib named in MiB, as given, not in the bytes the benchmark takes), a size --quick would
-    ignore, --out/--force with --no-save, a --model that cannot be loaded (a path that is not there, a hub id
-    offline and not cached: :func:`kvlab.models.check_local_model`); None when they can."""
+    """Why the flags cannot run (bad input, exit 2), found before any work: an empty --results-dir or --out
+    (:func:`kvlab.commands.empty_path_flag`), --threads, --copy-mib or --prefill-chunk < 1 (--copy-mib named in
+    MiB, as given, not in the bytes the benchmark takes), a size --quick would ignore, --out/--force with
+    --no-save, a --model that cannot be loaded (a path that is not there, a hub id offline and not cached:
+    :func:`kvlab.models.check_local_model`); None when they can."""
+    empty = empty_path_flag(args, "--results-dir", kind="folder") or empty_path_flag(args, "--out")
+    if empty:  # '' was the current folder (--results-dir) or "not given" (--out)
+        return empty
     if args.threads is not None and args.threads < 1:
         return f"--threads must be >= 1, got {args.threads}"
     for flag in ("copy_mib", "prefill_chunk"):  # --prefill-chunk 0 failed every row in range(), exit 1
@@ -448,7 +459,11 @@ def _docs(args: argparse.Namespace) -> int:
     from kvlab.bench.results import read_records
 
     err = Console(stderr=True)
-    problem = output_problem(args.out, "--out")
+    problem = (
+        empty_path_flag(args, "--results-dir", kind="folder")  # '' read the current folder's records
+        or empty_path_flag(args, "--out")
+        or output_problem(args.out, "--out")
+    )
     if problem:
         return fail(args, problem)
     try:

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, progress, table
+from kvlab.commands import EXIT_FILE_EXISTS, empty_path_flag, fail, file_exists_message, progress, table
 
 TASKS_FIGURE = "tasks_scores.png"  # a kvlab tasks result's figure (kvlab.task_figures.plot_task_scores)
 SENSITIVITY_FIGURE = "sensitivity.png"  # a sweep's figure (kvlab.sensitivity_figure.plot_sensitivity)
@@ -57,9 +57,10 @@ def run(args: argparse.Namespace) -> int:
     from kvlab.eval.io import read_results
     from kvlab.figures import figure_files, figure_steps, write_figures
 
+    problem = empty_path_flag(args, "--out", kind="folder")
+    if problem:
+        return fail(args, problem)
     try:
-        if not args.out.strip():
-            raise ValueError(f"--out must name a folder, got {args.out!r}")
         if Path(args.out).exists() and not Path(args.out).is_dir():
             raise ValueError(f"--out {args.out} is a file; pass a folder")
         # validated, each by its own schema; "" is refused by read_result, not taken for "no result"

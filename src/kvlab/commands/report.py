@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message
+from kvlab.commands import EXIT_FILE_EXISTS, empty_path_flag, fail, file_exists_message
 
 
 def register(sub) -> None:
@@ -62,8 +62,9 @@ def run(args: argparse.Namespace) -> int:
     from kvlab.eval.io import read_results
 
     err = Console(stderr=True)
-    if args.html is not None and not args.html.strip():  # '' is not "no --html"
-        return fail(args, f"--html must name a file, got {args.html!r}")
+    problem = empty_path_flag(args, "--html")  # '' is not "no --html"
+    if problem:
+        return fail(args, problem)
     if len(args.result) > 2:
         return fail(
             args, f"give one or two result files (an eval and a tasks result), got {len(args.result)}"

@@ -16,6 +16,7 @@ from kvlab.commands import (
     EXIT_TERMINATED,
     EXIT_USAGE,
     Terminated,
+    empty_path_flag,
     fail,
     file_exists_message,
     progress,
@@ -224,9 +225,9 @@ def run(args: argparse.Namespace) -> int:
         check_threads(args.threads)  # at most the CPUs this process may use
         if args.model is not None and not args.model.strip():  # '' is not "the bundled model"
             raise ValueError(f"--model must name a model, got {args.model!r}; leave it out for the bundled one")
-        for flag, value in (("--out", args.out), ("--resume", args.resume), ("--figure", args.figure)):
-            if value is not None and not value.strip():  # '' is not "the default"
-                raise ValueError(f"{flag} must name a file, got {value!r}")
+        problem = empty_path_flag(args, "--out", "--resume", "--figure")  # '' is not "the default"
+        if problem:
+            raise ValueError(problem)
         if args.merge:
             return _merge(args)
         cfg, result = _resumed(args) if args.resume else (_config(args), None)

@@ -8,6 +8,8 @@ import io
 import json
 from pathlib import Path
 
+import pytest
+
 from kvlab.cli import build_parser, main
 from kvlab.commands.bench import DEFAULT_RESULTS_DIR
 
@@ -39,3 +41,24 @@ def test_every_run_defaults_outside_the_package_and_docs_reads_the_tracked_recor
         args = parser.parse_args(["bench", bench])
         assert args.results_dir == DEFAULT_RESULTS_DIR and not Path(args.results_dir).is_absolute()
     assert parser.parse_args(["bench", "docs"]).results_dir == "benchmarks/results"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["bench", "paging", "--results-dir", ""], "--results-dir must name a folder, got ''"),
+        (["bench", "paging", "--out", ""], "--out must name a file, got ''"),
+        (["bench", "docs", "--results-dir", ""], "--results-dir must name a folder, got ''"),
+        (["bench", "docs", "--out", " "], "--out must name a file, got ' '"),
+    ],
+)
+def test_an_empty_results_dir_or_out_is_refused_before_anything_runs(argv, message, tmp_path, monkeypatch, capsys):
+    """``--results-dir ""`` wrote the record into the current folder (``bench docs`` read its records from there);
+    ``--out ""`` was taken for "not given". Both are refused, naming the flag, before the benchmark runs."""
+    from kvlab.bench import paging
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(paging, "run", lambda **kw: pytest.fail("the benchmark ran with an empty path"))
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # nothing written into the current folder

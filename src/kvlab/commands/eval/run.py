@@ -15,6 +15,7 @@ from kvlab.commands import (
     EXIT_TERMINATED,
     EXIT_USAGE,
     Terminated,
+    empty_path_flag,
     fail,
     progress,
     sigterm_raises,
@@ -39,8 +40,9 @@ def run(args: argparse.Namespace) -> int:
     label = args.label
     if label is None:
         label = "eval-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    if not args.out_dir.strip():  # '' would be the current folder
-        return fail(args, f"--out-dir must name a folder, got {args.out_dir!r}")
+    problem = empty_path_flag(args, "--out-dir", kind="folder")  # '' would be the current folder
+    if problem:
+        return fail(args, problem)
     try:
         cfg = config_from_args(args)
         path = result_path(args.out_dir, label)

@@ -10,7 +10,15 @@ import json
 import math
 from pathlib import Path
 
-from kvlab.commands import EXIT_FILE_EXISTS, add_command_group, fail, file_exists_message, progress, table
+from kvlab.commands import (
+    EXIT_FILE_EXISTS,
+    add_command_group,
+    empty_path_flag,
+    fail,
+    file_exists_message,
+    progress,
+    table,
+)
 from kvlab.commands.paging.checks import check_fits, check_keep_evicts
 from kvlab.commands.plan.flags import flag_message, keep_tokens_type
 from kvlab.plan.kv_formats import KV_DTYPE_NAMES
@@ -423,22 +431,13 @@ def _poisson_trace(args: argparse.Namespace):
     return trace, f"poisson(rate={args.rate:g}/step, n={args.requests}, seed={args.seed})"
 
 
-def _empty_path_flag(args: argparse.Namespace, *flags: str) -> str | None:
-    """The first of ``flags`` given as an empty path ('' would silently mean "not given" or the current folder)."""
-    for flag in flags:
-        value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
-        if value is not None and not str(value).strip():
-            return f"{flag} must name a file, got {value!r}"
-    return None
-
-
 def run_simulate_cmd(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from kvlab.paging.simulate import check_run_settings, simulate
     from kvlab.paging.trace import load_trace, save_trace
 
-    problem = _empty_path_flag(args, "--trace", "--save-trace")
+    problem = empty_path_flag(args, "--trace", "--save-trace")
     if problem:
         return fail(args, problem)
     if args.series and not args.json:  # the series go into the JSON only: it would be silently ignored
@@ -533,7 +532,7 @@ def _print_simulation(result: dict, source: str) -> None:
 def run_figure_cmd(args: argparse.Namespace) -> int:
     from kvlab.paging.figure import FIGURE_SUFFIXES, plot_paged_layout
 
-    problem = _empty_path_flag(args, "--out")
+    problem = empty_path_flag(args, "--out")
     if problem:
         return fail(args, problem)
     if Path(args.out).is_dir():  # --force would not replace a folder: say so, not "pass --force"
