@@ -348,23 +348,36 @@ def report(args: argparse.Namespace, build: Callable[[], dict], print_tables: Ca
 
 
 def record_defaults(p: argparse.ArgumentParser) -> None:
-    """Keep ``p``'s defaults in its namespace (``flag_defaults``), for :func:`ignored_by_listing`; call it once every
-    flag of ``p`` is added."""
+    """Keep ``p``'s defaults in its namespace (``flag_defaults``), for :func:`given_flags`; call it once every flag
+    of ``p`` is added."""
     p.set_defaults(flag_defaults=None)
     p.set_defaults(flag_defaults=vars(p.parse_args([])))
 
 
-def ignored_by_listing(args: argparse.Namespace, listing: str) -> str | None:
-    """Why ``listing`` (``--list-gpus``: a table, then exit) would ignore flags given with it (``--context 5``), or
-    None when none is; MODEL and ``--model`` are the callers' to name, ``--json`` shapes the table."""
+def given_flags(args: argparse.Namespace, kept: tuple[str, ...] = ()) -> list[str]:
+    """The flags given a value other than their default (``--context 5`` -> ``"--context"``), in the parser's
+    order: what a mode that reads none of them (a listing, ``plan --from-log``) would silently ignore. MODEL and
+    ``--model`` are the callers' to name, ``--json`` shapes any output; ``kept`` names more argparse dests the mode
+    reads (``("gpu_mem_gib",)``). Needs :func:`record_defaults` on the parser (else none are found)."""
     defaults = getattr(args, "flag_defaults", None) or {}
-    kept = {"list_gpus", "list_presets", "json", "model", "flag_defaults", "func"}
-    given = [
+    skip = {"list_gpus", "list_presets", "json", "model", "flag_defaults", "func", *kept}
+    return [
         "--" + dest.replace("_", "-")
         for dest, default in defaults.items()
-        if dest not in kept and getattr(args, dest, default) != default
+        if dest not in skip and getattr(args, dest, default) != default
     ]
+
+
+def them(given: list[str]) -> str:
+    """``"it"`` for one flag, ``"them"`` for more: the pronoun of a refusal naming ``given``."""
+    return "it" if len(given) == 1 else "them"
+
+
+def ignored_by_listing(args: argparse.Namespace, listing: str) -> str | None:
+    """Why ``listing`` (``--list-gpus``: a table, then exit) would ignore flags given with it (``--context 5``), or
+    None when none is (:func:`given_flags`)."""
+    given = given_flags(args)
     if not given:
         return None
-    them = "it" if len(given) == 1 else "them"
-    return f"{listing} prints a table and exits; it takes no {', '.join(given)} (drop {listing} to use {them})"
+    flags = ", ".join(given)
+    return f"{listing} prints a table and exits; it takes no {flags} (drop {listing} to use {them(given)})"

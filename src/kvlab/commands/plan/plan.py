@@ -65,8 +65,9 @@ def register(subparsers) -> None:
         default=None,
         metavar="FILE",
         help="a pasted vLLM startup log: each KV line (memory, tokens, concurrency, weights, activation peak, "
-        "non-torch) beside kvlab's prediction for MODEL; --gpu-mem-gib gives the device memory where the log "
-        "does not (docs/plan.md, vLLM's startup log)",
+        "non-torch) beside kvlab's prediction for MODEL, sized by the log's own settings; --gpu-mem-gib gives the "
+        "device memory where the log does not, and is the only planner flag it takes (docs/plan.md, vLLM's "
+        "startup log)",
     )
     p.add_argument("--list-presets", action="store_true", help="print the built-in models and exit")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
@@ -128,12 +129,40 @@ def _print_report(r: dict) -> None:
         print_plan(r)
 
 
+# the flags --from-log reads beside MODEL and --json: the device memory, where the log does not state it
+FROM_LOG_READS = ("from_log", "gpu_mem_gib")
+
+
+def from_log_problem(args: argparse.Namespace, log: dict | None = None) -> str | None:
+    """Why ``--from-log`` would silently ignore a flag given with it, or None: every planner flag but
+    ``--gpu-mem-gib`` (``--context``, ``--batch``, ``--measured-step-ms``, ...), since the log's own settings
+    (max_model_len, tensor-parallel size, block size, KV dtype) size what it printed; and ``--gpu-mem-gib`` when
+    ``log`` (:func:`kvlab.plan.vllm_log.read_vllm_log`) states the device memory itself."""
+    given = flags.given_flags(args, kept=FROM_LOG_READS)
+    if given:
+        return (
+            f"--from-log sets kvlab's model beside the log's KV lines, sized by the log's own settings "
+            f"(max_model_len, tensor-parallel size, block size, KV dtype); it takes no {', '.join(given)} (drop "
+            f"--from-log to plan with {flags.them(given)})"
+        )
+    if log is not None and args.gpu_mem_gib is not None and "total_gib" in log:
+        return (
+            f"--gpu-mem-gib {args.gpu_mem_gib:g} gives the device memory where the log does not; "
+            f"{args.from_log} states {log['total_gib']:g} GiB (drop --gpu-mem-gib)"
+        )
+    return None
+
+
 def run_from_log(args: argparse.Namespace) -> int:
-    """``kvlab plan MODEL --from-log FILE``: the log's KV lines explained (:func:`kvlab.plan.vllm_log.explain_vllm_log`)."""
+    """``kvlab plan MODEL --from-log FILE``: the log's KV lines explained (:func:`kvlab.plan.vllm_log.explain_vllm_log`);
+    a flag it would ignore is refused (:func:`from_log_problem`)."""
     from kvlab.plan.load import load_config
     from kvlab.plan.spec import spec_from_config
     from kvlab.plan.vllm_log import explain_vllm_log, read_vllm_log
 
+    problem = from_log_problem(args)
+    if problem:
+        return fail(args, problem)
     try:
         with open(args.from_log, encoding="utf-8", errors="replace") as f:
             text = f.read()
@@ -141,6 +170,9 @@ def run_from_log(args: argparse.Namespace) -> int:
         return fail(args, f"--from-log {args.from_log}: {e.strerror or e}")
     try:
         log = read_vllm_log(text)
+        problem = from_log_problem(args, log)
+        if problem:
+            return fail(args, problem)
         config = load_config(args.model)
         spec = spec_from_config(config, name=str(args.model))
         r = explain_vllm_log(log, spec, config, total_gib=args.gpu_mem_gib)
