@@ -18,7 +18,7 @@ from kvlab.plan.vllm_kv import vllm_kv_cache
 from kvlab.plan.vllm_memory import GIB, available_kv_memory, scheduler_defaults
 
 _NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
-# figure -> (pattern, what the line is); the first match in the log wins
+# figure -> (pattern, what the line is); the first match in the log wins, but for PER_WORKER's (read_vllm_log)
 LOG_LINES: dict[str, tuple[str, str]] = {
     "available_kv_cache_gib": (r"Available KV cache memory: " + _NUM + r" GiB", "KV memory per GPU (V1)"),
     "v0_kv_cache_gib": (r"kv_cache_size=" + _NUM + r" ?GiB", "KV memory per GPU (V0 memory profile)"),
@@ -60,29 +60,77 @@ LOG_LINES: dict[str, tuple[str, str]] = {
 }
 
 
+# figure -> (its line's words, unit): each worker (TP/PP rank) logs its own KV memory, and vLLM sizes every
+# rank's cache by the smallest (vllm/v1/core/kv_cache_utils.py, get_kv_cache_configs: "Change the num_blocks of
+# each rank to the smallest among all ranks"; V0's executor takes its workers' minimum; vLLM 0.8-0.9 logged each
+# worker's tokens and concurrency before that minimum)
+PER_WORKER = {
+    "available_kv_cache_gib": ("Available KV cache memory", " GiB"),
+    "v0_kv_cache_gib": ("kv_cache_size", " GiB"),
+    "gpu_kv_cache_tokens": ("GPU KV cache size", " tokens"),
+    "num_gpu_blocks": ("GPU blocks", " blocks"),
+    "max_concurrency": ("Maximum concurrency", "x"),
+}
+# the L of "Maximum concurrency for L tokens per request" is max_model_len, one setting of a start: two values are
+# two starts of vLLM in one file, whose figures must not be mixed
+PER_START = "max_concurrency_tokens"
+_NEEDED = "'Available KV cache memory: N GiB' line (V0: 'kv_cache_size=N GiB')"
+
+
+def _figure(key: str, m: re.Match) -> Any:
+    """The figure one match of ``key``'s pattern holds: a name as str, a whole number as int, else a float."""
+    raw = next(g for g in m.groups() if g is not None).replace(",", "")
+    if key in ("kv_cache_dtype", "vllm_version", "engine_v0"):
+        return raw
+    if re.fullmatch(r"[0-9]+", raw) and key != "gpu_memory_utilization":
+        return int(raw)
+    return float(raw)
+
+
 def read_vllm_log(text: str) -> dict[str, Any]:
     """The figures of :data:`LOG_LINES` found in ``text`` (numbers as float/int, names as str); absent ones left
     out.
 
+    A line logged more than once (a TP/PP group's workers each log theirs; a file may hold more than one start):
+
+    * a KV figure of :data:`PER_WORKER` (``Available KV cache memory``, V0's ``kv_cache_size``, the tokens, blocks
+      and concurrency) is the smallest, not the first or the last: vLLM sizes every worker's cache by the
+      smallest worker's; every value is kept under ``per_worker`` (figure -> values, in the log's order) when they
+      differ, and :func:`explain_vllm_log` notes it;
+    * the concurrency line's ``L`` (max_model_len) with two values is two starts of vLLM: refused, not mixed;
+    * any other figure (a setting, the weights) is the first.
+
     Raises:
-        ValueError: the text holds none of the KV lines (not a vLLM startup log).
+        ValueError: the text holds none of the lines (not a vLLM startup log); it holds some but no KV memory line
+            (a truncated log: the tokens and concurrency are sized from that memory), naming the figures it has;
+            or two starts of vLLM.
     """
     found: dict[str, Any] = {}
+    repeated: dict[str, list] = {}
     for key, (pattern, _) in LOG_LINES.items():
-        m = re.search(pattern, text)
-        if m is None:
+        values = [_figure(key, m) for m in re.finditer(pattern, text)]
+        if not values:
             continue
-        raw = next(g for g in m.groups() if g is not None).replace(",", "")
-        if key in ("kv_cache_dtype", "vllm_version", "engine_v0"):
-            found[key] = raw
-        elif re.fullmatch(r"[0-9]+", raw) and key not in ("gpu_memory_utilization",):
-            found[key] = int(raw)
-        else:
-            found[key] = float(raw)
-    if not any(k in found for k in ("available_kv_cache_gib", "v0_kv_cache_gib", "gpu_kv_cache_tokens")):
-        raise ValueError("no 'Available KV cache memory' or 'GPU KV cache size' line: not a vLLM startup log")
+        if key == PER_START and len(set(values)) > 1:
+            raise ValueError(
+                f"'Maximum concurrency for L tokens per request' gives {len(set(values))} max_model_len "
+                f"({', '.join(f'{v:,}' for v in dict.fromkeys(values))}): more than one start of vLLM; keep one "
+                "start's lines"
+            )
+        found[key] = min(values) if key in PER_WORKER else values[0]
+        if key in PER_WORKER and len(set(values)) > 1:
+            repeated[key] = values
+    if repeated:
+        found["per_worker"] = repeated
     if "v0_kv_cache_gib" in found:
         found.setdefault("available_kv_cache_gib", found.pop("v0_kv_cache_gib"))
+    if "available_kv_cache_gib" not in found:
+        if not found:
+            raise ValueError(f"no {_NEEDED} and no other line kvlab reads: not a vLLM startup log")
+        raise ValueError(
+            f"no {_NEEDED}, which kvlab sizes the tokens and concurrency from: the log stops before vLLM sized "
+            f"its KV cache, or that line was left out (the figures it has: {', '.join(found)})"
+        )
     return found
 
 
@@ -208,20 +256,41 @@ def explain_vllm_log(
     ``max_model_len``/``total_gib``/``entrypoint`` stand in where the log is silent (defaults: the log's
     ``max_model_len`` or concurrency line's L, else the config's limit; no memory prediction without a total;
     ``serve``, or ``v0`` for a V0 log). Returns ``{"lines": [...], "terms": [...], "settings": {...},
-    "notes": [...]}``; a ``does not fit`` note with the shortfall when the predicted KV memory is not positive.
+    "notes": [...]}``; a ``does not fit`` note with the shortfall when the predicted KV memory is not positive, and
+    a note naming the values of each KV figure the log gave more than once (``per_worker``, :func:`read_vllm_log`).
+
+    Raises:
+        ValueError: nothing to explain: ``log`` has no KV memory and lacks a fact the memory prediction needs
+            (:func:`read_vllm_log` refuses such a log first).
     """
     total = log.get("total_gib", total_gib)
     kv_kw, seqs, notes = _settings(log, spec, max_model_len, total, entrypoint)
+    for key, values in log.get("per_worker", {}).items():
+        words, unit = PER_WORKER[key]
+        notes.append(
+            f"{len(values)} '{words}' lines ({', '.join(f'{v:,}' for v in values)}{unit}), one per worker: kvlab "
+            f"takes the smallest, {min(values):,}{unit}, as vLLM sizes every worker's KV cache by the smallest (a "
+            "file with more than one start of vLLM: keep one start's lines)"
+        )
     lines, terms = [], []
-    if total is not None and "gpu_memory_utilization" in log and "weights_gib" in log:
+    missing = [
+        what
+        for what, known in (
+            ("the device memory (or --gpu-mem-gib)", total is not None),
+            ("the utilization", "gpu_memory_utilization" in log),
+            ("the weights", "weights_gib" in log),
+        )
+        if not known
+    ]
+    if not missing:
         lines, terms, more = _memory_lines(log, spec, config, total, kv_kw, seqs)
         notes += more
     else:
-        notes.append(
-            "no memory prediction: the log (or --gpu-mem-gib) lacks the total, the utilization or weights"
-        )
+        notes.append(f"no memory prediction: the log does not state {', '.join(missing)}")
     if log.get("available_kv_cache_gib") is not None:
         more_lines, more = _kv_lines(log, spec, kv_kw)
         lines += more_lines
         notes += more
+    elif missing:  # an empty table, exit 0, was the answer
+        raise ValueError(f"nothing to explain: no {_NEEDED}, and the log does not state {', '.join(missing)}")
     return {"lines": lines, "terms": [t.to_dict() for t in terms], "settings": kv_kw, "notes": notes}
