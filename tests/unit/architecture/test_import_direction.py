@@ -55,6 +55,7 @@ ALLOWED: dict[str, set[str]] = {
         "report_tasks",
     },
     "cli": {"commands"},
+    "__main__": {"cli"},  # python -m kvlab: the command line, nothing else
 }
 for _part_name, _allowed in ALLOWED.items():
     if _part_name not in LEAVES:
