@@ -189,3 +189,48 @@ def test_eval_refuses_a_context_past_the_heldout_text_before_any_cell(tmp_path, 
     result = json.loads((tmp_path / "long.json").read_text())
     assert result["status"] == "failed" and result["rows"] == []
     assert result["failures"][0]["stage"] == "settings"
+
+
+# ── cells that cannot fit in memory ───────────────────────────────────────────────────────────────────────────────
+
+
+def test_a_cell_too_large_for_the_memory_is_refused_naming_the_flag_the_bytes_and_what_fits(head64):
+    """``--prompt-mode repeat --no-long-context`` reads no held-out text, so nothing bounded --contexts: 99999999
+    loaded the model and died in the first cell (a 51 GB allocation), exit 0. The estimate is worded by the shared
+    ``memory_refusal``, with the longest context that fits."""
+    import torch
+
+    from kvlab.commands.eval.run import cell_peak_bytes, memory_problem
+    from kvlab.lab.longrun import gib
+
+    cpu = torch.device("cpu")
+    cfg = EvalConfig(contexts=(40, 99_999_999), window_residuals=(), prompt_mode="repeat", long_context=False)
+    problem = memory_problem(cfg, head64, cpu, available=2**30)
+    need = cell_peak_bytes(head64.config, 99_999_999, cfg.new_tokens, 1, 4)
+    assert problem.startswith("--contexts 99,999,999 with 64 new tokens (one prefill's activations")
+    assert f"needs about {gib(need)} of memory, the machine has 1.00 GiB available" in problem
+    fits = int(problem.rsplit("at most about ", 1)[1].split(" tokens fit")[0].replace(",", ""))
+    assert cell_peak_bytes(head64.config, fits, 64, 1, 4) <= 2**30 < cell_peak_bytes(head64.config, fits + 1, 64, 1, 4)
+    # a run that fits, and an unknown amount of memory, are not refused
+    assert memory_problem(EvalConfig(contexts=(40, 72), window_residuals=()), head64, cpu, available=2**30) is None
+    assert memory_problem(cfg, head64, cpu, available=None) is None
+    # the window cell is named by its own flag; a batch multiplies every token
+    window = EvalConfig(contexts=(40,), window_residuals=(16,), window_context=99_999_999)
+    assert memory_problem(window, head64, cpu, available=2**30).startswith("--window-context 99,999,999")
+    batched = memory_problem(EvalConfig(contexts=(40, 2**20), window_residuals=(), batch=8), head64, cpu, 2**30)
+    assert batched.startswith("--contexts 1,048,576 with 64 new tokens at --batch 8") and "fit at --batch 8" in batched
+
+
+def test_eval_refuses_a_context_that_cannot_fit_before_any_cell(tmp_path, capsys, monkeypatch):
+    model = make_tiny_qwen2(head_dim=16, max_positions=512)
+    monkeypatch.setattr("kvlab.models.load_model", lambda *a, **k: (model, CharTokenizer()))
+    monkeypatch.setattr("kvlab.lab.longrun.available_memory_bytes", lambda: 2**30)
+    argv = list(TINY_RUN)  # --prompt-mode repeat --no-long-context: no held-out text bounds the contexts
+    argv[argv.index("40,72")] = "40,99999999"
+    assert main([*argv, "--out-dir", str(tmp_path), "--label", "huge"]) == 2
+    err = err_of(capsys)
+    assert "error: --contexts 99,999,999 with 6 new tokens (one prefill's activations" in err, err
+    assert "of memory, the machine has 1.00 GiB available; at most about" in err and "tokens fit" in err
+    result = json.loads((tmp_path / "huge.json").read_text())
+    assert result["status"] == "failed" and result["rows"] == []
+    assert result["failures"][0]["stage"] == "settings"

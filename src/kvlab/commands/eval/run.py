@@ -249,6 +249,9 @@ def _load(args, cfg, result, path, err, resumed: bool):
     try:
         check_against_model(cfg, model)
         check_heldout_length(cfg, tokenizer)
+        problem = memory_problem(cfg, model, device)
+        if problem:
+            raise ValueError(problem)
     except ValueError as exc:  # a setting only the loaded model (or its tokenizer) can refute: recorded, exit 2
         fail_run(result, "settings", exc)
         write_json_atomic(path, result)
@@ -256,6 +259,60 @@ def _load(args, cfg, result, path, err, resumed: bool):
     if resumed:
         _prepare_resume(result, cfg, err)
     return model, tokenizer, model_info
+
+
+# the named parts of a cell's estimate (memory_problem): what its "needs about" counts
+_CELL_PARTS = (
+    "one prefill's activations, the K/V of two float caches, the baseline's kept beside each candidate's, and the "
+    "token ids"
+)
+
+
+def cell_peak_bytes(model_config, context: int, new_tokens: int, batch: int, itemsize: int) -> int:
+    """Bytes one ``kvlab eval`` cell holds above the loaded model at least, from ``model_config``'s shapes: the
+    prefill's activations over ``batch x context`` tokens (:func:`kvlab.lab.longrun.activation_bytes`), the K/V of
+    ``batch x (context + new_tokens)`` tokens in ``itemsize`` bytes twice (the baseline's float prefill, kept to
+    fill each candidate, and the cache being measured; :func:`kvlab.lab.longrun.kv_bytes`) and three int64 id
+    tensors of that size (the prompt, the attention mask, generate's output)."""
+    from kvlab.lab.longrun import activation_bytes, kv_bytes
+
+    rows = batch * (context + new_tokens)
+    return activation_bytes(model_config, batch * context) + 2 * kv_bytes(model_config, rows, itemsize) + 24 * rows
+
+
+def memory_problem(cfg, model, device, available: int | None = -1) -> str | None:
+    """Why a cell of ``cfg`` cannot fit beside the loaded ``model`` on ``device`` (:func:`cell_peak_bytes` of its
+    largest capacity context and of the window cell against ``available``: by default the free memory of a CUDA
+    ``device``, else :func:`kvlab.lab.longrun.available_memory_bytes`), worded by
+    :func:`kvlab.lab.longrun.memory_refusal` naming the flag and the longest context that would fit; None when
+    every cell fits or the memory is unknown. A lower bound: a refused run could not have run, a passed one may
+    still run short (the long-context probes are not counted)."""
+    import torch
+
+    from kvlab.eval.cells import run_cells
+    from kvlab.lab.longrun import available_memory_bytes, memory_refusal
+
+    if available == -1:
+        available = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else available_memory_bytes()
+    if available is None:
+        return None
+    itemsize = next(model.parameters()).element_size()
+
+    def need(context: int, new_tokens: int) -> int:
+        return cell_peak_bytes(model.config, context, new_tokens, cfg.batch, itemsize)
+
+    cell = max(run_cells(cfg), key=lambda c: need(c.context, c.new_tokens))
+    if need(cell.context, cell.new_tokens) <= available:
+        return None
+    low, high = 0, cell.context  # the longest context that fits: need() grows with it
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if need(mid, cell.new_tokens) <= available else (low, mid - 1)
+    flag = "--contexts" if cell.matrix == "capacity" else "--window-context"
+    per = f" at --batch {cfg.batch}" if cfg.batch > 1 else ""
+    hint = f"at most about {low:,} tokens fit{per}" if low else f"not even 1 token fits{per}"
+    what = f"{flag} {cell.context:,} with {cell.new_tokens:,} new tokens{per} ({_CELL_PARTS})"
+    return memory_refusal(what, need(cell.context, cell.new_tokens), available, hint)
 
 
 def _prepare_resume(result, cfg, err) -> None:
