@@ -1,5 +1,5 @@
 """A ``kvlab tasks`` result in the HTML report: its table (score, interval and gate per cache and cell), its
-decision, and the score-vs-bytes-ratio figure (:func:`kvlab.task_figures.plot_task_scores`) embedded as a PNG, as a
+decision, and the score-vs-× dyn figure (:func:`kvlab.task_figures.plot_task_scores`) embedded as a PNG, as a
 section of an eval result's page (:func:`kvlab.report_html.render_html`) or as a page of its own. Every number is
 read from the result given (docs/TASKS.md describes the run that writes it).
 """
@@ -33,8 +33,8 @@ def tasks_section(result: Mapping[str, Any], figure_dir: str | os.PathLike | Non
     parts = ["<h2>Long-context tasks (kvlab tasks)</h2>", _kv_table(facts)]
     parts.append(
         '<p class="muted">Score: the mean share of reference strings found in the answer (RULER); "all found" '
-        "counts the samples with every reference found, with a Wilson 95 % interval. Bytes ratio: the float "
-        "cache's bytes over the cache's, measured after the context is filled. A gate fails when a cache loses "
+        "counts the samples with every reference found, with a Wilson 95 % interval. × dyn: the cache's bytes "
+        "over the float cache's, measured after the context is filled (as in kvlab eval). A gate fails when a cache loses "
         "more than max_drop of the float score; where the float cache scores below min_float_score the task is "
         "not informative there.</p>"
     )
@@ -67,7 +67,7 @@ def tasks_section(result: Mapping[str, Any], figure_dir: str | os.PathLike | Non
         path = plot_task_scores(
             result, Path(figure_dir if figure_dir is not None else tmp) / "tasks_scores.png"
         )
-        parts.append("<h3>Score against measured bytes ratio</h3>" + _png_tag(path, "tasks scores"))
+        parts.append("<h3>Score against measured × dyn (cache bytes / dynamic's)</h3>" + _png_tag(path, "tasks scores"))
     return "\n".join(parts)
 
 

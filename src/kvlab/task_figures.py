@@ -1,8 +1,8 @@
 """The figure of a ``kvlab tasks`` result: task score against the bytes each cache holds, one panel per task, one
 line per cache family swept over its settings (docs/TASKS.md).
 
-The x axis is the *measured* bytes ratio (the float cache's bytes over the cache's, after the context is filled),
-not a nominal compression ratio, so quantization, eviction and their composition share one axis.
+The x axis is the *measured* × dyn (the cache's bytes over the float cache's, after the context is filled, as
+``kvlab eval``'s × dyn), not a nominal compression ratio, so quantization, eviction and their composition share one axis.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def task_figure_data(result: Mapping[str, Any]) -> dict:
         for name, row in rows.items():
             if name != FLOAT:
                 entry["lines"].setdefault(lines_of.get(name, name), []).append(
-                    (row["bytes_ratio"], row["score"], name)
+                    (row["cache_bytes_ratio"], row["score"], name)
                 )
         for pts in entry["lines"].values():
             pts.sort()
@@ -61,7 +61,7 @@ def task_figure_data(result: Mapping[str, Any]) -> dict:
 
 def plot_task_scores(result: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
     """Draw :func:`task_figure_data` to ``out_path`` (PNG, written atomically): per task, score (0-1) against the
-    measured bytes ratio (log scale), a line per family and context, the float cache as a grey star; a context
+    measured × dyn (cache bytes / the float cache's, log scale), a line per family and context, the float cache as a grey star; a context
     where the float cache scores below the result's ``min_float_score`` is marked "not informative".
 
     Raises:
@@ -88,7 +88,7 @@ def plot_task_scores(result: Mapping[str, Any], out_path: str | os.PathLike) -> 
         ax.set_xscale("log", base=2)
         ax.set_ylim(-0.03, 1.03)
         ax.set_title(task, fontsize=9)
-        ax.set_xlabel("bytes ratio (float / cache, measured)", fontsize=7)
+        ax.set_xlabel("× dyn (cache bytes / dynamic's, measured)", fontsize=7)
         ax.set_ylabel("score (RULER, mean)", fontsize=7)
         ax.tick_params(labelsize=7)
         if notes:

@@ -29,7 +29,7 @@ def register(subparsers) -> None:
         action="append",
         default=None,
         metavar="FILE",
-        help="a kvlab eval result JSON (its figures) or a kvlab tasks result JSON (score vs bytes ratio, "
+        help="a kvlab eval result JSON (its figures) or a kvlab tasks result JSON (score vs × dyn, "
         f"{TASKS_FIGURE}); give it twice for one of each",
     )
     p.add_argument(
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
             if tasks:
                 from kvlab.task_figures import plot_task_scores
 
-                bar.start("tasks result: score vs bytes ratio")
+                bar.start("tasks result: score vs × dyn")
                 paths["tasks_scores"] = plot_task_scores(tasks, Path(args.out) / TASKS_FIGURE)
             if sensitivity:
                 from kvlab.sensitivity_figure import plot_sensitivity

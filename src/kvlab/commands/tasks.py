@@ -83,7 +83,7 @@ def register(subparsers) -> None:
         "--out", default=None, help=f"result JSON, written atomically ({DEFAULT_OUT}; not with --resume)"
     )
     p.add_argument(
-        "--figure", default=None, metavar="PATH", help="also draw score vs bytes ratio to PATH (PNG)"
+        "--figure", default=None, metavar="PATH", help="also draw score vs × dyn (cache bytes / dynamic's) to PATH (PNG)"
     )
     p.add_argument("--force", action="store_true", help="replace an existing --out / --figure file")
     p.add_argument(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kvlab.eval.config import check_label
 from kvlab.eval.schema import validate_result
-from kvlab.eval.tasks_schema import is_tasks_result, validate_tasks_result
+from kvlab.eval.tasks_schema import is_tasks_result, upgrade_tasks_result, validate_tasks_result
 from kvlab.runtime.atomic import atomic_write_json
 
 
@@ -98,7 +98,8 @@ def _load_json(path: Path, text: str) -> object:
 def read_result(path: str | Path, *, tasks: bool = False) -> dict:
     """Load and validate a result file: a ``kvlab eval`` result, or with ``tasks`` also a ``kvlab tasks`` result
     (told apart by its ``kind``, :func:`kvlab.eval.tasks_schema.is_tasks_result`; validated by
-    :func:`kvlab.eval.tasks_schema.validate_tasks_result`).
+    :func:`kvlab.eval.tasks_schema.validate_tasks_result` as written, then read into the current version's form by
+    :func:`kvlab.eval.tasks_schema.upgrade_tasks_result`).
 
     Raises:
         FileNotFoundError: no such file.
@@ -129,7 +130,7 @@ def read_result(path: str | Path, *, tasks: bool = False) -> dict:
         )
     if problems:
         raise ValueError(f"{path} is not a valid {what}: " + "; ".join(problems[:8]))
-    return result
+    return upgrade_tasks_result(result) if is_tasks_result(result) else result
 
 
 def read_results(

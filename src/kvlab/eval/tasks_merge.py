@@ -5,12 +5,13 @@ figure.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
 from kvlab.eval.tasks_run import judge
-from kvlab.eval.tasks_schema import RESULT_KIND, RESULT_VERSION
+from kvlab.eval.tasks_schema import RESULT_KIND, RESULT_VERSION, upgrade_tasks_result
 
 # settings every merged run must share (tasks, contexts and candidates may differ: they are what a run is split by;
 # each cell keeps the caches it measured)
@@ -47,7 +48,8 @@ def merge_tasks_results(
 ) -> dict:
     """The result of all ``results`` (each a valid ``kvlab tasks`` result, :mod:`kvlab.eval.tasks_schema`) as one.
 
-    Cells are kept as measured, in the order of the files; the gates and the decision are judged again over all of
+    Cells are kept as measured, in the order of the files (a version-1 or -2 file's rows in the current form:
+    :func:`~kvlab.eval.tasks_schema.upgrade_tasks_result`, on copies); the gates and the decision are judged again over all of
     them (:func:`kvlab.eval.tasks_run.judge`: a cache is judged on the cells that measured it). ``settings.tasks``,
     ``contexts`` and ``candidates`` are the union of the files';
     ``provenance`` is the first file's machine with ``merged_from`` (per file: its name, status, created_utc,
@@ -67,6 +69,7 @@ def merge_tasks_results(
         raise ValueError(
             f"merge needs two results or more, one name each; got {len(results)} and {len(names)}"
         )
+    results = [upgrade_tasks_result(copy.deepcopy(r)) for r in results]
     _refuse_mismatch(results, names)
     seen: dict[tuple[str, int], str] = {}
     for r, name in zip(results, names):

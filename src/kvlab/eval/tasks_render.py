@@ -1,5 +1,5 @@
 """The text report of a ``kvlab tasks`` result (:mod:`kvlab.eval.tasks_schema`): one row per cache and cell with
-its bytes ratio, score, interval and gate, then the decision; what ``kvlab tasks`` prints at the end of a run and
+its bytes against the float cache's (× dyn), score, interval and gate, then the decision; what ``kvlab tasks`` prints at the end of a run and
 ``kvlab report`` prints for a tasks result file (docs/TASKS.md)."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-COLUMNS = ("task", "context", "cache", "bytes ratio", "score", "all found (95% CI)", "gate")
+COLUMNS = ("task", "context", "cache", "× dyn", "score", "all found (95% CI)", "gate")
 # what each column holds (printed once under the table, and in the HTML section)
 COLUMN_LEGEND = (
-    "columns: bytes ratio = float (dynamic) cache bytes / this cache's bytes after the context is filled, so 2.06 "
-    "= about half the bytes (kvlab eval's × dyn column is the inverse, cache bytes / dynamic's); score = mean share "
+    "columns: × dyn = cache bytes / dynamic's (the float cache's) after the context is filled, so 0.49 = about half "
+    "the bytes (as kvlab eval's × dyn column); score = mean share "
     "of reference strings found in the answer (RULER's string_match_all); all found (95% CI) = samples with every "
     "reference found / samples, with its Wilson 95 % interval; gate = pass / fail (a drop of more than max_drop from "
     "the float score), not informative (the float cache scores below min_float_score there), baseline (the float "
@@ -20,7 +20,7 @@ COLUMN_LEGEND = (
 
 
 def table_rows(result: Mapping[str, Any]) -> list[tuple[str, ...]]:
-    """The table's rows, as text, in the order of the result's cells: ``(task, context, cache, bytes ratio,
+    """The table's rows, as text, in the order of the result's cells: ``(task, context, cache, × dyn,
     score, "correct/trials (low-high)", gate)``; the float cache's gate reads ``baseline``."""
     status = {(g["task"], g["context"], g["cache"]): g["status"] for g in result.get("gates", [])}
     out = []
@@ -29,7 +29,7 @@ def table_rows(result: Mapping[str, Any]) -> list[tuple[str, ...]]:
             lo, hi = row["ci95"]
             gate = status.get((cell["task"], cell["context"], name), "baseline")
             found = f"{row['correct']}/{row['trials']} ({lo:.2f}-{hi:.2f})"
-            out.append((cell["task"], str(cell["context"]), name, f"{row['bytes_ratio']:.2f}",
+            out.append((cell["task"], str(cell["context"]), name, f"{row['cache_bytes_ratio']:.2f}",
                         f"{row['score']:.2f}", found, gate))  # fmt: skip
     return out
 
@@ -74,7 +74,8 @@ def _ratio_text(ratios: list[float]) -> str:
 def markdown_tables(result: Mapping[str, Any]) -> str:
     """The result as Markdown, one table per context (what docs/TASKS.md shows): a row per task, a column per
     cache, each entry ``score · correct/trials (low-high) gate`` (the gate ``pass``, ``**fail**`` or ``n.i.``, not
-    informative; none for the float cache), and a first row of each cache's bytes ratio over the context's
+    informative; none for the float cache), and a first row of each cache's × dyn (cache bytes / the float
+    cache's) over the context's
     cells (a range where the tasks differ). Cells are read as they are in the result, nothing recomputed."""
     status = {(g["task"], g["context"], g["cache"]): g["status"] for g in result.get("gates", [])}
     parts = []
@@ -83,10 +84,10 @@ def markdown_tables(result: Mapping[str, Any]) -> str:
         names = list(dict.fromkeys(n for c in cells for n in c["caches"]))
         head = [f"{context:,} tokens", *names]
         ratios = [
-            _ratio_text([c["caches"][n]["bytes_ratio"] for c in cells if n in c["caches"]]) for n in names
+            _ratio_text([c["caches"][n]["cache_bytes_ratio"] for c in cells if n in c["caches"]]) for n in names
         ]
         lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * len(names) + "|"]
-        lines.append("| bytes ratio | " + " | ".join(ratios) + " |")
+        lines.append("| × dyn | " + " | ".join(ratios) + " |")
         for cell in cells:
             entries = []
             for n in names:

@@ -239,8 +239,9 @@ def run_task_cell(
 
     Returns:
         ``{"prefill_ms", "context_tokens", "samples", "caches": {name: {**summarize(...), "bytes",
-        "float_bytes", "bytes_ratio", "ms", "answers"?}}}``: bytes are those each cache holds after its fill (the
-        compressed context), ``bytes_ratio`` = float bytes / cache bytes (> 1: smaller than the float cache).
+        "float_bytes", "cache_bytes_ratio", "ms", "answers"?}}}``: bytes are those each cache holds after its fill
+        (the compressed context), ``cache_bytes_ratio`` = cache bytes / float bytes (< 1: smaller than the float
+        cache), as ``kvlab eval``'s ``cache_bytes_ratio``.
 
     Raises:
         ValueError: no samples, contexts of different lengths, or no caches.
@@ -272,7 +273,8 @@ def run_task_cell(
                 trials += got
                 nbytes, float_bytes = (nbytes + b, float_bytes + fb) if q == 0 else (nbytes, float_bytes)
         row = summarize(trials)
-        row.update({"bytes": nbytes, "float_bytes": float_bytes, "bytes_ratio": float_bytes / max(nbytes, 1)})
+        ratio = nbytes / max(float_bytes, 1)
+        row.update({"bytes": nbytes, "float_bytes": float_bytes, "cache_bytes_ratio": ratio})
         row["ms"] = (time.perf_counter() - t0) * 1000.0
         if keep_outputs:
             row["answers"] = trials

@@ -3,14 +3,17 @@ result's (:mod:`kvlab.eval.schema`, whose checks it shares). docs/TASKS.md descr
 
 A tasks result is one JSON object::
 
-    kind, version   "kvlab-tasks", 2 (version 1: files written before the run saved after every cell; they have
-                    no status, command, created_utc or failures and read as complete)
+    kind, version   "kvlab-tasks", 3 (version 2: each row's bytes were compared as ``bytes_ratio``, float bytes /
+                    cache bytes, the inverse of kvlab eval's; version 1: also written before the run saved after
+                    every cell, without status, command, created_utc or failures, read as complete).
+                    :func:`upgrade_tasks_result` reads versions 1 and 2 into this form
     status          "running" (saved after each finished cell), "complete" or "failed" (version 2)
     created_utc, command (version 2), model {name, dtype, device}
     settings        kvlab.eval.tasks_suite.TaskSuiteConfig: {tasks, contexts, candidates, n, seed, protected_tail,
                     max_drop, min_float_score}
     cells           [{task, context, context_tokens, samples, prefill_ms, seconds, caches {name: {score, correct,
-                     trials, ci95 [low, high], bytes, float_bytes, bytes_ratio, ms, answers? [{sample, question,
+                     trials, ci95 [low, high], bytes, float_bytes, cache_bytes_ratio (bytes / float_bytes, as
+                     kvlab eval's), ms, answers? [{sample, question,
                      score, correct, output}]}}}] (kvlab.eval.tasks_run.run_task_cell), in the order they finished
     not_measured    [{task, context, reason}]; skipped {cache: reason}; candidates {cache: {name, family, line, ...}}
     gates, decision kvlab.eval.tasks_run.judge over the finished cells: [{task, context, cache, float_score, score,
@@ -26,8 +29,8 @@ from __future__ import annotations
 from kvlab.eval.schema import _check, _ci_problems, _counts_problems, _show
 
 RESULT_KIND = "kvlab-tasks"
-RESULT_VERSION = 2
-VERSIONS = (1, 2)
+RESULT_VERSION = 3
+VERSIONS = (1, 2, 3)
 STATUSES = ("running", "complete", "failed")
 GATE_STATUSES = ("pass", "fail", "not informative")
 VERDICTS = ("accepted", "rejected", "not judged")
@@ -56,9 +59,11 @@ _ROW = {
     "score": "fraction",
     "bytes": "int >= 0",
     "float_bytes": "int >= 0",
-    "bytes_ratio": "number >= 0",
+    "cache_bytes_ratio": "number >= 0",
     "ms": "number >= 0",
 }
+# versions 1 and 2 wrote the inverse ratio, under another name (float bytes / cache bytes)
+_OLD_RATIO, _RATIO = "bytes_ratio", "cache_bytes_ratio"
 _GATE = {
     "task": "string",
     "context": "int >= 1",
@@ -86,8 +91,33 @@ def _fields(problems: list[str], where: str, block: object, kinds: dict[str, str
     return True
 
 
-def _cell_problems(i: int, cell: object) -> list[str]:
-    """One cell: its fields, the float row every cell pairs with, and each cache's score, counts and bytes."""
+def upgrade_tasks_result(result: dict) -> dict:
+    """``result`` (a valid ``kvlab tasks`` result of any version in :data:`VERSIONS`) with its rows in the current
+    form, in place: a version-1 or -2 row's ``bytes_ratio`` (float bytes / cache bytes) becomes ``cache_bytes_ratio``
+    (cache bytes / float bytes, ``kvlab eval``'s direction), recomputed from the row's ``bytes`` and
+    ``float_bytes`` as the run computes it; a version-2 result becomes version 3 (nothing else differs). A
+    version-1 result keeps its number: it lacks the run fields of version 2, and it is complete (never resumed)."""
+    if result.get("version") not in (1, 2):
+        return result
+    for cell in result["cells"]:
+        for row in cell["caches"].values():
+            row.pop(_OLD_RATIO, None)
+            row[_RATIO] = row["bytes"] / max(row["float_bytes"], 1)
+    if result["version"] == 2:
+        result["version"] = RESULT_VERSION
+    return result
+
+
+def _row_kinds(version: object) -> dict[str, str]:
+    """The fields of a cache's row in a result of ``version``: versions 1 and 2 name the ratio ``bytes_ratio``."""
+    if version in (1, 2):
+        return {(_OLD_RATIO if k == _RATIO else k): kind for k, kind in _ROW.items()}
+    return _ROW
+
+
+def _cell_problems(i: int, cell: object, version: object = RESULT_VERSION) -> list[str]:
+    """One cell of a result of ``version``: its fields, the float row every cell pairs with, and each cache's
+    score, counts and bytes."""
     problems: list[str] = []
     where = f"cells[{i}]"
     if not _fields(problems, where, cell, _CELL) or not isinstance(cell.get("caches"), dict):
@@ -96,7 +126,7 @@ def _cell_problems(i: int, cell: object) -> list[str]:
         problems.append(f"{where}.caches: lacks the float row 'dynamic' every cache is paired with")
     for name, row in cell["caches"].items():
         at = f"{where}.caches[{_show(name)}]"
-        if not _fields(problems, at, row, _ROW):
+        if not _fields(problems, at, row, _row_kinds(version)):
             continue
         if "trials" not in row or "correct" not in row:
             problems.append(f"{at}: lacks 'trials' or 'correct'")
@@ -179,6 +209,6 @@ def validate_tasks_result(result: object) -> list[str]:
             _fields(problems, f"not_measured[{i}]", m, kinds)
     if _check(problems, "cells", result["cells"], "list"):
         for i, cell in enumerate(result["cells"]):
-            problems += _cell_problems(i, cell)
+            problems += _cell_problems(i, cell, version)
     problems += _judged_problems(result)
     return problems

@@ -250,7 +250,7 @@ def test_small_run_on_the_bundled_model(tmp_path, capsys):
         assert row["trials"] == 3
         lo, hi = row["ci95"]
         assert 0 <= lo <= row["correct"] / 3 <= hi <= 1
-    assert rows["snapkv"]["bytes_ratio"] == pytest.approx(2.0, rel=0.02)
+    assert rows["snapkv"]["cache_bytes_ratio"] == pytest.approx(0.5, rel=0.02)
     gates = {g["cache"]: g["status"] for g in result["gates"]}
     assert set(gates) == {"kivi-2", "snapkv"}
     informative = rows["dynamic"]["score"] >= 0.5
@@ -274,15 +274,15 @@ def test_figure_data_marks_uninformative_cells():
         "candidates": {"kivi-4": {"line": "kivi"}, "kivi-2": {"line": "kivi"}},
         "cells": [
             {"task": "vt", "context": 512, "caches": {
-                "dynamic": {"score": 0.2, "bytes_ratio": 1.0},
-                "kivi-2": {"score": 0.0, "bytes_ratio": 6.0},
-                "kivi-4": {"score": 0.1, "bytes_ratio": 3.5}}},
+                "dynamic": {"score": 0.2, "cache_bytes_ratio": 1.0},
+                "kivi-2": {"score": 0.0, "cache_bytes_ratio": 0.17},
+                "kivi-4": {"score": 0.1, "cache_bytes_ratio": 0.29}}},
         ],
     }  # fmt: skip
     data = task_figure_data(result)
     cell = data["vt"]["contexts"][512]
     assert not cell["informative"] and cell["float"] == 0.2
-    assert cell["lines"]["kivi"] == [(3.5, 0.1, "kivi-4"), (6.0, 0.0, "kivi-2")]
+    assert cell["lines"]["kivi"] == [(0.17, 0.0, "kivi-2"), (0.29, 0.1, "kivi-4")]
     with pytest.raises(ValueError, match="no measured cells"):
         task_figure_data({"cells": []})
 

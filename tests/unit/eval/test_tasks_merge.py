@@ -14,13 +14,14 @@ from kvlab.cli import main
 from kvlab.eval.tasks_merge import merge_tasks_results
 from kvlab.eval.tasks_render import markdown_tables
 from kvlab.eval.tasks_run import judge
-from kvlab.eval.tasks_schema import validate_tasks_result
+from kvlab.eval.tasks_schema import upgrade_tasks_result, validate_tasks_result
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "docs" / "examples" / "tasks-bundled-512-2026-12-02.json"
 
 
 def _parts(status: str = "complete") -> tuple[dict, list[dict]]:
-    """The example result and two version-2 results holding its first cell and the others."""
+    """The example result (a version-1 file, read in the current form) and two version-2 results holding its first
+    cell and the others (as written: ``bytes_ratio`` rows)."""
     whole = json.loads(EXAMPLE.read_text())
     parts = []
     for cells in (whole["cells"][:1], whole["cells"][1:]):
@@ -30,7 +31,7 @@ def _parts(status: str = "complete") -> tuple[dict, list[dict]]:
         r["settings"]["tasks"] = [c["task"] for c in cells]
         r.update(judge(r["cells"], r["max_drop"], r["min_float_score"]))
         parts.append(r)
-    return whole, parts
+    return upgrade_tasks_result(whole), parts
 
 
 def test_merging_split_runs_gives_the_whole_runs_cells_and_decision():
@@ -120,7 +121,7 @@ def test_markdown_tables_read_every_entry_from_the_cells():
     assert ("**fail**" if gate == "fail" else gate if gate == "pass" else "n.i.") in lines[4]
     assert lines[2].split(" | ")[1:3] == [
         "1.00",
-        f"{whole['cells'][0]['caches'][names[1]]['bytes_ratio']:.2f}",
+        f"{whole['cells'][0]['caches'][names[1]]['cache_bytes_ratio']:.2f}",
     ]
 
 

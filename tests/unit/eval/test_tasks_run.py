@@ -55,9 +55,9 @@ def test_one_prefill_per_context_and_sample(tiny):
         handle.remove()
     assert sum(seen) == n, f"{len(caches)} caches ran {sum(seen)} context rows through the model, not {n}"
     assert set(out["caches"]) == set(caches)
-    assert out["caches"]["dynamic"]["bytes_ratio"] == pytest.approx(1.0)
-    assert out["caches"]["snapkv:compression_ratio=0.5"]["bytes_ratio"] == pytest.approx(2.0, rel=0.01)
-    assert out["caches"]["kivi-4"]["bytes_ratio"] > 1.5
+    assert out["caches"]["dynamic"]["cache_bytes_ratio"] == pytest.approx(1.0)  # cache / float, as kvlab eval's
+    assert out["caches"]["snapkv:compression_ratio=0.5"]["cache_bytes_ratio"] == pytest.approx(0.5, rel=0.01)
+    assert out["caches"]["kivi-4"]["cache_bytes_ratio"] < 0.67
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,52 @@ def test_version_1_files_still_read(name):
     assert result["version"] == 1 and "status" not in result and result["cells"]
 
 
+@pytest.mark.parametrize(
+    "name, version",
+    [("tasks-bundled-512-2026-12-02.json", 1), ("tasks-smollm2-2048-2026-12-03.json", 2)],
+)
+def test_old_files_read_with_the_ratio_in_kvlab_evals_direction(name, version):
+    """Versions 1 and 2 wrote ``bytes_ratio`` = float bytes / cache bytes, the inverse of kvlab eval's × dyn
+    (``cache_bytes_ratio``, cache bytes / dynamic's): they are read with eval's field, recomputed from the bytes
+    the row holds; a version-2 file becomes version 3 (a resumed run writes it whole), a version-1 file keeps its
+    number (its other fields are version 1's)."""
+    raw = json.loads((EXAMPLES / name).read_text())
+    assert raw["version"] == version and validate_tasks_result(raw) == []
+    result = read_result(EXAMPLES / name, tasks=True)
+    assert result["version"] == (1 if version == 1 else 3)
+    for old, new in zip(raw["cells"], result["cells"]):
+        for cache, row in new["caches"].items():
+            was = old["caches"][cache]["bytes_ratio"]
+            assert "bytes_ratio" not in row and row["cache_bytes_ratio"] == pytest.approx(1 / was)
+            assert row["cache_bytes_ratio"] == row["bytes"] / row["float_bytes"]
+    if version == 2:
+        assert validate_tasks_result(result) == []
+    # a version-3 file with the old field, or without the new one, is refused naming it
+    damaged = synthetic_tasks_result()
+    damaged["cells"][0]["caches"]["kivi-4"]["bytes_ratio"] = damaged["cells"][0]["caches"]["kivi-4"].pop(
+        "cache_bytes_ratio"
+    )
+    assert "cells[0].caches[\"kivi-4\"]: lacks 'cache_bytes_ratio'" in validate_tasks_result(damaged)
+
+
+def test_tasks_and_eval_print_the_bytes_in_one_direction_under_one_label(capsys):
+    """kvlab tasks printed "bytes ratio" = dynamic / cache (2.81 for kivi-4), kvlab eval "× dyn" = cache / dynamic
+    (0.36): one idea in opposite directions. Both say × dyn, cache bytes over the float cache's."""
+    from kvlab.cli import main
+    from kvlab.eval.render import COLUMN_LEGEND as EVAL_LEGEND
+    from kvlab.eval.tasks_render import COLUMN_LEGEND, COLUMNS, markdown_tables, table_rows
+
+    assert "× dyn = cache bytes / dynamic's" in " ".join(EVAL_LEGEND.split())
+    assert "× dyn" in COLUMNS and "columns: × dyn = cache bytes / dynamic's" in COLUMN_LEGEND
+    result = read_result(EXAMPLES / "tasks-smollm2-2048-2026-12-03.json", tasks=True)
+    rows = {(r[0], r[2]): r[3] for r in table_rows(result)}
+    assert rows[("niah_single_1", "kivi-4")] == "0.36" and rows[("niah_single_1", "dynamic")] == "1.00"
+    assert "| × dyn | 1.00 | 0.36 | 0.24 | 0.50 |" in markdown_tables(result)
+    assert main(["report", str(EXAMPLES / "tasks-smollm2-2048-2026-12-03.json")]) == 0
+    out = capsys.readouterr().out
+    assert "× dyn" in out and "bytes ratio" not in out and "0.36" in out and "2.81" not in out
+
+
 def _set(path: str, value):
     def damage(result: dict) -> None:
         *keys, last = path.split("/")
@@ -49,7 +95,7 @@ def _set(path: str, value):
         (_set("status", "done"), "status"),
         (_set("cells", KeyError), "missing field 'cells'"),
         (_set("cells/0/caches/kivi-2/score", 1.5), 'cells[0].caches["kivi-2"].score'),
-        (_set("cells/0/caches/kivi-2/bytes_ratio", float("nan")), 'cells[0].caches["kivi-2"].bytes_ratio'),
+        (_set("cells/0/caches/kivi-2/cache_bytes_ratio", float("nan")), 'cells[0].caches["kivi-2"].cache_bytes_ratio'),
         (_set("cells/0/caches/kivi-4/correct", 5), 'cells[0].caches["kivi-4"].correct'),
         (_set("cells/1/caches/kivi-4/ci95", [0.9, 0.1]), 'cells[1].caches["kivi-4"].ci95'),
         (_set("cells/1/caches/dynamic", KeyError), "cells[1].caches: lacks the float row"),

@@ -148,12 +148,12 @@ def eval_result():
     return synthetic_eval_result()
 
 
-# (name, family line, bytes ratio, samples with every reference found out of 4) per cell of a tasks result
+# (name, family line, × dyn (cache bytes / float bytes), samples with every reference found out of 4) per cell of a tasks result
 _TASK_CACHES = {
-    "niah_single_1": (("dynamic", "dynamic", 1.0, 4), ("kivi-4", "kivi", 2.8, 4), ("kivi-2", "kivi", 4.2, 1),
-                      ("snapkv:compression_ratio=0.5", "snapkv", 2.0, 0)),
-    "vt": (("dynamic", "dynamic", 1.0, 1), ("kivi-4", "kivi", 2.8, 1), ("kivi-2", "kivi", 4.2, 0),
-           ("snapkv:compression_ratio=0.5", "snapkv", 2.0, 0)),
+    "niah_single_1": (("dynamic", "dynamic", 1.0, 4), ("kivi-4", "kivi", 0.36, 4), ("kivi-2", "kivi", 0.24, 1),
+                      ("snapkv:compression_ratio=0.5", "snapkv", 0.5, 0)),
+    "vt": (("dynamic", "dynamic", 1.0, 1), ("kivi-4", "kivi", 0.36, 1), ("kivi-2", "kivi", 0.24, 0),
+           ("snapkv:compression_ratio=0.5", "snapkv", 0.5, 0)),
 }  # fmt: skip
 
 
@@ -169,12 +169,12 @@ def synthetic_tasks_result(status: str = "complete") -> dict:
             trials = [{"sample": i, "question": 0, "score": float(i < found), "correct": i < found,
                        "output": f" {1234567 + i}" if i < found else " no"} for i in range(4)]  # fmt: skip
             float_bytes = 4 * 512 * 24576
-            rows[name] = summarize(trials) | {"bytes": int(float_bytes / ratio), "float_bytes": float_bytes}
-            rows[name].update(bytes_ratio=ratio, ms=100.0 * ratio, answers=trials)
+            rows[name] = summarize(trials) | {"bytes": int(float_bytes * ratio), "float_bytes": float_bytes}
+            rows[name].update(cache_bytes_ratio=ratio, ms=100.0 / ratio, answers=trials)
             candidates[name] = {"name": name, "family": line.split("+")[0], "line": line}
         cells.append({"task": task, "context": 512, "context_tokens": 512, "samples": 4, "prefill_ms": 80.0,
                       "seconds": 2.5, "caches": rows})  # fmt: skip
-    result = {"kind": "kvlab-tasks", "version": 2, "status": status, "created_utc": "2026-12-03T00:00:00+00:00",
+    result = {"kind": "kvlab-tasks", "version": 3, "status": status, "created_utc": "2026-12-03T00:00:00+00:00",
               "command": ["kvlab", "tasks"], "model": {"name": "synthetic", "dtype": "float32", "device": "cpu"},
               "settings": {"tasks": list(_TASK_CACHES), "contexts": [512], "candidates": list(candidates), "n": 4,
                            "seed": 0, "protected_tail": 160, "max_drop": 0.1, "min_float_score": 0.5},

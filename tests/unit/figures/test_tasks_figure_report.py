@@ -96,10 +96,9 @@ def test_report_html_of_a_tasks_result(tasks_result, tmp_path, capsys):
     assert "kivi-2: rejected (failed: niah_single_1@512)" in text and "not measured: cwe @ 512" in text
     # the legend of the columns, under the text table and in the HTML section
     for legend in (" ".join(text.split()), " ".join(page.split())):
-        assert "columns: bytes ratio = float (dynamic) cache bytes / this cache's bytes" in legend.replace(
-            "&#x27;", "'"
-        )
-        assert "the inverse, cache bytes / dynamic" in legend and "with its Wilson 95 % interval" in legend
+        legend = legend.replace("&#x27;", "'")
+        assert "columns: × dyn = cache bytes / dynamic's (the float cache's) after the context is filled" in legend
+        assert "(as kvlab eval's × dyn column)" in legend and "with its Wilson 95 % interval" in legend
 
 
 def test_report_html_of_an_eval_and_a_tasks_result(eval_result, tasks_result, tmp_path):
