@@ -110,6 +110,13 @@ class KVDtype:
         )
 
     @property
+    def cache_name(self) -> str:
+        """:attr:`name` in the cache registry's spelling (:mod:`kvlab.cache_names`), what a message echoes:
+        ``kivi-4`` for the planner's ``kivi4``; every other name is spelled so already (``kivi-k8v4``,
+        ``fp8-e4m3``, ``bf16``)."""
+        return f"kivi-{self.nbits}" if self.is_kivi and self.value_bits is None else self.name
+
+    @property
     def value_code_bits(self) -> int | None:
         """KIVI value code width: ``value_bits``, else ``nbits``."""
         return self.nbits if self.value_bits is None else self.value_bits

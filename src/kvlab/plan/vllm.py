@@ -130,7 +130,8 @@ def _cache_dtype(spec: ModelSpec, kvd: KVDtype) -> tuple[str, str]:
         )
     if kvd.is_kivi:
         raise ValueError(
-            f"vLLM has no KIVI cache: --kv-dtype {kvd.name} has no --kv-cache-dtype; use auto ({spec.dtype}) or fp8"
+            f"vLLM has no KIVI cache: --kv-dtype {kvd.cache_name} has no --kv-cache-dtype; use auto ({spec.dtype}) or "
+            "fp8"
         )
     if kvd.name == _CANONICAL[spec.dtype]:
         return model_dtype, "auto"

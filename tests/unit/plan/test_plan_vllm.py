@@ -185,7 +185,10 @@ def test_human_output_states_the_kv_cache_tokens(capsys):
 @pytest.mark.parametrize(
     "argv, fragment",
     [
-        (["llama-3-8b", "--kv-dtype", "kivi4"], "--kv-dtype kivi4"),
+        # the registry's spelling, however it was typed
+        (["llama-3-8b", "--kv-dtype", "kivi4"], "vLLM has no KIVI cache: --kv-dtype kivi-4 has no --kv-cache-dtype"),
+        (["llama-3-8b", "--kv-dtype", "kivi-2:group_size=64"], "--kv-dtype kivi-2 has no --kv-cache-dtype"),
+        (["llama-3-8b", "--kv-dtype", "kivi-k8v4"], "--kv-dtype kivi-k8v4 has no --kv-cache-dtype"),
         (["llama-3-8b", "--kv-dtype", "fp16"], "--kv-dtype fp16"),  # bf16 model: vLLM's auto is bf16
         (["gpt-oss-20b"], "12 sliding"),
         (["llama-3-8b", "--block-size", "24"], "--block-size"),
