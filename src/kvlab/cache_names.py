@@ -107,11 +107,18 @@ _PAIR = re.compile(r"^[a-z_]+=(?:[0-9]+(?:\.[0-9]+)?|[a-z][a-z0-9]*(?:-[a-z0-9]+
 
 def _check_setting_pairs(text: str) -> None:
     """Raise ``ValueError`` naming the first ``:setting=value`` of ``text`` outside the grammar (a value that is
-    neither plain digits nor a word, such as ``-1``, ``.5`` or ``5e-1``; an empty setting); return if they all fit."""
+    neither plain digits nor a word, such as ``-1``, ``.5`` or ``5e-1``; an empty setting); a setting named with
+    no value (``group_size=``, ``group_size``) is said so, by its name. Return if they all fit."""
     _, colon, tail = text.strip().lower().partition(":")
     if not colon:
         return
     for pair in tail.split(":"):
+        name, eq, value = pair.partition("=")
+        if re.fullmatch(r"[a-z_]+", name) and not value:
+            given = "nothing follows its '='" if eq else "it has no '='"
+            raise ValueError(
+                f"cache name {text!r}: setting {name!r} has an empty value ({given}); write {name}=<value>"
+            )
         if not _PAIR.match(pair):
             raise ValueError(
                 f"cache name {text!r}: setting {pair!r} must be name=value with a non-negative value in plain "

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvlab.cache_names import KIVI_DEFAULTS
+from kvlab.cache_names import KIVI_DEFAULTS, parse_cache_name
 from kvlab.plan.fit import longest_fitting
 from kvlab.plan.kv_formats import kv_dtype
 from kvlab.plan.ledger import kv_elements_per_token_per_layer
@@ -62,6 +62,8 @@ def resolve_plan(kv: str, spec: ModelSpec) -> tuple[str, list[tuple[str, str]], 
     """
     name = str(kv).removeprefix(MIXED_PREFIX)
     try:
+        if ":" in name:  # a :setting outside the grammar (an empty value) is named as the registry names it
+            parse_cache_name(str(kv), ("mixed",))
         check_plan_name(name)
         plan, source = find_plan(name)
         formats = layer_formats(plan, spec.num_layers)

@@ -110,7 +110,6 @@ def test_transformers_quantized_caches_without_a_model_config_are_named(name):
         ("snapkv:compression_ratio=nan", "compression_ratio=nan"),
         ("snapkv:compression_ratio=.5", "compression_ratio=.5"),
         ("snapkv:compression_ratio=5e-1", "compression_ratio=5e-1"),
-        ("sink:window_length=", "window_length="),
         ("sink::window_length=64", ""),
         ("kivi-4:", ""),
     ],
@@ -120,3 +119,38 @@ def test_a_malformed_setting_is_named_not_only_the_grammar(name, bad):
     with pytest.raises(ValueError) as exc:
         resolve(name)
     assert f"setting {bad!r}" in str(exc.value) and repr(name) in str(exc.value), str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "name, setting, given",
+    [
+        ("mixed-demo:group_size=", "group_size", "nothing follows its '='"),
+        ("mixed-demo:residual_length=", "residual_length", "nothing follows its '='"),
+        ("mixed-demo:group_size=64:residual_length=", "residual_length", "nothing follows its '='"),
+        ("sink:window_length=", "window_length", "nothing follows its '='"),
+        ("kivi-4:dot=", "dot", "nothing follows its '='"),
+        ("kivi-4:group_size", "group_size", "it has no '='"),
+    ],
+)
+def test_a_setting_with_an_empty_value_is_named_with_the_setting(name, setting, given):
+    """``mixed-demo:group_size=`` was refused with the grammar's generic "setting 'group_size=' must be name=value
+    with a non-negative value ..."; the message names the setting and says its value is empty."""
+    expected = f"cache name {name!r}: setting {setting!r} has an empty value ({given}); write {setting}=<value>"
+    with pytest.raises(ValueError) as exc:
+        resolve(name)
+    assert str(exc.value) == expected
+    with pytest.raises(ValueError) as exc:  # the planner's grammar is the same one
+        parse_cache_name(name, ("mixed", "sink", "kivi"))
+    assert str(exc.value) == expected
+
+
+def test_kvlab_eval_and_plan_name_an_empty_setting_of_a_mixed_cache(tmp_path, capsys):
+    from kvlab.cli import main
+
+    said = "setting 'group_size' has an empty value (nothing follows its '='); write group_size=<value>"
+    argv = ["eval", "--dry-run", "--quick", "--candidates", "mixed-demo:group_size=", "--out-dir", str(tmp_path)]
+    assert main(argv) == 2
+    assert said in " ".join(capsys.readouterr().err.split())
+    assert main(["plan", "smollm2-135m", "--kv-dtype", "mixed-demo:group_size="]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--kv-dtype 'mixed-demo:group_size='" in err and said in err, err
