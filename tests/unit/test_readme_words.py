@@ -27,3 +27,21 @@ def test_one_name_for_the_top_k_overlap():
         if re.search(r"\btop-\d", line)
     ]
     assert not found, "say top-k (k = 5, the eval's top_k), as kvlab prints it: " + ", ".join(found)
+
+
+def test_the_readme_links_the_per_layer_bit_allocation_page_where_it_names_mixed_caches():
+    """docs/MIXED.md (sensitivity sweep, allocation, mixed-<plan>, verify) was reachable from no README line."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert (ROOT / "docs" / "MIXED.md").is_file()
+    paragraphs = [p for p in text.split("\n\n") if "mixed-<plan>" in p]
+    assert paragraphs, "the README no longer names mixed-<plan>"
+    assert "[docs/MIXED.md](docs/MIXED.md)" in paragraphs[0] and "bit allocation" in paragraphs[0]
+
+
+def test_the_quick_start_stays_two_commands():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"## Quick start\n\n```bash\n(.*?)```", text, re.S)
+    assert block and block.group(1).splitlines() == [
+        'pip install "torch==2.13.0" -e ".[hf,dev]" && kvlab eval',
+        "python -m pytest -q",
+    ]
