@@ -343,7 +343,8 @@ def _cpu_paths(dev: torch.device, nbits: tuple, head_dim: int, dtype: str, group
 def _check_copy_fits(copy_bytes: int, dev: torch.device) -> None:
     """Raise ``ValueError`` naming ``--copy-mib`` when the copy probe's two buffers (:func:`copy_bandwidth`) pass the
     free memory of ``dev`` (the machine's available memory on a CPU)."""
-    from kvlab.lab.longrun import available_memory_bytes, memory_refusal
+    from kvlab.lab.longrun import memory_refusal
+    from kvlab.runtime.provenance import available_memory_bytes
 
     free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else available_memory_bytes()
     problem = memory_refusal(f"--copy-mib {copy_bytes // 2**20:,} (two buffers)", 2 * copy_bytes, free)

@@ -99,9 +99,10 @@ def _check_memory(static_requests: int, sim_requests: int) -> None:
     """Raise ``ValueError`` naming the setting whose request count's memory estimate
     (:func:`kvlab.paging.static.static_memory_bytes`, :func:`kvlab.paging.simulate.simulate_memory_bytes`) passes
     the machine's available memory (a billion requests filled the memory with no output)."""
-    from kvlab.lab.longrun import available_memory_bytes, memory_refusal
+    from kvlab.lab.longrun import memory_refusal
     from kvlab.paging.simulate import simulate_memory_bytes
     from kvlab.paging.static import static_memory_bytes
+    from kvlab.runtime.provenance import available_memory_bytes
 
     free = available_memory_bytes()
     for name, n, need in (

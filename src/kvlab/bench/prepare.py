@@ -186,10 +186,11 @@ def check_room(
     Raises:
         ValueError: the estimate does not fit, naming ``setting``, the bytes needed and the bytes free.
     """
-    from kvlab.lab.longrun import available_memory_bytes, configured_spec, gib
+    from kvlab.lab.longrun import configured_spec, gib
     from kvlab.plan.kv_formats import kv_dtype
     from kvlab.plan.ledger import kv_bytes
     from kvlab.plan.spec import spec_from_config
+    from kvlab.runtime.provenance import available_memory_bytes
 
     loaded = isinstance(model, torch.nn.Module)
     try:

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, flag_values, progress, table
+from kvlab.runtime import provenance
 
 
 def register(subparsers) -> None:
@@ -193,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _memory_check(prompt_given: bool):
     """``before_forward`` of :func:`kvlab.eval.inspect.inspect_model`: refuses (ValueError) a prompt whose
-    :func:`~kvlab.eval.inspect.peak_bytes` pass :func:`kvlab.lab.longrun.available_memory_bytes`, saying what
+    :func:`~kvlab.eval.inspect.peak_bytes` pass :func:`kvlab.runtime.provenance.available_memory_bytes`, saying what
     would fit: a size is refused with what it needs before any work starts."""
 
     def check(lm, tokens: int) -> None:
@@ -201,7 +202,7 @@ def _memory_check(prompt_given: bool):
         from kvlab.lab import longrun
 
         dtype = next(lm.parameters()).dtype
-        available = longrun.available_memory_bytes()
+        available = provenance.available_memory_bytes()
         need = peak_bytes(lm.config, tokens=tokens, dtype=dtype)
         if available is None or need <= available:
             return

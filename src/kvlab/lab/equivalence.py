@@ -22,6 +22,7 @@ from kvlab.lab.toy import (
     make_weights,
     peak_bytes,
 )
+from kvlab.runtime import provenance
 from kvlab.runtime.blas import blas_threads
 from kvlab.runtime.checks import check_int
 from kvlab.runtime.timing import busy_warnings, default_threads, interleaved, paired_ratio
@@ -115,14 +116,14 @@ def run_toy_lab(
 
 def check_toy_memory(cfg: ToyConfig, available: int | None = -1) -> None:
     """Refuse a toy run whose :func:`~kvlab.lab.toy.peak_bytes` exceed the ``available`` memory (default:
-    :func:`kvlab.lab.longrun.available_memory_bytes`; ``None``: unknown, no check), before any work.
+    :func:`kvlab.runtime.provenance.available_memory_bytes`; ``None``: unknown, no check), before any work.
 
     Raises:
         ValueError: naming ``new_tokens``, both sizes and the most new tokens that would fit.
     """
     from kvlab.lab import longrun
 
-    available = longrun.available_memory_bytes() if available == -1 else available
+    available = provenance.available_memory_bytes() if available == -1 else available
     if available is None or peak_bytes(cfg) <= available:
         return
     low, high = 0, cfg.new_tokens  # the most new tokens whose peak fits (0: not even the prompt)

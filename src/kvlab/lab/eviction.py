@@ -28,6 +28,7 @@ from kvlab.caches.sink import SinkCache
 from kvlab.lab import longrun
 from kvlab.lab.exactness import incremental_chunks
 from kvlab.lab.longrun import STEP_TOKENS, Progress, spans
+from kvlab.runtime import provenance
 from kvlab.runtime.checks import check_int
 from kvlab.runtime.hf_api import cache_kwarg
 
@@ -218,9 +219,9 @@ def peak_bytes(
 
 def memory_problem(model_config: Any, config: EvictionConfig, dtype: torch.dtype) -> str | None:
     """Why :func:`measure_eviction` would not fit in the available memory (:func:`peak_bytes` against
-    :func:`kvlab.lab.longrun.available_memory_bytes`), naming the tokens that would fit; None when it fits or the
+    :func:`kvlab.runtime.provenance.available_memory_bytes`), naming the tokens that would fit; None when it fits or the
     available memory is unknown."""
-    available = longrun.available_memory_bytes()
+    available = provenance.available_memory_bytes()
     need = peak_bytes(model_config, config, dtype)
     if available is None or need <= available:
         return None

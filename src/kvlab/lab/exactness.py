@@ -22,6 +22,7 @@ from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.caches.registry import cache_names, make_cache, resolve
 from kvlab.lab import longrun
 from kvlab.lab.longrun import Progress, spans, text_config
+from kvlab.runtime import provenance
 from kvlab.runtime.hf_api import cache_kwarg
 
 # Relative-error tolerance by model dtype: the two paths differ only in matmul shapes (accumulation order).
@@ -262,7 +263,7 @@ def _memory_problem(lm: Any, tokens: int, batch: int) -> str | None:
     """Why a ``[batch, tokens]`` check of ``lm`` would not fit in the available memory, or None."""
     dtype = next(lm.parameters()).dtype
     need = peak_bytes(lm.config, tokens=tokens, batch=batch, dtype=dtype)
-    available = longrun.available_memory_bytes()
+    available = provenance.available_memory_bytes()
     if available is None or need <= available:
         return None
     fit = fitting_tokens(lm.config, batch=batch, dtype=dtype, budget=available, upto=tokens)

@@ -5,7 +5,7 @@ their work starts, and how they cut long loops into reported steps.
   ``kvlab eval`` does (:func:`kvlab.eval.model_info.context_limit_warnings`): a RoPE model still runs there, but the
   numbers describe positions it was never trained on. :func:`position_warning` words it, :func:`max_positions`
   reads the limit from a loaded model's config, :func:`configured_max_positions` from the files, before loading.
-* **memory**: :func:`available_memory_bytes` (``MemAvailable`` of ``/proc/meminfo``) against a run's estimate
+* **memory**: :func:`kvlab.runtime.provenance.available_memory_bytes` (``MemAvailable`` of ``/proc/meminfo``) against a run's estimate
   (built from :func:`activation_bytes` and :func:`kv_bytes`); :func:`memory_refusal` words the refusal.
 * **steps**: :func:`spans` cuts a loop of ``n`` forwards into spans of :data:`STEP_TOKENS`, each reported as one
   progress step (``kvlab.commands.progress``), so no step of a long run is silent for more than seconds.
@@ -153,23 +153,6 @@ def position_warning(flag: str, tokens: int, limit: int | None, consequence: str
     if limit is None or tokens <= limit:
         return None
     return f"{flag} {tokens:,} passes the model's max_position_embeddings ({limit:,}): {consequence}"
-
-
-def available_memory_bytes(meminfo: str | os.PathLike = "/proc/meminfo") -> int | None:
-    """Memory the machine can give a new allocation without swapping: ``MemAvailable`` of ``meminfo`` (Linux),
-    else free physical pages (``os.sysconf``), else None (unknown: no check is made)."""
-    try:
-        with open(meminfo, encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    value, unit = line.split()[1:3]
-                    return int(value) * (1024 if unit.lower() == "kb" else 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return None
 
 
 def gib(n: float) -> str:

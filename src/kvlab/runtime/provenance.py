@@ -17,11 +17,12 @@ import platform
 import subprocess
 from importlib import metadata
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from kvlab import __version__
+
+if TYPE_CHECKING:
+    import torch
 
 # Optional back-ends whose versions change a result; None in a record when not installed.
 _BACKENDS = ("hqq", "optimum-quanto")
@@ -55,14 +56,15 @@ def memory_gib() -> float | None:
         return None
 
 
-def available_memory_bytes() -> int | None:
-    """Memory a new allocation can take without swapping, in bytes: ``MemAvailable`` of ``/proc/meminfo`` (Linux),
-    else the OS's free physical pages, else None where the OS does not say."""
+def available_memory_bytes(meminfo: str | os.PathLike = "/proc/meminfo") -> int | None:
+    """Memory the machine can give a new allocation without swapping, in bytes: ``MemAvailable`` of ``meminfo``
+    (Linux), else the OS's free physical pages (``os.sysconf``), else None (unknown: callers make no check)."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(meminfo, encoding="ascii") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    value, unit = line.split()[1:3]
+                    return int(value) * (1024 if unit.lower() == "kb" else 1)
     except (OSError, ValueError, IndexError):
         pass
     try:
@@ -99,6 +101,8 @@ def git_commit() -> str | None:
 
 def software_info() -> dict[str, str | None]:
     """Versions: Python, kvlab, torch, transformers, tokenizers and the optional quantization back-ends."""
+    import torch  # in the functions that need it: the host facts above serve torch-free commands (kvlab paging)
+
     return {
         "python": platform.python_version(),
         "kvlab": __version__,
@@ -113,6 +117,8 @@ def hardware_info(device: torch.device) -> dict[str, Any]:
     """Machine facts for a run on ``device``: platform, CPU count, torch threads, torch's CPU capability (the
     widest vector instruction set its kernels use: ``"AVX2"``, ``"AVX512"``, ...), CUDA, and for a CUDA ``device``
     its name, total memory (bytes), compute capability and the CUDA version."""
+    import torch
+
     info: dict[str, Any] = {
         "device": str(device),
         "platform": platform.platform(),
@@ -140,6 +146,8 @@ def machine_info() -> dict[str, Any]:
     """Machine and versions in one flat dict: CPU model and cores, torch threads, memory (GiB), platform, the
     versions of :func:`software_info` but tokenizers, the git commit of the checkout, the first GPU (None
     without CUDA) and the CUDA version."""
+    import torch
+
     software = software_info()
     info: dict[str, Any] = {
         "cpu": cpu_model(),

@@ -9,6 +9,7 @@ import torch
 
 from kvlab.cli import main
 from kvlab.commands import EXIT_FILE_EXISTS
+from kvlab.runtime import provenance
 
 
 def _run(argv):
@@ -310,7 +311,7 @@ def test_bench_refuses_a_context_that_cannot_be_held_before_the_model_loads(argv
         raise AssertionError("the model was loaded")
 
     monkeypatch.setattr("kvlab.models.load_model", no_load)
-    monkeypatch.setattr("kvlab.lab.longrun.available_memory_bytes", lambda *a: 8 * 2**30)
+    monkeypatch.setattr("kvlab.runtime.provenance.available_memory_bytes", lambda *a: 8 * 2**30)
     assert main(["bench", *argv, "--device", "cpu", "--no-save"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert f"error: {setting}" in err and "cannot be held" in err, err
@@ -325,22 +326,21 @@ def test_bench_room_check_counts_the_kv_of_every_prompt_token(tiny_lm, monkeypat
     cfg = tiny_lm.config
     per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2 + 16
     cpu = torch.device("cpu")
-    monkeypatch.setattr("kvlab.lab.longrun.available_memory_bytes", lambda *a: 1000 * per_token)
+    monkeypatch.setattr("kvlab.runtime.provenance.available_memory_bytes", lambda *a: 1000 * per_token)
     assert check_room(tiny_lm, "bfloat16", cpu, 1000, 990) is None
     with pytest.raises(ValueError, match=r"`contexts` 995 cannot be held: its 1,001 prompt tokens need at least"):
         check_room(tiny_lm, "bfloat16", cpu, 1001, 995)
     with pytest.raises(ValueError, match="in float32\\), the machine has"):  # twice the bytes in float32
         check_room(tiny_lm, "float32", cpu, 600, 590)
-    monkeypatch.setattr("kvlab.lab.longrun.available_memory_bytes", lambda *a: None)  # unknown: no refusal
+    monkeypatch.setattr("kvlab.runtime.provenance.available_memory_bytes", lambda *a: None)  # unknown: no refusal
     note = check_room(tiny_lm, "bfloat16", cpu, cfg.max_position_embeddings + 1, 5000)
     assert f"pass the model's max_position_embeddings ({cfg.max_position_embeddings:,})" in note
 
 
 def test_bench_kernel_refuses_a_copy_probe_larger_than_the_memory(capsys, monkeypatch):
     """--copy-mib 1000000 allocated two buffers of ~1 TB and crashed in the allocator (a traceback, exit 1)."""
-    from kvlab.lab import longrun
 
-    monkeypatch.setattr(longrun, "available_memory_bytes", lambda: 8 * 2**30)
+    monkeypatch.setattr(provenance, "available_memory_bytes", lambda: 8 * 2**30)
     assert main(["bench", "kernel", "--no-save", "--contexts", "512", "--copy-mib", "8192"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("kvlab bench kernel: error: --copy-mib 8,192 (two buffers) needs about 16.00 GiB"), err
@@ -364,9 +364,8 @@ def test_bench_names_a_damaged_model_folder_by_its_flag(tmp_path, capsys):
 @pytest.mark.parametrize("flag", ["--static-requests", "--sim-requests"])
 def test_bench_paging_refuses_a_request_count_beyond_the_memory(flag, capsys, monkeypatch):
     """A billion requests filled the memory with no output (the static run reached 17 GB in 15 s)."""
-    from kvlab.lab import longrun
 
-    monkeypatch.setattr(longrun, "available_memory_bytes", lambda: 2**30)
+    monkeypatch.setattr(provenance, "available_memory_bytes", lambda: 2**30)
     other = "--sim-requests" if flag == "--static-requests" else "--static-requests"
     assert main(["bench", "paging", "--no-save", flag, "999999999", other, "10"]) == 2
     err = capsys.readouterr().err.strip()

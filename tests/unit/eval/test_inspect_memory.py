@@ -12,8 +12,8 @@ import torch
 
 from kvlab.cli import main
 from kvlab.eval import inspect as kv_inspect
-from kvlab.lab import longrun
 from kvlab.models import reference_model_path
+from kvlab.runtime import provenance
 
 
 def test_the_estimate_grows_with_tokens_and_counts_the_cache(tiny_qwen2):
@@ -41,7 +41,7 @@ def test_no_logits_are_made(tiny_qwen2, monkeypatch):
     reason="the bundled reference model is absent",
 )
 def test_a_size_past_the_available_memory_is_refused_before_any_forward(monkeypatch):
-    monkeypatch.setattr(longrun, "available_memory_bytes", lambda: 2**20)  # 1 MiB left
+    monkeypatch.setattr(provenance, "available_memory_bytes", lambda: 2**20)  # 1 MiB left
     monkeypatch.setattr(kv_inspect, "inspect_kv", lambda *a, **k: pytest.fail("a forward ran"))
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

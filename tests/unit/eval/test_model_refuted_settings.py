@@ -224,7 +224,7 @@ def test_a_cell_too_large_for_the_memory_is_refused_naming_the_flag_the_bytes_an
 def test_eval_refuses_a_context_that_cannot_fit_before_any_cell(tmp_path, capsys, monkeypatch):
     model = make_tiny_qwen2(head_dim=16, max_positions=512)
     monkeypatch.setattr("kvlab.models.load_model", lambda *a, **k: (model, CharTokenizer()))
-    monkeypatch.setattr("kvlab.lab.longrun.available_memory_bytes", lambda: 2**30)
+    monkeypatch.setattr("kvlab.runtime.provenance.available_memory_bytes", lambda: 2**30)
     argv = list(TINY_RUN)  # --prompt-mode repeat --no-long-context: no held-out text bounds the contexts
     argv[argv.index("40,72")] = "40,99999999"
     assert main([*argv, "--out-dir", str(tmp_path), "--label", "huge"]) == 2

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from kvlab.cli import main
-from kvlab.lab import longrun
 from kvlab.lab.eviction import EvictionConfig, eviction_steps
 from kvlab.lab.exactness import check_steps
 from kvlab.models import reference_model_path
+from kvlab.runtime import provenance
 
 pytestmark = pytest.mark.skipif(
     not (reference_model_path() / "model.safetensors").is_file(),
@@ -103,7 +103,7 @@ def test_an_absurd_size_is_refused_before_any_forward():
 
 
 def test_a_size_past_the_available_memory_is_refused(monkeypatch):
-    monkeypatch.setattr(longrun, "available_memory_bytes", lambda: 2**20)  # 1 MiB left
+    monkeypatch.setattr(provenance, "available_memory_bytes", lambda: 2**20)  # 1 MiB left
     code, out, err = _run(["lab", "--real", "--tokens", "8", "--batch", "2"])
     assert code == 2 and out == "", err
     message = err[-1]
@@ -111,5 +111,5 @@ def test_a_size_past_the_available_memory_is_refused(monkeypatch):
     assert "of memory, the machine has 0.00 GiB available; " in message
     assert len([line for line in err if "error:" in line]) == 1
     assert [line for line in err if STEP.match(line)] == err[:-1] and len(err) == 2  # only the load ran
-    monkeypatch.setattr(longrun, "available_memory_bytes", lambda: None)  # unknown: no check
+    monkeypatch.setattr(provenance, "available_memory_bytes", lambda: None)  # unknown: no check
     assert _run(["lab", "--real", "--json", "--tokens", "8"])[0] == 0

@@ -17,6 +17,7 @@ from kvlab.cli import main
 from kvlab.lab import eviction, exactness, longrun
 from kvlab.lab.eviction import EvictionConfig
 from kvlab.models import reference_model_path
+from kvlab.runtime import provenance
 
 SMOLLM2 = LlamaConfig(
     vocab_size=49152,
@@ -52,19 +53,19 @@ def test_the_eviction_estimate_holds_the_full_forward_and_grows_with_tokens():
 
 def test_eviction_memory_problem_names_the_tokens_that_fit(monkeypatch):
     cfg = EvictionConfig(tokens=10_000, window_length=256)
-    monkeypatch.setattr(longrun, "available_memory_bytes", lambda: 2**30)
+    monkeypatch.setattr(provenance, "available_memory_bytes", lambda: 2**30)
     message = eviction.memory_problem(SMOLLM2, cfg, torch.bfloat16)
     assert message.startswith("`tokens` 10,000 (one forward over every token")
     fit = int(message.rsplit("at most about ", 1)[1].split()[0].replace(",", ""))
     assert eviction.peak_bytes(SMOLLM2, cfg, torch.bfloat16, tokens=fit) <= 2**30
     assert eviction.peak_bytes(SMOLLM2, cfg, torch.bfloat16, tokens=fit + 1) > 2**30
-    monkeypatch.setattr(longrun, "available_memory_bytes", lambda: None)  # unknown: no check
+    monkeypatch.setattr(provenance, "available_memory_bytes", lambda: None)  # unknown: no check
     assert eviction.memory_problem(SMOLLM2, cfg, torch.bfloat16) is None
 
 
 @needs_model
 def test_eviction_past_the_available_memory_is_refused_before_any_forward(monkeypatch):
-    monkeypatch.setattr(longrun, "available_memory_bytes", lambda: 2**20)  # 1 MiB left
+    monkeypatch.setattr(provenance, "available_memory_bytes", lambda: 2**20)  # 1 MiB left
     code, out, err = _run(["lab", "eviction", "--tokens", "20", "--window", "8", "--sinks", "2", "0"])
     assert code == 2 and out == ""
     assert err[-1].startswith("kvlab lab eviction: error: --tokens 20 (one forward over every token")
@@ -95,7 +96,7 @@ def test_toy_lab_new_tokens_past_the_memory_is_refused_before_any_work(monkeypat
     def never(*args, **kwargs):
         raise AssertionError("work started before --new-tokens was checked")
 
-    monkeypatch.setattr(longrun, "available_memory_bytes", lambda: 8 * 2**30)
+    monkeypatch.setattr(provenance, "available_memory_bytes", lambda: 8 * 2**30)
     monkeypatch.setattr(append, "measure_append_cost", never)
     assert main(["lab", "--new-tokens", "999999999"]) == 2
     err = capsys.readouterr().err

@@ -12,12 +12,12 @@ from transformers import LlamaConfig
 from kvlab.lab.exactness import EXACT_CACHES, check_exact_caches, check_steps, fitting_tokens, peak_bytes
 from kvlab.lab.longrun import (
     STEP_TOKENS,
-    available_memory_bytes,
     configured_max_positions,
     memory_refusal,
     position_warning,
     spans,
 )
+from kvlab.runtime.provenance import available_memory_bytes
 
 
 def test_spans_cover_the_range_in_steps_and_an_empty_loop_is_one_step():

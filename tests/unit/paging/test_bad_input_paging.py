@@ -471,14 +471,14 @@ def test_run_settings_are_refused_before_any_policy_runs(tmp_path, capsys):
 )
 def test_a_request_count_past_the_memory_is_refused_before_anything_is_made(capsys, monkeypatch, argv, need):
     # --requests 999999999 reached 15-17 GB resident in 15 s with no output; now an estimate refuses it up front
-    import kvlab.lab.longrun
     import kvlab.paging.static
     import kvlab.paging.trace
+    import kvlab.runtime.provenance
 
     def never(*args, **kwargs):
         raise AssertionError("the workload was made before the memory check")
 
-    monkeypatch.setattr(kvlab.lab.longrun, "available_memory_bytes", lambda: 8 * GIB)
+    monkeypatch.setattr(kvlab.runtime.provenance, "available_memory_bytes", lambda: 8 * GIB)
     monkeypatch.setattr(kvlab.paging.static, "run_static", never)
     monkeypatch.setattr(kvlab.paging.trace, "poisson_trace", never)
     fails(capsys, argv, "--requests 999,999,999", f"needs about {need}", "8.00 GiB available")
@@ -487,7 +487,7 @@ def test_a_request_count_past_the_memory_is_refused_before_anything_is_made(caps
 def test_the_default_request_counts_pass_the_memory_check(monkeypatch):
     import kvlab.lab.longrun
 
-    monkeypatch.setattr(kvlab.lab.longrun, "available_memory_bytes", lambda: GIB)
+    monkeypatch.setattr(kvlab.runtime.provenance, "available_memory_bytes", lambda: GIB)
     assert main(["paging", "static", "--json", "--requests", "400"]) == 0
     assert main(["paging", "simulate", "--json", *SMALL]) == 0
 

@@ -283,14 +283,15 @@ def cell_peak_bytes(model_config, context: int, new_tokens: int, batch: int, ite
 def memory_problem(cfg, model, device, available: int | None = -1) -> str | None:
     """Why a cell of ``cfg`` cannot fit beside the loaded ``model`` on ``device`` (:func:`cell_peak_bytes` of its
     largest capacity context and of the window cell against ``available``: by default the free memory of a CUDA
-    ``device``, else :func:`kvlab.lab.longrun.available_memory_bytes`), worded by
+    ``device``, else :func:`kvlab.runtime.provenance.available_memory_bytes`), worded by
     :func:`kvlab.lab.longrun.memory_refusal` naming the flag and the longest context that would fit; None when
     every cell fits or the memory is unknown. A lower bound: a refused run could not have run, a passed one may
     still run short (the long-context probes are not counted)."""
     import torch
 
     from kvlab.eval.cells import run_cells
-    from kvlab.lab.longrun import available_memory_bytes, memory_refusal
+    from kvlab.lab.longrun import memory_refusal
+    from kvlab.runtime.provenance import available_memory_bytes
 
     if available == -1:
         available = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else available_memory_bytes()

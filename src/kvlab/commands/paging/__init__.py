@@ -233,7 +233,8 @@ def _register_figure(sub) -> None:
 
 def check_requests_memory(flag: str, n_requests: int, need: int) -> None:
     """Raise ValueError naming ``flag n_requests`` when the ``need`` bytes it takes pass the available memory."""
-    from kvlab.lab.longrun import available_memory_bytes, memory_refusal
+    from kvlab.lab.longrun import memory_refusal
+    from kvlab.runtime.provenance import available_memory_bytes
 
     problem = memory_refusal(f"{flag} {n_requests:,}", need, available_memory_bytes(), "give fewer requests")
     if problem:
