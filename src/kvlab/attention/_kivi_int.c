@@ -9,7 +9,9 @@
  * Integer key scores (KIVI keys are quantized per channel, groups of G tokens: k[t,c] = s[c] * code[t,c] + z[c]):
  *   score[t] = sum_c (q[c] s[c]) code[t,c] + sum_c q[c] z[c]
  * The scale folds into the query once per key group (as the exact kernel does); that folded query qs = q * s is then
- * rounded to 16 bits with one scale per (query row, key group), a = max_c |qs[c]| / 32767, x[c] = round(qs[c] / a),
+ * rounded to 16 bits with one step per (query row, key group), a = max_c |q[c]| * max_c s[c] / 32766, a bound on
+ * max |qs| / 32766: the row's maximum is taken once per call and the group's once for all rows, so a group costs no
+ * per-row reduction (where q's and s's largest channels differ, x uses fewer of its 15 bits), x[c] = round(qs[c] / a),
  * and split into a signed high byte h = x >> 8 and an unsigned low byte l = x & 255 (x = 256 h + l). The first sum
  * becomes a * (256 (h . code) + (l . code)), two exact integer dot products over the same unpacked code lanes:
  * dpbusd (u8 x s8) takes the codes as its unsigned operand against h, and as its signed one (codes < 2^nbits < 128)
@@ -40,8 +42,9 @@
 #endif
 
 enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
-/* the query's 16-bit steps: a = max |qs| / QMAX, its high byte signed, its low byte unsigned */
-#define QMAX 32767
+/* the query's 16-bit steps: |x| <= QSCALE (one below int16's 32767: fp32 rounding of the scaled query stays
+ * inside), its high byte signed, its low byte unsigned */
+#define QSCALE 32766.0f
 /* software prefetch distances: key blocks (LANES tokens), key groups, value blocks (VB tokens) */
 #define PF_KEYS 4
 #define PF_GROUPS 2
@@ -269,31 +272,41 @@ AI void to_order(const float *sn, float *sp, int64_t D, int order, int nb) {
     }
 }
 
-/* the 16-bit query of M rows for key group j: qs = q * s in the path's order (order 1: transposed, see tchan; qp: q in
- * that order), a[r] = max |qs| / QMAX, x = round(qs / a[r]) (to nearest even, as the AVX paths), its high byte
- * (signed) in qi[r], its low byte (unsigned) in qi[M + r]; bias[r] = q . z */
-AI void quantize_rows(const float *q, const float *qp, const void *ks, const void *kz, int bf16, int64_t j,
-                      int64_t M, const int64_t D, int order, int nb, int8_t *qi, float *a, float *bias) {
-    float sn[D], sp[D], zn[D], qs[D];
+/* the rows' query scaled once per call: qn = qp * QSCALE / max_c |q[r,c]| (qp: q in the path's order), a0[r] =
+ * max_c |q[r,c]| / QSCALE (0 for a zero row). A key group then needs no per-row maximum: see quantize_rows. */
+AI void scale_rows(const float *q, const float *qp, int64_t M, int64_t D, float *qn, float *a0) {
+    for (int64_t r = 0; r < M; r++) {
+        float qmax = 0.0f;
+        for (int64_t c = 0; c < D; c++) qmax = fmaxf(qmax, fabsf(q[r * D + c]));
+        const float mul = qmax > 0.0f ? QSCALE / qmax : 0.0f;
+        for (int64_t idx = 0; idx < D; idx++) qn[r * D + idx] = qp[r * D + idx] * mul;
+        a0[r] = qmax * (1.0f / QSCALE);
+    }
+}
+
+/* the 16-bit query of M rows for key group j: with m = max_c s[c] (the group's largest scale) and s' = s / m in the
+ * path's order (order 1: transposed, see tchan), x = round(qn * s') (to nearest even, as the AVX paths), |x| <=
+ * QSCALE, the step a[r] = a0[r] * m (scale_rows); x's high byte (signed) in qi[r], its low byte (unsigned) in
+ * qi[M + r]; bias[r] = q . z */
+AI void quantize_rows(const float *q, const float *qn, const float *a0, const void *ks, const void *kz, int bf16,
+                      int64_t j, int64_t M, const int64_t D, int order, int nb, int8_t *qi, float *a, float *bias) {
+    float sn[D], sp[D], zn[D];
     row_f32(ks, j * D, D, bf16, sn);
+    float m = 0.0f;
+    for (int64_t c = 0; c < D; c++) m = fmaxf(m, fabsf(sn[c]));
+    const float inv = m > 0.0f ? 1.0f / m : 0.0f;
+    for (int64_t c = 0; c < D; c++) sn[c] *= inv;
     to_order(sn, sp, D, order, nb);
     row_f32(kz, j * D, D, bf16, zn);
     for (int64_t r = 0; r < M; r++) {
-        float b = 0.0f, amax = 0.0f;
+        float b = 0.0f;
 #pragma omp simd reduction(+ : b)
         for (int64_t c = 0; c < D; c++) b += q[r * D + c] * zn[c];
-#pragma omp simd reduction(max : amax)
-        for (int64_t idx = 0; idx < D; idx++) {
-            qs[idx] = qp[r * D + idx] * sp[idx];
-            const float m = fabsf(qs[idx]);
-            amax = m > amax ? m : amax;
-        }
         bias[r] = b;
-        a[r] = amax * (1.0f / QMAX);
-        const float inv = amax > 0.0f ? QMAX / amax : 0.0f;
+        a[r] = a0[r] * m;
 #pragma omp simd
         for (int64_t idx = 0; idx < D; idx++) {
-            const int32_t x = (int32_t)rintf(qs[idx] * inv); /* no add to fuse: rounds as the AVX paths' cvtps2dq */
+            const int32_t x = (int32_t)rintf(qn[r * D + idx] * sp[idx]); /* rounds as the AVX paths' cvtps2dq */
             qi[r * D + idx] = (int8_t)(x >> 8);
             qi[(M + r) * D + idx] = (int8_t)(uint8_t)(x & 255);
         }
@@ -307,17 +320,18 @@ AI void quantize_rows(const float *q, const float *qp, const void *ks, const voi
                             int64_t D) {                                                                          \
         const int64_t P = D * nb / 8;                                                                             \
         int64_t perm[D];                                                                                          \
-        float qp[M * D], a[M], bias[M];                                                                           \
+        float qp[M * D], qn[M * D], a0[M], a[M], bias[M];                                                         \
         int8_t qi[2 * M * D] __attribute__((aligned(64)));                                                        \
         for (int64_t idx = 0; idx < D; idx++) perm[idx] = (ORDER) ? tchan(idx, (int)nb) : idx;                    \
         for (int64_t r = 0; r < M; r++)                                                                           \
             for (int64_t idx = 0; idx < D; idx++) qp[r * D + idx] = q[r * D + perm[idx]];                         \
+        scale_rows(q, qp, M, D, qn, a0);                                                                          \
         for (int64_t j = 0; j < tokens / G; j++) {                                                                \
             for (int64_t x = 0; x < D * (bf16 ? 2 : 4); x += 64) { /* the scale and zero rows PF_GROUPS ahead */ \
                 __builtin_prefetch((const char *)ks + ((j + PF_GROUPS) * D) * (bf16 ? 2 : 4) + x);          \
                 __builtin_prefetch((const char *)kz + ((j + PF_GROUPS) * D) * (bf16 ? 2 : 4) + x);          \
             }                                                                                                     \
-            QUANT(q, qp, ks, kz, (int)bf16, j, M, D, (ORDER), (int)nb, qi, a, bias);                              \
+            QUANT(q, qn, a0, ks, kz, (int)bf16, j, M, D, (ORDER), (int)nb, qi, a, bias);                          \
             if (nb == 4)                                                                                          \
                 DOTS(kc, P, j * G, G, 4, qi, a, bias, sc, total, M, D, perm);                                     \
             else                                                                                                  \

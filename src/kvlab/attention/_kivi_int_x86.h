@@ -21,42 +21,44 @@
 #define LANES (PATH_BITS / 32)               /* int32 (and float) lanes of a vector */
 #define UNIT (PATH_BITS / 8)                 /* codes per unpacked vector: the unit width W of chan */
 
-/* quantize_rows (_kivi_int.c) in this path's vectors, the transposed order: qs = qp * s (s in that order), a[r] =
- * max |qs| / QMAX, x = round(qs / a[r]) to nearest even (as quantize_rows), its high byte in
- * qi[r], its low byte in qi[M + r]; bias[r] = q . z */
-PATH_TARGET AI void FN(quantize_d)(const float *q, const float *qp, const void *ks, const void *kz, int bf16,
-                                   int64_t j, int64_t M, const int64_t D, int order, int nb, int8_t *qi, float *a,
-                                   float *bias) {
+/* quantize_rows (_kivi_int.c) in this path's vectors, the transposed order: m = max s, s' = s / m (s in that order),
+ * a[r] = a0[r] * m, x = round(qn * s') to nearest even (as quantize_rows), its high byte in qi[r], its low byte in
+ * qi[M + r]; bias[r] = q . z. The group's maximum is taken once for all M rows. */
+PATH_TARGET AI void FN(quantize_d)(const float *q, const float *qn, const float *a0, const void *ks, const void *kz,
+                                   int bf16, int64_t j, int64_t M, const int64_t D, int order, int nb, int8_t *qi,
+                                   float *a, float *bias) {
     const int64_t NV = D / LANES;
     float sn[D], sp[D];
-    VF z[NV], s[NV];
+    VF z[NV], s[NV], mx = MM(_setzero_ps)();
+    const VF absm = CAT(MMSI(_castsi), _ps)(MM(_set1_epi32)(0x7fffffff));
     for (int64_t c = 0; c < NV; c++) {
-        MM(_storeu_ps)(sn + c * LANES, FN(ldf)(ks, j * D + c * LANES, bf16));
+        const VF x = FN(ldf)(ks, j * D + c * LANES, bf16);
+        MM(_storeu_ps)(sn + c * LANES, x);
+        mx = MM(_max_ps)(mx, MM(_and_ps)(x, absm));
         z[c] = FN(ldf)(kz, j * D + c * LANES, bf16);
     }
     to_order(sn, sp, D, order, nb);
-    for (int64_t c = 0; c < NV; c++) s[c] = MM(_loadu_ps)(sp + c * LANES);
-    const VF zero = MM(_setzero_ps)(), absm = CAT(MMSI(_castsi), _ps)(MM(_set1_epi32)(0x7fffffff));
+    const float m = FN(hmax)(mx);
+    const VF inv = MM(_set1_ps)(m > 0.0f ? 1.0f / m : 0.0f);
+    for (int64_t c = 0; c < NV; c++) s[c] = MM(_mul_ps)(MM(_loadu_ps)(sp + c * LANES), inv);
+    const VF zero = MM(_setzero_ps)();
     for (int64_t r = 0; r < M; r++) {
-        VF b = zero, mx = zero, x[NV];
+        VF b = zero, x[NV];
         for (int64_t c = 0; c < NV; c++) {
             b = MM(_fmadd_ps)(MM(_loadu_ps)(q + r * D + c * LANES), z[c], b);
-            x[c] = MM(_mul_ps)(MM(_loadu_ps)(qp + r * D + c * LANES), s[c]);
-            mx = MM(_max_ps)(mx, MM(_and_ps)(x[c], absm));
+            x[c] = MM(_mul_ps)(MM(_loadu_ps)(qn + r * D + c * LANES), s[c]);
         }
-        const float amax = FN(hmax)(mx);
         bias[r] = FN(hsum)(b);
-        a[r] = amax * (1.0f / QMAX);
-        const VF inv = MM(_set1_ps)(amax > 0.0f ? QMAX / amax : 0.0f);
+        a[r] = a0[r] * m;
         int64_t c = 0;
         for (; c + 4 <= NV; c += 4) {
             VI xi[4];
 #pragma GCC unroll 8
-            for (int k = 0; k < 4; k++) xi[k] = MM(_cvtps_epi32)(MM(_mul_ps)(x[c + k], inv));
+            for (int k = 0; k < 4; k++) xi[k] = MM(_cvtps_epi32)(x[c + k]);
             FN(split4)(xi, qi + r * D + c * LANES, qi + (M + r) * D + c * LANES);
         }
         for (; c < NV; c++) {
-            const VI xi = MM(_cvtps_epi32)(MM(_mul_ps)(x[c], inv));
+            const VI xi = MM(_cvtps_epi32)(x[c]);
             FN(store8)(qi + r * D + c * LANES, MM(_srai_epi32)(xi, 8));
             FN(store8)(qi + (M + r) * D + c * LANES, xi);
         }
@@ -64,14 +66,15 @@ PATH_TARGET AI void FN(quantize_d)(const float *q, const float *qp, const void *
 }
 
 /* head_dim 64 and 128 with constant trip counts */
-PATH_TARGET AI void FN(quantize)(const float *q, const float *qp, const void *ks, const void *kz, int bf16, int64_t j,
-                                 int64_t M, const int64_t D, int order, int nb, int8_t *qi, float *a, float *bias) {
+PATH_TARGET AI void FN(quantize)(const float *q, const float *qn, const float *a0, const void *ks, const void *kz,
+                                 int bf16, int64_t j, int64_t M, const int64_t D, int order, int nb, int8_t *qi,
+                                 float *a, float *bias) {
     if (D == 128)
-        FN(quantize_d)(q, qp, ks, kz, bf16, j, M, 128, order, nb, qi, a, bias);
+        FN(quantize_d)(q, qn, a0, ks, kz, bf16, j, M, 128, order, nb, qi, a, bias);
     else if (D == 64)
-        FN(quantize_d)(q, qp, ks, kz, bf16, j, M, 64, order, nb, qi, a, bias);
+        FN(quantize_d)(q, qn, a0, ks, kz, bf16, j, M, 64, order, nb, qi, a, bias);
     else
-        FN(quantize_d)(q, qp, ks, kz, bf16, j, M, D, order, nb, qi, a, bias);
+        FN(quantize_d)(q, qn, a0, ks, kz, bf16, j, M, D, order, nb, qi, a, bias);
 }
 
 /* sc[r*total + t] for rows r0 .. r0 + RT - 1 of one block of LANES tokens (code vectors cv[NCV], the transposed
