@@ -142,15 +142,14 @@ T_AVX512 AI void pack4_avx512(const __m512i *x, uint8_t *dst) {
 }
 
 /* the 16-bit values of x[0..3] (64 int32 lanes in [-32767, 32767]): their high bytes (x >> 8, signed) to hi[0..64),
- * their low bytes (unsigned) to lo[0..64); two packs and a permute per 64 bytes */
+ * their low bytes (unsigned) to lo[0..64); packed to int16 first (exact), then split, one permute per 64 bytes */
 T_AVX512 AI void split4_avx512(const __m512i *x, int8_t *hi, int8_t *lo) {
-    const __m512i fix = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), m = _mm512_set1_epi32(255);
-    const __m512i h01 = _mm512_packs_epi32(_mm512_srai_epi32(x[0], 8), _mm512_srai_epi32(x[1], 8));
-    const __m512i h23 = _mm512_packs_epi32(_mm512_srai_epi32(x[2], 8), _mm512_srai_epi32(x[3], 8));
-    const __m512i l01 = _mm512_packus_epi32(_mm512_and_si512(x[0], m), _mm512_and_si512(x[1], m));
-    const __m512i l23 = _mm512_packus_epi32(_mm512_and_si512(x[2], m), _mm512_and_si512(x[3], m));
-    _mm512_storeu_si512(hi, _mm512_permutexvar_epi32(fix, _mm512_packs_epi16(h01, h23)));
-    _mm512_storeu_si512(lo, _mm512_permutexvar_epi32(fix, _mm512_packus_epi16(l01, l23)));
+    const __m512i fix = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), m = _mm512_set1_epi16(255);
+    const __m512i w01 = _mm512_packs_epi32(x[0], x[1]), w23 = _mm512_packs_epi32(x[2], x[3]); /* exact: |x| < 2^15 */
+    const __m512i h = _mm512_packs_epi16(_mm512_srai_epi16(w01, 8), _mm512_srai_epi16(w23, 8));
+    const __m512i l = _mm512_packus_epi16(_mm512_and_si512(w01, m), _mm512_and_si512(w23, m));
+    _mm512_storeu_si512(hi, _mm512_permutexvar_epi32(fix, h));
+    _mm512_storeu_si512(lo, _mm512_permutexvar_epi32(fix, l));
 }
 
 T_AVX2 AI __m256i lanes_avx2(const uint8_t *p, const int64_t *off, const int nb) {
@@ -209,13 +208,12 @@ T_AVX2 AI void pack4_avx2(const __m256i *x, uint8_t *dst) {
 }
 
 T_AVX2 AI void split4_avx2(const __m256i *x, int8_t *hi, int8_t *lo) {
-    const __m256i fix = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), m = _mm256_set1_epi32(255);
-    const __m256i h01 = _mm256_packs_epi32(_mm256_srai_epi32(x[0], 8), _mm256_srai_epi32(x[1], 8));
-    const __m256i h23 = _mm256_packs_epi32(_mm256_srai_epi32(x[2], 8), _mm256_srai_epi32(x[3], 8));
-    const __m256i l01 = _mm256_packus_epi32(_mm256_and_si256(x[0], m), _mm256_and_si256(x[1], m));
-    const __m256i l23 = _mm256_packus_epi32(_mm256_and_si256(x[2], m), _mm256_and_si256(x[3], m));
-    _mm256_storeu_si256((__m256i *)hi, _mm256_permutevar8x32_epi32(_mm256_packs_epi16(h01, h23), fix));
-    _mm256_storeu_si256((__m256i *)lo, _mm256_permutevar8x32_epi32(_mm256_packus_epi16(l01, l23), fix));
+    const __m256i fix = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), m = _mm256_set1_epi16(255);
+    const __m256i w01 = _mm256_packs_epi32(x[0], x[1]), w23 = _mm256_packs_epi32(x[2], x[3]); /* exact: |x| < 2^15 */
+    const __m256i h = _mm256_packs_epi16(_mm256_srai_epi16(w01, 8), _mm256_srai_epi16(w23, 8));
+    const __m256i l = _mm256_packus_epi16(_mm256_and_si256(w01, m), _mm256_and_si256(w23, m));
+    _mm256_storeu_si256((__m256i *)hi, _mm256_permutevar8x32_epi32(h, fix));
+    _mm256_storeu_si256((__m256i *)lo, _mm256_permutevar8x32_epi32(l, fix));
 }
 
 /* the low bytes of x's 8 int32 lanes (values inside the byte's range, signed or unsigned) to dst */
