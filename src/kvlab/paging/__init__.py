@@ -5,6 +5,8 @@ block_table  per-sequence logical -> physical block map and slot mapping (copy-o
 budget       KV bytes a device can hold (the mechanics chapter's Llama-3-8B account, or the planner's numbers)
 static       concurrency and waste of contiguous reservation vs paging
 trace        the requests a simulation replays: Trace, a Poisson trace, the trace CSV file
+residual     a KIVI cache's full-precision residual window in the block accounting (blocks per request)
+policy       memory policies (contiguous, paged, prefix sharing, quantized, capped) and the pool each gets
 simulate     discrete-event serving simulation: arrivals, growth, preemption by recompute, prefix sharing
 figure       the paged-layout figure (imports matplotlib lazily)
 """
@@ -12,7 +14,8 @@ figure       the paged-layout figure (imports matplotlib lazily)
 from kvlab.paging.block_pool import BlockPool, FreeBlockQueue, KVBlock, hash_block_tokens, prefix_block_hashes
 from kvlab.paging.block_table import BlockTable
 from kvlab.paging.budget import KVBudget, default_budget, planner_budget
-from kvlab.paging.simulate import Policy, default_policies, simulate
+from kvlab.paging.policy import Policy, default_policies
+from kvlab.paging.simulate import simulate
 from kvlab.paging.static import run_static, static_capacity, workload
 from kvlab.paging.trace import Trace, load_trace, poisson_trace
 

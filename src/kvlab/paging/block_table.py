@@ -51,6 +51,25 @@ class BlockTable:
         """Unused slots in this table's blocks (only the last block can have any)."""
         return len(self.blocks) * self.pool.block_size_tokens - self.num_tokens
 
+    def _prefix_hits(self, num_tokens: int, block_hashes: Sequence[int]) -> list[KVBlock]:
+        """The cached blocks of the longest run of leading ``block_hashes`` a prefill of ``num_tokens`` reuses (at
+        least one token is always left to compute, as in vLLM)."""
+        pool = self.pool
+        hits: list[KVBlock] = []
+        if block_hashes and pool.enable_prefix_caching:
+            for block_hash in block_hashes[: max(num_tokens - 1, 0) // pool.block_size_tokens]:
+                block = pool.lookup(block_hash)
+                if block is None:
+                    break
+                hits.append(block)
+        return hits
+
+    def blocks_needed(self, num_tokens: int, block_hashes: Sequence[int] = ()) -> int:
+        """Free blocks :meth:`allocate` of ``num_tokens`` would take from the pool: new blocks plus cached free
+        blocks it revives (a cached block another table holds costs none). Nothing changes."""
+        hits = self._prefix_hits(num_tokens, block_hashes)
+        return -(-num_tokens // self.pool.block_size_tokens) - sum(1 for block in hits if block.ref_cnt > 0)
+
     def allocate(self, num_tokens: int, block_hashes: Sequence[int] = ()) -> int:
         """Give an empty table ``num_tokens`` slots (a prefill), reusing cached full blocks where it can.
 
@@ -69,13 +88,7 @@ class BlockTable:
             raise ValueError(f"`num_tokens` must be >= 0, got {num_tokens!r}")
         pool = self.pool
         bs = pool.block_size_tokens
-        hits: list[KVBlock] = []
-        if block_hashes and pool.enable_prefix_caching:
-            for block_hash in block_hashes[: max(num_tokens - 1, 0) // bs]:
-                block = pool.lookup(block_hash)
-                if block is None:
-                    break
-                hits.append(block)
+        hits = self._prefix_hits(num_tokens, block_hashes)
         n_new = -(-num_tokens // bs) - len(hits)
         n_revived = sum(1 for block in hits if block.ref_cnt == 0)
         if n_new + n_revived > pool.num_free:

@@ -5,7 +5,9 @@ the KV dtype, the device's memory from the hardware table. The default is the pl
 (:mod:`kvlab.plan.scenario`): Llama-3-8B in BF16 on an A100-80GB (81,920 MiB = 80 GiB as the device reports
 it), 8,030,261,248 parameters x 2 bytes of weights, a 4 GiB reserve and 131,072 KV bytes per token, which leaves
 500,059 tokens (61.04 GiB): the account of docs/paging.md ("Static capacity").
-``--gpu-mem-gib`` sets another device, ``model`` and ``kv_dtype`` another model and cache (KIVI included).
+``--gpu-mem-gib`` sets another device, ``model`` and ``kv_dtype`` another model and cache. A KIVI cache's budget
+carries its residual window (:class:`kvlab.paging.residual.ResidualWindow`): each request's newest tokens in the
+model dtype, which the simulators charge on top of the long-context bytes per token.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kvlab.paging.residual import ResidualWindow, check_residual
 from kvlab.plan.scenario import DEFAULT_GPU, DEFAULT_KV_DTYPE, DEFAULT_MODEL, DEFAULT_RESERVE_GIB
 
 GIB = 1024**3
@@ -26,8 +29,16 @@ class KVBudget:
         gpu_bytes: assumed device memory.
         weight_bytes: model weights resident on the device.
         overhead_bytes: reserve for activations, framework and fragmentation.
-        kv_bytes_per_token: KV bytes one token costs across all layers (may be fractional for quantized caches).
+        kv_bytes_per_token: KV bytes one token costs across all layers (may be fractional for quantized caches); for
+            KIVI the long-context figure, codes and scale/zero pairs only.
         source: where the numbers come from, shown to the user.
+        kv_dtype: the KV format's name, for the output.
+        residual: a KIVI cache's full-precision residual window, charged per request on top of
+            ``kv_bytes_per_token`` (None: every token costs ``kv_bytes_per_token``).
+
+    Raises:
+        ValueError: a non-finite or non-positive number (named), nothing left for the KV cache, or a residual
+            window cheaper per token than ``kv_bytes_per_token`` (:func:`kvlab.paging.residual.check_residual`).
     """
 
     gpu_bytes: float
@@ -35,6 +46,8 @@ class KVBudget:
     overhead_bytes: float
     kv_bytes_per_token: float
     source: str = "mechanics chapter example: Llama-3-8B, BF16 KV, 80 GiB - weights - 4 GiB"
+    kv_dtype: str = DEFAULT_KV_DTYPE
+    residual: ResidualWindow | None = None
 
     def __post_init__(self) -> None:
         for name in ("gpu_bytes", "weight_bytes", "overhead_bytes", "kv_bytes_per_token"):
@@ -53,6 +66,7 @@ class KVBudget:
                 f"nothing left for the KV cache: {self.gpu_bytes / GIB:.2f} GiB device - "
                 f"{self.weight_bytes / GIB:.2f} GiB weights - {self.overhead_bytes / GIB:.2f} GiB reserve"
             )
+        check_residual(self.kv_bytes_per_token, self.residual)
 
     @property
     def free_bytes(self) -> float:
@@ -85,6 +99,8 @@ class KVBudget:
             "capacity_tokens": self.capacity_tokens,
             "budget_bytes": self.budget_bytes,
             "source": self.source,
+            "kv_dtype": self.kv_dtype,
+            "residual_window": None if self.residual is None else self.residual.as_dict(),
         }
 
 
@@ -130,7 +146,8 @@ def planner_budget(
 
     ``model`` is anything :func:`kvlab.plan.load_spec` takes (a preset name such as ``llama-3-8b``, a
     config.json, a model directory; ``None``: the default scenario's model). Bytes per token are the planner's long-context figure
-    (:func:`kvlab.plan.kv_bytes_per_token`; for KIVI the residual window is amortized away); weights are
+    (:func:`kvlab.plan.kv_bytes_per_token`; for KIVI codes and scale/zero pairs, the residual window amortized away,
+    so a KIVI budget also carries its window, :func:`residual_window`, which the simulators charge); weights are
     :func:`kvlab.plan.weight_bytes` (the checkpoint when it sits next to the config, else parameters x dtype).
     The device has ``gpu_gib`` GiB, or by default the planner's default GPU (:func:`gpu_memory`); the reserve
     is ``overhead_gib`` GiB.
@@ -143,6 +160,7 @@ def planner_budget(
     model = DEFAULT_MODEL if model is None else model
     spec = load_spec(model)
     bpt = kv_bytes_per_token(spec, kv_dtype)
+    residual = residual_window(spec, kv_dtype)
     weights = weight_bytes(spec)
     gpu_bytes, gpu_text = gpu_memory(gpu_gib)
     return KVBudget(
@@ -152,4 +170,26 @@ def planner_budget(
         kv_bytes_per_token=bpt,
         source=f"kvlab.plan: {model}, KV {kv_dtype}, {gpu_text} - weights ({weights.source}) - "
         f"{overhead_gib:g} GiB",
+        kv_dtype=kv_dtype,
+        residual=residual,
     )
+
+
+def residual_window(spec, kv_dtype: str) -> ResidualWindow | None:
+    """The residual window of ``spec``'s KV cache at ``kv_dtype``: for a KIVI name its ``R`` and ``G`` (the name's
+    ``:residual_length`` / ``:group_size``, else :data:`kvlab.cache_names.KIVI_DEFAULTS`: 128 and 32) and the bytes
+    one token costs at the model dtype (:func:`kvlab.plan.kv_bytes_per_token` of the plain dtype KIVI keeps the
+    window in; Llama-3-8B in bf16: 131,072 B); None for any other format.
+
+    Raises:
+        ValueError: when the planner does not know ``kv_dtype``.
+    """
+    from kvlab.plan import KVDtype, kv_bytes_per_token
+    from kvlab.plan import kv_dtype as parse_kv_dtype
+
+    kvd = parse_kv_dtype(kv_dtype, spec.dtype)
+    if not kvd.is_kivi:
+        return None
+    model_dtype = parse_kv_dtype("auto", spec.dtype).name  # KIVI keeps the window in the model dtype
+    full = KVDtype(model_dtype, kvd.element_bytes)
+    return ResidualWindow(kvd.residual_length, kvd.group_size, kv_bytes_per_token(spec, full), model_dtype)

@@ -14,7 +14,8 @@ scheduler (PagedAttention, arXiv:2309.06180 section 4.5):
 
 The policies run side by side on the same trace: contiguous reservation (one ``max_len`` block per request),
 paged, paged with prefix sharing (full prompt blocks found by chained hash are shared, reference counted), and
-paged with a quantized cache (fewer bytes per token, so more blocks in the same bytes), and optionally paged
+paged with a quantized cache (fewer bytes per token, so more blocks in the same bytes; a KIVI cache's requests also
+hold blocks for their full-precision residual window, :mod:`kvlab.paging.residual`), and optionally paged
 with a capped footprint (``Policy.keep_tokens`` N: an evicting cache, docs/EVICTION.md; a request holds at most
 ``ceil(N / block_size)`` blocks: when it needs a new block at that cap its oldest block's tokens are evicted and
 the block returns to the pool: at its cap a request reuses its own memory and never preempts). Block conservation
@@ -33,13 +34,13 @@ import numpy as np
 
 from kvlab.paging.block_pool import BlockPool, hash_block_tokens
 from kvlab.paging.block_table import BlockTable
-from kvlab.paging.budget import KVBudget, default_budget, default_kv_bytes_per_token
+from kvlab.paging.budget import KVBudget, default_budget
+from kvlab.paging.policy import Policy, PoolGeometry, default_policies, pool_geometry
+from kvlab.paging.residual import ResidualCharge
 from kvlab.paging.static import MAX_LEN_TOKENS
 from kvlab.paging.trace import Trace
-from kvlab.plan.kv_formats import check_keep_tokens
 from kvlab.runtime.checks import check_int
 
-POLICY_KINDS = ("contiguous", "paged")
 # Peak memory per request of a simulation (its trace, block tables, per-request records): measured 2-7 KB from
 # 2,000 to 80,000 requests at 2 to 50 arrivals per step; 8 KiB, to be safe
 SIMULATE_BYTES_PER_REQUEST = 8 * 1024
@@ -49,76 +50,6 @@ def simulate_memory_bytes(n_requests: int) -> int:
     """About how much memory :func:`simulate` needs for a trace of ``n_requests`` (a caller compares it with the
     machine's before generating a billion-request trace)."""
     return n_requests * SIMULATE_BYTES_PER_REQUEST
-
-
-@dataclass(frozen=True)
-class Policy:
-    """How the KV memory is managed.
-
-    Args:
-        name: label in the output.
-        kind: ``contiguous`` (one block of ``max_len`` tokens per request, reserved at admission) or ``paged``.
-        block_size_tokens: block size of a paged policy (ignored for contiguous).
-        prefix_sharing: share full prompt blocks across requests by chained hash (paged only).
-        kv_bytes_per_token: KV bytes per token; None takes the budget's (e.g. set it lower for a quantized cache).
-        kv_dtype: label of the KV format, for the output.
-        keep_tokens: an evicting cache's cap N (paged, no prefix sharing): a request holds at most
-            ``ceil(N / block_size_tokens)`` blocks, evicting at block granularity (its oldest block goes back to the
-            pool when it needs a new one at the cap); a prefill keeps its newest ``min(T, cap blocks)`` tokens. None:
-            every token is kept.
-
-    Raises:
-        ValueError: a bad kind, block size or bytes per token, prefix sharing without paging, or ``keep_tokens``
-            not an integer >= 1 (named as ``--keep-tokens``) or given with contiguous reservation or prefix sharing.
-    """
-
-    name: str
-    kind: str = "paged"
-    block_size_tokens: int = 16
-    prefix_sharing: bool = False
-    kv_bytes_per_token: float | None = None
-    kv_dtype: str = "bf16"
-    keep_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        check_keep_tokens(self.keep_tokens)
-        if self.keep_tokens is not None and (self.kind != "paged" or self.prefix_sharing):
-            raise ValueError(
-                f"policy {self.name!r}: `keep_tokens` (--keep-tokens) models a paged cache without prefix sharing "
-                f"(evicted tokens leave shared prompt blocks undefined), got kind {self.kind!r}, "
-                f"prefix_sharing={self.prefix_sharing}"
-            )
-        if self.kind not in POLICY_KINDS:
-            raise ValueError(f"`kind` must be one of {list(POLICY_KINDS)}, got {self.kind!r}")
-        if self.block_size_tokens < 1:
-            raise ValueError(f"`block_size_tokens` must be >= 1, got {self.block_size_tokens!r}")
-        if self.prefix_sharing and self.kind != "paged":
-            raise ValueError(f"prefix sharing needs a paged policy, got kind {self.kind!r}")
-        if self.kv_bytes_per_token is not None and not self.kv_bytes_per_token > 0:
-            raise ValueError(f"`kv_bytes_per_token` must be > 0, got {self.kv_bytes_per_token!r}")
-
-
-def default_policies(
-    block_size_tokens: int = 16, quant_kv_bytes_per_token: float | None = None, quant_kv_dtype: str = "kivi4"
-) -> list[Policy]:
-    """The four policies compared: contiguous, paged, paged + prefix sharing, paged with a quantized cache.
-
-    ``quant_kv_bytes_per_token`` defaults to the planner's bytes for the default scenario's model at
-    ``quant_kv_dtype`` (:func:`kvlab.paging.budget.default_kv_bytes_per_token`; Llama-3-8B, KIVI-4: 40,960 B).
-    """
-    if quant_kv_bytes_per_token is None:
-        quant_kv_bytes_per_token = default_kv_bytes_per_token(quant_kv_dtype)
-    return [
-        Policy("contiguous", kind="contiguous"),
-        Policy("paged", block_size_tokens=block_size_tokens),
-        Policy("paged+prefix", block_size_tokens=block_size_tokens, prefix_sharing=True),
-        Policy(
-            f"paged+{quant_kv_dtype}",
-            block_size_tokens=block_size_tokens,
-            kv_bytes_per_token=quant_kv_bytes_per_token,
-            kv_dtype=quant_kv_dtype,
-        ),
-    ]
 
 
 @dataclass
@@ -169,34 +100,11 @@ def check_run_settings(max_len: int, max_running: int | None, check_every: int) 
         check_int("max_running", max_running, 1)
 
 
-def _pool_geometry(trace: Trace, policy: Policy, budget: KVBudget, max_len: int) -> tuple[float, int, int]:
-    """``(kv_bytes_per_token, block_size_tokens, num_blocks)`` of ``policy`` in ``budget``: a contiguous policy's
-    block is one ``max_len`` reservation; the pool holds as many blocks as the free KV bytes pay for.
-
-    Raises:
-        ValueError: the trace's largest request exceeds ``max_len`` or alone needs more blocks than the pool has.
-    """
-    bpt = policy.kv_bytes_per_token or budget.kv_bytes_per_token
-    bs = max_len if policy.kind == "contiguous" else policy.block_size_tokens
-    num_blocks = int(budget.free_bytes // (bpt * bs))
-    peak = trace.peak_kv_tokens
-    if peak > max_len:
-        raise ValueError(f"a request holding {peak} KV tokens exceeds `max_len` {max_len}")
-    if policy.keep_tokens is not None:  # a capped request holds at most ceil(N / bs) blocks
-        peak = min(peak, -(-policy.keep_tokens // bs) * bs)
-    if -(-peak // bs) > num_blocks:
-        raise ValueError(
-            f"policy {policy.name!r}: a request holding {peak} KV tokens needs {-(-peak // bs)} blocks, "
-            f"the pool has {num_blocks}"
-        )
-    return bpt, bs, num_blocks
-
-
 def check_pools(trace: Trace, policies: list[Policy], budget: KVBudget, max_len: int) -> None:
     """Raise before any policy runs what :func:`simulate_policy` would raise for one of ``policies`` later: the
     trace's largest request exceeds ``max_len``, or alone needs more blocks than a policy's pool has."""
     for policy in policies:
-        _pool_geometry(trace, policy, budget, max_len)
+        pool_geometry(trace, policy, budget, max_len)
 
 
 class _Engine:
@@ -210,9 +118,11 @@ class _Engine:
         prefix_sharing: bool,
         max_running: int | None,
         keep_tokens: int | None = None,
+        charge: ResidualCharge | None = None,
     ) -> None:
         n = len(trace)
         self.pool = pool
+        self.charge = charge  # a KIVI policy's residual-window blocks, or None
         self.bs = pool.block_size_tokens
         # blocks a request may hold: ceil(keep_tokens / block size), None without a cap
         self.cap_blocks = None if keep_tokens is None else -(-keep_tokens // self.bs)
@@ -244,13 +154,28 @@ class _Engine:
             self.next_arrival += 1
             self.events += 1
 
-    def _preempt_for(self, r: int) -> bool:
-        """Preempt running requests, last admitted first, until a block is free for ``r``'s next token; True when
-        any was preempted. Stops once ``r`` itself is preempted."""
+    def held_blocks(self, r: int) -> int:
+        """Blocks request ``r`` holds: its block table's and its residual window's."""
+        return len(self.tables[r].blocks) + (self.charge.held(r) if self.charge is not None else 0)
+
+    def all_tables(self, requests) -> list[BlockTable]:
+        """The block tables of ``requests`` and of their residual windows (what the pool's holders must match)."""
+        tables = [self.tables[r] for r in requests]
+        return tables if self.charge is None else tables + [self.charge.tables[r] for r in requests]
+
+    def _free(self, r: int) -> None:
+        """Return every block of ``r`` to the pool (finished or preempted)."""
+        self.tables[r].free()
+        if self.charge is not None:
+            self.charge.free(r)
+
+    def _preempt_for(self, r: int, need: int) -> bool:
+        """Preempt running requests, last admitted first, until ``need`` blocks are free for ``r``'s next token;
+        True when any was preempted. Stops once ``r`` itself is preempted."""
         preempted_now = False
-        while self.pool.free_queue.num_free == 0:
+        while self.pool.free_queue.num_free < need:
             victim = self.running.pop()  # preempt by recompute, last admitted first
-            self.tables[victim].free()
+            self._free(victim)
             self.waiting.appendleft(victim)
             self.preempted[victim] += 1
             self.preemptions += 1
@@ -274,12 +199,18 @@ class _Engine:
             if full and self.cap_blocks is not None and len(blocks) >= self.cap_blocks:
                 # at the cap: its oldest block's tokens are evicted and the block returns to the pool
                 self.evicted_blocks += table.evict_front(1)
-            if table.num_tokens == len(blocks) * self.bs or blocks[-1].ref_cnt > 1:  # needs a new block
-                preempted_now |= self._preempt_for(r)
+            # a new block (or a copy of a shared one), and the window blocks one more token needs after a flush
+            need = int(table.num_tokens == len(blocks) * self.bs or blocks[-1].ref_cnt > 1)
+            if self.charge is not None:
+                need += self.charge.shrink(r, table.num_tokens + 1)
+            preempted_now |= self._preempt_for(r, need)
             if i == len(self.running):  # r itself was preempted
                 break
             table.append_tokens(1)
-            self.max_request_blocks = max(self.max_request_blocks, len(blocks))
+            if need:  # r took blocks: for its table, its residual window or both
+                if self.charge is not None:
+                    self.charge.grow(r, table.num_tokens)
+                self.max_request_blocks = max(self.max_request_blocks, self.held_blocks(r))
             self.generated[r] += 1
             step_tokens += 1
             self.events += 1
@@ -302,11 +233,15 @@ class _Engine:
                 self.hashes[r] = _prompt_hashes(r, self.group[r], self.prefix[r], self.prompt[r], self.bs)
             # a capped request computes its whole prefill but keeps at most its cap of blocks
             held = known if self.cap_blocks is None else min(known, self.cap_blocks * self.bs)
-            try:
-                hits = self.tables[r].allocate(held, self.hashes[r] or ())
-            except ValueError:
+            need = self.tables[r].blocks_needed(held, self.hashes[r] or ())
+            if self.charge is not None:
+                need += self.charge.extra[held]
+            if need > self.pool.free_queue.num_free:
                 break  # head-of-line blocking
-            self.max_request_blocks = max(self.max_request_blocks, len(self.tables[r].blocks))
+            hits = self.tables[r].allocate(held, self.hashes[r] or ())
+            if self.charge is not None:
+                self.charge.grow(r, held)
+            self.max_request_blocks = max(self.max_request_blocks, self.held_blocks(r))
             self.waiting.popleft()
             computed = known - hits * self.bs
             step_tokens += computed
@@ -327,7 +262,7 @@ class _Engine:
         if not done:
             return
         for r in done:
-            self.tables[r].free()
+            self._free(r)
             self.finished_at[r] = step
         self.finished += len(done)
         self.events += len(done)
@@ -342,14 +277,17 @@ class _Engine:
             f"step {step}: free {pool.free_queue.num_free} + used {pool.num_used} != {pool.num_blocks}"
         )
         if check_every and step % check_every == 0:
-            pool.check_invariants([self.tables[r] for r in self.running])
+            pool.check_invariants(self.all_tables(self.running))
             self.full_checks += 1
         series = self.series
         series.step.append(step)
         series.running.append(len(self.running))
         series.waiting.append(len(self.waiting))
         series.used_blocks.append(pool.num_used)
-        series.filled_slots.append(pool.num_filled_slots)
+        filled = pool.num_filled_slots
+        if self.charge is not None:  # a residual window's blocks count as full: take off what its bytes leave
+            filled -= self.charge.unpaid_slots([self.tables[r].num_tokens for r in self.running])
+        series.filled_slots.append(filled)
         series.tokens.append(step_tokens)
 
     def run(self, check_every: int) -> float:
@@ -372,7 +310,7 @@ class _Engine:
         return time.perf_counter() - t0
 
 
-def _summary(engine: _Engine, policy: Policy, bpt: float, wall_s: float, all_freed: bool) -> dict:
+def _summary(engine: _Engine, policy: Policy, geometry: PoolGeometry, wall_s: float, all_freed: bool) -> dict:
     """The result dict of :func:`simulate_policy` from a finished ``engine``."""
     series, pool, bs = engine.series, engine.pool, engine.bs
     num_blocks = pool.num_blocks
@@ -386,13 +324,14 @@ def _summary(engine: _Engine, policy: Policy, bpt: float, wall_s: float, all_fre
     return {
         "policy": policy.name,
         "kind": policy.kind,
-        "kv_dtype": policy.kv_dtype,
+        "kv_dtype": geometry.kv_dtype,
+        "residual_window": None if geometry.residual is None else geometry.residual.as_dict(),
         "prefix_sharing": policy.prefix_sharing,
         "keep_tokens": policy.keep_tokens,
         "max_blocks_per_request": engine.max_request_blocks,
         "evicted_blocks": engine.evicted_blocks,
         "block_size": bs,
-        "kv_bytes_per_token": bpt,
+        "kv_bytes_per_token": geometry.kv_bytes_per_token,
         "num_blocks": num_blocks,
         "capacity_tokens": num_blocks * bs,
         "requests": len(engine.tables),
@@ -415,7 +354,7 @@ def _summary(engine: _Engine, policy: Policy, bpt: float, wall_s: float, all_fre
         },
         "waste": {
             "mean_slots": float(waste_slots.mean()),
-            "mean_bytes": float(waste_slots.mean() * bpt),
+            "mean_bytes": float(waste_slots.mean() * geometry.kv_bytes_per_token),
             "fraction_of_allocated": float(waste_slots[busy].sum() / (used[busy].sum() * bs))
             if busy.any()
             else 0.0,
@@ -454,21 +393,26 @@ def simulate_policy(
 
     Returns:
         Summary dict: concurrency, utilization, preemptions, prefix hits, queueing delay (steps), tokens per
-        step, waste, events and events per second, and the conservation record.
+        step, waste, events and events per second, and the conservation record. ``kv_bytes_per_token`` is one slot's
+        bytes; ``residual_window`` the KIVI window charged per request (None without one); ``utilization`` and
+        ``waste`` count a window's blocks at the bytes its tokens cost.
 
     Raises:
         ValueError: when a request's peak KV exceeds ``max_len`` or alone needs more blocks than the pool has, or
             ``max_len`` < 1, ``max_running`` < 1, ``check_every`` < 0.
     """
     check_run_settings(max_len, max_running, check_every)
-    bpt, bs, num_blocks = _pool_geometry(trace, policy, budget, max_len)
-    pool = BlockPool(num_blocks, bs, enable_prefix_caching=policy.prefix_sharing)
-    engine = _Engine(trace, pool, policy.prefix_sharing, max_running, policy.keep_tokens)
+    geometry = pool_geometry(trace, policy, budget, max_len)
+    pool = BlockPool(geometry.num_blocks, geometry.block_size, enable_prefix_caching=policy.prefix_sharing)
+    charge = None  # a contiguous reservation already holds the window's peak
+    if geometry.residual is not None and policy.kind == "paged":
+        charge = ResidualCharge(pool, len(trace), geometry.kv_bytes_per_token, geometry.residual, geometry.max_tokens)
+    engine = _Engine(trace, pool, policy.prefix_sharing, max_running, policy.keep_tokens, charge)
     wall_s = engine.run(check_every)
-    pool.check_invariants(engine.tables)
+    pool.check_invariants(engine.all_tables(range(len(trace))))
     all_freed = pool.num_used == 0 and pool.num_free == pool.num_blocks and pool.num_filled_slots == 0
     assert all_freed, f"{pool.num_used} blocks still used after every request finished"
-    result = _summary(engine, policy, bpt, wall_s, all_freed)
+    result = _summary(engine, policy, geometry, wall_s, all_freed)
     if keep_series:
         result["series"] = {k: list(v) for k, v in vars(engine.series).items()}
         result["per_request"] = {

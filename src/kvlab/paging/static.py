@@ -3,8 +3,10 @@
 The workloads and numbers of docs/paging.md ("Static capacity": seed 11, the
 61 GiB budget): requests are admitted greedily in arrival order until the next one does not fit. Contiguous
 reservation charges every request ``max_len`` tokens (the output length is unknown up front); paging charges
-``ceil(len / block) * block`` tokens. Admission is vectorised (``cumsum`` + ``searchsorted``), so a million
-requests take milliseconds.
+``ceil(len / block) * block`` tokens. A KIVI budget's requests also pay for their full-precision residual window
+(:mod:`kvlab.paging.residual`): a reservation holds the most bytes a request reaches up to ``max_len``, a paged
+request ``ceil(ledger bytes / block bytes)`` blocks. Admission is vectorised (``cumsum`` + ``searchsorted``), so
+a million requests take milliseconds.
 
 [A] concurrency and utilization per policy, [B] the two halves of the waste (reservation vs the last block's
 empty slots), [C] the block-size sweep (empty slots vs block-table length). This is a static snapshot: arrivals,
@@ -23,6 +25,14 @@ import numpy as np
 from kvlab.paging.block_pool import BlockPool
 from kvlab.paging.block_table import BlockTable
 from kvlab.paging.budget import KVBudget, default_budget
+from kvlab.paging.residual import (
+    ResidualWindow,
+    per_request,
+    request_blocks,
+    request_bytes,
+    reservation_bytes,
+    whole,
+)
 from kvlab.runtime.checks import check_int
 
 # The mechanics chapter's appendix (paged_alloc.py) workloads:
@@ -149,13 +159,6 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def _bytes(tokens: np.ndarray, kv_bytes_per_token: float) -> np.ndarray:
-    """Token counts to bytes, in exact integers when the per-token cost is whole."""
-    if float(kv_bytes_per_token).is_integer():
-        return tokens.astype(np.int64) * int(kv_bytes_per_token)
-    return tokens.astype(np.float64) * kv_bytes_per_token
-
-
 def greedy_admit(bytes_per_request: np.ndarray, budget_bytes: float) -> tuple[int, float]:
     """Admit requests in order until the next one does not fit; ``(admitted, bytes used)``.
 
@@ -180,6 +183,17 @@ def _check_lengths(lens: np.ndarray, max_len: int) -> None:
         )
 
 
+def _request_costs(
+    lens: np.ndarray, kv_bytes_per_token: float, residual: ResidualWindow | None, block_size_tokens: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(ledger bytes, blocks)`` of every request in ``lens``: :func:`kvlab.paging.residual.request_bytes` and
+    :func:`~kvlab.paging.residual.request_blocks` (exact integers when the bytes per token are whole)."""
+    bpt = whole(kv_bytes_per_token)
+    real = per_request(lens, residual, lambda n: request_bytes(n, bpt, residual))
+    blocks = per_request(lens, residual, lambda n: request_blocks(n, block_size_tokens, bpt, residual))
+    return real, blocks
+
+
 def static_capacity(
     lens: np.ndarray, budget: KVBudget, block_size_tokens: int = 16, max_len: int = MAX_LEN_TOKENS
 ) -> dict:
@@ -187,27 +201,27 @@ def static_capacity(
 
     Args:
         lens: request lengths in tokens, ``[n]``.
-        budget: KV budget (bytes per token and capacity).
+        budget: KV budget (bytes per token, a KIVI residual window, capacity).
         block_size_tokens: paging block size.
         max_len: tokens reserved per request by the contiguous policy.
 
     Returns:
         The mechanics chapter's keys: ``k_cont``, ``k_paged``, ``util_cont``, ``util_paged``, ``gain``, ``bytes_cont``,
-        ``bytes_paged``, ``real_cont``, ``real_paged`` (bytes held and bytes of real tokens, per policy).
+        ``bytes_paged``, ``real_cont``, ``real_paged`` (bytes held and bytes of real tokens, per policy; a KIVI
+        budget's real bytes are the planner ledger's, residual window included).
     """
     lens = np.asarray(lens)
     _check_lengths(lens, max_len)
     if block_size_tokens < 1:
         raise ValueError(f"`block_size_tokens` must be >= 1, got {block_size_tokens!r}")
-    bpt = budget.kv_bytes_per_token
-    reserved_tokens = np.full(len(lens), max_len, dtype=np.int64)
-    paged_tokens = -(-lens // block_size_tokens) * block_size_tokens  # ceil to whole blocks
-    k_c, used_c = greedy_admit(_bytes(reserved_tokens, bpt), budget.budget_bytes)
-    k_p, used_p = greedy_admit(_bytes(paged_tokens, bpt), budget.budget_bytes)
+    bpt, residual = whole(budget.kv_bytes_per_token), budget.residual
+    real, blocks = _request_costs(lens, bpt, residual, block_size_tokens)
+    reserved = np.full(len(lens), reservation_bytes(max_len, bpt, residual))
+    k_c, used_c = greedy_admit(reserved, budget.budget_bytes)
+    k_p, used_p = greedy_admit(blocks * (block_size_tokens * bpt), budget.budget_bytes)
     if k_c == 0 or k_p == 0:
         raise ValueError(f"the budget ({budget.capacity_tokens} tokens) does not fit the first request")
-    real_c = int(lens[:k_c].sum()) * bpt
-    real_p = int(lens[:k_p].sum()) * bpt
+    real_c, real_p = real[:k_c].sum().item(), real[:k_p].sum().item()
     return {
         "k_cont": k_c,
         "k_paged": k_p,
@@ -223,16 +237,23 @@ def static_capacity(
 
 
 def waste_split(
-    lens: np.ndarray, kv_bytes_per_token: float, block_size_tokens: int = 16, max_len: int = MAX_LEN_TOKENS
+    lens: np.ndarray,
+    kv_bytes_per_token: float,
+    block_size_tokens: int = 16,
+    max_len: int = MAX_LEN_TOKENS,
+    residual: ResidualWindow | None = None,
 ) -> dict:
-    """Section [B]: mean bytes wasted per request by reservation (``max_len - len``) vs the last block's slots.
+    """Section [B]: mean bytes wasted per request by reservation (``max_len - len`` tokens) vs the last block's
+    slots; with a KIVI ``residual`` window, what a reservation or a request's blocks hold beyond its ledger bytes.
 
     Returns ``reserve_waste`` and ``frag`` (bytes per request), ``ratio`` and ``mean_len`` (tokens).
     """
     lens = np.asarray(lens)
     _check_lengths(lens, max_len)
-    reserve = float((max_len - lens).mean()) * kv_bytes_per_token
-    frag = float((-(-lens // block_size_tokens) * block_size_tokens - lens).mean()) * kv_bytes_per_token
+    bpt = whole(kv_bytes_per_token)
+    real, blocks = _request_costs(lens, bpt, residual, block_size_tokens)
+    reserve = float(reservation_bytes(max_len, bpt, residual) - real.mean())
+    frag = float((blocks * block_size_tokens * bpt - real).mean())
     return {
         "reserve_waste": reserve,
         "frag": frag,
@@ -242,23 +263,31 @@ def waste_split(
     }
 
 
-def block_size_sweep(lens: np.ndarray, block_sizes: Sequence[int] = SWEEP_BLOCK_SIZES) -> dict:
+def block_size_sweep(
+    lens: np.ndarray,
+    block_sizes: Sequence[int] = SWEEP_BLOCK_SIZES,
+    kv_bytes_per_token: float = 1,
+    residual: ResidualWindow | None = None,
+) -> dict:
     """Section [C]: per block size, empty slots per request, theoretical utilization and block-table length.
 
-    Rows: ``bs``, ``frag`` (tokens), ``util`` (``mean_len / (mean_len + frag)``), ``nblk`` (blocks per request).
-    Smaller blocks waste fewer slots but lengthen every block table (more gathers per attention call).
+    Rows: ``bs``, ``frag`` (empty slots, tokens; with a KIVI ``residual`` window, slots of its blocks beyond its
+    ledger bytes, in slots of ``kv_bytes_per_token``), ``util`` (ledger bytes / bytes held), ``nblk`` (blocks per
+    request). Smaller blocks waste fewer slots but lengthen every block table (more gathers per attention call).
     """
     lens = np.asarray(lens)
     mean_len = float(lens.mean())
+    bpt = whole(kv_bytes_per_token)
     rows = []
     for bs in block_sizes:
-        n_blocks = -(-lens // bs)
-        frag = float((n_blocks * bs - lens).mean())
+        real, n_blocks = _request_costs(lens, bpt, residual, bs)
+        real_slots = float(real.mean() / bpt)  # mean_len without a residual window
+        frag = float((n_blocks * bs).mean()) - real_slots
         rows.append(
             {
                 "bs": int(bs),
                 "frag": frag,
-                "util": mean_len / (mean_len + frag),
+                "util": real_slots / (real_slots + frag),
                 "nblk": float(n_blocks.mean()),
             }
         )
@@ -351,7 +380,7 @@ def run_static(
             "workload_B_C": next(iter(lengths)),
         },
         "A": section_a,
-        "B": waste_split(first, budget.kv_bytes_per_token, block_size_tokens, max_len),
-        "C": block_size_sweep(first),
+        "B": waste_split(first, budget.kv_bytes_per_token, block_size_tokens, max_len, budget.residual),
+        "C": block_size_sweep(first, SWEEP_BLOCK_SIZES, budget.kv_bytes_per_token, budget.residual),
         "demo": demo_layout(block_size_tokens=16),
     }

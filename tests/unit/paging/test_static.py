@@ -104,7 +104,8 @@ def test_quantized_bytes_per_token_fit_more_requests():
     lens = workload("uniform")
     bf16 = static_capacity(lens, default_budget(), 16)
     q = static_capacity(lens, default_budget("kivi4"), 16)
-    assert q["k_paged"] > 3 * bf16["k_paged"] and q["k_cont"] > 3 * bf16["k_cont"]
+    # 3.2x fewer bytes per token, less each request's residual window (128 tokens at bf16's 131,072 B)
+    assert q["k_paged"] > 2.5 * bf16["k_paged"] and q["k_cont"] > 2.5 * bf16["k_cont"]
 
 
 def test_a_million_requests_admit_like_the_seeds_loop():

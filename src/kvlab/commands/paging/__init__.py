@@ -277,7 +277,7 @@ def run_static_cmd(args: argparse.Namespace) -> int:
     console = Console()
     console.print(
         f"KV budget: {cfg['budget_bytes'] / GIB:.2f} GiB = {cfg['capacity_tokens']} tokens x "
-        f"{cfg['kv_bytes_per_token']:g} B ({cfg['source']})"
+        f"{cfg['kv_bytes_per_token']:g} B ({cfg['source']}){_residual_note(cfg['residual_window'])}"
     )
     t = table(
         f"[A] requests admitted at once (block {cfg['block_size']}, reservation {cfg['max_len']})",
@@ -325,19 +325,27 @@ def run_static_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _residual_note(window: dict | None) -> str:
+    """What the output says of a KIVI cache's residual window (``residual_window`` of the JSON): that every request
+    pays for it at the model dtype's bytes; empty without one."""
+    if window is None:
+        return ""
+    return (
+        f"; each request also holds its KIVI residual window, R={window['residual_length']} tokens (up to "
+        f"{window['residual_length'] + window['group_size'] - 1} before a flush) at {window['dtype']}'s "
+        f"{window['bytes_per_token']:g} B/token"
+    )
+
+
 def _policies(args: argparse.Namespace):
-    from kvlab.paging.simulate import Policy, default_policies
+    from kvlab.paging.policy import Policy, default_policies
 
     quant = args.quant_kv_dtype or "kivi4"
-    quant_bpt = _budget(args, quant, "--quant-kv-dtype").kv_bytes_per_token
-    policies = default_policies(args.block_size, quant_bpt, quant)
+    # the quantized policy's bytes per token and (KIVI) residual window, from the planner as the budget's
+    policies = default_policies(args.block_size, _budget(args, quant, "--quant-kv-dtype"))
     keep = None if args.keep_tokens is None else f"paged+keep{args.keep_tokens}"
     if keep:
-        policies.append(
-            Policy(
-                keep, block_size_tokens=args.block_size, kv_dtype=args.kv_dtype, keep_tokens=args.keep_tokens
-            )
-        )
+        policies.append(Policy(keep, block_size_tokens=args.block_size, keep_tokens=args.keep_tokens))
     if args.policies is not None:
         known = {p.name: p for p in policies}
         try:
@@ -509,6 +517,7 @@ def _print_simulation(result: dict, source: str) -> None:
     rows = [
         ("blocks x tokens", lambda r: f"{r['num_blocks']} x {r['block_size']}"),
         ("KV bytes / token", lambda r: f"{r['kv_bytes_per_token']:g}"),
+        ("+ residual window", _window_cell),
         ("running, mean", lambda r: f"{r['concurrency']['mean']:.1f}"),
         ("running, max", lambda r: str(r["concurrency"]["max"])),
         ("slot utilization", lambda r: f"{r['utilization']:.2%}"),
@@ -528,6 +537,12 @@ def _print_simulation(result: dict, source: str) -> None:
     for label, fmt in rows:
         t.add_row(label, *(fmt(r) for r in policies.values()))
     console.print(t)
+
+
+def _window_cell(result: dict) -> str:
+    """A policy's residual window in the simulation table: ``R=128 at bf16`` (charged per request), or ``-``."""
+    window = result["residual_window"]
+    return "-" if window is None else f"R={window['residual_length']} at {window['dtype']}"
 
 
 def run_figure_cmd(args: argparse.Namespace) -> int:
