@@ -190,6 +190,7 @@ class _Engine:
         pool is out of blocks. Appends finished requests to ``done``; returns ``(tokens, preempted)``."""
         step_tokens = 0
         preempted_now = False
+        charge = self.charge
         i = 0
         while i < len(self.running):
             r = self.running[i]
@@ -199,13 +200,17 @@ class _Engine:
             if full and self.cap_blocks is not None and len(blocks) >= self.cap_blocks:
                 # at the cap: its oldest block's tokens are evicted and the block returns to the pool
                 self.evicted_blocks += table.evict_front(1)
-            # a new block (or a copy of a shared one), and the window blocks one more token needs after a flush
+            # a new block (or a copy of a shared one), and the residual-window blocks one more token needs
             need = int(table.num_tokens == len(blocks) * self.bs or blocks[-1].ref_cnt > 1)
-            if self.charge is not None:
-                need += self.charge.shrink(r, table.num_tokens + 1)
-            preempted_now |= self._preempt_for(r, need)
-            if i == len(self.running):  # r itself was preempted
-                break
+            if charge is not None:
+                more = charge.extra[table.num_tokens + 1] - len(charge.tables[r].blocks)
+                if more < 0:  # a flush: G window tokens became codes, their blocks go back
+                    more = charge.shrink(r, table.num_tokens + 1)
+                need += more
+            if need > self.pool.free_queue.num_free:
+                preempted_now |= self._preempt_for(r, need)
+                if i == len(self.running):  # r itself was preempted
+                    break
             table.append_tokens(1)
             if need:  # r took blocks: for its table, its residual window or both
                 if self.charge is not None:

@@ -281,8 +281,8 @@ def block_size_sweep(
     rows = []
     for bs in block_sizes:
         real, n_blocks = _request_costs(lens, bpt, residual, bs)
-        real_slots = float(real.mean() / bpt)  # mean_len without a residual window
-        frag = float((n_blocks * bs).mean()) - real_slots
+        slots = real / bpt  # each request's ledger bytes in slots: its length without a residual window
+        real_slots, frag = float(slots.mean()), float((n_blocks * bs - slots).mean())
         rows.append(
             {
                 "bs": int(bs),
