@@ -138,8 +138,9 @@ class KVDtype:
         return tokens if self.keep_tokens is None else min(tokens, self.keep_tokens)
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields in order, then ``bytes_per_element`` as a float (the ``kv_dtype`` of ``kvlab plan --json``)."""
-        return asdict(self) | {"bytes_per_element": float(self.bytes_per_element)}
+        """The fields in order, then ``bytes_per_element`` as a float and ``cache_name`` (:attr:`cache_name`, what
+        the tables print) (the ``kv_dtype`` of ``kvlab plan --json``)."""
+        return asdict(self) | {"bytes_per_element": float(self.bytes_per_element), "cache_name": self.cache_name}
 
 
 def check_keep_tokens(keep_tokens: Any) -> None:

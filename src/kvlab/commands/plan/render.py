@@ -158,7 +158,7 @@ def print_plan(r: dict) -> None:
     kvd = r["kv_dtype"]
     cap = "" if kvd["keep_tokens"] is None else f" keeping at most {kvd['keep_tokens']:,} tokens"
     t = table(
-        f"{r['model']}: {s['num_layers']} layers ({kinds}), {heads}; KV {kvd['name']}{cap}, "
+        f"{r['model']}: {s['num_layers']} layers ({kinds}), {heads}; KV {kvd.get('cache_name', kvd['name'])}{cap}, "
         f"batch {r['batch']} x {r['context']:,} tokens, tp {r['tp']}  [GiB = 2^30 B, GB = 1e9 B]",
         *("layers", "tokens kept", "KV B/token/GPU", "KV theoretical/GPU", "KV allocated/GPU"),
         labels=("layer kind",),
@@ -291,7 +291,7 @@ def print_roofline(r: dict) -> None:
     t.add_row(
         f"decode attention intensity ({r['model']})",
         f"{r['decode_attention_intensity']:.2f} FLOP/B",
-        f"I = 2g/p, KV {r['kv_dtype']['name']}",
+        f"I = 2g/p, KV {r['kv_dtype'].get('cache_name', r['kv_dtype']['name'])}",
     )
     if r["kv_dtype"]["keep_tokens"] is not None:
         kept = min(r["context"], r["kv_dtype"]["keep_tokens"])  # a cap above the context keeps every token
@@ -343,7 +343,7 @@ def print_video(r: dict) -> None:
     """``kvlab video``'s table: one row per clip (frames, latent frames, tokens, KV bytes)."""
     c0 = r["clips"][0]
     t = table(
-        f"Video KV on {r['model']} ({r['kv_dtype']['name']}): {c0['width']}x{c0['height']}, "
+        f"Video KV on {r['model']} ({r['kv_dtype'].get('cache_name', r['kv_dtype']['name'])}): {c0['width']}x{c0['height']}, "
         f"{c0['temporal_compression']}x time, {c0['spatial_compression']}x{c0['spatial_compression']} space, "
         f"patch {c0['patch_size']}, whole history kept  [GiB = 2^30 B]",
         *("seconds", "frames", "latent frames", "tokens/frame", "tokens", "KV", "KV first latent frame"),
