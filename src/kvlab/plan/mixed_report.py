@@ -64,6 +64,11 @@ def resolve_plan(kv: str, spec: ModelSpec) -> tuple[str, list[tuple[str, str]], 
     try:
         if ":" in name:  # a :setting outside the grammar (an empty value) is named as the registry names it
             parse_cache_name(str(kv), ("mixed",))
+            plan_name, settings = name.split(":", 1)
+            raise ValueError(
+                f"the planner takes no settings on a per-layer plan (it sizes each layer's format at the KIVI "
+                f"defaults, G and R in its table's title): drop ':{settings}' (--kv-dtype {MIXED_PREFIX}{plan_name})"
+            )
         check_plan_name(name)
         plan, source = find_plan(name)
         formats = layer_formats(plan, spec.num_layers)

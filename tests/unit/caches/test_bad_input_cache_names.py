@@ -154,3 +154,14 @@ def test_kvlab_eval_and_plan_name_an_empty_setting_of_a_mixed_cache(tmp_path, ca
     assert main(["plan", "smollm2-135m", "--kv-dtype", "mixed-demo:group_size="]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "--kv-dtype 'mixed-demo:group_size='" in err and said in err, err
+
+
+def test_kvlab_plan_refuses_a_setting_on_a_mixed_plan_saying_it_takes_none(capsys):
+    """'--kv-dtype mixed-demo:group_size=64' (a valid cache name for kvlab eval) was refused as a bad plan name
+    ("plan name 'demo:group_size=64' must be one or two words ..."): the planner takes no settings on a plan."""
+    from kvlab.cli import main
+
+    assert main(["plan", "smollm2-135m", "--kv-dtype", "mixed-demo:group_size=64"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "takes no settings on a per-layer plan" in err and "drop ':group_size=64' (--kv-dtype mixed-demo)" in err
+    assert "must be one or two words" not in err
