@@ -293,7 +293,7 @@ SUMMARY_LABELS = {
     "memory_reduction_onset_context": "memory-reduction onset (first context saving bytes)",
     "eligible_crossover_context": "eligible crossover (first context passing every gate)",
     "eligible_candidate_count": "eligible capacity rows",
-    "latency_trusted": "latency trusted (no capacity cell timed on a busy machine)",
+    "latency_trusted": "latency trusted (every capacity cell timed on a quiet machine)",
     "failed_candidates": "not judged (failed in every capacity cell)",
     "latency_warning": "latency warning",
     "long_context_warning": "long-context warning",

@@ -360,6 +360,8 @@ def _print_decision(result: dict, s: dict, console: Console) -> None:
         )
     judged = f" (judged on: {', '.join(gate_names(s['decision_gates']))})" if s.get("decision_gates") else ""
     console.print(f"[bold]decision: {s['decision']}[/]{judged}")
+    if "--quick" in (result.get("command") or []):  # a smoke run's verdict is not one to act on
+        console.print("  (a --quick smoke run: short contexts, few tokens and trials; decide with the default matrix)")
     advice = no_candidate_advice(result)
     if advice:
         console.print(f"  {advice}", markup=False)

@@ -290,3 +290,23 @@ def test_print_summary_states_the_selection_rule_when_several_rows_pass():
     buf = io.StringIO()
     print_summary(result, Console(file=buf, width=160, color_system=None))
     assert "the one saving the most" not in buf.getvalue()
+
+
+def test_a_quick_runs_decision_says_it_is_a_smoke_run_and_the_html_label_reads_plainly(result):
+    """A --quick verdict looked final ('decision: accept kivi-4 at context 512'); the HTML's trust label read as a
+    double negative ('latency trusted (no capacity cell timed on a busy machine) | no')."""
+    def printed(res):
+        buf = io.StringIO()
+        print_summary(res, Console(file=buf, width=160, color_system=None))
+        return buf.getvalue()
+
+    result["command"] = ["kvlab", "eval", "--contexts", "512"]
+    assert "smoke run" not in printed(result)
+    result["command"] = ["kvlab", "eval", "--quick", "--contexts", "512"]
+    out = printed(result)
+    assert "(a --quick smoke run: short contexts, few tokens and trials; decide with the default matrix)" in out
+    assert out.index("decision:") < out.index("smoke run")
+    result["summary"]["latency_trusted"] = False
+    html = render_html(result)
+    assert "no capacity cell timed on a busy machine" not in html
+    assert "latency trusted (every capacity cell timed on a quiet machine)" in html
