@@ -240,3 +240,14 @@ def test_kvlab_fp8_caches_map_to_vllms_fp8_flags(capsys, kv, cache_dtype, calcul
     assert f["--kv-cache-dtype"] == v["kv_cache_dtype"] == cache_dtype
     assert v["page_size_bytes"] == 16 * 2 * 8 * 128 * 1  # 8 KV heads x 128, K and V, 1 B per element
     assert any(note in n for n in v["notes"])
+
+
+def test_the_emitted_headline_calls_its_token_count_an_upper_bound(capsys):
+    """The headline said 'KV cache vLLM would report per GPU: 500,048 tokens' and a few lines later 'its log would
+    say: ... GPU KV cache size: 491,312 tokens': two counts for one claim. The first is now the upper bound."""
+    from kvlab.cli import main
+
+    assert main(["plan", "llama-3-8b", "--batch", "32", "--reserve-gib", "4", "--emit", "vllm"]) == 0
+    out = capsys.readouterr().out
+    assert "# KV cache per GPU, at most (before vLLM's activation deductions): 500,048 tokens" in out
+    assert "#   GPU KV cache size: 491,312 tokens" in out and "would report per GPU" not in out

@@ -121,7 +121,7 @@ def print_vllm(r: dict) -> None:
             f"{v['num_gpu_blocks']:,} blocks of {v['block_size']} tokens x {v['num_layers']} layers, "
             f"{v['page_size_bytes']:,} B per block and layer"
         )
-    print(f"# KV cache vLLM would report per GPU: {v['kv_cache_tokens']:,} tokens ({blocks})")
+    print(f"# KV cache per GPU, at most (before vLLM's activation deductions): {v['kv_cache_tokens']:,} tokens ({blocks})")
     print(
         f"# from {_gib(v['kv_memory_bytes_per_gpu'])} of KV memory = {v['gpu_memory_utilization']:g} x "
         f"{_gib(v['memory_bytes'])} - {_gib(v['weight_bytes_per_gpu'])} weights per GPU [GiB = 2^30 B]"
