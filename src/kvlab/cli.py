@@ -33,8 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _set_prog(parser: argparse.ArgumentParser) -> None:
     """Give every parser's namespace ``kvlab_prog`` (``kvlab paging static``): the prefix of its error lines; a
-    subcommand registered with a one-line ``help`` only gets it as its ``--help`` description too."""
+    subcommand registered with a one-line ``help`` only gets it as its ``--help`` description too. No parser takes
+    an abbreviated flag: ``kvlab paging static --gpu H100`` read ``--gpu`` as ``--gpu-mem-gib`` ("invalid float
+    value: 'H100'") where ``plan`` and ``roofline`` have a ``--gpu NAME``; now it is an unknown flag."""
     parser.set_defaults(kvlab_prog=parser.prog)
+    parser.allow_abbrev = False
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             helps = {choice.dest: choice.help for choice in action._choices_actions}
