@@ -45,3 +45,15 @@ def test_the_quick_start_stays_two_commands():
         'pip install "torch==2.13.0" -e ".[hf,dev]" && kvlab eval',
         "python -m pytest -q",
     ]
+
+
+def test_the_readmes_error_example_is_what_the_command_prints(capsys):
+    """The README's example error line said "`block_size_tokens` must be >= 1" (the library's argument name); the
+    command says "--block-size must be >= 1" (the flag typed). The example is run and compared."""
+    from kvlab.cli import main
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    example = re.search(r"example `(kvlab paging static: error: [^`]+)`", text)
+    assert example, "the README no longer shows its error example: drop this test"
+    assert main(["paging", "static", "--block-size", "0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == example.group(1)
