@@ -16,7 +16,11 @@
  * becomes a * (256 (h . code) + (l . code)), two exact integer dot products over the same unpacked code lanes:
  * dpbusd (u8 x s8) takes the codes as its unsigned operand against h, and as its signed one (codes < 2^nbits < 128)
  * against l. (One int8 digit, |qs - a' qi| <= a' / 2 with a' = max |qs| / 127, cost the real model (SmolLM2-135M,
- * KIVI-4, 2k tokens) a KL to the exact path of 14 % of KIVI-4's own KL to the float cache.) The zero-point term
+ * KIVI-4, 2k tokens) a KL to the exact path of 14 % of KIVI-4's own KL to the float cache.) 2-bit keys take that one
+ * digit (a = max|q| max s / 126, one dpbusd per code vector, half the products): their own rounding, 4 levels a
+ * channel, dwarfs it (KL to the exact path 1.9 % of KIVI-2's own on SmolLM2-135M, 2k tokens, against 0.02 % with
+ * two digits; benchmarks/results/int8-kl-cpu.json), and it makes
+ * 2-bit key scores cheaper than 4-bit ones, not only their bytes. The zero-point term
  * stays in fp32 (one dot per row and group). The only error is the query rounding, |qs[c] - a x[c]| <= a / 2, so
  *   |score_int[t] - score_exact[t]| <= a / 2 * sum_c code[t,c] <= a / 2 * D * (2^nbits - 1)
  * (plus fp32 rounding). This is llama.cpp's q8 dot product (ggml's quantize_row_q8 for the activation, then integer
@@ -42,9 +46,11 @@
 #endif
 
 enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
-/* the query's 16-bit steps: |x| <= QSCALE (one below int16's 32767: fp32 rounding of the scaled query stays
- * inside), its high byte signed, its low byte unsigned */
-#define QSCALE 32766.0f
+/* the query's steps: two digits (4-bit keys): |x| <= 32766, one below int16's 32767 (fp32 rounding of the scaled
+ * query stays inside), its high byte signed, its low byte unsigned; one digit (2-bit keys): |x| <= 126, one signed
+ * byte. QSCALE(nb) is the bound; DIGITS(nb) the bytes */
+#define DIGITS(nb) ((nb) == 2 ? 1 : 2)
+#define QSCALE(nb) (DIGITS(nb) == 2 ? 32766.0f : 126.0f)
 /* software prefetch distances: key blocks (LANES tokens), key groups, value blocks (VB tokens) */
 #define PF_KEYS 4
 #define PF_GROUPS 2
@@ -152,6 +158,13 @@ T_AVX512 AI void split4_avx512(const __m512i *x, int8_t *hi, int8_t *lo) {
     _mm512_storeu_si512(lo, _mm512_permutexvar_epi32(fix, l));
 }
 
+/* the values of x[0..3] (64 int32 lanes in [-127, 127]) as signed bytes to dst[0..64): two packs and a permute */
+T_AVX512 AI void bytes4_avx512(const __m512i *x, int8_t *dst) {
+    const __m512i fix = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512i b = _mm512_packs_epi16(_mm512_packs_epi32(x[0], x[1]), _mm512_packs_epi32(x[2], x[3]));
+    _mm512_storeu_si512(dst, _mm512_permutexvar_epi32(fix, b));
+}
+
 T_AVX2 AI __m256i lanes_avx2(const uint8_t *p, const int64_t *off, const int nb) {
     const __m128i l0 = nb == 4 ? _mm_loadu_si128((const __m128i *)(p + off[0])) : _mm_loadl_epi64((const __m128i *)(p + off[0]));
     const __m128i l1 = nb == 4 ? _mm_loadu_si128((const __m128i *)(p + off[1])) : _mm_loadl_epi64((const __m128i *)(p + off[1]));
@@ -216,6 +229,12 @@ T_AVX2 AI void split4_avx2(const __m256i *x, int8_t *hi, int8_t *lo) {
     _mm256_storeu_si256((__m256i *)lo, _mm256_permutevar8x32_epi32(l, fix));
 }
 
+T_AVX2 AI void bytes4_avx2(const __m256i *x, int8_t *dst) {
+    const __m256i fix = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(x[0], x[1]), _mm256_packs_epi32(x[2], x[3]));
+    _mm256_storeu_si256((__m256i *)dst, _mm256_permutevar8x32_epi32(b, fix));
+}
+
 /* the low bytes of x's 8 int32 lanes (values inside the byte's range, signed or unsigned) to dst */
 T_AVX2 AI void store8_avx2(void *dst, __m256i x) {
     const __m256i m = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1,
@@ -242,9 +261,9 @@ AI void dots_scalar(const uint8_t *kc, int64_t P, int64_t t0, int64_t n, const i
                 const int64_t c = perm[idx];
                 const int32_t code = (int32_t)((x[c / K] >> (c % K * nb)) & mask);
                 s += (int32_t)qi[r * D + idx] * code;
-                s2 += (int32_t)(uint8_t)qi[(M + r) * D + idx] * code;
+                if (DIGITS(nb) == 2) s2 += (int32_t)(uint8_t)qi[(M + r) * D + idx] * code;
             }
-            s = s * 256 + s2;
+            s = DIGITS(nb) == 2 ? s * 256 + s2 : s;
             sc[r * total + t] = a[r] * (float)s + bias[r];
         }
     }
@@ -270,15 +289,15 @@ AI void to_order(const float *sn, float *sp, int64_t D, int order, int nb) {
     }
 }
 
-/* the rows' query scaled once per call: qn = qp * QSCALE / max_c |q[r,c]| (qp: q in the path's order), a0[r] =
- * max_c |q[r,c]| / QSCALE (0 for a zero row). A key group then needs no per-row maximum: see quantize_rows. */
-AI void scale_rows(const float *q, const float *qp, int64_t M, int64_t D, float *qn, float *a0) {
+/* the rows' query scaled once per call: qn = qp * qscale / max_c |q[r,c]| (qp: q in the path's order), a0[r] =
+ * max_c |q[r,c]| / qscale (0 for a zero row). A key group then needs no per-row maximum: see quantize_rows. */
+AI void scale_rows(const float *q, const float *qp, int64_t M, int64_t D, float qscale, float *qn, float *a0) {
     for (int64_t r = 0; r < M; r++) {
         float qmax = 0.0f;
         for (int64_t c = 0; c < D; c++) qmax = fmaxf(qmax, fabsf(q[r * D + c]));
-        const float mul = qmax > 0.0f ? QSCALE / qmax : 0.0f;
+        const float mul = qmax > 0.0f ? qscale / qmax : 0.0f;
         for (int64_t idx = 0; idx < D; idx++) qn[r * D + idx] = qp[r * D + idx] * mul;
-        a0[r] = qmax * (1.0f / QSCALE);
+        a0[r] = qmax / qscale;
     }
 }
 
@@ -305,8 +324,8 @@ AI void quantize_rows(const float *q, const float *qn, const float *a0, const vo
 #pragma omp simd
         for (int64_t idx = 0; idx < D; idx++) {
             const int32_t x = (int32_t)rintf(qn[r * D + idx] * sp[idx]); /* rounds as the AVX paths' cvtps2dq */
-            qi[r * D + idx] = (int8_t)(x >> 8);
-            qi[(M + r) * D + idx] = (int8_t)(uint8_t)(x & 255);
+            qi[r * D + idx] = (int8_t)(DIGITS(nb) == 2 ? x >> 8 : x);
+            if (DIGITS(nb) == 2) qi[(M + r) * D + idx] = (int8_t)(uint8_t)(x & 255);
         }
     }
 }
@@ -323,7 +342,7 @@ AI void quantize_rows(const float *q, const float *qn, const float *a0, const vo
         for (int64_t idx = 0; idx < D; idx++) perm[idx] = (ORDER) ? tchan(idx, (int)nb) : idx;                    \
         for (int64_t r = 0; r < M; r++)                                                                           \
             for (int64_t idx = 0; idx < D; idx++) qp[r * D + idx] = q[r * D + perm[idx]];                         \
-        scale_rows(q, qp, M, D, qn, a0);                                                                          \
+        scale_rows(q, qp, M, D, QSCALE(nb), qn, a0);                                                              \
         for (int64_t j = 0; j < tokens / G; j++) {                                                                \
             for (int64_t x = 0; x < D * (bf16 ? 2 : 4); x += 64) { /* the scale and zero rows PF_GROUPS ahead */ \
                 __builtin_prefetch((const char *)ks + ((j + PF_GROUPS) * D) * (bf16 ? 2 : 4) + x);          \

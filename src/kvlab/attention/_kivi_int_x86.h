@@ -55,12 +55,15 @@ PATH_TARGET AI void FN(quantize_d)(const float *q, const float *qn, const float 
             VI xi[4];
 #pragma GCC unroll 8
             for (int k = 0; k < 4; k++) xi[k] = MM(_cvtps_epi32)(x[c + k]);
-            FN(split4)(xi, qi + r * D + c * LANES, qi + (M + r) * D + c * LANES);
+            if (DIGITS(nb) == 2)
+                FN(split4)(xi, qi + r * D + c * LANES, qi + (M + r) * D + c * LANES);
+            else
+                FN(bytes4)(xi, qi + r * D + c * LANES);
         }
         for (; c < NV; c++) {
             const VI xi = MM(_cvtps_epi32)(x[c]);
-            FN(store8)(qi + r * D + c * LANES, MM(_srai_epi32)(xi, 8));
-            FN(store8)(qi + (M + r) * D + c * LANES, xi);
+            FN(store8)(qi + r * D + c * LANES, DIGITS(nb) == 2 ? MM(_srai_epi32)(xi, 8) : xi);
+            if (DIGITS(nb) == 2) FN(store8)(qi + (M + r) * D + c * LANES, xi);
         }
     }
 }
@@ -78,12 +81,13 @@ PATH_TARGET AI void FN(quantize)(const float *q, const float *qn, const float *a
 }
 
 /* sc[r*total + t] for rows r0 .. r0 + RT - 1 of one block of LANES tokens (code vectors cv[NCV], the transposed
- * order of _kivi_int.c): 256 (h . codes) + (l . codes) per token lane (h = qi[r] signed, l = qi[M + r] unsigned:
- * the codes are dpbusd's unsigned operand against h, its signed one against l), then a[r] * that + bias[r]. RT rows
- * at once: 2 * RT independent dpbusd chains, each code vector loaded once for all of them. */
+ * order of _kivi_int.c): with NDIG 2 digits 256 (h . codes) + (l . codes) per token lane (h = qi[r] signed, l =
+ * qi[M + r] unsigned: the codes are dpbusd's unsigned operand against h, its signed one against l), with 1 digit
+ * h . codes; then a[r] * that + bias[r]. RT rows at once: NDIG * RT independent dpbusd chains, each code vector
+ * loaded once for all of them. */
 PATH_TARGET AI void FN(rows_tile)(const VI *cv, const int64_t NCV, const int8_t *qi, const float *a,
                                   const float *bias, float *sc, int64_t total, int64_t M, int64_t D, int64_t r0,
-                                  const int RT) {
+                                  const int RT, const int NDIG) {
     VI s[4], s2[4];
 #pragma GCC unroll 8
     for (int i = 0; i < RT; i++) s[i] = s2[i] = MMSI(_setzero_si)();
@@ -94,19 +98,19 @@ PATH_TARGET AI void FN(rows_tile)(const VI *cv, const int64_t NCV, const int8_t 
             VI h[4], l[4];
 #pragma GCC unroll 8
             for (int k = 0; k < 4; k++) {
-                int32_t w1, w2;
+                int32_t w1, w2 = 0;
                 memcpy(&w1, qi + (r0 + i) * D + 4 * (v + k), 4);
-                memcpy(&w2, qi + (M + r0 + i) * D + 4 * (v + k), 4);
+                if (NDIG == 2) memcpy(&w2, qi + (M + r0 + i) * D + 4 * (v + k), 4);
                 h[k] = MM(_set1_epi32)(w1);
                 l[k] = MM(_set1_epi32)(w2);
             }
             s[i] = FN(dot4)(s[i], c, h);
-            s2[i] = FN(dot4)(s2[i], l, c);
+            if (NDIG == 2) s2[i] = FN(dot4)(s2[i], l, c);
         }
     }
 #pragma GCC unroll 8
     for (int i = 0; i < RT; i++) {
-        const VI x = MM(_add_epi32)(MM(_slli_epi32)(s[i], 8), s2[i]);
+        const VI x = NDIG == 2 ? MM(_add_epi32)(MM(_slli_epi32)(s[i], 8), s2[i]) : s[i];
         const VF f = MM(_fmadd_ps)(MM(_cvtepi32_ps)(x), MM(_set1_ps)(a[r0 + i]), MM(_set1_ps)(bias[r0 + i]));
         MM(_storeu_ps)(sc + (r0 + i) * total, f);
     }
@@ -140,10 +144,10 @@ PATH_TARGET AI void FN(dots_nb)(const uint8_t *kc, int64_t P, int64_t t0, int64_
         }
         float *st = sc + t;
         int64_t r = 0;
-        for (; r + 4 <= M; r += 4) FN(rows_tile)(cv, NCV, qi, a, bias, st, total, M, D, r, 4);
-        if (M - r == 3) FN(rows_tile)(cv, NCV, qi, a, bias, st, total, M, D, r, 3);
-        if (M - r == 2) FN(rows_tile)(cv, NCV, qi, a, bias, st, total, M, D, r, 2);
-        if (M - r == 1) FN(rows_tile)(cv, NCV, qi, a, bias, st, total, M, D, r, 1);
+        for (; r + 4 <= M; r += 4) FN(rows_tile)(cv, NCV, qi, a, bias, st, total, M, D, r, 4, DIGITS(nb));
+        if (M - r == 3) FN(rows_tile)(cv, NCV, qi, a, bias, st, total, M, D, r, 3, DIGITS(nb));
+        if (M - r == 2) FN(rows_tile)(cv, NCV, qi, a, bias, st, total, M, D, r, 2, DIGITS(nb));
+        if (M - r == 1) FN(rows_tile)(cv, NCV, qi, a, bias, st, total, M, D, r, 1, DIGITS(nb));
     }
     if (t < t0 + n) dots_scalar(kc, P, t, t0 + n - t, nb, qi, a, bias, sc, total, M, D, perm);
 }

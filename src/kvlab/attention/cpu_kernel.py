@@ -13,8 +13,9 @@ included), the per-head scales fold into the query and the output, so a decode s
 float copy.
 
 An integer path for KIVI (``_kivi_int.c``; :func:`dot_path`: ``dot="int8"``, exact fp32 the default and the
-reference): the query, key scale folded in, rounded to 16 bits per row and key group as a signed high and an
-unsigned low byte; key scores are integer dot products over the 2/4-bit codes, one token per 32-bit lane; value
+reference): the query, key scale folded in, rounded per row and key group to 16 bits (a signed high and an
+unsigned low byte) for 4-bit keys, to one signed byte for 2-bit keys; key scores are integer dot products over the
+codes, one token per 32-bit lane; value
 sums weight the codes by 8-bit probabilities (times the per-token value scale, one scale per row and 32-token
 block), four tokens per lane: llama.cpp's q8 dot product (AVX512-VNNI ``dpbusd`` / AVX2 ``maddubs`` + ``madd``)
 over KIVI's per-channel keys and per-token values (arXiv:2402.02750, section 3.2). The instruction-set path is

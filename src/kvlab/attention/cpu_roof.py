@@ -15,11 +15,19 @@ import time
 from kvlab.attention import cpu_kernel
 
 
-def int_products(q_rows: int, tokens: int, head_dim: int) -> int:
+def int_products(q_rows: int, tokens: int, head_dim: int, nbits: int = 4) -> int:
     """Byte products the ``int8`` path computes for ``q_rows`` query rows (batch x query heads x query tokens) over
-    ``tokens`` quantized tokens of ``head_dim`` channels: two per key code and row (the query's 16-bit value as a high
-    and a low byte, _kivi_int.c) and one per value code and row (8-bit weights), ``3 * q_rows * tokens * head_dim``."""
-    return 3 * q_rows * tokens * head_dim
+    ``tokens`` quantized tokens of ``head_dim`` channels at ``nbits`` (2 or 4): per key code and row, one per digit of
+    the query (two for 4-bit keys, the 16-bit query's high and low byte; one for 2-bit keys, _kivi_int.c), and one
+    per value code and row (8-bit weights): ``(digits + 1) * q_rows * tokens * head_dim``.
+
+    Raises:
+        ValueError: ``nbits`` not 2 or 4 (the widths the integer path takes).
+    """
+    if nbits not in (2, 4):
+        raise ValueError(f"`nbits` must be 2 or 4 (the integer path's widths), got {nbits!r}")
+    digits = 1 if nbits == 2 else 2
+    return (digits + 1) * q_rows * tokens * head_dim
 
 
 def int_roof(threads: int, path: str | None = None, rounds: int = 2_000_000, reps: int = 3) -> float | None:

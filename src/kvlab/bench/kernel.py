@@ -152,7 +152,7 @@ def _cell(context, shape, kivi, dtype, device, reps, inner, gen) -> dict:
             state = KIVIState(KIVIConfig(nb, group_size, residual_length))
             state.append(k, v)
             breakdown[nb] = state.nbytes_breakdown()
-            quantized[f"kivi{nb}-int8"] = context - state.key_residual.shape[2]  # the residual window's are fp
+            quantized[f"kivi{nb}-int8"] = (context - state.key_residual.shape[2], nb)  # the window's are fp
             fns |= _kernels(state, q, k, v, nb, group_size, scale, backend, device)
         if (
             device.type == "cpu"
@@ -174,7 +174,7 @@ def _cell(context, shape, kivi, dtype, device, reps, inner, gen) -> dict:
         med = statistics.median(samples)
         kernels[name] = {"bytes": nbytes, "us": med * 1e6, "gb_s": nbytes / med / 1e9}
         if name in quantized:  # the byte products its integer dots make
-            kernels[name]["products"] = int_products(b * hq, quantized[name], d)
+            kernels[name]["products"] = int_products(b * hq, quantized[name][0], d, quantized[name][1])
     row = _legacy_row(context, kernels, breakdown[nbits_list[0]], f"kivi{nbits_list[0]}")
     if graph_errors:
         row["graph_errors"] = graph_errors

@@ -13,7 +13,11 @@ import torch.nn.functional as F
 from kvlab.attention import cpu_baseline, cpu_kernel
 from kvlab.quant import KIVIConfig, KIVIState
 
-QSCALE = 32766  # the query's 16-bit steps: a = max_c |q_c| * max_c s_c / QSCALE per row and key group (_kivi_int.c)
+
+def _qscale(nbits: int) -> int:
+    """The query's steps (_kivi_int.c): a = max_c |q_c| * max_c s_c / QSCALE per row and key group; two digits
+    (16 bits) for 4-bit keys, one signed byte for 2-bit keys (their own rounding dwarfs an 8-bit query's)."""
+    return 32766 if nbits == 4 else 126
 
 needs_kernel = pytest.mark.skipif(
     shutil.which(cpu_kernel.COMPILER) is None or cpu_kernel.unavailable_reason() is not None,
@@ -64,9 +68,9 @@ def _int_scores(path, nbits, seg, q, group):
 @pytest.mark.parametrize("nbits", [2, 4])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_integer_key_scores_within_the_stated_bound(nbits, head_dim):
-    """|score_int - score_exact| <= a / 2 * sum_c code[t, c] with a = max_c |q_c| * max_c s_c / 32766 per row and
-    key group (the query rounded to 16 bits, split into a high and a low byte: the bound of _kivi_int.c), plus fp32
-    rounding; every path within it of C."""
+    """|score_int - score_exact| <= a / 2 * sum_c code[t, c] with a = max_c |q_c| * max_c s_c / QSCALE per row and
+    key group (the query rounded to 16 bits as a high and a low byte for 4-bit keys, to one byte for 2-bit keys: the
+    bound of _kivi_int.c), plus fp32 rounding; every path within it of C."""
     group = 32
     st = _state(nbits, head_dim, 6 * group + 3)
     seg = next(iter(st.segments()))
@@ -75,7 +79,7 @@ def test_integer_key_scores_within_the_stated_bound(nbits, head_dim):
     s, z = seg.k_scale[0, 0].double(), seg.k_zero[0, 0].double()  # [T / G, D]
     keys = codes * s.repeat_interleave(group, 0) + z.repeat_interleave(group, 0)
     exact = q.double() @ keys.T  # [M, T]
-    a = q.double().abs().amax(-1)[:, None] * s.abs().amax(-1)[None] / QSCALE  # [M, T / G]
+    a = q.double().abs().amax(-1)[:, None] * s.abs().amax(-1)[None] / _qscale(nbits)  # [M, T / G]
     bound = a.repeat_interleave(group, 1) / 2 * codes.sum(-1)[None] + 1e-5 * exact.abs().amax()
     got = {p: _int_scores(p, nbits, seg, q, group) for p in _paths()}
     for p, g in got.items():
@@ -119,7 +123,7 @@ def test_integer_attention_within_the_bound_of_its_two_roundings(nbits, path, dt
     s = seg.k_scale.double().repeat_interleave(32, 2)
     z = seg.k_zero.double().repeat_interleave(32, 2)
     qg = q.double().reshape(1, 2, 2, head_dim) * head_dim**-0.5  # [1, H, rows, D]
-    a = qg.abs().amax(-1)[..., None] * s.abs().amax(-1)[:, :, None] / QSCALE  # [1, H, rows, T]
+    a = qg.abs().amax(-1)[..., None] * s.abs().amax(-1)[:, :, None] / _qscale(nbits)  # [1, H, rows, T]
     delta = (a / 2 * codes.sum(-1)[:, :, None]).amax().item()
     vcodes = _codes(seg.v_codes, nbits).double()
     u = seg.v_scale.double().repeat_interleave(head_dim // seg.v_scale.shape[-1], -1)

@@ -50,6 +50,9 @@ def test_bad_arguments_are_refused_by_name(kwargs, named):
         cpu_roof.int_roof(**kwargs)
 
 
-def test_int8_products_count_two_per_key_code_and_one_per_value_code():
-    # 4 query rows over 10 tokens of 8 channels: keys 2 x 320 (high and low query byte), values 320
-    assert cpu_roof.int_products(4, 10, 8) == 2 * 320 + 320
+def test_int8_products_count_the_query_digits_per_key_code_and_one_per_value_code():
+    # 4 query rows over 10 tokens of 8 channels: 4-bit keys 2 x 320 (high and low query byte), values 320
+    assert cpu_roof.int_products(4, 10, 8, nbits=4) == 2 * 320 + 320
+    assert cpu_roof.int_products(4, 10, 8, nbits=2) == 320 + 320  # 2-bit keys: one query byte
+    with pytest.raises(ValueError, match="`nbits` must be 2 or 4"):
+        cpu_roof.int_products(4, 10, 8, nbits=8)
