@@ -4,7 +4,9 @@
 sets kvlab's prediction beside each: the tokens and concurrency from the log's own KV memory
 (:mod:`kvlab.plan.vllm_kv`) and the KV memory from the device, utilization and weights
 (:mod:`kvlab.plan.vllm_memory`). docs/plan.md ("vLLM's startup log") lists the lines and what kvlab assumes
-where a log is silent. Pure Python; no torch.
+where a log is silent. A value kvlab cannot read on a line it reads (``Available KV cache memory: nan GiB``, a
+utilization of ``.``, a token count of ``451.744``, an unknown ``kv_cache_dtype``) is refused naming the line and
+the value, not skipped as if the line were absent. Pure Python; no torch.
 """
 
 from __future__ import annotations
@@ -14,49 +16,63 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvlab.plan.spec import ModelSpec
-from kvlab.plan.vllm_kv import vllm_kv_cache
+from kvlab.plan.vllm_kv import VLLM_KV_CACHE_DTYPES, vllm_kv_cache
 from kvlab.plan.vllm_memory import GIB, available_kv_memory, scheduler_defaults
 
-_NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
-# figure -> (pattern, what the line is); the first match in the log wins, but for PER_WORKER's (read_vllm_log)
-LOG_LINES: dict[str, tuple[str, str]] = {
-    "available_kv_cache_gib": (r"Available KV cache memory: " + _NUM + r" GiB", "KV memory per GPU (V1)"),
-    "v0_kv_cache_gib": (r"kv_cache_size=" + _NUM + r" ?GiB", "KV memory per GPU (V0 memory profile)"),
-    "gpu_kv_cache_tokens": (r"GPU KV cache size: " + _NUM + r" tokens", "tokens of KV per GPU group"),
+# a value as the line prints it, read loosely and checked by its kind (_read_value): "-5", "nan", "451.744" are
+# named as unreadable, not skipped as if the line were absent
+_VALUE = r"(\S+?)"
+_UNIT = r" ?((?:[KMGT]i?)?B)\b"  # "55.15 GiB", "3.81GiB"; another unit is named (vLLM prints GiB)
+_SETTING = r"""([^\s,)'"}]+)"""  # a setting in a CLI line, an args dict or the engine config line
+_KEY = r"""['"]?[:=] ?['"]?"""  # `max_model_len=`, `'max_model_len': `, `kv_cache_dtype='`
+IN_GIB, SIGNED_GIB, COUNT, TIMES, FRACTION, SETTING, LENGTH, KV_DTYPE, DTYPE, NAME = (
+    "GiB", "signed GiB", "count", "times", "fraction", "setting", "length", "kv dtype", "dtype", "name",
+)  # fmt: skip
+# figure -> (pattern, what the line is, kind of value); the first match in the log wins, but for PER_WORKER's
+# (read_vllm_log)
+LOG_LINES: dict[str, tuple[str, str, str]] = {
+    "available_kv_cache_gib": ("Available KV cache memory: " + _VALUE + _UNIT, "KV memory per GPU (V1)", IN_GIB),
+    "v0_kv_cache_gib": ("kv_cache_size=" + _VALUE + _UNIT, "KV memory per GPU (V0 memory profile)", IN_GIB),
+    "gpu_kv_cache_tokens": (r"GPU KV cache size: (\S+) tokens", "tokens of KV per GPU group", COUNT),
     # "# GPU blocks: N" as V0 logs it, or quoted without the "#" (the quote of case vllm-i10517-a in cases.jsonl)
-    "num_gpu_blocks": (r"(?:# )?GPU blocks: " + _NUM, "V0 blocks (x block size = tokens)"),
-    "max_concurrency_tokens": (r"Maximum concurrency for " + _NUM + r" tokens per request", "max_model_len"),
-    "max_concurrency": (r"tokens per request: " + _NUM + r"x", "requests of max_model_len that fit"),
-    "weights_gib": (
-        r"(?:Model loading took|Loading model weights took) " + _NUM + r" ?Gi?B",
-        "weights per GPU",
+    "num_gpu_blocks": (r"(?:# )?GPU blocks: ([^\s,]+)", "V0 blocks (x block size = tokens)", COUNT),
+    "max_concurrency_tokens": (r"Maximum concurrency for (\S+) tokens per request", "max_model_len", COUNT),
+    "max_concurrency": (r"tokens per request: (\S+?)x", "requests of max_model_len that fit", TIMES),
+    "weights_gib": (r"(?:Model loading took|Loading model weights took) " + _VALUE + _UNIT, "weights per GPU", IN_GIB),
+    "total_gib": (
+        r"(?:total_gpu_memory=|Free memory on device \([0-9.]+/)" + _VALUE + _UNIT,
+        "device memory (torch)",
+        IN_GIB,
     ),
-    "total_gib": (r"(?:total_gpu_memory=|Free memory on device \([0-9.]+/)" + _NUM, "device memory (torch)"),
     "gpu_memory_utilization": (
-        r"(?:gpu_memory_utilization=|--gpu-memory-utilization[ =]|Desired GPU memory utilization is \()"
-        + r"([0-9.]+)",
+        r"(?:gpu_memory_utilization" + _KEY + r"|--gpu-memory-utilization[ =]|Desired GPU memory utilization is \()"
+        + _SETTING,
         "utilization",
+        FRACTION,
     ),
-    "activation_gib": (r"([0-9.]+) GiB for peak activation", "profiled activation peak"),
+    "activation_gib": (r"(\S+) GiB for peak activation", "profiled activation peak", IN_GIB),
     "non_torch_gib": (
-        r"(?:([0-9.]+) GiB for non-torch memory|non_torch_memory=([0-9.]+))",
+        r"(?:(\S+) GiB for non-torch memory|non_torch_memory=" + _VALUE + _UNIT + ")",
         "non-torch memory",
+        SIGNED_GIB,
     ),
     "cuda_graph_gib": (
-        r"(?:([0-9.]+) GiB for CUDAGraph memory|Graph capturing finished.*?took ([0-9.]+) GiB)",
+        r"(?:(\S+) GiB for CUDAGraph memory|Graph capturing finished.*?took " + _VALUE + _UNIT + ")",
         "CUDA graphs (printed, not subtracted)",
+        SIGNED_GIB,
     ),
-    "tensor_parallel_size": (r"(?:tensor_parallel_size=|--tensor-parallel-size[ =])([0-9]+)", "TP"),
+    "tensor_parallel_size": (r"(?:tensor_parallel_size" + _KEY + "|--tensor-parallel-size[ =])" + _SETTING, "TP", SETTING),
     "decode_context_parallel_size": (
-        r"(?:decode_context_parallel_size=|--decode-context-parallel-size[ =])([0-9]+)",
+        r"(?:decode_context_parallel_size" + _KEY + "|--decode-context-parallel-size[ =])" + _SETTING,
         "DCP",
+        SETTING,
     ),
-    "block_size": (r"(?:--block-size[ =]|block_size=)([0-9]+)", "tokens per block"),
-    "max_model_len": (r"(?:--max-model-len[ =]|max_model_len['\"]?[:=] ?)([0-9]+)", "tokens per request"),
-    "kv_cache_dtype": (r"(?:kv_cache_dtype=|--kv-cache-dtype[ =])(auto|fp8_e4m3|fp8_e5m2|fp8)", "KV dtype"),
-    "max_num_batched_tokens": (r"max_num_batched_tokens['\"]?[:=] ?([0-9]+)", "scheduler token budget"),
-    "vllm_version": (r"(?:vLLM[: |]+v?|engine \(v)([0-9]+\.[0-9]+\.[0-9]+)", "vLLM version"),
-    "engine_v0": (r"(Memory profiling results: total_gpu_memory)", "V0 engine"),
+    "block_size": (r"(?:--block-size[ =]|(?<![\w-])block_size" + _KEY + ")" + _SETTING, "tokens per block", SETTING),
+    "max_model_len": (r"(?:--max-model-len[ =]|max_model_len" + _KEY + ")" + _SETTING, "tokens per request", LENGTH),
+    "kv_cache_dtype": (r"(?:kv_cache_dtype" + _KEY + "|--kv-cache-dtype[ =])" + _SETTING, "KV dtype", KV_DTYPE),
+    "max_num_batched_tokens": (r"max_num_batched_tokens" + _KEY + _SETTING, "scheduler token budget", SETTING),
+    "vllm_version": (r"(?:vLLM[: |]+v?|engine \(v)([0-9]+\.[0-9]+\.[0-9]+)", "vLLM version", NAME),
+    "engine_v0": (r"(Memory profiling results: total_gpu_memory)", "V0 engine", NAME),
 }
 
 
@@ -77,14 +93,63 @@ PER_START = "max_concurrency_tokens"
 _NEEDED = "'Available KV cache memory: N GiB' line (V0: 'kv_cache_size=N GiB')"
 
 
-def _figure(key: str, m: re.Match) -> Any:
-    """The figure one match of ``key``'s pattern holds: a name as str, a whole number as int, else a float."""
-    raw = next(g for g in m.groups() if g is not None).replace(",", "")
-    if key in ("kv_cache_dtype", "vllm_version", "engine_v0"):
+_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+# vLLM's non-torch and CUDA graph memory are differences of two snapshots and may be printed below 0 (the llm-d
+# Llama-3.3-70B log: "-0.42 GiB for CUDAGraph memory")
+_SIGNED = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
+_WHOLE = re.compile(r"[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+")  # "451,744" as vLLM prints counts, or "1952"
+_UNSET = ("None", "null")  # an args dump's unset setting (block_size=None): not stated
+
+
+def _read_value(kind: str, raw: str, unit: str | None) -> Any:
+    """The value ``raw`` (with the ``unit`` the line printed, if any) as a figure of ``kind``; None for an unset
+    setting (``None``).
+
+    Raises:
+        ValueError: why ``raw`` is not such a value (the caller names the line).
+    """
+    if kind == NAME:
         return raw
-    if re.fullmatch(r"[0-9]+", raw) and key != "gpu_memory_utilization":
-        return int(raw)
-    return float(raw)
+    if kind not in (IN_GIB, SIGNED_GIB, COUNT, TIMES) and raw in _UNSET:
+        return None
+    if kind in (IN_GIB, SIGNED_GIB):
+        if unit not in (None, "GiB", "GB"):  # vLLM prints GiB ("GB" in V0's weights line, computed in GiB)
+            raise ValueError(f"vLLM prints this figure in GiB; got {raw} {unit} (write it in GiB)")
+        if not (_NUMBER if kind == IN_GIB else _SIGNED).fullmatch(raw):
+            raise ValueError(f"not a number of GiB{' >= 0' if kind == IN_GIB else ''}: {raw!r}")
+        return float(raw)
+    if kind in (COUNT, SETTING, LENGTH):
+        if not _WHOLE.fullmatch(raw) or (kind != COUNT and int(raw.replace(",", "")) < 1):
+            floor = 0 if kind == COUNT else 1
+            raise ValueError(f"not a whole number >= {floor}: {raw!r}")
+        return int(raw.replace(",", ""))
+    if kind == TIMES:
+        if not _NUMBER.fullmatch(raw):
+            raise ValueError(f"not a number >= 0: {raw!r}")
+        return float(raw)
+    if kind == FRACTION:
+        if not _NUMBER.fullmatch(raw) or not 0 < float(raw) <= 1:
+            raise ValueError(f"not a fraction of the device's memory in (0, 1]: {raw!r}")
+        return float(raw)
+    if kind == KV_DTYPE:
+        if raw not in VLLM_KV_CACHE_DTYPES:
+            raise ValueError(f"kvlab reads vLLM's KV cache dtypes {', '.join(VLLM_KV_CACHE_DTYPES)}; not {raw!r}")
+        return raw
+    raise AssertionError(kind)
+
+
+def _figure(key: str, m: re.Match, text: str) -> Any:
+    """The figure one match of ``key``'s pattern holds (:func:`_read_value`), or None for an unset setting.
+
+    Raises:
+        ValueError: an unreadable value, naming the log's line number, the line's words and the value.
+    """
+    raw, *unit = (g for g in m.groups() if g is not None)
+    try:
+        return _read_value(LOG_LINES[key][2], raw, unit[0] if unit else None)
+    except ValueError as e:
+        line = text.count("\n", 0, m.start()) + 1
+        raise ValueError(f"line {line}, {m.group(0).strip()!r} ({LOG_LINES[key][1]}): {e}") from None
 
 
 def read_vllm_log(text: str) -> dict[str, Any]:
@@ -107,8 +172,8 @@ def read_vllm_log(text: str) -> dict[str, Any]:
     """
     found: dict[str, Any] = {}
     repeated: dict[str, list] = {}
-    for key, (pattern, _) in LOG_LINES.items():
-        values = [_figure(key, m) for m in re.finditer(pattern, text)]
+    for key, (pattern, _, _) in LOG_LINES.items():
+        values = [v for m in re.finditer(pattern, text) if (v := _figure(key, m, text)) is not None]
         if not values:
             continue
         if key == PER_START and len(set(values)) > 1:

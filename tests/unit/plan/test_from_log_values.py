@@ -1,0 +1,62 @@
+"""``kvlab plan MODEL --from-log FILE`` on a value it cannot read, or reads only as vLLM does: each is named with its
+line, not skipped as a missing line nor read as a wrong number."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvlab.cli import main
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "vllm_startup_logs"
+LLAVA = str(DATA / "configs" / "llava-v1.6-mistral-7b-hf.json")
+LLAVA_LOG = (DATA / "logs" / "log-llava-v1.6-mistral-7b-80gb.log").read_text()
+
+
+def _run(tmp_path: Path, text: str, *extra: str) -> tuple[int, str]:
+    """``kvlab plan llava.json --from-log <text> --json``: (exit status, the log's path)."""
+    path = tmp_path / "vllm.log"
+    path.write_text(text)
+    return main(["plan", LLAVA, "--from-log", str(path), "--json", *extra]), str(path)
+
+
+def _refused(tmp_path, capsys, old: str, new: str, *extra: str) -> str:
+    assert old in LLAVA_LOG
+    rc, path = _run(tmp_path, LLAVA_LOG.replace(old, new), *extra)
+    captured = capsys.readouterr()
+    assert rc == 2 and captured.out == ""
+    assert captured.err.startswith(f"kvlab plan: error: --from-log {path}: ")
+    return captured.err
+
+
+@pytest.mark.parametrize(
+    "old, new, said",
+    [
+        ("55.15 GiB", "-5 GiB", "line 7, 'Available KV cache memory: -5 GiB' (KV memory per GPU (V1)): not a number "
+         "of GiB >= 0: '-5'"),
+        ("55.15 GiB", "nan GiB", "'Available KV cache memory: nan GiB' (KV memory per GPU (V1)): not a number of GiB"),
+        ("55.15 GiB", "55150 MiB", "'Available KV cache memory: 55150 MiB' (KV memory per GPU (V1)): vLLM prints "
+         "this figure in GiB; got 55150 MiB (write it in GiB)"),
+        ("--gpu-memory-utilization 0.9", "--gpu-memory-utilization .", "line 3, '--gpu-memory-utilization .' "
+         "(utilization): not a fraction of the device's memory in (0, 1]: '.'"),
+        ("451,744 tokens", "451.744 tokens", "line 8, 'GPU KV cache size: 451.744 tokens' (tokens of KV per GPU "
+         "group): not a whole number >= 0: '451.744'"),
+        ("451,744 tokens", "-451744 tokens", "'GPU KV cache size: -451744 tokens'"),
+        ("kv_cache_dtype=auto", "kv_cache_dtype=int3", "line 3, 'kv_cache_dtype=int3' (KV dtype): kvlab reads "
+         "vLLM's KV cache dtypes auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16, float16; not 'int3'"),
+    ],
+)  # fmt: skip
+def test_an_unreadable_value_is_named_with_its_line(old, new, said, tmp_path, capsys):
+    """-5 GiB and nan GiB read as no KV memory line at all; 55150 MiB too; '.' gave a bare float() error; 451.744
+    tokens read as 451; kv_cache_dtype=int3 read as auto. Each is now refused naming the line and the value."""
+    assert said in _refused(tmp_path, capsys, old, new)
+
+
+def test_negative_cuda_graph_memory_as_vllm_prints_it_is_read(tmp_path, capsys):
+    """vLLM's CUDA graph and non-torch memory are differences of two snapshots and may be below 0 (the llm-d
+    Llama-3.3-70B log prints -0.42 GiB): read, not refused."""
+    rc, _ = _run(tmp_path, LLAVA_LOG.replace("0.67 GiB for CUDAGraph", "-0.42 GiB for CUDAGraph"))
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out)["log"]["cuda_graph_gib"] == -0.42
