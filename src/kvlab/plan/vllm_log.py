@@ -101,6 +101,35 @@ _WHOLE = re.compile(r"[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+")  # "451,744" as vLLM pri
 _UNSET = ("None", "null")  # an args dump's unset setting (block_size=None): not stated
 
 
+_HUMAN = re.compile(r"([0-9]+(?:\.[0-9]+)?)([kmgtKMGT])")
+
+
+def vllm_human_int(raw: str) -> int:
+    """A whole number as vLLM's argument parser reads ``--max-model-len`` (``human_readable_int`` in
+    ``vllm/engine/arg_utils.py``, since moved to ``vllm/utils/argparse_utils.py``): plain digits, or a number with
+    a suffix; ``k m g t`` are decimal (10^3, 10^6, 10^9, 10^12) and may have decimals (``25.6k`` = 25,600, as
+    vLLM's ``int(float(number) x multiplier)``), ``K M G T`` are binary (2^10, 2^20, 2^30, 2^40) on a whole number
+    only (vLLM refuses ``1.5K``). ``4k`` is 4,000 tokens, ``4K`` 4,096.
+
+    Raises:
+        ValueError: anything else, or a number below 1.
+    """
+    m = _HUMAN.fullmatch(raw)
+    if m is None and not re.fullmatch(r"[0-9]+", raw):
+        raise ValueError(f"not a whole number >= 1 nor vLLM's 4k (4,000) / 4K (4,096): {raw!r}")
+    if m is None:
+        value = int(raw)
+    elif m.group(2).islower():
+        value = int(float(m.group(1)) * 10 ** (3 * ("kmgt".index(m.group(2)) + 1)))
+    elif "." in m.group(1):
+        raise ValueError(f"vLLM takes no decimals with the binary suffix {m.group(2)}: {raw!r}")
+    else:
+        value = int(m.group(1)) * 2 ** (10 * ("KMGT".index(m.group(2)) + 1))
+    if value < 1:
+        raise ValueError(f"not a whole number >= 1: {raw!r}")
+    return value
+
+
 def _read_value(kind: str, raw: str, unit: str | None) -> Any:
     """The value ``raw`` (with the ``unit`` the line printed, if any) as a figure of ``kind``; None for an unset
     setting (``None``).
@@ -118,7 +147,9 @@ def _read_value(kind: str, raw: str, unit: str | None) -> Any:
         if not (_NUMBER if kind == IN_GIB else _SIGNED).fullmatch(raw):
             raise ValueError(f"not a number of GiB{' >= 0' if kind == IN_GIB else ''}: {raw!r}")
         return float(raw)
-    if kind in (COUNT, SETTING, LENGTH):
+    if kind == LENGTH:
+        return None if raw.lower() in ("auto", "-1") else vllm_human_int(raw)  # -1, auto: vLLM picks it
+    if kind in (COUNT, SETTING):
         if not _WHOLE.fullmatch(raw) or (kind != COUNT and int(raw.replace(",", "")) < 1):
             floor = 0 if kind == COUNT else 1
             raise ValueError(f"not a whole number >= {floor}: {raw!r}")

@@ -60,3 +60,44 @@ def test_negative_cuda_graph_memory_as_vllm_prints_it_is_read(tmp_path, capsys):
     rc, _ = _run(tmp_path, LLAVA_LOG.replace("0.67 GiB for CUDAGraph", "-0.42 GiB for CUDAGraph"))
     assert rc == 0
     assert json.loads(capsys.readouterr().out)["log"]["cuda_graph_gib"] == -0.42
+
+
+@pytest.mark.parametrize(
+    "written, tokens",
+    [("4k", 4000), ("4K", 4096), ("25.6k", 25600), ("1m", 1_000_000), ("2M", 2 * 2**20), ("8192", 8192)],
+)
+def test_max_model_len_is_read_as_vllms_argument_parser_reads_it(written, tokens):
+    """'--max-model-len 4k' was read as 4 (the pattern stopped at the letter): vLLM's human_readable_int makes
+    k/m/g/t decimal and K/M/G/T binary."""
+    from kvlab.plan.vllm_log import read_vllm_log
+
+    log = read_vllm_log(f"vllm serve m --max-model-len {written}\nAvailable KV cache memory: 5.00 GiB\n")
+    assert log["max_model_len"] == tokens
+
+
+@pytest.mark.parametrize("written", ["auto", "-1", "None"])
+def test_max_model_len_left_to_vllm_is_not_stated(written):
+    from kvlab.plan.vllm_log import read_vllm_log
+
+    log = read_vllm_log(f"vllm serve m --max-model-len {written}\nAvailable KV cache memory: 5.00 GiB\n")
+    assert "max_model_len" not in log
+
+
+@pytest.mark.parametrize(
+    "written, said",
+    [
+        ("1.5K", "vLLM takes no decimals with the binary suffix K: '1.5K'"),
+        ("4x", "not a whole number >= 1 nor vLLM's 4k (4,000) / 4K (4,096): '4x'"),
+        ("0", "not a whole number >= 1: '0'"),
+    ],
+)
+def test_a_max_model_len_vllm_would_refuse_is_named(written, said, tmp_path, capsys):
+    err = _refused(tmp_path, capsys, "--max-model-len 4096", f"--max-model-len {written}")
+    assert f"line 3, '--max-model-len {written}' (tokens per request): {said}" in err
+
+
+def test_from_log_sizes_the_concurrency_with_a_human_max_model_len(tmp_path, capsys):
+    rc, _ = _run(tmp_path, LLAVA_LOG.replace("--max-model-len 4096", "--max-model-len 4K"))
+    assert rc == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["log"]["max_model_len"] == 4096 == r["settings"]["max_model_len"]
