@@ -193,13 +193,15 @@ def read_vllm_log(text: str) -> dict[str, Any]:
       and concurrency) is the smallest, not the first or the last: vLLM sizes every worker's cache by the
       smallest worker's; every value is kept under ``per_worker`` (figure -> values, in the log's order) when they
       differ, and :func:`explain_vllm_log` notes it;
-    * the concurrency line's ``L`` (max_model_len) with two values is two starts of vLLM: refused, not mixed;
+    * the concurrency line's ``L`` (max_model_len) with two values is two starts of vLLM: refused, not mixed; so is
+      an ``L`` other than the max_model_len the log states (vLLM prints ``model_config.max_model_len`` there:
+      ``vllm/v1/core/kv_cache_utils.py``);
     * any other figure (a setting, the weights) is the first.
 
     Raises:
         ValueError: the text holds none of the lines (not a vLLM startup log); it holds some but no KV memory line
             (a truncated log: the tokens and concurrency are sized from that memory), naming the figures it has;
-            or two starts of vLLM.
+            or two starts of vLLM (two concurrency lengths, or one that is not the stated max_model_len).
     """
     found: dict[str, Any] = {}
     repeated: dict[str, list] = {}
@@ -218,6 +220,12 @@ def read_vllm_log(text: str) -> dict[str, Any]:
             repeated[key] = values
     if repeated:
         found["per_worker"] = repeated
+    if found.get("max_model_len", found.get(PER_START)) != found.get(PER_START, found.get("max_model_len")):
+        raise ValueError(
+            f"max_model_len {found['max_model_len']:,} contradicts 'Maximum concurrency for "
+            f"{found[PER_START]:,} tokens per request' (vLLM prints its max_model_len there): the lines are of "
+            "different starts of vLLM; keep one start's lines"
+        )
     if "v0_kv_cache_gib" in found:
         found.setdefault("available_kv_cache_gib", found.pop("v0_kv_cache_gib"))
     if "available_kv_cache_gib" not in found:

@@ -101,3 +101,14 @@ def test_from_log_sizes_the_concurrency_with_a_human_max_model_len(tmp_path, cap
     assert rc == 0
     r = json.loads(capsys.readouterr().out)
     assert r["log"]["max_model_len"] == 4096 == r["settings"]["max_model_len"]
+
+
+def test_a_max_model_len_the_concurrency_line_contradicts_is_refused(tmp_path, capsys):
+    """'max_model_len': 8192 beside 'Maximum concurrency for 4,096 tokens' was compared as if the concurrency
+    were for 8,192 tokens; the two lines are of different starts of vLLM: refused naming both, as two different
+    concurrency lengths are."""
+    err = _refused(tmp_path, capsys, "--max-model-len 4096", "'max_model_len': 8192")
+    assert (
+        "max_model_len 8,192 contradicts 'Maximum concurrency for 4,096 tokens per request' (vLLM prints its "
+        "max_model_len there): the lines are of different starts of vLLM; keep one start's lines"
+    ) in err
