@@ -11,6 +11,7 @@ the value, not skipped as if the line were absent. Pure Python; no torch.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -69,6 +70,12 @@ LOG_LINES: dict[str, tuple[str, str, str]] = {
     ),
     "block_size": (r"(?:--block-size[ =]|(?<![\w-])block_size" + _KEY + ")" + _SETTING, "tokens per block", SETTING),
     "max_model_len": (r"(?:--max-model-len[ =]|max_model_len" + _KEY + ")" + _SETTING, "tokens per request", LENGTH),
+    # the engine config line's "dtype=torch.float32", a CLI's --dtype, an args dump's dtype='half'
+    "model_dtype": (
+        r"(?:(?<![\w-])dtype" + _KEY + r"|--dtype[ =])(?:torch\.)?" + _SETTING,
+        "model dtype (KV auto)",
+        DTYPE,
+    ),
     "kv_cache_dtype": (r"(?:kv_cache_dtype" + _KEY + "|--kv-cache-dtype[ =])" + _SETTING, "KV dtype", KV_DTYPE),
     "max_num_batched_tokens": (r"max_num_batched_tokens" + _KEY + _SETTING, "scheduler token budget", SETTING),
     "vllm_version": (r"(?:vLLM[: |]+v?|engine \(v)([0-9]+\.[0-9]+\.[0-9]+)", "vLLM version", NAME),
@@ -98,7 +105,9 @@ _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 # Llama-3.3-70B log: "-0.42 GiB for CUDAGraph memory")
 _SIGNED = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
 _WHOLE = re.compile(r"[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+")  # "451,744" as vLLM prints counts, or "1952"
-_UNSET = ("None", "null")  # an args dump's unset setting (block_size=None): not stated
+_UNSET = ("None", "null")
+# vLLM's --dtype names (vllm/config: ModelDType) and the torch dtypes its engine config line prints -> the spec's name
+_MODEL_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32", "float": "float32"}  # an args dump's unset setting (block_size=None): not stated
 
 
 _HUMAN = re.compile(r"([0-9]+(?:\.[0-9]+)?)([kmgtKMGT])")
@@ -166,6 +175,12 @@ def _read_value(kind: str, raw: str, unit: str | None) -> Any:
         if raw not in VLLM_KV_CACHE_DTYPES:
             raise ValueError(f"kvlab reads vLLM's KV cache dtypes {', '.join(VLLM_KV_CACHE_DTYPES)}; not {raw!r}")
         return raw
+    if kind == DTYPE:
+        if raw == "auto":  # the config's dtype as vLLM resolves it; the engine config line states which
+            return None
+        if raw not in _MODEL_DTYPES:
+            raise ValueError(f"kvlab reads vLLM's model dtypes {', '.join(_MODEL_DTYPES)}; not {raw!r}")
+        return _MODEL_DTYPES[raw]
     raise AssertionError(kind)
 
 
@@ -269,6 +284,7 @@ def _settings(log: Mapping, spec: ModelSpec, max_model_len, total, entrypoint) -
     nbt, seqs = scheduler_defaults(int((total or 0) * GIB), entry, length)
     nbt = int(log.get("max_num_batched_tokens", nbt))
     silent = {
+        "model_dtype": spec.dtype,  # noted only where the log is silent: then the config's
         "block_size": block,
         "tensor_parallel_size": tp,
         "max_model_len": length,
@@ -286,6 +302,16 @@ def _settings(log: Mapping, spec: ModelSpec, max_model_len, total, entrypoint) -
         report=_report_style(log),
     )
     return kv_kw, seqs, notes
+
+
+def _logged_dtype(log: Mapping, spec: ModelSpec) -> tuple[ModelSpec, list[str]]:
+    """``(spec, notes)``: ``spec`` in the model dtype the log states (``dtype=torch.float32`` in the engine config
+    line, ``--dtype``), as vLLM's KV ``auto`` and its activations are in that dtype whatever the config says; a
+    note when it is not the config's."""
+    if log.get("model_dtype", spec.dtype) == spec.dtype:
+        return spec, []
+    note = f"model dtype {log['model_dtype']} from the log (the config says {spec.dtype}): KV auto is {log['model_dtype']}"
+    return dataclasses.replace(spec, dtype=log["model_dtype"]), [note]
 
 
 def _memory_lines(log: Mapping, spec: ModelSpec, config: Mapping, total: float, kv_kw: dict, seqs: int):
@@ -368,7 +394,9 @@ def explain_vllm_log(
             (:func:`read_vllm_log` refuses such a log first).
     """
     total = log.get("total_gib", total_gib)
+    spec, dtype_notes = _logged_dtype(log, spec)
     kv_kw, seqs, notes = _settings(log, spec, max_model_len, total, entrypoint)
+    notes += dtype_notes
     for key, values in log.get("per_worker", {}).items():
         words, unit = PER_WORKER[key]
         notes.append(

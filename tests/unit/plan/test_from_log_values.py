@@ -112,3 +112,33 @@ def test_a_max_model_len_the_concurrency_line_contradicts_is_refused(tmp_path, c
         "max_model_len 8,192 contradicts 'Maximum concurrency for 4,096 tokens per request' (vLLM prints its "
         "max_model_len there): the lines are of different starts of vLLM; keep one start's lines"
     ) in err
+
+
+def _tokens_line(r: dict) -> dict:
+    return next(line for line in r["lines"] if line["line"].startswith("GPU KV cache size"))
+
+
+def test_kv_auto_takes_the_model_dtype_the_log_states(tmp_path, capsys):
+    """The engine config line's dtype=torch.float32 was ignored: KV auto was sized in the config's bfloat16 (451,776
+    tokens, as if vLLM stored 2 B per value); now in float32, as vLLM stores it, with a note."""
+    engine = "with config: model='llava-hf"
+    rc, _ = _run(tmp_path, LLAVA_LOG.replace(engine, "with config: dtype=torch.float32, model='llava-hf"))
+    assert rc == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["log"]["model_dtype"] == "float32"
+    assert _tokens_line(r)["kvlab"] == 225_888  # half of bfloat16's 451,776
+    assert "model dtype float32 from the log (the config says bfloat16): KV auto is float32" in r["notes"]
+    rc, _ = _run(tmp_path, LLAVA_LOG)  # silent: the config's, said
+    assert rc == 0
+    r = json.loads(capsys.readouterr().out)
+    assert _tokens_line(r)["kvlab"] == 451_776
+    assert "model_dtype not in the log: kvlab assumes bfloat16" in r["notes"]
+
+
+def test_a_kv_dtype_in_an_args_dict_is_read_and_an_unknown_model_dtype_refused(tmp_path, capsys):
+    """"'kv_cache_dtype': 'fp8'" (vLLM's non-default args dict) was not read: KV auto, twice the bytes."""
+    rc, _ = _run(tmp_path, LLAVA_LOG.replace("kv_cache_dtype=auto", "{'kv_cache_dtype': 'fp8'}"))
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out)["settings"]["kv_cache_dtype"] == "fp8"
+    err = _refused(tmp_path, capsys, "kv_cache_dtype=auto", "dtype=torch.int8")
+    assert "line 3, 'dtype=torch.int8' (model dtype (KV auto)): kvlab reads vLLM's model dtypes bfloat16, float16, " in err
