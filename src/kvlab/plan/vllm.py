@@ -268,14 +268,20 @@ def _kv_memory(memory_bytes: int, reserve_bytes: int, weight_bytes_per_gpu: int)
     return utilization, kv_memory
 
 
-def _check_serve_inputs(
-    spec: ModelSpec, context: int, batch: int, tp: int, memory_bytes: int, reserve_bytes: int, block_size: int
-) -> None:
-    """Refuse what ``vllm serve`` would size differently or not take (see :func:`vllm_serve_plan`'s Raises)."""
+def check_block_size(block_size: int) -> None:
+    """Raise ``ValueError`` naming ``--block-size`` unless ``block_size`` is one of :data:`VLLM_BLOCK_SIZES`
+    (tokens per KV block, ``vllm.config.cache.BlockSize``)."""
     if isinstance(block_size, bool) or block_size not in VLLM_BLOCK_SIZES:
         raise ValueError(
             f"--block-size must be one of {list(VLLM_BLOCK_SIZES)} (vLLM's BlockSize), got {block_size!r}"
         )
+
+
+def _check_serve_inputs(
+    spec: ModelSpec, context: int, batch: int, tp: int, memory_bytes: int, reserve_bytes: int, block_size: int
+) -> None:
+    """Refuse what ``vllm serve`` would size differently or not take (see :func:`vllm_serve_plan`'s Raises)."""
+    check_block_size(block_size)
     other = {k: spec.count(k) for k in LAYER_KINDS if k != FULL and spec.count(k)}
     if other:
         kinds = ", ".join(f"{n} {k}" for k, n in other.items())

@@ -268,11 +268,13 @@ def _line(name: str, logged: float | None, predicted: float | None, how: str) ->
     return {"line": name, "log": logged, "kvlab": predicted, "error_pct": error, "how": how}
 
 
-def _settings(log: Mapping, spec: ModelSpec, max_model_len, total, entrypoint) -> tuple[dict, int, list[str]]:
-    """``(vllm_kv_cache keyword arguments, max_num_seqs, notes)``: the log's settings, kvlab's defaults where it
-    is silent (each noted)."""
+def _settings(
+    log: Mapping, spec: ModelSpec, max_model_len, total, entrypoint, block_size
+) -> tuple[dict, int, list[str]]:
+    """``(vllm_kv_cache keyword arguments, max_num_seqs, notes)``: the log's settings, the caller's
+    (``max_model_len``, ``block_size``) or kvlab's defaults where it is silent (each noted)."""
     tp = int(log.get("tensor_parallel_size", 1))
-    block = int(log.get("block_size", 16))
+    block = int(log.get("block_size", 16 if block_size is None else block_size))
     length = int(
         log.get("max_model_len")
         or log.get("max_concurrency_tokens")
@@ -291,7 +293,10 @@ def _settings(log: Mapping, spec: ModelSpec, max_model_len, total, entrypoint) -
         "max_num_batched_tokens": nbt,
     }
     stated = {*log, *(["max_model_len"] if "max_concurrency_tokens" in log else [])}  # the concurrency line's L
-    notes = [f"{k} not in the log: kvlab assumes {v}" for k, v in silent.items() if k not in stated]
+    given = {} if block_size is None else {"block_size": f"--block-size {block}"}
+    notes = [
+        f"{k} not in the log: {given.get(k, f'kvlab assumes {v}')}" for k, v in silent.items() if k not in stated
+    ]
     kv_kw = dict(
         max_model_len=length,
         tp=tp,
@@ -380,12 +385,13 @@ def explain_vllm_log(
     max_model_len: int | None = None,
     total_gib: float | None = None,
     entrypoint: str | None = None,
+    block_size: int | None = None,
 ) -> dict[str, Any]:
     """kvlab's prediction beside each KV figure of ``log`` (from :func:`read_vllm_log`).
 
-    ``max_model_len``/``total_gib``/``entrypoint`` stand in where the log is silent (defaults: the log's
-    ``max_model_len`` or concurrency line's L, else the config's limit; no memory prediction without a total;
-    ``serve``, or ``v0`` for a V0 log). Returns ``{"lines": [...], "terms": [...], "settings": {...},
+    ``max_model_len``/``total_gib``/``entrypoint``/``block_size`` stand in where the log is silent (defaults: the
+    log's ``max_model_len`` or concurrency line's L, else the config's limit; no memory prediction without a total;
+    ``serve``, or ``v0`` for a V0 log; 16 tokens per block, vLLM's CUDA default). Returns ``{"lines": [...], "terms": [...], "settings": {...},
     "notes": [...]}``; a ``does not fit`` note with the shortfall when the predicted KV memory is not positive, and
     a note naming the values of each KV figure the log gave more than once (``per_worker``, :func:`read_vllm_log`).
 
@@ -395,7 +401,7 @@ def explain_vllm_log(
     """
     total = log.get("total_gib", total_gib)
     spec, dtype_notes = _logged_dtype(log, spec)
-    kv_kw, seqs, notes = _settings(log, spec, max_model_len, total, entrypoint)
+    kv_kw, seqs, notes = _settings(log, spec, max_model_len, total, entrypoint, block_size)
     notes += dtype_notes
     for key, values in log.get("per_worker", {}).items():
         words, unit = PER_WORKER[key]

@@ -24,7 +24,7 @@ LLAVA_LOG = DATA / "logs" / "log-llava-v1.6-mistral-7b-80gb.log"
         (["--measured-step-ms", "3"], "--measured-step-ms (drop"),
         (["--context", "100", "--batch", "7", "--measured-step-ms", "3"], "--context, --batch, --measured-step-ms"),
         (["--tp", "2", "--kv-dtype", "fp8"], "--kv-dtype, --tp (drop --from-log to plan with them)"),
-        (["--emit", "vllm", "--block-size", "32"], "--emit, --block-size"),
+        (["--emit", "vllm", "--block-size", "32"], "--emit (drop --from-log to plan with it)"),
     ],
 )
 def test_from_log_refuses_the_planner_flags_it_would_ignore(extra, named, capsys):

@@ -142,3 +142,24 @@ def test_a_kv_dtype_in_an_args_dict_is_read_and_an_unknown_model_dtype_refused(t
     assert json.loads(capsys.readouterr().out)["settings"]["kv_cache_dtype"] == "fp8"
     err = _refused(tmp_path, capsys, "kv_cache_dtype=auto", "dtype=torch.int8")
     assert "line 3, 'dtype=torch.int8' (model dtype (KV auto)): kvlab reads vLLM's model dtypes bfloat16, float16, " in err
+
+
+def test_block_size_stands_in_where_the_log_states_none(tmp_path, capsys):
+    """--from-log refused --block-size even where the log states no block size (noting 'kvlab assumes 16'); it now
+    sizes the blocks, noted; a log stating another block size refuses it, as an unknown block size is."""
+    rc, _ = _run(tmp_path, LLAVA_LOG, "--block-size", "128")
+    assert rc == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["settings"]["block_size"] == 128
+    assert "block_size not in the log: --block-size 128" in r["notes"]
+    assert "block_size not in the log: kvlab assumes 16" not in r["notes"]
+    stated = LLAVA_LOG.replace("--max-model-len 4096", "--max-model-len 4096 --block-size 128")
+    assert _run(tmp_path, stated, "--block-size", "128")[0] == 0
+    capsys.readouterr()
+    rc, path = _run(tmp_path, stated, "--block-size", "16")
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert f"--block-size 16 gives the block size where the log does not; {path} states 128 (drop --block-size)" in err
+    assert _run(tmp_path, LLAVA_LOG, "--block-size", "0")[0] == 2
+    err = capsys.readouterr().err
+    assert "--block-size must be one of [1, 8, 16, 32, 64, 128] (vLLM's BlockSize), got 0" in err

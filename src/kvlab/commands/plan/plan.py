@@ -58,7 +58,8 @@ def register(subparsers) -> None:
         "--block-size",
         type=int,
         default=None,
-        help="tokens per KV block for --emit vllm (1, 8, 16, 32, 64 or 128; default 16, vLLM's CUDA default)",
+        help="tokens per KV block for --emit vllm, or for --from-log where the log does not state it (1, 8, 16, 32, "
+        "64 or 128; default 16, vLLM's CUDA default)",
     )
     p.add_argument(
         "--from-log",
@@ -66,8 +67,8 @@ def register(subparsers) -> None:
         metavar="FILE",
         help="a pasted vLLM startup log: each KV line (memory, tokens, concurrency, weights, activation peak, "
         "non-torch) beside kvlab's prediction for MODEL, sized by the log's own settings; --gpu-mem-gib gives the "
-        "device memory where the log does not, and is the only planner flag it takes (docs/plan.md, vLLM's "
-        "startup log)",
+        "device memory and --block-size the block size where the log does not, the only planner flags it takes "
+        "(docs/plan.md, vLLM's startup log)",
     )
     p.add_argument("--list-presets", action="store_true", help="print the built-in models and exit")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
@@ -129,16 +130,17 @@ def _print_report(r: dict) -> None:
         print_plan(r)
 
 
-# the flags --from-log reads beside MODEL and --json: the device memory, where the log does not state it
-FROM_LOG_READS = ("from_log", "gpu_mem_gib")
+# the flags --from-log reads beside MODEL and --json, each a fact the log may not state: the flag's dest -> the
+# figure of kvlab.plan.vllm_log.read_vllm_log it stands in for (refused where the log states another value)
+FROM_LOG_READS = {"gpu_mem_gib": "total_gib", "block_size": "block_size"}
 
 
 def from_log_problem(args: argparse.Namespace, log: dict | None = None) -> str | None:
-    """Why ``--from-log`` would silently ignore a flag given with it, or None: every planner flag but
-    ``--gpu-mem-gib`` (``--context``, ``--batch``, ``--measured-step-ms``, ...), since the log's own settings
-    (max_model_len, tensor-parallel size, block size, KV dtype) size what it printed; and ``--gpu-mem-gib`` when
-    ``log`` (:func:`kvlab.plan.vllm_log.read_vllm_log`) states the device memory itself."""
-    given = flags.given_flags(args, kept=FROM_LOG_READS)
+    """Why ``--from-log`` would silently ignore a flag given with it, or None: every planner flag but those of
+    :data:`FROM_LOG_READS` (``--context``, ``--batch``, ``--measured-step-ms``, ...), since the log's own settings
+    (max_model_len, tensor-parallel size, KV dtype) size what it printed; and ``--gpu-mem-gib`` / ``--block-size``
+    where ``log`` (:func:`kvlab.plan.vllm_log.read_vllm_log`) states the device memory / another block size."""
+    given = flags.given_flags(args, kept=("from_log", *FROM_LOG_READS))
     if given:
         return (
             f"--from-log sets kvlab's model beside the log's KV lines, sized by the log's own settings "
@@ -149,6 +151,18 @@ def from_log_problem(args: argparse.Namespace, log: dict | None = None) -> str |
         return (
             f"--gpu-mem-gib {args.gpu_mem_gib:g} gives the device memory where the log does not; "
             f"{args.from_log} states {log['total_gib']:g} GiB (drop --gpu-mem-gib)"
+        )
+    if args.block_size is not None:
+        from kvlab.plan.vllm import check_block_size
+
+        try:
+            check_block_size(args.block_size)
+        except ValueError as e:
+            return str(e)
+    if log is not None and args.block_size not in (None, log.get("block_size", args.block_size)):
+        return (
+            f"--block-size {args.block_size} gives the block size where the log does not; {args.from_log} states "
+            f"{log['block_size']} (drop --block-size)"
         )
     return None
 
@@ -175,7 +189,7 @@ def run_from_log(args: argparse.Namespace) -> int:
             return fail(args, problem)
         config = load_config(args.model)
         spec = spec_from_config(config, name=str(args.model))
-        r = explain_vllm_log(log, spec, config, total_gib=args.gpu_mem_gib)
+        r = explain_vllm_log(log, spec, config, total_gib=args.gpu_mem_gib, block_size=args.block_size)
     except ValueError as e:
         return fail(args, f"--from-log {args.from_log}: {flag_message(args, e)}")
     r = {"model": str(args.model), "log_file": args.from_log, "log": log, **r}
