@@ -95,11 +95,17 @@ def plan_report(
     (:func:`kvlab.plan.mixed_report.mixed_plan_report`).
 
     Raises:
-        ValueError: bad input (named), or ``emit="vllm"`` for a plan vLLM cannot run as planned.
+        ValueError: bad input (named), or ``emit="vllm"`` for a plan vLLM cannot run as planned (``kv_heads``:
+            vLLM reads the config's heads).
     """
     arguments = dict(locals())
     if emit not in (None, "vllm"):
         raise ValueError(f"`emit` (--emit) must be 'vllm', got {emit!r}")
+    if emit == "vllm" and kv_heads is not None:  # vLLM builds the model its config describes
+        raise ValueError(
+            f"--emit vllm prints a command for the model as its config describes it, which vLLM reads; --kv-heads "
+            f"{kv_heads} is a what-if vLLM would not see (its KV cache would have the config's heads): drop one"
+        )
     if str(kv).startswith(MIXED_PREFIX):  # a per-layer plan (docs/MIXED.md): kvlab.plan.mixed_report
         from kvlab.plan.mixed_report import mixed_plan_report
 

@@ -191,6 +191,9 @@ def test_human_output_states_the_kv_cache_tokens(capsys):
         (["llama-3-8b", "--kv-dtype", "kivi-k8v4"], "--kv-dtype kivi-k8v4 has no --kv-cache-dtype"),
         (["llama-3-8b", "--kv-dtype", "fp16"], "--kv-dtype fp16"),  # bf16 model: vLLM's auto is bf16
         (["gpt-oss-20b"], "12 sliding"),
+        # vLLM reads the config's 8 KV heads: the token count of 32 was printed beside a command that builds 8
+        (["llama-3-8b", "--kv-heads", "32"], "--kv-heads 32 is a what-if vLLM would not see"),
+        (["llama-3-8b", "--kv-heads", "32", "--kv-dtype", "mixed-demo"], "--kv-heads 32 is a what-if"),
         (["llama-3-8b", "--block-size", "24"], "--block-size"),
         (["llama-3-8b", "--block-size", "0"], "--block-size"),
         (["llama-3-8b", "--bandwidth-gb-s", "1000"], "--gpu-mem-gib"),  # a custom device has no memory
