@@ -302,12 +302,15 @@ _ST_DTYPE_BYTES = {
 
 
 def safetensors_header_bytes(path: str | Path) -> int:
-    """Bytes of tensor data in one ``.safetensors`` file, from its JSON header (shapes x dtype sizes).
+    """Bytes of tensor data in one ``.safetensors`` file, from its JSON header (safetensors' format,
+    huggingface/safetensors README "Format": an 8-byte little-endian header length, the header ``{tensor: {"dtype",
+    "shape", "data_offsets": [begin, end]}}``, then the data; offsets count from the data's first byte).
 
     Raises:
         ValueError: not a safetensors file: shorter than 8 bytes, a header length past the end of the file, a
-            header that is not a JSON object of ``{tensor: {"data_offsets": [begin, end]}}`` with
-            ``0 <= begin <= end`` (the tensor and its offsets named).
+            header that is not a JSON object, or a tensor (named, with the field) whose ``data_offsets`` are not
+            ``0 <= begin <= end``, whose ``dtype`` is not one of :data:`_ST_DTYPE_BYTES`, whose ``shape`` is not
+            whole numbers >= 0, whose offsets do not hold ``shape x dtype`` bytes or end past the file.
     """
     path = Path(path)
     with open(path, "rb") as f:
@@ -328,23 +331,42 @@ def safetensors_header_bytes(path: str | Path) -> int:
         raise ValueError(
             f"{path} has no valid safetensors header: a JSON {type(header).__name__}, not an object"
         )
-    return sum(_tensor_bytes(path, name, info) for name, info in header.items() if name != "__metadata__")
+    data = size - 8 - n
+    return sum(_tensor_bytes(path, name, info, data) for name, info in header.items() if name != "__metadata__")
 
 
-def _tensor_bytes(path: Path, name: str, info: Any) -> int:
-    """``end - begin`` of one header entry's ``data_offsets``; ValueError naming the tensor when malformed."""
+def _whole(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _tensor_bytes(path: Path, name: str, info: Any, data_bytes: int) -> int:
+    """``end - begin`` of one header entry's ``data_offsets``, checked against its ``dtype`` and ``shape`` and the
+    file's ``data_bytes`` after the header; ValueError naming the tensor and the field when malformed."""
     offsets = info.get("data_offsets") if isinstance(info, dict) else None
-    if (
-        not isinstance(offsets, list)
-        or len(offsets) != 2
-        or not all(isinstance(x, int) and not isinstance(x, bool) for x in offsets)
-        or not 0 <= offsets[0] <= offsets[1]
-    ):
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(map(_whole, offsets)) or offsets[0] > offsets[1]:
         raise ValueError(
             f"{path}: tensor {name!r} has no valid `data_offsets` [begin, end] (0 <= begin <= end), got "
             f"{offsets if offsets is not None else info!r}"
         )
-    return offsets[1] - offsets[0]
+    dtype, shape = info.get("dtype"), info.get("shape")
+    if dtype not in _ST_DTYPE_BYTES:
+        raise ValueError(
+            f"{path}: tensor {name!r} has `dtype` {dtype!r}, not a safetensors dtype kvlab sizes "
+            f"({', '.join(_ST_DTYPE_BYTES)})"
+        )
+    if not isinstance(shape, list) or not all(map(_whole, shape)):
+        raise ValueError(f"{path}: tensor {name!r} has no valid `shape` (whole numbers >= 0), got {shape!r}")
+    held, needed = offsets[1] - offsets[0], math.prod(shape) * _ST_DTYPE_BYTES[dtype]
+    if held != needed:
+        raise ValueError(
+            f"{path}: tensor {name!r}: `data_offsets` {offsets} hold {held:,} B, but `shape` {shape} of {dtype} "
+            f"is {needed:,} B"
+        )
+    if offsets[1] > data_bytes:
+        raise ValueError(
+            f"{path}: tensor {name!r}: `data_offsets` {offsets} end past the file's {data_bytes:,} B of tensor data"
+        )
+    return held
 
 
 def read_safetensors_bytes(path: str | Path) -> tuple[int, str] | None:
@@ -354,8 +376,9 @@ def read_safetensors_bytes(path: str | Path) -> tuple[int, str] | None:
     directory holding either.
 
     Raises:
-        ValueError: an index that is not JSON or without a finite ``metadata.total_size``, or an unreadable
-            safetensors header (:func:`safetensors_header_bytes`).
+        ValueError: an index that is not JSON or whose ``metadata.total_size`` is not a whole number of bytes >= 1,
+            an unreadable safetensors header (:func:`safetensors_header_bytes`), or files holding 0 B of tensors;
+            each naming the file.
     """
     path = Path(path)
     if path.is_dir():
@@ -365,8 +388,8 @@ def read_safetensors_bytes(path: str | Path) -> tuple[int, str] | None:
         files = sorted(path.glob("*.safetensors"))
         if not files:
             return None
-        return sum(safetensors_header_bytes(f) for f in files), ", ".join(f.name for f in files)
-    if path.name.endswith(".json"):
+        found = sum(safetensors_header_bytes(f) for f in files), ", ".join(f.name for f in files)
+    elif path.name.endswith(".json"):
         try:
             with open(path, encoding="utf-8") as f:
                 data: Any = json.load(f)
@@ -374,12 +397,16 @@ def read_safetensors_bytes(path: str | Path) -> tuple[int, str] | None:
             raise ValueError(f"{path} is not valid JSON: {e}") from e
         meta = data.get("metadata") if isinstance(data, dict) else None
         size = meta.get("total_size") if isinstance(meta, dict) else None
-        if isinstance(size, bool) or not isinstance(size, int | float) or not 0 <= size < math.inf:
-            raise ValueError(f"{path} has no `metadata.total_size` (a finite byte count >= 0), got {size!r}")
-        return int(size), path.name
-    if path.suffix == ".safetensors":
-        return safetensors_header_bytes(path), path.name
-    raise ValueError(f"{path} is neither a safetensors file, an index json nor a directory")
+        if not _whole(size) or size < 1:
+            raise ValueError(f"{path} has no `metadata.total_size` (a whole number of bytes >= 1), got {size!r}")
+        return size, path.name
+    elif path.suffix == ".safetensors":
+        found = safetensors_header_bytes(path), path.name
+    else:
+        raise ValueError(f"{path} is neither a safetensors file, an index json nor a directory")
+    if found[0] < 1:
+        raise ValueError(f"{path}: its safetensors headers hold 0 B of tensors (no weights to size)")
+    return found
 
 
 class UnknownWeightsError(ValueError):
