@@ -256,14 +256,16 @@ def _kv_memory(memory_bytes: int, reserve_bytes: int, weight_bytes_per_gpu: int)
     """``(--gpu-memory-utilization, KV memory per GPU)``: what vLLM may use less the weights' share.
 
     Raises:
-        ValueError: the weights leave nothing for the KV cache.
+        ValueError: the weights leave nothing for the KV cache (named by ``--reserve-gib``, which set the
+            utilization).
     """
     utilization = _gpu_memory_utilization(memory_bytes, reserve_bytes)
     kv_memory = int(utilization * memory_bytes) - weight_bytes_per_gpu
-    if kv_memory <= 0:
+    if kv_memory <= 0:  # the plan's --reserve-gib sets the utilization: the user never gave that flag
         raise ValueError(
-            f"the weights ({weight_bytes_per_gpu:,} B per GPU) do not fit in --gpu-memory-utilization "
-            f"{utilization:g} x {memory_bytes:,} B: nothing is left for the KV cache"
+            f"--reserve-gib {reserve_bytes / 2**30:g} leaves --gpu-memory-utilization {utilization:g} for vLLM, "
+            f"{int(utilization * memory_bytes):,} of {memory_bytes:,} B: the weights ({weight_bytes_per_gpu:,} B per "
+            "GPU) do not fit, nothing is left for the KV cache"
         )
     return utilization, kv_memory
 

@@ -198,6 +198,9 @@ def test_human_output_states_the_kv_cache_tokens(capsys):
         (["llama-3-8b", "--block-size", "0"], "--block-size"),
         (["llama-3-8b", "--bandwidth-gb-s", "1000"], "--gpu-mem-gib"),  # a custom device has no memory
         (["llama-3-8b", "--gpu-mem-gib", "12"], "nothing is left for the KV cache"),
+        # the utilization comes from --reserve-gib: the flag the user gave is named, not one they never typed
+        (["llama-3-8b", "--reserve-gib", "70"], "--reserve-gib 70 leaves --gpu-memory-utilization 0.125 for vLLM, "
+         "10,737,418,240 of 85,899,345,920 B: the weights (16,060,522,496 B per GPU) do not fit"),
         (["deepseek-v3", "--tp", "8", "--gpu", "h200", "--weight-dtype", "fp8", "--kv-dtype", "fp8"], "MLA"),
         # vLLM has no rotation: the same bytes, but not what kvlab's -hadamard cache stores
         (["llama-3-8b", "--kv-dtype", "fp8-e4m3-hadamard"], "--kv-dtype fp8-e4m3 has the same bytes"),
