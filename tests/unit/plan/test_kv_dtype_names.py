@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvlab.cli import build_parser
+from kvlab.cli import build_parser, main
 from kvlab.plan.kv_formats import FP8_CACHES, KIVI_NBITS, KV_DTYPE_NAMES, kv_dtype
 
 
@@ -107,3 +107,13 @@ def test_the_planner_library_reads_a_dot_setting_as_the_plain_kivi_name():
         kv_dtype("kivi-4:dot=fast", "bfloat16")
     with pytest.raises(ValueError, match=r"got \['compression_ratio'\]"):
         kv_dtype("kivi-4:compression_ratio=0.5", "bfloat16")
+
+
+@pytest.mark.parametrize("setting", ["group_size=-1", "residual_length=-5"])
+def test_a_negative_kivi_setting_gets_the_value_error_not_argparses_list(setting, capsys):
+    """kivi-4:group_size=-1 printed argparse's 'invalid choice' with the whole --kv-dtype list while =0 got a
+    value error; -1 now names its setting and value too."""
+    assert main(["plan", "llama-3-8b", "--kv-dtype", f"kivi-4:{setting}"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice" not in err
+    assert f"--kv-dtype kivi-4:{setting}: setting '{setting}' must be name=value with a non-negative value" in err

@@ -125,7 +125,7 @@ class KVChoices(tuple):
             return True
         if tuple.__contains__(self, value):
             return True
-        entry = _entry(value)
+        entry = _entry(value) or _entry(value.partition(":")[0])  # a bad setting: check_kv_name names it
         return entry is not None and entry.planner is not None
 
 
@@ -148,12 +148,12 @@ def check_kv_name(kv: str, group_size: int | None, residual: int | None) -> None
     """
     from kvlab.caches.registry import resolve
 
-    if kv in kv_dtype_names() or kv.startswith(MIXED_PREFIX) or _entry(kv) is None:
+    if kv in kv_dtype_names() or kv.startswith(MIXED_PREFIX) or _entry(kv.partition(":")[0]) is None:
         return
     try:
         name = resolve(VLLM_ALIASES.get(kv, kv)).name
-    except ValueError as exc:
-        why = str(exc).removeprefix(f"cache {kv!r}: ").replace("`", "")  # the name's settings, not the flags
+    except ValueError as exc:  # the name's settings, not the flags: "group_size=-1" as "group_size=0" is
+        why = str(exc).removeprefix(f"cache {kv!r}: ").removeprefix(f"cache name {kv!r}: ").replace("`", "")
         raise ValueError(f"--kv-dtype {kv}: {why}") from None
     given = dict(name.settings)
     for setting, flag, value in (("group_size", "--group-size", group_size), ("residual_length", "--residual", residual)):
