@@ -14,6 +14,7 @@ import json
 import re
 from pathlib import Path
 
+from kvlab.bench.record_check import check_record
 from kvlab.runtime.atomic import atomic_write_json
 
 FORMAT = "kvlab-bench/1"
@@ -114,7 +115,9 @@ def read_records(results_dir: str | Path, include_quick: bool = False) -> list[t
     quick runs only with ``include_quick``; records of :data:`OTHER_FORMATS` are skipped.
 
     Raises:
-        ValueError: a ``*.json`` file that is not valid JSON or not a kvlab bench record (named in the message).
+        ValueError: a ``*.json`` file that is not UTF-8 JSON, not a kvlab bench record, or a record without a field
+            the page reads or with a wrong value there (:func:`kvlab.bench.record_check.check_record`); the file is
+            named in the message.
     """
     out = []
     for path in sorted(Path(results_dir).glob("*.json")):
@@ -122,6 +125,8 @@ def read_records(results_dir: str | Path, include_quick: bool = False) -> list[t
             record = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not valid JSON: {e}") from e
+        except UnicodeDecodeError as e:  # a binary file: say which, not only the codec's complaint
+            raise ValueError(f"{path} is not a JSON text file (not UTF-8: {e.reason} at byte {e.start})") from e
         if isinstance(record, dict) and record.get("format") in OTHER_FORMATS:
             continue
         if (
@@ -136,7 +141,8 @@ def read_records(results_dir: str | Path, include_quick: bool = False) -> list[t
                 f"{path} is a kvlab bench record without {', '.join(missing) or 'a result object'} (truncated or "
                 "edited by hand?): re-run the command that wrote it"
             )
-        if record.get("quick") and not include_quick:
+        check_record(path, record)  # every field the page reads, before a quick record is skipped
+        if record["quick"] and not include_quick:
             continue
         out.append((path, record))
     return out
