@@ -315,6 +315,40 @@ def _summary_problems(summary: dict) -> list[str]:
     return problems
 
 
+def _decision_problems(result: dict) -> list[str]:
+    """The summary's decision against the capacity rows it was made from (:func:`kvlab.eval.decision.decide`): one
+    of the decisions it can make (``tune_cache_policy``, ``accept <candidate> at context <n>``), an accepted row
+    that is in ``rows``, eligible, and the ``selected_candidate``; no rows at all behind a decision; no eligible
+    row left unchosen by ``tune_cache_policy``."""
+    import re
+
+    from kvlab.eval.decision_words import NO_CANDIDATE
+
+    summary, decision = result["summary"], result["summary"]["decision"]
+    rows = [r for r in result["rows"] if r.get("matrix") == "capacity"]
+    eligible = [r for r in rows if r.get("candidate") != "dynamic" and r.get("eligible") is True]
+    sel = summary.get("selected_candidate") or {}
+    accept = re.fullmatch(r"accept (.+) at context (\d+)", decision)
+    if decision != NO_CANDIDATE and not accept:
+        return [f"summary.decision: {_show(decision)} is not a decision kvlab eval makes ('{NO_CANDIDATE}' or "
+                "'accept <candidate> at context <n>')"]
+    if not rows:
+        return [f"summary.decision: {_show(decision)} rests on no capacity row (rows holds none)"]
+    if not accept:
+        if eligible or sel:
+            return [f"summary.decision: {_show(decision)}, but a capacity row passed every gate"
+                    f" ({_show(eligible[0]['candidate']) if eligible else 'summary.selected_candidate'})"]
+        return []
+    name, context = accept.group(1), int(accept.group(2))
+    if not any(r["candidate"] == name and r["context_length"] == context for r in eligible):
+        return [f"summary.decision: {_show(decision)}, but rows holds no eligible capacity row of {_show(name)} "
+                f"at context {context}"]
+    if (sel.get("candidate"), sel.get("context_length")) != (name, context):
+        return [f"summary.selected_candidate: {_show(sel.get('candidate'))} at context "
+                f"{_show(sel.get('context_length'))} is not the accepted {_show(name)} at context {context}"]
+    return []
+
+
 def _gates_problems(gates: dict) -> list[str]:
     problems = [f"gates: lacks {k!r}" for k in _GATES if k not in gates]
     if any(k in gates for k in _LONG_GATES):
@@ -381,7 +415,7 @@ def validate_result(result: object) -> list[str]:
     if result["status"] in ("complete", "partial") and not isinstance(result.get("summary"), dict):
         problems.append("summary: a finished result needs a summary object")
     if isinstance(result["summary"], dict):
-        problems += _summary_problems(result["summary"])
+        problems += _summary_problems(result["summary"]) or _decision_problems(result)
     if _check(problems, "failures", result["failures"], "list"):
         for i, f in enumerate(result["failures"]):
             if not _check(problems, f"failures[{i}]", f, "object"):

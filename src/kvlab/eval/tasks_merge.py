@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
-from kvlab.eval.tasks_run import judge
+from kvlab.eval.tasks_judge import judge
 from kvlab.eval.tasks_schema import RESULT_KIND, RESULT_VERSION, upgrade_tasks_result
 
 # settings every merged run must share (tasks, contexts and candidates may differ: they are what a run is split by;
@@ -50,7 +50,7 @@ def merge_tasks_results(
 
     Cells are kept as measured, in the order of the files (a version-1 or -2 file's rows in the current form:
     :func:`~kvlab.eval.tasks_schema.upgrade_tasks_result`, on copies); the gates and the decision are judged again over all of
-    them (:func:`kvlab.eval.tasks_run.judge`: a cache is judged on the cells that measured it). ``settings.tasks``,
+    them (:func:`kvlab.eval.tasks_judge.judge`: a cache is judged on the cells that measured it). ``settings.tasks``,
     ``contexts`` and ``candidates`` are the union of the files';
     ``provenance`` is the first file's machine with ``merged_from`` (per file: its name, status, created_utc,
     wall_s, git commit and cells) and ``wall_s`` the sum of the files'. The status is ``complete`` when every file

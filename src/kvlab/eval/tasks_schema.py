@@ -16,7 +16,7 @@ A tasks result is one JSON object::
                      kvlab eval's), ms, answers? [{sample, question,
                      score, correct, output}]}}}] (kvlab.eval.tasks_run.run_task_cell), in the order they finished
     not_measured    [{task, context, reason}]; skipped {cache: reason}; candidates {cache: {name, family, line, ...}}
-    gates, decision kvlab.eval.tasks_run.judge over the finished cells: [{task, context, cache, float_score, score,
+    gates, decision kvlab.eval.tasks_judge.judge over the finished cells: [{task, context, cache, float_score, score,
                     drop, status in {"pass", "fail", "not informative"}}], {cache: {verdict, failed, passed,
                     not_informative}}; max_drop, min_float_score
     failures        [{stage, type, message, cell?}] (kvlab.eval.records.Failure of the run; cell {task, context}:
@@ -142,7 +142,7 @@ def _cell_problems(i: int, cell: object, version: object = RESULT_VERSION) -> li
 
 
 def _judged_problems(result: dict) -> list[str]:
-    """The gates and the decision (:func:`kvlab.eval.tasks_run.judge`) and the thresholds they were judged on."""
+    """The gates and the decision (:func:`kvlab.eval.tasks_judge.judge`) and the thresholds they were judged on."""
     problems: list[str] = []
     for key in ("max_drop", "min_float_score"):
         _check(problems, key, result.get(key), "fraction or null")
@@ -211,4 +211,26 @@ def validate_tasks_result(result: object) -> list[str]:
         for i, cell in enumerate(result["cells"]):
             problems += _cell_problems(i, cell, version)
     problems += _judged_problems(result)
-    return problems
+    return problems or _decision_disagrees(result)
+
+
+def _decision_disagrees(result: dict) -> list[str]:
+    """The stored decision against the cells' own (:func:`kvlab.eval.tasks_judge.judge` over them, at the stored
+    thresholds): a verdict no cell supports (a cache ``accepted`` with no cell behind it) is refused, not printed.
+    Nothing to compare where the thresholds are not stored."""
+    from kvlab.eval.tasks_judge import judge
+
+    max_drop, min_float = result.get("max_drop"), result.get("min_float_score")
+    if max_drop is None or min_float is None:
+        return []
+    own = judge(result["cells"], max_drop, min_float)["decision"]  # reads each row's score only
+    for name in sorted({*own, *result["decision"]}, key=str):
+        stored = (result["decision"].get(name) or {}).get("verdict", "absent")
+        judged = (own.get(name) or {}).get("verdict", "absent")
+        if own.get(name) != result["decision"].get(name):
+            behind = sum(1 for c in result["cells"] if name in c["caches"])
+            return [
+                f"decision[{_show(name)}].verdict: {_show(stored)} does not follow from the cells ({behind} cell(s) "
+                f"measured {_show(name)}; judged again over them: {_show(judged)})"
+            ]
+    return []

@@ -1,5 +1,5 @@
 """``kvlab tasks``: the long-context tasks (:mod:`kvlab.tasks`) over tasks x contexts x candidate caches, as one
-result dict with per-task gates and a decision (:func:`kvlab.eval.tasks_run.judge`). docs/TASKS.md describes the
+result dict with per-task gates and a decision (:func:`kvlab.eval.tasks_judge.judge`). docs/TASKS.md describes the
 measurement: question-agnostic compression, one float prefill per context and sample.
 """
 
@@ -14,7 +14,8 @@ from typing import Any
 from kvlab.caches.registry import resolve
 from kvlab.eval.records import fail_run, set_status
 from kvlab.eval.resume import running_in
-from kvlab.eval.tasks_run import FLOAT, MIN_FLOAT_SCORE, judge, run_task_cell
+from kvlab.eval.tasks_judge import FLOAT, MIN_FLOAT_SCORE, judge
+from kvlab.eval.tasks_run import run_task_cell
 from kvlab.eval.tasks_schema import RESULT_KIND, RESULT_VERSION
 from kvlab.runtime.checks import check_int
 from kvlab.tasks import TASKS, NotPlaceable, as_tokenizer, generate, noise_haystack, text_haystack

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from kvlab.cli import main
+from kvlab.eval.tasks_judge import judge
 from kvlab.eval.tasks_merge import merge_tasks_results
 from kvlab.eval.tasks_render import markdown_tables
-from kvlab.eval.tasks_run import judge
 from kvlab.eval.tasks_schema import upgrade_tasks_result, validate_tasks_result
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "docs" / "examples" / "tasks-bundled-512-2026-12-02.json"

@@ -8,7 +8,8 @@ import torch
 
 import kvlab.attention
 from kvlab.caches.registry import resolve
-from kvlab.eval.tasks_run import fill_from_prefill, judge, prefill_with_queries, run_task_cell, summarize
+from kvlab.eval.tasks_judge import judge
+from kvlab.eval.tasks_run import fill_from_prefill, prefill_with_queries, run_task_cell, summarize
 from kvlab.runtime.hf_api import cache_kwarg
 from kvlab.tasks import generate, noise_haystack, text_haystack
 from tests.conftest import make_tiny_qwen2

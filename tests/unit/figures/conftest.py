@@ -159,8 +159,9 @@ _TASK_CACHES = {
 
 def synthetic_tasks_result(status: str = "complete") -> dict:
     """A ``kvlab tasks`` result in the :mod:`kvlab.eval.tasks_schema` layout, built by code: two tasks at one
-    context, four caches, judged by the real :func:`kvlab.eval.tasks_run.judge`."""
-    from kvlab.eval.tasks_run import judge, summarize
+    context, four caches, judged by the real :func:`kvlab.eval.tasks_judge.judge`."""
+    from kvlab.eval.tasks_judge import judge
+    from kvlab.eval.tasks_run import summarize
 
     cells, candidates = [], {}
     for task, caches in _TASK_CACHES.items():
