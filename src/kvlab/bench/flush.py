@@ -275,7 +275,10 @@ def _check_layer(caches: tuple[str, ...], batch: int, kv_heads: int, head_dim: i
     """Raise ``ValueError`` for a layer no cell could time: a zero or negative ``batch`` / ``kv_heads`` /
     ``head_dim`` (an empty layer timed as if it held tokens, exit 0), ``residual_length`` 0 with an HQQ/quanto
     cache (transformers' quantized layer then flushes on every append: no plain append follows a flush), or a
-    ``head_dim`` a KIVI cache cannot hold (:func:`_check_takes_head_dim`)."""
+    ``head_dim`` a KIVI cache cannot hold (:func:`_check_takes_head_dim`), or an HQQ/quanto group size that does
+    not divide one token's K/V values (:func:`kvlab.eval.candidates.check_hqq_group_size`, as ``kvlab eval``)."""
+    from kvlab.eval.candidates import check_hqq_group_size
+
     for name, value in (("batch", batch), ("kv_heads", kv_heads), ("head_dim", head_dim)):
         check_int(name, value, 1)
     hf = [c for c in caches if not c.startswith("kivi")]
@@ -285,6 +288,7 @@ def _check_layer(caches: tuple[str, ...], batch: int, kv_heads: int, head_dim: i
             "append follows a flush to time: give it >= 1 or time KIVI caches only"
         )
     _check_takes_head_dim(caches, head_dim, settings)
+    check_hqq_group_size(hf, kv_heads, head_dim, settings["hqq_group_size"], None)
 
 
 def _check_takes_head_dim(caches: tuple[str, ...], head_dim: int, settings: dict) -> None:

@@ -322,6 +322,9 @@ def _flag_problem(args: argparse.Namespace) -> str | None:
         )
     if args.no_save and (args.out or args.force):  # both only steer the record --no-save does not write
         return f"{'--out' if args.out else '--force'} has no effect with --no-save, which writes no record"
+    unused = _unused_hqq_group_size(args)
+    if unused:
+        return unused
     if getattr(args, "model", None) is not None:
         from kvlab.models import check_local_model
 
@@ -330,6 +333,27 @@ def _flag_problem(args: argparse.Namespace) -> str | None:
         except (OSError, ValueError) as exc:
             return str(exc)
     return None
+
+
+def _unused_hqq_group_size(args: argparse.Namespace) -> str | None:
+    """Why a --hqq-group-size given (changed from its default) would be ignored: no cache of --caches /
+    --candidates takes it (as ``kvlab eval`` refuses a cache flag no candidate takes); None otherwise, and for names
+    the registry does not know (the benchmark names those)."""
+    from kvlab.caches.registry import resolve
+
+    value = getattr(args, "hqq_group_size", HQQ_GROUP_SIZE)
+    names = getattr(args, "caches", None) or getattr(args, "candidates", None)
+    if value == HQQ_GROUP_SIZE or not names:
+        return None
+    try:
+        takes = any("hqq_group_size" in resolve(name).entry.reads for name in names)
+    except ValueError:
+        return None
+    flag = "--caches" if getattr(args, "caches", None) else "--candidates"
+    return None if takes else (
+        f"--hqq-group-size {value} applies to no cache of {flag} {','.join(names)} (only HQQ/quanto caches take "
+        "it); drop the flag or add such a cache"
+    )
 
 
 def _with_flags(args: argparse.Namespace, exc: Exception) -> Exception | str:

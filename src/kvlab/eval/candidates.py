@@ -269,12 +269,41 @@ def check_model_shape(
                     f"bytes, so KIVI cannot pack a token's codes; it would fail in every cell"
                 )
     hf = [c.name for c in runnable if "hqq_group_size" in c.cache.entry.reads]  # HQQ's and quanto's groups
+    check_hqq_group_size(hf, kv_heads, head_dim, hqq_group_size, prompt_tokens)
+
+
+def check_hqq_group_size(
+    caches: list[str], kv_heads: int, head_dim: int, hqq_group_size: int, prompt_tokens: tuple[int, ...] | None
+) -> None:
+    """Refuse an HQQ/quanto group size that does not divide the K/V values those ``caches`` quantize in groups
+    across heads, tokens and channels: one sequence's ``kv_heads x tokens x head_dim`` of each of ``prompt_tokens``,
+    or, with ``prompt_tokens`` None (a benchmark quantizing chunks of a power-of-two number of tokens), of any
+    power-of-two number of tokens. Nothing to
+    check without such a cache, or for a size below 1 (the caches' settings refuse it).
+
+    Raises:
+        ValueError: naming ``hqq_group_size`` with its flag, the value, the shape and a divisor that fits.
+    """
     per_token = kv_heads * head_dim
-    for tokens in sorted(set(prompt_tokens)) if hf else ():
+    if not caches or hqq_group_size < 1:
+        return
+    if prompt_tokens is None:
+        import math
+
+        rest = hqq_group_size // math.gcd(hqq_group_size, per_token)  # what the token count would have to supply
+        if rest & (rest - 1):  # not a power of two: no power-of-two number of tokens (the chunks quantized) fits
+            raise ValueError(
+                f"`hqq_group_size` (--hqq-group-size) {hqq_group_size} does not divide the K/V values of any "
+                f"power-of-two number of tokens ({kv_heads} KV heads x head_dim {head_dim} = {per_token:,} per "
+                f"token), which HQQ/quanto quantize in groups of that size: {caches} would fail in every cell; use a "
+                f"divisor of {per_token}"
+            )
+        return
+    for tokens in sorted(set(prompt_tokens)):
         if per_token * tokens % hqq_group_size:
             raise ValueError(
                 f"`hqq_group_size` (--hqq-group-size) {hqq_group_size} does not divide the K/V values of one "
                 f"{tokens:,}-token prompt on this model ({kv_heads} KV heads x {tokens:,} tokens x head_dim "
-                f"{head_dim} = {per_token * tokens:,}), which HQQ/quanto quantize in groups of that size: {hf} "
+                f"{head_dim} = {per_token * tokens:,}), which HQQ/quanto quantize in groups of that size: {caches} "
                 f"would fail at context {tokens:,}; use a divisor of {per_token} (KV heads x head_dim)"
             )
