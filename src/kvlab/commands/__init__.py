@@ -60,6 +60,17 @@ def file_exists_message(path: object, alternative: str = "") -> str:
     return f"{path} already exists; pass --force to replace it{more}"
 
 
+def force_without_output(args: argparse.Namespace, *flags: str) -> str | None:
+    """The one wording of ``--force`` given when none of the output ``flags`` (``--html``) names a file, so nothing
+    is written that it could replace: ``--force has no effect without --html: no file is written for it to replace``;
+    None when one does or --force is not given."""
+    if not getattr(args, "force", False):
+        return None
+    if any(getattr(args, f.lstrip("-").replace("-", "_"), None) not in (None, "-") for f in flags):
+        return None
+    return f"--force has no effect without {' or '.join(flags)}: no file is written for it to replace"
+
+
 def empty_path_flag(args: argparse.Namespace, *flags: str, kind: str = "file") -> str | None:
     """The one wording of a path flag given empty: the first of ``flags`` (``--out``) whose value is ``''`` or blank,
     as ``--out must name a file, got ''`` (``kind``: ``"folder"`` for ``--results-dir``), else None. An empty path

@@ -303,7 +303,7 @@ def _flag_problem(args: argparse.Namespace) -> str | None:
     """Why the flags cannot run (bad input, exit 2), found before any work: an empty --results-dir or --out
     (:func:`kvlab.commands.empty_path_flag`), --threads, --copy-mib or --prefill-chunk < 1 (--copy-mib named in
     MiB, as given, not in the bytes the benchmark takes), a size --quick would ignore, --out/--force with
-    --no-save, a --model that cannot be loaded (a path that is not there, a hub id offline and not cached:
+    --no-save (--results-dir too), a --model that cannot be loaded (a path that is not there, a hub id offline and not cached:
     :func:`kvlab.models.check_local_model`); None when they can."""
     empty = empty_path_flag(args, "--results-dir", kind="folder") or empty_path_flag(args, "--out")
     if empty:  # '' was the current folder (--results-dir) or "not given" (--out)
@@ -320,8 +320,10 @@ def _flag_problem(args: argparse.Namespace) -> str | None:
             f"--quick sets its own sizes, so {', '.join(overridden)} would be ignored: drop --quick to choose "
             f"{'it' if len(overridden) == 1 else 'them'}"
         )
-    if args.no_save and (args.out or args.force):  # both only steer the record --no-save does not write
-        return f"{'--out' if args.out else '--force'} has no effect with --no-save, which writes no record"
+    given = [f for f, on in (("--out", args.out), ("--force", args.force)) if on]
+    given += ["--results-dir"] if args.results_dir != DEFAULT_RESULTS_DIR else []
+    if args.no_save and given:  # each only steers the record --no-save does not write
+        return f"{given[0]} has no effect with --no-save, which writes no record"
     unused = _unused_hqq_group_size(args)
     if unused:
         return unused

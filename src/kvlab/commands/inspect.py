@@ -8,7 +8,15 @@ import json
 import math
 from pathlib import Path
 
-from kvlab.commands import EXIT_FILE_EXISTS, fail, file_exists_message, flag_values, progress, table
+from kvlab.commands import (
+    EXIT_FILE_EXISTS,
+    fail,
+    file_exists_message,
+    flag_values,
+    force_without_output,
+    progress,
+    table,
+)
 from kvlab.runtime import provenance
 
 
@@ -60,6 +68,11 @@ def register(subparsers) -> None:
 
 
 def _check_outputs(args: argparse.Namespace) -> str | None:
+    """Why the output flags cannot be written (a shared or existing file, a missing folder, --force with no
+    file to replace), else None."""
+    forced = force_without_output(args, "--json", "--figure")  # --json alone prints: nothing to replace
+    if forced:
+        return forced
     json_path = args.json if args.json != "-" else None
     if json_path and args.figure and Path(json_path).resolve() == Path(args.figure).resolve():
         return f"--json and --figure name the same file {args.figure}; give each its own"

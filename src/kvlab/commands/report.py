@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from kvlab.commands import EXIT_FILE_EXISTS, empty_path_flag, fail, file_exists_message
+from kvlab.commands import EXIT_FILE_EXISTS, empty_path_flag, fail, file_exists_message, force_without_output
 
 
 def register(sub) -> None:
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from kvlab.eval.io import read_results
 
     err = Console(stderr=True)
-    problem = empty_path_flag(args, "--html")  # '' is not "no --html"
+    problem = empty_path_flag(args, "--html") or force_without_output(args, "--html")  # '' is not "no --html"
     if problem:
         return fail(args, problem)
     if len(args.result) > 2:
