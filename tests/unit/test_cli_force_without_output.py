@@ -20,3 +20,11 @@ def test_a_flag_for_an_output_nothing_writes_is_refused(capsys, monkeypatch, arg
     monkeypatch.chdir(__import__("pathlib").Path(__file__).resolve().parents[2])
     assert main(argv) == 2
     assert said in capsys.readouterr().err
+
+
+def test_report_html_into_a_missing_folder_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(__import__("pathlib").Path(__file__).resolve().parents[2])
+    out = tmp_path / "missing" / "x.html"
+    assert main(["report", EVAL, "--html", str(out)]) == 2
+    assert f"--html {out}: folder {out.parent} does not exist" in capsys.readouterr().err
+    assert not out.parent.exists()

@@ -29,9 +29,14 @@ def _html(args: argparse.Namespace, result: dict | None, tasks: dict | None, err
     """Write the page; an exit code when refused, None when written."""
     from pathlib import Path
 
+    from kvlab.runtime.atomic import output_problem
+
     out = Path(args.html)
     if out.is_dir():
         return fail(args, f"{out} is a directory; --html needs a file name")
+    problem = output_problem(out, "--html", folder_must_exist=True)  # as tasks, paging and inspect: no new folders
+    if problem:
+        return fail(args, problem)
     if out.exists() and any(out.resolve() == Path(r).resolve() for r in args.result):
         return fail(args, f"--html {out} is the result file itself; the report would replace its own input")
     if out.exists() and not args.force:
