@@ -334,7 +334,7 @@ def _model_block(args: argparse.Namespace, result: dict | None, resolve: bool = 
     from kvlab.runtime.dtypes import parse_dtype
 
     block = result["model"] if result else {"name": args.model or "bundled"}
-    block.setdefault("dtype", args.dtype or "bfloat16")
+    block.setdefault("dtype", "bfloat16" if args.dtype is None else args.dtype)  # '' is refused, not the default
     block.setdefault("device", "cpu" if args.device is None else args.device)
     try:
         parse_dtype(block["dtype"])

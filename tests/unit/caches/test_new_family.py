@@ -90,7 +90,7 @@ def test_the_new_family_is_an_eval_candidate(registered, tmp_path):
     from kvlab.cli import main
 
     argv = ["eval", "--quick", "--candidates", "dynamic,counting", "--contexts", "64", "--new-tokens", "2"]
-    argv += ["--quality-tokens", "2", "--no-long-context", "--window-residuals", "", "--warmup", "1"]
+    argv += ["--quality-tokens", "2", "--no-long-context", "--window-residuals", "none", "--warmup", "1"]
     argv += ["--repeat", "1", "--threads", "1", "--device", "cpu", "--label", "c", "--out-dir", str(tmp_path)]
     assert main(argv) == 0
     result = json.loads((tmp_path / "c.json").read_text())

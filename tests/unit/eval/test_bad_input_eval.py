@@ -162,7 +162,7 @@ def test_a_cache_flag_no_candidate_takes_is_refused(tmp_path, capsys, candidates
     [
         ("dynamic,kivi-4", ["--group-size", "64", "--residual", "128"]),
         ("dynamic,hqq-4", ["--hqq-group-size", "32", "--residual", "64", "--window-residuals", "32"]),
-        ("dynamic,fp8-e4m3", ["--window-residuals", ""]),  # "" turns the window matrix off: nothing ignored
+        ("dynamic,fp8-e4m3", ["--window-residuals", "none"]),  # none turns the window matrix off: nothing ignored
     ],
 )
 def test_cache_flags_some_candidate_takes_are_accepted(tmp_path, candidates, argv):
@@ -185,6 +185,23 @@ def test_an_empty_retrieval_contexts_is_refused_not_read_as_none(tmp_path, capsy
     err = err_of(capsys)
     assert "--retrieval-contexts" in err and "'none'" in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["", ",", " "])
+def test_an_empty_window_residuals_is_refused_not_read_as_none(tmp_path, capsys, value):
+    # '' silently dropped the residual-window matrix (as --contexts '' is refused, 'none' says it)
+    with pytest.raises(SystemExit) as exc:
+        dry(tmp_path, "--window-residuals", value)
+    assert exc.value.code == 2
+    err = err_of(capsys)
+    assert f"argument --window-residuals: expected 'none' or comma-separated residual windows, got {value!r}" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_window_residuals_none_turns_the_window_matrix_off(tmp_path):
+    assert dry(tmp_path, "--window-residuals", "none", "--label", "nowin") == 0
+    plan = json.loads((tmp_path / "nowin.json").read_text())
+    assert plan["settings"]["window_residuals"] == []
 
 
 @pytest.mark.parametrize(

@@ -103,7 +103,7 @@ TINY_RUN = [
     "--group-size",
     "16",
     "--window-residuals",
-    "",
+    "none",
     "--warmup",
     "0",
     "--repeat",

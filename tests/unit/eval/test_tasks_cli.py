@@ -124,6 +124,8 @@ def test_a_dry_run_prints_the_cells_and_caches_and_writes_nothing(tmp_path, caps
             ["--dtype", "int8"],
             "`dtype` (--dtype) must be one of ['bfloat16', 'float16', 'float32'], got 'int8'",
         ),
+        # '' ran in bfloat16, the default (kvlab eval --dtype '' refuses it)
+        (["--dtype", ""], "`dtype` (--dtype) must be one of ['bfloat16', 'float16', 'float32'], got ''"),
     ],
 )
 def test_a_dry_run_refuses_what_the_run_refuses(argv, message, tmp_path, capsys, monkeypatch):

@@ -19,8 +19,13 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def _residuals(text: str) -> tuple[int, ...]:
-    """``--window-residuals``: comma-separated residual windows, or ``""``: no residual-window matrix."""
-    return () if not text.strip() else _ints(text)
+    """``--window-residuals``: comma-separated residual windows, or ``none``: no residual-window matrix. ``""`` is
+    refused as ``--contexts ''`` is (an empty value is no choice: it would silently drop the matrix)."""
+    if text.strip().lower() == "none":
+        return ()
+    if not text.replace(",", " ").strip():  # "" or "," is not 'none': say which the user meant
+        raise argparse.ArgumentTypeError(f"expected 'none' or comma-separated residual windows, got {text!r}")
+    return _ints(text)
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -158,7 +163,9 @@ def _add_window_and_timing_flags(p) -> None:
     """The residual-window matrix, warmup and timed rounds, threads, workers, and the quality measures."""
     _setting_flag(p, "--window-context", int, "window_context", "residual-window matrix context")
     _setting_flag(p, "--window-new-tokens", int, "window_new_tokens", "tokens generated per window run")
-    _setting_flag(p, "--window-residuals", _residuals, "window_residuals", "window residuals")
+    _setting_flag(
+        p, "--window-residuals", _residuals, "window_residuals", "window residuals; 'none': no residual-window matrix"
+    )
     _setting_flag(p, "--window-group-size", int, "window_group_size", "KIVI G in the window matrix")
     _setting_flag(
         p,

@@ -87,7 +87,7 @@ def _check_settings_apply(args: argparse.Namespace, candidates: tuple[str, ...])
         taken |= set(resolve(name).entry.reads)
     for flag, setting in _CACHE_FLAGS.items():
         value = getattr(args, flag, None)
-        if value in (None, ()) or setting in taken:  # unset, or --window-residuals "" (no window matrix)
+        if value in (None, ()) or setting in taken:  # unset, or --window-residuals none (no window matrix)
             continue
         if isinstance(value, tuple):
             value = ",".join(str(v) for v in value)
