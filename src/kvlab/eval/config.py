@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.caches.settings import HQQ_GROUP_SIZE
+from kvlab.runtime.checks import check_int
 from kvlab.runtime.device import check_device_name
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -173,12 +174,11 @@ class EvalConfig:
     gates: Gates = field(default_factory=Gates)
 
     def _check_run_settings(self) -> None:
-        """``seed`` (torch.manual_seed's range) and ``threads`` (None, with a valid ``OMP_NUM_THREADS`` if set, or
-        1 .. ``os.cpu_count()``)."""
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64:
-            raise ValueError(
-                f"`seed` must be an integer in [-2**63, 2**64) (torch.manual_seed), got {self.seed!r}"
-            )
+        """``seed`` (0 .. 2**64 - 1, as ``kvlab tasks --seed`` and paging's: torch.manual_seed's non-negative range)
+        and ``threads`` (None, with a valid ``OMP_NUM_THREADS`` if set, or 1 .. ``os.cpu_count()``)."""
+        check_int("seed", self.seed, 0)  # the rule and wording of TaskSuiteConfig's seed
+        if self.seed >= 2**64:
+            raise ValueError(f"`seed` must be an int < 2**64 (torch.manual_seed), got {self.seed!r}")
         if self.threads is not None and (
             isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
         ):

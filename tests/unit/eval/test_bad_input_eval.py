@@ -27,6 +27,7 @@ def err_of(capsys):
         (["--contexts", "256,256"], "contexts"),
         (["--window-residuals", "16,16"], "window_residuals"),
         (["--seed", "99999999999999999999"], "seed"),
+        (["--seed", "-1"], "`seed` (--seed) must be an int >= 0, got -1"),  # ran; kvlab tasks --seed -1 refused it
         (["--model", ""], "--model) must name a hub id or a folder (or be None: the bundled model), got ''"),
         (["--model", "   "], "got ' '"),
     ],
@@ -57,7 +58,7 @@ def test_label_whose_file_is_a_directory_is_refused_even_with_force(tmp_path, ca
 def test_seed_range_matches_torch():
     EvalConfig(seed=0)
     EvalConfig(seed=2**64 - 1)
-    for seed in (2**64, True, 1.5):
+    for seed in (2**64, True, 1.5, -1):
         with pytest.raises(ValueError, match="seed"):
             EvalConfig(seed=seed)
 
