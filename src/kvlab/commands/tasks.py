@@ -231,9 +231,14 @@ def run(args: argparse.Namespace) -> int:
         if args.merge:
             return _merge(args)
         cfg, result = _resumed(args) if args.resume else (_config(args), None)
-        # a bad --device name or --dtype before --dry-run; the run also resolves the device (CUDA present?)
-        _model_block(args, result, resolve=not args.dry_run)
-    except (ValueError, FileNotFoundError) as e:
+        # before --dry-run too, which refuses what the run refuses before loading: a bad --dtype, a device this
+        # machine lacks (CUDA), a model that is not there (as eval, inspect and bench: exit 2)
+        block = _model_block(args, result)
+        if block["name"] != "bundled":
+            from kvlab.models import check_local_model
+
+            check_local_model(block["name"])
+    except (ValueError, OSError) as e:  # OSError: FileNotFoundError, a hub id neither cached nor reachable
         return fail(args, e)
     problem = _check_outputs(args)
     if problem:
@@ -321,11 +326,10 @@ def _argv() -> list[str] | None:
     return ["kvlab", *sys.argv[1:]] if sys.argv and sys.argv[0].endswith("kvlab") else None
 
 
-def _model_block(args: argparse.Namespace, result: dict | None, resolve: bool = True) -> dict:
+def _model_block(args: argparse.Namespace, result: dict | None) -> dict:
     """The run's ``model`` block (``--resume``: the result's, filled in place): ``name``, ``dtype`` and ``device``,
-    the device resolved as eval and bench resolve it (cpu, cuda, cuda:N or auto; ``auto`` recorded as resolved);
-    ``resolve=False`` (``--dry-run``, which may plan a CUDA run on another machine, as eval's does): the device's
-    name checked against that rule only.
+    the device resolved as eval and bench resolve it (cpu, cuda, cuda:N or auto; ``auto`` recorded as resolved;
+    ``cuda`` refused on a machine without CUDA).
 
     Raises:
         ValueError: a device or dtype torch does not take, named ``device`` (--device) / ``dtype`` (--dtype).
@@ -339,8 +343,7 @@ def _model_block(args: argparse.Namespace, result: dict | None, resolve: bool = 
     try:
         parse_dtype(block["dtype"])
         check_device_name(block["device"])
-        if resolve:
-            block["device"] = str(resolve_device(block["device"]))
+        block["device"] = str(resolve_device(block["device"]))
     except ValueError as e:
         message = str(e).replace("`device`", "`device` (--device)", 1)
         raise ValueError(message.replace("`dtype`", "`dtype` (--dtype)", 1)) from None

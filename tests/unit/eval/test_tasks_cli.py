@@ -135,14 +135,28 @@ def test_a_dry_run_refuses_what_the_run_refuses(argv, message, tmp_path, capsys,
     assert message in err and not list(tmp_path.iterdir())
 
 
-def test_a_dry_run_may_plan_a_cuda_run_on_a_machine_without_cuda(tmp_path, capsys, monkeypatch):
-    # as kvlab eval --dry-run: the device's name is checked, its presence only by the run
+@pytest.mark.parametrize("command", ["tasks", "eval"])
+def test_a_dry_run_refuses_a_device_this_machine_lacks(command, tmp_path, capsys, monkeypatch):
+    # both exited 0: a dry run must refuse what the run refuses before loading
     import torch
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert main(["tasks", "--dry-run", "--device", "cuda", "--tasks", "vt", "--n", "1", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["cells"] == [{"task": "vt", "context": 512}]
+    assert main([command, "--dry-run", "--quick", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "is 'cuda' but CUDA is not available" in err and f"kvlab {command}: error:" in err, err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("dry", [["--dry-run"], []])
+def test_a_model_that_is_not_there_is_bad_input(dry, tmp_path, capsys, monkeypatch):
+    # kvlab tasks --model nope exited 1 (inspect, lab, bench, eval: 2) and --dry-run accepted it
+    monkeypatch.chdir(tmp_path)
+    missing = tmp_path / "no-such-model"
+    assert main(["tasks", "--quick", *dry, "--model", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvlab tasks: error:") and str(missing) in err, err
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("device", ["cuda", "cuda:0"])

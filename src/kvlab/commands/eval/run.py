@@ -50,8 +50,10 @@ def run(args: argparse.Namespace) -> int:
             ensure_writable(path, args.force)
         except FileExistsError as exc:
             raise FileExistsError(_exists_message(path, exc)) from None
-        problem = None if args.dry_run else (_device_problem(cfg.device) or _model_problem(cfg.model))
-        if problem:  # a path that is not there is bad input (exit 2), as in kvlab lab / inspect / bench
+        # --dry-run too: it refuses what the run refuses before loading (a device this machine lacks, a model
+        # that is not there); a path that is not there is bad input (exit 2), as in kvlab lab / inspect / bench
+        problem = _device_problem(cfg.device) or _model_problem(cfg.model)
+        if problem:
             return fail(args, problem)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)  # fail now, not after loading the model
