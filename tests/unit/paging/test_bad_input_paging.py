@@ -515,3 +515,27 @@ def test_a_request_that_cannot_fit_is_refused_before_the_first_policy_runs(capsy
     assert main(["paging", "simulate", "--requests", "50", "--save-trace", str(saved), *extra]) == 2
     err = capsys.readouterr().err
     assert all(s in err for s in said) and "[1/" not in err and not saved.exists(), err
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--requests", "7", "--seed", "3"], "--requests 7, --seed 3: flags of the built-in workloads, which"),
+        (["--seed", "3"], "--seed 3: a flag of the built-in workloads, which"),
+    ],
+)
+def test_static_refuses_workload_flags_a_workload_file_fixes(capsys, tmp_path, flags, said):
+    # they were silently ignored: the file fixes the requests (paging simulate --trace refused the same)
+    lengths = trace_file(tmp_path, "100\n200\n300\n", "lengths.txt")
+    fails(capsys, ["static", "--workload", lengths, *flags], said, f"--workload {lengths} replaces; drop")
+    assert main(["paging", "static", "--workload", lengths, "--json"]) == 0
+
+
+@pytest.mark.parametrize("command", [["static"], ["simulate", *SMALL]])
+def test_a_block_larger_than_the_reservation_is_refused(capsys, command):
+    # paging static reported 5 requests and 12 GiB of last-block waste per request, silently
+    fails(
+        capsys,
+        [*command, "--block-size", "100000"],
+        "--block-size 100000 is larger than --max-len 4096 (the contiguous reservation per request)",
+    )

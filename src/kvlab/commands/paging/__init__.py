@@ -19,7 +19,12 @@ from kvlab.commands import (
     progress,
     table,
 )
-from kvlab.commands.paging.checks import check_fits, check_keep_evicts
+from kvlab.commands.paging.checks import (
+    check_block_size,
+    check_fits,
+    check_keep_evicts,
+    replaced_flags_problem,
+)
 from kvlab.commands.plan.flags import flag_message, keep_tokens_type
 from kvlab.plan.kv_formats import KV_DTYPE_NAMES
 from kvlab.runtime.atomic import output_problem
@@ -30,6 +35,8 @@ GIB, MIB = 1024**3, 1024**2
 KV_DTYPE_HELP = f"{', '.join(KV_DTYPE_NAMES)}; a KIVI name may add :group_size=G and :residual_length=R (kivi-4:group_size=64)"
 
 
+# the built-in workload flags of `paging static` (dest: default); None in the parser means "not given"
+STATIC_RNG_DEFAULTS = {"requests": 4000, "seed": 11}
 INT_LIMIT = 2**62  # the simulator's arrays are numpy int64: a larger count overflowed inside numpy
 
 
@@ -145,9 +152,17 @@ def _register_static(sub) -> None:
     )
     s.add_argument("--block-size", type=_int, default=16, help="paging block size in tokens (default 16)")
     s.add_argument(
-        "--requests", type=_int, default=4000, help="requests per built-in workload (default 4000)"
+        "--requests",
+        type=_int,
+        default=None,
+        help=f"requests per built-in workload (default {STATIC_RNG_DEFAULTS['requests']}; not with a --workload FILE)",
     )
-    s.add_argument("--seed", type=_int, default=11, help="RNG seed of the built-in workloads (default 11)")
+    s.add_argument(
+        "--seed",
+        type=_int,
+        default=None,
+        help=f"RNG seed of the built-in workloads (default {STATIC_RNG_DEFAULTS['seed']}; not with a --workload FILE)",
+    )
     _add_budget_args(s)
     s.add_argument(
         "--json", action="store_true", help="print machine-readable JSON (sections A, B, C as above)"
@@ -242,8 +257,20 @@ def check_requests_memory(flag: str, n_requests: int, need: int) -> None:
 
 
 def _static_result(args: argparse.Namespace, workload: str | None = None) -> dict:
+    """``paging static``'s result for ``workload`` (None: every built-in one).
+
+    Raises:
+        ValueError: a bad flag, ``--block-size`` above ``--max-len`` (:func:`check_block_size`), or ``--requests`` /
+            ``--seed`` with a ``--workload`` FILE, which fixes both (as ``paging simulate --trace`` refuses them).
+    """
     from kvlab.paging.static import WORKLOADS, load_lengths, run_static, static_memory_bytes
 
+    check_block_size(args)
+    if workload is not None and workload not in WORKLOADS:
+        given = [f"--{k} {getattr(args, k)}" for k in STATIC_RNG_DEFAULTS if getattr(args, k) is not None]
+        problem = replaced_flags_problem(given, "the built-in workloads", f"--workload {workload}")
+        if problem:
+            raise ValueError(problem)
     budget = _budget(args)
     kwargs = {"block_size_tokens": args.block_size, "budget": budget, "max_len": args.max_len}
     if workload is None or workload in WORKLOADS:
@@ -260,7 +287,10 @@ def _static_result(args: argparse.Namespace, workload: str | None = None) -> dic
 
 
 def _rng_kwargs(args: argparse.Namespace) -> dict:
-    return {"n_requests": getattr(args, "requests", 4000), "seed": getattr(args, "seed", 11)}
+    """The built-in workloads' size and seed: the flags given, else :data:`STATIC_RNG_DEFAULTS`."""
+    given = {k: getattr(args, k, None) for k in STATIC_RNG_DEFAULTS}
+    n, seed = (STATIC_RNG_DEFAULTS[k] if v is None else v for k, v in given.items())
+    return {"n_requests": n, "seed": seed}
 
 
 def run_static_cmd(args: argparse.Namespace) -> int:
@@ -454,13 +484,11 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
             args, "--series adds per-step and per-request series to the --json output; pass --json too"
         )
     if args.trace:
-        given = _poisson_flags_given(args)
-        if given:  # they would be silently ignored
-            return fail(
-                args,
-                f"{', '.join(given)}: {'a flag' if len(given) == 1 else 'flags'} of the generated Poisson trace, "
-                f"which --trace {args.trace} replaces; drop {'it' if len(given) == 1 else 'them'} or --trace",
-            )
+        problem = replaced_flags_problem(  # they would be silently ignored
+            _poisson_flags_given(args), "the generated Poisson trace", f"--trace {args.trace}"
+        )
+        if problem:
+            return fail(args, problem)
         try:  # a trace file's errors name the file, its rows and CSV columns (`prompt_tokens`); say the flag
             trace = load_trace(args.trace)
         except (ValueError, OSError) as exc:
@@ -471,6 +499,7 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
         check_run_settings(
             args.max_len, args.max_running, args.check_every
         )  # before the trace is made or saved
+        check_block_size(args)
         if not args.trace:
             trace, source = _poisson_trace(args)
         policies, budget = _policies(args), _budget(args)

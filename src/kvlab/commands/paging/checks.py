@@ -6,6 +6,35 @@ from __future__ import annotations
 import argparse
 
 
+def replaced_flags_problem(given: list[str], generated: str, replacement: str) -> str | None:
+    """The one refusal of flags that size a generated input given beside the file that replaces it (they would be
+    silently ignored): ``--requests 7, --seed 3: flags of <generated>, which <replacement> replaces; drop them or
+    <replacement flag>``; None when ``given`` (each ``--flag value``) is empty."""
+    if not given:
+        return None
+    one = len(given) == 1
+    return (
+        f"{', '.join(given)}: {'a flag' if one else 'flags'} of {generated}, which {replacement} replaces; drop "
+        f"{'it' if one else 'them'} or {replacement.split()[0]}"
+    )
+
+
+def check_block_size(args: argparse.Namespace) -> None:
+    """Refuse a ``--block-size`` larger than ``--max-len``: every paged request would hold one block bigger than the
+    whole contiguous reservation it is compared with (``--block-size 100000`` reported 12 GiB of last-block waste per
+    request against a 4,096-token reservation).
+
+    Raises:
+        ValueError: naming both flags and their values.
+    """
+    if args.block_size > args.max_len >= 1:  # below 1: the library names --max-len
+        raise ValueError(
+            f"--block-size {args.block_size} is larger than --max-len {args.max_len} (the contiguous reservation "
+            "per request): every paged request would hold one block bigger than that whole reservation; use a "
+            "block size <= --max-len"
+        )
+
+
 def check_keep_evicts(args: argparse.Namespace, trace, policies) -> None:
     """Refuse ``--keep-tokens N`` when no request of the trace grows past N tokens: ``paged+keepN`` would evict
     nothing and repeat ``paged``.
