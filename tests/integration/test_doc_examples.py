@@ -85,7 +85,7 @@ NOT_RUN = {
 # example -> the exit status its text documents (a missing input file is bad input)
 EXPECTED_STATUS = {
     "kvlab plan ./my-model/ --gpu-mem-gib 80 --reserve-gib 4": 2,  # a placeholder for the user's own model
-    "kvlab paging simulate --trace t.csv --policies paged,paged+prefix --check-every 1 --json": 2,  # user's trace
+    "kvlab paging simulate --trace t.csv --policies paged,paged+prefix --json": 2,  # user's trace
 }
 # example -> numbers of its comment that are not the command's output (with why)
 NOT_PRINTED = {

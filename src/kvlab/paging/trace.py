@@ -227,11 +227,16 @@ def _check_prefix_groups(path: Path, group: np.ndarray, prefix: np.ndarray) -> N
             )
 
 
-def save_trace(trace: Trace, path: str | os.PathLike) -> Path:
-    """Write ``trace`` as CSV (atomically; refuses to overwrite an existing file)."""
+def save_trace(trace: Trace, path: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Write ``trace`` as CSV, atomically, and return ``path``.
+
+    Raises:
+        ValueError: ``path`` exists and ``overwrite`` is False (``kvlab paging simulate --save-trace`` without
+            ``--force``), as :func:`kvlab.paging.figure.plot_paged_layout` refuses it.
+    """
     path = Path(path)
-    if path.exists():
-        raise ValueError(f"{path} exists; not overwriting")
+    if path.exists() and not overwrite:
+        raise ValueError(f"{path} exists; pass overwrite=True to replace it")
 
     def write(f) -> None:
         w = csv.writer(f)

@@ -539,3 +539,17 @@ def test_a_block_larger_than_the_reservation_is_refused(capsys, command):
         [*command, "--block-size", "100000"],
         "--block-size 100000 is larger than --max-len 4096 (the contiguous reservation per request)",
     )
+
+
+def test_save_trace_onto_an_existing_file_needs_force(capsys, tmp_path):
+    # it failed "t.csv exists; not overwriting" and simulate had no --force (figure and report have one)
+    saved = tmp_path / "t.csv"
+    argv = ["paging", "simulate", *SMALL, "--save-trace", str(saved), "--json"]
+    assert main(argv) == 0
+    first = saved.read_text()
+    capsys.readouterr()
+    fails(capsys, ["simulate", *SMALL, "--seed", "1", "--save-trace", str(saved)], f"{saved} already exists; pass --force")
+    assert saved.read_text() == first
+    assert main([*argv, "--seed", "1", "--force"]) == 0
+    assert saved.read_text() != first
+    fails(capsys, ["simulate", *SMALL, "--force"], "--force replaces an existing --save-trace file; pass --save-trace")

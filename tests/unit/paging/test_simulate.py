@@ -110,8 +110,10 @@ def test_trace_round_trip_and_validation(tmp_path):
     assert np.allclose(back.arrival_step, trace.arrival_step)
     assert back.prompt_tokens.tolist() == trace.prompt_tokens.tolist()
     assert back.prefix_group.tolist() == trace.prefix_group.tolist()
-    with pytest.raises(ValueError, match="exists"):
+    with pytest.raises(ValueError, match="exists; pass overwrite=True to replace it"):
         save_trace(trace, path)
+    save_trace(poisson_trace(3, 0.1, seed=2), path, overwrite=True)
+    assert len(load_trace(path)) == 3
     (tmp_path / "bad.csv").write_text("arrival_step,prompt_tokens\n0,5\n")
     with pytest.raises(ValueError, match="missing columns"):
         load_trace(tmp_path / "bad.csv")
