@@ -23,8 +23,11 @@ from kvlab.commands.paging.checks import (
     check_block_size,
     check_fits,
     check_keep_evicts,
+    check_requests_memory,
+    int_flag,
     replaced_flags_problem,
 )
+from kvlab.commands.paging.poisson import add_poisson_flags, poisson_flags_given, poisson_trace_of
 from kvlab.commands.plan.flags import flag_message, keep_tokens_type
 from kvlab.plan.kv_formats import KV_DTYPE_NAMES
 from kvlab.runtime.atomic import output_problem
@@ -37,31 +40,6 @@ KV_DTYPE_HELP = f"{', '.join(KV_DTYPE_NAMES)}; a KIVI name may add :group_size=G
 
 # the built-in workload flags of `paging static` (dest: default); None in the parser means "not given"
 STATIC_RNG_DEFAULTS = {"requests": 4000, "seed": 11}
-INT_LIMIT = 2**62  # the simulator's arrays are numpy int64: a larger count overflowed inside numpy
-
-
-def _int(text: str) -> int:
-    """An integer flag of ``kvlab paging``: a whole number of magnitude below 2**62 (argparse names the flag)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if abs(value) >= INT_LIMIT:
-        raise argparse.ArgumentTypeError(f"must be below 2**62 (numpy int64 arrays), got {text}")
-    return value
-
-
-def _range(text: str) -> tuple[int, int]:
-    lo, sep, hi = text.partition(":")
-    try:
-        pair = (int(lo), int(hi if sep else lo))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected LO:HI tokens, got {text!r}") from None
-    if max(abs(pair[0]), abs(pair[1])) >= INT_LIMIT:
-        raise argparse.ArgumentTypeError(f"must be below 2**62 (numpy int64 arrays), got {text}")
-    return pair
-
-
 def _add_budget_args(p: argparse.ArgumentParser) -> None:
     from kvlab.plan.hardware import get_hardware
     from kvlab.plan.scenario import DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_RESERVE_GIB
@@ -91,7 +69,7 @@ def _add_budget_args(p: argparse.ArgumentParser) -> None:
         help=f"activation/framework reserve in GiB (default {DEFAULT_RESERVE_GIB:g})",
     )
     g.add_argument(
-        "--max-len", type=_int, default=4096, help="contiguous reservation per request (default 4096)"
+        "--max-len", type=int_flag, default=4096, help="contiguous reservation per request (default 4096)"
     )
 
 
@@ -150,16 +128,16 @@ def _register_static(sub) -> None:
         help="uniform, heavy, or a FILE of lengths (one per line, or CSV with tokens/length or "
         "prompt_tokens+output_tokens); default: uniform and heavy",
     )
-    s.add_argument("--block-size", type=_int, default=16, help="paging block size in tokens (default 16)")
+    s.add_argument("--block-size", type=int_flag, default=16, help="paging block size in tokens (default 16)")
     s.add_argument(
         "--requests",
-        type=_int,
+        type=int_flag,
         default=None,
         help=f"requests per built-in workload (default {STATIC_RNG_DEFAULTS['requests']}; not with a --workload FILE)",
     )
     s.add_argument(
         "--seed",
-        type=_int,
+        type=int_flag,
         default=None,
         help=f"RNG seed of the built-in workloads (default {STATIC_RNG_DEFAULTS['seed']}; not with a --workload FILE)",
     )
@@ -168,25 +146,6 @@ def _register_static(sub) -> None:
         "--json", action="store_true", help="print machine-readable JSON (sections A, B, C as above)"
     )
     s.set_defaults(func=run_static_cmd)
-
-
-def _add_poisson_flags(m) -> None:
-    """The flags of the Poisson trace ``paging simulate`` generates without ``--trace``, each ``None`` when not
-    given (so that one given with --trace is refused, not ignored); their defaults are :data:`POISSON_DEFAULTS`."""
-    for flag, kind, text in (
-        ("--rate", float, "Poisson arrivals per engine step (default {rate})"),
-        ("--requests", _int, "requests in the Poisson trace (default {requests})"),
-        ("--prompt-tokens", _range, "prompt range LO:HI ({prompt_tokens[0]}:{prompt_tokens[1]})"),
-        ("--output-tokens", _range, "output range LO:HI ({output_tokens[0]}:{output_tokens[1]})"),
-        ("--prefix-groups", _int, "shared system prompts (default {prefix_groups}; 0: none)"),
-        (
-            "--prefix-tokens",
-            _int,
-            "length of each shared prefix (default {prefix_tokens}; 0 with --prefix-groups 0)",
-        ),
-        ("--seed", _int, "RNG seed of the Poisson trace (default {seed})"),
-    ):
-        m.add_argument(flag, type=kind, default=None, help=text.format(**POISSON_DEFAULTS))
 
 
 def _register_simulate(sub) -> None:
@@ -199,8 +158,8 @@ def _register_simulate(sub) -> None:
         "runs on the same trace and budget.",
     )
     m.add_argument("--trace", default=None, help="trace CSV (otherwise a Poisson trace is generated)")
-    _add_poisson_flags(m)
-    m.add_argument("--block-size", type=_int, default=16, help="paging block size in tokens (default 16)")
+    add_poisson_flags(m)
+    m.add_argument("--block-size", type=int_flag, default=16, help="paging block size in tokens (default 16)")
     m.add_argument(
         "--policies",
         default=None,
@@ -220,10 +179,10 @@ def _register_simulate(sub) -> None:
         help="also run paged+keepN: an evicting cache keeping at most N tokens per request (at most ceil(N / "
         "block size) blocks; the oldest block returns to the pool; docs/EVICTION.md)",
     )
-    m.add_argument("--max-running", type=_int, default=None, help="cap on running requests (max_num_seqs)")
+    m.add_argument("--max-running", type=int_flag, default=None, help="cap on running requests (max_num_seqs)")
     m.add_argument(
         "--check-every",
-        type=_int,
+        type=int_flag,
         default=0,
         help="full invariant check every K steps (0: at the end; 1 is slow: 20 s for 20 requests, under 1 s without)",
     )
@@ -244,20 +203,10 @@ def _register_figure(sub) -> None:
     )
     f.add_argument("--out", required=True, help="output image (.png, .svg, .pdf)")
     f.add_argument("--force", action="store_true", help="replace an existing file")
-    f.add_argument("--block-size", type=_int, default=16, help="paging block size in tokens (default 16)")
+    f.add_argument("--block-size", type=int_flag, default=16, help="paging block size in tokens (default 16)")
     _add_budget_args(f)
     f.add_argument("--json", action="store_true", help="print the written path and numbers as JSON")
     f.set_defaults(func=run_figure_cmd)
-
-
-def check_requests_memory(flag: str, n_requests: int, need: int) -> None:
-    """Raise ValueError naming ``flag n_requests`` when the ``need`` bytes it takes pass the available memory."""
-    from kvlab.lab.longrun import memory_refusal
-    from kvlab.runtime.provenance import available_memory_bytes
-
-    problem = memory_refusal(f"{flag} {n_requests:,}", need, available_memory_bytes(), "give fewer requests")
-    if problem:
-        raise ValueError(problem)
 
 
 def _static_result(args: argparse.Namespace, workload: str | None = None) -> dict:
@@ -408,74 +357,6 @@ def _policies(args: argparse.Namespace):
     return policies
 
 
-# the Poisson trace flags of `paging simulate` (dest: default); None in the parser means "not given"
-POISSON_DEFAULTS = {
-    "rate": 2.0,
-    "requests": 500,
-    "prompt_tokens": (256, 2048),
-    "output_tokens": (64, 1024),
-    "prefix_groups": 4,
-    "prefix_tokens": 512,
-    "seed": 0,
-    "save_trace": None,
-}
-
-
-def _poisson_flags_given(args: argparse.Namespace) -> list[str]:
-    """The Poisson trace flags given on the command line (as ``--flag value``)."""
-    given = []
-    for dest in POISSON_DEFAULTS:
-        value = getattr(args, dest)
-        if value is None:
-            continue
-        if isinstance(value, tuple):  # --prompt-tokens LO:HI
-            value = ":".join(map(str, value))
-        elif isinstance(value, float):  # --rate
-            value = f"{value:g}"
-        given.append(f"--{dest.replace('_', '-')} {value}")
-    return given
-
-
-def _poisson_trace(args: argparse.Namespace):
-    """The generated trace of the Poisson flags and its description (the caller writes ``--save-trace``).
-
-    Raises:
-        ValueError: a bad Poisson flag, ``--prefix-tokens`` > 0 given with ``--prefix-groups 0`` (the prefix would
-            be silently dropped), or a ``--save-trace`` folder that does not exist or is a file.
-    """
-    from kvlab.paging.simulate import simulate_memory_bytes
-    from kvlab.paging.trace import poisson_trace
-
-    if args.prefix_groups == 0 and args.prefix_tokens:
-        raise ValueError(
-            f"--prefix-tokens {args.prefix_tokens} sizes a shared prefix, but --prefix-groups 0 means none; "
-            "pass both > 0 or drop --prefix-tokens"
-        )
-    prefix_tokens_given = args.prefix_tokens is not None
-    for dest, default in POISSON_DEFAULTS.items():
-        if getattr(args, dest) is None:
-            setattr(args, dest, default)
-    if args.requests >= 1:  # below 1: poisson_trace names it
-        check_requests_memory("--requests", args.requests, simulate_memory_bytes(args.requests))
-    trace = poisson_trace(
-        args.requests,
-        args.rate,
-        args.prompt_tokens,
-        args.output_tokens,
-        args.prefix_groups,
-        # the default 512 goes with the default groups: --prefix-groups 0 alone means no prefix
-        args.prefix_tokens if args.prefix_groups or prefix_tokens_given else 0,
-        args.seed,
-    )
-    if args.save_trace:
-        problem = output_problem(args.save_trace, "--save-trace", folder_must_exist=True)
-        if problem:
-            raise ValueError(problem)
-        if Path(args.save_trace).exists() and not args.force:  # before the run, not after it
-            raise FileExistsError(file_exists_message(args.save_trace))
-    return trace, f"poisson(rate={args.rate:g}/step, n={args.requests}, seed={args.seed})"
-
-
 def run_simulate_cmd(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -493,7 +374,7 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
         return fail(args, "--force replaces an existing --save-trace file; pass --save-trace too")
     if args.trace:
         problem = replaced_flags_problem(  # they would be silently ignored
-            _poisson_flags_given(args), "the generated Poisson trace", f"--trace {args.trace}"
+            poisson_flags_given(args), "the generated Poisson trace", f"--trace {args.trace}"
         )
         if problem:
             return fail(args, problem)
@@ -509,7 +390,7 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
         )  # before the trace is made or saved
         check_block_size(args)
         if not args.trace:
-            trace, source = _poisson_trace(args)
+            trace, source = poisson_trace_of(args)
         policies, budget = _policies(args), _budget(args)
         check_keep_evicts(args, trace, policies)
         check_fits(args, trace, policies, budget)

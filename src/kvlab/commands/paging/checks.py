@@ -1,9 +1,47 @@
-"""Checks ``kvlab paging simulate`` makes on the trace before the first policy runs, each naming the flags that
-set the refused values (the library, :mod:`kvlab.paging.simulate`, names its parameters)."""
+"""Checks ``kvlab paging`` makes before any work, each naming the flags that set the refused values (the library,
+:mod:`kvlab.paging`, names its parameters): the integer and range flag types, the memory a request count takes,
+flags a file replaces, the block size, and the trace against the policies and the KV pool."""
 
 from __future__ import annotations
 
 import argparse
+
+INT_LIMIT = 2**62  # the simulator's arrays are numpy int64: a larger count overflowed inside numpy
+
+
+def int_flag(text: str) -> int:
+    """An integer flag of ``kvlab paging``: a whole number of magnitude below 2**62 (argparse names the flag)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if abs(value) >= INT_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be below 2**62 (numpy int64 arrays), got {text}")
+    return value
+
+
+def range_flag(text: str) -> tuple[int, int]:
+    """A ``LO:HI`` token range flag of ``kvlab paging`` (``N`` alone: ``N:N``), each below 2**62 in magnitude."""
+    lo, sep, hi = text.partition(":")
+    try:
+        pair = (int(lo), int(hi if sep else lo))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO:HI tokens, got {text!r}") from None
+    if max(abs(pair[0]), abs(pair[1])) >= INT_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be below 2**62 (numpy int64 arrays), got {text}")
+    return pair
+
+
+def check_requests_memory(flag: str, n_requests: int, need: int) -> None:
+    """Raise ValueError naming ``flag n_requests`` when the ``need`` bytes it takes pass the available memory."""
+    from kvlab.lab.longrun import memory_refusal
+    from kvlab.runtime.provenance import available_memory_bytes
+
+    problem = memory_refusal(f"{flag} {n_requests:,}", need, available_memory_bytes(), "give fewer requests")
+    if problem:
+        raise ValueError(problem)
+
+
 
 
 def replaced_flags_problem(given: list[str], generated: str, replacement: str) -> str | None:
