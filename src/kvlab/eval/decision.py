@@ -233,7 +233,8 @@ NEAR_GATE = (
 
 def latency_warning(rows: list[dict], max_latency_ratio: float | None = None) -> str | None:
     """A warning when the machine was busy while capacity cells were timed (``latency_trusted`` false: their
-    latency gate was not used), when a cell's timed calls disagree by more than :data:`UNSTABLE_TIMING_SPREAD`, or
+    latency gate was not used), when a cell's timed calls disagree by more than :data:`UNSTABLE_TIMING_SPREAD` in
+    either matrix (:func:`spread_warning`), or
     when a candidate cell timed only once (``--repeat 1``, ``--quick``'s default) has a latency ratio within
     :data:`NEAR_GATE` of ``max_latency_ratio`` (its verdict, and so the decision, can change between runs); else
     None."""
@@ -270,16 +271,37 @@ def latency_warning(rows: list[dict], max_latency_ratio: float | None = None) ->
             f"trusted there, the latency gate was not used and the decision rests on the memory and quality gates "
             f"(the ratios shown are paired per round, so still indicative)"
         )
-    spread = [r for r in cap if r.get("timing_spread") is not None]
-    bad = [r for r in spread if r["timing_spread"] > UNSTABLE_TIMING_SPREAD]
-    if bad:
-        worst = max(bad, key=lambda r: r["timing_spread"])
-        parts.append(
-            f"{len(bad)} of {len(spread)} capacity cells had timed calls differing by more than "
-            f"{UNSTABLE_TIMING_SPREAD}x (worst: {worst['candidate']} at {worst['context_length']}, "
-            f"{worst['timing_spread']:.2f}x): medians are noisy; rerun on a quiet machine or with a larger --repeat"
-        )
+    noisy = spread_warning(rows)
+    if noisy:
+        parts.append(noisy)
     return "; ".join(parts) or None
+
+
+# the matrices whose timed cells the spread check covers, as the warning names them
+SPREAD_MATRICES = {"capacity": "capacity", "window": "residual-window"}
+
+
+def spread_warning(rows: list[dict]) -> str | None:
+    """The cells of each matrix (capacity and residual-window) whose timed calls differ by more than
+    :data:`UNSTABLE_TIMING_SPREAD` (``timing_spread``, max / min), counted per matrix with its worst cell, or None:
+    ``2 of 12 capacity cells (worst: ...) and 3 of 4 residual-window cells (worst: kivi-4 at 1024, R=32, 2.31x) had
+    timed calls differing by more than 1.5x: ...``. The tables mark those cells' ms/tok with ``~``."""
+    clauses = []
+    for matrix, words in SPREAD_MATRICES.items():
+        timed = [r for r in rows if r["matrix"] == matrix and r.get("timing_spread") is not None]
+        bad = [r for r in timed if r["timing_spread"] > UNSTABLE_TIMING_SPREAD]
+        if bad:
+            worst = max(bad, key=lambda r: r["timing_spread"])
+            window = worst.get("residual_length") if matrix == "window" else None
+            where = f"{worst['candidate']} at {worst['context_length']}" + (f", R={window}" if window else "")
+            clauses.append(f"{len(bad)} of {len(timed)} {words} cells (worst: {where}, {worst['timing_spread']:.2f}x)")
+    if not clauses:
+        return None
+    return (
+        f"{' and '.join(clauses)} had timed calls differing by more than {UNSTABLE_TIMING_SPREAD}x (ms/tok marked "
+        "~): their medians and latency ratios are noisy, ✓ or ✗ alike; rerun on a quiet machine or with a larger "
+        "--repeat"
+    )
 
 
 def failed_everywhere(result: dict) -> list[dict]:

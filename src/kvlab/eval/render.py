@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from kvlab.eval.decision import UNSTABLE_TIMING_SPREAD
 from kvlab.eval.decision_words import (
     bundled_model_note,
     decision_rule,
@@ -67,7 +68,7 @@ def _matrix_cells(r: dict) -> tuple[str, ...]:
         rg,
         _f(r["cache_bytes"] / MIB, ".3f"),
         "1" if base else _f(r.get("cache_bytes_ratio"), ".3f") + _mark(r, "saves_memory"),
-        _f(r["ms_per_token"], ".1f"),
+        _f(r["ms_per_token"], ".1f") + (" [yellow]~[/]" if _noisy(r) else ""),
         "1" if base else _f(r.get("latency_ratio"), ".2f") + _mark(r, "latency_ratio"),
         _f(r.get("mean_nll"), ".3f") if base else _f(r.get("nll_delta"), "+.3f") + _mark(r, "nll_delta"),
         "" if base else _f(r.get("topk_overlap"), ".2f") + _mark(r, "topk_overlap"),
@@ -78,6 +79,12 @@ def _matrix_cells(r: dict) -> tuple[str, ...]:
         _f(None if peak is None else peak / MIB, ".1f"),
         "baseline" if base else ("[green]eligible[/]" if r.get("eligible") else "[red]rejected[/]"),
     )
+
+
+def _noisy(row: dict) -> bool:
+    """Whether the row's timed calls differ by more than :data:`~kvlab.eval.decision.UNSTABLE_TIMING_SPREAD`
+    (the latency warning counts it: :func:`~kvlab.eval.decision.spread_warning`)."""
+    return (row.get("timing_spread") or 0) > UNSTABLE_TIMING_SPREAD
 
 
 def _matrix_grid(result: dict, matrix: str) -> tuple[str, list[str], list[list[str]]] | None:
@@ -214,7 +221,8 @@ COLUMN_LEGEND = (
     "passkey's the overall drop); passkey - = no passkey grid at that context (it runs at --retrieval-contexts, by "
     "default the smallest context only); KL = mean KL(dynamic || cache), nats; peak MiB = peak of the tensor bytes "
     "one generate() call creates (cache, activations, logits; the weights not counted), - where not measured; "
-    "✓/✗ = the gate of that column"
+    f"✓/✗ = the gate of that column; ~ after ms/tok = that cache's timed calls differed by more than "
+    f"{UNSTABLE_TIMING_SPREAD}x (noisy, its lat × and ✓ too; see the warning)"
 )
 
 

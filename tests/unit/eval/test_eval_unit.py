@@ -234,12 +234,7 @@ def test_latency_warning_names_the_noisiest_capacity_cell():
     assert timing_spread([5.0]) is None
     calm = [
         {"matrix": "capacity", "candidate": "dynamic", "context_length": 512, "timing_spread": 1.1},
-        {
-            "matrix": "window",
-            "candidate": "kivi-4",
-            "context_length": 512,
-            "timing_spread": 9.0,
-        },  # not capacity
+        {"matrix": "window", "candidate": "kivi-4", "context_length": 512, "residual_length": 32, "timing_spread": 1.2},
     ]
     assert latency_warning(calm) is None
     noisy = calm + [
@@ -252,10 +247,33 @@ def test_latency_warning_names_the_noisiest_capacity_cell():
         },
     ]
     w = latency_warning(noisy)
-    assert w.startswith("2 of 3 capacity cells") and "kivi-4 at 4096, 3.20x" in w
+    assert w.startswith("2 of 3 capacity cells (worst: kivi-4 at 4096, 3.20x) had timed calls differing by more than")
+    assert "residual-window" not in w
     # just past the threshold: two decimals, so the worst cell does not read as the threshold itself ("1.5x")
     w = latency_warning(calm + [{**noisy[-1], "timing_spread": UNSTABLE_TIMING_SPREAD + 0.02}])
-    assert f"more than {UNSTABLE_TIMING_SPREAD}x (worst: hqq-4 at 512, {UNSTABLE_TIMING_SPREAD + 0.02:.2f}x)" in w
+    assert f"(worst: hqq-4 at 512, {UNSTABLE_TIMING_SPREAD + 0.02:.2f}x) had timed calls differing by more than " in w
+
+
+def test_a_noisy_residual_window_cell_is_warned_of_and_marked():
+    # the spread check counted capacity cells only: window cells at 1.2-2.31x showed ✓ with no warning
+    from kvlab.eval.decision import UNSTABLE_TIMING_SPREAD, latency_warning
+    from kvlab.eval.render import _matrix_cells
+
+    window = {"matrix": "window", "candidate": "kivi-4", "context_length": 1024, "residual_length": 32}
+    rows = [
+        {"matrix": "capacity", "candidate": "kivi-4", "context_length": 512, "timing_spread": 1.1},
+        {**window, "residual_length": 16, "timing_spread": 1.2},
+        {**window, "timing_spread": 2.31},
+        {**window, "residual_length": 64, "timing_spread": 1.8},
+    ]
+    w = latency_warning(rows)
+    assert w.startswith(
+        "2 of 3 residual-window cells (worst: kivi-4 at 1024, R=32, 2.31x) had timed calls differing by more than "
+        f"{UNSTABLE_TIMING_SPREAD}x (ms/tok marked ~)"
+    ), w
+    cell = {**rows[2], "cache_bytes": 2**20, "ms_per_token": 3.0, "latency_ratio": 0.56, "gates": {}}
+    assert _matrix_cells(cell)[5] == "3.0 [yellow]~[/]"
+    assert _matrix_cells({**cell, "timing_spread": 1.2})[5] == "3.0"
 
 
 def test_runner_times_caches_interleaved_and_pairs_the_ratio(tiny, monkeypatch):
