@@ -113,6 +113,9 @@ def run(args: argparse.Namespace) -> int:
         if exc.filename is None or Path(exc.filename).parent != Path(args.out):
             raise
         return fail(args, f"--out {args.out}: cannot write {exc.filename} ({exc.strerror or exc})")
+    err = Console(stderr=True)
+    for warning in _probe_warnings(Path(args.out) / "figures.json"):  # its panel title says so too
+        err.print(f"[yellow]warning: roofline probe: {warning}[/]")
     if args.json:
         print(json.dumps({name: str(path) for name, path in paths.items()}, indent=1))
         return 0
@@ -121,6 +124,13 @@ def run(args: argparse.Namespace) -> int:
         t.add_row(name, str(path))
     Console().print(t)
     return 0
+
+
+def _probe_warnings(numbers: Path) -> list[str]:
+    """The roofline probe's busy-machine warnings (:func:`kvlab.plan.probe.probe`) in the ``figures.json`` just
+    written (``[]`` with ``--no-probe`` or on a quiet machine)."""
+    panels = json.loads(numbers.read_text(encoding="utf-8"))["roofline"]["panels"]
+    return [w for panel in panels for w in (panel.get("probe") or {}).get("warnings", ())]
 
 
 def _sensitivity_data(sweep: str | None, plan: str | None) -> dict | None:

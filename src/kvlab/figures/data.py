@@ -125,7 +125,7 @@ def roofline_data(
         local = probe(**dict(probe_kwargs or {}))
         panels.append(
             {
-                "title": "this machine (probe, fp32)",
+                "title": "this machine (probe, fp32" + ("; busy: roofs not trusted)" if local.warnings else ")"),
                 "peak_flops": local.peak_flops,
                 "bandwidth_bytes_s": local.bandwidth_bytes_s,
                 "points": points(4.0),

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 
 from kvlab.plan.config_fields import check_int_at_least
+from kvlab.runtime.blas import get_blas_threads
+from kvlab.runtime.timing import Snapshot, busy_warnings, contention
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,7 @@ class ProbeResult:
     stream_bytes: int  # bytes of the streamed array (read once and written once per pass)
     seconds: float  # wall time of the whole probe
     cpu_count: int | None  # os.cpu_count() when probed
+    warnings: tuple[str, ...] = ()  # the machine was busy while timing (kvlab.runtime.timing.busy_warnings)
 
     @property
     def ridge_flop_per_byte(self) -> float:
@@ -44,6 +47,7 @@ class ProbeResult:
             "stream_bytes": self.stream_bytes,
             "probe_seconds": self.seconds,
             "cpu_count": self.cpu_count,
+            "warnings": list(self.warnings),
             "method": "best of n x n fp32 matmuls (2 n^3 FLOP); best of copyto / add streaming passes (read + write)",
         }
 
@@ -56,6 +60,11 @@ def probe(matmul_n: int = 2048, stream_elements: int = 20_000_000, repeat: int =
         stream_elements: fp32 elements of the streamed array (20M: 80 MB, past any CPU cache).
         repeat: timed runs of each kernel; the fastest counts.
 
+    Returns:
+        The roofs, with ``warnings`` naming a roof measured while other processes took CPU time (the same check and
+        words as ``kvlab eval`` and ``kvlab lab``: :func:`kvlab.runtime.timing.busy_warnings`); a busy machine gives
+        lower roofs (27 GFLOP/s under load, 98 minutes later on one 2-core machine).
+
     Raises:
         ValueError: a non-positive size or repeat.
     """
@@ -67,12 +76,16 @@ def probe(matmul_n: int = 2048, stream_elements: int = 20_000_000, repeat: int =
     b = rng.standard_normal((matmul_n, matmul_n), dtype=np.float32)
     out = np.empty_like(a)
     np.matmul(a, b, out=out)  # warm-up
-    best = float("inf")
+    best, cpus = float("inf"), os.cpu_count() or 1
+    before = Snapshot.now()
     for _ in range(repeat):
         t0 = time.perf_counter()
         np.matmul(a, b, out=out)
         best = min(best, time.perf_counter() - t0)
     peak_flops = 2.0 * matmul_n**3 / best
+    # the matmul runs numpy's BLAS threads (every CPU by default), the streaming passes one thread
+    busy = [contention(before, Snapshot.now(), min(cpus, get_blas_threads() or cpus), cpus)]
+    before = Snapshot.now()
 
     x = rng.standard_normal(stream_elements, dtype=np.float32)
     y = np.empty_like(x)
@@ -84,6 +97,8 @@ def probe(matmul_n: int = 2048, stream_elements: int = 20_000_000, repeat: int =
             kernel()
             best = min(best, time.perf_counter() - t0)
     bandwidth = 2 * x.nbytes / best  # one read + one write
+    busy.append(contention(before, Snapshot.now(), 1, cpus))
+    warnings = busy_warnings(busy[0], "the measured GFLOP/s", None) + busy_warnings(busy[1], "the measured GB/s", None)
     return ProbeResult(
         peak_flops=peak_flops,
         bandwidth_bytes_s=bandwidth,
@@ -91,4 +106,5 @@ def probe(matmul_n: int = 2048, stream_elements: int = 20_000_000, repeat: int =
         stream_bytes=int(x.nbytes),
         seconds=time.perf_counter() - start,
         cpu_count=os.cpu_count(),
+        warnings=tuple(warnings),
     )

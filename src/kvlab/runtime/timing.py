@@ -198,12 +198,13 @@ def interleaved(
     return out, contention(start, Snapshot.now(), threads)
 
 
-def busy_warnings(cont: dict, what: str) -> list[str]:
+def busy_warnings(cont: dict, what: str, threads_flag: str | None = "--threads") -> list[str]:
     """``[]`` on a quiet machine (``cont`` from :func:`contention`), else one sentence naming the reading and
-    ``what`` it makes suspect (e.g. "the speed-up"), for a result's ``warnings`` and the printed output."""
+    ``what`` it makes suspect (e.g. "the speed-up"), for a result's ``warnings`` and the printed output; it advises
+    fewer ``threads_flag`` where the work ran several threads (None: the command has no such flag)."""
     if not cont.get("busy"):
         return []
-    fewer = " or with fewer --threads" if cont.get("threads", 1) > 1 else ""
+    fewer = f" or with fewer {threads_flag}" if threads_flag and cont.get("threads", 1) > 1 else ""
     return [
         f"the machine was busy while timing ({cont['reason']}): {what} is not trusted; rerun on a quiet machine{fewer}"
     ]

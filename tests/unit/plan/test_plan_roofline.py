@@ -299,3 +299,45 @@ def test_roofline_warns_when_the_weights_and_kv_do_not_fit_the_gpu():
     ]
     assert alone["decode_step_memory_bound_ms"] > 0  # still computed
     assert not [w for w in roofline_report(gpu="H100", model="llama-3-70b", batch=16, tp=4)["warnings"] if "fit" in w]
+
+
+BUSY = {"busy": True, "reason": "other processes used 1.90 cores on average", "threads": 2}
+
+
+def test_a_probe_on_a_busy_machine_says_so(monkeypatch, capsys):
+    # 27 GFLOP/s under load and 98 minutes later, with no warning (eval and lab warn: busy_warnings)
+    import kvlab.plan.probe as probe_mod
+    from kvlab.cli import main
+    from kvlab.figures.data import roofline_data
+
+    small = {"matmul_n": 64, "stream_elements": 10_000, "repeat": 1}
+    quiet = probe(**small)
+    assert quiet.warnings == () or all("busy" in w for w in quiet.warnings)
+    monkeypatch.setattr(probe_mod, "contention", lambda *a, **k: BUSY)
+    result = probe(**small)
+    assert result.warnings[0] == (
+        f"the machine was busy while timing ({BUSY['reason']}): the measured GFLOP/s is not trusted; rerun on a "
+        "quiet machine"
+    )  # no "--threads" advice: the probe has no such flag
+    assert "the measured GB/s is not trusted" in result.warnings[1]
+    assert result.to_dict()["warnings"] == list(result.warnings)
+    monkeypatch.setattr(probe_mod, "probe", lambda **kw: result)
+    assert main(["roofline", "--probe"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "warning: the machine was busy while timing" in out and "the measured GFLOP/s is not trusted" in out
+    panel = roofline_data(run_probe=True)["panels"][0]
+    assert panel["title"] == "this machine (probe, fp32; busy: roofs not trusted)"
+    assert panel["probe"]["warnings"] == list(result.warnings)
+
+
+def test_kvlab_figures_reads_the_probe_warnings_it_prints(tmp_path):
+    import json
+
+    from kvlab.commands.figures import _probe_warnings
+
+    numbers = tmp_path / "figures.json"
+    panels = [{"title": "this machine", "probe": {"warnings": ["busy"]}}, {"title": "H100", "source": "datasheet"}]
+    numbers.write_text(json.dumps({"roofline": {"panels": panels}}))
+    assert _probe_warnings(numbers) == ["busy"]
+    numbers.write_text(json.dumps({"roofline": {"panels": panels[1:]}}))  # --no-probe
+    assert _probe_warnings(numbers) == []

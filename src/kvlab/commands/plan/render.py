@@ -336,6 +336,7 @@ def print_roofline(r: dict) -> None:
             f"{probe['peak_gflops']:.2f} GFLOP/s (matmul n={probe['matmul_n']}), "
             f"{probe['bandwidth_gb_s']:.2f} GB/s (streaming), ridge {probe['ridge_flop_per_byte']:.2f} FLOP/B"
         )
+        parts += [f"  [yellow]warning: {w}[/]" for w in probe.get("warnings") or ()]
     _print_report(r, *parts)
 
 
