@@ -14,7 +14,15 @@ import os
 from pathlib import Path
 
 from kvlab.cache_names import KIVI_DEFAULTS
-from kvlab.commands import EXIT_FILE_EXISTS, add_command_group, fail, file_exists_message, progress, table
+from kvlab.commands import (
+    EXIT_FILE_EXISTS,
+    add_command_group,
+    empty_path_flag,
+    fail,
+    file_exists_message,
+    progress,
+    table,
+)
 from kvlab.runtime.checks import check_int
 
 SWEEP_KIND = "kvlab-sensitivity"
@@ -129,7 +137,11 @@ def run_sweep(args: argparse.Namespace) -> int:
 
     from kvlab.runtime.atomic import atomic_write_json, output_problem
 
-    problem = _check_sweep_args(args) or output_problem(args.out, "--out", folder_must_exist=True)
+    problem = (  # '' is no file ("--out . is a folder")
+        empty_path_flag(args, "--out")
+        or _check_sweep_args(args)
+        or output_problem(args.out, "--out", folder_must_exist=True)
+    )
     if problem:
         return fail(args, problem)
     if Path(args.out).exists() and not args.force:

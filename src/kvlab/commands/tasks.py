@@ -301,6 +301,8 @@ def _merge(args: argparse.Namespace) -> int:
             raise ValueError(f"--merge {'needs' if flag == '--out' else 'takes no'} {flag}")
     if given:
         raise ValueError(f"--merge measures nothing; drop --{given[0].replace('_', '-')}")
+    if len(args.merge) < 2:  # it said "got 1 and 1"
+        raise ValueError(f"--merge needs two result files or more, got one: {args.merge[0]}")
     results = [read_result(f, tasks=True) for f in args.merge]
     for f, r in zip(args.merge, results):
         if not is_tasks_result(r):

@@ -65,10 +65,10 @@ def merge_tasks_results(
             other shared settings (:data:`SHARED_SETTINGS`; the value of each file named), or a (task, context)
             cell measured in two files (named).
     """
-    if len(results) < 2 or len(names) != len(results):
-        raise ValueError(
-            f"merge needs two results or more, one name each; got {len(results)} and {len(names)}"
-        )
+    if len(results) < 2:  # "got 1 and 1" (results and names) said nothing of what was missing
+        raise ValueError(f"merge needs two result files or more, got {len(results)}: {', '.join(map(str, names))}")
+    if len(names) != len(results):
+        raise ValueError(f"merge needs one name per result, got {len(names)} names for {len(results)} results")
     results = [upgrade_tasks_result(copy.deepcopy(r)) for r in results]
     _refuse_mismatch(results, names)
     seen: dict[tuple[str, int], str] = {}

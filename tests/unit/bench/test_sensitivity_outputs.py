@@ -38,6 +38,13 @@ def test_sweep_refuses_a_missing_out_folder_before_loading_the_model(tmp_path, c
     assert err.count("\n") == 0 and f"--out {out}: folder {out.parent} does not exist" in err, err
 
 
+@pytest.mark.parametrize("out", ["", "  "])
+def test_sweep_refuses_an_empty_out(out, capsys):
+    # it said "--out . is a folder"
+    assert main(["sensitivity", "sweep", "--out", out, "--context", "256", "--formats", "kivi-4"]) == 2
+    assert capsys.readouterr().err.strip() == f"kvlab sensitivity sweep: error: --out must name a file, got {out!r}"
+
+
 @pytest.mark.parametrize("via_env", [False, True])
 def test_allocate_refuses_a_file_where_the_plan_folder_should_be(tmp_path, capsys, monkeypatch, via_env):
     # --out-dir p.png with p.png a file: FileExistsError traceback from mkdir, exit 1

@@ -75,8 +75,8 @@ def test_runs_that_do_not_belong_together_are_refused(edit, message):
     with pytest.raises(ValueError, match="merge|measured|has n") as err:
         merge_tasks_results(parts, ["a.json", "b.json"])
     assert message in str(err.value)
-    with pytest.raises(ValueError, match="two results or more"):
-        merge_tasks_results(parts[:1], ["a.json"])
+    with pytest.raises(ValueError, match="merge needs two result files or more, got 1: a.json"):
+        merge_tasks_results(parts[:1], ["a.json"])  # it said "got 1 and 1"
 
 
 def test_the_command_merges_files_and_refuses_bad_use(tmp_path, capsys):
@@ -99,6 +99,8 @@ def test_the_command_merges_files_and_refuses_bad_use(tmp_path, capsys):
             "--merge measures nothing; drop --n",
         ),
         (["--merge", files[0], str(tmp_path / "none.json"), "--out", str(tmp_path / "y.json")], "none.json"),
+        # one file said "got 1 and 1"
+        (["--merge", files[0], "--out", str(tmp_path / "z.json")], f"--merge needs two result files or more, got one: {files[0]}"),
     ):
         assert main(["tasks", *argv]) == 2
         assert message in capsys.readouterr().err
