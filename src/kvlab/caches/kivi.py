@@ -30,6 +30,7 @@ from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.caches.base import KVLayer, check_full_attention
 from kvlab.caches.crop import crop_keep
 from kvlab.quant.kivi import KIVIConfig, KIVIState
+from kvlab.runtime.checks import check_int
 
 ATTENTION_PATHS = ("dequantize", "fused")
 
@@ -257,7 +258,10 @@ class KIVICache(Cache):
             RuntimeError: fused mode with no forward context open while tokens are quantized (a model without
                 :func:`kvlab.attention.enable`; one with it raises at the end of a forward whose attention left a
                 prefix unread, :meth:`kvlab.attention.context.ForwardContext.check_read`).
+            ValueError: ``layer_idx`` not an int >= 0 (it was an IndexError from transformers for -1, a TypeError
+                here for ``'a'``).
         """
+        check_int("layer_idx", layer_idx, 0)
         if layer_idx > 0 and self.layers and self.layers[0].is_initialized:
             fresh = layer_idx >= len(self.layers) or not self.layers[layer_idx].is_initialized
             held = self.layers[0].get_seq_length()

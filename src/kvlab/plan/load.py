@@ -98,7 +98,7 @@ def load_spec(model: str | os.PathLike | Mapping | ModelSpec) -> ModelSpec:
     with ``huggingface_hub`` when that package is importable (cached copy first; online only when allowed).
 
     Raises:
-        ValueError: nothing matches ``model`` (a path-like ``model``, see :func:`_looks_like_path`, that does not
+        ValueError: ``model`` of another type (None, a number), nothing matches ``model`` (a path-like ``model``, see :func:`_looks_like_path`, that does not
             exist is reported as a missing directory, config or GGUF file, never looked up on the hub), the config
             is malformed (the message names the field), or a GGUF file that is not one, is cut short, lacks a key
             or needs the ``gguf`` package (the message names the file).
@@ -109,6 +109,11 @@ def load_spec(model: str | os.PathLike | Mapping | ModelSpec) -> ModelSpec:
         return model
     if isinstance(model, Mapping):
         return spec_from_config(model, name=str(model.get("_name_or_path") or "config"))
+    if not isinstance(model, (str, os.PathLike)):  # os.fspath's TypeError named neither the argument nor the value
+        raise ValueError(
+            "`model` must be a preset name, a path, a hub id, a config dict or a ModelSpec, got "
+            f"{type(model).__name__} {model!r}"
+        )
     text = os.fspath(model)
     if not text.strip():
         raise ValueError(

@@ -3,6 +3,8 @@ were loaded, and batch reordering with bad indices: a clear error naming the val
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -148,3 +150,11 @@ def test_bad_repeats_are_named(repeats):
     with pytest.raises((TypeError, ValueError), match=rf"repeats.*{repeats!r}"):
         cache.batch_repeat_interleave(repeats)
     assert cache.layers[0].state.key_residual.shape[0] == 2
+
+
+@pytest.mark.parametrize("layer_idx", [-1, "a", 1.0])
+def test_update_names_a_bad_layer_index(layer_idx):
+    # -1 was an IndexError from transformers' cache_utils, 'a' a TypeError inside kivi.py
+    k = torch.zeros(1, 2, 4, 8)
+    with pytest.raises(ValueError, match=re.escape(f"`layer_idx` must be an int >= 0, got {layer_idx!r}")):
+        KIVICache().update(k, k, layer_idx)

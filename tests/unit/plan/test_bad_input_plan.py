@@ -724,3 +724,10 @@ def test_decode_step_bound_names_a_bad_weight_byte_count(weight):
         match=r"`weight_bytes_read` must be a non-negative integer, got " + re.escape(repr(weight)),
     ):
         decode_step_bound(spec, 1024, 1, weight_bytes_read=weight, bandwidth_bytes_s=1e12)
+
+
+@pytest.mark.parametrize("model, said", [(None, "NoneType None"), (5, "int 5")])
+def test_load_spec_names_a_model_of_another_type(model, said):
+    # a TypeError from os.fspath, naming neither the argument nor the value
+    with pytest.raises(ValueError, match=re.escape(f"`model` must be a preset name, a path, a hub id, a config dict or a ModelSpec, got {said}")):
+        load_spec(model)
