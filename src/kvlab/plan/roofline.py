@@ -1,4 +1,5 @@
-"""Roofline for decode and prefill: arithmetic intensity, ridge point, decode step lower bound (docs/plan.md, Roofline).
+"""Roofline for decode and prefill: arithmetic intensity, ridge point, decode step lower bound (the floor under TPOT,
+time per output token; docs/plan.md, Roofline).
 
 * Ideal fused single-query attention reads K and V once per KV head and shares them across the ``g`` query
   heads of the group: ``4 n_q d S`` FLOP over ``2 n_kv d S p`` bytes, so ``I = 2g/p`` whatever ``S``.

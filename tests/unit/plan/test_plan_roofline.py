@@ -341,3 +341,17 @@ def test_kvlab_figures_reads_the_probe_warnings_it_prints(tmp_path):
     assert _probe_warnings(numbers) == ["busy"]
     numbers.write_text(json.dumps({"roofline": {"panels": panels[1:]}}))  # --no-probe
     assert _probe_warnings(numbers) == []
+
+
+def test_roofline_names_its_decode_bound_in_the_fields_term(capsys):
+    """The decode step lower bound is the floor under TPOT, the term a serving benchmark reports decode in; the
+    help and docs/plan.md said only 'decode step lower bound'."""
+    from pathlib import Path
+
+    from kvlab.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["roofline", "--help"])
+    assert "floor under TPOT (time per output token)" in " ".join(capsys.readouterr().out.split())
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "plan.md").read_text(encoding="utf-8")
+    assert "the floor under TPOT (time per\noutput token" in doc

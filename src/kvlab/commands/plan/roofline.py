@@ -19,7 +19,8 @@ def register(subparsers) -> None:
         "from its datasheet), the ideal decode attention intensity I = 2g/p (g query heads per KV head, p bytes "
         "per KV element), a rough prefill intensity (projection and causal attention FLOPs over the weights "
         "and an activation-traffic estimate), and the decode step lower bound (weights + batch x KV) / "
-        "bandwidth. --probe measures fp32 matmul FLOP/s and streaming GB/s here with numpy.",
+        "bandwidth, the floor under TPOT (time per output token). --probe measures fp32 matmul FLOP/s and "
+        "streaming GB/s here with numpy.",
     )
     r.add_argument(
         "--model",
