@@ -128,8 +128,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _probe_warnings(numbers: Path) -> list[str]:
     """The roofline probe's busy-machine warnings (:func:`kvlab.plan.probe.probe`) in the ``figures.json`` just
-    written (``[]`` with ``--no-probe`` or on a quiet machine)."""
-    panels = json.loads(numbers.read_text(encoding="utf-8"))["roofline"]["panels"]
+    written (``[]`` with ``--no-probe``, on a quiet machine, or where no roofline was drawn: a run of only a tasks
+    result or a sensitivity sweep writes no ``figures.json``)."""
+    if not numbers.is_file():
+        return []
+    panels = (json.loads(numbers.read_text(encoding="utf-8")).get("roofline") or {}).get("panels", [])
     return [w for panel in panels for w in (panel.get("probe") or {}).get("warnings", ())]
 
 

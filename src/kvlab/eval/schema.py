@@ -318,8 +318,8 @@ def _summary_problems(summary: dict) -> list[str]:
 def _decision_problems(result: dict) -> list[str]:
     """The summary's decision against the capacity rows it was made from (:func:`kvlab.eval.decision.decide`): one
     of the decisions it can make (``tune_cache_policy``, ``accept <candidate> at context <n>``), an accepted row
-    that is in ``rows``, eligible, and the ``selected_candidate``; no rows at all behind a decision; no eligible
-    row left unchosen by ``tune_cache_policy``."""
+    that is in ``rows``, eligible, and the ``selected_candidate``; no eligible row left unchosen by
+    ``tune_cache_policy`` (which a run with no capacity row at all writes too)."""
     import re
 
     from kvlab.eval.decision_words import NO_CANDIDATE
@@ -332,9 +332,7 @@ def _decision_problems(result: dict) -> list[str]:
     if decision != NO_CANDIDATE and not accept:
         return [f"summary.decision: {_show(decision)} is not a decision kvlab eval makes ('{NO_CANDIDATE}' or "
                 "'accept <candidate> at context <n>')"]
-    if not rows:
-        return [f"summary.decision: {_show(decision)} rests on no capacity row (rows holds none)"]
-    if not accept:
+    if not accept:  # with no rows at all too: a run whose every cell failed writes tune_cache_policy itself
         if eligible or sel:
             return [f"summary.decision: {_show(decision)}, but a capacity row passed every gate"
                     f" ({_show(eligible[0]['candidate']) if eligible else 'summary.selected_candidate'})"]

@@ -20,9 +20,10 @@ needs_kernel = pytest.mark.skipif(
 )
 
 PROMPT, STEPS = 300, 40  # past the residual window: most of the history is quantized
-# max |logit_int8 - logit_exact| / max |logit_exact| over the steps; measured 0.0045 (4-bit) and 0.0020 (2-bit) on
-# an AVX512 CPU, while the exact path's own error against the float cache is 0.05 and 0.31
-INT8_LOGIT_BOUND = 0.02
+# max |logit_int8 - logit_exact| / max |logit_exact| over the steps, per key width; measured on an AVX512 CPU 0.0045
+# (4-bit, a 16-bit query) and 0.041 (2-bit, a one-byte query since 9f11ca3; 0.0020 with the 16-bit one), while the
+# exact path's own error against the float cache is 0.05 and 0.31
+INT8_LOGIT_BOUND = {4: 0.02, 2: 0.08}
 
 
 def _teacher_forced(model, ids: torch.Tensor, name: str) -> tuple[torch.Tensor, list]:
@@ -61,7 +62,7 @@ def test_int8_logits_stay_within_a_bound_of_the_exact_path(bundled, nbits):
     scale = exact.abs().max()
     diff = float((int8 - exact).abs().max() / scale)
     own = float((exact - dyn).abs().max() / dyn.abs().max())
-    assert 0 < diff <= INT8_LOGIT_BOUND, f"int8 vs exact {diff:.4g}"  # 0: the integer path did not run
+    assert 0 < diff <= INT8_LOGIT_BOUND[nbits], f"int8 vs exact {diff:.4g}"  # 0: the integer path did not run
     assert diff <= 0.25 * own, f"int8 vs exact {diff:.4g} against KIVI-{nbits}'s own {own:.4g}"
 
 

@@ -32,7 +32,6 @@ def _drop_rows_of(candidate):
 @pytest.mark.parametrize(
     "name, change, message",
     [
-        ("eval-quick-tova-2026-12-01.json", lambda r: r.__setitem__("rows", []), "rests on no capacity row"),
         ("eval-quick-tova-2026-12-01.json", _set_decision("bogus"), '"bogus" is not a decision kvlab eval makes'),
         (
             "eval-quick-kivi-snapkv-2026-12-01.json",
