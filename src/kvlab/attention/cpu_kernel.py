@@ -300,7 +300,7 @@ def describe() -> str:
 # the instruction-set paths of _kivi_int.c, lowest first (their index is the C code)
 ISAS = ("scalar", "avx2", "avx512")
 # KIVI attention: "exact" (fp32 dot products over dequantized codes, the reference), "int8" (the query quantized
-# to 16 bits (two bytes) per row and key group, integer dot products over the unpacked codes for the key scores, 8-bit value
+# to 16 bits (two bytes; one byte for 2-bit keys) per row and key group, integer dot products over the codes for the key scores, 8-bit value
 # weights per 32-token block for the value sums: _kivi_int.c) or "int8-keys" (integer key scores, exact fp32 values)
 DOT_PATHS = ("exact", "int8", "int8-keys")
 INT_KEYS_ONLY = 256  # added to the instruction-set code: integer key scores only (_kivi_cpu.c)
@@ -470,10 +470,11 @@ def decode_attention(
     ``<= i + window_offset``) or a bool ``[1 or B, q_len, Q + w]`` (True = attend). A row with every key masked
     comes out 0. The caller checks the problem first (:func:`unsupported`, ``kivi_attention``'s input checks).
     ``dot``: the key-score path (:func:`dot_path`; default exact). With ``"int8"`` the
-    quantized keys' scores come from integer dot products against the query rounded to 16 bits per row and key group
-    (``_kivi_int.c``: a high and a low byte, score error at most ``a / 2 * sum_c code[t, c]`` with
-    ``a = max_c |q_c s_c| / 32767``);
-    values, window and softmax stay fp32.
+    quantized keys' scores come from integer dot products against the query rounded per row and key group to 16 bits
+    for 4-bit keys (``_kivi_int.c``: a high and a low byte) or one byte for 2-bit keys, score error at most
+    ``a / 2 * sum_c code[t, c]`` with ``a = max_c |q_c| * max_c s_c / 32766`` (``/ 126`` for 2-bit keys);
+    the value sums weight the codes by 8-bit probabilities (one scale per row and 32-token block); window and
+    softmax stay fp32.
 
     Raises:
         RuntimeError: the kernel is not available (the reason is named) or rejected the sizes.
