@@ -29,7 +29,9 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+from kvlab.runtime.atomic import output_problem
 from kvlab.runtime.checks import check_int
 
 EXIT_OK = 0  # done, every check passed
@@ -80,6 +82,23 @@ def empty_path_flag(args: argparse.Namespace, *flags: str, kind: str = "file") -
         if value is not None and not str(value).strip():
             return f"{flag} must name a {kind}, got {value!r}"
     return None
+
+
+def output_folder_problem(folder: str | os.PathLike, flag: str) -> str | None:
+    """Why the output folder ``flag`` names (``--out-dir``, ``--results-dir``, ``kvlab figures --out``) cannot take
+    the files, found before any work; None when it can. The one rule for output folders: the folder itself may be
+    new (the command creates it, one level), but its parent folder must exist, so a typo'd path
+    (``/tmp/reslts/run1``) is refused as ``--out-dir /tmp/reslts/run1: folder /tmp/reslts does not exist`` rather
+    than made. kvlab's own default folders (``results``, ``kvlab-results``, ``figures``) lie in the current folder,
+    so a first run creates them. Also refused: a file where the folder should be, a parent that is not writable or
+    takes no files (:func:`kvlab.runtime.atomic.output_problem`). An existing folder passes; the files written into
+    it are checked by their writer."""
+    path = Path(folder)
+    if path.is_dir():
+        return None
+    if path.exists():
+        return f"{flag} {path} is a file; pass a folder"
+    return output_problem(path, flag, folder_must_exist=True)  # the folder to create, as a new entry of its parent
 
 
 def flag_values(args: argparse.Namespace, *dests: str) -> dict:

@@ -9,7 +9,15 @@ import json
 import sys
 from pathlib import Path
 
-from kvlab.commands import EXIT_FILE_EXISTS, empty_path_flag, fail, file_exists_message, progress, table
+from kvlab.commands import (
+    EXIT_FILE_EXISTS,
+    empty_path_flag,
+    fail,
+    file_exists_message,
+    output_folder_problem,
+    progress,
+    table,
+)
 
 TASKS_FIGURE = "tasks_scores.png"  # a kvlab tasks result's figure (kvlab.task_figures.plot_task_scores)
 SENSITIVITY_FIGURE = "sensitivity.png"  # a sweep's figure (kvlab.sensitivity_figure.plot_sensitivity)
@@ -23,7 +31,12 @@ def register(subparsers) -> None:
         "numbers drawn are written to figures.json next to them. Files of the same names in --out are kept: "
         "the command refuses (exit 2) unless --force.",
     )
-    p.add_argument("--out", default="figures", help="output folder (default: ./figures)")
+    p.add_argument(
+        "--out",
+        default="figures",
+        help="output folder (default: ./figures, made on a first run); a new folder is made only in a folder "
+        "that exists",
+    )
     p.add_argument(
         "--result",
         action="append",
@@ -52,17 +65,19 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``kvlab figures``: refuse bad input and figure files that exist (exit 2) before any work, then draw each
+    figure into ``--out``. ``--out`` is made if it is new, but only in a folder that exists
+    (:func:`kvlab.commands.output_folder_problem`): the default ``./figures`` is made on a first run."""
     from rich.console import Console
 
     from kvlab.eval.io import read_results
     from kvlab.figures import figure_files, figure_steps, write_figures
 
-    problem = empty_path_flag(args, "--out", kind="folder")
+    # a new --out is made in a folder that exists (./figures on a first run); a typo'd parent is refused
+    problem = empty_path_flag(args, "--out", kind="folder") or output_folder_problem(args.out, "--out")
     if problem:
         return fail(args, problem)
     try:
-        if Path(args.out).exists() and not Path(args.out).is_dir():
-            raise ValueError(f"--out {args.out} is a file; pass a folder")
         # validated, each by its own schema; "" is refused by read_result, not taken for "no result"
         result, tasks = read_results(args.result, flag="--result")
         sensitivity = _sensitivity_data(args.sweep, args.plan)
@@ -89,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         more = f" ({len(existing) - 1} more figure files exist there too)" if len(existing) > 1 else ""
         return fail(args, file_exists_message(existing[0], f"another --out{more}"), EXIT_FILE_EXISTS)
     try:  # fail now, not after the first figure's numbers are computed
-        Path(args.out).mkdir(parents=True, exist_ok=True)
+        Path(args.out).mkdir(exist_ok=True)  # its parent exists: output_folder_problem
     except OSError as exc:  # a file where a parent folder should be, no permission, ...
         reason = "a file is in the way" if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc
         return fail(args, f"--out {args.out}: cannot create the folder ({reason})")

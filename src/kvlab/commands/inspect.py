@@ -18,6 +18,7 @@ from kvlab.commands import (
     table,
 )
 from kvlab.runtime import provenance
+from kvlab.runtime.atomic import output_problem
 
 
 def register(subparsers) -> None:
@@ -84,8 +85,9 @@ def _check_outputs(args: argparse.Namespace) -> str | None:
             return f"{flag} {path} is a folder; pass a file"
         if flag == "--figure" and path.suffix.lower() != ".png":  # the figure is PNG whatever the name says
             return f"--figure {path} must end in .png (the figure is a PNG), got {path.suffix or 'no suffix'}"
-        if not path.parent.is_dir():
-            return f"{flag} {path}: folder {path.parent} does not exist"
+        problem = output_problem(path, flag, folder_must_exist=True)  # no new folders, as every command
+        if problem:
+            return problem
         if path.exists() and not args.force:
             return file_exists_message(path)
     return None

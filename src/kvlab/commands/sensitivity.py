@@ -20,6 +20,7 @@ from kvlab.commands import (
     empty_path_flag,
     fail,
     file_exists_message,
+    output_folder_problem,
     progress,
     table,
 )
@@ -87,7 +88,11 @@ def register(sub) -> None:
         "across layers (docs/MIXED.md)",
     )
     a.add_argument("--name", required=True, help="plan name: kvlab eval runs it as mixed-<name>")
-    a.add_argument("--out-dir", default=None, help="folder of the plan file (default $KVLAB_PLAN_DIR)")
+    a.add_argument(
+        "--out-dir",
+        default=None,
+        help="folder of the plan file (default $KVLAB_PLAN_DIR); a new folder is made only in a folder that exists",
+    )
     a.add_argument("--force", action="store_true", help="overwrite an existing plan file")
     a.add_argument("--json", action="store_true", help="print the plan JSON")
     a.set_defaults(func=run_allocate)
@@ -276,8 +281,10 @@ def run_allocate(args: argparse.Namespace) -> int:
     if not folder:
         return fail(args, f"give --out-dir or set ${PLAN_DIR_ENV} (the folder kvlab eval reads plans from)")
     path = Path(folder) / f"{args.name}.json"
-    # a missing folder is made (docs/MIXED.md's `--out-dir plans`); a file in its way is refused, not a traceback
-    problem = output_problem(path, "--out-dir" if args.out_dir else f"${PLAN_DIR_ENV}")
+    # a new folder is made, but only in a folder that exists (docs/MIXED.md's `--out-dir plans`; the one rule of
+    # kvlab.commands.output_folder_problem); a file in its way is refused, not a traceback
+    flag = "--out-dir" if args.out_dir else f"${PLAN_DIR_ENV}"
+    problem = output_problem(path, flag) or output_folder_problem(folder, flag)
     if problem:
         return fail(args, problem)
     if path.exists() and not args.force:
@@ -293,7 +300,7 @@ def run_allocate(args: argparse.Namespace) -> int:
             **out,
         },
     }
-    Path(folder).mkdir(parents=True, exist_ok=True)
+    Path(folder).mkdir(exist_ok=True)  # its parent exists: output_folder_problem
     atomic_write_json(path, plan)
     if args.json:
         print(json.dumps(plan, indent=1))

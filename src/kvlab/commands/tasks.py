@@ -166,9 +166,8 @@ def _check_outputs(args: argparse.Namespace) -> str | None:
         if path is None:
             continue
         path = Path(path)
-        if not path.parent.is_dir() and not path.is_dir():
-            return f"{flag} {path}: folder {path.parent} does not exist"
-        problem = output_problem(path, flag)  # a folder, or one that takes no files (/proc): before any work
+        # a folder, a missing folder (no new folders), or one that takes no files (/proc): before any work
+        problem = output_problem(path, flag, folder_must_exist=True)
         if problem:
             return problem
         if path.exists() and not args.force:

@@ -59,6 +59,7 @@ def test_bench_writes_refuses_and_forces(tmp_path):
 
 def test_bench_docs_renders_the_records(tmp_path):
     res = tmp_path / "res"
+    res.mkdir()  # --out is written only in a folder that exists
     code, _ = _run(
         [
             "bench",

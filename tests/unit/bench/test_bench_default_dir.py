@@ -62,3 +62,35 @@ def test_an_empty_results_dir_or_out_is_refused_before_anything_runs(argv, messa
     assert main(argv) == 2
     assert message in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # nothing written into the current folder
+
+
+def test_an_explicit_output_path_in_a_missing_folder_is_refused(tmp_path, monkeypatch, capsys):
+    """One rule for output folders (as kvlab report --html, tasks, paging, inspect): an explicit --out is written
+    only in a folder that exists, and an explicit --results-dir is made only in a folder that exists. A typo'd
+    path made every missing folder of it and ran; now it is refused before any work (exit 2), naming the flag and
+    the missing folder, and no folder is made. A new --results-dir in a folder that exists is still made."""
+    from kvlab.bench import paging
+
+    ran = []
+    monkeypatch.setattr(paging, "run", lambda **kw: ran.append(1))
+    monkeypatch.chdir(tmp_path)
+    missing = tmp_path / "missing"
+    small = ["bench", "paging", "--quick"]
+    for argv, said in [
+        ([*small, "--out", str(missing / "x.json")], f"--out {missing / 'x.json'}: folder {missing} does not exist"),
+        (
+            [*small, "--results-dir", str(missing / "deep")],
+            f"--results-dir {missing / 'deep'}: folder {missing} does not exist",
+        ),
+        (
+            ["bench", "docs", "--results-dir", str(tmp_path), "--out", str(missing / "P.md")],
+            f"--out {missing / 'P.md'}: folder {missing} does not exist",
+        ),
+    ]:
+        assert main(argv) == 2, argv
+        assert said in capsys.readouterr().err
+    assert not ran and list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    monkeypatch.setattr("kvlab.commands.bench.unmet_targets", lambda record: [])  # where, not how fast
+    assert main([*small, "--json", "--results-dir", str(tmp_path / "new")]) == 0
+    assert [p.name for p in (tmp_path / "new").iterdir()] == ["paging-cpu-quick.json"]

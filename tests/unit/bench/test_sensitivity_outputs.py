@@ -71,6 +71,22 @@ def test_allocate_still_makes_a_missing_plan_folder(tmp_path, capsys):
     assert (plans / "t3.json").is_file()
 
 
+@pytest.mark.parametrize("via_env", [False, True])
+def test_allocate_makes_no_folders_of_a_typo(tmp_path, capsys, monkeypatch, via_env):
+    """A new plan folder is made only in a folder that exists (the one rule of kvlab eval --out-dir, bench
+    --results-dir, figures --out): a typo'd parent made every missing folder; now exit 2, naming the flag."""
+    plans = tmp_path / "missing" / "plans"
+    argv = ["sensitivity", "allocate", str(SWEEP), "--budget", "0.3", "--name", "t3"]
+    if via_env:
+        monkeypatch.setenv("KVLAB_PLAN_DIR", str(plans))
+    else:
+        argv += ["--out-dir", str(plans)]
+    assert main(argv) == 2
+    flag = "$KVLAB_PLAN_DIR" if via_env else "--out-dir"
+    assert f"error: {flag} {plans}: folder {plans.parent} does not exist" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("bad", [float("nan"), -0.845])
 def test_allocate_refuses_a_sweep_with_a_nan_or_negative_kl(tmp_path, capsys, bad):
     # the breakit pass saw "predicted KL nan" / "-0.845" and a plan file holding NaN (kvlab figures refused it)

@@ -57,3 +57,23 @@ def test_an_empty_out_is_refused(capsys, monkeypatch):
     monkeypatch.setattr(kvlab.figures, "write_figures", lambda *a, **k: pytest.fail("ran"))
     assert main(["figures", "--out", "", "--no-probe", "--no-append"]) == 2
     assert "--out" in capsys.readouterr().err
+
+
+def test_out_in_a_missing_folder_is_refused_and_a_new_one_made(tmp_path, capsys, monkeypatch):
+    """One rule for output folders (as kvlab eval --out-dir, bench --results-dir): --out is made if new, but only
+    in a folder that exists. A typo'd parent made every missing folder and drew the figures there; now it is
+    refused before any work, exit 2, naming --out and the missing folder."""
+    import kvlab.figures
+
+    drawn = []
+    monkeypatch.setattr(kvlab.figures, "write_figures", lambda out, **k: drawn.append(out) or {})
+    out = tmp_path / "missing" / "f"
+    assert main(["figures", "--out", str(out), "--no-probe", "--no-append"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"kvlab figures: error: --out {out}: folder {out.parent} does not exist" in err, err
+    assert not drawn and list(tmp_path.iterdir()) == []
+    assert main(["figures", "--out", str(tmp_path / "new"), "--no-probe", "--no-append", "--json"]) == 0
+    assert (tmp_path / "new").is_dir() and drawn == [str(tmp_path / "new")]
+    monkeypatch.chdir(tmp_path)
+    assert main(["figures", "--no-probe", "--no-append", "--json"]) == 0  # the default ./figures, made on a first run
+    assert (tmp_path / "figures").is_dir()

@@ -251,7 +251,12 @@ def _add_prompt_and_output_flags(p) -> None:
         "model and about 3.5 minutes on smollm2-135m on a busy 2-core CPU. A smoke test: decide with the defaults",
     )
     p.add_argument("--label", default=None, help="result name (default eval-<UTC timestamp>)")
-    p.add_argument("--out-dir", default="results", help="directory for <label>.json (default results/)")
+    p.add_argument(
+        "--out-dir",
+        default="results",
+        help="directory for <label>.json (default results/, made on a first run); a new folder is made only in a "
+        "folder that exists",
+    )
     p.add_argument("--force", action="store_true", help="overwrite an existing result with the same label")
     p.add_argument("--dry-run", action="store_true", help="write the plan only; load no model")
     p.add_argument(

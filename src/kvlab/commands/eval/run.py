@@ -17,6 +17,7 @@ from kvlab.commands import (
     Terminated,
     empty_path_flag,
     fail,
+    output_folder_problem,
     progress,
     sigterm_raises,
 )
@@ -28,6 +29,10 @@ RESUME_IGNORES: dict = {}
 
 
 def run(args: argparse.Namespace) -> int:
+    """``kvlab eval``: refuse bad input before any work (exit 2), write the plan to ``<--out-dir>/<label>.json``,
+    then run it (or stop there with ``--dry-run``). ``--out-dir`` is made if it is new, but only in a folder that
+    exists (:func:`kvlab.commands.output_folder_problem`): the default ``results/`` is made on a first run, a
+    typo'd ``/tmp/reslts/run1`` is refused."""
     from rich.console import Console
 
     err = Console(stderr=True)
@@ -40,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     label = args.label
     if label is None:
         label = "eval-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    problem = empty_path_flag(args, "--out-dir", kind="folder")  # '' would be the current folder
+    # '' would be the current folder; a new --out-dir is made in a folder that exists (results/ on a first run)
+    problem = empty_path_flag(args, "--out-dir", kind="folder") or output_folder_problem(args.out_dir, "--out-dir")
     if problem:
         return fail(args, problem)
     try:
@@ -56,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         if problem:
             return fail(args, problem)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)  # fail now, not after loading the model
+            path.parent.mkdir(exist_ok=True)  # fail now, not after loading the model (its parent exists: checked)
         except OSError as exc:  # a file where the folder (or a parent of it) should be, no permission, ...
             reason = exc.strerror or exc
             if isinstance(exc, (FileExistsError, NotADirectoryError)):
