@@ -36,6 +36,32 @@ def eval_records(folder: str | Path) -> list[tuple[Path, dict]]:
     return out
 
 
+# a value a kept result's recorded command holds that the CLI now refuses -> the spelling it takes now
+# (``--window-residuals ''`` turned the residual-window matrix off until ``none`` became the word for it)
+RESPELLED = {("--window-residuals", ""): "none"}
+
+
+def current_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(command, notes)``: a result's recorded ``command`` (argv) with each value of :data:`RESPELLED` in the
+    spelling the CLI takes now, so the page's command runs as printed, and one note per value respelled
+    (``the result records `--window-residuals ''`; `none` is the current spelling``). The measurements are not
+    touched; the result file keeps its command as it ran."""
+    out, notes = [str(a) for a in argv], []
+    for i, arg in enumerate(out):
+        flag, eq, value = arg.partition("=")  # --flag=value, or --flag value
+        if not eq and i + 1 < len(out):
+            value = out[i + 1]
+        new = RESPELLED.get((flag, value)) if eq or i + 1 < len(out) else None
+        if new is None:
+            continue
+        notes.append(f"the result records `{flag} {shlex.quote(value)}`; `{new}` is the current spelling")
+        if eq:
+            out[i] = f"{flag}={new}"
+        else:
+            out[i + 1] = new
+    return out, notes
+
+
 def _device(result: dict) -> str:
     hw = (result.get("provenance") or {}).get("hardware") or {}
     model = ((result.get("provenance") or {}).get("model") or {}).get("id_or_path")
@@ -106,8 +132,9 @@ def render_integer_path(records: list[tuple[Path, dict]], table) -> list[str]:
     for path, result in records:
         ip = result["summary"]["integer_path"]
         model = (result.get("provenance") or {}).get("model") or {}
+        command, notes = current_command(result.get("command") or [])
         lines += [
-            f"Command: `{shlex.join(result.get('command') or [])}`  ",
+            f"Command: `{shlex.join(command)}`" + "".join(f" ({n})" for n in notes) + "  ",
             f"Result: `docs/examples/{path.name}`; model {model.get('id_or_path')} ({model.get('dtype')}), "
             f"{_device(result).split(', model')[0]}; run {result.get('created_utc')}.",
             "",

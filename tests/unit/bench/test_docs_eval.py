@@ -61,3 +61,41 @@ def test_the_float_kernel_row_of_the_run_is_named_as_its_rounding_floor(tmp_path
     assert "Rounding floor" not in "\n".join(
         docs_eval.render_integer_path([(tmp_path / "eval-y.json", _eval(0.3, False, "not met"))], docs._table)
     )
+
+
+def test_a_recorded_window_residuals_empty_is_shown_as_none(tmp_path):
+    """The kept int8-twin results ran with ``--window-residuals ''``, which the CLI now refuses (``none`` is the
+    word): the page printed that command as the one that produced them, so it failed as printed. It is shown as
+    ``none`` now, with a note, and the result file's command is left as it ran."""
+    result = _eval(0.3, False, "not met")
+    result["command"] += ["--window-residuals", "", "--label", "x"]
+    text = "\n".join(docs_eval.render_integer_path([(tmp_path / "eval-x.json", result)], docs._table))
+    assert "--window-residuals none --label x` (the result records `--window-residuals ''`; `none` is the" in text
+    assert result["command"][-3] == ""
+    assert docs_eval.current_command(["kvlab", "eval", "--window-residuals="]) == (
+        ["kvlab", "eval", "--window-residuals=none"],
+        ["the result records `--window-residuals ''`; `none` is the current spelling"],
+    )
+    assert docs_eval.current_command(["kvlab", "eval", "--window-residuals"]) == (
+        ["kvlab", "eval", "--window-residuals"],
+        [],
+    )
+
+
+def test_every_kept_eval_command_on_the_page_parses_as_printed():
+    """Each ``Command:`` docs/PERFORMANCE.md prints for a kept kvlab eval result is one the CLI takes now."""
+    import shlex
+    from pathlib import Path
+
+    from kvlab.cli import build_parser
+
+    root = Path(__file__).resolve().parents[3]
+    records = docs_eval.eval_records(root / "docs" / "examples")
+    assert records
+    parser = build_parser()
+    for _, result in records:
+        command, _ = docs_eval.current_command(result["command"])
+        page_line = f"Command: `{shlex.join(command)}`"
+        assert page_line in (root / "docs" / "PERFORMANCE.md").read_text(encoding="utf-8")
+        args = parser.parse_args(command[1:])  # exits 2 on a value the CLI refuses
+        assert args.window_residuals == tuple(result["settings"]["window_residuals"])
