@@ -39,6 +39,7 @@ from kvlab.bench.cells import bench_contexts, failed_cell
 from kvlab.bench.prepare import (
     BenchCandidate,
     bench_settings,
+    check_model_shape,
     check_room,
     decode_step,
     exact_prefill,
@@ -210,15 +211,15 @@ def run(
         ``cpu_matmul`` and ``matmul_time_ratio_vs_float32`` (the GEMM path and why).
 
     Raises:
-        ValueError: bad candidates, contexts (too long: :func:`_check_room`), steps, device, cpu_matmul, profile_context.
+        ValueError: bad candidates, contexts (too long: :func:`_check_room`), steps, device, cpu_matmul, profile_context;
+            an HQQ group size no prompt fits (once the model loads: :func:`kvlab.bench.prepare.check_model_shape`).
     """
     cands = parse_candidates(tuple(candidates))
-    dev, contexts, steps, warmup = _run_plan(
-        device, contexts, quick, steps, warmup, cpu_matmul, profile_context
-    )
+    dev, contexts, steps, warmup = _run_plan(device, contexts, quick, steps, warmup, cpu_matmul, profile_context)
     settings = bench_settings(cache_settings, cands)
     n_ids = _check_room(model, dtype, dev, contexts, warmup + steps, profile_context, progress)
     lm, model_desc, ids, source = load_prompted_model(model, dtype, dev, n_ids)
+    check_model_shape(cands, settings, model_desc, contexts)  # an --hqq-group-size failing every cell: refused
     gemm_record, gemms = cpu_matmul_policy(lm, cpu_matmul, dev)
     with gemms:
         rows = _decode_rows(

@@ -165,8 +165,8 @@ def run(
         ``transient_ratio`` (that / ``bf16_cache_bytes``).
 
     Raises:
-        ValueError: bad candidates, contexts or device; contexts too long for the free memory (before the model
-            loads: :func:`kvlab.bench.prepare.check_room`).
+        ValueError: bad candidates, contexts, device or HQQ group size (:func:`kvlab.bench.prepare.check_model_shape`);
+            contexts too long for the free memory (before the model loads: :func:`kvlab.bench.prepare.check_room`).
     """
     dev = resolve_device(device)
     contexts = bench_contexts(contexts, quick, dev.type, (QUICK_CONTEXTS, CPU_CONTEXTS, CUDA_CONTEXTS))
@@ -180,7 +180,7 @@ def run(
     extra = warmup + 2 + (kivi["residual_length"] + kivi["group_size"] + 2 if flush_step else 0)
     prepare.check_room(model, dtype, dev, max(contexts) + extra, max(contexts), progress=progress)
     lm, model_desc, ids, prompt_source = prepare.load_prompted_model(model, dtype, dev, max(contexts) + extra)
-
+    prepare.check_model_shape(cands, settings, model_desc, contexts)  # an --hqq-group-size failing every cell
     rows = []
     for context in contexts:
         try:

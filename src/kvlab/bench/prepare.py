@@ -101,6 +101,29 @@ def parse_candidates(names: tuple[str, ...] | list[str]) -> list[BenchCandidate]
     return parsed
 
 
+def check_model_shape(cands: list[BenchCandidate], settings: CacheSettings, shape: dict, contexts) -> None:
+    """Refuse, once the model's shape is known and before any cell, an HQQ/quanto group size
+    (``--hqq-group-size``, or a name's own ``:hqq_group_size=``) that does not divide one prompt's K/V values at
+    each of ``contexts`` on this model: transformers' quantized layers quantize the whole prompt in groups of that
+    size, so every cell of those caches failed and the run went on (exit 0 with ``--quick``).
+    :func:`kvlab.eval.candidates.check_hqq_group_size`, as ``kvlab eval`` and ``kvlab bench flush`` refuse it.
+    ``shape``: the model description of :func:`load_bench_model` (``kv_heads``, ``head_dim``); caches not
+    installed here are skipped by the run and not checked.
+
+    Raises:
+        ValueError: naming ``hqq_group_size`` with its flag, the value, the model's shape and a divisor that fits.
+    """
+    from kvlab.eval.candidates import check_hqq_group_size
+
+    by_size: dict[int, list[str]] = {}
+    for cand in cands:
+        resolved = resolve(cand._resolved().name, settings)
+        if "hqq_group_size" in resolved.entry.reads and cand.unavailable_reason() is None:
+            by_size.setdefault(resolved.settings.hqq_group_size, []).append(cand.name)
+    for size, names in by_size.items():
+        check_hqq_group_size(names, shape["kv_heads"], shape["head_dim"], size, tuple(contexts))
+
+
 def load_bench_model(model: Any, dtype: str, device: torch.device) -> tuple[Any, Any, dict]:
     """``(model, tokenizer or None, description)``.
 
