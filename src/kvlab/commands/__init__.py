@@ -33,6 +33,7 @@ from pathlib import Path
 
 from kvlab.runtime.atomic import output_problem
 from kvlab.runtime.checks import check_int
+from kvlab.runtime.device import resolve_device  # torch-free until called: building the parser imports none
 
 EXIT_OK = 0  # done, every check passed
 EXIT_FAILED = 1  # ran, and a check, target or load failed
@@ -81,6 +82,18 @@ def empty_path_flag(args: argparse.Namespace, *flags: str, kind: str = "file") -
         value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
         if value is not None and not str(value).strip():
             return f"{flag} must name a {kind}, got {value!r}"
+    return None
+
+
+def device_problem(device: str | None) -> str | None:
+    """The one wording of a ``--device`` this machine cannot run, found before any work: the message of
+    :func:`kvlab.runtime.device.resolve_device` with the flag beside the setting, as ``kvlab bench`` names every
+    setting ("`device` (--device) is 'cuda' but CUDA is not available", "`device` (--device) must be cpu, cuda,
+    cuda:N or auto, got 'mps'"); None when it can run. ``kvlab eval``, ``tasks`` and ``inspect`` call it."""
+    try:
+        resolve_device(device)
+    except ValueError as exc:
+        return str(exc).replace("`device`", "`device` (--device)", 1)
     return None
 
 

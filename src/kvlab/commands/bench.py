@@ -23,6 +23,7 @@ from kvlab.caches.settings import HQQ_GROUP_SIZE
 from kvlab.commands import (
     EXIT_FILE_EXISTS,
     add_command_group,
+    device_problem,
     empty_path_flag,
     fail,
     file_exists_message,
@@ -307,13 +308,17 @@ def _flag_problem(args: argparse.Namespace) -> str | None:
     """Why the flags cannot run (bad input, exit 2), found before any work: an empty --results-dir or --out
     (:func:`kvlab.commands.empty_path_flag`), --threads, --copy-mib or --prefill-chunk < 1 (--copy-mib named in
     MiB, as given, not in the bytes the benchmark takes), a size --quick would ignore, --out/--force with
-    --no-save (--results-dir too), a --model that cannot be loaded (a path that is not there, a hub id offline and not cached:
+    --no-save (--results-dir too), a --device this machine cannot run (:func:`kvlab.commands.device_problem`), a
+    --model that cannot be loaded (a path that is not there, a hub id offline and not cached:
     :func:`kvlab.models.check_local_model`); None when they can."""
     empty = empty_path_flag(args, "--results-dir", kind="folder") or empty_path_flag(args, "--out")
     if empty:  # '' was the current folder (--results-dir) or "not given" (--out)
         return empty
     if args.threads is not None and args.threads < 1:
         return f"--threads must be >= 1, got {args.threads}"
+    device = device_problem(args.device) if hasattr(args, "device") else None  # the wording of eval, tasks
+    if device:
+        return device
     for flag in ("copy_mib", "prefill_chunk"):  # --prefill-chunk 0 failed every row in range(), exit 1
         value = getattr(args, flag, None)
         if value is not None and value < 1:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from kvlab.commands import (
     EXIT_FILE_EXISTS,
+    device_problem,
     fail,
     file_exists_message,
     flag_values,
@@ -129,14 +130,15 @@ def _flag_problem(args: argparse.Namespace) -> str | None:
         return f"--calibrate-tokens must be >= 1, got {calibrate}"
     if calibrate is not None and args.prompt is None and calibrate > args.tokens:
         return f"--calibrate-tokens must be an int in [1, {args.tokens}] (--tokens), got {calibrate}"
-    from kvlab.runtime.device import resolve_device
+    problem = device_problem(args.device)  # before the loading line: the rule and wording of eval, bench, tasks
+    if problem:
+        return problem
     from kvlab.runtime.dtypes import parse_dtype
 
-    try:  # before the loading line: the rule eval, bench and tasks use (cpu, cuda, cuda:N or auto)
-        resolve_device(args.device)
+    try:
         parse_dtype(args.dtype)
     except ValueError as exc:
-        return str(exc).replace("`device`", "--device").replace("`dtype`", "--dtype")
+        return str(exc).replace("`dtype`", "--dtype")
     return None
 
 

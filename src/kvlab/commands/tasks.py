@@ -16,6 +16,7 @@ from kvlab.commands import (
     EXIT_TERMINATED,
     EXIT_USAGE,
     Terminated,
+    device_problem,
     empty_path_flag,
     fail,
     file_exists_message,
@@ -335,7 +336,7 @@ def _model_block(args: argparse.Namespace, result: dict | None) -> dict:
     Raises:
         ValueError: a device or dtype torch does not take, named ``device`` (--device) / ``dtype`` (--dtype).
     """
-    from kvlab.runtime.device import check_device_name, resolve_device
+    from kvlab.runtime.device import resolve_device
     from kvlab.runtime.dtypes import parse_dtype
 
     block = result["model"] if result else {"name": args.model or "bundled"}
@@ -343,11 +344,12 @@ def _model_block(args: argparse.Namespace, result: dict | None) -> dict:
     block.setdefault("device", "cpu" if args.device is None else args.device)
     try:
         parse_dtype(block["dtype"])
-        check_device_name(block["device"])
-        block["device"] = str(resolve_device(block["device"]))
     except ValueError as e:
-        message = str(e).replace("`device`", "`device` (--device)", 1)
-        raise ValueError(message.replace("`dtype`", "`dtype` (--dtype)", 1)) from None
+        raise ValueError(str(e).replace("`dtype`", "`dtype` (--dtype)", 1)) from None
+    problem = device_problem(block["device"])  # the one wording of eval, bench and inspect
+    if problem:
+        raise ValueError(problem)
+    block["device"] = str(resolve_device(block["device"]))
     return block
 
 

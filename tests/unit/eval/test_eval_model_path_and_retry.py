@@ -98,5 +98,5 @@ def test_a_device_this_machine_lacks_is_bad_input_before_any_result_file(tmp_pat
         main(["eval", "--device", "cuda", "--quick", "--out-dir", str(tmp_path / "r"), "--label", "x"]) == 2
     )
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--device cuda" in err[0] and "CUDA is not available" in err[0]
+    assert len(err) == 1 and "`device` (--device) is 'cuda' but CUDA is not available" in err[0]
     assert not (tmp_path / "r").exists()

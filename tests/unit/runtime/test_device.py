@@ -95,7 +95,7 @@ def test_inspect_refuses_cuda_without_it_before_loading(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert main(["inspect", "--device", "cuda"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["kvlab inspect: error: --device is 'cuda' but CUDA is not available"]
+    assert err == ["kvlab inspect: error: `device` (--device) is 'cuda' but CUDA is not available"]
 
 
 def test_inspect_refuses_a_device_outside_the_rule(capsys):
@@ -103,4 +103,28 @@ def test_inspect_refuses_a_device_outside_the_rule(capsys):
 
     assert main(["inspect", "--device", "mps"]) == 2
     err = capsys.readouterr().err
-    assert "--device must be cpu, cuda, cuda:N or auto, got 'mps'" in err and "Traceback" not in err
+    assert "`device` (--device) must be cpu, cuda, cuda:N or auto, got 'mps'" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["eval", "--dry-run", "--quick"],
+        ["tasks", "--dry-run", "--quick"],
+        ["inspect"],
+        ["bench", "decode", "--quick", "--no-save"],
+    ],
+)
+def test_every_command_words_a_missing_cuda_the_same(argv, tmp_path, capsys, monkeypatch):
+    """kvlab eval said "--device cuda: `device` is 'cuda' but CUDA is not available", kvlab inspect "--device is
+    'cuda' but ...", kvlab tasks and bench "`device` (--device) is 'cuda' but ...": now one wording, from
+    :func:`kvlab.commands.device_problem`, before any work."""
+    from kvlab.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main([*argv, "--device", "cuda"]) == 2
+    prog = " ".join(a for a in argv[:2] if not a.startswith("-"))
+    said = f"kvlab {prog}: error: `device` (--device) is 'cuda' but CUDA is not available"
+    assert capsys.readouterr().err.strip().splitlines() == [said]
+    assert not list(tmp_path.iterdir())

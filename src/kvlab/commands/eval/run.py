@@ -15,6 +15,7 @@ from kvlab.commands import (
     EXIT_TERMINATED,
     EXIT_USAGE,
     Terminated,
+    device_problem,
     empty_path_flag,
     fail,
     output_folder_problem,
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
             raise FileExistsError(_exists_message(path, exc)) from None
         # --dry-run too: it refuses what the run refuses before loading (a device this machine lacks, a model
         # that is not there); a path that is not there is bad input (exit 2), as in kvlab lab / inspect / bench
-        problem = _device_problem(cfg.device) or _model_problem(cfg.model)
+        problem = device_problem(cfg.device) or _model_problem(cfg.model)
         if problem:
             return fail(args, problem)
         try:
@@ -148,18 +149,6 @@ def _claim(path, result: dict) -> None:
         {**result, "provenance": {**result["provenance"], "running_in": running_in()}}, "running"
     )
     write_json_atomic(path, claimed)  # the result in memory keeps its status: the resume records it
-
-
-def _device_problem(device: str) -> str | None:
-    """Why ``--device`` cannot run here (CUDA asked on a machine without it, a name torch does not parse), or None:
-    bad input, refused before a result file is written."""
-    from kvlab.runtime.device import resolve_device
-
-    try:
-        resolve_device(device)
-    except ValueError as exc:
-        return f"--device {device}: {exc}"
-    return None
 
 
 def _model_problem(model: str | None) -> str | None:
