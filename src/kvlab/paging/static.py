@@ -246,7 +246,9 @@ def waste_split(
     """Section [B]: mean bytes wasted per request by reservation (``max_len - len`` tokens) vs the last block's
     slots; with a KIVI ``residual`` window, what a reservation or a request's blocks hold beyond its ledger bytes.
 
-    Returns ``reserve_waste`` and ``frag`` (bytes per request), ``ratio`` and ``mean_len`` (tokens).
+    Returns ``reserve_waste`` and ``frag`` (bytes per request), ``ratio`` (``reserve_waste / frag``; None where
+    paging wastes nothing, every request filling its last block: no ratio, and ``float("inf")`` is not JSON) and
+    ``mean_len`` (tokens).
     """
     lens = np.asarray(lens)
     _check_lengths(lens, max_len)
@@ -257,7 +259,7 @@ def waste_split(
     return {
         "reserve_waste": reserve,
         "frag": frag,
-        "ratio": reserve / frag if frag else float("inf"),
+        "ratio": reserve / frag if frag else None,
         "mean_len": float(lens.mean()),
         "block_size": block_size_tokens,
     }

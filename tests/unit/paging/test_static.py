@@ -152,3 +152,23 @@ def test_waste_split_and_sweep_on_hand_lengths():
     )
     c = block_size_sweep(lens, [16])
     assert c["rows"][0]["nblk"] == pytest.approx((1 + 2 + 2) / 3)
+
+
+def test_a_workload_with_no_last_block_waste_has_no_ratio_and_prints_strict_json(capsys, tmp_path):
+    """Every request filling its last block made the ratio float('inf'): '"ratio": Infinity' in --json (not JSON;
+    jq refused it) and 'infx' in the table."""
+    import json
+
+    import numpy as np
+
+    from kvlab.cli import main
+    from kvlab.paging.static import waste_split
+
+    assert waste_split(np.array([4096] * 10), 131072, 16, 4096)["ratio"] is None
+    work = tmp_path / "w.csv"
+    work.write_text("prompt_tokens,output_tokens\n" + "2048,2048\n" * 20)
+    assert main(["paging", "static", "--workload", str(work), "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "Infinity" not in out and json.loads(out)["B"]["ratio"] is None
+    assert main(["paging", "static", "--workload", str(work)]) == 0
+    assert "- (no last-block waste)" in capsys.readouterr().out

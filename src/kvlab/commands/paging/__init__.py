@@ -296,7 +296,7 @@ def run_static_cmd(args: argparse.Namespace) -> int:
     )
     t.add_row(f"contiguous reservation ({cfg['max_len']} tokens)", f"{b['reserve_waste'] / MIB:.2f}")
     t.add_row(f"paged, last block ({b['block_size']} tokens)", f"{b['frag'] / MIB:.2f}")
-    t.add_row("ratio", f"{b['ratio']:.1f}x")
+    t.add_row("ratio", "- (no last-block waste)" if b["ratio"] is None else f"{b['ratio']:.1f}x")
     console.print(t)
     t = table(
         f"[C] block size ({cfg['workload_B_C']})",
