@@ -377,7 +377,8 @@ def _kernel_columns(result: dict) -> list[str]:
     return [
         "",
         f"Every kernel, µs (GB/s as % of copy). Instruction-set path {st.get('isa', '-')}; {paths or 'no int8'}; "
-        f"float baseline: {st.get('float_baseline', '-')}.{_roof_line(result.get('int_roof'), ok[-1])}",
+        f"float baseline: {st.get('float_baseline', '-')}.{_roof_line(result.get('int_roof'), ok[-1])}"
+        + "".join(f" **Warning:** {w}." for w in result.get("warnings") or ()),
         "",
         _table(
             ["context"]
@@ -391,9 +392,9 @@ def _kernel_columns(result: dict) -> list[str]:
 def _roof_line(roof: dict | None, row: dict) -> str:
     """The integer compute roof of a kernel record (``int_roof``, :func:`kvlab.bench.kernel.int_roof_record`) and,
     at ``row``'s context, each integer kernel's least time under it; empty for records without one."""
-    if not roof:
-        return ""
     ks = [(n, k) for n, k in row["kernels"].items() if "roof_us" in k]
+    if not roof or not ks:
+        return ""
     at = [f"`{n}` {k['roof_us']:,.0f} µs ({k['roof_fraction_of_copy']:.0%} of copy; it ran at "
           f"{k['fraction_of_roof']:.0%} of this roof)" for n, k in ks]
     n = roof["threads"]

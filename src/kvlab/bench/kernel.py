@@ -30,6 +30,7 @@ from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.runtime.checks import check_int
 from kvlab.runtime.device import resolve_device, synchronize
 from kvlab.runtime.dtypes import parse_dtype
+from kvlab.runtime.timing import Snapshot, busy_warnings, contention
 
 CPU_CONTEXTS = (1024, 4096, 16384, 32768)
 CUDA_CONTEXTS = (4096, 16384, 32768, 65536, 131072)
@@ -284,6 +285,7 @@ def run(
     nbits = (nbits,) if isinstance(nbits, int) else tuple(nbits)
     shape = dict(batch=batch, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype)
     _check_problem(shape, nbits, group_size, residual_length, copy_bytes, backend, dev, contexts)
+    start = Snapshot.now()
     copy = copy_bandwidth(dev, copy_bytes, reps=max(3, min(reps, 7)))
     roof = int_roof_record(dev, nbits)
     gen = torch.Generator().manual_seed(seed)
@@ -291,16 +293,25 @@ def run(
     kivi = (nbits, group_size, residual_length, backend)
     roofs = (copy["best_gb_s"], roof and roof["products_per_s"])
     rows = [_row(c, shape, kivi, torch_dtype, dev, reps, inner, gen, roofs, progress) for c in contexts]
+    settings = _settings(dev, kivi, reps, inner, head_dim, dtype)
+    ran = {name for r in rows for name in r.get("kernels", {})}
+    if "int8_paths" in settings:  # a float16 layer or a failed row: no integer kernel to name, no roof to state
+        settings["int8_paths"] = {n: p for n, p in settings["int8_paths"].items() if n in ran}
+        roof = roof if settings["int8_paths"] else None
+    threads = torch.get_num_threads() if dev.type == "cpu" else 1
     result = {
         "device": str(dev),
         "device_type": dev.type,
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "shape": shape,
-        "settings": _settings(dev, kivi, reps, inner, head_dim, dtype),
+        "settings": settings,
         "copy": copy,
         "int_roof": roof,
         "contexts": list(contexts),
         "rows": rows,
+        "warnings": busy_warnings(
+            contention(start, Snapshot.now(), threads), "the copy bandwidth, the integer roof and every kernel time"
+        ),
     }
     result["target"] = evaluate_target(result)
     result["cpu_targets"] = evaluate_cpu_targets(result)

@@ -502,6 +502,8 @@ def _print(record: dict, path) -> None:
 
     console = Console()
     console.print(Markdown(docs.RENDER[record["benchmark"]](record["result"])))
+    for warning in record["result"].get("warnings") or ():  # a busy machine (kvlab.runtime.timing.busy_warnings)
+        console.print(f"[yellow]warning: {warning}[/]")
     for t in _verdicts(record, path):
         console.print(f"target: {t['description']}: [bold]{t['status']}[/bold] ({t['detail']})")
 

@@ -56,3 +56,23 @@ def test_the_page_states_the_roof_and_each_kernels_least_time():
     old = _result(10**8)
     del old["int_roof"]  # records written before the roof: no line
     assert "roof" not in "\n".join(docs._kernel_columns(old))
+
+
+def test_a_busy_run_says_so_and_a_float16_layer_names_no_integer_kernel(monkeypatch):
+    """bench kernel gave a roof of 458 then 128 G byte products/s on a shared machine with no word (roofline --probe
+    warns); a float16 layer (no integer kernel runs) still listed kivi4-int8 / kivi2-int8 and printed an empty
+    'least time at it, 2048 tokens: .'."""
+    from kvlab.attention import cpu_kernel
+    from kvlab.bench import kernel
+
+    if cpu_kernel.unavailable_reason() is not None:
+        pytest.skip(cpu_kernel.unavailable_reason())
+    busy = {"busy": True, "reason": "other processes used 1.50 cores", "threads": 1}
+    monkeypatch.setattr(kernel, "contention", lambda *a, **k: busy)
+    result = kernel.run(contexts=(512,), reps=1, copy_bytes=2**20, quick=True)
+    assert result["warnings"] and "other processes used 1.50 cores" in result["warnings"][0]
+    assert "**Warning:** the machine was busy" in "\n".join(docs._kernel_columns(result))
+    monkeypatch.setattr(kernel, "contention", lambda *a, **k: {"busy": False})
+    f16 = kernel.run(contexts=(512,), reps=1, copy_bytes=2**20, quick=True, dtype="float16")
+    assert f16["warnings"] == [] and f16["int_roof"] is None and f16["settings"]["int8_paths"] == {}
+    assert "roof" not in "\n".join(docs._kernel_columns(f16))
