@@ -293,13 +293,21 @@ def run(
     kivi = (nbits, group_size, residual_length, backend)
     roofs = (copy["best_gb_s"], roof and roof["products_per_s"])
     rows = [_row(c, shape, kivi, torch_dtype, dev, reps, inner, gen, roofs, progress) for c in contexts]
-    settings = _settings(dev, kivi, reps, inner, head_dim, dtype)
+    result = _result(dev, shape, _settings(dev, kivi, reps, inner, head_dim, dtype), copy, roof, rows, start)
+    result["target"] = evaluate_target(result)
+    result["cpu_targets"] = evaluate_cpu_targets(result)
+    return result
+
+
+def _result(dev, shape: dict, settings: dict, copy: dict, roof: dict | None, rows: list, start: Snapshot) -> dict:
+    """The record's result of :func:`run` (before its targets): the integer paths and roof only where an integer
+    kernel ran (a float16 layer runs none), and the busy-machine warnings of the run since ``start``."""
     ran = {name for r in rows for name in r.get("kernels", {})}
     if "int8_paths" in settings:  # a float16 layer or a failed row: no integer kernel to name, no roof to state
         settings["int8_paths"] = {n: p for n, p in settings["int8_paths"].items() if n in ran}
         roof = roof if settings["int8_paths"] else None
     threads = torch.get_num_threads() if dev.type == "cpu" else 1
-    result = {
+    return {
         "device": str(dev),
         "device_type": dev.type,
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
@@ -307,15 +315,12 @@ def run(
         "settings": settings,
         "copy": copy,
         "int_roof": roof,
-        "contexts": list(contexts),
+        "contexts": [r["context"] for r in rows],
         "rows": rows,
         "warnings": busy_warnings(
             contention(start, Snapshot.now(), threads), "the copy bandwidth, the integer roof and every kernel time"
         ),
     }
-    result["target"] = evaluate_target(result)
-    result["cpu_targets"] = evaluate_cpu_targets(result)
-    return result
 
 
 def _settings(dev: torch.device, kivi: tuple, reps: int, inner: int, head_dim: int, dtype: str) -> dict:
