@@ -24,7 +24,9 @@ from kvlab.plan.vllm_memory import GIB, available_kv_memory, scheduler_defaults
 # named as unreadable, not skipped as if the line were absent
 _VALUE = r"(\S+?)"
 _UNIT = r" ?((?:[KMGT]i?)?B)\b"  # "55.15 GiB", "3.81GiB"; another unit is named (vLLM prints GiB)
-_SETTING = r"""([^\s,)'"}]+)"""  # a setting in a CLI line, an args dict or the engine config line
+# a setting in a CLI line, an args dict or the engine config line: up to the ", " or quote that ends it there, the
+# whole token otherwise ("--max-model-len 4,096" is read as "4,096" and refused, as vLLM's parser refuses it, not as 4)
+_SETTING = r"""((?:[^\s,)'"}]|,(?=[^\s,)'"}]))+)"""
 _KEY = r"""['"]?[:=] ?['"]?"""  # `max_model_len=`, `'max_model_len': `, `kv_cache_dtype='`
 IN_GIB, SIGNED_GIB, COUNT, TIMES, FRACTION, SETTING, LENGTH, KV_DTYPE, DTYPE, NAME = (
     "GiB", "signed GiB", "count", "times", "fraction", "setting", "length", "kv dtype", "dtype", "name",
@@ -105,6 +107,7 @@ _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 # Llama-3.3-70B log: "-0.42 GiB for CUDAGraph memory")
 _SIGNED = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
 _WHOLE = re.compile(r"[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+")  # "451,744" as vLLM prints counts, or "1952"
+_DIGITS = re.compile(r"[0-9]+")  # a setting as vLLM's parser takes it (int("1,024") fails) and its config prints it
 _UNSET = ("None", "null")
 # vLLM's --dtype names (vllm/config: ModelDType) and the torch dtypes its engine config line prints -> the spec's name
 _MODEL_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32", "float": "float32"}  # an args dump's unset setting (block_size=None): not stated
@@ -159,7 +162,7 @@ def _read_value(kind: str, raw: str, unit: str | None) -> Any:
     if kind == LENGTH:
         return None if raw.lower() in ("auto", "-1") else vllm_human_int(raw)  # -1, auto: vLLM picks it
     if kind in (COUNT, SETTING):
-        if not _WHOLE.fullmatch(raw) or (kind != COUNT and int(raw.replace(",", "")) < 1):
+        if not (_WHOLE if kind == COUNT else _DIGITS).fullmatch(raw) or (kind != COUNT and int(raw) < 1):
             floor = 0 if kind == COUNT else 1
             raise ValueError(f"not a whole number >= {floor}: {raw!r}")
         return int(raw.replace(",", ""))

@@ -46,6 +46,8 @@ def _refused(tmp_path, capsys, old: str, new: str, *extra: str) -> str:
         ("451,744 tokens", "-451744 tokens", "'GPU KV cache size: -451744 tokens'"),
         ("kv_cache_dtype=auto", "kv_cache_dtype=int3", "line 3, 'kv_cache_dtype=int3' (KV dtype): kvlab reads "
          "vLLM's KV cache dtypes auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16, float16; not 'int3'"),
+        ("max_num_batched_tokens=16384", "max_num_batched_tokens=16,384", "line 3, 'max_num_batched_tokens=16,384' "
+         "(scheduler token budget): not a whole number >= 1: '16,384'"),  # read as 16 (vLLM's int() refuses it)
     ],
 )  # fmt: skip
 def test_an_unreadable_value_is_named_with_its_line(old, new, said, tmp_path, capsys):
@@ -89,6 +91,7 @@ def test_max_model_len_left_to_vllm_is_not_stated(written):
         ("1.5K", "vLLM takes no decimals with the binary suffix K: '1.5K'"),
         ("4x", "not a whole number >= 1 nor vLLM's 4k (4,000) / 4K (4,096): '4x'"),
         ("0", "not a whole number >= 1: '0'"),
+        ("4,096", "not a whole number >= 1 nor vLLM's 4k (4,000) / 4K (4,096): '4,096'"),  # was read as 4
     ],
 )
 def test_a_max_model_len_vllm_would_refuse_is_named(written, said, tmp_path, capsys):
