@@ -31,8 +31,9 @@ _KEY = r"""['"]?[:=] ?['"]?"""  # `max_model_len=`, `'max_model_len': `, `kv_cac
 IN_GIB, SIGNED_GIB, COUNT, TIMES, FRACTION, SETTING, LENGTH, KV_DTYPE, DTYPE, NAME = (
     "GiB", "signed GiB", "count", "times", "fraction", "setting", "length", "kv dtype", "dtype", "name",
 )  # fmt: skip
-# figure -> (pattern, what the line is, kind of value); the first match in the log wins, but for PER_WORKER's
-# (read_vllm_log)
+# figure -> (pattern, what the line is, kind of value); the first match in the log wins, but for PER_WORKER's and
+# a setting stated with two values (read_vllm_log); a setting's name is not matched inside another's
+# (draft_tensor_parallel_size, a speculative config's)
 LOG_LINES: dict[str, tuple[str, str, str]] = {
     "available_kv_cache_gib": ("Available KV cache memory: " + _VALUE + _UNIT, "KV memory per GPU (V1)", IN_GIB),
     "v0_kv_cache_gib": ("kv_cache_size=" + _VALUE + _UNIT, "KV memory per GPU (V0 memory profile)", IN_GIB),
@@ -64,22 +65,22 @@ LOG_LINES: dict[str, tuple[str, str, str]] = {
         "CUDA graphs (printed, not subtracted)",
         SIGNED_GIB,
     ),
-    "tensor_parallel_size": (r"(?:tensor_parallel_size" + _KEY + "|--tensor-parallel-size[ =])" + _SETTING, "TP", SETTING),
+    "tensor_parallel_size": (r"(?:(?<![\w-])tensor_parallel_size" + _KEY + "|--tensor-parallel-size[ =])" + _SETTING, "TP", SETTING),
     "decode_context_parallel_size": (
-        r"(?:decode_context_parallel_size" + _KEY + "|--decode-context-parallel-size[ =])" + _SETTING,
+        r"(?:(?<![\w-])decode_context_parallel_size" + _KEY + "|--decode-context-parallel-size[ =])" + _SETTING,
         "DCP",
         SETTING,
     ),
     "block_size": (r"(?:--block-size[ =]|(?<![\w-])block_size" + _KEY + ")" + _SETTING, "tokens per block", SETTING),
-    "max_model_len": (r"(?:--max-model-len[ =]|max_model_len" + _KEY + ")" + _SETTING, "tokens per request", LENGTH),
+    "max_model_len": (r"(?:--max-model-len[ =]|(?<![\w-])max_model_len" + _KEY + ")" + _SETTING, "tokens per request", LENGTH),
     # the engine config line's "dtype=torch.float32", a CLI's --dtype, an args dump's dtype='half'
     "model_dtype": (
         r"(?:(?<![\w-])dtype" + _KEY + r"|--dtype[ =])(?:torch\.)?" + _SETTING,
         "model dtype (KV auto)",
         DTYPE,
     ),
-    "kv_cache_dtype": (r"(?:kv_cache_dtype" + _KEY + "|--kv-cache-dtype[ =])" + _SETTING, "KV dtype", KV_DTYPE),
-    "max_num_batched_tokens": (r"max_num_batched_tokens" + _KEY + _SETTING, "scheduler token budget", SETTING),
+    "kv_cache_dtype": (r"(?:(?<![\w-])kv_cache_dtype" + _KEY + "|--kv-cache-dtype[ =])" + _SETTING, "KV dtype", KV_DTYPE),
+    "max_num_batched_tokens": (r"(?<![\w-])max_num_batched_tokens" + _KEY + _SETTING, "scheduler token budget", SETTING),
     "vllm_version": (r"(?:vLLM[: |]+v?|engine \(v)([0-9]+\.[0-9]+\.[0-9]+)", "vLLM version", NAME),
     "engine_v0": (r"(Memory profiling results: total_gpu_memory)", "V0 engine", NAME),
 }
@@ -201,6 +202,31 @@ def _figure(key: str, m: re.Match, text: str) -> Any:
         raise ValueError(f"line {line}, {m.group(0).strip()!r} ({LOG_LINES[key][1]}): {e}") from None
 
 
+# the kinds of a setting of one start of vLLM: two values of one are refused (read_vllm_log), not the first taken
+_ONE_VALUE = (SETTING, LENGTH, KV_DTYPE, DTYPE, FRACTION)
+
+
+def _check_one_value(key: str, stated: list[tuple[Any, re.Match]], text: str) -> None:
+    """Raise naming a setting ``stated`` (value, match) with two values, each with its line and words.
+
+    vLLM runs with one value of each setting; which of two lines was its start kvlab cannot tell (a command line
+    given a flag twice keeps the last, as argparse does, but a log's args line is vLLM's own dict or a paste), so
+    neither is taken. Identical values (a log pasted twice, ``4K`` and ``4096``) are one.
+    """
+    (first, m1), other = stated[0], next((s for s in stated if s[0] != stated[0][0]), None)
+    if other is None:
+        return
+
+    def where(value: Any, m: re.Match) -> str:
+        shown = f"{value:,}" if isinstance(value, int) else f"{value:g}" if isinstance(value, float) else value
+        return f"{shown} (line {text.count(chr(10), 0, m.start()) + 1}, {m.group(0).strip()!r})"
+
+    raise ValueError(
+        f"the log states {'dtype' if key == 'model_dtype' else key} {where(first, m1)} and {where(*other)}: one "
+        "start of vLLM runs with one; keep one start's lines, with one value of each setting"
+    )
+
+
 def read_vllm_log(text: str) -> dict[str, Any]:
     """The figures of :data:`LOG_LINES` found in ``text`` (numbers as float/int, names as str); absent ones left
     out.
@@ -214,19 +240,26 @@ def read_vllm_log(text: str) -> dict[str, Any]:
     * the concurrency line's ``L`` (max_model_len) with two values is two starts of vLLM: refused, not mixed; so is
       an ``L`` other than the max_model_len the log states (vLLM prints ``model_config.max_model_len`` there:
       ``vllm/v1/core/kv_cache_utils.py``);
-    * any other figure (a setting, the weights) is the first.
+    * a setting (:data:`_ONE_VALUE`: max_model_len, block size, dtypes, TP, ...) stated with two values
+      (``--max-model-len 4096 --max-model-len 8192``, ``dtype=torch.float32`` beside ``--dtype float16``) is
+      refused naming both (:func:`_check_one_value`); stated twice alike, it is read once;
+    * any other figure (the weights, the device memory) is the first.
 
     Raises:
         ValueError: the text holds none of the lines (not a vLLM startup log); it holds some but no KV memory line
             (a truncated log: the tokens and concurrency are sized from that memory), naming the figures it has;
-            or two starts of vLLM (two concurrency lengths, or one that is not the stated max_model_len).
+            or two starts of vLLM (two concurrency lengths, one that is not the stated max_model_len, or two values
+            of one setting).
     """
     found: dict[str, Any] = {}
     repeated: dict[str, list] = {}
-    for key, (pattern, _, _) in LOG_LINES.items():
-        values = [v for m in re.finditer(pattern, text) if (v := _figure(key, m, text)) is not None]
-        if not values:
+    for key, (pattern, _, kind) in LOG_LINES.items():
+        stated = [(v, m) for m in re.finditer(pattern, text) if (v := _figure(key, m, text)) is not None]
+        if not stated:
             continue
+        if kind in _ONE_VALUE:
+            _check_one_value(key, stated, text)
+        values = [v for v, _ in stated]
         if key == PER_START and len(set(values)) > 1:
             raise ValueError(
                 f"'Maximum concurrency for L tokens per request' gives {len(set(values))} max_model_len "

@@ -117,6 +117,37 @@ def test_a_max_model_len_the_concurrency_line_contradicts_is_refused(tmp_path, c
     ) in err
 
 
+@pytest.mark.parametrize(
+    "old, new, said",
+    [
+        ("--max-model-len 4096", "--max-model-len 4096 --max-model-len 8192", "max_model_len 4,096 (line 3, "
+         "'--max-model-len 4096') and 8,192 (line 3, '--max-model-len 8192')"),
+        ("INFO Model loading", "INFO args: --max-model-len 8192\nINFO Model loading", "max_model_len 4,096 (line 3, "
+         "'--max-model-len 4096') and 8,192 (line 4, '--max-model-len 8192')"),
+        ("with config: model=", "with config: dtype=torch.float32, model=", "dtype float32 (line 2, "
+         "'dtype=torch.float32') and float16 (line 3, '--dtype float16')"),
+        ("kv_cache_dtype=auto", "kv_cache_dtype=auto kv_cache_dtype=fp8", "kv_cache_dtype auto (line 3, "
+         "'kv_cache_dtype=auto') and fp8 (line 3, 'kv_cache_dtype=fp8')"),
+        ("--max-model-len 4096", "block_size=32 --block-size 64 --max-model-len 4096", "block_size 32 (line 3, "
+         "'block_size=32') and 64 (line 3, '--block-size 64')"),
+    ],
+)  # fmt: skip
+def test_a_setting_stated_with_two_values_is_refused_naming_both(old, new, said, tmp_path, capsys):
+    """Each was read as its first value, without a note (vLLM's argparse keeps the last of a flag given twice);
+    now refused naming both values and lines. A setting stated twice alike is read once."""
+    text = LLAVA_LOG.replace("--gpu-memory-utilization 0.9", "--gpu-memory-utilization 0.9 --dtype float16")
+    assert old in text
+    rc, path = _run(tmp_path, text.replace(old, new))
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert f"--from-log {path}: the log states {said}: one start of vLLM runs with one; keep one start's" in err
+    alike = "--max-model-len 4K max_model_len=4096 dtype=half {'draft_tensor_parallel_size': 2}"  # not TP's
+    rc, _ = _run(tmp_path, text.replace("--max-model-len 4096", alike))
+    assert rc == 0
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert settings["max_model_len"] == 4096 and settings["tp"] == 1
+
+
 def _tokens_line(r: dict) -> dict:
     return next(line for line in r["lines"] if line["line"].startswith("GPU KV cache size"))
 
