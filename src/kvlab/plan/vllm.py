@@ -270,12 +270,12 @@ def _kv_memory(memory_bytes: int, reserve_bytes: int, weight_bytes_per_gpu: int)
     return utilization, kv_memory
 
 
-def check_block_size(block_size: int) -> None:
-    """Raise ``ValueError`` naming ``--block-size`` unless ``block_size`` is one of :data:`VLLM_BLOCK_SIZES`
-    (tokens per KV block, ``vllm.config.cache.BlockSize``)."""
+def check_block_size(block_size: int, what: str = "--block-size") -> None:
+    """Raise ``ValueError`` naming ``what`` (the flag, or a log's setting) unless ``block_size`` is one of
+    :data:`VLLM_BLOCK_SIZES` (tokens per KV block, ``vllm.config.cache.BlockSize``)."""
     if isinstance(block_size, bool) or block_size not in VLLM_BLOCK_SIZES:
         raise ValueError(
-            f"--block-size must be one of {list(VLLM_BLOCK_SIZES)} (vLLM's BlockSize), got {block_size!r}"
+            f"{what} must be one of {list(VLLM_BLOCK_SIZES)} (vLLM's BlockSize), got {block_size!r}"
         )
 
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvlab.plan.spec import ModelSpec
+from kvlab.plan.vllm import check_block_size
 from kvlab.plan.vllm_kv import VLLM_KV_CACHE_DTYPES, vllm_kv_cache
 from kvlab.plan.vllm_memory import GIB, available_kv_memory, scheduler_defaults
 
@@ -192,11 +193,15 @@ def _figure(key: str, m: re.Match, text: str) -> Any:
     """The figure one match of ``key``'s pattern holds (:func:`_read_value`), or None for an unset setting.
 
     Raises:
-        ValueError: an unreadable value, naming the log's line number, the line's words and the value.
+        ValueError: an unreadable value, or a block size vLLM lacks (:func:`kvlab.plan.vllm.check_block_size`,
+            ``vllm.config.cache.BlockSize``), naming the log's line number, the line's words and the value.
     """
     raw, *unit = (g for g in m.groups() if g is not None)
     try:
-        return _read_value(LOG_LINES[key][2], raw, unit[0] if unit else None)
+        value = _read_value(LOG_LINES[key][2], raw, unit[0] if unit else None)
+        if key == "block_size" and value is not None:  # one vLLM takes, as --block-size is checked
+            check_block_size(value, what="block_size")
+        return value
     except ValueError as e:
         line = text.count("\n", 0, m.start()) + 1
         raise ValueError(f"line {line}, {m.group(0).strip()!r} ({LOG_LINES[key][1]}): {e}") from None

@@ -48,6 +48,10 @@ def _refused(tmp_path, capsys, old: str, new: str, *extra: str) -> str:
          "vLLM's KV cache dtypes auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16, float16; not 'int3'"),
         ("max_num_batched_tokens=16384", "max_num_batched_tokens=16,384", "line 3, 'max_num_batched_tokens=16,384' "
          "(scheduler token budget): not a whole number >= 1: '16,384'"),  # read as 16 (vLLM's int() refuses it)
+        ("--max-model-len 4096", "--max-model-len 4096 --block-size 7", "line 3, '--block-size 7' (tokens per "
+         "block): block_size must be one of [1, 8, 16, 32, 64, 128] (vLLM's BlockSize), got 7"),  # was sized
+        ("kv_cache_dtype=auto", "kv_cache_dtype=auto block_size=256", "line 3, 'block_size=256' (tokens per "
+         "block): block_size must be one of [1, 8, 16, 32, 64, 128] (vLLM's BlockSize), got 256"),
     ],
 )  # fmt: skip
 def test_an_unreadable_value_is_named_with_its_line(old, new, said, tmp_path, capsys):
