@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from kvlab.plan.ledger import kv_heads_per_rank
 from kvlab.plan.spec import ModelSpec
 from kvlab.plan.vllm import check_block_size
 from kvlab.plan.vllm_kv import VLLM_KV_CACHE_DTYPES, vllm_kv_cache
@@ -45,7 +46,7 @@ LOG_LINES: dict[str, tuple[str, str, str]] = {
     "max_concurrency": (r"tokens per request: (\S+?)x", "requests of max_model_len that fit", TIMES),
     "weights_gib": (r"(?:Model loading took|Loading model weights took) " + _VALUE + _UNIT, "weights per GPU", IN_GIB),
     "total_gib": (
-        r"(?:total_gpu_memory=|Free memory on device \([0-9.]+/)" + _VALUE + _UNIT,
+        r"(?:total_gpu_memory=|Free memory on device \([0-9.]+/)" + _VALUE + _UNIT + r"\)?",
         "device memory (torch)",
         IN_GIB,
     ),
@@ -201,6 +202,8 @@ def _figure(key: str, m: re.Match, text: str) -> Any:
         value = _read_value(LOG_LINES[key][2], raw, unit[0] if unit else None)
         if key == "block_size" and value is not None:  # one vLLM takes, as --block-size is checked
             check_block_size(value, what="block_size")
+        if key == "total_gib" and value <= 0:  # a device without memory: nothing to size (--gpu-mem-gib > 0 too)
+            raise ValueError(f"not a number of GiB > 0: {raw!r}")
         return value
     except ValueError as e:
         line = text.count("\n", 0, m.start()) + 1
@@ -350,6 +353,19 @@ def _settings(
     return kv_kw, seqs, notes
 
 
+def _check_logged_tp(log: Mapping, spec: ModelSpec) -> None:
+    """Raise naming the log's ``tensor_parallel_size`` (not kvlab's ``--tp``, which ``--from-log`` refuses) where
+    it does not split ``spec``'s heads: vLLM refuses a size not dividing the attention heads
+    (``vllm/config/model.py``, ``ModelConfig.verify_with_parallel_config``) and shards or replicates whole KV heads
+    (:func:`kvlab.plan.ledger.kv_heads_per_rank`, whose checks these are)."""
+    if "tensor_parallel_size" not in log:
+        return
+    try:
+        kv_heads_per_rank(spec, int(log["tensor_parallel_size"]))
+    except ValueError as e:
+        raise ValueError(str(e).replace("`tp`", "the log's tensor_parallel_size", 1)) from None
+
+
 def _logged_dtype(log: Mapping, spec: ModelSpec) -> tuple[ModelSpec, list[str]]:
     """``(spec, notes)``: ``spec`` in the model dtype the log states (``dtype=torch.float32`` in the engine config
     line, ``--dtype``), as vLLM's KV ``auto`` and its activations are in that dtype whatever the config says; a
@@ -437,10 +453,12 @@ def explain_vllm_log(
     a note naming the values of each KV figure the log gave more than once (``per_worker``, :func:`read_vllm_log`).
 
     Raises:
-        ValueError: nothing to explain: ``log`` has no KV memory and lacks a fact the memory prediction needs
+        ValueError: the log's tensor_parallel_size does not split the model's heads (:func:`_check_logged_tp`); or
+            nothing to explain: ``log`` has no KV memory and lacks a fact the memory prediction needs
             (:func:`read_vllm_log` refuses such a log first).
     """
     total = log.get("total_gib", total_gib)
+    _check_logged_tp(log, spec)
     spec, dtype_notes = _logged_dtype(log, spec)
     kv_kw, seqs, notes = _settings(log, spec, max_model_len, total, entrypoint, block_size)
     notes += dtype_notes

@@ -201,3 +201,16 @@ def test_block_size_stands_in_where_the_log_states_none(tmp_path, capsys):
     assert _run(tmp_path, LLAVA_LOG, "--block-size", "0")[0] == 2
     err = capsys.readouterr().err
     assert "--block-size must be one of [1, 8, 16, 32, 64, 128] (vLLM's BlockSize), got 0" in err
+
+
+@pytest.mark.parametrize(
+    "old, new, said",
+    [
+        ("tensor_parallel_size=1", "tensor_parallel_size=3", ": the log's tensor_parallel_size (3) must divide the "
+         "query heads (32)\n"),  # was "--tp (3) must divide ...", a flag --from-log refuses
+        ("(0.0/79.19 GiB)", "(0.0/0 GiB)", ": line 5, 'Free memory on device (0.0/0 GiB)' (device memory (torch)): "
+         "not a number of GiB > 0: '0'\n"),  # was "memory must be > 0 and weights >= 0 bytes, got 0 and ..."
+    ],
+)  # fmt: skip
+def test_a_logged_setting_the_model_cannot_take_is_named_as_the_log_states_it(old, new, said, tmp_path, capsys):
+    assert _refused(tmp_path, capsys, old, new).endswith(said)
