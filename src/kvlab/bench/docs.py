@@ -480,7 +480,7 @@ def targets(records: list[tuple[Path, dict]]) -> list[dict]:
 
             out += [v | {"device": device, "file": path.name} for v in evaluate_lead_targets(result)]
         if bench == "kernel":
-            from kvlab.bench.kernel import evaluate_cpu_targets
+            from kvlab.bench.cpu_targets import evaluate_cpu_targets
 
             out += [v | {"device": device, "file": path.name} for v in evaluate_cpu_targets(result)]
     for bench, desc in GPU_TARGETS.items():

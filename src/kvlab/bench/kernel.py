@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlab.bench.cells import bench_contexts, failed_cell
+from kvlab.bench.cpu_targets import evaluate_cpu_targets
 from kvlab.bench.decode import kivi_cpu_path
 from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.runtime.checks import check_int
@@ -476,18 +477,6 @@ def int_roof_record(dev: torch.device, nbits: tuple) -> dict | None:
     return {"path": cpu_kernel.isa(), "threads": threads, "products_per_s": rate, "gmac_s": rate / 1e9}
 
 
-def _roof_detail(rows: list[dict]) -> str:
-    """Where the integer compute roof (``roof_fraction_of_copy``) keeps a kernel below :data:`CPU_FRACTION` at
-    some context: "; above the integer roof: kivi2-int8 at most 58% at 16384"; else empty."""
-    capped = [
-        f"{n} at most {k['roof_fraction_of_copy']:.0%} at {r['context']}"
-        for r in rows
-        for n, k in r["kernels"].items()
-        if k.get("roof_fraction_of_copy", 1.0) < CPU_FRACTION
-    ]
-    return "; the target is above this design's integer compute roof for " + ", ".join(capped) if capped else ""
-
-
 def evaluate_target(result: dict) -> dict:
     """Kernel target: on CUDA (an H200), KIVI attention >= 70 % of the copy bandwidth at every measured
     context >= 32768 tokens. On CPU the status is ``not applicable`` (reported only)."""
@@ -519,52 +508,3 @@ def evaluate_target(result: dict) -> dict:
         "detail": f"{detail} on {result['device_name']}",
         "fractions": fr,
     }
-
-
-CPU_FRACTION = 0.50  # integer KIVI kernels' GB/s over the copy bandwidth, CPU, at >= CPU_MIN_CONTEXT tokens
-CPU_TWO_OVER_FOUR = 0.65  # kivi2-int8 time over kivi4-int8 time, CPU, at >= CPU_MIN_CONTEXT tokens
-CPU_MIN_CONTEXT = 16384
-
-
-def evaluate_cpu_targets(result: dict) -> list[dict]:
-    """The CPU targets of a record with integer kernels (none otherwise, or off the CPU): every ``kivi<b>-int8``
-    kernel at >= :data:`CPU_FRACTION` of the copy bandwidth at every context >= :data:`CPU_MIN_CONTEXT`, and
-    ``kivi2-int8``'s time <= :data:`CPU_TWO_OVER_FOUR` x ``kivi4-int8``'s there (its bytes are ~0.6x)."""
-    if result.get("device_type") != "cpu":
-        return []
-    rows = [r for r in result["rows"] if r["status"] == "ok" and r["context"] >= CPU_MIN_CONTEXT]
-    rows = [r for r in rows if any(n.endswith("-int8") for n in r.get("kernels", {}))]
-    if not rows:
-        return []
-    cpu = result.get("settings", {}).get("isa", "?")
-    frac = {
-        (r["context"], n): k["fraction_of_copy"]
-        for r in rows
-        for n, k in r["kernels"].items()
-        if n.endswith("-int8")
-    }
-    out = [
-        {
-            "description": f"integer KIVI kernels >= {CPU_FRACTION:.0%} of copy bandwidth at >= "
-            f"{CPU_MIN_CONTEXT} tokens (CPU)",
-            "status": "met" if all(v >= CPU_FRACTION for v in frac.values()) else "not met",
-            "detail": ", ".join(f"{n} {v:.0%} at {c}" for (c, n), v in sorted(frac.items()))
-            + f"; path {cpu}"
-            + _roof_detail(rows),
-        }
-    ]
-    ratio = {
-        r["context"]: r["kernels"]["kivi2-int8"]["us"] / r["kernels"]["kivi4-int8"]["us"]
-        for r in rows
-        if {"kivi2-int8", "kivi4-int8"} <= set(r["kernels"])
-    }
-    if ratio:
-        out.append(
-            {
-                "description": f"kivi2-int8 time <= {CPU_TWO_OVER_FOUR:.2f}x kivi4-int8 at >= {CPU_MIN_CONTEXT} "
-                "tokens (CPU)",
-                "status": "met" if all(v <= CPU_TWO_OVER_FOUR for v in ratio.values()) else "not met",
-                "detail": ", ".join(f"{v:.2f}x at {c}" for c, v in sorted(ratio.items())) + f"; path {cpu}",
-            }
-        )
-    return out
