@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from kvlab.plan.config_fields import check_int_at_least
 from kvlab.plan.ledger import kv_heads_per_rank
 from kvlab.plan.spec import ModelSpec
 from kvlab.plan.vllm import check_block_size
@@ -297,6 +298,22 @@ def read_vllm_log(text: str) -> dict[str, Any]:
     return found
 
 
+def stated_at(text: str, key: str) -> str | None:
+    """Where ``text`` (a log :func:`read_vllm_log` reads) first states the setting ``key`` of :data:`LOG_LINES`
+    (``"line 3, '--max-model-len 4096'"``), or None where it does not (an unset ``None`` or ``auto`` is not a
+    statement); ``max_model_len`` is also stated by the concurrency line's L, which vLLM prints it as.
+
+    Raises:
+        KeyError: ``key`` is not a figure of :data:`LOG_LINES`.
+        ValueError: the value on that line cannot be read (as :func:`read_vllm_log` raises).
+    """
+    for name in (key, PER_START) if key == "max_model_len" else (key,):
+        for m in re.finditer(LOG_LINES[name][0], text):
+            if _figure(name, m, text) is not None:
+                return f"line {text.count(chr(10), 0, m.start()) + 1}, {m.group(0).strip()!r}"
+    return None
+
+
 def _report_style(log: Mapping) -> str:
     version = log.get("vllm_version")
     if version is None:
@@ -313,11 +330,11 @@ def _line(name: str, logged: float | None, predicted: float | None, how: str) ->
 
 
 def _settings(
-    log: Mapping, spec: ModelSpec, max_model_len, total, entrypoint, block_size
+    log: Mapping, spec: ModelSpec, max_model_len, total, entrypoint, block_size, tp_given=None
 ) -> tuple[dict, int, list[str]]:
     """``(vllm_kv_cache keyword arguments, max_num_seqs, notes)``: the log's settings, the caller's
-    (``max_model_len``, ``block_size``) or kvlab's defaults where it is silent (each noted)."""
-    tp = int(log.get("tensor_parallel_size", 1))
+    (``max_model_len``, ``block_size``, ``tp_given``) or kvlab's defaults where it is silent (each noted)."""
+    tp = int(log.get("tensor_parallel_size", 1 if tp_given is None else tp_given))
     block = int(log.get("block_size", 16 if block_size is None else block_size))
     length = int(
         log.get("max_model_len")
@@ -337,7 +354,15 @@ def _settings(
         "max_num_batched_tokens": nbt,
     }
     stated = {*log, *(["max_model_len"] if "max_concurrency_tokens" in log else [])}  # the concurrency line's L
-    given = {} if block_size is None else {"block_size": f"--block-size {block}"}
+    given = {  # the caller's values, named by the flags of kvlab plan --from-log that give them
+        key: f"{flag} {value}"
+        for key, flag, value in (
+            ("block_size", "--block-size", block_size),
+            ("tensor_parallel_size", "--tp", tp_given),
+            ("max_model_len", "--context", max_model_len),
+        )
+        if value is not None
+    }
     notes = [
         f"{k} not in the log: {given.get(k, f'kvlab assumes {v}')}" for k, v in silent.items() if k not in stated
     ]
@@ -353,12 +378,15 @@ def _settings(
     return kv_kw, seqs, notes
 
 
-def _check_logged_tp(log: Mapping, spec: ModelSpec) -> None:
-    """Raise naming the log's ``tensor_parallel_size`` (not kvlab's ``--tp``, which ``--from-log`` refuses) where
-    it does not split ``spec``'s heads: vLLM refuses a size not dividing the attention heads
-    (``vllm/config/model.py``, ``ModelConfig.verify_with_parallel_config``) and shards or replicates whole KV heads
-    (:func:`kvlab.plan.ledger.kv_heads_per_rank`, whose checks these are)."""
+def _check_logged_tp(log: Mapping, spec: ModelSpec, tp: int | None = None) -> None:
+    """Raise naming the log's ``tensor_parallel_size`` (not kvlab's ``--tp``, which ``--from-log`` refuses where
+    the log states the size) where it does not split ``spec``'s heads: vLLM refuses a size not dividing the
+    attention heads (``vllm/config/model.py``, ``ModelConfig.verify_with_parallel_config``) and shards or replicates
+    whole KV heads (:func:`kvlab.plan.ledger.kv_heads_per_rank`, whose checks these are). Where the log is silent,
+    the caller's ``tp`` is checked the same way, its error naming `` `tp` ``."""
     if "tensor_parallel_size" not in log:
+        if tp is not None:
+            kv_heads_per_rank(spec, tp)
         return
     try:
         kv_heads_per_rank(spec, int(log["tensor_parallel_size"]))
@@ -443,24 +471,28 @@ def explain_vllm_log(
     total_gib: float | None = None,
     entrypoint: str | None = None,
     block_size: int | None = None,
+    tp: int | None = None,
 ) -> dict[str, Any]:
     """kvlab's prediction beside each KV figure of ``log`` (from :func:`read_vllm_log`).
 
-    ``max_model_len``/``total_gib``/``entrypoint``/``block_size`` stand in where the log is silent (defaults: the
-    log's ``max_model_len`` or concurrency line's L, else the config's limit; no memory prediction without a total;
-    ``serve``, or ``v0`` for a V0 log; 16 tokens per block, vLLM's CUDA default). Returns ``{"lines": [...], "terms": [...], "settings": {...},
+    ``max_model_len``/``total_gib``/``entrypoint``/``block_size``/``tp`` stand in where the log is silent (defaults:
+    the log's ``max_model_len`` or concurrency line's L, else the config's limit; no memory prediction without a
+    total; ``serve``, or ``v0`` for a V0 log; 16 tokens per block, vLLM's CUDA default; 1 GPU), each noted. Returns ``{"lines": [...], "terms": [...], "settings": {...},
     "notes": [...]}``; a ``does not fit`` note with the shortfall when the predicted KV memory is not positive, and
     a note naming the values of each KV figure the log gave more than once (``per_worker``, :func:`read_vllm_log`).
 
     Raises:
-        ValueError: the log's tensor_parallel_size does not split the model's heads (:func:`_check_logged_tp`); or
+        ValueError: the log's tensor_parallel_size (or ``tp`` where the log states none) does not split the model's
+            heads (:func:`_check_logged_tp`); ``max_model_len`` or ``tp`` given and not a whole number >= 1; or
             nothing to explain: ``log`` has no KV memory and lacks a fact the memory prediction needs
             (:func:`read_vllm_log` refuses such a log first).
     """
     total = log.get("total_gib", total_gib)
-    _check_logged_tp(log, spec)
+    if max_model_len is not None:  # 0 was read as not given (the config's limit), not refused
+        check_int_at_least("max_model_len", max_model_len, 1, flag="--context")
+    _check_logged_tp(log, spec, tp)
     spec, dtype_notes = _logged_dtype(log, spec)
-    kv_kw, seqs, notes = _settings(log, spec, max_model_len, total, entrypoint, block_size)
+    kv_kw, seqs, notes = _settings(log, spec, max_model_len, total, entrypoint, block_size, tp)
     notes += dtype_notes
     for key, values in log.get("per_worker", {}).items():
         words, unit = PER_WORKER[key]

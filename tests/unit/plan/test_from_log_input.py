@@ -19,17 +19,17 @@ LLAVA_LOG = DATA / "logs" / "log-llava-v1.6-mistral-7b-80gb.log"
 @pytest.mark.parametrize(
     "extra, named",
     [
-        (["--context", "100"], "--context (drop --from-log to plan with it)"),
         (["--batch", "7"], "--batch (drop"),
         (["--measured-step-ms", "3"], "--measured-step-ms (drop"),
-        (["--context", "100", "--batch", "7", "--measured-step-ms", "3"], "--context, --batch, --measured-step-ms"),
-        (["--tp", "2", "--kv-dtype", "fp8"], "--kv-dtype, --tp (drop --from-log to plan with them)"),
+        (["--context", "100", "--batch", "7", "--measured-step-ms", "3"], "--batch, --measured-step-ms (drop"),
+        (["--tp", "2", "--kv-dtype", "fp8"], "--kv-dtype (drop --from-log to plan with it)"),
         (["--emit", "vllm", "--block-size", "32"], "--emit (drop --from-log to plan with it)"),
     ],
 )
 def test_from_log_refuses_the_planner_flags_it_would_ignore(extra, named, capsys):
-    """The log's own settings size what it printed: --context, --batch, --measured-step-ms ... were silently
-    ignored (the same table, exit 0); they are refused as --list-gpus refuses them."""
+    """The log's own settings size what it printed: --batch, --measured-step-ms ... were silently ignored (the
+    same table, exit 0); they are refused as --list-gpus refuses them (--context and --tp, which stand in for a
+    setting the log lacks, are named where the log states it: test_context_and_tp_*)."""
     assert main(["plan", *GEMMA, "--gpu-mem-gib", "22.49", *extra]) == 2
     err = capsys.readouterr().err
     assert "--from-log sets kvlab's model beside the log's KV lines, sized by the log's own settings" in err
@@ -44,6 +44,76 @@ def test_from_log_takes_gpu_mem_gib_only_where_the_log_does_not_state_the_memory
     assert main(["plan", str(LLAVA), "--from-log", str(LLAVA_LOG), "--gpu-mem-gib", "80"]) == 2
     err = capsys.readouterr().err
     assert f"--gpu-mem-gib 80 gives the device memory where the log does not; {LLAVA_LOG} states 79.19 GiB" in err
+
+
+@pytest.mark.parametrize(
+    "flag, value, stated",
+    [
+        ("--context", "100", "states 8,192 (line 3, '--max-model-len 8192') (drop --context)"),
+        ("--context", "8192", "states 8,192 (line 3, '--max-model-len 8192') (drop --context)"),  # the default too
+        ("--tp", "2", "states 1 (line 3, 'tensor_parallel_size=1') (drop --tp)"),
+        ("--tp", "1", "states 1 (line 3, 'tensor_parallel_size=1') (drop --tp)"),
+    ],
+)
+def test_context_and_tp_are_refused_where_the_log_states_them_naming_its_line(flag, value, stated, capsys):
+    """The L4 log states max_model_len and tensor_parallel_size: a flag beside it disagrees or repeats it."""
+    assert main(["plan", *GEMMA, "--gpu-mem-gib", "22.49", flag, value]) == 2
+    captured = capsys.readouterr()
+    key = "max_model_len" if flag == "--context" else "tensor_parallel_size"
+    assert captured.out == ""
+    assert f"{flag} {value} gives {key} where the log does not; {GEMMA[2]} {stated}" in captured.err
+
+
+def _silent(tmp_path: Path, *dropped: str) -> str:
+    """The llava log without its args line (tensor_parallel_size, max_model_len, utilization) nor the lines of
+    ``dropped``."""
+    lines = LLAVA_LOG.read_text().splitlines()
+    return _log(tmp_path, "\n".join(x for x in lines if not any(d in x for d in ("non-default args", *dropped))))
+
+
+def test_context_and_tp_stand_in_where_the_log_does_not_state_them(tmp_path, capsys):
+    """A log without tensor_parallel_size and max_model_len: --tp and --context were refused ('it takes no --tp'),
+    kvlab assuming 1 and the config's limit; now they size the KV cache, noted as given."""
+    path = _silent(tmp_path, "Maximum concurrency")
+    base = ["plan", str(LLAVA), "--from-log", path, "--json"]
+    assert main(base) == 0
+    assumed = json.loads(capsys.readouterr().out)
+    assert assumed["settings"]["tp"] == 1 and assumed["settings"]["max_model_len"] == 32768
+    assert main([*base, "--tp", "2", "--context", "4096"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["settings"]["tp"] == 2 and r["settings"]["max_model_len"] == 4096
+    assert "tensor_parallel_size not in the log: --tp 2" in r["notes"]
+    assert "max_model_len not in the log: --context 4096" in r["notes"]
+    assert not any("kvlab assumes" in n for n in r["notes"] if n.startswith(("tensor_parallel", "max_model_len")))
+    # tokens from the same KV memory: half the KV heads per GPU hold twice the tokens
+    tokens = [x["kvlab"] for x in (assumed, r) for x in x["lines"] if x["line"].startswith("GPU KV cache size")]
+    assert tokens[1] > 1.9 * tokens[0]
+    assert main([*base, "--context", "8192"]) == 0  # the default, given: not the config's 32,768
+    assert json.loads(capsys.readouterr().out)["settings"]["max_model_len"] == 8192
+
+
+@pytest.mark.parametrize(
+    "extra, said",
+    [
+        (["--tp", "3"], "--tp (3) must divide the query heads (32)"),
+        (["--tp", "0"], "--tp must be a positive integer, got 0"),
+        (["--context", "0"], "--context must be a positive integer, got 0"),  # was the config's limit, silently
+    ],
+)
+def test_context_and_tp_standing_in_are_checked_as_the_planner_checks_them(extra, said, tmp_path, capsys):
+    path = _silent(tmp_path, "Maximum concurrency")
+    assert main(["plan", str(LLAVA), "--from-log", path, *extra]) == 2
+    assert capsys.readouterr().err == f"kvlab plan: error: --from-log {path}: {said}\n"
+
+
+def test_the_concurrency_line_states_max_model_len(tmp_path, capsys):
+    """vLLM prints its max_model_len as the concurrency line's L: a log with that line states it."""
+    path = _silent(tmp_path)
+    assert main(["plan", str(LLAVA), "--from-log", path, "--context", "4096"]) == 2
+    err = capsys.readouterr().err
+    assert f"--context 4096 gives max_model_len where the log does not; {path} states 4,096 (line 8, 'Maximum " in err
+    assert main(["plan", str(LLAVA), "--from-log", path, "--tp", "2", "--json"]) == 0  # TP: still not stated
+    assert json.loads(capsys.readouterr().out)["settings"]["tp"] == 2
 
 
 def _log(tmp_path: Path, text: str) -> str:

@@ -161,12 +161,14 @@ def check_kv_name(kv: str, group_size: int | None, residual: int | None) -> None
             raise ValueError(f"{flag} {value} and --kv-dtype {kv} both set KIVI's {setting}; pass one")
 
 
-def add_sequence_flags(p: argparse.ArgumentParser) -> None:
-    """``--context`` (tokens per sequence) and ``--batch`` (sequences): the workload a plan or roofline sizes."""
+def add_sequence_flags(p: argparse.ArgumentParser, unset_context: bool = False) -> None:
+    """``--context`` (tokens per sequence) and ``--batch`` (sequences): the workload a plan or roofline sizes. With
+    ``unset_context`` an absent ``--context`` parses as None (the command then takes its default), so that a mode
+    reading it only where it is missing elsewhere (``plan --from-log``) can tell ``--context 8192`` from none."""
     p.add_argument(
         "--context",
         type=int,
-        default=DEFAULT_CONTEXT_TOKENS,
+        default=None if unset_context else DEFAULT_CONTEXT_TOKENS,
         help=f"tokens per sequence (default {DEFAULT_CONTEXT_TOKENS})",
     )
     p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")

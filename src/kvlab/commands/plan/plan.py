@@ -10,7 +10,7 @@ from kvlab.commands import fail, flag_values
 from kvlab.commands.plan import flags
 from kvlab.commands.plan.flags import flag_message
 from kvlab.commands.plan.render import print_from_log, print_lists, print_mixed_plan, print_plan, print_vllm
-from kvlab.plan.scenario import DEFAULT_RESERVE_GIB
+from kvlab.plan.scenario import DEFAULT_CONTEXT_TOKENS, DEFAULT_RESERVE_GIB
 
 
 def register(subparsers) -> None:
@@ -26,10 +26,11 @@ def register(subparsers) -> None:
     p.add_argument(
         "model", nargs="?", metavar="MODEL", help="preset, config.json, .gguf file, directory or hub id"
     )
-    flags.add_sequence_flags(p)
+    flags.add_sequence_flags(p, unset_context=True)  # None: not given, for --from-log (run_plan's default)
     flags.add_kv_flags(p, plans=True)
     flags.add_keep_flag(p)
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
+    # None: not given, for --from-log, where it stands in for a log without tensor_parallel_size (run_plan: 1)
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel GPUs (default 1)")
     p.add_argument(
         "--gpu-mem-gib",
         type=float,
@@ -67,8 +68,8 @@ def register(subparsers) -> None:
         metavar="FILE",
         help="a pasted vLLM startup log: each KV line (memory, tokens, concurrency, weights, activation peak, "
         "non-torch) beside kvlab's prediction for MODEL, sized by the log's own settings; --gpu-mem-gib gives the "
-        "device memory and --block-size the block size where the log does not, the only planner flags it takes "
-        "(docs/plan.md, vLLM's startup log)",
+        "device memory, --block-size the block size, --context the max_model_len and --tp the tensor-parallel size "
+        "where the log does not, the only planner flags it takes (docs/plan.md, vLLM's startup log)",
     )
     p.add_argument("--list-presets", action="store_true", help="print the built-in models and exit")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
@@ -100,6 +101,8 @@ def run_plan(args: argparse.Namespace) -> int:
         )
     if args.from_log is not None:
         return run_from_log(args)
+    args.context = DEFAULT_CONTEXT_TOKENS if args.context is None else args.context
+    args.tp = 1 if args.tp is None else args.tp
     if args.block_size is not None and args.emit != "vllm":
         return fail(args, f"--block-size {args.block_size} only applies with --emit vllm")
     problem = flags.device_flag_problem(args)
@@ -131,15 +134,38 @@ def _print_report(r: dict) -> None:
 
 
 # the flags --from-log reads beside MODEL and --json, each a fact the log may not state: the flag's dest -> the
-# figure of kvlab.plan.vllm_log.read_vllm_log it stands in for (refused where the log states another value)
-FROM_LOG_READS = {"gpu_mem_gib": "total_gib", "block_size": "block_size"}
+# figure of kvlab.plan.vllm_log.read_vllm_log it stands in for (refused where the log states another value; for
+# --context and --tp, where the log states one at all)
+FROM_LOG_READS = {
+    "gpu_mem_gib": "total_gib",
+    "block_size": "block_size",
+    "context": "max_model_len",
+    "tp": "tensor_parallel_size",
+}
 
 
-def from_log_problem(args: argparse.Namespace, log: dict | None = None) -> str | None:
+def _stated_setting_problem(args: argparse.Namespace, log: dict, text: str) -> str | None:
+    """Why ``--context`` / ``--tp`` cannot stand in for the log's max_model_len / tensor_parallel_size: ``log``
+    (read from ``text``) states it, named with its line and value (:func:`kvlab.plan.vllm_log.stated_at`)."""
+    from kvlab.plan.vllm_log import PER_START, stated_at
+
+    for dest, key in (("context", "max_model_len"), ("tp", "tensor_parallel_size")):
+        value = log.get(key, log.get(PER_START) if key == "max_model_len" else None)
+        if getattr(args, dest) is not None and value is not None:
+            flag = "--" + dest
+            return (
+                f"{flag} {getattr(args, dest)} gives {key} where the log does not; {args.from_log} states {value:,} "
+                f"({stated_at(text, key)}) (drop {flag})"
+            )
+    return None
+
+
+def from_log_problem(args: argparse.Namespace, log: dict | None = None, text: str = "") -> str | None:
     """Why ``--from-log`` would silently ignore a flag given with it, or None: every planner flag but those of
-    :data:`FROM_LOG_READS` (``--context``, ``--batch``, ``--measured-step-ms``, ...), since the log's own settings
-    (max_model_len, tensor-parallel size, KV dtype) size what it printed; and ``--gpu-mem-gib`` / ``--block-size``
-    where ``log`` (:func:`kvlab.plan.vllm_log.read_vllm_log`) states the device memory / another block size."""
+    :data:`FROM_LOG_READS` (``--batch``, ``--measured-step-ms``, ``--kv-dtype``, ...), since the log's own settings
+    (KV dtype, ...) size what it printed; ``--context`` / ``--tp`` where ``log``
+    (:func:`kvlab.plan.vllm_log.read_vllm_log` of ``text``) states max_model_len / tensor_parallel_size (named with
+    its line); and ``--gpu-mem-gib`` / ``--block-size`` where it states the device memory / another block size."""
     given = flags.given_flags(args, kept=("from_log", *FROM_LOG_READS))
     if given:
         return (
@@ -147,6 +173,9 @@ def from_log_problem(args: argparse.Namespace, log: dict | None = None) -> str |
             f"(max_model_len, tensor-parallel size, block size, KV dtype); it takes no {', '.join(given)} (drop "
             f"--from-log to plan with {flags.them(given)})"
         )
+    problem = None if log is None else _stated_setting_problem(args, log, text)
+    if problem:
+        return problem
     if log is not None and args.gpu_mem_gib is not None and "total_gib" in log:
         return (
             f"--gpu-mem-gib {args.gpu_mem_gib:g} gives the device memory where the log does not; "
@@ -184,12 +213,20 @@ def run_from_log(args: argparse.Namespace) -> int:
         return fail(args, f"--from-log {args.from_log}: {e.strerror or e}")
     try:
         log = read_vllm_log(text)
-        problem = from_log_problem(args, log)
+        problem = from_log_problem(args, log, text)
         if problem:
             return fail(args, problem)
         config = load_config(args.model)
         spec = spec_from_config(config, name=str(args.model))
-        r = explain_vllm_log(log, spec, config, total_gib=args.gpu_mem_gib, block_size=args.block_size)
+        r = explain_vllm_log(
+            log,
+            spec,
+            config,
+            total_gib=args.gpu_mem_gib,
+            block_size=args.block_size,
+            max_model_len=args.context,
+            tp=args.tp,
+        )
     except ValueError as e:
         return fail(args, f"--from-log {args.from_log}: {flag_message(args, e)}")
     r = {"model": str(args.model), "log_file": args.from_log, "log": log, **r}
