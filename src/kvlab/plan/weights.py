@@ -310,7 +310,8 @@ def safetensors_header_bytes(path: str | Path) -> int:
         ValueError: not a safetensors file: shorter than 8 bytes, a header length past the end of the file, a
             header that is not a JSON object, or a tensor (named, with the field) whose ``data_offsets`` are not
             ``0 <= begin <= end``, whose ``dtype`` is not one of :data:`_ST_DTYPE_BYTES`, whose ``shape`` is not
-            whole numbers >= 0, whose offsets do not hold ``shape x dtype`` bytes or end past the file.
+            whole numbers >= 0, whose offsets do not hold ``shape x dtype`` bytes or end past the file; or two
+            tensors whose ``data_offsets`` share bytes (:func:`_check_no_overlap`), naming both.
     """
     path = Path(path)
     with open(path, "rb") as f:
@@ -332,7 +333,27 @@ def safetensors_header_bytes(path: str | Path) -> int:
             f"{path} has no valid safetensors header: a JSON {type(header).__name__}, not an object"
         )
     data = size - 8 - n
-    return sum(_tensor_bytes(path, name, info, data) for name, info in header.items() if name != "__metadata__")
+    tensors = {name: info for name, info in header.items() if name != "__metadata__"}
+    total = sum(_tensor_bytes(path, name, info, data) for name, info in tensors.items())
+    _check_no_overlap(path, {name: info["data_offsets"] for name, info in tensors.items()})
+    return total
+
+
+def _check_no_overlap(path: Path, offsets: dict[str, list[int]]) -> None:
+    """Raise ValueError naming ``path`` and two tensors whose ``data_offsets`` ``[begin, end)`` (checked by
+    :func:`_tensor_bytes`) share a byte: each byte of the data belongs to one tensor (the safetensors library
+    refuses such a header, ``SafeTensorError::InvalidOffset``), and two tensors counted over the same bytes summed
+    to more weight bytes than the file holds. Empty tensors (``begin == end``) hold no byte."""
+    spans = sorted((begin, end, name) for name, (begin, end) in offsets.items() if begin < end)
+    widest = None  # the span reaching furthest among those before: any later one beginning before its end overlaps
+    for begin, end, name in spans:
+        if widest is not None and begin < widest[1]:
+            raise ValueError(
+                f"{path}: tensors {widest[2]!r} (`data_offsets` [{widest[0]}, {widest[1]}]) and {name!r} "
+                f"(`data_offsets` [{begin}, {end}]) overlap: each byte of the data belongs to one tensor"
+            )
+        if widest is None or end > widest[1]:
+            widest = (begin, end, name)
 
 
 def _whole(x: Any) -> bool:

@@ -55,3 +55,29 @@ def test_a_consistent_header_gives_its_bytes(tmp_path, capsys):
     path = _file(tmp_path, {"w": {"dtype": "BF16", "shape": [3, 4], "data_offsets": [0, 24]}}, 24)
     assert main(["plan", "llama-3-8b", "--weights-index", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["weight_bytes"] == 24
+
+
+@pytest.mark.parametrize(
+    "second, first_named",
+    [
+        ([8, 24], "'a' (`data_offsets` [0, 16]) and 'b' (`data_offsets` [8, 24])"),  # a tail shared
+        ([0, 16], "'a' (`data_offsets` [0, 16]) and 'b' (`data_offsets` [0, 16])"),  # the same bytes twice
+        ([4, 12], "'a' (`data_offsets` [0, 16]) and 'b' (`data_offsets` [4, 12])"),  # inside another
+    ],
+)
+def test_tensors_whose_offsets_overlap_are_refused_naming_both(second, first_named, tmp_path, capsys):
+    """Two tensors over the same bytes were summed: 32 B of weights from a file with 24 B of tensor data."""
+    b = {"dtype": "F16", "shape": [(second[1] - second[0]) // 2], "data_offsets": second}
+    path = _file(tmp_path, {"a": {"dtype": "F16", "shape": [8], "data_offsets": [0, 16]}, "b": b}, 24)
+    err = _refused(capsys, path)
+    assert f"{path}: tensors {first_named} overlap: each byte of the data belongs to one tensor" in err
+
+
+def test_tensors_side_by_side_and_empty_ones_are_not_overlaps(tmp_path, capsys):
+    tensors = {
+        "b": {"dtype": "F16", "shape": [4], "data_offsets": [16, 24]},  # the header's order is not the data's
+        "a": {"dtype": "F16", "shape": [8], "data_offsets": [0, 16]},
+        "e": {"dtype": "F16", "shape": [0], "data_offsets": [8, 8]},  # no bytes: overlaps nothing
+    }
+    assert main(["plan", "llama-3-8b", "--weights-index", str(_file(tmp_path, tensors, 24)), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["weight_bytes"] == 24
