@@ -97,6 +97,21 @@ def device_problem(device: str | None) -> str | None:
     return None
 
 
+def dtype_problem(dtype: object) -> str | None:
+    """The one wording of a ``--dtype`` kvlab runs no model in, found before any work (a model load, a prefill):
+    the message of :func:`kvlab.runtime.dtypes.parse_dtype` named by the flag the user typed ("--dtype must be one
+    of ['bfloat16', 'float16', 'float32'], got 'int8'"); None when it can run. Every command with a model
+    ``--dtype`` calls it: ``kvlab eval``, ``tasks``, ``inspect``, ``bench``, ``lab`` (``--real``, ``eviction``) and
+    ``sensitivity sweep``, which had three wordings of it."""
+    from kvlab.runtime.dtypes import parse_dtype
+
+    try:
+        parse_dtype(dtype)
+    except ValueError as exc:
+        return str(exc).replace("`dtype`", "--dtype", 1)
+    return None
+
+
 def output_folder_problem(folder: str | os.PathLike, flag: str) -> str | None:
     """Why the output folder ``flag`` names (``--out-dir``, ``--results-dir``, ``kvlab figures --out``) cannot take
     the files, found before any work; None when it can. The one rule for output folders: the folder itself may be

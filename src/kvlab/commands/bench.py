@@ -24,6 +24,7 @@ from kvlab.commands import (
     EXIT_FILE_EXISTS,
     add_command_group,
     device_problem,
+    dtype_problem,
     empty_path_flag,
     fail,
     file_exists_message,
@@ -309,6 +310,7 @@ def _flag_problem(args: argparse.Namespace) -> str | None:
     (:func:`kvlab.commands.empty_path_flag`), --threads, --copy-mib or --prefill-chunk < 1 (--copy-mib named in
     MiB, as given, not in the bytes the benchmark takes), a size --quick would ignore, --out/--force with
     --no-save (--results-dir too), a --device this machine cannot run (:func:`kvlab.commands.device_problem`), a
+    --dtype no model runs in (:func:`kvlab.commands.dtype_problem`), a
     --model that cannot be loaded (a path that is not there, a hub id offline and not cached:
     :func:`kvlab.models.check_local_model`); None when they can."""
     empty = empty_path_flag(args, "--results-dir", kind="folder") or empty_path_flag(args, "--out")
@@ -317,6 +319,7 @@ def _flag_problem(args: argparse.Namespace) -> str | None:
     if args.threads is not None and args.threads < 1:
         return f"--threads must be >= 1, got {args.threads}"
     device = device_problem(args.device) if hasattr(args, "device") else None  # the wording of eval, tasks
+    device = device or (dtype_problem(args.dtype) if hasattr(args, "dtype") else None)  # of every --dtype
     if device:
         return device
     for flag in ("copy_mib", "prefill_chunk"):  # --prefill-chunk 0 failed every row in range(), exit 1

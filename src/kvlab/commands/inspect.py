@@ -11,6 +11,7 @@ from pathlib import Path
 from kvlab.commands import (
     EXIT_FILE_EXISTS,
     device_problem,
+    dtype_problem,
     fail,
     file_exists_message,
     flag_values,
@@ -133,13 +134,7 @@ def _flag_problem(args: argparse.Namespace) -> str | None:
     problem = device_problem(args.device)  # before the loading line: the rule and wording of eval, bench, tasks
     if problem:
         return problem
-    from kvlab.runtime.dtypes import parse_dtype
-
-    try:
-        parse_dtype(args.dtype)
-    except ValueError as exc:
-        return str(exc).replace("`dtype`", "--dtype")
-    return None
+    return dtype_problem(args.dtype)  # the wording of every --dtype
 
 
 def run(args: argparse.Namespace) -> int:

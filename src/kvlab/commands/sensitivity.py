@@ -17,6 +17,7 @@ from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.commands import (
     EXIT_FILE_EXISTS,
     add_command_group,
+    dtype_problem,
     empty_path_flag,
     fail,
     file_exists_message,
@@ -117,10 +118,9 @@ def _check_sweep_args(args) -> str | None:
         if value < low:
             return f"{flag} must be >= {low}, got {value}"
     from kvlab.plan.mixed import FORMATS
-    from kvlab.runtime.dtypes import DTYPES
-
-    if args.dtype not in DTYPES:  # as parse_dtype, named by the flag, before the model loads
-        return f"--dtype must be one of {sorted(DTYPES)}, got {args.dtype!r}"
+    problem = dtype_problem(args.dtype)  # the wording of every --dtype, before the model loads
+    if problem:
+        return problem
 
     formats = [f.strip() for f in args.formats.split(",")]
     bad = [f for f in formats if f not in FORMATS or f == "float"]

@@ -17,6 +17,7 @@ from kvlab.commands import (
     EXIT_USAGE,
     Terminated,
     device_problem,
+    dtype_problem,
     empty_path_flag,
     fail,
     file_exists_message,
@@ -334,19 +335,15 @@ def _model_block(args: argparse.Namespace, result: dict | None) -> dict:
     ``cuda`` refused on a machine without CUDA).
 
     Raises:
-        ValueError: a device or dtype torch does not take, named ``device`` (--device) / ``dtype`` (--dtype).
+        ValueError: a device or dtype torch does not take, named ``device`` (--device) / --dtype
+            (:func:`kvlab.commands.device_problem`, :func:`kvlab.commands.dtype_problem`).
     """
     from kvlab.runtime.device import resolve_device
-    from kvlab.runtime.dtypes import parse_dtype
 
     block = result["model"] if result else {"name": args.model or "bundled"}
     block.setdefault("dtype", "bfloat16" if args.dtype is None else args.dtype)  # '' is refused, not the default
     block.setdefault("device", "cpu" if args.device is None else args.device)
-    try:
-        parse_dtype(block["dtype"])
-    except ValueError as e:
-        raise ValueError(str(e).replace("`dtype`", "`dtype` (--dtype)", 1)) from None
-    problem = device_problem(block["device"])  # the one wording of eval, bench and inspect
+    problem = dtype_problem(block["dtype"]) or device_problem(block["device"])  # the one wording of every command
     if problem:
         raise ValueError(problem)
     block["device"] = str(resolve_device(block["device"]))

@@ -16,6 +16,7 @@ from kvlab.commands import (
     EXIT_USAGE,
     Terminated,
     device_problem,
+    dtype_problem,
     empty_path_flag,
     fail,
     output_folder_problem,
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         label = "eval-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     # '' would be the current folder; a new --out-dir is made in a folder that exists (results/ on a first run)
     problem = empty_path_flag(args, "--out-dir", kind="folder") or output_folder_problem(args.out_dir, "--out-dir")
+    problem = problem or dtype_problem(args.dtype)  # the wording of every --dtype (the config's check words it alike)
     if problem:
         return fail(args, problem)
     try:

@@ -8,7 +8,7 @@ import argparse
 import json
 from collections.abc import Callable
 
-from kvlab.commands import table
+from kvlab.commands import dtype_problem, table
 
 
 def status(message: str, quiet: bool):
@@ -75,15 +75,17 @@ def add_model_flags(parser: argparse.ArgumentParser, help_prefix: str = "") -> N
 
 
 def check_model_flags(args: argparse.Namespace) -> None:
-    """Refuse a bad --dtype or --model before the first progress line (the library names them `dtype`, its path).
+    """Refuse a bad --dtype or --model before the first progress line (the library names the model by its path).
 
     Raises:
-        ValueError / OSError: as :func:`kvlab.runtime.dtypes.parse_dtype` and :func:`kvlab.models.check_local_model`.
+        ValueError: a --dtype in the words of every command (:func:`kvlab.commands.dtype_problem`).
+        ValueError / OSError: as :func:`kvlab.models.check_local_model`.
     """
     from kvlab.models import check_local_model
-    from kvlab.runtime.dtypes import parse_dtype
 
-    parse_dtype(args.dtype)
+    problem = dtype_problem(args.dtype)
+    if problem:
+        raise ValueError(problem)
     check_local_model(args.model)
 
 

@@ -1,0 +1,61 @@
+"""Every command with a model ``--dtype`` refuses one kvlab cannot run in with one message, built by
+:func:`kvlab.commands.dtype_problem`, before any work: ``kvlab inspect``, ``lab`` and ``sensitivity sweep`` said "--dtype must be one of ...", each
+from its own copy, ``kvlab tasks``, ``eval`` and ``bench`` "`dtype` (--dtype) must be one of ..."."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from kvlab.cli import build_parser, main
+
+SAID = "--dtype must be one of ['bfloat16', 'float16', 'float32'], got "
+
+# each command with --dtype -> the flags that let it reach its checks without doing or writing anything else
+RUNS: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("bench", "decode"): ("--quick", "--no-save"),
+    ("bench", "flush"): ("--quick", "--no-save"),
+    ("bench", "kernel"): ("--quick", "--no-save"),
+    ("bench", "memory"): ("--quick", "--no-save"),
+    ("eval",): ("--dry-run",),
+    ("inspect",): (),
+    ("lab",): ("--real",),
+    ("lab", "eviction"): (),
+    ("sensitivity", "sweep"): ("--out", "s.json"),
+    ("tasks",): (),
+}
+
+
+def _with_dtype(parser: argparse.ArgumentParser, words: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    """The subcommands (as argv words) of ``parser`` that take ``--dtype``."""
+    found = set()
+    for action in parser._actions:
+        if "--dtype" in action.option_strings:
+            found.add(words)
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found |= _with_dtype(sub, (*words, name))
+    return found
+
+
+def test_every_command_with_a_dtype_flag_is_checked_here():
+    """A new command with --dtype joins RUNS (and so the one wording)."""
+    assert _with_dtype(build_parser()) == set(RUNS)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "", "torch.float16"])
+def test_the_helper_names_the_flag_and_the_value(dtype):
+    from kvlab.commands import dtype_problem
+
+    assert dtype_problem(dtype) == SAID + repr(dtype)
+    assert dtype_problem("float16") is None
+
+
+@pytest.mark.parametrize("words", sorted(RUNS))
+def test_a_bad_dtype_is_refused_in_one_wording_by_every_command(words, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # eval's results/, bench's records: nothing may be written
+    assert main([*words, *RUNS[words], "--dtype", "int8"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"kvlab {' '.join(words)}: error: {SAID}'int8'\n"
+    assert list(tmp_path.iterdir()) == []
