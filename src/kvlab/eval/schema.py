@@ -347,6 +347,83 @@ def _decision_problems(result: dict) -> list[str]:
     return []
 
 
+def _show_mark(value: object) -> str:
+    return {True: "true", False: "false", None: "null"}.get(value, _show(value))  # as the file writes it
+
+
+# a row's gate mark -> the threshold of the result's gates it is judged at (saves_memory: cache_bytes_saved > 0)
+_THRESHOLD = {
+    "nll_delta": "max_nll_delta",
+    "topk_overlap": "min_topk_overlap",
+    "latency_ratio": "max_latency_ratio",
+    "recall_drop": "max_recall_drop",
+    "passkey_drop": "max_passkey_drop",
+    "kl_mean": "max_kl_mean",
+}
+
+
+def _judged_from(name: str, row: dict, gates: object) -> str:
+    """The numbers the mark ``name`` of ``row`` is judged from, as a refusal names them."""
+    if name == "saves_memory":
+        return f"cache_bytes_saved {_show(row.get('cache_bytes_saved'))} (saves memory when > 0)"
+    words = f"{name} {_show(row.get(name))} and gates.{_THRESHOLD[name]} {_show(getattr(gates, _THRESHOLD[name]))}"
+    if name == "latency_ratio" and row.get("latency_trusted") is False:
+        words += " (latency_trusted false: the gate is not used)"
+    return words
+
+
+def _row_mark_problems(i: int, row: dict, gates: object, stored: set[str]) -> list[str]:
+    """One candidate row's stored marks (``gates.<name>``, ``eligible``) against the row's own numbers judged again
+    at the result's ``gates`` (:func:`kvlab.eval.decision.apply_gates`, as :func:`kvlab.eval.rows.build_row`
+    judged them: the latency gate null where ``latency_trusted`` is false); a mark whose threshold the file does
+    not store (``stored``: an older file without the long-context gates) is not judged; ``eligible`` is judged from
+    every gate the numbers give, stored or not. The first disagreement, naming the row, the field, its number and
+    the threshold; none when every mark follows."""
+    from kvlab.eval.decision import apply_gates
+
+    at = f"rows[{i}] ({_show(row['candidate'])} at context {row.get('context_length')})"
+    try:
+        judged = apply_gates(row, gates)
+    except ValueError:  # no latency_ratio / cache_bytes_saved: marks with no numbers behind them
+        return [f"{at}.gates: marks with no latency_ratio and cache_bytes_saved to judge them again"]
+    if row.get("latency_trusted") is False:  # a busy machine's timings: the gate was not used
+        judged["latency_ratio"] = None
+    judged = {n: v for n, v in judged.items() if n not in _THRESHOLD or _THRESHOLD[n] in stored}
+    for name, mark in row["gates"].items():
+        if name in _THRESHOLD and _THRESHOLD[name] not in stored:
+            continue
+        if name not in judged:
+            return [f"{at}.gates.{name}: {_show_mark(mark)}, but the row has no {name} to judge"]
+        if mark is not judged[name]:
+            return [
+                f"{at}.gates.{name}: {_show_mark(mark)} does not follow from the row's "
+                f"{_judged_from(name, row, gates)} (judged again: {_show_mark(judged[name])})"
+            ]
+    eligible = all(v for v in judged.values() if v is not None)
+    if row.get("eligible") is not eligible:
+        failed = ", ".join(n for n, v in judged.items() if v is False)
+        return [
+            f"{at}.eligible: {_show_mark(row.get('eligible'))} does not follow from its gates (judged again: "
+            f"{_show_mark(eligible)}{'; failed: ' + failed if failed else ''})"
+        ]
+    return []
+
+
+def _marks_problems(result: dict) -> list[str]:
+    """Each candidate row's stored pass/fail marks (``gates``, ``eligible``) judged again from its numbers at the
+    result's ``gates`` (:func:`_row_mark_problems`): a hand-edited or stale mark is refused, not printed as a ✓, as
+    a stored decision its rows do not support is (:func:`_decision_problems`)."""
+    from kvlab.eval.config import Gates
+
+    stored = {k for k in (*_GATES, *_LONG_GATES) if k in result["gates"]}
+    gates = Gates(**{k: result["gates"][k] for k in stored})
+    problems: list[str] = []
+    for i, row in enumerate(result["rows"]):
+        if row["candidate"] != "dynamic" and isinstance(row.get("gates"), dict):
+            problems += _row_mark_problems(i, row, gates, stored)
+    return problems
+
+
 def _gates_problems(gates: dict) -> list[str]:
     problems = [f"gates: lacks {k!r}" for k in _GATES if k not in gates]
     if any(k in gates for k in _LONG_GATES):
@@ -421,4 +498,4 @@ def validate_result(result: object) -> list[str]:
             problems += [
                 f"failures[{i}]: lacks {k!r}" for k in ("candidate", "stage", "type", "message") if k not in f
             ]
-    return problems
+    return problems or _marks_problems(result)  # the marks judged again once every field they need is sound

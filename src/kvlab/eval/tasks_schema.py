@@ -215,15 +215,18 @@ def validate_tasks_result(result: object) -> list[str]:
 
 
 def _decision_disagrees(result: dict) -> list[str]:
-    """The stored decision against the cells' own (:func:`kvlab.eval.tasks_judge.judge` over them, at the stored
-    thresholds): a verdict no cell supports (a cache ``accepted`` with no cell behind it) is refused, not printed.
-    Nothing to compare where the thresholds are not stored."""
+    """The stored gates and decision against the cells' own (:func:`kvlab.eval.tasks_judge.judge` over them, at the
+    stored thresholds): a gate's mark its scores do not give (:func:`_gates_disagree`), a verdict no cell supports
+    (a cache ``accepted`` with no cell behind it) is refused, not printed. Nothing to compare where the thresholds
+    are not stored."""
     from kvlab.eval.tasks_judge import judge
 
     max_drop, min_float = result.get("max_drop"), result.get("min_float_score")
     if max_drop is None or min_float is None:
         return []
-    own = judge(result["cells"], max_drop, min_float)["decision"]  # reads each row's score only
+    again = judge(result["cells"], max_drop, min_float)  # reads each row's score only
+    marks = _gates_disagree(result, again["gates"])
+    own = again["decision"]
     for name in sorted({*own, *result["decision"]}, key=str):
         stored = (result["decision"].get(name) or {}).get("verdict", "absent")
         judged = (own.get(name) or {}).get("verdict", "absent")
@@ -232,5 +235,34 @@ def _decision_disagrees(result: dict) -> list[str]:
             return [
                 f"decision[{_show(name)}].verdict: {_show(stored)} does not follow from the cells ({behind} cell(s) "
                 f"measured {_show(name)}; judged again over them: {_show(judged)})"
+            ] + marks
+    return marks
+
+
+def _gates_disagree(result: dict, judged: list[dict]) -> list[str]:
+    """Each stored gate's mark (``gates[i].status``: pass, fail, not informative, shown on its row of the table)
+    against the one its cell's scores give at the stored ``max_drop`` / ``min_float_score`` (``judged``, of
+    :func:`kvlab.eval.tasks_judge.judge`): a hand-edited or stale mark, a gate of no measured row, or a measured
+    row without its gate (shown as the baseline) is refused, naming the gate, the scores and the thresholds."""
+    own = {(g["task"], g["context"], g["cache"]): g for g in judged}
+    seen = set()
+    for i, gate in enumerate(result["gates"]):
+        key = (gate["task"], gate["context"], gate["cache"])
+        at = f"gates[{i}] ({_show(gate['cache'])} on {gate['task']}@{gate['context']})"
+        if key not in own or key in seen:
+            why = "a second gate of that row" if key in seen else "no cell measured that cache there"
+            return [f"{at}: {why}"]
+        seen.add(key)
+        g = own[key]
+        if gate["status"] != g["status"]:
+            return [
+                f"{at}.status: {_show(gate['status'])} does not follow from the cell's scores (float "
+                f"{g['float_score']:g}, {gate['cache']} {g['score']:g}: a drop of {g['drop']:g} at max_drop "
+                f"{result['max_drop']:g}, min_float_score {result['min_float_score']:g}; judged again: "
+                f"{_show(g['status'])})"
             ]
+    missing = [k for k in own if k not in seen]
+    if missing:
+        task, context, cache = missing[0]
+        return [f"gates: lacks the gate of {_show(cache)} on {task}@{context} ({len(missing)} measured row(s) without one)"]
     return []
