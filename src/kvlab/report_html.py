@@ -15,6 +15,7 @@ import html
 import json
 import math
 import os
+import shlex
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +28,7 @@ from kvlab.eval.decision_words import (
     gate_names,
     no_candidate_advice,
 )
+from kvlab.eval.io import current_command
 from kvlab.eval.schema import REQUIRED_FIELDS
 from kvlab.figures import gate_bounds, plot_eval_figures
 from kvlab.runtime.atomic import atomic_write_text
@@ -463,8 +465,9 @@ def render_html(
 
     parts = [f"<h1>{html.escape(title)}</h1>"]
     header = {k: result[k] for k in ("status", "created_utc", "elapsed_s", "schema_version") if k in result}
-    if isinstance(result.get("command"), list):
-        header["command"] = " ".join(str(a) for a in result["command"])
+    if isinstance(result.get("command"), list):  # as a shell takes it: an empty value was lost in " ".join
+        command, notes = current_command(result["command"])  # --window-residuals '' as the CLI spells it now
+        header["command"] = shlex.join(command) + "".join(f" ({n})" for n in notes)
     if header:
         parts.append(_kv_table(header))
     parts.append("<h2>Decision</h2>" + _decision_block(result.get("summary", result.get("decision")), result))

@@ -13,6 +13,7 @@ import json
 import shlex
 from pathlib import Path
 
+from kvlab.eval.io import current_command
 from kvlab.eval.twins import FLOAT_KERNEL
 
 
@@ -34,32 +35,6 @@ def eval_records(folder: str | Path) -> list[tuple[Path, dict]]:
         if isinstance(result, dict) and (result.get("summary") or {}).get("integer_path"):
             out.append((path, result))
     return out
-
-
-# a value a kept result's recorded command holds that the CLI now refuses -> the spelling it takes now
-# (``--window-residuals ''`` turned the residual-window matrix off until ``none`` became the word for it)
-RESPELLED = {("--window-residuals", ""): "none"}
-
-
-def current_command(argv: list[str]) -> tuple[list[str], list[str]]:
-    """``(command, notes)``: a result's recorded ``command`` (argv) with each value of :data:`RESPELLED` in the
-    spelling the CLI takes now, so the page's command runs as printed, and one note per value respelled
-    (``the result records `--window-residuals ''`; `none` is the current spelling``). The measurements are not
-    touched; the result file keeps its command as it ran."""
-    out, notes = [str(a) for a in argv], []
-    for i, arg in enumerate(out):
-        flag, eq, value = arg.partition("=")  # --flag=value, or --flag value
-        if not eq and i + 1 < len(out):
-            value = out[i + 1]
-        new = RESPELLED.get((flag, value)) if eq or i + 1 < len(out) else None
-        if new is None:
-            continue
-        notes.append(f"the result records `{flag} {shlex.quote(value)}`; `{new}` is the current spelling")
-        if eq:
-            out[i] = f"{flag}={new}"
-        else:
-            out[i + 1] = new
-    return out, notes
 
 
 def _device(result: dict) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -155,3 +156,29 @@ def read_results(
             raise ValueError(f"{where}{first} and {path} are both kvlab {kind} results; give one of each kind")
         found[kind] = (path, result)
     return found.get("eval", (None, None))[1], found.get("tasks", (None, None))[1]
+
+
+# a value a kept result's recorded command holds that the CLI now refuses -> the spelling it takes now
+# (``--window-residuals ''`` turned the residual-window matrix off until ``none`` became the word for it)
+RESPELLED = {("--window-residuals", ""): "none"}
+
+
+def current_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(command, notes)``: a result's recorded ``command`` (argv) with each value of :data:`RESPELLED` in the
+    spelling the CLI takes now, so a page's command (docs/PERFORMANCE.md, the HTML report's header) runs as
+    printed, and one note per value respelled (``the result records `--window-residuals ''`; `none` is the current
+    spelling``). The measurements are not touched; the result file keeps its command as it ran."""
+    out, notes = [str(a) for a in argv], []
+    for i, arg in enumerate(out):
+        flag, eq, value = arg.partition("=")  # --flag=value, or --flag value
+        if not eq and i + 1 < len(out):
+            value = out[i + 1]
+        new = RESPELLED.get((flag, value)) if eq or i + 1 < len(out) else None
+        if new is None:
+            continue
+        notes.append(f"the result records `{flag} {shlex.quote(value)}`; `{new}` is the current spelling")
+        if eq:
+            out[i] = f"{flag}={new}"
+        else:
+            out[i + 1] = new
+    return out, notes

@@ -174,3 +174,23 @@ def test_html_numbers_share_one_format_and_verdicts_do_not_break():
     page = _rows_table(rows, {})
     assert "e+0" not in page
     assert 'class="key verdict">baseline<' in page and 'class="key pass verdict">eligible<' in page
+
+
+def test_the_header_command_runs_as_printed(eval_result):
+    """The header joined the recorded argv with spaces: an empty value vanished (`--window-residuals  --label x`,
+    which the CLI reads as a missing value) and a value with spaces split. It is shell-quoted now, with the kept
+    records' ``--window-residuals ''`` in today's spelling and a note; the raw data keeps the argv as it ran."""
+    import html
+    import shlex
+
+    from kvlab.cli import build_parser
+
+    result = dict(eval_result, command=["kvlab", "eval", "--window-residuals", "", "--label", "a b", "--quick"])
+    page = render_html(result)
+    shown = re.search(r"<td class=\"key\">command</td><td class=\"key\">(kvlab eval [^<]*)</td>", page)
+    assert shown, page[:2000]
+    text = html.unescape(shown.group(1))
+    command, _, note = text.partition(" (")
+    assert shlex.split(command) == ["kvlab", "eval", "--window-residuals", "none", "--label", "a b", "--quick"]
+    assert note == "the result records `--window-residuals ''`; `none` is the current spelling)"
+    build_parser().parse_args(shlex.split(command)[1:])  # exits 2 on a value the CLI refuses
