@@ -503,8 +503,9 @@ def targets(records: list[tuple[Path, dict]]) -> list[dict]:
 def _machine_line(rec: dict) -> str:
     m = rec.get("machine") or {}
     gpu = f", GPU {m['gpu']} (CUDA {m.get('cuda')})" if m.get("gpu") else ", no GPU"
+    ident = "; ".join(x for x in (m.get("cpu_id"), " ".join(m.get("cpu_isa") or [])) if x)  # records since 2026-12-05
     return (
-        f"Machine: {m.get('cpu')}, {m.get('cpu_count')} cores visible, torch threads {m.get('torch_threads')}, "
+        f"Machine: {m.get('cpu')}{f' ({ident})' if ident else ''}, {m.get('cpu_count')} cores visible, torch threads {m.get('torch_threads')}, "
         f"{m.get('memory_gib')} GiB RAM{gpu}; torch {m.get('torch')}, transformers {m.get('transformers')}, "
         f"hqq {m.get('hqq')}, optimum-quanto {m.get('optimum-quanto')}, Python {m.get('python')}; kvlab at "
         f"{m.get('git_commit')}; run {rec.get('created_utc')}."

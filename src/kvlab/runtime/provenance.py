@@ -48,6 +48,45 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+# The vector and matrix extensions a kernel's speed depends on, as /proc/cpuinfo names them (x86 ``flags``, Arm
+# ``Features``); a record lists those its CPU has, so two records from CPUs with one model name can be told apart.
+CPU_ISA_FLAGS = (
+    "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512vbmi",
+    "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "asimd", "asimddp", "i8mm", "bf16", "sve", "sve2",
+)  # fmt: skip
+
+
+def cpu_identity(cpuinfo: str | None = None) -> dict[str, Any]:
+    """Which CPU this is, beyond its model name: ``cpu_id`` (x86: ``"<vendor_id> family F model M"``, Arm:
+    ``"implementer 0x.. part 0x.."``; None where ``/proc/cpuinfo`` does not say) and ``cpu_isa`` (the entries of
+    :data:`CPU_ISA_FLAGS` the first processor lists, in that order; ``[]`` when none or no ``/proc/cpuinfo``).
+
+    ``cpuinfo``: the text of ``/proc/cpuinfo`` (read when None). Virtual machines often hide the model name
+    ("AMD EPYC" for every generation); family/model and the flags still tell a Zen 4 with AVX512-VNNI from a Zen 2
+    with AVX2 only, or an Intel Xeon with AMX from one without, which is what a kernel timing depends on."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return {"cpu_id": None, "cpu_isa": []}
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            if fields:
+                break  # the first processor only
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    cpu_id = None
+    if "cpu family" in fields and "model" in fields:
+        cpu_id = f"{fields.get('vendor_id', 'x86')} family {fields['cpu family']} model {fields['model']}"
+    elif "CPU implementer" in fields and "CPU part" in fields:
+        cpu_id = f"implementer {fields['CPU implementer']} part {fields['CPU part']}"
+    return {"cpu_id": cpu_id, "cpu_isa": [f for f in CPU_ISA_FLAGS if f in flags]}
+
+
 def memory_gib() -> float | None:
     """Physical memory in GiB (one decimal), or None where the OS does not say."""
     try:
@@ -143,14 +182,15 @@ def hardware_info(device: torch.device) -> dict[str, Any]:
 
 
 def machine_info() -> dict[str, Any]:
-    """Machine and versions in one flat dict: CPU model and cores, torch threads, memory (GiB), platform, the
-    versions of :func:`software_info` but tokenizers, the git commit of the checkout, the first GPU (None
-    without CUDA) and the CUDA version."""
+    """Machine and versions in one flat dict: CPU model, identity and vector extensions (:func:`cpu_identity`),
+    cores, torch threads, memory (GiB), platform, the versions of :func:`software_info` but tokenizers, the git
+    commit of the checkout, the first GPU (None without CUDA) and the CUDA version."""
     import torch
 
     software = software_info()
     info: dict[str, Any] = {
         "cpu": cpu_model(),
+        **cpu_identity(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "memory_gib": memory_gib(),

@@ -21,7 +21,7 @@ EVAL_HARDWARE_KEYS = {
 }
 EVAL_SOFTWARE_KEYS = {"python", "kvlab", "torch", "transformers", "tokenizers", "hqq", "optimum-quanto"}
 BENCH_MACHINE_KEYS = {
-    "cpu", "cpu_count", "torch_threads", "memory_gib", "platform", "python", "torch", "transformers", "kvlab",
+    "cpu", "cpu_id", "cpu_isa", "cpu_count", "torch_threads", "memory_gib", "platform", "python", "torch", "transformers", "kvlab",
     "hqq", "optimum-quanto", "git_commit", "gpu",
 }  # fmt: skip
 
@@ -58,3 +58,52 @@ def test_callers_use_the_runtime_helpers():
 def test_package_version_of_a_missing_package_is_none():
     assert provenance.package_version("kvlab-no-such-distribution") is None
     assert provenance.package_version("torch") is not None
+
+
+ZEN4 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 17
+model name\t: AMD EPYC
+flags\t\t: fpu sse avx f16c avx2 avx512f avx512_bf16 avx512vbmi avx512_vnni fma
+
+processor\t: 1
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+flags\t\t: avx2 amx_tile amx_int8
+"""
+
+GRAVITON = """processor\t: 0
+BogoMIPS\t: 243.75
+Features\t: fp asimd evtstrm aes asimddp sve i8mm bf16
+CPU implementer\t: 0x41
+CPU part\t: 0xd40
+"""
+
+
+def test_cpu_identity_reads_the_first_processor_of_x86_cpuinfo():
+    ident = provenance.cpu_identity(ZEN4)
+    assert ident["cpu_id"] == "AuthenticAMD family 25 model 17"
+    # in CPU_ISA_FLAGS order; the second processor's AMX flags are not this CPU's
+    assert ident["cpu_isa"] == ["avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "avx512vbmi"]
+
+
+def test_cpu_identity_reads_arm_features():
+    ident = provenance.cpu_identity(GRAVITON)
+    assert ident == {"cpu_id": "implementer 0x41 part 0xd40", "cpu_isa": ["asimd", "asimddp", "i8mm", "bf16", "sve"]}
+
+
+def test_cpu_identity_without_fields_is_empty_not_an_error():
+    assert provenance.cpu_identity("") == {"cpu_id": None, "cpu_isa": []}
+    assert provenance.cpu_identity("model name\t: something\n") == {"cpu_id": None, "cpu_isa": []}
+
+
+def test_machine_line_names_the_cpu_identity_when_the_record_has_it():
+    from kvlab.bench.docs import _machine_line
+
+    rec = {"machine": {"cpu": "AMD EPYC", **provenance.cpu_identity(ZEN4), "cpu_count": 2}}
+    line = _machine_line(rec)
+    assert line.startswith("Machine: AMD EPYC (AuthenticAMD family 25 model 17; avx2 fma f16c avx512f")
+    old = _machine_line({"machine": {"cpu": "AMD EPYC", "cpu_count": 2}})  # a record from before: no identity
+    assert old.startswith("Machine: AMD EPYC, 2 cores visible")
