@@ -153,7 +153,8 @@ def software_info() -> dict[str, str | None]:
 
 
 def hardware_info(device: torch.device) -> dict[str, Any]:
-    """Machine facts for a run on ``device``: platform, CPU count, torch threads, torch's CPU capability (the
+    """Machine facts for a run on ``device``: platform, the CPU's model name and identity (:func:`cpu_identity`:
+    family/model and vector extensions), CPU count, torch threads, torch's CPU capability (the
     widest vector instruction set its kernels use: ``"AVX2"``, ``"AVX512"``, ...), CUDA, and for a CUDA ``device``
     its name, total memory (bytes), compute capability and the CUDA version."""
     import torch
@@ -163,6 +164,8 @@ def hardware_info(device: torch.device) -> dict[str, Any]:
         "platform": platform.platform(),
         "machine": platform.machine(),
         "processor": platform.processor() or None,
+        "cpu_model": cpu_model(),
+        **cpu_identity(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
