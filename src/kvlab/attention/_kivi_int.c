@@ -130,6 +130,8 @@ T_AVX512 AI __m512 ldf_avx512(const void *p, int64_t i, const int bf16) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 T_AVX512 AI __m512 permps_avx512(__m512 a, __m512i idx) { return _mm512_permutexvar_ps(idx, a); }
+/* p[0..4) in every 128-bit lane (one load, no permute) */
+T_AVX512 AI __m512 bcast4_avx512(const float *p) { return _mm512_broadcast_f32x4(_mm_loadu_ps(p)); }
 /* p[0 .. min(n, 16)) and zeros (no access past them); n <= 0: zeros */
 T_AVX512 AI __m512 ldn_avx512(const float *p, int64_t n) {
     if (n >= 16) return _mm512_loadu_ps(p);
@@ -199,6 +201,7 @@ T_AVX2 AI __m256 ldf_avx2(const void *p, int64_t i, const int bf16) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 T_AVX2 AI __m256 permps_avx2(__m256 a, __m256i idx) { return _mm256_permutevar8x32_ps(a, idx); }
+T_AVX2 AI __m256 bcast4_avx2(const float *p) { return _mm256_broadcast_ps((const __m128 *)p); }
 T_AVX2 AI __m256 ldn_avx2(const float *p, int64_t n) {
     if (n >= 8) return _mm256_loadu_ps(p);
     const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n > 0 ? n : 0)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
