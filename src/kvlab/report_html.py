@@ -25,6 +25,7 @@ from kvlab.eval.decision_words import (
     GATE_NAMES,
     bundled_model_note,
     decision_rule,
+    decision_text,
     gate_names,
     no_candidate_advice,
 )
@@ -284,6 +285,7 @@ WARNING_KEYS = (
     "long_context_not_measured",
     "eviction_warning",
     "dtype_warning",
+    "positions_warning",
 )
 
 
@@ -302,6 +304,7 @@ SUMMARY_LABELS = {
     "long_context_not_measured": "long context not measured",
     "eviction_warning": "eviction warning",
     "dtype_warning": "dtype warning",
+    "positions_warning": "positions warning",
 }
 SELECTED_LABELS = {
     "candidate": "candidate",
@@ -325,10 +328,13 @@ PER_CANDIDATE_COLUMNS = (
 
 
 def _summary_value(key: str, value: Any) -> str:
-    """A summary field's text: gate names for ``decision_gates``, each failed candidate with its first failure,
-    contexts without separators in a list (``512, 2048``), measured numbers by :func:`_num`."""
+    """A summary field's text: gate names for ``decision_gates``, the decision in words (:func:`decision_text`),
+    each failed candidate with its first failure, contexts without separators in a list (``512, 2048``), measured
+    numbers by :func:`_num`."""
     if key == "decision_gates" and isinstance(value, list):
         return ", ".join(gate_names(value))
+    if key == "decision" and isinstance(value, str):
+        return decision_text({"decision": value})
     if key == "failed_candidates" and isinstance(value, list):
         return (
             "; ".join(
@@ -398,7 +404,8 @@ def _decision_block(summary: Any, result: Mapping[str, Any] | None = None) -> st
     notes += "".join(f'<div class="warning">warning: {html.escape(w)}</div>' for w in warnings)
     rule = decision_rule(summary) if isinstance(summary, Mapping) else None
     notes += f'<p class="muted">({html.escape(rule)})</p>' if rule else ""
-    return f'<div class="{css}">Decision: <b>{html.escape(_fmt(name))}</b>{rests}</div>{notes}{detail}'
+    shown = decision_text(summary) if isinstance(summary, Mapping) else _fmt(name)  # words, not the file's token
+    return f'<div class="{css}">Decision: <b>{html.escape(shown)}</b>{rests}</div>{notes}{detail}'
 
 
 def _settings_shown(result: Mapping) -> Any:

@@ -89,7 +89,8 @@ def check_candidate_names(names: tuple[str, ...], kivi_attention: str = "dequant
     """Raise ``ValueError`` naming any unknown candidate, one not written in the registry's canonical spelling
     (``kivi4`` for ``kivi-4``: the same cache could otherwise run twice, or ``Dynamic`` miss the baseline), a
     duplicate (also one cache under two names: ``sink`` and ``sink:window_length=256``, its default; ``kivi-4`` and
-    ``kivi-4-fused`` in a run whose ``kivi_attention`` is ``"fused"``), or a list without ``dynamic``."""
+    ``kivi-4-fused`` in a run whose ``kivi_attention`` is ``"fused"``), a list without ``dynamic``, or ``dynamic``
+    alone (nothing to compare with the baseline)."""
     if not names:
         raise ValueError("`candidates` must not be empty")
     bad: dict[str, str] = {}  # every bad name in one error, not only the first
@@ -124,6 +125,11 @@ def check_candidate_names(names: tuple[str, ...], kivi_attention: str = "dequant
         seen[key] = name
     if "dynamic" not in names:
         raise ValueError(f"`candidates` must include the baseline 'dynamic', got {list(names)}")
+    if len(names) == 1:  # the baseline alone: no row to gate, a decision about nothing
+        raise ValueError(
+            "`candidates` ['dynamic'] has nothing to compare: give at least one candidate besides dynamic (the "
+            "float baseline)"
+        )
 
 
 def run_attention(name: str, kivi_attention: str) -> str:

@@ -172,7 +172,8 @@ def summarize(result: dict) -> dict:
         ``decision``, ``decision_gates`` (the gates the selected row was judged on: the latency gate is left out
         where the machine was busy while timing), ``latency_trusted`` (no capacity cell was timed on a busy
         machine) and the warnings shown next to the decision (``latency_warning``, ``long_context_warning``,
-        ``long_context_not_measured``, ``eviction_warning``, ``dtype_warning``; each None when it does not apply),
+        ``long_context_not_measured``, ``eviction_warning``, ``dtype_warning``, ``positions_warning``; each None
+        when it does not apply),
         and ``failed_candidates`` (:func:`failed_everywhere`: requested candidates the decision could not judge);
         in a run with an int8 twin (``kivi-4:dot=int8`` beside ``kivi-4``) also ``integer_path``
         (:func:`kvlab.eval.twins.integer_path_summary`), absent otherwise.
@@ -213,6 +214,7 @@ def summarize(result: dict) -> dict:
         "long_context_not_measured": not_measured_warning(result),
         "eviction_warning": eviction_warning(selected),
         "dtype_warning": dtype_warning(result),
+        "positions_warning": positions_warning(result),
         "failed_candidates": failed_everywhere(result),
     }
     integer = integer_path_summary(result["rows"])
@@ -365,6 +367,32 @@ def dtype_warning(result: dict) -> str | None:
         f"{dtype}; --cpu-matmul auto (float32 GEMMs on {dtype} values) or --dtype float32 runs faster here (a "
         f"float32 model's float cache holds 4-byte elements, so the quantized caches' byte savings read twice as "
         f"large)"
+    )
+
+
+def positions_warning(result: dict) -> str | None:
+    """The caveat of a decision made on capacity rows past the model's trained positions: a row whose prompt + new
+    tokens (``context_length + new_tokens``) exceed ``provenance.model.max_position_embeddings``
+    (:func:`kvlab.eval.model_info.describe_model`) measured a RoPE model extrapolating, where its quality (and a
+    quantized cache's effect on it) is not what a served model within its limit shows. The rows stay in the result
+    and in the decision; this says which contexts they are. None when every capacity row is within the limit, or
+    the result records no limit (a model whose config states none, a result written before the field)."""
+    limit = ((result.get("provenance") or {}).get("model") or {}).get("max_position_embeddings")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        return None
+    over = sorted(
+        {
+            r["context_length"]
+            for r in result.get("rows") or []
+            if r.get("matrix") == "capacity" and r["context_length"] + (r.get("new_tokens") or 0) > limit
+        }
+    )
+    if not over:
+        return None
+    return (
+        f"contexts {', '.join(f'{c:,}' for c in over)} (prompt + new tokens) pass the model's "
+        f"max_position_embeddings ({limit:,}): the decision judged rows at positions the model was not trained on; "
+        f"for a served model, judge contexts within {limit:,} tokens"
     )
 
 

@@ -73,14 +73,42 @@ def gate_names(gates) -> list[str]:
     return [GATE_NAMES.get(str(g), str(g)) for g in gates or ()]
 
 
-# the decision of kvlab.eval.decision.decide when no capacity row passed every gate
+# the decision of kvlab.eval.decision.decide when no capacity row passed every gate (the result file's token)
 NO_CANDIDATE = "tune_cache_policy"
+
+# how the reports word NO_CANDIDATE
+NO_CANDIDATE_WORDS = "none: keep DynamicCache (no candidate passed every gate)"
+
+
+def decision_text(summary: dict) -> str:
+    """The summary's decision as the reports print it: ``accept <candidate> at context <n>`` as stored, the
+    file's token ``tune_cache_policy`` as :data:`NO_CANDIDATE_WORDS` (a user read it as an internal name), none
+    recorded as ``-``."""
+    decision = summary.get("decision") if isinstance(summary, dict) else None
+    if decision == NO_CANDIDATE:
+        return NO_CANDIDATE_WORDS
+    return "-" if decision is None else str(decision)
+
+
+def first_context_text(value: object, none: str) -> str:
+    """A summary context (``memory_reduction_onset_context``, ``eligible_crossover_context``: tokens, or None) in
+    words: the number, or ``none`` (what None means there, e.g. "no context saved bytes") rather than ``None``."""
+    return none if value is None else str(value)
+
+
+def _where_to_look(result: dict) -> str:
+    """" (see the failures)" / " (see the skipped candidates)" where the result holds them, else ""."""
+    if result.get("failures"):
+        return " (see the failures)"
+    if any(not c.get("available", True) for c in result.get("candidates") or [] if isinstance(c, dict)):
+        return " (see the skipped candidates)"
+    return ""
 
 
 def no_candidate_advice(result: dict) -> str | None:
     """For the decision ``tune_cache_policy`` (:func:`kvlab.eval.decision.decide`: no candidate row of the capacity
     matrix passed every gate): what it means, the gates the rows failed on with their counts, and what to try;
-    None for any other decision."""
+    None for any other decision. It points at the failures or skipped candidates only where the result has some."""
     summary = result.get("summary") if isinstance(result, dict) else None
     if not isinstance(summary, dict) or summary.get("decision") != NO_CANDIDATE:
         return None
@@ -91,7 +119,7 @@ def no_candidate_advice(result: dict) -> str | None:
     ]
     if not rows:
         return (
-            "no candidate cache was measured in the capacity matrix (see the failures), so kvlab recommends "
+            f"no candidate cache was measured in the capacity matrix{_where_to_look(result)}, so kvlab recommends "
             "none: keep DynamicCache"
         )
     failed: dict[str, int] = {}
@@ -112,10 +140,10 @@ def no_candidate_advice(result: dict) -> str | None:
     flags = [GATE_FLAGS[g] for g in order if g in GATE_FLAGS]
     if flags:
         tries.append(f"a looser gate if your use tolerates the loss ({', '.join(flags)})")
+    why = f"the rows failed on {counts}" if counts else f"no row failed a gate{_where_to_look(result)}"
     return (
-        f"{NO_CANDIDATE} = no candidate passed every gate at any context of the capacity matrix, so kvlab "
-        f"recommends none: keep DynamicCache (the rows failed on {counts or 'no gate; see the failures'}). To find "
-        f"a cache that passes, rerun kvlab eval with {'; or '.join(tries)}."
+        f"no candidate passed every gate at any context of the capacity matrix, so kvlab recommends none: keep "
+        f"DynamicCache ({why}). To find a cache that passes, rerun kvlab eval with {'; or '.join(tries)}."
     )
 
 

@@ -13,7 +13,8 @@ from kvlab.runtime.dtypes import float32_attention
 
 def describe_model(model: Any, model_arg: str | None, dtype: str, device: str) -> dict:
     """Provenance of the model: id or path, content fingerprint (or resolved commit), source (kind; for a GGUF or
-    named model the package, its version, the GGUF sha256 and what the weights are), architecture summary."""
+    named model the package, its version, the GGUF sha256 and what the weights are), architecture summary and
+    ``max_position_embeddings`` (tokens; None when its config states none)."""
     from kvlab.models import model_fingerprint, model_source, reference_model_path
 
     path = str(reference_model_path()) if model_arg is None else model_arg
@@ -33,6 +34,8 @@ def describe_model(model: Any, model_arg: str | None, dtype: str, device: str) -
         "num_key_value_heads": getattr(text, "num_key_value_heads", None) or heads,
         "head_dim": getattr(text, "head_dim", None) or text.hidden_size // heads,
         "parameters": sum(p.numel() for p in model.parameters()),
+        # the positions it was trained on (None: its config states none); the summary's positions_warning reads it
+        "max_position_embeddings": model_max_positions(model),
     }
 
 
@@ -114,12 +117,13 @@ def check_heldout_length(cfg: EvalConfig, tokenizer: Any) -> None:
             )
 
 
-def context_limit_warnings(cfg: EvalConfig, model: Any) -> list[str]:
-    """Warnings for cells whose prompt + new tokens pass the model's ``max_position_embeddings`` (run, not refused:
-    a RoPE model extrapolates, but its quality numbers there describe positions it was never trained on)."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    limit = getattr(config, "max_position_embeddings", None)
-    if not isinstance(limit, int):
+def context_limit_warnings(cfg: EvalConfig, limit: int | None) -> list[str]:
+    """Warnings for cells whose prompt + new tokens pass the model's ``max_position_embeddings`` (``limit``, tokens;
+    None: the model states none) -- run, not refused: a RoPE model extrapolates, but its quality numbers there
+    describe positions it was never trained on. ``limit`` comes from the loaded model
+    (:func:`model_max_positions`) or, for ``--dry-run``, from its files
+    (:func:`kvlab.lab.longrun.configured_max_positions`)."""
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         return []
     cells = [(c, cfg.new_tokens) for c in cfg.contexts]
     if cfg.window_residuals:
@@ -129,8 +133,16 @@ def context_limit_warnings(cfg: EvalConfig, model: Any) -> list[str]:
         return []
     return [
         f"{len(over)} cell length(s) (prompt + new tokens: {', '.join(f'{t:,}' for t in over)}) pass the model's "
-        f"max_position_embeddings ({limit:,}): those rows measure positions it was not trained on"
+        f"max_position_embeddings ({limit:,}): those rows measure positions it was not trained on, and a decision "
+        f"made on them carries that caveat"
     ]
+
+
+def model_max_positions(model: Any) -> int | None:
+    """The loaded ``model``'s ``max_position_embeddings`` (of its text config, tokens), or None when it states none."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    limit = getattr(config, "max_position_embeddings", None)
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
 
 
 def enable_attention(cfg: EvalConfig, model: Any, result: dict) -> None:

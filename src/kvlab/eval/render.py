@@ -12,6 +12,8 @@ from kvlab.eval.decision import UNSTABLE_TIMING_SPREAD
 from kvlab.eval.decision_words import (
     bundled_model_note,
     decision_rule,
+    decision_text,
+    first_context_text,
     fp8_range_lines,
     gate_names,
     no_candidate_advice,
@@ -328,10 +330,11 @@ def _print_header(result: dict, console: Console) -> None:
 
 def _print_decision(result: dict, s: dict, console: Console) -> None:
     """Onset, crossover, the selected row with its long-context figures, the decision and its warnings."""
+    onset = first_context_text(s.get("memory_reduction_onset_context"), "none (no context saved bytes)")
+    crossover = first_context_text(s.get("eligible_crossover_context"), "none (no context passed every gate)")
     console.print(
-        f"memory-reduction onset (first context saving bytes): {s['memory_reduction_onset_context']}; eligible "
-        f"crossover (first context passing every gate): {s['eligible_crossover_context']}; eligible capacity rows: "
-        f"{s['eligible_candidate_count']}"
+        f"memory-reduction onset (first context saving bytes): {onset}; eligible crossover (first context passing "
+        f"every gate): {crossover}; eligible capacity rows: {s['eligible_candidate_count']}"
     )
     sel = s.get("selected_candidate")
     if sel:
@@ -367,7 +370,12 @@ def _print_decision(result: dict, s: dict, console: Console) -> None:
             f"{f['type']}: {f['message']}); the decision leaves it out"
         )
     judged = f" (judged on: {', '.join(gate_names(s['decision_gates']))})" if s.get("decision_gates") else ""
-    console.print(f"[bold]decision: {s['decision']}[/]{judged}")
+    caveat = (
+        " [yellow]-- caveat: judged at contexts past the model's trained positions (see the warning)[/]"
+        if s.get("positions_warning")
+        else ""
+    )
+    console.print(f"[bold]decision: {decision_text(s)}[/]{judged}{caveat}")
     if "--quick" in (result.get("command") or []):  # a smoke run's verdict is not one to act on
         console.print("  (a --quick smoke run: short contexts, few tokens and trials; decide with the default matrix)")
     advice = no_candidate_advice(result)
@@ -388,3 +396,5 @@ def _print_decision(result: dict, s: dict, console: Console) -> None:
         console.print(f"[yellow]warning: {s['long_context_not_measured']}[/]")
     if s.get("dtype_warning"):
         console.print(f"[yellow]warning: {s['dtype_warning']}[/]")
+    if s.get("positions_warning"):
+        console.print(f"[yellow]warning: {s['positions_warning']}[/]")

@@ -57,7 +57,8 @@ A result is one JSON object::
                       (None, or which probes did not fit which context: their gates do not apply there), eviction_warning
                       (None, or why the selected evicting cache was not tested: its budget held the prompt),
                       dtype_warning (None, or the model dtype was emulated on this CPU: provenance.hardware.
-                      matmul_time_ratio_vs_float32 above 2), ...}
+                      matmul_time_ratio_vs_float32 above 2), positions_warning (None, or which capacity contexts
+                      passed provenance.model.max_position_embeddings: the decision judged untrained positions), ...}
 """
 
 from __future__ import annotations
@@ -299,6 +300,7 @@ def _summary_problems(summary: dict) -> list[str]:
         ("long_context_not_measured", "string or null"),
         ("eviction_warning", "string or null"),
         ("dtype_warning", "string or null"),
+        ("positions_warning", "string or null"),
     ):
         if key in summary:
             _check(problems, f"summary.{key}", summary[key], kind)

@@ -297,14 +297,10 @@ def test_top_k_beyond_the_vocabulary_is_refused_before_any_cell(tiny_qwen2):
 
 def test_cells_past_the_model_position_limit_are_warned(tiny_qwen2):
     """--contexts 99999 planned and ran without a word on a model trained to 2,048 positions."""
-    from kvlab.eval.model_info import context_limit_warnings
+    from kvlab.eval.model_info import context_limit_warnings, model_max_positions
 
-    limit = tiny_qwen2.config.max_position_embeddings
-    assert (
-        context_limit_warnings(EvalConfig(contexts=(512,), new_tokens=64, window_residuals=()), tiny_qwen2)
-        == []
-    )
-    (w,) = context_limit_warnings(
-        EvalConfig(contexts=(512, limit), new_tokens=64, window_residuals=()), tiny_qwen2
-    )
+    limit = model_max_positions(tiny_qwen2)
+    assert limit == tiny_qwen2.config.max_position_embeddings
+    assert context_limit_warnings(EvalConfig(contexts=(512,), new_tokens=64, window_residuals=()), limit) == []
+    (w,) = context_limit_warnings(EvalConfig(contexts=(512, limit), new_tokens=64, window_residuals=()), limit)
     assert f"{limit + 64:,}" in w and f"max_position_embeddings ({limit:,})" in w

@@ -119,13 +119,14 @@ def test_result_files_of_earlier_kvlab_still_read_render_and_decide_the_same(pat
     from rich.console import Console
 
     from kvlab.eval.decision import summarize
+    from kvlab.eval.decision_words import decision_text
     from kvlab.eval.io import read_result
     from kvlab.eval.render import print_summary
 
     result = read_result(path)  # validated
     out = io.StringIO()
     print_summary(result, Console(file=out, width=160))
-    assert f"decision: {result['summary']['decision']}" in out.getvalue()
+    assert f"decision: {decision_text(result['summary'])}" in out.getvalue()
     again = summarize(result)
     keys = ("decision", "selected_candidate", "eligible_crossover_context", "memory_reduction_onset_context")
     if path.name in DECIDED_BY_AN_EARLIER_RULE:

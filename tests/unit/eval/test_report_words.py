@@ -51,16 +51,16 @@ def test_tune_cache_policy_says_what_it_means_and_what_to_do():
     result = _record(TOVA)
     assert result["summary"]["decision"] == "tune_cache_policy"
     text = " ".join(_text(result, width=400).split())
-    decision = text[text.index("decision: tune_cache_policy") :]
-    assert (
-        "tune_cache_policy = no candidate passed every gate at any context of the capacity matrix" in decision
-    )
-    assert "keep DynamicCache" in decision
+    decision = text[text.index("decision: none: keep DynamicCache (no candidate passed every gate)") :]
+    assert "no candidate passed every gate at any context of the capacity matrix" in decision
+    assert "tune_cache_policy" not in text and "None" not in text  # the file's token and Python's None: not words
+    assert "eligible crossover (first context passing every gate): none (no context passed every gate)" in text
     assert "recall drop: 2 of 2 rows, passkey drop: 1 of 2 rows" in decision  # the gates the rows failed
     assert "--max-recall-drop, --max-passkey-drop" in decision and "a larger --residual" in decision
     page = _html_text(render_html(result))
     banner = page[page.index("Decision:") : page.index("Gates")]
-    assert "tune_cache_policy = no candidate passed every gate" in banner and "keep DynamicCache" in banner
+    assert "none: keep DynamicCache (no candidate passed every gate)" in banner and "tune_cache_policy" not in banner
+    assert "no candidate passed every gate at any context" in banner
     accepted = _text(_record(EVICTION), width=400)
     assert "tune_cache_policy" not in accepted and "keep DynamicCache" not in accepted
     from kvlab.eval.decision_words import no_candidate_advice

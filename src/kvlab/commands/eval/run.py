@@ -82,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     result = new_result(cfg, label, _argv())
     if args.dry_run:
         set_status(result, "dry_run")
+        for warning in _planned_position_warnings(cfg):
+            err.print(f"[yellow]warning: {warning}[/]")
     try:  # the plan (a dry run's whole result): a folder that takes no file fails now, not after the model loads
         write_json_atomic(path, result)
     except OSError as exc:  # names `path`, not the hidden temporary file (kvlab.runtime.atomic)
@@ -139,6 +141,20 @@ def _resume(args: argparse.Namespace, err) -> int:
         if exc.filename != str(path):
             raise
         return fail(args, f"could not write the result {path} ({exc.strerror or exc})", EXIT_FAILED)
+
+
+def _planned_position_warnings(cfg) -> list[str]:
+    """The warnings of :func:`kvlab.eval.model_info.context_limit_warnings` for a ``--dry-run``, its limit read from
+    the model's files without loading it (:func:`kvlab.lab.longrun.configured_max_positions`); none when no file
+    states one (a hub id not in the local cache)."""
+    from kvlab.eval.model_info import context_limit_warnings
+    from kvlab.lab.longrun import configured_max_positions
+
+    try:
+        limit = configured_max_positions(cfg.model)
+    except (OSError, ValueError):  # checked before (_model_problem): the run's load would report it
+        return []
+    return context_limit_warnings(cfg, limit)
 
 
 def _claim(path, result: dict) -> None:
@@ -213,6 +229,7 @@ def _load(args, cfg, result, path, err, resumed: bool):
         check_heldout_length,
         context_limit_warnings,
         describe_model,
+        model_max_positions,
     )
     from kvlab.eval.records import fail_run
     from kvlab.models import load_model
@@ -243,7 +260,7 @@ def _load(args, cfg, result, path, err, resumed: bool):
             check_same_model(path, result, model_info)
         except ValueError as exc:
             return fail(args, f"cannot resume: {exc}")
-    for warning in context_limit_warnings(cfg, model):
+    for warning in context_limit_warnings(cfg, model_max_positions(model)):
         err.print(f"[yellow]warning: {warning}[/]")
     try:
         check_against_model(cfg, model)
