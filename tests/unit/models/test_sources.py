@@ -190,12 +190,37 @@ def test_an_interrupted_conversion_leaves_nothing_and_a_killed_one_is_cleaned_up
     assert prepare_source(str(path)).ready  # found, not converted again
 
 
+def _gettable() -> list[str]:
+    return [n.name for n in NAMED_MODELS.values() if n.package is not None]
+
+
 def test_models_get_refuses_an_unknown_name(capsys):
     assert main(["models", "get", "no-such-model"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [
-        f"kvlab models: error: no named model 'no-such-model'; named models: {', '.join(NAMED_MODELS)}"
-    ]
+    assert err == [f"kvlab models: error: no named model 'no-such-model'; `get` takes {', '.join(_gettable())}"]
+
+
+def test_models_get_offers_only_the_names_it_takes(capsys):
+    """`kvlab models get` offered "one of smollm2-135m, smollm2-135m-hf", then refused smollm2-135m-hf (a hub model:
+    nothing to install). Every name it offers (without a NAME, in --help) is one it takes; the hub-only one is
+    explained beside it and in `kvlab models list`."""
+    hub_only = [n.name for n in NAMED_MODELS.values() if n.package is None]
+    assert hub_only and _gettable()  # the shipped list has both kinds
+    assert main(["models", "get"]) == 2
+    offered = capsys.readouterr().err.split("one of ", 1)[1].strip()
+    assert offered.split(", ") == _gettable()
+    for name in hub_only:
+        assert main(["models", "get", name]) == 2
+        assert "pass it to --model" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["models", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    offered = help_text.split("one of ", 1)[1].split(" (", 1)[0]
+    assert offered.split(", ") == _gettable()
+    assert all(f"{name}, needs no get: pass it to --model" in help_text for name in hub_only)
+    assert main(["models", "list"]) == 0
+    listing = " ".join(capsys.readouterr().out.split())
+    assert "pass it to --model, `kvlab models get` does not take it" in listing
 
 
 def test_models_lists_every_named_model(capsys):
