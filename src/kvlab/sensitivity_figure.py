@@ -21,6 +21,14 @@ FORMAT_COLORS = dict(zip(FORMATS, (*SERIES_COLORS[:4], "#e0e0e0")))
 SHORT = {"kivi-2": "2", "kivi-4": "4", "kivi-8": "8", "fp8-e4m3": "F8", "float": "bf"}
 
 
+def _shown(sweep: Mapping[str, Any], key: str) -> str:
+    """A sweep field as an error shows it: ``none`` where the file lacks it (not Python's ``None``), ``null`` for
+    JSON null, else its repr."""
+    if key not in sweep:
+        return "none"
+    return "null" if sweep[key] is None else repr(sweep[key])
+
+
 def sensitivity_figure_data(sweep: Mapping[str, Any], plan: Mapping[str, Any] | None = None) -> dict:
     """``{"model", "layers", "formats", "kl": {fmt: {"k": [L], "v": [L]}}, "ranked": {fmt: (layer, half)},
     "assignment": [(k, v)] * L or None, "prompts", "seconds"}`` from a sweep file's object and a plan's.
@@ -31,20 +39,25 @@ def sensitivity_figure_data(sweep: Mapping[str, Any], plan: Mapping[str, Any] | 
             model (:func:`kvlab.plan.mixed.layer_formats`, naming the layer); each names the value.
     """
     if not isinstance(sweep, Mapping) or sweep.get("kind") != SWEEP_KIND:
-        kind = sweep.get("kind") if isinstance(sweep, Mapping) else type(sweep).__name__
-        raise ValueError(f"a sensitivity sweep file has kind {SWEEP_KIND!r}, got {kind!r}")
+        if not isinstance(sweep, Mapping):
+            got = f"a JSON {type(sweep).__name__}"
+        else:
+            got = f"kind {sweep['kind']!r}" if "kind" in sweep else "no `kind`"
+        raise ValueError(f"a sensitivity sweep file has kind {SWEEP_KIND!r}, got {got}")
     layers, formats, kl = sweep.get("layers"), sweep.get("formats"), sweep.get("kl")
     if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
-        raise ValueError(f"the sweep's `layers` must be a positive integer, got {layers!r}")
+        raise ValueError(f"the sweep's `layers` must be a positive integer, got {_shown(sweep, 'layers')}")
     if not isinstance(formats, list) or not formats or not isinstance(kl, Mapping):
-        raise ValueError(f"the sweep needs `formats` (a list) and `kl`, got {formats!r}")
+        raise ValueError(
+            f"the sweep needs `formats` (a list) and `kl` (an object), got formats {_shown(sweep, 'formats')} and kl "
+            f"{'(an object)' if isinstance(kl, Mapping) else _shown(sweep, 'kl')}"
+        )
     for fmt in formats:
         for half in ("k", "v"):
             values = (kl.get(fmt) or {}).get(half) if isinstance(kl.get(fmt), Mapping) else None
             if not isinstance(values, list) or len(values) != layers:
-                raise ValueError(
-                    f"the sweep's kl[{fmt!r}][{half!r}] must list {layers} values, got {values!r}"
-                )
+                got = "none" if values is None else (f"{len(values)}" if isinstance(values, list) else repr(values))
+                raise ValueError(f"the sweep's kl[{fmt!r}][{half!r}] must list {layers} values, got {got}")
             bad = [x for x in values if not isinstance(x, int | float) or not math.isfinite(x) or x < 0]
             if bad:
                 raise ValueError(f"the sweep's kl[{fmt!r}][{half!r}] holds {bad[0]!r}, not a KL >= 0")

@@ -329,21 +329,33 @@ def read_sweep(path: str) -> dict:
     if not isinstance(sweep, dict):
         raise ValueError(f"sweep file {path!r} must hold a JSON object, got {type(sweep).__name__}")
     if sweep.get("kind") != SWEEP_KIND:
-        raise ValueError(
-            f"{path} is not a kvlab sensitivity sweep (kind {sweep.get('kind')!r}; kvlab sensitivity sweep "
-            f"writes one)"
+        held = (
+            f"its 'kind' is {sweep['kind']!r}, not {SWEEP_KIND!r}"
+            if "kind" in sweep
+            else "it has no 'kind' field"
         )
+        raise ValueError(f"{path} is not a kvlab sensitivity sweep ({held}; kvlab sensitivity sweep writes one)")
     try:
         sensitivity_figure_data(sweep)  # layers, formats and their KL lists
         if not isinstance(sweep.get("model_config"), dict):
-            raise ValueError(f"its `model_config` must be an object, got {sweep.get('model_config')!r}")
+            raise ValueError(_field_problem(sweep, "model_config", "an object"))
         cost = sweep.get("cost") if isinstance(sweep.get("cost"), dict) else {}
-        check_int("cost.context", cost.get("context"), 1)
-        check_int("group_size", sweep.get("group_size"), 1)
-        check_int("residual_length", sweep.get("residual_length"), 0)
+        for where, name, minimum in ((cost, "context", 1), (sweep, "group_size", 1), (sweep, "residual_length", 0)):
+            if name not in where:  # check_int would say "got None" of a field the file lacks
+                raise ValueError(f"it has no `{'cost.' if where is cost else ''}{name}`")
+            check_int(f"{'cost.' if where is cost else ''}{name}", where[name], minimum)
     except ValueError as exc:
         raise ValueError(f"sweep file {path!r}: {exc}") from None
     return sweep
+
+
+def _field_problem(sweep: dict, key: str, kind: str) -> str:
+    """What is wrong with a sweep file's field ``key`` that is not ``kind``: "it has no `key`" when absent (not "got
+    None"), else "its `key` must be <kind>, got <the JSON type>"."""
+    if key not in sweep:
+        return f"it has no `{key}`"
+    value = sweep[key]
+    return f"its `{key}` must be {kind}, got {'null' if value is None else type(value).__name__}"
 
 
 def _chosen_formats(kl: dict, formats: str | None) -> dict:

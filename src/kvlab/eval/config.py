@@ -182,7 +182,7 @@ class EvalConfig:
         if self.threads is not None and (
             isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
         ):
-            raise ValueError(f"`threads` must be a positive integer or None, got {self.threads!r}")
+            raise ValueError(f"`threads` must be a positive integer, got {self.threads!r}")  # None: unset
         # without threads the run reads OMP_NUM_THREADS: a bad value is named now, not after the model loaded
         if self.threads is None:
             from kvlab.runtime.timing import default_threads

@@ -278,10 +278,14 @@ def test_a_sweep_past_the_held_out_text_names_the_flags(tmp_path, capsys):
     [
         ("[1", "sweep file '{path}' is not JSON"),
         ("[1]", "sweep file '{path}' must hold a JSON object, got list"),
-        ('{"kind": "other"}', "{path} is not a kvlab sensitivity sweep (kind 'other'"),
+        ('{"kind": "other"}', "{path} is not a kvlab sensitivity sweep (its 'kind' is 'other', not 'kvlab-sensitivity'"),
+        # "(kind None; ...)": Python's None for a field the file does not have
+        ('{"a": 1}', "{path} is not a kvlab sensitivity sweep (it has no 'kind' field; kvlab sensitivity sweep"),
         # a sweep version field read as a plan's: 'plan file ... has kvlab_plan 3'
         ('{"kind": "kvlab-sensitivity", "kvlab_plan": 3}', "sweep file '{path}': the sweep's `layers`"),
-        (None, "sweep file '{path}': its `model_config` must be an object, got None"),  # a KeyError traceback
+        ('{"kind": "kvlab-sensitivity", "kvlab_plan": 3}', "`layers` must be a positive integer, got none"),
+        # a KeyError traceback, then "its `model_config` must be an object, got None"
+        (None, "sweep file '{path}': it has no `model_config`"),
     ],
 )
 def test_allocate_names_a_bad_sweep_file_as_a_sweep_file(result, text, said, tmp_path, capsys):
@@ -298,7 +302,7 @@ def test_allocate_names_a_bad_sweep_file_as_a_sweep_file(result, text, said, tmp
     path.write_text(text)
     assert main(["sensitivity", "allocate", str(path), "--name", "p", "--budget", "0.5"]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert said.format(path=path) in err and "plan file" not in err, err
+    assert said.format(path=path) in err and "plan file" not in err and "None" not in err, err
     missing = tmp_path / "none.json"
     assert main(["sensitivity", "allocate", str(missing), "--name", "p", "--budget", "0.5"]) == 2
     assert f"sweep file '{missing}' cannot be read" in capsys.readouterr().err

@@ -139,6 +139,15 @@ def test_report_html_onto_a_directory_is_refused_even_with_force(tmp_path, capsy
     assert target.is_dir()
 
 
+def test_threads_refusal_names_no_python_none(tmp_path, capsys):
+    """--threads 0 said "must be a positive integer or None": None is no value a user can type."""
+    from kvlab.cli import main
+
+    assert main(["eval", "--dry-run", "--out-dir", str(tmp_path), "--threads", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "(--threads) must be a positive integer, got 0" in err and "None" not in err
+
+
 @pytest.mark.parametrize(
     "argv, flag",
     [
