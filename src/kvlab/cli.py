@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(f"kvlab.commands.{info.name}")
         module.register(sub)
     _set_prog(parser)
+    commands.read_dtype_aliases(parser)  # bf16/fp16/fp32 in every model --dtype
     return parser
 
 

@@ -59,3 +59,40 @@ def test_a_bad_dtype_is_refused_in_one_wording_by_every_command(words, tmp_path,
     captured = capsys.readouterr()
     assert captured.err == f"kvlab {' '.join(words)}: error: {SAID}'int8'\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def _parsed(words: tuple[str, ...], dtype: str) -> argparse.Namespace:
+    """``kvlab <words> <its RUNS flags> --dtype <dtype>`` as the parser reads it (nothing runs)."""
+    args, extra = build_parser().parse_known_args([*words, *RUNS[words], "--dtype", dtype])
+    assert not extra
+    return args
+
+
+@pytest.mark.parametrize("words", sorted(RUNS))
+@pytest.mark.parametrize(("short", "full"), [("bf16", "bfloat16"), ("fp16", "float16"), ("fp32", "float32")])
+def test_every_model_dtype_reads_the_short_spellings_as_the_full_name(words, short, full):
+    """kvlab eval --dtype bf16 was refused while kvlab plan takes bf16: every command now reads it as bfloat16,
+    so what it checks and records is the full name."""
+    assert _parsed(words, short).dtype == full
+    assert _parsed(words, full).dtype == full
+    assert _parsed(words, "int8").dtype == "int8"  # refused by dtype_problem, in its one wording
+
+
+def test_a_short_dtype_is_recorded_by_its_full_name(tmp_path):
+    import json
+
+    assert main(["eval", "--dry-run", "--dtype", "fp32", "--out-dir", str(tmp_path), "--label", "d"]) == 0
+    result = json.loads((tmp_path / "d.json").read_text())
+    assert result["settings"]["dtype"] == "float32"
+
+
+def test_the_library_names_the_full_name_for_a_short_one():
+    from kvlab.eval.config import EvalConfig
+    from kvlab.runtime.dtypes import parse_dtype
+
+    with pytest.raises(ValueError, match=r"got 'bf16' \(did you mean 'bfloat16'\?\)"):
+        parse_dtype("bf16")
+    with pytest.raises(ValueError, match=r"got 'fp16' \(did you mean 'float16'\?\)"):
+        EvalConfig(dtype="fp16")
+    with pytest.raises(ValueError, match=r"got 'int8'$"):
+        parse_dtype("int8")

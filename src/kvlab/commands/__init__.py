@@ -112,6 +112,26 @@ def dtype_problem(dtype: object) -> str | None:
     return None
 
 
+def read_dtype_aliases(parser) -> None:
+    """Make every model ``--dtype`` of ``parser`` and its subcommands, at any depth, read ``bf16``/``fp16``/``fp32``
+    as ``bfloat16``/``float16``/``float32`` (:func:`kvlab.runtime.dtype_names.canonical_dtype`): ``kvlab plan``
+    takes the short spellings, and ``kvlab eval --dtype bf16`` was refused. The command then sees, checks
+    (:func:`dtype_problem`) and records the full name; any other value reaches :func:`dtype_problem` unchanged.
+    One walk over the parser (``kvlab.cli.build_parser`` calls it), so a new command's ``--dtype`` reads them too."""
+    import argparse
+
+    from kvlab.runtime.dtype_names import DTYPE_ALIASES, canonical_dtype
+
+    for action in parser._actions:
+        if "--dtype" in action.option_strings and action.type is None:
+            action.type = canonical_dtype
+            shorts = ", ".join(f"{a} = {full}" for a, full in DTYPE_ALIASES.items())
+            action.help = f"{action.help}; also {shorts}" if action.help else None
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                read_dtype_aliases(sub)
+
+
 def output_folder_problem(folder: str | os.PathLike, flag: str) -> str | None:
     """Why the output folder ``flag`` names (``--out-dir``, ``--results-dir``, ``kvlab figures --out``) cannot take
     the files, found before any work; None when it can. The one rule for output folders: the folder itself may be

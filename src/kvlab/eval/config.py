@@ -11,6 +11,7 @@ from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.caches.settings import HQQ_GROUP_SIZE
 from kvlab.runtime.checks import check_int
 from kvlab.runtime.device import check_device_name
+from kvlab.runtime.dtype_names import alias_hint
 
 DTYPES = ("bfloat16", "float16", "float32")
 PROMPT_MODES = ("heldout", "repeat")
@@ -270,7 +271,7 @@ class EvalConfig:
                 f"`model` must name a hub id or a folder (or be None: the bundled model), got {self.model!r}"
             )
         if self.dtype not in DTYPES:
-            raise ValueError(f"`dtype` must be one of {list(DTYPES)}, got {self.dtype!r}")
+            raise ValueError(f"`dtype` must be one of {list(DTYPES)}, got {self.dtype!r}{alias_hint(self.dtype)}")
         check_device_name(self.device)  # the rule bench and tasks use: cpu, cuda, cuda:N or auto
         if self.kivi_attention not in ("fused", "dequantize"):
             raise ValueError(f"`kivi_attention` must be 'fused' or 'dequantize', got {self.kivi_attention!r}")

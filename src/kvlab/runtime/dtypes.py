@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import torch
 
 from kvlab.runtime.checks import check_int
+from kvlab.runtime.dtype_names import alias_hint
 from kvlab.runtime.dtype_speed import SLOW_DTYPE_RATIO
 
 DTYPES: dict[str, torch.dtype] = {
@@ -21,14 +22,15 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """``"bfloat16"``, ``"float16"``, ``"float32"`` (or the matching ``torch.dtype``) -> ``torch.dtype``.
 
     Raises:
-        ValueError: any other value, named in the message.
+        ValueError: any other value, named in the message; a short spelling (``"bf16"``) with the name to use
+            (the command line reads it as that name: :func:`canonical_dtype`).
     """
     if isinstance(dtype, torch.dtype):
         if dtype in DTYPES.values():
             return dtype
     elif isinstance(dtype, str) and dtype in DTYPES:
         return DTYPES[dtype]
-    raise ValueError(f"`dtype` must be one of {sorted(DTYPES)}, got {dtype!r}")
+    raise ValueError(f"`dtype` must be one of {sorted(DTYPES)}, got {dtype!r}{alias_hint(dtype)}")
 
 
 # the GEMM timed by matmul_time_ratio: a prefill-like [tokens, hidden] x [hidden, out] product
