@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvlab.figures.base import C_GRAY, SERIES_COLORS, _figure, save_png
+from kvlab.figures.base import C_GRAY, SERIES_COLORS, _figure, legend, save_png
 
 FLOAT = "dynamic"
 LINESTYLES = ("-", "--", ":", "-.")  # one per context length
@@ -94,6 +94,6 @@ def plot_task_scores(result: Mapping[str, Any], out_path: str | os.PathLike) -> 
         if notes:
             ax.text(0.02, 0.02, "; ".join(notes), transform=ax.transAxes, fontsize=6, color=C_GRAY)
         if i == 0:
-            ax.legend(fontsize=5, ncol=2, loc="best")  # where it hides the fewest points
+            legend(ax, fontsize=5, ncol=2, loc="best")  # where it hides the fewest points
     fig.tight_layout()
     return save_png(fig, out_path)

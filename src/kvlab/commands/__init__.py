@@ -265,6 +265,8 @@ class progress:
 KINETO_QUIET = "6"
 
 # third-party modules whose warnings (deprecations, advice) are not kvlab's output unless --verbose
+# (by the module a warning is attributed to: matplotlib's own warnings name the kvlab line that called it, so figure
+# code avoids them at the cause, e.g. kvlab.figures.base.legend)
 THIRD_PARTY_WARNINGS = r"(transformers|torch|huggingface_hub|accelerate|hqq|optimum|matplotlib|numpy)(\.|$)"
 
 

@@ -34,3 +34,14 @@ def save_png(fig, out_path: str | os.PathLike) -> Path:
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write(out_path, lambda f: fig.savefig(f, format="png", bbox_inches="tight"), binary=True)
+
+
+def legend(ax, **kwargs) -> None:
+    """``ax.legend(**kwargs)`` where ``ax`` has a labelled artist; nothing where it has none. matplotlib warns "No
+    artists with labels found to put in legend" there, and its ``warn_external`` attributes the warning to the
+    calling kvlab module, so the filter that hides other libraries' warnings (:func:`kvlab.commands.
+    quiet_third_party`, by module) does not catch it: ``kvlab figures --result`` on a result with only the
+    baseline row printed it (a panel whose metric the baseline has not, e.g. the cache-bytes ratio)."""
+    handles, _ = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(**kwargs)

@@ -15,6 +15,7 @@ from kvlab.figures.base import (
     C_RED,
     SERIES_COLORS,
     _figure,
+    legend,
     save_png,
 )
 
@@ -130,7 +131,7 @@ def plot_eval_matrix(
         ax.set_ylabel(label)
         ax.set_title(label, fontsize=10)
         ax.grid(alpha=0.25)
-        ax.legend(fontsize=7.5)
+        legend(ax, fontsize=7.5)
     provenance = result.get("provenance") if isinstance(result.get("provenance"), Mapping) else {}
     model = provenance.get("model")
     model_name = (model.get("id_or_path") or model.get("name")) if isinstance(model, Mapping) else model
