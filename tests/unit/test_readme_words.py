@@ -57,3 +57,16 @@ def test_the_readmes_error_example_is_what_the_command_prints(capsys):
     assert example, "the README no longer shows its error example: drop this test"
     assert main(["paging", "static", "--block-size", "0"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == example.group(1)
+
+
+def test_the_readme_states_no_test_count_as_the_current_one():
+    """The README said the suite had "3,195 on 2026-12-05, more as the project grows" when ~3,800 were collected:
+    it gives the command that counts the tests, and every count it names is a dated timing record ("took")."""
+    paragraphs = (ROOT / "README.md").read_text(encoding="utf-8").split("\n\n")
+    (suite,) = [" ".join(p.split()) for p in paragraphs if "python -m pytest --collect-only -q | tail -1" in p]
+    counts = list(re.finditer(r"\b\d,\d{3}\b", suite))
+    assert counts, "the paragraph names no test count: drop this test"
+    for m in counts:  # each count's clause, up to its ';' or ')'
+        clause = re.split(r"[;)]", suite[m.start() :], maxsplit=1)[0]
+        assert " took " in clause, f"a test count that is not a timing record: {clause!r}"
+    assert "as the project grows" not in suite
