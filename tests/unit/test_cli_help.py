@@ -34,6 +34,20 @@ def test_help_texts_cite_no_internal_jargon():
     assert not found, found
 
 
+# a bound on run time no test or record keeps true: "under a minute on a 2-core CPU" (kvlab bench --quick) took
+# 70 s on a loaded 2-core machine; a help may say what one run took, where and when
+TIME_BOUND = re.compile(r"\bunder (a|one|\d+) (minutes?|seconds?)\b", re.IGNORECASE)
+
+
+def test_no_help_promises_a_run_time_bound():
+    found = {}
+    for name, parser in _parsers(build_parser()):
+        hits = TIME_BOUND.findall(" ".join(parser.format_help().split()))
+        if hits:
+            found[name] = hits
+    assert not found, found
+
+
 def test_every_command_and_option_explains_itself():
     missing = []
     for name, parser in _parsers(build_parser()):

@@ -48,8 +48,8 @@ def _common(p: argparse.ArgumentParser, device: bool = True) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="small sizes: a smoke run, under a minute on a 2-core CPU (file gets -quick); targets are shown, not "
-        "judged (exit 0 when every row ran)",
+        help="small sizes: a smoke run (file gets -quick); targets are shown, not judged (exit 0 when every row "
+        "ran)",
     )
     if device:
         p.add_argument(
