@@ -308,10 +308,10 @@ def _print_header(result: dict, console: Console) -> None:
         elif source.get("gguf_sha256"):
             console.print(f"  from {source.get('gguf_file')}: {source.get('weights')}")
     threads = f", {prov['torch_threads']} torch thread(s)" if prov.get("torch_threads") else ""
-    console.print(
-        f"torch {sw.get('torch')}, transformers {sw.get('transformers')}, "
-        f"hqq {sw.get('hqq')}, {_device_words(result, hw)}{threads}"
+    versions = ", ".join(  # a package the run did not have: said, not Python's None
+        f"{name} {sw.get(name) or 'not installed'}" for name in ("torch", "transformers", "hqq")
     )
+    console.print(f"{versions}, {_device_words(result, hw)}{threads}")
     g = result["gates"]
     console.print(
         f"gates: ΔNLL ≤ {g['max_nll_delta']}, top-k overlap ≥ {g['min_topk_overlap']}, "

@@ -123,3 +123,11 @@ def test_see_the_failures_only_where_there_are_failures():
     quiet = _result([_row("dynamic", 512, False)], BUNDLED_LIMIT)
     assert "see the failures" not in no_candidate_advice(quiet)
     json.dumps(quiet)  # the summary stays JSON
+
+
+def test_a_package_the_run_lacked_is_said_not_none():
+    """A run without the optional hqq package printed "hqq None" in the summary's header."""
+    result = _result([_row("dynamic", 512, False), _row("kivi-4", 512, True)], BUNDLED_LIMIT)
+    result["provenance"]["software"] = {"torch": "2.13.0", "transformers": "5.25.0", "hqq": None}
+    text = " ".join(_text(result).split())
+    assert "torch 2.13.0, transformers 5.25.0, hqq not installed" in text and "hqq None" not in text
