@@ -45,6 +45,7 @@ from kvlab.plan.report_inputs import (
     context_warnings,
     hardware_and_budget,
     model_notes,
+    planned_context,
     planned_spec,
     vllm_key,
     weights_or_none,
@@ -132,7 +133,7 @@ class MixedBytes:
 
 
 def mixed_plan_report(
-    model: str | ModelSpec, *, kv: str, context: int = 8192, batch: int = 1, **options: Any
+    model: str | ModelSpec, *, kv: str, context: int | None = None, batch: int | None = None, **options: Any
 ) -> dict[str, Any]:
     """:func:`kvlab.plan.report.plan_report` for ``kv = "mixed-<plan>"`` (same arguments): the plan's layers and
     formats, KV bytes per token, per request (``kv_bytes_per_request``) and in total, the peak, the fit and, with
@@ -148,6 +149,8 @@ def mixed_plan_report(
         if o.get(key) is not None:
             raise ValueError(f"{flag} {o[key]} does not apply to --kv-dtype {kv}: {_NOT_FOR_PLANS[key]}")
     spec = planned_spec(model, o.get("kv_heads"), context, batch)
+    context, context_notes = planned_context(spec, context)
+    served_batch, batch = batch, 1 if batch is None else batch  # None: --max-num-seqs from the KV memory
     name, formats, source = resolve_plan(kv, spec)
     tp = o.get("tp", 1)
     sizes = MixedBytes(
@@ -180,11 +183,12 @@ def mixed_plan_report(
         "weight_bytes_source": None if weights is None else weights.source,
     }
     out.update(_fit(sizes, context, batch, budget, out["weight_bytes_per_gpu"]))
-    out["notes"] = list(spec.notes) + model_notes(spec, tp) + ([NO_WEIGHTS] if weights is None else [])
+    out["notes"] = context_notes + list(spec.notes) + model_notes(spec, tp) + ([NO_WEIGHTS] if weights is None else [])
     out["warnings"] = context_warnings(spec, {f"--context {context}": context})
     out["vllm"] = None
     if o.get("emit") == "vllm":
-        out["vllm"] = vllm_for_plan(spec, formats, sizes, model, context, batch, tp, budget, weights, o)
+        out["vllm"] = vllm_for_plan(spec, formats, sizes, model, context, served_batch, tp, budget, weights, o)
+        out["vllm"]["notes"] = context_notes + out["vllm"]["notes"]  # the command's --max-model-len
     return out
 
 
@@ -246,7 +250,7 @@ def vllm_for_plan(
     sizes: MixedBytes,
     model: Any,
     context: int,
-    batch: int,
+    batch: int | None,
     tp: int,
     budget: Any,
     weights: Any,

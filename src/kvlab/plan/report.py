@@ -22,6 +22,7 @@ from kvlab.plan.report_inputs import (
     context_warnings,
     hardware_and_budget,
     model_notes,
+    planned_context,
     planned_spec,
     resolve_hardware,
     vllm_key,
@@ -60,8 +61,8 @@ _BOUND_KEYS = (
 def plan_report(
     model: str | ModelSpec,
     *,
-    context: int = 8192,
-    batch: int = 1,
+    context: int | None = None,
+    batch: int | None = None,
     kv: str | PlannedName = "auto",
     group_size: int = KIVI_DEFAULTS.group_size,
     residual_length: int = KIVI_DEFAULTS.residual_length,
@@ -82,6 +83,11 @@ def plan_report(
 ) -> dict[str, Any]:
     """Ledger, fit and decode bound of ``model`` serving ``batch`` x ``context`` tokens on ``tp`` GPUs.
 
+    ``context`` None (not given): 8,192 tokens, or the config's ``max_position_embeddings`` where lower, noted
+    (:func:`kvlab.plan.report_inputs.planned_context`). ``batch`` None (not given): 1 for the ledger, and with
+    ``emit="vllm"`` the command's ``--max-num-seqs`` is the requests the KV memory holds at ``context``
+    (:func:`kvlab.plan.vllm.vllm_serve_plan`); a given ``batch`` is ``--max-num-seqs`` as it is.
+
     Top-level keys include ``kv_bytes_per_token``, ``kv_bytes_total``, ``weight_bytes``, ``max_batch``,
     ``max_context`` and ``decode_step_lower_bound_ms``; ``*_per_gpu`` keys are one rank's. With ``emit="vllm"``,
     ``vllm`` holds the ``vllm serve`` command for the plan and the KV cache vLLM would report
@@ -99,18 +105,14 @@ def plan_report(
             vLLM reads the config's heads).
     """
     arguments = dict(locals())
-    if emit not in (None, "vllm"):
-        raise ValueError(f"`emit` (--emit) must be 'vllm', got {emit!r}")
-    if emit == "vllm" and kv_heads is not None:  # vLLM builds the model its config describes
-        raise ValueError(
-            f"--emit vllm prints a command for the model as its config describes it, which vLLM reads; --kv-heads "
-            f"{kv_heads} is a what-if vLLM would not see (its KV cache would have the config's heads): drop one"
-        )
+    _check_emit(emit, kv_heads)
     if str(kv).startswith(MIXED_PREFIX):  # a per-layer plan (docs/MIXED.md): kvlab.plan.mixed_report
         from kvlab.plan.mixed_report import mixed_plan_report
 
         return mixed_plan_report(**arguments)
     spec = planned_spec(model, kv_heads, context, batch)
+    context, context_notes = planned_context(spec, context)
+    served_batch, batch = batch, 1 if batch is None else batch  # None: --max-num-seqs from the KV memory
     kvd = kv_dtype(
         kv, spec.dtype, group_size=group_size, residual_length=residual_length, keep_tokens=keep_tokens
     )
@@ -124,16 +126,28 @@ def plan_report(
     out["decode_attention_intensity"] = model_decode_attention_intensity(spec, kvd)
     out.update(_bound(spec, context, batch, weights, hw, kvd, tp, measured_step_ms))
     notes = list(ledger.notes) + ([NO_WEIGHTS] if weights is None else [])
-    out["notes"] = _weight_source_notes(
+    out["notes"] = context_notes + _weight_source_notes(
         notes + model_notes(spec, tp), weight_dtype, weights_index, weight_bytes_override
     ) + _keep_notes(kvd, context)
     out["warnings"] = context_warnings(spec, {f"--context {context}": context})
     out["vllm"] = None
     if emit == "vllm":
         out["vllm"] = vllm_key(
-            spec, kvd, model, context, batch, tp, budget, weights, ledger.weight_bytes_per_gpu, block_size
+            spec, kvd, model, context, served_batch, tp, budget, weights, ledger.weight_bytes_per_gpu, block_size
         )
+        out["vllm"]["notes"] = context_notes + out["vllm"]["notes"]  # the command's --max-model-len
     return out
+
+
+def _check_emit(emit: str | None, kv_heads: int | None) -> None:
+    """Raise ``ValueError`` for an ``emit`` other than ``"vllm"``, or ``"vllm"`` with the ``kv_heads`` what-if."""
+    if emit not in (None, "vllm"):
+        raise ValueError(f"`emit` (--emit) must be 'vllm', got {emit!r}")
+    if emit == "vllm" and kv_heads is not None:  # vLLM builds the model its config describes
+        raise ValueError(
+            f"--emit vllm prints a command for the model as its config describes it, which vLLM reads; --kv-heads "
+            f"{kv_heads} is a what-if vLLM would not see (its KV cache would have the config's heads): drop one"
+        )
 
 
 def _bound(spec, context, batch, weights, hw, kvd, tp, measured_step_ms) -> dict[str, Any]:
@@ -212,7 +226,7 @@ def roofline_report(
     *,
     gpu: str | None = None,
     model: str | ModelSpec = "llama-3-8b",
-    context: int = 8192,
+    context: int | None = None,
     batch: int = 1,
     kv: str | PlannedName = "auto",
     group_size: int = KIVI_DEFAULTS.group_size,
@@ -229,7 +243,8 @@ def roofline_report(
     probe_kwargs: dict | None = None,
 ) -> dict[str, Any]:
     """Ridge point, decode and prefill intensities, the decode step lower bound, and (``run_probe``) this
-    machine's measured fp32 roofs (docs/plan.md, Roofline). ``warnings``: a ``context`` beyond
+    machine's measured fp32 roofs (docs/plan.md, Roofline). ``context`` None: 8,192 tokens, or the config's
+    ``max_position_embeddings`` where lower, noted (:func:`kvlab.plan.report_inputs.planned_context`). ``warnings``: a ``context`` beyond
     the config's ``max_position_embeddings`` (:func:`context_warnings`; not refused), weights and KV beyond the
     GPU's memory (:func:`_fit_warnings`; the bound is still given).
 
@@ -239,6 +254,7 @@ def roofline_report(
     check_context_batch(context, batch)
     hw = resolve_hardware(gpu, bandwidth_gb_s, tflops)
     spec = load_spec(model)
+    context, context_notes = planned_context(spec, context)
     kvd = kv_dtype(
         kv, spec.dtype, group_size=group_size, residual_length=residual_length, keep_tokens=keep_tokens
     )
@@ -268,7 +284,9 @@ def roofline_report(
             context,
         )
     )
-    out["notes"] = _weight_source_notes(list(spec.notes), weight_dtype, weights_index, weight_bytes_override)
+    out["notes"] = context_notes + _weight_source_notes(
+        list(spec.notes), weight_dtype, weights_index, weight_bytes_override
+    )
     out["notes"] += _keep_notes(kvd, context)
     bound = _bound(spec, context, batch, weights, hw, kvd, tp, measured_step_ms)
     measured = bound.pop("measured")  # this report lists it after the weight bytes

@@ -11,7 +11,7 @@ from kvlab.plan.config_fields import SHARED, check_int_at_least
 from kvlab.plan.fit import GpuBudget, budget_from_gib, budget_from_hardware
 from kvlab.plan.hardware import Hardware, custom_hardware, get_hardware
 from kvlab.plan.load import load_spec
-from kvlab.plan.scenario import DEFAULT_GPU
+from kvlab.plan.scenario import DEFAULT_CONTEXT_TOKENS, DEFAULT_GPU
 from kvlab.plan.spec import ModelSpec
 from kvlab.plan.weights import UnknownWeightsError, WeightBytes, weight_bytes
 
@@ -57,23 +57,47 @@ def weights_or_none(
 NO_WEIGHTS = "weight bytes unknown (the config has no vocab/intermediate sizes): pass --weight-bytes or --weights-index"
 
 
-def planned_spec(model: str | ModelSpec, kv_heads: int | None, context: int, batch: int) -> ModelSpec:
-    """The spec of ``model`` (:func:`kvlab.plan.load.load_spec`) for ``batch`` sequences of ``context`` tokens,
-    with ``kv_heads`` KV heads when given (the ``--kv-heads`` what-if).
+def planned_spec(
+    model: str | ModelSpec, kv_heads: int | None, context: int | None, batch: int | None
+) -> ModelSpec:
+    """The spec of ``model`` (:func:`kvlab.plan.load.load_spec`) for ``batch`` sequences of ``context`` tokens
+    (None: not given, the defaults of :func:`planned_context`), with ``kv_heads`` KV heads when given (the
+    ``--kv-heads`` what-if).
 
     Raises:
-        ValueError: ``context`` or ``batch`` not a positive integer (:func:`check_context_batch`, checked before the
-            model is read), or what :func:`kvlab.plan.load.load_spec` refuses.
+        ValueError: ``context`` or ``batch`` given and not a positive integer (:func:`check_context_batch`, checked
+            before the model is read), or what :func:`kvlab.plan.load.load_spec` refuses.
     """
     check_context_batch(context, batch)
     spec = load_spec(model)
     return spec.with_kv_heads(kv_heads) if kv_heads is not None else spec
 
 
-def check_context_batch(context: int, batch: int) -> None:
-    """Tokens per sequence and sequences must both be positive integers."""
+def check_context_batch(context: int | None, batch: int | None) -> None:
+    """Tokens per sequence and sequences must both be positive integers where given (None: not given).
+
+    Raises:
+        ValueError: naming ``--context`` or ``--batch`` and the value.
+    """
     for name, value in (("context", context), ("batch", batch)):
-        check_int_at_least(name, value, 1, flag=f"--{name}")
+        if value is not None:
+            check_int_at_least(name, value, 1, flag=f"--{name}")
+
+
+def planned_context(spec: ModelSpec, context: int | None) -> tuple[int, list[str]]:
+    """``(tokens per sequence, notes)``: ``context`` where given; where None (no ``--context``) kvlab's default
+    :data:`~kvlab.plan.scenario.DEFAULT_CONTEXT_TOKENS` (8,192), or the config's ``max_position_embeddings`` where
+    that is lower (gpt2: 1,024), with a note saying which and why. A default beyond the model's limit was
+    warned about as if the user had asked for it."""
+    limit = spec.max_position_embeddings
+    if context is not None:
+        return context, []
+    if limit is None or limit >= DEFAULT_CONTEXT_TOKENS:
+        return DEFAULT_CONTEXT_TOKENS, []
+    return limit, [
+        f"context {limit:,} tokens: {spec.name}'s max_position_embeddings (no --context given; kvlab's default "
+        f"{DEFAULT_CONTEXT_TOKENS:,} is beyond the model's limit)"
+    ]
 
 
 def context_warnings(spec: ModelSpec, contexts: dict[str, int]) -> list[str]:
@@ -149,8 +173,10 @@ def vllm_key(
 ) -> dict[str, Any]:
     """The ``vllm`` key of :func:`kvlab.plan.report.plan_report` (and of a mixed plan's report): needs the GPU memory and the
     weights, as the fit does; ``skip_layers``: ``--kv-cache-dtype-skip-layers``
-    (:func:`kvlab.plan.vllm.vllm_serve_plan`)."""
-    from kvlab.plan.vllm import vllm_model_argument, vllm_serve_plan
+    (:func:`kvlab.plan.vllm.vllm_serve_plan`); ``batch`` None: ``--max-num-seqs`` from the KV memory; a ``context``
+    beyond the longest vLLM takes (:func:`kvlab.plan.vllm.vllm_max_model_len`) is refused."""
+    from kvlab.plan.load import load_config
+    from kvlab.plan.vllm import vllm_max_model_len, vllm_model_argument, vllm_serve_plan
 
     if kvd.keep_tokens is not None:
         raise ValueError("--emit vllm plans vLLM, which keeps every token; --keep-tokens does not apply")
@@ -172,6 +198,7 @@ def vllm_key(
         weight_bytes_per_gpu=weight_bytes_per_gpu,
         block_size=block_size,
         skip_layers=tuple(skip_layers),
+        context_limit=vllm_max_model_len(spec, load_config(model)),
     )
     return {**plan.to_dict(), "predicted_log": predicted_log(spec, model, plan, tp)}
 

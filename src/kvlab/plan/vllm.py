@@ -23,14 +23,16 @@ from __future__ import annotations
 import math
 import os
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvlab.plan.config_fields import FULL, LAYER_KINDS, check_int_at_least
+from kvlab.plan.config_fields import FULL, LAYER_KINDS, check_int_at_least, decoder_config
 from kvlab.plan.kv_formats import KVDtype
 from kvlab.plan.spec import ModelSpec
 from kvlab.plan.vllm_kv import vllm_kv_cache
+from kvlab.plan.vllm_memory import scheduler_defaults
 
 VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vllm.config.cache.BlockSize
 _VLLM_DTYPE = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32"}
@@ -43,7 +45,7 @@ class VllmServePlan:
 
     args: tuple[str, ...]  # argv after the program name: ("serve", MODEL, "--dtype", ...)
     max_model_len: int  # --max-model-len: tokens per sequence (the plan's context)
-    max_num_seqs: int  # --max-num-seqs: sequences decoded together (the plan's batch)
+    max_num_seqs: int  # --max-num-seqs: requests vLLM runs at a time (the plan's batch, or what the KV holds)
     tensor_parallel_size: int  # --tensor-parallel-size (the plan's tp)
     block_size: int  # --block-size: tokens per KV block
     kv_cache_dtype: str  # --kv-cache-dtype: "auto" (the model dtype) or "fp8"
@@ -117,6 +119,31 @@ def vllm_model_argument(model: str | os.PathLike) -> str:
     return text
 
 
+# rope_scaling types whose factor vLLM does not apply to the config's positions (they state the scaled length)
+_UNSCALED_ROPE = ("su", "longrope", "llama3")
+
+
+def vllm_max_model_len(spec: ModelSpec, config: Mapping | None = None) -> int | None:
+    """The longest ``--max-model-len`` vLLM starts ``spec`` with, in tokens, or None where the config states no
+    context limit: the config's ``max_position_embeddings`` (:attr:`ModelSpec.max_position_embeddings`), times
+    ``rope_scaling``'s ``factor`` unless its type is ``su``, ``longrope`` or ``llama3`` (``yarn``: its
+    ``original_max_position_embeddings`` times the factor). A longer ``--max-model-len`` makes vLLM refuse to
+    start ("User-specified max_model_len ... is greater than the derived max_model_len") unless
+    ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``. Source: vLLM's ``_get_and_verify_max_len`` (``vllm/config.py``; since
+    moved to ``vllm/config/model.py``).
+    """
+    limit = spec.max_position_embeddings
+    rope = decoder_config(config)[0].get("rope_scaling") if config is not None else None
+    if limit is None or not isinstance(rope, Mapping):
+        return limit
+    kind, factor = rope.get("rope_type", rope.get("type")), rope.get("factor")
+    if kind in _UNSCALED_ROPE or not isinstance(factor, int | float) or isinstance(factor, bool):
+        return limit
+    if kind == "yarn" and isinstance(rope.get("original_max_position_embeddings"), int):
+        limit = rope["original_max_position_embeddings"]
+    return int(limit * factor)
+
+
 def _cache_dtype(spec: ModelSpec, kvd: KVDtype) -> tuple[str, str]:
     """``(--dtype, --kv-cache-dtype)`` that store K/V as ``kvd``.
 
@@ -168,13 +195,14 @@ def vllm_serve_plan(
     *,
     model: str,
     context: int,
-    batch: int,
+    batch: int | None,
     tp: int,
     memory_bytes: int,
     reserve_bytes: int,
     weight_bytes_per_gpu: int,
     block_size: int = 16,
     skip_layers: tuple[int, ...] = (),
+    context_limit: int | None = None,
 ) -> VllmServePlan:
     """The ``vllm serve`` command that runs ``spec`` as planned, and the KV cache vLLM would report for its memory.
 
@@ -183,7 +211,9 @@ def vllm_serve_plan(
         kvd: the plan's KV dtype: the model dtype, fp8, or an FP8Cache name (``fp8-e4m3``, ``fp8_e5m2``, ``-tensor``,
             ``-unscaled``: vLLM's ``fp8_e4m3`` / ``fp8_e5m2``; per-tensor adds ``--calculate-kv-scales``).
         model: what ``vllm serve`` loads (:func:`vllm_model_argument`).
-        context, batch, tp: ``--max-model-len``, ``--max-num-seqs``, ``--tensor-parallel-size``.
+        context, tp: ``--max-model-len``, ``--tensor-parallel-size``.
+        batch: ``--max-num-seqs``, the most requests vLLM runs at a time; None: the requests of ``context``
+            tokens the KV memory holds, at most vLLM's default (:func:`_max_num_seqs`).
         memory_bytes: one GPU's memory, as the plan assumed it.
         reserve_bytes: bytes of it the plan keeps back; ``--gpu-memory-utilization`` is
             ``(memory - reserve) / memory`` rounded down to 4 decimals, so vLLM never takes more than planned.
@@ -192,39 +222,32 @@ def vllm_serve_plan(
         skip_layers: decoder layers kept in the model dtype next to an fp8 ``kvd``:
             ``--kv-cache-dtype-skip-layers i j ...`` (vLLM's flag takes one or more values, space-separated:
             docs.vllm.ai, Quantized KV Cache, "Skipping Specific Layers from KV-Cache Quantization").
+        context_limit: the longest ``--max-model-len`` vLLM takes for the model (:func:`vllm_max_model_len`);
+            None: not checked.
 
     Raises:
         ValueError: a layer kind, KV dtype or block size vLLM would size differently, nothing left for KV, a KV
-            cache that cannot hold one ``context``-token request (vLLM refuses to start), or ``skip_layers`` with a
-            KV dtype that is not fp8 or naming a layer the model lacks; the message names the flag or the value.
+            cache that cannot hold one ``context``-token request (vLLM refuses to start), a ``context`` beyond
+            ``context_limit`` (vLLM refuses to start; both numbers named), or ``skip_layers`` with a KV dtype that
+            is not fp8 or naming a layer the model lacks; the message names the flag or the value.
     """
-    _check_serve_inputs(spec, context, batch, tp, memory_bytes, reserve_bytes, block_size)
+    _check_serve_inputs(spec, context, 1 if batch is None else batch, tp, memory_bytes, reserve_bytes, block_size)
+    _check_context_limit(spec, context, context_limit)
     dtype, cache_dtype = _cache_dtype(spec, kvd)
     _check_skip_layers(skip_layers, cache_dtype)
     utilization, kv_memory = _kv_memory(memory_bytes, reserve_bytes, weight_bytes_per_gpu)
-    kv = vllm_kv_cache(
-        spec,
-        kv_memory,
-        max_model_len=context,
-        tp=tp,
-        block_size=block_size,
-        kv_cache_dtype=cache_dtype,
-        kv_cache_dtype_skip_layers=skip_layers,
-    )
+    kv = vllm_kv_cache(spec, kv_memory, max_model_len=context, tp=tp, block_size=block_size,
+                       kv_cache_dtype=cache_dtype, kv_cache_dtype_skip_layers=skip_layers)  # fmt: skip
     util_text = f"{utilization:.4f}".rstrip("0").rstrip(".")
     _check_one_request_fits(context, kv.num_blocks, block_size)
+    seqs, seqs_note = _max_num_seqs(batch, memory_bytes, context, kv.max_concurrency)
     flags = {"--dtype": dtype, "--max-model-len": context, "--kv-cache-dtype": cache_dtype}
-    flags.update({"--block-size": block_size, "--gpu-memory-utilization": util_text, "--max-num-seqs": batch})
+    flags.update({"--block-size": block_size, "--gpu-memory-utilization": util_text, "--max-num-seqs": seqs})
     flags["--tensor-parallel-size"] = tp
-    args = ("serve", model, *(str(x) for flag, value in flags.items() for x in (flag, value)))
-    if skip_layers:
-        args += ("--kv-cache-dtype-skip-layers", *map(str, skip_layers))
-    if kvd.fp8_scale == "per-tensor":  # one scale per layer, computed by vLLM from the first forward
-        args += ("--calculate-kv-scales",)
     return VllmServePlan(
-        args=args,
+        args=_serve_args(model, flags, skip_layers, kvd),
         max_model_len=context,
-        max_num_seqs=batch,
+        max_num_seqs=seqs,
         tensor_parallel_size=tp,
         block_size=block_size,
         kv_cache_dtype=cache_dtype,
@@ -237,10 +260,21 @@ def vllm_serve_plan(
         num_gpu_blocks=kv.num_blocks,
         kv_cache_tokens=kv.kv_cache_tokens,
         max_concurrency=kv.max_concurrency,
-        notes=_serve_notes(spec, context, batch, kv.kv_cache_tokens) + _fp8_notes(kvd),
+        notes=(seqs_note, *_serve_notes(context, seqs, kv.kv_cache_tokens), *_fp8_notes(kvd)),
         kv_cache_dtype_skip_layers=tuple(skip_layers),
         layer_pages=tuple((s.page_size_bytes, n) for s, n in kv.groups),
     )
+
+
+def _serve_args(model: str, flags: dict[str, Any], skip_layers: tuple[int, ...], kvd: KVDtype) -> tuple[str, ...]:
+    """The argv after ``vllm``: ``serve MODEL``, ``flags`` as ``--flag value``, the skipped layers, and
+    ``--calculate-kv-scales`` for a per-tensor FP8 cache (one scale per layer from vLLM's first forward)."""
+    args = ("serve", model, *(str(x) for flag, value in flags.items() for x in (flag, value)))
+    if skip_layers:
+        args += ("--kv-cache-dtype-skip-layers", *map(str, skip_layers))
+    if kvd.fp8_scale == "per-tensor":
+        args += ("--calculate-kv-scales",)
+    return args
 
 
 def _check_skip_layers(skip_layers: tuple[int, ...], cache_dtype: str) -> None:
@@ -350,9 +384,44 @@ def _check_one_request_fits(context: int, num_blocks: int, block_size: int) -> N
         )
 
 
-def _serve_notes(spec: ModelSpec, context: int, batch: int, tokens: int) -> tuple[str, ...]:
+def _check_context_limit(spec: ModelSpec, context: int, limit: int | None) -> None:
+    """Raise ``ValueError`` naming both numbers where ``context`` (``--max-model-len``) is beyond ``limit``, the
+    longest vLLM starts the model with (:func:`vllm_max_model_len`): the command would not run."""
+    if limit is not None and context > limit:
+        raise ValueError(
+            f"--context {context:,} is beyond {spec.name}'s limit of {limit:,} tokens (max_position_embeddings"
+            f"{', with its rope_scaling' if limit != spec.max_position_embeddings else ''}): vLLM refuses "
+            f"--max-model-len {context:,} (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, at the risk of wrong outputs); "
+            f"pass --context {limit:,} or less, or drop --context to plan at the model's limit"
+        )
+
+
+def _max_num_seqs(batch: int | None, memory_bytes: int, context: int, concurrency: float) -> tuple[int, str]:
+    """``(--max-num-seqs, a note saying what it means)``.
+
+    ``--max-num-seqs`` is the most requests vLLM runs at a time, the rest waiting in its queue (vLLM docs, Engine
+    Arguments: "Maximum number of sequences to be processed in a single iteration"). It is ``batch`` where given,
+    else the requests of ``context`` tokens the KV memory holds (the floor of ``concurrency``), at most vLLM's own
+    default for the device (:func:`kvlab.plan.vllm_memory.scheduler_defaults`: 256, or 1,024 from 70 GiB; a
+    larger count only raises the sampler's profiled memory). 1 when nothing was given limited the server to one
+    request at a time."""
+    what = "the most requests vLLM runs at a time (more wait in its queue)"
+    if batch is not None:
+        return batch, f"--max-num-seqs {batch} (--batch {batch}): {what}; drop --batch to size it by the KV memory"
+    default = scheduler_defaults(memory_bytes, "serve", context)[1]
+    seqs = min(math.floor(concurrency), default)
+    why = (
+        f"the {math.floor(concurrency):,} requests of {context:,} tokens the KV memory holds"
+        if seqs < default
+        else f"vLLM's default on this device (the KV memory holds {math.floor(concurrency):,} requests of "
+        f"{context:,} tokens)"
+    )
+    return seqs, f"--max-num-seqs {seqs:,}: {what}; {why}; --batch N sets it"
+
+
+def _serve_notes(context: int, batch: int, tokens: int) -> tuple[str, ...]:
     """What the user should know about the command: vLLM's own measurement, a batch that does not fit in
-    ``tokens`` of KV, a context past the config's positions."""
+    ``tokens`` of KV."""
     notes = [
         "vLLM measures the device's total memory itself (torch.cuda.mem_get_info, somewhat below nvidia-smi's "
         "figure) and takes its activation peak, CUDA graphs and non-torch memory out of the KV memory too: it "
@@ -362,10 +431,5 @@ def _serve_notes(spec: ModelSpec, context: int, batch: int, tokens: int) -> tupl
         notes.append(
             f"{batch} sequences of {context:,} tokens need {batch * context:,} tokens of KV, more than the "
             f"{tokens:,} that fit: vLLM will run fewer sequences at a time (preempting the rest)"
-        )
-    if spec.max_position_embeddings is not None and context > spec.max_position_embeddings:
-        notes.append(
-            f"--max-model-len {context:,} exceeds the config's {spec.max_position_embeddings:,} positions: vLLM "
-            "refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
         )
     return tuple(notes)

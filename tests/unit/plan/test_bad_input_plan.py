@@ -348,18 +348,19 @@ def test_weight_bytes_keeps_an_exact_large_integer(capsys):
 
 
 def test_emit_vllm_refuses_a_context_one_request_cannot_hold(capsys):
-    # 500,048 tokens of KV fit on one A100-80GB: vLLM refuses to start with --max-model-len 1,000,000 (its KV cache
-    # cannot hold one request); the note used to say it would "run fewer sequences at a time"
-    err = fails(
-        capsys, ["plan", "llama-3-8b", "--emit", "vllm", "--context", "1000000"], "--context", "1,000,000"
-    )
-    assert "500,048" in err and "refuses to start" in err, err
+    # 4,432 tokens of KV fit in 17 GiB less 1.5 GiB and the 14.96 GiB of weights: vLLM refuses to start with
+    # --max-model-len 8,192 (its KV cache cannot hold one request); the note used to say it would "run fewer
+    # sequences at a time"
+    argv = ["plan", "llama-3-8b", "--emit", "vllm", "--context", "8192", "--gpu-mem-gib", "17", "--reserve-gib", "1.5"]
+    err = fails(capsys, argv, "--context", "8,192")
+    assert "4,432" in err and "refuses to start" in err, err
     assert capsys.readouterr().out == ""  # no command printed that cannot run
 
 
 def test_emit_vllm_still_plans_a_context_that_fits_once(capsys):
-    assert main(["plan", "llama-3-8b", "--emit", "vllm", "--context", "500000", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["vllm"]["max_concurrency"] >= 1
+    argv = ["plan", "llama-3-8b", "--emit", "vllm", "--gpu-mem-gib", "18", "--reserve-gib", "2", "--json"]
+    assert main(argv) == 0
+    assert 1 <= json.loads(capsys.readouterr().out)["vllm"]["max_concurrency"] < 2
 
 
 @pytest.mark.parametrize("command", [["plan", "llama-3-8b"], ["roofline"]])

@@ -23,7 +23,9 @@ GIB = 1024**3
 
 def plan_json(capsys, *argv):
     assert main(["plan", *argv, "--emit", "vllm", "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
+    r = json.loads(capsys.readouterr().out)
+    r["batch_given"] = "--batch" in argv  # for check_against_plan's --max-num-seqs
+    return r
 
 
 def flags(command: list[str]) -> dict[str, str]:
@@ -39,7 +41,11 @@ def check_against_plan(r: dict) -> dict:
     v = r["vllm"]
     f = flags(v["command"])
     assert int(f["--max-model-len"]) == r["context"] == v["max_model_len"]
-    assert int(f["--max-num-seqs"]) == r["batch"] == v["max_num_seqs"]
+    # --max-num-seqs: the --batch given, else the requests of --max-model-len the KV memory holds, at most vLLM's
+    # default for the device (1,024 from 70 GiB, else 256)
+    default = 1024 if r["budget"]["memory_bytes"] >= 70 * GIB else 256
+    seqs = r["batch"] if r.get("batch_given", True) else min(math.floor(v["max_concurrency"]), default)
+    assert int(f["--max-num-seqs"]) == seqs == v["max_num_seqs"]
     assert int(f["--tensor-parallel-size"]) == r["tp"] == v["tensor_parallel_size"]
     assert int(f["--block-size"]) == v["block_size"]
     util = float(f["--gpu-memory-utilization"])

@@ -161,17 +161,26 @@ def check_kv_name(kv: str, group_size: int | None, residual: int | None) -> None
             raise ValueError(f"{flag} {value} and --kv-dtype {kv} both set KIVI's {setting}; pass one")
 
 
-def add_sequence_flags(p: argparse.ArgumentParser, unset_context: bool = False) -> None:
+def add_sequence_flags(p: argparse.ArgumentParser, unset_context: bool = False, unset_batch: bool = False) -> None:
     """``--context`` (tokens per sequence) and ``--batch`` (sequences): the workload a plan or roofline sizes. With
-    ``unset_context`` an absent ``--context`` parses as None (the command then takes its default), so that a mode
-    reading it only where it is missing elsewhere (``plan --from-log``) can tell ``--context 8192`` from none."""
+    ``unset_context`` / ``unset_batch`` an absent flag parses as None and the planner takes its default
+    (:func:`kvlab.plan.report.plan_report`: the context follows the model's limit, ``--emit vllm``'s
+    ``--max-num-seqs`` the KV memory), and a mode reading a flag only where it is missing elsewhere
+    (``plan --from-log``) can tell ``--context 8192`` from none."""
     p.add_argument(
         "--context",
         type=int,
         default=None if unset_context else DEFAULT_CONTEXT_TOKENS,
-        help=f"tokens per sequence (default {DEFAULT_CONTEXT_TOKENS})",
+        help=f"tokens per sequence (default {DEFAULT_CONTEXT_TOKENS}"
+        + (", or the model's max_position_embeddings where lower)" if unset_context else ")"),
     )
-    p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=None if unset_batch else 1,
+        help="sequences (default 1"
+        + ("; --emit vllm's --max-num-seqs, default the requests the KV memory holds)" if unset_batch else ")"),
+    )
 
 
 def add_kv_flags(p: argparse.ArgumentParser, plans: bool = False) -> None:

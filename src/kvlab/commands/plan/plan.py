@@ -10,7 +10,7 @@ from kvlab.commands import fail, flag_values
 from kvlab.commands.plan import flags
 from kvlab.commands.plan.flags import flag_message
 from kvlab.commands.plan.render import print_from_log, print_lists, print_mixed_plan, print_plan, print_vllm
-from kvlab.plan.scenario import DEFAULT_CONTEXT_TOKENS, DEFAULT_RESERVE_GIB
+from kvlab.plan.scenario import DEFAULT_RESERVE_GIB
 
 
 def register(subparsers) -> None:
@@ -26,7 +26,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "model", nargs="?", metavar="MODEL", help="preset, config.json, .gguf file, directory or hub id"
     )
-    flags.add_sequence_flags(p, unset_context=True)  # None: not given, for --from-log (run_plan's default)
+    flags.add_sequence_flags(p, unset_context=True, unset_batch=True)  # None: not given (the planner's defaults; --from-log reads --context)
     flags.add_kv_flags(p, plans=True)
     flags.add_keep_flag(p)
     # None: not given, for --from-log, where it stands in for a log without tensor_parallel_size (run_plan: 1)
@@ -101,7 +101,6 @@ def run_plan(args: argparse.Namespace) -> int:
         )
     if args.from_log is not None:
         return run_from_log(args)
-    args.context = DEFAULT_CONTEXT_TOKENS if args.context is None else args.context
     args.tp = 1 if args.tp is None else args.tp
     if args.block_size is not None and args.emit != "vllm":
         return fail(args, f"--block-size {args.block_size} only applies with --emit vllm")

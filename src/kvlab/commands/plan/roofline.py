@@ -27,7 +27,7 @@ def register(subparsers) -> None:
         default=None,
         help=f"preset, config.json, .gguf file, directory or hub id (default {DEFAULT_MODEL})",
     )
-    flags.add_sequence_flags(r)
+    flags.add_sequence_flags(r, unset_context=True)  # None: the model's limit where below 8192
     r.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
     flags.add_kv_flags(r)
     flags.add_keep_flag(r)
