@@ -45,7 +45,11 @@ LOG_LINES: dict[str, tuple[str, str, str]] = {
     "num_gpu_blocks": (r"(?:# )?GPU blocks: ([^\s,]+)", "V0 blocks (x block size = tokens)", COUNT),
     "max_concurrency_tokens": (r"Maximum concurrency for (\S+) tokens per request", "max_model_len", COUNT),
     "max_concurrency": (r"tokens per request: (\S+?)x", "requests of max_model_len that fit", TIMES),
-    "weights_gib": (r"(?:Model loading took|Loading model weights took) " + _VALUE + _UNIT, "weights per GPU", IN_GIB),
+    "weights_gib": (
+        r"(?:(?:Model loading took|Loading model weights took) " + _VALUE + _UNIT + r"|(\S+) GiB for weight\b)",
+        "weights per GPU",
+        IN_GIB,
+    ),
     "total_gib": (
         r"(?:total_gpu_memory=|Free memory on device \([0-9.]+/)" + _VALUE + _UNIT + r"\)?",
         "device memory (torch)",
@@ -84,6 +88,12 @@ LOG_LINES: dict[str, tuple[str, str, str]] = {
     ),
     "kv_cache_dtype": (r"(?:(?<![\w-])kv_cache_dtype" + _KEY + "|--kv-cache-dtype[ =])" + _SETTING, "KV dtype", KV_DTYPE),
     "max_num_batched_tokens": (r"(?<![\w-])max_num_batched_tokens" + _KEY + _SETTING, "scheduler token budget", SETTING),
+    # the engine config line's model='...', an args dict's 'model': '...', a command line's --model / vllm serve X
+    "model": (
+        r"(?:(?<![\w-])model" + _KEY + r"|--model[ =]|vllm serve (?!-))" + _SETTING,
+        "the model vLLM served",
+        NAME,
+    ),
     "vllm_version": (r"(?:vLLM[: |]+v?|engine \(v)([0-9]+\.[0-9]+\.[0-9]+)", "vLLM version", NAME),
     "engine_v0": (r"(Memory profiling results: total_gpu_memory)", "V0 engine", NAME),
 }
@@ -404,16 +414,19 @@ def _logged_dtype(log: Mapping, spec: ModelSpec) -> tuple[ModelSpec, list[str]]:
     return dataclasses.replace(spec, dtype=log["model_dtype"]), [note]
 
 
-def _memory_lines(log: Mapping, spec: ModelSpec, config: Mapping, total: float, kv_kw: dict, seqs: int):
-    """``(lines, terms, notes)`` of the KV memory prediction: each term beside the log's figure."""
+def _memory_lines(
+    log: Mapping, spec: ModelSpec, config: Mapping, total: float, kv_kw: dict, seqs: int, weights: int | None
+):
+    """``(lines, terms, notes)`` of the KV memory prediction: each term beside the log's figure (the weights the
+    log states, else ``weights``, bytes per GPU given by the caller)."""
     terms = available_kv_memory(
         config,
         spec,
         total_bytes=int(total * GIB),
         total_source="log" if "total_gib" in log else "given",
         gpu_memory_utilization=float(log["gpu_memory_utilization"]),
-        weight_bytes=int(log["weights_gib"] * GIB),
-        weight_source="log",
+        weight_bytes=int(log["weights_gib"] * GIB) if "weights_gib" in log else int(weights or 0),
+        weight_source="log" if "weights_gib" in log else "given",
         tp=kv_kw["tp"],
         max_num_batched_tokens=kv_kw["max_num_batched_tokens"],
         max_num_seqs=seqs,
@@ -472,12 +485,14 @@ def explain_vllm_log(
     entrypoint: str | None = None,
     block_size: int | None = None,
     tp: int | None = None,
+    weight_bytes: int | None = None,
 ) -> dict[str, Any]:
     """kvlab's prediction beside each KV figure of ``log`` (from :func:`read_vllm_log`).
 
-    ``max_model_len``/``total_gib``/``entrypoint``/``block_size``/``tp`` stand in where the log is silent (defaults:
-    the log's ``max_model_len`` or concurrency line's L, else the config's limit; no memory prediction without a
-    total; ``serve``, or ``v0`` for a V0 log; 16 tokens per block, vLLM's CUDA default; 1 GPU), each noted. Returns ``{"lines": [...], "terms": [...], "settings": {...},
+    ``max_model_len``/``total_gib``/``entrypoint``/``block_size``/``tp``/``weight_bytes`` (one GPU's share, bytes)
+    stand in where the log is silent (defaults: the log's ``max_model_len`` or concurrency line's L, else the
+    config's limit; no memory prediction without a total or without weights; ``serve``, or ``v0`` for a V0 log; 16
+    tokens per block, vLLM's CUDA default; 1 GPU), each noted. Returns ``{"lines": [...], "terms": [...], "settings": {...},
     "notes": [...]}``; a ``does not fit`` note with the shortfall when the predicted KV memory is not positive, and
     a note naming the values of each KV figure the log gave more than once (``per_worker``, :func:`read_vllm_log`).
 
@@ -505,14 +520,14 @@ def explain_vllm_log(
     missing = [
         what
         for what, known in (
-            ("the device memory (or --gpu-mem-gib)", total is not None),
+            ("the device memory (or --gpu-mem-gib, --gpu)", total is not None),
             ("the utilization", "gpu_memory_utilization" in log),
-            ("the weights", "weights_gib" in log),
+            ("the weights (or --weight-bytes, --weight-dtype, --weights-index)", "weights_gib" in log or weight_bytes is not None),
         )
         if not known
     ]
     if not missing:
-        lines, terms, more = _memory_lines(log, spec, config, total, kv_kw, seqs)
+        lines, terms, more = _memory_lines(log, spec, config, total, kv_kw, seqs, weight_bytes)
         notes += more
     else:
         notes.append(f"no memory prediction: the log does not state {', '.join(missing)}")

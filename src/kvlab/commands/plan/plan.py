@@ -69,7 +69,15 @@ def register(subparsers) -> None:
         help="a pasted vLLM startup log: each KV line (memory, tokens, concurrency, weights, activation peak, "
         "non-torch) beside kvlab's prediction for MODEL, sized by the log's own settings; --gpu-mem-gib gives the "
         "device memory, --block-size the block size, --context the max_model_len and --tp the tensor-parallel size "
-        "where the log does not, the only planner flags it takes (docs/plan.md, vLLM's startup log)",
+        "where the log does not, and so do --gpu (the hardware table's device memory) and --weight-bytes / "
+        "--weight-dtype / --weights-index (the weights), the only planner flags it takes (docs/plan.md, vLLM's "
+        "startup log)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="with --from-log: explain a log that names a model other than MODEL (refused otherwise: its figures "
+        "would be set beside another model's)",
     )
     p.add_argument("--list-presets", action="store_true", help="print the built-in models and exit")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
@@ -104,6 +112,8 @@ def run_plan(args: argparse.Namespace) -> int:
     args.tp = 1 if args.tp is None else args.tp
     if args.block_size is not None and args.emit != "vllm":
         return fail(args, f"--block-size {args.block_size} only applies with --emit vllm")
+    if args.force:
+        return fail(args, "--force only applies with --from-log (a log naming a model other than MODEL)")
     problem = flags.device_flag_problem(args)
     if problem:
         return fail(args, problem)
@@ -137,9 +147,14 @@ def _print_report(r: dict) -> None:
 # --context and --tp, where the log states one at all)
 FROM_LOG_READS = {
     "gpu_mem_gib": "total_gib",
+    "gpu": "total_gib",
     "block_size": "block_size",
     "context": "max_model_len",
     "tp": "tensor_parallel_size",
+    "weight_bytes": "weights_gib",
+    "weight_dtype": "weights_gib",
+    "weights_index": "weights_gib",
+    "force": "model",
 }
 
 
@@ -172,14 +187,11 @@ def from_log_problem(args: argparse.Namespace, log: dict | None = None, text: st
             f"(max_model_len, tensor-parallel size, block size, KV dtype); it takes no {', '.join(given)} (drop "
             f"--from-log to plan with {flags.them(given)})"
         )
-    problem = None if log is None else _stated_setting_problem(args, log, text)
+    problem = (None if log is None else _stated_setting_problem(args, log, text)) or _memory_flags_problem(
+        args, log, text
+    )
     if problem:
         return problem
-    if log is not None and args.gpu_mem_gib is not None and "total_gib" in log:
-        return (
-            f"--gpu-mem-gib {args.gpu_mem_gib:g} gives the device memory where the log does not; "
-            f"{args.from_log} states {log['total_gib']:g} GiB (drop --gpu-mem-gib)"
-        )
     if args.block_size is not None:
         from kvlab.plan.vllm import check_block_size
 
@@ -193,6 +205,77 @@ def from_log_problem(args: argparse.Namespace, log: dict | None = None, text: st
             f"{log['block_size']} (drop --block-size)"
         )
     return None
+
+
+def _memory_flags_problem(args: argparse.Namespace, log: dict | None, text: str) -> str | None:
+    """Why the device-memory flags (``--gpu-mem-gib``, ``--gpu``) or the weight flags (``--weight-bytes``,
+    ``--weight-dtype``, ``--weights-index``) cannot stand in for the log's figure: two of one kind given, or ``log``
+    (read from ``text``) states that figure, named with its line (:func:`kvlab.plan.vllm_log.stated_at`)."""
+    from kvlab.plan.vllm_log import stated_at
+
+    memory = [f"{f} {v:g}" if isinstance(v, float) else f"{f} {v}" for f, v in (("--gpu-mem-gib", args.gpu_mem_gib), ("--gpu", args.gpu)) if v is not None]
+    weights = [
+        f"{flag} {value}"
+        for flag, value in (
+            ("--weight-bytes", args.weight_bytes),
+            ("--weight-dtype", None if args.weight_dtype == "auto" else args.weight_dtype),
+            ("--weights-index", args.weights_index),
+        )
+        if value is not None
+    ]
+    for given, key, what, unit in (
+        (memory, "total_gib", "the device memory", " GiB"),
+        (weights, "weights_gib", "the weights", " GiB per GPU"),
+    ):
+        if len(given) > 1:
+            return f"{' and '.join(given)} both give {what} where the log does not; pass one"
+        if given and log is not None and key in log:
+            return (
+                f"{given[0]} gives {what} where the log does not; {args.from_log} states {log[key]:g}{unit} "
+                f"({stated_at(text, key)}) (drop {given[0].split()[0]})"
+            )
+    return None
+
+
+def _log_model_problem(args: argparse.Namespace, log: dict, text: str, config: dict) -> str | None:
+    """Why the log is not MODEL's: it names a model that is clearly another (:func:`kvlab.plan.model_names.same_model`)
+    and ``--force`` was not given; None where it names none, names MODEL, or ``--force`` takes it."""
+    from kvlab.plan.model_names import model_names, same_model
+    from kvlab.plan.vllm_log import stated_at
+
+    if args.force or "model" not in log or same_model(log["model"], model_names(args.model, config)):
+        return None
+    return (
+        f"{args.from_log} is a log of {log['model']} ({stated_at(text, 'model')}), not of MODEL {args.model}: its "
+        f"figures would be set beside another model's KV geometry; pass that model's config as MODEL, or --force "
+        f"if {args.model} has the same architecture"
+    )
+
+
+def _given_memory(args: argparse.Namespace, spec, log: dict) -> tuple[float | None, int | None, list[str]]:
+    """``(device memory GiB, one GPU's weight bytes, notes)`` from the flags standing in where ``log`` is silent:
+    ``--gpu-mem-gib`` or ``--gpu`` (the hardware table's memory), ``--weight-bytes`` / ``--weight-dtype`` /
+    ``--weights-index`` (:func:`kvlab.plan.weights.weight_bytes`, split over the log's or ``--tp``'s GPUs)."""
+    from kvlab.plan.hardware import get_hardware
+    from kvlab.plan.weights import weight_bytes
+
+    total, weights, notes = args.gpu_mem_gib, None, []
+    if args.gpu is not None:
+        hw = get_hardware(args.gpu)
+        if hw.memory_gib is None:
+            raise ValueError(f"--gpu {args.gpu}: the hardware table states no memory for {hw.name}; pass --gpu-mem-gib")
+        total = hw.memory_gib
+        notes.append(
+            f"device memory not in the log: --gpu {args.gpu}, {hw.describe_memory()} (the hardware table; torch "
+            "reports somewhat less)"
+        )
+    if args.weight_bytes is not None or args.weight_dtype != "auto" or args.weights_index is not None:
+        w = weight_bytes(spec, args.weight_dtype, index_path=args.weights_index, override_bytes=args.weight_bytes)
+        tp = int(log.get("tensor_parallel_size", args.tp or 1))
+        weights = -(-w.total_bytes // tp)
+        source = "" if w.source.startswith("given") else f" ({w.source})"
+        notes.append(f"weights not in the log: {w.total_bytes:,} B{source}, {weights:,} B per GPU of {tp}")
+    return total, weights, notes
 
 
 def run_from_log(args: argparse.Namespace) -> int:
@@ -216,19 +299,24 @@ def run_from_log(args: argparse.Namespace) -> int:
         if problem:
             return fail(args, problem)
         config = load_config(args.model)
+        problem = _log_model_problem(args, log, text, config)
+        if problem:
+            return fail(args, problem)
         spec = spec_from_config(config, name=str(args.model))
+        total, weights, notes = _given_memory(args, spec, log)
         r = explain_vllm_log(
             log,
             spec,
             config,
-            total_gib=args.gpu_mem_gib,
+            total_gib=total,
             block_size=args.block_size,
             max_model_len=args.context,
             tp=args.tp,
+            weight_bytes=weights,
         )
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         return fail(args, f"--from-log {args.from_log}: {flag_message(args, e)}")
-    r = {"model": str(args.model), "log_file": args.from_log, "log": log, **r}
+    r = {"model": str(args.model), "log_file": args.from_log, "log": log, **r, "notes": notes + r["notes"]}
     if args.json:
         print(json.dumps(r, indent=1))
     else:
