@@ -5,7 +5,7 @@ the KV dtype, the device's memory from the hardware table. The default is the pl
 (:mod:`kvlab.plan.scenario`): Llama-3-8B in BF16 on an A100-80GB (81,920 MiB = 80 GiB as the device reports
 it), 8,030,261,248 parameters x 2 bytes of weights, a 4 GiB reserve and 131,072 KV bytes per token, which leaves
 500,059 tokens (61.04 GiB): the account of docs/paging.md ("Static capacity").
-``--gpu-mem-gib`` sets another device, ``model`` and ``kv_dtype`` another model and cache. A KIVI cache's budget
+``--gpu-mem-gib`` (or ``--gpu``, a row of the planner's hardware table) sets another device, ``model`` and ``kv_dtype`` another model and cache. A KIVI cache's budget
 carries its residual window (:class:`kvlab.paging.residual.ResidualWindow`): each request's newest tokens in the
 model dtype, which the simulators charge on top of the long-context bytes per token.
 """
@@ -124,15 +124,25 @@ def default_kv_bytes_per_token(kv_dtype: str) -> float:
     return kv_bytes_per_token(load_spec(DEFAULT_MODEL), kv_dtype)
 
 
-def gpu_memory(gpu_gib: float | None = None) -> tuple[float, str]:
-    """Device bytes and how to describe them: ``gpu_gib`` GiB (2**30 B), or for ``None`` the memory of the
-    planner's default GPU (:data:`kvlab.plan.scenario.DEFAULT_GPU`) as the device reports it (A100-80GB: 81,920
-    MiB = 80 GiB, the mechanics chapter's budget), the default of ``kvlab plan`` too."""
+def gpu_memory(gpu_gib: float | None = None, gpu: str | None = None) -> tuple[float, str]:
+    """Device bytes and how to describe them: ``gpu_gib`` GiB (2**30 B), or the memory of the hardware table's row
+    ``gpu`` (:func:`kvlab.plan.hardware.get_hardware`, as ``kvlab plan --gpu``) as the device reports it, by default
+    the planner's default GPU (:data:`kvlab.plan.scenario.DEFAULT_GPU`: A100-80GB, 81,920 MiB = 80 GiB, the
+    mechanics chapter's budget).
+
+    Raises:
+        ValueError: both ``gpu_gib`` and ``gpu`` (each gives the device memory), an unknown ``gpu`` (the table's
+            names listed), or a row whose memory the table does not state.
+    """
+    if gpu_gib is not None and gpu is not None:
+        raise ValueError(f"--gpu-mem-gib {gpu_gib:g} and --gpu {gpu} both give the device memory; pass one")
     if gpu_gib is not None:
         return gpu_gib * GIB, f"{gpu_gib:g} GiB"
     from kvlab.plan.hardware import get_hardware
 
-    hw = get_hardware(DEFAULT_GPU)
+    hw = get_hardware(DEFAULT_GPU if gpu is None else gpu)
+    if hw.memory_bytes is None:
+        raise ValueError(f"--gpu {gpu}: the hardware table states no memory for {hw.name}; pass --gpu-mem-gib")
     return float(hw.memory_bytes), f"{hw.name} {hw.memory_mib:,} MiB ({hw.memory_gib:.2f} GiB)"
 
 
@@ -141,6 +151,7 @@ def planner_budget(
     kv_dtype: str = DEFAULT_KV_DTYPE,
     gpu_gib: float | None = None,
     overhead_gib: float = DEFAULT_RESERVE_GIB,
+    gpu: str | None = None,
 ) -> KVBudget:
     """The single adapter to :mod:`kvlab.plan`: KV bytes per token and weight bytes of ``model`` at ``kv_dtype``.
 
@@ -149,8 +160,8 @@ def planner_budget(
     (:func:`kvlab.plan.kv_bytes_per_token`; for KIVI codes and scale/zero pairs, the residual window amortized away,
     so a KIVI budget also carries its window, :func:`residual_window`, which the simulators charge); weights are
     :func:`kvlab.plan.weight_bytes` (the checkpoint when it sits next to the config, else parameters x dtype).
-    The device has ``gpu_gib`` GiB, or by default the planner's default GPU (:func:`gpu_memory`); the reserve
-    is ``overhead_gib`` GiB.
+    The device has ``gpu_gib`` GiB, or the memory of the hardware table's ``gpu``, by default the planner's
+    default GPU (:func:`gpu_memory`); the reserve is ``overhead_gib`` GiB.
 
     Raises:
         ValueError: when the planner does not know the model or the KV dtype, or cannot size the weights.
@@ -162,7 +173,7 @@ def planner_budget(
     bpt = kv_bytes_per_token(spec, kv_dtype)
     residual = residual_window(spec, kv_dtype)
     weights = weight_bytes(spec)
-    gpu_bytes, gpu_text = gpu_memory(gpu_gib)
+    gpu_bytes, gpu_text = gpu_memory(gpu_gib, gpu)
     return KVBudget(
         gpu_bytes=gpu_bytes,
         weight_bytes=weights.total_bytes,

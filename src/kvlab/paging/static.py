@@ -101,8 +101,10 @@ def load_lengths(path: str | os.PathLike) -> np.ndarray:
     number (``100``, also ``2.5`` or ``nan``) is a list of lengths, not a CSV whose header is that number.
 
     Raises:
-        ValueError: not a text file, no lengths, a line of a list that is not a whole number >= 0 (naming its line
-            number and text), a CSV value that is not (naming its row and column), or a CSV without the columns.
+        ValueError: not a text file, no lengths, a line of a list that is not a whole number >= 1 (a request holds
+            at least one token; naming the file, its line number and text), a CSV ``tokens`` / ``length`` value
+            that is not, or a ``prompt_tokens`` / ``output_tokens`` value below 0 or a row of them summing to 0
+            (naming the file, row and column), or a CSV without the columns.
     """
     path = Path(path)
     try:
@@ -121,29 +123,33 @@ def load_lengths(path: str | os.PathLike) -> np.ndarray:
                 raise ValueError(
                     f"{path}: line {i}: expected a whole number of tokens (one per line), got {line!r}"
                 ) from None
-            if values[-1] < 0:
-                raise ValueError(f"{path}: line {i}: a request length must be >= 0 tokens, got {line!r}")
+            if values[-1] < 1:
+                raise ValueError(f"{path}: line {i}: a request length must be >= 1 token, got {line!r}")
         return np.array(values, dtype=np.int64)
     text = raw.strip().splitlines()
     rows = list(csv.DictReader(text))
     cols = set(rows[0]) if rows else set()
 
-    def column(name: str) -> np.ndarray:
+    def column(name: str, least: int) -> np.ndarray:
         values = []
         for i, row in enumerate(rows, start=2):  # row 1 is the header
             try:
                 values.append(int(row[name]))
             except (TypeError, ValueError):
                 raise ValueError(f"{path}: row {i}: `{name}` must be an integer, got {row[name]!r}") from None
-            if values[-1] < 0:
-                raise ValueError(f"{path}: row {i}: `{name}` must be >= 0, got {values[-1]}")
+            if values[-1] < least:
+                raise ValueError(f"{path}: row {i}: `{name}` must be >= {least}, got {values[-1]}")
         return np.array(values, dtype=np.int64)
 
     for name in ("tokens", "length"):
         if name in cols:
-            return column(name)
+            return column(name, 1)  # a request holds at least one token
     if {"prompt_tokens", "output_tokens"} <= cols:
-        return column("prompt_tokens") + column("output_tokens")
+        lengths = column("prompt_tokens", 0) + column("output_tokens", 0)
+        if (lengths < 1).any():
+            i = int(np.argmax(lengths < 1)) + 2
+            raise ValueError(f"{path}: row {i}: `prompt_tokens` + `output_tokens` must be >= 1 token, got 0")
+        return lengths
     raise ValueError(
         f"{path}: expected one integer per line or a CSV with `tokens`, `length` or "
         f"`prompt_tokens`+`output_tokens`, got columns {sorted(cols)}"

@@ -215,8 +215,8 @@ def _kv_dtype_uncapped(
         if planner.reads(key):
             return planner.dtype(key, model_dtype, group_size, residual_length)
     raise ValueError(
-        f"`kv_dtype` must be auto, bf16, fp16, fp32, fp8, fp8_e4m3, fp8_e5m2, {', '.join(FP8_CACHES)}, kivi2, kivi4, "
-        f"kivi8 or kivi-kKvV, got {name!r}"
+        f"`kv_dtype` must be auto, bf16, fp16, fp32, fp8, fp8_e4m3, fp8_e5m2, {', '.join(FP8_CACHES)}, kivi-2, "
+        f"kivi-4, kivi-8 (also spelt kivi2, kivi4, kivi8) or kivi-kKvV (kivi-k4v2), got {name!r}"
     )
 
 

@@ -63,6 +63,12 @@ def _add_budget_args(p: argparse.ArgumentParser) -> None:
         f"{hw.memory_gib:.2f} GiB (nvidia-smi memory.total), as kvlab plan",
     )
     g.add_argument(
+        "--gpu",
+        default=None,
+        help="GPU from the planner's hardware table, for its memory as the device reports it (as kvlab plan --gpu; "
+        "names: kvlab plan --list-gpus); not with --gpu-mem-gib",
+    )
+    g.add_argument(
         "--reserve-gib",
         type=float,
         default=DEFAULT_RESERVE_GIB,
@@ -90,7 +96,7 @@ def _budget(args: argparse.Namespace, kv_dtype: str | None = None, flag: str = "
         raise ValueError(f"--reserve-gib must be a non-negative number of GiB, got {reserve:g}")
     try:
         parse_kv_dtype(kv_dtype)
-        return planner_budget(args.model, kv_dtype, args.gpu_mem_gib, args.reserve_gib)
+        return planner_budget(args.model, kv_dtype, args.gpu_mem_gib, args.reserve_gib, gpu=args.gpu)
     except ValueError as e:  # the planner names `kv_dtype` / `group_size`: say which flag held them
         message = str(e)
         if not any(f"`{name}`" in message for name in ("kv_dtype", "group_size", "residual_length")):
