@@ -170,3 +170,14 @@ def parse_cache_name(text: str, families: Collection[str]) -> CacheName:
     return CacheName(
         text, family, None if nbits is None else int(nbits), m["variant"], settings, key_bits, value_bits
     )
+
+
+def shown_name(text: str, families: Collection[str]) -> str:
+    """``text`` in this module's one grammar, the spelling to show a user, ``families`` being the known first
+    words: a name written without the hyphen before its bits (``kivi4-fused``, ``hqq4``, ``kivi4:dot=int8``)
+    becomes ``kivi-4-fused``, ``hqq-4``, ``kivi-4:dot=int8``; any other text (a name already in the grammar, or not
+    a cache name) is returned unchanged. Never raises."""
+    try:
+        return parse_cache_name(text, families).canonical
+    except (ValueError, TypeError):
+        return text

@@ -48,6 +48,7 @@ from kvlab.bench.prepare import (
     parse_candidates,
     set_attention,
 )
+from kvlab.bench.results import display_name as shown_name
 from kvlab.caches.registry import CacheSettings
 from kvlab.runtime.checks import check_int
 from kvlab.runtime.device import resolve_device, synchronize
@@ -61,7 +62,7 @@ TARGET_CPU_RATIO = 1.10  # kivi4-fused / dynamic at TARGET_CPU_CONTEXT tokens, C
 TARGET_CPU_CONTEXT = 4096
 TARGET_GPU_RATIO = 1.0  # kivi4-fused / dynamic at >= TARGET_GPU_MIN_CONTEXT tokens, H200
 TARGET_GPU_MIN_CONTEXT = 32768
-TARGET_CANDIDATE = "kivi4-fused"
+TARGET_CANDIDATE = "kivi4-fused"  # the records' key; shown as kivi-4-fused (kvlab.bench.results.display_name)
 # CPU lead targets (quantized decode ahead of every peer at every context): kivi4-fused <= 1.00x dynamic at every context and <= 0.50x at 16384 tokens;
 # kivi2-fused / kivi4-fused <= 0.9 from 4096 tokens on; both fused caches faster than hqq4 at every context
 LEAD_MAX_RATIO, LEAD_LONG_CONTEXT, LEAD_LONG_RATIO = 1.00, 16384, 0.50
@@ -374,8 +375,8 @@ def evaluate_target(result: dict) -> dict:
     }
     if result["device_type"] == "cuda":
         desc = (
-            f"{TARGET_CANDIDATE} decode <= {TARGET_GPU_RATIO:.2f}x dynamic at >= {TARGET_GPU_MIN_CONTEXT} tokens "
-            f"(GPU)"
+            f"{shown_name(TARGET_CANDIDATE)} decode <= {TARGET_GPU_RATIO:.2f}x dynamic at >= "
+            f"{TARGET_GPU_MIN_CONTEXT} tokens (GPU)"
         )
         measured = {c: v for c, v in ratios.items() if c >= TARGET_GPU_MIN_CONTEXT}
         if not measured:
@@ -389,10 +390,10 @@ def evaluate_target(result: dict) -> dict:
             "ratios": measured,
         }
     desc = (
-        f"{TARGET_CANDIDATE} decode <= {TARGET_CPU_RATIO:.2f}x dynamic at {TARGET_CPU_CONTEXT} tokens (CPU)"
+        f"{shown_name(TARGET_CANDIDATE)} decode <= {TARGET_CPU_RATIO:.2f}x dynamic at {TARGET_CPU_CONTEXT} tokens (CPU)"
     )
     if TARGET_CPU_CONTEXT not in ratios:
-        missing = f"no {TARGET_CPU_CONTEXT}-token cell" if ratios else f"no {TARGET_CANDIDATE} cell"
+        missing = f"no {TARGET_CPU_CONTEXT}-token cell" if ratios else f"no {shown_name(TARGET_CANDIDATE)} cell"
         return {"description": desc, "status": "not measured", "detail": missing}
     ratio = ratios[TARGET_CPU_CONTEXT]
     return {
@@ -424,7 +425,10 @@ def evaluate_int8_target(result: dict) -> list[dict]:
     names = {r["candidate"] for r in result["rows"]}
     if result.get("device_type") == "cuda" or not {INT8_CANDIDATE, FLOAT_KERNEL_CANDIDATE} <= names:
         return []
-    desc = f"{INT8_CANDIDATE} decode <= {FLOAT_KERNEL_CANDIDATE} (the float C kernel baseline) at every context (CPU)"
+    desc = (
+        f"{shown_name(INT8_CANDIDATE)} decode <= {FLOAT_KERNEL_CANDIDATE} (the float C kernel baseline) at every "
+        "context (CPU)"
+    )
     ok = {
         (r["candidate"], r["context"]): r
         for r in result["rows"]
@@ -478,19 +482,19 @@ def evaluate_lead_targets(result: dict) -> list[dict]:
     peers = {c: max(k4[c], k2[c]) < hqq[c] for c in k4 if c in k2 and c in hqq}
     return [
         _verdict(
-            f"kivi4-fused <= {LEAD_MAX_RATIO:.2f}x dynamic at every context, <= {LEAD_LONG_RATIO:.2f}x at "
+            f"kivi-4-fused <= {LEAD_MAX_RATIO:.2f}x dynamic at every context, <= {LEAD_LONG_RATIO:.2f}x at "
             f"{LEAD_LONG_CONTEXT} (CPU)",
             lead,
             ", ".join(f"{v:.2f}x at {c}" for c, v in sorted(k4.items())),
         ),
         _verdict(
-            f"kivi2-fused / kivi4-fused <= {LEAD_BITS_RATIO} at >= {LEAD_BITS_MIN_CONTEXT} tokens (CPU)",
+            f"kivi-2-fused / kivi-4-fused <= {LEAD_BITS_RATIO} at >= {LEAD_BITS_MIN_CONTEXT} tokens (CPU)",
             bits,
             ", ".join(f"{k2[c] / k4[c]:.2f} at {c}" for c in sorted(bits)),
         ),
         _verdict(
-            "kivi4-fused and kivi2-fused faster than hqq4 at every context (CPU)",
+            "kivi-4-fused and kivi-2-fused faster than hqq-4 at every context (CPU)",
             peers,
-            ", ".join(f"{max(k4[c], k2[c]) / hqq[c]:.2f}x hqq4 at {c}" for c in sorted(peers)),
+            ", ".join(f"{max(k4[c], k2[c]) / hqq[c]:.2f}x hqq-4 at {c}" for c in sorted(peers)),
         ),
     ]

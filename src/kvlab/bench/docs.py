@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvlab.bench import docs_eval, page_stamp
+from kvlab.bench.results import display_name as shown_name
 from kvlab.bench.results import read_records
 from kvlab.runtime.atomic import atomic_write_text
 
@@ -46,7 +47,7 @@ def _model_line(result: dict) -> str:
 
 def _failures(rows: list[dict], key: str) -> list[str]:
     return [
-        f"- {r[key]} at {r['context']}: {r['status']}: {r.get('error', '')}"
+        f"- {shown_name(str(r[key]))} at {r['context']}: {r['status']}: {r.get('error', '')}"
         for r in rows
         if r["status"] != "ok"
     ]
@@ -90,11 +91,11 @@ def render_decode(result: dict) -> str:
         + (f" Fused KIVI/FP8 attention on the CPU: {s['kivi_cpu_path']}." if s.get("kivi_cpu_path") else "")
         + _gemm_note(s),
         "",
-        _table(["context"] + [f"`{n}`" for n in names], rows),
+        _table(["context"] + [f"`{shown_name(n)}`" for n in names], rows),  # records keep kivi4-fused as the key
     ]
     ran = {r["candidate"]: r["key_score_path"] for r in result["rows"] if r.get("key_score_path")}
     if ran:  # what each cache's kvlab attention ran (the integer KIVI path, the float C kernel)
-        paths = "; ".join(f"`{n}`: {p}" for n, p in ran.items())
+        paths = "; ".join(f"`{shown_name(n)}`: {p}" for n, p in ran.items())
         parts += [
             "",
             f"Attention paths that ran, per cache (a cache's own `dot` overrides the kernel's default): {paths}.",
@@ -106,7 +107,7 @@ def render_decode(result: dict) -> str:
         "",
         "Cache MiB after the timed steps (exact tensor bytes):",
         "",
-        _table(["context"] + names, cache_rows),
+        _table(["context"] + [shown_name(n) for n in names], cache_rows),
     ]
     fails = _failures(result["rows"], "candidate")
     if fails:
@@ -121,11 +122,11 @@ def render_decode(result: dict) -> str:
         ]
         for name, ops in prof.items():
             if isinstance(ops, dict):
-                parts.append(f"- `{name}`: {ops.get('error')}")
+                parts.append(f"- `{shown_name(name)}`: {ops.get('error')}")
                 continue
             total = sum(o["self_cpu_ms"] for o in ops)
             listed = ", ".join(f"`{o['op']}` {o['self_cpu_ms']:.2f} ({o['calls']:g})" for o in ops[:10])
-            parts.append(f"- `{name}` (top {len(ops)} ops: {total:.2f} ms): {listed}")
+            parts.append(f"- `{shown_name(name)}` (top {len(ops)} ops: {total:.2f} ms): {listed}")
     return "\n".join(parts)
 
 

@@ -23,6 +23,16 @@ OTHER_FORMATS = ("kvlab-busy-eval/1", "kvlab-int8-kl/1")
 BENCHMARKS = ("decode", "memory", "flush", "kernel", "paging", "lab")
 
 
+def display_name(name: str) -> str:
+    """A cache name a record keeps as its key (``kivi4-fused``, ``hqq4``: the spelling ``kvlab bench`` wrote first,
+    which old records hold and the targets match on) as a user reads it elsewhere in kvlab: the cache registry's
+    spelling (``kivi-4-fused``, ``hqq-4``; :func:`kvlab.cache_names.shown_name`). Records are not rewritten."""
+    from kvlab.cache_names import shown_name
+    from kvlab.caches.registry import REGISTRY
+
+    return shown_name(name, {entry.family for entry in REGISTRY.values()})
+
+
 def device_label(device: str | None) -> str:
     """File-name label of a device: ``cpu``, or the CUDA device's name as a slug (``nvidia-h200``).
 

@@ -96,7 +96,7 @@ def _verdict(verdicts, prefix):
 def test_decode_target_is_computed_from_the_numbers(tmp_path, ratio, status):
     _write(tmp_path, "decode-cpu.json", _record("decode", _decode_result(ratio)))
     verdicts = docs.targets(results.read_records(tmp_path))
-    v = _verdict(verdicts, "kivi4-fused decode")
+    v = _verdict(verdicts, "kivi-4-fused decode")
     assert v["status"] == status and f"{ratio:.3f}x" in v["detail"]
 
 
@@ -132,13 +132,13 @@ def test_page_has_tables_commands_and_verdicts(tmp_path):
     out = docs.write_page(tmp_path, tmp_path / "PERFORMANCE.md")
     text = out.read_text()
     assert docs.MARKER in text
-    assert "| context | `dynamic` | `kivi4-fused` | `hqq4` |" in text
+    assert "| context | `dynamic` | `kivi-4-fused` | `hqq-4` |" in text
     assert "| 4096 | 10.00 | 13.00 (1.30x) | - |" in text
     assert "| 1024 | 10.00 | 20.00 (2.00x) | failed |" in text
     assert "RuntimeError: boom" in text
     assert "Command: `kvlab bench decode`" in text and "Note: shared 2-core VM" in text
     assert "| 1024 | 100 (50) |" in text and "1.10x" in text
-    lines = [ln for ln in text.splitlines() if ln.startswith("| kivi4-fused decode <= 1.10x")]
+    lines = [ln for ln in text.splitlines() if ln.startswith("| kivi-4-fused decode <= 1.10x")]
     assert len(lines) == 1 and "**not met**" in lines[0]
     lines = [ln for ln in text.splitlines() if ln.startswith("| kivi4 flush at 16384")]
     assert len(lines) == 1 and "**met**" in lines[0]
@@ -255,8 +255,8 @@ def test_a_decode_record_without_kivi_gets_no_kivi_targets(tmp_path):
     _write(tmp_path, "decode-cpu.json", _record("decode", _decode_result(1.05)))
     verdicts = docs.targets(results.read_records(tmp_path))
     assert not [v for v in verdicts if v["file"] == "decode-fp8-cpu.json"]
-    assert _verdict(verdicts, "kivi4-fused decode")["file"] == "decode-cpu.json"
-    assert evaluate_target(fp8)["detail"] == "no kivi4-fused cell"
+    assert _verdict(verdicts, "kivi-4-fused decode")["file"] == "decode-cpu.json"
+    assert evaluate_target(fp8)["detail"] == "no kivi-4-fused cell"
 
 
 def test_the_committed_page_is_what_the_committed_records_render(tmp_path, monkeypatch):
