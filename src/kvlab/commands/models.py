@@ -1,4 +1,4 @@
-"""``kvlab models``: the named real models (:mod:`kvlab.models.sources`), whether each is here, and ``get`` to
+"""``kvlab models``: the named real models (:mod:`kvlab.model_names`), whether each is here, and ``get`` to
 install and convert one."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def register(subparsers) -> None:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    from kvlab.models.sources import NAMED_MODELS
+    from kvlab.model_names import NAMED_MODELS
 
     if args.action == "list":
         if args.name:
@@ -51,15 +51,15 @@ def run_models(args: argparse.Namespace) -> int:
 
 
 def _gettable() -> list[str]:
-    """The named models ``kvlab models get`` installs: those shipped in a package (:mod:`kvlab.models.sources`)."""
-    from kvlab.models.sources import NAMED_MODELS
+    """The named models ``kvlab models get`` installs: those shipped in a package (:mod:`kvlab.model_names`)."""
+    from kvlab.model_names import NAMED_MODELS
 
     return [n.name for n in NAMED_MODELS.values() if n.package is not None]
 
 
 def _hub_only() -> list[str]:
     """The named models that come from the hub (no package: ``get`` has nothing to install; --model loads them)."""
-    from kvlab.models.sources import NAMED_MODELS
+    from kvlab.model_names import NAMED_MODELS
 
     return [n.name for n in NAMED_MODELS.values() if n.package is None]
 
@@ -81,7 +81,8 @@ def _status(name: str) -> dict:
 def _list(as_json: bool) -> int:
     import json
 
-    from kvlab.models.sources import NAMED_MODELS, models_dir
+    from kvlab.model_names import NAMED_MODELS
+    from kvlab.models.sources import models_dir
 
     entries = [
         {

@@ -91,7 +91,7 @@ def check_local_model(model: str | os.PathLike | None, revision: str | None = No
 
     Args:
         model: None (the bundled model: passes), a local directory, a GGUF file, a named model
-            (:data:`kvlab.models.sources.NAMED_MODELS`) or a hub id (passes when the local Hugging Face cache
+            (:data:`kvlab.model_names.NAMED_MODELS`) or a hub id (passes when the local Hugging Face cache
             holds it or the hub can be reached).
         revision: the hub revision a hub id is loaded at (its cache entry is looked for).
 

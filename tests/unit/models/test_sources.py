@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from kvlab.cli import main
+from kvlab.model_names import NAMED_MODELS, NamedModel
 from kvlab.models import check_local_model, load_model, model_fingerprint, sources
-from kvlab.models.sources import NAMED_MODELS, NamedModel, file_sha256, find_source, prepare_source
+from kvlab.models.sources import file_sha256, find_source, prepare_source
 
 gguf = pytest.importorskip("gguf")
 
