@@ -42,6 +42,7 @@ from kvlab.plan.mixed import (
 )
 from kvlab.plan.report_inputs import (
     NO_WEIGHTS,
+    context_source,
     context_warnings,
     hardware_and_budget,
     model_notes,
@@ -149,6 +150,7 @@ def mixed_plan_report(
         if o.get(key) is not None:
             raise ValueError(f"{flag} {o[key]} does not apply to --kv-dtype {kv}: {_NOT_FOR_PLANS[key]}")
     spec = planned_spec(model, o.get("kv_heads"), context, batch)
+    source = context_source(spec, context)  # how a refusal names a context not given
     context, context_notes = planned_context(spec, context)
     served_batch, batch = batch, 1 if batch is None else batch  # None: --max-num-seqs from the KV memory
     name, formats, source = resolve_plan(kv, spec)
@@ -187,7 +189,9 @@ def mixed_plan_report(
     out["warnings"] = context_warnings(spec, {f"--context {context}": context})
     out["vllm"] = None
     if o.get("emit") == "vllm":
-        out["vllm"] = vllm_for_plan(spec, formats, sizes, model, context, served_batch, tp, budget, weights, o)
+        out["vllm"] = vllm_for_plan(
+            spec, formats, sizes, model, context, served_batch, tp, budget, weights, o, context_source=source
+        )
         out["vllm"]["notes"] = context_notes + out["vllm"]["notes"]  # the command's --max-model-len
     return out
 
@@ -255,6 +259,8 @@ def vllm_for_plan(
     budget: Any,
     weights: Any,
     o: dict[str, Any],
+    *,
+    context_source: str | None = None,
 ) -> dict[str, Any]:
     """The ``vllm`` key of :func:`mixed_plan_report`: the command (:func:`kvlab.plan.vllm.vllm_serve_plan` with
     ``skip_layers``), the KV tokens vLLM would report under it and, for a plan it cannot express, ``closest``: what
@@ -273,6 +279,7 @@ def vllm_for_plan(
         per_gpu,
         o.get("block_size", 16),
         skip,
+        context_source=context_source,
     )
     out["expresses_plan"] = not substituted
     out["closest"] = None

@@ -19,6 +19,7 @@ from kvlab.plan.mixed import MIXED_PREFIX
 from kvlab.plan.report_inputs import (
     NO_WEIGHTS,
     check_context_batch,
+    context_source,
     context_warnings,
     hardware_and_budget,
     model_notes,
@@ -133,7 +134,8 @@ def plan_report(
     out["vllm"] = None
     if emit == "vllm":
         out["vllm"] = vllm_key(
-            spec, kvd, model, context, served_batch, tp, budget, weights, ledger.weight_bytes_per_gpu, block_size
+            spec, kvd, model, context, served_batch, tp, budget, weights, ledger.weight_bytes_per_gpu, block_size,
+            context_source=context_source(spec, arguments["context"]),  # the context as given (None: not given)
         )
         out["vllm"]["notes"] = context_notes + out["vllm"]["notes"]  # the command's --max-model-len
     return out

@@ -100,6 +100,19 @@ def planned_context(spec: ModelSpec, context: int | None) -> tuple[int, list[str
     ]
 
 
+def context_source(spec: ModelSpec, context: int | None) -> str | None:
+    """How a refusal names the context :func:`planned_context` plans for ``context`` when ``--context`` was not
+    given (``context`` None): ``"the default context 8,192 tokens (no --context given)"``, or ``"the context 1,024
+    tokens (gpt2's max_position_embeddings; no --context given)"`` where the model's limit set it. None where
+    ``context`` was given: the refusal names ``--context N`` as the user typed it."""
+    if context is not None:
+        return None
+    planned, _ = planned_context(spec, None)
+    if planned == DEFAULT_CONTEXT_TOKENS:
+        return f"the default context {planned:,} tokens (no --context given)"
+    return f"the context {planned:,} tokens ({spec.name}'s max_position_embeddings; no --context given)"
+
+
 def context_warnings(spec: ModelSpec, contexts: dict[str, int]) -> list[str]:
     """One warning when any of ``contexts`` (``{"--context 100,000": 100000}``: how the output names each, and its
     tokens) goes beyond the config's ``max_position_embeddings``, the window the model was trained for. Planned as
@@ -169,12 +182,14 @@ def model_notes(spec: ModelSpec, tp: int) -> list[str]:
 
 
 def vllm_key(
-    spec, kvd, model, context, batch, tp, budget, weights, weight_bytes_per_gpu, block_size, skip_layers=()
+    spec, kvd, model, context, batch, tp, budget, weights, weight_bytes_per_gpu, block_size, skip_layers=(),
+    *, context_source: str | None = None,
 ) -> dict[str, Any]:
     """The ``vllm`` key of :func:`kvlab.plan.report.plan_report` (and of a mixed plan's report): needs the GPU memory and the
     weights, as the fit does; ``skip_layers``: ``--kv-cache-dtype-skip-layers``
     (:func:`kvlab.plan.vllm.vllm_serve_plan`); ``batch`` None: ``--max-num-seqs`` from the KV memory; a ``context``
-    beyond the longest vLLM takes (:func:`kvlab.plan.vllm.vllm_max_model_len`) is refused."""
+    beyond the longest vLLM takes (:func:`kvlab.plan.vllm.vllm_max_model_len`) is refused; ``context_source``: how
+    those refusals name a context not given (:func:`context_source`)."""
     from kvlab.plan.load import load_config
     from kvlab.plan.vllm import vllm_max_model_len, vllm_model_argument, vllm_serve_plan
 
@@ -199,6 +214,7 @@ def vllm_key(
         block_size=block_size,
         skip_layers=tuple(skip_layers),
         context_limit=vllm_max_model_len(spec, load_config(model)),
+        context_source=context_source,
     )
     return {**plan.to_dict(), "predicted_log": predicted_log(spec, model, plan, tp)}
 

@@ -203,6 +203,7 @@ def vllm_serve_plan(
     block_size: int = 16,
     skip_layers: tuple[int, ...] = (),
     context_limit: int | None = None,
+    context_source: str | None = None,
 ) -> VllmServePlan:
     """The ``vllm serve`` command that runs ``spec`` as planned, and the KV cache vLLM would report for its memory.
 
@@ -224,6 +225,9 @@ def vllm_serve_plan(
             docs.vllm.ai, Quantized KV Cache, "Skipping Specific Layers from KV-Cache Quantization").
         context_limit: the longest ``--max-model-len`` vLLM takes for the model (:func:`vllm_max_model_len`);
             None: not checked.
+        context_source: how a refusal names ``context`` where ``--context`` was not given (``"the default
+            context 8,192 tokens (no --context given)"``, :func:`kvlab.plan.report_inputs.context_source`); None:
+            ``--context N``, the flag as given.
 
     Raises:
         ValueError: a layer kind, KV dtype or block size vLLM would size differently, nothing left for KV, a KV
@@ -232,14 +236,15 @@ def vllm_serve_plan(
             is not fp8 or naming a layer the model lacks; the message names the flag or the value.
     """
     _check_serve_inputs(spec, context, 1 if batch is None else batch, tp, memory_bytes, reserve_bytes, block_size)
-    _check_context_limit(spec, context, context_limit)
+    named = context_source or f"--context {context:,}"
+    _check_context_limit(spec, context, context_limit, named)
     dtype, cache_dtype = _cache_dtype(spec, kvd)
     _check_skip_layers(skip_layers, cache_dtype)
     utilization, kv_memory = _kv_memory(memory_bytes, reserve_bytes, weight_bytes_per_gpu)
     kv = vllm_kv_cache(spec, kv_memory, max_model_len=context, tp=tp, block_size=block_size,
                        kv_cache_dtype=cache_dtype, kv_cache_dtype_skip_layers=skip_layers)  # fmt: skip
     util_text = f"{utilization:.4f}".rstrip("0").rstrip(".")
-    _check_one_request_fits(context, kv.num_blocks, block_size)
+    _check_one_request_fits(context, kv.num_blocks, block_size, named)
     seqs, seqs_note = _max_num_seqs(batch, memory_bytes, context, kv.max_concurrency)
     flags = {"--dtype": dtype, "--max-model-len": context, "--kv-cache-dtype": cache_dtype}
     flags.update({"--block-size": block_size, "--gpu-memory-utilization": util_text, "--max-num-seqs": seqs})
@@ -369,27 +374,28 @@ def _fp8_notes(kvd: KVDtype) -> tuple[str, ...]:
     return ()
 
 
-def _check_one_request_fits(context: int, num_blocks: int, block_size: int) -> None:
+def _check_one_request_fits(context: int, num_blocks: int, block_size: int, named: str) -> None:
     """vLLM checks that one ``--max-model-len`` request fits in its KV cache before it serves anything.
 
     Raises:
-        ValueError: ``num_blocks`` blocks of ``block_size`` tokens hold fewer than ``context`` tokens.
+        ValueError: ``num_blocks`` blocks of ``block_size`` tokens hold fewer than ``context`` tokens; the
+            message names the context as ``named`` says it (``--context 8,192``, or where a default came from).
     """
     if num_blocks < -(-context // block_size):
         raise ValueError(
-            f"--context {context:,} tokens of KV per request are more than the {num_blocks * block_size:,} the KV "
+            f"one request of {named} needs more KV than the {num_blocks * block_size:,} tokens the KV "
             f"cache holds per GPU ({num_blocks:,} blocks of {block_size}): vLLM refuses to start (max_model_len "
-            f"larger than the KV cache); lower --context, or give the KV more memory (--gpu-mem-gib, --tp, "
+            f"larger than the KV cache); pass a lower --context, or give the KV more memory (--gpu-mem-gib, --tp, "
             f"--kv-dtype fp8)"
         )
 
 
-def _check_context_limit(spec: ModelSpec, context: int, limit: int | None) -> None:
-    """Raise ``ValueError`` naming both numbers where ``context`` (``--max-model-len``) is beyond ``limit``, the
-    longest vLLM starts the model with (:func:`vllm_max_model_len`): the command would not run."""
+def _check_context_limit(spec: ModelSpec, context: int, limit: int | None, named: str) -> None:
+    """Raise ``ValueError`` naming both numbers where ``context`` (``--max-model-len``, said as ``named``) is beyond
+    ``limit``, the longest vLLM starts the model with (:func:`vllm_max_model_len`): the command would not run."""
     if limit is not None and context > limit:
         raise ValueError(
-            f"--context {context:,} is beyond {spec.name}'s limit of {limit:,} tokens (max_position_embeddings"
+            f"{named} is beyond {spec.name}'s limit of {limit:,} tokens (max_position_embeddings"
             f"{', with its rope_scaling' if limit != spec.max_position_embeddings else ''}): vLLM refuses "
             f"--max-model-len {context:,} (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, at the risk of wrong outputs); "
             f"pass --context {limit:,} or less, or drop --context to plan at the model's limit"

@@ -12,7 +12,9 @@ import math
 
 from kvlab.cli import main
 from kvlab.plan import presets
+from kvlab.plan.load import load_spec
 from kvlab.plan.report import plan_report
+from kvlab.plan.scenario import DEFAULT_CONTEXT_TOKENS
 
 GIB = 1024**3
 
@@ -120,3 +122,32 @@ def test_roofline_default_context_follows_the_models_limit(capsys):
     r = json.loads(captured.out)
     assert r["context"] == 1024 and r["warnings"] == [] and "warning" not in captured.err
     assert any("no --context" in n for n in r["notes"]), r["notes"]
+
+
+def _refusal(capsys, *argv: str) -> str:
+    assert main(["plan", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "error:" in captured.err  # no command printed that cannot run
+    return captured.err
+
+
+def test_a_request_that_does_not_fit_names_the_default_context_not_a_flag_never_given(capsys):
+    # the KV cache of 17 GiB less 1.5 GiB and llama-3-8b's weights holds fewer tokens than one default request;
+    # the refusal said "--context 8,192 tokens of KV ...", a flag the user did not give
+    err = _refusal(capsys, "llama-3-8b", "--emit", "vllm", "--gpu-mem-gib", "17", "--reserve-gib", "1.5")
+    assert f"--context {DEFAULT_CONTEXT_TOKENS:,}" not in err, err
+    assert f"the default context {DEFAULT_CONTEXT_TOKENS:,} tokens (no --context given)" in err, err
+    assert "refuses to start" in err, err
+
+
+def test_a_request_that_does_not_fit_names_the_models_limit_where_it_set_the_context(capsys):
+    limit = load_spec("gpt2").max_position_embeddings
+    err = _refusal(capsys, "gpt2", "--emit", "vllm", "--gpu-mem-gib", "4.25")
+    assert f"--context {limit:,}" not in err, err
+    assert f"the context {limit:,} tokens (gpt2's max_position_embeddings; no --context given)" in err, err
+
+
+def test_a_request_that_does_not_fit_still_names_a_context_given(capsys):
+    argv = ["llama-3-8b", "--emit", "vllm", "--gpu-mem-gib", "17", "--reserve-gib", "1.5"]
+    err = _refusal(capsys, *argv, "--context", str(DEFAULT_CONTEXT_TOKENS))
+    assert f"--context {DEFAULT_CONTEXT_TOKENS:,}" in err and "no --context given" not in err, err
