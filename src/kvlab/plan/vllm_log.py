@@ -218,7 +218,7 @@ def _figure(key: str, m: re.Match, text: str) -> Any:
         return value
     except ValueError as e:
         line = text.count("\n", 0, m.start()) + 1
-        raise ValueError(f"line {line}, {m.group(0).strip()!r} ({LOG_LINES[key][1]}): {e}") from None
+        raise ValueError(f"line {line}, {quoted_statement(m, text)} ({LOG_LINES[key][1]}): {e}") from None
 
 
 # the kinds of a setting of one start of vLLM: two values of one are refused (read_vllm_log), not the first taken
@@ -238,7 +238,7 @@ def _check_one_value(key: str, stated: list[tuple[Any, re.Match]], text: str) ->
 
     def where(value: Any, m: re.Match) -> str:
         shown = f"{value:,}" if isinstance(value, int) else f"{value:g}" if isinstance(value, float) else value
-        return f"{shown} (line {text.count(chr(10), 0, m.start()) + 1}, {m.group(0).strip()!r})"
+        return f"{shown} (line {text.count(chr(10), 0, m.start()) + 1}, {quoted_statement(m, text)})"
 
     raise ValueError(
         f"the log states {'dtype' if key == 'model_dtype' else key} {where(first, m1)} and {where(*other)}: one "
@@ -308,6 +308,21 @@ def read_vllm_log(text: str) -> dict[str, Any]:
     return found
 
 
+def quoted_statement(m: re.Match, text: str) -> str:
+    """The statement ``m`` (a match of a :data:`LOG_LINES` pattern in ``text``) as a message quotes it, with the
+    quotes around its key and value that the pattern leaves out (it starts at the key's name and stops at the
+    value's end): ``"model='x'"`` for the engine line's ``model='x'`` (was ``"model='x"``), ``"'model': 'x'"``
+    for an args dict's; in Python's repr, so the outer quotes never clash with the inner ones."""
+    shown = m.group(0).strip()
+    start = m.start() + len(m.group(0)) - len(m.group(0).lstrip())
+    end = start + len(shown)
+    if start and text[start - 1] in "'\"" and text[start - 1] in shown:  # the key's opening quote
+        shown = text[start - 1] + shown
+    if text[end : end + 1] in ("'", '"') and shown.count(text[end]) % 2:  # the value's closing quote
+        shown += text[end]
+    return repr(shown)
+
+
 def stated_at(text: str, key: str) -> str | None:
     """Where ``text`` (a log :func:`read_vllm_log` reads) first states the setting ``key`` of :data:`LOG_LINES`
     (``"line 3, '--max-model-len 4096'"``), or None where it does not (an unset ``None`` or ``auto`` is not a
@@ -320,7 +335,7 @@ def stated_at(text: str, key: str) -> str | None:
     for name in (key, PER_START) if key == "max_model_len" else (key,):
         for m in re.finditer(LOG_LINES[name][0], text):
             if _figure(name, m, text) is not None:
-                return f"line {text.count(chr(10), 0, m.start()) + 1}, {m.group(0).strip()!r}"
+                return f"line {text.count(chr(10), 0, m.start()) + 1}, {quoted_statement(m, text)}"
     return None
 
 

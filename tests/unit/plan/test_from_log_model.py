@@ -9,7 +9,9 @@ docs/plan.md said the device memory comes from the hardware table where the log 
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ from kvlab.cli import main
 from kvlab.plan import load_spec
 from kvlab.plan.hardware import get_hardware
 from kvlab.plan.model_names import base_name, model_names, same_model
-from kvlab.plan.vllm_log import read_vllm_log
+from kvlab.plan.vllm_log import LOG_LINES, quoted_statement, read_vllm_log
 from kvlab.plan.vllm_memory import GIB
 from kvlab.plan.weights import weight_bytes
 
@@ -150,3 +152,35 @@ def test_gpu_is_refused_where_the_log_states_the_memory_and_beside_gpu_mem_gib(c
     assert code == 2 and "--gpu L4 gives the device memory" in err and "79.19 GiB" in err and "line 5" in err, err
     code, _, err = run(capsys, *GEMMA4, "--gpu", "L4", "--gpu-mem-gib", "22")
     assert code == 2 and "--gpu-mem-gib 22 and --gpu L4" in err and "pass one" in err, err
+
+
+def test_a_log_of_another_model_is_refused_quoting_its_model_line_whole(capsys):
+    # the refusal quoted "model='llava-hf/llava-v1.6-mistral-7b-hf": the value's closing quote was dropped
+    statement = re.search(r"model='[^']*'", LLAVA_LOG.read_text()).group(0)
+    code, _, err = run(capsys, "gemma-3-1b", "--from-log", str(LLAVA_LOG))
+    assert code == 2
+    assert repr(statement) in err, err
+
+
+@pytest.mark.parametrize(
+    "line, statement",
+    [
+        ("INFO with config: model='org/a', dtype=auto", "model='org/a'"),
+        ("INFO args: {'model': 'org/a', 'dtype': 'auto'}", "'model': 'org/a'"),
+        ('INFO args: {"model": "org/a", "dtype": "auto"}', '"model": "org/a"'),
+        ("INFO vllm serve org/a --dtype auto", "vllm serve org/a"),
+    ],
+)
+def test_a_quoted_statement_is_the_key_and_value_whole_with_their_quotes(line, statement):
+    # the pattern starts at the key's name and stops at the value's end: "'model': 'org/a" was quoted as "model':
+    # 'org/a" (quotes paired the wrong way round)
+    assert statement in line
+    m = re.search(LOG_LINES["model"][0], line)
+    assert ast.literal_eval(quoted_statement(m, line)) == statement
+
+
+def test_two_values_of_a_setting_are_quoted_with_their_closing_quotes():
+    text = "args: {'max_model_len': 4096}\nengine: kv_cache_dtype='fp8', x\nengine: kv_cache_dtype='fp8_e5m2', x\n"
+    with pytest.raises(ValueError) as exc:
+        read_vllm_log(text)
+    assert "\"kv_cache_dtype='fp8'\"" in str(exc.value) and "\"kv_cache_dtype='fp8_e5m2'\"" in str(exc.value)
