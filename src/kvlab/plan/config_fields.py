@@ -3,7 +3,8 @@
 :mod:`kvlab.plan.spec` (KV geometry), :mod:`kvlab.plan.architectures` (per-architecture quirks) and
 :mod:`kvlab.plan.weights` (parameter count) read the same ``config.json`` fields; they take the names and the
 readers (:func:`as_int`, :func:`read_int`, :func:`field_int`) from here, so none imports another's internals.
-The planner's modules also take :func:`check_int_at_least` from here, the one check of a count they are given.
+The planner's modules also take :func:`check_int_at_least` from here, the one check of a count they are given,
+and :func:`number_text`, the one way a number they name in a message is written.
 
 Pure Python; no torch.
 """
@@ -93,6 +94,21 @@ def decoder_config(config: Mapping) -> tuple[dict, list[str]]:
 
 
 _AT_LEAST = {0: "a non-negative integer", 1: "a positive integer"}
+
+
+def number_text(value: Any) -> str:
+    """A number as kvlab's messages show it: an int with thousands separators (``8,192``), a float in its short
+    form (``2.4``, not ``2.4000000000000004``; ``1e+30``; a whole float as the int: ``5``), at most 12 significant
+    digits; anything else (NaN, a string, None) as its repr, so a bad value is named as it was given."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if not math.isfinite(value):
+        return repr(value)
+    if value.is_integer() and abs(value) < 1e15:
+        return f"{int(value):,}"
+    return f"{value:.12g}"
 
 
 def check_int_at_least(name: str, value: Any, minimum: int, *, flag: str | None = None) -> int:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvlab.cache_names import KIVI_DEFAULTS
-from kvlab.plan.config_fields import KV_KINDS, SHARED, check_int_at_least
+from kvlab.plan.config_fields import KV_KINDS, SHARED, check_int_at_least, number_text
 from kvlab.plan.fit import max_batch, max_context
 from kvlab.plan.kv_formats import PlannedName, kv_dtype
 from kvlab.plan.ledger import build_ledger, kv_bytes_peak
@@ -354,7 +354,9 @@ def video_report(
 ) -> dict[str, Any]:
     """Tokens and KV bytes of clips of each length in ``seconds`` (docs/plan.md, Video); frame rate, size,
     compression and patch default to :class:`VideoClip`'s.
-    ``warnings``: the clips whose tokens go beyond the config's ``max_position_embeddings`` (not refused).
+    ``warnings``: pixels and frames the tokens leave out (:meth:`VideoClip.rounding_warnings`: a width, height or
+    frame count the compression does not divide is rounded down, not refused), then the clips whose tokens go
+    beyond the config's ``max_position_embeddings`` (not refused).
 
     Raises:
         ValueError: a bad ``batch``, a clip length given twice (one row each would repeat), or what
@@ -364,23 +366,26 @@ def video_report(
     repeated = sorted({s for s in seconds if list(seconds).count(s) > 1}, key=str)
     if repeated:
         raise ValueError(
-            f"`seconds` lists {', '.join(map(repr, repeated))} more than once, got {list(seconds)!r}"
+            f"`seconds` lists {', '.join(map(number_text, repeated))} more than once, got "
+            f"{' '.join(map(number_text, seconds))}"
         )
     spec = load_spec(model)
     kvd = kv_dtype(kv, spec.dtype, group_size=group_size, residual_length=residual_length)
-    rows = []
+    rows, rounding = [], {}
     for s in seconds:
         clip = VideoClip(
             s, fps, width, height, temporal_compression, spatial_compression, patch_size, causal_first_frame
         )
         rows.append(video_kv(spec, clip, kvd, batch))
+        rounding.update(dict.fromkeys(clip.rounding_warnings()))  # a width's is said once, not per clip
     return {
         "model": spec.name,
         "kv_dtype": kvd.to_dict(),
         "batch": batch,
         "clips": rows,
         "notes": list(spec.notes),
-        "warnings": context_warnings(
+        "warnings": list(rounding)
+        + context_warnings(
             spec, {f"the {row['seconds']:g} s clip ({row['tokens']:,} tokens)": row["tokens"] for row in rows}
         ),
     }

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kvlab.plan.config_fields import check_int_at_least
+from kvlab.plan.config_fields import check_int_at_least, number_text
 from kvlab.plan.kv_formats import KVDtype
 from kvlab.plan.ledger import kv_bytes
 from kvlab.plan.spec import ModelSpec
@@ -43,23 +43,55 @@ class VideoClip:
             or not self.seconds > 0
             or not math.isfinite(self.seconds * self.fps)
         ):
-            raise ValueError(f"`seconds` must be finite and > 0, got {self.seconds!r}")
+            raise ValueError(f"`seconds` must be finite and > 0, got {number_text(self.seconds)}")
         frames = self.seconds * self.fps
         if frames >= 2**53:  # past it a float holds no exact whole number: the frame count would be noise
             raise ValueError(
-                f"`seconds` {self.seconds:g} x `fps` {self.fps} = {frames:.3g} frames; at most 2**53 frames can be "
-                "counted exactly"
+                f"`seconds` {self.seconds:g} x `fps` {number_text(self.fps)} = {frames:.3g} frames; at most 2**53 "
+                "frames can be counted exactly"
             )
         if abs(frames - round(frames)) > 1e-9:
-            raise ValueError(f"`seconds` * `fps` must be a whole number of frames, got {frames!r}")
+            raise ValueError(
+                f"`seconds` {number_text(self.seconds)} x `fps` {number_text(self.fps)} = {number_text(frames)} "
+                "frames: a clip is a whole number of frames"
+            )
         if self.latent_frames < 1:
             raise ValueError(
-                f"a clip of {self.frames} frames has no latent frame at `temporal_compression` "
-                f"{self.temporal_compression} (pass --causal-first-frame or a longer clip)"
+                f"a clip of {number_text(self.frames)} frames has no latent frame at `temporal_compression` "
+                f"{number_text(self.temporal_compression)} (pass --causal-first-frame or a longer clip)"
             )
         side = self.spatial_compression * self.patch_size
         if self.width < side or self.height < side:
             raise ValueError(f"a {self.width}x{self.height} frame has no {side}x{side} token")
+
+    def rounding_warnings(self) -> list[str]:
+        """What the token count leaves out of the clip, one sentence each: a ``width`` or ``height`` that is not a
+        multiple of a token's side (``spatial_compression * patch_size`` px: the rest of the row or column is
+        dropped), and frames past the last whole latent frame (``frames`` not a multiple of
+        ``temporal_compression``; with ``causal_first_frame``, not 1 + a multiple). Empty when the clip is used
+        whole. The sizes are counted as the VAE would crop them, not refused."""
+        side, s, p = self.spatial_compression * self.patch_size, self.spatial_compression, self.patch_size
+        out = []
+        for name, pixels, across in (("width", self.width, "across"), ("height", self.height, "down")):
+            if pixels % side:
+                used = pixels - pixels % side
+                latents = f"{number_text(used // s)} latents, " if p > 1 else ""
+                out.append(
+                    f"`{name}` {number_text(pixels)} is not a multiple of a token's {side} px (`spatial_compression` "
+                    f"{s} x `patch_size` {p}): {number_text(used)} px used ({latents}{number_text(used // side)} "
+                    f"tokens {across}), the last {pixels % side} px dropped"
+                )
+        tc, first = self.temporal_compression, 1 if self.causal_first_frame else 0
+        used = first + (self.latent_frames - first) * tc
+        if used != self.frames:
+            rule = f"{'1 + ' if first else ''}a multiple of `temporal_compression` {tc}"
+            first_alone = " (a causal VAE's first frame is a latent frame of its own)" if first else ""
+            out.append(
+                f"the {number_text(self.seconds)} s clip's {number_text(self.frames)} frames are not {rule}"
+                f"{first_alone}: {number_text(used)} frames used "
+                f"({number_text(self.latent_frames)} latent frames), the last {number_text(self.frames - used)} dropped"
+            )
+        return out
 
     @property
     def frames(self) -> int:

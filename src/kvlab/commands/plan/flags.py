@@ -55,7 +55,7 @@ _FLAG_OF = {
 _NAMED = re.compile(r"`([a-z][a-z0-9_]*)`(?: \((--[a-z0-9-]+)\))?")
 
 
-def flag_message(args: argparse.Namespace, exc: Exception) -> str:
+def flag_message(args: argparse.Namespace, exc: Exception | str) -> str:
     """``exc``'s message with each planner argument it names (`group_size`) replaced by its flag (--group-size)
     when this command has that flag; config fields and other names are kept. Errors that already give the flag
     (`` `reserve_gib` (--reserve-gib)``) name it once."""
@@ -335,11 +335,12 @@ def device_flag_problem(args: argparse.Namespace) -> str | None:
 def warn(args: argparse.Namespace, r: dict) -> None:
     """The report's warnings on stderr, one line each (also in --json): ``--measured-step-ms`` faster than the
     decode step lower bound (``measured.warning``: it cannot be), and a context beyond the model's
-    max_position_embeddings (``warnings``)."""
+    max_position_embeddings or pixels and frames a video's tokens leave out (``warnings``), each planner argument
+    named by its flag (:func:`flag_message`)."""
     prog = getattr(args, "kvlab_prog", None) or "kvlab"
     for warning in [(r.get("measured") or {}).get("warning"), *r.get("warnings", [])]:
-        if warning:
-            print(f"{prog}: warning: {warning}", file=sys.stderr)
+        if warning:  # a planner argument it names (`width`) said as this command's flag (--width)
+            print(f"{prog}: warning: {flag_message(args, warning)}", file=sys.stderr)
 
 
 def report(args: argparse.Namespace, build: Callable[[], dict], print_tables: Callable[[dict], None]) -> int:

@@ -24,11 +24,18 @@ def register(subparsers) -> None:
         help=f"preset, config.json, .gguf file, directory or hub id (default {DEFAULT_MODEL})",
     )
     v.add_argument(
-        "--seconds", type=float, nargs="+", default=[5, 10, 30], help="clip lengths (default 5 10 30)"
+        "--seconds",
+        type=float,
+        nargs="+",
+        default=[5, 10, 30],
+        help="clip lengths (default 5 10 30); seconds x fps must be a whole number of frames (else refused); "
+        "frames past the last whole latent frame (a count --temporal-compression does not divide; with "
+        "--causal-first-frame, not 1 + a multiple) are dropped, with a warning",
     )
     v.add_argument("--fps", type=int, default=24, help="frames per second (default 24)")
-    v.add_argument("--width", type=int, default=1280, help="pixels (default 1280)")
-    v.add_argument("--height", type=int, default=720, help="pixels (default 720)")
+    side = "a multiple of --spatial-compression x --patch-size (else rounded down to one, with a warning)"
+    v.add_argument("--width", type=int, default=1280, help=f"pixels (default 1280); {side}")
+    v.add_argument("--height", type=int, default=720, help=f"pixels (default 720); {side}")
     v.add_argument("--temporal-compression", type=int, default=4, help="frames per latent frame (default 4)")
     v.add_argument(
         "--spatial-compression", type=int, default=8, help="pixels per latent, per side (default 8)"
