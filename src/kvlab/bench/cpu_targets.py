@@ -101,3 +101,18 @@ def evaluate_cpu_targets(result: dict) -> list[dict]:
             }
         )
     return out
+
+
+def roof_sentence(roof: dict | None, row: dict) -> str:
+    """The integer compute roof of a kernel record (``int_roof``, :func:`kvlab.bench.kernel.int_roof_record`) and,
+    at ``row``'s context, each integer kernel's least time under it; empty for records without one."""
+    ks = [(n, k) for n, k in row["kernels"].items() if "roof_us" in k]
+    if not roof or not ks:
+        return ""
+    at = [f"`{n}` {k['roof_us']:,.0f} µs ({k['roof_fraction_of_copy']:.0%} of copy; it ran at "
+          f"{k['fraction_of_roof']:.0%} of this roof)" for n, k in ks]
+    n = roof["threads"]
+    return (
+        f" Integer compute roof, measured in this run: {roof['gmac_s']:,.0f} G byte products/s ({roof['path']}, "
+        f"{n} thread{'s' if n != 1 else ''}); the least time at it, {row['context']} tokens: {', '.join(at)}."
+    )

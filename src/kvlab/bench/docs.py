@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvlab.bench import docs_eval, page_stamp
+from kvlab.bench.cpu_targets import evaluate_cpu_targets, roof_sentence
 from kvlab.bench.results import display_name as shown_name
 from kvlab.bench.results import read_records
 from kvlab.runtime.atomic import atomic_write_text
@@ -235,7 +236,14 @@ def render_kernel(result: dict) -> str:
         + (f" ({st['kivi_cpu_path']})" if st.get("kivi_cpu_path") else "")
         + f", {st.get('threads', '?')} torch threads. "
         f"Copy bandwidth of {result['device_name']}: {cp['best_gb_s']:.2f} GB/s "
-        f"(best; median {cp['median_gb_s']:.2f}) over {_mib(cp['bytes'])} MiB. Medians of {st['reps']} samples.",
+        f"(best; median {cp['median_gb_s']:.2f}) over {_mib(cp['bytes'])} MiB"
+        + (
+            f", the higher of the probes before ({cp['before_best_gb_s']:.2f}) and after ({cp['after_best_gb_s']:.2f}) "
+            "the kernels"
+            if "after_best_gb_s" in cp
+            else ""
+        )
+        + f". Medians of {st['reps']} samples.",
         "",
         _table(
             [
@@ -378,7 +386,7 @@ def _kernel_columns(result: dict) -> list[str]:
     return [
         "",
         f"Every kernel, µs (GB/s as % of copy). Instruction-set path {st.get('isa', '-')}; {paths or 'no int8'}; "
-        f"float baseline: {st.get('float_baseline', '-')}.{_roof_line(result.get('int_roof'), ok[-1])}"
+        f"float baseline: {st.get('float_baseline', '-')}.{roof_sentence(result.get('int_roof'), ok[-1])}"
         + "".join(f" **Warning:** {w}." for w in result.get("warnings") or ()),
         "",
         _table(
@@ -388,21 +396,6 @@ def _kernel_columns(result: dict) -> list[str]:
             rows,
         ),
     ]
-
-
-def _roof_line(roof: dict | None, row: dict) -> str:
-    """The integer compute roof of a kernel record (``int_roof``, :func:`kvlab.bench.kernel.int_roof_record`) and,
-    at ``row``'s context, each integer kernel's least time under it; empty for records without one."""
-    ks = [(n, k) for n, k in row["kernels"].items() if "roof_us" in k]
-    if not roof or not ks:
-        return ""
-    at = [f"`{n}` {k['roof_us']:,.0f} µs ({k['roof_fraction_of_copy']:.0%} of copy; it ran at "
-          f"{k['fraction_of_roof']:.0%} of this roof)" for n, k in ks]
-    n = roof["threads"]
-    return (
-        f" Integer compute roof, measured in this run: {roof['gmac_s']:,.0f} G byte products/s ({roof['path']}, "
-        f"{n} thread{'s' if n != 1 else ''}); the least time at it, {row['context']} tokens: {', '.join(at)}."
-    )
 
 
 RENDER = {
@@ -481,7 +474,6 @@ def targets(records: list[tuple[Path, dict]]) -> list[dict]:
 
             out += [v | {"device": device, "file": path.name} for v in evaluate_lead_targets(result)]
         if bench == "kernel":
-            from kvlab.bench.cpu_targets import evaluate_cpu_targets
 
             out += [v | {"device": device, "file": path.name} for v in evaluate_cpu_targets(result)]
     for bench, desc in GPU_TARGETS.items():

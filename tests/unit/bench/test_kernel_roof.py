@@ -73,6 +73,8 @@ def test_a_busy_run_says_so_and_a_float16_layer_names_no_integer_kernel(monkeypa
         pytest.skip(cpu_kernel.unavailable_reason())
     busy = {"busy": True, "reason": "other processes used 1.50 cores", "threads": 1}
     monkeypatch.setattr(kernel, "contention", lambda *a, **k: busy)
+    steady = {"bytes": 2**20, "best_gb_s": 20.0, "median_gb_s": 19.0}  # a 1 MiB probe is noisy: no drift warning
+    monkeypatch.setattr(kernel, "copy_bandwidth", lambda *a, **k: dict(steady))
     result = kernel.run(contexts=(512,), reps=1, copy_bytes=2**20, quick=True)
     assert result["warnings"] and "other processes used 1.50 cores" in result["warnings"][0]
     assert "**Warning:** the machine was busy" in "\n".join(docs._kernel_columns(result))
@@ -97,3 +99,35 @@ def test_the_two_over_four_target_states_the_ratio_at_the_roof():
     for k in old["rows"][0]["kernels"].values():
         k.pop("roof_us", None)  # records written before the roof: no roof clause
     assert "roof" not in evaluate_cpu_targets(old)[1]["detail"]
+
+
+def test_the_copy_bandwidth_is_the_higher_of_the_probes_before_and_after_the_kernels(monkeypatch):
+    """On a shared 2-core VM one 2-thread copy probe read 31.9 GB/s and the next 42.6: the fractions of copy use the
+    higher of a probe before and one after the kernels, and a record whose probes differ by more than 15 % warns."""
+    from kvlab.attention import cpu_kernel
+    from kvlab.bench import kernel
+
+    both = kernel._copy_both_ends(
+        {"bytes": 8, "best_gb_s": 32.0, "median_gb_s": 30.0}, {"bytes": 8, "best_gb_s": 40.0, "median_gb_s": 39.0}
+    )
+    assert both["best_gb_s"] == 40.0 and both["median_gb_s"] == 39.0 and both["drift"] == pytest.approx(0.25)
+    assert (both["before_best_gb_s"], both["after_best_gb_s"]) == (32.0, 40.0)
+    warning = kernel._copy_warning(both)
+    assert warning and "32.0 GB/s before the kernels, 40.0 after (+25%)" in warning[0]
+    assert kernel._copy_warning(kernel._copy_both_ends({**both, "best_gb_s": 38.0}, both)) == []  # 5 %: quiet
+
+    if cpu_kernel.unavailable_reason() is not None:
+        pytest.skip(cpu_kernel.unavailable_reason())
+    probes = iter([10.0, 20.0])  # before, after
+    monkeypatch.setattr(
+        kernel, "copy_bandwidth", lambda *a, **k: {"bytes": 2**20, "best_gb_s": (b := next(probes)), "median_gb_s": b}
+    )
+    monkeypatch.setattr(kernel, "contention", lambda *a, **k: {"busy": False})
+    result = kernel.run(contexts=(512,), reps=1, copy_bytes=2**20, quick=True)
+    row = result["rows"][0]
+    assert result["copy"]["best_gb_s"] == 20.0
+    for k in row["kernels"].values():
+        assert k["fraction_of_copy"] == pytest.approx(k["gb_s"] / 20.0)  # against the higher probe, not the first
+    assert row["kivi_fraction_of_copy"] == pytest.approx(row["kivi_gb_s"] / 20.0)
+    assert any("10.0 GB/s before the kernels, 20.0 after (+100%)" in w for w in result["warnings"])
+    assert "the higher of the probes before (10.00) and after (20.00)" in docs.render_kernel(result)
