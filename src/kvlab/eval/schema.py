@@ -391,7 +391,7 @@ def _row_mark_problems(i: int, row: dict, gates: object, stored: set[str]) -> li
     if row.get("latency_trusted") is False:  # a busy machine's timings: the gate was not used
         judged["latency_ratio"] = None
     judged = {n: v for n, v in judged.items() if n not in _THRESHOLD or _THRESHOLD[n] in stored}
-    for name, mark in row["gates"].items():
+    for name, mark in (row.get("gates") or {}).items():
         if name in _THRESHOLD and _THRESHOLD[name] not in stored:
             continue
         if name not in judged:
@@ -404,8 +404,9 @@ def _row_mark_problems(i: int, row: dict, gates: object, stored: set[str]) -> li
     eligible = all(v for v in judged.values() if v is not None)
     if row.get("eligible") is not eligible:
         failed = ", ".join(n for n, v in judged.items() if v is False)
+        source = "its gates" if "gates" in row else "its numbers (the row has no gates object)"
         return [
-            f"{at}.eligible: {_show_mark(row.get('eligible'))} does not follow from its gates (judged again: "
+            f"{at}.eligible: {_show_mark(row.get('eligible'))} does not follow from {source} (judged again: "
             f"{_show_mark(eligible)}{'; failed: ' + failed if failed else ''})"
         ]
     return []
@@ -414,14 +415,16 @@ def _row_mark_problems(i: int, row: dict, gates: object, stored: set[str]) -> li
 def _marks_problems(result: dict) -> list[str]:
     """Each candidate row's stored pass/fail marks (``gates``, ``eligible``) judged again from its numbers at the
     result's ``gates`` (:func:`_row_mark_problems`): a hand-edited or stale mark is refused, not printed as a ✓, as
-    a stored decision its rows do not support is (:func:`_decision_problems`)."""
+    a stored decision its rows do not support is (:func:`_decision_problems`). A row whose ``gates`` object is
+    missing has its ``eligible`` judged from its numbers all the same (kvlab.eval.rows.build_row writes both)."""
     from kvlab.eval.config import Gates
 
     stored = {k for k in (*_GATES, *_LONG_GATES) if k in result["gates"]}
     gates = Gates(**{k: result["gates"][k] for k in stored})
     problems: list[str] = []
     for i, row in enumerate(result["rows"]):
-        if row["candidate"] != "dynamic" and isinstance(row.get("gates"), dict):
+        # a row without a gates object is judged too: its eligible mark follows from its numbers or is refused
+        if row["candidate"] != "dynamic" and (isinstance(row.get("gates"), dict) or row.get("eligible") is not None):
             problems += _row_mark_problems(i, row, gates, stored)
     return problems
 

@@ -105,3 +105,42 @@ def _gate(i, status):
 )
 def test_a_tasks_gate_mark_its_scores_do_not_give_is_refused(tmp_path, capsys, change, said):
     assert said in _refused(tmp_path, capsys, TASKS, change)
+
+
+SMOLLM2 = "eval-smollm2-default-cpu-2026-12-02.json"
+
+
+def _gateless(i, eligible):
+    def change(r):
+        del r["rows"][i]["gates"]
+        r["rows"][i]["eligible"] = eligible
+
+    return change
+
+
+def test_an_eligible_mark_without_its_gates_object_is_judged_from_the_numbers(tmp_path, capsys):
+    # rows[2] (kivi-2 at 512) dropped 0.19 of the copy accuracy at a 0.05 gate: printed "eligible", exit 0, once
+    # its gates object was deleted (the marks were judged again only where the row had one)
+    err = _refused(tmp_path, capsys, SMOLLM2, _gateless(2, True))
+    assert 'rows[2] ("kivi-2" at context 512).eligible: true does not follow from its numbers' in err, err
+    assert "judged again: false; failed: recall_drop" in err
+
+
+def test_a_gateless_row_whose_eligible_mark_follows_is_still_reported(tmp_path, capsys):
+    result = json.loads((EXAMPLES / SMOLLM2).read_text(encoding="utf-8"))
+    assert result["rows"][1]["eligible"] is True
+    _gateless(1, True)(result)
+    path = tmp_path / SMOLLM2
+    path.write_text(json.dumps(result))
+    assert main(["report", str(path)]) == 0, capsys.readouterr().err
+
+
+def _committed_eval_results():
+    root = EXAMPLES.parents[1]
+    paths = sorted(EXAMPLES.rglob("*.json")) + sorted((root / "benchmarks" / "results").glob("*.json"))
+    return [p for p in paths if json.loads(p.read_text(encoding="utf-8")).get("schema_version") == "kvlab.eval/1"]
+
+
+@pytest.mark.parametrize("path", _committed_eval_results(), ids=lambda p: p.name)
+def test_every_committed_eval_result_still_reports(path, capsys):
+    assert main(["report", str(path)]) == 0, capsys.readouterr().err
