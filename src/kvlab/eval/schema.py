@@ -503,4 +503,9 @@ def validate_result(result: object) -> list[str]:
             problems += [
                 f"failures[{i}]: lacks {k!r}" for k in ("candidate", "stage", "type", "message") if k not in f
             ]
-    return problems or _marks_problems(result)  # the marks judged again once every field they need is sound
+    if problems:
+        return problems
+    from kvlab.eval.schema_derived import derived_problems, summary_derived_problems
+
+    # the rows' derived fields, their marks, then the summary's counts, once every field they need is sound
+    return derived_problems(result) or _marks_problems(result) or summary_derived_problems(result)

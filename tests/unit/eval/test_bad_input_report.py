@@ -44,6 +44,7 @@ def _valid() -> dict:
         "cache_bytes_ratio": 0.5,
         "cache_bytes_saved": 2048,
         "latency_ratio": 1.1,
+        "mean_nll": 2.01,  # nll_delta follows from it
         "nll_delta": 0.01,
         "topk_overlap": 0.95,
         "token_agreement_rate": 1.0,

@@ -38,7 +38,8 @@ def test_summary_carries_it_and_the_schema_accepts_it():
     summary = summarize(result)
     assert summary["dtype_warning"] == dtype_warning(result)
     recorded = json.loads(EXAMPLE.read_text(encoding="utf-8"))  # a real result file, its summary replaced
-    assert validate_result({**recorded, "summary": {**recorded["summary"], **summary}}) == []
+    # its dtype warning only: the rest of a summary of no rows would not follow from the file's rows
+    assert validate_result({**recorded, "summary": {**recorded["summary"], "dtype_warning": summary["dtype_warning"]}}) == []
     bad = validate_result({**recorded, "summary": {**recorded["summary"], "dtype_warning": 3}})
     assert any("dtype_warning" in p for p in bad), "a number where a string belongs must be reported"
 

@@ -43,11 +43,6 @@ def _mark(i, gate, value):
             'rows[2] ("kivi-4:compression_ratio=0.5" at context 256).gates.recall_drop: true does not follow from '
             "the row's recall_drop",
         ),
-        (  # a window row's number edited, its mark stale
-            _row(7, "nll_delta", 0.9),
-            'rows[7] ("kivi-4" at context 256).gates.nll_delta: true does not follow from the row\'s nll_delta 0.9 '
-            "and gates.max_nll_delta 0.5 (judged again: false)",
-        ),
         (  # the gates edited after the run: the marks no longer follow from them
             lambda r: r["gates"].__setitem__("max_kl_mean", 0.0),
             'rows[1] ("kivi-4" at context 256).gates.kl_mean: true does not follow from the row\'s kl_mean',
