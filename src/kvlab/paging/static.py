@@ -35,6 +35,11 @@ from kvlab.paging.residual import (
 )
 from kvlab.runtime.checks import check_int
 
+# The most tokens one request of a workload or trace file may hold: 2**40 (about 1.1e12) is beyond any context yet
+# leaves room in int64 for sums of lengths and lengths times bytes per token; a line of 99999999999999999999
+# overflowed the int64 array (an OverflowError traceback).
+REQUEST_TOKENS_LIMIT = 2**40
+
 # The mechanics chapter's appendix (paged_alloc.py) workloads:
 MAX_LEN_TOKENS = 4096  # longest request and the contiguous reservation, tokens
 N_REQUESTS = 4000  # requests per built-in workload
@@ -102,7 +107,8 @@ def load_lengths(path: str | os.PathLike) -> np.ndarray:
 
     Raises:
         ValueError: not a text file, no lengths, a line of a list that is not a whole number >= 1 (a request holds
-            at least one token; naming the file, its line number and text), a CSV ``tokens`` / ``length`` value
+            at least one token; naming the file, its line number and text) or is above
+            :data:`REQUEST_TOKENS_LIMIT`, a CSV value above it (naming the file, row and column), a CSV ``tokens`` / ``length`` value
             that is not, or a ``prompt_tokens`` / ``output_tokens`` value below 0 or a row of them summing to 0
             (naming the file, row and column), or a CSV without the columns.
     """
@@ -125,6 +131,11 @@ def load_lengths(path: str | os.PathLike) -> np.ndarray:
                 ) from None
             if values[-1] < 1:
                 raise ValueError(f"{path}: line {i}: a request length must be >= 1 token, got {line!r}")
+            if values[-1] > REQUEST_TOKENS_LIMIT:
+                raise ValueError(
+                    f"{path}: line {i}: a request length must be at most {REQUEST_TOKENS_LIMIT:,} tokens (2**40), "
+                    f"got {line}"
+                )
         return np.array(values, dtype=np.int64)
     text = raw.strip().splitlines()
     rows = list(csv.DictReader(text))
@@ -139,6 +150,11 @@ def load_lengths(path: str | os.PathLike) -> np.ndarray:
                 raise ValueError(f"{path}: row {i}: `{name}` must be an integer, got {row[name]!r}") from None
             if values[-1] < least:
                 raise ValueError(f"{path}: row {i}: `{name}` must be >= {least}, got {values[-1]}")
+            if values[-1] > REQUEST_TOKENS_LIMIT:
+                raise ValueError(
+                    f"{path}: row {i}: `{name}` must be at most {REQUEST_TOKENS_LIMIT:,} tokens (2**40), "
+                    f"got {values[-1]}"
+                )
         return np.array(values, dtype=np.int64)
 
     for name in ("tokens", "length"):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvlab.paging.static import check_seed
+from kvlab.paging.static import REQUEST_TOKENS_LIMIT, check_seed
 from kvlab.runtime.atomic import atomic_write
 
 # Arrivals must come before engine step 2**53: arrival times are float64, which from 2**53 on cannot tell
@@ -144,7 +144,8 @@ def load_trace(path: str | os.PathLike) -> Trace:
     Raises:
         ValueError: an empty or undecodable file, a column named twice in the header (only the last would be
             read), missing columns, a row with the wrong number of fields, a value that is not a number, an arrival
-            at or past :data:`ARRIVAL_STEP_LIMIT` (each with the file and row), two rows of one ``prefix_group``
+            at or past :data:`ARRIVAL_STEP_LIMIT`, a token count or group above
+            :data:`kvlab.paging.static.REQUEST_TOKENS_LIMIT` in size (each with the file and row), two rows of one ``prefix_group``
             with different ``prefix_tokens`` (both rows named), or a trace :class:`Trace` refuses.
     """
     path = Path(path)
@@ -189,6 +190,10 @@ def load_trace(path: str | os.PathLike) -> Trace:
                 values.append(parse(text) if text not in (None, "") or default is None else default)
             except ValueError:
                 raise ValueError(f"{path}: row {i}: `{name}` must be a number, got {text!r}") from None
+            if parse is int and abs(values[-1]) > REQUEST_TOKENS_LIMIT:  # past int64 it overflowed (a traceback)
+                raise ValueError(
+                    f"{path}: row {i}: `{name}` must be at most {REQUEST_TOKENS_LIMIT:,} (2**40) in size, got {text}"
+                )
         return np.array(values)
 
     arrival = column("arrival_step", float).astype(np.float64)
