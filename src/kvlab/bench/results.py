@@ -125,14 +125,20 @@ def read_records(results_dir: str | Path, include_quick: bool = False) -> list[t
     quick runs only with ``include_quick``; records of :data:`OTHER_FORMATS` are skipped.
 
     Raises:
-        ValueError: a ``*.json`` file that is not UTF-8 JSON, not a kvlab bench record, or a record without a field
+        ValueError: a ``*.json`` entry that is not a regular file (a folder, a broken link, a FIFO) or cannot be
+            read, a file that is not UTF-8 JSON, not a kvlab bench record, or a record without a field
             the page reads or with a wrong value there (:func:`kvlab.bench.record_check.check_record`); the file is
             named in the message.
     """
     out = []
     for path in sorted(Path(results_dir).glob("*.json")):
+        if not path.is_file():  # a folder named x.json, a broken link, a FIFO (which reading would wait on)
+            what = "a folder" if path.is_dir() else "a broken link" if path.is_symlink() else "not a regular file"
+            raise ValueError(f"{path} is {what}, not a kvlab bench record: move it out of {results_dir}")
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as e:  # unreadable (permissions): name the file, not only errno
+            raise ValueError(f"{path} could not be read: {e.strerror or e}") from e
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not valid JSON: {e}") from e
         except UnicodeDecodeError as e:  # a binary file: say which, not only the codec's complaint
