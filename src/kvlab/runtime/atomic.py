@@ -7,8 +7,10 @@ permissions an ordinary ``open(path, "w")`` would give (``0o666`` minus the umas
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -30,12 +32,17 @@ def atomic_write(
     The parent folder must exist. On any error the temporary file is removed and ``path`` is left as it was.
 
     Raises:
-        OSError: the temporary file cannot be created, written or moved onto ``path`` (a folder that does not
+        OSError: ``path`` exists and is neither a regular file nor a folder (a character device such as
+            ``/dev/null``, a FIFO, a socket: :func:`special_file`; errno ``EINVAL``, nothing written), or the
+            temporary file cannot be created, written or moved onto ``path`` (a folder that does not
             exist or takes no files, no permission, a full disk, ``path`` a directory): the same error class and
             errno, with ``filename`` ``path`` (never the hidden temporary file, which the user never named).
         Exception: whatever ``write`` raises, unchanged.
     """
     path = Path(path)
+    odd = special_file(path)
+    if odd:  # os.replace would put a regular file where a device, FIFO or socket stood
+        raise OSError(errno.EINVAL, f"exists and is {odd}, not a regular file: kvlab replaces only files", str(path))
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
@@ -59,6 +66,27 @@ def atomic_write(
     return path
 
 
+_SPECIAL = (
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def special_file(path: str | os.PathLike) -> str | None:
+    """What ``path`` is (``"a character device"``, ``"a FIFO"``, ...) when it exists, links included, and is
+    neither a regular file nor a folder; None otherwise (absent, a broken link, a file, a folder). An output that
+    is one is never written: replacing it swaps a device for a file, opening a FIFO waits for a reader."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return next((what for test, what in _SPECIAL if test(mode)), "not a regular file")
+
+
 def _naming(exc: OSError, path: Path) -> OSError:
     """``exc`` (its class, errno and reason) about ``path``: ``[Errno 2] No such file or directory: '<path>'``."""
     return type(exc)(exc.errno, exc.strerror or os.strerror(exc.errno), str(path))
@@ -76,13 +104,16 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int = 2, **d
 
 def output_problem(path: str | os.PathLike, flag: str, *, folder_must_exist: bool = False) -> str | None:
     """Why ``path`` cannot take an output file, as far as can be told before writing (``None`` when it can): it is a
-    folder, a file stands where a folder of it should be, its folder does not exist (``folder_must_exist``: for a
+    folder, it exists and is not a regular file (a device, a FIFO, a socket: :func:`special_file`), a file stands where a folder of it should be, its folder does not exist (``folder_must_exist``: for a
     writer that creates no folders), or its nearest existing folder is not writable (a file is created there and
     removed to tell, since ``os.access`` trusts root even on ``/proc``). Commands call it before spending minutes
     measuring; ``flag`` names the option in the message."""
     p = Path(path)
     if p.is_dir():
         return f"{flag} {p} is a folder; pass a file"
+    odd = special_file(p)
+    if odd:  # --force would replace a device with a file; reading the old page would wait on a FIFO
+        return f"{flag} {p} is {odd}, not a regular file; pass a file"
     ancestor = p.parent
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
