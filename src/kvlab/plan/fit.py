@@ -58,10 +58,20 @@ def _check_reserve(reserve_gib: float, memory_bytes: int, memory_text: str) -> N
         )
 
 
-def budget_from_gib(memory_gib: float, reserve_gib: float = 0.0) -> GpuBudget:
-    """A budget of ``memory_gib`` GiB (2**30 B) with ``reserve_gib`` GiB kept back."""
+def check_memory_gib(memory_gib: float) -> None:
+    """A device memory of ``memory_gib`` GiB (``--gpu-mem-gib``) must be a finite number > 0, also once counted in
+    bytes (``inf``, ``nan``, 0 and -3 have no bytes to size; ``1e308`` overflows).
+
+    Raises:
+        ValueError: naming ``--gpu-mem-gib`` and the value.
+    """
     if not (memory_gib > 0 and math.isfinite(memory_gib * GIB)):
         raise ValueError(f"--gpu-mem-gib must be a finite number of GiB > 0, got {memory_gib!r}")
+
+
+def budget_from_gib(memory_gib: float, reserve_gib: float = 0.0) -> GpuBudget:
+    """A budget of ``memory_gib`` GiB (2**30 B) with ``reserve_gib`` GiB kept back (:func:`check_memory_gib`)."""
+    check_memory_gib(memory_gib)
     if not (reserve_gib >= 0 and math.isfinite(reserve_gib * GIB)):
         raise ValueError(f"--reserve-gib must be a finite number of GiB >= 0, got {reserve_gib!r}")
     _check_reserve(reserve_gib, int(round(memory_gib * GIB)), f"--gpu-mem-gib {memory_gib:g}, GiB")

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvlab.plan.config_fields import check_int_at_least
+from kvlab.plan.fit import check_memory_gib
 from kvlab.plan.ledger import kv_heads_per_rank
 from kvlab.plan.spec import ModelSpec
 from kvlab.plan.vllm import check_block_size
@@ -513,10 +514,13 @@ def explain_vllm_log(
 
     Raises:
         ValueError: the log's tensor_parallel_size (or ``tp`` where the log states none) does not split the model's
-            heads (:func:`_check_logged_tp`); ``max_model_len`` or ``tp`` given and not a whole number >= 1; or
+            heads (:func:`_check_logged_tp`); ``max_model_len`` or ``tp`` given and not a whole number >= 1;
+            ``total_gib`` given and not a finite number > 0 (:func:`kvlab.plan.fit.check_memory_gib`); or
             nothing to explain: ``log`` has no KV memory and lacks a fact the memory prediction needs
             (:func:`read_vllm_log` refuses such a log first).
     """
+    if total_gib is not None:  # inf was an OverflowError, nan "cannot convert float NaN to integer"
+        check_memory_gib(total_gib)
     total = log.get("total_gib", total_gib)
     if max_model_len is not None:  # 0 was read as not given (the config's limit), not refused
         check_int_at_least("max_model_len", max_model_len, 1, flag="--context")

@@ -95,7 +95,8 @@ def test_context_and_tp_stand_in_where_the_log_does_not_state_them(tmp_path, cap
 @pytest.mark.parametrize(
     "extra, said",
     [
-        (["--tp", "3"], "--tp (3) must divide the query heads (32)"),
+        (["--tp", "3"], "--from-log {path}: --tp (3) must divide the query heads (32)"),
+        # a value no log could take is refused before the log is read, as plain plan refuses it
         (["--tp", "0"], "--tp must be a positive integer, got 0"),
         (["--context", "0"], "--context must be a positive integer, got 0"),  # was the config's limit, silently
     ],
@@ -103,7 +104,7 @@ def test_context_and_tp_stand_in_where_the_log_does_not_state_them(tmp_path, cap
 def test_context_and_tp_standing_in_are_checked_as_the_planner_checks_them(extra, said, tmp_path, capsys):
     path = _silent(tmp_path, "Maximum concurrency")
     assert main(["plan", str(LLAVA), "--from-log", path, *extra]) == 2
-    assert capsys.readouterr().err == f"kvlab plan: error: --from-log {path}: {said}\n"
+    assert capsys.readouterr().err == f"kvlab plan: error: {said.format(path=path)}\n"
 
 
 def test_the_concurrency_line_states_max_model_len(tmp_path, capsys):

@@ -187,23 +187,41 @@ def from_log_problem(args: argparse.Namespace, log: dict | None = None, text: st
             f"(max_model_len, tensor-parallel size, block size, KV dtype); it takes no {', '.join(given)} (drop "
             f"--from-log to plan with {flags.them(given)})"
         )
-    problem = (None if log is None else _stated_setting_problem(args, log, text)) or _memory_flags_problem(
-        args, log, text
+    problem = (
+        _flag_value_problem(args)
+        or (None if log is None else _stated_setting_problem(args, log, text))
+        or _memory_flags_problem(args, log, text)
     )
     if problem:
         return problem
-    if args.block_size is not None:
-        from kvlab.plan.vllm import check_block_size
-
-        try:
-            check_block_size(args.block_size)
-        except ValueError as e:
-            return str(e)
     if log is not None and args.block_size not in (None, log.get("block_size", args.block_size)):
         return (
             f"--block-size {args.block_size} gives the block size where the log does not; {args.from_log} states "
             f"{log['block_size']} (drop --block-size)"
         )
+    return None
+
+
+def _flag_value_problem(args: argparse.Namespace) -> str | None:
+    """Why a value ``--from-log`` reads is refused as plain ``plan`` refuses it, before the log is read: ``--context``
+    and ``--tp`` not whole numbers >= 1 (:func:`kvlab.plan.config_fields.check_int_at_least`), ``--block-size`` not
+    one of vLLM's (:func:`kvlab.plan.vllm.check_block_size`), ``--gpu-mem-gib`` not a finite number of GiB > 0
+    (:func:`kvlab.plan.fit.check_memory_gib`: inf was an OverflowError traceback, 0 and -3 a silent "no memory
+    prediction"). ``--weight-bytes`` is checked by argparse (:func:`kvlab.commands.plan.flags.byte_count`)."""
+    from kvlab.plan.config_fields import check_int_at_least
+    from kvlab.plan.fit import check_memory_gib
+    from kvlab.plan.vllm import check_block_size
+
+    try:
+        for dest in ("context", "tp"):
+            if getattr(args, dest) is not None:
+                check_int_at_least(dest, getattr(args, dest), 1, flag="--" + dest)
+        if args.block_size is not None:
+            check_block_size(args.block_size)
+        if args.gpu_mem_gib is not None:
+            check_memory_gib(args.gpu_mem_gib)
+    except ValueError as e:
+        return flag_message(args, e)
     return None
 
 
