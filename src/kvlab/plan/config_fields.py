@@ -179,3 +179,23 @@ def field_int(cfg: Mapping, names: tuple[str, ...], *, required: bool = True, mi
         alts = f" (nor {', '.join(f'`{n}`' for n in names[1:])})" if len(names) > 1 else ""
         raise ValueError(f"config has no `{names[0]}`{alts}")
     return None
+
+
+def check_rope_scaling(cfg: Mapping, where: str) -> None:
+    """Refuse a ``rope_scaling`` ``factor`` of the decoder config ``cfg`` (read from ``where``: the config file, or
+    the model's name) that is not a finite number > 0. vLLM multiplies the config's ``max_position_embeddings`` by
+    it for the longest ``--max-model-len`` (``_get_and_verify_max_len``, ``vllm/config/model.py``;
+    :func:`kvlab.plan.vllm.vllm_max_model_len`): ``Infinity`` was an OverflowError, ``NaN`` "cannot convert float
+    NaN to integer", 0 and -2 a limit of 0 and -8,192 tokens. A missing ``rope_scaling`` or ``factor`` is fine.
+
+    Raises:
+        ValueError: naming ``rope_scaling.factor``, ``where`` and the value.
+    """
+    rope = cfg.get("rope_scaling")
+    if not isinstance(rope, Mapping) or rope.get("factor") is None:
+        return
+    factor = rope["factor"]
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not (0 < factor < math.inf):
+        raise ValueError(
+            f"config field `rope_scaling.factor` of {where} must be a finite number > 0, got {number_text(factor)}"
+        )

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from kvlab.plan.config_fields import check_rope_scaling, decoder_config
 from kvlab.plan.gguf import is_gguf_file
 from kvlab.plan.gguf_config import GGUF_DTYPE, read_gguf_config
 from kvlab.plan.spec import QUANTIZED_WEIGHTS_HINT, ModelSpec, spec_from_config
@@ -19,11 +20,20 @@ from kvlab.plan.weights import read_safetensors_bytes
 
 
 def _read_json(path: Path) -> dict:
+    """The config in the JSON file ``path``.
+
+    Raises:
+        ValueError: not valid JSON, or a ``rope_scaling.factor`` that is not a finite number > 0 (JSON's
+            ``Infinity``, ``NaN``, 0, -2), named with ``path`` (:func:`kvlab.plan.config_fields.check_rope_scaling`).
+    """
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            config = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from e
+    if isinstance(config, Mapping):  # the spec reader names any other shape
+        check_rope_scaling(decoder_config(config)[0], str(path))
+    return config
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

@@ -39,6 +39,7 @@ from kvlab.plan.config_fields import (
     SLIDING,
     as_int,
     check_int_at_least,
+    check_rope_scaling,
     decoder_config,
     field_int,
     read_int,
@@ -202,9 +203,11 @@ def spec_from_config(config: Mapping, name: str = "config") -> ModelSpec:
         name: what to call the model in reports.
 
     Raises:
-        ValueError: a missing or malformed field; the message names it.
+        ValueError: a missing or malformed field; the message names it (a ``rope_scaling.factor`` that is not a
+            finite number > 0 with ``name``: :func:`kvlab.plan.config_fields.check_rope_scaling`).
     """
     cfg, notes = decoder_config(config)
+    check_rope_scaling(cfg, name)
     if cfg.get("is_encoder_decoder"):
         raise ValueError(
             "config field `is_encoder_decoder` is true: the planner sizes decoder-only self-attention caches, "
