@@ -199,3 +199,26 @@ def check_rope_scaling(cfg: Mapping, where: str) -> None:
         raise ValueError(
             f"config field `rope_scaling.factor` of {where} must be a finite number > 0, got {number_text(factor)}"
         )
+
+
+# rope_scaling types whose factor vLLM does not apply to the config's positions (they state the scaled length)
+UNSCALED_ROPE = ("su", "longrope", "llama3")
+
+
+def rope_scaled_limit(cfg: Mapping, limit: int | None) -> int | None:
+    """The longest context vLLM derives for the decoder config ``cfg`` whose ``max_position_embeddings`` is
+    ``limit`` (None where the config states none): ``limit`` times ``rope_scaling``'s ``factor`` unless its type is
+    ``su``, ``longrope`` or ``llama3`` (``yarn``: its ``original_max_position_embeddings`` times the factor).
+    Source: vLLM's ``_get_and_verify_max_len`` (``vllm/config.py``; since moved to ``vllm/config/model.py``).
+    A factor that is not a finite number > 0 is refused where the config is read (:func:`check_rope_scaling`)."""
+    rope = cfg.get("rope_scaling")
+    if limit is None or not isinstance(rope, Mapping):
+        return limit
+    kind, factor = rope.get("rope_type", rope.get("type")), rope.get("factor")
+    if kind in UNSCALED_ROPE or not isinstance(factor, int | float) or isinstance(factor, bool):
+        return limit
+    if not 0 < factor < math.inf:  # check_rope_scaling's to refuse, with the file
+        return limit
+    if kind == "yarn" and isinstance(rope.get("original_max_position_embeddings"), int):
+        limit = rope["original_max_position_embeddings"]
+    return int(limit * factor)

@@ -84,8 +84,8 @@ def plan_report(
 ) -> dict[str, Any]:
     """Ledger, fit and decode bound of ``model`` serving ``batch`` x ``context`` tokens on ``tp`` GPUs.
 
-    ``context`` None (not given): 8,192 tokens, or the config's ``max_position_embeddings`` where lower, noted
-    (:func:`kvlab.plan.report_inputs.planned_context`). ``batch`` None (not given): 1 for the ledger, and with
+    ``context`` None (not given): 8,192 tokens, or the model's context limit (``ModelSpec.context_limit``) where
+    lower, noted (:func:`kvlab.plan.report_inputs.planned_context`). ``batch`` None (not given): 1 for the ledger, and with
     ``emit="vllm"`` the command's ``--max-num-seqs`` is the requests the KV memory holds at ``context``
     (:func:`kvlab.plan.vllm.vllm_serve_plan`); a given ``batch`` is ``--max-num-seqs`` as it is.
 
@@ -95,7 +95,7 @@ def plan_report(
     (:func:`kvlab.plan.vllm.vllm_serve_plan`, blocks of ``block_size`` tokens). ``keep_tokens``: an evicting
     cache holding at most that many tokens per layer (:func:`kvlab.plan.kv_formats.kv_dtype`); bytes, fit and decode
     bound are the capped cache's, and ``max_context`` is None (not limited by memory) when the capped KV fits.
-    ``warnings``: a ``context`` beyond the config's ``max_position_embeddings`` (:func:`context_warnings`; planned,
+    ``warnings``: a ``context`` beyond the model's context limit (:func:`context_warnings`; planned,
     not refused). ``kv``: a name :func:`kvlab.plan.kv_formats.kv_dtype` reads, or a
     :class:`~kvlab.plan.kv_formats.PlannedName` (a cache family's planner bytes, as ``kvlab plan`` asks the
     registry); ``kv="mixed-<plan>"``: the per-layer plan's report instead
@@ -190,7 +190,7 @@ def _fit(spec, context, batch, kvd, tp, budget, weights, ledger) -> dict[str, An
     fit["max_context"] = max_context(spec, batch, free, kvd, tp=tp)
     fit["max_context_allocated"] = max_context(spec, batch, free, kvd, tp=tp, mode="allocated")
     fit["fits"] = kv_bytes_peak(spec, context, batch, kvd, tp=tp) <= free
-    limit = spec.max_position_embeddings
+    limit = spec.context_limit
     fit["max_context_above_model_limit"] = (
         None if limit is None else (fit["max_context"] is None or fit["max_context"] > limit)
     )

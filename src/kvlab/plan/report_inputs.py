@@ -84,18 +84,29 @@ def check_context_batch(context: int | None, batch: int | None) -> None:
             check_int_at_least(name, value, 1, flag=f"--{name}")
 
 
+def limit_words(spec: ModelSpec) -> str:
+    """How a note or warning names :attr:`~kvlab.plan.spec.ModelSpec.context_limit`: ``"max_position_embeddings"``,
+    or ``"max_position_embeddings 4,096 with its rope_scaling"`` where the scaling sets a longer limit (as vLLM
+    derives its longest ``--max-model-len``)."""
+    if spec.context_limit == spec.max_position_embeddings:
+        return "max_position_embeddings"
+    return f"max_position_embeddings {spec.max_position_embeddings:,} with its rope_scaling"
+
+
 def planned_context(spec: ModelSpec, context: int | None) -> tuple[int, list[str]]:
     """``(tokens per sequence, notes)``: ``context`` where given; where None (no ``--context``) kvlab's default
-    :data:`~kvlab.plan.scenario.DEFAULT_CONTEXT_TOKENS` (8,192), or the config's ``max_position_embeddings`` where
-    that is lower (gpt2: 1,024), with a note saying which and why. A default beyond the model's limit was
-    warned about as if the user had asked for it."""
-    limit = spec.max_position_embeddings
+    :data:`~kvlab.plan.scenario.DEFAULT_CONTEXT_TOKENS` (8,192), or the model's context limit where that is lower
+    (:attr:`~kvlab.plan.spec.ModelSpec.context_limit`: ``max_position_embeddings`` with its ``rope_scaling`` as vLLM
+    derives it; gpt2: 1,024), with a note saying which and why. A default beyond the model's limit was warned about
+    as if the user had asked for it; 4,096 positions with a linear factor 4 were planned at 4,096 though vLLM
+    serves 16,384."""
+    limit = spec.context_limit
     if context is not None:
         return context, []
     if limit is None or limit >= DEFAULT_CONTEXT_TOKENS:
         return DEFAULT_CONTEXT_TOKENS, []
     return limit, [
-        f"context {limit:,} tokens: {spec.name}'s max_position_embeddings (no --context given; kvlab's default "
+        f"context {limit:,} tokens: {spec.name}'s {limit_words(spec)} (no --context given; kvlab's default "
         f"{DEFAULT_CONTEXT_TOKENS:,} is beyond the model's limit)"
     ]
 
@@ -110,22 +121,30 @@ def context_source(spec: ModelSpec, context: int | None) -> str | None:
     planned, _ = planned_context(spec, None)
     if planned == DEFAULT_CONTEXT_TOKENS:
         return f"the default context {planned:,} tokens (no --context given)"
-    return f"the context {planned:,} tokens ({spec.name}'s max_position_embeddings; no --context given)"
+    return f"the context {planned:,} tokens ({spec.name}'s {limit_words(spec)}; no --context given)"
 
 
 def context_warnings(spec: ModelSpec, contexts: dict[str, int]) -> list[str]:
     """One warning when any of ``contexts`` (``{"--context 100,000": 100000}``: how the output names each, and its
-    tokens) goes beyond the config's ``max_position_embeddings``, the window the model was trained for. Planned as
-    asked, not refused (RoPE scaling can serve longer), but said. [] when all are within it or the config states
-    no limit."""
-    limit = spec.max_position_embeddings
+    tokens) goes beyond the model's context limit (:attr:`~kvlab.plan.spec.ModelSpec.context_limit`): the config's
+    ``max_position_embeddings``, the window the model was trained for, or with the config's ``rope_scaling`` the
+    longer limit vLLM derives from it (it was warned about at ``max_position_embeddings`` "without RoPE scaling"
+    though the config scales it). Planned as asked, not refused, but said. [] when all are within it or the
+    config states no limit."""
+    limit = spec.context_limit
     over = [name for name, tokens in contexts.items() if limit is not None and tokens > limit]
     if not over:
         return []
+    verb = "is" if len(over) == 1 else "are"
+    if limit == spec.max_position_embeddings:
+        return [
+            f"{', '.join(over)} {verb} beyond {spec.name}'s max_position_embeddings {limit:,} (the config's context "
+            f"limit): counted as asked, but the model may not serve that many tokens without RoPE scaling or "
+            f"another context extension"
+        ]
     return [
-        f"{', '.join(over)} {'is' if len(over) == 1 else 'are'} beyond {spec.name}'s max_position_embeddings "
-        f"{limit:,} (the config's context limit): counted as asked, but the model may not serve that many tokens "
-        f"without RoPE scaling or another context extension"
+        f"{', '.join(over)} {verb} beyond {spec.name}'s context limit {limit:,} ({limit_words(spec)}, as vLLM "
+        f"derives its longest max_model_len): counted as asked, but the model may not serve that many tokens"
     ]
 
 

@@ -43,6 +43,7 @@ from kvlab.plan.config_fields import (
     decoder_config,
     field_int,
     read_int,
+    rope_scaled_limit,
 )
 from kvlab.plan.weights import estimate_parameters
 
@@ -80,7 +81,17 @@ class ModelSpec:
     checkpoint_format: str = "safetensors"  # "safetensors" or "GGUF": what checkpoint_source is
     full_head_dim: int | None = None  # K/V head width of full-attention layers where it differs from head_dim
     #   (Gemma 4 `global_head_dim`); None: head_dim on every layer
+    scaled_context_limit: int | None = None  # max_position_embeddings with the config's rope_scaling as vLLM derives
+    #   the longest max_model_len (kvlab.plan.config_fields.rope_scaled_limit); None: no scaling stated
     notes: tuple[str, ...] = field(default=())  # what the reader assumed or ignored, for the user
+
+    @property
+    def context_limit(self) -> int | None:
+        """The longest context the model serves, in tokens: its ``max_position_embeddings`` with the config's
+        ``rope_scaling`` as vLLM derives its longest ``--max-model-len`` (:attr:`scaled_context_limit`; linear
+        factor 4 on 4,096 positions: 16,384), else ``max_position_embeddings``; None where the config states none.
+        The one limit the default context, its warnings and ``--emit vllm`` go by."""
+        return self.max_position_embeddings if self.scaled_context_limit is None else self.scaled_context_limit
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim"):
@@ -170,6 +181,7 @@ class ModelSpec:
             "attention_chunk_size": self.attention_chunk_size,
             "dtype": self.dtype,
             "max_position_embeddings": self.max_position_embeddings,
+            "context_limit": self.context_limit,
             "num_parameters": self.num_parameters,
             "num_active_parameters": self.num_active_parameters,
             "num_decode_flop_parameters": self.num_decode_flop_parameters,
@@ -237,6 +249,7 @@ def spec_from_config(config: Mapping, name: str = "config") -> ModelSpec:
         qk_rope_head_dim=rope_dim,
         model_type=str(cfg.get("model_type", "")),
         max_position_embeddings=_max_positions(cfg),
+        scaled_context_limit=_scaled_limit(cfg),
         full_head_dim=_full_head_dim(cfg, head_dim, kinds, notes),
         num_parameters=params.total,
         num_active_parameters=params.active,
@@ -333,6 +346,14 @@ def _max_positions(cfg: Mapping) -> int | None:
         if cfg.get(name) is not None:
             return as_int(name, cfg[name], 1)
     return None
+
+
+def _scaled_limit(cfg: Mapping) -> int | None:
+    """The config's context limit with its ``rope_scaling`` (:func:`kvlab.plan.config_fields.rope_scaled_limit`),
+    or None where that scaling leaves ``max_position_embeddings`` as it is."""
+    limit = _max_positions(cfg)
+    scaled = rope_scaled_limit(cfg, limit)
+    return None if scaled == limit else scaled
 
 
 def _full_head_dim(cfg: Mapping, head_dim: int, kinds: list[str], notes: list[str]) -> int | None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvlab.plan.config_fields import FULL, LAYER_KINDS, check_int_at_least, decoder_config
+from kvlab.plan.config_fields import FULL, LAYER_KINDS, check_int_at_least, decoder_config, rope_scaled_limit
 from kvlab.plan.kv_formats import KVDtype
 from kvlab.plan.spec import ModelSpec
 from kvlab.plan.vllm_kv import vllm_kv_cache
@@ -119,29 +119,19 @@ def vllm_model_argument(model: str | os.PathLike) -> str:
     return text
 
 
-# rope_scaling types whose factor vLLM does not apply to the config's positions (they state the scaled length)
-_UNSCALED_ROPE = ("su", "longrope", "llama3")
-
-
 def vllm_max_model_len(spec: ModelSpec, config: Mapping | None = None) -> int | None:
     """The longest ``--max-model-len`` vLLM starts ``spec`` with, in tokens, or None where the config states no
     context limit: the config's ``max_position_embeddings`` (:attr:`ModelSpec.max_position_embeddings`), times
     ``rope_scaling``'s ``factor`` unless its type is ``su``, ``longrope`` or ``llama3`` (``yarn``: its
-    ``original_max_position_embeddings`` times the factor). A longer ``--max-model-len`` makes vLLM refuse to
-    start ("User-specified max_model_len ... is greater than the derived max_model_len") unless
+    ``original_max_position_embeddings`` times the factor; :func:`kvlab.plan.config_fields.rope_scaled_limit`, which
+    :attr:`ModelSpec.context_limit` holds for a spec read from ``config``). A longer ``--max-model-len`` makes vLLM
+    refuse to start ("User-specified max_model_len ... is greater than the derived max_model_len") unless
     ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``. Source: vLLM's ``_get_and_verify_max_len`` (``vllm/config.py``; since
     moved to ``vllm/config/model.py``).
     """
-    limit = spec.max_position_embeddings
-    rope = decoder_config(config)[0].get("rope_scaling") if config is not None else None
-    if limit is None or not isinstance(rope, Mapping):
-        return limit
-    kind, factor = rope.get("rope_type", rope.get("type")), rope.get("factor")
-    if kind in _UNSCALED_ROPE or not isinstance(factor, int | float) or isinstance(factor, bool):
-        return limit
-    if kind == "yarn" and isinstance(rope.get("original_max_position_embeddings"), int):
-        limit = rope["original_max_position_embeddings"]
-    return int(limit * factor)
+    if config is None:
+        return spec.context_limit
+    return rope_scaled_limit(decoder_config(config)[0], spec.max_position_embeddings)
 
 
 def _cache_dtype(spec: ModelSpec, kvd: KVDtype) -> tuple[str, str]:

@@ -366,7 +366,7 @@ def _settings(
         log.get("max_model_len")
         or log.get("max_concurrency_tokens")
         or max_model_len
-        or spec.max_position_embeddings
+        or spec.context_limit  # vLLM's derived max_model_len, rope_scaling included
         or 4096
     )
     entry = entrypoint or ("v0" if "engine_v0" in log else "serve")

@@ -240,7 +240,7 @@ def _add_fit_rows(t, r: dict) -> None:
         else:
             mc = "not limited by memory"
         mca = "not limited" if r["max_context_allocated"] is None else f"{r['max_context_allocated']:,}"
-        limit = r["spec"]["max_position_embeddings"]
+        limit = r["spec"]["context_limit"]
         also = f"engine-allocated: {mca}" + (
             f"; config limit {limit:,}" if r["max_context_above_model_limit"] else ""
         )
