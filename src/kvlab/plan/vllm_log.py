@@ -32,6 +32,14 @@ _UNIT = r" ?((?:[KMGT]i?)?B)\b"  # "55.15 GiB", "3.81GiB"; another unit is named
 # whole token otherwise ("--max-model-len 4,096" is read as "4,096" and refused, as vLLM's parser refuses it, not as 4)
 _SETTING = r"""((?:[^\s,)'"}]|,(?=[^\s,)'"}]))+)"""
 _KEY = r"""['"]?[:=] ?['"]?"""  # `max_model_len=`, `'max_model_len': `, `kv_cache_dtype='`
+# options of `vllm serve` that take no value (store_true, or BooleanOptionalAction's --enable-x / --no-x / --disable-x;
+# vllm/engine/arg_utils.py, vllm/entrypoints/openai/cli_args.py): the next argument is not theirs
+_SERVE_FLAGS = (
+    r"--(?:no|enable|disable)-[\w-]+|--(?:trust-remote-code|enforce-eager|headless|skip-tokenizer-init|use-v2-block-manager|"
+    r"async-scheduling|return-tokens-as-token-ids)"
+)
+# the options before `vllm serve`'s model: --opt=value, a flag of _SERVE_FLAGS, or --opt value
+_SERVE_OPTIONS = r"(?: +(?:--?[\w-]+=\S+|(?:" + _SERVE_FLAGS + r")(?= )|--?[\w-]+ +(?!-)\S+))*"
 IN_GIB, SIGNED_GIB, COUNT, TIMES, FRACTION, SETTING, LENGTH, KV_DTYPE, DTYPE, NAME = (
     "GiB", "signed GiB", "count", "times", "fraction", "setting", "length", "kv dtype", "dtype", "name",
 )  # fmt: skip
@@ -90,8 +98,9 @@ LOG_LINES: dict[str, tuple[str, str, str]] = {
     "kv_cache_dtype": (r"(?:(?<![\w-])kv_cache_dtype" + _KEY + "|--kv-cache-dtype[ =])" + _SETTING, "KV dtype", KV_DTYPE),
     "max_num_batched_tokens": (r"(?<![\w-])max_num_batched_tokens" + _KEY + _SETTING, "scheduler token budget", SETTING),
     # the engine config line's model='...', an args dict's 'model': '...', a command line's --model / vllm serve X
+    # (X: the first argument after `serve` that is not an option nor an option's value, as vLLM's argparse reads it)
     "model": (
-        r"(?:(?<![\w-])model" + _KEY + r"|--model[ =]|vllm serve (?!-))" + _SETTING,
+        r"(?:(?<![\w-])model" + _KEY + r"|--model[ =]|vllm serve" + _SERVE_OPTIONS + r" +(?!-))" + _SETTING,
         "the model vLLM served",
         NAME,
     ),
@@ -164,8 +173,8 @@ def _read_value(kind: str, raw: str, unit: str | None) -> Any:
     Raises:
         ValueError: why ``raw`` is not such a value (the caller names the line).
     """
-    if kind == NAME:
-        return raw
+    if kind == NAME:  # model=None / 'model': None: an args dump's unset model states none
+        return None if raw in _UNSET else raw
     if kind not in (IN_GIB, SIGNED_GIB, COUNT, TIMES) and raw in _UNSET:
         return None
     if kind in (IN_GIB, SIGNED_GIB):
@@ -260,9 +269,10 @@ def read_vllm_log(text: str) -> dict[str, Any]:
     * the concurrency line's ``L`` (max_model_len) with two values is two starts of vLLM: refused, not mixed; so is
       an ``L`` other than the max_model_len the log states (vLLM prints ``model_config.max_model_len`` there:
       ``vllm/v1/core/kv_cache_utils.py``);
-    * a setting (:data:`_ONE_VALUE`: max_model_len, block size, dtypes, TP, ...) stated with two values
-      (``--max-model-len 4096 --max-model-len 8192``, ``dtype=torch.float32`` beside ``--dtype float16``) is
-      refused naming both (:func:`_check_one_value`); stated twice alike, it is read once;
+    * a setting (:data:`_ONE_VALUE`: max_model_len, block size, dtypes, TP, ...) or the model stated with two
+      values (``--max-model-len 4096 --max-model-len 8192``, ``dtype=torch.float32`` beside ``--dtype float16``,
+      ``model='llava-hf/...'`` beside ``model='google/gemma-3-1b-it'``, whose second was ignored) is refused naming
+      both (:func:`_check_one_value`); stated twice alike, it is read once; ``model=None`` states none;
     * any other figure (the weights, the device memory) is the first.
 
     Raises:
@@ -277,7 +287,7 @@ def read_vllm_log(text: str) -> dict[str, Any]:
         stated = [(v, m) for m in re.finditer(pattern, text) if (v := _figure(key, m, text)) is not None]
         if not stated:
             continue
-        if kind in _ONE_VALUE:
+        if kind in _ONE_VALUE or key == "model":  # two models: two starts of vLLM, as two values of a setting
             _check_one_value(key, stated, text)
         values = [v for v, _ in stated]
         if key == PER_START and len(set(values)) > 1:

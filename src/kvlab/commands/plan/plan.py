@@ -255,19 +255,27 @@ def _memory_flags_problem(args: argparse.Namespace, log: dict | None, text: str)
     return None
 
 
-def _log_model_problem(args: argparse.Namespace, log: dict, text: str, config: dict) -> str | None:
-    """Why the log is not MODEL's: it names a model that is clearly another (:func:`kvlab.plan.model_names.same_model`)
-    and ``--force`` was not given; None where it names none, names MODEL, or ``--force`` takes it."""
+def _log_model_problem(args: argparse.Namespace, log: dict, text: str, config: dict) -> tuple[str | None, list[str]]:
+    """``(problem, notes)``: why the log is not MODEL's, where it names a model that is clearly another
+    (:func:`kvlab.plan.model_names.same_model`) and ``--force`` was not given; with ``--force`` no problem but a note
+    saying the model check was overridden (it was silent: the output read as a check of MODEL). ``(None, [])``
+    where the log names no model or names MODEL."""
     from kvlab.plan.model_names import model_names, same_model
     from kvlab.plan.vllm_log import stated_at
 
-    if args.force or "model" not in log or same_model(log["model"], model_names(args.model, config)):
-        return None
+    if "model" not in log or same_model(log["model"], model_names(args.model, config)):
+        return None, []
+    where = stated_at(text, "model")
+    if args.force:
+        return None, [
+            f"--force: the model check was overridden: {args.from_log} is a log of {log['model']} ({where}), not of "
+            f"MODEL {args.model}; its figures are set beside {args.model}'s KV geometry"
+        ]
     return (
-        f"{args.from_log} is a log of {log['model']} ({stated_at(text, 'model')}), not of MODEL {args.model}: its "
+        f"{args.from_log} is a log of {log['model']} ({where}), not of MODEL {args.model}: its "
         f"figures would be set beside another model's KV geometry; pass that model's config as MODEL, or --force "
         f"if {args.model} has the same architecture"
-    )
+    ), []
 
 
 def _given_memory(args: argparse.Namespace, spec, log: dict) -> tuple[float | None, int | None, list[str]]:
@@ -317,11 +325,12 @@ def run_from_log(args: argparse.Namespace) -> int:
         if problem:
             return fail(args, problem)
         config = load_config(args.model)
-        problem = _log_model_problem(args, log, text, config)
+        problem, forced = _log_model_problem(args, log, text, config)
         if problem:
             return fail(args, problem)
         spec = spec_from_config(config, name=str(args.model))
         total, weights, notes = _given_memory(args, spec, log)
+        notes = forced + notes
         r = explain_vllm_log(
             log,
             spec,
