@@ -44,14 +44,35 @@ def _preset_names(name: str) -> set[str]:
     return set() if preset is None else {preset.name, preset.hub_id}
 
 
+# a Hugging Face hub cache folder: models--ORG--NAME (huggingface_hub's repo_folder_name: "models--" and the repo id
+# with "/" as "--"), holding snapshots/<commit>/config.json
+_HUB_CACHE_FOLDER = re.compile(r"models--(.+?)--(.+)")
+
+
+def hub_cache_repo_id(path: Path) -> str | None:
+    """The repo id (``llava-hf/llava-v1.6-mistral-7b-hf``) of the hub cache folder ``models--ORG--NAME`` that
+    ``path`` (a snapshot folder or a file in it) lies in, or None: a snapshot's own folder is a commit hash, which
+    names no model."""
+    for part in reversed(path.parts):
+        m = _HUB_CACHE_FOLDER.fullmatch(part)
+        if m:
+            return f"{m.group(1)}/{m.group(2)}"
+    return None
+
+
 def model_names(model: str | os.PathLike, config: Mapping | None = None) -> set[str]:
     """The base names (:func:`base_name`) MODEL goes by: its text, a preset's name and hub id, a ``config.json``'s
-    folder (another file's stem is its text), and ``config``'s ``_name_or_path`` where stated."""
+    folder (another file's stem is its text), the repo id of a hub cache snapshot it lies in
+    (:func:`hub_cache_repo_id`: ``.../models--ORG--NAME/snapshots/<hash>/config.json`` went by the hash and was
+    refused against its own model's log), and ``config``'s ``_name_or_path`` where stated."""
     text = os.fspath(model)
     names = {text, *_preset_names(text)}
     path = Path(text).expanduser()
     if path.name == "config.json":
         names.add(str(path.resolve().parent))
+    repo_id = hub_cache_repo_id(path.absolute()) or hub_cache_repo_id(path.resolve())  # a symlinked snapshot too
+    if repo_id is not None:
+        names |= {repo_id, *_preset_names(repo_id)}
     stated = (config or {}).get("_name_or_path")
     if isinstance(stated, str) and stated:
         names |= {stated, *_preset_names(stated)}

@@ -80,3 +80,29 @@ def test_force_notes_that_the_model_check_was_overridden(tmp_path, capsys):
     assert code == 0 and "model check was overridden" in out
     code, out, _ = _run(tmp_path, capsys, LLAVA_LOG, "--force", "--json")  # nothing overridden: no note
     assert code == 0 and not [n for n in json.loads(out)["notes"] if n.startswith("--force")]
+
+
+def _hub_snapshot(tmp_path: Path) -> Path:
+    """A Hugging Face hub cache snapshot of the llava config as huggingface_hub lays it out: the snapshot's
+    config.json a symlink to a blob, the folders models--ORG--NAME/snapshots/<commit>."""
+    repo = tmp_path / "hub" / ("models--" + LLAVA_ID.replace("/", "--"))
+    blob = repo / "blobs" / "3f2a9c"
+    blob.parent.mkdir(parents=True)
+    blob.write_text(Path(LLAVA).read_text())
+    snapshot = repo / "snapshots" / "0123456789abcdef0123456789abcdef01234567"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").symlink_to(blob)
+    return snapshot
+
+
+@pytest.mark.parametrize("what", ["config.json", "folder"])
+def test_a_hub_cache_snapshot_goes_by_the_repo_id_of_its_folder(what, tmp_path, capsys):
+    """MODEL as .../models--llava-hf--llava-v1.6-mistral-7b-hf/snapshots/<hash>[/config.json] was refused against
+    llava's own log ("is a log of llava-hf/..., not of MODEL ..."): it went by the commit hash."""
+    snapshot = _hub_snapshot(tmp_path)
+    model = str(snapshot / "config.json") if what == "config.json" else str(snapshot)
+    code, _, err = _run(tmp_path, capsys, LLAVA_LOG, "--json", model=model)
+    assert code == 0, err
+    other = LLAVA_LOG.replace(ENGINE_LINE, "model='google/gemma-3-1b-it'")  # still refused for another model
+    code, _, err = _run(tmp_path, capsys, other, model=model)
+    assert code == 2 and "is a log of google/gemma-3-1b-it" in err, err
