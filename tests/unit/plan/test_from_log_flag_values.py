@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,22 @@ def test_explain_vllm_log_refuses_a_device_memory_that_is_not_finite_and_positiv
     log = read_vllm_log(Path(KIMI_LOG).read_text())
     with pytest.raises(ValueError, match="--gpu-mem-gib must be a finite number of GiB > 0, got"):
         explain_vllm_log(log, spec_from_config(config), config, total_gib=total, weight_bytes=10**9)
+
+
+def _warnings(capsys, argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(the --json output's warnings, the warning lines on stderr)`` of ``kvlab plan argv --json`` (exit 0)."""
+    assert main(["plan", *argv, "--json"]) == 0
+    captured = capsys.readouterr()
+    return json.loads(captured.out)["warnings"], [x for x in captured.err.splitlines() if "warning:" in x]
+
+
+def test_from_log_warns_of_a_context_beyond_the_models_limit_as_plain_plan_does(capsys):
+    """The kimi log states no max_model_len: --context 10000000 (kimi's limit is 262,144) was taken silently."""
+    from kvlab.plan.load import load_spec
+
+    beyond = str(load_spec(KIMI).max_position_embeddings * 40)  # kimi: no rope scaling beyond it
+    plain, plain_err = _warnings(capsys, [KIMI, "--context", beyond])
+    from_log, from_log_err = _warnings(capsys, [KIMI, "--from-log", KIMI_LOG, "--context", beyond])
+    assert plain and from_log == plain and from_log_err == plain_err and len(from_log_err) == 1
+    within, err = _warnings(capsys, [KIMI, "--from-log", KIMI_LOG, "--context", "8192"])
+    assert within == [] and err == []

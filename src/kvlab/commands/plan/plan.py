@@ -306,8 +306,10 @@ def _given_memory(args: argparse.Namespace, spec, log: dict) -> tuple[float | No
 
 def run_from_log(args: argparse.Namespace) -> int:
     """``kvlab plan MODEL --from-log FILE``: the log's KV lines explained (:func:`kvlab.plan.vllm_log.explain_vllm_log`);
-    a flag it would ignore is refused (:func:`from_log_problem`)."""
+    a flag it would ignore is refused (:func:`from_log_problem`); a ``--context`` beyond the model's limit is warned
+    about as plain ``plan`` warns (:func:`kvlab.plan.report_inputs.context_warnings`; ``warnings`` in ``--json``)."""
     from kvlab.plan.load import load_config
+    from kvlab.plan.report_inputs import context_warnings
     from kvlab.plan.spec import spec_from_config
     from kvlab.plan.vllm_log import explain_vllm_log, read_vllm_log
 
@@ -344,6 +346,9 @@ def run_from_log(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as e:
         return fail(args, f"--from-log {args.from_log}: {flag_message(args, e)}")
     r = {"model": str(args.model), "log_file": args.from_log, "log": log, **r, "notes": notes + r["notes"]}
+    # a --context beyond the model's limit was taken silently (kimi: 10,000,000 past 262,144); warned as plain plan
+    r["warnings"] = [] if args.context is None else context_warnings(spec, {f"--context {args.context}": args.context})
+    flags.warn(args, r)
     if args.json:
         print(json.dumps(r, indent=1))
     else:
