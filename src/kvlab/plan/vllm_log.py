@@ -256,6 +256,26 @@ def _check_one_value(key: str, stated: list[tuple[Any, re.Match]], text: str) ->
     )
 
 
+def _mask_speculative(text: str) -> str:
+    """``text`` with every speculative-decoding config (``speculative_config={'model': 'draft', ...}``,
+    ``speculative_config=SpeculativeConfig(model='draft', ...)``, ``--speculative-config '{"model": ...}'``) blanked
+    to spaces up to its closing bracket (same length and lines, so line numbers stay), so its draft ``model`` is
+    not read as a second served model (vLLM's engine config line prints both: vllm/config/speculative.py)."""
+    out = list(text)
+    # the bracket right after the setting's name (`=`, `: `, quotes, a class name between): not a later one
+    for m in re.finditer(r"""speculative[_-]config['"]?[ =:]*['"]?(?:[A-Za-z_]\w*)?(?=[{(])""", text):
+        i = m.end()
+        depth, j = 0, i
+        while j < len(text) and text[j] != "\n":
+            depth += text[j] in "{(["
+            depth -= text[j] in "})]"
+            j += 1
+            if depth == 0:
+                break
+        out[i:j] = " " * (j - i)
+    return "".join(out)
+
+
 def read_vllm_log(text: str) -> dict[str, Any]:
     """The figures of :data:`LOG_LINES` found in ``text`` (numbers as float/int, names as str); absent ones left
     out.
@@ -284,7 +304,8 @@ def read_vllm_log(text: str) -> dict[str, Any]:
     found: dict[str, Any] = {}
     repeated: dict[str, list] = {}
     for key, (pattern, _, kind) in LOG_LINES.items():
-        stated = [(v, m) for m in re.finditer(pattern, text) if (v := _figure(key, m, text)) is not None]
+        where = _mask_speculative(text) if key == "model" else text  # a draft model is not the served one
+        stated = [(v, m) for m in re.finditer(pattern, where) if (v := _figure(key, m, text)) is not None]
         if not stated:
             continue
         if kind in _ONE_VALUE or key == "model":  # two models: two starts of vLLM, as two values of a setting

@@ -106,3 +106,23 @@ def test_a_hub_cache_snapshot_goes_by_the_repo_id_of_its_folder(what, tmp_path, 
     other = LLAVA_LOG.replace(ENGINE_LINE, "model='google/gemma-3-1b-it'")  # still refused for another model
     code, _, err = _run(tmp_path, capsys, other, model=model)
     assert code == 2 and "is a log of google/gemma-3-1b-it" in err, err
+
+
+@pytest.mark.parametrize(
+    "draft",
+    [
+        "INFO engine: speculative_config=SpeculativeConfig(method='eagle', model='yuhuili/EAGLE-LLaMA3-8B', "
+        "num_spec_tokens=(3)), seed=0",
+        "INFO args: {'speculative_config': {'model': 'draft/tiny', 'num_speculative_tokens': 5}, 'seed': 0}",
+        "vllm serve llava-hf/llava-v1.6-mistral-7b-hf --speculative-config '{\"model\": \"draft/tiny\"}' --port 1",
+    ],
+)
+def test_a_speculative_draft_model_is_not_a_second_served_model(draft, tmp_path, capsys):
+    """vLLM's engine line prints the draft model inside speculative_config: it is not a second start of vLLM."""
+    text = LLAVA_LOG + draft + "\n"
+    code, _, err = _run(tmp_path, capsys, text)
+    assert code == 0, err
+    assert read_vllm_log(text)["model"] == LLAVA_ID
+    # the masking keeps a real second model after the draft's config refused
+    code, _, err = _run(tmp_path, capsys, text + "INFO engine config: model='google/gemma-3-1b-it'\n")
+    assert code == 2 and "google/gemma-3-1b-it" in err and "draft/tiny" not in err and "EAGLE" not in err
