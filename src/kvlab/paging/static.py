@@ -34,6 +34,7 @@ from kvlab.paging.residual import (
     whole,
 )
 from kvlab.runtime.checks import check_int
+from kvlab.runtime.text_files import read_text
 
 # The most tokens one request of a workload or trace file may hold: 2**40 (about 1.1e12) is beyond any context yet
 # leaves room in int64 for sums of lengths and lengths times bytes per token; a line of 99999999999999999999
@@ -113,10 +114,7 @@ def load_lengths(path: str | os.PathLike) -> np.ndarray:
             (naming the file, row and column), or a CSV without the columns.
     """
     path = Path(path)
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not a text file: {exc}") from exc
+    raw = read_text(path)  # by its byte-order mark: Excel's "CSV UTF-8" starts with one
     numbered = [(i, line.strip()) for i, line in enumerate(raw.splitlines(), start=1) if line.strip()]
     if not numbered:
         raise ValueError(f"{path}: no request lengths")

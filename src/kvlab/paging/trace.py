@@ -4,6 +4,7 @@ a seeded Poisson trace, and the trace CSV file (load and save)."""
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ import numpy as np
 
 from kvlab.paging.static import REQUEST_TOKENS_LIMIT, check_seed
 from kvlab.runtime.atomic import atomic_write
+from kvlab.runtime.text_files import read_text
 
 # Arrivals must come before engine step 2**53: arrival times are float64, which from 2**53 on cannot tell
 # consecutive steps apart (2**53 + 1 reads as 2**53). Steps are counted in int64 arrays; beyond 2**63
@@ -152,13 +154,9 @@ def load_trace(path: str | os.PathLike) -> Trace:
     if not path.is_file():
         what = "a folder" if path.is_dir() else "no such file"
         raise ValueError(f"trace {path}: {what} (write one with `kvlab paging simulate --save-trace {path}`)")
-    try:
-        with path.open(newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            rows = list(reader)
-            names = list(reader.fieldnames or [])  # read here: an empty file's header is read again, lazily
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not a text file: {exc}") from exc
+    reader = csv.DictReader(io.StringIO(read_text(path, newline=""), newline=""))  # by its byte-order mark
+    rows = list(reader)
+    names = list(reader.fieldnames or [])  # read here: an empty file's header is read again, lazily
     if not names:
         raise ValueError(
             f"{path}: empty file, no header and no requests (a trace starts with the header "

@@ -11,6 +11,7 @@ from kvlab.commands.plan import flags
 from kvlab.commands.plan.flags import flag_message
 from kvlab.commands.plan.render import print_from_log, print_lists, print_mixed_plan, print_plan, print_vllm
 from kvlab.plan.scenario import DEFAULT_RESERVE_GIB
+from kvlab.runtime.text_files import read_text
 
 
 def register(subparsers) -> None:
@@ -317,8 +318,7 @@ def run_from_log(args: argparse.Namespace) -> int:
     if problem:
         return fail(args, problem)
     try:
-        with open(args.from_log, encoding="utf-8", errors="replace") as f:
-            text = f.read()
+        text = read_text(args.from_log, errors="replace")  # by its byte-order mark: PowerShell's > writes UTF-16
     except OSError as e:
         return fail(args, f"--from-log {args.from_log}: {e.strerror or e}")
     try:
