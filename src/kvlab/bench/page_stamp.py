@@ -50,3 +50,18 @@ def overwrite_problem(path: str | Path, text: str, marker: str) -> str | None:
             f"{force}"
         )
     return None
+
+
+def page_problem(path: str | Path, marker: str) -> str | None:
+    """:func:`overwrite_problem` of the page on disk at ``path``; a file that is not UTF-8 text (an image, a gzip
+    archive: read as text it was a bare ``'utf-8' codec can't decode byte 0x8b``, no file named) is no page
+    ``kvlab bench docs`` wrote: refused, naming ``path`` and --force."""
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return (
+            f"{path} is not a UTF-8 text page (byte {exc.start} is 0x{raw[exc.start]:02x}), so not one `kvlab bench "
+            "docs` wrote; pass --force to overwrite it (what it holds is lost)"
+        )
+    return overwrite_problem(path, text, marker)

@@ -73,3 +73,16 @@ def test_the_stamp_hashes_the_page_without_its_own_line(results_dir, tmp_path):
     stamp = next(line for line in text.splitlines() if line.startswith("<!-- sha256 "))
     digest = stamp.split()[2]
     assert hashlib.sha256(text.replace(stamp + "\n", "").encode("utf-8")).hexdigest() == digest
+
+
+def test_a_page_that_is_not_utf8_text_is_refused_naming_the_file_and_force(results_dir, tmp_path, capsys):
+    """--out naming a binary file (a gzip archive) failed with a bare "'utf-8' codec can't decode byte 0x8b in
+    position 1", no file named; it is refused as a page not generated, and --force still overwrites it."""
+    page = tmp_path / "PERFORMANCE.md"
+    page.write_bytes(b"\x1f\x8b\x08\x00binary")
+    assert _docs(results_dir, page) != 0
+    err = capsys.readouterr().err
+    assert f"{page} is not a UTF-8 text page (byte 1 is 0x8b)" in err and "--force" in err
+    assert "codec" not in err and page.read_bytes().startswith(b"\x1f\x8b")
+    assert _docs(results_dir, page, "--force") == 0
+    assert docs.MARKER in page.read_text(encoding="utf-8")
