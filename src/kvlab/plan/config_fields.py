@@ -111,6 +111,12 @@ def number_text(value: Any) -> str:
     return f"{value:.12g}"
 
 
+def count_text(count: Any, noun: str, plural: str | None = None) -> str:
+    """``count`` as :func:`number_text` shows it and ``noun``, plural unless ``count`` is 1: ``1 frame``,
+    ``2 frames``, ``8,192 tokens`` (``plural`` where adding an s is wrong)."""
+    return f"{number_text(count)} {noun if count == 1 else plural or noun + 's'}"
+
+
 def check_int_at_least(name: str, value: Any, minimum: int, *, flag: str | None = None) -> int:
     """``value`` when it is a Python ``int`` (not a bool) of at least ``minimum``: 1 for a count or a size the
     planner takes, 0 for a count that may be empty (tokens, bytes).

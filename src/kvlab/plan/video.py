@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kvlab.plan.config_fields import check_int_at_least, number_text
+from kvlab.plan.config_fields import check_int_at_least, count_text, number_text
 from kvlab.plan.kv_formats import KVDtype
 from kvlab.plan.ledger import kv_bytes
 from kvlab.plan.spec import ModelSpec
@@ -57,7 +57,7 @@ class VideoClip:
             )
         if self.latent_frames < 1:
             raise ValueError(
-                f"a clip of {number_text(self.frames)} frames has no latent frame at `temporal_compression` "
+                f"a clip of {count_text(self.frames, 'frame')} has no latent frame at `temporal_compression` "
                 f"{number_text(self.temporal_compression)} (pass --causal-first-frame or a longer clip)"
             )
         side = self.spatial_compression * self.patch_size
@@ -75,11 +75,11 @@ class VideoClip:
         for name, pixels, across in (("width", self.width, "across"), ("height", self.height, "down")):
             if pixels % side:
                 used = pixels - pixels % side
-                latents = f"{number_text(used // s)} latents, " if p > 1 else ""
+                latents = f"{count_text(used // s, 'latent')}, " if p > 1 else ""
                 out.append(
                     f"`{name}` {number_text(pixels)} is not a multiple of a token's {side} px (`spatial_compression` "
-                    f"{s} x `patch_size` {p}): {number_text(used)} px used ({latents}{number_text(used // side)} "
-                    f"tokens {across}), the last {pixels % side} px dropped"
+                    f"{s} x `patch_size` {p}): {number_text(used)} px used ({latents}{count_text(used // side, 'token')} "
+                    f"{across}), the last {pixels % side} px dropped"
                 )
         tc, first = self.temporal_compression, 1 if self.causal_first_frame else 0
         used = first + (self.latent_frames - first) * tc
@@ -87,9 +87,9 @@ class VideoClip:
             rule = f"{'1 + ' if first else ''}a multiple of `temporal_compression` {tc}"
             first_alone = " (a causal VAE's first frame is a latent frame of its own)" if first else ""
             out.append(
-                f"the {number_text(self.seconds)} s clip's {number_text(self.frames)} frames are not {rule}"
-                f"{first_alone}: {number_text(used)} frames used "
-                f"({number_text(self.latent_frames)} latent frames), the last {number_text(self.frames - used)} dropped"
+                f"the {number_text(self.seconds)} s clip's {count_text(self.frames, 'frame')} are not {rule}"
+                f"{first_alone}: {count_text(used, 'frame')} used "
+                f"({count_text(self.latent_frames, 'latent frame')}), the last {number_text(self.frames - used)} dropped"
             )
         return out
 

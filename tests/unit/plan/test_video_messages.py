@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from kvlab.cli import main
-from kvlab.plan.config_fields import number_text
+from kvlab.plan.config_fields import count_text, number_text
 from kvlab.plan.video import VideoClip
 
 
@@ -85,3 +85,23 @@ def test_help_states_the_rounding_rule(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "a multiple of --spatial-compression x --patch-size (else rounded down to one, with a warning)" in out
     assert "whole number of frames (else refused)" in out
+
+
+@pytest.mark.parametrize(
+    "count, noun, text",
+    [(1, "frame", "1 frame"), (2, "frame", "2 frames"), (0, "token", "0 tokens"), (8192, "token", "8,192 tokens")],
+)
+def test_count_text_is_singular_for_one(count, noun, text):
+    assert count_text(count, noun) == text
+
+
+def test_counts_of_one_are_singular_in_video_messages(capsys):
+    """"a clip of 1 frames", "1 frames used (1 latent frames)" and "(2 latents, 1 tokens across)" read as
+    written by a machine: a count of 1 takes the singular."""
+    err = _err(capsys, "--seconds", "0.04", "--fps", "25", code=2)
+    assert "a clip of 1 frame has no latent frame" in err
+    err = _err(capsys, "--seconds", "0.08", "--fps", "25", "--causal-first-frame", code=0)
+    assert "clip's 2 frames are not" in err and ": 1 frame used (1 latent frame), the last 1 dropped" in err
+    err = _err(capsys, "--seconds", "1", "--fps", "4", "--width", "31", "--height", "16", "--patch-size", "2", code=0)
+    assert "16 px used (2 latents, 1 token across)" in err
+    assert not any(f" 1 {word}s" in err for word in ("frame", "token", "latent", "latent frame"))
