@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -109,23 +110,24 @@ def load_lengths(path: str | os.PathLike) -> np.ndarray:
     Raises:
         ValueError: not a text file, no lengths, a line of a list that is not a whole number >= 1 (a request holds
             at least one token; naming the file, its line number and text) or is above
-            :data:`REQUEST_TOKENS_LIMIT`, a CSV value above it (naming the file, row and column), a CSV ``tokens`` / ``length`` value
+            :data:`REQUEST_TOKENS_LIMIT`, a CSV value above it (naming the file, line and column), a CSV ``tokens`` / ``length`` value
             that is not, or a ``prompt_tokens`` / ``output_tokens`` value below 0 or a row of them summing to 0
-            (naming the file, row and column), or a CSV without the columns.
+            (naming the file, line and column), a missing CSV value, a number written with thousands
+            separators (``1,000``: said so), or a CSV without the columns.
     """
     path = Path(path)
     raw = read_text(path)  # by its byte-order mark: Excel's "CSV UTF-8" starts with one
     numbered = [(i, line.strip()) for i, line in enumerate(raw.splitlines(), start=1) if line.strip()]
     if not numbered:
         raise ValueError(f"{path}: no request lengths")
-    if _is_number(numbered[0][1]):  # one length per line: name the line that is not a whole number of tokens
+    if _is_number(numbered[0][1]) or _THOUSANDS.fullmatch(numbered[0][1]):  # one length per line: name the line that is not a whole number of tokens
         values = []
         for i, line in numbered:
             try:
                 values.append(int(line))
             except ValueError:
                 raise ValueError(
-                    f"{path}: line {i}: expected a whole number of tokens (one per line), got {line!r}"
+                    f"{path}: line {i}: expected a whole number of tokens (one per line), got {line!r}{_hint(line)}"
                 ) from None
             if values[-1] < 1:
                 raise ValueError(f"{path}: line {i}: a request length must be >= 1 token, got {line!r}")
@@ -135,22 +137,23 @@ def load_lengths(path: str | os.PathLike) -> np.ndarray:
                     f"got {line}"
                 )
         return np.array(values, dtype=np.int64)
-    text = raw.strip().splitlines()
-    rows = list(csv.DictReader(text))
-    cols = set(rows[0]) if rows else set()
+    rows, cols = _csv_rows(path, raw, first=numbered[0][0])
 
     def column(name: str, least: int) -> np.ndarray:
         values = []
-        for i, row in enumerate(rows, start=2):  # row 1 is the header
+        for i, row in rows:
+            text = (row.get(name) or "").strip()
+            if not text:
+                raise ValueError(f"{path}: line {i}: the `{name}` value is missing")
             try:
-                values.append(int(row[name]))
-            except (TypeError, ValueError):
-                raise ValueError(f"{path}: row {i}: `{name}` must be an integer, got {row[name]!r}") from None
+                values.append(int(text))
+            except ValueError:
+                raise ValueError(f"{path}: line {i}: `{name}` must be an integer, got {text!r}{_hint(text)}") from None
             if values[-1] < least:
-                raise ValueError(f"{path}: row {i}: `{name}` must be >= {least}, got {values[-1]}")
+                raise ValueError(f"{path}: line {i}: `{name}` must be >= {least}, got {values[-1]}")
             if values[-1] > REQUEST_TOKENS_LIMIT:
                 raise ValueError(
-                    f"{path}: row {i}: `{name}` must be at most {REQUEST_TOKENS_LIMIT:,} tokens (2**40), "
+                    f"{path}: line {i}: `{name}` must be at most {REQUEST_TOKENS_LIMIT:,} tokens (2**40), "
                     f"got {values[-1]}"
                 )
         return np.array(values, dtype=np.int64)
@@ -161,13 +164,43 @@ def load_lengths(path: str | os.PathLike) -> np.ndarray:
     if {"prompt_tokens", "output_tokens"} <= cols:
         lengths = column("prompt_tokens", 0) + column("output_tokens", 0)
         if (lengths < 1).any():
-            i = int(np.argmax(lengths < 1)) + 2
-            raise ValueError(f"{path}: row {i}: `prompt_tokens` + `output_tokens` must be >= 1 token, got 0")
+            i = int(np.argmax(lengths < 1))
+            raise ValueError(f"{path}: line {rows[i][0]}: `prompt_tokens` + `output_tokens` must be >= 1 token, got 0")
         return lengths
     raise ValueError(
         f"{path}: expected one integer per line or a CSV with `tokens`, `length` or "
         f"`prompt_tokens`+`output_tokens`, got columns {sorted(cols)}"
     )
+
+
+_THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+")  # 1,000: a number as a spreadsheet shows it
+
+
+def _hint(text: str) -> str:
+    """Why ``text`` is not read when it is a number written with thousands separators (``1,000``), else ''."""
+    if not _THOUSANDS.search(text):
+        return ""
+    return "; thousands separators are not read (write 1000, not 1,000)"
+
+
+def _csv_rows(path: Path, raw: str, first: int) -> tuple[list[tuple[int, dict]], set[str]]:
+    """The rows of a workload CSV whose header is on line ``first``, each with its line number, and its columns.
+
+    Raises:
+        ValueError: a row with more fields than the header (naming the file and line; a number written ``1,000``
+            unquoted is split at its comma: said so).
+    """
+    lines = [line if line.strip() else "" for line in raw.splitlines()[first - 1 :]]  # blank lines are skipped
+    reader = csv.DictReader(lines)
+    rows = [(first - 1 + reader.line_num, row) for row in reader]
+    for i, row in rows:
+        extra = [v for v in row.get(None) or () if v.strip()]
+        if extra:
+            raise ValueError(
+                f"{path}: line {i}: {len(reader.fieldnames) + len(row[None])} fields, the header has "
+                f"{len(reader.fieldnames)}{_hint(lines[i - first])}"
+            )
+    return rows, {name for name in reader.fieldnames or () if name}
 
 
 def _is_number(text: str) -> bool:

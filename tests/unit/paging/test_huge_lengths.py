@@ -31,7 +31,7 @@ def test_a_workload_line_past_the_limit_is_refused(tmp_path, capsys, value):
 def test_a_workload_csv_value_past_the_limit_is_refused(tmp_path, capsys):
     path = tmp_path / "j.csv"
     path.write_text(f"prompt_tokens,output_tokens\n10,5\n{HUGE},5\n")
-    _refused(capsys, ["static", "--workload", str(path)], f"{path}: row 3: `prompt_tokens`", HUGE)
+    _refused(capsys, ["static", "--workload", str(path)], f"{path}: line 3: `prompt_tokens`", HUGE)
 
 
 @pytest.mark.parametrize("column", [1, 2])

@@ -51,8 +51,8 @@ def test_a_bad_kv_dtype_lists_the_canonical_kivi_names(capsys):
     [
         ("neg.txt", "512\n-5\n", "line 2"),
         ("zero.txt", "512\n0\n", "line 2"),
-        ("zero.csv", "tokens\n512\n0\n", "row 3"),
-        ("trace.csv", "arrival_step,prompt_tokens,output_tokens\n0,5,5\n1,0,0\n", "row 3"),
+        ("zero.csv", "tokens\n512\n0\n", "line 3"),
+        ("trace.csv", "arrival_step,prompt_tokens,output_tokens\n0,5,5\n1,0,0\n", "line 3"),
     ],
 )
 def test_workload_lengths_have_one_bound_named_with_file_and_line(tmp_path, capsys, name, text, where):
