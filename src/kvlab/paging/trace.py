@@ -136,7 +136,21 @@ def poisson_trace(
 TRACE_COLUMNS = ("arrival_step", "prompt_tokens", "output_tokens")
 
 
+@dataclass(frozen=True)
+class TraceFile:
+    """A trace CSV as :func:`read_trace` reads it: the trace, sorted by arrival, and where each request stands in
+    the file."""
+
+    trace: Trace  # sorted by arrival (ties in file order)
+    lines: np.ndarray  # [n] the file line of each request of `trace` (the header is line 1; blank lines count)
+
+
 def load_trace(path: str | os.PathLike) -> Trace:
+    """The trace of a trace CSV, sorted by arrival: :func:`read_trace`'s ``trace``."""
+    return read_trace(path).trace
+
+
+def read_trace(path: str | os.PathLike) -> TraceFile:
     """A trace from CSV: ``arrival_step,prompt_tokens,output_tokens[,prefix_group,prefix_tokens]`` with a header.
 
     Rows are sorted by arrival. Arrival times are in engine steps.
@@ -147,15 +161,63 @@ def load_trace(path: str | os.PathLike) -> Trace:
         ValueError: an empty or undecodable file, a column named twice in the header (only the last would be
             read), missing columns, a row with the wrong number of fields, a value that is not a number, an arrival
             at or past :data:`ARRIVAL_STEP_LIMIT`, a token count or group above
-            :data:`kvlab.paging.static.REQUEST_TOKENS_LIMIT` in size (each with the file and row), two rows of one ``prefix_group``
-            with different ``prefix_tokens`` (both rows named), or a trace :class:`Trace` refuses.
+            :data:`kvlab.paging.static.REQUEST_TOKENS_LIMIT` in size, a row :class:`Trace` would refuse (an arrival
+            not finite or below 0, a prompt or output of no token, a prefix outside its prompt; each with the file
+            and line), or two rows of one ``prefix_group`` with different ``prefix_tokens`` (both lines named).
     """
     path = Path(path)
+    rows, lines = _read_rows(path)
+
+    def column(name: str, parse, default=None) -> np.ndarray:
+        values = []
+        for i, row in zip(lines, rows):
+            text = row.get(name)
+            try:
+                values.append(parse(text) if text not in (None, "") or default is None else default)
+            except ValueError:
+                raise ValueError(f"{path}: line {i}: `{name}` must be a number, got {text!r}") from None
+            if parse is int and abs(values[-1]) > REQUEST_TOKENS_LIMIT:  # past int64 it overflowed (a traceback)
+                raise ValueError(
+                    f"{path}: line {i}: `{name}` must be at most {REQUEST_TOKENS_LIMIT:,} (2**40) in size, got {text}"
+                )
+        return np.array(values)
+
+    arrival = column("arrival_step", float).astype(np.float64)
+    late = np.flatnonzero((arrival >= ARRIVAL_STEP_LIMIT) & np.isfinite(arrival))
+    if len(late):
+        raise ValueError(
+            f"{path}: line {lines[late[0]]}: `arrival_step` {rows[late[0]]['arrival_step']!r} must be below step "
+            f"2**53 ({ARRIVAL_STEP_LIMIT:,}), from which float64 times cannot tell consecutive steps apart"
+        )
+    prompt = column("prompt_tokens", int).astype(np.int64)
+    output = column("output_tokens", int).astype(np.int64)
+    group = column("prefix_group", int, -1).astype(np.int64)
+    prefix = column("prefix_tokens", int, 0).astype(np.int64)
+    prefix[group < 0] = 0
+    parsed = {"arrival_step": arrival, "prompt_tokens": prompt, "output_tokens": output, "prefix_tokens": prefix}
+    _check_values(path, lines, rows, parsed)
+    _check_prefix_groups(path, lines, group, prefix)
+    order = np.argsort(arrival, kind="stable")
+    trace = Trace(arrival[order], prompt[order], output[order], group[order], prefix[order])
+    return TraceFile(trace, np.array(lines, dtype=np.int64)[order])
+
+
+def _read_rows(path: Path) -> tuple[list[dict], list[int]]:
+    """The rows of the trace CSV at ``path`` and the file line of each (the header is line 1; blank lines, which
+    are skipped, count, as in :func:`kvlab.paging.static.load_lengths`).
+
+    Raises:
+        ValueError: no such file (or a folder), an empty file, a column named twice, missing columns, no row, or a
+            row with the wrong number of fields (naming the file and line).
+    """
     if not path.is_file():
         what = "a folder" if path.is_dir() else "no such file"
         raise ValueError(f"trace {path}: {what} (write one with `kvlab paging simulate --save-trace {path}`)")
     reader = csv.DictReader(io.StringIO(read_text(path, newline=""), newline=""))  # by its byte-order mark
-    rows = list(reader)
+    rows, lines = [], []
+    for row in reader:
+        rows.append(row)
+        lines.append(reader.line_num)  # the row's (last) line: a quoted field may hold a line break
     names = list(reader.fieldnames or [])  # read here: an empty file's header is read again, lazily
     if not names:
         raise ValueError(
@@ -170,53 +232,45 @@ def load_trace(path: str | os.PathLike) -> Trace:
             f"{', '.join(map(str, where))}); name each column once"
         )
     missing = [c for c in TRACE_COLUMNS if c not in names]
-    if names and missing:  # checked on the header: a wrong header with no row under it is named too
+    if missing:  # checked on the header: a wrong header with no row under it is named too
         raise ValueError(f"{path}: missing columns {missing}; have {sorted(k for k in names if k)}")
     if not rows:
         raise ValueError(f"{path}: no requests")
-    header = names
-    for i, row in enumerate(rows, start=2):  # row 1 is the header
+    for i, row in zip(lines, rows):
         if None in row or None in row.values():  # DictReader's marks for fields beyond / short of the header
-            n = len(header) - list(row.values()).count(None) + len(row.get(None) or ())
-            raise ValueError(f"{path}: row {i} has {n} fields, the header has {len(header)}")
-
-    def column(name: str, parse, default=None) -> np.ndarray:
-        values = []
-        for i, row in enumerate(rows, start=2):
-            text = row.get(name)
-            try:
-                values.append(parse(text) if text not in (None, "") or default is None else default)
-            except ValueError:
-                raise ValueError(f"{path}: row {i}: `{name}` must be a number, got {text!r}") from None
-            if parse is int and abs(values[-1]) > REQUEST_TOKENS_LIMIT:  # past int64 it overflowed (a traceback)
-                raise ValueError(
-                    f"{path}: row {i}: `{name}` must be at most {REQUEST_TOKENS_LIMIT:,} (2**40) in size, got {text}"
-                )
-        return np.array(values)
-
-    arrival = column("arrival_step", float).astype(np.float64)
-    late = np.flatnonzero((arrival >= ARRIVAL_STEP_LIMIT) & np.isfinite(arrival))
-    if len(late):
-        raise ValueError(
-            f"{path}: row {int(late[0]) + 2}: `arrival_step` {rows[late[0]]['arrival_step']!r} must be below step "
-            f"2**53 ({ARRIVAL_STEP_LIMIT:,}), from which float64 times cannot tell consecutive steps apart"
-        )
-    prompt = column("prompt_tokens", int).astype(np.int64)
-    output = column("output_tokens", int).astype(np.int64)
-    group = column("prefix_group", int, -1).astype(np.int64)
-    prefix = column("prefix_tokens", int, 0).astype(np.int64)
-    prefix[group < 0] = 0
-    _check_prefix_groups(path, group, prefix)
-    order = np.argsort(arrival, kind="stable")
-    return Trace(arrival[order], prompt[order], output[order], group[order], prefix[order])
+            n = len(names) - list(row.values()).count(None) + len(row.get(None) or ())
+            raise ValueError(f"{path}: line {i} has {n} fields, the header has {len(names)}")
+    return rows, lines
 
 
-def _check_prefix_groups(path: Path, group: np.ndarray, prefix: np.ndarray) -> None:
-    """Refuse a ``prefix_group`` whose rows give different ``prefix_tokens`` (a group is one shared prefix, of one
-    length), naming the group's first row and the first row that differs (file rows: the header is row 1).
+def _check_values(path: Path, lines: list[int], rows: list[dict], columns: dict[str, np.ndarray]) -> None:
+    """Refuse what :class:`Trace` refuses of one request, naming the file and line of the first row that has it: an
+    arrival that is not finite or is before step 0, a prompt or output of no token, a prefix outside its prompt.
 
     Raises:
-        ValueError: naming both rows, the group and both lengths.
+        ValueError: naming the file, the line, the column and the value as written.
+    """
+    arrival, prompt, prefix = columns["arrival_step"], columns["prompt_tokens"], columns["prefix_tokens"]
+    checks = (
+        ("arrival_step", ~np.isfinite(arrival), "must be a finite number of engine steps"),
+        ("arrival_step", arrival < 0, "must be >= 0 (engine steps from the start of the trace)"),
+        ("prompt_tokens", prompt < 1, "must be >= 1 token"),
+        ("output_tokens", columns["output_tokens"] < 1, "must be >= 1 token"),
+        ("prefix_tokens", (prefix < 0) | (prefix > prompt), "must be in [0, `prompt_tokens`]: a prefix of the prompt"),
+    )
+    for name, bad, rule in checks:
+        if bad.any():
+            i = int(np.argmax(bad))
+            also = f" (`prompt_tokens` {int(prompt[i])})" if name == "prefix_tokens" else ""
+            raise ValueError(f"{path}: line {lines[i]}: `{name}` {rule}, got {rows[i].get(name)!r}{also}")
+
+
+def _check_prefix_groups(path: Path, lines: list[int], group: np.ndarray, prefix: np.ndarray) -> None:
+    """Refuse a ``prefix_group`` whose rows give different ``prefix_tokens`` (a group is one shared prefix, of one
+    length), naming the group's first row and the first row that differs by their file ``lines``.
+
+    Raises:
+        ValueError: naming both lines, the group and both lengths.
     """
     first: dict[int, int] = {}
     for i, (g, n) in enumerate(zip(group.tolist(), prefix.tolist())):
@@ -225,7 +279,7 @@ def _check_prefix_groups(path: Path, group: np.ndarray, prefix: np.ndarray) -> N
         j = first.setdefault(g, i)
         if prefix[j] != n:
             raise ValueError(
-                f"{path}: rows {j + 2} and {i + 2}: `prefix_group` {g} has `prefix_tokens` {int(prefix[j])} and "
+                f"{path}: lines {lines[j]} and {lines[i]}: `prefix_group` {g} has `prefix_tokens` {int(prefix[j])} and "
                 f"{n}; a prefix group is one shared prefix, give every row of it the same prefix_tokens"
             )
 

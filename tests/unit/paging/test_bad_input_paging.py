@@ -73,9 +73,9 @@ def test_trace_is_a_directory(capsys, tmp_path):
 @pytest.mark.parametrize(
     "body, fragments",
     [
-        (HEADER + "0,10\n", ("row 2", "3")),  # a field short
-        (HEADER + "0,10,10,5,5,5\n", ("row 2", "3")),  # fields beyond the header
-        (HEADER + "0,10.5,10\n", ("row 2", "prompt_tokens", "10.5")),
+        (HEADER + "0,10\n", ("line 2", "3")),  # a field short
+        (HEADER + "0,10,10,5,5,5\n", ("line 2", "3")),  # fields beyond the header
+        (HEADER + "0,10.5,10\n", ("line 2", "prompt_tokens", "10.5")),
         (HEADER + "nan,10,10\n", ("arrival_step", "finite")),
         (HEADER + "inf,10,10\n", ("arrival_step", "finite")),
     ],
@@ -178,7 +178,7 @@ def test_simulate_and_static_errors_name_the_flag(capsys, argv, flag, value):
 def test_trace_file_columns_keep_their_csv_names(capsys, tmp_path):
     # `prompt_tokens` in a trace row is the CSV column, not --prompt-tokens
     path = trace_file(tmp_path, HEADER + "0,abc,3\n")
-    fails(capsys, ["simulate", "--trace", path], "row 2", "`prompt_tokens`", "'abc'")
+    fails(capsys, ["simulate", "--trace", path], "line 2", "`prompt_tokens`", "'abc'")
 
 
 @pytest.mark.parametrize("policies", ["contiguous", "paged,paged+prefix"])
@@ -271,7 +271,7 @@ def test_figure_out_under_a_file_names_the_file(capsys, tmp_path):
 def test_an_arrival_past_2_53_steps_is_refused_naming_its_row(capsys, tmp_path, late):
     # 1e20 overflowed int64 in ceil(arrival): the run reported makespan_steps 20, as if it had arrived at step 0
     path = trace_file(tmp_path, HEADER + f"0,100,20\n{late},100,20\n")
-    fails(capsys, ["simulate", "--trace", path], "row 3", "`arrival_step`", repr(late), "2**53")
+    fails(capsys, ["simulate", "--trace", path], "line 3", "`arrival_step`", repr(late), "2**53")
     with pytest.raises(ValueError, match="request 1: `arrival_step`"):
         Trace(*(np.array(c) for c in ([0.0, float(late)], [100, 100], [20, 20], [-1, -1], [0, 0])))
 
@@ -390,7 +390,7 @@ def test_a_trace_column_named_twice_is_refused(capsys, tmp_path):
 def test_a_prefix_group_with_two_lengths_is_refused_naming_both_rows(capsys, tmp_path):
     header = "arrival_step,prompt_tokens,output_tokens,prefix_group,prefix_tokens\n"
     path = trace_file(tmp_path, header + "0,100,10,1,50\n1,100,10,2,20\n2,100,10,1,60\n")
-    fails(capsys, ["simulate", "--trace", path], "rows 2 and 4", "`prefix_group` 1", "50 and 60")
+    fails(capsys, ["simulate", "--trace", path], "lines 2 and 4", "`prefix_group` 1", "50 and 60")
     same = trace_file(tmp_path, header + "0,100,10,1,50\n1,100,10,2,20\n2,100,10,1,50\n", "same.csv")
     assert len(load_trace(same)) == 3
 

@@ -41,7 +41,7 @@ def test_a_trace_token_count_past_the_limit_is_refused(tmp_path, capsys, column)
     path = tmp_path / "t.csv"
     path.write_text("arrival_step,prompt_tokens,output_tokens\n" + ",".join(cells) + "\n")
     name = ("prompt_tokens", "output_tokens")[column - 1]
-    _refused(capsys, ["simulate", "--trace", str(path)], f"{path}: row 2: `{name}`", HUGE)
+    _refused(capsys, ["simulate", "--trace", str(path)], f"{path}: line 2: `{name}`", HUGE)
 
 
 def test_a_length_at_the_limit_still_loads(tmp_path):
