@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from kvlab.paging.static import REQUEST_TOKENS_LIMIT, check_seed
+from kvlab.plan.config_fields import number_text
 from kvlab.runtime.atomic import atomic_write
 from kvlab.runtime.text_files import read_text
 
@@ -144,6 +145,23 @@ class TraceFile:
     trace: Trace  # sorted by arrival (ties in file order)
     lines: np.ndarray  # [n] the file line of each request of `trace` (the header is line 1; blank lines count)
 
+    def order_note(self) -> str | None:
+        """None when the file's rows are in arrival order; else that they were sorted, naming the first row that
+        arrives before the row above it (a trace is replayed by arrival time, whatever the order of its rows)."""
+        by_line = np.argsort(self.lines, kind="stable")  # the requests in file order
+        arrival = self.trace.arrival_step[by_line]
+        back = np.flatnonzero(np.diff(arrival) < 0)
+        if not len(back):
+            return None
+        i = int(back[0]) + 1
+        line, above = (int(self.lines[by_line[j]]) for j in (i, i - 1))
+        return (
+            f"the rows are not in arrival order (line {line} arrives at step {number_text(float(arrival[i]))}, "
+            f"before line {above} above it at step {number_text(float(arrival[i - 1]))}): the requests are "
+            "replayed sorted by arrival time (rows of equal arrival in file order); request i of the results is "
+            "the i-th to arrive, not the file's i-th row"
+        )
+
 
 def load_trace(path: str | os.PathLike) -> Trace:
     """The trace of a trace CSV, sorted by arrival: :func:`read_trace`'s ``trace``."""
@@ -153,7 +171,8 @@ def load_trace(path: str | os.PathLike) -> Trace:
 def read_trace(path: str | os.PathLike) -> TraceFile:
     """A trace from CSV: ``arrival_step,prompt_tokens,output_tokens[,prefix_group,prefix_tokens]`` with a header.
 
-    Rows are sorted by arrival. Arrival times are in engine steps.
+    Arrival times are in engine steps. The requests are sorted by arrival (a trace is replayed by arrival time, rows
+    of equal arrival in file order); :meth:`TraceFile.order_note` says when the rows were not in that order.
 
     A ``prefix_group`` is one shared prefix: every row of a group gives the same ``prefix_tokens``.
 

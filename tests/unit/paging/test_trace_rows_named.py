@@ -5,6 +5,8 @@ the file's, blank lines counted (they were rows of the CSV reader, which skips b
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kvlab.cli import main
@@ -59,3 +61,33 @@ def test_read_trace_gives_each_request_its_line(tmp_path):
     # sorted by arrival: the request of line 4 (arrival 2) first; each prompt is its row's
     assert read.lines.tolist() == [4, 2, 5]
     assert read.trace.prompt_tokens.tolist() == [int(rows[i - 1].split(",")[1]) for i in read.lines.tolist()]
+
+
+def test_an_unsorted_trace_is_replayed_by_arrival_and_said_so(tmp_path, capsys):
+    """Rows out of arrival order were sorted silently: now a note names the first row arriving before the row
+    above it, and the run is the run of the same rows in arrival order."""
+    rows = ["0,100,10,-1,0\n", "5,60,10,-1,0\n", "\n", "2,80,10,-1,0\n", "7,40,10,-1,0\n"]
+    unsorted, ordered = tmp_path / "unsorted.csv", tmp_path / "ordered.csv"
+    unsorted.write_text(HEADER + "".join(rows))
+    ordered.write_text(HEADER + "".join(sorted((r for r in rows if r.strip()), key=lambda r: float(r.split(",")[0]))))
+    note = read_trace(unsorted).order_note()
+    assert "line 5 arrives at step 2, before line 3 above it at step 5" in note, note  # blank line 4 counted
+    assert read_trace(ordered).order_note() is None
+    results = {}
+    for path in (unsorted, ordered):
+        assert main(["paging", "simulate", "--trace", str(path), "--json", "--policies", "paged"]) == 0
+        out, err = capsys.readouterr()
+        results[path] = json.loads(out)
+        said = " ".join(err.split())
+        assert (f"note: --trace {path}: {note}" in said) == (path == unsorted), err
+    assert results[unsorted]["config"]["trace_order_note"] == note
+    assert results[ordered]["config"]["trace_order_note"] is None
+    timed = ("wall_s", "events_per_s")  # this machine's timing of the run
+    same = [{k: v for k, v in r["policies"]["paged"].items() if k not in timed} for r in results.values()]
+    assert same[0] == same[1]
+
+
+def test_the_help_says_how_a_trace_is_replayed(capsys):
+    with pytest.raises(SystemExit):
+        main(["paging", "simulate", "--help"])
+    assert "replayed by arrival time" in " ".join(capsys.readouterr().out.split())

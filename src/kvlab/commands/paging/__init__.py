@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 from kvlab.commands import (
@@ -163,7 +164,12 @@ def _register_simulate(sub) -> None:
         "finish; a request that cannot get a block preempts the last admitted one (recompute). Every policy "
         "runs on the same trace and budget.",
     )
-    m.add_argument("--trace", default=None, help="trace CSV (otherwise a Poisson trace is generated)")
+    m.add_argument(
+        "--trace",
+        default=None,
+        help="trace CSV (otherwise a Poisson trace is generated), replayed by arrival time: rows out of arrival "
+        "order are sorted (equal arrivals keep their file order), with a note on stderr naming the first",
+    )
     add_poisson_flags(m)
     m.add_argument("--block-size", type=int_flag, default=16, help="paging block size in tokens (default 16)")
     m.add_argument(
@@ -367,7 +373,7 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from kvlab.paging.simulate import check_run_settings, simulate
-    from kvlab.paging.trace import load_trace, save_trace
+    from kvlab.paging.trace import read_trace, save_trace
 
     problem = empty_path_flag(args, "--trace", "--save-trace")
     if problem:
@@ -378,18 +384,21 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
         )
     if args.force and not args.save_trace:  # it would be silently ignored
         return fail(args, "--force replaces an existing --save-trace file; pass --save-trace too")
+    note = None  # a trace file's rows sorted by arrival (TraceFile.order_note)
     if args.trace:
         problem = replaced_flags_problem(  # they would be silently ignored
             poisson_flags_given(args), "the generated Poisson trace", f"--trace {args.trace}"
         )
         if problem:
             return fail(args, problem)
-        try:  # a trace file's errors name the file, its rows and CSV columns (`prompt_tokens`); say the flag
-            trace = load_trace(args.trace)
+        try:  # a trace file's errors name the file, its lines and CSV columns (`prompt_tokens`); say the flag
+            read = read_trace(args.trace)
         except (ValueError, OSError) as exc:
             said = str(exc).removeprefix("trace ").removeprefix(f"{Path(args.trace)}: ")
             return fail(args, f"--trace {args.trace}: {said}")
-        source = str(args.trace)
+        trace, source, note = read.trace, str(args.trace), read.order_note()
+        if note:  # sorted, as a replay by arrival time: said, not silent
+            print(f"{getattr(args, 'kvlab_prog', 'kvlab')}: note: --trace {args.trace}: {note}", file=sys.stderr)
     try:
         check_run_settings(
             args.max_len, args.max_running, args.check_every
@@ -416,6 +425,7 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         return fail(args, flag_message(args, exc))
     result["config"]["trace"] = source
+    result["config"]["trace_order_note"] = note
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
