@@ -101,7 +101,13 @@ def workload(
 
 
 def load_lengths(path: str | os.PathLike) -> np.ndarray:
-    """Request lengths from a file: one integer per line, or a CSV with a header.
+    """Request lengths from a file (:func:`read_lengths`'s lengths, without their lines)."""
+    return read_lengths(path)[0]
+
+
+def read_lengths(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """Request lengths from a file: one integer per line, or a CSV with a header; ``(lengths, lines)``, each
+    ``[n]`` int64, ``lines`` the file line of each length (blank lines counted).
 
     A CSV column ``tokens`` or ``length`` is used as is; otherwise ``prompt_tokens + output_tokens`` (the
     :mod:`kvlab.paging.trace` format), the final KV length of each request. A file whose first line is a
@@ -136,8 +142,9 @@ def load_lengths(path: str | os.PathLike) -> np.ndarray:
                     f"{path}: line {i}: a request length must be at most {REQUEST_TOKENS_LIMIT:,} tokens (2**40), "
                     f"got {line}"
                 )
-        return np.array(values, dtype=np.int64)
+        return np.array(values, dtype=np.int64), np.array([i for i, _ in numbered], dtype=np.int64)
     rows, cols = _csv_rows(path, raw, first=numbered[0][0])
+    lines = np.array([i for i, _ in rows], dtype=np.int64)
 
     def column(name: str, least: int) -> np.ndarray:
         values = []
@@ -160,13 +167,13 @@ def load_lengths(path: str | os.PathLike) -> np.ndarray:
 
     for name in ("tokens", "length"):
         if name in cols:
-            return column(name, 1)  # a request holds at least one token
+            return column(name, 1), lines  # a request holds at least one token
     if {"prompt_tokens", "output_tokens"} <= cols:
         lengths = column("prompt_tokens", 0) + column("output_tokens", 0)
         if (lengths < 1).any():
             i = int(np.argmax(lengths < 1))
             raise ValueError(f"{path}: line {rows[i][0]}: `prompt_tokens` + `output_tokens` must be >= 1 token, got 0")
-        return lengths
+        return lengths, lines
     raise ValueError(
         f"{path}: expected one integer per line or a CSV with `tokens`, `length` or "
         f"`prompt_tokens`+`output_tokens`, got columns {sorted(cols)}"
@@ -231,8 +238,10 @@ def _check_lengths(lens: np.ndarray, max_len: int) -> None:
             f"request lengths must be >= 1 token, got min {int(lens.min()) if len(lens) else None}"
         )
     if lens.max() > max_len:
+        i = int(np.argmax(lens > max_len))
         raise ValueError(
-            f"a request of {int(lens.max())} tokens exceeds the contiguous reservation {max_len}"
+            f"request {i} ({int(lens[i]):,} tokens) exceeds the contiguous reservation `max_len` {max_len:,} "
+            f"(the longest request holds {int(lens.max()):,} tokens)"
         )
 
 

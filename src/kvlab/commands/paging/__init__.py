@@ -25,6 +25,7 @@ from kvlab.commands.paging.checks import (
     check_fits,
     check_keep_evicts,
     check_requests_memory,
+    check_workload_max_len,
     int_flag,
     replaced_flags_problem,
 )
@@ -228,7 +229,7 @@ def _static_result(args: argparse.Namespace, workload: str | None = None) -> dic
         ValueError: a bad flag, ``--block-size`` above ``--max-len`` (:func:`check_block_size`), or ``--requests`` /
             ``--seed`` with a ``--workload`` FILE, which fixes both (as ``paging simulate --trace`` refuses them).
     """
-    from kvlab.paging.static import WORKLOADS, load_lengths, run_static, static_memory_bytes
+    from kvlab.paging.static import WORKLOADS, read_lengths, run_static, static_memory_bytes
 
     check_block_size(args)
     if workload is not None and workload not in WORKLOADS:
@@ -248,7 +249,9 @@ def _static_result(args: argparse.Namespace, workload: str | None = None) -> dic
     path = Path(workload)
     if not path.is_file():
         raise ValueError(f"--workload must be one of {list(WORKLOADS)} or an existing file, got {workload!r}")
-    return run_static(lengths={"file": load_lengths(path)}, **kwargs)
+    lengths, lines = read_lengths(path)
+    check_workload_max_len(workload, lengths, lines, args.max_len)
+    return run_static(lengths={"file": lengths}, **kwargs)
 
 
 def _rng_kwargs(args: argparse.Namespace) -> dict:
@@ -384,7 +387,7 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
         )
     if args.force and not args.save_trace:  # it would be silently ignored
         return fail(args, "--force replaces an existing --save-trace file; pass --save-trace too")
-    note = None  # a trace file's rows sorted by arrival (TraceFile.order_note)
+    note = lines = None  # a trace file's rows sorted by arrival (TraceFile.order_note), each request's line
     if args.trace:
         problem = replaced_flags_problem(  # they would be silently ignored
             poisson_flags_given(args), "the generated Poisson trace", f"--trace {args.trace}"
@@ -396,7 +399,7 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
         except (ValueError, OSError) as exc:
             said = str(exc).removeprefix("trace ").removeprefix(f"{Path(args.trace)}: ")
             return fail(args, f"--trace {args.trace}: {said}")
-        trace, source, note = read.trace, str(args.trace), read.order_note()
+        trace, lines, source, note = read.trace, read.lines, str(args.trace), read.order_note()
         if note:  # sorted, as a replay by arrival time: said, not silent
             print(f"{getattr(args, 'kvlab_prog', 'kvlab')}: note: --trace {args.trace}: {note}", file=sys.stderr)
     try:
@@ -408,7 +411,7 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
             trace, source = poisson_trace_of(args)
         policies, budget = _policies(args), _budget(args)
         check_keep_evicts(args, trace, policies)
-        check_fits(args, trace, policies, budget)
+        check_fits(args, trace, policies, budget, lines)
         if args.save_trace:  # the trace is saved once the run can use it
             save_trace(trace, args.save_trace, overwrite=args.force)
         with progress(Console(stderr=True), len(policies), "kvlab paging simulate") as bar:

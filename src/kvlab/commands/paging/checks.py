@@ -90,10 +90,32 @@ def check_keep_evicts(args: argparse.Namespace, trace, policies) -> None:
         )
 
 
-def _requests_source(args: argparse.Namespace) -> str:
-    """Where the requests came from, in flags: ``--trace t.csv`` or the generated trace's length flags."""
+def check_workload_max_len(workload: str, lengths, lines, max_len: int) -> None:
+    """Refuse a ``--workload FILE`` request longer than ``--max-len``, the contiguous reservation every request is
+    charged (``lengths`` and their file ``lines``: :func:`kvlab.paging.static.read_lengths`).
+
+    Raises:
+        ValueError: naming the file, the line of the first request too long, ``--max-len`` and the value that
+            would hold the longest request (and its line).
+    """
+    over = lengths > max_len
+    if not over.any():
+        return
+    first, longest = int(over.argmax()), int(lengths.argmax())
+    where = "" if lengths[longest] == lengths[first] else f", line {int(lines[longest])}"
+    raise ValueError(
+        f"--workload {workload}: line {int(lines[first])}: a request of {int(lengths[first]):,} tokens exceeds "
+        f"the contiguous reservation --max-len {max_len:,}; raise --max-len to at least {int(lengths[longest]):,} "
+        f"tokens (the longest request{where}) or shorten the requests"
+    )
+
+
+def _requests_source(args: argparse.Namespace, trace, lines) -> str:
+    """Where the requests came from, in flags: the longest request's line of ``--trace t.csv`` (``lines``: each
+    request's file line), or the generated trace's length flags."""
     if args.trace:
-        return f"the longest request of --trace {args.trace}"
+        longest = int((trace.prompt_tokens + trace.output_tokens).argmax())
+        return f"the longest request: line {int(lines[longest])} of --trace {args.trace}"
     prefix = f" + --prefix-tokens {args.prefix_tokens}" if args.prefix_groups and args.prefix_tokens else ""
     prompt, output = args.prompt_tokens, args.output_tokens
     return (
@@ -102,9 +124,10 @@ def _requests_source(args: argparse.Namespace) -> str:
     )
 
 
-def check_fits(args: argparse.Namespace, trace, policies, budget) -> None:
+def check_fits(args: argparse.Namespace, trace, policies, budget, lines=None) -> None:
     """Refuse, before any policy runs, a trace whose longest request exceeds ``--max-len`` or alone does not fit a
-    policy's KV pool (what ``--gpu-mem-gib`` leaves after the weights and ``--reserve-gib``).
+    policy's KV pool (what ``--gpu-mem-gib`` leaves after the weights and ``--reserve-gib``); ``lines``: the file
+    line of each request of a ``--trace`` (:class:`kvlab.paging.trace.TraceFile`).
 
     Raises:
         ValueError: the library's reason, then the flags that set the request lengths and the pool.
@@ -117,12 +140,12 @@ def check_fits(args: argparse.Namespace, trace, policies, budget) -> None:
         message = str(exc)
         if "`max_len`" in message:
             raise ValueError(
-                f"{message.replace('`max_len`', '--max-len')} ({_requests_source(args)}); raise --max-len or "
+                f"{message.replace('`max_len`', '--max-len')} ({_requests_source(args, trace, lines)}); raise --max-len or "
                 "shorten the requests"
             ) from None
         gpu = f"--gpu-mem-gib {args.gpu_mem_gib:g}" if args.gpu_mem_gib is not None else "the device"
         raise ValueError(
-            f"{message} ({_requests_source(args)}): the KV pool is {budget.free_bytes / 2**30:.2f} GiB, what {gpu} "
+            f"{message} ({_requests_source(args, trace, lines)}): the KV pool is {budget.free_bytes / 2**30:.2f} GiB, what {gpu} "
             f"leaves after {budget.weight_bytes / 2**30:.2f} GiB of --model weights and --reserve-gib "
             f"{args.reserve_gib:g}; give more memory or shorter requests"
             + (" or a smaller --max-len (a contiguous block)" if "'contiguous'" in message else "")
