@@ -72,9 +72,11 @@ class VideoClip:
         whole. The sizes are counted as the VAE would crop them, not refused."""
         side, s, p = self.spatial_compression * self.patch_size, self.spatial_compression, self.patch_size
         out = []
-        for name, pixels, across in (("width", self.width, "across"), ("height", self.height, "down")):
-            if pixels % side:
-                used = pixels - pixels % side
+        for name, pixels, used, across in (
+            ("width", self.width, self.used_width, "across"),
+            ("height", self.height, self.used_height, "down"),
+        ):
+            if used != pixels:
                 latents = f"{count_text(used // s, 'latent')}, " if p > 1 else ""
                 out.append(
                     f"`{name}` {number_text(pixels)} is not a multiple of a token's {side} px (`spatial_compression` "
@@ -92,6 +94,17 @@ class VideoClip:
                 f"({count_text(self.latent_frames, 'latent frame')}), the last {number_text(self.frames - used)} dropped"
             )
         return out
+
+    @property
+    def used_width(self) -> int:
+        """Pixels of a row the tokens cover: ``width`` rounded down to a multiple of a token's side
+        (``spatial_compression * patch_size``; 1281 -> 1280 at 8 px)."""
+        return self.width - self.width % (self.spatial_compression * self.patch_size)
+
+    @property
+    def used_height(self) -> int:
+        """Pixels of a column the tokens cover: ``height`` rounded down as :attr:`used_width`."""
+        return self.height - self.height % (self.spatial_compression * self.patch_size)
 
     @property
     def frames(self) -> int:
@@ -113,11 +126,16 @@ class VideoClip:
         return self.latent_frames * self.tokens_per_frame
 
     def to_dict(self) -> dict[str, Any]:
+        """The clip's fields and counts; ``width`` and ``height`` are the pixels the tokens cover
+        (:attr:`used_width`, :attr:`used_height`), ``width_given`` and ``height_given`` the sizes asked for (larger
+        where the compression does not divide them: :meth:`rounding_warnings`)."""
         return {
             "seconds": self.seconds,
             "fps": self.fps,
-            "width": self.width,
-            "height": self.height,
+            "width": self.used_width,
+            "height": self.used_height,
+            "width_given": self.width,
+            "height_given": self.height,
             "temporal_compression": self.temporal_compression,
             "spatial_compression": self.spatial_compression,
             "patch_size": self.patch_size,

@@ -6,6 +6,8 @@ A user ran ``kvlab video --seconds 0.1``: refused with "... got 2.40000000000000
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kvlab.cli import main
@@ -105,3 +107,23 @@ def test_counts_of_one_are_singular_in_video_messages(capsys):
     err = _err(capsys, "--seconds", "1", "--fps", "4", "--width", "31", "--height", "16", "--patch-size", "2", code=0)
     assert "16 px used (2 latents, 1 token across)" in err
     assert not any(f" 1 {word}s" in err for word in ("frame", "token", "latent", "latent frame"))
+
+
+@pytest.mark.parametrize("patch", [1, 2])
+def test_the_reported_size_is_the_one_the_tokens_cover(capsys, patch):
+    """``kvlab video --width 1281``: the title and the JSON said 1281x720 while 1280 px were used (the warning said
+    so): the reported width and height are now those used, the given ones kept as width_given / height_given."""
+    stride = VideoClip.spatial_compression * patch
+    width, height = VideoClip.width + 1, VideoClip.height + stride - 1  # both past a multiple of the stride
+    used_w, used_h = width - width % stride, height - height % stride
+    argv = ["video", "--seconds", "5", "--width", str(width), "--height", str(height), "--patch-size", str(patch)]
+    assert main([*argv, "--json"]) == 0
+    out, err = capsys.readouterr()
+    clip = json.loads(out)["clips"][0]
+    assert (clip["width"], clip["height"]) == (used_w, used_h)
+    assert (clip["width_given"], clip["height_given"]) == (width, height)
+    assert clip["tokens_per_frame"] == (used_w // stride) * (used_h // stride)
+    assert f"{number_text(used_w)} px used" in err and f"{number_text(used_h)} px used" in err, err
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"{used_w}x{used_h}," in out and f"{width}x" not in out, out
