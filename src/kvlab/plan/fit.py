@@ -42,8 +42,22 @@ class GpuBudget:
             )
 
     def kv_budget_bytes(self, weight_bytes_per_gpu: int) -> int:
-        """Bytes left for the KV cache after weights and reserve (may be negative: nothing fits)."""
+        """Bytes left for the KV cache after weights and reserve (may be negative: nothing fits,
+        :meth:`shortfall_note` says by how much)."""
         return self.memory_bytes - self.reserve_bytes - weight_bytes_per_gpu
+
+    def shortfall_note(self, weight_bytes_per_gpu: int) -> str | None:
+        """``does not fit: ...`` when the weights and the reserve exceed the memory (:func:`max_batch` and
+        :func:`max_context` are then 0 for any sequence), naming by how much; None when they leave room for KV."""
+        free = self.kv_budget_bytes(weight_bytes_per_gpu)
+        if free >= 0:
+            return None
+        reserve = f" and the reserve ({self.reserve_bytes / GIB:,.2f} GiB)" if self.reserve_bytes else ""
+        return (
+            f"does not fit: the weights ({weight_bytes_per_gpu / GIB:,.2f} GiB per GPU){reserve} exceed the GPU "
+            f"memory ({self.memory_bytes / GIB:,.2f} GiB) by {-free / GIB:,.2f} GiB, so no KV cache fits (max batch "
+            "and max context 0); give more memory (--gpu-mem-gib, --gpu, --tp) or smaller weights (--weight-dtype)"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {"memory_bytes": self.memory_bytes, "reserve_bytes": self.reserve_bytes, "source": self.source}
@@ -111,7 +125,8 @@ def max_batch(
     tp: int = 1,
     mode: str = "theoretical",
 ) -> int:
-    """Most sequences of ``context`` tokens whose KV fits in ``kv_budget_bytes`` on one GPU (0 if none).
+    """Most sequences of ``context`` tokens whose KV fits in ``kv_budget_bytes`` on one GPU (0 if none; also 0 for a
+    negative budget, weights and reserve past the memory, which :meth:`GpuBudget.shortfall_note` explains).
 
     Raises:
         ValueError: ``kv_budget_bytes`` not an int (a float, NaN or infinity), or a context that stores no KV.

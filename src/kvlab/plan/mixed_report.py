@@ -48,6 +48,7 @@ from kvlab.plan.report_inputs import (
     model_notes,
     planned_context,
     planned_spec,
+    shortfall_notes,
     vllm_key,
     weights_or_none,
 )
@@ -123,6 +124,8 @@ class MixedBytes:
         return int(value) if value.denominator == 1 else float(value)
 
     def max_batch(self, context: int, free: int) -> int:
+        """Most sequences of ``context`` tokens that fit in ``free`` bytes; 0 for a negative ``free`` (weights and
+        reserve past the memory: :func:`kvlab.plan.report_inputs.shortfall_notes` says so)."""
         return 0 if free < 0 else free // self.peak(context)
 
     def max_context(self, batch: int, free: int) -> int:
@@ -186,6 +189,7 @@ def mixed_plan_report(
     }
     out.update(_fit(sizes, context, batch, budget, out["weight_bytes_per_gpu"]))
     out["notes"] = context_notes + list(spec.notes) + model_notes(spec, tp) + ([NO_WEIGHTS] if weights is None else [])
+    out["notes"] += shortfall_notes(budget, out["weight_bytes_per_gpu"])
     out["warnings"] = context_warnings(spec, {f"--context {context}": context})
     out["vllm"] = None
     if o.get("emit") == "vllm":

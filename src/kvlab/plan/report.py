@@ -26,6 +26,7 @@ from kvlab.plan.report_inputs import (
     planned_context,
     planned_spec,
     resolve_hardware,
+    shortfall_notes,
     vllm_key,
     weights_or_none,
 )
@@ -129,7 +130,7 @@ def plan_report(
     notes = list(ledger.notes) + ([NO_WEIGHTS] if weights is None else [])
     out["notes"] = context_notes + _weight_source_notes(
         notes + model_notes(spec, tp), weight_dtype, weights_index, weight_bytes_override
-    ) + _keep_notes(kvd, context)
+    ) + _keep_notes(kvd, context) + shortfall_notes(budget, None if weights is None else ledger.weight_bytes_per_gpu)
     out["warnings"] = context_warnings(spec, {f"--context {context}": context})
     out["vllm"] = None
     if emit == "vllm":

@@ -170,6 +170,15 @@ def hardware_and_budget(
     return hw, None
 
 
+def shortfall_notes(budget: GpuBudget | None, weight_bytes_per_gpu: int | None) -> list[str]:
+    """The ``does not fit`` note where the weights and reserve exceed the memory (:meth:`GpuBudget.shortfall_note`:
+    a fit of 0 sequences that is not a KV limit); none without a budget or weights."""
+    if budget is None or weight_bytes_per_gpu is None:
+        return []
+    note = budget.shortfall_note(weight_bytes_per_gpu)
+    return [note] if note else []
+
+
 def model_notes(spec: ModelSpec, tp: int) -> list[str]:
     """Notes on what the decode bound and the per-GPU bytes assume: MoE routing, KV-shared layers, tensor
     parallelism (and the KV copies it makes when there are fewer KV heads than GPUs, or an MLA latent)."""
