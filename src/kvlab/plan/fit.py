@@ -137,7 +137,7 @@ def max_batch(
         return 0
     if per_sequence == 0:
         raise ValueError(
-            f"a sequence of {context} tokens stores no KV: the batch is not limited by KV memory"
+            f"a sequence of {context:,} tokens stores no KV: the batch is not limited by KV memory"
         )
     return kv_budget_bytes // per_sequence
 

@@ -190,7 +190,7 @@ def mixed_plan_report(
     out.update(_fit(sizes, context, batch, budget, out["weight_bytes_per_gpu"]))
     out["notes"] = context_notes + list(spec.notes) + model_notes(spec, tp) + ([NO_WEIGHTS] if weights is None else [])
     out["notes"] += shortfall_notes(budget, out["weight_bytes_per_gpu"])
-    out["warnings"] = context_warnings(spec, {f"--context {context}": context})
+    out["warnings"] = context_warnings(spec, {f"--context {context:,}": context})
     out["vllm"] = None
     if o.get("emit") == "vllm":
         out["vllm"] = vllm_for_plan(

@@ -131,7 +131,7 @@ def plan_report(
     out["notes"] = context_notes + _weight_source_notes(
         notes + model_notes(spec, tp), weight_dtype, weights_index, weight_bytes_override
     ) + _keep_notes(kvd, context) + shortfall_notes(budget, None if weights is None else ledger.weight_bytes_per_gpu)
-    out["warnings"] = context_warnings(spec, {f"--context {context}": context})
+    out["warnings"] = context_warnings(spec, {f"--context {context:,}": context})
     out["vllm"] = None
     if emit == "vllm":
         out["vllm"] = vllm_key(
@@ -299,7 +299,7 @@ def roofline_report(
     out["measured"] = measured
     if weights is None:
         out["notes"].append(NO_WEIGHTS)
-    out["warnings"] = context_warnings(spec, {f"--context {context}": context}) + _fit_warnings(out, hw, tp)
+    out["warnings"] = context_warnings(spec, {f"--context {context:,}": context}) + _fit_warnings(out, hw, tp)
     out["probe"] = _local_probe(out["prefill"], probe_kwargs) if run_probe else None
     return out
 

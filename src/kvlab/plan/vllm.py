@@ -403,7 +403,7 @@ def _max_num_seqs(batch: int | None, memory_bytes: int, context: int, concurrenc
     request at a time."""
     what = "the most requests vLLM runs at a time (more wait in its queue)"
     if batch is not None:
-        return batch, f"--max-num-seqs {batch} (--batch {batch}): {what}; drop --batch to size it by the KV memory"
+        return batch, f"--max-num-seqs {batch:,} (--batch {batch:,}): {what}; drop --batch to size it by the KV memory"
     default = scheduler_defaults(memory_bytes, "serve", context)[1]
     seqs = min(math.floor(concurrency), default)
     why = (
@@ -425,7 +425,7 @@ def _serve_notes(context: int, batch: int, tokens: int) -> tuple[str, ...]:
     ]
     if tokens < batch * context:
         notes.append(
-            f"{batch} sequences of {context:,} tokens need {batch * context:,} tokens of KV, more than the "
+            f"{batch:,} sequences of {context:,} tokens need {batch * context:,} tokens of KV, more than the "
             f"{tokens:,} that fit: vLLM will run fewer sequences at a time (preempting the rest)"
         )
     return tuple(notes)

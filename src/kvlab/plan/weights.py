@@ -322,7 +322,7 @@ def safetensors_header_bytes(path: str | Path) -> int:
         size = path.stat().st_size
         if n > size - 8:
             raise ValueError(
-                f"{path} is not a safetensors file: header length {n} exceeds the file ({size} B)"
+                f"{path} is not a safetensors file: header length {n:,} B exceeds the file ({size:,} B)"
             )
         try:
             header = json.loads(f.read(n))

@@ -408,7 +408,7 @@ def test_a_safetensors_header_longer_than_the_file_is_named(tmp_path, capsys):
 
     path = tmp_path / "w.safetensors"
     path.write_bytes(struct.pack("<Q", 2**63) + b"{}")
-    fails(capsys, ["plan", "llama-3-8b", "--weights-index", str(path)], "w.safetensors", str(2**63))
+    fails(capsys, ["plan", "llama-3-8b", "--weights-index", str(path)], "w.safetensors", f"{2**63:,}")
 
 
 @pytest.mark.parametrize(
@@ -564,7 +564,7 @@ def test_a_model_with_a_list_flag_is_refused_naming_it(capsys, listing, json_fla
     assert main(["plan", listing]) == 0  # alone it still prints the table
 
 
-CONTEXT_WARNING = "--context 100000 is beyond llama-3-8b's max_position_embeddings 8,192"
+CONTEXT_WARNING = "--context 100,000 is beyond llama-3-8b's max_position_embeddings 8,192"
 
 
 @pytest.mark.parametrize("argv", [["plan", "llama-3-8b"], ["roofline"]])

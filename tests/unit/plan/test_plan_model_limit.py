@@ -44,8 +44,8 @@ def test_default_context_of_a_model_with_a_longer_limit_is_8192_without_a_note(c
 def test_an_explicit_context_beyond_the_limit_is_still_warned_about(capsys):
     code, r, err = run(capsys, "gpt2", "--context", "4096")
     assert code == 0 and r["context"] == 4096
-    assert any("--context 4096" in w and "1,024" in w for w in r["warnings"]), r["warnings"]
-    assert "--context 4096" in err
+    assert any("--context 4,096" in w and "1,024" in w for w in r["warnings"]), r["warnings"]
+    assert "--context 4,096" in err
 
 
 def test_python_api_default_context_follows_the_limit():

@@ -347,7 +347,7 @@ def run_from_log(args: argparse.Namespace) -> int:
         return fail(args, f"--from-log {args.from_log}: {flag_message(args, e)}")
     r = {"model": str(args.model), "log_file": args.from_log, "log": log, **r, "notes": notes + r["notes"]}
     # a --context beyond the model's limit was taken silently (kimi: 10,000,000 past 262,144); warned as plain plan
-    r["warnings"] = [] if args.context is None else context_warnings(spec, {f"--context {args.context}": args.context})
+    r["warnings"] = [] if args.context is None else context_warnings(spec, {f"--context {args.context:,}": args.context})
     flags.warn(args, r)
     if args.json:
         print(json.dumps(r, indent=1))

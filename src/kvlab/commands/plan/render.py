@@ -159,7 +159,7 @@ def print_plan(r: dict) -> None:
     cap = "" if kvd["keep_tokens"] is None else f" keeping at most {kvd['keep_tokens']:,} tokens"
     t = table(
         f"{r['model']}: {s['num_layers']} layers ({kinds}), {heads}; KV {kvd.get('cache_name', kvd['name'])}{cap}, "
-        f"batch {r['batch']} x {r['context']:,} tokens, tp {r['tp']}  [GiB = 2^30 B, GB = 1e9 B]",
+        f"batch {r['batch']:,} x {r['context']:,} tokens, tp {r['tp']}  [GiB = 2^30 B, GB = 1e9 B]",
         *("layers", "tokens kept", "KV B/token/GPU", "KV theoretical/GPU", "KV allocated/GPU"),
         labels=("layer kind",),
     )
@@ -195,7 +195,7 @@ def _ledger_table(r: dict):
         t.add_row(f"KV total, engine-allocated{scope}", _gib(allocated), _gb(allocated))
     t.add_row("weights", _gib(r["weight_bytes"]), r["weight_bytes_source"])
     if r["kv_to_weight_ratio"] is not None:
-        t.add_row("KV / weights", f"{r['kv_to_weight_ratio']:.2f}x", "")
+        t.add_row("KV / weights", f"{r['kv_to_weight_ratio']:,.2f}x", "")
     _add_fit_rows(t, r)
     _add_bound_rows(t, r)
     return t
@@ -226,7 +226,7 @@ def _add_fit_rows(t, r: dict) -> None:
         t.add_row(
             "left for KV per GPU", _gib(r["kv_budget_bytes_per_gpu"]), _gb(r["kv_budget_bytes_per_gpu"])
         )
-        t.add_row(f"fits batch {r['batch']} x {r['context']:,}", "yes" if r["fits"] else "no", "")
+        t.add_row(f"fits batch {r['batch']:,} x {r['context']:,}", "yes" if r["fits"] else "no", "")
         t.add_row(
             f"max batch at {r['context']:,} tokens",
             f"{r['max_batch']:,}",
@@ -244,7 +244,7 @@ def _add_fit_rows(t, r: dict) -> None:
         also = f"engine-allocated: {mca}" + (
             f"; config limit {limit:,}" if r["max_context_above_model_limit"] else ""
         )
-        t.add_row(f"max context at batch {r['batch']}", mc, also)
+        t.add_row(f"max context at batch {r['batch']:,}", mc, also)
     else:
         t.add_row("fit", "-", "needs GPU memory (--gpu-mem-gib) and weight bytes")
 
@@ -255,10 +255,10 @@ def _add_bound_rows(t, r: dict) -> None:
     if r["decode_step_lower_bound_ms"] is not None:
         t.add_row(
             f"decode step lower bound ({gpu['name']})",
-            f"{r['decode_step_lower_bound_ms']:.3f} ms",
+            f"{r['decode_step_lower_bound_ms']:,.3f} ms",
             f"{r['limiter']}-bound; {r['bytes_per_step'] / GIB:,.2f} GiB per step",
         )
-        t.add_row("tokens/s upper bound", _rate(r["tokens_per_s_upper_bound"]), f"batch {r['batch']}")
+        t.add_row("tokens/s upper bound", _rate(r["tokens_per_s_upper_bound"]), f"batch {r['batch']:,}")
     t.add_row(
         "decode attention intensity",
         f"{r['decode_attention_intensity']:.2f} FLOP/B",
@@ -309,8 +309,8 @@ def print_roofline(r: dict) -> None:
         )
     if r["decode_step_lower_bound_ms"] is not None:
         t.add_row(
-            f"decode step lower bound (batch {r['batch']}, {r['context']:,} tokens)",
-            f"{r['decode_step_lower_bound_ms']:.3f} ms",
+            f"decode step lower bound (batch {r['batch']:,}, {r['context']:,} tokens)",
+            f"{r['decode_step_lower_bound_ms']:,.3f} ms",
             f"{r['bytes_per_step']:,} B per step ({r['bytes_per_step'] / GIB:,.2f} GiB), {r['limiter']}-bound",
         )
         t.add_row("tokens/s upper bound", _rate(r["tokens_per_s_upper_bound"]), "batch / step bound")
@@ -398,7 +398,7 @@ def print_mixed_plan(r: dict) -> None:
     format, then KV bytes per token, per request and in total, and the fit."""
     kvd, tp = r["kv_dtype"], r["tp"]
     t = table(
-        f"{r['model']}: plan {kvd['plan']} ({kvd['plan_source']}), batch {r['batch']} x {r['context']:,} "
+        f"{r['model']}: plan {kvd['plan']} ({kvd['plan_source']}), batch {r['batch']:,} x {r['context']:,} "
         f"tokens, tp {tp}, KIVI G={kvd['group_size']} R={kvd['residual_length']}  [GiB = 2^30 B]",
         "KV B/layer/GPU at context",
         labels=("keys", "values", "layers"),
@@ -415,16 +415,16 @@ def print_mixed_plan(r: dict) -> None:
     q.add_row("KV bytes per token", _bytes(per_token), f"{per_token / 1024:,.2f} KiB (long-context)")
     q.add_row(f"KV per request ({r['context']:,} tokens)", _bytes(r["kv_bytes_per_request_per_gpu"]), "")
     total = r["kv_bytes_total_per_gpu"]
-    q.add_row(f"KV total (batch {r['batch']})", _bytes(total), _gib(total))
+    q.add_row(f"KV total (batch {r['batch']:,})", _bytes(total), _gib(total))
     q.add_row("KV peak while decoding", _bytes(r["kv_bytes_peak_per_gpu"]), "")
     q.add_row("weights", _gib(r["weight_bytes"]), r["weight_bytes_source"] or "")
     if r["fits"] is None:
         q.add_row("fit", "-", "needs GPU memory (--gpu-mem-gib) and weight bytes")
     else:
         q.add_row("left for KV", _gib(r["kv_budget_bytes_per_gpu"]), _gb(r["kv_budget_bytes_per_gpu"]))
-        q.add_row(f"fits batch {r['batch']} x {r['context']:,}", "yes" if r["fits"] else "no", "")
+        q.add_row(f"fits batch {r['batch']:,} x {r['context']:,}", "yes" if r["fits"] else "no", "")
         q.add_row(f"max batch at {r['context']:,} tokens", f"{r['max_batch']:,}", "")
-        q.add_row(f"max context at batch {r['batch']}", f"{r['max_context']:,} tokens", "")
+        q.add_row(f"max context at batch {r['batch']:,}", f"{r['max_context']:,} tokens", "")
     _print_report(r, t, q)
 
 
@@ -444,7 +444,7 @@ def _add_measured_row(t, m: dict | None) -> None:
     if m:
         t.add_row(
             "measured step",
-            f"{m['measured_step_ms']:.3f} ms",
+            f"{m['measured_step_ms']:,.3f} ms",
             f"{m['fraction_of_bound']:.1%} of bound; {m['achieved_bandwidth_gb_s']:,.1f} GB/s achieved"
             + ("; FASTER THAN THE BOUND: see the warning" if m["faster_than_bound"] else ""),
         )
