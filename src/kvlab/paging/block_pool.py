@@ -162,8 +162,8 @@ class BlockPool:
         check_int("n", n, 0)
         if n > self.free_queue.num_free:
             raise ValueError(
-                f"need {n} blocks, {self.free_queue.num_free} free (pool of {len(self.blocks)} blocks "
-                f"x {self.block_size_tokens} tokens)"
+                f"need {n:,} blocks, {self.free_queue.num_free:,} free (pool of {len(self.blocks):,} blocks "
+                f"x {self.block_size_tokens:,} tokens)"
             )
         out = []
         for _ in range(n):

@@ -105,7 +105,7 @@ def _draw_concurrency(ax, section_a: dict, config: dict) -> None:
     wbar = 0.36
     max_len = config.get("max_len")
     bs = config.get("block_size")
-    ax.bar(xs - wbar / 2, kc, wbar, color=C_GRAY, label=f"contiguous (reserve {max_len} tokens)")
+    ax.bar(xs - wbar / 2, kc, wbar, color=C_GRAY, label=f"contiguous (reserve {max_len:,} tokens)")
     ax.bar(xs + wbar / 2, kp, wbar, color=C_MAIN, label=f"paged (block {bs})")
     top = max(kp + kc)
     for i, (a, b) in enumerate(zip(kc, kp)):

@@ -132,15 +132,15 @@ def pool_geometry(trace: Trace, policy: Policy, budget: KVBudget, max_len: int) 
     num_blocks = int(budget.free_bytes // block_bytes)
     peak = trace.peak_kv_tokens
     if peak > max_len:
-        raise ValueError(f"a request holding {peak} KV tokens exceeds `max_len` {max_len}")
+        raise ValueError(f"a request holding {peak:,} KV tokens exceeds `max_len` {max_len:,}")
     if policy.keep_tokens is not None:  # a capped request holds at most ceil(N / bs) blocks
         peak = min(peak, -(-policy.keep_tokens // bs) * bs)
     need = 1 if contiguous else peak_blocks(peak, bs, bpt, residual)
     if need > num_blocks:
         window = "" if residual is None else f" (its residual window of {residual.describe()} included)"
         raise ValueError(
-            f"policy {policy.name!r}: a request holding {peak} KV tokens needs {need} blocks{window}, "
-            f"the pool has {num_blocks}"
+            f"policy {policy.name!r}: a request holding {peak:,} KV tokens needs {need:,} blocks{window}, "
+            f"the pool has {num_blocks:,}"
         )
     kv_dtype = policy.kv_dtype or budget.kv_dtype
     return PoolGeometry(bpt, residual, kv_dtype, bs, num_blocks, peak)

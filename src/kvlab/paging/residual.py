@@ -65,7 +65,7 @@ class ResidualWindow:
         """``R=128 tokens per request at bf16`` (and ``+ up to G - 1`` before a flush)."""
         return (
             f"R={self.residual_length} tokens per request at {self.dtype} (up to "
-            f"{self.residual_length + self.group_size - 1} before a flush of G={self.group_size})"
+            f"{self.residual_length + self.group_size - 1:,} before a flush of G={self.group_size})"
         )
 
     def as_dict(self) -> dict:

@@ -282,7 +282,7 @@ def static_capacity(
     k_c, used_c = greedy_admit(reserved, budget.budget_bytes)
     k_p, used_p = greedy_admit(blocks * (block_size_tokens * bpt), budget.budget_bytes)
     if k_c == 0 or k_p == 0:
-        raise ValueError(f"the budget ({budget.capacity_tokens} tokens) does not fit the first request")
+        raise ValueError(f"the budget ({budget.capacity_tokens:,} tokens) does not fit the first request")
     real_c, real_p = real[:k_c].sum().item(), real[:k_p].sum().item()
     return {
         "k_cont": k_c,

@@ -504,7 +504,7 @@ def test_an_empty_trace_file_is_named_with_its_flag(capsys, tmp_path, text):
 @pytest.mark.parametrize(
     "extra, said",
     [
-        (["--prefix-tokens", "4000"], ("exceeds --max-len 4096", "--prefix-tokens 4000", "--prompt-tokens")),
+        (["--prefix-tokens", "4000"], ("exceeds --max-len 4,096", "--prefix-tokens 4,000", "--prompt-tokens")),
         (["--max-len", "100"], ("exceeds --max-len 100", "--output-tokens")),
         (["--gpu-mem-gib", "19"], ("the pool has 0", "--gpu-mem-gib 19", "--reserve-gib 4", "--max-len")),
     ],
@@ -537,7 +537,7 @@ def test_a_block_larger_than_the_reservation_is_refused(capsys, command):
     fails(
         capsys,
         [*command, "--block-size", "100000"],
-        "--block-size 100000 is larger than --max-len 4096 (the contiguous reservation per request)",
+        "--block-size 100,000 is larger than --max-len 4,096 (the contiguous reservation per request)",
     )
 
 

@@ -155,7 +155,7 @@ def test_the_cli_says_the_window_is_charged(capsys):
     assert "│ + residual window │ - │ - │ - │ R=128 at bf16 │" in out
     assert main(["paging", "static", "--workload", "heavy", "--kv-dtype", "kivi4"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "each request also holds its KIVI residual window, R=128 tokens (up to 159 before a flush) at bf16's 131072 B/token" in out
+    assert "each request also holds its KIVI residual window, R=128 tokens (up to 159 before a flush) at bf16's 131,072 B/token" in out
     assert main(["paging", "simulate", *small, "--quant-kv-dtype", "kivi8:group_size=2"]) == 2
     err = capsys.readouterr().err
     assert "--quant-kv-dtype 'kivi8:group_size=2'" in err and "below the quantized 196608 B/token" in err

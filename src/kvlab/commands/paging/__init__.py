@@ -31,6 +31,7 @@ from kvlab.commands.paging.checks import (
 )
 from kvlab.commands.paging.poisson import add_poisson_flags, poisson_flags_given, poisson_trace_of
 from kvlab.commands.plan.flags import flag_message, keep_tokens_type
+from kvlab.plan.config_fields import number_text
 from kvlab.plan.kv_formats import KV_DTYPE_NAMES
 from kvlab.runtime.atomic import output_problem
 from kvlab.runtime.checks import parse_list
@@ -233,7 +234,7 @@ def _static_result(args: argparse.Namespace, workload: str | None = None) -> dic
 
     check_block_size(args)
     if workload is not None and workload not in WORKLOADS:
-        given = [f"--{k} {getattr(args, k)}" for k in STATIC_RNG_DEFAULTS if getattr(args, k) is not None]
+        given = [f"--{k} {getattr(args, k):,}" for k in STATIC_RNG_DEFAULTS if getattr(args, k) is not None]
         problem = replaced_flags_problem(given, "the built-in workloads", f"--workload {workload}")
         if problem:
             raise ValueError(problem)
@@ -274,11 +275,11 @@ def run_static_cmd(args: argparse.Namespace) -> int:
     cfg, a, b, c = result["config"], result["A"], result["B"], result["C"]
     console = Console()
     console.print(
-        f"KV budget: {cfg['budget_bytes'] / GIB:.2f} GiB = {cfg['capacity_tokens']} tokens x "
-        f"{cfg['kv_bytes_per_token']:g} B ({cfg['source']}){_residual_note(cfg['residual_window'])}"
+        f"KV budget: {cfg['budget_bytes'] / GIB:,.2f} GiB = {cfg['capacity_tokens']:,} tokens x "
+        f"{number_text(cfg['kv_bytes_per_token'])} B ({cfg['source']}){_residual_note(cfg['residual_window'])}"
     )
     t = table(
-        f"[A] requests admitted at once (block {cfg['block_size']}, reservation {cfg['max_len']})",
+        f"[A] requests admitted at once (block {cfg['block_size']:,}, reservation {cfg['max_len']:,})",
         *("requests", "held", "real KV", "utilization", "gain"),
         labels=("workload", "policy"),
     )
@@ -288,37 +289,37 @@ def run_static_cmd(args: argparse.Namespace) -> int:
         t.add_row(
             name,
             "contiguous",
-            str(row["k_cont"]),
-            f"{row['bytes_cont'] / GIB:.2f} GiB",
-            f"{row['real_cont'] / GIB:.2f} GiB",
+            f"{row['k_cont']:,}",
+            f"{row['bytes_cont'] / GIB:,.2f} GiB",
+            f"{row['real_cont'] / GIB:,.2f} GiB",
             f"{row['util_cont']:.2%}",
             "",
         )
         t.add_row(
             "",
-            f"paged ({cfg['block_size']})",
-            str(row["k_paged"]),
-            f"{row['bytes_paged'] / GIB:.2f} GiB",
-            f"{row['real_paged'] / GIB:.2f} GiB",
+            f"paged ({cfg['block_size']:,})",
+            f"{row['k_paged']:,}",
+            f"{row['bytes_paged'] / GIB:,.2f} GiB",
+            f"{row['real_paged'] / GIB:,.2f} GiB",
             f"{row['util_paged']:.2%}",
-            f"{row['gain']:.2f}x",
+            f"{row['gain']:,.2f}x",
         )
     console.print(t)
     t = table(
-        f"[B] waste per request ({cfg['workload_B_C']}, mean length {b['mean_len']:.1f} tokens)",
+        f"[B] waste per request ({cfg['workload_B_C']}, mean length {b['mean_len']:,.1f} tokens)",
         "MiB / request",
         labels=("source",),
     )
-    t.add_row(f"contiguous reservation ({cfg['max_len']} tokens)", f"{b['reserve_waste'] / MIB:.2f}")
-    t.add_row(f"paged, last block ({b['block_size']} tokens)", f"{b['frag'] / MIB:.2f}")
-    t.add_row("ratio", "- (no last-block waste)" if b["ratio"] is None else f"{b['ratio']:.1f}x")
+    t.add_row(f"contiguous reservation ({cfg['max_len']:,} tokens)", f"{b['reserve_waste'] / MIB:,.2f}")
+    t.add_row(f"paged, last block ({b['block_size']:,} tokens)", f"{b['frag'] / MIB:,.2f}")
+    t.add_row("ratio", "- (no last-block waste)" if b["ratio"] is None else f"{b['ratio']:,.1f}x")
     console.print(t)
     t = table(
         f"[C] block size ({cfg['workload_B_C']})",
         *("block", "empty slots / request", "utilization", "block-table entries / request"),
     )
     for row in c["rows"]:
-        t.add_row(str(row["bs"]), f"{row['frag']:.1f}", f"{row['util']:.3%}", f"{row['nblk']:.1f}")
+        t.add_row(f"{row['bs']:,}", f"{row['frag']:,.1f}", f"{row['util']:.3%}", f"{row['nblk']:,.1f}")
     console.print(t)
     return 0
 
@@ -329,9 +330,9 @@ def _residual_note(window: dict | None) -> str:
     if window is None:
         return ""
     return (
-        f"; each request also holds its KIVI residual window, R={window['residual_length']} tokens (up to "
-        f"{window['residual_length'] + window['group_size'] - 1} before a flush) at {window['dtype']}'s "
-        f"{window['bytes_per_token']:g} B/token"
+        f"; each request also holds its KIVI residual window, R={window['residual_length']:,} tokens (up to "
+        f"{window['residual_length'] + window['group_size'] - 1:,} before a flush) at {window['dtype']}'s "
+        f"{number_text(window['bytes_per_token'])} B/token"
     )
 
 
@@ -443,32 +444,32 @@ def _print_simulation(result: dict, source: str) -> None:
     cfg = result["config"]
     console = Console()
     console.print(
-        f"Trace {source}: {cfg['requests']} requests, mean prompt {cfg['prompt_tokens_mean']:.0f}, mean output "
-        f"{cfg['output_tokens_mean']:.0f} tokens, {cfg['prefix_requests']} with a shared prefix. "
-        f"KV memory {(cfg['gpu_bytes'] - cfg['weight_bytes'] - cfg['overhead_bytes']) / GIB:.2f} GiB "
+        f"Trace {source}: {cfg['requests']:,} requests, mean prompt {cfg['prompt_tokens_mean']:,.0f}, mean output "
+        f"{cfg['output_tokens_mean']:,.0f} tokens, {cfg['prefix_requests']:,} with a shared prefix. "
+        f"KV memory {(cfg['gpu_bytes'] - cfg['weight_bytes'] - cfg['overhead_bytes']) / GIB:,.2f} GiB "
         f"({cfg['source']})."
     )
     policies = result["policies"]
     title = "Serving simulation (time in engine steps; blocks conserved at every step)"
     t = table(title, *policies, labels=("metric",))
     rows = [
-        ("blocks x tokens", lambda r: f"{r['num_blocks']} x {r['block_size']}"),
-        ("KV bytes / token", lambda r: f"{r['kv_bytes_per_token']:g}"),
+        ("blocks x tokens", lambda r: f"{r['num_blocks']:,} x {r['block_size']:,}"),
+        ("KV bytes / token", lambda r: number_text(r["kv_bytes_per_token"])),
         ("+ residual window", _window_cell),
-        ("running, mean", lambda r: f"{r['concurrency']['mean']:.1f}"),
-        ("running, max", lambda r: str(r["concurrency"]["max"])),
+        ("running, mean", lambda r: f"{r['concurrency']['mean']:,.1f}"),
+        ("running, max", lambda r: f"{r['concurrency']['max']:,}"),
         ("slot utilization", lambda r: f"{r['utilization']:.2%}"),
         ("memory in use", lambda r: f"{r['memory_used_fraction']:.1%}"),
-        ("waste, mean", lambda r: f"{r['waste']['mean_bytes'] / GIB:.2f} GiB"),
-        ("preemptions (requests)", lambda r: f"{r['preemptions']} ({r['preempted_requests']})"),
-        ("recomputed tokens", lambda r: str(r["recomputed_tokens"])),
-        ("prefix-hit blocks", lambda r: str(r["prefix_hit_blocks"])),
-        ("blocks / request, max", lambda r: str(r["max_blocks_per_request"])),
-        ("evicted blocks", lambda r: str(r["evicted_blocks"])),
-        ("queue delay mean", lambda r: f"{r['queue_delay_steps']['mean']:.1f}"),
-        ("queue delay p99", lambda r: f"{r['queue_delay_steps']['p99']:.0f}"),
-        ("tokens / step", lambda r: f"{r['tokens_per_step']['mean']:.1f}"),
-        ("steps (makespan)", lambda r: f"{r['steps']} ({r['makespan_steps']})"),
+        ("waste, mean", lambda r: f"{r['waste']['mean_bytes'] / GIB:,.2f} GiB"),
+        ("preemptions (requests)", lambda r: f"{r['preemptions']:,} ({r['preempted_requests']:,})"),
+        ("recomputed tokens", lambda r: f"{r['recomputed_tokens']:,}"),
+        ("prefix-hit blocks", lambda r: f"{r['prefix_hit_blocks']:,}"),
+        ("blocks / request, max", lambda r: f"{r['max_blocks_per_request']:,}"),
+        ("evicted blocks", lambda r: f"{r['evicted_blocks']:,}"),
+        ("queue delay mean", lambda r: f"{r['queue_delay_steps']['mean']:,.1f}"),
+        ("queue delay p99", lambda r: f"{r['queue_delay_steps']['p99']:,.0f}"),
+        ("tokens / step", lambda r: f"{r['tokens_per_step']['mean']:,.1f}"),
+        ("steps (makespan)", lambda r: f"{r['steps']:,} ({r['makespan_steps']:,})"),
         ("events / s", lambda r: f"{r['events_per_s']:,.0f}"),
     ]
     for label, fmt in rows:

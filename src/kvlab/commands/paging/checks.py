@@ -67,7 +67,7 @@ def check_block_size(args: argparse.Namespace) -> None:
     """
     if args.block_size > args.max_len >= 1:  # below 1: the library names --max-len
         raise ValueError(
-            f"--block-size {args.block_size} is larger than --max-len {args.max_len} (the contiguous reservation "
+            f"--block-size {args.block_size:,} is larger than --max-len {args.max_len:,} (the contiguous reservation "
             "per request): every paged request would hold one block bigger than that whole reservation; use a "
             "block size <= --max-len"
         )
@@ -85,7 +85,7 @@ def check_keep_evicts(args: argparse.Namespace, trace, policies) -> None:
     longest = int((trace.prompt_tokens + trace.output_tokens).max())
     if args.keep_tokens >= longest:
         raise ValueError(
-            f"--keep-tokens {args.keep_tokens} is not below the longest request ({longest} tokens, prompt + "
+            f"--keep-tokens {args.keep_tokens:,} is not below the longest request ({longest:,} tokens, prompt + "
             f"output): paged+keep{args.keep_tokens} would evict nothing and repeat paged; use a smaller N"
         )
 
@@ -116,11 +116,11 @@ def _requests_source(args: argparse.Namespace, trace, lines) -> str:
     if args.trace:
         longest = int((trace.prompt_tokens + trace.output_tokens).argmax())
         return f"the longest request: line {int(lines[longest])} of --trace {args.trace}"
-    prefix = f" + --prefix-tokens {args.prefix_tokens}" if args.prefix_groups and args.prefix_tokens else ""
+    prefix = f" + --prefix-tokens {args.prefix_tokens:,}" if args.prefix_groups and args.prefix_tokens else ""
     prompt, output = args.prompt_tokens, args.output_tokens
     return (
-        f"the longest generated request: --prompt-tokens {prompt[0]}:{prompt[1]}{prefix} + --output-tokens "
-        f"{output[0]}:{output[1]}"
+        f"the longest generated request: --prompt-tokens {prompt[0]:,}:{prompt[1]:,}{prefix} + --output-tokens "
+        f"{output[0]:,}:{output[1]:,}"
     )
 
 

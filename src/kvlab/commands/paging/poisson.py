@@ -31,9 +31,11 @@ def poisson_flags_given(args: argparse.Namespace) -> list[str]:
         if value is None:
             continue
         if isinstance(value, tuple):  # --prompt-tokens LO:HI
-            value = ":".join(map(str, value))
+            value = ":".join(f"{v:,}" for v in value)
         elif isinstance(value, float):  # --rate
             value = f"{value:g}"
+        elif isinstance(value, int):  # --requests 100,000
+            value = f"{value:,}"
         given.append(f"--{dest.replace('_', '-')} {value}")
     return given
 
@@ -50,7 +52,7 @@ def poisson_trace_of(args: argparse.Namespace):
 
     if args.prefix_groups == 0 and args.prefix_tokens:
         raise ValueError(
-            f"--prefix-tokens {args.prefix_tokens} sizes a shared prefix, but --prefix-groups 0 means none; "
+            f"--prefix-tokens {args.prefix_tokens:,} sizes a shared prefix, but --prefix-groups 0 means none; "
             "pass both > 0 or drop --prefix-tokens"
         )
     prefix_tokens_given = args.prefix_tokens is not None
