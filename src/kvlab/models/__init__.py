@@ -135,8 +135,23 @@ def _check_hub_or_cache(name: str, revision: str | None) -> None:
     if offline is not None:
         raise OSError(
             f"{name!r} is not a local directory, not in the local Hugging Face cache, and the hub cannot be "
-            f"reached ({offline}); pass a local model directory"
+            f"reached ({offline}); {_offline_alternatives(name)}"
         )
+
+
+def _offline_alternatives(name: str) -> str:
+    """What a model name could have been without the hub: a local directory, a GGUF file or a named model, the
+    closest named model first (``smollm2`` for ``smollm2-135m``: the hub was asked only because no name matched)."""
+    import difflib
+
+    from kvlab.model_names import NAMED_MODELS
+
+    close = difflib.get_close_matches(name.lower(), list(NAMED_MODELS), n=1, cutoff=0.6)
+    hint = f"did you mean --model {close[0]}? " if close else ""
+    return (
+        f"{hint}pass a local model directory, a GGUF file or a named model ({', '.join(NAMED_MODELS)}; "
+        "`kvlab models` lists them)"
+    )
 
 
 def _in_hub_cache(name: str) -> bool:

@@ -131,3 +131,17 @@ def test_an_offline_hub_id_not_in_the_cache_is_bad_input(monkeypatch, capsys):
         assert main(argv) == 2  # was 1 (bench: a traceback), after the loader's retries
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "the hub cannot be reached (HF_HUB_OFFLINE is set)" in err[0]
+
+
+def test_an_offline_near_miss_of_a_named_model_names_it(monkeypatch, capsys):
+    # `--model smollm2` offline was refused with "pass a local model directory" only: nothing said that kvlab knows
+    # smollm2-135m by name, nor that a GGUF file would do
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(OSError, match=r"did you mean --model smollm2-135m\? .*a GGUF file or a named model"):
+        check_local_model("smollm2")
+    assert main(["inspect", "--model", "SmolLM2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "did you mean --model smollm2-135m?" in err[0] and "`kvlab models`" in err[0]
+    with pytest.raises(OSError) as far:
+        check_local_model("kvlab-test-owner/no-such-model")
+    assert "did you mean" not in str(far.value) and "smollm2-135m" in str(far.value)
