@@ -220,7 +220,9 @@ class EvalConfig:
             "recall_rows",
             "passkey_trials",
         ):
-            _positive_ints(name, (getattr(self, name),))
+            value = getattr(self, name)  # one number: "must hold positive integers" read as a list's error
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"`{name}` must be an integer >= 1, got {value!r}")
         if not isinstance(self.long_context, bool):
             raise ValueError(f"`long_context` must be a bool, got {self.long_context!r}")
         if (

@@ -30,6 +30,9 @@ def err_of(capsys):
         (["--seed", "-1"], "`seed` (--seed) must be an int >= 0, got -1"),  # ran; kvlab tasks --seed -1 refused it
         (["--model", ""], "--model) must name a hub id or a folder (or be None: the bundled model), got ''"),
         (["--model", "   "], "got ' '"),
+        # one number, not a list: it read "`new_tokens` (--new-tokens) must hold positive integers, got 0"
+        (["--new-tokens", "0"], "`new_tokens` (--new-tokens) must be an integer >= 1, got 0"),
+        (["--repeat", "0"], "`repeat` (--repeat) must be an integer >= 1, got 0"),
     ],
 )
 def test_dry_run_bad_values_are_named(tmp_path, capsys, argv, fragment):

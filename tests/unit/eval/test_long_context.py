@@ -408,8 +408,8 @@ def test_decision_rejects_a_cache_that_loses_the_passkey():
 @pytest.mark.parametrize(
     "kw, msg",
     [
-        ({"passkey_trials": 0}, "`passkey_trials` must hold positive integers, got 0"),
-        ({"recall_rows": -1}, "`recall_rows` must hold positive integers, got -1"),
+        ({"passkey_trials": 0}, "`passkey_trials` must be an integer >= 1, got 0"),
+        ({"recall_rows": -1}, "`recall_rows` must be an integer >= 1, got -1"),
         ({"recall_span_tokens": 1}, "`recall_span_tokens` must be an integer >= 2, got 1"),
         ({"recall_fractions": (0.5, 1.2)}, r"`recall_fractions` must hold fractions in \[0, 1\], got 1.2"),
         ({"passkey_depths": ()}, "`passkey_depths` must not be empty"),
