@@ -5,6 +5,7 @@ online when allowed). Pure Python; no torch.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -158,8 +159,10 @@ def load_spec(model: str | os.PathLike | Mapping | ModelSpec) -> ModelSpec:
         raise ValueError(f"{kind} {text!r} does not exist (looked for {path.resolve()})")
     if _HUB_ID.match(text):
         return spec_from_config(_hub_config(text), name=text)
+    close = difflib.get_close_matches(text.lower(), presets.names(), n=1, cutoff=0.8)  # llama3-8b: llama-3-8b
+    hint = f"; did you mean {close[0]}?" if close else ""
     raise ValueError(
-        f"model {text!r} is not a preset, a config.json, a GGUF file, a directory or a hub id; presets: "
+        f"model {text!r} is not a preset, a config.json, a GGUF file, a directory or a hub id{hint}; presets: "
         f"{', '.join(presets.names())}"
     )
 

@@ -732,3 +732,18 @@ def test_load_spec_names_a_model_of_another_type(model, said):
     # a TypeError from os.fspath, naming neither the argument nor the value
     with pytest.raises(ValueError, match=re.escape(f"`model` must be a preset name, a path, a hub id, a config dict or a ModelSpec, got {said}")):
         load_spec(model)
+
+
+@pytest.mark.parametrize("typo, preset", [("llama3-8b", "llama-3-8b"), ("qwen-2.5-7b", "qwen2.5-7b"), ("deepseekv3", "deepseek-v3")])
+def test_a_near_miss_of_a_preset_names_it(typo, preset, capsys):
+    # `kvlab plan llama3-8b` listed fifteen presets and left the reader to spot the missing hyphen
+    for argv in (["plan", typo], ["paging", "static", "--model", typo]):
+        assert main(argv) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"did you mean {preset}?" in err and "presets: llama-3-8b" in err
+
+
+def test_a_name_far_from_every_preset_gets_no_guess():
+    with pytest.raises(ValueError, match="or a hub id; presets: ") as e:
+        load_spec("no-such-model")
+    assert "did you mean" not in str(e.value)
