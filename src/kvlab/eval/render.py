@@ -317,7 +317,12 @@ def _print_header(result: dict, console: Console) -> None:
         f"gates: ΔNLL ≤ {g['max_nll_delta']}, top-k overlap ≥ {g['min_topk_overlap']}, "
         f"latency ratio ≤ {g['max_latency_ratio']}; memory = exact cache bytes vs DynamicCache"
     )
-    if "max_kl_mean" in g:  # results written before the long-context gates have none
+    if "max_kl_mean" in g and (result.get("settings") or {}).get("long_context") is False:
+        console.print(  # --no-long-context: no recall or passkey column to judge, only the KL
+            f"long-context gates: KL mean ≤ {g['max_kl_mean']} nats; recall and passkey not measured "
+            "(--no-long-context)"
+        )
+    elif "max_kl_mean" in g:  # results written before the long-context gates have none
         console.print(
             f"long-context gates: recall drop ≤ {g['max_recall_drop']} (worst distance), passkey drop ≤ "
             f"{g['max_passkey_drop']} (mean over depths), KL mean ≤ {g['max_kl_mean']} nats; recall and passkey "

@@ -180,3 +180,15 @@ def test_a_dry_run_report_says_no_device_was_loaded(tmp_path, capsys):
     printed = io.StringIO()
     print_summary(recorded, Console(file=printed, width=200))
     assert f"device {recorded['provenance']['hardware']['device']}" in printed.getvalue()
+
+
+def test_a_run_without_long_context_probes_does_not_print_their_gates():
+    # `kvlab eval --no-long-context` printed "long-context gates: recall drop ≤ 0.05 ..., passkey drop ≤ 0.05"
+    # above a table with no recall or passkey column
+    result = _record("eval-fp8-kl512-4096-2026-12-01.json")
+    assert result["settings"]["long_context"] is False
+    text = " ".join(_text(result).split())
+    assert "long-context gates: KL mean ≤ 0.1 nats; recall and passkey not measured (--no-long-context)" in text
+    assert "recall drop ≤" not in text
+    probed = " ".join(_text(_record("eval-default-cpu-2026-12-01.json")).split())
+    assert "long-context gates: recall drop ≤ 0.05 (worst distance), passkey drop ≤ 0.05" in probed
