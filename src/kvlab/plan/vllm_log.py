@@ -420,8 +420,10 @@ def _settings(
         )
         if value is not None
     }
-    notes = [
-        f"{k} not in the log: {given.get(k, f'kvlab assumes {v}')}" for k, v in silent.items() if k not in stated
+    notes = [  # 20,000 tokens as every other count kvlab prints, not 20000
+        f"{k} not in the log: {given.get(k, f'kvlab assumes {v:,}' if isinstance(v, int) else f'kvlab assumes {v}')}"
+        for k, v in silent.items()
+        if k not in stated
     ]
     kv_kw = dict(
         max_model_len=length,
@@ -510,7 +512,7 @@ def _kv_lines(log: Mapping, spec: ModelSpec, kv_kw: dict) -> tuple[list[dict], l
             "GPU KV cache size (tokens, from the log's KV memory)",
             logged_tokens,
             kv.kv_cache_tokens,
-            f"{kv.num_blocks:,} blocks, {len(kv.groups)} groups ({kv.report})",
+            f"{kv.num_blocks:,} blocks, {len(kv.groups)} group{'' if len(kv.groups) == 1 else 's'} ({kv.report})",
         ),
         _line(
             f"Maximum concurrency for {kv_kw['max_model_len']:,} tokens",

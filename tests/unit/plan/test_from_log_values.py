@@ -214,3 +214,14 @@ def test_block_size_stands_in_where_the_log_states_none(tmp_path, capsys):
 )  # fmt: skip
 def test_a_logged_setting_the_model_cannot_take_is_named_as_the_log_states_it(old, new, said, tmp_path, capsys):
     assert _refused(tmp_path, capsys, old, new).endswith(said)
+
+
+def test_assumed_counts_and_groups_read_as_the_other_numbers(tmp_path, capsys):
+    """A log without the scheduler budget was noted 'max_num_batched_tokens not in the log: kvlab assumes 8192' beside
+    '4,096 tokens' and '28,236 blocks, 1 groups'."""
+    rc, _ = _run(tmp_path, LLAVA_LOG.replace(" max_num_batched_tokens=16384", ""))
+    assert rc == 0
+    r = json.loads(capsys.readouterr().out)
+    assert "max_num_batched_tokens not in the log: kvlab assumes 8,192" in r["notes"]
+    assert "model_dtype not in the log: kvlab assumes bfloat16" in r["notes"]
+    assert _tokens_line(r)["how"].startswith("28,236 blocks, 1 group (")
