@@ -212,20 +212,35 @@ def passkey_tables(result: dict, width: int | None) -> list[Table]:
     return [] if grid is None else _fit(grid, width)
 
 
-# what each matrix column holds (printed once under the tables): a new user could not make ms/tok and lat × agree
-COLUMN_LEGEND = (
-    "columns: R/G = residual window R (newest tokens kept unquantized) / group size G (KIVI's or HQQ's quantization "
-    "group), - for a cache without one; × dyn = cache bytes / dynamic's; ms/tok = one whole generate() call "
-    "(prefill + decode) / new tokens, median of the timed calls; lat × = median of the per-round paired ratios to "
-    "dynamic (so not ms/tok / ms/tok); NLL / Δ = mean NLL of the fixed continuation, nats/token (dynamic) or its "
-    "change; top-k = top-k overlap with dynamic's logits; agree = share of greedy tokens equal to dynamic's (noisy: "
-    "one flip changes the rest); recall / passkey = accuracy (recall's ✓ judges the drop at its worst distance, "
-    "passkey's the overall drop); passkey - = no passkey grid at that context (it runs at --retrieval-contexts, by "
-    "default the smallest context only); KL = mean KL(dynamic || cache), nats; peak MiB = peak of the tensor bytes "
-    "one generate() call creates (cache, activations, logits; the weights not counted), - where not measured; "
-    f"✓/✗ = the gate of that column; ~ after ms/tok = that cache's timed calls differed by more than "
-    f"{UNSTABLE_TIMING_SPREAD}x (noisy, its lat × and ✓ too; see the warning)"
+# what each matrix column holds (printed once under the tables): a new user could not make ms/tok and lat × agree.
+# Each part names the result field whose column it explains (None: a column every table has); column_legend keeps
+# the parts of the columns shown (a --no-long-context run has no recall / passkey / KL column to explain)
+COLUMN_LEGEND_PARTS = (
+    (None, "columns: R/G = residual window R (newest tokens kept unquantized) / group size G (KIVI's or HQQ's "
+     "quantization group), - for a cache without one; × dyn = cache bytes / dynamic's; ms/tok = one whole "
+     "generate() call (prefill + decode) / new tokens, median of the timed calls; lat × = median of the per-round "
+     "paired ratios to dynamic (so not ms/tok / ms/tok); NLL / Δ = mean NLL of the fixed continuation, nats/token "
+     "(dynamic) or its change; top-k = top-k overlap with dynamic's logits; agree = share of greedy tokens equal to "
+     "dynamic's (noisy: one flip changes the rest)"),
+    ("recall_accuracy", "recall = accuracy (its ✓ judges the drop at its worst distance)"),
+    ("passkey_accuracy", "passkey = accuracy (its ✓ judges the overall drop); passkey - = no passkey grid at that "
+     "context (it runs at --retrieval-contexts, by default the smallest context only)"),
+    ("kl_mean", "KL = mean KL(dynamic || cache), nats"),
+    (None, "peak MiB = peak of the tensor bytes one generate() call creates (cache, activations, logits; the "
+     "weights not counted), - where not measured; "
+     f"✓/✗ = the gate of that column; ~ after ms/tok = that cache's timed calls differed by more than "
+     f"{UNSTABLE_TIMING_SPREAD}x (noisy, its lat × and ✓ too; see the warning)"),
 )
+COLUMN_LEGEND = "; ".join(text for _, text in COLUMN_LEGEND_PARTS)
+
+
+def column_legend(result: dict) -> str:
+    """The legend of the matrix columns ``result``'s tables show (:data:`COLUMN_LEGEND_PARTS`): a long-context
+    column's part only where some capacity or window row has its field, as :func:`_matrix_grid` keeps the column."""
+    rows = [r for r in result.get("rows", []) if r.get("matrix") in ("capacity", "window")]
+    return "; ".join(
+        text for key, text in COLUMN_LEGEND_PARTS if key is None or any(r.get(key) is not None for r in rows)
+    )
 
 
 def print_summary(result: dict, console: Console | None = None) -> None:
@@ -241,7 +256,7 @@ def print_summary(result: dict, console: Console | None = None) -> None:
     for table in passkey_tables(result, console.width):
         console.print(table)
     if any(r.get("matrix") in ("capacity", "window") for r in result.get("rows", [])):
-        console.print(f"[dim]{COLUMN_LEGEND}[/]")
+        console.print(f"[dim]{column_legend(result)}[/]")
     for line in fp8_range_lines(result) + integer_path_lines(result):
         console.print(line)
     for f in result["failures"]:

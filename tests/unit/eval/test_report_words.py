@@ -192,3 +192,18 @@ def test_a_run_without_long_context_probes_does_not_print_their_gates():
     assert "recall drop ≤" not in text
     probed = " ".join(_text(_record("eval-default-cpu-2026-12-01.json")).split())
     assert "long-context gates: recall drop ≤ 0.05 (worst distance), passkey drop ≤ 0.05" in probed
+
+
+def test_column_key_explains_only_the_columns_shown():
+    """A --no-long-context run has no recall, passkey or KL column: its legend does not explain them (it did)."""
+    result = copy.deepcopy(_record(MORE_CACHES))
+    full = " ".join(_text(result, width=400).split())
+    assert "recall = accuracy" in full and "KL = mean KL(dynamic || cache)" in full and "passkey - =" in full
+    for row in result["rows"]:
+        for key in ("recall_accuracy", "passkey_accuracy", "kl_mean"):
+            row.pop(key, None)
+    from kvlab.eval.render import column_legend
+
+    legend = column_legend(result)
+    assert "recall" not in legend and "passkey" not in legend and "KL =" not in legend
+    assert legend.startswith("columns: R/G = residual window R") and "peak MiB = peak" in legend
