@@ -10,7 +10,7 @@ import pytest
 
 from kvlab.cli import build_parser, main
 
-SAID = "--dtype must be one of ['bfloat16', 'float16', 'float32'], got "
+SAID = "--dtype must be one of ['bfloat16', 'float16', 'float32'] (or bf16, fp16, fp32; any case), got "
 
 # each command with --dtype -> the flags that let it reach its checks without doing or writing anything else
 RUNS: dict[tuple[str, ...], tuple[str, ...]] = {
@@ -78,6 +78,36 @@ def test_every_model_dtype_reads_the_short_spellings_as_the_full_name(words, sho
     assert _parsed(words, "int8").dtype == "int8"  # refused by dtype_problem, in its one wording
 
 
+@pytest.mark.parametrize("words", sorted(RUNS))
+@pytest.mark.parametrize(
+    ("typed", "full"), [("BF16", "bfloat16"), ("Fp16", "float16"), ("Float16", "float16"), ("FLOAT32", "float32")]
+)
+def test_every_model_dtype_reads_any_case_as_the_full_name(words, typed, full):
+    """kvlab eval --dtype BF16 and --dtype Float16 were refused: any case now reads as the canonical name."""
+    assert _parsed(words, typed).dtype == full
+
+
+def test_a_dtype_in_another_case_is_recorded_by_its_full_name(tmp_path):
+    import json
+
+    assert main(["eval", "--dry-run", "--dtype", "BF16", "--out-dir", str(tmp_path), "--label", "d"]) == 0
+    result = json.loads((tmp_path / "d.json").read_text())
+    assert result["settings"]["dtype"] == "bfloat16"
+
+
+def test_the_model_dtypes_are_one_list():
+    """kvlab.eval.config kept its own copy of the names beside kvlab.runtime.dtypes.DTYPES."""
+    import torch
+
+    from kvlab.eval import config
+    from kvlab.runtime.dtype_names import MODEL_DTYPES
+    from kvlab.runtime.dtypes import DTYPES
+
+    assert tuple(DTYPES) == MODEL_DTYPES
+    assert DTYPES["bfloat16"] is torch.bfloat16 and DTYPES["float32"] is torch.float32
+    assert not hasattr(config, "DTYPES")
+
+
 def test_a_short_dtype_is_recorded_by_its_full_name(tmp_path):
     import json
 
@@ -96,3 +126,5 @@ def test_the_library_names_the_full_name_for_a_short_one():
         EvalConfig(dtype="fp16")
     with pytest.raises(ValueError, match=r"got 'int8'$"):
         parse_dtype("int8")
+    with pytest.raises(ValueError, match=r"got 'BFloat16' \(did you mean 'bfloat16'\?\)"):
+        EvalConfig(dtype="BFloat16")

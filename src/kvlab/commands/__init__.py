@@ -99,16 +99,18 @@ def device_problem(device: str | None) -> str | None:
 
 def dtype_problem(dtype: object) -> str | None:
     """The one wording of a ``--dtype`` kvlab runs no model in, found before any work (a model load, a prefill):
-    the message of :func:`kvlab.runtime.dtypes.parse_dtype` named by the flag the user typed ("--dtype must be one
-    of ['bfloat16', 'float16', 'float32'], got 'int8'"); None when it can run. Every command with a model
-    ``--dtype`` calls it: ``kvlab eval``, ``tasks``, ``inspect``, ``bench``, ``lab`` (``--real``, ``eviction``) and
-    ``sensitivity sweep``, which had three wordings of it."""
+    what the flag accepts, the short spellings too (:func:`kvlab.runtime.dtype_names.accepted_dtypes_text`), and the
+    value ("--dtype must be one of ['bfloat16', 'float16', 'float32'] (or bf16, fp16, fp32; any case), got 'int8'");
+    None when :func:`kvlab.runtime.dtypes.parse_dtype` takes it. Every command with a model ``--dtype`` calls it:
+    ``kvlab eval``, ``tasks``, ``inspect``, ``bench``, ``lab`` (``--real``, ``eviction``) and ``sensitivity sweep``,
+    which had three wordings of it."""
+    from kvlab.runtime.dtype_names import accepted_dtypes_text
     from kvlab.runtime.dtypes import parse_dtype
 
     try:
         parse_dtype(dtype)
-    except ValueError as exc:
-        return str(exc).replace("`dtype`", "--dtype", 1)
+    except ValueError:
+        return f"--dtype must be one of {accepted_dtypes_text()}, got {dtype!r}"
     return None
 
 
@@ -126,7 +128,7 @@ def read_dtype_aliases(parser) -> None:
         if "--dtype" in action.option_strings and action.type is None:
             action.type = canonical_dtype
             shorts = ", ".join(f"{a} = {full}" for a, full in DTYPE_ALIASES.items())
-            action.help = f"{action.help}; also {shorts}" if action.help else None
+            action.help = f"{action.help}; also {shorts}; any case" if action.help else None
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 read_dtype_aliases(sub)

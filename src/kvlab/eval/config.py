@@ -11,9 +11,8 @@ from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.caches.settings import HQQ_GROUP_SIZE
 from kvlab.runtime.checks import check_int
 from kvlab.runtime.device import check_device_name
-from kvlab.runtime.dtype_names import alias_hint
+from kvlab.runtime.dtype_names import MODEL_DTYPES, alias_hint
 
-DTYPES = ("bfloat16", "float16", "float32")
 PROMPT_MODES = ("heldout", "repeat")
 # how a CPU run's Linear layers multiply: "float32" GEMMs on the model dtype's values (kvlab.runtime.dtypes.
 # float32_gemms), torch's "native" kernels for the dtype, or "auto": float32 where the dtype is emulated
@@ -96,7 +95,8 @@ class EvalConfig:
 
     Attributes:
         model: HF hub id or local directory; ``None`` = the bundled reference model.
-        dtype: model dtype, one of :data:`DTYPES` (the quantization chapter uses bfloat16).
+        dtype: model dtype, one of :data:`kvlab.runtime.dtype_names.MODEL_DTYPES` (the quantization chapter uses
+            bfloat16).
         device: ``"cpu"``, ``"cuda"`` or ``"auto"`` (CUDA when available).
         candidates: cache candidates; ``"dynamic"`` is the baseline and is always run first.
         contexts: capacity-matrix prompt lengths in tokens.
@@ -272,8 +272,8 @@ class EvalConfig:
             raise ValueError(
                 f"`model` must name a hub id or a folder (or be None: the bundled model), got {self.model!r}"
             )
-        if self.dtype not in DTYPES:
-            raise ValueError(f"`dtype` must be one of {list(DTYPES)}, got {self.dtype!r}{alias_hint(self.dtype)}")
+        if self.dtype not in MODEL_DTYPES:
+            raise ValueError(f"`dtype` must be one of {list(MODEL_DTYPES)}, got {self.dtype!r}{alias_hint(self.dtype)}")
         check_device_name(self.device)  # the rule bench and tasks use: cpu, cuda, cuda:N or auto
         if self.kivi_attention not in ("fused", "dequantize"):
             raise ValueError(f"`kivi_attention` must be 'fused' or 'dequantize', got {self.kivi_attention!r}")

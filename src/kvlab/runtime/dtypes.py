@@ -8,14 +8,11 @@ from collections.abc import Iterator
 import torch
 
 from kvlab.runtime.checks import check_int
-from kvlab.runtime.dtype_names import alias_hint
+from kvlab.runtime.dtype_names import MODEL_DTYPES, alias_hint
 from kvlab.runtime.dtype_speed import SLOW_DTYPE_RATIO
 
-DTYPES: dict[str, torch.dtype] = {
-    "bfloat16": torch.bfloat16,  # the quantization chapter's model dtype
-    "float16": torch.float16,
-    "float32": torch.float32,
-}
+# the model dtypes (kvlab.runtime.dtype_names.MODEL_DTYPES, the one list) by name -> torch.bfloat16, ...
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in MODEL_DTYPES}
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:

@@ -210,7 +210,7 @@ def test_an_fp8_only_allocation_is_what_vllm_runs(fragile, result):
             "--context 63 must be at least --residual 32 + --group-size 32",
         ),
         (["--out", "/proc/s.json"], "--out /proc/s.json: folder /proc takes no files"),
-        (["--dtype", "bogus"], "--dtype must be one of ['bfloat16', 'float16', 'float32'], got 'bogus'"),
+        (["--dtype", "bogus"], "--dtype must be one of ['bfloat16', 'float16', 'float32'] (or bf16, fp16, fp32; any case), got 'bogus'"),
     ],
 )
 def test_a_sweep_that_cannot_measure_or_save_is_refused_before_the_model_loads(

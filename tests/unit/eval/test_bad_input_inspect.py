@@ -66,7 +66,7 @@ def test_a_figure_path_that_is_not_png_is_refused_before_any_work(tmp_path, caps
 @pytest.mark.parametrize(
     "argv, said",
     [
-        (["--dtype", "bogus"], "--dtype must be one of ['bfloat16', 'float16', 'float32'], got 'bogus'"),
+        (["--dtype", "bogus"], "--dtype must be one of ['bfloat16', 'float16', 'float32'] (or bf16, fp16, fp32; any case), got 'bogus'"),
         (["--calibrate-tokens", "0"], "--calibrate-tokens must be >= 1, got 0"),
         (
             ["--tokens", "16", "--calibrate-tokens", "17"],

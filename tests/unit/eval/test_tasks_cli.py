@@ -122,10 +122,10 @@ def test_a_dry_run_prints_the_cells_and_caches_and_writes_nothing(tmp_path, caps
         (["--device", "bogus"], "`device` (--device) must be cpu, cuda, cuda:N or auto, got 'bogus'"),
         (
             ["--dtype", "int8"],
-            "--dtype must be one of ['bfloat16', 'float16', 'float32'], got 'int8'",
+            "--dtype must be one of ['bfloat16', 'float16', 'float32'] (or bf16, fp16, fp32; any case), got 'int8'",
         ),
         # '' ran in bfloat16, the default (kvlab eval --dtype '' refuses it)
-        (["--dtype", ""], "--dtype must be one of ['bfloat16', 'float16', 'float32'], got ''"),
+        (["--dtype", ""], "--dtype must be one of ['bfloat16', 'float16', 'float32'] (or bf16, fp16, fp32; any case), got ''"),
     ],
 )
 def test_a_dry_run_refuses_what_the_run_refuses(argv, message, tmp_path, capsys, monkeypatch):

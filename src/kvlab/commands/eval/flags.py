@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from kvlab.eval.config import DTYPES, QUICK_SETTINGS, EvalConfig, Gates
+from kvlab.eval.config import QUICK_SETTINGS, EvalConfig, Gates
 from kvlab.runtime.checks import float_list, int_list, parse_list
+from kvlab.runtime.dtype_names import MODEL_DTYPES
 
 _FIELD_DEFAULTS = {f.name: f.default for f in fields(EvalConfig)}
 _GATE_DEFAULTS = {f.name: f.default for f in fields(Gates)}
@@ -110,7 +111,7 @@ def _add_model_flags(p) -> None:
         "(default: the bundled reference model, a small test model)",
     )
     dtype = _default("dtype")
-    others = [d for d in DTYPES if d != dtype]
+    others = [d for d in MODEL_DTYPES if d != dtype]
     p.add_argument(
         "--dtype",
         default=dtype,
