@@ -365,10 +365,18 @@ _THRESHOLD = {
 
 
 def _judged_from(name: str, row: dict, gates: object) -> str:
-    """The numbers the mark ``name`` of ``row`` is judged from, as a refusal names them."""
+    """The numbers the mark ``name`` of ``row`` is judged from, as a refusal names them (floats at 6 significant
+    digits, more where the number and its threshold would read alike: :func:`kvlab.eval.schema_derived.shown_apart`)."""
+    from kvlab.eval.schema_derived import shown_apart
+
     if name == "saves_memory":
         return f"cache_bytes_saved {_show(row.get('cache_bytes_saved'))} (saves memory when > 0)"
-    words = f"{name} {_show(row.get(name))} and gates.{_THRESHOLD[name]} {_show(getattr(gates, _THRESHOLD[name]))}"
+    value, threshold = row.get(name), getattr(gates, _THRESHOLD[name])
+    if _is_number(value) and _is_number(threshold):
+        value, threshold = shown_apart(value, threshold)
+    else:
+        value, threshold = _show(value), _show(threshold)
+    words = f"{name} {value} and gates.{_THRESHOLD[name]} {threshold}"
     if name == "latency_ratio" and row.get("latency_trusted") is False:
         words += " (latency_trusted false: the gate is not used)"
     return words

@@ -28,8 +28,33 @@ def _differs(stored: object, derived: float | None) -> bool:
     return not math.isclose(stored, derived, rel_tol=_REL, abs_tol=_ABS)
 
 
+# the significant digits a message shows a float at (0.0322581, not 0.032258064516129004)
+_DIGITS = 6
+
+
+def _at(value: object, digits: int = _DIGITS) -> str:
+    """A finite float at ``digits`` significant digits, still a float (``0.0``, as the file writes it, not ``0``);
+    an int, None or NaN as its repr."""
+    if isinstance(value, float) and math.isfinite(value):
+        text = f"{value:.{digits}g}"
+        return text if any(c in text for c in ".e") else text + ".0"
+    return repr(value)
+
+
+def shown_apart(a: object, b: object) -> tuple[str, str]:
+    """Two numbers as a message shows a stored one beside the one it is judged or derived against: floats at 6
+    significant digits, more where 6 would print two different numbers alike (``0.03225806`` against
+    ``0.032258065``, not ``0.0322581`` twice), up to repr's 17; ints and anything else as their repr."""
+    for digits in range(_DIGITS, 18):
+        shown = _at(a, digits), _at(b, digits)
+        if shown[0] != shown[1] or a == b:
+            return shown
+    return repr(a), repr(b)
+
+
 def _problem(at: str, field: str, stored: object, derived: float, how: str) -> str:
-    return f"{at}.{field}: {stored!r} does not follow from {how} (derived: {derived!r})"
+    shown, again = shown_apart(stored, derived)
+    return f"{at}.{field}: {shown} does not follow from {how} (derived: {again})"
 
 
 def _baselines(rows: list[dict]) -> dict[tuple, dict]:
@@ -54,10 +79,10 @@ def _cache_problems(at: str, row: dict, base: dict | None) -> list[str]:
         return problems
     if dyn > 0 and _differs(row.get("cache_bytes_ratio"), row["cache_bytes"] / dyn):
         problems.append(_problem(at, "cache_bytes_ratio", row["cache_bytes_ratio"], row["cache_bytes"] / dyn,
-                                 f"cache_bytes {row['cache_bytes']!r} / the float cache's {dyn!r}"))
+                                 f"cache_bytes {_at(row['cache_bytes'])} / the float cache's {_at(dyn)}"))
     if _differs(row.get("cache_bytes_saved"), dyn - row["cache_bytes"]):
         problems.append(_problem(at, "cache_bytes_saved", row["cache_bytes_saved"], dyn - row["cache_bytes"],
-                                 f"the float cache's cache_bytes {dyn!r} - cache_bytes {row['cache_bytes']!r}"))
+                                 f"the float cache's cache_bytes {_at(dyn)} - cache_bytes {_at(row['cache_bytes'])}"))
     return problems
 
 
@@ -69,10 +94,10 @@ def _nll_problems(at: str, row: dict, base: dict) -> list[str]:
     problems = []
     if _differs(row.get("nll_delta"), nll - bnll):
         problems.append(_problem(at, "nll_delta", row["nll_delta"], nll - bnll,
-                                 f"mean_nll {nll!r} - the float cache's {bnll!r}"))
+                                 f"mean_nll {_at(nll)} - the float cache's {_at(bnll)}"))
     if _differs(row.get("nll_ratio"), nll / max(1e-9, bnll)):
         problems.append(_problem(at, "nll_ratio", row["nll_ratio"], nll / max(1e-9, bnll),
-                                 f"mean_nll {nll!r} / the float cache's {bnll!r}"))
+                                 f"mean_nll {_at(nll)} / the float cache's {_at(bnll)}"))
     return problems
 
 
@@ -92,7 +117,7 @@ def _recall_problems(at: str, row: dict, base: dict | None) -> list[str]:
     if _differs(row.get("recall_nll_delta"), _minus(rec.get("mean_nll"), brec.get("mean_nll"))):
         derived = rec["mean_nll"] - brec["mean_nll"]
         problems.append(_problem(at, "recall_nll_delta", row["recall_nll_delta"], derived,
-                                 f"recall.mean_nll {rec['mean_nll']!r} - the float cache's {brec['mean_nll']!r}"))
+                                 f"recall.mean_nll {_at(rec['mean_nll'])} - the float cache's {_at(brec['mean_nll'])}"))
     there = {d.get("distance_tokens"): d.get("accuracy") for d in brec["distances"]}
     drops = []
     for j, d in enumerate(rec["distances"]):
@@ -179,4 +204,4 @@ def summary_derived_problems(result: dict) -> list[str]:
     return _summary_problems(result)
 
 
-__all__ = ["derived_problems", "summary_derived_problems"]
+__all__ = ["derived_problems", "shown_apart", "summary_derived_problems"]
