@@ -25,9 +25,14 @@ from kvlab.plan.vllm_kv import VLLM_KV_CACHE_DTYPES, vllm_kv_cache
 from kvlab.plan.vllm_memory import GIB, available_kv_memory, scheduler_defaults
 
 # a value as the line prints it, read loosely and checked by its kind (_read_value): "-5", "nan", "451.744" are
-# named as unreadable, not skipped as if the line were absent
-_VALUE = r"(\S+?)"
+# named as unreadable, not skipped as if the line were absent; never across an "=" (from each of a word's repeated
+# `kv_cache_size=` the scan ran to the word's end: quadratic)
+_VALUE = r"([^\s=]+?)"
 _UNIT = r" ?((?:[KMGT]i?)?B)\b"  # "55.15 GiB", "3.81GiB"; another unit is named (vLLM prints GiB)
+# a value before its words ("14.08 GiB for weight"), a whole word: a bare (\S+) was tried from each character of a
+# word to its end, quadratic (a 100 KB word took minutes); the leftmost match starts at a word's start all the same
+_WORD = r"(?<!\S)(\S+)"
+_UNTIL_NEXT = r"(?:(?!Graph capturing finished).)*?"  # to its "took", not past the next (to the line's end: quadratic)
 # a setting in a CLI line, an args dict or the engine config line: up to the ", " or quote that ends it there, the
 # whole token otherwise ("--max-model-len 4,096" is read as "4,096" and refused, as vLLM's parser refuses it, not as 4)
 _SETTING = r"""((?:[^\s,)'"}]|,(?=[^\s,)'"}]))+)"""
@@ -38,8 +43,10 @@ _SERVE_FLAGS = (
     r"--(?:no|enable|disable)-[\w-]+|--(?:trust-remote-code|enforce-eager|headless|skip-tokenizer-init|use-v2-block-manager|"
     r"async-scheduling|return-tokens-as-token-ids)"
 )
-# the options before `vllm serve`'s model: --opt=value, a flag of _SERVE_FLAGS, or --opt value
-_SERVE_OPTIONS = r"(?: +(?:--?[\w-]+=\S+|(?:" + _SERVE_FLAGS + r")(?= )|--?[\w-]+ +(?!-)\S+))*"
+# the options before `vllm serve`'s model: --opt=value, a flag of _SERVE_FLAGS, or --opt value, read once, left to
+# right, as argparse reads them (possessive `*+`: backtracking found no other reading, but with no model after the
+# options, `--model X` last, it tried each option two ways, --a as - and -a: time doubled with each option)
+_SERVE_OPTIONS = r"(?: +(?:--?[\w-]+=\S+|(?:" + _SERVE_FLAGS + r")(?= )|--?[\w-]+ +(?!-)\S+))*+"
 IN_GIB, SIGNED_GIB, COUNT, TIMES, FRACTION, SETTING, LENGTH, KV_DTYPE, DTYPE, NAME = (
     "GiB", "signed GiB", "count", "times", "fraction", "setting", "length", "kv dtype", "dtype", "name",
 )  # fmt: skip
@@ -55,7 +62,7 @@ LOG_LINES: dict[str, tuple[str, str, str]] = {
     "max_concurrency_tokens": (r"Maximum concurrency for (\S+) tokens per request", "max_model_len", COUNT),
     "max_concurrency": (r"tokens per request: (\S+?)x", "requests of max_model_len that fit", TIMES),
     "weights_gib": (
-        r"(?:(?:Model loading took|Loading model weights took) " + _VALUE + _UNIT + r"|(\S+) GiB for weight\b)",
+        r"(?:(?:Model loading took|Loading model weights took) " + _VALUE + _UNIT + r"|" + _WORD + r" GiB for weight\b)",
         "weights per GPU",
         IN_GIB,
     ),
@@ -70,14 +77,14 @@ LOG_LINES: dict[str, tuple[str, str, str]] = {
         "utilization",
         FRACTION,
     ),
-    "activation_gib": (r"(\S+) GiB for peak activation", "profiled activation peak", IN_GIB),
+    "activation_gib": (_WORD + r" GiB for peak activation", "profiled activation peak", IN_GIB),
     "non_torch_gib": (
-        r"(?:(\S+) GiB for non-torch memory|non_torch_memory=" + _VALUE + _UNIT + ")",
+        r"(?:" + _WORD + r" GiB for non-torch memory|non_torch_memory=" + _VALUE + _UNIT + ")",
         "non-torch memory",
         SIGNED_GIB,
     ),
     "cuda_graph_gib": (
-        r"(?:(\S+) GiB for CUDAGraph memory|Graph capturing finished.*?took " + _VALUE + _UNIT + ")",
+        r"(?:" + _WORD + r" GiB for CUDAGraph memory|Graph capturing finished" + _UNTIL_NEXT + "took " + _VALUE + _UNIT + ")",
         "CUDA graphs (printed, not subtracted)",
         SIGNED_GIB,
     ),
@@ -261,10 +268,12 @@ def _mask_speculative(text: str) -> str:
     ``speculative_config=SpeculativeConfig(model='draft', ...)``, ``--speculative-config '{"model": ...}'``) blanked
     to spaces up to its closing bracket (same length and lines, so line numbers stay), so its draft ``model`` is
     not read as a second served model (vLLM's engine config line prints both: vllm/config/speculative.py)."""
-    out = list(text)
+    parts, done = [], 0
     # the bracket right after the setting's name (`=`, `: `, quotes, a class name between): not a later one
     for m in re.finditer(r"""speculative[_-]config['"]?[ =:]*['"]?(?:[A-Za-z_]\w*)?(?=[{(])""", text):
         i = m.end()
+        if i < done:  # a config inside one already blanked: its brackets close within it (each was scanned again)
+            continue
         depth, j = 0, i
         while j < len(text) and text[j] != "\n":
             depth += text[j] in "{(["
@@ -272,8 +281,9 @@ def _mask_speculative(text: str) -> str:
             j += 1
             if depth == 0:
                 break
-        out[i:j] = " " * (j - i)
-    return "".join(out)
+        parts += [text[done:i], " " * (j - i)]
+        done = j
+    return "".join([*parts, text[done:]]) if parts else text
 
 
 def read_vllm_log(text: str) -> dict[str, Any]:
