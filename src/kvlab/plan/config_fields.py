@@ -59,13 +59,21 @@ HEAD_DIM_NAMES = (
     "hidden_size_per_head",  # PLaMo
     "attention_head_dim",  # Zamba2
 )
+# the fields vLLM derives a model's context limit from, in its order; it takes the smallest stated (and a stated
+# `model_max_length`, Command-R's, over them): vLLM's `_get_and_verify_max_len` (vllm/config/model.py), possible_keys
 POSITION_NAMES = (
-    "max_position_embeddings",
-    "n_positions",
+    "max_position_embeddings",  # OPT, Llama and most
+    "n_positions",  # GPT-2
+    "max_seq_len",  # MPT
+    "seq_length",  # ChatGLM2
+    "model_max_length",  # Command-R
+    "max_target_positions",  # Whisper
     "max_sequence_length",
-    "seq_length",
-    "max_seq_len",
+    "max_seq_length",
+    "seq_len",
 )
+# the context limit vLLM assumes where a config states none of POSITION_NAMES (it logs a warning)
+VLLM_DEFAULT_MAX_LEN = 2048
 
 
 def decoder_config(config: Mapping) -> tuple[dict, list[str]]:
@@ -207,6 +215,34 @@ def check_rope_scaling(cfg: Mapping, where: str) -> None:
         )
 
 
+def position_limit(cfg: Mapping) -> tuple[int, str] | None:
+    """``(limit, field)``: the context limit vLLM derives from the decoder config ``cfg`` before any RoPE scaling,
+    and the field it comes from; None where ``cfg`` states none of :data:`POSITION_NAMES` (vLLM then assumes
+    :data:`VLLM_DEFAULT_MAX_LEN`). The smallest of the fields stated, named by the first that states it (vLLM's
+    ``max_len_key``: gpt2-style ``n_positions`` 1,024 beside ``max_position_embeddings`` 2,048 is 1,024), unless
+    ``model_max_length`` is stated: vLLM takes it over the others (Command-R, whose ``max_position_embeddings``
+    8,192 is not its limit). Source: ``_get_and_verify_max_len`` (``vllm/config/model.py``).
+
+    Raises:
+        ValueError: a stated field that is not an integer >= 1 (:func:`as_int`, naming the field).
+    """
+    found = [(as_int(name, cfg[name], 1), name) for name in POSITION_NAMES if cfg.get(name) is not None]
+    if not found:
+        return None
+    overriding = [f for f in found if f[1] == "model_max_length"]
+    return overriding[0] if overriding else min(found, key=lambda f: f[0])  # min: the first of equal ones
+
+
+def rope_scaling_type(cfg: Mapping) -> str | None:
+    """The type of the decoder config's ``rope_scaling`` (``rope_type``, or the older ``type``): ``"yarn"``,
+    ``"linear"``, ``"llama3"`` ...; None where it states none, or ``"default"`` (no scaling)."""
+    rope = cfg.get("rope_scaling")
+    if not isinstance(rope, Mapping):
+        return None
+    kind = rope.get("rope_type", rope.get("type"))
+    return None if kind in (None, "default") else str(kind)
+
+
 # rope_scaling types whose factor vLLM does not apply to the config's positions (they state the scaled length)
 UNSCALED_ROPE = ("su", "longrope", "llama3")
 
@@ -214,11 +250,12 @@ UNSCALED_ROPE = ("su", "longrope", "llama3")
 def rope_scaled_limit(cfg: Mapping, limit: int | None) -> int | None:
     """The longest context vLLM derives for the decoder config ``cfg`` whose ``max_position_embeddings`` is
     ``limit`` (None where the config states none): ``limit`` times ``rope_scaling``'s ``factor`` unless its type is
-    ``su``, ``longrope`` or ``llama3`` (``yarn``: its ``original_max_position_embeddings`` times the factor).
+    ``su``, ``longrope`` or ``llama3`` (``yarn``: its ``original_max_position_embeddings`` times the factor), or
+    the model is a Gemma 3 (its ``max_position_embeddings`` is the scaled length: vLLM skips the factor).
     Source: vLLM's ``_get_and_verify_max_len`` (``vllm/config.py``; since moved to ``vllm/config/model.py``).
     A factor that is not a finite number > 0 is refused where the config is read (:func:`check_rope_scaling`)."""
     rope = cfg.get("rope_scaling")
-    if limit is None or not isinstance(rope, Mapping):
+    if limit is None or not isinstance(rope, Mapping) or "gemma3" in str(cfg.get("model_type", "")):
         return limit
     kind, factor = rope.get("rope_type", rope.get("type")), rope.get("factor")
     if kind in UNSCALED_ROPE or not isinstance(factor, int | float) or isinstance(factor, bool):

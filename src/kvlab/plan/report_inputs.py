@@ -84,15 +84,6 @@ def check_context_batch(context: int | None, batch: int | None) -> None:
             check_int_at_least(name, value, 1, flag=f"--{name}")
 
 
-def limit_words(spec: ModelSpec) -> str:
-    """How a note or warning names :attr:`~kvlab.plan.spec.ModelSpec.context_limit`: ``"max_position_embeddings"``,
-    or ``"max_position_embeddings 4,096 with its rope_scaling"`` where the scaling sets a longer limit (as vLLM
-    derives its longest ``--max-model-len``)."""
-    if spec.context_limit == spec.max_position_embeddings:
-        return "max_position_embeddings"
-    return f"max_position_embeddings {spec.max_position_embeddings:,} with its rope_scaling"
-
-
 def planned_context(spec: ModelSpec, context: int | None) -> tuple[int, list[str]]:
     """``(tokens per sequence, notes)``: ``context`` where given; where None (no ``--context``) kvlab's default
     :data:`~kvlab.plan.scenario.DEFAULT_CONTEXT_TOKENS` (8,192), or the model's context limit where that is lower
@@ -106,7 +97,7 @@ def planned_context(spec: ModelSpec, context: int | None) -> tuple[int, list[str
     if limit is None or limit >= DEFAULT_CONTEXT_TOKENS:
         return DEFAULT_CONTEXT_TOKENS, []
     return limit, [
-        f"context {limit:,} tokens: {spec.name}'s {limit_words(spec)} (no --context given; kvlab's default "
+        f"context {limit:,} tokens: {spec.name}'s {spec.limit_words()} (no --context given; kvlab's default "
         f"{DEFAULT_CONTEXT_TOKENS:,} is beyond the model's limit)"
     ]
 
@@ -121,7 +112,7 @@ def context_source(spec: ModelSpec, context: int | None) -> str | None:
     planned, _ = planned_context(spec, None)
     if planned == DEFAULT_CONTEXT_TOKENS:
         return f"the default context {planned:,} tokens (no --context given)"
-    return f"the context {planned:,} tokens ({spec.name}'s {limit_words(spec)}; no --context given)"
+    return f"the context {planned:,} tokens ({spec.name}'s {spec.limit_words()}; no --context given)"
 
 
 def context_warnings(spec: ModelSpec, contexts: dict[str, int]) -> list[str]:
@@ -136,14 +127,14 @@ def context_warnings(spec: ModelSpec, contexts: dict[str, int]) -> list[str]:
     if not over:
         return []
     verb = "is" if len(over) == 1 else "are"
-    if limit == spec.max_position_embeddings:
+    if limit == spec.max_position_embeddings and spec.rope_scaling is None:
         return [
-            f"{', '.join(over)} {verb} beyond {spec.name}'s max_position_embeddings {limit:,} (the config's context "
-            f"limit): counted as asked, but the model may not serve that many tokens without RoPE scaling or "
-            f"another context extension"
+            f"{', '.join(over)} {verb} beyond {spec.name}'s {spec.position_field or 'max_position_embeddings'} "
+            f"{limit:,} (the config's context limit): counted as asked, but the model may not serve that many tokens "
+            f"without RoPE scaling or another context extension"
         ]
     return [
-        f"{', '.join(over)} {verb} beyond {spec.name}'s context limit {limit:,} ({limit_words(spec)}, as vLLM "
+        f"{', '.join(over)} {verb} beyond {spec.name}'s context limit {limit:,} ({spec.limit_words()}, as vLLM "
         f"derives its longest max_model_len): counted as asked, but the model may not serve that many tokens"
     ]
 

@@ -35,15 +35,16 @@ from kvlab.plan.config_fields import (
     KV_KINDS,
     LAYER_KINDS,
     LAYER_NAMES,
-    POSITION_NAMES,
     SLIDING,
-    as_int,
+    VLLM_DEFAULT_MAX_LEN,
     check_int_at_least,
     check_rope_scaling,
     decoder_config,
     field_int,
+    position_limit,
     read_int,
     rope_scaled_limit,
+    rope_scaling_type,
 )
 from kvlab.plan.weights import estimate_parameters
 
@@ -70,7 +71,8 @@ class ModelSpec:
     kv_lora_rank: int | None = None  # MLA latent rank r (None: not MLA)
     qk_rope_head_dim: int | None = None  # MLA decoupled RoPE key width, cached next to the latent
     model_type: str = ""  # the config's model_type
-    max_position_embeddings: int | None = None  # the config's context limit, when stated
+    max_position_embeddings: int | None = None  # the config's context limit, when stated: the smallest of the
+    #   position fields vLLM reads (kvlab.plan.config_fields.position_limit), before any RoPE scaling
     num_parameters: int | None = None  # estimated from the config (kvlab.plan.weights), None if unknown
     num_active_parameters: int | None = None  # parameters used per token (MoE: routed experts only)
     num_decode_flop_parameters: int | None = None  # parameters a decode token multiplies by (2 FLOP each):
@@ -83,6 +85,8 @@ class ModelSpec:
     #   (Gemma 4 `global_head_dim`); None: head_dim on every layer
     scaled_context_limit: int | None = None  # max_position_embeddings with the config's rope_scaling as vLLM derives
     #   the longest max_model_len (kvlab.plan.config_fields.rope_scaled_limit); None: no scaling stated
+    position_field: str | None = None  # the config field max_position_embeddings was read from (n_positions ...)
+    rope_scaling: str | None = None  # the config's rope_scaling type (yarn, linear, llama3 ...), None: none stated
     notes: tuple[str, ...] = field(default=())  # what the reader assumed or ignored, for the user
 
     @property
@@ -92,6 +96,24 @@ class ModelSpec:
         factor 4 on 4,096 positions: 16,384), else ``max_position_embeddings``; None where the config states none.
         The one limit the default context, its warnings and ``--emit vllm`` go by."""
         return self.max_position_embeddings if self.scaled_context_limit is None else self.scaled_context_limit
+
+    def limit_words(self, limit: int | None = None) -> str:
+        """How a note, warning or refusal names the model's context limit ``limit`` (default :attr:`context_limit`;
+        :func:`kvlab.plan.vllm.vllm_max_model_len` for vLLM's) by the config field it comes from
+        (:attr:`position_field`): ``"max_position_embeddings"``, ``"n_positions"``; ``"max_position_embeddings 4,096
+        with its rope_scaling"`` where the scaling sets a longer limit (as vLLM derives its longest
+        ``--max-model-len``); ``"max_position_embeddings, its yarn rope_scaling included"`` where a scaling leaves it
+        as the config states it (Kimi's yarn: 4,096 original positions x 64); vLLM's default 2,048 where the config
+        states no position field."""
+        limit = self.context_limit if limit is None else limit
+        base = self.max_position_embeddings
+        if base is None:  # vLLM's limit only (vllm_max_model_len): the spec's own is None
+            words = f"vLLM's default {VLLM_DEFAULT_MAX_LEN:,}, the config stating no position field"
+            return words if limit == VLLM_DEFAULT_MAX_LEN else f"{words}, with its rope_scaling"
+        field = self.position_field or "max_position_embeddings"
+        if limit != base:
+            return f"{field} {base:,} with its rope_scaling"
+        return f"{field}, its {self.rope_scaling} rope_scaling included" if self.rope_scaling else field
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim"):
@@ -248,8 +270,7 @@ def spec_from_config(config: Mapping, name: str = "config") -> ModelSpec:
         kv_lora_rank=kv_lora_rank,
         qk_rope_head_dim=rope_dim,
         model_type=str(cfg.get("model_type", "")),
-        max_position_embeddings=_max_positions(cfg),
-        scaled_context_limit=_scaled_limit(cfg),
+        **_context_fields(cfg),
         full_head_dim=_full_head_dim(cfg, head_dim, kinds, notes),
         num_parameters=params.total,
         num_active_parameters=params.active,
@@ -340,20 +361,19 @@ def _note_quantized_checkpoint(cfg: Mapping, config: Mapping, notes: list[str]) 
 QUANTIZED_WEIGHTS_HINT = ": pass --weight-dtype or --weights-index"
 
 
-def _max_positions(cfg: Mapping) -> int | None:
-    """The config's context limit (the first of ``POSITION_NAMES`` present), or None."""
-    for name in POSITION_NAMES:
-        if cfg.get(name) is not None:
-            return as_int(name, cfg[name], 1)
-    return None
-
-
-def _scaled_limit(cfg: Mapping) -> int | None:
-    """The config's context limit with its ``rope_scaling`` (:func:`kvlab.plan.config_fields.rope_scaled_limit`),
-    or None where that scaling leaves ``max_position_embeddings`` as it is."""
-    limit = _max_positions(cfg)
+def _context_fields(cfg: Mapping) -> dict[str, Any]:
+    """The spec's context limit fields: ``max_position_embeddings`` as vLLM reads it and the field it comes from
+    (:func:`kvlab.plan.config_fields.position_limit`: the smallest of its position fields; the first one present
+    was taken), the limit with the config's ``rope_scaling`` (:func:`kvlab.plan.config_fields.rope_scaled_limit`;
+    None where the scaling leaves it as it is) and the scaling's type."""
+    limit, name = position_limit(cfg) or (None, None)
     scaled = rope_scaled_limit(cfg, limit)
-    return None if scaled == limit else scaled
+    return {
+        "max_position_embeddings": limit,
+        "position_field": name,
+        "scaled_context_limit": None if scaled == limit else scaled,
+        "rope_scaling": rope_scaling_type(cfg),
+    }
 
 
 def _full_head_dim(cfg: Mapping, head_dim: int, kinds: list[str], notes: list[str]) -> int | None:

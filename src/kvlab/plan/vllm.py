@@ -28,7 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvlab.plan.config_fields import FULL, LAYER_KINDS, check_int_at_least, decoder_config, rope_scaled_limit
+from kvlab.plan.config_fields import (
+    FULL,
+    LAYER_KINDS,
+    VLLM_DEFAULT_MAX_LEN,
+    check_int_at_least,
+    decoder_config,
+    rope_scaled_limit,
+)
 from kvlab.plan.kv_formats import KVDtype
 from kvlab.plan.spec import ModelSpec
 from kvlab.plan.vllm_kv import vllm_kv_cache
@@ -120,18 +127,20 @@ def vllm_model_argument(model: str | os.PathLike) -> str:
 
 
 def vllm_max_model_len(spec: ModelSpec, config: Mapping | None = None) -> int | None:
-    """The longest ``--max-model-len`` vLLM starts ``spec`` with, in tokens, or None where the config states no
-    context limit: the config's ``max_position_embeddings`` (:attr:`ModelSpec.max_position_embeddings`), times
+    """The longest ``--max-model-len`` vLLM starts ``spec`` with, in tokens: the smallest position field of the
+    config (:attr:`ModelSpec.max_position_embeddings`, named by :attr:`ModelSpec.position_field`:
+    :func:`kvlab.plan.config_fields.position_limit`), or vLLM's default 2,048 where ``config`` states none, times
     ``rope_scaling``'s ``factor`` unless its type is ``su``, ``longrope`` or ``llama3`` (``yarn``: its
     ``original_max_position_embeddings`` times the factor; :func:`kvlab.plan.config_fields.rope_scaled_limit`, which
-    :attr:`ModelSpec.context_limit` holds for a spec read from ``config``). A longer ``--max-model-len`` makes vLLM
+    :attr:`ModelSpec.context_limit` holds for a spec read from ``config``). Without ``config``,
+    :attr:`ModelSpec.context_limit` (None where the spec states no limit). A longer ``--max-model-len`` makes vLLM
     refuse to start ("User-specified max_model_len ... is greater than the derived max_model_len") unless
     ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``. Source: vLLM's ``_get_and_verify_max_len`` (``vllm/config.py``; since
     moved to ``vllm/config/model.py``).
     """
     if config is None:
         return spec.context_limit
-    return rope_scaled_limit(decoder_config(config)[0], spec.max_position_embeddings)
+    return rope_scaled_limit(decoder_config(config)[0], spec.max_position_embeddings or VLLM_DEFAULT_MAX_LEN)
 
 
 def _cache_dtype(spec: ModelSpec, kvd: KVDtype) -> tuple[str, str]:
@@ -385,8 +394,7 @@ def _check_context_limit(spec: ModelSpec, context: int, limit: int | None, named
     ``limit``, the longest vLLM starts the model with (:func:`vllm_max_model_len`): the command would not run."""
     if limit is not None and context > limit:
         raise ValueError(
-            f"{named} is beyond {spec.name}'s limit of {limit:,} tokens (max_position_embeddings"
-            f"{', with its rope_scaling' if limit != spec.max_position_embeddings else ''}): vLLM refuses "
+            f"{named} is beyond {spec.name}'s limit of {limit:,} tokens ({spec.limit_words(limit)}): vLLM refuses "
             f"--max-model-len {context:,} (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, at the risk of wrong outputs); "
             f"pass --context {limit:,} or less, or drop --context to plan at the model's limit"
         )

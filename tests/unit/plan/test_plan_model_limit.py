@@ -32,7 +32,7 @@ def test_default_context_follows_the_models_limit(capsys):
     assert r["context"] == limit  # min(8192, max_position_embeddings)
     assert r["warnings"] == [] and "warning" not in err  # no word about a --context never given
     said = [n for n in r["notes"] if f"context {limit:,} tokens" in n]
-    assert said and "max_position_embeddings" in said[0] and "no --context" in said[0], r["notes"]
+    assert said and "n_positions" in said[0] and "no --context" in said[0], r["notes"]  # gpt2 states n_positions
 
 
 def test_default_context_of_a_model_with_a_longer_limit_is_8192_without_a_note(capsys):
@@ -60,7 +60,7 @@ def test_emit_vllm_never_emits_a_max_model_len_beyond_the_models_limit(capsys):
     command = v["command"]
     max_model_len = int(command[command.index("--max-model-len") + 1])
     assert max_model_len == v["max_model_len"] <= r["spec"]["max_position_embeddings"]
-    assert any("max_position_embeddings" in n for n in v["notes"]), v["notes"]  # the command says why
+    assert any("n_positions" in n for n in v["notes"]), v["notes"]  # the command says why, by gpt2's field
 
 
 def test_emit_vllm_refuses_an_explicit_context_beyond_the_limit_naming_both(capsys):
@@ -144,7 +144,7 @@ def test_a_request_that_does_not_fit_names_the_models_limit_where_it_set_the_con
     limit = load_spec("gpt2").max_position_embeddings
     err = _refusal(capsys, "gpt2", "--emit", "vllm", "--gpu-mem-gib", "4.25")
     assert f"--context {limit:,}" not in err, err
-    assert f"the context {limit:,} tokens (gpt2's max_position_embeddings; no --context given)" in err, err
+    assert f"the context {limit:,} tokens (gpt2's n_positions; no --context given)" in err, err
 
 
 def test_a_request_that_does_not_fit_still_names_a_context_given(capsys):

@@ -83,4 +83,5 @@ def test_without_rope_scaling_the_limit_is_still_max_position_embeddings(tmp_pat
     folder = _model_dir(tmp_path, {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 1024})
     r, _ = _plan(capsys, str(folder))  # llama3 states the scaled length itself: vLLM does not multiply
     assert r["spec"]["context_limit"] == r["spec"]["max_position_embeddings"] == r["context"] == 4096
-    assert any("max_position_embeddings (no --context given" in n for n in r["notes"]), r["notes"]
+    said = "max_position_embeddings, its llama3 rope_scaling included (no --context given"
+    assert any(said in n for n in r["notes"]), r["notes"]
