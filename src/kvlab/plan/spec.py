@@ -84,7 +84,8 @@ class ModelSpec:
     full_head_dim: int | None = None  # K/V head width of full-attention layers where it differs from head_dim
     #   (Gemma 4 `global_head_dim`); None: head_dim on every layer
     scaled_context_limit: int | None = None  # max_position_embeddings with the config's rope_scaling as vLLM derives
-    #   the longest max_model_len (kvlab.plan.config_fields.rope_scaled_limit); None: no scaling stated
+    #   the longest max_model_len (kvlab.plan.config_fields.rope_scaled_limit), or vLLM's default 2,048 (scaled) where
+    #   the config states no position field; None: no scaling stated
     position_field: str | None = None  # the config field max_position_embeddings was read from (n_positions ...)
     rope_scaling: str | None = None  # the config's rope_scaling type (yarn, linear, llama3 ...), None: none stated
     notes: tuple[str, ...] = field(default=())  # what the reader assumed or ignored, for the user
@@ -93,7 +94,8 @@ class ModelSpec:
     def context_limit(self) -> int | None:
         """The longest context the model serves, in tokens: its ``max_position_embeddings`` with the config's
         ``rope_scaling`` as vLLM derives its longest ``--max-model-len`` (:attr:`scaled_context_limit`; linear
-        factor 4 on 4,096 positions: 16,384), else ``max_position_embeddings``; None where the config states none.
+        factor 4 on 4,096 positions: 16,384), else ``max_position_embeddings``; for a config stating no position
+        field, the 2,048 vLLM assumes (scaled alike); None for a spec not read from a config that states none.
         The one limit the default context, its warnings and ``--emit vllm`` go by."""
         return self.max_position_embeddings if self.scaled_context_limit is None else self.scaled_context_limit
 
@@ -365,9 +367,10 @@ def _context_fields(cfg: Mapping) -> dict[str, Any]:
     """The spec's context limit fields: ``max_position_embeddings`` as vLLM reads it and the field it comes from
     (:func:`kvlab.plan.config_fields.position_limit`: the smallest of its position fields; the first one present
     was taken), the limit with the config's ``rope_scaling`` (:func:`kvlab.plan.config_fields.rope_scaled_limit`;
-    None where the scaling leaves it as it is) and the scaling's type."""
+    None where the scaling leaves it as it is; vLLM's default 2,048, scaled, where the config states no position
+    field, as vLLM assumes it) and the scaling's type."""
     limit, name = position_limit(cfg) or (None, None)
-    scaled = rope_scaled_limit(cfg, limit)
+    scaled = rope_scaled_limit(cfg, VLLM_DEFAULT_MAX_LEN if limit is None else limit)  # vLLM's where none stated
     return {
         "max_position_embeddings": limit,
         "position_field": name,

@@ -98,6 +98,16 @@ def test_emit_vllm_refuses_a_context_beyond_vllms_default_naming_it(tmp_path, ca
     assert json.loads(out)["vllm"]["max_model_len"] == 2048
 
 
+def test_without_a_position_field_the_default_context_is_vllms_2048(tmp_path, capsys):
+    """The default context was kvlab's 8,192, and --emit vllm's --max-model-len 8192, which vLLM refuses."""
+    code, out, err = _plan(tmp_path, capsys, _config(max_position_embeddings=None), "--emit", "vllm", "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["context"] == r["spec"]["context_limit"] == r["vllm"]["max_model_len"] == 2048
+    assert r["spec"]["max_position_embeddings"] is None
+    assert any("context 2,048 tokens" in n and "vLLM's default 2,048" in n for n in r["notes"]), r["notes"]
+
+
 def test_a_limit_that_includes_yarn_scaling_is_not_warned_about_without_rope_scaling(tmp_path, capsys):
     """Kimi-K2: yarn factor 64 on 4,096 original positions is its max_position_embeddings 262,144. The warning
     said the model "may not serve that many tokens without RoPE scaling", which the config already has."""
