@@ -98,7 +98,7 @@ def make_record(benchmark: str, result: dict, command: str, quick: bool, note: s
         "benchmark": benchmark,
         "command": command,
         "quick": bool(quick),
-        "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "created_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": machine_info(),
         "note": note,
         "result": result,

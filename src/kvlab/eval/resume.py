@@ -21,7 +21,7 @@ model is loaded, one whose model or device differ (:func:`check_same_model`).
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -215,7 +215,7 @@ def prepare_resume(result: dict, cfg: EvalConfig, command: list[str] | None) -> 
     rows = [r for r in result["rows"] if (r.get("matrix"), r.get("context_length")) in done]
     provenance = result["provenance"]
     record = {
-        "resumed_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "resumed_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": command,
         "status_before": result["status"],
         "cells_kept": len(done),

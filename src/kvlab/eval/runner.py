@@ -16,7 +16,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import torch
@@ -53,7 +53,7 @@ def new_result(cfg: EvalConfig, label: str, argv: list[str] | None) -> dict:
         "schema_version": SCHEMA_VERSION,
         "label": label,
         "status": None,
-        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": ["kvlab", *argv] if argv is not None else None,
         "settings": cfg.to_dict(),
         "gates": cfg.gates.__dict__.copy(),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from kvlab.eval.tasks_judge import judge
 from kvlab.eval.tasks_schema import RESULT_KIND, RESULT_VERSION, upgrade_tasks_result
@@ -99,7 +99,7 @@ def merge_tasks_results(
     provenance.update(merged_unix=time.time(), merged_from=merged_from)
     provenance["wall_s"] = sum(r["provenance"].get("wall_s") or 0.0 for r in results)
     out = {"kind": RESULT_KIND, "version": RESULT_VERSION, "status": status}
-    out.update(created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"), command=command)
+    out.update(created_utc=datetime.now(UTC).isoformat(timespec="seconds"), command=command)
     out.update(model=dict(first["model"]), settings=settings, cells=cells, not_measured=not_measured)
     out.update(skipped={k: v for r in results for k, v in r["skipped"].items()})
     out.update(candidates={k: v for r in results for k, v in r["candidates"].items()}, failures=failures)

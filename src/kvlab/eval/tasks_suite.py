@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from kvlab.caches.registry import resolve
@@ -155,7 +155,7 @@ def new_tasks_result(cfg: TaskSuiteConfig, model: dict, command: list[str] | Non
     from kvlab.runtime.provenance import machine_info
 
     result = {"kind": RESULT_KIND, "version": RESULT_VERSION, "status": "running"}
-    result.update(created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"), command=command)
+    result.update(created_utc=datetime.now(UTC).isoformat(timespec="seconds"), command=command)
     result.update(model=dict(model), settings=_settings(cfg), cells=[], not_measured=[], skipped={})
     result.update(candidates={}, failures=[], gates=[], decision={})
     result.update(max_drop=cfg.max_drop, min_float_score=cfg.min_float_score)

@@ -43,9 +43,8 @@ _SERVE_FLAGS = (
     r"--(?:no|enable|disable)-[\w-]+|--(?:trust-remote-code|enforce-eager|headless|skip-tokenizer-init|use-v2-block-manager|"
     r"async-scheduling|return-tokens-as-token-ids)"
 )
-# the options before `vllm serve`'s model: --opt=value, a flag of _SERVE_FLAGS, or --opt value, read once, left to
-# right, as argparse reads them (possessive `*+`: backtracking found no other reading, but with no model after the
-# options, `--model X` last, it tried each option two ways, --a as - and -a: time doubled with each option)
+# the options before `vllm serve`'s model: --opt=value, a flag of _SERVE_FLAGS, or --opt value, read once, left to right
+# as argparse does (possessive `*+`, Python 3.11: backtracking tried each option two ways, time doubling with each)
 _SERVE_OPTIONS = r"(?: +(?:--?[\w-]+=\S+|(?:" + _SERVE_FLAGS + r")(?= )|--?[\w-]+ +(?!-)\S+))*+"
 IN_GIB, SIGNED_GIB, COUNT, TIMES, FRACTION, SETTING, LENGTH, KV_DTYPE, DTYPE, NAME = (
     "GiB", "signed GiB", "count", "times", "fraction", "setting", "length", "kv dtype", "dtype", "name",
@@ -578,8 +577,7 @@ def explain_vllm_log(
             f"takes the smallest, {min(values):,}{unit}, as vLLM sizes every worker's KV cache by the smallest (a "
             "file with more than one start of vLLM: keep one start's lines)"
         )
-    lines, terms = [], []
-    missing = [
+    lines, terms, missing = [], [], [
         what
         for what, known in (
             ("the device memory (or --gpu-mem-gib, --gpu)", total is not None),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from kvlab.commands import (
     EXIT_FAILED,
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
     label = args.label
     if label is None:
-        label = "eval-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        label = "eval-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     # '' would be the current folder; a new --out-dir is made in a folder that exists (results/ on a first run)
     problem = empty_path_flag(args, "--out-dir", kind="folder") or output_folder_problem(args.out_dir, "--out-dir")
     problem = problem or dtype_problem(args.dtype)  # the wording of every --dtype (the config's check words it alike)
