@@ -225,3 +225,18 @@ def test_assumed_counts_and_groups_read_as_the_other_numbers(tmp_path, capsys):
     assert "max_num_batched_tokens not in the log: kvlab assumes 8,192" in r["notes"]
     assert "model_dtype not in the log: kvlab assumes bfloat16" in r["notes"]
     assert _tokens_line(r)["how"].startswith("28,236 blocks, 1 group (")
+
+
+def test_a_json_file_is_named_as_json_not_a_log(tmp_path, capsys):
+    """A case file of quoted logs (JSON) passed as --from-log: the refusal says the file is JSON, not a log's text
+    (a new user passed the shared cases .jsonl and read only 'more than one start of vLLM')."""
+    from kvlab.cli import main
+
+    json_file, log_file = tmp_path / "cases.jsonl", tmp_path / "plain.log"
+    json_file.write_text('{"id": "a", "quote": "INFO no kv lines"}\n', encoding="utf-8")
+    log_file.write_text("INFO no kv lines\n", encoding="utf-8")
+    assert main(["plan", "llama-3-8b", "--from-log", str(json_file)]) == 2
+    err = capsys.readouterr().err
+    assert "not a vLLM startup log" in err and f"{json_file} holds JSON, not a vLLM log's text" in err
+    assert main(["plan", "llama-3-8b", "--from-log", str(log_file)]) == 2
+    assert "holds JSON" not in capsys.readouterr().err

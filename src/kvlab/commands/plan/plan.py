@@ -305,6 +305,17 @@ def _given_memory(args: argparse.Namespace, spec, log: dict) -> tuple[float | No
     return total, weights, notes
 
 
+def _json_hint(path: str, text: str) -> str:
+    """A refusal's hint where the --from-log file holds JSON rather than a log's text (a case file such as a
+    .jsonl of several quoted logs is read as one log: "more than one start of vLLM"); "" otherwise."""
+    if not text.lstrip().startswith(("{", "[")):
+        return ""
+    return (
+        f" ({path} holds JSON, not a vLLM log's text: a file of several quoted logs is read as one log; save one "
+        "log's text, as vLLM printed it, to a file and pass that)"
+    )
+
+
 def run_from_log(args: argparse.Namespace) -> int:
     """``kvlab plan MODEL --from-log FILE``: the log's KV lines explained (:func:`kvlab.plan.vllm_log.explain_vllm_log`);
     a flag it would ignore is refused (:func:`from_log_problem`); a ``--context`` beyond the model's limit is warned
@@ -344,7 +355,7 @@ def run_from_log(args: argparse.Namespace) -> int:
             weight_bytes=weights,
         )
     except (ValueError, OSError) as e:
-        return fail(args, f"--from-log {args.from_log}: {flag_message(args, e)}")
+        return fail(args, f"--from-log {args.from_log}: {flag_message(args, e)}{_json_hint(args.from_log, text)}")
     r = {"model": str(args.model), "log_file": args.from_log, "log": log, **r, "notes": notes + r["notes"]}
     # a --context beyond the model's limit was taken silently (kimi: 10,000,000 past 262,144); warned as plain plan
     r["warnings"] = [] if args.context is None else context_warnings(spec, {f"--context {args.context:,}": args.context})
