@@ -243,6 +243,18 @@ def column_legend(result: dict) -> str:
     )
 
 
+def planned_line(result: dict) -> str | None:
+    """For a result with no measured row yet (a ``--dry-run`` or a run that stopped before its first cell): how many
+    cells its plan holds per matrix and that nothing was measured; None when a row exists."""
+    if result.get("rows"):
+        return None
+    plan = [c for c in result.get("plan") or [] if isinstance(c, dict)]
+    counts = {m: sum(c.get("matrix") == m for c in plan) for m in ("capacity", "window")}
+    parts = ", ".join(f"{n:,} {m}" for m, n in counts.items() if n)
+    again = "; run the same command without --dry-run to measure them" if result.get("status") == "dry_run" else ""
+    return f"{len(plan):,} cells planned{f' ({parts})' if parts else ''}, nothing measured{again}"
+
+
 def print_summary(result: dict, console: Console | None = None) -> None:
     """Print provenance, gates, both matrices, failures and the decision."""
     if console is None:
@@ -250,6 +262,9 @@ def print_summary(result: dict, console: Console | None = None) -> None:
         if not console.is_terminal and "COLUMNS" not in os.environ:  # a pipe: rich's 80 columns cut tables
             console = Console(width=150)
     _print_header(result, console)
+    line = planned_line(result)
+    if line:
+        console.print(line)
     for matrix in ("capacity", "window"):
         for table in matrix_tables(result, matrix, console.width):
             console.print(table)

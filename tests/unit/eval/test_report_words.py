@@ -207,3 +207,22 @@ def test_column_key_explains_only_the_columns_shown():
     legend = column_legend(result)
     assert "recall" not in legend and "passkey" not in legend and "KL =" not in legend
     assert legend.startswith("columns: R/G = residual window R") and "peak MiB = peak" in legend
+
+
+def test_a_dry_run_report_says_what_is_planned_and_that_nothing_was_measured(tmp_path, capsys):
+    """kvlab report on a --dry-run result printed its header only: now the planned cells per matrix."""
+    from kvlab.cli import main
+
+    assert main(["eval", "--dry-run", "--contexts", "512,1024", "--out-dir", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("eval-*.json")
+    result = json.loads(path.read_text(encoding="utf-8"))
+    capacity = sum(c["matrix"] == "capacity" for c in result["plan"])
+    window = len(result["plan"]) - capacity
+    assert capacity and window and not result["rows"]
+    capsys.readouterr()
+    assert main(["report", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"{len(result['plan'])} cells planned ({capacity} capacity, {window} window), nothing measured" in out
+    assert "without --dry-run" in out
+    done = _record(MORE_CACHES)
+    assert "cells planned" not in _text(done)
