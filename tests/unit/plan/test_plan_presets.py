@@ -26,6 +26,7 @@ def test_at_least_a_dozen_presets():
     "name, expected",
     [
         ("llama-3-8b", 2 * 32 * 8 * 128 * 2),  # 131072, mechanics chapter §3.3
+        ("llama-3.1-8b", 2 * 32 * 8 * 128 * 2),
         ("llama-3-70b", 2 * 80 * 8 * 128 * 2),
         ("mistral-small-24b", 2 * 40 * 8 * 128 * 2),  # head_dim 128, not 5120/32 = 160
         ("gpt-oss-20b", 2 * 24 * 8 * 64 * 2),  # head_dim 64, not 2880/64 = 45
@@ -94,3 +95,11 @@ def test_moe_active_parameters():
     assert load_spec("deepseek-v3").num_active_parameters == pytest.approx(37e9, rel=0.03)  # "37B activated"
     # gpt-oss-20b card: 3.6B active excluding the 0.58B embedding table, which our count includes
     assert load_spec("gpt-oss-20b").num_active_parameters - 201088 * 2880 == pytest.approx(3.6e9, rel=0.03)
+
+
+def test_llama_3_1_has_llama_3_geometry_at_a_128k_limit():
+    """Llama-3.1-8B: the KV of llama-3-8b, its context limit 131,072 (a new user found no preset for it)."""
+    spec, old = load_spec("llama-3.1-8b"), load_spec("llama-3-8b")
+    assert kv_bytes_per_token(spec) == kv_bytes_per_token(old)
+    assert spec.context_limit == 131072 and old.context_limit == 8192
+    assert load_spec("meta-llama/Llama-3.1-8B").context_limit == 131072
