@@ -255,6 +255,32 @@ def planned_line(result: dict) -> str | None:
     return f"{len(plan):,} cells planned{f' ({parts})' if parts else ''}, nothing measured{again}"
 
 
+def timing_line(result: dict) -> str | None:
+    """How quiet the machine was while the cells were timed, from the rows' ``timing_contention``
+    (:func:`kvlab.runtime.timing.contention`): the smallest CPU share this process got and the most cores other
+    processes used, beside the limits past which a cell's latency is not trusted; None when no row records it."""
+    from kvlab.runtime.timing import BUSY_OTHER_CORES, MIN_CPU_SHARE
+
+    cont = [r["timing_contention"] for r in result.get("rows", []) if isinstance(r.get("timing_contention"), dict)]
+    shares = [c["cpu_share"] for c in cont if isinstance(c.get("cpu_share"), (int, float))]
+    others = [
+        (c["other_cores"] + (c.get("steal_cores") or 0.0), c)
+        for c in cont
+        if isinstance(c.get("other_cores"), (int, float)) and isinstance(c.get("cpus"), int)
+    ]
+    parts = []
+    if shares:
+        parts.append(f"this process got {min(shares):.0%} or more of its threads' CPU time (busy below {MIN_CPU_SHARE:.0%})")
+    if others:
+        most, c = max(others, key=lambda x: x[0])
+        limit = max(0, c["cpus"] - c.get("threads", 1)) + BUSY_OTHER_CORES
+        parts.append(f"other processes used at most {most:.2f} of {c['cpus']} cores (busy above {limit:g})")
+    if not parts:
+        return None
+    busy = sum(bool(c.get("busy")) for c in cont)
+    return f"timing: {'; '.join(parts)}; {busy} of {len(cont)} timed cells busy"
+
+
 def print_summary(result: dict, console: Console | None = None) -> None:
     """Print provenance, gates, both matrices, failures and the decision."""
     if console is None:
@@ -272,6 +298,9 @@ def print_summary(result: dict, console: Console | None = None) -> None:
         console.print(table)
     if any(r.get("matrix") in ("capacity", "window") for r in result.get("rows", [])):
         console.print(f"[dim]{column_legend(result)}[/]")
+    line = timing_line(result)
+    if line:
+        console.print(f"[dim]{line}[/]")
     for line in fp8_range_lines(result) + integer_path_lines(result):
         console.print(line)
     for f in result["failures"]:

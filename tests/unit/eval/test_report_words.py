@@ -226,3 +226,24 @@ def test_a_dry_run_report_says_what_is_planned_and_that_nothing_was_measured(tmp
     assert "without --dry-run" in out
     done = _record(MORE_CACHES)
     assert "cells planned" not in _text(done)
+
+
+def test_the_summary_says_how_quiet_the_machine_was_while_timing():
+    """A run on a loaded machine just under the busy limits was reported as trusted with no word about the load
+    (a new user's 243 s run): every summary now shows the CPU share and the other processes' cores."""
+    from kvlab.eval.render import timing_line
+    from kvlab.runtime.timing import MIN_CPU_SHARE
+
+    result = copy.deepcopy(_record(MORE_CACHES))
+    cont = [r["timing_contention"] for r in result["rows"] if r.get("timing_contention")]
+    share = min(c["cpu_share"] for c in cont)
+    text = " ".join(_text(result, width=400).split())
+    assert f"timing: this process got {share:.0%} or more" in text and f"busy below {MIN_CPU_SHARE:.0%}" in text
+    assert f"0 of {len(cont)} timed cells busy" in text
+    row = next(r for r in result["rows"] if r.get("timing_contention"))
+    row["timing_contention"] = {**row["timing_contention"], "cpu_share": 0.42, "other_cores": 1.7, "busy": True}
+    line = timing_line(result)
+    assert "got 42% or more" in line and "at most 1.70 of 2 cores" in line and f"1 of {len(cont)} timed" in line
+    for r in result["rows"]:
+        r.pop("timing_contention", None)
+    assert timing_line(result) is None
