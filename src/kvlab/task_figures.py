@@ -40,7 +40,8 @@ def task_figure_data(result: Mapping[str, Any]) -> dict:
     if not isinstance(cells, list) or not cells:
         raise ValueError("the result has no measured cells to draw")
     lines_of = {n: c.get("line", n) for n, c in result.get("candidates", {}).items()}
-    min_float = result.get("min_float_score", 0.5)
+    min_float = result.get("min_float_score")
+    min_float = 0.5 if min_float is None else min_float  # null (the schema's "not stored") as absent
     out: dict = {}
     for cell in cells:
         rows = cell["caches"]

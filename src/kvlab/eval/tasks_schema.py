@@ -131,8 +131,9 @@ def _cell_problems(i: int, cell: object, version: object = RESULT_VERSION) -> li
         if "trials" not in row or "correct" not in row:
             problems.append(f"{at}: lacks 'trials' or 'correct'")
         _counts_problems(problems, at, row)
-        if "ci95" not in row:
-            problems.append(f"{at}: lacks 'ci95'")
+        if row.get("ci95") is None:  # the run writes every row's interval (trials >= 1): the table prints it
+            missing = "ci95" not in row
+            problems.append(f"{at}: lacks 'ci95'" if missing else f"{at}.ci95: must be a [low, high] pair, got null")
         _ci_problems(problems, f"{at}.ci95", row.get("ci95"))
         if "answers" in row and _check(problems, f"{at}.answers", row["answers"], "list"):
             for j, a in enumerate(row["answers"]):
@@ -199,6 +200,9 @@ def validate_tasks_result(result: object) -> list[str]:
         return problems
     for key, kind in (("not_measured", "list"), ("skipped", "object"), ("candidates", "object")):
         _check(problems, key, result[key], kind)
+    for name, c in result["candidates"].items() if isinstance(result["candidates"], dict) else ():
+        if _check(problems, f"candidates[{_show(name)}]", c, "object") and "line" in c:  # the figure's line
+            _check(problems, f"candidates[{_show(name)}].line", c["line"], "string")
     _fields(problems, "model", result["model"], {"name": "string"})
     _fields(problems, "settings", result["settings"], {"n": "int >= 1", "seed": "int", "contexts": "list"})
     if _check(problems, "provenance", result["provenance"], "object"):

@@ -105,6 +105,9 @@ def _set(path: str, value):
         (_set("decision/kivi-4/verdict", "fine"), 'decision["kivi-4"].verdict'),
         (_set("failures", [{"stage": "run", "type": "KeyboardInterrupt"}]), "failures[0]: lacks 'message'"),
         (_set("settings/n", 0), "settings.n"),
+        (_set("cells/0/caches/kivi-4/ci95", None), 'cells[0].caches["kivi-4"].ci95: must be a [low, high] pair'),
+        (_set("candidates/kivi-4", None), 'candidates["kivi-4"]: must be an object'),
+        (_set("candidates/kivi-4/line", 3), 'candidates["kivi-4"].line: must be a string'),
     ],
 )
 def test_a_damaged_result_is_refused_naming_the_field(damage, field):
@@ -140,3 +143,36 @@ def test_readers_validate_a_tasks_file(tmp_path):
         read_results([good, other])
     with pytest.raises(ValueError, match="good.json is given twice"):
         read_results([good, good])
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [_set("cells/0/caches/kivi-4/ci95", None), _set("candidates/kivi-4", "x"), _set("candidates/kivi-4/line", [])],
+)
+def test_kvlab_report_refuses_a_damaged_row_or_candidate_in_one_line(tmp_path, capsys, damage):
+    """A row whose interval is null (the table unpacked it: TypeError), a candidate that is not an object or whose
+    figure line is not a name (the HTML page and its figure: AttributeError, TypeError) are refused on reading,
+    naming the field, not met as a traceback by the text report or --html."""
+    from kvlab.cli import main
+
+    result = synthetic_tasks_result()
+    damage(result)
+    path = tmp_path / "tasks.json"
+    path.write_text(json.dumps(result))
+    for extra in ([], ["--html", str(tmp_path / "page.html")]):
+        assert main(["report", str(path), *extra]) == 2
+        err = capsys.readouterr().err
+        assert "is not a valid kvlab tasks result" in err and "kivi-4" in err and "Traceback" not in err
+
+
+def test_kvlab_report_html_draws_a_result_whose_min_float_score_is_null(tmp_path):
+    """The schema reads a null threshold as "not stored" (no gate is judged again); the figure of the HTML report
+    compared each float score with it (TypeError: '>=' between float and NoneType) and now uses the default, as
+    for an absent one."""
+    from kvlab.cli import main
+
+    result = synthetic_tasks_result()
+    result["min_float_score"] = None
+    path, page = tmp_path / "tasks.json", tmp_path / "page.html"
+    path.write_text(json.dumps(result))
+    assert main(["report", str(path), "--html", str(page)]) == 0 and page.stat().st_size > 0
