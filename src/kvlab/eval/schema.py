@@ -481,6 +481,7 @@ def validate_result(result: object) -> list[str]:
     ):
         _check(problems, key, result[key], kind)
     _check(problems, "elapsed_s", result.get("elapsed_s"), "number >= 0 or null")
+    _check(problems, "command", result.get("command"), "list or null")  # the report looks for --quick in it
     if isinstance(result["provenance"], dict):
         for key in ("model", "software", "hardware"):
             if key in result["provenance"]:

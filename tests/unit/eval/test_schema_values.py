@@ -73,6 +73,7 @@ BAD_VALUES = [
     ("summary.selected_candidate.nll_delta", NAN, "summary.selected_candidate.nll_delta: must be a finite number, got NaN"),
     ("summary.selected_candidate.topk_overlap", 1.5, "summary.selected_candidate.topk_overlap: must be a fraction in [0, 1], got 1.5"),
     ("summary.eligible_candidate_count", -1, "summary.eligible_candidate_count: must be an int >= 0, got -1"),
+    ("command", 7, "command: must be a list, got 7"),
 ]  # fmt: skip
 IDS = [f"{p}={v!r}" for p, v, _ in BAD_VALUES]
 
@@ -87,7 +88,7 @@ def test_bad_values_are_named_by_the_validator(path, value, problem):
     assert problem in validate_result(_set(_example(), path, value))
 
 
-@pytest.mark.parametrize("path, value, problem", BAD_VALUES[:4], ids=IDS[:4])
+@pytest.mark.parametrize("path, value, problem", [*BAD_VALUES[:4], BAD_VALUES[-1]], ids=[*IDS[:4], IDS[-1]])
 @pytest.mark.parametrize("mode", ["text", "json", "html"])
 def test_report_refuses_a_bad_value_in_one_line(tmp_path, capsys, path, value, problem, mode):
     file = tmp_path / "r.json"
