@@ -53,6 +53,11 @@ def sensitivity_figure_data(sweep: Mapping[str, Any], plan: Mapping[str, Any] | 
             f"{'(an object)' if isinstance(kl, Mapping) else _shown(sweep, 'kl')}"
         )
     for fmt in formats:
+        if not isinstance(fmt, str):  # a key of `kl` and a line's label
+            raise ValueError(f"the sweep's `formats` must list format names, got {fmt!r}")
+    if sweep.get("cost") is not None and not isinstance(sweep["cost"], Mapping):
+        raise ValueError(f"the sweep's `cost` must be an object, got {_shown(sweep, 'cost')}")
+    for fmt in formats:
         for half in ("k", "v"):
             values = (kl.get(fmt) or {}).get(half) if isinstance(kl.get(fmt), Mapping) else None
             if not isinstance(values, list) or len(values) != layers:

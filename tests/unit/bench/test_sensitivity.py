@@ -306,3 +306,29 @@ def test_allocate_names_a_bad_sweep_file_as_a_sweep_file(result, text, said, tmp
     missing = tmp_path / "none.json"
     assert main(["sensitivity", "allocate", str(missing), "--name", "p", "--budget", "0.5"]) == 2
     assert f"sweep file '{missing}' cannot be read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (lambda s: s["formats"].append({"kivi": 4}), "`formats` must list format names, got {'kivi': 4}"),
+        (lambda s: s.update(cost=7), "`cost` must be an object, got 7"),
+    ],
+)
+def test_allocate_names_a_format_that_is_not_a_name_and_a_cost_that_is_not_an_object(change, said, tmp_path, capsys):
+    """A sweep whose `formats` held a list or an object (TypeError: unhashable type) or whose `cost` was not an
+    object (AttributeError: no attribute 'get') ended ``kvlab sensitivity allocate`` in a traceback."""
+    import json
+
+    from kvlab.cli import main
+    from kvlab.commands.sensitivity import SWEEP_KIND
+
+    sweep = {"kind": SWEEP_KIND, "layers": 2, "formats": ["kivi-2"], "kl": {"kivi-2": {"k": [0.1, 0.2], "v": [0.1, 0.1]}},
+             "cost": {"context": 256}, "model_config": {}, "group_size": G, "residual_length": R}  # fmt: skip
+    change(sweep)
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(sweep))
+    assert main(["sensitivity", "allocate", str(path), "--name", "p", "--budget", "0.5", "--out-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"sweep file '{path}'" in err and said in err, err
+    assert not (tmp_path / "p.json").exists()

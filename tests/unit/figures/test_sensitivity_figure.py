@@ -67,6 +67,8 @@ def test_kvlab_figures_draws_it(tmp_path, monkeypatch, capsys):
         (lambda s, p: s["kl"]["kivi-2"]["k"].pop(), "kl['kivi-2']['k']"),
         (lambda s, p: s["kl"]["kivi-2"]["v"].__setitem__(0, -1.0), "-1.0"),
         (lambda s, p: p["layers"].update({"9": {"k": "float", "v": "float"}}), "layer 9"),
+        (lambda s, p: s["formats"].append(["kivi-2"]), "`formats` must list format names, got ['kivi-2']"),
+        (lambda s, p: s.update(cost="x"), "`cost` must be an object, got 'x'"),
     ],
 )
 def test_bad_sweeps_and_plans_are_refused_in_one_line(tmp_path, capsys, change, named):
