@@ -170,7 +170,7 @@ def _sensitivity_data(sweep: str | None, plan: str | None) -> dict | None:
         data = json.loads(Path(sweep).read_text(encoding="utf-8"))
     except OSError as exc:
         raise ValueError(f"--sweep {sweep}: cannot be read ({exc.strerror or exc})") from None
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # a binary file is not JSON either
         raise ValueError(f"--sweep {sweep}: not JSON ({exc})") from None
     try:
         return sensitivity_figure_data(data, None if plan is None else read_plan(plan))

@@ -252,6 +252,8 @@ def read_plan(path: str | os.PathLike) -> dict:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ValueError(f"plan file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:  # a binary file: JSON is UTF-8 text
+        raise ValueError(f"plan file {str(path)!r} is not JSON: not UTF-8 text at byte {exc.start}") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

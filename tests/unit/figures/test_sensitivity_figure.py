@@ -86,3 +86,18 @@ def test_bad_sweeps_and_plans_are_refused_in_one_line(tmp_path, capsys, change, 
 def test_a_plan_needs_a_sweep(tmp_path, capsys):
     assert main(["figures", "--out", str(tmp_path / "f"), "--plan", "p.json"]) == 2
     assert "pass --sweep FILE too" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("which", ["--sweep", "--plan"])
+def test_a_sweep_or_plan_that_is_not_text_is_named_with_its_file(tmp_path, capsys, which):
+    """``--sweep`` of a binary file printed only "'utf-8' codec can't decode byte 0xff ...", naming no file."""
+    (tmp_path / "sweep.json").write_text(json.dumps(_sweep()))
+    (tmp_path / "plan.json").write_text(json.dumps(PLAN))
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe{\x00}\x00")
+    files = {"--sweep": str(tmp_path / "sweep.json"), "--plan": str(tmp_path / "plan.json")}
+    files[which] = str(tmp_path / "binary.json")
+    argv = ["figures", "--out", str(tmp_path / "f"), "--no-probe", "--no-append"]
+    assert main([*argv, "--sweep", files["--sweep"], "--plan", files["--plan"]]) == 2
+    err = capsys.readouterr().err
+    named = f"--sweep {files['--sweep']}: not JSON" if which == "--sweep" else f"plan file '{files['--plan']}' is not JSON"
+    assert named in err and len(err.splitlines()) == 1, err

@@ -346,3 +346,12 @@ def test_an_unknown_plan_names_the_parameter_in_the_library_and_the_flag_in_the_
     assert main(["plan", "smollm2-135m", "--kv-dtype", "mixed-nosuch"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("kvlab plan: error: --kv-dtype 'mixed-nosuch' for smollm2-135m (30 layers): unknown plan")
+
+
+def test_a_plan_file_that_is_not_text_is_named(plans):
+    """A binary plan file (UTF-16 from PowerShell's ``>``, or no text at all) said only "'utf-8' codec can't decode
+    byte 0xff in position 0", naming neither the plan nor its file."""
+    (plans / "binary.json").write_bytes(b"\xff\xfe{\x00}\x00")
+    code, out, err = _run(["plan", MODEL, "--kv-dtype", "mixed-binary"])
+    assert code == 2 and not out
+    assert f"plan file '{plans / 'binary.json'}' is not JSON: not UTF-8 text at byte 0" in err, err
