@@ -304,6 +304,12 @@ def _merge(args: argparse.Namespace) -> int:
         raise ValueError(f"--merge measures nothing; drop --{given[0].replace('_', '-')}")
     if len(args.merge) < 2:  # it said "got 1 and 1"
         raise ValueError(f"--merge needs two result files or more, got one: {args.merge[0]}")
+    seen = [Path(f).resolve() for f in args.merge]
+    for i, f in enumerate(args.merge):  # it said "niah_single_1 @ 512 is measured in both F and F"
+        if seen[i] in seen[:i]:
+            raise ValueError(f"--merge {f} is given twice; give each run's result once")
+    if Path(args.out).resolve() in seen:  # --force replaced a part with the whole (kvlab report refuses it too)
+        raise ValueError(f"--out {args.out} is one of the --merge files; the merge would replace its own input")
     results = [read_result(f, tasks=True) for f in args.merge]
     for f, r in zip(args.merge, results):
         if not is_tasks_result(r):

@@ -154,3 +154,23 @@ def test_the_committed_real_model_merge_holds_its_parts_cells():
         judge(merged["cells"], merged["max_drop"], merged["min_float_score"])[k]
         for k in ("gates", "decision")
     )
+
+
+def test_the_merge_refuses_a_file_given_twice_and_an_out_that_is_one_of_its_inputs(tmp_path, capsys):
+    """``--out`` naming a ``--merge`` file, with --force, replaced that part with the whole (kvlab report refuses
+    its own input as --html); a part given twice was "niah_single_1 @ 512 is measured in both F and F"."""
+    _, parts = _parts()
+    files = []
+    for i, r in enumerate(parts):
+        files.append(tmp_path / f"p{i}.json")
+        files[-1].write_text(json.dumps(r))
+    before = files[0].read_bytes()
+    argv = ["tasks", "--merge", *map(str, files), "--out", str(files[0]), "--force"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--out {files[0]} is one of the --merge files" in err and len(err.splitlines()) == 1, err
+    assert files[0].read_bytes() == before
+    again = str(tmp_path / "." / "p1.json")  # the same file, spelt otherwise
+    assert main(["tasks", "--merge", *map(str, files), again, "--out", str(tmp_path / "m.json")]) == 2
+    assert f"--merge {again} is given twice" in capsys.readouterr().err
+    assert not (tmp_path / "m.json").exists()
