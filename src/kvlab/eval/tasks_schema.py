@@ -236,8 +236,13 @@ def _decision_disagrees(result: dict) -> list[str]:
         judged = (own.get(name) or {}).get("verdict", "absent")
         if own.get(name) != result["decision"].get(name):
             behind = sum(1 for c in result["cells"] if name in c["caches"])
+            key = "verdict"
+            if stored == judged:  # the verdict stands; another field of it does not ("rejected" ... "rejected")
+                mine, theirs = own.get(name) or {}, result["decision"].get(name) or {}
+                key = next(k for k in sorted({*mine, *theirs}, key=str) if mine.get(k) != theirs.get(k))
+                stored, judged = theirs.get(key, "absent"), mine.get(key, "absent")
             return [
-                f"decision[{_show(name)}].verdict: {_show(stored)} does not follow from the cells ({behind} cell(s) "
+                f"decision[{_show(name)}].{key}: {_show(stored)} does not follow from the cells ({behind} cell(s) "
                 f"measured {_show(name)}; judged again over them: {_show(judged)})"
             ] + marks
     return marks

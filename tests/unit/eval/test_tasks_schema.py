@@ -176,3 +176,14 @@ def test_kvlab_report_html_draws_a_result_whose_min_float_score_is_null(tmp_path
     path, page = tmp_path / "tasks.json", tmp_path / "page.html"
     path.write_text(json.dumps(result))
     assert main(["report", str(path), "--html", str(page)]) == 0 and page.stat().st_size > 0
+
+
+def test_a_stale_decision_whose_verdict_stands_names_the_field_that_does_not():
+    """A decision kept from a larger run (its ``failed`` lists a cell the file no longer holds) was refused as
+    'decision["kivi-2"].verdict: "rejected" does not follow from the cells (...; judged again over them:
+    "rejected")', a line that contradicts itself; it names the field that differs."""
+    result = synthetic_tasks_result()
+    result["decision"]["kivi-2"]["failed"] = [*result["decision"]["kivi-2"]["failed"], "vt@99999"]
+    problems = validate_tasks_result(result)
+    assert len(problems) == 1 and problems[0].startswith('decision["kivi-2"].failed: '), problems
+    assert "vt@99999" in problems[0] and ".verdict" not in problems[0]
