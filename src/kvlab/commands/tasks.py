@@ -218,7 +218,12 @@ def _resumed(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from kvlab.tasks import TASKS
 
-    if args.list:
+    if args.list:  # as roofline --list-gpus: a flag it would silently ignore is refused
+        given = [k for k in (*_SETTING_FLAGS, "threads", "out", "figure", "resume", "merge") if getattr(args, k) is not None]
+        given += [k for k in ("quick", "dry_run", "force", "json") if getattr(args, k)]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            return fail(args, f"--list prints the tasks and exits; it takes no {flag} (drop --list to use it)")
         for name, spec in TASKS.items():
             print(f"{name:16s} {spec.haystack:6s} {spec.summary}")
         return EXIT_OK

@@ -320,3 +320,15 @@ def test_a_candidate_the_loaded_model_refutes_is_refused_before_any_file(tmp_pat
     assert "--candidates mixed-demo does not fit this model: plan gives no formats for layer 2" in err
     assert "--contexts 9,000 passes the model's max_position_embeddings (8,192)" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "extra, flag", [(["--n", "3"], "--n"), (["--quick"], "--quick"), (["--json"], "--json"), (["--out", "x.json"], "--out")]
+)
+def test_list_refuses_a_flag_it_would_ignore(capsys, extra, flag):
+    """``kvlab tasks --list --n 3`` printed the task list and ignored --n (``--json`` too: the list is text), where
+    ``kvlab roofline --list-gpus`` refuses a flag it does not use."""
+    assert main(["tasks", "--list", *extra]) == 2
+    out, err = capsys.readouterr()
+    assert not out and f"--list prints the tasks and exits; it takes no {flag}" in err, err
+    assert main(["tasks", "--list"]) == 0 and "niah_single_1" in capsys.readouterr().out
