@@ -232,12 +232,18 @@ def _points_problems(where: str, block: object, points: str) -> list[str]:
         _check(problems, f"{where}.accuracy", block.get("accuracy"), "fraction or null")
         _counts_problems(problems, where, block)
         _ci_problems(problems, f"{where}.ci95", block.get("ci95"))
+    else:  # the derived checks subtract the float cache's mean NLL and pair distances by their tokens
+        _check(problems, f"{where}.accuracy", block.get("accuracy"), "fraction or null")
+        _check(problems, f"{where}.mean_nll", block.get("mean_nll"), "number or null")
     for j, p in enumerate(block[points]):
         at = f"{where}.{points}[{j}]"
         if not isinstance(p, dict) or "accuracy" not in p:
             problems.append(f"{at}: must be an object with 'accuracy'")
             continue
         _check(problems, f"{at}.accuracy", p["accuracy"], "fraction or null")
+        if points == "distances":
+            for key, kind in (("distance_tokens", "int >= 1"), ("accuracy_drop", "number"), ("mean_nll", "number")):
+                _check(problems, f"{at}.{key}", p.get(key), f"{kind} or null")
         if points == "depths":  # the passkey tables and heatmap read depth, trials and correct of every depth
             problems += [f"{at}: lacks {key!r}" for key in ("depth", "trials", "correct") if key not in p]
             if "depth" in p:
@@ -499,12 +505,13 @@ def validate_result(result: object) -> list[str]:
                 problems.append(f"candidates[{i}]: unavailable but lacks 'skip_reason'")
     if not _check(problems, "rows", result["rows"], "list"):
         return problems
-    for i, row in enumerate(result["rows"]):
-        problems += _row_problems(i, row)
+    row_problems = [p for i, row in enumerate(result["rows"]) for p in _row_problems(i, row)]
+    problems += row_problems
     if result["status"] in ("complete", "partial") and not isinstance(result.get("summary"), dict):
         problems.append("summary: a finished result needs a summary object")
     if isinstance(result["summary"], dict):
-        problems += _summary_problems(result["summary"]) or _decision_problems(result)
+        # the decision is checked against the rows once they are sound (a row that is not an object: AttributeError)
+        problems += _summary_problems(result["summary"]) or ([] if row_problems else _decision_problems(result))
     if _check(problems, "failures", result["failures"], "list"):
         for i, f in enumerate(result["failures"]):
             if not _check(problems, f"failures[{i}]", f, "object"):

@@ -73,6 +73,10 @@ BAD_VALUES = [
     ("summary.selected_candidate.nll_delta", NAN, "summary.selected_candidate.nll_delta: must be a finite number, got NaN"),
     ("summary.selected_candidate.topk_overlap", 1.5, "summary.selected_candidate.topk_overlap: must be a fraction in [0, 1], got 1.5"),
     ("summary.eligible_candidate_count", -1, "summary.eligible_candidate_count: must be an int >= 0, got -1"),
+    ("rows.1.recall.mean_nll", "x", 'rows[1].recall.mean_nll: must be a finite number, got "x"'),
+    ("rows.1.recall.distances.0.distance_tokens", [], "rows[1].recall.distances[0].distance_tokens: must be an int >= 1, got []"),
+    ("rows.1.recall.distances.0.accuracy_drop", {}, "rows[1].recall.distances[0].accuracy_drop: must be a finite number, got {}"),
+    ("rows.1", None, "rows[1]: must be an object, got null"),
     ("command", 7, "command: must be a list, got 7"),
 ]  # fmt: skip
 IDS = [f"{p}={v!r}" for p, v, _ in BAD_VALUES]
@@ -264,3 +268,15 @@ def test_an_empty_result_path_is_refused_not_read_as_the_current_folder(tmp_path
     assert main([a.replace("{out}", str(out)) for a in argv]) == 2
     assert "a result file path is needed, got ''" in " ".join(capsys.readouterr().err.split())
     assert not out.exists()  # figures refused before drawing anything
+
+
+@pytest.mark.parametrize("path, value, problem", BAD_VALUES[-5:-1], ids=IDS[-5:-1])
+def test_sensitivity_verify_refuses_a_bad_row_in_one_line(tmp_path, capsys, path, value, problem):
+    """The validator itself raised on these (a row that is not an object met the decision check: AttributeError; a
+    recall mean NLL that is a string or a distance that is a list met the derived checks: TypeError), so every reader
+    (kvlab report, figures --result, sensitivity verify) ended in a traceback."""
+    file = tmp_path / "r.json"
+    file.write_text(json.dumps(_set(_example(), path, value)))
+    assert main(["sensitivity", "verify", str(file)]) == 2
+    out, err = capsys.readouterr()
+    assert not out and err == f"kvlab sensitivity verify: error: {file} is not a valid kvlab eval result: {problem}\n"
