@@ -123,7 +123,9 @@ _ROW_OPTIONAL_NUMBERS = {
     "latency_ratio_min": "number >= 0",
     "latency_ratio_max": "number >= 0",
     "latency_ratio_unpaired": "number >= 0",
+    "timing_spread": "number >= 0",  # the report compares it with UNSTABLE_TIMING_SPREAD
 }
+_FP8_COUNTS = ("key_saturated", "value_saturated", "key_underflow", "value_underflow", "elements")
 _GATE_KINDS = {
     "max_nll_delta": "number >= 0",
     "min_topk_overlap": "fraction",
@@ -273,6 +275,11 @@ def _row_problems(i: int, row: object) -> list[str]:
     _check(problems, f"rows[{i}].eligible", row.get("eligible"), "bool or null")
     _check(problems, f"rows[{i}].latency_trusted", row.get("latency_trusted"), "bool or null")
     _check(problems, f"rows[{i}].timing_contention", row.get("timing_contention"), "object or null")
+    counts = row.get("cache_counts")
+    if _check(problems, f"rows[{i}].cache_counts", counts, "object or null") and counts:
+        for key in _FP8_COUNTS:  # the report's FP8 range line sums them
+            if key in counts:
+                _check(problems, f"rows[{i}].cache_counts.{key}", counts[key], "int >= 0")
     if "gates" in row and _check(problems, f"rows[{i}].gates", row["gates"], "object"):
         for name, verdict in row["gates"].items():
             _check(problems, f"rows[{i}].gates.{name}", verdict, "bool or null")
@@ -307,9 +314,15 @@ def _summary_problems(summary: dict) -> list[str]:
         ("eviction_warning", "string or null"),
         ("dtype_warning", "string or null"),
         ("positions_warning", "string or null"),
+        ("failed_candidates", "list or null"),
     ):
         if key in summary:
             _check(problems, f"summary.{key}", summary[key], kind)
+    failed = summary.get("failed_candidates")
+    for j, f in enumerate(failed if isinstance(failed, list) else []):
+        if _check(problems, f"summary.failed_candidates[{j}]", f, "object"):  # the report prints each field
+            lacks = [k for k in ("candidate", "stage", "type", "message") if k not in f]
+            problems += [f"summary.failed_candidates[{j}]: lacks {k!r}" for k in lacks]
     sel = summary.get("selected_candidate")
     if _check(problems, "summary.selected_candidate", sel, "object or null") and sel is not None:
         for key, kind in (("candidate", "string"), ("context_length", "int >= 1")):

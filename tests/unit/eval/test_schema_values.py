@@ -77,6 +77,11 @@ BAD_VALUES = [
     ("rows.1.recall.distances.0.distance_tokens", [], "rows[1].recall.distances[0].distance_tokens: must be an int >= 1, got []"),
     ("rows.1.recall.distances.0.accuracy_drop", {}, "rows[1].recall.distances[0].accuracy_drop: must be a finite number, got {}"),
     ("rows.1", None, "rows[1]: must be an object, got null"),
+    ("rows.1.timing_spread", "x", 'rows[1].timing_spread: must be a finite number >= 0, got "x"'),
+    ("rows.1.cache_counts", 3, "rows[1].cache_counts: must be an object, got 3"),
+    ("rows.1.cache_counts", {"elements": "many"}, 'rows[1].cache_counts.elements: must be an int >= 0, got "many"'),
+    ("summary.failed_candidates", "x", 'summary.failed_candidates: must be a list, got "x"'),
+    ("summary.failed_candidates", [{"candidate": "kivi-2"}], "summary.failed_candidates[0]: lacks 'stage'"),
     ("command", 7, "command: must be a list, got 7"),
 ]  # fmt: skip
 IDS = [f"{p}={v!r}" for p, v, _ in BAD_VALUES]
@@ -270,7 +275,7 @@ def test_an_empty_result_path_is_refused_not_read_as_the_current_folder(tmp_path
     assert not out.exists()  # figures refused before drawing anything
 
 
-@pytest.mark.parametrize("path, value, problem", BAD_VALUES[-5:-1], ids=IDS[-5:-1])
+@pytest.mark.parametrize("path, value, problem", BAD_VALUES[-10:-6], ids=IDS[-10:-6])
 def test_sensitivity_verify_refuses_a_bad_row_in_one_line(tmp_path, capsys, path, value, problem):
     """The validator itself raised on these (a row that is not an object met the decision check: AttributeError; a
     recall mean NLL that is a string or a distance that is a list met the derived checks: TypeError), so every reader
@@ -280,3 +285,15 @@ def test_sensitivity_verify_refuses_a_bad_row_in_one_line(tmp_path, capsys, path
     assert main(["sensitivity", "verify", str(file)]) == 2
     out, err = capsys.readouterr()
     assert not out and err == f"kvlab sensitivity verify: error: {file} is not a valid kvlab eval result: {problem}\n"
+
+
+@pytest.mark.parametrize("path, value, problem", BAD_VALUES[-6:-1], ids=IDS[-6:-1])
+def test_report_refuses_what_its_text_summary_reads(tmp_path, capsys, path, value, problem):
+    """A timing spread that is a string (compared with a number: TypeError), FP8 counts that are not an object or
+    not counts (summed: TypeError), failed candidates that are not a list of failures (indexed: TypeError) passed
+    the validator and ended the text report in a traceback."""
+    file = tmp_path / "r.json"
+    file.write_text(json.dumps(_set(_example(), path, value)))
+    assert main(["report", str(file)]) == 2
+    out, err = capsys.readouterr()
+    assert not out and f"(nor a kvlab tasks result): {problem}" in err and len(err.splitlines()) == 1, err
