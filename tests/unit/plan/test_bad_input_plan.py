@@ -747,3 +747,11 @@ def test_a_name_far_from_every_preset_gets_no_guess():
     with pytest.raises(ValueError, match="or a hub id; presets: ") as e:
         load_spec("no-such-model")
     assert "did you mean" not in str(e.value)
+
+
+@pytest.mark.parametrize("text, exact", [("1e30", 10**30), ("16e9", 16 * 10**9), ("1.5e3", 1500)])
+def test_weight_bytes_in_e_notation_is_read_exactly(capsys, text, exact):
+    """``--weight-bytes 1e30`` went through a float: 1,000,000,000,000,000,019,884,624,838,656 bytes, a number the
+    user did not give (printed in the decode bound's bytes per step)."""
+    assert main(["plan", "llama-3-8b", "--weight-bytes", text, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["weight_bytes"] == exact

@@ -25,18 +25,18 @@ from kvlab.plan.scenario import DEFAULT_CONTEXT_TOKENS, DEFAULT_GPU
 
 def byte_count(text: str) -> int:
     """An integer byte count >= 1 (``--weight-bytes``: no model has 0 weight bytes, and 0 made the decode bound
-    infinite); accepts ``1e9`` (a plain integer is read exactly, not through a float)."""
+    infinite); accepts ``1e9``. Read exactly, as a decimal, never through a float (``1e30`` was
+    1,000,000,000,000,000,019,884,624,838,656 bytes); beyond a float's range (``1e400``) it is refused."""
+    from decimal import Decimal, InvalidOperation
+
     refused = argparse.ArgumentTypeError(f"a whole number of bytes >= 1, got {text!r}")
     try:
-        value = int(text)
-    except ValueError:
-        try:
-            number = float(text)
-        except ValueError:
-            raise refused from None
-        if not math.isfinite(number) or number != int(number):
-            raise refused from None
-        value = int(number)
+        number = Decimal(text.strip())
+    except InvalidOperation:
+        raise refused from None
+    if not number.is_finite() or number.adjusted() > 308 or number != number.to_integral_value():
+        raise refused
+    value = int(number)
     if value < 1:
         raise refused
     return value
