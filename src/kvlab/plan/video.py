@@ -83,8 +83,7 @@ class VideoClip:
                     f"{s} x `patch_size` {p}): {number_text(used)} px used ({latents}{count_text(used // side, 'token')} "
                     f"{across}), the last {pixels % side} px dropped"
                 )
-        tc, first = self.temporal_compression, 1 if self.causal_first_frame else 0
-        used = first + (self.latent_frames - first) * tc
+        tc, first, used = self.temporal_compression, 1 if self.causal_first_frame else 0, self.used_frames
         if used != self.frames:
             rule = f"{'1 + ' if first else ''}a multiple of `temporal_compression` {tc}"
             first_alone = " (a causal VAE's first frame is a latent frame of its own)" if first else ""
@@ -111,6 +110,13 @@ class VideoClip:
         return int(round(self.seconds * self.fps))
 
     @property
+    def used_frames(self) -> int:
+        """Frames the latent frames cover: ``latent_frames * temporal_compression`` (1 + that minus one with
+        ``causal_first_frame``); fewer than :attr:`frames` where the VAE's stride does not divide them."""
+        first = 1 if self.causal_first_frame else 0
+        return first + (self.latent_frames - first) * self.temporal_compression
+
+    @property
     def latent_frames(self) -> int:
         tc = self.temporal_compression
         return 1 + (self.frames - 1) // tc if self.causal_first_frame else self.frames // tc
@@ -128,7 +134,8 @@ class VideoClip:
     def to_dict(self) -> dict[str, Any]:
         """The clip's fields and counts; ``width`` and ``height`` are the pixels the tokens cover
         (:attr:`used_width`, :attr:`used_height`), ``width_given`` and ``height_given`` the sizes asked for (larger
-        where the compression does not divide them: :meth:`rounding_warnings`)."""
+        where the compression does not divide them: :meth:`rounding_warnings`); ``frames`` the clip's,
+        ``frames_used`` those its latent frames cover (:attr:`used_frames`)."""
         return {
             "seconds": self.seconds,
             "fps": self.fps,
@@ -141,6 +148,7 @@ class VideoClip:
             "patch_size": self.patch_size,
             "causal_first_frame": self.causal_first_frame,
             "frames": self.frames,
+            "frames_used": self.used_frames,
             "latent_frames": self.latent_frames,
             "tokens_per_frame": self.tokens_per_frame,
             "tokens": self.tokens,

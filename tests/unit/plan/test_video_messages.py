@@ -127,3 +127,19 @@ def test_the_reported_size_is_the_one_the_tokens_cover(capsys, patch):
     assert main(argv) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert f"{used_w}x{used_h}," in out and f"{width}x" not in out, out
+
+
+def test_the_frames_column_says_how_many_frames_the_latents_cover(capsys):
+    """A causal VAE at stride 4 takes 1 + 4k frames: a 5 s clip at 24 fps (120 frames) uses 117; the table's frames
+    column said 120 while the warning said 117 (as the width said 1281 while 1280 px were used)."""
+    from kvlab.cli import main
+    from kvlab.plan.video import VideoClip
+
+    clip = VideoClip(seconds=5, fps=24, causal_first_frame=True)
+    assert clip.frames == 120 and clip.used_frames == 1 + (clip.latent_frames - 1) * 4 == 117
+    assert clip.to_dict()["frames_used"] == 117
+    assert VideoClip(seconds=5, fps=24).used_frames == 120  # 120 = 30 x 4: every frame used
+    assert main(["video", "--seconds", "5", "--causal-first-frame"]) == 0
+    assert "120 (117 used)" in capsys.readouterr().out
+    assert main(["video", "--seconds", "5"]) == 0
+    assert "used)" not in capsys.readouterr().out

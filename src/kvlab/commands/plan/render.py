@@ -352,7 +352,7 @@ def print_video(r: dict) -> None:
     for c in r["clips"]:
         t.add_row(
             f"{c['seconds']:g}",
-            f"{c['frames']:,}",
+            f"{c['frames']:,}" + (f" ({c['frames_used']:,} used)" if c.get("frames_used", c["frames"]) != c["frames"] else ""),
             f"{c['latent_frames']:,}",
             f"{c['tokens_per_frame']:,}",
             f"{c['tokens']:,}",
