@@ -755,3 +755,11 @@ def test_weight_bytes_in_e_notation_is_read_exactly(capsys, text, exact):
     user did not give (printed in the decode bound's bytes per step)."""
     assert main(["plan", "llama-3-8b", "--weight-bytes", text, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["weight_bytes"] == exact
+
+
+@pytest.mark.parametrize("command", [["roofline"], ["video"], ["plan", "llama-3-8b"]])
+def test_group_size_without_kivi_says_where_mixed_plans_apply(command, capsys):
+    # roofline and video read no mixed plan: the refusal no longer offers them one as if they did
+    assert main([*command, "--group-size", "64"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--group-size 64 sizes a kivi --kv-dtype (in kvlab plan, also a mixed plan's KIVI layers) only" in err

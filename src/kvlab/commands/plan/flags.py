@@ -247,7 +247,7 @@ def kv_kwargs(args: argparse.Namespace) -> dict:
     for flag, value in (("--group-size", args.group_size), ("--residual", args.residual)):
         if value is not None and not takes:
             raise ValueError(
-                f"{flag} {value} sizes a kivi --kv-dtype (or a mixed plan's KIVI layers) only; --kv-dtype is "
+                f"{flag} {value} sizes a kivi --kv-dtype (in kvlab plan, also a mixed plan's KIVI layers) only; --kv-dtype is "
                 f"{args.kv_dtype}"
             )
     group_size = KIVI_DEFAULTS.group_size if args.group_size is None else args.group_size
