@@ -146,8 +146,20 @@ def _install_and_convert(args: argparse.Namespace, named) -> int:
         return fail(args, exc, EXIT_FAILED)
     try:
         source = prepare_source(named.name)
-    except (FileNotFoundError, ValueError, ImportError, OSError) as exc:
+    except (ValueError, ImportError) as exc:
         return fail(args, exc, EXIT_FAILED)
+    except OSError as exc:
+        if exc.errno is None:  # kvlab's own message (a missing model file): it says what to do
+            return fail(args, exc, EXIT_FAILED)
+        # the system's bare "[Errno 2] No such file or directory: '/x'" named no setting to change
+        from kvlab.models.sources import models_dir
+
+        return fail(
+            args,
+            f"{exc}; converted models go to {models_dir()} ($KVLAB_MODEL_DIR, else $XDG_CACHE_HOME/kvlab/models, "
+            "else ~/.cache/kvlab/models): set KVLAB_MODEL_DIR to a writable folder",
+            EXIT_FAILED,
+        )
     if args.json:
         import json
 

@@ -145,3 +145,28 @@ def test_an_offline_near_miss_of_a_named_model_names_it(monkeypatch, capsys):
     with pytest.raises(OSError) as far:
         check_local_model("kvlab-test-owner/no-such-model")
     assert "did you mean" not in str(far.value) and "smollm2-135m" in str(far.value)
+
+
+def test_models_get_into_an_unwritable_cache_names_the_folder_and_the_setting(monkeypatch, capsys):
+    """XDG_CACHE_HOME=/proc/nope printed only "[Errno 2] No such file or directory: '/proc/nope'": now the folder
+    converted models go to and the variable that moves it."""
+    import errno
+
+    def unwritable(name, notify=None):
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", "/proc/nope")
+
+    monkeypatch.setenv("KVLAB_MODEL_DIR", "/proc/nope/models")
+    monkeypatch.setattr(sources, "find_source", lambda name: None)
+    monkeypatch.setattr(sources, "prepare_source", unwritable)
+    assert main(["models", "get", "smollm2-135m"]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "'/proc/nope'; converted models go to /proc/nope/models ($KVLAB_MODEL_DIR" in err
+    assert "set KVLAB_MODEL_DIR to a writable folder" in err
+
+    def missing(name, notify=None):  # kvlab's own message: no hint about folders
+        raise FileNotFoundError("the package's model file is missing; reinstall it")
+
+    monkeypatch.setattr(sources, "prepare_source", missing)
+    assert main(["models", "get", "smollm2-135m"]) == 1
+    err = capsys.readouterr().err
+    assert "reinstall it" in err and "KVLAB_MODEL_DIR" not in err
