@@ -26,6 +26,7 @@ from kvlab.eval.decision_words import (
     bundled_model_note,
     decision_rule,
     decision_text,
+    faster_alternative,
     gate_names,
     no_candidate_advice,
 )
@@ -404,6 +405,8 @@ def _decision_block(summary: Any, result: Mapping[str, Any] | None = None) -> st
     notes += "".join(f'<div class="warning">warning: {html.escape(w)}</div>' for w in warnings)
     rule = decision_rule(summary) if isinstance(summary, Mapping) else None
     notes += f'<p class="muted">({html.escape(rule)})</p>' if rule else ""
+    faster = faster_alternative(dict(result, summary=summary)) if isinstance(result, Mapping) else None
+    notes += f"<p>{html.escape(faster)}</p>" if faster else ""
     shown = decision_text(summary) if isinstance(summary, Mapping) else _fmt(name)  # words, not the file's token
     return f'<div class="{css}">Decision: <b>{html.escape(shown)}</b>{rests}</div>{notes}{detail}'
 

@@ -18,6 +18,39 @@ def decision_rule(summary: dict) -> str | None:
     )
 
 
+# an eligible row at the selected context this much faster (latency ratio) than the selected one is worth naming
+FASTER = 0.9
+
+
+def faster_alternative(result: dict) -> str | None:
+    """Where the rule picked a row that is slower than another eligible row at the same context (latency ratio at
+    most :data:`FASTER` x the selected one's), that row and the flag that would require it: the rule maximises bytes
+    saved, and an engineer serving traffic may weigh the latency (a new user asked). None otherwise."""
+    summary = result.get("summary") if isinstance(result, dict) else None
+    sel = summary.get("selected_candidate") if isinstance(summary, dict) else None
+    if not isinstance(sel, dict) or not isinstance(sel.get("latency_ratio"), (int, float)):
+        return None
+    rows = [
+        r
+        for r in result.get("rows", [])
+        if isinstance(r, dict) and r.get("matrix") == "capacity" and r.get("eligible") is True
+        and r.get("context_length") == sel.get("context_length") and r.get("candidate") != sel.get("candidate")
+        and isinstance(r.get("latency_ratio"), (int, float)) and isinstance(r.get("cache_bytes_ratio"), (int, float))
+    ]
+    if not rows:
+        return None
+    fast = min(rows, key=lambda r: r["latency_ratio"])
+    if fast["latency_ratio"] > FASTER * sel["latency_ratio"]:
+        return None
+    return (
+        f"faster and eligible at {sel['context_length']:,}: {fast['candidate']}, cache "
+        f"{fast['cache_bytes_ratio']:.3f}x dynamic at {fast['latency_ratio']:.2f}x latency (selected "
+        f"{sel['candidate']}: {sel.get('cache_bytes_ratio', float('nan')):.3f}x at {sel['latency_ratio']:.2f}x); "
+        "the rule maximises bytes saved; --max-latency-ratio N leaves out rows slower than N x dynamic (1.0: no "
+        "slowdown)"
+    )
+
+
 def fp8_range_lines(result: dict) -> list[str]:
     """One line per FP8 candidate of the capacity matrix: K/V elements clamped at the format's range and non-zero
     ones stored as zero (the rows' ``cache_counts``, :meth:`kvlab.caches.fp8.FP8Cache.counts`), summed over its

@@ -13,6 +13,7 @@ from kvlab.eval.decision_words import (
     bundled_model_note,
     decision_rule,
     decision_text,
+    faster_alternative,
     first_context_text,
     fp8_range_lines,
     gate_names,
@@ -448,6 +449,9 @@ def _print_decision(result: dict, s: dict, console: Console) -> None:
     rule = decision_rule(s)
     if rule:
         console.print(f"  ({rule})")
+    faster = faster_alternative(result)
+    if faster:
+        console.print(f"  {faster}", markup=False)
     if s.get("latency_trusted") is False:
         console.print("[yellow]latency: not trusted (the machine was busy while timing; see the warning)[/]")
     if s.get("latency_warning"):

@@ -247,3 +247,32 @@ def test_the_summary_says_how_quiet_the_machine_was_while_timing():
     for r in result["rows"]:
         r.pop("timing_contention", None)
     assert timing_line(result) is None
+
+
+def test_a_faster_eligible_row_is_named_beside_a_slower_selection():
+    """The rule picks the most bytes saved: hqq-4 at 1.5x latency over a kivi-4 that is faster than the float cache
+    (a new user asked why); the summary and the HTML page now name the faster eligible row and the flag."""
+    from kvlab.eval.decision_words import FASTER, faster_alternative
+
+    result = _record("eval-default-cpu-2026-12-01.json")
+    sel = result["summary"]["selected_candidate"]
+    rows = [
+        r
+        for r in result["rows"]
+        if r["matrix"] == "capacity" and r.get("eligible") and r["context_length"] == sel["context_length"]
+        and r["candidate"] != sel["candidate"]
+    ]
+    fast = min(rows, key=lambda r: r["latency_ratio"])
+    assert fast["latency_ratio"] <= FASTER * sel["latency_ratio"]
+    line = faster_alternative(result)
+    assert line.startswith(f"faster and eligible at {sel['context_length']:,}: {fast['candidate']}, cache ")
+    assert f"{fast['latency_ratio']:.2f}x latency (selected {sel['candidate']}" in line
+    assert "--max-latency-ratio N leaves out rows slower than N x dynamic" in line
+    assert line in " ".join(_text(result, width=1000).split())
+    assert line in " ".join(_html_text(render_html(result)).split()).replace("&#x27;", "'")
+    slow = copy.deepcopy(result)  # every other eligible row as slow as the selection: nothing to name
+    for r in slow["rows"]:
+        if r in rows or (r["matrix"] == "capacity" and r["context_length"] == sel["context_length"]
+                         and r["candidate"] != sel["candidate"]):
+            r["latency_ratio"] = sel["latency_ratio"]
+    assert faster_alternative(slow) is None
