@@ -52,3 +52,17 @@ def test_refusals_separate_their_numbers(capsys, argv, said):
     err = " ".join(err.split())
     assert said in err, err
     assert [line for line in _raw_numbers(err) if "paged+keep" not in line] == [], err
+
+
+def test_the_simulation_table_explains_its_two_fractions(capsys):
+    """'memory in use' (59.8 %) beside 'slot utilization' (99.64 %) read as a contradiction to a new user: a legend
+    under the table says what each row divides."""
+    from kvlab.cli import main
+    from kvlab.commands.paging import SIMULATION_LEGEND
+
+    assert main(["paging", "simulate", "--requests", "20"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert " ".join(SIMULATION_LEGEND.split()) in out
+    for row in ("slot utilization", "memory in use", "queue delay", "tokens / step", "events / s"):
+        assert f"│ {row}" in out or f"{row} " in out
+        assert f"{row.split(' (')[0]} =" in SIMULATION_LEGEND or f"{row} =" in SIMULATION_LEGEND

@@ -475,6 +475,18 @@ def _print_simulation(result: dict, source: str) -> None:
     for label, fmt in rows:
         t.add_row(label, *(fmt(r) for r in policies.values()))
     console.print(t)
+    console.print(f"[dim]{SIMULATION_LEGEND}[/]")
+
+
+# what the simulation table's rows mean (the two fractions read alike without it: a new user asked)
+SIMULATION_LEGEND = (
+    "rows: running = requests holding KV after a step; slot utilization = written slots / slots of the allocated "
+    "blocks, over busy steps (how full the blocks in use are); memory in use = allocated blocks / the pool's blocks, "
+    "mean over steps (how much of the KV memory is taken); waste = empty slots of allocated blocks (reservation or "
+    "last-block), mean; queue delay = first admission - arrival, steps; tokens / step = decode + prefill tokens "
+    "computed (prefix hits are not); steps (makespan) = engine steps run (steps from 0 to the last completion); "
+    "events / s = simulator speed on this machine (docs/paging.md)"
+)
 
 
 def _window_cell(result: dict) -> str:
