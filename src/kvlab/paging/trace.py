@@ -213,7 +213,10 @@ def read_trace(path: str | os.PathLike) -> TraceFile:
     group = column("prefix_group", int, -1).astype(np.int64)
     prefix = column("prefix_tokens", int, 0).astype(np.int64)
     prefix[group < 0] = 0
-    parsed = {"arrival_step": arrival, "prompt_tokens": prompt, "output_tokens": output, "prefix_tokens": prefix}
+    parsed = {
+        "arrival_step": arrival, "prompt_tokens": prompt, "output_tokens": output, "prefix_group": group,
+        "prefix_tokens": prefix,
+    }  # fmt: skip
     _check_values(path, lines, rows, parsed)
     _check_prefix_groups(path, lines, group, prefix)
     order = np.argsort(arrival, kind="stable")
@@ -264,7 +267,8 @@ def _read_rows(path: Path) -> tuple[list[dict], list[int]]:
 
 def _check_values(path: Path, lines: list[int], rows: list[dict], columns: dict[str, np.ndarray]) -> None:
     """Refuse what :class:`Trace` refuses of one request, naming the file and line of the first row that has it: an
-    arrival that is not finite or is before step 0, a prompt or output of no token, a prefix outside its prompt.
+    arrival that is not finite or is before step 0, a prompt or output of no token, a prefix group below -1 (it was
+    read as none), a prefix outside its prompt.
 
     Raises:
         ValueError: naming the file, the line, the column and the value as written.
@@ -275,6 +279,7 @@ def _check_values(path: Path, lines: list[int], rows: list[dict], columns: dict[
         ("arrival_step", arrival < 0, "must be >= 0 (engine steps from the start of the trace)"),
         ("prompt_tokens", prompt < 1, "must be >= 1 token"),
         ("output_tokens", columns["output_tokens"] < 1, "must be >= 1 token"),
+        ("prefix_group", columns["prefix_group"] < -1, "must be a group id >= 0, or -1 (or empty) for no shared prefix"),
         ("prefix_tokens", (prefix < 0) | (prefix > prompt), "must be in [0, `prompt_tokens`]: a prefix of the prompt"),
     )
     for name, bad, rule in checks:

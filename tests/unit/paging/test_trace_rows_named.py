@@ -34,6 +34,7 @@ def _write(tmp_path, bad_row: str) -> tuple[str, int]:
         ("inf,100,10,-1,0", "arrival_step", "'inf'"),
         ("1,100,10,3,101", "prefix_tokens", "'101'"),
         ("1,100,10,3,-2", "prefix_tokens", "'-2'"),
+        ("1,100,10,-3,50", "prefix_group", "'-3'"),  # was read as no group: its 50-token prefix dropped silently
     ],
 )
 def test_a_refused_row_is_named_by_file_and_line(tmp_path, capsys, bad_row, column, written):
