@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from kvlab.plan.config_fields import count_text
 from kvlab.runtime.checks import check_int
 
 
@@ -162,7 +163,7 @@ class BlockPool:
         check_int("n", n, 0)
         if n > self.free_queue.num_free:
             raise ValueError(
-                f"need {n:,} blocks, {self.free_queue.num_free:,} free (pool of {len(self.blocks):,} blocks "
+                f"need {count_text(n, 'block')}, {self.free_queue.num_free:,} free (pool of {len(self.blocks):,} blocks "
                 f"x {self.block_size_tokens:,} tokens)"
             )
         out = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvlab.paging.block_pool import BlockPool, KVBlock
+from kvlab.plan.config_fields import count_text
 
 
 class BlockTable:
@@ -93,7 +94,7 @@ class BlockTable:
         n_revived = sum(1 for block in hits if block.ref_cnt == 0)
         if n_new + n_revived > pool.num_free:
             raise ValueError(
-                f"need {n_new + n_revived:,} blocks for {num_tokens:,} tokens, {pool.num_free:,} free "
+                f"need {count_text(n_new + n_revived, 'block')} for {num_tokens:,} tokens, {pool.num_free:,} free "
                 f"({len(hits)} prefix blocks cached)"
             )
         pool.touch(hits)
@@ -129,7 +130,8 @@ class BlockTable:
         need = -(-(n - room) // bs) if n > room else 0
         if need + cow > pool.free_queue.num_free:
             raise ValueError(
-                f"need {need + cow:,} blocks to append {n:,} tokens, {pool.free_queue.num_free:,} free "
+                f"need {count_text(need + cow, 'block')} to append {count_text(n, 'token')}, "
+                f"{pool.free_queue.num_free:,} free "
                 f"(pool of {pool.num_blocks:,} blocks x {bs:,} tokens)"
             )
         copies: list[tuple[int, int]] = []
@@ -201,7 +203,7 @@ class BlockTable:
         if keep and self.blocks[keep - 1].ref_cnt > 1 and fill < self.blocks[keep - 1].num_tokens:
             if pool.num_free == 0:
                 raise ValueError(
-                    f"need 1 blocks to cut inside a shared block, 0 free (pool of {pool.num_blocks:,})"
+                    f"need 1 block to cut inside a shared block, 0 free (pool of {pool.num_blocks:,})"
                 )
             old = self.blocks[keep - 1]
             self.blocks[keep - 1] = pool.copy_on_write(old, fill)

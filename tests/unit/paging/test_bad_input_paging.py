@@ -405,7 +405,7 @@ def test_block_pool_refuses_foreign_blocks_and_double_frees():
     with pytest.raises(ValueError, match="not a block of this pool"):
         pool.touch(foreign)
     assert pool.num_free == 4 and len(pool.allocate(4)) == 4
-    with pytest.raises(ValueError, match="need 1 blocks, 0 free"):
+    with pytest.raises(ValueError, match="need 1 block, 0 free"):
         pool.allocate(1)
     pool = BlockPool(4, 16)
     (block,) = pool.allocate(1)
