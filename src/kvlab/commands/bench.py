@@ -498,12 +498,12 @@ def unmet_targets(record: dict) -> list[dict]:
 
 
 def _print(record: dict, path) -> None:
-    from rich.console import Console
     from rich.markdown import Markdown
 
     from kvlab.bench import docs
+    from kvlab.runtime.console import stdout_console
 
-    console = Console()
+    console = stdout_console()
     console.print(Markdown(docs.RENDER[record["benchmark"]](record["result"])))
     for warning in record["result"].get("warnings") or ():  # a busy machine (kvlab.runtime.timing.busy_warnings)
         console.print(f"[yellow]warning: {warning}[/]")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -20,6 +18,7 @@ from kvlab.eval.decision_words import (
     no_candidate_advice,
 )
 from kvlab.eval.twins import integer_path_lines
+from kvlab.runtime.console import stdout_console
 
 MIB = 1024**2
 
@@ -285,9 +284,7 @@ def timing_line(result: dict) -> str | None:
 def print_summary(result: dict, console: Console | None = None) -> None:
     """Print provenance, gates, both matrices, failures and the decision."""
     if console is None:
-        console = Console()
-        if not console.is_terminal and "COLUMNS" not in os.environ:  # a pipe: rich's 80 columns cut tables
-            console = Console(width=150)
+        console = stdout_console()  # a pipe: rich's 80 columns cut tables
     _print_header(result, console)
     line = planned_line(result)
     if line:

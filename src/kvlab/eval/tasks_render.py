@@ -36,10 +36,11 @@ def table_rows(result: Mapping[str, Any]) -> list[tuple[str, ...]]:
 
 def print_tasks_table(result: Mapping[str, Any], console: Any = None) -> None:
     """Print the table, the decision, the run's status and failures, and the cells not measured (rich)."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    from kvlab.runtime.console import stdout_console
+
+    console = console or stdout_console()
     wall = (result.get("provenance") or {}).get("wall_s")
     title = f"kvlab tasks: {result['model']['name']}" + (f" ({wall:.0f} s)" if wall is not None else "")
     table = Table(title=title)

@@ -10,6 +10,7 @@
 ``hub``           is the Hugging Face hub reachable (one short TCP connect; torch-free)
 ``text_files``    read a text file by its byte-order mark (UTF-8 BOM, UTF-16 from PowerShell; torch-free)
 ``checks``        a count is a non-bool int >= N; a comma-separated list typed on the command line (torch-free)
+``console``       the rich console on stdout, wider than 80 columns into a pipe (torch-free)
 
 This package imports nothing at import time, so ``kvlab.runtime.atomic`` stays torch-free.
 """

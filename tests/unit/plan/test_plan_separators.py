@@ -60,3 +60,21 @@ def test_a_safetensors_header_past_the_file_is_named_with_separators(tmp_path):
     with pytest.raises(ValueError) as info:
         safetensors_header_bytes(path)
     assert f"header length {length:,} B exceeds the file ({8 + len(body):,} B)" in str(info.value)
+
+
+def test_piped_output_is_wider_than_80_columns(capsys, monkeypatch):
+    """Into a pipe rich took 80 columns and wrapped the plan's ledger cells (the decode bound's "memory-bound; 15.96
+    GiB per" / "step ..."): stdout_console is PIPE_WIDTH columns there unless COLUMNS says otherwise."""
+    from kvlab.cli import main
+    from kvlab.runtime.console import PIPE_WIDTH, stdout_console
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert stdout_console().width == PIPE_WIDTH  # capsys: stdout is not a terminal
+    assert main(["plan", "llama-3-8b"]) == 0
+    wide = capsys.readouterr().out.splitlines()
+    (bound,) = [line for line in wide if "decode step lower bound" in line]
+    assert "memory-bound;" in bound and bound.rstrip().endswith("│") and len(bound) > 80
+    monkeypatch.setenv("COLUMNS", "80")
+    assert stdout_console().width == 80
+    assert main(["plan", "llama-3-8b"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) > len(wide)  # 80 columns wrap cells onto more lines

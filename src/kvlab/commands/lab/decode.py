@@ -179,7 +179,7 @@ def _run_real(args: argparse.Namespace) -> int:
 
 
 def _print_toy(r: dict) -> None:
-    from rich.console import Console
+    from kvlab.runtime.console import stdout_console
 
     cfg = r["config"]
     sp = r.get("speedup_paired") or {}
@@ -206,7 +206,7 @@ def _print_toy(r: dict) -> None:
         "check",
         rows,
     )
-    console = Console()
+    console = stdout_console()
     console.print(checks)
     if "append" in r:
         a = r["append"]
@@ -228,7 +228,7 @@ def _print_toy(r: dict) -> None:
 
 
 def _print_real(r: dict) -> None:
-    from rich.console import Console
+    from kvlab.runtime.console import stdout_console
 
     t = table(
         f"Exact caches on {r.get('model', 'model')}: {r['batch']} x {r['tokens']} tokens, "
@@ -249,6 +249,6 @@ def _print_real(r: dict) -> None:
             )
         else:
             t.add_row(row["cache"], row["status"], "-", "-", "-", "-", row.get("error", ""))
-    console = Console()
+    console = stdout_console()
     console.print(t)
     print_warnings(console, r.get("warnings", []))

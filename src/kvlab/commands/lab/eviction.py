@@ -88,7 +88,7 @@ def run_eviction(args: argparse.Namespace) -> int:
 
 
 def _print_eviction(r: dict) -> None:
-    from rich.console import Console
+    from kvlab.runtime.console import stdout_console
 
     cfg = r["config"]
     t = table(
@@ -120,7 +120,7 @@ def _print_eviction(r: dict) -> None:
             f"{s['nll_ratio_vs_recompute']:.3f}",
             f"{s['nbytes']:,} (max {s['nbytes_max']:,})",
         )
-    console = Console()
+    console = stdout_console()
     console.print(t)
     print_verdict(console, r["checks"])
     print_warnings(console, r.get("warnings", []))

@@ -100,9 +100,9 @@ def run_video(args: argparse.Namespace) -> int:
 
 
 def _print_video(r: dict) -> None:
-    from rich.console import Console
+    from kvlab.runtime.console import stdout_console
 
-    console = Console()
+    console = stdout_console()
     console.print(_video_checks_table(r))
     console.print(_video_cost_table(r))
     print_verdict(console, r["checks"])

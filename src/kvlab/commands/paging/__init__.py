@@ -270,10 +270,10 @@ def run_static_cmd(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
-    from rich.console import Console
+    from kvlab.runtime.console import stdout_console
 
     cfg, a, b, c = result["config"], result["A"], result["B"], result["C"]
-    console = Console()
+    console = stdout_console()
     console.print(
         f"KV budget: {cfg['budget_bytes'] / GIB:,.2f} GiB = {cfg['capacity_tokens']:,} tokens x "
         f"{number_text(cfg['kv_bytes_per_token'])} B ({cfg['source']}){_residual_note(cfg['residual_window'])}"
@@ -439,10 +439,10 @@ def run_simulate_cmd(args: argparse.Namespace) -> int:
 
 def _print_simulation(result: dict, source: str) -> None:
     """The table of ``kvlab paging simulate``: the trace's summary line, then one column per policy."""
-    from rich.console import Console
+    from kvlab.runtime.console import stdout_console
 
     cfg = result["config"]
-    console = Console()
+    console = stdout_console()
     console.print(
         f"Trace {source}: {cfg['requests']:,} requests, mean prompt {cfg['prompt_tokens_mean']:,.0f}, mean output "
         f"{cfg['output_tokens_mean']:,.0f} tokens, {cfg['prefix_requests']:,} with a shared prefix. "

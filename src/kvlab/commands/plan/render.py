@@ -7,9 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from rich.console import Console
-
 from kvlab.commands import table
+from kvlab.runtime.console import stdout_console
 
 GIB = 1024**3
 
@@ -43,7 +42,7 @@ def _bytes(n: float | int | None) -> str:
 
 def _print_report(r: dict, *parts) -> None:
     """A report's tables and lines (``parts``, in order) on stdout, then its notes, one ``  note: ...`` line each."""
-    console = Console()
+    console = stdout_console()
     for part in parts:
         console.print(part)
     for note in r["notes"]:
@@ -77,7 +76,7 @@ def print_lists(args: argparse.Namespace) -> bool:
         )
         for preset in presets.PRESETS.values():
             t.add_row(preset.name, preset.hub_id, preset.why)
-        Console().print(t)
+        stdout_console().print(t)
     if want_gpus:
         t = table(
             "Hardware table (datasheets: dense 16-bit tensor FLOP/s, TB/s = 1e12 B/s; memory as the device "
@@ -99,7 +98,7 @@ def print_lists(args: argparse.Namespace) -> bool:
                 h.source,
                 h.memory_source,
             )
-        Console().print(t)
+        stdout_console().print(t)
     return True
 
 
