@@ -105,13 +105,13 @@ class ModelSpec:
         (:attr:`position_field`): ``"max_position_embeddings"``, ``"n_positions"``; ``"max_position_embeddings 4,096
         with its rope_scaling"`` where the scaling sets a longer limit (as vLLM derives its longest
         ``--max-model-len``); ``"max_position_embeddings, its yarn rope_scaling included"`` where a scaling leaves it
-        as the config states it (Kimi's yarn: 4,096 original positions x 64); vLLM's default 2,048 where the config
-        states no position field."""
+        as the config states it (Kimi's yarn: 4,096 original positions x 64); ``"limit as vLLM sets it for a config
+        stating no position field (2,048)"`` where the config states none."""
         limit = self.context_limit if limit is None else limit
         base = self.max_position_embeddings
         if base is None:  # vLLM's limit only (vllm_max_model_len): the spec's own is None
-            words = f"vLLM's default {VLLM_DEFAULT_MAX_LEN:,}, the config stating no position field"
-            return words if limit == VLLM_DEFAULT_MAX_LEN else f"{words}, with its rope_scaling"
+            words = f"limit as vLLM sets it for a config stating no position field ({VLLM_DEFAULT_MAX_LEN:,}"
+            return f"{words})" if limit == VLLM_DEFAULT_MAX_LEN else f"{words}, with its rope_scaling)"
         field = self.position_field or "max_position_embeddings"
         if limit != base:
             return f"{field} {base:,} with its rope_scaling"

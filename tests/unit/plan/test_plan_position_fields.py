@@ -92,7 +92,7 @@ def test_the_notes_and_refusals_name_the_field_the_limit_came_from(tmp_path, cap
 def test_emit_vllm_refuses_a_context_beyond_vllms_default_naming_it(tmp_path, capsys):
     config = _config(max_position_embeddings=None)
     code, _, err = _plan(tmp_path, capsys, config, "--context", "4096", "--emit", "vllm")
-    assert code == 2 and "limit of 2,048 tokens (vLLM's default 2,048" in err and "no position field" in err, err
+    assert code == 2 and "limit of 2,048 tokens (limit as vLLM sets it for a config stating no position field (2,048))" in err and "no position field" in err, err
     code, out, err = _plan(tmp_path, capsys, config, "--context", "2048", "--emit", "vllm", "--json")
     assert code == 0, err
     assert json.loads(out)["vllm"]["max_model_len"] == 2048
@@ -105,7 +105,7 @@ def test_without_a_position_field_the_default_context_is_vllms_2048(tmp_path, ca
     r = json.loads(out)
     assert r["context"] == r["spec"]["context_limit"] == r["vllm"]["max_model_len"] == 2048
     assert r["spec"]["max_position_embeddings"] is None
-    assert any("context 2,048 tokens" in n and "vLLM's default 2,048" in n for n in r["notes"]), r["notes"]
+    assert any("context 2,048 tokens" in n and "as vLLM sets it for a config stating no position field (2,048)" in n for n in r["notes"]), r["notes"]
 
 
 def test_a_limit_that_includes_yarn_scaling_is_not_warned_about_without_rope_scaling(tmp_path, capsys):
@@ -122,3 +122,18 @@ def test_a_limit_that_includes_yarn_scaling_is_not_warned_about_without_rope_sca
     plain = _config(max_position_embeddings=262144)  # no scaling stated: the advice stays
     code, out, _ = _plan(tmp_path, capsys, plain, "--context", "300000", "--json")
     assert "without RoPE scaling" in json.loads(out)["warnings"][0]
+
+
+def test_a_config_with_no_position_field_is_named_in_plain_words(tmp_path, capsys):
+    """The note read "nolimit.json's vLLM's default 2,048, the config stating no position field"."""
+    import json as _json
+
+    from kvlab.cli import main
+
+    path = tmp_path / "nolimit.json"
+    path.write_text(_json.dumps(dict(model_type="llama", hidden_size=512, num_attention_heads=8, num_hidden_layers=4,
+                                     num_key_value_heads=2, vocab_size=1000, intermediate_size=1024)))
+    assert main(["plan", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"context 2,048 tokens: {path}'s limit as vLLM sets it for a config stating no position field (2,048)" in out
+    assert "'s vLLM's" not in out
