@@ -160,9 +160,12 @@ def flag_values(args: argparse.Namespace, *dests: str) -> dict:
 def table(title: object, *numbers: str, labels: tuple[str, ...] = (), **kwargs: object):
     """A rich ``Table`` titled ``title``: the ``labels`` columns first (text, left-aligned), then the ``numbers``
     columns right-aligned, as every kvlab table lines up its figures; ``kwargs`` go to ``rich.table.Table``
-    (``caption=`` ...). More columns may be added to the table returned."""
+    (``caption=`` ...). The table is at least as wide as its title (up to the console's width), so the title
+    does not wrap inside a narrower table. More columns may be added to the table returned."""
     from rich.table import Table
 
+    if isinstance(title, str) and "min_width" not in kwargs:  # a title wider than the cells wrapped mid-phrase
+        kwargs["min_width"] = max(len(line) for line in title.split("\n"))  # rich caps it at the console's width
     t = Table(title=title, **kwargs)
     for col in labels:
         t.add_column(col)

@@ -78,3 +78,14 @@ def test_piped_output_is_wider_than_80_columns(capsys, monkeypatch):
     assert stdout_console().width == 80
     assert main(["plan", "llama-3-8b"]) == 0
     assert len(capsys.readouterr().out.splitlines()) > len(wide)  # 80 columns wrap cells onto more lines
+
+
+def test_a_table_title_is_not_wrapped_inside_a_narrower_table(capsys, monkeypatch):
+    """plan's first table is narrower than its title: into a pipe the title wrapped mid-phrase ("... tp" / "1");
+    kvlab.commands.table makes the table at least as wide as its title (up to the console's width)."""
+    from kvlab.cli import main
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert main(["plan", "llama-3-8b"]) == 0
+    first = capsys.readouterr().out.splitlines()[0].strip()
+    assert first.startswith("llama-3-8b:") and first.endswith("[GiB = 2^30 B, GB = 1e9 B]") and "tp 1" in first
