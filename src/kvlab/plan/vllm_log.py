@@ -21,92 +21,88 @@ from kvlab.plan.fit import check_memory_gib
 from kvlab.plan.ledger import kv_heads_per_rank
 from kvlab.plan.spec import ModelSpec
 from kvlab.plan.vllm import check_block_size
-from kvlab.plan.vllm_kv import VLLM_KV_CACHE_DTYPES, vllm_kv_cache
+from kvlab.plan.vllm_kv import vllm_kv_cache
+from kvlab.plan.vllm_log_values import (
+    COUNT,
+    DTYPE,
+    FRACTION,
+    IN_GIB,
+    KEY,
+    KV_DTYPE,
+    LENGTH,
+    NAME,
+    SERVE_OPTIONS,
+    SETTING,
+    SETTING_VALUE,
+    SIGNED_GIB,
+    TIMES,
+    UNIT,
+    UNTIL_NEXT,
+    VALUE,
+    WORD,
+    mask_speculative,
+    read_value,
+)
 from kvlab.plan.vllm_memory import GIB, available_kv_memory, scheduler_defaults
 
-# a value as the line prints it, read loosely and checked by its kind (_read_value): "-5", "nan", "451.744" are
-# named as unreadable, not skipped as if the line were absent; never across an "=" (from each of a word's repeated
-# `kv_cache_size=` the scan ran to the word's end: quadratic)
-_VALUE = r"([^\s=]+?)"
-_UNIT = r" ?((?:[KMGT]i?)?B)\b"  # "55.15 GiB", "3.81GiB"; another unit is named (vLLM prints GiB)
-# a value before its words ("14.08 GiB for weight"), a whole word: a bare (\S+) was tried from each character of a
-# word to its end, quadratic (a 100 KB word took minutes); the leftmost match starts at a word's start all the same
-_WORD = r"(?<!\S)(\S+)"
-_UNTIL_NEXT = r"(?:(?!Graph capturing finished).)*?"  # to its "took", not past the next (to the line's end: quadratic)
-# a setting in a CLI line, an args dict or the engine config line: up to the ", " or quote that ends it there, the
-# whole token otherwise ("--max-model-len 4,096" is read as "4,096" and refused, as vLLM's parser refuses it, not as 4)
-_SETTING = r"""((?:[^\s,)'"}]|,(?=[^\s,)'"}]))+)"""
-_KEY = r"""['"]?[:=] ?['"]?"""  # `max_model_len=`, `'max_model_len': `, `kv_cache_dtype='`
-# options of `vllm serve` that take no value (store_true, or BooleanOptionalAction's --enable-x / --no-x / --disable-x;
-# vllm/engine/arg_utils.py, vllm/entrypoints/openai/cli_args.py): the next argument is not theirs
-_SERVE_FLAGS = (
-    r"--(?:no|enable|disable)-[\w-]+|--(?:trust-remote-code|enforce-eager|headless|skip-tokenizer-init|use-v2-block-manager|"
-    r"async-scheduling|return-tokens-as-token-ids)"
-)
-# the options before `vllm serve`'s model: --opt=value, a flag of _SERVE_FLAGS, or --opt value, read once, left to right
-# as argparse does (possessive `*+`, Python 3.11: backtracking tried each option two ways, time doubling with each)
-_SERVE_OPTIONS = r"(?: +(?:--?[\w-]+=\S+|(?:" + _SERVE_FLAGS + r")(?= )|--?[\w-]+ +(?!-)\S+))*+"
-IN_GIB, SIGNED_GIB, COUNT, TIMES, FRACTION, SETTING, LENGTH, KV_DTYPE, DTYPE, NAME = (
-    "GiB", "signed GiB", "count", "times", "fraction", "setting", "length", "kv dtype", "dtype", "name",
-)  # fmt: skip
 # figure -> (pattern, what the line is, kind of value); the first match in the log wins, but for PER_WORKER's and
 # a setting stated with two values (read_vllm_log); a setting's name is not matched inside another's
 # (draft_tensor_parallel_size, a speculative config's)
 LOG_LINES: dict[str, tuple[str, str, str]] = {
-    "available_kv_cache_gib": ("Available KV cache memory: " + _VALUE + _UNIT, "KV memory per GPU (V1)", IN_GIB),
-    "v0_kv_cache_gib": ("kv_cache_size=" + _VALUE + _UNIT, "KV memory per GPU (V0 memory profile)", IN_GIB),
+    "available_kv_cache_gib": ("Available KV cache memory: " + VALUE + UNIT, "KV memory per GPU (V1)", IN_GIB),
+    "v0_kv_cache_gib": ("kv_cache_size=" + VALUE + UNIT, "KV memory per GPU (V0 memory profile)", IN_GIB),
     "gpu_kv_cache_tokens": (r"GPU KV cache size: (\S+) tokens", "tokens of KV per GPU group", COUNT),
     # "# GPU blocks: N" as V0 logs it, or quoted without the "#" (the quote of case vllm-i10517-a in cases.jsonl)
     "num_gpu_blocks": (r"(?:# )?GPU blocks: ([^\s,]+)", "V0 blocks (x block size = tokens)", COUNT),
     "max_concurrency_tokens": (r"Maximum concurrency for (\S+) tokens per request", "max_model_len", COUNT),
     "max_concurrency": (r"tokens per request: (\S+?)x", "requests of max_model_len that fit", TIMES),
     "weights_gib": (
-        r"(?:(?:Model loading took|Loading model weights took) " + _VALUE + _UNIT + r"|" + _WORD + r" GiB for weight\b)",
+        r"(?:(?:Model loading took|Loading model weights took) " + VALUE + UNIT + r"|" + WORD + r" GiB for weight\b)",
         "weights per GPU",
         IN_GIB,
     ),
     "total_gib": (
-        r"(?:total_gpu_memory=|Free memory on device \([0-9.]+/)" + _VALUE + _UNIT + r"\)?",
+        r"(?:total_gpu_memory=|Free memory on device \([0-9.]+/)" + VALUE + UNIT + r"\)?",
         "device memory (torch)",
         IN_GIB,
     ),
     "gpu_memory_utilization": (
-        r"(?:gpu_memory_utilization" + _KEY + r"|--gpu-memory-utilization[ =]|Desired GPU memory utilization is \()"
-        + _SETTING,
+        r"(?:gpu_memory_utilization" + KEY + r"|--gpu-memory-utilization[ =]|Desired GPU memory utilization is \()"
+        + SETTING_VALUE,
         "utilization",
         FRACTION,
     ),
-    "activation_gib": (_WORD + r" GiB for peak activation", "profiled activation peak", IN_GIB),
+    "activation_gib": (WORD + r" GiB for peak activation", "profiled activation peak", IN_GIB),
     "non_torch_gib": (
-        r"(?:" + _WORD + r" GiB for non-torch memory|non_torch_memory=" + _VALUE + _UNIT + ")",
+        r"(?:" + WORD + r" GiB for non-torch memory|non_torch_memory=" + VALUE + UNIT + ")",
         "non-torch memory",
         SIGNED_GIB,
     ),
     "cuda_graph_gib": (
-        r"(?:" + _WORD + r" GiB for CUDAGraph memory|Graph capturing finished" + _UNTIL_NEXT + "took " + _VALUE + _UNIT + ")",
+        r"(?:" + WORD + r" GiB for CUDAGraph memory|Graph capturing finished" + UNTIL_NEXT + "took " + VALUE + UNIT + ")",
         "CUDA graphs (printed, not subtracted)",
         SIGNED_GIB,
     ),
-    "tensor_parallel_size": (r"(?:(?<![\w-])tensor_parallel_size" + _KEY + "|--tensor-parallel-size[ =])" + _SETTING, "TP", SETTING),
+    "tensor_parallel_size": (r"(?:(?<![\w-])tensor_parallel_size" + KEY + "|--tensor-parallel-size[ =])" + SETTING_VALUE, "TP", SETTING),
     "decode_context_parallel_size": (
-        r"(?:(?<![\w-])decode_context_parallel_size" + _KEY + "|--decode-context-parallel-size[ =])" + _SETTING,
+        r"(?:(?<![\w-])decode_context_parallel_size" + KEY + "|--decode-context-parallel-size[ =])" + SETTING_VALUE,
         "DCP",
         SETTING,
     ),
-    "block_size": (r"(?:--block-size[ =]|(?<![\w-])block_size" + _KEY + ")" + _SETTING, "tokens per block", SETTING),
-    "max_model_len": (r"(?:--max-model-len[ =]|(?<![\w-])max_model_len" + _KEY + ")" + _SETTING, "tokens per request", LENGTH),
+    "block_size": (r"(?:--block-size[ =]|(?<![\w-])block_size" + KEY + ")" + SETTING_VALUE, "tokens per block", SETTING),
+    "max_model_len": (r"(?:--max-model-len[ =]|(?<![\w-])max_model_len" + KEY + ")" + SETTING_VALUE, "tokens per request", LENGTH),
     # the engine config line's "dtype=torch.float32", a CLI's --dtype, an args dump's dtype='half'
     "model_dtype": (
-        r"(?:(?<![\w-])dtype" + _KEY + r"|--dtype[ =])(?:torch\.)?" + _SETTING,
+        r"(?:(?<![\w-])dtype" + KEY + r"|--dtype[ =])(?:torch\.)?" + SETTING_VALUE,
         "model dtype (KV auto)",
         DTYPE,
     ),
-    "kv_cache_dtype": (r"(?:(?<![\w-])kv_cache_dtype" + _KEY + "|--kv-cache-dtype[ =])" + _SETTING, "KV dtype", KV_DTYPE),
-    "max_num_batched_tokens": (r"(?<![\w-])max_num_batched_tokens" + _KEY + _SETTING, "scheduler token budget", SETTING),
+    "kv_cache_dtype": (r"(?:(?<![\w-])kv_cache_dtype" + KEY + "|--kv-cache-dtype[ =])" + SETTING_VALUE, "KV dtype", KV_DTYPE),
+    "max_num_batched_tokens": (r"(?<![\w-])max_num_batched_tokens" + KEY + SETTING_VALUE, "scheduler token budget", SETTING),
     # the engine config line's model='...', an args dict's 'model': '...', a command line's --model / vllm serve X
     # (X: the first argument after `serve` that is not an option nor an option's value, as vLLM's argparse reads it)
     "model": (
-        r"(?:(?<![\w-])model" + _KEY + r"|--model[ =]|vllm serve" + _SERVE_OPTIONS + r" +(?!-))" + _SETTING,
+        r"(?:(?<![\w-])model" + KEY + r"|--model[ =]|vllm serve" + SERVE_OPTIONS + r" +(?!-))" + SETTING_VALUE,
         "the model vLLM served",
         NAME,
     ),
@@ -132,93 +128,9 @@ PER_START = "max_concurrency_tokens"
 _NEEDED = "'Available KV cache memory: N GiB' line (V0: 'kv_cache_size=N GiB')"
 
 
-_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
-# vLLM's non-torch and CUDA graph memory are differences of two snapshots and may be printed below 0 (the llm-d
-# Llama-3.3-70B log: "-0.42 GiB for CUDAGraph memory")
-_SIGNED = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
-_WHOLE = re.compile(r"[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+")  # "451,744" as vLLM prints counts, or "1952"
-_DIGITS = re.compile(r"[0-9]+")  # a setting as vLLM's parser takes it (int("1,024") fails) and its config prints it
-_UNSET = ("None", "null")
-# vLLM's --dtype names (vllm/config: ModelDType) and the torch dtypes its engine config line prints -> the spec's name
-_MODEL_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32", "float": "float32"}  # an args dump's unset setting (block_size=None): not stated
-
-
-_HUMAN = re.compile(r"([0-9]+(?:\.[0-9]+)?)([kmgtKMGT])")
-
-
-def vllm_human_int(raw: str) -> int:
-    """A whole number as vLLM's argument parser reads ``--max-model-len`` (``human_readable_int`` in
-    ``vllm/engine/arg_utils.py``, since moved to ``vllm/utils/argparse_utils.py``): plain digits, or a number with
-    a suffix; ``k m g t`` are decimal (10^3, 10^6, 10^9, 10^12) and may have decimals (``25.6k`` = 25,600, as
-    vLLM's ``int(float(number) x multiplier)``), ``K M G T`` are binary (2^10, 2^20, 2^30, 2^40) on a whole number
-    only (vLLM refuses ``1.5K``). ``4k`` is 4,000 tokens, ``4K`` 4,096.
-
-    Raises:
-        ValueError: anything else, or a number below 1.
-    """
-    m = _HUMAN.fullmatch(raw)
-    if m is None and not re.fullmatch(r"[0-9]+", raw):
-        raise ValueError(f"not a whole number >= 1 nor vLLM's 4k (4,000) / 4K (4,096): {raw!r}")
-    if m is None:
-        value = int(raw)
-    elif m.group(2).islower():
-        value = int(float(m.group(1)) * 10 ** (3 * ("kmgt".index(m.group(2)) + 1)))
-    elif "." in m.group(1):
-        raise ValueError(f"vLLM takes no decimals with the binary suffix {m.group(2)}: {raw!r}")
-    else:
-        value = int(m.group(1)) * 2 ** (10 * ("KMGT".index(m.group(2)) + 1))
-    if value < 1:
-        raise ValueError(f"not a whole number >= 1: {raw!r}")
-    return value
-
-
-def _read_value(kind: str, raw: str, unit: str | None) -> Any:
-    """The value ``raw`` (with the ``unit`` the line printed, if any) as a figure of ``kind``; None for an unset
-    setting (``None``).
-
-    Raises:
-        ValueError: why ``raw`` is not such a value (the caller names the line).
-    """
-    if kind == NAME:  # model=None / 'model': None: an args dump's unset model states none
-        return None if raw in _UNSET else raw
-    if kind not in (IN_GIB, SIGNED_GIB, COUNT, TIMES) and raw in _UNSET:
-        return None
-    if kind in (IN_GIB, SIGNED_GIB):
-        if unit not in (None, "GiB", "GB"):  # vLLM prints GiB ("GB" in V0's weights line, computed in GiB)
-            raise ValueError(f"vLLM prints this figure in GiB; got {raw} {unit} (write it in GiB)")
-        if not (_NUMBER if kind == IN_GIB else _SIGNED).fullmatch(raw):
-            raise ValueError(f"not a number of GiB{' >= 0' if kind == IN_GIB else ''}: {raw!r}")
-        return float(raw)
-    if kind == LENGTH:
-        return None if raw.lower() in ("auto", "-1") else vllm_human_int(raw)  # -1, auto: vLLM picks it
-    if kind in (COUNT, SETTING):
-        if not (_WHOLE if kind == COUNT else _DIGITS).fullmatch(raw) or (kind != COUNT and int(raw) < 1):
-            floor = 0 if kind == COUNT else 1
-            raise ValueError(f"not a whole number >= {floor}: {raw!r}")
-        return int(raw.replace(",", ""))
-    if kind == TIMES:
-        if not _NUMBER.fullmatch(raw):
-            raise ValueError(f"not a number >= 0: {raw!r}")
-        return float(raw)
-    if kind == FRACTION:
-        if not _NUMBER.fullmatch(raw) or not 0 < float(raw) <= 1:
-            raise ValueError(f"not a fraction of the device's memory in (0, 1]: {raw!r}")
-        return float(raw)
-    if kind == KV_DTYPE:
-        if raw not in VLLM_KV_CACHE_DTYPES:
-            raise ValueError(f"kvlab reads vLLM's KV cache dtypes {', '.join(VLLM_KV_CACHE_DTYPES)}; not {raw!r}")
-        return raw
-    if kind == DTYPE:
-        if raw == "auto":  # the config's dtype as vLLM resolves it; the engine config line states which
-            return None
-        if raw not in _MODEL_DTYPES:
-            raise ValueError(f"kvlab reads vLLM's model dtypes {', '.join(_MODEL_DTYPES)}; not {raw!r}")
-        return _MODEL_DTYPES[raw]
-    raise AssertionError(kind)
-
 
 def _figure(key: str, m: re.Match, text: str) -> Any:
-    """The figure one match of ``key``'s pattern holds (:func:`_read_value`), or None for an unset setting.
+    """The figure one match of ``key``'s pattern holds (:func:`read_value`), or None for an unset setting.
 
     Raises:
         ValueError: an unreadable value, or a block size vLLM lacks (:func:`kvlab.plan.vllm.check_block_size`,
@@ -226,7 +138,7 @@ def _figure(key: str, m: re.Match, text: str) -> Any:
     """
     raw, *unit = (g for g in m.groups() if g is not None)
     try:
-        value = _read_value(LOG_LINES[key][2], raw, unit[0] if unit else None)
+        value = read_value(LOG_LINES[key][2], raw, unit[0] if unit else None)
         if key == "block_size" and value is not None:  # one vLLM takes, as --block-size is checked
             check_block_size(value, what="block_size")
         if key == "total_gib" and value <= 0:  # a device without memory: nothing to size (--gpu-mem-gib > 0 too)
@@ -262,28 +174,6 @@ def _check_one_value(key: str, stated: list[tuple[Any, re.Match]], text: str) ->
     )
 
 
-def _mask_speculative(text: str) -> str:
-    """``text`` with every speculative-decoding config (``speculative_config={'model': 'draft', ...}``,
-    ``speculative_config=SpeculativeConfig(model='draft', ...)``, ``--speculative-config '{"model": ...}'``) blanked
-    to spaces up to its closing bracket (same length and lines, so line numbers stay), so its draft ``model`` is
-    not read as a second served model (vLLM's engine config line prints both: vllm/config/speculative.py)."""
-    parts, done = [], 0
-    # the bracket right after the setting's name (`=`, `: `, quotes, a class name between): not a later one
-    for m in re.finditer(r"""speculative[_-]config['"]?[ =:]*['"]?(?:[A-Za-z_]\w*)?(?=[{(])""", text):
-        i = m.end()
-        if i < done:  # a config inside one already blanked: its brackets close within it (each was scanned again)
-            continue
-        depth, j = 0, i
-        while j < len(text) and text[j] != "\n":
-            depth += text[j] in "{(["
-            depth -= text[j] in "})]"
-            j += 1
-            if depth == 0:
-                break
-        parts += [text[done:i], " " * (j - i)]
-        done = j
-    return "".join([*parts, text[done:]]) if parts else text
-
 
 def read_vllm_log(text: str) -> dict[str, Any]:
     """The figures of :data:`LOG_LINES` found in ``text`` (numbers as float/int, names as str); absent ones left
@@ -313,7 +203,7 @@ def read_vllm_log(text: str) -> dict[str, Any]:
     found: dict[str, Any] = {}
     repeated: dict[str, list] = {}
     for key, (pattern, _, kind) in LOG_LINES.items():
-        where = _mask_speculative(text) if key == "model" else text  # a draft model is not the served one
+        where = mask_speculative(text) if key == "model" else text  # a draft model is not the served one
         stated = [(v, m) for m in re.finditer(pattern, where) if (v := _figure(key, m, text)) is not None]
         if not stated:
             continue
