@@ -40,6 +40,7 @@ from kvlab.plan.vllm_log_values import (
     UNTIL_NEXT,
     VALUE,
     WORD,
+    lines_holding,
     mask_speculative,
     read_value,
 )
@@ -111,6 +112,49 @@ LOG_LINES: dict[str, tuple[str, str, str]] = {
 }
 
 
+# figure -> words one of which every match of its LOG_LINES pattern holds: a line holding none is not searched (the
+# 22 patterns, each over the whole of an 18 MB log, took 8 s; no pattern matches across a line's end)
+LINE_WORDS: dict[str, tuple[str, ...]] = {
+    "available_kv_cache_gib": ("Available KV cache memory: ",),
+    "v0_kv_cache_gib": ("kv_cache_size=",),
+    "gpu_kv_cache_tokens": ("GPU KV cache size: ",),
+    "num_gpu_blocks": ("GPU blocks: ",),
+    "max_concurrency_tokens": ("Maximum concurrency for ",),
+    "max_concurrency": ("tokens per request: ",),
+    "weights_gib": ("Model loading took", "Loading model weights took", " GiB for weight"),
+    "total_gib": ("total_gpu_memory=", "Free memory on device ("),
+    "gpu_memory_utilization": (
+        "gpu_memory_utilization", "--gpu-memory-utilization", "Desired GPU memory utilization is (",
+    ),
+    "activation_gib": (" GiB for peak activation",),
+    "non_torch_gib": (" GiB for non-torch memory", "non_torch_memory="),
+    "cuda_graph_gib": (" GiB for CUDAGraph memory", "Graph capturing finished"),
+    "tensor_parallel_size": ("tensor_parallel_size", "--tensor-parallel-size"),
+    "decode_context_parallel_size": ("decode_context_parallel_size", "--decode-context-parallel-size"),
+    "block_size": ("block_size", "--block-size"),
+    "max_model_len": ("max_model_len", "--max-model-len"),
+    "model_dtype": ("dtype",),  # and --dtype
+    "kv_cache_dtype": ("kv_cache_dtype", "--kv-cache-dtype"),
+    "max_num_batched_tokens": ("max_num_batched_tokens",),
+    "model": ("model", "vllm serve"),  # and --model
+    "vllm_version": ("vLLM", "engine (v"),
+    "engine_v0": ("Memory profiling results: total_gpu_memory",),
+}  # fmt: skip
+_COMPILED = {key: re.compile(pattern) for key, (pattern, _, _) in LOG_LINES.items()}
+
+
+def log_matches(text: str, key: str) -> list[re.Match]:
+    """Every match of ``key``'s :data:`LOG_LINES` pattern in ``text``, in order, as ``re.finditer`` over the whole
+    text finds them, but searched only in the lines holding one of its :data:`LINE_WORDS` (a long log is mostly
+    other lines: request logs, throughput metrics). Positions are the text's, so a match's line number and its quoted statement are the text's.
+
+    Raises:
+        KeyError: ``key`` is not a figure of :data:`LOG_LINES`.
+    """
+    rx = _COMPILED[key]
+    return [m for start, end in lines_holding(text, LINE_WORDS[key]) for m in rx.finditer(text, start, end)]
+
+
 # figure -> (its line's words, unit): each worker (TP/PP rank) logs its own KV memory, and vLLM sizes every
 # rank's cache by the smallest (vllm/v1/core/kv_cache_utils.py, get_kv_cache_configs: "Change the num_blocks of
 # each rank to the smallest among all ranks"; V0's executor takes its workers' minimum; vLLM 0.8-0.9 logged each
@@ -148,6 +192,24 @@ def _figure(key: str, m: re.Match, text: str) -> Any:
         line = text.count("\n", 0, m.start()) + 1
         raise ValueError(f"line {line}, {quoted_statement(m, text)} ({LOG_LINES[key][1]}): {e}") from None
 
+
+def _stated(key: str, matches: list[re.Match], text: str) -> list[tuple[Any, re.Match]]:
+    """``(figure, match)`` of each of ``matches`` (of ``key``'s pattern in ``text``) that states a value
+    (:func:`_figure`; an unset ``None`` states none), in order; a value written alike on many lines (a log of many
+    starts, a paste repeated) is read once.
+
+    Raises:
+        ValueError: the first match whose value cannot be read (:func:`_figure`).
+    """
+    read: dict[tuple, Any] = {}
+    stated = []
+    for m in matches:
+        groups = m.groups()
+        if groups not in read:
+            read[groups] = _figure(key, m, text)
+        if read[groups] is not None:
+            stated.append((read[groups], m))
+    return stated
 
 # the kinds of a setting of one start of vLLM: two values of one are refused (read_vllm_log), not the first taken
 _ONE_VALUE = (SETTING, LENGTH, KV_DTYPE, DTYPE, FRACTION)
@@ -202,9 +264,9 @@ def read_vllm_log(text: str) -> dict[str, Any]:
     """
     found: dict[str, Any] = {}
     repeated: dict[str, list] = {}
-    for key, (pattern, _, kind) in LOG_LINES.items():
+    for key, (_, _, kind) in LOG_LINES.items():
         where = mask_speculative(text) if key == "model" else text  # a draft model is not the served one
-        stated = [(v, m) for m in re.finditer(pattern, where) if (v := _figure(key, m, text)) is not None]
+        stated = _stated(key, log_matches(where, key), text)
         if not stated:
             continue
         if kind in _ONE_VALUE or key == "model":  # two models: two starts of vLLM, as two values of a setting
@@ -264,7 +326,7 @@ def stated_at(text: str, key: str) -> str | None:
         ValueError: the value on that line cannot be read (as :func:`read_vllm_log` raises).
     """
     for name in (key, PER_START) if key == "max_model_len" else (key,):
-        for m in re.finditer(LOG_LINES[name][0], text):
+        for m in log_matches(text, name):
             if _figure(name, m, text) is not None:
                 return f"line {text.count(chr(10), 0, m.start()) + 1}, {quoted_statement(m, text)}"
     return None

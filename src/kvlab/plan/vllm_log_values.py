@@ -4,8 +4,8 @@ The regex pieces the :data:`kvlab.plan.vllm_log.LOG_LINES` patterns are built fr
 after its key, the options before ``vllm serve``'s model), the kinds of value a figure is (:data:`IN_GIB` ...
 :data:`NAME`), :func:`read_value` (each kind checked: ``nan``, ``-5`` or ``451.744`` are named, not skipped),
 :func:`vllm_human_int` (``--max-model-len 4k`` as vLLM's parser reads it) and :func:`mask_speculative` (a draft
-model's config blanked so its ``model`` is not read as the served one). :mod:`kvlab.plan.vllm_log` finds the lines
-and explains them. Pure Python; no torch.
+model's config blanked so its ``model`` is not read as the served one), and :func:`lines_holding` (the lines a
+pattern is searched in). :mod:`kvlab.plan.vllm_log` finds the lines and explains them. Pure Python; no torch.
 """
 
 from __future__ import annotations
@@ -151,3 +151,18 @@ def mask_speculative(text: str) -> str:
         parts += [text[done:i], " " * (j - i)]
         done = j
     return "".join([*parts, text[done:]]) if parts else text
+
+
+def lines_holding(text: str, words: tuple[str, ...]) -> list[tuple[int, int]]:
+    """``(start, end)`` of each line of ``text`` that holds one of ``words``, in the text's order; ``end`` is past
+    the line's newline."""
+    spans = set()
+    for word in words:
+        i = text.find(word)
+        while i >= 0:
+            end = text.find("\n", i)
+            end = len(text) if end < 0 else end + 1
+            spans.add((text.rfind("\n", 0, i) + 1, end))
+            i = text.find(word, end)
+    return sorted(spans)
+
