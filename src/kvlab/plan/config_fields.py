@@ -195,26 +195,6 @@ def field_int(cfg: Mapping, names: tuple[str, ...], *, required: bool = True, mi
     return None
 
 
-def check_rope_scaling(cfg: Mapping, where: str) -> None:
-    """Refuse a ``rope_scaling`` ``factor`` of the decoder config ``cfg`` (read from ``where``: the config file, or
-    the model's name) that is not a finite number > 0. vLLM multiplies the config's ``max_position_embeddings`` by
-    it for the longest ``--max-model-len`` (``_get_and_verify_max_len``, ``vllm/config/model.py``;
-    :func:`kvlab.plan.vllm.vllm_max_model_len`): ``Infinity`` was an OverflowError, ``NaN`` "cannot convert float
-    NaN to integer", 0 and -2 a limit of 0 and -8,192 tokens. A missing ``rope_scaling`` or ``factor`` is fine.
-
-    Raises:
-        ValueError: naming ``rope_scaling.factor``, ``where`` and the value.
-    """
-    rope = cfg.get("rope_scaling")
-    if not isinstance(rope, Mapping) or rope.get("factor") is None:
-        return
-    factor = rope["factor"]
-    if isinstance(factor, bool) or not isinstance(factor, int | float) or not (0 < factor < math.inf):
-        raise ValueError(
-            f"config field `rope_scaling.factor` of {where} must be a finite number > 0, got {number_text(factor)}"
-        )
-
-
 def position_limit(cfg: Mapping) -> tuple[int, str] | None:
     """``(limit, field)``: the context limit vLLM derives from the decoder config ``cfg`` before any RoPE scaling,
     and the field it comes from; None where ``cfg`` states none of :data:`POSITION_NAMES` (vLLM then assumes
@@ -233,35 +213,142 @@ def position_limit(cfg: Mapping) -> tuple[int, str] | None:
     return overriding[0] if overriding else min(found, key=lambda f: f[0])  # min: the first of equal ones
 
 
-def rope_scaling_type(cfg: Mapping) -> str | None:
-    """The type of the decoder config's ``rope_scaling`` (``rope_type``, or the older ``type``): ``"yarn"``,
-    ``"linear"``, ``"llama3"`` ...; None where it states none, or ``"default"`` (no scaling)."""
-    rope = cfg.get("rope_scaling")
-    if not isinstance(rope, Mapping):
-        return None
-    kind = rope.get("rope_type", rope.get("type"))
+# the fields a decoder config states its RoPE parameters in: transformers 4's `rope_scaling`, transformers 5's
+# `rope_parameters` (flat, or one set per layer type: {"full_attention": {...}, "sliding_attention": {...}}); where
+# both are stated transformers 5 (PretrainedConfig.convert_rope_params_to_dict: `rope_scaling or rope_parameters`)
+# and vLLM on transformers 4 (patch_rope_parameters) take `rope_scaling`
+ROPE_FIELDS = ("rope_scaling", "rope_parameters")
+
+
+def rope_parameter_sets(cfg: Mapping) -> list[tuple[str, Mapping]]:
+    """``(field, parameters)`` of each RoPE parameter set of the decoder config ``cfg``, in the config's order: the
+    first non-empty object of :data:`ROPE_FIELDS`; one set per layer type where its values are all objects
+    (``rope_parameters.full_attention``, ``rope_parameters.sliding_attention``; vLLM's ``is_rope_parameters_nested``
+    tests the keys against transformers' layer types), else the one set. [] where none is stated (or the field is
+    not an object)."""
+    for name in ROPE_FIELDS:
+        rope = cfg.get(name)
+        if isinstance(rope, Mapping) and rope:
+            if all(isinstance(v, Mapping) for v in rope.values()):
+                return [(f"{name}.{key}", value) for key, value in rope.items()]
+            return [(name, rope)]
+    return []
+
+
+def rope_type(parameters: Mapping) -> str | None:
+    """The RoPE type of one parameter set (``rope_type``, or transformers 4's ``type``) as vLLM reads it
+    (``patch_rope_parameters_dict``: ``su`` is ``longrope``, ``mrope`` is ``default``); None for ``default`` (no
+    scaling) or none stated."""
+    kind = parameters.get("rope_type", parameters.get("type"))
+    kind = {"su": "longrope", "mrope": "default"}.get(kind, kind)
     return None if kind in (None, "default") else str(kind)
 
 
-# rope_scaling types whose factor vLLM does not apply to the config's positions (they state the scaled length)
+def check_rope_scaling(cfg: Mapping, where: str) -> None:
+    """Refuse a RoPE ``factor`` of the decoder config ``cfg`` (read from ``where``: the config file, or the model's
+    name) that is not a finite number > 0, in ``rope_scaling`` or ``rope_parameters`` (each per-layer-type set:
+    :func:`rope_parameter_sets`). vLLM multiplies the config's ``max_position_embeddings`` by it for the longest
+    ``--max-model-len`` (``_get_and_verify_max_len``, ``vllm/config/model.py``;
+    :func:`kvlab.plan.vllm.vllm_max_model_len`): ``Infinity`` was an OverflowError, ``NaN`` "cannot convert float
+    NaN to integer", 0 and -2 a limit of 0 and -8,192 tokens. A missing field or ``factor`` is fine.
+
+    Raises:
+        ValueError: naming the field (``rope_scaling.factor``, ``rope_parameters.full_attention.factor``), ``where``
+            and the value.
+    """
+    for field, rope in rope_parameter_sets(cfg):
+        factor = rope.get("factor")
+        if factor is None:
+            continue
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not (0 < factor < math.inf):
+            raise ValueError(
+                f"config field `{field}.factor` of {where} must be a finite number > 0, got {number_text(factor)}"
+            )
+
+
+# RoPE types whose factor vLLM does not apply to the config's positions (they state the scaled length)
 UNSCALED_ROPE = ("su", "longrope", "llama3")
 
 
-def rope_scaled_limit(cfg: Mapping, limit: int | None) -> int | None:
-    """The longest context vLLM derives for the decoder config ``cfg`` whose ``max_position_embeddings`` is
-    ``limit`` (None where the config states none): ``limit`` times ``rope_scaling``'s ``factor`` unless its type is
-    ``su``, ``longrope`` or ``llama3`` (``yarn``: its ``original_max_position_embeddings`` times the factor), or
-    the model is a Gemma 3 (its ``max_position_embeddings`` is the scaled length: vLLM skips the factor).
-    Source: vLLM's ``_get_and_verify_max_len`` (``vllm/config.py``; since moved to ``vllm/config/model.py``).
-    A factor that is not a finite number > 0 is refused where the config is read (:func:`check_rope_scaling`)."""
-    rope = cfg.get("rope_scaling")
-    if limit is None or not isinstance(rope, Mapping) or "gemma3" in str(cfg.get("model_type", "")):
-        return limit
-    kind, factor = rope.get("rope_type", rope.get("type")), rope.get("factor")
-    if kind in UNSCALED_ROPE or not isinstance(factor, int | float) or isinstance(factor, bool):
-        return limit
-    if not 0 < factor < math.inf:  # check_rope_scaling's to refuse, with the file
-        return limit
-    if kind == "yarn" and isinstance(rope.get("original_max_position_embeddings"), int):
-        limit = rope["original_max_position_embeddings"]
-    return int(limit * factor)
+def rope_scaling_of(cfg: Mapping, limit: int | None) -> tuple[int | None, str | None, str | None]:
+    """``(scaled limit, RoPE type, field)``: the longest context vLLM derives for the decoder config ``cfg`` whose
+    position limit is ``limit`` (None where the config states none), and the RoPE parameter set it goes by.
+
+    As vLLM's ``_get_and_verify_max_len`` (``vllm/config/model.py``) over each set of :func:`rope_parameter_sets`:
+    a set whose type is not ``su``, ``longrope`` or ``llama3`` gives its ``factor`` (the last set stating one wins:
+    vLLM assumes every layer type scales alike) and a ``yarn`` set its ``original_max_position_embeddings`` as the
+    length the factor multiplies; ``limit`` times the factor. A Gemma 3 (its ``max_position_embeddings`` is the
+    scaled length) is not scaled. The set named is the one whose factor was taken, else the last with a scaling
+    type (``"rope_parameters.full_attention"``); its type is None for ``default``. ``(limit, None, None)`` where no
+    set is stated. A factor that is not a finite number > 0 is refused where the config is read
+    (:func:`check_rope_scaling`)."""
+    sets = rope_parameter_sets(cfg)
+    named = next(((rope_type(r), f) for f, r in reversed(sets) if rope_type(r)), (None, None))
+    if limit is None or "gemma3" in str(cfg.get("model_type", "")):
+        return limit, *named
+    factor, length = 1.0, limit
+    for field, rope in sets:
+        kind = rope_type(rope)
+        if kind in UNSCALED_ROPE:
+            continue
+        stated = rope.get("factor")
+        if isinstance(stated, int | float) and not isinstance(stated, bool) and 0 < stated < math.inf:
+            factor, named = stated, (kind, field)
+        if kind == "yarn" and isinstance(rope.get("original_max_position_embeddings"), int):
+            length = rope["original_max_position_embeddings"]
+    return (limit if (factor, length) == (1.0, limit) else int(length * factor)), *named
+
+
+# transformers' tokenizers write model_max_length int(1e30) (VERY_LARGE_INTEGER) for "no limit" (a tokenizer saved
+# without one: Llama 2, Mistral, Qwen's); at or above LARGE_INTEGER (int(1e20), tokenization_utils_base) it is read
+# as that sentinel, not a length
+TOKENIZER_NO_LIMIT = 10**20
+
+
+def tokenizer_max_length(value: Any, where: str) -> int | None:
+    """The ``model_max_length`` of a ``tokenizer_config.json`` (read from ``where``) in tokens, or None where it
+    states none: absent, null, or transformers' "no limit" sentinel (:data:`TOKENIZER_NO_LIMIT` or more, e.g.
+    ``1000000000000000019884624838656``, JSON's ``1e30`` or ``Infinity``).
+
+    Raises:
+        ValueError: a value that is not a whole number >= 1 (a string, a bool, NaN, 0, 512.5), naming the field,
+            ``where`` and the value.
+    """
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= TOKENIZER_NO_LIMIT:
+        return None  # 1e30 and inf included (NaN compares False and is refused below)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"`model_max_length` of {where} must be a whole number >= 1, got {number_text(value)}")
+    if value != int(value) or value < 1:
+        raise ValueError(f"`model_max_length` of {where} must be a whole number >= 1, got {number_text(value)}")
+    return int(value)
+
+
+# architecture suffixes vLLM runs as a pooling model by default (vllm/config/model.py, _SUFFIX_TO_DEFAULTS, in its
+# order: the generative ones first, so that GPT2LMHeadModel is not a "...Model")
+_GENERATIVE_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "ChatModel", "LMHeadModel")
+_POOLING_SUFFIXES = (
+    "ForTextEncoding", "EmbeddingModel", "ForSequenceClassification", "ForAudioClassification",
+    "ForImageClassification", "ForVideoClassification", "ClassificationModel", "ForRewardModeling", "RewardModel",
+    "Model",
+)  # fmt: skip
+
+
+def vllm_caps_by_tokenizer(config: Mapping) -> bool:
+    """Whether vLLM caps ``config``'s max_model_len by its tokenizer's ``model_max_length``: only a pooling model
+    (an embedding, classification or reward model) with absolute position embeddings
+    (``ModelConfig.get_and_verify_max_len``, ``vllm/config/model.py``: "Consider max_model_len in tokenizer_config
+    only when pooling models use absolute position_embedding"; BAAI/bge-reranker-base, 514 positions and a
+    tokenizer of 512). A generative decoder's limit is its config's, whatever the tokenizer says. Pooling is read
+    from the first of ``architectures`` that vLLM's architecture suffixes place (``XLMRobertaModel``, ``...For
+    SequenceClassification``), as vLLM does for an architecture outside its registry."""
+    if config.get("position_embedding_type") != "absolute":
+        return False
+    for arch in config.get("architectures") or ():
+        name = str(arch)
+        if name.endswith(_GENERATIVE_SUFFIXES):
+            return False
+        if name.endswith(_POOLING_SUFFIXES):
+            return True
+    return False

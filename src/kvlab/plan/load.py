@@ -37,6 +37,29 @@ def _read_json(path: Path) -> dict:
     return config
 
 
+def _config_spec(config_path: Path, name: str) -> ModelSpec:
+    """The spec of the ``config.json`` at ``config_path``, with the ``tokenizer_config.json`` beside it where there is
+    one (vLLM reads a model folder's tokenizer from the same folder; :func:`kvlab.plan.spec.spec_from_config` takes
+    its ``model_max_length`` where vLLM does).
+
+    Raises:
+        ValueError: either file is not valid JSON, ``tokenizer_config.json`` is not a JSON object, or a field is
+            refused (named with its file).
+    """
+    config = _read_json(config_path)
+    tokenizer_path = config_path.with_name("tokenizer_config.json")
+    if config_path.name != "config.json" or not tokenizer_path.is_file() or not isinstance(config, Mapping):
+        return spec_from_config(config, name=name)
+    try:
+        with open(tokenizer_path, encoding="utf-8") as f:
+            tokenizer = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{tokenizer_path} is not valid JSON: {e}") from e
+    if not isinstance(tokenizer, Mapping):
+        raise ValueError(f"{tokenizer_path} must be a JSON object, got {type(tokenizer).__name__}")
+    return spec_from_config(config, name=name, tokenizer_config=tokenizer, tokenizer_source=str(tokenizer_path))
+
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -105,7 +128,8 @@ def load_spec(model: str | os.PathLike | Mapping | ModelSpec) -> ModelSpec:
     :mod:`kvlab.plan.presets`), a ``config.json`` path, a GGUF file (a ``.gguf`` path, or any file that starts
     with the GGUF magic: its header is read by :func:`kvlab.plan.gguf_config.read_gguf_config`, torch-free, and its
     tensor data bytes set :attr:`ModelSpec.checkpoint_bytes`), a model directory (its safetensors weights, when
-    present, set :attr:`ModelSpec.checkpoint_bytes`), or a hub id (``org/name``) whose ``config.json`` is fetched
+    present, set :attr:`ModelSpec.checkpoint_bytes`; the ``tokenizer_config.json`` beside a ``config.json``, when
+    present, gives its ``model_max_length``: :func:`_config_spec`), or a hub id (``org/name``) whose ``config.json`` is fetched
     with ``huggingface_hub`` when that package is importable (cached copy first; online only when allowed).
 
     Raises:
@@ -144,7 +168,7 @@ def load_spec(model: str | os.PathLike | Mapping | ModelSpec) -> ModelSpec:
                 else ""
             )
             raise ValueError(f"directory {path} has no config.json{hint}")
-        spec = spec_from_config(_read_json(config_path), name=str(path))
+        spec = _config_spec(config_path, str(path))
         found = read_safetensors_bytes(path)
         if found is not None:
             spec = replace(spec, checkpoint_bytes=found[0], checkpoint_source=found[1])
@@ -152,7 +176,7 @@ def load_spec(model: str | os.PathLike | Mapping | ModelSpec) -> ModelSpec:
     if path.is_file():
         if path.suffix.lower() == ".gguf" or is_gguf_file(path):
             return _gguf_spec(path)
-        return spec_from_config(_read_json(path), name=str(path))
+        return _config_spec(path, str(path))
     if _looks_like_path(text):
         kinds = {".json": "config file", ".gguf": "GGUF file"}
         kind = next((k for end, k in kinds.items() if text.lower().endswith(end)), "model directory")

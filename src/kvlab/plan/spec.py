@@ -43,8 +43,9 @@ from kvlab.plan.config_fields import (
     field_int,
     position_limit,
     read_int,
-    rope_scaled_limit,
-    rope_scaling_type,
+    rope_scaling_of,
+    tokenizer_max_length,
+    vllm_caps_by_tokenizer,
 )
 from kvlab.plan.weights import estimate_parameters
 
@@ -83,11 +84,14 @@ class ModelSpec:
     checkpoint_format: str = "safetensors"  # "safetensors" or "GGUF": what checkpoint_source is
     full_head_dim: int | None = None  # K/V head width of full-attention layers where it differs from head_dim
     #   (Gemma 4 `global_head_dim`); None: head_dim on every layer
-    scaled_context_limit: int | None = None  # max_position_embeddings with the config's rope_scaling as vLLM derives
-    #   the longest max_model_len (kvlab.plan.config_fields.rope_scaled_limit), or vLLM's default 2,048 (scaled) where
+    scaled_context_limit: int | None = None  # max_position_embeddings with the config's RoPE scaling as vLLM derives
+    #   the longest max_model_len (kvlab.plan.config_fields.rope_scaling_of), or vLLM's default 2,048 (scaled) where
     #   the config states no position field; None: no scaling stated
-    position_field: str | None = None  # the config field max_position_embeddings was read from (n_positions ...)
-    rope_scaling: str | None = None  # the config's rope_scaling type (yarn, linear, llama3 ...), None: none stated
+    position_field: str | None = None  # the config field max_position_embeddings was read from (n_positions ...;
+    #   "model_max_length of tokenizer_config.json" where vLLM caps the limit by it)
+    rope_scaling: str | None = None  # the config's RoPE scaling type (yarn, linear, llama3 ...), None: none stated
+    rope_field: str | None = None  # the field it was read from: rope_scaling, rope_parameters or, per layer type,
+    #   rope_parameters.full_attention ...; None: none stated
     notes: tuple[str, ...] = field(default=())  # what the reader assumed or ignored, for the user
 
     @property
@@ -104,18 +108,20 @@ class ModelSpec:
         :func:`kvlab.plan.vllm.vllm_max_model_len` for vLLM's) by the config field it comes from
         (:attr:`position_field`): ``"max_position_embeddings"``, ``"n_positions"``; ``"max_position_embeddings 4,096
         with its rope_scaling"`` where the scaling sets a longer limit (as vLLM derives its longest
-        ``--max-model-len``); ``"max_position_embeddings, its yarn rope_scaling included"`` where a scaling leaves it
-        as the config states it (Kimi's yarn: 4,096 original positions x 64); ``"limit as vLLM sets it for a config
-        stating no position field (2,048)"`` where the config states none."""
+        ``--max-model-len``; the field it was read from, :attr:`rope_field`: ``rope_parameters``,
+        ``rope_parameters.full_attention``); ``"max_position_embeddings, its yarn rope_scaling included"`` where a
+        scaling leaves it as the config states it (Kimi's yarn: 4,096 original positions x 64); ``"limit as vLLM
+        sets it for a config stating no position field (2,048)"`` where the config states none."""
         limit = self.context_limit if limit is None else limit
         base = self.max_position_embeddings
+        rope = self.rope_field or "rope_scaling"
         if base is None:  # vLLM's limit only (vllm_max_model_len): the spec's own is None
             words = f"limit as vLLM sets it for a config stating no position field ({VLLM_DEFAULT_MAX_LEN:,}"
-            return f"{words})" if limit == VLLM_DEFAULT_MAX_LEN else f"{words}, with its rope_scaling)"
+            return f"{words})" if limit == VLLM_DEFAULT_MAX_LEN else f"{words}, with its {rope})"
         field = self.position_field or "max_position_embeddings"
         if limit != base:
-            return f"{field} {base:,} with its rope_scaling"
-        return f"{field}, its {self.rope_scaling} rope_scaling included" if self.rope_scaling else field
+            return f"{field} {base:,} with its {rope}"
+        return f"{field}, its {self.rope_scaling} {rope} included" if self.rope_scaling else field
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim"):
@@ -230,20 +236,27 @@ def _dtype_name(cfg: Mapping, notes: list[str]) -> str:
     return "bfloat16"
 
 
-def spec_from_config(config: Mapping, name: str = "config") -> ModelSpec:
+def spec_from_config(
+    config: Mapping, name: str = "config", *, tokenizer_config: Mapping | None = None, tokenizer_source: str = ""
+) -> ModelSpec:
     """Read a :class:`ModelSpec` from a transformers config dict.
 
     Args:
         config: the parsed ``config.json`` (nested ``text_config`` is used for multimodal models; GPT-2 names
             ``n_layer``/``n_embd``/``n_head`` are understood).
         name: what to call the model in reports.
+        tokenizer_config: the parsed ``tokenizer_config.json`` beside it, if any: its ``model_max_length`` caps the
+            context limit where vLLM caps it (:func:`_context_fields`), else is noted where lower.
+        tokenizer_source: the file ``tokenizer_config`` was read from, for errors.
 
     Raises:
-        ValueError: a missing or malformed field; the message names it (a ``rope_scaling.factor`` that is not a
-            finite number > 0 with ``name``: :func:`kvlab.plan.config_fields.check_rope_scaling`).
+        ValueError: a missing or malformed field; the message names it (a RoPE ``factor`` that is not a finite
+            number > 0 with ``name``: :func:`kvlab.plan.config_fields.check_rope_scaling`; a ``model_max_length``
+            that is not a whole number >= 1 with ``tokenizer_source``).
     """
     cfg, notes = decoder_config(config)
     check_rope_scaling(cfg, name)
+    tokenizer = None if tokenizer_config is None else (config, tokenizer_config, tokenizer_source or name)
     if cfg.get("is_encoder_decoder"):
         raise ValueError(
             "config field `is_encoder_decoder` is true: the planner sizes decoder-only self-attention caches, "
@@ -272,7 +285,7 @@ def spec_from_config(config: Mapping, name: str = "config") -> ModelSpec:
         kv_lora_rank=kv_lora_rank,
         qk_rope_head_dim=rope_dim,
         model_type=str(cfg.get("model_type", "")),
-        **_context_fields(cfg),
+        **_context_fields(cfg, notes, tokenizer),
         full_head_dim=_full_head_dim(cfg, head_dim, kinds, notes),
         num_parameters=params.total,
         num_active_parameters=params.active,
@@ -363,20 +376,66 @@ def _note_quantized_checkpoint(cfg: Mapping, config: Mapping, notes: list[str]) 
 QUANTIZED_WEIGHTS_HINT = ": pass --weight-dtype or --weights-index"
 
 
-def _context_fields(cfg: Mapping) -> dict[str, Any]:
-    """The spec's context limit fields: ``max_position_embeddings`` as vLLM reads it and the field it comes from
-    (:func:`kvlab.plan.config_fields.position_limit`: the smallest of its position fields; the first one present
-    was taken), the limit with the config's ``rope_scaling`` (:func:`kvlab.plan.config_fields.rope_scaled_limit`;
-    None where the scaling leaves it as it is; vLLM's default 2,048, scaled, where the config states no position
-    field, as vLLM assumes it) and the scaling's type."""
+def _context_fields(cfg: Mapping, notes: list[str], tokenizer: tuple[Mapping, Mapping, str] | None) -> dict[str, Any]:
+    """The spec's context limit fields, as vLLM's ``_get_and_verify_max_len`` (``vllm/config/model.py``) derives the
+    limit: ``max_position_embeddings`` as vLLM reads it and the field it comes from
+    (:func:`kvlab.plan.config_fields.position_limit`: the smallest of its position fields), capped by the
+    tokenizer's ``model_max_length`` where vLLM caps it (``tokenizer``: ``(config, tokenizer_config, its file)``;
+    :func:`_tokenizer_cap`), then the limit with the config's RoPE scaling
+    (:func:`kvlab.plan.config_fields.rope_scaling_of`; None where the scaling leaves it as it is; vLLM's default
+    2,048, scaled, where no field states a limit, as vLLM assumes it), the scaling's type and field. A per-layer-type
+    ``rope_parameters`` set that scales the limit is named in a note (``notes`` is appended to)."""
     limit, name = position_limit(cfg) or (None, None)
-    scaled = rope_scaled_limit(cfg, VLLM_DEFAULT_MAX_LEN if limit is None else limit)  # vLLM's where none stated
+    if tokenizer is not None:
+        limit, name = _tokenizer_cap(limit, name, *tokenizer, notes)
+    base = VLLM_DEFAULT_MAX_LEN if limit is None else limit  # vLLM's where none stated
+    scaled, kind, rope_field = rope_scaling_of(cfg, base)
+    if rope_field is not None and "." in rope_field and scaled != base:
+        notes.append(
+            f"context limit {scaled:,} tokens from {rope_field} ({kind or 'default'} RoPE): rope_parameters is set "
+            f"per layer type ({', '.join(cfg['rope_parameters'])}) and vLLM scales the limit by the last that states "
+            "a factor"
+        )
     return {
         "max_position_embeddings": limit,
         "position_field": name,
         "scaled_context_limit": None if scaled == limit else scaled,
-        "rope_scaling": rope_scaling_type(cfg),
+        "rope_scaling": kind,
+        "rope_field": rope_field,
     }
+
+
+def _tokenizer_cap(
+    limit: int | None, name: str | None, config: Mapping, tokenizer: Mapping, source: str, notes: list[str]
+) -> tuple[int | None, str | None]:
+    """``(limit, field)`` with the tokenizer's ``model_max_length`` (``tokenizer_config.json``, read from
+    ``source``) as vLLM takes it: the smaller of the two for a pooling model with absolute position embeddings
+    (:func:`kvlab.plan.config_fields.vllm_caps_by_tokenizer`), noted; for any other model the config's limit
+    stands, and a lower ``model_max_length`` is noted, not taken (vLLM does not take it either). transformers' "no
+    limit" sentinel (``1e30``) is no limit (:func:`kvlab.plan.config_fields.tokenizer_max_length`).
+
+    Raises:
+        ValueError: a ``model_max_length`` that is not a whole number >= 1, naming ``source``.
+    """
+    length = tokenizer_max_length(tokenizer.get("model_max_length"), source)
+    if length is None or (limit is not None and length >= limit):
+        return limit, name
+    field = "tokenizer_config.json's model_max_length"
+    stated = "no position field" if limit is None else f"{name} {limit:,}"
+    if vllm_caps_by_tokenizer(config):
+        notes.append(
+            f"context limit {length:,} tokens from {field} (the config states {stated}): vLLM caps a pooling model "
+            "with absolute position embeddings by it"
+        )
+        return length, "model_max_length of tokenizer_config.json"
+    if length < (VLLM_DEFAULT_MAX_LEN if limit is None else limit):
+        stated = f"vLLM's default {VLLM_DEFAULT_MAX_LEN:,} for a config stating none" if limit is None else stated
+        notes.append(
+            f"{field} is {length:,} tokens, below the config's {stated}: vLLM does not cap a generative model's "
+            f"max_model_len by it (only a pooling model's with absolute position embeddings), nor does the plan; "
+            f"pass --context {length} to plan for the tokenizer's length"
+        )
+    return limit, name
 
 
 def _full_head_dim(cfg: Mapping, head_dim: int, kinds: list[str], notes: list[str]) -> int | None:

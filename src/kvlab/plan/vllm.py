@@ -34,7 +34,7 @@ from kvlab.plan.config_fields import (
     VLLM_DEFAULT_MAX_LEN,
     check_int_at_least,
     decoder_config,
-    rope_scaled_limit,
+    rope_scaling_of,
 )
 from kvlab.plan.kv_formats import KVDtype
 from kvlab.plan.spec import ModelSpec
@@ -129,9 +129,10 @@ def vllm_model_argument(model: str | os.PathLike) -> str:
 def vllm_max_model_len(spec: ModelSpec, config: Mapping | None = None) -> int | None:
     """The longest ``--max-model-len`` vLLM starts ``spec`` with, in tokens: the smallest position field of the
     config (:attr:`ModelSpec.max_position_embeddings`, named by :attr:`ModelSpec.position_field`:
-    :func:`kvlab.plan.config_fields.position_limit`), or vLLM's default 2,048 where ``config`` states none, times
-    ``rope_scaling``'s ``factor`` unless its type is ``su``, ``longrope`` or ``llama3`` (``yarn``: its
-    ``original_max_position_embeddings`` times the factor; :func:`kvlab.plan.config_fields.rope_scaled_limit`, which
+    :func:`kvlab.plan.config_fields.position_limit`; a pooling model's capped by its tokenizer's
+    ``model_max_length``), or vLLM's default 2,048 where ``config`` states none, times the RoPE ``factor``
+    (``rope_scaling`` or ``rope_parameters``) unless its type is ``su``, ``longrope`` or ``llama3`` (``yarn``: its
+    ``original_max_position_embeddings`` times the factor; :func:`kvlab.plan.config_fields.rope_scaling_of`, which
     :attr:`ModelSpec.context_limit` holds for a spec read from ``config``). Without ``config``,
     :attr:`ModelSpec.context_limit` (None where the spec states no limit). A longer ``--max-model-len`` makes vLLM
     refuse to start ("User-specified max_model_len ... is greater than the derived max_model_len") unless
@@ -140,7 +141,7 @@ def vllm_max_model_len(spec: ModelSpec, config: Mapping | None = None) -> int | 
     """
     if config is None:
         return spec.context_limit
-    return rope_scaled_limit(decoder_config(config)[0], spec.max_position_embeddings or VLLM_DEFAULT_MAX_LEN)
+    return rope_scaling_of(decoder_config(config)[0], spec.max_position_embeddings or VLLM_DEFAULT_MAX_LEN)[0]
 
 
 def _cache_dtype(spec: ModelSpec, kvd: KVDtype) -> tuple[str, str]:
