@@ -233,7 +233,7 @@ def check_room(
         raise ValueError(
             f"`{setting}` {asked:,} cannot be held: its {tokens:,} prompt tokens need at least "
             f"{gib(need + weights)} (their K/V in {dtype}{' and the weights' if weights else ''}), {where} has "
-            f"{gib(free)} free: at most about {fits:,} tokens fit"
+            f"{gib(free)} free: at most about {fits} tokens fit"
         )
     limit = spec.max_position_embeddings
     if limit is None or tokens <= limit:

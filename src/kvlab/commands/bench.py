@@ -32,7 +32,7 @@ from kvlab.commands import (
     output_folder_problem,
 )
 from kvlab.runtime.atomic import output_problem
-from kvlab.runtime.checks import int_list, parse_list
+from kvlab.runtime.checks import int_flag, int_list, parse_list
 
 # records of a run go here (relative to the current directory) unless --results-dir/--out say otherwise: never into
 # the package source or a checkout's tracked benchmarks/results/ without being asked
@@ -55,7 +55,7 @@ def _common(p: argparse.ArgumentParser, device: bool = True) -> None:
         p.add_argument(
             "--device", default="auto", help="cpu, cuda, cuda:N or auto (default: cuda if available)"
         )
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before running")
+    p.add_argument("--threads", type=int_flag(), default=None, help="torch.set_num_threads before running")
     p.add_argument(
         "--results-dir",
         default=DEFAULT_RESULTS_DIR,
@@ -79,14 +79,14 @@ def _cache_settings(p: argparse.ArgumentParser, hqq: bool = True) -> None:
     if hqq:
         p.add_argument(
             "--hqq-group-size",
-            type=int,
+            type=int_flag(),
             default=HQQ_GROUP_SIZE,
             help=f"HQQ/quanto group size (default {HQQ_GROUP_SIZE})",
         )
     G, R = KIVI_DEFAULTS.group_size, KIVI_DEFAULTS.residual_length
-    p.add_argument("--group-size", type=int, default=G, help=f"KIVI group size G (default {G})")
+    p.add_argument("--group-size", type=int_flag(), default=G, help=f"KIVI group size G (default {G})")
     p.add_argument(
-        "--residual-length", type=int, default=R, help=f"residual window R, all caches (default {R})"
+        "--residual-length", type=int_flag(), default=R, help=f"residual window R, all caches (default {R})"
     )
 
 
@@ -101,7 +101,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "--candidates", type=parse_list, default=None, help="caches, comma-separated (default: all)"
     )
     p.add_argument("--contexts", type=int_list, default=None, help="context lengths, comma-separated")
-    p.add_argument("--prefill-chunk", type=int, default=1024, help="prefill chunk in tokens (default 1024)")
+    p.add_argument("--prefill-chunk", type=int_flag(), default=1024, help="prefill chunk in tokens (default 1024)")
     _cache_settings(p)
 
 
@@ -125,10 +125,10 @@ def _add_model_benchmarks(sub) -> tuple[argparse.ArgumentParser, ...]:
     """``decode`` and ``memory``: benchmarks that run a model through every cache."""
     d = sub.add_parser("decode", help="ms/token against context for every cache (ratios to dynamic)")
     _model_args(d)
-    d.add_argument("--steps", type=int, default=16, help="timed single-token forwards per cell (default 16)")
-    d.add_argument("--warmup", type=int, default=3, help="untimed forwards per cell (default 3)")
+    d.add_argument("--steps", type=int_flag(), default=16, help="timed single-token forwards per cell (default 16)")
+    d.add_argument("--warmup", type=int_flag(), default=3, help="untimed forwards per cell (default 3)")
     d.add_argument(
-        "--profile-context", type=int, default=None, help="also profile one decode step at T tokens"
+        "--profile-context", type=int_flag(), default=None, help="also profile one decode step at T tokens"
     )
     d.add_argument(
         "--cpu-matmul",
@@ -144,7 +144,7 @@ def _add_model_benchmarks(sub) -> tuple[argparse.ArgumentParser, ...]:
         "memory", help="decode-phase transient bytes per cache (peak during a step - retained)"
     )
     _model_args(m)
-    m.add_argument("--warmup", type=int, default=2, help="untimed decode steps before measuring (default 2)")
+    m.add_argument("--warmup", type=int_flag(), default=2, help="untimed decode steps before measuring (default 2)")
     m.add_argument("--no-flush-step", action="store_true", help="skip measuring the next flushing step")
     _common(m)
     m.set_defaults(func=_run, bench="memory")
@@ -156,32 +156,32 @@ def _add_layer_benchmarks(sub) -> tuple[argparse.ArgumentParser, ...]:
     f = sub.add_parser("flush", help="time of a flushing append against history length (KIVI vs HF)")
     f.add_argument("--contexts", type=int_list, default=None, help="history lengths, comma-separated")
     f.add_argument("--caches", type=parse_list, default=None, help="kivi4,kivi2,hqq4,quanto4 (default)")
-    f.add_argument("--kv-heads", type=int, default=8, help="KV heads of the layer (default 8)")
-    f.add_argument("--head-dim", type=int, default=128, help="head_dim (default 128)")
+    f.add_argument("--kv-heads", type=int_flag(), default=8, help="KV heads of the layer (default 8)")
+    f.add_argument("--head-dim", type=int_flag(), default=128, help="head_dim (default 128)")
     f.add_argument("--dtype", default="bfloat16", help="state dtype (default bfloat16)")
-    f.add_argument("--reps", type=int, default=25, help="timed rounds for KIVI (default 25)")
-    f.add_argument("--hf-reps", type=int, default=3, help="timed rounds for HQQ/quanto (default 3)")
+    f.add_argument("--reps", type=int_flag(), default=25, help="timed rounds for KIVI (default 25)")
+    f.add_argument("--hf-reps", type=int_flag(), default=3, help="timed rounds for HQQ/quanto (default 3)")
     _cache_settings(f)
     _common(f)
     f.set_defaults(func=_run, bench="flush")
 
     k = sub.add_parser("kernel", help="GB/s of the KIVI decode attention and SDPA vs copy bandwidth")
     k.add_argument("--contexts", type=int_list, default=None, help="tokens of the layer, comma-separated")
-    k.add_argument("--q-heads", type=int, default=32, help="query heads (default 32)")
-    k.add_argument("--kv-heads", type=int, default=8, help="KV heads (default 8)")
-    k.add_argument("--head-dim", type=int, default=128, help="head_dim (default 128)")
+    k.add_argument("--q-heads", type=int_flag(), default=32, help="query heads (default 32)")
+    k.add_argument("--kv-heads", type=int_flag(), default=8, help="KV heads (default 8)")
+    k.add_argument("--head-dim", type=int_flag(), default=128, help="head_dim (default 128)")
     k.add_argument("--dtype", default="bfloat16", help="dtype (default bfloat16)")
     k.add_argument(
         "--nbits", type=int_list, default=[4, 2], help="KIVI bit widths, comma-separated (default 4,2)"
     )
-    k.add_argument("--reps", type=int, default=11, help="timed samples per kernel (default 11)")
+    k.add_argument("--reps", type=int_flag(), default=11, help="timed samples per kernel (default 11)")
     k.add_argument(
         "--backend",
         default="auto",
         help="kivi_attention backend: auto, torch, cpu-kernel or triton (default auto)",
     )
     k.add_argument(
-        "--copy-mib", type=int, default=None, help="copy-probe size in MiB (default 256 CPU, 1024 CUDA)"
+        "--copy-mib", type=int_flag(), default=None, help="copy-probe size in MiB (default 256 CPU, 1024 CUDA)"
     )
     _cache_settings(k, hqq=False)  # the KIVI kernel alone
     _common(k)
@@ -193,17 +193,17 @@ def _add_simulator_benchmarks(sub) -> tuple[argparse.ArgumentParser, ...]:
     """``paging`` and ``lab``: the paging simulator's speed and the toy decoder's cached-decoding speedup."""
     g = sub.add_parser("paging", help="paging simulator speed: static admission time, simulated events/s")
     g.add_argument(
-        "--static-requests", type=int, default=1_000_000, help="static admission requests (1,000,000)"
+        "--static-requests", type=int_flag(), default=1_000_000, help="static admission requests (1,000,000)"
     )
-    g.add_argument("--sim-requests", type=int, default=2000, help="simulated requests (default 2000)")
+    g.add_argument("--sim-requests", type=int_flag(), default=2000, help="simulated requests (default 2000)")
     g.add_argument("--rate", type=float, default=2.0, help="Poisson arrivals per engine step (default 2.0)")
     _common(g, device=False)
     g.set_defaults(func=_run, bench="paging")
 
     lab = sub.add_parser("lab", help="toy decoder speedup of KV-cached decoding over full recompute")
-    lab.add_argument("--kv-heads", type=int, default=2, help="KV heads of the toy decoder (default 2)")
-    lab.add_argument("--new-tokens", type=int, default=192, help="tokens generated (default 192)")
-    lab.add_argument("--repeat", type=int, default=3, help="timed runs of each generator (default 3)")
+    lab.add_argument("--kv-heads", type=int_flag(), default=2, help="KV heads of the toy decoder (default 2)")
+    lab.add_argument("--new-tokens", type=int_flag(), default=192, help="tokens generated (default 192)")
+    lab.add_argument("--repeat", type=int_flag(), default=3, help="timed runs of each generator (default 3)")
     lab.add_argument("--no-append", action="store_true", help="skip the append-cost measurement")
     _common(lab, device=False)
     lab.set_defaults(func=_run, bench="lab")

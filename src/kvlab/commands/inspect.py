@@ -21,6 +21,7 @@ from kvlab.commands import (
 )
 from kvlab.runtime import provenance
 from kvlab.runtime.atomic import output_problem
+from kvlab.runtime.checks import int_flag
 
 
 def register(subparsers) -> None:
@@ -45,15 +46,15 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", default="bfloat16", help="model dtype: bfloat16 (default), float16 or float32")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     # None = not given (2048 / 0): given together with --prompt they are refused, not ignored
-    p.add_argument("--tokens", type=int, default=None, help="prompt tokens cut from the held-out text (2048)")
-    p.add_argument("--offset", type=int, default=None, help="first held-out token of the prompt (default 0)")
+    p.add_argument("--tokens", type=int_flag(), default=None, help="prompt tokens cut from the held-out text (2048)")
+    p.add_argument("--offset", type=int_flag(), default=None, help="first held-out token of the prompt (default 0)")
     p.add_argument("--prompt", default=None, help="prompt text instead of the held-out text")
     p.add_argument(
         "--outlier-factor", type=float, default=4.0, help="outlier channel: above this x the median (4)"
     )
     p.add_argument(
         "--calibrate-tokens",
-        type=int,
+        type=int_flag(),
         default=None,
         help="prompt tokens the calibrated FP8 scales see (default: the first half)",
     )
@@ -230,7 +231,7 @@ def _memory_check(prompt_given: bool):
                 "and one layer's statistics)",
                 need,
                 available,
-                f"at most about {low:,} tokens fit" if low else "not even 1 token fits",
+                f"at most about {low} tokens fit" if low else "not even 1 token fits",
             )
         )
 

@@ -25,7 +25,7 @@ from kvlab.commands import (
     progress,
     table,
 )
-from kvlab.runtime.checks import check_int
+from kvlab.runtime.checks import check_int, int_flag
 
 SWEEP_KIND = "kvlab-sensitivity"
 
@@ -43,11 +43,11 @@ def register(sub) -> None:
         "--model", default=None, help="as kvlab eval --model (default: the bundled reference model)"
     )
     s.add_argument("--dtype", default="bfloat16", help="model dtype (default bfloat16)")
-    s.add_argument("--context", type=int, default=1024, help="prompt tokens (default 1024)")
-    s.add_argument("--continuation", type=int, default=16, help="teacher-forced tokens scored (default 16)")
-    s.add_argument("--prompts", type=int, default=2, help="held-out prompts (default 2)")
+    s.add_argument("--context", type=int_flag(), default=1024, help="prompt tokens (default 1024)")
+    s.add_argument("--continuation", type=int_flag(), default=16, help="teacher-forced tokens scored (default 16)")
+    s.add_argument("--prompts", type=int_flag(), default=2, help="held-out prompts (default 2)")
     s.add_argument(
-        "--offset", type=int, default=0, help="held-out token offset of the first prompt (default 0)"
+        "--offset", type=int_flag(), default=0, help="held-out token offset of the first prompt (default 0)"
     )
     s.add_argument(
         "--formats",
@@ -55,10 +55,10 @@ def register(sub) -> None:
         help="comma list (default kivi-2,kivi-4,kivi-8,fp8-e4m3)",
     )
     G, R = KIVI_DEFAULTS.group_size, KIVI_DEFAULTS.residual_length
-    s.add_argument("--group-size", type=int, default=G, help=f"KIVI G (default {G})")
-    s.add_argument("--residual", type=int, default=R, help=f"KIVI residual window R (default {R})")
+    s.add_argument("--group-size", type=int_flag(), default=G, help=f"KIVI G (default {G})")
+    s.add_argument("--residual", type=int_flag(), default=R, help=f"KIVI residual window R (default {R})")
     s.add_argument(
-        "--rows", type=int, default=8, help="batch rows per forward, one of them float (default 8)"
+        "--rows", type=int_flag(), default=8, help="batch rows per forward, one of them float (default 8)"
     )
     s.add_argument("--out", required=True, help="sweep result file (JSON)")
     s.add_argument("--force", action="store_true", help="overwrite an existing --out")
@@ -73,7 +73,7 @@ def register(sub) -> None:
         "(3 code bits on average), fp8-e4m3",
     )
     a.add_argument(
-        "--tokens", type=int, default=None, help="context the budget holds at (default: the sweep's)"
+        "--tokens", type=int_flag(), default=None, help="context the budget holds at (default: the sweep's)"
     )
     a.add_argument(
         "--formats",

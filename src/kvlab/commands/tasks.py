@@ -25,7 +25,7 @@ from kvlab.commands import (
     sigterm_raises,
 )
 from kvlab.runtime.atomic import output_problem
-from kvlab.runtime.checks import int_list, parse_list
+from kvlab.runtime.checks import int_flag, int_list, parse_list
 from kvlab.runtime.timing import check_threads
 
 DEFAULT_OUT = "kvlab-tasks.json"
@@ -58,10 +58,10 @@ def register(subparsers) -> None:
         default=None,
         help="comma-separated cache names, or 'sweep' (every family over its settings; default: each family once)",
     )
-    p.add_argument("--n", type=int, default=None, help="samples per task and context (5)")
-    p.add_argument("--seed", type=int, default=None, help="generator seed (0)")
+    p.add_argument("--n", type=int_flag(), default=None, help="samples per task and context (5)")
+    p.add_argument("--seed", type=int_flag(), default=None, help="generator seed (0)")
     p.add_argument(
-        "--protected-tail", type=int, default=None, help="newest context tokens without needles (160)"
+        "--protected-tail", type=int_flag(), default=None, help="newest context tokens without needles (160)"
     )
     p.add_argument("--max-drop", type=float, default=None, help="a gate fails above this score drop (0.1)")
     p.add_argument(
@@ -76,7 +76,7 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--threads",
-        type=int,
+        type=int_flag(),
         default=None,
         help=f"torch CPU threads ({DEFAULT_THREADS}: a second thread gained little on a quiet 2-core CPU and cost "
         "3x the time when another job ran; docs/TASKS.md)",

@@ -112,7 +112,7 @@ def check_heldout_length(cfg: EvalConfig, tokenizer: Any) -> None:
         if context > total:
             raise ValueError(
                 f"`{setting}` ({flag}) {context:,} is longer than the held-out text, {total:,} tokens under this "
-                f"model's tokenizer, from which {' and '.join(uses)} are cut: pass at most {total:,} (--prompt-mode "
+                f"model's tokenizer, from which {' and '.join(uses)} are cut: pass at most {total} (--prompt-mode "
                 f"repeat with --no-long-context reads no held-out text)"
             )
 

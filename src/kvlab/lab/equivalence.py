@@ -131,7 +131,7 @@ def check_toy_memory(cfg: ToyConfig, available: int | None = -1) -> None:
         mid = (low + high + 1) // 2
         fits = peak_bytes(dataclasses.replace(cfg, new_tokens=mid)) <= available
         low, high = (mid, high) if fits else (low, mid - 1)
-    hint = f"at most about {low:,} new tokens fit" if low else "the prompt alone does not fit"
+    hint = f"at most about {low} new tokens fit" if low else "the prompt alone does not fit"
     problem = longrun.memory_refusal(f"`new_tokens` {cfg.new_tokens:,}", peak_bytes(cfg), available, hint)
     raise ValueError(problem)
 

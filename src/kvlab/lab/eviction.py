@@ -232,7 +232,7 @@ def memory_problem(model_config: Any, config: EvictionConfig, dtype: torch.dtype
             (mid, high) if peak_bytes(model_config, config, dtype, mid) <= available else (low, mid - 1)
         )
     least = config.window_length + max(config.sink_tokens) + 1
-    hint = f"at most about {low:,} tokens fit" if low >= least else "not even the window fits"
+    hint = f"at most about {low} tokens fit" if low >= least else "not even the window fits"
     what = f"`tokens` {config.tokens:,} (one forward over every token: its activations and the DynamicCache's K/V)"
     return longrun.memory_refusal(what, need, available, hint)
 

@@ -273,7 +273,7 @@ def _memory_problem(lm: Any, tokens: int, batch: int) -> str | None:
         f"{vocab:,}] in float32, one forward's activations, one cache's K/V)",
         need,
         available,
-        f"at most about {fit:,} tokens fit at `batch` {batch}" if fit else "not even 1 token fits",
+        f"at most about {fit} tokens fit at `batch` {batch}" if fit else "not even 1 token fits",
     )
 
 
@@ -345,5 +345,5 @@ def long_forward_warning(tokens: int) -> str | None:
     return (
         f"`tokens` {tokens:,}: the reference is one forward of {tokens:,} tokens without a cache, a single step "
         f"that reports nothing until it ends (its attention work grows with the square of the tokens); "
-        f"`tokens` {LONG_FORWARD_TOKENS:,} or fewer keeps every step short"
+        f"`tokens` {LONG_FORWARD_TOKENS} or fewer keeps every step short"
     )

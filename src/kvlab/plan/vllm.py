@@ -397,7 +397,7 @@ def _check_context_limit(spec: ModelSpec, context: int, limit: int | None, named
         raise ValueError(
             f"{named} is beyond {spec.name}'s limit of {limit:,} tokens ({spec.limit_words(limit)}): vLLM refuses "
             f"--max-model-len {context:,} (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, at the risk of wrong outputs); "
-            f"pass --context {limit:,} or less, or drop --context to plan at the model's limit"
+            f"pass --context {limit} or less, or drop --context to plan at the model's limit"
         )
 
 

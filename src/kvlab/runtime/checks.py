@@ -1,8 +1,14 @@
-"""Argument checks every part of kvlab shares: a count (an integer, not a bool, at least a minimum) and a
+"""Argument checks every part of kvlab shares: a count (an integer, not a bool, at least a minimum), one integer
+typed on the command line (``6000``, ``6_000`` or ``6,000``, as kvlab's messages print numbers) and a
 comma-separated list typed on the command line. Standard library only; no torch.
 
 ``check_int("block_size", 0, 1)``  -> ``ValueError: `block_size` must be an int >= 1, got 0``
+``read_int("1,048,576")``          -> ``1048576``; ``read_int("6,00")`` -> ``ValueError`` naming '6,00'
 ``parse_list("256,,512", int)``    -> ``ListError: empty item in '256,,512': separate items by single commas``
+
+Every one-integer flag of kvlab has ``type=int_flag()`` (``int_flag(1)`` where the flag has a minimum), so a value
+pasted from a message (``--max-len 6,000``) is read; a comma-separated LIST flag (``--contexts 256,512``) has
+``type=int_list`` instead, its commas separating items.
 
 :class:`ListError` is both a ``ValueError`` (for a library caller) and an ``argparse.ArgumentTypeError``, so a
 parser given ``type=int_list`` prints its message after ``kvlab: error:`` and exits 2.
@@ -42,6 +48,65 @@ def check_int(name: str, value: object, minimum: int = 0, *, flag: str | None = 
         where = f"`{name}`" + (f" ({flag})" if flag else "")
         raise ValueError(f"{where} must be an int >= {minimum}, got {value!r}")
     return int(value)  # type: ignore[call-overload]
+
+
+_GROUPED = re.compile(r"[+-]?[0-9]{1,3}(?:,[0-9]{3})+")  # 6,000 and 1,048,576: commas grouping digits by threes
+
+
+def read_int(text: str, *, what: str = "a whole number") -> int:
+    """The integer ``text`` writes: plain digits (``6000``), Python's underscores (``6_000``, as ``int`` reads
+    them) or commas grouping the digits by threes (``6,000``, ``1,048,576``: how kvlab's messages and tables print
+    numbers, so a value copied from one is read); spaces around it are ignored. ``what``: the value's kind in
+    the message (``"a whole number >= 1"``).
+
+    Raises:
+        ValueError: ``text`` is not an integer (``"6.5"``, ``"x"``, ``""``), or its commas do not group its digits
+            by threes (``"6,00"``, ``"60,00"``, ``"6,0000"``: a typo, never guessed); the message quotes ``text``.
+    """
+    plain = str(text).strip()
+    if "," in plain:
+        if not _GROUPED.fullmatch(plain):
+            raise ValueError(
+                f"expected {what}, got {text!r}: commas must group its digits by threes (6,000; 1,048,576)"
+            )
+        plain = plain.replace(",", "")
+    try:
+        return int(plain)
+    except ValueError:
+        raise ValueError(f"expected {what}, got {text!r}") from None
+
+
+def _power_text(bound: int) -> str:
+    """``2**62`` for a power of two, else the number with separators (a bound said in a message)."""
+    exponent = bound.bit_length() - 1
+    return f"2**{exponent}" if bound > 1024 and bound == 1 << exponent else f"{bound:,}"
+
+
+def int_flag(minimum: int | None = None, *, below: int | None = None) -> Callable[[str], int]:
+    """The argparse ``type`` of a one-integer flag: :func:`read_int` (``6000``, ``6_000``, ``6,000``), at least
+    ``minimum`` where given, below ``below`` in magnitude where given (``2**62``: numpy int64 arrays).
+    ``parser.add_argument("--max-len", type=int_flag(1))``.
+
+    Argparse prints a refusal after the flag, as it does its own: ``kvlab plan: error: argument --context:
+    expected a whole number, got '6,00': commas must group its digits by threes (6,000; 1,048,576)``;
+    ``argument --keep-tokens: expected a whole number >= 1, got '0'``.
+
+    Not for a comma-separated list flag (``--contexts``): its commas separate items (:func:`int_list`).
+    """
+    what = "a whole number" if minimum is None else f"a whole number >= {minimum}"
+
+    def one_int(text: str) -> int:
+        try:
+            value = read_int(text, what=what)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if minimum is not None and value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        if below is not None and abs(value) >= below:
+            raise argparse.ArgumentTypeError(f"must be below {_power_text(below)} in magnitude, got {text!r}")
+        return value
+
+    return one_int
 
 
 class ListError(argparse.ArgumentTypeError, ValueError):

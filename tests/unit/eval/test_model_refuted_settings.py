@@ -167,7 +167,12 @@ def test_a_context_longer_than_the_heldout_text_is_refused_naming_the_flag_and_t
         check_heldout_length(EvalConfig(contexts=(256, total + 1), window_residuals=()), tok)
     message = str(info.value)
     assert f"`contexts` (--contexts) {total + 1:,} is longer than the held-out text, {total:,} tokens" in message
-    assert f"pass at most {total:,}" in message
+    # the suggested value is plain: pasted into --contexts, a comma list, "1,234" would be two contexts
+    suggested = message.split("pass at most ")[1].split()[0]
+    assert suggested == str(total), message
+    from kvlab.cli import build_parser
+
+    assert build_parser().parse_args(["eval", "--contexts", suggested]).contexts == (total,)
     # the window context is cut from the same text, named with its own flag
     with pytest.raises(ValueError, match=r"`window_context` \(--window-context\)"):
         check_heldout_length(EvalConfig(contexts=(256,), window_residuals=(16,), window_context=total + 1), tok)

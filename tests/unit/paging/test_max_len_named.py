@@ -1,6 +1,7 @@
 """A request longer than the contiguous reservation (``--max-len``) is refused naming the file, the line and the flag
 that would fix it: ``kvlab paging static --workload FILE`` said only "a request of 5010 tokens exceeds the
-contiguous reservation 4096", and ``kvlab paging simulate --trace FILE`` named the file but not the line."""
+contiguous reservation 4096", and ``kvlab paging simulate --trace FILE`` named the file but not the line. The value
+it suggests is printed plain (``raise --max-len to at least 1500``, not ``1,500``) and, pasted back, is accepted."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def test_a_workload_request_past_max_len_names_file_line_and_flag(tmp_path, caps
     err = _error(capsys, ["static", "--workload", str(path), "--max-len", str(MAX_LEN)])
     assert f"--workload {path}: line {lines[first]}: a request of {lengths[first]:,} tokens" in err, err
     assert f"--max-len {MAX_LEN:,}" in err, err
-    assert f"raise --max-len to at least {lengths.max():,} tokens (the longest request, line {lines[longest]})" in err
+    assert f"raise --max-len to at least {lengths.max()} tokens (the longest request, line {lines[longest]})" in err
+    assert main(["paging", "static", "--workload", str(path), "--max-len", str(lengths.max())]) == 0
 
 
 def test_a_trace_request_past_max_len_names_its_line(tmp_path, capsys):
@@ -44,6 +46,9 @@ def test_a_trace_request_past_max_len_names_its_line(tmp_path, capsys):
     path.write_text(f"arrival_step,prompt_tokens,output_tokens\n0,10,5\n\n1,{MAX_LEN},10\n2,20,5\n")
     err = _error(capsys, ["simulate", "--trace", str(path), "--max-len", str(MAX_LEN)])
     assert "exceeds --max-len" in err and f"the longest request: line 4 of --trace {path}" in err, err
+    # 1,000 prompt + 10 output tokens hold 1,009 tokens of K/V at most: the last token's K/V is never stored
+    assert f"raise --max-len to at least {MAX_LEN + 9} or shorten" in err, err
+    assert main(["paging", "simulate", "--trace", str(path), "--max-len", str(MAX_LEN + 9)]) == 0
 
 
 def test_the_library_names_the_request_and_max_len():

@@ -6,7 +6,7 @@ import argparse
 from dataclasses import fields
 
 from kvlab.eval.config import QUICK_SETTINGS, EvalConfig, Gates
-from kvlab.runtime.checks import float_list, int_list, parse_list
+from kvlab.runtime.checks import float_list, int_flag, int_list, parse_list
 from kvlab.runtime.dtype_names import MODEL_DTYPES
 
 _FIELD_DEFAULTS = {f.name: f.default for f in fields(EvalConfig)}
@@ -139,10 +139,10 @@ def _add_matrix_flags(p) -> None:
         "(--group-size, --residual, --hqq-group-size)",
     )
     _setting_flag(p, "--contexts", _ints, "contexts", "capacity matrix contexts")
-    _setting_flag(p, "--new-tokens", int, "new_tokens", "tokens generated per capacity run")
-    _setting_flag(p, "--residual", int, "residual_length", "residual window R of the capacity matrix")
-    _setting_flag(p, "--group-size", int, "group_size", "KIVI group size G")
-    _setting_flag(p, "--hqq-group-size", int, "hqq_group_size", "HQQ/quanto group size")
+    _setting_flag(p, "--new-tokens", int_flag(), "new_tokens", "tokens generated per capacity run")
+    _setting_flag(p, "--residual", int_flag(), "residual_length", "residual window R of the capacity matrix")
+    _setting_flag(p, "--group-size", int_flag(), "group_size", "KIVI group size G")
+    _setting_flag(p, "--hqq-group-size", int_flag(), "hqq_group_size", "HQQ/quanto group size")
     p.add_argument(
         "--kivi-attention",
         choices=("fused", "dequantize"),
@@ -162,39 +162,39 @@ def _add_matrix_flags(p) -> None:
 
 def _add_window_and_timing_flags(p) -> None:
     """The residual-window matrix, warmup and timed rounds, threads, workers, and the quality measures."""
-    _setting_flag(p, "--window-context", int, "window_context", "residual-window matrix context")
-    _setting_flag(p, "--window-new-tokens", int, "window_new_tokens", "tokens generated per window run")
+    _setting_flag(p, "--window-context", int_flag(), "window_context", "residual-window matrix context")
+    _setting_flag(p, "--window-new-tokens", int_flag(), "window_new_tokens", "tokens generated per window run")
     _setting_flag(
         p, "--window-residuals", _residuals, "window_residuals", "window residuals; 'none': no residual-window matrix"
     )
-    _setting_flag(p, "--window-group-size", int, "window_group_size", "KIVI G in the window matrix")
+    _setting_flag(p, "--window-group-size", int_flag(), "window_group_size", "KIVI G in the window matrix")
     _setting_flag(
         p,
         "--warmup",
-        int,
+        int_flag(),
         "warmup",
         "untimed generate() calls per cache before the timed rounds, counting the one that records its outputs "
         "and bytes, which always runs",
     )
     _setting_flag(
-        p, "--repeat", int, "repeat", "timed generate() rounds per cell, every cache of the cell interleaved"
+        p, "--repeat", int_flag(), "repeat", "timed generate() rounds per cell, every cache of the cell interleaved"
     )
     p.add_argument(
         "--threads",
-        type=int,
+        type=int_flag(),
         default=None,
         help="torch threads (default: OMP_NUM_THREADS, else usable CPUs minus one; recorded in the result)",
     )
     p.add_argument(
         "--workers",
-        type=int,
+        type=int_flag(),
         default=None,
         help="processes for the untimed long-context probes: this one plus forked helpers on spare CPUs, all done "
         "before any timed round; 1 = no helper (default: 2 on a Linux CPU run with a spare CPU, else 1; the probe "
         "results do not depend on it, only the run time)",
     )
-    _setting_flag(p, "--quality-tokens", int, "quality_tokens", "fixed-continuation length")
-    _setting_flag(p, "--top-k", int, "top_k", "k of the top-k overlap")
+    _setting_flag(p, "--quality-tokens", int_flag(), "quality_tokens", "fixed-continuation length")
+    _setting_flag(p, "--top-k", int_flag(), "top_k", "k of the top-k overlap")
 
 
 def _add_gate_flags(p) -> None:
@@ -221,13 +221,13 @@ def _add_long_context_flags(p) -> None:
         help="capacity contexts that get the passkey grid: comma list, 'all' or 'none' (default: the smallest; "
         "each context adds depths x trials prompts that every candidate must hold)",
     )
-    _setting_flag(p, "--passkey-trials", int, "passkey_trials", "passkey trials per (depth, context) point")
+    _setting_flag(p, "--passkey-trials", int_flag(), "passkey_trials", "passkey trials per (depth, context) point")
     _setting_flag(p, "--passkey-depths", _floats, "passkey_depths", "needle depths as fractions")
-    _setting_flag(p, "--recall-rows", int, "recall_rows", "recall prompts per distance")
+    _setting_flag(p, "--recall-rows", int_flag(), "recall_rows", "recall prompts per distance")
     _setting_flag(
         p, "--recall-fractions", _floats, "recall_fractions", "copy distances as fractions of the context"
     )
-    _setting_flag(p, "--recall-span", int, "recall_span_tokens", "copy span length L in tokens")
+    _setting_flag(p, "--recall-span", int_flag(), "recall_span_tokens", "copy span length L in tokens")
 
 
 def _add_prompt_and_output_flags(p) -> None:
@@ -240,8 +240,8 @@ def _add_prompt_and_output_flags(p) -> None:
         "tiled to each length",
     )
     p.add_argument("--prompt", default=None, help="prompt text for --prompt-mode repeat")
-    _setting_flag(p, "--batch", int, "batch", "prompts per generate() call")
-    _setting_flag(p, "--seed", int, "seed", "random seed: torch and the held-out text offsets")
+    _setting_flag(p, "--batch", int_flag(), "batch", "prompts per generate() call")
+    _setting_flag(p, "--seed", int_flag(), "seed", "random seed: torch and the held-out text offsets")
     p.add_argument(
         "--quick",
         action="store_true",

@@ -327,7 +327,7 @@ def memory_problem(cfg, model, device, available: int | None = -1) -> str | None
         low, high = (mid, high) if need(mid, cell.new_tokens) <= available else (low, mid - 1)
     flag = "--contexts" if cell.matrix == "capacity" else "--window-context"
     per = f" at --batch {cfg.batch}" if cfg.batch > 1 else ""
-    hint = f"at most about {low:,} tokens fit{per}" if low else f"not even 1 token fits{per}"
+    hint = f"at most about {low} tokens fit{per}" if low else f"not even 1 token fits{per}"
     what = f"{flag} {cell.context:,} with {cell.new_tokens:,} new tokens{per} ({_CELL_PARTS})"
     return memory_refusal(what, need(cell.context, cell.new_tokens), available, hint)
 

@@ -15,6 +15,7 @@ from kvlab.commands.lab.common import (
     value_table,
     warn,
 )
+from kvlab.runtime.checks import int_flag
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -29,19 +30,19 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.add_argument(
-        "--kv-heads", type=int, default=2, help="KV heads of the toy decoder (8 = MHA; default 2, GQA)"
+        "--kv-heads", type=int_flag(), default=2, help="KV heads of the toy decoder (8 = MHA; default 2, GQA)"
     )
-    p.add_argument("--new-tokens", type=int, default=192, help="tokens generated (default 192)")
+    p.add_argument("--new-tokens", type=int_flag(), default=192, help="tokens generated (default 192)")
     p.add_argument(
         "--repeat",
-        type=int,
+        type=int_flag(),
         default=1,
         help="timed rounds, both generators per round in a rotated order; the speed-up is the median of the "
         "rounds' paired ratios (default 1)",
     )
     p.add_argument(
         "--threads",
-        type=int,
+        type=int_flag(),
         default=None,
         help="BLAS/torch threads of the timed work (default: OMP_NUM_THREADS, else usable CPUs minus one; "
         "recorded in the result)",
@@ -57,8 +58,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--real", action="store_true", help="check exact caches on a real model instead")
     add_model_flags(p, "--real: ")
-    p.add_argument("--tokens", type=int, default=96, help="--real: sequence length (default 96)")
-    p.add_argument("--batch", type=int, default=1, help="--real: batch rows (default 1)")
+    p.add_argument("--tokens", type=int_flag(), default=96, help="--real: sequence length (default 96)")
+    p.add_argument("--batch", type=int_flag(), default=1, help="--real: batch rows (default 1)")
     p.set_defaults(func=run)
     LAB_DEFAULTS.update({dest: p.get_default(dest) for dest in (*TOY_FLAGS, *REAL_FLAGS)})
     return p

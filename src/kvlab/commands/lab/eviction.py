@@ -15,6 +15,7 @@ from kvlab.commands.lab.common import (
     print_warnings,
     warn,
 )
+from kvlab.runtime.checks import int_flag
 
 
 def register(subparsers) -> None:
@@ -31,12 +32,12 @@ def register(subparsers) -> None:
         "--json", action="store_true", default=argparse.SUPPRESS, help="print machine-readable JSON"
     )
     add_model_flags(e)
-    e.add_argument("--tokens", type=int, default=2048, help="held-out tokens scored (default 2048)")
-    e.add_argument("--window", type=int, default=256, help="W: newest tokens kept (default 256)")
+    e.add_argument("--tokens", type=int_flag(), default=2048, help="held-out tokens scored (default 2048)")
+    e.add_argument("--window", type=int_flag(), default=256, help="W: newest tokens kept (default 256)")
     e.add_argument(
         "--sinks", type=int, nargs="+", default=[4, 0], metavar="S", help="sink counts (default 4 0)"
     )
-    e.add_argument("--offset", type=int, default=0, help="first held-out token (default 0)")
+    e.add_argument("--offset", type=int_flag(), default=0, help="first held-out token (default 0)")
     e.set_defaults(func=run_eviction)
 
 

@@ -7,6 +7,7 @@ import argparse
 
 from kvlab.commands import fail, table
 from kvlab.commands.lab.common import finish, print_verdict, status, value_table
+from kvlab.runtime.checks import int_flag
 
 VIDEO_FIELD_PREFIX = "video_"  # argparse dest of a `kvlab lab video` flag = prefix + VideoConfig field
 
@@ -68,7 +69,7 @@ def register(subparsers) -> None:
     for flag, field, text in VIDEO_FLAGS:
         # not given: the field keeps VideoConfig's default
         v.add_argument(
-            flag, dest=VIDEO_FIELD_PREFIX + field, type=int, default=argparse.SUPPRESS, metavar="N", help=text
+            flag, dest=VIDEO_FIELD_PREFIX + field, type=int_flag(), default=argparse.SUPPRESS, metavar="N", help=text
         )
     v.set_defaults(func=run_video)
 

@@ -26,15 +26,15 @@ from kvlab.commands.paging.checks import (
     check_keep_evicts,
     check_requests_memory,
     check_workload_max_len,
-    int_flag,
+    paging_int,
     replaced_flags_problem,
 )
 from kvlab.commands.paging.poisson import add_poisson_flags, poisson_flags_given, poisson_trace_of
-from kvlab.commands.plan.flags import flag_message, keep_tokens_type
+from kvlab.commands.plan.flags import flag_message
 from kvlab.plan.config_fields import number_text
 from kvlab.plan.kv_formats import KV_DTYPE_NAMES
 from kvlab.runtime.atomic import output_problem
-from kvlab.runtime.checks import parse_list
+from kvlab.runtime.checks import int_flag, parse_list
 
 GIB, MIB = 1024**3, 1024**2
 # The KV dtype names the planner reads (kvlab.plan.ledger), for --kv-dtype's help; the planner checks the value.
@@ -78,7 +78,7 @@ def _add_budget_args(p: argparse.ArgumentParser) -> None:
         help=f"activation/framework reserve in GiB (default {DEFAULT_RESERVE_GIB:g})",
     )
     g.add_argument(
-        "--max-len", type=int_flag, default=4096, help="contiguous reservation per request (default 4096)"
+        "--max-len", type=paging_int, default=4096, help="contiguous reservation per request (default 4096)"
     )
 
 
@@ -137,16 +137,16 @@ def _register_static(sub) -> None:
         help="uniform, heavy, or a FILE of lengths (one per line, or CSV with tokens/length or "
         "prompt_tokens+output_tokens); default: uniform and heavy",
     )
-    s.add_argument("--block-size", type=int_flag, default=16, help="paging block size in tokens (default 16)")
+    s.add_argument("--block-size", type=paging_int, default=16, help="paging block size in tokens (default 16)")
     s.add_argument(
         "--requests",
-        type=int_flag,
+        type=paging_int,
         default=None,
         help=f"requests per built-in workload (default {STATIC_RNG_DEFAULTS['requests']}; not with a --workload FILE)",
     )
     s.add_argument(
         "--seed",
-        type=int_flag,
+        type=paging_int,
         default=None,
         help=f"RNG seed of the built-in workloads (default {STATIC_RNG_DEFAULTS['seed']}; not with a --workload FILE)",
     )
@@ -173,7 +173,7 @@ def _register_simulate(sub) -> None:
         "order are sorted (equal arrivals keep their file order), with a note on stderr naming the first",
     )
     add_poisson_flags(m)
-    m.add_argument("--block-size", type=int_flag, default=16, help="paging block size in tokens (default 16)")
+    m.add_argument("--block-size", type=paging_int, default=16, help="paging block size in tokens (default 16)")
     m.add_argument(
         "--policies",
         default=None,
@@ -187,16 +187,16 @@ def _register_simulate(sub) -> None:
     )
     m.add_argument(
         "--keep-tokens",
-        type=keep_tokens_type,
+        type=int_flag(1),
         default=None,
         metavar="N",
         help="also run paged+keepN: an evicting cache keeping at most N tokens per request (at most ceil(N / "
         "block size) blocks; the oldest block returns to the pool; docs/EVICTION.md)",
     )
-    m.add_argument("--max-running", type=int_flag, default=None, help="cap on running requests (max_num_seqs)")
+    m.add_argument("--max-running", type=paging_int, default=None, help="cap on running requests (max_num_seqs)")
     m.add_argument(
         "--check-every",
-        type=int_flag,
+        type=paging_int,
         default=0,
         help="full invariant check every K steps (0: at the end; 1 is slow: 20 s for 20 requests, under 1 s without)",
     )
@@ -217,7 +217,7 @@ def _register_figure(sub) -> None:
     )
     f.add_argument("--out", required=True, help="output image (.png, .svg, .pdf)")
     f.add_argument("--force", action="store_true", help="replace an existing file")
-    f.add_argument("--block-size", type=int_flag, default=16, help="paging block size in tokens (default 16)")
+    f.add_argument("--block-size", type=paging_int, default=16, help="paging block size in tokens (default 16)")
     _add_budget_args(f)
     f.add_argument("--json", action="store_true", help="print the written path and numbers as JSON")
     f.set_defaults(func=run_figure_cmd)

@@ -6,25 +6,20 @@ from __future__ import annotations
 
 import argparse
 
+from kvlab.runtime.checks import int_flag, read_int
+
 INT_LIMIT = 2**62  # the simulator's arrays are numpy int64: a larger count overflowed inside numpy
 
-
-def int_flag(text: str) -> int:
-    """An integer flag of ``kvlab paging``: a whole number of magnitude below 2**62 (argparse names the flag)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if abs(value) >= INT_LIMIT:
-        raise argparse.ArgumentTypeError(f"must be below 2**62 (numpy int64 arrays), got {text}")
-    return value
+# the type of every one-integer flag of ``kvlab paging``: kvlab's one (``6,000`` read), below 2**62 in magnitude
+paging_int = int_flag(below=INT_LIMIT)
 
 
 def range_flag(text: str) -> tuple[int, int]:
-    """A ``LO:HI`` token range flag of ``kvlab paging`` (``N`` alone: ``N:N``), each below 2**62 in magnitude."""
+    """A ``LO:HI`` token range flag of ``kvlab paging`` (``N`` alone: ``N:N``), each read by
+    :func:`kvlab.runtime.checks.read_int` (``1,000:2,000``) and below 2**62 in magnitude."""
     lo, sep, hi = text.partition(":")
     try:
-        pair = (int(lo), int(hi if sep else lo))
+        pair = (read_int(lo), read_int(hi if sep else lo))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected LO:HI tokens, got {text!r}") from None
     if max(abs(pair[0]), abs(pair[1])) >= INT_LIMIT:
@@ -105,7 +100,7 @@ def check_workload_max_len(workload: str, lengths, lines, max_len: int) -> None:
     where = "" if lengths[longest] == lengths[first] else f", line {int(lines[longest])}"
     raise ValueError(
         f"--workload {workload}: line {int(lines[first])}: a request of {int(lengths[first]):,} tokens exceeds "
-        f"the contiguous reservation --max-len {max_len:,}; raise --max-len to at least {int(lengths[longest]):,} "
+        f"the contiguous reservation --max-len {max_len:,}; raise --max-len to at least {int(lengths[longest])} "
         f"tokens (the longest request{where}) or shorten the requests"
     )
 
@@ -140,8 +135,8 @@ def check_fits(args: argparse.Namespace, trace, policies, budget, lines=None) ->
         message = str(exc)
         if "`max_len`" in message:
             raise ValueError(
-                f"{message.replace('`max_len`', '--max-len')} ({_requests_source(args, trace, lines)}); raise --max-len or "
-                "shorten the requests"
+                f"{message.replace('`max_len`', '--max-len')} ({_requests_source(args, trace, lines)}); raise --max-len "
+                f"to at least {int(trace.peak_kv_tokens)} or shorten the requests"
             ) from None
         gpu = f"--gpu-mem-gib {args.gpu_mem_gib:g}" if args.gpu_mem_gib is not None else "the device"
         raise ValueError(

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from kvlab.commands import file_exists_message
-from kvlab.commands.paging.checks import check_requests_memory, int_flag, range_flag
+from kvlab.commands.paging.checks import check_requests_memory, paging_int, range_flag
 from kvlab.runtime.atomic import output_problem
 
 # the Poisson trace flags of `paging simulate` (dest: default); None in the parser means "not given"
@@ -85,15 +85,15 @@ def add_poisson_flags(m) -> None:
     given (so that one given with --trace is refused, not ignored); their defaults are :data:`POISSON_DEFAULTS`."""
     for flag, kind, text in (
         ("--rate", float, "Poisson arrivals per engine step (default {rate})"),
-        ("--requests", int_flag, "requests in the Poisson trace (default {requests})"),
+        ("--requests", paging_int, "requests in the Poisson trace (default {requests})"),
         ("--prompt-tokens", range_flag, "prompt range LO:HI ({prompt_tokens[0]}:{prompt_tokens[1]})"),
         ("--output-tokens", range_flag, "output range LO:HI ({output_tokens[0]}:{output_tokens[1]})"),
-        ("--prefix-groups", int_flag, "shared system prompts (default {prefix_groups}; 0: none)"),
+        ("--prefix-groups", paging_int, "shared system prompts (default {prefix_groups}; 0: none)"),
         (
             "--prefix-tokens",
-            int_flag,
+            paging_int,
             "length of each shared prefix (default {prefix_tokens}; 0 with --prefix-groups 0)",
         ),
-        ("--seed", int_flag, "RNG seed of the Poisson trace (default {seed})"),
+        ("--seed", paging_int, "RNG seed of the Poisson trace (default {seed})"),
     ):
         m.add_argument(flag, type=kind, default=None, help=text.format(**POISSON_DEFAULTS))

@@ -21,22 +21,27 @@ from kvlab.commands import fail
 from kvlab.plan.kv_formats import KV_DTYPE_NAMES, PLAIN_NAMES, VLLM_ALIASES, PlannedName
 from kvlab.plan.mixed import MIXED_PREFIX
 from kvlab.plan.scenario import DEFAULT_CONTEXT_TOKENS, DEFAULT_GPU
+from kvlab.runtime.checks import int_flag, read_int
 
 
 def byte_count(text: str) -> int:
     """An integer byte count >= 1 (``--weight-bytes``: no model has 0 weight bytes, and 0 made the decode bound
-    infinite); accepts ``1e9``. Read exactly, as a decimal, never through a float (``1e30`` was
+    infinite); accepts ``1e9`` and, as kvlab prints byte counts, ``16,060,522,496``
+    (:func:`kvlab.runtime.checks.read_int`). Read exactly, as a decimal, never through a float (``1e30`` was
     1,000,000,000,000,000,019,884,624,838,656 bytes); beyond a float's range (``1e400``) it is refused."""
     from decimal import Decimal, InvalidOperation
 
     refused = argparse.ArgumentTypeError(f"a whole number of bytes >= 1, got {text!r}")
     try:
-        number = Decimal(text.strip())
-    except InvalidOperation:
-        raise refused from None
-    if not number.is_finite() or number.adjusted() > 308 or number != number.to_integral_value():
-        raise refused
-    value = int(number)
+        value = read_int(text)
+    except ValueError:
+        try:
+            number = Decimal(text.strip())
+        except InvalidOperation:
+            raise refused from None
+        if not number.is_finite() or number.adjusted() > 308 or number != number.to_integral_value():
+            raise refused from None
+        value = int(number)
     if value < 1:
         raise refused
     return value
@@ -169,14 +174,14 @@ def add_sequence_flags(p: argparse.ArgumentParser, unset_context: bool = False, 
     (``plan --from-log``) can tell ``--context 8192`` from none."""
     p.add_argument(
         "--context",
-        type=int,
+        type=int_flag(),
         default=None if unset_context else DEFAULT_CONTEXT_TOKENS,
         help=f"tokens per sequence (default {DEFAULT_CONTEXT_TOKENS}"
         + (", or the model's max_position_embeddings where lower)" if unset_context else ")"),
     )
     p.add_argument(
         "--batch",
-        type=int,
+        type=int_flag(),
         default=None if unset_batch else 1,
         help="sequences (default 1"
         + ("; --emit vllm's --max-num-seqs, default the requests the KV memory holds)" if unset_batch else ")"),
@@ -205,27 +210,16 @@ def add_kv_flags(p: argparse.ArgumentParser, plans: bool = False) -> None:
     )
     # None = not given: KIVI_DEFAULTS; given with a --kv-dtype that is not KIVI it is refused, not ignored
     G, R = KIVI_DEFAULTS.group_size, KIVI_DEFAULTS.residual_length
-    p.add_argument("--group-size", type=int, default=None, help=f"KIVI group size G (default {G})")
+    p.add_argument("--group-size", type=int_flag(), default=None, help=f"KIVI group size G (default {G})")
     p.add_argument(
-        "--residual", type=int, default=None, help=f"KIVI residual window R in tokens (default {R})"
+        "--residual", type=int_flag(), default=None, help=f"KIVI residual window R in tokens (default {R})"
     )
-
-
-def keep_tokens_type(text: str) -> int:
-    """``--keep-tokens``: a whole number of tokens >= 1 (argparse names the flag in its error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a whole number of tokens >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a whole number of tokens >= 1, got {text!r}")
-    return value
 
 
 def add_keep_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--keep-tokens",
-        type=keep_tokens_type,
+        type=int_flag(1),
         default=None,
         metavar="N",
         help="an evicting cache that keeps at most N tokens per layer and sequence (sink: sink_tokens + "

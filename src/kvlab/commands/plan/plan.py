@@ -11,6 +11,7 @@ from kvlab.commands.plan import flags
 from kvlab.commands.plan.flags import flag_message
 from kvlab.commands.plan.render import print_from_log, print_lists, print_mixed_plan, print_plan, print_vllm
 from kvlab.plan.scenario import DEFAULT_RESERVE_GIB
+from kvlab.runtime.checks import int_flag
 from kvlab.runtime.text_files import read_text
 
 
@@ -31,7 +32,7 @@ def register(subparsers) -> None:
     flags.add_kv_flags(p, plans=True)
     flags.add_keep_flag(p)
     # None: not given, for --from-log, where it stands in for a log without tensor_parallel_size (run_plan: 1)
-    p.add_argument("--tp", type=int, default=None, help="tensor-parallel GPUs (default 1)")
+    p.add_argument("--tp", type=int_flag(), default=None, help="tensor-parallel GPUs (default 1)")
     p.add_argument(
         "--gpu-mem-gib",
         type=float,
@@ -46,7 +47,7 @@ def register(subparsers) -> None:
         help="GiB per GPU kept free for activations, workspace and framework "
         f"(default {DEFAULT_RESERVE_GIB:g}, as kvlab paging)",
     )
-    p.add_argument("--kv-heads", type=int, default=None, help="what-if: override the KV heads (e.g. MHA)")
+    p.add_argument("--kv-heads", type=int_flag(), default=None, help="what-if: override the KV heads (e.g. MHA)")
     flags.add_weight_flags(p)
     flags.add_device_flags(p)
     p.add_argument(
@@ -58,7 +59,7 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--block-size",
-        type=int,
+        type=int_flag(),
         default=None,
         help="tokens per KV block for --emit vllm, or for --from-log where the log does not state it (1, 8, 16, 32, "
         "64 or 128; default 16, vLLM's CUDA default)",

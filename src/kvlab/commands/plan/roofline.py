@@ -9,6 +9,7 @@ from kvlab.commands import fail, flag_values
 from kvlab.commands.plan import flags
 from kvlab.commands.plan.render import print_lists, print_roofline
 from kvlab.plan.scenario import DEFAULT_MODEL
+from kvlab.runtime.checks import int_flag
 
 
 def register(subparsers) -> None:
@@ -28,7 +29,7 @@ def register(subparsers) -> None:
         help=f"preset, config.json, .gguf file, directory or hub id (default {DEFAULT_MODEL})",
     )
     flags.add_sequence_flags(r, unset_context=True)  # None: the model's limit where below 8192
-    r.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
+    r.add_argument("--tp", type=int_flag(), default=1, help="tensor-parallel GPUs (default 1)")
     flags.add_kv_flags(r)
     flags.add_keep_flag(r)
     flags.add_weight_flags(r)

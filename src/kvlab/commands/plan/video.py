@@ -9,6 +9,7 @@ from kvlab.commands import flag_values
 from kvlab.commands.plan.flags import add_kv_flags, kv_kwargs, report
 from kvlab.commands.plan.render import print_video
 from kvlab.plan.scenario import DEFAULT_MODEL
+from kvlab.runtime.checks import int_flag
 
 
 def register(subparsers) -> None:
@@ -32,21 +33,21 @@ def register(subparsers) -> None:
         "frames past the last whole latent frame (a count --temporal-compression does not divide; with "
         "--causal-first-frame, not 1 + a multiple) are dropped, with a warning",
     )
-    v.add_argument("--fps", type=int, default=24, help="frames per second (default 24)")
+    v.add_argument("--fps", type=int_flag(), default=24, help="frames per second (default 24)")
     side = "a multiple of --spatial-compression x --patch-size (else rounded down to one, with a warning)"
-    v.add_argument("--width", type=int, default=1280, help=f"pixels (default 1280); {side}")
-    v.add_argument("--height", type=int, default=720, help=f"pixels (default 720); {side}")
-    v.add_argument("--temporal-compression", type=int, default=4, help="frames per latent frame (default 4)")
+    v.add_argument("--width", type=int_flag(), default=1280, help=f"pixels (default 1280); {side}")
+    v.add_argument("--height", type=int_flag(), default=720, help=f"pixels (default 720); {side}")
+    v.add_argument("--temporal-compression", type=int_flag(), default=4, help="frames per latent frame (default 4)")
     v.add_argument(
-        "--spatial-compression", type=int, default=8, help="pixels per latent, per side (default 8)"
+        "--spatial-compression", type=int_flag(), default=8, help="pixels per latent, per side (default 8)"
     )
-    v.add_argument("--patch-size", type=int, default=1, help="latents per token, per side (default 1)")
+    v.add_argument("--patch-size", type=int_flag(), default=1, help="latents per token, per side (default 1)")
     v.add_argument(
         "--causal-first-frame",
         action="store_true",
         help="causal VAE: latent frames = 1 + (frames - 1) // temporal (default frames // temporal)",
     )
-    v.add_argument("--batch", type=int, default=1, help="clips (default 1)")
+    v.add_argument("--batch", type=int_flag(), default=1, help="clips (default 1)")
     add_kv_flags(v)
     v.add_argument("--json", action="store_true", help="print machine-readable JSON")
     v.set_defaults(func=run_video)
