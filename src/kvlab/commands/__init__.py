@@ -85,6 +85,22 @@ def empty_path_flag(args: argparse.Namespace, *flags: str, kind: str = "file") -
     return None
 
 
+def suffix_problem(flag: str, path: str | os.PathLike, suffixes: tuple[str, ...], what: str) -> str | None:
+    """The one wording of an output file named with a suffix other than the format its writer writes, found before
+    any work: ``--html r.txt must end in .html or .htm (the report is an HTML page), got .txt`` (``kvlab report
+    --html r.txt`` wrote HTML into a .txt file; a JSON result named ``x.txt`` is missed by whatever looks for
+    ``*.json``); None when the suffix, in any case, is one of ``suffixes``. ``what`` says why, in parentheses.
+    Every writer of one format calls it: ``report --html``, the JSON results and records (``tasks --out``,
+    ``sensitivity sweep --out``, ``bench --out``, ``inspect --json``), ``bench docs --out`` (Markdown) and the
+    figures (``paging figure --out``, ``inspect --figure``, ``tasks --figure``). A file whose format is free
+    (``paging simulate --save-trace``: a CSV under any name) is not checked."""
+    suffix = Path(path).suffix
+    if suffix.lower() in suffixes:
+        return None
+    expected = suffixes[0] if len(suffixes) == 1 else f"{', '.join(suffixes[:-1])} or {suffixes[-1]}"
+    return f"{flag} {path} must end in {expected} ({what}), got {suffix or 'no suffix'}"
+
+
 def device_problem(device: str | None) -> str | None:
     """The one wording of a ``--device`` this machine cannot run, found before any work: the message of
     :func:`kvlab.runtime.device.resolve_device` with the flag beside the setting, as ``kvlab bench`` names every

@@ -30,6 +30,7 @@ from kvlab.commands import (
     file_exists_message,
     flag_values,
     output_folder_problem,
+    suffix_problem,
 )
 from kvlab.runtime.atomic import output_problem
 from kvlab.runtime.checks import int_flag, int_list, parse_list
@@ -407,7 +408,9 @@ def _record_path(args: argparse.Namespace):
     if path.exists() and not path.is_dir() and not args.force:
         return path, file_exists_message(path, "--out to choose another file")
     if args.out:
-        return path, output_problem(path, "--out", folder_must_exist=True)
+        return path, output_problem(path, "--out", folder_must_exist=True) or suffix_problem(
+            "--out", path, (".json",), "the record is JSON, and kvlab bench docs reads *.json"
+        )
     return path, output_folder_problem(args.results_dir, "--results-dir") or output_problem(path, "--results-dir")
 
 
@@ -515,6 +518,8 @@ def _docs(args: argparse.Namespace) -> int:
     """``kvlab bench docs``: render the records of ``--results-dir`` into the ``--out`` page. A page other than
     the default is written only in a folder that exists (the one rule of :func:`_record_path`); the default
     ``docs/PERFORMANCE.md`` gets its folder made."""
+    from pathlib import Path
+
     from rich.console import Console
 
     from kvlab.bench import docs
@@ -525,6 +530,9 @@ def _docs(args: argparse.Namespace) -> int:
         empty_path_flag(args, "--results-dir", kind="folder")  # '' read the current folder's records
         or empty_path_flag(args, "--out")
         or output_problem(args.out, "--out", folder_must_exist=args.out != DEFAULT_PAGE)  # no folders by typo
+        # an existing page without --force is judged first by write_page (refused unless this command wrote it),
+        # as every writer refuses an existing file before its suffix
+        or (None if Path(args.out).exists() and not args.force else suffix_problem("--out", args.out, (".md",), "the page is Markdown"))
     )
     if problem:
         return fail(args, problem)

@@ -17,6 +17,7 @@ from kvlab.commands import (
     flag_values,
     force_without_output,
     progress,
+    suffix_problem,
     table,
 )
 from kvlab.runtime import provenance
@@ -86,8 +87,11 @@ def _check_outputs(args: argparse.Namespace) -> str | None:
         path = Path(path)
         if path.is_dir():
             return f"{flag} {path} is a folder; pass a file"
-        if flag == "--figure" and path.suffix.lower() != ".png":  # the figure is PNG whatever the name says
-            return f"--figure {path} must end in .png (the figure is a PNG), got {path.suffix or 'no suffix'}"
+        # the figure is PNG whatever the name says (k.pdf got PNG bytes), the report JSON
+        kind = ((".png",), "the figure is a PNG") if flag == "--figure" else ((".json",), "the report is JSON")
+        problem = suffix_problem(flag, path, *kind)
+        if problem:
+            return problem
         problem = output_problem(path, flag, folder_must_exist=True)  # no new folders, as every command
         if problem:
             return problem

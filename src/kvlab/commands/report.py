@@ -6,7 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from kvlab.commands import EXIT_FILE_EXISTS, empty_path_flag, fail, file_exists_message, force_without_output
+from kvlab.commands import (
+    EXIT_FILE_EXISTS,
+    empty_path_flag,
+    fail,
+    file_exists_message,
+    force_without_output,
+    suffix_problem,
+)
 
 
 def register(sub) -> None:
@@ -41,6 +48,9 @@ def _html(args: argparse.Namespace, result: dict | None, tasks: dict | None, err
         return fail(args, f"--html {out} is the result file itself; the report would replace its own input")
     if out.exists() and not args.force:
         return fail(args, file_exists_message(out), EXIT_FILE_EXISTS)
+    problem = suffix_problem("--html", out, (".html", ".htm"), "the report is an HTML page")
+    if problem:
+        return fail(args, problem)
     try:
         if tasks is None:
             from kvlab.report_html import write_html_report

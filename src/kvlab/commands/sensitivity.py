@@ -23,6 +23,7 @@ from kvlab.commands import (
     file_exists_message,
     output_folder_problem,
     progress,
+    suffix_problem,
     table,
 )
 from kvlab.runtime.checks import check_int, int_flag
@@ -151,6 +152,9 @@ def run_sweep(args: argparse.Namespace) -> int:
         return fail(args, problem)
     if Path(args.out).exists() and not args.force:
         return fail(args, file_exists_message(args.out), EXIT_FILE_EXISTS)
+    problem = suffix_problem("--out", args.out, (".json",), "the sweep result is JSON")
+    if problem:
+        return fail(args, problem)
     err = Console(stderr=True)
     try:
         result = _measure(args, err)

@@ -23,6 +23,7 @@ from kvlab.commands import (
     file_exists_message,
     progress,
     sigterm_raises,
+    suffix_problem,
 )
 from kvlab.runtime.atomic import output_problem
 from kvlab.runtime.checks import int_flag, int_list, parse_list
@@ -174,8 +175,10 @@ def _check_outputs(args: argparse.Namespace) -> str | None:
             return problem
         if path.exists() and not args.force:
             return file_exists_message(path)
-    if args.figure and Path(args.figure).suffix.lower() != ".png":
-        return f"--figure {args.figure} must end in .png (the figure is a PNG)"
+        kind = ((".png",), "the figure is a PNG") if flag == "--figure" else ((".json",), "the result is JSON")
+        problem = suffix_problem(flag, path, *kind)
+        if problem:
+            return problem
     if args.figure and Path(args.figure).resolve() == _out(args).resolve():
         return "--out and --figure name the same file; give each its own"
     return None

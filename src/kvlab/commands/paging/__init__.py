@@ -18,6 +18,7 @@ from kvlab.commands import (
     fail,
     file_exists_message,
     progress,
+    suffix_problem,
     table,
 )
 from kvlab.commands.paging.checks import (
@@ -505,8 +506,9 @@ def run_figure_cmd(args: argparse.Namespace) -> int:
         return fail(args, f"--out {args.out} is a folder; pass a file name (.png, .svg or .pdf)")
     if Path(args.out).exists() and not args.force:
         return fail(args, file_exists_message(args.out), EXIT_FILE_EXISTS)
-    if Path(args.out).suffix.lower() not in FIGURE_SUFFIXES:
-        return fail(args, f"--out {args.out}: the figure's suffix must be .png, .svg or .pdf")
+    problem = suffix_problem("--out", args.out, FIGURE_SUFFIXES, "the figure's format follows its suffix")
+    if problem:
+        return fail(args, problem)
     # a missing folder is refused, as --save-trace's
     problem = output_problem(args.out, "--out", folder_must_exist=True)
     if problem:
