@@ -36,7 +36,9 @@ class Trace:
 
     Raises:
         ValueError: columns of different lengths, no request, arrivals not finite, negative, unsorted or beyond
-            :data:`ARRIVAL_STEP_LIMIT` (the request named), a prompt or output < 1 token, or a bad prefix length.
+            :data:`ARRIVAL_STEP_LIMIT`, a prompt or output < 1 token, or a bad prefix length; the message names the
+            first request that has it by its index and value (``request 3: `arrival_step` 2 is before request 2's
+            5``), as :func:`read_trace` names a file's line.
     """
 
     arrival_step: np.ndarray
@@ -52,21 +54,20 @@ class Trace:
                 raise ValueError(f"`{name}` has {len(getattr(self, name))} entries, arrival_step has {n}")
         if n == 0:
             raise ValueError("a trace needs at least one request")
-        if not np.isfinite(self.arrival_step).all():
-            raise ValueError("`arrival_step` must be finite, got NaN or inf")
-        if np.any(np.diff(self.arrival_step) < 0) or self.arrival_step[0] < 0:
-            raise ValueError("`arrival_step` must be >= 0 and sorted")
+        problem = _arrival_problem(np.asarray(self.arrival_step))
+        if problem:
+            raise ValueError(problem)
         if self.arrival_step[-1] >= ARRIVAL_STEP_LIMIT:
             i = int(np.argmax(self.arrival_step >= ARRIVAL_STEP_LIMIT))
             raise ValueError(
                 f"request {i}: `arrival_step` {float(self.arrival_step[i]):g} must be below step 2**53 "
                 f"({ARRIVAL_STEP_LIMIT:,}), from which float64 times cannot tell consecutive steps apart"
             )
-        if self.prompt_tokens.min() < 1 or self.output_tokens.min() < 1:
-            raise ValueError(
-                f"prompt and output must be >= 1 token, got min prompt {int(self.prompt_tokens.min())}, "
-                f"min output {int(self.output_tokens.min())}"
-            )
+        for name in ("prompt_tokens", "output_tokens"):
+            tokens = getattr(self, name)
+            if tokens.min() < 1:
+                i = int(np.argmin(tokens))
+                raise ValueError(f"request {i}: `{name}` must be >= 1 token, got {int(tokens[i])}")
         bad = (self.prefix_tokens < 0) | (self.prefix_tokens > self.prompt_tokens)
         if bad.any():
             i = int(np.argmax(bad))
@@ -81,6 +82,29 @@ class Trace:
     def peak_kv_tokens(self) -> int:
         """Most KV slots one request ever holds: its prompt and every output token but the last."""
         return int((self.prompt_tokens + self.output_tokens).max()) - 1
+
+
+def _arrival_problem(arrival: np.ndarray) -> str | None:
+    """Why :class:`Trace` refuses ``arrival`` (``[n]`` engine steps), naming the first request that has it by its
+    index and value, as :func:`read_trace` names a file's line: not finite, below 0, or before the request ahead of
+    it (a trace is sorted by arrival); None when every arrival is fine."""
+    checks = (
+        (~np.isfinite(arrival), "must be a finite number of engine steps"),
+        (arrival < 0, "must be >= 0 (engine steps from the start of the trace)"),
+    )
+    for bad, rule in checks:
+        if bad.any():
+            i = int(np.argmax(bad))
+            return f"request {i}: `arrival_step` {rule}, got {number_text(float(arrival[i]))}"
+    back = np.flatnonzero(np.diff(arrival) < 0)
+    if len(back):
+        i = int(back[0]) + 1
+        return (
+            f"request {i}: `arrival_step` {number_text(float(arrival[i]))} is before request {i - 1}'s "
+            f"{number_text(float(arrival[i - 1]))}: a trace is sorted by arrival (order the requests by "
+            "`arrival_step`, as kvlab.paging.trace.read_trace does a file's rows)"
+        )
+    return None
 
 
 def poisson_trace(

@@ -92,3 +92,47 @@ def test_the_help_says_how_a_trace_is_replayed(capsys):
     with pytest.raises(SystemExit):
         main(["paging", "simulate", "--help"])
     assert "replayed by arrival time" in " ".join(capsys.readouterr().out.split())
+
+
+def _trace(arrival, prompt=None, output=None):
+    import numpy as np
+
+    from kvlab.paging.trace import Trace
+
+    n = len(arrival)
+    return Trace(
+        np.array(arrival, dtype=np.float64),
+        np.array(prompt or [100] * n),
+        np.array(output or [10] * n),
+        np.full(n, -1),
+        np.zeros(n, dtype=np.int64),
+    )
+
+
+@pytest.mark.parametrize(
+    "arrival, prompt, output, message",
+    [
+        ([0, 1, 5, 2, 1], None, None, "request 3: `arrival_step` 2 is before request 2's 5: a trace is sorted by "
+         "arrival"),
+        ([0, 1.5, 1.25], None, None, "request 2: `arrival_step` 1.25 is before request 1's 1.5"),
+        ([0, -1, -2], None, None, "request 1: `arrival_step` must be >= 0 (engine steps from the start of the "
+         "trace), got -1"),
+        ([-0.5, 1], None, None, "request 0: `arrival_step` must be >= 0"),
+        ([0, 1, float("nan")], None, None, "request 2: `arrival_step` must be a finite number of engine steps, got "
+         "nan"),
+        ([0, float("inf")], None, None, "request 1: `arrival_step` must be a finite number of engine steps, got inf"),
+        ([0, 1, 2], [100, 0, 5], None, "request 1: `prompt_tokens` must be >= 1 token, got 0"),
+        ([0, 1, 2], None, [10, 10, -3], "request 2: `output_tokens` must be >= 1 token, got -3"),
+    ],
+)
+def test_the_trace_class_names_the_request_it_refuses_and_its_value(arrival, prompt, output, message):
+    """The library class refused "`arrival_step` must be >= 0 and sorted" and "got min prompt 0": which request
+    of a million, and what value, was left to the caller. It names the request's index and value, as the CSV
+    reader names a file's line."""
+    with pytest.raises(ValueError) as info:
+        _trace(arrival, prompt, output)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_a_sorted_trace_with_equal_arrivals_is_taken():
+    assert len(_trace([0, 0, 1.5, 1.5, 7])) == 5
