@@ -21,12 +21,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kvlab.eval.decision import preference
 from kvlab.eval.decision_words import (
     GATE_NAMES,
+    alternative_line,
     bundled_model_note,
     decision_rule,
     decision_text,
-    faster_alternative,
     gate_names,
     no_candidate_advice,
 )
@@ -403,10 +404,11 @@ def _decision_block(summary: Any, result: Mapping[str, Any] | None = None) -> st
     advice = no_candidate_advice(dict(result, summary=summary)) if isinstance(result, Mapping) else None
     notes = f"<p>{html.escape(advice)}</p>" if advice else ""
     notes += "".join(f'<div class="warning">warning: {html.escape(w)}</div>' for w in warnings)
-    rule = decision_rule(summary) if isinstance(summary, Mapping) else None
+    prefer = preference(dict(result)) if isinstance(result, Mapping) else "memory"
+    rule = decision_rule(summary, prefer) if isinstance(summary, Mapping) else None
     notes += f'<p class="muted">({html.escape(rule)})</p>' if rule else ""
-    faster = faster_alternative(dict(result, summary=summary)) if isinstance(result, Mapping) else None
-    notes += f"<p>{html.escape(faster)}</p>" if faster else ""
+    other = alternative_line(dict(result, summary=summary)) if isinstance(result, Mapping) else None
+    notes += f"<p>{html.escape(other)}</p>" if other else ""
     shown = decision_text(summary) if isinstance(summary, Mapping) else _fmt(name)  # words, not the file's token
     return f'<div class="{css}">Decision: <b>{html.escape(shown)}</b>{rests}</div>{notes}{detail}'
 

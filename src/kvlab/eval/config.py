@@ -19,6 +19,12 @@ PROMPT_MODES = ("heldout", "repeat")
 CPU_MATMUL_MODES = ("auto", "native", "float32")
 # the quantization chapter's prompt, which its repeated-prompt mode tiles to the target length
 SEED_PROMPT = "Explain why KV Cache grows with context length."
+# how kvlab eval selects among the capacity rows that pass every gate (kvlab.eval.decision.decide, docs/EVAL.md):
+# "memory" the row saving the most cache bytes; "latency" the lowest latency ratio at the context "memory" selects
+PREFERENCES = ("memory", "latency")
+# settings added after result files were first written, with the value a file without them was decided under
+# (EvalConfig.from_dict fills them in: an older file reads as it was run)
+LATER_SETTINGS = {"prefer": "memory"}
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
@@ -138,6 +144,10 @@ class EvalConfig:
         retrieval_contexts: capacity contexts that get the passkey grid; ``None`` = the smallest capacity
             context (the passkey prefill is ``len(passkey_depths) * passkey_trials`` prompts per context and
             every candidate quantizes all of them: the largest cost of the run), ``()`` = none.
+        gates: the acceptance thresholds (:class:`Gates`).
+        prefer: how the decision selects among the rows that pass every gate (:data:`PREFERENCES`): ``"memory"``
+            the most cache bytes saved, ``"latency"`` the lowest latency ratio at the context ``"memory"`` selects
+            (:func:`kvlab.eval.decision.decide`).
     """
 
     model: str | None = None
@@ -173,6 +183,7 @@ class EvalConfig:
     passkey_depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
     retrieval_contexts: tuple[int, ...] | None = None
     gates: Gates = field(default_factory=Gates)
+    prefer: str = "memory"
 
     def _check_run_settings(self) -> None:
         """``seed`` (0 .. 2**64 - 1, as ``kvlab tasks --seed`` and paging's: torch.manual_seed's non-negative range)
@@ -284,6 +295,8 @@ class EvalConfig:
                 f"`cpu_matmul` 'float32' applies to a CPU run, got device {self.device!r} (a GPU multiplies "
                 f"bf16/fp16 natively): use 'auto' or 'native'"
             )
+        if self.prefer not in PREFERENCES:
+            raise ValueError(f"`prefer` must be one of {list(PREFERENCES)}, got {self.prefer!r}")
         if self.prompt_mode not in PROMPT_MODES:
             raise ValueError(f"`prompt_mode` must be one of {list(PROMPT_MODES)}, got {self.prompt_mode!r}")
         from kvlab.eval.candidates import check_candidate_names  # local: candidates imports torch
@@ -299,7 +312,8 @@ class EvalConfig:
     @classmethod
     def from_dict(cls, settings: object) -> EvalConfig:
         """The config whose :meth:`to_dict` is ``settings`` (a result's ``settings``, read back from JSON: lists
-        become tuples again, ``gates`` a :class:`Gates`); every setting must be there, and no other key.
+        become tuples again, ``gates`` a :class:`Gates`); every setting must be there, and no other key, except a
+        setting of :data:`LATER_SETTINGS` (added since), which a file without it reads at the value it ran under.
 
         Raises:
             ValueError: ``settings`` is not an object, lacks a setting or holds a key that is none (a file of
@@ -307,6 +321,7 @@ class EvalConfig:
         """
         if not isinstance(settings, dict) or not isinstance(settings.get("gates"), dict):
             raise ValueError("settings must be an object with a `gates` object")
+        settings = {**LATER_SETTINGS, **settings}
         for kind, names, given in (
             ("settings", [f.name for f in fields(cls)], settings),
             ("gates", [f.name for f in fields(Gates)], settings["gates"]),

@@ -2,16 +2,17 @@
 rows (the JSON form of :class:`kvlab.eval.records.Row`, as written or read back from a file), no torch.
 
 A candidate row is judged against the acceptance gates (:func:`apply_gates`, :func:`long_context_gates`); among the
-capacity rows that pass every gate and save memory, :func:`decide` selects the one saving the most cache bytes
-(docs/EVAL.md); :func:`summarize` adds the onset and crossover contexts and every warning a reader needs next to
-the decision (busy machine, weak baseline, probes that did not fit, an evicting cache that dropped nothing, an
+capacity rows that pass every gate and save memory, :func:`decide` selects the one saving the most cache bytes, or
+with ``--prefer latency`` the one with the lowest latency ratio at that row's context (docs/EVAL.md);
+:func:`summarize` adds the onset and crossover contexts and every warning a reader needs next to the decision (busy
+machine, weak baseline, probes that did not fit, an evicting cache that dropped nothing, an
 emulated dtype, candidates that failed everywhere).
 """
 
 from __future__ import annotations
 
 from kvlab.caches.registry import REGISTRY
-from kvlab.eval.config import Gates
+from kvlab.eval.config import LATER_SETTINGS, PREFERENCES, Gates
 from kvlab.eval.twins import integer_path_summary
 from kvlab.runtime.dtype_speed import SLOW_DTYPE_RATIO
 
@@ -95,28 +96,37 @@ def long_context_gates(row: dict, gates: Gates) -> dict[str, bool]:
     return out
 
 
-def decide(rows: list[dict]) -> tuple[dict | None, str]:
+def decide(rows: list[dict], prefer: str = "memory") -> tuple[dict | None, str]:
     """The decision over gated candidate rows (docs/EVAL.md).
 
-    Among the rows with ``eligible`` true (every gate of :func:`apply_gates` passed), select the one that saves
-    the most cache bytes. Rows saving within :data:`BYTE_TIE` (1 %) of the most are a tie (``fp8-e5m2-unscaled``
-    saves an FP8 cache's 64 B of scales more than ``fp8-e4m3`` and once won on them with 14x its KL); a tie goes to
-    the lower mean KL to the float cache (``kl_mean``, nats: caches of the same size, e.g. ``fp8-e4m3`` and
-    ``fp8-e4m3-hadamard``, differ in quality, and one timed round's latency noise once picked the one 4.6x further
-    from the float model), then to the lower latency ratio, then to the more bytes saved, then to the earlier row.
+    ``prefer="memory"`` (``kvlab eval --prefer memory``, the default): among the rows with ``eligible`` true
+    (every gate of :func:`apply_gates` passed), select the one that saves the most cache bytes. Rows saving within
+    :data:`BYTE_TIE` (1 %) of the most are a tie (``fp8-e5m2-unscaled`` saves an FP8 cache's 64 B of scales more
+    than ``fp8-e4m3`` and once won on them with 14x its KL); a tie goes to the lower mean KL to the float cache
+    (``kl_mean``, nats: caches of the same size, e.g. ``fp8-e4m3`` and ``fp8-e4m3-hadamard``, differ in quality,
+    and one timed round's latency noise once picked the one 4.6x further from the float model), then to the lower
+    latency ratio, then to the more bytes saved, then to the earlier row.
+
+    ``prefer="latency"`` (for a server that weighs time per output token over memory): the context is the one the
+    memory rule selects (the selected row's ``context_length``); among the eligible rows at that context, the
+    lowest latency ratio (median ``generate()`` time, candidate / float cache), a tie going to the more bytes
+    saved, then to the earlier row.
 
     Args:
         rows: candidate rows (the baseline and window-matrix rows are the caller's to leave out), each with
             ``eligible``; eligible rows also need ``cache_bytes_saved`` (bytes), ``latency_ratio``, ``candidate``
             and ``context_length`` (tokens).
+        prefer: one of :data:`kvlab.eval.config.PREFERENCES` (a result's :func:`preference`).
 
     Returns:
         ``(selected_row, decision)``: ``(row, "accept <candidate> at context <context_length>")``, or
         ``(None, "tune_cache_policy")`` when no row is eligible.
 
     Raises:
-        ValueError: a row has no ``eligible`` field (it was never gated).
+        ValueError: a row has no ``eligible`` field (it was never gated), or ``prefer`` is not a preference.
     """
+    if prefer not in PREFERENCES:
+        raise ValueError(f"`prefer` must be one of {list(PREFERENCES)}, got {prefer!r}")
     ungated = [i for i, r in enumerate(rows) if "eligible" not in r]
     if ungated:
         raise ValueError(
@@ -128,7 +138,24 @@ def decide(rows: list[dict]) -> tuple[dict | None, str]:
     most = max(r["cache_bytes_saved"] for r in eligible)
     tied = [r for r in eligible if r["cache_bytes_saved"] >= most - BYTE_TIE * abs(most)]
     selected = max(tied, key=lambda r: (-_kl_or_inf(r), -r["latency_ratio"], r["cache_bytes_saved"]))
+    if prefer == "latency":  # min keeps the earlier of rows equal in latency and bytes
+        here = [r for r in eligible if r["context_length"] == selected["context_length"]]
+        selected = min(here, key=lambda r: (r["latency_ratio"], -r["cache_bytes_saved"]))
     return selected, f"accept {selected['candidate']} at context {selected['context_length']}"
+
+
+def preference(result: dict) -> str:
+    """The selection rule a result was decided under: its ``settings.prefer`` (``kvlab eval --prefer``), or
+    ``"memory"`` where the file has none (written before the setting: the rule it ran under).
+
+    Raises:
+        ValueError: ``settings.prefer`` is not one of :data:`kvlab.eval.config.PREFERENCES` (naming it).
+    """
+    settings = result.get("settings") if isinstance(result, dict) else None
+    prefer = (settings if isinstance(settings, dict) else {}).get("prefer", LATER_SETTINGS["prefer"])
+    if prefer not in PREFERENCES:
+        raise ValueError(f"settings.prefer must be one of {list(PREFERENCES)}, got {prefer!r}")
+    return prefer
 
 
 def _kl_or_inf(row: dict) -> float:
@@ -155,7 +182,8 @@ SELECTED_KEYS = (
 
 
 def summarize(result: dict) -> dict:
-    """Onset, eligible crossover, selected candidate and decision (docs/EVAL.md), from capacity rows.
+    """Onset, eligible crossover, selected candidate and decision (docs/EVAL.md), from capacity rows, under the
+    result's selection rule (:func:`preference`: ``settings.prefer``, memory when absent).
 
     Only capacity-matrix rows of non-baseline candidates count; the residual-window matrix is a diagnostic.
 
@@ -179,11 +207,12 @@ def summarize(result: dict) -> dict:
         (:func:`kvlab.eval.twins.integer_path_summary`), absent otherwise.
 
     Raises:
-        ValueError: from :func:`decide`, a capacity candidate row that was never gated.
+        ValueError: from :func:`decide`, a capacity candidate row that was never gated; from :func:`preference`, an
+            unknown ``settings.prefer``.
     """
     rows = [r for r in result["rows"] if r["matrix"] == "capacity" and r["candidate"] != "dynamic"]
     rows.sort(key=lambda r: r["context_length"])
-    selected, decision = decide(rows)
+    selected, decision = decide(rows, preference(result))
     per_candidate = {}
     for name in sorted({r["candidate"] for r in rows}):
         mine = [r for r in rows if r["candidate"] == name]

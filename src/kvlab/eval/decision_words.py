@@ -4,32 +4,45 @@ is built from the result dict alone; no torch, no rich."""
 
 from __future__ import annotations
 
-from kvlab.eval.decision import BYTE_TIE
+from kvlab.eval.decision import BYTE_TIE, preference
 
 
-def decision_rule(summary: dict) -> str | None:
-    """How :func:`kvlab.eval.decision.decide` chose among several eligible rows, in words (None for one or none)."""
+def decision_rule(summary: dict, prefer: str = "memory") -> str | None:
+    """How :func:`kvlab.eval.decision.decide` chose among several eligible rows under the rule ``prefer``
+    (:func:`kvlab.eval.decision.preference` of the result), in words: None for one eligible row or none, and with
+    ``"latency"`` for one eligible row at the selected context (its rows counted from the summary's
+    ``per_candidate`` ``eligible_contexts``)."""
     n = summary.get("eligible_candidate_count", 0) if isinstance(summary, dict) else 0
-    if n <= 1 or not summary.get("selected_candidate"):
+    sel = summary.get("selected_candidate") if isinstance(summary, dict) else None
+    if n <= 1 or not sel:
         return None
+    if prefer == "latency":
+        context = sel.get("context_length") if isinstance(sel, dict) else None
+        here = sum(
+            1 for c in (summary.get("per_candidate") or {}).values()
+            if isinstance(c, dict) and context in (c.get("eligible_contexts") or ())
+        )
+        if here <= 1:
+            return None
+        return (
+            f"the rule: of the {here} rows that pass every gate at context {context:,} (the context of the row "
+            "saving the most cache bytes), the one with the lowest latency ratio (--prefer latency); a tie goes to "
+            "the more bytes saved"
+        )
     return (
-        f"the rule: of the {n} rows that pass every gate, the one saving the most cache bytes; rows within "
-        f"{BYTE_TIE:.0%} of those bytes tie, and a tie goes to the lower KL mean, then to the lower latency ratio"
+        f"the rule: of the {n} rows that pass every gate, the one saving the most cache bytes (--prefer memory); "
+        f"rows within {BYTE_TIE:.0%} of those bytes tie, and a tie goes to the lower KL mean, then to the lower "
+        "latency ratio"
     )
 
 
-# an eligible row at the selected context this much faster (latency ratio) than the selected one is worth naming
-FASTER = 0.9
-
-
-def faster_alternative(result: dict) -> str | None:
-    """Where the rule picked a row that is slower than another eligible row at the same context (latency ratio at
-    most :data:`FASTER` x the selected one's), that row and the flag that would require it: the rule maximises bytes
-    saved, and an engineer serving traffic may weigh the latency (a new user asked). None otherwise."""
+def _rivals(result: dict) -> tuple[dict | None, list[dict]]:
+    """The summary's selected row and the other eligible capacity rows at its context (each with a latency ratio
+    and a cache-bytes ratio); ``(None, [])`` where nothing was selected or the selection lacks a latency ratio."""
     summary = result.get("summary") if isinstance(result, dict) else None
     sel = summary.get("selected_candidate") if isinstance(summary, dict) else None
     if not isinstance(sel, dict) or not isinstance(sel.get("latency_ratio"), (int, float)):
-        return None
+        return None, []
     rows = [
         r
         for r in result.get("rows", [])
@@ -37,18 +50,62 @@ def faster_alternative(result: dict) -> str | None:
         and r.get("context_length") == sel.get("context_length") and r.get("candidate") != sel.get("candidate")
         and isinstance(r.get("latency_ratio"), (int, float)) and isinstance(r.get("cache_bytes_ratio"), (int, float))
     ]
-    if not rows:
+    return sel, rows
+
+
+def _versus(row: dict, sel: dict) -> str:
+    """``<candidate>, cache 0.303x dynamic at 1.33x latency (selected <candidate>: 0.250x at 1.50x)``."""
+    return (
+        f"{row['candidate']}, cache {row['cache_bytes_ratio']:.3f}x dynamic at {row['latency_ratio']:.2f}x latency "
+        f"(selected {sel['candidate']}: {sel.get('cache_bytes_ratio', float('nan')):.3f}x at "
+        f"{sel['latency_ratio']:.2f}x)"
+    )
+
+
+# an eligible row at the selected context this much faster (latency ratio) than the selected one is worth naming
+FASTER = 0.9
+# ... and, under --prefer latency, one whose cache is this much smaller (cache-bytes ratio) than the selected one's
+SMALLER = 0.9
+
+
+def faster_alternative(result: dict) -> str | None:
+    """Where the memory rule (``--prefer memory``) picked a row that is slower than another eligible row at the
+    same context (latency ratio at most :data:`FASTER` x the selected one's), that row and the flags that would
+    pick it or require it: the rule maximises bytes saved, and an engineer serving traffic may weigh the latency (a
+    new user asked). None otherwise, and always under ``--prefer latency`` (its selection is the fastest)."""
+    sel, rows = _rivals(result)
+    if not rows or preference(result) != "memory":
         return None
     fast = min(rows, key=lambda r: r["latency_ratio"])
-    if fast["latency_ratio"] > FASTER * sel["latency_ratio"]:
+    if fast["latency_ratio"] >= sel["latency_ratio"] or fast["latency_ratio"] > FASTER * sel["latency_ratio"]:
         return None
     return (
-        f"faster and eligible at {sel['context_length']:,}: {fast['candidate']}, cache "
-        f"{fast['cache_bytes_ratio']:.3f}x dynamic at {fast['latency_ratio']:.2f}x latency (selected "
-        f"{sel['candidate']}: {sel.get('cache_bytes_ratio', float('nan')):.3f}x at {sel['latency_ratio']:.2f}x); "
-        "the rule maximises bytes saved; --max-latency-ratio N leaves out rows slower than N x dynamic (1.0: no "
-        "slowdown)"
+        f"faster and eligible at {sel['context_length']:,}: {_versus(fast, sel)}; the rule maximises bytes saved "
+        "(--prefer latency selects the fastest eligible row at this context); --max-latency-ratio N leaves out "
+        "rows slower than N x dynamic (1.0: no slowdown)"
     )
+
+
+def smaller_alternative(result: dict) -> str | None:
+    """Where the latency rule (``--prefer latency``) picked a row whose cache is larger than another eligible
+    row's at the same context (cache-bytes ratio at most :data:`SMALLER` x the selected one's), that row and the
+    flag that would pick it. None otherwise, and always under ``--prefer memory`` (its selection saves the most)."""
+    sel, rows = _rivals(result)
+    if not rows or preference(result) != "latency" or not isinstance(sel.get("cache_bytes_ratio"), (int, float)):
+        return None
+    small = min(rows, key=lambda r: r["cache_bytes_ratio"])
+    if small["cache_bytes_ratio"] > SMALLER * sel["cache_bytes_ratio"]:
+        return None
+    return (
+        f"smaller and eligible at {sel['context_length']:,}: {_versus(small, sel)}; the rule (--prefer latency) "
+        "selects the lowest latency ratio; --prefer memory selects the row saving the most cache bytes"
+    )
+
+
+def alternative_line(result: dict) -> str | None:
+    """The eligible row the other rule would weigh, as the reports print it next to the decision:
+    :func:`faster_alternative` under ``--prefer memory``, :func:`smaller_alternative` under ``--prefer latency``."""
+    return faster_alternative(result) or smaller_alternative(result)
 
 
 def fp8_range_lines(result: dict) -> list[str]:

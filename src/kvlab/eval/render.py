@@ -6,12 +6,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from kvlab.eval.decision import UNSTABLE_TIMING_SPREAD
+from kvlab.eval.decision import UNSTABLE_TIMING_SPREAD, preference
 from kvlab.eval.decision_words import (
+    alternative_line,
     bundled_model_note,
     decision_rule,
     decision_text,
-    faster_alternative,
     first_context_text,
     fp8_range_lines,
     gate_names,
@@ -370,9 +370,15 @@ def _print_header(result: dict, console: Console) -> None:
     )
     console.print(f"{versions}, {_device_words(result, hw)}{threads}")
     g = result["gates"]
+    rule = (  # the default rule (most bytes saved) is told beside the decision; the other one here too
+        "; selection (--prefer latency): the lowest latency ratio of the eligible rows at the context of the one "
+        "saving the most cache bytes"
+        if preference(result) == "latency"
+        else ""
+    )
     console.print(
         f"gates: ΔNLL ≤ {g['max_nll_delta']}, top-k overlap ≥ {g['min_topk_overlap']}, "
-        f"latency ratio ≤ {g['max_latency_ratio']}; memory = exact cache bytes vs DynamicCache"
+        f"latency ratio ≤ {g['max_latency_ratio']}; memory = exact cache bytes vs DynamicCache{rule}"
     )
     if "max_kl_mean" in g and (result.get("settings") or {}).get("long_context") is False:
         console.print(  # --no-long-context: no recall or passkey column to judge, only the KL
@@ -443,12 +449,12 @@ def _print_decision(result: dict, s: dict, console: Console) -> None:
     advice = no_candidate_advice(result)
     if advice:
         console.print(f"  {advice}", markup=False)
-    rule = decision_rule(s)
+    rule = decision_rule(s, preference(result))
     if rule:
         console.print(f"  ({rule})")
-    faster = faster_alternative(result)
-    if faster:
-        console.print(f"  {faster}", markup=False)
+    other = alternative_line(result)  # the eligible row the other --prefer would weigh
+    if other:
+        console.print(f"  {other}", markup=False)
     if s.get("latency_trusted") is False:
         console.print("[yellow]latency: not trusted (the machine was busy while timing; see the warning)[/]")
     if s.get("latency_warning"):

@@ -6,6 +6,8 @@ A result is one JSON object::
     label, status   status in {"planned", "dry_run", "running", "complete", "partial", "failed"}
     created_utc, command, settings (EvalConfig), gates {max_nll_delta, min_topk_overlap, max_latency_ratio,
                     max_recall_drop, max_passkey_drop, max_kl_mean}  (the last three absent in older files)
+                    settings.prefer: "memory" | "latency", the rule the decision selected by (absent in older
+                    files: memory)
     candidates      [{name, family, nbits?, group_size?, residual_length?, available, skip_reason}]
     plan            [{matrix, candidate, context_length, new_tokens, residual_length, group_size}]
     provenance      {software, hardware {..., cpu_capability, matmul_time_ratio_vs_float32, cpu_matmul (float32 |
@@ -470,6 +472,16 @@ def _gates_problems(gates: dict) -> list[str]:
     return problems
 
 
+def _prefer_problems(settings: object) -> list[str]:
+    """``settings.prefer``, the rule the decision selected by (``kvlab eval --prefer``): one of
+    :data:`kvlab.eval.config.PREFERENCES`, or absent (a file written before it: the memory rule)."""
+    from kvlab.eval.config import PREFERENCES
+
+    if not isinstance(settings, dict) or "prefer" not in settings or settings["prefer"] in PREFERENCES:
+        return []
+    return [f"settings.prefer: {_show(settings['prefer'])} not in {json.dumps(list(PREFERENCES))}"]
+
+
 def validate_result(result: object) -> list[str]:
     """Problems found in a result object (empty list = valid), each ``"<where>: <what>"`` naming the field's
     path and its value. Never raises on bad content: every field ``kvlab report`` (text or HTML) and ``kvlab
@@ -500,6 +512,7 @@ def validate_result(result: object) -> list[str]:
     ):
         _check(problems, key, result[key], kind)
     _check(problems, "elapsed_s", result.get("elapsed_s"), "number >= 0 or null")
+    problems += _prefer_problems(result["settings"])
     _check(problems, "command", result.get("command"), "list or null")  # the report looks for --quick in it
     if isinstance(result["provenance"], dict):
         for key in ("model", "software", "hardware"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from kvlab.eval.config import QUICK_SETTINGS, EvalConfig, Gates
+from kvlab.eval.config import PREFERENCES, QUICK_SETTINGS, EvalConfig, Gates
 from kvlab.runtime.checks import float_list, int_flag, int_list, parse_list
 from kvlab.runtime.dtype_names import MODEL_DTYPES
 
@@ -198,13 +198,23 @@ def _add_window_and_timing_flags(p) -> None:
 
 
 def _add_gate_flags(p) -> None:
-    """Acceptance gates (docs/EVAL.md: quality, latency, memory and the long-context gates)."""
+    """Acceptance gates (docs/EVAL.md: quality, latency, memory and the long-context gates) and the rule that selects
+    among the rows passing them (--prefer)."""
     _gate_flag(p, "--max-nll-delta", "gate")
     _gate_flag(p, "--min-topk-overlap", "gate")
     _gate_flag(p, "--max-latency-ratio", "gate")
     _gate_flag(p, "--max-recall-drop", "gate: copy accuracy lost vs DynamicCache at the worst distance")
     _gate_flag(p, "--max-passkey-drop", "gate: passkey accuracy lost vs DynamicCache, mean over depths")
     _gate_flag(p, "--max-kl-mean", "gate: mean KL(DynamicCache || candidate) on the continuation, nats")
+    p.add_argument(
+        "--prefer",
+        choices=PREFERENCES,
+        default=None,
+        help="how the decision selects among the capacity rows that pass every gate: memory, the one saving the "
+        "most cache bytes; latency, the lowest latency ratio (time per output token vs DynamicCache) among those "
+        "at the context memory selects, a tie going to the more bytes saved (default "
+        f"{_default('prefer')}; recorded in the result's settings, which kvlab report reads)",
+    )
 
 
 def _add_long_context_flags(p) -> None:

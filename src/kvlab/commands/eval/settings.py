@@ -37,6 +37,7 @@ _FIELDS = {
     "recall_rows": "recall_rows",
     "recall_fractions": "recall_fractions",
     "recall_span": "recall_span_tokens",
+    "prefer": "prefer",
 }
 
 
