@@ -13,7 +13,9 @@ compared: max absolute error and relative error (max abs error / max |reference 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -21,6 +23,7 @@ import torch
 from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.caches.registry import cache_names, make_cache, resolve
 from kvlab.lab import longrun
+from kvlab.lab.estimate import PROBE_STEPS, estimate_line, fit_estimate, probe_sizes, time_probe
 from kvlab.lab.longrun import Progress, spans, text_config
 from kvlab.runtime import provenance
 from kvlab.runtime.hf_api import cache_kwarg
@@ -286,6 +289,7 @@ def run_real_check(
     device: str = "cpu",
     progress: Progress | None = None,
     notify: Progress | None = None,
+    note: Progress | None = None,
 ) -> dict:
     """:func:`check_exact_caches` on a real model (``None``: the bundled reference model) loaded with
     ``kvlab.models.load_model``, over ``batch`` consecutive cuts of ``tokens`` tokens of the bundled held-out text
@@ -294,8 +298,10 @@ def run_real_check(
     Before any forward, once the model is loaded: ``tokens`` past its ``max_position_embeddings`` is warned about
     (``notify`` gets the line; it is also the result's ``warnings``), not refused (the caches stay exact there;
     as in ``kvlab eval``), a size whose :func:`peak_bytes` exceed the available memory is refused, and a
-    reference forward too long to be one short step is warned about (:func:`long_forward_warning`).
-    ``progress`` is called as each step starts: the load, then :func:`check_steps`.
+    reference forward too long to be one short step is warned about (:func:`long_forward_warning`). A check of
+    more than :data:`ESTIMATE_TOKENS` tokens then times a few short forwards of its own sequence and says (``note``
+    gets the line) how long it will run (:func:`estimate_wall_time`; the result's ``estimate``). ``progress`` is
+    called as each step starts: the load, then the :func:`real_check_steps`.
 
     Raises:
         ValueError: ``tokens`` or ``batch`` < 1, a size the machine's available memory cannot hold (the message
@@ -326,10 +332,56 @@ def run_real_check(
     warnings = [w for w in (warning, long_forward) if w]
     rows = [heldout_token_ids(tokenizer, tokens, offset=b * tokens) for b in range(batch)]
     input_ids = torch.tensor(rows, dtype=torch.long, device=device)  # [batch, tokens]
+    estimate = estimate_wall_time(lm, input_ids, report, note) if estimating(tokens) else None
+    start = time.perf_counter()
     result = check_exact_caches(lm, input_ids, progress=report)
+    if estimate is not None:  # what the check then took, beside what was estimated
+        result["estimate"] = {**estimate, "measured_s": time.perf_counter() - start}
     result["model"] = "bundled reference model" if model is None else str(model)
     result["warnings"] = warnings
     return result
+
+
+# a check of more tokens than this gets a wall-time estimate before it starts (as long a reference forward is warned
+# about: past it, the check runs for minutes)
+ESTIMATE_TOKENS = 4096
+
+
+def estimating(tokens: int) -> bool:
+    """Whether a check of ``tokens`` tokens is timed for an estimate first: more than :data:`ESTIMATE_TOKENS`
+    and long enough for two probe contexts (:func:`kvlab.lab.estimate.probe_sizes`)."""
+    return tokens > ESTIMATE_TOKENS and probe_sizes(tokens) is not None
+
+
+def real_check_steps(tokens: int) -> int:
+    """Steps :func:`run_real_check` reports after loading: the estimate's probe where :func:`estimating`, then
+    :func:`check_steps`."""
+    return int(estimating(tokens)) + check_steps(tokens)
+
+
+def estimate_wall_time(
+    lm: Any, input_ids: torch.Tensor, progress: Progress, note: Progress | None = None
+) -> dict:
+    """Time the probe of :func:`kvlab.lab.estimate.time_probe` on the check's own ``lm`` and ``input_ids
+    [batch, tokens]`` (one ``progress`` step), extrapolate to the whole check of :data:`EXACT_CACHES`
+    (:func:`kvlab.lab.estimate.fit_estimate`) and give ``note`` its one line.
+
+    Returns:
+        :func:`~kvlab.lab.estimate.fit_estimate`'s dict, with the probe's timings (``probe``).
+    """
+    tokens = input_ids.shape[1]
+    sizes = probe_sizes(tokens)
+    progress(
+        f"timing forwards of {sizes[0]:,} and {sizes[1]:,} tokens and {PROBE_STEPS} decode steps after each, for "
+        f"a wall-time estimate"
+    )
+    probe = time_probe(lm, input_ids, sizes)
+    estimate = fit_estimate(
+        probe, tokens=tokens, prefill_tokens=default_prefill(tokens), caches=len(EXACT_CACHES)
+    )
+    if note is not None:
+        note(estimate_line(estimate, probe, tokens=tokens, caches=len(EXACT_CACHES)))
+    return {**estimate, "probe": asdict(probe)}
 
 
 # a reference forward longer than this is one silent step of the run: it is said before it starts

@@ -40,6 +40,12 @@ def warn(console, message: str) -> None:
     console.print(f"warning: {message}", style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
+def note(console, message: str) -> None:
+    """One ``note: ...`` line on ``console`` (stderr), printed as it comes: information about the work that follows
+    (a wall-time estimate), not a warning."""
+    console.print(f"note: {message}", markup=False, highlight=False, soft_wrap=True)
+
+
 def value_table(title: str, label: str, rows: list[tuple[str, str]]):
     """A rich table titled ``title`` with one row per ``(name, value)`` of ``rows``: the names under ``label``,
     the values right-justified under ``value``."""

@@ -11,6 +11,7 @@ from kvlab.commands.lab.common import (
     check_model_flags,
     finish,
     flag_names,
+    note,
     print_warnings,
     value_table,
     warn,
@@ -153,10 +154,11 @@ def _run(args: argparse.Namespace) -> int:
 def _run_real(args: argparse.Namespace) -> int:
     """``kvlab lab --real``: one progress step per load, reference forward and span of decoded tokens; a warning
     for --tokens past the model's positions and a refusal (exit 2) for a size the available memory cannot hold,
-    both before any decoding."""
+    both before any decoding; for a long check, a ``note:`` line with its wall time estimated from timings taken
+    in the run (:func:`kvlab.lab.exactness.estimate_wall_time`)."""
     from rich.console import Console
 
-    from kvlab.lab.exactness import check_steps, run_real_check
+    from kvlab.lab.exactness import real_check_steps, run_real_check
     from kvlab.models import ModelLoadError
 
     err = Console(stderr=True)
@@ -164,7 +166,7 @@ def _run_real(args: argparse.Namespace) -> int:
         if args.tokens < 1 or args.batch < 1:
             raise ValueError(f"`tokens` and `batch` must be >= 1, got {args.tokens!r} and {args.batch!r}")
         check_model_flags(args)
-        with progress(err, 1 + check_steps(args.tokens), "kvlab lab --real") as bar:
+        with progress(err, 1 + real_check_steps(args.tokens), "kvlab lab --real") as bar:
             result = run_real_check(
                 args.model,
                 dtype=args.dtype,
@@ -172,6 +174,7 @@ def _run_real(args: argparse.Namespace) -> int:
                 batch=args.batch,
                 progress=bar.start,
                 notify=lambda msg: warn(err, flag_names(msg, REAL_FLAGS)),
+                note=lambda msg: note(err, msg),  # the wall-time estimate of a long check
             )
     except (ValueError, OSError) as exc:  # a damaged model folder as it is (fail() names --model)
         return fail(args, exc if isinstance(exc, ModelLoadError) else flag_names(exc, REAL_FLAGS))
