@@ -1,7 +1,9 @@
 """A number copied from kvlab's output pastes back into a command: every one-integer flag reads ``6,000`` (as kvlab
 prints numbers), ``6_000`` and ``6000`` alike (``kvlab plan llama-3-8b --context 6,000`` was "invalid int value"),
 and a value a refusal suggests typing is printed plain (``pass --context 8192 or less``), so it also pastes into a
-comma-separated list flag and into vLLM. Each suggestion below comes from a real refusal and is pasted back."""
+comma-separated list flag and into vLLM; a list flag's value a refusal echoes (``--contexts 99999999 with ...``)
+is printed plain too, so it pastes back as one item. Each suggestion below comes from a real refusal and is
+pasted back."""
 
 from __future__ import annotations
 
@@ -97,3 +99,65 @@ def test_a_bad_grouping_is_refused_naming_the_flag_and_the_value(capsys):
         assert exc.value.code == 2
         last = capsys.readouterr().err.splitlines()[-1]
         assert f"error: argument {flag}: expected a whole number, got '{value}': commas must group" in last, last
+
+
+# ── a value echoed beside a comma-list flag is one item ───────────────────────────────────────────────────────────
+
+
+def _flag_type(command: str, flag: str):
+    """The argparse ``type`` of ``flag`` of ``command`` (``"kvlab bench decode"``, ``"--contexts"``)."""
+    types = [a.type for name, a in _flags(build_parser()) if name == command and flag in a.option_strings]
+    assert len(types) == 1, (command, flag, types)
+    return types[0]
+
+
+def _pastes_back_as_one_item(command: str, flag: str, echoed: str, bad: int) -> None:
+    """``echoed``, read by ``flag``'s own type (a comma list), is one item equal to ``bad``: ``99,999,999`` was
+    read as the three contexts 99, 999 and 999 (or refused as 'given twice')."""
+    assert list(_flag_type(command, flag)(echoed)) == [bad], (command, flag, echoed)
+
+
+def _tiny_eval(monkeypatch, tmp_path, contexts: str, *more: str) -> list[str]:
+    """A ``kvlab eval`` argv on a tiny Qwen2 (loaded by a monkeypatched ``load_model``; 512 positions)."""
+    from tests.conftest import make_tiny_qwen2
+    from tests.unit.eval.test_eval_unit import CharTokenizer
+
+    model = make_tiny_qwen2(head_dim=16, max_positions=512)
+    monkeypatch.setattr("kvlab.models.load_model", lambda *a, **k: (model, CharTokenizer()))
+    return [
+        "eval", "--candidates", "dynamic,kivi-2", "--contexts", contexts, "--new-tokens", "6", "--residual", "16",
+        "--group-size", "16", "--window-residuals", "none", "--warmup", "0", "--repeat", "1", "--quality-tokens",
+        "4", "--out-dir", str(tmp_path), *more,
+    ]  # fmt: skip
+
+
+BAD = 99_999_999
+
+
+def test_eval_echoes_a_context_past_the_heldout_text_as_one_item(monkeypatch, tmp_path, capsys):
+    err = _refusal(capsys, _tiny_eval(monkeypatch, tmp_path, f"40,{BAD}", "--label", "long"))
+    echoed = re.search(r"`contexts` \(--contexts\) (\S+) is longer than the held-out text", err)
+    assert echoed, err
+    _pastes_back_as_one_item("kvlab eval", "--contexts", echoed.group(1), BAD)
+
+
+def test_eval_echoes_a_context_too_large_for_memory_as_one_item(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr("kvlab.runtime.provenance.available_memory_bytes", lambda: 2**30)
+    argv = _tiny_eval(monkeypatch, tmp_path, f"40,{BAD}", "--prompt-mode", "repeat", "--no-long-context")
+    err = _refusal(capsys, [*argv, "--label", "huge"])
+    echoed = re.search(r"error: --contexts (\S+) with 6 new tokens", err)
+    assert echoed, err
+    _pastes_back_as_one_item("kvlab eval", "--contexts", echoed.group(1), BAD)
+
+
+@pytest.mark.parametrize("bench", ["decode", "memory"])
+def test_bench_echoes_a_context_that_cannot_be_held_as_one_item(bench, monkeypatch, capsys):
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("kvlab.models.load_model", no_load)
+    monkeypatch.setattr("kvlab.runtime.provenance.available_memory_bytes", lambda *a: 8 * 2**30)
+    err = _refusal(capsys, ["bench", bench, "--contexts", f"256,{BAD}", "--device", "cpu", "--no-save"])
+    echoed = re.search(r"`contexts` \(--contexts\) (\S+) cannot be held", err)
+    assert echoed, err
+    _pastes_back_as_one_item(f"kvlab bench {bench}", "--contexts", echoed.group(1), BAD)

@@ -12,6 +12,7 @@ import torch
 
 from kvlab.caches.entry import ResolvedCache
 from kvlab.caches.registry import CacheSettings, resolve
+from kvlab.runtime.checks import echoed_value
 from kvlab.runtime.dtypes import float32_attention
 
 
@@ -207,7 +208,8 @@ def check_room(
         there), also told to ``progress`` (a ``callable(str)``) when given; else None.
 
     Raises:
-        ValueError: the estimate does not fit, naming ``setting``, the bytes needed and the bytes free.
+        ValueError: the estimate does not fit, naming ``setting`` and ``asked`` (plain for ``contexts``, a comma
+            list: it pastes back as one item), the bytes needed and the bytes free.
     """
     from kvlab.lab.longrun import configured_spec, gib
     from kvlab.plan.kv_formats import kv_dtype
@@ -231,7 +233,7 @@ def check_room(
         fits = max(0, (free - weights) // per_token)
         where = "the GPU" if device.type == "cuda" else "the machine"
         raise ValueError(
-            f"`{setting}` {asked:,} cannot be held: its {tokens:,} prompt tokens need at least "
+            f"`{setting}` {echoed_value(asked, list_flag=setting == 'contexts')} cannot be held: its {tokens:,} prompt tokens need at least "
             f"{gib(need + weights)} (their K/V in {dtype}{' and the weights' if weights else ''}), {where} has "
             f"{gib(free)} free: at most about {fits} tokens fit"
         )

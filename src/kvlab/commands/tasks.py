@@ -159,7 +159,7 @@ def _check_candidates_evict(cfg) -> None:
         if keeps is not None and keeps.tokens >= longest:
             raise ValueError(
                 f"cache candidate {name!r} keeps {keeps.tokens:,} tokens, not fewer than the longest context "
-                f"({longest:,} tokens, --contexts): it would evict nothing of the context and measure "
+                f"({longest} tokens, --contexts): it would evict nothing of the context and measure "
                 f"DynamicCache; give it a smaller budget or window, or longer --contexts"
             )
 
@@ -459,7 +459,7 @@ def _check_model(cfg, model: Any, err) -> str | None:
     limit = limit if isinstance(limit, int) else None
     for context in cfg.contexts:
         warning = position_warning(
-            "--contexts", context, limit, "its cells measure positions it was not trained on"
+            "--contexts", context, limit, "its cells measure positions it was not trained on", list_flag=True
         )
         if warning:
             err.print(f"warning: {warning}", highlight=False)

@@ -8,6 +8,7 @@ from typing import Any
 from kvlab.eval.candidates import Candidate, check_model_shape
 from kvlab.eval.config import EvalConfig
 from kvlab.eval.decision_words import BUNDLED_ID
+from kvlab.runtime.checks import echoed_value
 from kvlab.runtime.dtypes import float32_attention
 
 
@@ -110,8 +111,9 @@ def check_heldout_length(cfg: EvalConfig, tokenizer: Any) -> None:
         return
     for setting, flag, context in asked:
         if context > total:
+            shown = echoed_value(context, list_flag=flag == "--contexts")  # pastes back as one item
             raise ValueError(
-                f"`{setting}` ({flag}) {context:,} is longer than the held-out text, {total:,} tokens under this "
+                f"`{setting}` ({flag}) {shown} is longer than the held-out text, {total:,} tokens under this "
                 f"model's tokenizer, from which {' and '.join(uses)} are cut: pass at most {total} (--prompt-mode "
                 f"repeat with --no-long-context reads no held-out text)"
             )

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvlab.runtime.checks import is_int
+from kvlab.runtime.checks import echoed_value, is_int
 
 STEP_TOKENS = 128  # forwards (decoded tokens, scored windows) per reported progress step
 
@@ -147,12 +147,15 @@ def _config_file(load_from: str) -> Path | None:
     return Path(cached) if isinstance(cached, str) else None
 
 
-def position_warning(flag: str, tokens: int, limit: int | None, consequence: str) -> str | None:
+def position_warning(
+    flag: str, tokens: int, limit: int | None, consequence: str, *, list_flag: bool = False
+) -> str | None:
     """``"<flag> <tokens> passes the model's max_position_embeddings (<limit>): <consequence>"``, or None when
-    ``tokens`` is within ``limit`` or the model states no limit."""
+    ``tokens`` is within ``limit`` or the model states no limit. ``list_flag``: ``flag`` is a comma-separated list
+    (``--contexts``), so ``tokens`` is printed plain (:func:`kvlab.runtime.checks.echoed_value`)."""
     if limit is None or tokens <= limit:
         return None
-    return f"{flag} {tokens:,} passes the model's max_position_embeddings ({limit:,}): {consequence}"
+    return f"{flag} {echoed_value(tokens, list_flag=list_flag)} passes the model's max_position_embeddings ({limit:,}): {consequence}"
 
 
 def gib(n: float) -> str:

@@ -6,6 +6,8 @@ comma-separated list typed on the command line. Standard library only; no torch.
 ``read_int("1,048,576")``          -> ``1048576``; ``read_int("6,00")`` -> ``ValueError`` naming '6,00'
 ``parse_list("256,,512", int)``    -> ``ListError: empty item in '256,,512': separate items by single commas``
 
+A message that echoes a flag's value prints it with :func:`echoed_value`: plain for a list flag's item.
+
 Every one-integer flag of kvlab has ``type=int_flag()`` (``int_flag(1)`` where the flag has a minimum), so a value
 pasted from a message (``--max-len 6,000``) is read; a comma-separated LIST flag (``--contexts 256,512``) has
 ``type=int_list`` instead, its commas separating items.
@@ -107,6 +109,14 @@ def int_flag(minimum: int | None = None, *, below: int | None = None) -> Callabl
         return value
 
     return one_int
+
+
+def echoed_value(value: int, *, list_flag: bool) -> str:
+    """``value`` as a message prints it beside the flag that set it, so the user can paste it back: plain
+    (``99999999``) for an item of a comma-separated list flag (``--contexts``, ``--nbits``: :func:`int_list` reads
+    ``99,999,999`` as three items), else with thousands separators (``99,999,999``, which a one-integer flag reads:
+    :func:`read_int`)."""
+    return str(value) if list_flag else f"{value:,}"
 
 
 class ListError(argparse.ArgumentTypeError, ValueError):

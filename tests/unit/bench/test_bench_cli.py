@@ -299,8 +299,8 @@ def test_bench_flush_reads_the_registry_spelling_of_a_cache_name():
 @pytest.mark.parametrize(
     ("argv", "setting"),
     [
-        (["decode", "--contexts", "99999999"], "`contexts` (--contexts) 99,999,999"),
-        (["memory", "--contexts", "256,99999999"], "`contexts` (--contexts) 99,999,999"),
+        (["decode", "--contexts", "99999999"], "`contexts` (--contexts) 99999999"),
+        (["memory", "--contexts", "256,99999999"], "`contexts` (--contexts) 99999999"),
         (["decode", "--contexts", "256", "--profile-context", "99999999"], "`profile_context` (--profile-context)"),
     ],
 )

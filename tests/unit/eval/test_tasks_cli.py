@@ -318,7 +318,7 @@ def test_a_candidate_the_loaded_model_refutes_is_refused_before_any_file(tmp_pat
     assert main([*argv, "--dtype", "float32"]) == 2
     err = capsys.readouterr().err
     assert "--candidates mixed-demo does not fit this model: plan gives no formats for layer 2" in err
-    assert "--contexts 9,000 passes the model's max_position_embeddings (8,192)" in err
+    assert "--contexts 9000 passes the model's max_position_embeddings (8,192)" in err
     assert not out.exists()
 
 

@@ -307,6 +307,7 @@ def memory_problem(cfg, model, device, available: int | None = -1) -> str | None
 
     from kvlab.eval.cells import run_cells
     from kvlab.lab.longrun import memory_refusal
+    from kvlab.runtime.checks import echoed_value
     from kvlab.runtime.provenance import available_memory_bytes
 
     if available == -1:
@@ -328,7 +329,8 @@ def memory_problem(cfg, model, device, available: int | None = -1) -> str | None
     flag = "--contexts" if cell.matrix == "capacity" else "--window-context"
     per = f" at --batch {cfg.batch}" if cfg.batch > 1 else ""
     hint = f"at most about {low} tokens fit{per}" if low else f"not even 1 token fits{per}"
-    what = f"{flag} {cell.context:,} with {cell.new_tokens:,} new tokens{per} ({_CELL_PARTS})"
+    shown = echoed_value(cell.context, list_flag=flag == "--contexts")  # pastes back as one item
+    what = f"{flag} {shown} with {cell.new_tokens:,} new tokens{per} ({_CELL_PARTS})"
     return memory_refusal(what, need(cell.context, cell.new_tokens), available, hint)
 
 

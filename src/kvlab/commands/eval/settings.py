@@ -164,7 +164,7 @@ def _check_candidates_evict(cfg) -> None:
         if kept >= seen:
             raise ValueError(
                 f"cache candidate {name!r} keeps {kept:,} tokens, not fewer than the {seen:,} of the longest cell "
-                f"(--contexts up to {longest:,}): it would evict nothing and measure DynamicCache; give it a "
+                f"(--contexts up to {longest}): it would evict nothing and measure DynamicCache; give it a "
                 f"smaller budget or window, or longer --contexts"
             )
 
