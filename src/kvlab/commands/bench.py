@@ -107,6 +107,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers) -> None:
+    """Add ``kvlab bench`` to ``subparsers``: the runs decode, memory, flush, kernel, paging and lab (each saves a
+    record; its parser is its ``_parser`` default, which :func:`command_line` reads) and ``docs``."""
     sub = add_command_group(
         subparsers,
         "bench",

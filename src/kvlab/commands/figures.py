@@ -24,6 +24,8 @@ SENSITIVITY_FIGURE = "sensitivity.png"  # a sweep's figure (kvlab.sensitivity_fi
 
 
 def register(subparsers) -> None:
+    """Add ``kvlab figures`` (output folder, eval/tasks results, sweep and plan files; run by :func:`run`) to
+    ``subparsers``."""
     p = subparsers.add_parser(
         "figures",
         help="draw the memory-ledger, roofline, paged-layout, video and video-cache figures, and an eval result's figures",

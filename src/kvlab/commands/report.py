@@ -17,6 +17,7 @@ from kvlab.commands import (
 
 
 def register(sub) -> None:
+    """Add ``kvlab report RESULT...`` (``--json``, ``--html``; run by :func:`run`) to ``sub``."""
     p = sub.add_parser(
         "report",
         help="print (or render to HTML) the summary of a kvlab eval result and/or a kvlab tasks result",
@@ -72,6 +73,8 @@ def _html(args: argparse.Namespace, result: dict | None, tasks: dict | None, err
 
 
 def run(args: argparse.Namespace) -> int:
+    """``kvlab report``: print the summary of an eval result and/or a tasks result, their JSON, or an HTML report.
+    Exit 2 for more than two files, a missing or invalid result file, or a bad or existing ``--html`` file."""
     from rich.console import Console
 
     from kvlab.eval.io import read_results

@@ -32,6 +32,7 @@ SWEEP_KIND = "kvlab-sensitivity"
 
 
 def register(sub) -> None:
+    """Add ``kvlab sensitivity`` and its subcommands ``sweep``, ``allocate`` and ``verify`` to ``sub``."""
     modes = add_command_group(
         sub,
         "sensitivity",
@@ -139,6 +140,8 @@ def _check_sweep_args(args) -> str | None:
 
 
 def run_sweep(args: argparse.Namespace) -> int:
+    """``kvlab sensitivity sweep``: measure and write ``--out``. Exit 2 for a bad flag, an existing (without
+    ``--force``) or non-.json ``--out``, or a model or held-out text that cannot be read (named)."""
     from rich.console import Console
 
     from kvlab.runtime.atomic import atomic_write_json, output_problem
@@ -263,6 +266,9 @@ def _print_sweep(result: dict) -> None:
 
 
 def run_allocate(args: argparse.Namespace) -> int:
+    """``kvlab sensitivity allocate``: write the plan file ``<--out-dir>/<--name>.json``. Exit 2 for a bad name,
+    sweep file, budget (named as ``--budget``), formats or floor, no ``--out-dir`` or ``$KVLAB_PLAN_DIR``, or a plan
+    file that exists (without ``--force``)."""
     from kvlab.plan.allocate import allocate, budget_bytes
     from kvlab.plan.load import load_spec
     from kvlab.plan.mixed import PLAN_DIR_ENV, PLAN_VERSION, check_plan_name

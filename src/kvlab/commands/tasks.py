@@ -37,6 +37,8 @@ _SETTING_FLAGS = ("model", "dtype", "device", "tasks", "contexts", "candidates",
 
 
 def register(subparsers) -> None:
+    """Add ``kvlab tasks`` (model, tasks, contexts, candidates, gates, ``--resume``, ``--merge``, ``--dry-run``; run
+    by :func:`run`) to ``subparsers``."""
     p = subparsers.add_parser(
         "tasks",
         help="RULER-style long-context tasks (needles, multi-key/value/query, variable tracking, common words, "
@@ -219,6 +221,8 @@ def _resumed(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    """``kvlab tasks``: list the tasks, merge results, print a ``--dry-run``, or measure. Exit 2 (nothing done) for a
+    flag ``--list`` ignores, a bad setting, thread count, model or output file; the measurement's own status after."""
     from kvlab.tasks import TASKS
 
     if args.list:  # as roofline --list-gpus: a flag it would silently ignore is refused

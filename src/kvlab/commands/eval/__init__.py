@@ -8,6 +8,8 @@ from kvlab.commands.eval import flags, run
 
 
 def register(sub) -> None:
+    """Add ``kvlab eval`` (:func:`kvlab.commands.eval.flags.add_flags`, run by :func:`kvlab.commands.eval.run.run`) to
+    ``sub``, and record every setting flag's default in ``RESUME_IGNORES`` (``--resume`` refuses one given)."""
     p = sub.add_parser(
         "eval",
         help="paired experiment: DynamicCache vs quantized caches (KIVI, HF HQQ) on one model",

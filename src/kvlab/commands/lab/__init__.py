@@ -14,6 +14,8 @@ GIVEN = "lab_options_given"  # the `kvlab lab` options typed: (option string, de
 
 
 def register(subparsers) -> None:
+    """Add ``kvlab lab`` (:func:`kvlab.commands.lab.decode.register`) and its subcommands ``video`` and ``eviction``
+    to ``subparsers``; a ``kvlab lab`` option typed before a subcommand that ignores it is refused."""
     p = decode.register(subparsers)
     for action in p._actions:
         if action.option_strings and not isinstance(action, argparse._HelpAction):

@@ -70,6 +70,8 @@ LAB_DEFAULTS: dict = {}  # the `kvlab lab` parser's defaults of TOY_FLAGS and RE
 
 
 def run(args: argparse.Namespace) -> int:
+    """``kvlab lab`` (the toy decoder, or ``--real``): its exit status; a bad setting or a model that is not there
+    (``ValueError``, ``OSError``) exits 2, naming it."""
     try:
         return _run(args)
     except (ValueError, OSError) as exc:  # bad settings, a model that is not there

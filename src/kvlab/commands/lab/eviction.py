@@ -19,6 +19,8 @@ from kvlab.runtime.checks import int_flag
 
 
 def register(subparsers) -> None:
+    """Add ``kvlab lab eviction`` (model, tokens, window, sinks and offset; run by :func:`run_eviction`) to
+    ``subparsers``."""
     e = subparsers.add_parser(
         "eviction",
         help="attention sinks + window (StreamingLLM) vs recomputing the window, on held-out text",

@@ -53,6 +53,8 @@ def _video_flags(exc: ValueError) -> str:
 
 
 def register(subparsers) -> None:
+    """Add ``kvlab lab video`` (one integer flag per :data:`VIDEO_FLAGS` field, unset flags keeping the config's
+    defaults; run by :func:`run_video`) to ``subparsers``."""
     v = subparsers.add_parser(
         "video",
         help="autoregressive video: a frame KV cache across denoising steps vs full recompute",

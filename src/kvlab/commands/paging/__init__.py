@@ -110,6 +110,7 @@ def _budget(args: argparse.Namespace, kv_dtype: str | None = None, flag: str = "
 
 
 def register(subparsers) -> None:
+    """Add ``kvlab paging`` and its subcommands ``static``, ``simulate`` and ``figure`` to ``subparsers``."""
     sub = add_command_group(
         subparsers,
         "paging",
@@ -264,6 +265,8 @@ def _rng_kwargs(args: argparse.Namespace) -> dict:
 
 
 def run_static_cmd(args: argparse.Namespace) -> int:
+    """``kvlab paging static``: requests admitted at once, waste per request and block-size effects ([A], [B], [C]
+    tables, or ``--json``). Exit 2 for a bad flag or workload file (``ValueError``, ``OSError``), named by its flag."""
     try:
         result = _static_result(args, args.workload)
     except (ValueError, OSError) as exc:
@@ -375,6 +378,9 @@ def _policies(args: argparse.Namespace):
 
 
 def run_simulate_cmd(args: argparse.Namespace) -> int:
+    """``kvlab paging simulate``: replay a ``--trace`` file or a generated Poisson trace through each policy
+    (table, or ``--json``). Exit 2 for a flag it would ignore, a bad trace file (named with ``--trace``) or a bad
+    setting (``ValueError``, ``OSError``), named by its flag."""
     from rich.console import Console
 
     from kvlab.paging.simulate import check_run_settings, simulate
@@ -497,6 +503,9 @@ def _window_cell(result: dict) -> str:
 
 
 def run_figure_cmd(args: argparse.Namespace) -> int:
+    """``kvlab paging figure``: draw the paged-layout figure to ``--out`` (.png, .svg or .pdf). Exit 2 for an empty,
+    folder, existing (without ``--force``) or wrongly suffixed ``--out``, or a bad flag (``ValueError``,
+    ``OSError``), named by its flag."""
     from kvlab.paging.figure import FIGURE_SUFFIXES, plot_paged_layout
 
     problem = empty_path_flag(args, "--out")

@@ -8,6 +8,7 @@ from kvlab.commands.plan import plan, roofline, video
 
 
 def register(subparsers) -> None:
+    """Add the planner's commands ``kvlab plan``, ``kvlab roofline`` and ``kvlab video`` to ``subparsers``."""
     plan.register(subparsers)
     roofline.register(subparsers)
     video.register(subparsers)

@@ -217,6 +217,7 @@ def add_kv_flags(p: argparse.ArgumentParser, plans: bool = False) -> None:
 
 
 def add_keep_flag(p: argparse.ArgumentParser) -> None:
+    """Add ``--keep-tokens N`` (an evicting cache's cap per layer and sequence; None: no cap) to ``p``."""
     p.add_argument(
         "--keep-tokens",
         type=int_flag(1),
@@ -253,6 +254,8 @@ def kv_kwargs(args: argparse.Namespace) -> dict:
 
 
 def add_weight_flags(p: argparse.ArgumentParser) -> None:
+    """Add the weight flags ``--weight-dtype``, ``--weights-index`` and ``--weight-bytes`` to ``p``
+    (:func:`weight_kwargs` reads them)."""
     p.add_argument(
         "--weight-dtype",
         default="auto",
@@ -287,6 +290,8 @@ def weight_kwargs(args: argparse.Namespace) -> dict:
 
 
 def add_device_flags(p: argparse.ArgumentParser) -> None:
+    """Add the device flags ``--gpu``, ``--bandwidth-gb-s``, ``--tflops``, ``--measured-step-ms`` and ``--list-gpus``
+    to ``p`` (:func:`device_kwargs` reads them)."""
     p.add_argument(
         "--gpu", default=None, help=f"GPU from the datasheet table (default {DEFAULT_GPU}); see --list-gpus"
     )

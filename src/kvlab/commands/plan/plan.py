@@ -16,6 +16,8 @@ from kvlab.runtime.text_files import read_text
 
 
 def register(subparsers) -> None:
+    """Add ``kvlab plan MODEL`` (sequence, KV, weight and device flags, ``--emit vllm``, ``--from-log``; run by
+    :func:`run_plan`) to ``subparsers``."""
     p = subparsers.add_parser(
         "plan",
         help="KV memory ledger, fit and decode bound of a model from its config.json or GGUF header (no torch)",
@@ -88,6 +90,9 @@ def register(subparsers) -> None:
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    """``kvlab plan``: the preset or GPU list, ``--from-log``'s explanation (:func:`run_from_log`), or the plan of
+    MODEL (tables or ``--json``). Exit 2 for a listing given MODEL or another flag, no MODEL, a flag the mode
+    ignores, or a setting or model file the planner refuses (named by its flag)."""
     from kvlab.plan.report import plan_report
 
     listing = [

@@ -146,7 +146,8 @@ def print_vllm(r: dict) -> None:
 
 
 def print_plan(r: dict) -> None:
-
+    """``kvlab plan``'s tables of the report ``r`` (:func:`kvlab.plan.report.plan_report`): KV per layer kind, then
+    the ledger, fit and decode bound, and its notes."""
     s = r["spec"]
     kinds = ", ".join(f"{n} {k}" for k, n in s["layer_kinds"].items())
     heads = (
@@ -274,7 +275,8 @@ def _bound_cell(bound: str | None) -> str:
 
 
 def print_roofline(r: dict) -> None:
-
+    """``kvlab roofline``'s tables of the report ``r`` (:func:`kvlab.plan.report.roofline_report`): the roofline
+    quantities, the ideal decode intensity per GQA ratio (with ``--probe``, this machine's), and its notes."""
     g = r["gpu"]
     t = table(f"Roofline: {g['name']}", "value", labels=("quantity",), caption=f"source: {g['source']}")
     t.add_column("note")

@@ -13,6 +13,8 @@ from kvlab.runtime.checks import int_flag
 
 
 def register(subparsers) -> None:
+    """Add ``kvlab roofline`` (model, sequence, KV, weight and device flags, ``--probe``; run by
+    :func:`run_roofline`) to ``subparsers``."""
     r = subparsers.add_parser(
         "roofline",
         help="ridge point, decode/prefill intensity and decode step bound; --probe measures this machine",
@@ -41,6 +43,9 @@ def register(subparsers) -> None:
 
 
 def run_roofline(args: argparse.Namespace) -> int:
+    """``kvlab roofline``: the GPU list, or the roofline report of ``--model`` (tables or ``--json``). Exit 2 for
+    ``--list-gpus`` given ``--model`` or another flag, or a setting or model file the planner refuses (named by its
+    flag)."""
     from kvlab.plan.report import roofline_report
 
     if args.list_gpus and args.model is not None:  # the table would silently ignore --model

@@ -13,6 +13,8 @@ from kvlab.runtime.checks import int_flag
 
 
 def register(subparsers) -> None:
+    """Add ``kvlab video`` (clip lengths, fps, resolution, compression and patch size, KV flags; run by
+    :func:`run_video`) to ``subparsers``."""
     v = subparsers.add_parser(
         "video",
         help="tokens and KV bytes of autoregressive video clips (every frame kept in the cache)",
@@ -54,6 +56,8 @@ def register(subparsers) -> None:
 
 
 def run_video(args: argparse.Namespace) -> int:
+    """``kvlab video``: tokens and KV bytes of each clip (:func:`kvlab.plan.report.video_report`; tables or
+    ``--json``). Exit 2 for a setting or model file the planner refuses, named by its flag."""
     from kvlab.plan.report import video_report
 
     def build() -> dict:  # the flags are read inside: a refused value is reported as the planner's errors are
