@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvlab.bench import docs_eval, page_stamp
+from kvlab.bench.cache_resident import cache_sentence, share_text
 from kvlab.bench.cpu_targets import evaluate_cpu_targets, roof_sentence
 from kvlab.bench.results import display_name as shown_name
 from kvlab.bench.results import read_records
@@ -243,7 +244,8 @@ def render_kernel(result: dict) -> str:
             if "after_best_gb_s" in cp
             else ""
         )
-        + f". Medians of {st['reps']} samples.",
+        + f". Medians of {st['reps']} samples."
+        + cache_sentence(result),
         "",
         _table(
             [
@@ -359,14 +361,16 @@ def _lab_speedup_rows(result: dict) -> list[list[str]]:
 
 
 def _kernel_cells(row: dict, kernel: str) -> list[str]:
-    """MiB read, µs, GB/s and share of the copy bandwidth of ``kernel`` (``kivi`` or ``sdpa``) in a kernel row."""
+    """MiB read, µs, GB/s and share of the copy bandwidth of ``kernel`` (``kivi`` or ``sdpa``) in a kernel row
+    (``in cache`` where its bytes fit the CPU's last-level cache: :mod:`kvlab.bench.cache_resident`)."""
     us, gb_s, share = (row[f"{kernel}_{key}"] for key in ("us", "gb_s", "fraction_of_copy"))
-    return [_mib(row[f"{kernel}_bytes"]), f"{us:,.0f}", f"{gb_s:.2f}", f"{share:.1%}"]
+    cached = row.get(f"{kernel}_in_cache", False)
+    return [_mib(row[f"{kernel}_bytes"]), f"{us:,.0f}", f"{gb_s:.2f}", share_text(share, cached, ".1%")]
 
 
 def _kernel_columns(result: dict) -> list[str]:
     """Every kernel of the record (``kernels``: KIVI exact and integer, the float C baseline, SDPA) per context:
-    µs and the fraction of the copy bandwidth; the ratios KIVI-2 / KIVI-4 and integer KIVI-4 / float baseline.
+    µs and the fraction of the copy bandwidth (``in cache`` for a kernel marked so); the ratios KIVI-2 / KIVI-4 and integer KIVI-4 / float baseline.
     Nothing for records written before the row carried ``kernels``."""
     ok = [r for r in result["rows"] if r["status"] == "ok" and "kernels" in r]
     if not ok:
@@ -377,7 +381,8 @@ def _kernel_columns(result: dict) -> list[str]:
     for r in ok:
         ks = r["kernels"]
         row = [str(r["context"])]
-        row += [f"{ks[n]['us']:,.0f} ({ks[n]['fraction_of_copy']:.0%})" if n in ks else "-" for n in names]
+        shares = {n: share_text(k["fraction_of_copy"], k.get("in_cache", False)) for n, k in ks.items()}
+        row += [f"{ks[n]['us']:,.0f} ({shares[n]})" if n in ks else "-" for n in names]
         for a, b in (("kivi2", "kivi4"), ("kivi2-int8", "kivi4-int8"), ("kivi4-int8", float_name)):
             row.append(f"{ks[a]['us'] / ks[b]['us']:.2f}x" if a in ks and b in ks else "-")
         rows.append(row)

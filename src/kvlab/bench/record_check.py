@@ -48,8 +48,9 @@ class OneOf:
 
 _MODEL = Maybe({"parameters?": AMOUNT})
 _KIND = {"candidate": TEXT, "context": COUNT, "status": TEXT}
-_KERNEL = {"us": DIVISOR, "fraction_of_copy": AMOUNT, "bytes?": AMOUNT, "gb_s?": AMOUNT}
+_KERNEL = {"us": DIVISOR, "fraction_of_copy": AMOUNT, "bytes?": AMOUNT, "gb_s?": AMOUNT, "in_cache?": bool}
 _SIDE = {f"{k}_{f}": AMOUNT for k in ("kivi", "sdpa") for f in ("bytes", "us", "gb_s", "fraction_of_copy")}
+_SIDE |= {f"{k}_in_cache?": bool for k in ("kivi", "sdpa")}  # kvlab.bench.cache_resident
 SPECS: dict[str, dict] = {
     "decode": {
         "device_type": TEXT,
@@ -107,6 +108,7 @@ SPECS: dict[str, dict] = {
             _SIDE | {"kivi_time_over_sdpa": AMOUNT, "kernels?": Each(_KERNEL)},
         ),
         "int_roof?": Maybe({"threads": COUNT, "gmac_s": AMOUNT, "path": TEXT}),
+        "last_level_cache?": Maybe({"bytes": DIVISOR, "level": COUNT, "source": TEXT}),
     },
     "paging": {
         "static": {"requests": COUNT, "generate_s": AMOUNT, "admit_s": AMOUNT, "target_s": AMOUNT},

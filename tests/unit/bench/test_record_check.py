@@ -10,7 +10,7 @@ from kvlab.bench import docs, record_check, results
 from kvlab.cli import main
 
 COMMITTED = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
-LEAVES = {record_check.COUNT: 1, record_check.AMOUNT: 1.0, record_check.DIVISOR: 1.0, record_check.TEXT: "x"}
+LEAVES = {record_check.COUNT: 1, record_check.AMOUNT: 1.0, record_check.DIVISOR: 1.0, record_check.TEXT: "x", bool: True}
 
 
 def _example(spec, optional: bool):
