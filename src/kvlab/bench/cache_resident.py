@@ -5,7 +5,8 @@ probe streams buffers far larger than the caches). A kernel whose bytes are fewe
 read them from that cache on every timed call after the first (the calls repeat over the same K/V, and the KIVI
 kernels of one bit width run back to back over the same packed codes), so its "% of copy" may pass 100 % or
 mislead: ``--quick``'s 512 and 2048 tokens of a Llama layer are 1-8 MiB. Such a kernel is marked ``in_cache`` in
-the record and shown as :data:`IN_CACHE`, not as a fraction of copy, and no target counts it.
+the record and its share is shown with :data:`IN_CACHE` beside it. The cache can only make a kernel look faster
+than DRAM allows, so a target still counts such a kernel when it falls short, but never counts it as met.
 
 The cache is the last-level (highest-level) data or unified cache of CPU 0, read from Linux's
 ``/sys/devices/system/cpu/cpu0/cache/index*/{level,type,size}``, else ``os.sysconf("SC_LEVEL3_CACHE_SIZE")``
@@ -77,9 +78,9 @@ def mark_in_cache(row: dict, cache: dict | None) -> None:
 
 
 def share_text(fraction: float, in_cache: bool, fmt: str = ".0%") -> str:
-    """A kernel's GB/s over the copy bandwidth as a table shows it: ``"37%"``, or :data:`IN_CACHE` for a
+    """A kernel's GB/s over the copy bandwidth as a table shows it: ``"37%"``, or ``"132% in cache"`` for a
     cache-resident kernel (its bytes fit the last-level cache: not a DRAM figure)."""
-    return IN_CACHE if in_cache else format(fraction, fmt)
+    return f"{fraction:{fmt}} {IN_CACHE}" if in_cache else format(fraction, fmt)
 
 
 def cache_sentence(result: dict) -> str:
@@ -92,6 +93,6 @@ def cache_sentence(result: dict) -> str:
         return ""
     return (
         f" *{IN_CACHE}*: the kernel reads fewer bytes than this CPU's {cache['bytes'] / 2**20:,.0f} MiB level-"
-        f"{cache['level']} cache, so its GB/s may come from that cache ({IN_CACHE_NOTE}); it is not set against the "
-        "copy bandwidth and no target counts it."
+        f"{cache['level']} cache, so its GB/s may come from that cache ({IN_CACHE_NOTE}); its share of the copy "
+        "bandwidth can only be flattered by it, so a target counts it when it falls short and never as met."
     )

@@ -15,13 +15,12 @@ def _roof_detail(rows: list[dict]) -> str:
     """Where the integer compute roof (``roof_fraction_of_copy``) keeps a kernel below :data:`CPU_FRACTION` at
     some context: "; the target is above this design's integer compute roof for kivi2-int8 at most 30% at 16384";
     else how close to its roof each kernel must run for the target and how close it ran ("; at this CPU's integer
-    compute roof kivi4-int8 needs 44% of its roof at 16384 (ran at 28%)"); empty for records without the roof. A
-    kernel marked ``in_cache`` (not counted by the target) is left out."""
+    compute roof kivi4-int8 needs 44% of its roof at 16384 (ran at 28%)"); empty for records without the roof."""
     capped = [
         f"{n} at most {k['roof_fraction_of_copy']:.0%} at {r['context']}"
         for r in rows
         for n, k in r["kernels"].items()
-        if k.get("roof_fraction_of_copy", 1.0) < CPU_FRACTION and not k.get("in_cache")
+        if k.get("roof_fraction_of_copy", 1.0) < CPU_FRACTION
     ]
     if capped:
         return "; the target is above this design's integer compute roof for " + ", ".join(capped)
@@ -30,7 +29,7 @@ def _roof_detail(rows: list[dict]) -> str:
         f"{k['fraction_of_roof']:.0%})"
         for r in rows
         for n, k in r["kernels"].items()
-        if k.get("roof_fraction_of_copy") and not k.get("in_cache")
+        if k.get("roof_fraction_of_copy")
     ]
     return "; at this CPU's integer compute roof " + ", ".join(needs) if needs else ""
 
@@ -61,8 +60,9 @@ def _ratio_roof_detail(rows: list[dict]) -> str:
 def evaluate_cpu_targets(result: dict) -> list[dict]:
     """The CPU targets of a record with integer kernels (none otherwise, or off the CPU): every ``kivi<b>-int8``
     kernel at >= :data:`CPU_FRACTION` of the copy bandwidth at every context >= :data:`CPU_MIN_CONTEXT` (a kernel
-    marked ``in_cache`` is named but not counted: :mod:`kvlab.bench.cache_resident`; ``not measured`` when every
-    one is), and ``kivi2-int8``'s time <= :data:`CPU_TWO_OVER_FOUR` x ``kivi4-int8``'s there (its bytes are ~0.6x)."""
+    marked ``in_cache`` may read from the CPU's cache, which only flatters it: below the target it still counts as
+    not met; at or above it, it is named but not counted, and the status is ``not measured`` unless another kernel
+    fails: :mod:`kvlab.bench.cache_resident`), and ``kivi2-int8``'s time <= :data:`CPU_TWO_OVER_FOUR` x ``kivi4-int8``'s there (its bytes are ~0.6x)."""
     if result.get("device_type") != "cpu":
         return []
     rows = [r for r in result["rows"] if r["status"] == "ok" and r["context"] >= CPU_MIN_CONTEXT]
@@ -71,16 +71,23 @@ def evaluate_cpu_targets(result: dict) -> list[dict]:
         return []
     cpu = result.get("settings", {}).get("isa", "?")
     int8 = [(r["context"], n, k) for r in rows for n, k in r["kernels"].items() if n.endswith("-int8")]
-    frac = {(c, n): k["fraction_of_copy"] for c, n, k in int8 if not k.get("in_cache")}  # DRAM figures only
-    cached = [f"{n} at {c}" for c, n, k in sorted(int8, key=lambda t: t[:2]) if k.get("in_cache")]
-    parts = [", ".join(f"{n} {v:.0%} at {c}" for (c, n), v in sorted(frac.items()))] if frac else []
-    parts += [f"not counted, in cache (not a DRAM figure): {', '.join(cached)}"] if cached else []
-    status = "met" if all(v >= CPU_FRACTION for v in frac.values()) else "not met"
+    frac = {(c, n): k["fraction_of_copy"] for c, n, k in int8}
+    # a figure helped by the cache can only overstate DRAM speed: below the target it still fails, at or above it
+    # proves nothing (not counted)
+    unproven = sorted((c, n) for c, n, k in int8 if k.get("in_cache") and k["fraction_of_copy"] >= CPU_FRACTION)
+    cached = {(c, n) for c, n, k in int8 if k.get("in_cache")}
+    shown = ", ".join(f"{n} {v:.0%}{' (in cache)' if (c, n) in cached else ''} at {c}" for (c, n), v in sorted(frac.items()))
+    parts = [shown]
+    if unproven:
+        parts.append(f"not counted, in cache (not a DRAM figure): {', '.join(f'{n} at {c}' for c, n in unproven)}")
+    counted = [v for key, v in frac.items() if key not in unproven]
+    failed = any(v < CPU_FRACTION for v in counted)
+    status = "not met" if failed else "met" if counted and not unproven else "not measured"
     out = [
         {
             "description": f"integer KIVI kernels >= {CPU_FRACTION:.0%} of copy bandwidth at >= "
             f"{CPU_MIN_CONTEXT} tokens (CPU)",
-            "status": status if frac else "not measured",
+            "status": status,
             "detail": "; ".join([*parts, f"path {cpu}"]) + _roof_detail(rows),
         }
     ]
@@ -110,7 +117,7 @@ def roof_sentence(roof: dict | None, row: dict) -> str:
     ks = [(n, k) for n, k in row["kernels"].items() if "roof_us" in k]
     if not roof or not ks:
         return ""
-    share = {n: "in cache" if k.get("in_cache") else f"{k['roof_fraction_of_copy']:.0%} of copy" for n, k in ks}
+    share = {n: f"{k['roof_fraction_of_copy']:.0%} of copy{', in cache' if k.get('in_cache') else ''}" for n, k in ks}
     at = [f"`{n}` {k['roof_us']:,.0f} µs ({share[n]}; it ran at {k['fraction_of_roof']:.0%} of this roof)" for n, k in ks]
     n = roof["threads"]
     return (

@@ -12,8 +12,8 @@ Decode attention is bandwidth-bound (docs/plan.md, "Roofline": arithmetic intens
 
 Kernel times are medians of ``reps`` calls after warm-up, KIVI and SDPA sampled alternately (rotated order). Target: on an H200, ``kivi`` >= 70 % of the
 copy bandwidth at >= 32k tokens; on CPU the numbers are reported only. On the CPU a kernel whose bytes fit the
-last-level cache is marked ``in_cache`` (its GB/s may come from that cache, not DRAM) and no target counts it
-(:mod:`kvlab.bench.cache_resident`).
+last-level cache is marked ``in_cache`` (its GB/s may come from that cache, not DRAM): a target counts it when it
+falls short, never as met (:mod:`kvlab.bench.cache_resident`).
 """
 
 from __future__ import annotations

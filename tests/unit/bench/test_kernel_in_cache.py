@@ -115,12 +115,12 @@ def _cells(text: str, context: int) -> list[list[str]]:
     return [[c.strip() for c in line.strip("|").split("|")] for line in rows]
 
 
-def test_the_page_shows_in_cache_instead_of_a_fraction_of_copy():
+def test_the_page_marks_a_fraction_of_copy_in_cache():
     text = docs.render_kernel(_result(L3))
     first, every = _cells(text, 2048)
-    assert first[4] == IN_CACHE and first[8] == IN_CACHE  # KIVI % of copy, SDPA % of copy
-    assert all(cell.endswith(f"({IN_CACHE})") for cell in every[1:4])  # kivi4, kivi4-int8, sdpa
-    assert "%" not in " ".join(first + every)  # no fraction of copy is shown for them
+    for cell in (first[4], first[8]):  # KIVI % of copy, SDPA % of copy
+        assert re.fullmatch(rf"\d+\.\d% {IN_CACHE}", cell), cell
+    assert all(re.fullmatch(rf"[\d,]+ \(\d+% {IN_CACHE}\)", cell) for cell in every[1:4]), every  # kivi4, -int8, sdpa
     full_first, full_every = _cells(text, 32768)
     assert re.fullmatch(r"\d+\.\d%", full_first[4]) and re.fullmatch(r"[\d,]+ \(\d+%\)", full_every[1])
     assert "*in cache*: the kernel reads fewer bytes than this CPU's 32 MiB level-3 cache" in text
@@ -131,23 +131,29 @@ def test_the_page_shows_in_cache_instead_of_a_fraction_of_copy():
     assert IN_CACHE not in docs.render_kernel(old)
 
 
-def test_no_target_counts_a_cache_resident_kernel():
-    def int8_result(cache, kivi2_mib):
+def test_a_cache_resident_kernel_can_fail_the_target_but_never_meet_it():
+    def int8_result(cache, kivi2_mib, kivi4_us=2000.0):
         kernels = {"kivi4": _kernel(20.3, 9000.0), "sdpa": _kernel(64.0, 9e4)}
-        kernels |= {"kivi4-int8": _kernel(20.3, 2000.0), "kivi2-int8": _kernel(kivi2_mib, 100.0)}
+        kernels |= {"kivi4-int8": _kernel(20.3, kivi4_us), "kivi2-int8": _kernel(kivi2_mib, 100.0)}
         result = _result(None) | {"rows": [_row(16384, kernels)], "last_level_cache": cache}
         mark_in_cache(result["rows"][0], cache)
         return result
 
-    # kivi2-int8 reads 12 MiB in 100 us: 630 % of copy from the cache; kivi4-int8 (20.3 MiB) 53 %, from DRAM
+    # kivi2-int8 reads 12 MiB in 100 us: 630 % of copy from the cache (proves nothing); kivi4-int8 (20.3 MiB)
+    # 53 %, from DRAM: the target cannot be called met
     v = evaluate_cpu_targets(int8_result({**L3, "bytes": 16 * MIB}, 12.4))[0]
-    assert v["status"] == "met" and "kivi4-int8 53% at 16384" in v["detail"], v
+    assert v["status"] == "not measured" and "kivi4-int8 53% at 16384" in v["detail"], v
+    assert re.search(r"kivi2-int8 6\d0% \(in cache\) at 16384", v["detail"]), v
     assert "not counted, in cache (not a DRAM figure): kivi2-int8 at 16384" in v["detail"]
-    assert "630%" not in v["detail"]
-    # every integer kernel in the cache: nothing to judge
+    # both in the cache and at or above the target: nothing proves it met
     v = evaluate_cpu_targets(int8_result(L3, 12.4))[0]
     assert v["status"] == "not measured", v
-    assert v["detail"].startswith("not counted, in cache (not a DRAM figure): kivi2-int8 at 16384, kivi4-int8 at 16384")
+    assert "not counted, in cache (not a DRAM figure): kivi2-int8 at 16384, kivi4-int8 at 16384" in v["detail"], v
+    # both in the cache, kivi4-int8 short of the target even so (27 %): a cache can only flatter it, so not met
+    v = evaluate_cpu_targets(int8_result(L3, 12.4, kivi4_us=4000.0))[0]
+    assert v["status"] == "not met", v
+    assert re.search(r"kivi4-int8 2\d% \(in cache\) at 16384", v["detail"]), v
+    assert "not counted, in cache (not a DRAM figure): kivi2-int8 at 16384;" in v["detail"], v
     # unknown cache: judged as before
     assert evaluate_cpu_targets(int8_result(None, 12.4))[0]["status"] == "met"
 
@@ -174,7 +180,7 @@ def test_the_bf16_kv_of_a_full_size_llama_layer_is_not_cache_resident():
     assert row["kivi_in_cache"] is True and row["kernels"]["kivi4"]["in_cache"] is True
 
 
-def test_the_roof_sentence_gives_no_share_of_copy_for_a_kernel_in_cache():
+def test_the_roof_sentence_marks_a_kernel_in_cache():
     from kvlab.bench.cpu_targets import roof_sentence
     from kvlab.bench.kernel import _roofed
 
@@ -185,5 +191,5 @@ def test_the_roof_sentence_gives_no_share_of_copy_for_a_kernel_in_cache():
         _roofed(k, roof["products_per_s"], COPY)
     kernels["kivi4-int8"]["in_cache"] = True
     text = roof_sentence(roof, {"context": 2048, "kernels": kernels})
-    assert "`kivi4-int8` 10 µs (in cache; it ran at 25% of this roof)" in text, text
+    assert re.search(r"`kivi4-int8` 10 µs \([\d,]+% of copy, in cache; it ran at 25% of this roof\)", text), text
     assert re.search(r"`kivi2-int8` 10 µs \([\d,]+% of copy; it ran at 0% of this roof\)", text), text
