@@ -235,3 +235,16 @@ def test_busy_warnings_name_the_reading_only_when_busy():
         {"busy": True, "reason": "other processes used 1.20 cores", "threads": 2}, "the ratio"
     )
     assert "1.20 cores" in w and "the ratio is not trusted" in w and "--threads" in w
+
+
+def test_busy_reason_reads_the_contention_or_the_warning_sentence():
+    """A record keeps either the contention reading (kvlab bench lab) or only the warning sentence (kvlab bench
+    kernel); both say why the timings are not trusted, and a quiet or unread one says nothing."""
+    from kvlab.runtime.timing import busy_reason, busy_warnings
+
+    cont = {"busy": True, "reason": "this process got 40% of its 2 thread(s)' CPU time", "threads": 2}
+    assert busy_reason({"contention": cont}) == cont["reason"]
+    warnings = busy_warnings(cont, "every kernel time") + ["the copy bandwidth was measured once"]
+    assert busy_reason({"warnings": warnings}) == cont["reason"]
+    assert busy_reason({"contention": {"busy": False, "reason": None}, "warnings": ["other"]}) is None
+    assert busy_reason({}) is None

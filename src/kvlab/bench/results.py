@@ -162,3 +162,13 @@ def read_records(results_dir: str | Path, include_quick: bool = False) -> list[t
             continue
         out.append((path, record))
     return out
+
+
+def judged_unless_busy(verdict: dict, busy: str | None) -> dict:
+    """``verdict`` (``{"description", "status", "detail", ...}``) as it stands, or, where its record's timings are
+    not trusted (``busy``: the reason, :func:`kvlab.runtime.timing.busy_reason`), a ``met`` / ``not met`` turned
+    into ``not judged`` with the detail ``busy: <reason>; measured <detail>``: a number the same output calls
+    untrusted neither meets nor misses a target (``kvlab bench`` exits 0 on it, as on a ``--quick`` run)."""
+    if busy is None or verdict.get("status") not in ("met", "not met"):
+        return verdict
+    return verdict | {"status": "not judged", "detail": f"busy: {busy}; measured {verdict['detail']}"}

@@ -465,6 +465,9 @@ def _run(args: argparse.Namespace) -> int:
     if failed:  # nothing measured: the record says why, and so does the exit status
         fail(args, f"every row failed ({failed})")
         code = 1
+    for t in _verdicts(record, None):  # a busy machine: shown, not judged, as at --quick sizes
+        if t["status"] == "not judged":
+            print(f"note: target not judged, the machine was busy: {t['description']}", file=sys.stderr)
     unmet = unmet_targets(record)
     if args.quick:  # a smoke run: sizes and rounds too small to judge a target, which the record still shows
         for t in unmet:

@@ -34,6 +34,7 @@ from kvlab.runtime.checks import check_int, is_int
 BUSY_OTHER_CORES = 0.5
 # the process received less than this share of one core per torch thread while timed: it was waiting for a CPU
 MIN_CPU_SHARE = 0.6
+BUSY_WARNING = "the machine was busy while timing"  # how every sentence of busy_warnings begins
 
 
 def _proc_stat() -> tuple[int, int] | None:
@@ -205,9 +206,22 @@ def busy_warnings(cont: dict, what: str, threads_flag: str | None = "--threads")
     if not cont.get("busy"):
         return []
     fewer = f" or with fewer {threads_flag}" if threads_flag and cont.get("threads", 1) > 1 else ""
-    return [
-        f"the machine was busy while timing ({cont['reason']}): {what} is not trusted; rerun on a quiet machine{fewer}"
-    ]
+    return [f"{BUSY_WARNING} ({cont['reason']}): {what} is not trusted; rerun on a quiet machine{fewer}"]
+
+
+
+def busy_reason(result: dict) -> str | None:
+    """Why a saved result's timings are not trusted, or None when it does not say so: the ``reason`` of its
+    ``contention`` reading (:func:`contention`) where that reads ``busy``, else the reason in the first of its
+    ``warnings`` that :func:`busy_warnings` wrote (a result that keeps the sentence, not the reading: ``kvlab
+    bench kernel``). A result that recorded neither (no contention was read) gives None."""
+    cont = result.get("contention") if isinstance(result.get("contention"), dict) else {}
+    if cont.get("busy"):
+        return str(cont.get("reason") or "busy")
+    for w in result.get("warnings") or ():
+        if isinstance(w, str) and w.startswith(BUSY_WARNING):
+            return w[len(BUSY_WARNING) :].strip().removeprefix("(").split("):", 1)[0] or "busy"
+    return None
 
 
 def paired_ratio(candidate_ms: Sequence[float], baseline_ms: Sequence[float]) -> dict:

@@ -92,3 +92,34 @@ def test_a_quick_run_shows_a_target_not_met_without_failing(capsys, monkeypatch)
     captured = capsys.readouterr()
     assert "target: lab: cached decoding >= 16x faster than full recompute: not met" in captured.out
     assert captured.err.startswith("note: target not met at --quick sizes (not judged): lab: cached decoding")
+
+
+@pytest.mark.parametrize("naive_ms", [1000.0, 2000.0])  # 10x (would miss) and 20x (would meet) the cached 100 ms
+def test_a_target_on_a_busy_run_is_not_judged(capsys, monkeypatch, naive_ms):
+    """'busy: true ... the speedup is not trusted', then 'target: ...: met (91.16x)', exit 0: a number the same
+    output calls untrusted met the target. Now it is shown, not judged, either way, and the exit is that of a
+    --quick run's target (0)."""
+    result = _lab_result([naive_ms, naive_ms], [100.0, 100.0], busy=True)
+    monkeypatch.setattr("kvlab.bench.lab.run", lambda **kw: result)
+    assert main(["bench", "lab", "--no-save"]) == 0
+    captured = capsys.readouterr()
+    line = next(x for x in captured.out.splitlines() if x.startswith("target: lab:"))
+    assert line == (
+        "target: lab: cached decoding >= 16x faster than full recompute: not judged (busy: this process got 54% of "
+        f"its 1 thread(s)' CPU time; measured {naive_ms / 100:.2f}x)"
+    )
+    assert "note: target not judged, the machine was busy: lab: cached decoding" in captured.err
+    assert "error" not in captured.err
+
+
+def test_the_performance_page_does_not_judge_a_busy_record(tmp_path):
+    """The page's targets table read the same record: a busy lab record was listed as **met**."""
+    from pathlib import Path
+
+    quiet = {"benchmark": "lab", "result": _lab_result([2000.0], [100.0])}
+    busy = {"benchmark": "lab", "result": _lab_result([2000.0], [100.0], busy=True)}
+    verdicts = docs.targets([(Path("lab-cpu.json"), quiet), (Path("lab-cpu-2threads.json"), busy)])
+    lab = {t["file"]: t for t in verdicts if t["description"].startswith("lab:")}
+    assert lab["lab-cpu.json"]["status"] == "met"
+    assert lab["lab-cpu-2threads.json"]["status"] == "not judged"
+    assert lab["lab-cpu-2threads.json"]["detail"].startswith("busy: this process got 54%")
