@@ -30,8 +30,9 @@ def register(subparsers) -> None:
         "figures",
         help="draw the memory-ledger, roofline, paged-layout, video and video-cache figures, and an eval result's figures",
         description="Compute every number with kvlab in this run and draw the figures as PNG files; the "
-        "numbers drawn are written to figures.json next to them. Files of the same names in --out are kept: "
-        "the command refuses (exit 2) unless --force.",
+        "numbers drawn are written to figures.json next to them, all or nothing: they are drawn in a hidden "
+        "folder beside --out and moved in at the end, so an interrupted or failed run leaves --out as it was. "
+        "Files of the same names in --out are kept: the command refuses (exit 2) unless --force.",
     )
     p.add_argument(
         "--out",
@@ -73,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from kvlab.eval.io import read_results
-    from kvlab.figures import figure_files, figure_steps, write_figures
+    from kvlab.figures import figure_files, figure_steps
+    from kvlab.runtime.atomic import staged_folder
 
     # a new --out is made in a folder that exists (./figures on a first run); a typo'd parent is refused
     problem = empty_path_flag(args, "--out", kind="folder") or output_folder_problem(args.out, "--out")
@@ -105,31 +107,14 @@ def run(args: argparse.Namespace) -> int:
     if existing and not args.force:  # checked before any work: nothing is overwritten silently
         more = f" ({len(existing) - 1} more figure files exist there too)" if len(existing) > 1 else ""
         return fail(args, file_exists_message(existing[0], f"another --out{more}"), EXIT_FILE_EXISTS)
-    try:  # fail now, not after the first figure's numbers are computed
-        Path(args.out).mkdir(exist_ok=True)  # its parent exists: output_folder_problem
-    except OSError as exc:  # a file where a parent folder should be, no permission, ...
-        reason = "a file is in the way" if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc
-        return fail(args, f"--out {args.out}: cannot create the folder ({reason})")
     total = figure_steps(result=result, append=append) + bool(tasks) + bool(sensitivity)
-    try:
-        with progress(Console(stderr=True), total, "kvlab figures") as bar:
-            paths = write_figures(
-                args.out, result=result, run_probe=not args.no_probe, append=append, progress=bar.start
-            )
-            if tasks:
-                from kvlab.task_figures import plot_task_scores
-
-                bar.start("tasks result: score vs × dyn")
-                paths["tasks_scores"] = plot_task_scores(tasks, Path(args.out) / TASKS_FIGURE)
-            if sensitivity:
-                from kvlab.sensitivity_figure import plot_sensitivity
-
-                bar.start("sensitivity sweep: per-layer KL and the plan")
-                paths["sensitivity"] = plot_sensitivity(sensitivity, Path(args.out) / SENSITIVITY_FIGURE)
-    except OSError as exc:  # a folder that takes no files (/proc), a full disk: the writer names the file
-        if exc.filename is None or Path(exc.filename).parent != Path(args.out):
-            raise
-        return fail(args, f"--out {args.out}: cannot write {exc.filename} ({exc.strerror or exc})")
+    folder = None  # the staging folder, made before any work: a folder that takes no files fails now
+    try:  # all or nothing: an interrupt or an error leaves --out as it was (kvlab.runtime.atomic.staged_folder)
+        with staged_folder(args.out) as folder:
+            drawn = _draw(args, folder, result, tasks, sensitivity, total)
+    except OSError as exc:
+        return _write_failed(args, exc, folder)
+    paths = {key: Path(args.out) / path.name for key, path in drawn.items()}
     err = Console(stderr=True)
     for warning in _probe_warnings(Path(args.out) / "figures.json"):  # its panel title says so too
         err.print(f"[yellow]warning: roofline probe: {warning}[/]")
@@ -141,6 +126,46 @@ def run(args: argparse.Namespace) -> int:
         t.add_row(name, str(path))
     Console().print(t)
     return 0
+
+
+def _draw(args: argparse.Namespace, folder: Path, result, tasks, sensitivity, total: int) -> dict[str, Path]:
+    """Draw every figure of this run into ``folder`` (the staging folder of ``--out``) under a progress bar;
+    returns ``{name: path}`` (:func:`kvlab.figures.write_figures`, plus the tasks and sensitivity figures)."""
+    from rich.console import Console
+
+    from kvlab.figures import write_figures
+
+    with progress(Console(stderr=True), total, "kvlab figures") as bar:
+        paths = write_figures(
+            folder, result=result, run_probe=not args.no_probe, append=not args.no_append, progress=bar.start
+        )
+        if tasks:
+            from kvlab.task_figures import plot_task_scores
+
+            bar.start("tasks result: score vs × dyn")
+            paths["tasks_scores"] = plot_task_scores(tasks, folder / TASKS_FIGURE)
+        if sensitivity:
+            from kvlab.sensitivity_figure import plot_sensitivity
+
+            bar.start("sensitivity sweep: per-layer KL and the plan")
+            paths["sensitivity"] = plot_sensitivity(sensitivity, folder / SENSITIVITY_FIGURE)
+    return paths
+
+
+def _write_failed(args: argparse.Namespace, exc: OSError, folder: Path | None) -> int:
+    """The error of a run whose files could not be written (exit 2): ``--out`` could not take the staging folder
+    (``folder`` None: no permission, a folder such as /proc that takes no files), or a figure could not be
+    written or moved in (a full disk), named as the file of ``--out`` it would have been. Nothing was written.
+
+    Raises:
+        OSError: ``exc`` itself where it names no file of this run (not a writing problem of ``--out``).
+    """
+    if folder is None:
+        return fail(args, f"--out {args.out}: cannot create the folder ({exc.strerror or exc})")
+    if exc.filename is None or Path(exc.filename).parent not in (folder, Path(args.out)):
+        raise exc
+    name = Path(args.out) / Path(exc.filename).name
+    return fail(args, f"--out {args.out}: cannot write {name} ({exc.strerror or exc}); nothing was written")
 
 
 def _probe_warnings(numbers: Path) -> list[str]:

@@ -10,9 +10,11 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -130,3 +132,36 @@ def output_problem(path: str | os.PathLike, flag: str, *, folder_must_exist: boo
     os.close(fd)
     os.unlink(probe)
     return None
+
+
+@contextmanager
+def staged_folder(folder: str | os.PathLike) -> Iterator[Path]:
+    """A set of files written together or not at all: the ``with`` body writes them into the temporary folder it is
+    given (hidden, beside ``folder`` on the same file system); on a clean exit they are moved into ``folder``
+    (a new ``folder`` is the temporary one renamed, so it appears complete; into an existing one each file is moved
+    by ``os.replace``, replacing a file of the same name). On any exception, ``KeyboardInterrupt`` included, the
+    temporary folder and what it holds are removed and ``folder`` is left as it was. The parent of ``folder`` must
+    exist; where it takes no files, or ``folder`` is a mount point, the temporary folder is made inside ``folder``.
+
+    Raises:
+        OSError: the temporary folder cannot be made or a file not moved (no permission, a full disk), naming
+            ``folder``. Exceptions of the body propagate, after the cleanup.
+    """
+    folder = Path(folder)
+    where = folder.resolve().parent
+    if folder.is_dir() and (not os.access(where, os.W_OK) or os.stat(folder).st_dev != os.stat(where).st_dev):
+        where = folder
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.resolve().name}.", suffix=".tmp", dir=where))
+    except OSError as exc:
+        raise _naming(exc, folder) from exc
+    try:
+        yield tmp
+        if not folder.exists():
+            os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would make the new folder private to its writer
+            os.rename(tmp, folder)
+            return
+        for entry in sorted(tmp.iterdir()):
+            os.replace(entry, folder / entry.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone after a rename; emptied after the moves
