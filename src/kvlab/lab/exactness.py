@@ -290,21 +290,24 @@ def run_real_check(
     progress: Progress | None = None,
     notify: Progress | None = None,
     note: Progress | None = None,
+    allow_past_limit: bool = False,
 ) -> dict:
     """:func:`check_exact_caches` on a real model (``None``: the bundled reference model) loaded with
     ``kvlab.models.load_model``, over ``batch`` consecutive cuts of ``tokens`` tokens of the bundled held-out text
     (``kvlab.models.heldout_token_ids``). fp32 by default: the check is about the cache, not bf16 rounding.
 
-    Before any forward, once the model is loaded: ``tokens`` past its ``max_position_embeddings`` is warned about
-    (``notify`` gets the line; it is also the result's ``warnings``), not refused (the caches stay exact there;
-    as in ``kvlab eval``), a size whose :func:`peak_bytes` exceed the available memory is refused, and a
+    Before any forward, once the model is loaded: ``tokens`` past its ``max_position_embeddings`` is refused unless
+    ``allow_past_limit`` (:func:`kvlab.lab.longrun.position_refusal`: hours of decoding at sizes like 100,000),
+    then warned about (``notify`` gets the line; it is also the result's ``warnings``; the caches must still be
+    exact there), a size whose :func:`peak_bytes` exceed the available memory is refused, and a
     reference forward too long to be one short step is warned about (:func:`long_forward_warning`). A check of
     more than :data:`ESTIMATE_TOKENS` tokens then times a few short forwards of its own sequence and says (``note``
     gets the line) how long it will run (:func:`estimate_wall_time`; the result's ``estimate``). ``progress`` is
     called as each step starts: the load, then the :func:`real_check_steps`.
 
     Raises:
-        ValueError: ``tokens`` or ``batch`` < 1, a size the machine's available memory cannot hold (the message
+        ValueError: ``tokens`` or ``batch`` < 1, ``tokens`` past the model's positions without
+            ``allow_past_limit``, a size the machine's available memory cannot hold (the message
             says how many tokens would fit), or the held-out text is shorter than ``batch * tokens`` tokens.
     """
     from kvlab.models import heldout_token_ids, load_model
@@ -315,12 +318,11 @@ def run_real_check(
     report(f"loading {longrun.model_label(model)} in {dtype}")
     lm, tokenizer = load_model(model, dtype=dtype, device=device)
     lm.eval()
-    warning = longrun.position_warning(
-        "`tokens`",
-        tokens,
-        longrun.max_positions(lm.config),
-        "the check decodes positions the model was not trained on (the caches must still be exact there)",
-    )
+    limit = longrun.max_positions(lm.config)
+    refusal = longrun.position_refusal("`tokens`", tokens, limit, PAST_LIMIT, "`allow_past_limit`")
+    if refusal and not allow_past_limit:
+        raise ValueError(refusal)
+    warning = longrun.position_warning("`tokens`", tokens, limit, PAST_LIMIT)
     if warning and notify is not None:
         notify(warning)
     problem = _memory_problem(lm, tokens, batch)
@@ -342,6 +344,8 @@ def run_real_check(
     return result
 
 
+# what a check past the model's max_position_embeddings does (its warning, its refusal)
+PAST_LIMIT = "the check decodes positions the model was not trained on (the caches must still be exact there)"
 # a check of more tokens than this gets a wall-time estimate before it starts (as long a reference forward is warned
 # about: past it, the check runs for minutes)
 ESTIMATE_TOKENS = 4096

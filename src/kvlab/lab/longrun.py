@@ -1,10 +1,11 @@
 """What the lab's real-model runs (``kvlab lab --real``, ``kvlab lab eviction``) and ``kvlab inspect`` check before
 their work starts, and how they cut long loops into reported steps.
 
-* **positions**: a ``--tokens`` past the model's ``max_position_embeddings`` is warned about, not refused, as
-  ``kvlab eval`` does (:func:`kvlab.eval.model_info.context_limit_warnings`): a RoPE model still runs there, but the
-  numbers describe positions it was never trained on. :func:`position_warning` words it, :func:`max_positions`
-  reads the limit from a loaded model's config, :func:`configured_max_positions` from the files, before loading.
+* **positions**: a ``--tokens`` past the model's ``max_position_embeddings`` describes positions the model was
+  never trained on (a RoPE model still runs there). ``kvlab lab --real`` refuses it unless ``--allow-past-limit``
+  (:func:`position_refusal`), then warns; ``kvlab lab eviction`` and ``kvlab inspect`` warn
+  (:func:`position_warning`). :func:`max_positions` reads the limit from a loaded model's config,
+  :func:`configured_max_positions` from the files, before loading.
 * **memory**: :func:`kvlab.runtime.provenance.available_memory_bytes` (``MemAvailable`` of ``/proc/meminfo``) against a run's estimate
   (built from :func:`activation_bytes` and :func:`kv_bytes`); :func:`memory_refusal` words the refusal.
 * **steps**: :func:`spans` cuts a loop of ``n`` forwards into spans of :data:`STEP_TOKENS`, each reported as one
@@ -156,6 +157,18 @@ def position_warning(
     if limit is None or tokens <= limit:
         return None
     return f"{flag} {echoed_value(tokens, list_flag=list_flag)} passes the model's max_position_embeddings ({limit:,}): {consequence}"
+
+
+def position_refusal(flag: str, tokens: int, limit: int | None, consequence: str, allow: str) -> str | None:
+    """The refusal of a run whose ``tokens`` pass the model's ``max_position_embeddings`` (``limit``; None: it states
+    none): :func:`position_warning`'s words, then what to pass instead (``flag`` at the limit, or ``allow``, the
+    switch that runs it anyway: ``--allow-past-limit``, the one flag name of ``kvlab lab --real`` and ``kvlab
+    eval``); None within the limit. A run there is minutes to hours of numbers on positions the model was never
+    trained on, so it is asked for, not started by a typo'd size."""
+    warning = position_warning(flag, tokens, limit, consequence)
+    if warning is None:
+        return None
+    return f"{warning}; pass {flag} {limit} or less, or {allow} to run past it"
 
 
 def gib(n: float) -> str:

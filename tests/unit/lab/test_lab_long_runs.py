@@ -1,6 +1,7 @@
 """``kvlab lab --real`` and ``kvlab lab eviction`` are not silent: one progress line per step on
 stderr off a terminal, a warning before the first forward when --tokens passes the model's
-max_position_embeddings, and ``--real`` refuses (exit 2) a size the machine's available memory cannot hold."""
+max_position_embeddings (``--real`` refuses it, exit 2, unless --allow-past-limit), and ``--real`` refuses (exit 2)
+a size the machine's available memory cannot hold."""
 
 from __future__ import annotations
 
@@ -70,9 +71,32 @@ def test_eviction_prints_one_line_per_step():
     assert json.loads(out)["config"]["tokens"] == 20
 
 
-def test_real_check_past_the_positions_warns_once_before_the_first_forward(tmp_path):
+def test_real_check_past_the_positions_is_refused_before_the_load(tmp_path):
+    """--tokens 100000 on a model of 8,192 positions warned, then spent 305 s on one reference forward with hours of
+    decoding to go; now it is refused (exit 2) from the model's files, before the load, saying what to pass."""
+    model = limited_model(tmp_path, 16)
+    code, out, err = _run(["lab", "--real", "--json", "--tokens", "20", "--model", model])
+    assert code == 2 and out == "" and len(err) == 1, err  # no progress line: nothing was loaded
+    assert err[0] == (
+        "kvlab lab: error: --tokens 20 passes the model's max_position_embeddings (16): the check decodes positions "
+        "the model was not trained on (the caches must still be exact there); pass --tokens 16 or less, or "
+        "--allow-past-limit to run past it"
+    )
+    assert _run(["lab", "--real", "--json", "--tokens", "16", "--model", model])[0] == 0  # at the limit: runs
+
+
+def test_real_check_past_the_positions_is_refused_after_the_load_where_the_files_do_not_say(tmp_path, monkeypatch):
+    monkeypatch.setattr("kvlab.lab.longrun.configured_max_positions", lambda model: None)
+    code, out, err = _run(["lab", "--real", "--json", "--tokens", "20", "--model", limited_model(tmp_path, 16)])
+    assert code == 2 and out == "", err
+    assert err[-1].startswith("kvlab lab: error: --tokens 20 passes the model's max_position_embeddings (16): ")
+    assert err[-1].endswith("pass --tokens 16 or less, or --allow-past-limit to run past it")
+    assert not any("reference: one forward" in line for line in err)
+
+
+def test_real_check_past_the_positions_with_the_flag_warns_once_before_the_first_forward(tmp_path):
     code, out, err = _run(
-        ["lab", "--real", "--json", "--tokens", "20", "--model", limited_model(tmp_path, 16)]
+        ["lab", "--real", "--json", "--tokens", "20", "--model", limited_model(tmp_path, 16), "--allow-past-limit"]
     )
     warnings = [line for line in err if line.startswith("warning:")]
     assert code == 0 and len(warnings) == 1, err
@@ -95,7 +119,7 @@ def test_eviction_past_the_positions_warns_once_before_the_first_forward(tmp_pat
 
 def test_an_absurd_size_is_refused_before_any_forward():
     """--tokens 10^9 on the bundled model: ~65 TB of logits; refused after the load, before the held-out cut."""
-    code, out, err = _run(["lab", "--real", "--json", "--tokens", str(10**9)])
+    code, out, err = _run(["lab", "--real", "--json", "--tokens", str(10**9), "--allow-past-limit"])
     assert code == 2 and out == ""
     assert err[-1].startswith("kvlab lab: error: --tokens 1,000,000,000 x --batch 1 (the reference's and ")
     assert "needs about" in err[-1] and "GiB available" in err[-1] and "tokens fit at --batch 1" in err[-1]

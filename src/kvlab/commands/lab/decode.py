@@ -61,6 +61,12 @@ def register(subparsers) -> argparse.ArgumentParser:
     add_model_flags(p, "--real: ")
     p.add_argument("--tokens", type=int_flag(), default=96, help="--real: sequence length (default 96)")
     p.add_argument("--batch", type=int_flag(), default=1, help="--real: batch rows (default 1)")
+    p.add_argument(
+        "--allow-past-limit",
+        action="store_true",
+        help="--real: run a --tokens past the model's max_position_embeddings (refused without it: positions the "
+        "model was not trained on, hours of decoding at sizes like 100,000); warned about then",
+    )
     p.set_defaults(func=run)
     LAB_DEFAULTS.update({dest: p.get_default(dest) for dest in (*TOY_FLAGS, *REAL_FLAGS)})
     return p
@@ -87,7 +93,13 @@ TOY_FLAGS = {
     "no_append": "--no-append",
     "append_contexts": "--append-contexts",
 }
-REAL_FLAGS = {"model": "--model", "dtype": "--dtype", "tokens": "--tokens", "batch": "--batch"}
+REAL_FLAGS = {
+    "model": "--model",
+    "dtype": "--dtype",
+    "tokens": "--tokens",
+    "batch": "--batch",
+    "allow_past_limit": "--allow-past-limit",
+}
 # the toy decoder's library arguments (ToyConfig, measure_append_cost) named in its errors -> what the user typed
 TOY_NAMES = {
     "kv_heads": "--kv-heads",
@@ -154,9 +166,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _run_real(args: argparse.Namespace) -> int:
-    """``kvlab lab --real``: one progress step per load, reference forward and span of decoded tokens; a warning
-    for --tokens past the model's positions and a refusal (exit 2) for a size the available memory cannot hold,
-    both before any decoding; for a long check, a ``note:`` line with its wall time estimated from timings taken
+    """``kvlab lab --real``: one progress step per load, reference forward and span of decoded tokens; a refusal
+    (exit 2) for --tokens past the model's positions (before the load where its files state them; with
+    --allow-past-limit a warning) and for a size the available memory cannot hold, both before any decoding; for a
+    long check, a ``note:`` line with its wall time estimated from timings taken
     in the run (:func:`kvlab.lab.exactness.estimate_wall_time`)."""
     from rich.console import Console
 
@@ -168,6 +181,7 @@ def _run_real(args: argparse.Namespace) -> int:
         if args.tokens < 1 or args.batch < 1:
             raise ValueError(f"`tokens` and `batch` must be >= 1, got {args.tokens!r} and {args.batch!r}")
         check_model_flags(args)
+        _check_positions(args)
         with progress(err, 1 + real_check_steps(args.tokens), "kvlab lab --real") as bar:
             result = run_real_check(
                 args.model,
@@ -177,11 +191,30 @@ def _run_real(args: argparse.Namespace) -> int:
                 progress=bar.start,
                 notify=lambda msg: warn(err, flag_names(msg, REAL_FLAGS)),
                 note=lambda msg: note(err, msg),  # the wall-time estimate of a long check
+                allow_past_limit=args.allow_past_limit,
             )
     except (ValueError, OSError) as exc:  # a damaged model folder as it is (fail() names --model)
         return fail(args, exc if isinstance(exc, ModelLoadError) else flag_names(exc, REAL_FLAGS))
     result["warnings"] = [flag_names(w, REAL_FLAGS) for w in result["warnings"]]
     return finish(args, result, _print_real)
+
+
+def _check_positions(args: argparse.Namespace) -> None:
+    """Refuse --tokens past the model's max_position_embeddings as read from its files, before the load (a large
+    model loads for minutes); :func:`kvlab.lab.exactness.run_real_check` checks the loaded config again.
+
+    Raises:
+        ValueError: past the limit without --allow-past-limit (:func:`kvlab.lab.longrun.position_refusal`).
+    """
+    if args.allow_past_limit:
+        return
+    from kvlab.lab.exactness import PAST_LIMIT
+    from kvlab.lab.longrun import configured_max_positions, position_refusal
+
+    limit = configured_max_positions(args.model)
+    refusal = position_refusal("--tokens", args.tokens, limit, PAST_LIMIT, "--allow-past-limit")
+    if refusal:
+        raise ValueError(refusal)
 
 
 def _print_toy(r: dict) -> None:
