@@ -130,15 +130,17 @@ def gpu_memory(gpu_gib: float | None = None, gpu: str | None = None) -> tuple[fl
     the planner's default GPU (:data:`kvlab.plan.scenario.DEFAULT_GPU`: A100-80GB, 81,920 MiB = 80 GiB, the
     mechanics chapter's budget).
 
+    Both given: ``gpu_gib`` is the memory, in place of the row's, and the description says so (the rule of
+    ``kvlab plan``: :func:`kvlab.plan.hardware.memory_override`).
+
     Raises:
-        ValueError: both ``gpu_gib`` and ``gpu`` (each gives the device memory), an unknown ``gpu`` (the table's
-            names listed), or a row whose memory the table does not state.
+        ValueError: an unknown ``gpu`` (the table's names listed), or a row whose memory the table does not state
+            (without ``gpu_gib``).
     """
-    if gpu_gib is not None and gpu is not None:
-        raise ValueError(f"--gpu-mem-gib {gpu_gib:g} and --gpu {gpu} both give the device memory; pass one")
-    if gpu_gib is not None:
-        return gpu_gib * GIB, f"{gpu_gib:g} GiB"
-    from kvlab.plan.hardware import get_hardware
+    from kvlab.plan.hardware import get_hardware, memory_override
+
+    if gpu_gib is not None:  # an unknown --gpu is refused by memory_override too
+        return gpu_gib * GIB, memory_override(gpu, gpu_gib) or f"{gpu_gib:g} GiB"
 
     hw = get_hardware(DEFAULT_GPU if gpu is None else gpu)
     if hw.memory_bytes is None:

@@ -237,6 +237,30 @@ def get_hardware(name: str) -> Hardware:
     return hw
 
 
+def memory_override(gpu: str | None, memory_gib: float | None) -> str | None:
+    """kvlab's one rule for ``--gpu`` and ``--gpu-mem-gib`` given together (``kvlab plan``, its ``--from-log``,
+    ``kvlab paging``): the ``--gpu`` row names the device (its bandwidth and compute, where the command uses them),
+    the explicit ``--gpu-mem-gib`` (GiB, 2**30 B) its memory, in place of the row's: a what-if such as an H100 given
+    80 GiB. Returns the words that say so (``"--gpu-mem-gib 80 GiB in place of the H100-SXM's 81,559 MiB = 79.65
+    GiB"``), for a note or a budget's source; None unless both are given and the row states a memory.
+
+    Raises:
+        ValueError: an unknown ``gpu`` (:func:`get_hardware`, the table's names listed).
+    """
+    if gpu is None or memory_gib is None:
+        return None
+    hw = get_hardware(gpu)
+    if hw.memory_mib is None:  # a row without memory needs --gpu-mem-gib: nothing is replaced
+        return None
+    return f"--gpu-mem-gib {memory_gib:g} GiB in place of the {hw.name}'s {hw.memory_mib:,} MiB = {hw.memory_gib:.2f} GiB"
+
+
+def memory_override_notes(gpu: str | None, memory_gib: float | None) -> list[str]:
+    """The plan report's note of :func:`memory_override` (``[]`` when nothing is replaced)."""
+    words = memory_override(gpu, memory_gib)
+    return [] if words is None else [f"device memory: {words} (--gpu {gpu} gives the device: its bandwidth and compute)"]
+
+
 def custom_hardware(
     bandwidth_gb_s: float, tflops: float | None = None, memory_mib: int | None = None
 ) -> Hardware:

@@ -28,6 +28,7 @@ from typing import Any
 
 from kvlab.cache_names import KIVI_DEFAULTS, parse_cache_name
 from kvlab.plan.fit import longest_fitting
+from kvlab.plan.hardware import memory_override_notes
 from kvlab.plan.kv_formats import kv_dtype
 from kvlab.plan.ledger import kv_elements_per_token_per_layer
 from kvlab.plan.mixed import (
@@ -190,6 +191,7 @@ def mixed_plan_report(
     out.update(_fit(sizes, context, batch, budget, out["weight_bytes_per_gpu"]))
     out["notes"] = context_notes + list(spec.notes) + model_notes(spec, tp) + ([NO_WEIGHTS] if weights is None else [])
     out["notes"] += shortfall_notes(budget, out["weight_bytes_per_gpu"])
+    out["notes"] += memory_override_notes(o.get("gpu"), o.get("gpu_mem_gib"))
     out["warnings"] = context_warnings(spec, {f"--context {context:,}": context})
     out["vllm"] = None
     if o.get("emit") == "vllm":

@@ -12,6 +12,7 @@ from typing import Any
 from kvlab.cache_names import KIVI_DEFAULTS
 from kvlab.plan.config_fields import KV_KINDS, SHARED, check_int_at_least, number_text
 from kvlab.plan.fit import max_batch, max_context
+from kvlab.plan.hardware import memory_override_notes
 from kvlab.plan.kv_formats import PlannedName, kv_dtype
 from kvlab.plan.ledger import build_ledger, kv_bytes_peak
 from kvlab.plan.load import load_spec
@@ -127,7 +128,7 @@ def plan_report(
     out.update(_fit(spec, context, batch, kvd, tp, budget, weights, ledger))
     out["decode_attention_intensity"] = model_decode_attention_intensity(spec, kvd)
     out.update(_bound(spec, context, batch, weights, hw, kvd, tp, measured_step_ms))
-    notes = list(ledger.notes) + ([NO_WEIGHTS] if weights is None else [])
+    notes = list(ledger.notes) + ([NO_WEIGHTS] if weights is None else []) + memory_override_notes(gpu, gpu_mem_gib)
     out["notes"] = context_notes + _weight_source_notes(
         notes + model_notes(spec, tp), weight_dtype, weights_index, weight_bytes_override
     ) + _keep_notes(kvd, context) + shortfall_notes(budget, None if weights is None else ledger.weight_bytes_per_gpu)

@@ -25,11 +25,32 @@ def test_gpu_gives_the_tables_device_memory(capsys, gpu):
     assert same["A"] == r["A"]  # the same memory as the flag in GiB
 
 
-def test_gpu_is_refused_beside_gpu_mem_gib_and_unknown_names_are_listed(capsys):
-    code, _, err = run(capsys, "static", "--gpu", "L4", "--gpu-mem-gib", "20")
-    assert code == 2 and "--gpu-mem-gib 20 and --gpu L4" in err and "pass one" in err, err
-    code, _, err = run(capsys, "static", "--gpu", "Z9")
-    assert code == 2 and "'Z9'" in err and "L4" in err, err
+def test_gpu_mem_gib_beside_gpu_is_the_memory_as_in_plan_and_unknown_names_are_listed(capsys):
+    """`kvlab plan llama-3-8b --gpu H100-sxm --gpu-mem-gib 80` ran while paging refused the same two flags ("both
+    give the device memory; pass one"). One rule now (kvlab.plan.hardware.memory_override): --gpu names the device,
+    an explicit --gpu-mem-gib its memory, in place of the row's, and the output says so."""
+    code, r, err = run(capsys, "static", "--gpu", "L4", "--gpu-mem-gib", "20", "--json")
+    assert code == 0, err
+    assert r["config"]["gpu_bytes"] == 20 * 2**30 != get_hardware("L4").memory_bytes
+    l4 = get_hardware("L4")
+    assert f"--gpu-mem-gib 20 GiB in place of the L4's {l4.memory_mib:,} MiB" in r["config"]["source"]
+    code, alone, _ = run(capsys, "static", "--gpu-mem-gib", "20", "--json")
+    assert alone["A"] == r["A"] and "in place of" not in alone["config"]["source"]
+    for argv in (("--gpu", "Z9"), ("--gpu", "Z9", "--gpu-mem-gib", "20")):  # a typo is refused either way
+        code, _, err = run(capsys, "static", *argv)
+        assert code == 2 and "'Z9'" in err and "L4" in err, err
+
+
+def test_plan_states_the_same_rule_in_a_note(capsys):
+    h100 = get_hardware("H100-sxm")
+    assert main(["plan", "llama-3-8b", "--gpu", "H100-sxm", "--gpu-mem-gib", "80", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["budget"]["memory_bytes"] == 80 * 2**30 != h100.memory_bytes
+    assert f"device memory: --gpu-mem-gib 80 GiB in place of the H100-SXM's {h100.memory_mib:,} MiB" in "".join(
+        r["notes"]
+    )
+    assert main(["plan", "llama-3-8b", "--gpu-mem-gib", "80", "--json"]) == 0  # no --gpu: nothing replaced
+    assert not [n for n in json.loads(capsys.readouterr().out)["notes"] if n.startswith("device memory")]
 
 
 def test_simulate_takes_gpu_too(capsys):

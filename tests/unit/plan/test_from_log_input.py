@@ -191,3 +191,15 @@ def test_a_log_pasted_twice_reads_as_once_and_two_starts_are_refused(tmp_path, c
         f"--from-log {path}: 'Maximum concurrency for L tokens per request' gives 2 max_model_len (4,096, 8,192): "
         "more than one start of vLLM; keep one start's lines" in capsys.readouterr().err
     )
+
+
+def test_from_log_takes_gpu_and_gpu_mem_gib_together_as_plain_plan_does(capsys):
+    """--gpu and --gpu-mem-gib beside a log that states no memory were refused ("both give the device memory");
+    plain plan and kvlab paging take them as the device and its memory: one rule, the note saying which counts."""
+    assert main(["plan", *GEMMA, "--gpu", "L4", "--gpu-mem-gib", "20", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert any(n.startswith("device memory not in the log: --gpu-mem-gib 20 GiB in place of the L4's") for n in r["notes"])
+    total = next(t for t in r["terms"] if t["name"] == "total")
+    assert total["bytes"] == 20 * 2**30  # --gpu-mem-gib, not the L4's 22.49 GiB
+    assert main(["plan", *GEMMA, "--gpu-mem-gib", "20", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["terms"] == r["terms"]

@@ -147,11 +147,11 @@ def test_gpu_gives_the_device_memory_a_log_lacks(capsys):
     assert code == 0 and same["lines"] == r["lines"]
 
 
-def test_gpu_is_refused_where_the_log_states_the_memory_and_beside_gpu_mem_gib(capsys):
+def test_gpu_is_refused_where_the_log_states_the_memory(capsys):
+    """(Beside --gpu-mem-gib it is the device and that flag its memory, as in plain plan and kvlab paging:
+    test_from_log_input.test_from_log_takes_gpu_and_gpu_mem_gib_together_as_plain_plan_does.)"""
     code, _, err = run(capsys, str(DATA / "configs" / "llava-v1.6-mistral-7b-hf.json"), "--from-log", str(LLAVA_LOG), "--gpu", "L4")
     assert code == 2 and "--gpu L4 gives the device memory" in err and "79.19 GiB" in err and "line 5" in err, err
-    code, _, err = run(capsys, *GEMMA4, "--gpu", "L4", "--gpu-mem-gib", "22")
-    assert code == 2 and "--gpu-mem-gib 22 and --gpu L4" in err and "pass one" in err, err
 
 
 def test_a_log_of_another_model_is_refused_quoting_its_model_line_whole(capsys):

@@ -70,7 +70,7 @@ def _add_budget_args(p: argparse.ArgumentParser) -> None:
         "--gpu",
         default=None,
         help="GPU from the planner's hardware table, for its memory as the device reports it (as kvlab plan --gpu; "
-        "names: kvlab plan --list-gpus); not with --gpu-mem-gib",
+        "names: kvlab plan --list-gpus); with --gpu-mem-gib, that flag is the memory (as in kvlab plan)",
     )
     g.add_argument(
         "--reserve-gib",

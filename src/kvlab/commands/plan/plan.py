@@ -40,7 +40,7 @@ def register(subparsers) -> None:
         type=float,
         default=None,
         help="GPU memory budget in GiB (2^30 B); default: the --gpu row's memory as the device reports it "
-        "(A100-80GB: 81,920 MiB = 80 GiB)",
+        "(A100-80GB: 81,920 MiB = 80 GiB); with --gpu, it replaces that row's memory (a note says so)",
     )
     p.add_argument(
         "--reserve-gib",
@@ -234,8 +234,10 @@ def _flag_value_problem(args: argparse.Namespace) -> str | None:
 
 def _memory_flags_problem(args: argparse.Namespace, log: dict | None, text: str) -> str | None:
     """Why the device-memory flags (``--gpu-mem-gib``, ``--gpu``) or the weight flags (``--weight-bytes``,
-    ``--weight-dtype``, ``--weights-index``) cannot stand in for the log's figure: two of one kind given, or ``log``
-    (read from ``text``) states that figure, named with its line (:func:`kvlab.plan.vllm_log.stated_at`)."""
+    ``--weight-dtype``, ``--weights-index``) cannot stand in for the log's figure: two weight flags given, or
+    ``log`` (read from ``text``) states that figure, named with its line (:func:`kvlab.plan.vllm_log.stated_at`).
+    ``--gpu`` with ``--gpu-mem-gib`` is the device and its memory, as in plain ``plan`` and ``kvlab paging``
+    (:func:`kvlab.plan.hardware.memory_override`)."""
     from kvlab.plan.vllm_log import stated_at
 
     memory = [f"{f} {v:g}" if isinstance(v, float) else f"{f} {v}" for f, v in (("--gpu-mem-gib", args.gpu_mem_gib), ("--gpu", args.gpu)) if v is not None]
@@ -252,7 +254,7 @@ def _memory_flags_problem(args: argparse.Namespace, log: dict | None, text: str)
         (memory, "total_gib", "the device memory", " GiB"),
         (weights, "weights_gib", "the weights", " GiB per GPU"),
     ):
-        if len(given) > 1:
+        if len(given) > 1 and given is weights:
             return f"{' and '.join(given)} both give {what} where the log does not; pass one"
         if given and log is not None and key in log:
             return (
@@ -287,13 +289,16 @@ def _log_model_problem(args: argparse.Namespace, log: dict, text: str, config: d
 
 def _given_memory(args: argparse.Namespace, spec, log: dict) -> tuple[float | None, int | None, list[str]]:
     """``(device memory GiB, one GPU's weight bytes, notes)`` from the flags standing in where ``log`` is silent:
-    ``--gpu-mem-gib`` or ``--gpu`` (the hardware table's memory), ``--weight-bytes`` / ``--weight-dtype`` /
+    ``--gpu-mem-gib`` or ``--gpu`` (the hardware table's memory; both: ``--gpu-mem-gib``, noted as
+    :func:`kvlab.plan.hardware.memory_override` words it), ``--weight-bytes`` / ``--weight-dtype`` /
     ``--weights-index`` (:func:`kvlab.plan.weights.weight_bytes`, split over the log's or ``--tp``'s GPUs)."""
-    from kvlab.plan.hardware import get_hardware
+    from kvlab.plan.hardware import get_hardware, memory_override
     from kvlab.plan.weights import weight_bytes
 
     total, weights, notes = args.gpu_mem_gib, None, []
-    if args.gpu is not None:
+    if args.gpu is not None and args.gpu_mem_gib is not None:  # the one rule: --gpu-mem-gib is the memory
+        notes.append(f"device memory not in the log: {memory_override(args.gpu, args.gpu_mem_gib) or total}")
+    elif args.gpu is not None:
         hw = get_hardware(args.gpu)
         if hw.memory_gib is None:
             raise ValueError(f"--gpu {args.gpu}: the hardware table states no memory for {hw.name}; pass --gpu-mem-gib")
