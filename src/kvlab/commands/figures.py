@@ -16,6 +16,7 @@ from kvlab.commands import (
     file_exists_message,
     output_folder_problem,
     progress,
+    special_input_problem,
     table,
 )
 
@@ -79,6 +80,10 @@ def run(args: argparse.Namespace) -> int:
 
     # a new --out is made in a folder that exists (./figures on a first run); a typo'd parent is refused
     problem = empty_path_flag(args, "--out", kind="folder") or output_folder_problem(args.out, "--out")
+    inputs = [("--result", r, "a kvlab eval or tasks result JSON") for r in args.result or ()]
+    inputs += [(f, p, "a JSON file") for f, p in (("--sweep", args.sweep), ("--plan", args.plan)) if p]
+    for flag, path, what in inputs:  # /dev/null was "no result file at /dev/null"
+        problem = problem or (special_input_problem(path, what) and f"{flag} {special_input_problem(path, what)}")
     if problem:
         return fail(args, problem)
     try:

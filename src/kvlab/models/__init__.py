@@ -312,7 +312,7 @@ def heldout_token_ids(tokenizer, n_tokens: int, offset: int = 0) -> list[int]:
     ids = _heldout_ids(tokenizer)
     if offset + n_tokens > len(ids):
         raise ValueError(
-            f"held-out text has {len(ids)} tokens under this tokenizer; `offset` {offset} + `n_tokens` {n_tokens} "
+            f"held-out text has {len(ids):,} tokens under this tokenizer; `offset` {offset} + `n_tokens` {n_tokens} "
             f"= {offset + n_tokens} exceeds it"
         )
     return list(ids[offset : offset + n_tokens])

@@ -14,7 +14,7 @@ import numpy as np
 
 from kvlab.paging.static import REQUEST_TOKENS_LIMIT, check_seed
 from kvlab.plan.config_fields import number_text
-from kvlab.runtime.atomic import atomic_write
+from kvlab.runtime.atomic import atomic_write, special_file
 from kvlab.runtime.text_files import read_text
 
 # Arrivals must come before engine step 2**53: arrival times are float64, which from 2**53 on cannot tell
@@ -256,9 +256,17 @@ def _read_rows(path: Path) -> tuple[list[dict], list[int]]:
         ValueError: no such file (or a folder), an empty file, a column named twice, missing columns, no row, or a
             row with the wrong number of fields (naming the file and line).
     """
-    if not path.is_file():
-        what = "a folder" if path.is_dir() else "no such file"
-        raise ValueError(f"trace {path}: {what} (write one with `kvlab paging simulate --save-trace {path}`)")
+    if not path.is_file():  # a trace to write is suggested only where nothing stands at the path
+        odd = special_file(path)  # /dev/urandom, a FIFO: reading it would never end
+        what = (
+            "a folder" if path.is_dir() else f"{odd}, not a regular file" if odd
+            else "a broken link" if path.is_symlink() else None
+        )  # fmt: skip
+        if what is not None:
+            raise ValueError(f"trace {path}: {what}; pass a trace CSV (columns {', '.join(TRACE_COLUMNS)})")
+        if not path.parent.is_dir():
+            raise ValueError(f"trace {path}: no such file (folder {path.parent} does not exist)")
+        raise ValueError(f"trace {path}: no such file (write one with `kvlab paging simulate --save-trace {path}`)")
     reader = csv.DictReader(io.StringIO(read_text(path, newline=""), newline=""))  # by its byte-order mark
     rows, lines = [], []
     for row in reader:

@@ -78,3 +78,23 @@ def test_out_in_a_missing_folder_is_refused_and_a_new_one_made(tmp_path, capsys,
     monkeypatch.chdir(tmp_path)
     assert main(["figures", "--no-probe", "--no-append", "--json"]) == 0  # the default ./figures, made on a first run
     assert (tmp_path / "figures").is_dir()
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["report", "/dev/null"], "kvlab report: error: /dev/null is a character device, not a regular file"),
+        (
+            ["figures", "--result", "/dev/null", "--no-probe", "--no-append"],
+            "kvlab figures: error: --result /dev/null is a character device, not a regular file",
+        ),
+        (["figures", "--sweep", "/dev/zero", "--no-probe"], "--sweep /dev/zero is a character device"),
+    ],
+)
+def test_a_device_given_as_an_input_file_is_named_as_such(tmp_path, monkeypatch, capsys, argv, said):
+    """`kvlab report /dev/null` said "no result file at /dev/null": it is there, and not a regular file."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert said in err and "no result file" not in err, err
+    assert list(tmp_path.iterdir()) == []  # figures made no folder

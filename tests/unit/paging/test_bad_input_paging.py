@@ -438,6 +438,29 @@ def test_a_missing_trace_file_names_it_and_the_way_to_write_one(capsys, tmp_path
     fails(capsys, ["simulate", "--trace", str(tmp_path / "t.csv")], "no such file", "--save-trace")
 
 
+@pytest.mark.parametrize(
+    "where, said",
+    [
+        ("/dev/urandom", "--trace /dev/urandom: a character device, not a regular file; pass a trace CSV"),
+        ("/dev/null", "--trace /dev/null: a character device, not a regular file; pass a trace CSV"),
+        ("folder", "a folder; pass a trace CSV"),
+        ("missing/t.csv", "no such file (folder "),
+        ("link", "a broken link; pass a trace CSV"),
+        ("binary.csv", "not a text file"),
+    ],
+)
+def test_a_trace_that_is_no_csv_says_what_it_is_without_suggesting_to_write_there(capsys, tmp_path, where, said):
+    """`--trace /dev/urandom` suggested "write one with `kvlab paging simulate --save-trace /dev/urandom`": writing a
+    trace is suggested only where nothing stands at the path (and its folder exists)."""
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "gone.csv")
+    (tmp_path / "binary.csv").write_bytes(bytes(range(256)))
+    path = where if where.startswith("/") else str(tmp_path / where)
+    fails(capsys, ["simulate", "--trace", path], said)
+    assert main(["paging", "simulate", "--trace", path]) == 2
+    assert "--save-trace" not in capsys.readouterr().err
+
+
 def test_quant_kv_dtype_without_its_policy_is_refused(capsys):
     """--policies paged with --quant-kv-dtype kivi-2 ran paged alone and dropped the flag without a word."""
     fails(capsys, ["simulate", *SMALL, "--quant-kv-dtype", "kivi-2", "--policies", "paged"], "paged+kivi-2")
