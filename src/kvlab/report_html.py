@@ -32,6 +32,7 @@ from kvlab.eval.decision_words import (
     no_candidate_advice,
 )
 from kvlab.eval.io import current_command
+from kvlab.eval.resume import elapsed_words
 from kvlab.eval.schema import REQUIRED_FIELDS
 from kvlab.figures import gate_bounds, plot_eval_figures
 from kvlab.runtime.atomic import atomic_write_text
@@ -455,6 +456,18 @@ def _details(title: str, data: Any) -> str:
     return f"<details><summary>{html.escape(title)}</summary><pre>{html.escape(text)}</pre></details>"
 
 
+def _header(result: Mapping[str, Any]) -> dict:
+    """The fields at the top of the page: status, times, schema and the command; a resumed run's elapsed time in words
+    too (the last session's and the whole run's, :func:`kvlab.eval.resume.elapsed_words`)."""
+    header = {k: result[k] for k in ("status", "created_utc", "elapsed_s", "schema_version") if k in result}
+    if isinstance(result.get("provenance"), Mapping) and result["provenance"].get("resumed"):
+        header["elapsed"] = elapsed_words(dict(result))
+    if isinstance(result.get("command"), list):  # as a shell takes it: an empty value was lost in " ".join
+        command, notes = current_command(result["command"])  # --window-residuals '' as the CLI spells it now
+        header["command"] = shlex.join(command) + "".join(f" ({n})" for n in notes)
+    return header
+
+
 def render_html(
     result: Mapping[str, Any], figure_dir: str | os.PathLike | None = None, sections: tuple[str, ...] = ()
 ) -> str:
@@ -476,10 +489,7 @@ def render_html(
     title = f"kvlab eval report{': ' + str(label) if label else ''}"
 
     parts = [f"<h1>{html.escape(title)}</h1>"]
-    header = {k: result[k] for k in ("status", "created_utc", "elapsed_s", "schema_version") if k in result}
-    if isinstance(result.get("command"), list):  # as a shell takes it: an empty value was lost in " ".join
-        command, notes = current_command(result["command"])  # --window-residuals '' as the CLI spells it now
-        header["command"] = shlex.join(command) + "".join(f" ({n})" for n in notes)
+    header = _header(result)
     if header:
         parts.append(_kv_table(header))
     parts.append("<h2>Decision</h2>" + _decision_block(result.get("summary", result.get("decision")), result))

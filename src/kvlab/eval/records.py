@@ -17,7 +17,8 @@ from kvlab.eval.schema import STATUSES
 
 def set_status(result: dict, status: str) -> dict:
     """Write ``result["status"]`` (the only place that does): ``planned`` (a new result), ``dry_run``, ``running``,
-    ``complete`` / ``partial`` (:func:`finish_status`) or ``failed``. Returns ``result``.
+    ``complete`` / ``partial`` (:func:`finish_status`), ``failed`` or ``stopped`` (:func:`stop_run`). Returns
+    ``result``.
 
     Raises:
         ValueError: ``status`` not one of :data:`kvlab.eval.schema.STATUSES`.
@@ -91,6 +92,16 @@ def fail_run(result: dict, stage: str, exc: BaseException, message: str | None =
     """Record the run's own failure at ``stage`` and mark the result ``failed``."""
     record_failure(result, Failure.of_run(stage, exc, message))
     set_status(result, "failed")
+
+
+def stop_run(result: dict, stage: str, exc: BaseException, during: str) -> None:
+    """Record that the run was stopped (Ctrl-C, SIGTERM) at ``stage`` while it was ``during`` something (words: "loading
+    the model", "the run (capacity: context 512, kivi-4)"), and mark the result ``stopped``: not a failure of the run,
+    and resumable (``kvlab eval --resume``). The entry's message says ``interrupted during ...`` (Ctrl-C) or
+    ``terminated by signal 15 during ...``."""
+    cause = "interrupted" if isinstance(exc, KeyboardInterrupt) else (str(exc) or type(exc).__name__)
+    record_failure(result, Failure.of_run(stage, exc, f"{cause} during {during}"))
+    set_status(result, "stopped")
 
 
 @dataclass
@@ -220,4 +231,5 @@ __all__ = [
     "record_failure",
     "row_keys",
     "set_status",
+    "stop_run",
 ]

@@ -17,6 +17,7 @@ from kvlab.eval.decision_words import (
     gate_names,
     no_candidate_advice,
 )
+from kvlab.eval.resume import elapsed_words
 from kvlab.eval.twins import integer_path_lines
 from kvlab.runtime.console import stdout_console
 
@@ -322,8 +323,9 @@ def print_summary(result: dict, console: Console | None = None) -> None:
         note = bundled_model_note(result)
         if note:
             console.print(f"[yellow]note:[/] {note}")
-    if result.get("elapsed_s") is not None:
-        console.print(f"elapsed {result['elapsed_s']:.1f} s")
+    elapsed = elapsed_words(result)
+    if elapsed:
+        console.print(elapsed)
 
 
 def _short_fingerprint(fingerprint: object) -> str:

@@ -190,7 +190,8 @@ def prepare_resume(result: dict, cfg: EvalConfig, command: list[str] | None) -> 
 
     The record: ``resumed_utc``, ``command``, ``status_before``, ``cells_kept``, ``rows_kept``,
     ``cells_measured_kept`` (measured, to be timed), ``cells_to_measure``, ``failures_dropped`` (the unfinished
-    cells'), ``stopped_by`` ``[{stage, type, message}]``,
+    cells'), ``stopped_by`` ``[{stage, type, message}]``, ``earlier_elapsed_s`` (the ``elapsed_s`` the file held: the
+    earlier session's seconds, None where it recorded none, as a killed run does; :func:`elapsed_words` adds them),
     ``earlier_hardware`` and ``earlier_torch_threads`` (the machine of the earlier session, which the kept rows were
     measured on; ``provenance.hardware`` becomes this session's).
     """
@@ -224,6 +225,7 @@ def prepare_resume(result: dict, cfg: EvalConfig, command: list[str] | None) -> 
         "cells_to_measure": len(keys) - len(done) - len(measured),
         "failures_dropped": len(failures) - len(kept_failures) - len(stopped_by),
         "stopped_by": stopped_by,
+        "earlier_elapsed_s": result.get("elapsed_s"),
         "earlier_hardware": provenance.get("hardware"),
         "earlier_torch_threads": provenance.get("torch_threads"),
     }
@@ -237,3 +239,22 @@ def prepare_resume(result: dict, cfg: EvalConfig, command: list[str] | None) -> 
         elapsed_s=None,
     )
     return record
+
+
+def elapsed_words(result: dict) -> str | None:
+    """``elapsed 28.7 s`` (``result["elapsed_s"]``); for a resumed run also the whole run's time, the sum of every
+    session's (``provenance.resumed[].earlier_elapsed_s``): ``elapsed 28.7 s in the last session, 95.2 s over the
+    run's 2 sessions``, or that the last session's is all that is known where an earlier one recorded no time
+    (killed, or a file written before kvlab recorded it). None when ``elapsed_s`` is not a number."""
+    this = result.get("elapsed_s")
+    if isinstance(this, bool) or not isinstance(this, (int, float)):
+        return None
+    resumed = (result.get("provenance") or {}).get("resumed")
+    records = [r for r in resumed if isinstance(r, dict)] if isinstance(resumed, list) else []
+    if not records:
+        return f"elapsed {this:.1f} s"
+    earlier = [r.get("earlier_elapsed_s") for r in records]
+    if all(isinstance(e, (int, float)) and not isinstance(e, bool) for e in earlier):
+        total = this + sum(earlier)
+        return f"elapsed {this:.1f} s in the last session, {total:.1f} s over the run's {len(records) + 1} sessions"
+    return f"elapsed {this:.1f} s in the last session only (an earlier session of this resumed run recorded no time)"

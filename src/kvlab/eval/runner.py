@@ -92,8 +92,9 @@ def run_eval(
 ) -> dict:
     """Run both matrices and fill ``result`` (from :func:`new_result`) in place; returns it.
 
-    ``model`` must already be on its device in ``cfg.dtype``. Rows hold JSON-ready numbers only. Torch runs with
-    ``cfg.threads`` threads (recorded as ``provenance.torch_threads``). A cell is finished once it is timed and its
+    ``model`` must already be on its device in ``cfg.dtype``. Rows hold JSON-ready numbers only. ``elapsed_s``: the
+    seconds of this call, recorded also when it raises (a stopped run's session, which a resumed run adds up).
+    Torch runs with ``cfg.threads`` threads (recorded as ``provenance.torch_threads``). A cell is finished once it is timed and its
     rows are in ``result["rows"]`` (or once its baseline failed): then it is listed in ``result["cells_done"]`` and
     ``advance`` is called, where ``kvlab eval`` saves the file. A cell already listed there when the run starts (a
     run resumed by :func:`kvlab.eval.resume.prepare_resume`) is kept as it is, rows and failures, and not measured
@@ -106,6 +107,25 @@ def run_eval(
         ValueError: ``cfg.workers`` > 1 on a GPU run.
     """
     t0 = time.perf_counter()
+    try:
+        run = _run_phases(cfg, model, tokenizer, result, model_info, progress, advance, notify)
+    except BaseException:  # stopped (Ctrl-C, SIGTERM) or failed: the session's time so far, which a resume adds up
+        result["elapsed_s"] = time.perf_counter() - t0
+        raise
+    for key in ("cells_measured", "probes_done"):  # every cell is timed: nothing of the untimed phase to keep
+        result.pop(key, None)
+    # a resumed run's rows in an uninterrupted run's order (the kept cells' first, then the others')
+    order = {cell.key: i for i, cell in enumerate(run.cells)}
+    result["rows"].sort(key=lambda r: order.get((r["matrix"], r["context_length"]), len(order)))
+    result["summary"] = summarize(result)
+    finish_status(result)
+    result["elapsed_s"] = time.perf_counter() - t0
+    return result
+
+
+def _run_phases(cfg, model, tokenizer, result, model_info, progress, advance, notify) -> _Run:
+    """:func:`run_eval`'s two phases (every cell measured, then every cell timed) under the run's torch threads and
+    CPU GEMM policy; returns the run (its cells)."""
     device = next(model.parameters()).device
     with _torch_threads(cfg.threads if cfg.threads is not None else default_threads()) as threads:
         provenance = result["provenance"]
@@ -136,15 +156,7 @@ def run_eval(
             for cm in measured:  # every timed round after the helpers are gone
                 if cm is not None:
                     run.time(cm)
-    for key in ("cells_measured", "probes_done"):  # every cell is timed: nothing of the untimed phase to keep
-        result.pop(key, None)
-    # a resumed run's rows in an uninterrupted run's order (the kept cells' first, then the others')
-    order = {cell.key: i for i, cell in enumerate(run.cells)}
-    result["rows"].sort(key=lambda r: order.get((r["matrix"], r["context_length"]), len(order)))
-    result["summary"] = summarize(result)
-    finish_status(result)
-    result["elapsed_s"] = time.perf_counter() - t0
-    return result
+    return run
 
 
 def _warm_up(cfg: EvalConfig, model: Any, tokenizer: Any, device: torch.device) -> None:

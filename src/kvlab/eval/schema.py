@@ -3,7 +3,7 @@
 A result is one JSON object::
 
     schema_version  "kvlab.eval/1"
-    label, status   status in {"planned", "dry_run", "running", "complete", "partial", "failed"}
+    label, status   status in {"planned", "dry_run", "running", "complete", "partial", "failed", "stopped"}
     created_utc, command, settings (EvalConfig), gates {max_nll_delta, min_topk_overlap, max_latency_ratio,
                     max_recall_drop, max_passkey_drop, max_kl_mean}  (the last three absent in older files)
                     settings.prefer: "memory" | "latency", the rule the decision selected by (absent in older
@@ -17,7 +17,8 @@ A result is one JSON object::
                      reason}]}}; prompts holds one entry per capacity/window prompt and per probe
                      (mode "recall" / "passkey": context_length, placement, seed, ids_sha256, sequence_sha256);
                      provenance.resumed? [{resumed_utc, command, status_before, cells_kept, rows_kept,
-                     cells_to_measure, failures_dropped, stopped_by, earlier_hardware, earlier_torch_threads}], one
+                     cells_measured_kept, cells_to_measure, failures_dropped, stopped_by, earlier_elapsed_s? (the
+                     earlier session's elapsed_s), earlier_hardware, earlier_torch_threads}], one
                      entry per session of kvlab eval --resume (kvlab.eval.resume.prepare_resume)
     cells_done?     [{matrix, context_length}] of each finished cell (timed and its rows written, or its baseline
                      failed), in the order they finished; absent in files older than kvlab eval --resume
@@ -51,7 +52,10 @@ A result is one JSON object::
                       long_context_ms}]
     failures        [kvlab.eval.records.Failure.to_json(): {matrix?, candidate, context_length, residual_length, stage,
                      type, message, traceback_tail?}]; a failure of the run
-                     itself (the model load, an interrupt) has candidate, context and matrix null or absent
+                     itself (the model load, an interrupt) has candidate, context and matrix null or absent; an
+                     interrupt (status stopped) says "interrupted during <what>" / "terminated by signal 15 during ..."
+    elapsed_s       seconds of measurement of the last session (also of a stopped one); a resumed run's whole time
+                     adds provenance.resumed[].earlier_elapsed_s
     summary         {memory_reduction_onset_context, eligible_crossover_context, selected_candidate, decision,
                       decision_gates (the gates the selected row was judged on), latency_trusted,
                       latency_warning (None, or why the timings are not to be trusted), long_context_warning (None,
@@ -69,7 +73,8 @@ import json
 import math
 
 SCHEMA_VERSION = "kvlab.eval/1"
-STATUSES = ("planned", "dry_run", "running", "complete", "partial", "failed")
+# stopped: Ctrl-C or SIGTERM (kvlab.eval.records.stop_run); resumable, as failed and a killed run's running are
+STATUSES = ("planned", "dry_run", "running", "complete", "partial", "failed", "stopped")
 MATRICES = ("capacity", "window")
 # the top-level fields every kvlab eval result holds (a missing one is a problem of the file)
 REQUIRED_FIELDS = (

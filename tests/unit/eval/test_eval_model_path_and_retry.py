@@ -51,6 +51,7 @@ def test_a_load_failure_after_the_path_check_is_recorded_as_exit_1(tmp_path, cap
     "status, words",
     [
         ("failed", "the earlier run with this label failed (status failed); pass --resume "),
+        ("stopped", "the earlier run with this label was stopped (status stopped: Ctrl-C or SIGTERM); pass --resume "),
         (
             "running",
             "the earlier run with this label did not finish (status running: stopped, or still running)",

@@ -185,11 +185,11 @@ def test_prepare_resume_keeps_only_the_finished_cells_rows_and_failures():
             "candidate": None,
             "stage": "run",
             "type": "KeyboardInterrupt",
-            "message": "interrupted by the user",
+            "message": "interrupted during the run (capacity: context 160, kivi-2)",
         },
     ]
     result["cells_done"] = [{"matrix": "capacity", "context_length": 96}] * 2  # a duplicate is counted once
-    result["status"], result["summary"] = "failed", {"decision": "stale"}
+    result["status"], result["summary"], result["elapsed_s"] = "stopped", {"decision": "stale"}, 12.5
     record = prepare_resume(result, cfg, ["kvlab", "eval", "--resume", "r.json"])
     assert result["rows"] == [{**row, "matrix": "capacity", "context_length": 96}]
     assert result["failures"] == [{**failure, "matrix": "capacity", "context_length": 96}]
@@ -202,9 +202,10 @@ def test_prepare_resume_keeps_only_the_finished_cells_rows_and_failures():
         "failures_dropped": 1,
     }
     assert record["stopped_by"] == [
-        {"stage": "run", "type": "KeyboardInterrupt", "message": "interrupted by the user"}
+        {"stage": "run", "type": "KeyboardInterrupt", "message": "interrupted during the run (capacity: context 160, kivi-2)"}
     ]
-    assert record["status_before"] == "failed" and record["command"][-2:] == ["--resume", "r.json"]
+    assert record["status_before"] == "stopped" and record["command"][-2:] == ["--resume", "r.json"]
+    assert record["earlier_elapsed_s"] == 12.5 and result["elapsed_s"] is None  # the next session's, once it runs
 
 
 def test_prepare_resume_keeps_a_measured_cell_and_its_failures_but_the_probes():
@@ -238,3 +239,24 @@ def test_prepare_resume_keeps_a_measured_cell_and_its_failures_but_the_probes():
     ]
     assert (record["cells_kept"], record["cells_measured_kept"], record["cells_to_measure"]) == (1, 1, 1)
     assert record["failures_dropped"] == 2
+
+
+@pytest.mark.parametrize(
+    "earlier, words",
+    [
+        ([], "elapsed 30.0 s"),
+        ([12.5], "elapsed 30.0 s in the last session, 42.5 s over the run's 2 sessions"),
+        ([12.5, 7.5], "elapsed 30.0 s in the last session, 50.0 s over the run's 3 sessions"),
+        ([None], "elapsed 30.0 s in the last session only (an earlier session of this resumed run recorded no time)"),
+    ],
+)
+def test_elapsed_states_the_last_session_and_the_whole_run(earlier, words):
+    """A resumed run's elapsed time: the last session's and the sum over every session, where each recorded its own;
+    the HTML page's header says the same."""
+    from kvlab.eval.resume import elapsed_words
+    from kvlab.report_html import _header
+
+    result = {"elapsed_s": 30.0, "provenance": {"resumed": [{"earlier_elapsed_s": e} for e in earlier]}}
+    assert elapsed_words(result) == words
+    assert _header(result).get("elapsed") == (words if earlier else None)
+    assert elapsed_words({"elapsed_s": None}) is None

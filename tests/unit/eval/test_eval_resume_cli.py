@@ -88,14 +88,21 @@ def test_eval_resume_continues_an_interrupted_run_in_place(tmp_path, capsys, mon
     assert main([*TINY, "--out-dir", str(tmp_path), "--label", "cut"]) == 130
     monkeypatch.setattr(runner._Run, "time", real_time)
     cut = json.loads(path.read_text())
-    assert cut["status"] == "failed" and cut["cells_done"] == [{"matrix": "capacity", "context_length": 96}]
+    assert cut["status"] == "stopped" and cut["cells_done"] == [{"matrix": "capacity", "context_length": 96}]
     assert len(cut["rows"]) == 4 and cut["failures"][-1]["type"] == "KeyboardInterrupt"
-    if killed:  # kill -9 right after the save: no failure recorded, status still running
-        cut["status"], cut["failures"] = "running", []
+    assert cut["failures"][-1]["message"].startswith("interrupted during the run (")
+    assert isinstance(cut["elapsed_s"], float) and cut["elapsed_s"] > 0  # the stopped session's time
+    # the stop line counts what the resume keeps, in the resume line's words
+    kept = "1 of 3 cells finished and kept (4 rows); 2 measured and kept, to be timed"
+    assert f"in {path}: {kept}; continue with: kvlab eval --resume {path}" in err_of(capsys)
+    stopped = [{k: cut["failures"][-1][k] for k in ("stage", "type", "message")}]
+    if killed:  # kill -9 right after the save: no failure or time recorded, status still running
+        cut["status"], cut["failures"], cut["elapsed_s"] = "running", [], None
         path.write_text(json.dumps(cut))
     capsys.readouterr()
     assert main(["eval", "--resume", str(path)]) == 0
-    said = err_of(capsys)
+    out, said = capsys.readouterr()
+    out, said = " ".join(out.split()), " ".join(said.split())
     assert "resuming cut: 1 of 3 cells finished and kept (4 rows); 2 measured and kept, to be timed" in said
     assert "measuring the other" not in said  # nothing left to measure: the interrupt came while timing
     result = json.loads(path.read_text())
@@ -107,13 +114,13 @@ def test_eval_resume_continues_an_interrupted_run_in_place(tmp_path, capsys, mon
     (record,) = result["provenance"]["resumed"]
     assert record["cells_kept"] == 1 and record["rows_kept"] == 4 and record["cells_measured_kept"] == 2
     assert record["cells_to_measure"] == 0  # the interrupt came in the timing phase: every cell was measured
-    assert record["status_before"] == ("running" if killed else "failed")
-    stopped = (
-        []
-        if killed
-        else [{"stage": "run", "type": "KeyboardInterrupt", "message": "interrupted by the user"}]
-    )
-    assert record["stopped_by"] == stopped
+    assert record["status_before"] == ("running" if killed else "stopped")
+    assert record["stopped_by"] == ([] if killed else stopped)
+    # the whole run's time: the stopped session's recorded, a killed one's not
+    assert record["earlier_elapsed_s"] == (None if killed else cut["elapsed_s"])
+    total = f"{result['elapsed_s'] + (cut['elapsed_s'] or 0):.1f} s over the run's 2 sessions"
+    last = f"elapsed {result['elapsed_s']:.1f} s in the last session"
+    assert last in out and ("only (an earlier session" in out if killed else total in out), out
     assert main(["eval", "--resume", str(path)]) == 2  # finished now: nothing to resume
     assert "is a finished run (status complete): nothing to resume" in err_of(capsys)
 
@@ -155,11 +162,44 @@ def test_sigterm_is_recorded_and_exits_143(tmp_path, capsys, monkeypatch, loaded
     monkeypatch.setattr(runner._Run, "time", terminated)
     assert main([*TINY, "--out-dir", str(tmp_path), "--label", "term"]) == 143
     cut = json.loads((tmp_path / "term.json").read_text())
-    assert cut["status"] == "failed" and len(cut["cells_done"]) == 1
+    assert cut["status"] == "stopped" and len(cut["cells_done"]) == 1
     failure = cut["failures"][-1]
-    assert failure["stage"] == "run" and failure["type"] == "Terminated" and "signal 15" in failure["message"]
+    assert failure["stage"] == "run" and failure["type"] == "Terminated"
+    assert failure["message"].startswith("terminated by signal 15 during the run (")
     path = tmp_path / "term.json"
-    assert f"1 finished cell(s) kept in {path}; continue with: kvlab eval --resume {path}" in err_of(capsys)
+    said = err_of(capsys)
+    assert "stopped: terminated by signal 15 during the run (" in said
+    assert f"in {path}: 1 of 3 cells finished and kept (4 rows); 2 measured and kept" in said
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_stop_while_the_model_loads_is_recorded_as_a_stop(tmp_path, capsys, monkeypatch, signal_name):
+    """Ctrl-C or SIGTERM while the model loads: status stopped at stage load_model, "interrupted during loading the
+    model" (not "could not load the model: KeyboardInterrupt"), the shell's status for the signal, and --resume
+    continues the run from the start."""
+    import os
+    import signal
+
+    def stop(*args, **kwargs):
+        if signal_name == "SIGINT":
+            raise KeyboardInterrupt
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the load")
+
+    monkeypatch.setattr("kvlab.models.load_model", stop)
+    code = main([*TINY, "--out-dir", str(tmp_path), "--label", "load"])
+    assert code == (130 if signal_name == "SIGINT" else 143)
+    result = json.loads((tmp_path / "load.json").read_text())
+    assert result["status"] == "stopped" and validate_result(result) == []
+    (failure,) = result["failures"]
+    assert failure["stage"] == "load_model"
+    cause = "interrupted" if signal_name == "SIGINT" else "terminated by signal 15"
+    assert failure["message"] == f"{cause} during loading the model"
+    said = err_of(capsys)
+    assert "could not load the model" not in said and "error" not in said
+    path = tmp_path / "load.json"
+    assert f"stopped: {cause} during loading the model; in {path}: 0 of 3 cells finished and kept (0 rows);" in said
+    assert result["elapsed_s"] == 0.0  # nothing measured in that session
 
 
 # ── refusals: exit 2, one line naming the file and the reason, the file unchanged ────────────────────────────────

@@ -274,8 +274,8 @@ def _add_prompt_and_output_flags(p) -> None:
         "--resume",
         metavar="RESULT",
         default=None,
-        help="continue the interrupted run whose result file is RESULT (status running or failed: Ctrl-C, a kill, "
-        "an error) and rewrite that file: its settings come from the file (no other flag but --json; same model, "
+        help="continue the interrupted run whose result file is RESULT (status stopped: Ctrl-C or SIGTERM; "
+        "running: killed; failed: an error) and rewrite that file: its settings come from the file (no other flag but --json; same model, "
         "device, software and thread count), the cells it finished (timed, rows written) are kept, so are the cells "
         "and probes it measured but did not time yet (they are only timed), every other cell is measured and timed "
         "from the start, and the summary covers all rows. Stop a run still running before resuming it",

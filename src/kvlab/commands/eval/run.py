@@ -1,5 +1,6 @@
 """One ``kvlab eval`` run, from the parsed flags to the exit code: the result file (new, or ``--resume``d), the
-model loaded and checked, the run under SIGTERM/Ctrl-C with every finished cell written, and the report."""
+model loaded and checked, the run with every finished cell written, and the report. Ctrl-C or SIGTERM at any stage
+after the plan is written (the model's load included) is recorded as a stop (status ``stopped``), not a failure."""
 
 from __future__ import annotations
 
@@ -183,8 +184,9 @@ def _model_problem(model: str | None) -> str | None:
 
 
 def _exists_message(path, exc: FileExistsError) -> str:
-    """The refusal of an existing result file; it says when that file is a run that failed or never finished
-    (status ``failed``, or ``planned``/``running`` left by a run that died), the usual reason to retry a label,
+    """The refusal of an existing result file; it says when that file is a run that failed, was stopped or never
+    finished (status ``failed``, ``stopped``, or ``planned``/``running`` left by a run that died), the usual reason
+    to retry a label,
     and names ``--resume`` when the file records its finished cells (``cells_done``)."""
     try:
         earlier = json.loads(path.read_text(encoding="utf-8"))
@@ -193,6 +195,8 @@ def _exists_message(path, exc: FileExistsError) -> str:
         return str(exc)
     if status == "failed":
         why = "the earlier run with this label failed (status failed)"
+    elif status == "stopped":
+        why = "the earlier run with this label was stopped (status stopped: Ctrl-C or SIGTERM)"
     elif status in ("planned", "running"):
         why = f"the earlier run with this label did not finish (status {status}: stopped, or still running)"
     else:
@@ -218,11 +222,27 @@ def _attention_notes(cfg) -> list[str]:
     ]
 
 
-def _load(args, cfg, result, path, err, resumed: bool):
+class _Where:
+    """What a run is doing now, for the record of an interrupt (:func:`kvlab.eval.records.stop_run`): the failure's
+    ``stage`` and its words; ``measuring``: whether the run itself has started (its progress names the step)."""
+
+    def __init__(self) -> None:
+        self.stage, self.words, self.measuring = "load_model", "loading the model", False
+
+    def set(self, stage: str, words: str) -> None:
+        self.stage, self.words = stage, words
+
+    def step(self, words: str) -> None:
+        """The run's current step, as its progress line names it."""
+        self.stage, self.words, self.measuring = "run", f"the run ({words})", True
+
+
+def _load(args, cfg, result, path, err, resumed: bool, where: _Where):
     """``(model, tokenizer, model_info)`` loaded and checked against the settings, or the exit code of a failure:
     a load failure and a setting the model refutes are recorded in ``path``; a resumed run (``resumed``) onto
     another model or device is refused, the file left as it was. A resumed ``result`` is then made ready to
-    continue (:func:`kvlab.eval.resume.prepare_resume`)."""
+    continue (:func:`kvlab.eval.resume.prepare_resume`). ``where`` follows the stages (an interrupt is recorded by
+    the caller, :func:`_run_real`)."""
     from kvlab.eval.io import write_json_atomic
     from kvlab.eval.model_info import (
         check_against_model,
@@ -240,19 +260,11 @@ def _load(args, cfg, result, path, err, resumed: bool):
         err.print(f"loading model {cfg.model or '(bundled reference model)'} in {cfg.dtype} on {device} ...")
         model, tokenizer = load_model(cfg.model, dtype=cfg.dtype, device=str(device))
         model_info = describe_model(model, cfg.model, cfg.dtype, str(device))
-    except (Exception, KeyboardInterrupt) as exc:  # recorded, not lost (nor left as "planned")
-        fail_run(
-            result,
-            "load_model",
-            exc,
-            "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else None,
-        )
+    except Exception as exc:  # recorded, not lost (nor left as "planned"); an interrupt: _run_real records it
+        fail_run(result, "load_model", exc)
         write_json_atomic(path, result)
-        return fail(
-            args,
-            f"could not load the model: {type(exc).__name__}: {exc} (recorded in {path})",
-            EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_FAILED,
-        )
+        return fail(args, f"could not load the model: {type(exc).__name__}: {exc} (recorded in {path})", EXIT_FAILED)
+    where.set("settings", "checking the settings against the loaded model")
     if resumed:
         from kvlab.eval.resume import check_same_model
 
@@ -274,6 +286,7 @@ def _load(args, cfg, result, path, err, resumed: bool):
         return fail(args, f"{exc} (recorded in {path})")
     if resumed:
         _prepare_resume(result, cfg, err)
+    where.set("run", "the run's start (warm-up)")
     return model, tokenizer, model_info
 
 
@@ -334,6 +347,16 @@ def memory_problem(cfg, model, device, available: int | None = -1) -> str | None
     return memory_refusal(what, need(cell.context, cell.new_tokens), available, hint)
 
 
+def kept_parts(cells_done: int, rows: int, cells_measured: int, cells: int) -> list[str]:
+    """What a stopped run keeps, in the words of both the stop line and the ``--resume`` line: ``["1 of 3 cells
+    finished and kept (4 rows)", "2 measured and kept, to be timed"]`` (the second only when some cell was measured
+    and not timed)."""
+    parts = [f"{cells_done} of {cells} cells finished and kept ({rows} rows)"]
+    if cells_measured:
+        parts.append(f"{cells_measured} measured and kept, to be timed")
+    return parts
+
+
 def _prepare_resume(result, cfg, err) -> None:
     """Keep the finished cells of a resumed ``result`` and say what is kept and what is measured again."""
     from kvlab.eval.resume import prepare_resume
@@ -342,9 +365,7 @@ def _prepare_resume(result, cfg, err) -> None:
     record = prepare_resume(result, cfg, None if argv is None else ["kvlab", *argv])
     total = record["cells_kept"] + record["cells_measured_kept"] + record["cells_to_measure"]
     untimed, rest = record["cells_measured_kept"], record["cells_to_measure"]
-    parts = [f"{record['cells_kept']} of {total} cells finished and kept ({record['rows_kept']} rows)"]
-    if untimed:
-        parts.append(f"{untimed} measured and kept, to be timed")
+    parts = kept_parts(record["cells_kept"], record["rows_kept"], untimed, total)
     if rest or not untimed:
         parts.append(f"measuring the other {rest} from the start")
     err.print(f"resuming {result['label']}: {'; '.join(parts)}")
@@ -356,54 +377,89 @@ def _argv() -> list[str] | None:
 
 
 def _run_real(args, cfg, result, path, err, resumed: bool = False) -> int:
+    """Load the model, run, write and report; Ctrl-C or SIGTERM at any stage (loading the model included) is
+    recorded as a stop (status ``stopped``, :func:`_stopped`), not as a failure."""
+    where = _Where()
+    try:
+        with sigterm_raises():
+            loaded = _load(args, cfg, result, path, err, resumed, where)
+            if isinstance(loaded, int):
+                return loaded
+            return _measure(args, cfg, result, path, err, loaded, where)
+    except (KeyboardInterrupt, Terminated) as exc:
+        return _stopped(args, cfg, result, path, err, exc, where, resumed)
+
+
+def _measure(args, cfg, result, path, err, loaded, where: _Where) -> int:
+    """Run the loaded model's cells (:func:`kvlab.eval.runner.run_eval`), saving the file after every step, and
+    report; an interrupt propagates to :func:`_run_real`."""
     from kvlab.eval.cells import count_steps
     from kvlab.eval.io import write_json_atomic
     from kvlab.eval.records import fail_run, set_status
     from kvlab.eval.resume import running_in
     from kvlab.eval.runner import run_eval
 
-    loaded = _load(args, cfg, result, path, err, resumed)
-    if isinstance(loaded, int):
-        return loaded
     model, tokenizer, model_info = loaded
     set_status(result, "running")
     result["provenance"]["running_in"] = running_in()  # a second --resume of this file refuses while it lives
     write_json_atomic(path, result)
-    stopped = 0
-    try:
-        with sigterm_raises(), progress(err, count_steps(cfg), "kvlab eval") as bar:
+    with progress(err, count_steps(cfg), "kvlab eval") as bar:
 
-            def step() -> None:
-                bar.advance()
-                write_json_atomic(path, result)  # every finished cell is on disk, even if the run dies later
+        def step() -> None:
+            bar.advance()
+            write_json_atomic(path, result)  # every finished cell is on disk, even if the run dies later
 
+        def describe(words: str) -> None:
+            where.step(words)
+            bar.describe(words)
+
+        try:
             run_eval(
                 cfg,
                 model,
                 tokenizer,
                 result,
                 model_info,
-                progress=bar.describe,
+                progress=describe,
                 advance=step,
                 notify=lambda msg: err.print(f"[yellow]warning: {msg}[/]"),
             )
-    except (KeyboardInterrupt, Terminated) as exc:
-        fail_run(
-            result, "run", exc, "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else None
-        )
-        stopped = EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_TERMINATED
-    except Exception as exc:
-        fail_run(result, "run", exc)
+        except Exception as exc:
+            fail_run(result, "run", exc)
     write_json_atomic(path, result)
     code = _finish(args, result, path, err)
-    if stopped:  # the shell's status for a process a signal ended: 130 for Ctrl-C, 143 for SIGTERM
-        kept = len(result.get("cells_done") or [])
-        err.print(
-            f"stopped: {kept} finished cell(s) kept in {path}; continue with: kvlab eval --resume {path}"
-        )
-        return stopped
     failed_everywhere = (result.get("summary") or {}).get("failed_candidates")
     return 1 if result["status"] == "failed" or failed_everywhere else code
+
+
+def _stopped(args, cfg, result, path, err, exc: BaseException, where: _Where, resumed: bool) -> int:
+    """Record an interrupt at ``where`` (:func:`kvlab.eval.records.stop_run`), write the file, print the rows so far
+    (when the run had started) and one line saying where it stopped, what is kept and how to continue; returns the
+    shell's status for the signal (130 for Ctrl-C, 143 for SIGTERM)."""
+    from kvlab.eval.cells import run_cells
+    from kvlab.eval.io import write_json_atomic
+    from kvlab.eval.records import stop_run
+
+    stop_run(result, where.stage, exc, where.words)
+    # the session's measuring time (run_eval records it when stopped); none yet: 0 s, unless a resumed file was
+    # stopped before its resume was prepared (it keeps the earlier session's time, which the next resume adds up)
+    if result.get("elapsed_s") is None and (not resumed or where.stage == "run"):
+        result["elapsed_s"] = 0.0
+    write_json_atomic(path, result)
+    if where.measuring:
+        _finish(args, result, path, err)
+    parts = kept_parts(
+        len(result.get("cells_done") or []),
+        len(result.get("rows") or []),
+        len(result.get("cells_measured") or []),
+        len(run_cells(cfg)),
+    )
+    err.print(
+        f"stopped: {result['failures'][-1]['message']}; in {path}: {'; '.join(parts)}; continue with: "
+        f"kvlab eval --resume {path}",
+        markup=False,
+    )
+    return EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_TERMINATED
 
 
 def _finish(args, result, path, err) -> int:
