@@ -30,6 +30,7 @@ from kvlab.eval.decision_words import (
     decision_text,
     gate_names,
     no_candidate_advice,
+    window_quality_note,
 )
 from kvlab.eval.io import current_command
 from kvlab.eval.resume import elapsed_words
@@ -513,6 +514,9 @@ def render_html(
             "every field of every row is in the raw rows below.</p>"
         )
         parts.append(_rows_table(subset, bounds))
+        note = window_quality_note(dict(result)) if matrix == "window" else None
+        if note:
+            parts.append(f'<p class="muted">note: {html.escape(note)}</p>')
     passkey = _passkey_table(rows)
     if passkey:
         parts.append("<h2>Passkey retrieval</h2>" + passkey)

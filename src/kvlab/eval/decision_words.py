@@ -254,3 +254,39 @@ def bundled_model_note(result: dict) -> str | None:
         f"for a decision about a served model run a real one: {REAL_MODEL_COMMAND} (offline, after "
         "`kvlab models get smollm2-135m`), or --model with your own"
     )
+
+
+def window_quality_note(result: dict) -> str | None:
+    """Under the residual-window table: why a transformers ``QuantizedCache`` candidate (HQQ, quanto: the registry
+    families that read ``hqq_group_size``) shows the same ΔNLL, top-k and KL at every R. Its first update quantizes
+    the whole prompt whatever ``residual_length`` is (transformers ``QuantizedLayer.update``); R only bounds how many
+    newly decoded tokens it holds in float before quantizing them too. The quality pass feeds ``quality_tokens`` - 1
+    tokens after the prompt, one at a time, and the R-th of them re-quantizes, which the next forward would see: so R
+    changes those numbers only where R < ``quality_tokens`` - 1. None without such a row in the window matrix, or
+    without ``settings.quality_tokens``."""
+    from kvlab.caches.registry import REGISTRY
+
+    n = (result.get("settings") or {}).get("quality_tokens")
+    rows = [
+        r
+        for r in result.get("rows") or []
+        if isinstance(r, dict) and r.get("matrix") == "window" and r.get("candidate") != "dynamic"
+        and "hqq_group_size" in getattr(REGISTRY.get(r.get("family", "")), "reads", ())
+    ]
+    if not rows or isinstance(n, bool) or not isinstance(n, int):
+        return None
+    names = list(dict.fromkeys(r["candidate"] for r in rows))
+    moved = sorted({r["residual_length"] for r in rows if isinstance(r.get("residual_length"), int)
+                    and r["residual_length"] < n - 1})
+    one = len(names) == 1
+    where = (
+        f"cannot change with R here (they would at R below {n - 1})"
+        if not moved
+        else f"change with R only at R below {n - 1} (here R = {', '.join(map(str, moved))})"
+    )
+    return (
+        f"{', '.join(names)} {'is' if one else 'are'} transformers' QuantizedCache, which quantizes the whole prompt "
+        f"at the prefill whatever R is (R is how many newly decoded tokens it holds in float before quantizing them "
+        f"too), so {'its' if one else 'their'} ΔNLL, top-k and KL over the {n} teacher-forced tokens {where}; R "
+        f"changes {'its' if one else 'their'} bytes and latency (the generated tokens)"
+    )

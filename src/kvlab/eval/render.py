@@ -16,6 +16,7 @@ from kvlab.eval.decision_words import (
     fp8_range_lines,
     gate_names,
     no_candidate_advice,
+    window_quality_note,
 )
 from kvlab.eval.resume import elapsed_words
 from kvlab.eval.twins import integer_path_lines
@@ -293,6 +294,9 @@ def print_summary(result: dict, console: Console | None = None) -> None:
     for matrix in ("capacity", "window"):
         for table in matrix_tables(result, matrix, console.width):
             console.print(table)
+    note = window_quality_note(result)  # under the window table: HQQ's quality cannot move with R
+    if note:
+        console.print(f"[dim]note: {note}[/]", markup=True)
     for table in passkey_tables(result, console.width):
         console.print(table)
     if any(r.get("matrix") in ("capacity", "window") for r in result.get("rows", [])):
