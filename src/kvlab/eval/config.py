@@ -24,7 +24,8 @@ SEED_PROMPT = "Explain why KV Cache grows with context length."
 PREFERENCES = ("memory", "latency")
 # settings added after result files were first written, with the value a file without them was decided under
 # (EvalConfig.from_dict fills them in: an older file reads as it was run)
-LATER_SETTINGS = {"prefer": "memory"}
+# allow_past_limit: a file written before the refusal ran past the model's positions with a warning only
+LATER_SETTINGS = {"prefer": "memory", "allow_past_limit": True}
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
@@ -148,6 +149,9 @@ class EvalConfig:
         prefer: how the decision selects among the rows that pass every gate (:data:`PREFERENCES`): ``"memory"``
             the most cache bytes saved, ``"latency"`` the lowest latency ratio at the context ``"memory"`` selects
             (:func:`kvlab.eval.decision.decide`).
+        allow_past_limit: run cells whose prompt + new tokens pass the model's ``max_position_embeddings`` (warned
+            about, the decision carrying a caveat); False: ``kvlab eval`` refuses them
+            (:func:`kvlab.eval.model_info.context_limit_problem`).
     """
 
     model: str | None = None
@@ -184,6 +188,7 @@ class EvalConfig:
     retrieval_contexts: tuple[int, ...] | None = None
     gates: Gates = field(default_factory=Gates)
     prefer: str = "memory"
+    allow_past_limit: bool = False
 
     def _check_run_settings(self) -> None:
         """``seed`` (0 .. 2**64 - 1, as ``kvlab tasks --seed`` and paging's: torch.manual_seed's non-negative range)
@@ -234,8 +239,9 @@ class EvalConfig:
             value = getattr(self, name)  # one number: "must hold positive integers" read as a list's error
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"`{name}` must be an integer >= 1, got {value!r}")
-        if not isinstance(self.long_context, bool):
-            raise ValueError(f"`long_context` must be a bool, got {self.long_context!r}")
+        for name in ("long_context", "allow_past_limit"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"`{name}` must be a bool, got {getattr(self, name)!r}")
         if (
             isinstance(self.recall_span_tokens, bool)
             or not isinstance(self.recall_span_tokens, int)

@@ -119,12 +119,38 @@ def check_heldout_length(cfg: EvalConfig, tokenizer: Any) -> None:
             )
 
 
+def context_limit_problem(cfg: EvalConfig, limit: int | None) -> str | None:
+    """The refusal of cells whose prompt + new tokens pass the model's ``max_position_embeddings`` (``limit``, tokens;
+    None: the model states none), unless ``cfg.allow_past_limit``: a RoPE model still runs there, but its quality
+    numbers describe positions it was never trained on, which is not what a user choosing a cache for it asks about.
+    It names each flag past the limit with its cell length, the longest value that fits, and ``--allow-past-limit``;
+    None when every cell fits or the flag allows it (then :func:`context_limit_warnings` warns)."""
+    if cfg.allow_past_limit or not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        return None
+    cells = [("--contexts", max(cfg.contexts), cfg.new_tokens, "--new-tokens")]
+    if cfg.window_residuals:
+        cells.append(("--window-context", cfg.window_context, cfg.window_new_tokens, "--window-new-tokens"))
+    past, fixes = [], []
+    for flag, context, new, new_flag in cells:
+        if context + new > limit:
+            past.append(f"{flag} {context:,} + {new:,} new tokens = {context + new:,}")
+            fit = limit - new
+            fixes.append(f"{flag} {fit} or less" if fit >= 1 else f"fewer {new_flag} ({new:,} alone pass it)")
+    if not past:
+        return None
+    return (
+        f"{'; '.join(past)} tokens pass the model's max_position_embeddings ({limit:,}): quality measured there "
+        f"describes positions the model was not trained on; pass {' and '.join(fixes)}, or --allow-past-limit to "
+        f"measure them anyway (the decision then carries a caveat)"
+    )
+
+
 def context_limit_warnings(cfg: EvalConfig, limit: int | None) -> list[str]:
     """Warnings for cells whose prompt + new tokens pass the model's ``max_position_embeddings`` (``limit``, tokens;
-    None: the model states none) -- run, not refused: a RoPE model extrapolates, but its quality numbers there
-    describe positions it was never trained on. ``limit`` comes from the loaded model
-    (:func:`model_max_positions`) or, for ``--dry-run``, from its files
-    (:func:`kvlab.lab.longrun.configured_max_positions`)."""
+    None: the model states none), in a run that allows them (``cfg.allow_past_limit``; else
+    :func:`context_limit_problem` refuses them first): a RoPE model extrapolates, but its quality numbers there
+    describe positions it was never trained on. ``limit`` comes from the loaded model (:func:`model_max_positions`)
+    or, before loading it, from its files (:func:`kvlab.lab.longrun.configured_max_positions`)."""
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         return []
     cells = [(c, cfg.new_tokens) for c in cfg.contexts]

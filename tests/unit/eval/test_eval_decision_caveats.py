@@ -76,19 +76,60 @@ def test_prompt_plus_new_tokens_past_the_limit_counts_and_within_it_no_caveat():
     assert _result([_row("kivi-4", 99999, True)], None)["summary"]["positions_warning"] is None
 
 
-def test_dry_run_warns_past_the_positions_from_the_config_alone(tmp_path, capsys, monkeypatch):
+def test_a_context_past_the_positions_is_refused_unless_allowed(tmp_path, capsys, monkeypatch):
+    """Past the model's max_position_embeddings (read from its config, no model loaded): refused before any work,
+    naming the flag, the cell length, the longest context that fits and --allow-past-limit; with the flag a dry run
+    warns instead, and the setting is recorded."""
     import kvlab.models
 
     def no_load(*args, **kwargs):
-        raise AssertionError("a dry run loads no model")
+        raise AssertionError("nothing is loaded")
 
     monkeypatch.setattr(kvlab.models, "load_model", no_load)
-    argv = ["eval", "--contexts", "100000", "--dry-run", "--out-dir", str(tmp_path), "--label", "d"]
-    assert main(argv) == 0
+    argv = ["eval", "--contexts", "100000", "--out-dir", str(tmp_path), "--label", "d"]
+    assert main(argv) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "100,064" in err and f"max_position_embeddings ({BUNDLED_LIMIT:,})" in err
+    assert "kvlab eval: error: --contexts 100,000 + 64 new tokens = 100,064 tokens pass the model's" in err
+    assert f"max_position_embeddings ({BUNDLED_LIMIT:,})" in err and "not trained on" in err
+    assert f"pass --contexts {BUNDLED_LIMIT - 64} or less, or --allow-past-limit to measure them anyway" in err
+    assert not (tmp_path / "d.json").exists()
+    assert main([*argv, "--window-context", "9000", "--dry-run"]) == 2  # both flags named
+    err = " ".join(capsys.readouterr().err.split())
+    assert "; --window-context 9,000 + 128 new tokens = 9,128" in err and "--window-context 8064 or less" in err
+    assert main([*argv, "--dry-run", "--allow-past-limit"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "warning:" in err and "100,064" in err and f"max_position_embeddings ({BUNDLED_LIMIT:,})" in err
+    assert json.loads((tmp_path / "d.json").read_text())["settings"]["allow_past_limit"] is True
     assert main(["eval", "--contexts", "512", "--dry-run", "--out-dir", str(tmp_path), "--label", "e"]) == 0
     assert "max_position_embeddings" not in capsys.readouterr().err
+
+
+def test_the_default_and_quick_matrices_fit_the_bundled_model():
+    """The README's `kvlab eval` (the bundled model, default contexts) and --quick are not refused."""
+    from kvlab.eval.config import EvalConfig, quick_config
+    from kvlab.eval.model_info import context_limit_problem
+
+    for cfg in (EvalConfig(), quick_config()):
+        assert context_limit_problem(cfg, BUNDLED_LIMIT) is None
+    assert context_limit_problem(EvalConfig(contexts=(8192,)), BUNDLED_LIMIT) is not None  # 8,192 + 64 does not
+
+
+def test_the_loaded_models_limit_refuses_too(tmp_path, capsys, monkeypatch, tiny_qwen2):
+    """A model whose files state no limit before loading (a hub id) is checked once loaded: refused, exit 2, and
+    recorded as a settings failure; --allow-past-limit lets it run with the caveat."""
+    from tests.unit.eval.test_eval_unit import CharTokenizer
+
+    monkeypatch.setattr("kvlab.commands.eval.run._configured_limit", lambda cfg: None)
+    monkeypatch.setattr("kvlab.models.load_model", lambda *a, **k: (tiny_qwen2, CharTokenizer()))
+    limit = tiny_qwen2.config.max_position_embeddings
+    argv = ["eval", "--candidates", "dynamic,kivi-8", "--contexts", str(limit), "--window-residuals", "none",
+            "--no-long-context", "--prompt-mode", "repeat", "--device", "cpu", "--dtype", "float32",
+            "--out-dir", str(tmp_path), "--label", "h"]
+    assert main(argv) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"--contexts {limit:,} + 64 new tokens" in err and "--allow-past-limit" in err
+    result = json.loads((tmp_path / "h.json").read_text())
+    assert result["status"] == "failed" and result["failures"][0]["stage"] == "settings"
 
 
 def test_describe_model_records_the_position_limit(tiny_qwen2):

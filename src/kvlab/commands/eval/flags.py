@@ -140,6 +140,12 @@ def _add_matrix_flags(p) -> None:
     )
     _setting_flag(p, "--contexts", _ints, "contexts", "capacity matrix contexts")
     _setting_flag(p, "--new-tokens", int_flag(), "new_tokens", "tokens generated per capacity run")
+    p.add_argument(
+        "--allow-past-limit",
+        action="store_true",
+        help="measure cells whose prompt + new tokens pass the model's max_position_embeddings (refused without "
+        "it: quality there describes positions the model was not trained on); the decision then carries a caveat",
+    )
     _setting_flag(p, "--residual", int_flag(), "residual_length", "residual window R of the capacity matrix")
     _setting_flag(p, "--group-size", int_flag(), "group_size", "KIVI group size G")
     _setting_flag(p, "--hqq-group-size", int_flag(), "hqq_group_size", "HQQ/quanto group size")

@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if args.resume is not None:
         return _resume(args, err)
     from kvlab.eval.io import ensure_writable, result_path, write_json_atomic
+    from kvlab.eval.model_info import context_limit_problem, context_limit_warnings
     from kvlab.eval.records import set_status
     from kvlab.eval.runner import new_result
 
@@ -63,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         # --dry-run too: it refuses what the run refuses before loading (a device this machine lacks, a model
         # that is not there); a path that is not there is bad input (exit 2), as in kvlab lab / inspect / bench
         problem = device_problem(cfg.device) or _model_problem(cfg.model)
+        limit = None if problem else _configured_limit(cfg)
+        problem = problem or context_limit_problem(cfg, limit)  # past the model's positions: --allow-past-limit
         if problem:
             return fail(args, problem)
         try:
@@ -83,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     result = new_result(cfg, label, _argv())
     if args.dry_run:
         set_status(result, "dry_run")
-        for warning in _planned_position_warnings(cfg):
+        for warning in context_limit_warnings(cfg, limit):  # allowed (--allow-past-limit): said before the run
             err.print(f"[yellow]warning: {warning}[/]")
     try:  # the plan (a dry run's whole result): a folder that takes no file fails now, not after the model loads
         write_json_atomic(path, result)
@@ -144,18 +147,16 @@ def _resume(args: argparse.Namespace, err) -> int:
         return fail(args, f"could not write the result {path} ({exc.strerror or exc})", EXIT_FAILED)
 
 
-def _planned_position_warnings(cfg) -> list[str]:
-    """The warnings of :func:`kvlab.eval.model_info.context_limit_warnings` for a ``--dry-run``, its limit read from
-    the model's files without loading it (:func:`kvlab.lab.longrun.configured_max_positions`); none when no file
-    states one (a hub id not in the local cache)."""
-    from kvlab.eval.model_info import context_limit_warnings
+def _configured_limit(cfg) -> int | None:
+    """The model's ``max_position_embeddings`` read from its files without loading it
+    (:func:`kvlab.lab.longrun.configured_max_positions`), for the refusal (or a dry run's warning) before any work;
+    None when no file states one (a hub id not in the local cache: checked again once it is loaded)."""
     from kvlab.lab.longrun import configured_max_positions
 
     try:
-        limit = configured_max_positions(cfg.model)
+        return configured_max_positions(cfg.model)
     except (OSError, ValueError):  # checked before (_model_problem): the run's load would report it
-        return []
-    return context_limit_warnings(cfg, limit)
+        return None
 
 
 def _claim(path, result: dict) -> None:
@@ -247,6 +248,7 @@ def _load(args, cfg, result, path, err, resumed: bool, where: _Where):
     from kvlab.eval.model_info import (
         check_against_model,
         check_heldout_length,
+        context_limit_problem,
         context_limit_warnings,
         describe_model,
         model_max_positions,
@@ -272,9 +274,12 @@ def _load(args, cfg, result, path, err, resumed: bool, where: _Where):
             check_same_model(path, result, model_info)
         except ValueError as exc:
             return fail(args, f"cannot resume: {exc}")
-    for warning in context_limit_warnings(cfg, model_max_positions(model)):
+    for warning in context_limit_warnings(cfg, model_max_positions(model)) if cfg.allow_past_limit else ():
         err.print(f"[yellow]warning: {warning}[/]")
     try:
+        problem = context_limit_problem(cfg, model_max_positions(model))  # the loaded model's own limit
+        if problem:
+            raise ValueError(problem)
         check_against_model(cfg, model)
         check_heldout_length(cfg, tokenizer)
         problem = memory_problem(cfg, model, device)

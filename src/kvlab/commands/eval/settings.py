@@ -55,6 +55,7 @@ def with_flags(message: str) -> str:
     flags = {field: flag.replace("_", "-") for flag, field in _FIELDS.items()}
     flags["retrieval_contexts"] = "retrieval-contexts"  # set outside _FIELDS ('all' / 'none')
     flags["label"] = "label"  # checked where the result file is named
+    flags["allow_past_limit"] = "allow-past-limit"  # a switch, set outside _FIELDS
     flags.update({gate: gate.replace("_", "-") for gate in _gate_flags()})  # Gates' fields are their flags
     for field, flag in flags.items():
         message = message.replace(f"`{field}`", f"`{field}` (--{flag})", 1)
@@ -181,6 +182,8 @@ def config_from_args(args: argparse.Namespace):
         overrides["gates"] = Gates(**gates)
     if args.no_long_context:
         overrides["long_context"] = False
+    if args.allow_past_limit:
+        overrides["allow_past_limit"] = True
     if args.prompt is not None and args.prompt_mode != "repeat":  # held-out prompts never read it
         raise ValueError(
             f"--prompt {args.prompt!r} applies to --prompt-mode repeat only (the held-out text is the prompt)"
