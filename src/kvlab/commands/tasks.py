@@ -144,6 +144,16 @@ def _config(args: argparse.Namespace):
     return cfg
 
 
+def _baseline_note(args: argparse.Namespace, cfg) -> None:
+    """Say on stderr that the float baseline was added to ``--candidates`` (the run measures it first: every score
+    is compared with it), in ``kvlab eval``'s words (:func:`kvlab.eval.candidates.baseline_note`)."""
+    from kvlab.eval.candidates import baseline_note
+
+    note = None if args.resume or args.candidates is None else baseline_note(cfg.candidates)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+
+
 def _check_candidates_evict(cfg) -> None:
     """Refuse an evicting candidate that keeps at least the longest context (``sink:window_length=512`` at
     ``--contexts 512``): it compresses nothing before the question, is measured as DynamicCache and would pass.
@@ -244,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
         if args.merge:
             return _merge(args)
         cfg, result = _resumed(args) if args.resume else (_config(args), None)
+        _baseline_note(args, cfg)
         # before --dry-run too, which refuses what the run refuses before loading: a bad --dtype, a device this
         # machine lacks (CUDA), a model that is not there (as eval, inspect and bench: exit 2)
         block = _model_block(args, result)

@@ -85,6 +85,31 @@ def _resolve_one(name: Any) -> ResolvedCache:
     return cache
 
 
+BASELINE = "dynamic"  # the float cache every candidate is compared with
+
+
+def _is_baseline(name: str) -> bool:
+    try:
+        return resolve(name).name.canonical == BASELINE
+    except ValueError:  # a bad name: refused by the command's own check, naming it
+        return False
+
+
+def with_baseline(names: tuple[str, ...]) -> tuple[str, ...]:
+    """``names`` with the float baseline ``dynamic`` first when none of them is it (``kvlab eval`` and ``kvlab tasks``
+    add it: every ratio and gate compares a cache with it); ``names`` unchanged otherwise (a misspelt ``Dynamic``
+    too: :func:`check_candidate_names` names the spelling)."""
+    return names if any(_is_baseline(n) for n in names) else (BASELINE, *names)
+
+
+def baseline_note(names: tuple[str, ...], flag: str = "--candidates") -> str | None:
+    """The one-line note of a command that added the float baseline to ``names`` (:func:`with_baseline`), or None
+    when they hold it."""
+    if any(_is_baseline(n) for n in names):
+        return None
+    return f"added the float baseline {BASELINE} to {flag}: every ratio and gate compares a cache with it"
+
+
 def check_candidate_names(names: tuple[str, ...], kivi_attention: str = "dequantize") -> None:
     """Raise ``ValueError`` naming any unknown candidate, one not written in the registry's canonical spelling
     (``kivi4`` for ``kivi-4``: the same cache could otherwise run twice, or ``Dynamic`` miss the baseline), a

@@ -81,8 +81,11 @@ def run(args: argparse.Namespace) -> int:
         return fail(args, with_flags(str(exc)))
     except OSError as exc:
         return fail(args, exc)
-    for note in _attention_notes(cfg):
-        err.print(f"[yellow]note:[/] {note}")
+    from kvlab.eval.candidates import baseline_note
+
+    for note in [baseline_note(args.candidates or ("dynamic",)), *_attention_notes(cfg)]:
+        if note:
+            err.print(f"[yellow]note:[/] {note}")
     result = new_result(cfg, label, _argv())
     if args.dry_run:
         set_status(result, "dry_run")

@@ -171,12 +171,17 @@ def _check_candidates_evict(cfg) -> None:
 
 
 def config_from_args(args: argparse.Namespace):
-    """Build the EvalConfig (``--quick`` base, then every explicit flag)."""
+    """Build the EvalConfig (``--quick`` base, then every explicit flag; ``--candidates`` without the float baseline
+    gets it first, :func:`kvlab.eval.candidates.with_baseline`, as ``kvlab tasks`` does)."""
     from kvlab.eval.config import EvalConfig, Gates, quick_config
+
+    from kvlab.eval.candidates import with_baseline
 
     overrides = {
         field: getattr(args, flag) for flag, field in _FIELDS.items() if getattr(args, flag) is not None
     }
+    if args.candidates is not None:  # the float baseline added where missing (run() prints baseline_note)
+        overrides["candidates"] = with_baseline(args.candidates)
     gates = {k: getattr(args, k) for k in _gate_flags() if getattr(args, k) is not None}
     if gates:
         overrides["gates"] = Gates(**gates)
