@@ -79,6 +79,8 @@ class CacheEntry:
     # variants of an exact family whose logits equal DynamicCache's only up to rounding (dynamic-ckernel: its own
     # attention kernel sums in another order and rounds once): variant -> relative logit bound, as logit_bound
     rounding_variants: Mapping[str, float] = field(default_factory=dict)
+    # words added to the refusal of an unknown variant (mixed-<plan>: where plan files are read from); None: none
+    variant_hint: Callable[[], str] | None = None
 
     def __post_init__(self) -> None:
         if not self.exact and not self.evicts and set(self.logit_bound) != set(self.nbits or (None,)):

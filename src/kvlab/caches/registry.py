@@ -478,6 +478,7 @@ REGISTRY: dict[str, CacheEntry] = {
             "mixed-<plan> (kvlab.plan.mixed); --kivi-attention fused: each layer hands its codes to kvlab attention",
             _mixed_cache,
             variants=_mixed.plan_names(),
+            variant_hint=_mixed.plan_dir_note,
             variant_required=True,
             options=MixedSettings,
             exact=False,
@@ -538,8 +539,10 @@ def resolve(name: str | CacheName, settings: CacheSettings | None = None) -> Res
     if not entry.nbits and parsed.nbits is not None:
         raise ValueError(f"cache {text!r}: `{entry.family}` takes no bits, got {parsed.nbits}")
     if parsed.variant is not None and parsed.variant not in entry.variants:
+        hint = f" ({entry.variant_hint()})" if entry.variant_hint else ""
         raise ValueError(
             f"cache {text!r}: `{entry.family}` variants are {list(entry.variants) or 'none'}, got {parsed.variant!r}"
+            + hint
         )
     if entry.variant_required and parsed.variant is None:
         raise ValueError(f"cache {text!r}: `{entry.family}` needs a variant, one of {list(entry.variants)}")

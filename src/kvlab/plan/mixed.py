@@ -303,8 +303,9 @@ def plan_names() -> tuple[str, ...]:
     return (*BUILTIN_PLANS, *plan_files())
 
 
-def _plan_dir_note() -> str:
-    """Where plan files are read from, and why none were when ``$KVLAB_PLAN_DIR`` names no folder."""
+def plan_dir_note() -> str:
+    """Where plan files are read from, and why none were when ``$KVLAB_PLAN_DIR`` names no folder: the hint of every
+    refusal of an unknown plan name (``kvlab plan``'s, and the cache registry's ``mixed-<plan>``)."""
     folder = os.environ.get(PLAN_DIR_ENV)
     if folder is None:
         return f"plan files are read from ${PLAN_DIR_ENV}, which is not set"
@@ -328,7 +329,7 @@ def find_plan(name: str) -> tuple[dict, str]:
         return BUILTIN_PLANS[name], "built-in"
     files = plan_files()
     if name not in files:
-        raise ValueError(f"unknown plan {name!r}; known: {', '.join(plan_names())} ({_plan_dir_note()})")
+        raise ValueError(f"unknown plan {name!r}; known: {', '.join(plan_names())} ({plan_dir_note()})")
     return read_plan(files[name]), str(files[name])
 
 

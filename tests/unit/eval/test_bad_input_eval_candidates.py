@@ -158,3 +158,21 @@ def test_a_refused_candidate_list_or_label_names_its_flag(tmp_path, capsys, argv
     assert dry(tmp_path, *argv) == 2
     assert said in err_of(capsys)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unknown_mixed_plan_gets_the_plan_folder_hint_kvlab_plan_gives(tmp_path, capsys, monkeypatch):
+    """``mixed-<plan>`` naming no plan: eval says where plan files are read from, in kvlab plan's words (one helper,
+    kvlab.plan.mixed.plan_dir_note)."""
+    from kvlab.cli import main
+
+    monkeypatch.delenv("KVLAB_PLAN_DIR", raising=False)
+    argv = ["eval", "--candidates", "dynamic,mixed-ref-b3", "--dry-run", "--out-dir", str(tmp_path), "--label", "m"]
+    hint = "(plan files are read from $KVLAB_PLAN_DIR, which is not set)"
+    assert main(argv) == 2
+    assert hint in " ".join(capsys.readouterr().err.split())
+    assert main(["plan", "llama-3-8b", "--kv-dtype", "mixed-ref-b3"]) == 2
+    assert hint in " ".join(capsys.readouterr().err.split())
+    monkeypatch.setenv("KVLAB_PLAN_DIR", str(tmp_path / "nowhere"))
+    assert main(argv) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"$KVLAB_PLAN_DIR={tmp_path / 'nowhere'}, but the folder" in err and "does not exist" in err
