@@ -173,9 +173,8 @@ def _check_candidates_evict(cfg) -> None:
 def config_from_args(args: argparse.Namespace):
     """Build the EvalConfig (``--quick`` base, then every explicit flag; ``--candidates`` without the float baseline
     gets it first, :func:`kvlab.eval.candidates.with_baseline`, as ``kvlab tasks`` does)."""
-    from kvlab.eval.config import EvalConfig, Gates, quick_config
-
     from kvlab.eval.candidates import with_baseline
+    from kvlab.eval.config import EvalConfig, Gates, quick_config
 
     overrides = {
         field: getattr(args, flag) for flag, field in _FIELDS.items() if getattr(args, flag) is not None
