@@ -24,6 +24,7 @@ from typing import Any
 from kvlab.eval.decision import preference
 from kvlab.eval.decision_words import (
     GATE_NAMES,
+    GREEDY_AGREEMENT_WHY,
     alternative_line,
     bundled_model_note,
     decision_rule,
@@ -469,6 +470,26 @@ def _header(result: Mapping[str, Any]) -> dict:
     return header
 
 
+def _matrix_sections(result: Mapping[str, Any], rows: list, bounds: Mapping[str, tuple[str, float]]) -> list[str]:
+    """A heading, a note and a table per matrix (rows without one: "rows"); the window matrix's table has the note
+    on transformers' QuantizedCache under it (:func:`kvlab.eval.decision_words.window_quality_note`)."""
+    parts = []
+    for matrix in dict.fromkeys(r.get("matrix", "rows") for r in rows):
+        subset = [r for r in rows if r.get("matrix", "rows") == matrix]
+        parts.append(f"<h2>Table: {html.escape(str(matrix))} matrix ({len(subset)} rows)</h2>")
+        parts.append(
+            '<p class="muted">Cells judged by a gate are green when they pass it and red when they fail; '
+            "every field of every row is in the raw rows below. Token agreement compares the greedy tokens "
+            "generated with the cache and with dynamic, first divergence is the first that differs (from 0): "
+            f"{html.escape(GREEDY_AGREEMENT_WHY)}.</p>"
+        )
+        parts.append(_rows_table(subset, bounds))
+        note = window_quality_note(dict(result)) if matrix == "window" else None
+        if note:
+            parts.append(f'<p class="muted">note: {html.escape(note)}</p>')
+    return parts
+
+
 def render_html(
     result: Mapping[str, Any], figure_dir: str | os.PathLike | None = None, sections: tuple[str, ...] = ()
 ) -> str:
@@ -506,17 +527,7 @@ def render_html(
     if result.get("candidates"):
         parts.append("<h2>Candidates</h2>" + _candidates_table(result["candidates"]))
 
-    for matrix in dict.fromkeys(r.get("matrix", "rows") for r in rows):
-        subset = [r for r in rows if r.get("matrix", "rows") == matrix]
-        parts.append(f"<h2>Table: {html.escape(str(matrix))} matrix ({len(subset)} rows)</h2>")
-        parts.append(
-            '<p class="muted">Cells judged by a gate are green when they pass it and red when they fail; '
-            "every field of every row is in the raw rows below.</p>"
-        )
-        parts.append(_rows_table(subset, bounds))
-        note = window_quality_note(dict(result)) if matrix == "window" else None
-        if note:
-            parts.append(f'<p class="muted">note: {html.escape(note)}</p>')
+    parts.extend(_matrix_sections(result, rows, bounds))
     passkey = _passkey_table(rows)
     if passkey:
         parts.append("<h2>Passkey retrieval</h2>" + passkey)

@@ -6,6 +6,13 @@ from __future__ import annotations
 
 from kvlab.eval.decision import BYTE_TIE, preference
 
+# why a low greedy agreement (token_agreement_rate, first_divergence_index) is expected: the text legend's agree part
+# and the HTML tables' note
+GREEDY_AGREEMENT_WHY = (
+    "once one token differs the two greedy continuations go apart, so a low value beside good top-k and KL is "
+    "expected: the gates use the teacher-forced NLL, top-k and KL"
+)
+
 
 def decision_rule(summary: dict, prefer: str = "memory") -> str | None:
     """How :func:`kvlab.eval.decision.decide` chose among several eligible rows under the rule ``prefer``

@@ -8,6 +8,7 @@ from rich.text import Text
 
 from kvlab.eval.decision import UNSTABLE_TIMING_SPREAD, preference
 from kvlab.eval.decision_words import (
+    GREEDY_AGREEMENT_WHY,
     alternative_line,
     bundled_model_note,
     decision_rule,
@@ -76,13 +77,20 @@ def _matrix_cells(r: dict) -> tuple[str, ...]:
         "1" if base else _f(r.get("latency_ratio"), ".2f") + _mark(r, "latency_ratio"),
         _f(r.get("mean_nll"), ".3f") if base else _f(r.get("nll_delta"), "+.3f") + _mark(r, "nll_delta"),
         "" if base else _f(r.get("topk_overlap"), ".2f") + _mark(r, "topk_overlap"),
-        "" if base else _f(r.get("token_agreement_rate"), ".2f"),
+        "" if base else _f(r.get("token_agreement_rate"), ".2f") + _first_divergence(r),
         _f(r.get("recall_accuracy"), ".3f") + _mark(r, "recall_drop"),
         _f(r.get("passkey_accuracy"), ".2f") + _mark(r, "passkey_drop"),
         "" if base else _f(r.get("kl_mean"), ".4f") + _mark(r, "kl_mean"),
         _f(None if peak is None else peak / MIB, ".1f"),
         "baseline" if base else ("[green]eligible[/]" if r.get("eligible") else "[red]rejected[/]"),
     )
+
+
+def _first_divergence(row: dict) -> str:
+    """`` @n``: the first generated token (from 0) where the cache's greedy output differs from dynamic's; ``""``
+    where none differs (or the row has no such field)."""
+    first = row.get("first_divergence_index")
+    return "" if isinstance(first, bool) or not isinstance(first, int) else f" @{first}"
 
 
 def _noisy(row: dict) -> bool:
@@ -222,8 +230,8 @@ COLUMN_LEGEND_PARTS = (
      "quantization group), - for a cache without one; × dyn = cache bytes / dynamic's; ms/tok = one whole "
      "generate() call (prefill + decode) / new tokens, median of the timed calls; lat × = median of the per-round "
      "paired ratios to dynamic (so not ms/tok / ms/tok); NLL / Δ = mean NLL of the fixed continuation, nats/token "
-     "(dynamic) or its change; top-k = top-k overlap with dynamic's logits; agree = share of greedy tokens equal to "
-     "dynamic's (noisy: one flip changes the rest)"),
+     "(dynamic) or its change; top-k = top-k overlap with dynamic's logits; agree = share of the generated greedy "
+     "tokens equal to dynamic's, @n = the first that differs (from 0); " + GREEDY_AGREEMENT_WHY),
     ("recall_accuracy", "recall = accuracy (its ✓ judges the drop at its worst distance)"),
     ("passkey_accuracy", "passkey = accuracy (its ✓ judges the overall drop); passkey - = no passkey grid at that "
      "context (it runs at --retrieval-contexts, by default the smallest context only)"),

@@ -276,3 +276,21 @@ def test_a_faster_eligible_row_is_named_beside_a_slower_selection():
                          and r["candidate"] != sel["candidate"]):
             r["latency_ratio"] = sel["latency_ratio"]
     assert faster_alternative(slow) is None
+
+
+def test_agree_says_what_it_measures_why_it_may_be_low_and_where_it_first_differs():
+    """kivi-4's agree of 0.06 beside a top-k of 0.99 read as alarming: the legend says a low agree is expected
+    after one flip and that the gates read the teacher-forced numbers; the cell names the first differing token."""
+    result = _record(MORE_CACHES)
+    row = next(r for r in result["rows"] if r["candidate"] != "dynamic" and r["first_divergence_index"] is not None)
+    text = " ".join(_text(result, width=400).split())
+    assert "agree = share of the generated greedy tokens equal to dynamic's, @n = the first that differs" in text
+    assert "so a low value beside good top-k and KL is expected: the gates use the teacher-forced NLL" in text
+    assert f"{row['token_agreement_rate']:.2f} @{row['first_divergence_index']}" in text
+    exact = copy.deepcopy(result)
+    for r in exact["rows"]:
+        if r["candidate"] != "dynamic":
+            r["first_divergence_index"] = None  # no token differs: no @n
+    assert " @" not in " ".join(_text(exact, width=400).split()).split("columns:")[0]
+    page = _html_text(render_html(result))
+    assert "first divergence is the first that differs (from 0): once one token differs" in page
