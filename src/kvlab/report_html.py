@@ -355,9 +355,20 @@ def _summary_value(key: str, value: Any) -> str:
     return _num(value)
 
 
-def _summary_tables(summary: Mapping[str, Any]) -> str:
-    """The summary's fields under readable names: the decision, the selected row and the other fields, then the
-    per-candidate onsets and crossovers as a table."""
+def _no_warning(key: str, result: Mapping[str, Any] | None) -> str:
+    """The text of a warning field that holds none: "none", and for ``long_context_not_measured`` what that means
+    (every probe fit its context; or, in a ``--no-long-context`` run, that no probe ran: "-" read as either)."""
+    if key != "long_context_not_measured":
+        return "none"
+    settings = (result or {}).get("settings")
+    if isinstance(settings, Mapping) and settings.get("long_context") is False:
+        return "not measured: the run had --no-long-context (recall and passkey skipped)"
+    return "none: every recall and passkey probe fit its context"
+
+
+def _summary_tables(summary: Mapping[str, Any], result: Mapping[str, Any] | None = None) -> str:
+    """The summary's fields under readable names: the decision, the selected row and the other fields (a warning
+    field holding none says so, :func:`_no_warning`), then the per-candidate onsets and crossovers as a table."""
     head = [k for k in ("decision", "decision_gates") if k in summary]
     rows = [(SUMMARY_LABELS[k], _summary_value(k, summary[k])) for k in head]
     selected = summary.get("selected_candidate")
@@ -369,7 +380,8 @@ def _summary_tables(summary: Mapping[str, Any]) -> str:
         rows.append(("selected", _fmt(selected)))
     for key, value in summary.items():
         if key not in ("per_candidate", "selected_candidate", *head):
-            rows.append((SUMMARY_LABELS.get(key, key), _summary_value(key, value)))
+            text = _no_warning(key, result) if key in WARNING_KEYS and value is None else _summary_value(key, value)
+            rows.append((SUMMARY_LABELS.get(key, key), text))
     body = [[(label, ""), (text, "")] for label, text in rows]
     out = _table(["field", "value"], body, {0, 1})
     per = summary.get("per_candidate")
@@ -391,7 +403,7 @@ def _decision_block(summary: Any, result: Mapping[str, Any] | None = None) -> st
     no candidate accepted, with what that means and what to try) and the summary's fields."""
     warnings: list[str] = []
     if isinstance(summary, Mapping):
-        name, detail = summary.get("decision"), _summary_tables(summary)
+        name, detail = summary.get("decision"), _summary_tables(summary, result)
         warnings = [str(summary[k]) for k in WARNING_KEYS if summary.get(k)]
     else:
         name, detail = summary, ""

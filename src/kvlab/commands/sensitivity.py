@@ -259,9 +259,10 @@ def _print_sweep(result: dict) -> None:
     console = Console()
     console.print(table)
     c = result["cost"]
+    prefills, forwards = c["prefills"], c["forwards"]
     console.print(
-        f"cost: {c['prefills']} float prefills of {c['context']} tokens, {c['forwards']} forwards of "
-        f"{c['continuation']} tokens x {c['rows']} rows, {c['seconds']:.0f} s"
+        f"cost: {prefills} float prefill{'' if prefills == 1 else 's'} of {c['context']} tokens, {forwards} "
+        f"forward{'' if forwards == 1 else 's'} of {c['continuation']} tokens x {c['rows']} rows, {c['seconds']:.0f} s"
     )
 
 

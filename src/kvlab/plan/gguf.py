@@ -237,7 +237,7 @@ def read_gguf_header(path: str | os.PathLike) -> GGUFHeader:
                 version = struct.unpack(">I", struct.pack("<I", version))[0]
             if version not in SUPPORTED_VERSIONS:
                 raise ValueError(
-                    f"{path} is GGUF version {version}; the planner reads versions "
+                    f"{path} is GGUF version {version}; kvlab reads GGUF versions "
                     f"{' and '.join(map(str, SUPPORTED_VERSIONS))}"
                 )
             tensor_count, kv_count = r.u64(), r.u64()

@@ -101,3 +101,16 @@ def test_a_device_this_machine_lacks_is_bad_input_before_any_result_file(tmp_pat
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "`device` (--device) is 'cuda' but CUDA is not available" in err[0]
     assert not (tmp_path / "r").exists()
+
+
+def test_a_gguf_of_another_version_is_refused_in_words_that_fit_eval(tmp_path, capsys):
+    """The GGUF reader is shared with kvlab plan: its refusal names kvlab, not the planner, when eval calls it."""
+    import struct
+
+    model = tmp_path / "fake.gguf"
+    model.write_bytes(b"GGUF" + struct.pack("<I", 9) + bytes(64))
+    out = tmp_path / "res"
+    assert main(["eval", "--quick", "--model", str(model), "--out-dir", str(out), "--label", "g"]) == 2
+    err = err_of(capsys)
+    assert f"{model} is GGUF version 9; kvlab reads GGUF versions 2 and 3" in err and "planner" not in err
+    assert not out.exists()

@@ -294,3 +294,17 @@ def test_agree_says_what_it_measures_why_it_may_be_low_and_where_it_first_differ
     assert " @" not in " ".join(_text(exact, width=400).split()).split("columns:")[0]
     page = _html_text(render_html(result))
     assert "first divergence is the first that differs (from 0): once one token differs" in page
+
+
+def test_html_warning_rows_without_a_warning_say_none_and_what_not_measured_means():
+    """"long context not measured: -" read as "long context was not measured": a warning field holding none says
+    "none", and the probes' row says whether every probe fit or the run skipped them (--no-long-context)."""
+    result = _record(MORE_CACHES)
+    assert result["summary"]["long_context_not_measured"] is None and result["summary"]["eviction_warning"] is None
+    page = _html_text(render_html(result))
+    assert "long context not measured | none: every recall and passkey probe fit its context |" in page
+    assert "eviction warning | none |" in page and "eviction warning | - |" not in page
+    skipped = copy.deepcopy(result)
+    skipped["settings"]["long_context"] = False
+    page = _html_text(render_html(skipped))
+    assert "long context not measured | not measured: the run had --no-long-context" in page
