@@ -188,7 +188,8 @@ def test_eval_refuses_a_context_past_the_heldout_text_before_any_cell(tmp_path, 
     monkeypatch.setattr("kvlab.models.load_model", lambda *a, **k: (model, CharTokenizer()))
     argv = [a for a in TINY_RUN if a not in ("--prompt-mode", "repeat", "--no-long-context")]
     argv[argv.index("40,72")] = "40,99999999"
-    assert main([*argv, "--out-dir", str(tmp_path), "--label", "long"]) == 2
+    # past the positions too: allowed here, to reach the held-out text's own limit
+    assert main([*argv, "--allow-past-limit", "--out-dir", str(tmp_path), "--label", "long"]) == 2
     err = err_of(capsys)
     assert "error: `contexts` (--contexts) 99999999 is longer than the held-out text" in err, err
     result = json.loads((tmp_path / "long.json").read_text())
@@ -232,7 +233,8 @@ def test_eval_refuses_a_context_that_cannot_fit_before_any_cell(tmp_path, capsys
     monkeypatch.setattr("kvlab.runtime.provenance.available_memory_bytes", lambda: 2**30)
     argv = list(TINY_RUN)  # --prompt-mode repeat --no-long-context: no held-out text bounds the contexts
     argv[argv.index("40,72")] = "40,99999999"
-    assert main([*argv, "--out-dir", str(tmp_path), "--label", "huge"]) == 2
+    # past the positions too: allowed here, to reach the memory estimate
+    assert main([*argv, "--allow-past-limit", "--out-dir", str(tmp_path), "--label", "huge"]) == 2
     err = err_of(capsys)
     assert "error: --contexts 99999999 with 6 new tokens (one prefill's activations" in err, err
     assert "of memory, the machine has 1.00 GiB available; at most about" in err and "tokens fit" in err
