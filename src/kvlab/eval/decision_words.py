@@ -294,6 +294,6 @@ def window_quality_note(result: dict) -> str | None:
     return (
         f"{', '.join(names)} {'is' if one else 'are'} transformers' QuantizedCache, which quantizes the whole prompt "
         f"at the prefill whatever R is (R is how many newly decoded tokens it holds in float before quantizing them "
-        f"too), so {'its' if one else 'their'} ΔNLL, top-k and KL over the {n} teacher-forced tokens {where}; R "
-        f"changes {'its' if one else 'their'} bytes and latency (the generated tokens)"
+        f"too), so {'its' if one else 'their'} ΔNLL, top-k and KL over the {n} teacher-forced tokens {where}; R can "
+        f"change {'its' if one else 'their'} bytes and latency (over the tokens generate() produces)"
     )
