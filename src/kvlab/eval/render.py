@@ -24,6 +24,7 @@ from kvlab.eval.twins import integer_path_lines
 from kvlab.runtime.console import stdout_console
 
 MIB = 1024**2
+STOP_TYPES = ("KeyboardInterrupt", "Terminated")  # a run's failure entry of these types is a stop (Ctrl-C, SIGTERM)
 
 
 def _f(value, fmt: str, none: str = "-") -> str:
@@ -324,7 +325,10 @@ def print_summary(result: dict, console: Console | None = None) -> None:
             )
             if value is not None
         ]  # a model that failed to load has no candidate, context or residual
-        console.print(f"[red]failed[/] {' '.join(where + [''])}at {f['stage']}: {f['type']}: {f['message']}")
+        # the run's own entry of an interrupt (kvlab.eval.records.stop_run): stopped, not failed
+        stopped = f.get("candidate") is None and f.get("type") in STOP_TYPES
+        word = "[yellow]stopped[/]" if stopped else "[red]failed[/]"
+        console.print(f"{word} {' '.join(where + [''])}at {f['stage']}: {f['type']}: {f['message']}")
     if result.get("summary"):
         _print_decision(result, result["summary"], console)
         from kvlab.eval.margins import margin_warning

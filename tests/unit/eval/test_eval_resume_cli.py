@@ -200,6 +200,9 @@ def test_a_stop_while_the_model_loads_is_recorded_as_a_stop(tmp_path, capsys, mo
     path = tmp_path / "load.json"
     assert f"stopped: {cause} during loading the model; in {path}: 0 of 3 cells finished and kept (0 rows);" in said
     assert result["elapsed_s"] == 0.0  # nothing measured in that session
+    assert main(["report", str(path)]) == 0  # the report calls it a stop too
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"stopped at load_model: {failure['type']}: {cause} during loading the model" in out and "failed" not in out
 
 
 # ── refusals: exit 2, one line naming the file and the reason, the file unchanged ────────────────────────────────
