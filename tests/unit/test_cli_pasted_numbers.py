@@ -135,16 +135,27 @@ BAD = 99_999_999
 
 
 def test_eval_echoes_a_context_past_the_heldout_text_as_one_item(monkeypatch, tmp_path, capsys):
-    err = _refusal(capsys, _tiny_eval(monkeypatch, tmp_path, f"40,{BAD}", "--label", "long"))
+    argv = _tiny_eval(monkeypatch, tmp_path, f"40,{BAD}", "--label", "long", "--allow-past-limit")
+    err = _refusal(capsys, argv)
     echoed = re.search(r"`contexts` \(--contexts\) (\S+) is longer than the held-out text", err)
     assert echoed, err
     _pastes_back_as_one_item("kvlab eval", "--contexts", echoed.group(1), BAD)
 
 
+def test_eval_echoes_a_context_past_the_position_limit_as_one_item(monkeypatch, tmp_path, capsys):
+    err = _refusal(capsys, _tiny_eval(monkeypatch, tmp_path, f"40,{BAD}", "--label", "past"))
+    echoed = re.search(r"error: --contexts (\S+) \+ 6 new tokens = ", err)
+    assert echoed, err
+    _pastes_back_as_one_item("kvlab eval", "--contexts", echoed.group(1), BAD)
+    fit = re.search(r"pass --contexts (\S+) or less", err)
+    assert fit, err
+    _pastes_back_as_one_item("kvlab eval", "--contexts", fit.group(1), 8192 - 6)  # the bundled config's limit
+
+
 def test_eval_echoes_a_context_too_large_for_memory_as_one_item(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr("kvlab.runtime.provenance.available_memory_bytes", lambda: 2**30)
     argv = _tiny_eval(monkeypatch, tmp_path, f"40,{BAD}", "--prompt-mode", "repeat", "--no-long-context")
-    err = _refusal(capsys, [*argv, "--label", "huge"])
+    err = _refusal(capsys, [*argv, "--label", "huge", "--allow-past-limit"])
     echoed = re.search(r"error: --contexts (\S+) with 6 new tokens", err)
     assert echoed, err
     _pastes_back_as_one_item("kvlab eval", "--contexts", echoed.group(1), BAD)

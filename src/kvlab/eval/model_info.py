@@ -133,7 +133,8 @@ def context_limit_problem(cfg: EvalConfig, limit: int | None) -> str | None:
     past, fixes = [], []
     for flag, context, new, new_flag in cells:
         if context + new > limit:
-            past.append(f"{flag} {context:,} + {new:,} new tokens = {context + new:,}")
+            shown = echoed_value(context, list_flag=flag == "--contexts")  # a list flag's item pastes back plain
+            past.append(f"{flag} {shown} + {new:,} new tokens = {context + new:,}")
             fit = limit - new
             fixes.append(f"{flag} {fit} or less" if fit >= 1 else f"fewer {new_flag} ({new:,} alone pass it)")
     if not past:
