@@ -12,7 +12,9 @@ the **last** axis whatever the quantization axis is (4-bit: two codes a byte, 2-
 Metadata dtypes are chosen so that neither the scale nor the zero can overflow or underflow for any finite input
 (see :func:`metadata_dtypes`): a bf16 group holding -70000 keeps a finite bf16 scale (fp16 would overflow at
 65504), and an fp16 group of values near 1e-7 keeps its scale in bf16 (fp16 would flush it to a subnormal or 0).
-A constant group has ``scale == 0`` and comes back exactly.
+A constant group has ``scale == 0`` and comes back exactly. The stored scale is rounded *up* to its dtype
+(:func:`stored_scale`) and the codes are computed from the stored scale and zero, so the round trip stays within
+half a step: ``|x - x_hat| <= scale / 2`` (:func:`quantize_groups` states the bound and its slack).
 """
 
 from __future__ import annotations
@@ -61,7 +63,14 @@ def metadata_dtypes(dtype: torch.dtype) -> tuple[torch.dtype, torch.dtype]:
 
 
 def metadata_bytes(dtype: torch.dtype) -> int:
-    """Bytes of one scale (equal to one zero) for inputs of ``dtype``: 2 for bf16/fp16, else the dtype's size."""
+    """Bytes of one scale (equal to one zero) for inputs of ``dtype``: 2 for bf16/fp16, else the dtype's size.
+
+    KIVI (arXiv:2402.02750 section 3.1) keeps one scale and one zero per group in the model's 16-bit dtype; the
+    dtypes are :func:`metadata_dtypes`' (bf16 scale for fp16 inputs, same size).
+
+    Raises:
+        ValueError: for a non-floating dtype (:func:`metadata_dtypes`).
+    """
     scale_dtype, zero_dtype = metadata_dtypes(dtype)
     assert scale_dtype.itemsize == zero_dtype.itemsize
     return scale_dtype.itemsize
@@ -174,32 +183,17 @@ def _group_view(x: torch.Tensor, axis: int, group_size: int) -> torch.Tensor:
     return moved.reshape(*moved.shape[:-1], moved.shape[-1] // group_size, group_size)
 
 
-def quantize_groups(x: torch.Tensor, nbits: int, group_size: int, axis: int = -1) -> QuantizedTensor:
-    """Quantize ``x`` in groups of ``group_size`` consecutive elements along ``axis``.
-
-    KIVI (arXiv:2402.02750) section 3.1-3.2: keys per-channel are ``axis=-2`` of ``[batch, kv_heads, tokens, head_dim]``
-    (a group is ``group_size`` tokens of one channel), values per-token are ``axis=-1`` (a group is
-    ``group_size`` channels of one token).
-
-    Args:
-        x: any floating tensor; ``x.shape[axis] % group_size == 0`` and ``x.shape[-1] * nbits % 8 == 0``.
-        nbits: 2, 4 or 8.
-        group_size: elements per group along ``axis``.
-        axis: quantization axis (negative allowed).
-
-    Returns:
-        :class:`QuantizedTensor` whose ``scale``/``zero`` have ``x.shape`` with ``shape[axis] // group_size``.
-
-    Raises:
-        ValueError: unsupported ``nbits``, bad ``group_size``, ``axis`` out of range, a group size not dividing
-            the axis, a last axis that does not pack into whole bytes, a non-floating or non-finite input.
-        TypeError: ``x`` not a tensor, ``axis`` not an int.
-    """
+def _check_quantize_args(x: torch.Tensor, nbits: int, group_size: int, axis: int) -> int:
+    """:func:`quantize_groups`' argument checks; return the non-negative ``axis`` (errors as documented there)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"`x` must be a torch.Tensor, got {type(x).__name__}")
     check_nbits(nbits)
     check_group_size(group_size)
-    scale_dtype, zero_dtype = metadata_dtypes(x.dtype)
+    metadata_dtypes(x.dtype)  # raises for a non-floating dtype
+    if x.is_meta:
+        raise ValueError(
+            "cannot quantize a tensor on the meta device (it holds no values): move it to a real device first"
+        )
     if x.ndim == 0:
         raise ValueError("cannot quantize a 0-d tensor")
     if isinstance(axis, bool) or not isinstance(axis, int):
@@ -217,13 +211,75 @@ def quantize_groups(x: torch.Tensor, nbits: int, group_size: int, axis: int = -1
         )
     if not torch.isfinite(x).all():
         raise ValueError("cannot quantize a tensor holding inf or NaN")
+    return ax
+
+
+def stored_scale(mn: torch.Tensor, mx: torch.Tensor, qmax: int, scale_dtype: torch.dtype) -> torch.Tensor:
+    """The scale a group stores: ``(max - min) / qmax`` rounded **up** to a value of ``scale_dtype``.
+
+    Rounding to nearest could store a scale just below ``(max - min) / qmax`` (bf16 keeps 8 significant bits), so
+    the group's largest value would need a code above ``qmax`` and be clamped to it, off by up to
+    ``qmax * (max - min) * 2**-9`` (half a step more at 8 bits). Rounded up, every value of the group is within
+    ``qmax + 1/2`` steps of the minimum and the round-trip bound of :func:`quantize_groups` holds. Where
+    ``scale_dtype`` is the working dtype (fp32/fp64 inputs) nothing is rounded.
+
+    Args:
+        mn, mx: per-group minimum and maximum in the working dtype (fp32, or fp64 for fp64 inputs).
+        qmax: the largest code, ``2**nbits - 1``.
+        scale_dtype: the storage dtype (:func:`metadata_dtypes`).
+
+    Returns:
+        ``mn``'s shape in ``scale_dtype``, ``>= 0`` (0 for a constant group).
+    """
+    # (mx - mn) may overflow for huge finite groups; mx/qmax - mn/qmax cannot (qmax >= 3).
+    exact = mx / qmax - mn / qmax
+    scale = exact.to(scale_dtype)
+    if scale_dtype == exact.dtype:
+        return scale
+    up = torch.nextafter(scale, torch.full_like(scale, float("inf")))
+    return torch.where(scale.to(exact.dtype) < exact, up, scale)
+
+
+def quantize_groups(x: torch.Tensor, nbits: int, group_size: int, axis: int = -1) -> QuantizedTensor:
+    """Quantize ``x`` in groups of ``group_size`` consecutive elements along ``axis``.
+
+    KIVI (arXiv:2402.02750) section 3.1-3.2: keys per-channel are ``axis=-2`` of ``[batch, kv_heads, tokens, head_dim]``
+    (a group is ``group_size`` tokens of one channel), values per-token are ``axis=-1`` (a group is
+    ``group_size`` channels of one token). The quantizer is KIVI's asymmetric min-max one (section 3.1):
+    ``zero = min``, ``scale = (max - min) / (2**nbits - 1)``, ``code = round((x - zero) / scale)``.
+
+    The scale is stored in its metadata dtype (:func:`metadata_dtypes`: bf16 for bf16/fp16 inputs) rounded up
+    (:func:`stored_scale`), the zero exactly (a group minimum is an input value), and the codes are computed from
+    the *stored* scale and zero, so every value is reachable and the round trip is bounded per element by
+
+        ``|x - dequantize(q, torch.float32)| <= scale / 2``    (``scale``: the group's stored ``q.scale``)
+
+    up to float32 arithmetic (a few ulps of the group's magnitude); ``dequantize(q)`` in a 16-bit dtype adds that
+    dtype's own rounding of the result (half an ulp of ``|x_hat|``). A constant group (``scale == 0``) comes back
+    exactly.
+
+    Args:
+        x: any floating tensor; ``x.shape[axis] % group_size == 0`` and ``x.shape[-1] * nbits % 8 == 0``.
+        nbits: 2, 4 or 8.
+        group_size: elements per group along ``axis``.
+        axis: quantization axis (negative allowed).
+
+    Returns:
+        :class:`QuantizedTensor` whose ``scale``/``zero`` have ``x.shape`` with ``shape[axis] // group_size``.
+
+    Raises:
+        ValueError: unsupported ``nbits``, bad ``group_size``, ``axis`` out of range, a group size not dividing
+            the axis, a last axis that does not pack into whole bytes, a non-floating or non-finite input, a tensor
+            on the meta device.
+        TypeError: ``x`` not a tensor, ``axis`` not an int.
+    """
+    ax = _check_quantize_args(x, nbits, group_size, axis)
+    scale_dtype, zero_dtype = metadata_dtypes(x.dtype)
     qmax = (1 << nbits) - 1
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
     g = _group_view(x.to(work), ax, group_size)  # [..., n/G, G]
     mn = g.amin(dim=-1)
-    mx = g.amax(dim=-1)
-    # (mx - mn) may overflow for huge finite groups; mx/qmax - mn/qmax cannot (qmax >= 3).
-    scale = (mx / qmax - mn / qmax).to(scale_dtype)
+    scale = stored_scale(mn, g.amax(dim=-1), qmax, scale_dtype)
     zero = mn.to(zero_dtype)
     s = scale.to(work).unsqueeze(-1)
     z = zero.to(work).unsqueeze(-1)
@@ -252,6 +308,12 @@ def expand_groups(meta: torch.Tensor, axis: int, group_size: int) -> torch.Tenso
 
 def dequantize(qt: QuantizedTensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Reconstruct ``zero + code * scale`` with the shape of the original tensor.
+
+    The dequantization of KIVI's asymmetric quantizer (arXiv:2402.02750 section 3.1, eq. 1), computed in float32
+    (float64 for fp64 tensors) and cast once to ``dtype``. For ``qt = quantize_groups(x, ...)`` each element
+    satisfies ``|x - dequantize(qt, torch.float32)| <= scale / 2`` with ``scale`` its group's stored ``qt.scale``
+    (up to float32 arithmetic, a few ulps of the group's magnitude; see :func:`quantize_groups`); a 16-bit
+    ``dtype`` adds its own rounding of the result, at most half an ulp of ``|x_hat|``.
 
     Args:
         qt: a :class:`QuantizedTensor`.

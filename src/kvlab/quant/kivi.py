@@ -67,6 +67,11 @@ class KIVIConfig:
         ValueError: unsupported ``nbits``/``key_bits``/``value_bits`` (the message names which), non-positive
             ``group_size``, ``residual_length`` negative or not a
             multiple of ``group_size``, ``block_tokens`` not a positive multiple of ``group_size``.
+
+    Source: KIVI (arXiv:2402.02750) section 3.2-3.3 (keys per-channel and values per-token in groups of ``G``, the
+    newest ``R`` tokens kept in full precision) and section 4 for the defaults ``G = 32``, ``R = 128``
+    (:data:`kvlab.cache_names.KIVI_DEFAULTS`); separate ``key_bits`` / ``value_bits`` as llama.cpp's
+    ``-ctk`` / ``-ctv`` (see the module docstring).
     """
 
     nbits: int | None = 4
