@@ -4,6 +4,7 @@ cache refuses the same bad input with the same words (a ``ValueError``/``TypeErr
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -61,3 +62,67 @@ def check_kv_pair(key_states: Any, value_states: Any) -> None:
             f"keys and values must be [batch, kv_heads, tokens, head_dim] tensors agreeing in batch, heads and "
             f"tokens, got {shapes[0] and tuple(shapes[0])} and {shapes[1] and tuple(shapes[1])}"
         )
+
+
+def step_positions(kwargs: dict) -> torch.Tensor | None:
+    """The ``[batch or 1, tokens]`` ``position_ids`` transformers hands a cache layer's ``update`` (the attention
+    module's keyword arguments arrive as ``kwargs={"position_ids": ..., ...}``), or ``None`` where the model passes
+    none (or passes positions that are not 2-D, such as multimodal RoPE's ``[3, batch, tokens]``)."""
+    inner = kwargs.get("kwargs")
+    pos = inner.get("position_ids") if isinstance(inner, dict) else kwargs.get("position_ids")
+    return pos if isinstance(pos, torch.Tensor) and pos.ndim == 2 else None
+
+
+class PaddingCheck:
+    """Whether a batch's rows are padded, noted at a layer's first update and read once, when eviction begins.
+
+    transformers masks a cache by contiguous positions (``get_mask_sizes``' offset), so an evicting cache that
+    keeps a left-padded row's pad tokens in slots the mask reads as real tokens lets the row attend to them. The
+    cache never sees the attention mask, but it sees the step's ``position_ids`` (:func:`step_positions`):
+    ``generate`` numbers a padded row's tokens from its first real token, so the row's last position falls short
+    of the tokens the cache has counted. :meth:`note` keeps that comparison as a device tensor (no host sync);
+    :meth:`before_eviction` reads it, once, and raises.
+    """
+
+    def __init__(self) -> None:
+        self.off_rows: torch.Tensor | None = None  # [rows] bool: positions not continuing the cache's count
+        self.rows = 0
+        self.pending = False  # noted and not yet read
+
+    def note(self, kwargs: dict, seen_tokens: int, tokens: int, rows: int) -> None:
+        """Record the first update's positions: the cache had seen ``seen_tokens`` and receives ``tokens``."""
+        pos = step_positions(kwargs)
+        self.off_rows = None if pos is None else pos[:, -1] != seen_tokens + tokens - 1
+        self.rows, self.pending = rows, True
+
+    def before_eviction(self, cache_name: str) -> None:
+        """Refuse a padded batch before the first eviction (later calls do nothing).
+
+        Raises:
+            ValueError: a row whose positions do not continue the cache's count (a left-padded row), named.
+
+        Warns:
+            UserWarning: a batch of several rows from a model that passes no ``position_ids`` to the cache
+                (padding cannot be seen; rows must be unpadded).
+        """
+        if not self.pending:
+            return
+        self.pending = False
+        if self.off_rows is None:
+            if self.rows > 1:
+                warnings.warn(
+                    f"{cache_name} cannot tell whether the batch is padded (the model passes no position_ids to "
+                    "the cache): rows must be unpadded once eviction begins, or a left-padded row attends to its "
+                    "pad tokens",
+                    stacklevel=4,
+                )
+            return
+        bad = self.off_rows.nonzero().flatten().tolist()
+        if bad:
+            raise ValueError(
+                f"{cache_name} cannot evict from a padded batch: row(s) {bad} have position_ids that do not "
+                "continue the tokens the cache has seen (left padding). transformers masks a cache by contiguous "
+                "positions, so after eviction a padded row would attend to its pad tokens. Run rows of different "
+                "lengths one at a time (or in batches of equal length, unpadded), or use a cache that does not "
+                "evict (DynamicCache, KIVICache)"
+            )

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from kvlab.cache_names import KIVI_DEFAULTS
+from kvlab.caches._rows import PaddingCheck
 from kvlab.caches.crop import crop_unless_evicted
 from kvlab.caches.kivi import KIVICache, KIVILayer
 from kvlab.caches.scorer import QueryScoredCache, not_enabled, request_queries
@@ -53,7 +54,8 @@ class KIVISnapKVLayer(KIVILayer):
         are (the prefill attends to float K/V). Later updates: KIVI's.
 
         Raises:
-            RuntimeError: the previous prefill's queries never arrived. ValueError: as :meth:`KIVILayer.update`.
+            RuntimeError: the previous prefill's queries never arrived. ValueError: as :meth:`KIVILayer.update`;
+                a padded batch whose prompt would be compressed (:class:`kvlab.caches._rows.PaddingCheck`).
         """
         if self.pending:
             raise not_enabled(self)
@@ -61,6 +63,9 @@ class KIVISnapKVLayer(KIVILayer):
         if not self.compressed:
             self.compressed = True
             if self.snap.kept_tokens(tokens) < tokens:
+                padding = PaddingCheck()
+                padding.note(kwargs, self.seen_tokens, tokens, key_states.shape[0])
+                padding.before_eviction(self.cache_name)
                 self.state._check(key_states, value_states)
                 if not self.is_initialized:
                     self.lazy_initialization(key_states, value_states)
@@ -120,7 +125,8 @@ class KIVISnapKVCache(QueryScoredCache, KIVICache):
             ``value_bits``, ``dot``, ``block_tokens``).
 
     Raises:
-        ValueError: as :class:`KIVICache` and :class:`~kvlab.caches.snapkv.SnapKVConfig`.
+        ValueError: as :class:`KIVICache` and :class:`~kvlab.caches.snapkv.SnapKVConfig`; during ``generate``, a
+            left-padded batch whose prompt would be compressed (the padded rows named; docs/EVICTION.md).
         RuntimeError: a model not running :func:`kvlab.attention.enable` (at the second layer's update).
 
     Source: SnapKV (arXiv:2404.14469) section 4 then KIVI (arXiv:2402.02750) section 3.

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from kvlab.caches._rows import check_kv_pair, check_repeats
+from kvlab.caches._rows import PaddingCheck, check_kv_pair, check_repeats
 from kvlab.caches.base import KVLayer
 from kvlab.caches.crop import crop_keep, crop_unless_evicted
 
@@ -85,6 +85,7 @@ class ScorerLayer(KVLayer):
         self.evicted_tokens = 0  # tokens dropped per KV head
         self.pending = False  # this step's queries are awaited from kvlab attention
         self.compressed = False  # the prompt has been handled (scored, or too short to score)
+        self.padding = PaddingCheck()  # a padded batch is refused when eviction begins
 
     def _wants_query(self) -> bool:
         raise NotImplementedError
@@ -109,6 +110,7 @@ class ScorerLayer(KVLayer):
 
         Raises:
             ValueError: keys/values that are not 4-D or differ in batch, heads or tokens (both shapes named).
+            ValueError: a padded batch at the first step that evicts (:class:`kvlab.caches._rows.PaddingCheck`).
             RuntimeError: the previous step's queries never arrived (the model does not run kvlab attention).
         """
         check_kv_pair(key_states, value_states)
@@ -116,10 +118,13 @@ class ScorerLayer(KVLayer):
             raise not_enabled(self)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if self.seen_tokens == 0:
+            self.padding.note(kwargs, 0, key_states.shape[-2], key_states.shape[0])
         self.keys = torch.cat((self.keys, key_states), dim=-2)
         self.values = torch.cat((self.values, value_states), dim=-2)
         self.seen_tokens += key_states.shape[-2]
         if self._wants_query():
+            self.padding.before_eviction(self.cache_name)
             request_queries(self, self.keys, kwargs.get("kvlab_layer_idx"))
         return self.keys, self.values
 
@@ -149,6 +154,7 @@ class ScorerLayer(KVLayer):
         self.keys = self.values = None
         self.seen_tokens = self.evicted_tokens = 0
         self.pending = self.compressed = False
+        self.padding = PaddingCheck()
         self.is_initialized = False
 
     def crop(self, tokens_to_remove: int) -> None:

@@ -35,7 +35,9 @@ StreamingLLM's own runs do, and leaves only the sinks and the newest ``window_le
 **Limits.** Full-attention RoPE decoders whose RoPE type is in :data:`kvlab.caches.rope.ROPE_TYPES`; a model with
 sliding-window (or other non-full) attention layers is refused. Rows of a batch must be unpadded once eviction has
 begun: the attention mask of the sink slots is read at the positions of evicted tokens (transformers masks by
-contiguous positions), so the pad tokens sitting in a left-padded row's sink slots would become visible.
+contiguous positions), so the pad tokens sitting in a left-padded row's sink slots would become visible. A padded
+batch is refused at the step that would first evict (:class:`kvlab.caches._rows.PaddingCheck`, from the
+``position_ids`` transformers passes to ``update``; docs/EVICTION.md).
 
 Usage::
 
@@ -52,7 +54,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache
 
-from kvlab.caches._rows import check_kv_pair
+from kvlab.caches._rows import PaddingCheck, check_kv_pair
 from kvlab.caches.base import KVLayer, check_full_attention
 from kvlab.caches.crop import crop_keep, crop_unless_evicted
 from kvlab.caches.rope import KeyRotation
@@ -78,6 +80,7 @@ class SinkLayer(KVLayer):
         self.sink_keys = self.sink_values = None
         self.seen_tokens = 0  # tokens received since the last reset (the model's next absolute position)
         self.evicted_tokens = 0  # E: window tokens dropped so far; sinks sit E positions nearer the query
+        self.padding = PaddingCheck()  # a padded batch is refused when eviction begins
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -105,7 +108,9 @@ class SinkLayer(KVLayer):
 
         Raises:
             ValueError: keys/values that are not 4-D or differ in batch, heads or tokens (both shapes named); a
-                batch, head or head_dim change between calls.
+                batch, head or head_dim change between calls; a padded batch when eviction begins
+                (:class:`kvlab.caches._rows.PaddingCheck`: the step's ``position_ids``, read from ``kwargs``, do
+                not continue the tokens seen).
         """
         check_kv_pair(key_states, value_states)
         if not self.is_initialized:
@@ -113,8 +118,13 @@ class SinkLayer(KVLayer):
         elif key_states.shape[:2] != self.keys.shape[:2] or key_states.shape[-1] != self.keys.shape[-1]:
             raise ValueError(
                 f"keys of shape {tuple(key_states.shape)} do not continue a cache of "
-                f"{tuple(self.keys.shape[:2])} rows/heads and head_dim {self.keys.shape[-1]}"
+                f"{tuple(self.keys.shape[:2])} rows/heads and head_dim {self.keys.shape[-1]} "
+                f"(call cache.reset() before reusing a cache for another batch)"
             )
+        if self.seen_tokens == 0:
+            self.padding.note(kwargs, 0, key_states.shape[-2], key_states.shape[0])
+        if self.evicted_tokens == 0 and self.held_tokens() + key_states.shape[-2] > self.get_max_length():
+            self.padding.before_eviction(self.cache_name)
         keys = torch.cat((self._sinks_for_query(), self.keys, key_states), dim=-2)  # [B, H, held + t, D]
         values = torch.cat((self.sink_values, self.values, value_states), dim=-2)
         self.seen_tokens += key_states.shape[-2]
@@ -159,6 +169,7 @@ class SinkLayer(KVLayer):
         """Drop every stored token, keeping the settings."""
         self.keys = self.values = self.sink_keys = self.sink_values = None
         self.seen_tokens = self.evicted_tokens = 0
+        self.padding = PaddingCheck()
         self.is_initialized = False
 
     def crop(self, tokens_to_remove: int) -> None:
@@ -206,7 +217,16 @@ class SinkCache(Cache):
     Raises:
         ValueError: ``num_sink_tokens < 0``, ``window_length < 1`` or not ints (the value is named); ``S > 0``
             without ``config``; a model with non-full-attention layers; a RoPE type other than
-            :data:`kvlab.caches.rope.ROPE_TYPES` (the type is named).
+            :data:`kvlab.caches.rope.ROPE_TYPES` (the type is named). During ``generate``: a left-padded batch at
+            the step that would first evict (the padded rows named; see Notes).
+
+    Notes:
+        Rows must be unpadded once eviction begins: transformers masks a cache by contiguous positions, so after
+        eviction a padded row's pad tokens would sit in slots the mask reads as real tokens. The cache sees no
+        attention mask; it reads the ``position_ids`` transformers passes to ``update`` (a padded row's positions
+        start at its first real token) and refuses the batch; a model that passes none gets a warning for a batch
+        of two or more rows. ``get_seq_length()`` returns every token seen (the next token's absolute position),
+        not the tokens held: :meth:`held_tokens` gives those.
 
     Source: StreamingLLM (arXiv:2309.17453) section 3.2; docs/EVICTION.md (positions are kept
     apart from storage). See the module docstring for the positions and the comparison with transformers 4.x.

@@ -22,7 +22,8 @@ is refused at the next layer's update.
 
 **Positions.** Kept tokens keep their original positions (their keys are not re-rotated) and the next token's
 position is the prompt length (``get_seq_length()`` counts every token seen): SnapKV drops context, not positions.
-Rows of a batch must be unpadded (as for :class:`~kvlab.caches.sink.SinkCache`).
+Rows of a batch must be unpadded (as for :class:`~kvlab.caches.sink.SinkCache`): a padded batch is refused when
+the prompt is compressed (:class:`kvlab.caches._rows.PaddingCheck`).
 
 Usage::
 
@@ -206,7 +207,8 @@ class SnapKVCache(ScorerCache, Cache):
         config: optional model config; a model with non-full-attention layers is refused.
 
     Raises:
-        ValueError: as :class:`SnapKVConfig`; a sliding-window model (with ``config``).
+        ValueError: as :class:`SnapKVConfig`; a sliding-window model (with ``config``); during ``generate``, a
+            left-padded batch whose prompt would be compressed (the padded rows named; docs/EVICTION.md).
         RuntimeError: at the second layer's update, a model not running :func:`kvlab.attention.enable`.
 
     Source: SnapKV (arXiv:2404.14469) section 4; layout after kvpress's ``snapkv_press.py`` (one method per file).

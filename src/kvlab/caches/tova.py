@@ -7,7 +7,9 @@ at once) and each decoded token (one token dropped once the cap is reached). The
 (TOVA's multi-state size) or ``seen - int(seen * compression_ratio)`` tokens.
 
 The query comes from kvlab attention (:func:`kvlab.attention.interface.observers`) through
-:class:`~kvlab.caches.scorer.ScorerLayer`, as for :class:`~kvlab.caches.snapkv.SnapKVCache`; kept tokens keep their original positions; rows must be unpadded.
+:class:`~kvlab.caches.scorer.ScorerLayer`, as for :class:`~kvlab.caches.snapkv.SnapKVCache`; kept tokens keep their original positions; rows must be unpadded (a padded batch is refused
+at its first eviction, :class:`kvlab.caches._rows.PaddingCheck`). ``get_seq_length()`` counts every token seen, not
+the tokens held (:meth:`TOVACache.held_tokens`).
 
 Usage::
 
@@ -83,8 +85,14 @@ class TOVACache(ScorerCache, Cache):
 
     Raises:
         ValueError: both or neither of ``token_budget``/``compression_ratio``, a ratio outside ``(0, 1)``, a budget
-            below 1 (named); a sliding-window model.
+            below 1 (named); a sliding-window model. During ``generate``: a left-padded batch at its first
+            eviction (the padded rows named: a padded row would attend to its pad tokens once tokens are dropped;
+            read from the ``position_ids`` transformers passes to ``update``, docs/EVICTION.md).
         RuntimeError: a model not running :func:`kvlab.attention.enable` (at the next layer's update).
+
+    Notes:
+        ``get_seq_length()`` returns every token seen (the next token's position), not the tokens held
+        (:meth:`held_tokens`).
 
     Source: TOVA (arXiv:2401.06104) section 3; layout after kvpress (one method per file).
     """
