@@ -18,6 +18,7 @@ from kvlab.plan.config_fields import check_int, check_int_at_least
 from kvlab.plan.kv_formats import KVDtype
 from kvlab.plan.ledger import kv_bytes_peak
 from kvlab.plan.spec import ModelSpec
+from kvlab.plan.weights import WeightBytes
 
 GIB = 1024**3
 MAX_SEARCH_TOKENS = 1 << 40  # contexts that still fit here count as "not limited by memory"
@@ -41,14 +42,32 @@ class GpuBudget:
                 f"({self.memory_bytes:,} B): nothing would be left for weights and KV"
             )
 
-    def kv_budget_bytes(self, weight_bytes_per_gpu: int) -> int:
-        """Bytes left for the KV cache after weights and reserve (may be negative: nothing fits,
-        :meth:`shortfall_note` says by how much)."""
-        return self.memory_bytes - self.reserve_bytes - weight_bytes_per_gpu
+    def kv_budget_bytes(self, weight_bytes_per_gpu: int | WeightBytes) -> int:
+        """Bytes left for the KV cache after weights and reserve: ``memory_bytes - reserve_bytes - weights``.
 
-    def shortfall_note(self, weight_bytes_per_gpu: int) -> str | None:
+        Args:
+            weight_bytes_per_gpu: the weights one GPU holds, in bytes: an int, or a
+                :class:`~kvlab.plan.weights.WeightBytes` (:func:`~kvlab.plan.weights.weight_bytes`), read as its
+                ``total_bytes``, the whole model on this GPU. With tensor parallelism pass the shard as an int
+                (``ceil(total_bytes / tp)``, as :attr:`kvlab.plan.ledger.Ledger.weight_bytes_per_gpu`).
+
+        Returns:
+            Bytes, to pass to :func:`max_batch` / :func:`max_context`; may be negative (weights and reserve exceed
+            the memory: nothing fits, :meth:`shortfall_note` says by how much).
+
+        Raises:
+            ValueError: ``weight_bytes_per_gpu`` neither an int >= 0 nor a ``WeightBytes`` (the value named).
+        """
+        return self.memory_bytes - self.reserve_bytes - _weight_bytes(weight_bytes_per_gpu)
+
+    def shortfall_note(self, weight_bytes_per_gpu: int | WeightBytes) -> str | None:
         """``does not fit: ...`` when the weights and the reserve exceed the memory (:func:`max_batch` and
-        :func:`max_context` are then 0 for any sequence), naming by how much; None when they leave room for KV."""
+        :func:`max_context` are then 0 for any sequence), naming by how much; None when they leave room for KV.
+
+        Raises:
+            ValueError: as :meth:`kv_budget_bytes`.
+        """
+        weight_bytes_per_gpu = _weight_bytes(weight_bytes_per_gpu)
         free = self.kv_budget_bytes(weight_bytes_per_gpu)
         if free >= 0:
             return None
@@ -63,32 +82,60 @@ class GpuBudget:
         return {"memory_bytes": self.memory_bytes, "reserve_bytes": self.reserve_bytes, "source": self.source}
 
 
+def _weight_bytes(weights: int | WeightBytes) -> int:
+    """``weights`` as bytes: an int >= 0 as given, a :class:`WeightBytes` as its ``total_bytes``."""
+    if isinstance(weights, WeightBytes):
+        return weights.total_bytes
+    if not isinstance(weights, int) or isinstance(weights, bool) or weights < 0:
+        raise ValueError(
+            f"`weight_bytes_per_gpu` must be the weights' bytes on one GPU, an int >= 0 or a WeightBytes "
+            f"(kvlab.plan.weight_bytes(spec)), got {weights!r}"
+        )
+    return weights
+
+
 def _check_reserve(reserve_gib: float, memory_bytes: int, memory_text: str) -> None:
     """Raise when a reserve of ``reserve_gib`` GiB is not less than ``memory_bytes`` (described by ``memory_text``)."""
     if int(round(reserve_gib * GIB)) >= memory_bytes:
         raise ValueError(
-            f"the reserve (--reserve-gib {reserve_gib:g}) is not less than the GPU memory ({memory_text}): "
+            f"the reserve (`reserve_gib` {reserve_gib:g}) is not less than the GPU memory ({memory_text}): "
             "nothing would be left for weights and KV"
         )
 
 
-def check_memory_gib(memory_gib: float) -> None:
-    """A device memory of ``memory_gib`` GiB (``--gpu-mem-gib``) must be a finite number > 0, also once counted in
-    bytes (``inf``, ``nan``, 0 and -3 have no bytes to size; ``1e308`` overflows).
+def check_memory_gib(memory_gib: float, name: str = "gpu_mem_gib") -> None:
+    """A device memory of ``memory_gib`` GiB must be a finite number > 0, also once counted in bytes (``inf``,
+    ``nan``, 0 and -3 have no bytes to size; ``1e308`` overflows).
+
+    Args:
+        memory_gib: the memory, in GiB (2**30 B).
+        name: the caller's parameter, named in the error (``"gpu_mem_gib"``: the CLI names its flag,
+            ``--gpu-mem-gib``, through :func:`kvlab.commands.plan.flags.flag_message`).
 
     Raises:
-        ValueError: naming ``--gpu-mem-gib`` and the value.
+        ValueError: ``"`name` must be a finite number of GiB > 0, got ..."``.
     """
     if not (memory_gib > 0 and math.isfinite(memory_gib * GIB)):
-        raise ValueError(f"--gpu-mem-gib must be a finite number of GiB > 0, got {memory_gib!r}")
+        raise ValueError(f"`{name}` must be a finite number of GiB > 0, got {memory_gib!r}")
 
 
 def budget_from_gib(memory_gib: float, reserve_gib: float = 0.0) -> GpuBudget:
-    """A budget of ``memory_gib`` GiB (2**30 B) with ``reserve_gib`` GiB kept back (:func:`check_memory_gib`)."""
-    check_memory_gib(memory_gib)
+    """A budget of ``memory_gib`` GiB (2**30 B) with ``reserve_gib`` GiB kept back.
+
+    Raises:
+        ValueError: ``memory_gib`` not a finite number > 0 (:func:`check_memory_gib`), ``reserve_gib`` negative or
+            not finite, or a reserve not below the memory; each names the parameter and the value.
+    """
+    return gib_budget(memory_gib, reserve_gib, "memory_gib")
+
+
+def gib_budget(memory_gib: float, reserve_gib: float, memory_name: str) -> GpuBudget:
+    """:func:`budget_from_gib` for a caller whose memory parameter is called ``memory_name`` (the planner
+    report's ``gpu_mem_gib``), named in the errors."""
+    check_memory_gib(memory_gib, memory_name)
     if not (reserve_gib >= 0 and math.isfinite(reserve_gib * GIB)):
-        raise ValueError(f"--reserve-gib must be a finite number of GiB >= 0, got {reserve_gib!r}")
-    _check_reserve(reserve_gib, int(round(memory_gib * GIB)), f"--gpu-mem-gib {memory_gib:g}, GiB")
+        raise ValueError(f"`reserve_gib` must be a finite number of GiB >= 0, got {reserve_gib!r}")
+    _check_reserve(reserve_gib, int(round(memory_gib * GIB)), f"`{memory_name}` {memory_gib:g} GiB")
     return GpuBudget(
         int(round(memory_gib * GIB)),
         int(round(reserve_gib * GIB)),
@@ -104,9 +151,9 @@ def budget_from_hardware(hardware, reserve_gib: float = 0.0) -> GpuBudget:
         ValueError: the row has no memory size, or the reserve is negative, not finite or not below the memory.
     """
     if hardware.memory_bytes is None:
-        raise ValueError(f"{hardware.name} has no memory size; pass --gpu-mem-gib")
+        raise ValueError(f"{hardware.name} has no memory size; use budget_from_gib (the CLI: --gpu-mem-gib)")
     if not reserve_gib >= 0 or not math.isfinite(reserve_gib * GIB):
-        raise ValueError(f"`reserve_gib` (--reserve-gib) must be finite and >= 0, got {reserve_gib!r}")
+        raise ValueError(f"`reserve_gib` must be finite and >= 0, got {reserve_gib!r}")
     memory_text = f"{hardware.name}: {hardware.memory_mib:,} MiB = {hardware.memory_bytes / GIB:,.2f} GiB"
     _check_reserve(reserve_gib, hardware.memory_bytes, memory_text)
     return GpuBudget(
@@ -128,8 +175,19 @@ def max_batch(
     """Most sequences of ``context`` tokens whose KV fits in ``kv_budget_bytes`` on one GPU (0 if none; also 0 for a
     negative budget, weights and reserve past the memory, which :meth:`GpuBudget.shortfall_note` explains).
 
+    A sequence is sized by :func:`~kvlab.plan.ledger.kv_bytes_peak`, the most bytes it holds at any length up to
+    ``context`` (a decoding sequence passes every length): for a plain dtype the bytes at ``context``; for KIVI
+    possibly more, at a length just before a flush (the residual window full, ``R + j*G - 1`` tokens), since each
+    flush turns ``G`` full-precision tokens into codes and the bytes drop.
+
+    Args:
+        spec: the model. context: tokens per sequence. kv_budget_bytes: bytes for the KV cache on one GPU
+            (:meth:`GpuBudget.kv_budget_bytes`). kv, tp, mode: as :func:`~kvlab.plan.ledger.kv_bytes`.
+
     Raises:
-        ValueError: ``kv_budget_bytes`` not an int (a float, NaN or infinity), or a context that stores no KV.
+        ValueError: ``kv_budget_bytes`` not an int (a float, NaN or infinity), a context that stores no KV, or what
+            :func:`~kvlab.plan.ledger.kv_bytes` refuses (``context`` not an int >= 0, an unknown ``kv``, a bad
+            ``tp`` or ``mode``).
     """
     check_int("kv_budget_bytes", kv_budget_bytes)
     per_sequence = kv_bytes_peak(spec, context, 1, kv, tp=tp, mode=mode)

@@ -201,7 +201,17 @@ def kivi_kv_bytes_breakdown(
 
 
 def kivi_kv_bytes(model: ModelSpec | Mapping | str, tokens: int, batch: int = 1, **kwargs: Any) -> int:
-    """Total of :func:`kivi_kv_bytes_breakdown`: what ``KIVICache.nbytes()`` must measure."""
+    """Total of :func:`kivi_kv_bytes_breakdown`: what ``KIVICache.nbytes()`` must measure.
+
+    Args:
+        model, tokens, batch: as :func:`kivi_kv_bytes_breakdown`. kwargs: its keyword-only settings (``nbits``,
+            ``group_size``, ``residual_length``, ``value_bits``, ``cache_dtype_bytes``, ``metadata_bytes``, ``tp``,
+            ``mode``).
+
+    Raises:
+        ValueError: as :func:`kivi_kv_bytes_breakdown` (an MLA model, a negative ``tokens`` or ``batch``, invalid
+            KIVI settings, a model that cannot be read). TypeError: an unknown keyword (``nbit=4``).
+    """
     return kivi_kv_bytes_breakdown(model, tokens, batch, **kwargs)["total"]
 
 
@@ -284,6 +294,17 @@ def kv_bytes_per_token(spec: ModelSpec, kv: str | KVDtype = "auto", tp: int = 1)
 
     Plain dtypes: an exact integer. KIVI: the long-context figure ``elements * (b/8 + 2m/G)`` (the residual
     window amortized away), a float when not integral.
+
+    Args:
+        spec: the model (:func:`~kvlab.plan.load.load_spec`).
+        kv: a KV dtype name (``"auto"``: the model's dtype, ``"fp8"``, ``"kivi-4"``, ...) or a :class:`KVDtype`
+            (:func:`~kvlab.plan.kv_formats.kv_dtype`).
+        tp: tensor-parallel ranks (the KV heads are split between them, replicated when fewer than ``tp``).
+
+    Raises:
+        ValueError: an unknown ``kv`` name or invalid KIVI settings (:func:`~kvlab.plan.kv_formats.kv_dtype`), a
+            Hadamard FP8 cache on a head_dim that is not a power of two, KIVI on an MLA model, ``tp`` not an int
+            >= 1 or not splitting the query and KV heads (:func:`kv_heads_per_rank`).
     """
     kvd = _resolve(spec, kv)
     if kvd.is_kivi and spec.is_mla:
@@ -303,7 +324,25 @@ def kv_bytes(
     mode: str = "theoretical",
 ) -> int:
     """Exact bytes of ``batch`` sequences of ``tokens`` tokens on one rank, summed over layers
-    (``B_kv = B_tok * S * batch`` of docs/plan.md, Ledger and fit for a plain full-attention model)."""
+    (``B_kv = B_tok * S * batch`` of docs/plan.md, Ledger and fit for a plain full-attention model).
+
+    Args:
+        spec: the model (:func:`~kvlab.plan.load.load_spec`).
+        tokens: tokens per sequence (prompt + generated so far).
+        batch: sequences (0 gives 0).
+        kv: the KV cache format: a name (``"auto"``: the model's dtype; ``"bf16"``, ``"fp8"``, ``"kivi-4"``,
+            ``"kivi-4:group_size=64"``, ...) or a :class:`KVDtype` (:func:`~kvlab.plan.kv_formats.kv_dtype`); an
+            evicting cache's cap (``keep_tokens``) limits the tokens each layer keeps.
+        tp: tensor-parallel ranks; the bytes are one rank's.
+        mode: ``"theoretical"``: what the model must keep: a sliding-window layer holds at most its window, a
+            chunked-attention layer at most its chunk (as ``DynamicCache`` and kvlab's caches hold them);
+            ``"allocated"``: every layer holds all ``tokens`` (an engine that reserves full length for every layer,
+            window or not).
+
+    Raises:
+        ValueError: ``tokens`` (named ``context``) or ``batch`` not an int >= 0, ``mode`` not one of
+            :data:`MODES`, and what :func:`kv_bytes_per_token` refuses (``kv``, ``tp``, KIVI or scaled FP8 on MLA).
+    """
     return _over_layers(spec, tokens, batch, kv, tp, mode, _layer_bytes)
 
 
@@ -340,6 +379,9 @@ def kv_bytes_peak(
 
     A capped cache (``keep_tokens`` N) holds the same bytes at every length from N on, so its peak is the
     peak at ``min(tokens, N)``.
+
+    Raises:
+        ValueError: as :func:`kv_bytes`.
     """
     kvd = _resolve(spec, kv)
     now = kv_bytes(spec, tokens, batch, kvd, tp=tp, mode=mode)
@@ -494,7 +536,16 @@ def build_ledger(
     tp: int = 1,
 ) -> Ledger:
     """The :class:`Ledger` of ``spec`` for ``batch`` sequences of ``context`` tokens (mechanics chapter [B]); with a
-    capped ``kv`` (:func:`kv_dtype` ``keep_tokens``) each layer keeps ``min(its tokens, keep_tokens)``."""
+    capped ``kv`` (:func:`kv_dtype` ``keep_tokens``) each layer keeps ``min(its tokens, keep_tokens)``.
+
+    Args:
+        weights: the model's weight bytes (:func:`~kvlab.plan.weights.weight_bytes`) or None; kept in the ledger
+            (its ``weight_bytes_per_gpu`` divides them by ``tp``). kv, tp: as :func:`kv_bytes`.
+
+    Raises:
+        ValueError: as :func:`kv_bytes` (``context`` or ``batch`` not an int >= 0, an unknown ``kv``, a bad ``tp``,
+            KIVI on an MLA model).
+    """
     kvd = _resolve(spec, kv)
     per_token_layer = kv_elements_per_token_per_layer(spec, tp) * kvd.bytes_per_element
     if kvd.is_kivi and spec.is_mla:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab.plan.config_fields import SHARED, check_int_at_least
-from kvlab.plan.fit import GpuBudget, budget_from_gib, budget_from_hardware
+from kvlab.plan.fit import GpuBudget, budget_from_hardware, gib_budget
 from kvlab.plan.hardware import Hardware, custom_hardware, get_hardware
 from kvlab.plan.load import load_spec
 from kvlab.plan.scenario import DEFAULT_CONTEXT_TOKENS, DEFAULT_GPU
@@ -151,11 +151,12 @@ def hardware_and_budget(
 
     Raises:
         ValueError: what :func:`resolve_hardware` refuses, then a bad ``gpu_mem_gib`` or ``reserve_gib``
-            (:func:`kvlab.plan.fit.budget_from_gib`, :func:`~kvlab.plan.fit.budget_from_hardware`).
+            (:func:`kvlab.plan.fit.budget_from_gib`, :func:`~kvlab.plan.fit.budget_from_hardware`), named by
+            these parameters (`gpu_mem_gib`, `reserve_gib`).
     """
     hw = resolve_hardware(gpu, bandwidth_gb_s, tflops)
     if gpu_mem_gib is not None:
-        return hw, budget_from_gib(gpu_mem_gib, reserve_gib)
+        return hw, gib_budget(gpu_mem_gib, reserve_gib, "gpu_mem_gib")
     if hw.memory_bytes is not None:
         return hw, budget_from_hardware(hw, reserve_gib)
     return hw, None

@@ -514,7 +514,7 @@ def explain_vllm_log(
             (:func:`read_vllm_log` refuses such a log first).
     """
     if total_gib is not None:  # inf was an OverflowError, nan "cannot convert float NaN to integer"
-        check_memory_gib(total_gib)
+        check_memory_gib(total_gib, "total_gib")
     total = log.get("total_gib", total_gib)
     if max_model_len is not None:  # 0 was read as not given (the config's limit), not refused
         check_int_at_least("max_model_len", max_model_len, 1, flag="--context")

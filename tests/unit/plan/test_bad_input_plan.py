@@ -159,10 +159,37 @@ def test_gpu_budget_rejects_a_reserve_that_leaves_nothing():
 
     with pytest.raises(ValueError, match="less than the GPU memory"):
         GpuBudget(memory_bytes=GIB, reserve_bytes=GIB)
-    with pytest.raises(ValueError, match="--reserve-gib 80"):
+    with pytest.raises(ValueError, match="`reserve_gib` 80"):  # the library names its parameter, not a flag
         budget_from_hardware(get_hardware("A100-80GB"), 80.0)
     # a reserve just under the memory is still a budget (nothing fits beside the weights, but it is no error)
     assert budget_from_gib(16.0, 15.5).reserve_bytes == int(15.5 * GIB)
+
+
+@pytest.mark.parametrize(
+    "call, fragment",
+    [
+        (lambda: budget_from_gib(-1), "`memory_gib` must be a finite number of GiB > 0, got -1"),
+        (lambda: budget_from_gib(80, -1), "`reserve_gib` must be a finite number of GiB >= 0, got -1"),
+        (lambda: budget_from_gib(80, 90), r"the reserve \(`reserve_gib` 90\) is not less than the GPU memory "
+         r"\(`memory_gib` 80 GiB\)"),
+    ],
+)
+def test_budget_errors_name_the_library_parameter_not_a_flag(call, fragment):
+    with pytest.raises(ValueError, match=fragment) as e:
+        call()
+    assert "--" not in str(e.value)
+
+
+def test_kv_budget_takes_weight_bytes_or_names_what_to_pass():
+    from kvlab.plan.weights import WeightBytes
+
+    budget = budget_from_gib(80.0, 4.0)
+    weights = WeightBytes(total_bytes=16 * GIB, active_bytes=16 * GIB, source="test")
+    assert budget.kv_budget_bytes(weights) == budget.kv_budget_bytes(16 * GIB) == 60 * GIB
+    assert budget.shortfall_note(WeightBytes(100 * GIB, 100 * GIB, "test")) == budget.shortfall_note(100 * GIB)
+    for bad in (16.5e9, "16e9", -1, None):
+        with pytest.raises(ValueError, match=r"`weight_bytes_per_gpu` must be .* WeightBytes \(kvlab.plan.weight_bytes"):
+            budget.kv_budget_bytes(bad)
 
 
 def test_video_clip_rejects_non_finite_and_empty_clips():

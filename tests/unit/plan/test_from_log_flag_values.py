@@ -54,14 +54,15 @@ def test_from_log_names_a_block_size_vllm_lacks_before_reading_the_log(capsys):
 
 @pytest.mark.parametrize("total", [float("inf"), float("nan"), 0.0, -3.0])
 def test_explain_vllm_log_refuses_a_device_memory_that_is_not_finite_and_positive(total):
-    """The library's ``total_gib`` (what --gpu-mem-gib gives): inf was an OverflowError, 0 no memory prediction."""
+    """The library's ``total_gib`` (what --gpu-mem-gib gives), named as the library's parameter: inf was an
+    OverflowError, 0 no memory prediction."""
     from kvlab.plan.load import load_config
     from kvlab.plan.spec import spec_from_config
     from kvlab.plan.vllm_log import explain_vllm_log, read_vllm_log
 
     config = load_config(KIMI)
     log = read_vllm_log(Path(KIMI_LOG).read_text())
-    with pytest.raises(ValueError, match="--gpu-mem-gib must be a finite number of GiB > 0, got"):
+    with pytest.raises(ValueError, match="`total_gib` must be a finite number of GiB > 0, got"):
         explain_vllm_log(log, spec_from_config(config), config, total_gib=total, weight_bytes=10**9)
 
 
