@@ -54,10 +54,17 @@ def check_kv_pair(key_states: Any, value_states: Any) -> None:
     tokens (``head_dim`` may differ between K and V).
 
     Raises:
-        ValueError: naming both shapes.
+        ValueError: a key or value that is not a 4-d tensor (its rank and shape named), or shapes that differ in
+            batch, heads or tokens (both named).
     """
     shapes = tuple(getattr(x, "shape", None) for x in (key_states, value_states))
-    if any(sh is None or len(sh) != 4 for sh in shapes) or shapes[0][:3] != shapes[1][:3]:
+    if any(sh is None or len(sh) != 4 for sh in shapes):
+        ranks = [f"{len(sh)}-d {tuple(sh)}" if sh is not None else type(x).__name__ for sh, x in
+                 zip(shapes, (key_states, value_states))]
+        raise ValueError(
+            f"keys and values must be 4-d [batch, kv_heads, tokens, head_dim] tensors, got {ranks[0]} and {ranks[1]}"
+        )
+    if shapes[0][:3] != shapes[1][:3]:
         raise ValueError(
             f"keys and values must be [batch, kv_heads, tokens, head_dim] tensors agreeing in batch, heads and "
             f"tokens, got {shapes[0] and tuple(shapes[0])} and {shapes[1] and tuple(shapes[1])}"

@@ -82,8 +82,8 @@ class FP8Layer(KVLayer):
         for name, x in (("keys", key_states), ("values", value_states)):
             if not isinstance(x, torch.Tensor) or x.ndim != 4 or not x.dtype.is_floating_point:
                 raise ValueError(
-                    f"{name} must be a floating [batch, kv_heads, tokens, head_dim] tensor, got "
-                    f"{getattr(x, 'dtype', type(x).__name__)} {tuple(getattr(x, 'shape', ()))}"
+                    f"{name} must be a floating 4-d [batch, kv_heads, tokens, head_dim] tensor, got "
+                    f"{getattr(x, 'dtype', type(x).__name__)} {getattr(x, 'ndim', 0)}-d {tuple(getattr(x, 'shape', ()))}"
                 )
         if key_states.shape[:3] != value_states.shape[:3]:
             raise ValueError(
@@ -96,7 +96,8 @@ class FP8Layer(KVLayer):
             if got != want or key_states.dtype != self.dtype:
                 raise ValueError(
                     f"appended states {tuple(key_states.shape)} {key_states.dtype} do not match the cache "
-                    f"[{want[0]}, {want[1]}, *, {want[2]}] {self.dtype}"
+                    f"[{want[0]}, {want[1]}, *, {want[2]}] {self.dtype} (a cache holds one batch of one model: "
+                    "call cache.reset() before reusing it for another)"
                 )
         if not bool(torch.isfinite(key_states).all() & torch.isfinite(value_states).all()):
             raise ValueError(
@@ -260,6 +261,11 @@ class FP8Cache(Cache):
             lacks; at
             ``update``, what :meth:`FP8Layer.update` raises, and a head_dim that is not a power of two for
             ``rotation="hadamard"``.
+
+    Notes:
+        Left-padded batches: the prefill's pad tokens are stored and the ``amax`` calibration of their row includes
+        them (the cache never sees the attention mask); a pad key or value larger than the row's real ones
+        coarsens that row's scale (README, left padding).
 
     Source: the mechanics chapter's FP8 section (e4m3 vs e5m2 range and precision); vLLM's FP8 KV cache
     (``k_scale``/``v_scale``, 1.0 unless calibrated); OCP 8-bit floating point specification (the two formats);

@@ -237,7 +237,10 @@ class PagedCache(Cache):
         if not self.tables:
             self.tables = [BlockTable(self.allocator) for _ in range(batch)]
         if batch != len(self.tables):
-            raise ValueError(f"the cache holds {len(self.tables)} batch rows, got states for {batch}")
+            raise ValueError(
+                f"the cache holds {len(self.tables)} batch rows, got states for {batch} (call cache.reset() before "
+                "reusing it for another batch)"
+            )
         n = stop - self.num_tokens
         need = 0
         for table in self.tables:
@@ -270,7 +273,10 @@ class PagedCache(Cache):
         if stop > self.num_tokens:
             self._reserve(stop, batch)
         elif batch != len(self.tables):
-            raise ValueError(f"the cache holds {len(self.tables)} batch rows, got states for {batch}")
+            raise ValueError(
+                f"the cache holds {len(self.tables)} batch rows, got states for {batch} (call cache.reset() before "
+                "reusing it for another batch)"
+            )
         key = (start, stop, self._table_version)
         cached_key, slots = self._slots.get(device, (None, None))
         if cached_key != key:

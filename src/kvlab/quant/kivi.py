@@ -208,7 +208,12 @@ class KIVIState:
             raise TypeError(
                 f"keys and values must be torch.Tensor, got {type(keys).__name__} and {type(values).__name__}"
             )
-        if keys.ndim != 4 or keys.shape != values.shape:
+        if keys.ndim != 4 or values.ndim != 4:
+            raise ValueError(
+                f"keys and values must be 4-d [batch, kv_heads, tokens, head_dim] tensors, got {keys.ndim}-d "
+                f"{tuple(keys.shape)} and {values.ndim}-d {tuple(values.shape)}"
+            )
+        if keys.shape != values.shape:
             raise ValueError(
                 f"keys and values must share a [batch, kv_heads, tokens, head_dim] shape, got "
                 f"{tuple(keys.shape)} and {tuple(values.shape)}"
@@ -223,7 +228,8 @@ class KIVIState:
             if keys.shape[:2] != ref.shape[:2] or keys.shape[-1] != ref.shape[-1] or keys.dtype != ref.dtype:
                 raise ValueError(
                     f"appended states {tuple(keys.shape)} {keys.dtype} do not match the cache "
-                    f"[{ref.shape[0]}, {ref.shape[1]}, *, {ref.shape[-1]}] {ref.dtype}"
+                    f"[{ref.shape[0]}, {ref.shape[1]}, *, {ref.shape[-1]}] {ref.dtype} (a cache holds one batch "
+                    f"of one model: call cache.reset() before reusing it for another)"
                 )
             if keys.device != ref.device or values.device != ref.device:
                 raise ValueError(

@@ -1,5 +1,6 @@
 """Hostile input to KIVICache: load() of partial, inconsistent or repeated states, a model with more layers than
-were loaded, and batch reordering with bad indices: a clear error naming the value, the cache left unchanged."""
+were loaded, and batch reordering with bad indices: a clear error naming the value, the cache left unchanged.
+States that are not 4-d and a cache reused for another batch get the same words from every cache."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from kvlab.caches import KIVICache
+from kvlab.caches import FP8Cache, KIVICache, PagedCache, SinkCache
 from kvlab.runtime.hf_api import cache_kwarg
 
 
@@ -158,3 +159,38 @@ def test_update_names_a_bad_layer_index(layer_idx):
     k = torch.zeros(1, 2, 4, 8)
     with pytest.raises(ValueError, match=re.escape(f"`layer_idx` must be an int >= 0, got {layer_idx!r}")):
         KIVICache().update(k, k, layer_idx)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: KIVICache(nbits=4, group_size=32, residual_length=32),
+        FP8Cache,
+        lambda: SinkCache(0, 8),
+        lambda: PagedCache(block_size=16),
+    ],
+)
+def test_three_d_states_are_told_to_be_4d(make):
+    k = torch.randn(2, 40, 64)
+    with pytest.raises(ValueError, match=r"4-d \[batch, kv_heads, tokens, head_dim\].*3-d \(2, 40, 64\)"):
+        make().update(k, k, 0)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: KIVICache(nbits=4, group_size=32, residual_length=32),
+        FP8Cache,
+        lambda: SinkCache(0, 8),
+        lambda: PagedCache(block_size=16),
+    ],
+)
+def test_a_cache_reused_for_another_batch_size_says_reset(make):
+    cache = make()
+    one, two = torch.randn(1, 2, 5, 32), torch.randn(2, 2, 5, 32)
+    cache.update(one, one, 0)
+    with pytest.raises(ValueError, match=r"reset\(\)"):
+        cache.update(two, two, 0)
+    cache.reset()
+    keys, _ = cache.update(two, two, 0)
+    assert keys.shape[0] == 2
