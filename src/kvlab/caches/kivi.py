@@ -202,6 +202,20 @@ class KIVICache(Cache):
             not a multiple of 8; at the first update, a head_dim that ``group_size`` does not divide (e.g.
             head_dim 96 with G 64).
 
+    Notes:
+        Speculative (assisted, prompt-lookup) decoding on this cache is not lossless relative to the same cache's
+        greedy decoding, though :meth:`crop` rolls rejected drafts back: (1) the verification step appends the
+        drafts, and when they overflow the residual window the flush quantizes the oldest ``G`` tokens, which the
+        greedy cache would still hold in full precision for a few steps; the crop does not restore them (the state
+        equals a greedy one only when that one would hold as many quantized tokens,
+        :meth:`kvlab.quant.kivi.KIVIState.crop`); (2) a cut into a quantized group moves the group's kept tokens,
+        dequantized, back into the window, where a later flush quantizes them again with a new group's range. The
+        attention reads other values than greedy decoding does, so the generated tokens can differ; both are lossy
+        against a float cache.
+
+        Left-padded batches: pad tokens are stored and enter the key groups (per-channel over ``G`` tokens) that
+        hold them, widening those groups' ranges; the cache cannot see the attention mask (README, left padding).
+
     Source: KIVI (arXiv:2402.02750) section 3.
     """
 

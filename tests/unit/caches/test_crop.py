@@ -283,6 +283,25 @@ def test_assisted_decoding_runs_when_drafts_are_cut_inside_quantized_groups(mode
     assert current() is None
 
 
+def test_a_rejected_draft_that_crossed_a_flush_leaves_tokens_quantized_that_greedy_holds_in_float():
+    """Why speculative decoding on KIVI is not lossless against the same cache's greedy decoding (KIVICache's Notes,
+    the README): 60 tokens, then 1 accepted + 4 drafted ones overflow the window (R 32 + G 32) and flush 32 tokens;
+    the crop of the 4 drafts leaves them quantized, where greedy decoding of the same 61 tokens quantized none."""
+    x = torch.randn(1, 2, 65, 32, generator=torch.Generator().manual_seed(0))
+    speculative, plain = (KIVICache(nbits=4, group_size=32, residual_length=32) for _ in range(2))
+    for cache in (speculative, plain):
+        cache.update(x[:, :, :60], x[:, :, :60], 0)
+    speculative.update(x[:, :, 60:65], x[:, :, 60:65], 0)
+    speculative.crop(-4)
+    plain.update(x[:, :, 60:61], x[:, :, 60:61], 0)
+    assert speculative.get_seq_length() == plain.get_seq_length() == 61
+    assert (speculative.quantized_tokens(), plain.quantized_tokens()) == (32, 0)
+    k_spec, _ = speculative.update(x[:, :, 61:62], x[:, :, 61:62], 0)
+    k_plain, _ = plain.update(x[:, :, 61:62], x[:, :, 61:62], 0)
+    assert torch.equal(k_plain, x[:, :, :62])  # greedy still attends to the float keys
+    assert not torch.equal(k_spec, k_plain)
+
+
 @pytest.mark.parametrize("bad", [torch.tensor(True), torch.tensor(False), np.bool_(True)], ids=str)
 def test_paged_crop_refuses_a_bool_scalar_like_a_python_bool(model, bad):
     paged = PagedCache(block_size=8)
