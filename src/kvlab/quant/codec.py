@@ -236,7 +236,10 @@ def stored_scale(mn: torch.Tensor, mx: torch.Tensor, qmax: int, scale_dtype: tor
     scale = exact.to(scale_dtype)
     if scale_dtype == exact.dtype:
         return scale
-    up = torch.nextafter(scale, torch.full_like(scale, float("inf")))
+    # the next value up of a finite scale >= 0 is its bit pattern + 1 (what torch.nextafter(scale, inf) gives, with
+    # plain integer ops every device runs for every dtype, so CPU and CUDA store the same scales and codes)
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[scale.element_size()]
+    up = (scale.view(bits) + 1).view(scale_dtype)
     return torch.where(scale.to(exact.dtype) < exact, up, scale)
 
 
