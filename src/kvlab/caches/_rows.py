@@ -4,7 +4,6 @@ cache refuses the same bad input with the same words (a ``ValueError``/``TypeErr
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
@@ -105,24 +104,17 @@ class PaddingCheck:
     def before_eviction(self, cache_name: str) -> None:
         """Refuse a padded batch before the first eviction (later calls do nothing).
 
+        A model call that hands the cache no ``position_ids`` (a direct forward without them; ``generate`` passes
+        them) cannot be checked and is taken as unpadded: kvlab's own evaluations call the model so, on unpadded
+        rows, and a warning there would only be noise.
+
         Raises:
             ValueError: a row whose positions do not continue the cache's count (a left-padded row), named.
-
-        Warns:
-            UserWarning: a batch of several rows from a model that passes no ``position_ids`` to the cache
-                (padding cannot be seen; rows must be unpadded).
         """
         if not self.pending:
             return
         self.pending = False
-        if self.off_rows is None:
-            if self.rows > 1:
-                warnings.warn(
-                    f"{cache_name} cannot tell whether the batch is padded (the model passes no position_ids to "
-                    "the cache): rows must be unpadded once eviction begins, or a left-padded row attends to its "
-                    "pad tokens",
-                    stacklevel=4,
-                )
+        if self.off_rows is None:  # a direct forward call: its caller numbers (and pads) its own rows
             return
         bad = self.off_rows.nonzero().flatten().tolist()
         if bad:

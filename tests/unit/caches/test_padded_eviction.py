@@ -81,11 +81,13 @@ def test_padding_is_read_again_after_reset(model):
         _generate(model, ids, mask, cache)
 
 
-def test_without_position_ids_a_batch_warns_and_a_single_row_does_not():
+def test_without_position_ids_a_batch_is_taken_as_unpadded_without_a_warning():
     keys = torch.randn(2, 2, 10, 8)  # 10 tokens into a 4-token window: the first update evicts
     cache = SinkCache(0, 4)
-    with pytest.warns(UserWarning, match="cannot tell whether the batch is padded"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         cache.update(keys, keys, 0)
+    assert cache.evicted_tokens() == 6
     cache = SinkCache(0, 4)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
