@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from kvlab.runtime.atomic import output_problem, special_file
+from kvlab.runtime.atomic import output_problem
 from kvlab.runtime.checks import check_int
 from kvlab.runtime.device import resolve_device  # torch-free until called: building the parser imports none
 
@@ -165,14 +165,6 @@ def output_folder_problem(folder: str | os.PathLike, flag: str) -> str | None:
     if path.exists():
         return f"{flag} {path} is a file; pass a folder"
     return output_problem(path, flag, folder_must_exist=True)  # the folder to create, as a new entry of its parent
-
-
-def special_input_problem(path: str | os.PathLike, what: str) -> str | None:
-    """``"<path> is a character device, not a regular file; pass <what>"`` where the input ``path`` exists and is
-    neither a regular file nor a folder (:func:`kvlab.runtime.atomic.special_file`: ``/dev/null`` reads as an empty
-    file, ``/dev/urandom`` or a FIFO never ends), else None: a missing file or a folder is named by the reader."""
-    odd = special_file(path)
-    return None if odd is None else f"{path} is {odd}, not a regular file; pass {what}"
 
 
 def flag_values(args: argparse.Namespace, *dests: str) -> dict:

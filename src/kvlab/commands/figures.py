@@ -16,9 +16,9 @@ from kvlab.commands import (
     file_exists_message,
     output_folder_problem,
     progress,
-    special_input_problem,
     table,
 )
+from kvlab.runtime.atomic import special_input_problem
 
 TASKS_FIGURE = "tasks_scores.png"  # a kvlab tasks result's figure (kvlab.task_figures.plot_task_scores)
 SENSITIVITY_FIGURE = "sensitivity.png"  # a sweep's figure (kvlab.sensitivity_figure.plot_sensitivity)

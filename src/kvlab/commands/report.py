@@ -12,7 +12,6 @@ from kvlab.commands import (
     fail,
     file_exists_message,
     force_without_output,
-    special_input_problem,
     suffix_problem,
 )
 
@@ -88,9 +87,6 @@ def run(args: argparse.Namespace) -> int:
         return fail(
             args, f"give one or two result files (an eval and a tasks result), got {len(args.result)}"
         )
-    odd = next(filter(None, (special_input_problem(r, "a kvlab eval or tasks result JSON") for r in args.result)), None)
-    if odd:  # /dev/null was "no result file at /dev/null"
-        return fail(args, odd)
     try:
         result, tasks = read_results(args.result, flag=None)  # RESULT is positional: the files are named
     except (FileNotFoundError, ValueError) as exc:

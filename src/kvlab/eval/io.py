@@ -11,7 +11,7 @@ from pathlib import Path
 from kvlab.eval.config import check_label
 from kvlab.eval.schema import validate_result
 from kvlab.eval.tasks_schema import is_tasks_result, upgrade_tasks_result, validate_tasks_result
-from kvlab.runtime.atomic import atomic_write_json
+from kvlab.runtime.atomic import atomic_write_json, special_input_problem
 
 
 def result_path(out_dir: str | Path, label: str) -> Path:
@@ -106,13 +106,18 @@ def read_result(path: str | Path, *, tasks: bool = False) -> dict:
         FileNotFoundError: no such file.
         ValueError: not UTF-8 JSON, JSON nested deeper than :data:`MAX_NESTING` or holding an integer too long
             to convert, or not a valid kvlab eval result (the problems are listed), or a tasks result where
-            ``tasks`` is false; each names the file; an empty path (``Path("")`` would be the current folder).
+            ``tasks`` is false; each names the file; an empty path (``Path("")`` would be the current folder); a
+            path that is a device, a FIFO or a socket (``/dev/null``: :func:`kvlab.runtime.atomic.special_input_problem`).
     """
     if not str(path).strip():
         raise ValueError(f"a result file path is needed, got {str(path)!r}")
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{path} is a directory, not a result file")
+    what = "a kvlab eval or tasks result JSON" if tasks else "a kvlab eval result JSON"
+    odd = special_input_problem(path, what)  # /dev/null was "no result file at /dev/null"
+    if odd:
+        raise ValueError(odd)
     if not path.is_file():
         raise FileNotFoundError(f"no result file at {path}")
     try:

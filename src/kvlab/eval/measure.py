@@ -128,7 +128,7 @@ def build_prompts(
         total = len(tokenizer(heldout_text(), add_special_tokens=False, verbose=False)["input_ids"])
         if total < context:
             raise ValueError(
-                f"the held-out text has {total} tokens under this tokenizer, fewer than context {context}"
+                f"the held-out text has {total:,} tokens under this tokenizer, fewer than context {context}"
             )
         rng = random.Random(f"{cfg.seed}-{context}")  # deterministic, different per context
         offsets = [rng.randrange(0, total - context + 1) for _ in range(cfg.batch)]

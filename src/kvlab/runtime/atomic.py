@@ -89,6 +89,14 @@ def special_file(path: str | os.PathLike) -> str | None:
     return next((what for test, what in _SPECIAL if test(mode)), "not a regular file")
 
 
+def special_input_problem(path: str | os.PathLike, what: str) -> str | None:
+    """``"<path> is a character device, not a regular file; pass <what>"`` where the input ``path`` exists and is
+    neither a regular file nor a folder (:func:`special_file`: ``/dev/null`` reads as an empty
+    file, ``/dev/urandom`` or a FIFO never ends), else None: a missing file or a folder is named by the reader."""
+    odd = special_file(path)
+    return None if odd is None else f"{path} is {odd}, not a regular file; pass {what}"
+
+
 def _naming(exc: OSError, path: Path) -> OSError:
     """``exc`` (its class, errno and reason) about ``path``: ``[Errno 2] No such file or directory: '<path>'``."""
     return type(exc)(exc.errno, exc.strerror or os.strerror(exc.errno), str(path))

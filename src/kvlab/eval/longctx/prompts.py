@@ -177,7 +177,7 @@ def needle_starts(
 def _offset(rng: random.Random, total: int, n: int, avoid: tuple[int, int] | None = None) -> int:
     """A random start of ``n`` tokens in ``[0, total)``, not overlapping ``avoid = (start, end)`` when it can."""
     if total < n:
-        raise ValueError(f"the held-out text has {total} tokens, fewer than the {n} a prompt needs")
+        raise ValueError(f"the held-out text has {total:,} tokens, fewer than the {n:,} a prompt needs")
     for _ in range(100):
         start = rng.randrange(0, total - n + 1)
         if avoid is None or start + n <= avoid[0] or start >= avoid[1]:
