@@ -295,6 +295,25 @@ class Terminated(BaseException):  # not an Exception: a step that catches Except
     """SIGTERM inside :func:`sigterm_raises`: a command records it as it records an interrupt."""
 
 
+def configured_limit(model: str | None) -> int | None:
+    """The ``max_position_embeddings`` of ``model`` (a ``--model`` value; None: the bundled model) read from its
+    files without loading it (:func:`kvlab.lab.longrun.configured_max_positions`), for a refusal of sizes past it
+    before any work (``--dry-run`` included; ``kvlab eval``, ``kvlab tasks``); None when no file states one (a hub
+    id not cached here: checked again once it is loaded) or the model cannot be read (the load reports it)."""
+    from kvlab.lab.longrun import configured_max_positions
+
+    try:
+        return configured_max_positions(model)
+    except (OSError, ValueError):
+        return None
+
+
+def stop_exit_code(exc: BaseException) -> int:
+    """The shell's status of a run stopped by ``exc``: :data:`EXIT_INTERRUPTED` (130) for Ctrl-C
+    (``KeyboardInterrupt``), :data:`EXIT_TERMINATED` (143) for SIGTERM (:class:`Terminated`)."""
+    return EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_TERMINATED
+
+
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
     """Within the block, SIGTERM raises :class:`Terminated` ("terminated by signal 15") where the program is,

@@ -11,11 +11,10 @@ from typing import Any
 
 from kvlab.commands import (
     EXIT_FAILED,
-    EXIT_INTERRUPTED,
     EXIT_OK,
-    EXIT_TERMINATED,
     EXIT_USAGE,
     Terminated,
+    configured_limit,
     device_problem,
     dtype_problem,
     empty_path_flag,
@@ -23,6 +22,7 @@ from kvlab.commands import (
     file_exists_message,
     progress,
     sigterm_raises,
+    stop_exit_code,
     suffix_problem,
 )
 from kvlab.runtime.atomic import output_problem
@@ -49,9 +49,7 @@ def register(subparsers) -> None:
         "with Wilson intervals. A task where the float cache scores below --min-float-score at a context is "
         "'not informative' there and judges no cache. Measures question-agnostic compression (docs/TASKS.md).",
     )
-    p.add_argument(
-        "--model", default=None, help="local directory, GGUF file, named model or hub id (default: bundled)"
-    )
+    p.add_argument("--model", default=None, help="local directory, GGUF file, named model or hub id (default: bundled)")
     p.add_argument("--dtype", default=None, help="model dtype: bfloat16 (default), float16 or float32")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or auto (default cpu)")
     p.add_argument("--tasks", default=None, help="comma-separated task names (default: all; see --list)")
@@ -67,9 +65,7 @@ def register(subparsers) -> None:
         "--protected-tail", type=int_flag(), default=None, help="newest context tokens without needles (160)"
     )
     p.add_argument("--max-drop", type=float, default=None, help="a gate fails above this score drop (0.1)")
-    p.add_argument(
-        "--min-float-score", type=float, default=None, help="float score below it: not informative (0.5)"
-    )
+    p.add_argument("--min-float-score", type=float, default=None, help="float score below it: not informative (0.5)")
     p.add_argument(
         "--quick",
         action="store_true",
@@ -78,15 +74,19 @@ def register(subparsers) -> None:
         "with it replace its choice of each (its time on smollm2-135m: docs/TASKS.md)",
     )
     p.add_argument(
+        "--allow-past-limit",
+        action="store_true",
+        help="measure --contexts past the model's max_position_embeddings (refused without it, as kvlab eval "
+        "refuses it: scores there describe positions the model was not trained on); warned about then",
+    )
+    p.add_argument(
         "--threads",
         type=int_flag(),
         default=None,
         help=f"torch CPU threads ({DEFAULT_THREADS}: a second thread gained little on a quiet 2-core CPU and cost "
         "3x the time when another job ran; docs/TASKS.md)",
     )
-    p.add_argument(
-        "--out", default=None, help=f"result JSON, written atomically ({DEFAULT_OUT}; not with --resume)"
-    )
+    p.add_argument("--out", default=None, help=f"result JSON, written atomically ({DEFAULT_OUT}; not with --resume)")
     p.add_argument(
         "--figure", default=None, metavar="PATH", help="also draw score vs × dyn (cache bytes / dynamic's) to PATH (PNG)"
     )
@@ -237,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.list:  # as roofline --list-gpus: a flag it would silently ignore is refused
         given = [k for k in (*_SETTING_FLAGS, "threads", "out", "figure", "resume", "merge") if getattr(args, k) is not None]
-        given += [k for k in ("quick", "dry_run", "force", "json") if getattr(args, k)]
+        given += [k for k in ("quick", "dry_run", "force", "json", "allow_past_limit") if getattr(args, k)]
         if given:
             flag = "--" + given[0].replace("_", "-")
             return fail(args, f"--list prints the tasks and exits; it takes no {flag} (drop --list to use it)")
@@ -262,6 +262,10 @@ def run(args: argparse.Namespace) -> int:
             from kvlab.models import check_local_model
 
             check_local_model(block["name"])
+        limit = configured_limit(None if block["name"] == "bundled" else block["name"])  # as its files state it
+        problem = _past_limit(args, cfg, result, limit)
+        if problem:
+            raise ValueError(problem)
     except (ValueError, OSError) as e:  # OSError: FileNotFoundError, a hub id neither cached nor reachable
         return fail(args, e)
     problem = _check_outputs(args)
@@ -379,17 +383,64 @@ def _model_block(args: argparse.Namespace, result: dict | None) -> dict:
     return block
 
 
+class _Saver:
+    """Writes a run's result to ``path`` after every finished cell (and at its end or stop), validated first;
+    ``provenance.wall_s`` is the earlier sessions' seconds (a resumed file's) plus this session's since its first
+    save (just after the model loaded).
+
+    Raises:
+        RuntimeError: a result that would not validate (a bug of kvlab's, not of the input; the field named).
+    """
+
+    def __init__(self, path: Path, result: dict | None) -> None:
+        self.path, self.started = path, None
+        self.before = ((result or {}).get("provenance") or {}).get("wall_s") or 0.0
+
+    def __call__(self, result: dict) -> None:
+        from kvlab.eval.io import write_json_atomic
+        from kvlab.eval.tasks_schema import validate_tasks_result
+
+        self.started = self.started or time.time()
+        result["provenance"]["wall_s"] = self.before + time.time() - self.started
+        problems = validate_tasks_result(result)
+        if problems:
+            raise RuntimeError(f"the tasks result would not validate: {'; '.join(problems[:4])}")
+        write_json_atomic(self.path, result)
+
+
 def _measure(args: argparse.Namespace, cfg, result: dict | None) -> int:
+    """Load the model, check it against the settings, run the cells (the file saved after each) and report. Ctrl-C
+    or SIGTERM at any stage, the load included, is recorded as a stop (status ``stopped``, :func:`_stopped`), as
+    ``kvlab eval`` records it; an exception in the run as a failure (status ``failed``, exit 1)."""
     from rich.console import Console
 
-    from kvlab.eval.io import write_json_atomic
-    from kvlab.eval.tasks_schema import validate_tasks_result
-    from kvlab.eval.tasks_suite import cells_to_measure, new_tasks_result, run_suite
-    from kvlab.models import heldout_text, load_model
+    from kvlab.eval.records import RunStage
+    from kvlab.eval.tasks_suite import new_tasks_result
 
     model_block = _model_block(args, result)  # the names checked in run(), before --dry-run
+    err, where, save = Console(stderr=True), RunStage(), _Saver(_out(args), result)
+    try:
+        with sigterm_raises():
+            loaded = _load(args, cfg, result, model_block, err, where)
+            if isinstance(loaded, int):
+                return loaded
+            # the file is written after the checks: a --resume of a file they refuse could never run either
+            result = result or new_tasks_result(cfg, model_block, _argv())
+            if args.allow_past_limit:  # a --resume of the file keeps it
+                result["allow_past_limit"] = True
+            where.set("run", "the run's start")
+            return _run(args, cfg, result, loaded, err, save)
+    except (KeyboardInterrupt, Terminated) as exc:
+        return _stopped(args, result, exc, where, err, save)
+
+
+def _load(args: argparse.Namespace, cfg, result: dict | None, model_block: dict, err, where) -> tuple[Any, Any] | int:
+    """``(model, tokenizer)`` loaded and checked against ``cfg`` (:func:`_check_model`), or the exit code of a
+    failure (2: a bad model name or a setting the model refutes; 1: it could not be read). ``where`` (a
+    :class:`kvlab.eval.records.RunStage`) follows the stages for the record of an interrupt."""
+    from kvlab.models import load_model
+
     name = None if model_block["name"] == "bundled" else model_block["name"]
-    err = Console(stderr=True)
     err.print(
         f"loading model {name or '(bundled reference model)'} in {model_block['dtype']} on "
         f"{model_block['device']} ...",
@@ -401,49 +452,65 @@ def _measure(args: argparse.Namespace, cfg, result: dict | None) -> int:
         return fail(args, e)
     except OSError as e:
         return fail(args, e, EXIT_FAILED)
-    problem = _check_model(cfg, model, err)
+    where.set("settings", "checking the settings against the loaded model")
+    problem = _check_model(args, cfg, model, err, result)
     if problem:  # before the result file exists: a --resume of it could never run either
         return fail(args, problem, EXIT_USAGE)
-    result = result or new_tasks_result(cfg, model_block, _argv())
-    path, started, before = _out(args), time.time(), result["provenance"]["wall_s"] or 0.0
+    return model, tokenizer
 
-    def save(r: dict) -> None:  # after every finished cell: a long run keeps what it measured
-        r["provenance"]["wall_s"] = before + time.time() - started
-        problems = validate_tasks_result(r)
-        if problems:  # a bug of kvlab's, not of the input: say which field
-            raise RuntimeError(f"the tasks result would not validate: {'; '.join(problems[:4])}")
-        write_json_atomic(path, r)
 
+def _run(args: argparse.Namespace, cfg, result: dict, loaded: tuple[Any, Any], err, save: _Saver) -> int:
+    """Run the cells of ``result`` still to measure (:func:`kvlab.eval.tasks_suite.run_suite`), saving after each,
+    and report; an exception is recorded by ``run_suite`` (status ``failed``, the cell) and exits 1, an interrupt
+    (recorded by it as a stop) propagates to :func:`_measure`."""
+    from kvlab.eval.tasks_suite import cells_to_measure, run_suite
+    from kvlab.models import heldout_text
+
+    model, tokenizer = loaded
     save(result)  # status "running" before the first cell
     try:
-        with sigterm_raises(), progress(err, len(cells_to_measure(result, cfg)), "kvlab tasks") as bar:
+        with progress(err, len(cells_to_measure(result, cfg)), "kvlab tasks") as bar:
             run_suite(
-                model,
-                tokenizer,
-                cfg,
-                heldout_text(),
-                bar.describe,
-                result=result,
-                save=save,
-                advance=bar.advance,
+                model, tokenizer, cfg, heldout_text(), bar.describe, result=result, save=save, advance=bar.advance
             )
-    except (
-        Exception,
-        KeyboardInterrupt,
-        Terminated,
-    ) as exc:  # recorded by run_suite: failed, the cell, the error
+    except Exception as exc:  # recorded by run_suite: failed, the cell, the error
         try:
             save(result)
         except RuntimeError as bug:
             return fail(args, f"{type(exc).__name__}: {exc}; not saved: {bug}", EXIT_FAILED)
-        kept = f"{len(result['cells'])} finished cells kept in {path}; continue with --resume {path}"
-        if isinstance(exc, KeyboardInterrupt):
-            return fail(args, f"interrupted ({kept})", EXIT_INTERRUPTED)
-        if isinstance(exc, Terminated):
-            return fail(args, f"{exc} ({kept})", EXIT_TERMINATED)
+        kept = f"{len(result['cells'])} finished cells kept in {save.path}; continue with --resume {save.path}"
         return fail(args, f"{type(exc).__name__}: {exc} ({kept})", EXIT_FAILED)
     save(result)
-    return _finish(args, result, path)
+    return _finish(args, result, save.path)
+
+
+def _stopped(args: argparse.Namespace, result: dict | None, exc: BaseException, where, err, save: _Saver) -> int:
+    """Record a stop (Ctrl-C, SIGTERM) at ``where`` (:func:`kvlab.eval.records.stop_run`, "interrupted during
+    <what>"; ``run_suite`` records one in the run itself, with its cell), write the file, print the table of the
+    finished cells (when the run had started) and one line saying where it stopped, what is kept and how to
+    continue; returns the shell's status for the signal (130 for Ctrl-C, 143 for SIGTERM). A new run stopped
+    before its file exists (while loading the model) writes nothing and says so."""
+    from kvlab.eval.records import stop_run
+
+    record = result if result is not None else {"failures": []}
+    if record.get("status") != "stopped":
+        stop_run(record, where.stage, exc, where.words)
+    message = record["failures"][-1]["message"]
+    if result is None:
+        err.print(f"stopped: {message}; nothing measured, no file written", markup=False)
+        return stop_exit_code(exc)
+    try:
+        save(result)
+    except RuntimeError as bug:
+        return fail(args, f"stopped: {message}; not saved: {bug}", EXIT_FAILED)
+    if where.stage == "run" and result["cells"]:
+        _print(args, result, save.path)
+    err.print(
+        f"stopped: {message}; in {save.path}: {len(result['cells'])} finished cells kept; continue with: "
+        f"kvlab tasks --resume {save.path}",
+        markup=False,
+    )
+    return stop_exit_code(exc)
 
 
 def _finish(args: argparse.Namespace, result: dict, path: Path) -> int:
@@ -461,23 +528,16 @@ def _finish(args: argparse.Namespace, result: dict, path: Path) -> int:
     return EXIT_OK
 
 
-def _check_model(cfg, model: Any, err) -> str | None:
-    """What only the loaded model can refute, before any file is written: the first candidate it refutes (one
-    cache of each is built for its config: a mixed-<plan> for another layer count, ...), named with the reason.
-    Contexts past its ``max_position_embeddings`` are warned about on ``err`` and run, as kvlab eval does
-    (:func:`kvlab.lab.longrun.position_warning`)."""
+def _check_model(args: argparse.Namespace, cfg, model: Any, err, result: dict | None) -> str | None:
+    """What only the loaded model can refute, before any file is written: contexts past its
+    ``max_position_embeddings`` (:func:`_past_limit`) and the first candidate it refutes (one cache of each is built
+    for its config: a mixed-<plan> for another layer count, ...), named with the reason."""
     from kvlab.caches.registry import resolve
-    from kvlab.lab.longrun import position_warning
+    from kvlab.eval.model_info import model_max_positions
 
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    limit = getattr(config, "max_position_embeddings", None)
-    limit = limit if isinstance(limit, int) else None
-    for context in cfg.contexts:
-        warning = position_warning(
-            "--contexts", context, limit, "its cells measure positions it was not trained on", list_flag=True
-        )
-        if warning:
-            err.print(f"warning: {warning}", highlight=False)
+    problem = _past_limit(args, cfg, result, model_max_positions(model), err)
+    if problem:
+        return problem
     for name in cfg.caches:
         cache = resolve(name)
         if cache.unavailable_reason():
@@ -486,6 +546,35 @@ def _check_model(cfg, model: Any, err) -> str | None:
             cache.make(model.config)
         except (ValueError, TypeError) as e:
             return f"--candidates {name} does not fit this model: {e}"
+    return None
+
+
+# what a context past the model's positions measures (kvlab.lab.longrun.position_refusal / position_warning)
+PAST_LIMIT = "its cells measure positions the model was not trained on, which says little of a cache for it"
+
+
+def _allows_past_limit(args: argparse.Namespace, result: dict | None) -> bool:
+    """``--allow-past-limit`` given now, or recorded by the run a ``--resume`` continues (``allow_past_limit``)."""
+    return bool(args.allow_past_limit or (result or {}).get("allow_past_limit"))
+
+
+def _past_limit(args: argparse.Namespace, cfg, result: dict | None, limit: int | None, err=None) -> str | None:
+    """The refusal of ``--contexts`` past the model's ``max_position_embeddings`` (``limit``, tokens; None: it
+    states none), as ``kvlab eval`` and ``kvlab lab --real`` refuse it (:func:`kvlab.lab.longrun.position_refusal`:
+    the longest context, echoed plain as a ``--contexts`` item, the longest that fits, ``--allow-past-limit``);
+    None within the limit, or when the run allows it (:func:`_allows_past_limit`): then each context past it is
+    warned about on ``err`` (when given). The context is what is checked: the question and the answer (tens of
+    tokens) are appended after it."""
+    from kvlab.lab.longrun import position_refusal, position_warning
+
+    if not _allows_past_limit(args, result):
+        return position_refusal(
+            "--contexts", max(cfg.contexts), limit, PAST_LIMIT, "--allow-past-limit", list_flag=True
+        )
+    for context in cfg.contexts if err is not None else ():
+        warning = position_warning("--contexts", context, limit, PAST_LIMIT, list_flag=True)
+        if warning:
+            err.print(f"warning: {warning}", highlight=False)
     return None
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 from kvlab.eval.schema import STATUSES
 
+STOP_TYPES = ("KeyboardInterrupt", "Terminated")  # a run's failure entry of these types is a stop (Ctrl-C, SIGTERM)
+
 
 def set_status(result: dict, status: str) -> dict:
     """Write ``result["status"]`` (the only place that does): ``planned`` (a new result), ``dry_run``, ``running``,
@@ -102,6 +104,23 @@ def stop_run(result: dict, stage: str, exc: BaseException, during: str) -> None:
     cause = "interrupted" if isinstance(exc, KeyboardInterrupt) else (str(exc) or type(exc).__name__)
     record_failure(result, Failure.of_run(stage, exc, f"{cause} during {during}"))
     set_status(result, "stopped")
+
+
+class RunStage:
+    """What a run is doing now, for the record of an interrupt (:func:`stop_run`), shared by ``kvlab eval`` and
+    ``kvlab tasks``: the failure's ``stage`` (``load_model``, ``settings``, ``run``) and its words (``"loading the
+    model"``); ``measuring``: whether the run itself has started (its progress line names the step)."""
+
+    def __init__(self) -> None:
+        self.stage, self.words, self.measuring = "load_model", "loading the model", False
+
+    def set(self, stage: str, words: str) -> None:
+        """A stage before the run itself (``settings``, ``"checking the settings against the loaded model"``)."""
+        self.stage, self.words = stage, words
+
+    def step(self, words: str) -> None:
+        """The run's current step, as its progress line names it (``"the run (<words>)"``)."""
+        self.stage, self.words, self.measuring = "run", f"the run ({words})", True
 
 
 @dataclass

@@ -19,12 +19,12 @@ from kvlab.eval.decision_words import (
     no_candidate_advice,
     window_quality_note,
 )
+from kvlab.eval.records import STOP_TYPES
 from kvlab.eval.resume import elapsed_words
 from kvlab.eval.twins import integer_path_lines
 from kvlab.runtime.console import stdout_console
 
 MIB = 1024**2
-STOP_TYPES = ("KeyboardInterrupt", "Terminated")  # a run's failure entry of these types is a stop (Ctrl-C, SIGTERM)
 
 
 def _f(value, fmt: str, none: str = "-") -> str:

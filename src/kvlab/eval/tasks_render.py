@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvlab.eval.records import STOP_TYPES
+
 COLUMNS = ("task", "context", "cache", "× dyn", "score", "all found (95% CI)", "gate")
 # what each column holds (printed once under the table, and in the HTML section)
 COLUMN_LEGEND = (
@@ -61,7 +63,9 @@ def print_tasks_table(result: Mapping[str, Any], console: Any = None) -> None:
     for f in result.get("failures", []):
         cell = f.get("cell") or {}
         where = f" in {cell['task']} @ {cell['context']}" if cell else ""
-        console.print(f"failed{where}: {f['type']}: {f['message']}")
+        # the run's own entry of an interrupt (kvlab.eval.records.stop_run): stopped, not failed
+        word = "stopped" if f.get("type") in STOP_TYPES else "failed"
+        console.print(f"{word}{where}: {f['type']}: {f['message']}")
 
 
 GATE_MARKS = {"pass": "pass", "fail": "**fail**", "not informative": "n.i.", "baseline": ""}

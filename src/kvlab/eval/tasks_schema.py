@@ -7,7 +7,9 @@ A tasks result is one JSON object::
                     cache bytes, the inverse of kvlab eval's; version 1: also written before the run saved after
                     every cell, without status, command, created_utc or failures, read as complete).
                     :func:`upgrade_tasks_result` reads versions 1 and 2 into this form
-    status          "running" (saved after each finished cell), "complete" or "failed" (version 2)
+    status          "running" (saved after each finished cell), "complete", "failed" (version 2) or "stopped" (Ctrl-C
+                    or SIGTERM at any stage, kvlab.eval.records.stop_run: its failure says "interrupted during
+                    <what>"; resumable, as failed and a killed run's running are)
     created_utc, command (version 2), model {name, dtype, device}
     settings        kvlab.eval.tasks_suite.TaskSuiteConfig: {tasks, contexts, candidates, n, seed, protected_tail,
                     max_drop, min_float_score}
@@ -19,9 +21,11 @@ A tasks result is one JSON object::
     gates, decision kvlab.eval.tasks_judge.judge over the finished cells: [{task, context, cache, float_score, score,
                     drop, status in {"pass", "fail", "not informative"}}], {cache: {verdict, failed, passed,
                     not_informative}}; max_drop, min_float_score
-    failures        [{stage, type, message, cell?}] (kvlab.eval.records.Failure of the run; cell {task, context}:
-                    the cell running when it stopped); version 2
+    failures        [{stage, type, message, cell?}] (kvlab.eval.records.Failure of the run, or its stop: type
+                    KeyboardInterrupt / Terminated; cell {task, context}: the cell running when it stopped); version 2
     provenance      {..., started_unix, wall_s, resumed? [{resumed_unix, cells_kept, status_before}]}
+    allow_past_limit? true: run with --allow-past-limit (contexts past the model's max_position_embeddings); a
+                    --resume of the file keeps it
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from kvlab.eval.schema import _check, _ci_problems, _counts_problems, _show
 RESULT_KIND = "kvlab-tasks"
 RESULT_VERSION = 3
 VERSIONS = (1, 2, 3)
-STATUSES = ("running", "complete", "failed")
+STATUSES = ("running", "complete", "failed", "stopped")
 GATE_STATUSES = ("pass", "fail", "not informative")
 VERDICTS = ("accepted", "rejected", "not judged")
 _TOP = (
@@ -174,8 +178,9 @@ def _run_problems(result: dict) -> list[str]:
     if _check(problems, "failures", result["failures"], "list"):
         for i, f in enumerate(result["failures"]):
             _fields(problems, f"failures[{i}]", f, {"stage": "string", "type": "string", "message": "string"})
-    if result["status"] == "failed" and not result["failures"]:
-        problems.append("failures: a failed result names its failure, got []")
+    what = {"failed": "failure", "stopped": "stop"}.get(result["status"])
+    if what and not result["failures"]:
+        problems.append(f"failures: a {result['status']} result names its {what}, got []")
     return problems
 
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kvlab.caches.registry import resolve
-from kvlab.eval.records import fail_run, set_status
+from kvlab.eval.records import fail_run, set_status, stop_run
 from kvlab.eval.resume import running_in
 from kvlab.eval.tasks_judge import FLOAT, MIN_FLOAT_SCORE, judge
 from kvlab.eval.tasks_run import run_task_cell
@@ -184,7 +184,7 @@ def config_of(result: dict) -> TaskSuiteConfig:
 
 
 def prepare_resume(result: dict) -> TaskSuiteConfig:
-    """Make a stopped result (status ``running`` or ``failed``) ready to continue: its finished cells are kept,
+    """Make a stopped result (status ``stopped``, ``failed``, or ``running`` left by a killed run) ready to continue: its finished cells are kept,
     its failures move to ``provenance.resumed`` (one entry per resumed session), its status is ``running`` again.
     The cells not yet measured are generated from the same seed (:func:`kvlab.tasks.generate`), so the prompts
     are those the first session would have asked. Returns the result's settings.
@@ -275,9 +275,11 @@ def run_suite(
         :func:`judge`'s ``gates`` / ``decision``.
 
     Raises:
-        Whatever stopped the run (``KeyboardInterrupt`` and ``kvlab.commands.Terminated`` included), after
-        recording it in ``result``: status ``failed``, a failure (stage ``run``, type, message, the cell running)
-        appended to ``failures``.
+        Whatever stopped the run, after recording it in ``result`` with the cell running (``cell``): an exception
+        as a failure (status ``failed``, stage ``run``, its type and message, :func:`kvlab.eval.records.fail_run`);
+        ``KeyboardInterrupt`` or another non-``Exception`` (``kvlab.commands.Terminated``: SIGTERM) as a stop
+        (status ``stopped``, message ``interrupted during the run (<the last progress line>)``,
+        :func:`kvlab.eval.records.stop_run`).
     """
     from kvlab.attention import enable
 
@@ -289,8 +291,13 @@ def run_suite(
     result["candidates"] = {n: {**resolve(n).describe(), "line": family(n)} for n in makers}
     tok = as_tokenizer(tokenizer)
     hay = {"noise": noise_haystack(tok), "text": text_haystack(tok, heldout_text)}
-    stop, cell_now = getattr(tokenizer, "eos_token_id", None), None
-    say, done = progress or (lambda line: None), advance or (lambda: None)
+    stop, cell_now, step = getattr(tokenizer, "eos_token_id", None), None, ["its start"]
+    shown, done = progress or (lambda line: None), advance or (lambda: None)
+
+    def say(line: str) -> None:  # the progress line, also the words of a stop's record
+        step[0] = line
+        shown(line)
+
     try:
         for task, context in cells_to_measure(result, cfg):
             cell_now = {"task": task, "context": context}
@@ -303,12 +310,11 @@ def run_suite(
                 base = cell["caches"][FLOAT]["score"]
                 say(f"{task} @ {context}: done, float {base:.2f}, {cell['seconds']:.1f} s")
             done()
-    except (
-        BaseException
-    ) as exc:  # KeyboardInterrupt and a signal's exception too: recorded, then raised again
-        fail_run(
-            result, "run", exc, "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else None
-        )
+    except BaseException as exc:  # recorded, then raised again
+        if isinstance(exc, Exception):
+            fail_run(result, "run", exc)
+        else:  # Ctrl-C, a signal's exception (kvlab.commands.Terminated): a stop, resumable
+            stop_run(result, "run", exc, f"the run ({step[0]})")
         result["failures"][-1]["cell"] = cell_now
         raise
     result.update(judge(result["cells"], cfg.max_drop, cfg.min_float_score))

@@ -159,13 +159,15 @@ def position_warning(
     return f"{flag} {echoed_value(tokens, list_flag=list_flag)} passes the model's max_position_embeddings ({limit:,}): {consequence}"
 
 
-def position_refusal(flag: str, tokens: int, limit: int | None, consequence: str, allow: str) -> str | None:
+def position_refusal(
+    flag: str, tokens: int, limit: int | None, consequence: str, allow: str, *, list_flag: bool = False
+) -> str | None:
     """The refusal of a run whose ``tokens`` pass the model's ``max_position_embeddings`` (``limit``; None: it states
     none): :func:`position_warning`'s words, then what to pass instead (``flag`` at the limit, or ``allow``, the
     switch that runs it anyway: ``--allow-past-limit``, the one flag name of ``kvlab lab --real`` and ``kvlab
     eval``); None within the limit. A run there is minutes to hours of numbers on positions the model was never
-    trained on, so it is asked for, not started by a typo'd size."""
-    warning = position_warning(flag, tokens, limit, consequence)
+    trained on, so it is asked for, not started by a typo'd size. ``list_flag``: as :func:`position_warning`'s."""
+    warning = position_warning(flag, tokens, limit, consequence, list_flag=list_flag)
     if warning is None:
         return None
     return f"{warning}; pass {flag} {limit} or less, or {allow} to run past it"

@@ -119,7 +119,7 @@ def test_the_loaded_models_limit_refuses_too(tmp_path, capsys, monkeypatch, tiny
     recorded as a settings failure; --allow-past-limit lets it run with the caveat."""
     from tests.unit.eval.test_eval_unit import CharTokenizer
 
-    monkeypatch.setattr("kvlab.commands.eval.run._configured_limit", lambda cfg: None)
+    monkeypatch.setattr("kvlab.commands.eval.run.configured_limit", lambda model: None)
     monkeypatch.setattr("kvlab.models.load_model", lambda *a, **k: (tiny_qwen2, CharTokenizer()))
     limit = tiny_qwen2.config.max_position_embeddings
     argv = ["eval", "--candidates", "dynamic,kivi-8", "--contexts", str(limit), "--window-residuals", "none",

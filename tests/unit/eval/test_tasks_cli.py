@@ -315,11 +315,35 @@ def test_a_candidate_the_loaded_model_refutes_is_refused_before_any_file(tmp_pat
     monkeypatch.setattr(kvlab.plan.mixed, "find_plan", lambda name: (plan, "test"))
     out = tmp_path / "r.json"
     argv = ["tasks", "--candidates", "dynamic,mixed-demo", "--contexts", "9000", "--out", str(out)]
-    assert main([*argv, "--dtype", "float32"]) == 2
+    assert main([*argv, "--dtype", "float32", "--allow-past-limit"]) == 2
     err = capsys.readouterr().err
     assert "--candidates mixed-demo does not fit this model: plan gives no formats for layer 2" in err
-    assert "--contexts 9000 passes the model's max_position_embeddings (8,192)" in err
+    assert "warning: --contexts 9000 passes the model's max_position_embeddings (8,192)" in err  # allowed: warned
     assert not out.exists()
+
+
+def test_contexts_past_the_model_positions_are_refused_before_loading(tmp_path, capsys, monkeypatch):
+    """As kvlab eval: --contexts past max_position_embeddings (the bundled model's 8,192, read from its files) is
+    refused before the model loads, --dry-run too, naming the longest context as the list flag takes it (no
+    separator), the longest that fits and --allow-past-limit; with that flag the dry run goes on, and the run
+    warns and measures (the load is stubbed here: only the order of the checks is tested)."""
+    import kvlab.models
+
+    monkeypatch.setattr(kvlab.models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    out = tmp_path / "r.json"
+    argv = ["tasks", "--tasks", "niah_single_1", "--contexts", "512,16384", "--out", str(out)]
+    for extra in ([], ["--dry-run"]):
+        assert main([*argv, *extra]) == 2
+        err = capsys.readouterr().err
+        assert (
+            "kvlab tasks: error: --contexts 16384 passes the model's max_position_embeddings (8,192): its cells "
+            "measure positions the model was not trained on"
+        ) in err, err
+        assert "pass --contexts 8192 or less, or --allow-past-limit to run past it" in err
+        assert not out.exists()
+    assert main([*argv, "--dry-run", "--allow-past-limit"]) == 0
+    assert "niah_single_1@16384" in capsys.readouterr().out
+    assert main(["tasks", "--tasks", "niah_single_1", "--contexts", "8192", "--out", str(out), "--dry-run"]) == 0
 
 
 @pytest.mark.parametrize(

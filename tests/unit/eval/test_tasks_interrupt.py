@@ -1,6 +1,7 @@
 """A long ``kvlab tasks`` run keeps what it measured: the result file is written after every finished cell
-(status ``running``); an interrupt or an exception after the first cell records the failure (stage, type,
-message, the cell) and exits 130 / 1 with the finished cell kept; ``--resume FILE`` continues it, keeping the
+(status ``running``); an interrupt after the first cell records a stop (status ``stopped``, "interrupted during
+the run (...)", the cell; exit 130 / 143), as ``kvlab eval`` does, an exception a failure (exit 1), with the
+finished cell kept; ``--resume FILE`` continues it, keeping the
 finished cell and asking the same prompts (same seed). On the bundled model, two cells of n=2."""
 
 from __future__ import annotations
@@ -40,15 +41,15 @@ def test_interrupt_after_the_first_cell_keeps_it_and_resume_finishes(monkeypatch
     assert main([*ARGV, "--out", str(out)]) == 130
     result = json.loads(out.read_text())
     assert validate_tasks_result(result) == []
-    assert result["status"] == "failed" and [c["task"] for c in result["cells"]] == ["niah_single_1"]
+    assert result["status"] == "stopped" and [c["task"] for c in result["cells"]] == ["niah_single_1"]
     failure = result["failures"][0]
-    assert (failure["stage"], failure["type"], failure["message"]) == (
-        "run",
-        "KeyboardInterrupt",
-        "interrupted by the user",
-    )
+    assert (failure["stage"], failure["type"]) == ("run", "KeyboardInterrupt")
+    assert failure["message"].startswith("interrupted during the run (niah_single_2 @ 256: ")
     assert failure["cell"] == {"task": "niah_single_2", "context": 256}
-    assert f"--resume {out}" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "stopped: interrupted during the run (niah_single_2 @ 256: " in captured.err
+    assert f"continue with: kvlab tasks --resume {out}" in captured.err
+    assert "status: stopped" in captured.out and "stopped in niah_single_2 @ 256: KeyboardInterrupt" in captured.out
     kept = result["cells"][0]
 
     monkeypatch.undo()
@@ -65,6 +66,7 @@ def test_interrupt_after_the_first_cell_keeps_it_and_resume_finishes(monkeypatch
     assert done["cells"][0] == kept  # kept, not measured again
     assert again == [first[1]]  # only the unfinished cell ran, on the prompts the first session generated
     assert done["provenance"]["resumed"][0]["failures_before"][0]["type"] == "KeyboardInterrupt"
+    assert done["provenance"]["resumed"][0]["status_before"] == "stopped"
     assert {g["task"] for g in done["gates"]} == {"niah_single_1", "niah_single_2"}
     assert main(["tasks", "--resume", str(out)]) == 2  # complete: nothing to resume
     assert "nothing to resume" in capsys.readouterr().err
@@ -108,11 +110,9 @@ def test_sigterm_is_recorded_and_exits_143(monkeypatch, tmp_path, capsys):
     assert main([*ARGV, "--out", str(out)]) == 143
     assert signal.getsignal(signal.SIGTERM) is before  # restored
     result = json.loads(out.read_text())
-    assert result["status"] == "failed" and len(result["cells"]) == 1
-    assert (result["failures"][0]["type"], result["failures"][0]["message"]) == (
-        "Terminated",
-        "terminated by signal 15",
-    )
+    assert result["status"] == "stopped" and len(result["cells"]) == 1
+    assert result["failures"][0]["type"] == "Terminated"
+    assert result["failures"][0]["message"].startswith("terminated by signal 15 during the run (niah_single_2 @ 256")
     assert "terminated by signal 15" in capsys.readouterr().err
 
 
@@ -162,3 +162,63 @@ def test_resume_refuses_a_run_that_measured_no_cell(tmp_path, capsys):
     path, _ = _stopped_file(tmp_path, status="failed", failures=[failure])
     assert main(["tasks", "--resume", str(path)]) == 2
     assert "measured no cell with these settings" in capsys.readouterr().err
+
+
+def test_interrupt_while_loading_a_new_run_writes_nothing(monkeypatch, tmp_path, capsys):
+    """Ctrl-C before the file exists (the model loading): a stop, exit 130, no file, no traceback."""
+    import kvlab.models
+
+    def load(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kvlab.models, "load_model", load)
+    out = tmp_path / "r.json"
+    assert main([*ARGV, "--out", str(out)]) == 130
+    assert not out.exists()
+    err = capsys.readouterr().err
+    assert "stopped: interrupted during loading the model; nothing measured, no file written" in err, err
+
+
+def test_sigterm_while_loading_a_resumed_run_records_a_stop_it_resumes_from(monkeypatch, tmp_path, capsys):
+    """A --resume stopped while its model loads: the file says stopped (stage load_model, "terminated by signal
+    15 during loading the model"), exit 143, and a later --resume takes it."""
+    import kvlab.models
+    from kvlab.commands import Terminated
+
+    path, _ = _stopped_file(tmp_path, status="failed", failures=[
+        {"stage": "run", "type": "RuntimeError", "message": "boom", "candidate": None}])  # fmt: skip
+
+    def load(*a, **k):
+        raise Terminated("terminated by signal 15")
+
+    monkeypatch.setattr(kvlab.models, "load_model", load)
+    assert main(["tasks", "--resume", str(path)]) == 143
+    result = json.loads(path.read_text())
+    assert validate_tasks_result(result) == [] and result["status"] == "stopped"
+    stop = result["failures"][-1]
+    assert (stop["stage"], stop["type"], stop["message"]) == (
+        "load_model", "Terminated", "terminated by signal 15 during loading the model")  # fmt: skip
+    assert f"continue with: kvlab tasks --resume {path}" in capsys.readouterr().err
+    suite.prepare_resume(result)  # resumable: no refusal
+    assert result["status"] == "running" and result["provenance"]["resumed"][-1]["status_before"] == "stopped"
+
+
+def test_the_schema_takes_stopped_with_its_record_only(tmp_path):
+    stop = {"stage": "run", "type": "KeyboardInterrupt", "message": "interrupted during the run (x)"}
+    _, result = _stopped_file(tmp_path, status="stopped", failures=[stop])
+    assert validate_tasks_result(result) == []
+    result["failures"] = []
+    assert validate_tasks_result(result) == ["failures: a stopped result names its stop, got []"]
+    result["status"] = "halted"
+    assert "status: \"halted\" not in ['running', 'complete', 'failed', 'stopped']" in validate_tasks_result(result)
+
+
+def test_report_prints_a_stopped_tasks_result_as_stopped(tmp_path, capsys):
+    stop = {"stage": "run", "type": "Terminated", "message": "terminated by signal 15 during the run (x)",
+            "cell": {"task": "niah_single_1", "context": 256}}  # fmt: skip
+    path, _ = _stopped_file(tmp_path, status="stopped", failures=[stop])
+    assert main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "status: stopped (0 cells measured)" in out
+    assert "stopped in niah_single_1 @ 256: Terminated: terminated by signal 15 during the run (x)" in out
+    assert "failed in" not in out

@@ -12,10 +12,9 @@ from datetime import UTC, datetime
 from kvlab.commands import (
     EXIT_FAILED,
     EXIT_FILE_EXISTS,
-    EXIT_INTERRUPTED,
-    EXIT_TERMINATED,
     EXIT_USAGE,
     Terminated,
+    configured_limit,
     device_problem,
     dtype_problem,
     empty_path_flag,
@@ -23,8 +22,10 @@ from kvlab.commands import (
     output_folder_problem,
     progress,
     sigterm_raises,
+    stop_exit_code,
 )
 from kvlab.commands.eval.settings import config_from_args, with_flags
+from kvlab.eval.records import RunStage  # torch-free
 
 # the `kvlab eval` parser's defaults of every flag that --resume refuses (dest -> default), filled at registration:
 # a resumed run takes its settings, label and folder from its result file
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         # --dry-run too: it refuses what the run refuses before loading (a device this machine lacks, a model
         # that is not there); a path that is not there is bad input (exit 2), as in kvlab lab / inspect / bench
         problem = device_problem(cfg.device) or _model_problem(cfg.model)
-        limit = None if problem else _configured_limit(cfg)
+        limit = None if problem else configured_limit(cfg.model)
         problem = problem or context_limit_problem(cfg, limit)  # past the model's positions: --allow-past-limit
         if problem:
             return fail(args, problem)
@@ -150,18 +151,6 @@ def _resume(args: argparse.Namespace, err) -> int:
         return fail(args, f"could not write the result {path} ({exc.strerror or exc})", EXIT_FAILED)
 
 
-def _configured_limit(cfg) -> int | None:
-    """The model's ``max_position_embeddings`` read from its files without loading it
-    (:func:`kvlab.lab.longrun.configured_max_positions`), for the refusal (or a dry run's warning) before any work;
-    None when no file states one (a hub id not in the local cache: checked again once it is loaded)."""
-    from kvlab.lab.longrun import configured_max_positions
-
-    try:
-        return configured_max_positions(cfg.model)
-    except (OSError, ValueError):  # checked before (_model_problem): the run's load would report it
-        return None
-
-
 def _claim(path, result: dict) -> None:
     """Mark ``path`` as being written by this process (``provenance.running_in``), status ``running``."""
     from kvlab.eval.io import write_json_atomic
@@ -226,22 +215,7 @@ def _attention_notes(cfg) -> list[str]:
     ]
 
 
-class _Where:
-    """What a run is doing now, for the record of an interrupt (:func:`kvlab.eval.records.stop_run`): the failure's
-    ``stage`` and its words; ``measuring``: whether the run itself has started (its progress names the step)."""
-
-    def __init__(self) -> None:
-        self.stage, self.words, self.measuring = "load_model", "loading the model", False
-
-    def set(self, stage: str, words: str) -> None:
-        self.stage, self.words = stage, words
-
-    def step(self, words: str) -> None:
-        """The run's current step, as its progress line names it."""
-        self.stage, self.words, self.measuring = "run", f"the run ({words})", True
-
-
-def _load(args, cfg, result, path, err, resumed: bool, where: _Where):
+def _load(args, cfg, result, path, err, resumed: bool, where: RunStage):
     """``(model, tokenizer, model_info)`` loaded and checked against the settings, or the exit code of a failure:
     a load failure and a setting the model refutes are recorded in ``path``; a resumed run (``resumed``) onto
     another model or device is refused, the file left as it was. A resumed ``result`` is then made ready to
@@ -386,8 +360,9 @@ def _argv() -> list[str] | None:
 
 def _run_real(args, cfg, result, path, err, resumed: bool = False) -> int:
     """Load the model, run, write and report; Ctrl-C or SIGTERM at any stage (loading the model included) is
-    recorded as a stop (status ``stopped``, :func:`_stopped`), not as a failure."""
-    where = _Where()
+    recorded as a stop (status ``stopped``, :func:`_stopped`), not as a failure; ``where`` follows the stages
+    (:class:`kvlab.eval.records.RunStage`)."""
+    where = RunStage()
     try:
         with sigterm_raises():
             loaded = _load(args, cfg, result, path, err, resumed, where)
@@ -398,7 +373,7 @@ def _run_real(args, cfg, result, path, err, resumed: bool = False) -> int:
         return _stopped(args, cfg, result, path, err, exc, where, resumed)
 
 
-def _measure(args, cfg, result, path, err, loaded, where: _Where) -> int:
+def _measure(args, cfg, result, path, err, loaded, where: RunStage) -> int:
     """Run the loaded model's cells (:func:`kvlab.eval.runner.run_eval`), saving the file after every step, and
     report; an interrupt propagates to :func:`_run_real`."""
     from kvlab.eval.cells import count_steps
@@ -440,7 +415,7 @@ def _measure(args, cfg, result, path, err, loaded, where: _Where) -> int:
     return 1 if result["status"] == "failed" or failed_everywhere else code
 
 
-def _stopped(args, cfg, result, path, err, exc: BaseException, where: _Where, resumed: bool) -> int:
+def _stopped(args, cfg, result, path, err, exc: BaseException, where: RunStage, resumed: bool) -> int:
     """Record an interrupt at ``where`` (:func:`kvlab.eval.records.stop_run`), write the file, print the rows so far
     (when the run had started) and one line saying where it stopped, what is kept and how to continue; returns the
     shell's status for the signal (130 for Ctrl-C, 143 for SIGTERM)."""
@@ -467,7 +442,7 @@ def _stopped(args, cfg, result, path, err, exc: BaseException, where: _Where, re
         f"kvlab eval --resume {path}",
         markup=False,
     )
-    return EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_TERMINATED
+    return stop_exit_code(exc)
 
 
 def _finish(args, result, path, err) -> int:
