@@ -161,30 +161,23 @@ def test_update_names_a_bad_layer_index(layer_idx):
         KIVICache().update(k, k, layer_idx)
 
 
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda: KIVICache(nbits=4, group_size=32, residual_length=32),
-        FP8Cache,
-        lambda: SinkCache(0, 8),
-        lambda: PagedCache(block_size=16),
-    ],
-)
+# one cache of each storage kind: quantized, FP8, evicting, paged
+CACHE_MAKERS = [
+    lambda: KIVICache(nbits=4, group_size=32, residual_length=32),
+    FP8Cache,
+    lambda: SinkCache(0, 8),
+    lambda: PagedCache(block_size=16),
+]
+
+
+@pytest.mark.parametrize("make", CACHE_MAKERS)
 def test_three_d_states_are_told_to_be_4d(make):
     k = torch.randn(2, 40, 64)
     with pytest.raises(ValueError, match=r"4-d \[batch, kv_heads, tokens, head_dim\].*3-d \(2, 40, 64\)"):
         make().update(k, k, 0)
 
 
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda: KIVICache(nbits=4, group_size=32, residual_length=32),
-        FP8Cache,
-        lambda: SinkCache(0, 8),
-        lambda: PagedCache(block_size=16),
-    ],
-)
+@pytest.mark.parametrize("make", CACHE_MAKERS)
 def test_a_cache_reused_for_another_batch_size_says_reset(make):
     cache = make()
     one, two = torch.randn(1, 2, 5, 32), torch.randn(2, 2, 5, 32)
